@@ -1,0 +1,19 @@
+"""fovi_lab: compact KNN convolution for foveated vision, in NVIDIA Warp, taught and measured.
+
+Architecture (one concern per module):
+    geometry      foveated grids, cortical manifold, KNN, taps            (spec §1, §6)
+    layers        the real fovi layer table                                (spec §5)
+    meta          index tables, reverse CSR                                (spec §2.1, §3.1)
+    reference     fp32 oracle, torch_compact, effective-weight cache       (spec §2.3, §2.4, §3.2)
+    warp_common   Warp plumbing, NaN canary, validated-config cache
+    warp_forward  forward kernels (uncached r1/r2/r4, cached), configs, heuristic   (spec §2.5)
+    warp_adjoint  grad_input / grad_weight staging kernels and reverse-CSR reductions (spec §3.3)
+    knn_warp      the seed's public API surface and the warp_compact / warp_train ops
+    knn_autograd  ops registry, KNNConvFunction, KNNConv                   (spec §4)
+    bench, widgets, demo: measurement, notebook callbacks, the headless main job
+"""
+
+from .meta import TrainingMeta, build_meta
+
+__version__ = "0.1.0"
+__all__ = ["TrainingMeta", "build_meta", "__version__"]

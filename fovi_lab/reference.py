@@ -1,0 +1,179 @@
+"""Reference implementations of the compact KNN convolution (spec §1.4, §2.3, §2.4, §3.2).
+
+* :func:`oracle_forward`: the fp32 (or fp64) definition, gather + one-hot binning + einsum, written
+  from the layer-level math and independent of the compact index tables.
+* :class:`CompactTorchOps` (``torch_compact``): the gather-GEMM in PyTorch, chunked over nodes under
+  a memory budget; forward plus both explicit adjoints. Works on CPU/GPU, fp32/fp16/bf16/fp64.
+* :func:`build_effective_weight`: the inference-only ``Weff[Nout, P64, Cout_pad]`` cache.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .meta import TrainingMeta, pad_to
+
+__all__ = [
+    "oracle_forward", "pad_flat_input", "grad_accum_dtype", "stage_budget_bytes", "node_chunk",
+    "CompactTorchOps", "build_effective_weight", "check_forward_args",
+]
+
+
+def stage_budget_bytes() -> int:
+    """Stage/temporary memory budget: ``FOVI_KNN_STAGE_MIB`` MiB (default 512)."""
+    return int(float(os.environ.get("FOVI_KNN_STAGE_MIB", "512")) * (1 << 20))
+
+
+def node_chunk(meta: TrainingMeta, batch: int, itemsize: int, budget: int | None = None) -> int:
+    """Nodes per chunk: ``min(Nout, budget // ((P64*Cout + 2*B*P64) * itemsize))``, at least 1 (spec §3.4)."""
+    budget = stage_budget_bytes() if budget is None else budget
+    per_node = (meta.p64 * meta.cout + 2 * batch * meta.p64) * itemsize
+    return max(1, min(meta.nout, budget // max(1, per_node)))
+
+
+def grad_accum_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Gradients accumulate in fp32 (fp64 for fp64 inputs, so gradcheck sees exact adjoints)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def check_forward_args(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, bias) -> None:
+    """Raise a clear error when x / weight / bias do not match the meta (names the argument)."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[1] != meta.cin or x.shape[2] != meta.nin:
+        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"x: expected shape [B, Cin={meta.cin}, Nin={meta.nin}], got {shape}")
+    if x.shape[0] < 1:
+        raise ValueError("x: batch must be >= 1")
+    if not isinstance(weight, torch.Tensor) or tuple(weight.shape) != (meta.cout, meta.q):
+        shape = tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__
+        raise ValueError(f"weight: expected shape [Cout={meta.cout}, Q=Cin*V={meta.q}], got {shape}")
+    if weight.device != x.device:
+        raise ValueError(f"weight: expected device {x.device} (same as x), got {weight.device}")
+    if weight.dtype != x.dtype:
+        raise TypeError(f"weight: expected dtype {x.dtype} (same as x), got {weight.dtype}")
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (meta.cout,):
+            shape = tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__
+            raise ValueError(f"bias: expected shape [Cout={meta.cout}] or None, got {shape}")
+        if bias.device != x.device:
+            raise ValueError(f"bias: expected device {x.device} (same as x), got {bias.device}")
+
+
+def oracle_forward(x: torch.Tensor, weight: torch.Tensor, bias, idx: torch.Tensor,
+                   rf_index: torch.Tensor, v: int, dtype=torch.float32) -> torch.Tensor:
+    """The operator's definition (spec §1.4), computed in ``dtype`` (fp32 by default).
+
+    Args:
+        x: ``[B, Cin, Nin]``. weight: ``[Cout, Cin*V]``. bias: ``[Cout]`` or None.
+        idx: ``[Nout, K]`` neighbour ids, ``Nin`` = pad. rf_index: ``[Nout, K]`` taps in [0, V).
+
+    Returns:
+        ``y[b, o, n] = bias[o] + sum_{c,k} xp[b, c, idx[n,k]] * W[o, c*V + rf[n,k]]`` as ``[B, Cout, Nout]``.
+    """
+    b, cin, nin = x.shape
+    cout = weight.shape[0]
+    idx = idx.to(x.device)
+    rf = rf_index.to(x.device)
+    xp = torch.cat([x.to(dtype), x.new_zeros(b, cin, 1, dtype=dtype)], dim=2)     # [B, Cin, Nin+1]
+    f = xp[:, :, idx]                                                              # [B, Cin, Nout, K]
+    onehot = torch.nn.functional.one_hot(rf, v).to(dtype)                          # [Nout, K, V]
+    g = torch.einsum("bcnk,nkv->bcnv", f, onehot)                                  # binning (collisions sum)
+    w = weight.to(dtype).view(cout, cin, v)
+    y = torch.einsum("bcnv,ocv->bon", g, w)
+    if bias is not None:
+        y = y + bias.to(dtype).view(1, cout, 1)
+    return y
+
+
+def pad_flat_input(x: torch.Tensor, meta: TrainingMeta) -> torch.Tensor:
+    """``[B, Cin, Nin]`` -> ``xpad[B, Cin*Nin + 1]`` with the trailing zero pad column (contiguous)."""
+    b = x.shape[0]
+    xpad = x.new_empty(b, meta.pad_column + 1)
+    xpad[:, :-1] = x.reshape(b, meta.pad_column)
+    xpad[:, -1] = 0
+    return xpad
+
+
+class CompactTorchOps:
+    """``torch_compact``: the compact gather-GEMM in PyTorch, chunked over output nodes.
+
+    forward: per node chunk, ``A = xpad[:, input_linear]`` viewed ``[nc, B, P64]``,
+    ``W_n = W^T[weight_linear]`` viewed ``[nc, P64, Cout]``, ``y[:, :, chunk] = bmm(A, W_n)``.
+    grad_input: ``dA = bmm(g_n, W_n^T)`` scattered by ``index_add_`` into ``dx_flat[B, Cin*Nin+1]``;
+    the pad column is dropped. grad_weight: ``dWeff = bmm(A^T, g_n)`` scattered into ``dW^T[Q, Cout]``.
+    On CUDA ``index_add_`` uses atomics, so the fp32 summation order (and the last bits) vary.
+    """
+
+    name = "torch_compact"
+
+    @staticmethod
+    def forward(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
+        check_forward_args(meta, x, weight, bias)
+        meta = meta.to(x.device)
+        b = x.shape[0]
+        xpad = pad_flat_input(x, meta)
+        wt = weight.t().contiguous()                                                # [Q, Cout]
+        y = x.new_empty(b, meta.cout, meta.nout)
+        nc = node_chunk(meta, b, x.element_size())
+        for n0 in range(0, meta.nout, nc):
+            n1 = min(meta.nout, n0 + nc)
+            sl = slice(n0 * meta.p64, n1 * meta.p64)
+            a = xpad.index_select(1, meta.input_linear_flat[sl]).view(b, n1 - n0, meta.p64).transpose(0, 1)
+            w = wt.index_select(0, meta.weight_linear_flat[sl]).view(n1 - n0, meta.p64, meta.cout)
+            y[:, :, n0:n1] = torch.bmm(a, w).permute(1, 2, 0)
+        if bias is not None:
+            y += bias.to(y.dtype).view(1, -1, 1)
+        return y
+
+    @staticmethod
+    def grad_input(meta: TrainingMeta, grad_y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        meta = meta.to(grad_y.device)
+        b = grad_y.shape[0]
+        wt = weight.t().contiguous()
+        acc = grad_accum_dtype(grad_y.dtype)
+        dx = torch.zeros(b, meta.pad_column + 1, dtype=acc, device=grad_y.device)
+        nc = node_chunk(meta, b, grad_y.element_size())
+        for n0 in range(0, meta.nout, nc):
+            n1 = min(meta.nout, n0 + nc)
+            sl = slice(n0 * meta.p64, n1 * meta.p64)
+            g = grad_y[:, :, n0:n1].permute(2, 0, 1)                                 # [nc, B, Cout]
+            w = wt.index_select(0, meta.weight_linear_flat[sl]).view(n1 - n0, meta.p64, meta.cout)
+            da = torch.bmm(g, w.transpose(1, 2))                                     # [nc, B, P64]
+            dx.index_add_(1, meta.input_linear_flat[sl], da.transpose(0, 1).reshape(b, -1).to(acc))
+        return dx[:, :-1].reshape(b, meta.cin, meta.nin)
+
+    @staticmethod
+    def grad_weight(meta: TrainingMeta, grad_y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        meta = meta.to(grad_y.device)
+        b = grad_y.shape[0]
+        xpad = pad_flat_input(x, meta)
+        acc = grad_accum_dtype(grad_y.dtype)
+        dwt = torch.zeros(meta.q, meta.cout, dtype=acc, device=grad_y.device)
+        nc = node_chunk(meta, b, grad_y.element_size())
+        for n0 in range(0, meta.nout, nc):
+            n1 = min(meta.nout, n0 + nc)
+            sl = slice(n0 * meta.p64, n1 * meta.p64)
+            at = xpad.index_select(1, meta.input_linear_flat[sl]).view(b, n1 - n0, meta.p64).permute(1, 2, 0)
+            g = grad_y[:, :, n0:n1].permute(2, 0, 1)                                 # [nc, B, Cout]
+            dweff = torch.bmm(at, g)                                                 # [nc, P64, Cout]
+            dwt.index_add_(0, meta.weight_linear_flat[sl], dweff.reshape(-1, meta.cout).to(acc))
+        return dwt.t().contiguous()
+
+
+def build_effective_weight(meta: TrainingMeta, weight: torch.Tensor, cout_multiple: int = 64) -> torch.Tensor:
+    """Inference cache ``Weff[Nout, P64, Cout_pad]`` (spec §2.4), in ``weight``'s dtype and device.
+
+    ``Weff[n, p, o] = W[o, weight_linear[n, p]]`` for ``p < P`` and ``o < Cout``; true zero rows for
+    ``p >= P`` (unlike ``weight_linear``'s row-0 pointer) and zero columns for ``o >= Cout``
+    (``Cout_pad`` = Cout rounded up to ``cout_multiple`` so tile loads never run past the buffer).
+    """
+    if tuple(weight.shape) != (meta.cout, meta.q):
+        raise ValueError(f"weight: expected shape [Cout={meta.cout}, Q={meta.q}], got {tuple(weight.shape)}")
+    meta = meta.to(weight.device)
+    cpad = pad_to(meta.cout, cout_multiple)
+    wt = torch.zeros(meta.q, cpad, dtype=weight.dtype, device=weight.device)
+    wt[:, :meta.cout] = weight.t()
+    weff = wt.index_select(0, meta.weight_linear_flat).view(meta.nout, meta.p64, cpad)
+    weff[:, meta.p:, :] = 0
+    return weff.contiguous()

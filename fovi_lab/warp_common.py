@@ -1,0 +1,154 @@
+"""Shared Warp plumbing for the compact KNN kernels: devices, torch interop, the NaN canary and the
+per-device validated-config cache.
+
+Why a canary at all (spec §2.5, notes/warp-facts.md): before Warp 1.15 a launch over the per-block
+resource budget printed ``CUDA error 1: invalid argument`` and *returned normally*, leaving the output
+untouched. Since 1.15 such a launch raises ``RuntimeError``. We keep a NaN-prefilled canary launch
+anyway (defence in depth: a config that launches but writes nothing or garbage, other Warp versions,
+graph capture) and treat both failure modes the same way: the config is unlaunchable on that device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import threading
+import warnings
+from typing import Callable, Dict, Hashable, Optional, Tuple
+
+import torch
+
+__all__ = [
+    "wp", "warp_available", "init_warp", "warp_device", "to_warp", "torch_stream",
+    "nan_canary", "ValidatedCache", "check_tensor",
+]
+
+try:  # Warp is a hard dependency of the package, but keep import errors readable.
+    import warp as wp
+except Exception as exc:  # pragma: no cover - exercised only without warp-lang
+    wp = None
+    _WARP_IMPORT_ERROR: Optional[BaseException] = exc
+else:
+    _WARP_IMPORT_ERROR = None
+
+_init_lock = threading.Lock()
+_initialised = False
+
+
+def warp_available() -> bool:
+    return wp is not None
+
+
+def init_warp() -> None:
+    """Initialise Warp once, quietly (``wp.config.quiet`` is a no-op in 1.19; use the log level)."""
+    global _initialised
+    if wp is None:
+        raise ImportError(f"warp-lang is required for the Warp kernels: {_WARP_IMPORT_ERROR}")
+    with _init_lock:
+        if not _initialised:
+            if hasattr(wp, "LOG_WARNING"):
+                wp.config.log_level = wp.LOG_WARNING
+            wp.init()
+            _initialised = True
+
+
+def warp_device(t: torch.Tensor) -> str:
+    """Warp device string for a torch tensor (``"cpu"`` or ``"cuda:i"``)."""
+    init_warp()
+    if t.device.type == "cpu":
+        return "cpu"
+    if t.device.type == "cuda":
+        return f"cuda:{t.device.index if t.device.index is not None else torch.cuda.current_device()}"
+    raise ValueError(f"tensor on unsupported device {t.device}; Warp kernels run on cpu or cuda")
+
+
+def to_warp(t: torch.Tensor, dtype=None):
+    """Zero-copy Warp view of a torch tensor (strides kept)."""
+    return wp.from_torch(t, dtype=dtype)
+
+
+@contextlib.contextmanager
+def torch_stream(device: str):
+    """Launch on torch's current stream so ordering with torch ops holds."""
+    if device.startswith("cuda"):
+        with wp.ScopedStream(wp.stream_from_torch(torch.cuda.current_stream(torch.device(device)))):
+            yield
+    else:
+        yield
+
+
+def check_tensor(name: str, t, *, dtype=None, dim=None, device=None, contiguous=False, shape=None) -> None:
+    """Raise a clear error naming ``name`` when ``t`` is not what a kernel needs."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if dtype is not None and t.dtype != dtype:
+        raise TypeError(f"{name}: expected dtype {dtype}, got {t.dtype}")
+    if dim is not None and t.dim() != dim:
+        raise ValueError(f"{name}: expected a {dim}-D tensor, got shape {tuple(t.shape)}")
+    if shape is not None:
+        want = tuple(shape)
+        if len(want) != t.dim() or any(w is not None and w != s for w, s in zip(want, t.shape)):
+            pretty = "[" + ", ".join("*" if w is None else str(w) for w in want) + "]"
+            raise ValueError(f"{name}: expected shape {pretty}, got {tuple(t.shape)}")
+    if device is not None and t.device != torch.device(device):
+        raise ValueError(f"{name}: expected device {device}, got {t.device}")
+    if contiguous and not t.is_contiguous():
+        raise ValueError(f"{name}: expected a contiguous tensor")
+
+
+def nan_canary(launch: Callable[[], None], out: torch.Tensor) -> Tuple[bool, str]:
+    """Prefill ``out`` with NaN, call ``launch`` (which must write all of ``out``), report (ok, why).
+
+    Both failure modes count: a raised launch error (Warp >= 1.15) and a launch that returned but
+    left NaN in the output (the silent trap of older Warp, or a kernel that writes nothing).
+    """
+    out.fill_(float("nan"))
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            launch()
+            if out.is_cuda:
+                torch.cuda.synchronize(out.device)
+            else:
+                wp.synchronize()
+    except Exception as exc:  # RuntimeError from the launch, or a compile error
+        return False, f"launch raised {type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
+    if not bool(torch.isfinite(out).all()):
+        return False, "launch returned but left NaN in the canary output (silent launch failure)"
+    return True, "ok"
+
+
+class ValidatedCache:
+    """Per-(key, device) cache of built-and-validated kernel configs; ``None`` marks unlaunchable.
+
+    ``get(key, device, build)`` calls ``build()`` once per (key, device); ``build`` returns the config
+    object or raises; a failing build is remembered as ``None`` with a warning that says why.
+    """
+
+    def __init__(self, what: str):
+        self.what = what
+        self._store: Dict[Tuple[Hashable, str], object] = {}
+        self._why: Dict[Tuple[Hashable, str], str] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable, device: str, build: Callable[[], Tuple[object, str]]):
+        k = (key, device)
+        with self._lock:
+            if k in self._store:
+                return self._store[k]
+        value, why = build()
+        with self._lock:
+            self._store[k] = value
+            self._why[k] = why
+        if value is None:
+            warnings.warn(f"{self.what} {key!r} is not launchable on {device}: {why}; skipping it",
+                          RuntimeWarning, stacklevel=3)
+        return value
+
+    def why(self, key: Hashable, device: str) -> Optional[str]:
+        return self._why.get((key, device))
+
+    def clear(self) -> None:
+        with self._lock:
+            self._store.clear()
+            self._why.clear()
