@@ -1,0 +1,86 @@
+"""Registry, KNNConvFunction and KNNConv (spec §4)."""
+
+import pytest
+import torch
+
+from fovi_lab.knn_autograd import OPS_REGISTRY, KNNConv, KNNConvFunction, get_ops, register_ops
+from fovi_lab.meta import build_meta, synthetic_graph
+from fovi_lab.reference import CompactTorchOps, oracle_forward
+
+
+def _small(seed=0, cin=3, cout=4, nin=11, nout=5, k=4, v=6, pads=5):
+    idx, rf = synthetic_graph(nin, nout, k, v, pads, seed=seed)
+    return build_meta(idx, rf, cin=cin, cout=cout, v=v, nin=nin), idx, rf
+
+
+def test_gradcheck_fp64_non_contiguous_and_partial_requires_grad():
+    meta, idx, rf = _small()
+    x = torch.randn(meta.nin, meta.cin, 2, dtype=torch.float64).permute(2, 1, 0).requires_grad_()
+    assert not x.is_contiguous()
+    w = torch.randn(meta.cout, meta.q, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(meta.cout, dtype=torch.float64, requires_grad=True)
+    fn = lambda x, w, b: KNNConvFunction.apply(x, w, b, meta, "torch_compact")  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (x, w, b))
+    w_frozen = w.detach()
+    assert torch.autograd.gradcheck(lambda x, b: fn(x, w_frozen, b), (x, b))
+    x_frozen = x.detach()
+    assert torch.autograd.gradcheck(lambda w: fn(x_frozen, w, None), (w,))
+
+
+def test_grads_cast_back_to_parameter_dtypes():
+    meta, idx, rf = _small()
+    x = torch.randn(2, meta.cin, meta.nin, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(meta.cout, meta.q, dtype=torch.bfloat16, requires_grad=True)
+    b = torch.randn(meta.cout, dtype=torch.bfloat16, requires_grad=True)
+    y = KNNConvFunction.apply(x, w, b, meta, "torch_compact")
+    assert y.dtype == torch.bfloat16
+    y.float().square().sum().backward()
+    assert x.grad.dtype == w.grad.dtype == b.grad.dtype == torch.bfloat16
+
+
+def test_registry():
+    assert get_ops("torch_compact") is CompactTorchOps is OPS_REGISTRY["torch_compact"]
+    with pytest.raises(KeyError, match="unknown backend 'nope'.*torch_compact"):
+        get_ops("nope")
+    with pytest.raises(TypeError, match="lacks"):
+        register_ops(object())
+
+    class Doubling(CompactTorchOps):
+        name = "test_doubling"
+
+        @staticmethod
+        def forward(meta, x, weight, bias):
+            return 2 * CompactTorchOps.forward(meta, x, weight, bias)
+
+    register_ops(Doubling)
+    try:
+        meta, _, _ = _small()
+        x = torch.randn(2, meta.cin, meta.nin)
+        w = torch.randn(meta.cout, meta.q)
+        torch.testing.assert_close(KNNConvFunction.apply(x, w, None, meta, "test_doubling"),
+                                   2 * CompactTorchOps.forward(meta, x, w, None))
+    finally:
+        OPS_REGISTRY.pop("test_doubling")
+
+
+def test_knnconv_module_trains_and_keeps_tables_out_of_state_dict():
+    torch.manual_seed(0)
+    meta, idx, rf = _small(cin=2, cout=3, nin=20, nout=7, k=5, v=9, pads=6)
+    layer = KNNConv(idx, rf, nin=20, v=9, cin=2, cout=3, bias=True)
+    assert set(layer.state_dict()) == {"weight", "bias"}
+    x = torch.randn(4, 2, 20)
+    y = layer(x)
+    assert layer.last_backend == "torch_compact"
+    torch.testing.assert_close(y, oracle_forward(x, layer.weight, layer.bias, idx, rf, 9), rtol=0, atol=1e-5)
+    opt = torch.optim.SGD(layer.parameters(), lr=0.05)
+    target = torch.randn_like(y)
+    losses = []
+    for _ in range(20):
+        loss = (layer(x) - target).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.8 * losses[0]
+    with pytest.raises(KeyError, match="unknown backend"):
+        KNNConv(idx, rf, nin=20, v=9, cin=2, cout=3, backend="nope")(x)

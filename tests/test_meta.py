@@ -1,0 +1,72 @@
+"""The index tables and the reverse CSR (spec §2.1, §3.1)."""
+
+import pytest
+import torch
+
+from fovi_lab.meta import SYNTHETIC_SHAPES, build_meta, synthetic_graph
+
+
+def _meta(name="ODD", seed=0):
+    cin, cout, nin, nout, k, v, pads = SYNTHETIC_SHAPES[name]
+    idx, rf = synthetic_graph(nin, nout, k, v, pads, seed=seed)
+    return build_meta(idx, rf, cin=cin, cout=cout, v=v, nin=nin), idx, rf
+
+
+@pytest.mark.parametrize("name", list(SYNTHETIC_SHAPES))
+def test_tables_match_the_definition(name):
+    m, idx, rf = _meta(name)
+    cin, cout, nin, nout, k, v, _ = SYNTHETIC_SHAPES[name]
+    assert (m.p, m.q, m.nout, m.k) == (cin * k, cin * v, nout, k)
+    assert m.p64 % 64 == 0 and m.p64 - 64 < m.p <= m.p64
+    assert m.input_linear.dtype == torch.int32 and m.input_linear.shape == (nout, m.p64)
+    assert m.weight_linear.dtype == torch.int32 and m.input_linear.is_contiguous()
+    assert m.input_linear_flat.dtype == torch.int64 and m.input_linear_flat.shape == (nout * m.p64,)
+    for n in (0, nout // 2, nout - 1):
+        for c in (0, cin - 1):
+            for kk in range(k):
+                p = c * k + kk
+                want_in = cin * nin if idx[n, kk] == nin else c * nin + idx[n, kk]
+                assert m.input_linear[n, p] == want_in
+                assert m.weight_linear[n, p] == c * v + rf[n, kk]
+    # p >= P fillers: the pad column and weight row 0
+    assert (m.input_linear[:, m.p:] == cin * nin).all()
+    assert (m.weight_linear[:, m.p:] == 0).all()
+    assert torch.equal(m.input_linear_flat, m.input_linear.reshape(-1).long())
+
+
+@pytest.mark.parametrize("name", list(SYNTHETIC_SHAPES))
+def test_reverse_csr_lists_every_non_pad_reader_once(name):
+    m, idx, _ = _meta(name)
+    rowptr, col = m.rev_rowptr.long(), m.rev_col.long()
+    assert rowptr[0] == 0 and rowptr[-1] == col.numel() == int((idx < m.nin).sum())
+    for node in range(m.nin):
+        js = col[rowptr[node]:rowptr[node + 1]]
+        kk, n = js // m.nout, js % m.nout
+        assert (idx[n, kk] == node).all()
+        assert torch.equal(js, js.sort().values)  # stable: ascending j within a row
+        assert js.numel() == int((idx == node).sum())
+
+
+def test_meta_moves_between_devices_and_caches():
+    m, _, _ = _meta()
+    assert m.to("cpu") is m
+    meta_meta = m.to(torch.device("meta"))
+    assert meta_meta.input_linear.device.type == "meta" and meta_meta is m.to("meta")
+
+
+def test_bad_tables_raise_clear_errors():
+    idx, rf = synthetic_graph(10, 4, 3, 5, 2)
+    with pytest.raises(ValueError, match="idx"):
+        build_meta(idx + 20, rf, cin=2, cout=3, v=5, nin=10)
+    with pytest.raises(ValueError, match="idx"):
+        build_meta(idx - 20, rf, cin=2, cout=3, v=5, nin=10)
+    with pytest.raises(ValueError, match="rf_index.*v too small"):
+        build_meta(idx, rf, cin=2, cout=3, v=2, nin=10)
+    with pytest.raises(TypeError, match="idx"):
+        build_meta(idx.float(), rf, cin=2, cout=3, v=5, nin=10)
+    with pytest.raises(ValueError, match="rf_index"):
+        build_meta(idx, rf[:, :2], cin=2, cout=3, v=5, nin=10)
+    with pytest.raises(ValueError, match="cin"):
+        build_meta(idx, rf, cin=0, cout=3, v=5, nin=10)
+    with pytest.raises(ValueError, match="idx"):
+        build_meta(idx[0], rf[0], cin=2, cout=3, v=5, nin=10)
