@@ -1,0 +1,41 @@
+"""Command line: ``python -m fovi_lab {demo, bench, warmup}``.
+
+    python -m fovi_lab demo                  # every backend on a real fovi layer, checked and timed
+    python -m fovi_lab bench forward         # forward benchmark (records JSON lines under data/)
+    python -m fovi_lab bench backward        # adjoint benchmark
+    python -m fovi_lab bench train-step      # forward + both grads
+    python -m fovi_lab warmup                # compile every Warp config for this device, in parallel
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "demo":
+        from .demo import main as run
+        return run(rest)
+    if cmd == "bench":
+        if not rest or rest[0] not in ("forward", "backward", "train-step"):
+            print("usage: python -m fovi_lab bench {forward,backward,train-step} [options]", file=sys.stderr)
+            return 2
+        if rest[0] == "forward":
+            from .bench.forward import main as run
+            return run(rest[1:]) or 0
+        from .bench.backward import main as run
+        return run(rest) or 0
+    if cmd == "warmup":
+        from .warmup import main as run
+        return run(rest) or 0
+    print(f"unknown command {cmd!r}\n{__doc__}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
