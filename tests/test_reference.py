@@ -111,3 +111,20 @@ def test_bad_inputs_name_the_argument():
         CompactTorchOps.forward(meta, x, w.to("meta"), bias)
     with pytest.raises(ValueError, match="weight: expected shape"):
         build_effective_weight(meta, w.t())
+
+
+def test_torch_compact_on_a_real_fovi_layer():
+    from fovi_lab.layers import layer_graph
+
+    graph = layer_graph("res18_layer3_0", rf="rf1")  # 60 -> 16 nodes, 21% pads, rf1 tap collisions
+    meta = graph.meta(128, 256)
+    assert graph.collision_rate > 0.05
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 128, graph.nin, generator=g)
+    w = torch.randn(256, meta.q, generator=g) / 30
+    gy = torch.randn(5, 256, graph.nout, generator=g)
+    y_ref = oracle_forward(x, w, None, graph.idx, graph.rf_index, graph.v, dtype=torch.float64)
+    torch.testing.assert_close(CompactTorchOps.forward(meta, x, w, None).double(), y_ref, rtol=0, atol=1e-4)
+    dx_ref, dw_ref, _ = _oracle_grads(x, w, torch.zeros(256), graph.idx, graph.rf_index, graph.v, gy)
+    torch.testing.assert_close(CompactTorchOps.grad_input(meta, gy, w).double(), dx_ref, rtol=0, atol=1e-4)
+    torch.testing.assert_close(CompactTorchOps.grad_weight(meta, gy, x).double(), dw_ref, rtol=0, atol=1e-4)
