@@ -67,7 +67,7 @@ class FoveatedDigitsNet(torch.nn.Module):
                                 ref_frame_mult=ref_frame_mult)
         self.graphs = (g1, g2)
         # retina sample points: the input grid's normalised visual coordinates, as a grid_sample grid
-        self.register_buffer("retina", torch.as_tensor(np.asarray(g1.in_coords), dtype=torch.float32)
+        self.register_buffer("retina", torch.tensor(np.array(g1.in_coords), dtype=torch.float32)
                              .view(1, 1, -1, 2), persistent=False)
         c1, c2 = channels
         self.conv1 = KNNConv.from_graph(g1, 1, c1, bias=True, backend=backend)
