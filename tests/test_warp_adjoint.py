@@ -1,0 +1,332 @@
+"""Warp adjoint kernels (fovi_lab.warp_adjoint) on Warp's CPU device (spec §3, §3.3).
+
+Criterion (spec §5): each gradient is within 3x the fp16 torch_compact error + 2e-3, both errors
+measured against torch autograd of the fp32 oracle on the same fp16-rounded inputs. Every buffer the
+module allocates uninitialised is pre-filled with NaN (``_EMPTY_FILL``), so an unwritten stage entry
+poisons the result.
+"""
+
+import warnings
+
+import pytest
+import torch
+
+from fovi_lab import warp_adjoint as wa
+from fovi_lab.meta import SYNTHETIC_SHAPES, build_meta, synthetic_graph
+from fovi_lab.reference import CompactTorchOps, oracle_forward
+from fovi_lab.warp_common import ValidatedCache, wp
+
+GI_NAMES = list(wa._GRAD_INPUT_CONFIG_SPECS)
+GW_NAMES = list(wa._GRAD_WEIGHT_CONFIG_SPECS)
+
+
+@pytest.fixture(autouse=True)
+def _nan_prefill(monkeypatch):
+    monkeypatch.setattr(wa, "_EMPTY_FILL", float("nan"))
+    monkeypatch.delenv("FOVI_KNN_STAGE_MIB", raising=False)
+    monkeypatch.delenv("FOVI_KNN_GRAD_STAGE_FP32", raising=False)
+    monkeypatch.delenv("FOVI_KNN_GW_FINISH", raising=False)
+
+
+_CASES = {}
+
+
+def _case(name, b, seed=0):
+    """(meta, x16, w16, g16, dx_oracle, dw_oracle, err_dx_torch16, err_dw_torch16), memoised."""
+    key = (name, b, seed)
+    if key not in _CASES:
+        cin, cout, nin, nout, k, v, pads = SYNTHETIC_SHAPES[name]
+        idx, rf = synthetic_graph(nin, nout, k, v, pads, seed=seed)
+        meta = build_meta(idx, rf, cin=cin, cout=cout, v=v, nin=nin)
+        gen = torch.Generator().manual_seed(seed + 7)
+        x = torch.randn(b, cin, nin, generator=gen).half()
+        w = (torch.randn(cout, cin * v, generator=gen) / (cin * k) ** 0.5).half()
+        g = torch.randn(b, cout, nout, generator=gen).half()
+        xf = x.float().requires_grad_()
+        wf = w.float().requires_grad_()
+        y = oracle_forward(xf, wf, None, meta.idx, meta.rf_index, v)
+        dx_o, dw_o = torch.autograd.grad(y, (xf, wf), g.float())
+        e_dx = (CompactTorchOps.grad_input(meta, g, w) - dx_o).abs().max().item()
+        e_dw = (CompactTorchOps.grad_weight(meta, g, x) - dw_o).abs().max().item()
+        _CASES[key] = (meta, x, w, g, dx_o, dw_o, e_dx, e_dw)
+    return _CASES[key]
+
+
+def _assert_within(got, want, ref_err, what):
+    assert got.dtype == torch.float32 and got.shape == want.shape, (what, got.dtype, got.shape)
+    assert torch.isfinite(got).all(), f"{what}: non-finite entries (an unwritten stage entry?)"
+    err = (got - want).abs().max().item()
+    assert err <= 3 * ref_err + 2e-3, f"{what}: max err {err:.3g} > 3 x torch fp16 err {ref_err:.3g} + 2e-3"
+
+
+@pytest.mark.parametrize("name", list(SYNTHETIC_SHAPES))
+@pytest.mark.parametrize("b", [1, 17, 130])
+@pytest.mark.parametrize("fp32", [False, True], ids=["f16stage", "f32stage"])
+def test_default_grads_match_oracle(name, b, fp32):
+    meta, x, w, g, dx_o, dw_o, e_dx, e_dw = _case(name, b)
+    dx = wa.grad_input(meta, g, w, stage_fp32=fp32)
+    dw = wa.grad_weight(meta, g, x, stage_fp32=fp32)
+    _assert_within(dx, dx_o, e_dx, f"dx {name} B={b}")
+    _assert_within(dw, dw_o, e_dw, f"dW {name} B={b}")
+    assert dx.shape == (b, meta.cin, meta.nin) and dw.shape == (meta.cout, meta.q)
+    assert dx.is_contiguous() and dw.is_contiguous()
+
+
+@pytest.mark.parametrize("config", GI_NAMES)
+@pytest.mark.parametrize("fp32", [False, True], ids=["f16stage", "f32stage"])
+def test_every_grad_input_config(config, fp32):
+    for name, b in (("MAIN", 130), ("ODD", 17), ("PAD_HEAVY", 1)):
+        meta, x, w, g, dx_o, dw_o, e_dx, e_dw = _case(name, b)
+        dx = wa.grad_input(meta, g, w, config=config, stage_fp32=fp32)
+        _assert_within(dx, dx_o, e_dx, f"dx {config} {name} B={b}")
+
+
+@pytest.mark.parametrize("config", GW_NAMES)
+@pytest.mark.parametrize("fp32", [False, True], ids=["f16stage", "f32stage"])
+def test_every_grad_weight_config(config, fp32):
+    for name, b in (("MAIN", 130), ("ODD", 17), ("PAD_HEAVY", 1)):
+        meta, x, w, g, dx_o, dw_o, e_dx, e_dw = _case(name, b)
+        dw = wa.grad_weight(meta, g, x, config=config, stage_fp32=fp32)
+        _assert_within(dw, dw_o, e_dw, f"dW {config} {name} B={b}")
+
+
+def test_f32_suffix_selects_fp32_staging():
+    meta, x, w, g, dx_o, dw_o, e_dx, e_dw = _case("MAIN", 17)
+    a = wa.grad_input(meta, g, w, config="gi2_p64b64_f32")
+    b = wa.grad_input(meta, g, w, config="gi2_p64b64", stage_fp32=True)
+    assert torch.equal(a, b)
+    # fp32 staging is much closer to the oracle than the fp16 torch reference
+    assert (a - dx_o).abs().max().item() < 0.1 * e_dx
+
+
+def test_fp32_staging_from_env(monkeypatch):
+    meta, x, w, g, *_ = _case("ODD", 17)
+    want = wa.grad_weight(meta, g, x, stage_fp32=True)
+    monkeypatch.setenv("FOVI_KNN_GRAD_STAGE_FP32", "1")
+    assert torch.equal(wa.grad_weight(meta, g, x), want)
+
+
+@pytest.mark.parametrize("name", ["MAIN", "PAD_HEAVY"])
+def test_index_add_finish_matches(name):
+    meta, x, w, g, dx_o, dw_o, e_dx, e_dw = _case(name, 17)
+    dw = wa.grad_weight(meta, g, x, finish="index_add")
+    _assert_within(dw, dw_o, e_dw, f"dW index_add {name}")
+    dw_csr = wa.grad_weight(meta, g, x, finish="csr")
+    torch.testing.assert_close(dw, dw_csr, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", list(SYNTHETIC_SHAPES))
+def test_chunked_staging_is_bitwise_identical(name, monkeypatch):
+    """A tiny FOVI_KNN_STAGE_MIB forces one b tile per gi chunk and one node per gw chunk; the reductions
+    visit the terms of every output element in the same order, so results are bitwise unchanged."""
+    meta, x, w, g, dx_o, dw_o, e_dx, e_dw = _case(name, 130)
+    dx_full = wa.grad_input(meta, g, w, config="gi2_p64b64")
+    dw_full = wa.grad_weight(meta, g, x, config="gw3_p64n64")
+    monkeypatch.setenv("FOVI_KNN_STAGE_MIB", "0.0001")
+    dx = wa.grad_input(meta, g, w, config="gi2_p64b64")
+    dw = wa.grad_weight(meta, g, x, config="gw3_p64n64")
+    _assert_within(dx, dx_o, e_dx, "dx chunked")
+    _assert_within(dw, dw_o, e_dw, "dW chunked")
+    assert torch.equal(dx, dx_full)
+    assert torch.equal(dw, dw_full)
+
+
+def test_chunk_counts_under_tiny_budget(monkeypatch):
+    """The tiny budget really chunks: one 64-row b tile per gi chunk, one node per gw chunk."""
+    meta, x, w, g, *_ = _case("MAIN", 130)
+    monkeypatch.setenv("FOVI_KNN_STAGE_MIB", "0.0001")
+    plan, _ = wa._plan_grad_input(meta, g, w, "gi2_p64b64")
+    assert [c[:2] for c in plan.chunks] == [(0, 64), (64, 128), (128, 130)]
+    plan, _ = wa._plan_grad_weight(meta, g, x, "gw3_p64n64")
+    assert len(plan.chunks) == meta.nout and plan.nc == 1
+    monkeypatch.setenv("FOVI_KNN_STAGE_MIB", "512")
+    assert len(wa._plan_grad_input(meta, g, w, "gi2_p64b64")[0].chunks) == 1
+    assert len(wa._plan_grad_weight(meta, g, x, "gw3_p64n64")[0].chunks) == 1
+
+
+def test_dx_direct_layout_is_identical():
+    meta, x, w, g, *_ = _case("ODD", 130)
+    assert torch.equal(wa.grad_input(meta, g, w, dx_direct=True), wa.grad_input(meta, g, w))
+
+
+def test_determinism_bitwise_across_runs():
+    meta, x, w, g, *_ = _case("MAIN", 130)
+    dx1, dw1 = wa.grad_input(meta, g, w), wa.grad_weight(meta, g, x)
+    dx2, dw2 = wa.grad_input(meta, g, w), wa.grad_weight(meta, g, x)
+    assert torch.equal(dx1, dx2) and torch.equal(dw1, dw2)
+
+
+def test_pad_semantics_exact():
+    """All-pad output nodes give exact zeros to dx, and W columns that no real input reads get exact 0."""
+    cin, cout, nin, nout, k, v = 3, 5, 20, 6, 4, 9
+    idx, rf = synthetic_graph(nin, nout, k, v, 0, seed=3)
+    idx[2] = nin                       # node 2 reads only pads
+    meta = build_meta(idx, rf, cin=cin, cout=cout, v=v, nin=nin)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(4, cin, nin, generator=gen).half()
+    w = torch.randn(cout, cin * v, generator=gen).half()
+    g = torch.zeros(4, cout, nout).half()
+    g[:, :, 2] = 1.0                   # gradient only through the all-pad node
+    assert torch.count_nonzero(wa.grad_input(meta, g, w)) == 0
+    assert torch.count_nonzero(wa.grad_weight(meta, g, x)) == 0
+    # taps read by no real neighbour get exactly zero gradient (row 0 included)
+    g = torch.randn(4, cout, nout, generator=gen).half()
+    dw = wa.grad_weight(meta, g, x).view(cout, cin, v)
+    used = torch.zeros(v, dtype=torch.bool)
+    used[rf[idx < nin]] = True
+    assert torch.count_nonzero(dw[:, :, ~used]) == 0
+    torch.testing.assert_close(dw.view(cout, -1), CompactTorchOps.grad_weight(meta, g, x), rtol=0, atol=2e-3)
+
+
+def test_weight_row_csr_lists_every_real_entry_once():
+    meta, *_ = _case("PAD_HEAVY", 1)
+    rowptr, col = wa._weight_row_csr(meta)
+    assert rowptr.dtype == torch.int32 and col.dtype == torch.int32
+    il, wl = meta.input_linear_flat, meta.weight_linear_flat
+    real = torch.nonzero(il != meta.pad_column).squeeze(1)
+    assert int(rowptr[-1]) == real.numel() == col.numel()
+    assert torch.equal(torch.sort(col.long()).values, real)
+    for q in range(0, meta.q, 7):
+        seg = col[int(rowptr[q]):int(rowptr[q + 1])].long()
+        assert torch.all(wl[seg] == q) and torch.all(seg[1:] > seg[:-1])
+    assert wa._weight_row_csr(meta) is wa._weight_row_csr(meta)      # cached alongside the meta
+
+
+def test_pad_flat_input_fp16():
+    meta, x, *_ = _case("ODD", 3)
+    xp = wa._pad_flat_input_fp16(x, meta)
+    assert xp.shape == (3, meta.cin * meta.nin + 1) and xp.dtype == torch.float16 and xp.is_contiguous()
+    assert torch.equal(xp[:, :-1], x.reshape(3, -1)) and torch.count_nonzero(xp[:, -1]) == 0
+    with pytest.raises(TypeError, match="x: expected dtype"):
+        wa._pad_flat_input_fp16(x.float(), meta)
+
+
+# ---------------------------------------------------------------------------------- canary / fallback
+
+@pytest.fixture
+def fresh_cache(monkeypatch):
+    cache = ValidatedCache("Warp grad kernel config")
+    monkeypatch.setattr(wa, "_GRAD_KERNELS", cache)
+    return cache
+
+
+def test_canary_accepts_real_kernels():
+    k = wa._make_grad_input_stage2_kernel(64, 64, False, block_dim=128)
+    assert wa._canary_grad_stage_ok(k, 64, 64, 128, 2, True, "cpu")
+    k = wa._make_grad_weight_stage4_kernel(64, 64, True, block_dim=256)
+    assert wa._canary_grad_stage_ok(k, 64, 64, 256, 4, False, "cpu")
+    assert wa._canary_csr_ok(wa._make_dx_csr_kernel(False), "dx", "cpu")
+    assert wa._canary_csr_ok(wa._make_dw_csr_kernel(True), "dw", "cpu")
+
+
+def _silent_kernel(write_zeros: bool):
+    """A gi-signature kernel that writes nothing (the silent-launch trap) or writes zeros (garbage)."""
+    wp_ = wp
+
+    @wp_.kernel(enable_backward=False, module="unique")
+    def silent(weight_linear: wp_.array2d(dtype=wp_.int32), wt: wp_.array2d(dtype=wp_.float16),
+               g_nob: wp_.array3d(dtype=wp_.float16), n_p_tiles: int, n_o_tiles: int,
+               da: wp_.array3d(dtype=wp_.float16)):
+        n, bt = wp_.tid()
+        if wp_.static(write_zeros):
+            for pt in range(n_p_tiles):
+                z = wp_.tile_zeros(shape=(64, 64), dtype=wp_.float16)
+                wp_.tile_store(da[n], z, offset=(pt * 64, bt * 64))
+
+    silent.fovi_fp32_stage = False
+    return silent
+
+
+@pytest.mark.parametrize("write_zeros", [False, True], ids=["writes-nothing", "writes-garbage"])
+def test_canary_rejects_broken_kernels(write_zeros):
+    wa.init_warp()
+    k = _silent_kernel(write_zeros)
+    ok, why = wa._canary_grad_stage(k, 64, 64, 64, 2, True, "cpu")
+    assert not ok and ("NaN" in why or "wrong" in why), why
+
+
+def test_unlaunchable_default_falls_back_to_torch_compact(fresh_cache, monkeypatch):
+    monkeypatch.setattr(wa, "_canary_grad_stage", lambda *a, **k: (False, "simulated: too much shared memory"))
+    meta, x, w, g, *_ = _case("MAIN", 17)
+    with pytest.warns(RuntimeWarning, match="falling back to torch_compact"):
+        dx = wa.grad_input(meta, g, w)
+    with pytest.warns(RuntimeWarning, match="falling back to torch_compact"):
+        dw = wa.grad_weight(meta, g, x)
+    assert torch.equal(dx, CompactTorchOps.grad_input(meta, g, w))
+    assert torch.equal(dw, CompactTorchOps.grad_weight(meta, g, x))
+    assert fresh_cache.why(("gi", wa._select_gi_config(17)), "cpu").startswith("simulated")
+    # an explicitly requested config that cannot launch raises instead of silently changing backend
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(RuntimeError, match="not launchable"):
+            wa.grad_input(meta, g, w, config="gi2_p64b128")
+        with pytest.raises(RuntimeError, match="not launchable"):
+            wa.grad_weight(meta, g, x, config="gw2_p64n64")
+
+
+def test_unlaunchable_reduction_falls_back(fresh_cache, monkeypatch):
+    monkeypatch.setattr(wa, "_canary_csr", lambda *a, **k: (False, "simulated"))
+    meta, x, w, g, *_ = _case("ODD", 17)
+    with pytest.warns(RuntimeWarning, match="falling back"):
+        dx = wa.grad_input(meta, g, w)
+    assert torch.equal(dx, CompactTorchOps.grad_input(meta, g, w))
+    # the index_add finish needs no reduction kernel, so it still runs on Warp
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        wa.grad_weight(meta, g, x, finish="index_add")
+
+
+def test_get_grad_kernel_validates_once(fresh_cache, monkeypatch):
+    seen = []
+    real = wa._canary_grad_stage
+    monkeypatch.setattr(wa, "_canary_grad_stage", lambda *a: seen.append(a[1:]) or real(*a))
+    k1 = wa._get_grad_kernel("gw", "gw3_p64n64", "cpu")
+    k2 = wa._get_grad_kernel("gw", "gw3_p64n64", "cpu")
+    assert k1 is k2 and k1 is not None and len(seen) == 1
+    assert k1.kind == "gw" and k1.spec["version"] == 3 and not k1.fp32_stage
+    assert wa._get_grad_kernel("csr", "dx_f32", "cpu").fp32_stage
+
+
+# ---------------------------------------------------------------------------------- bad inputs
+
+def test_bad_inputs_are_rejected_with_the_argument_named():
+    meta, x, w, g, *_ = _case("ODD", 3)
+    with pytest.raises(TypeError, match="grad_y: expected dtype torch.float16"):
+        wa.grad_input(meta, g.float(), w)
+    with pytest.raises(TypeError, match="weight: expected dtype torch.float16"):
+        wa.grad_input(meta, g, w.float())
+    with pytest.raises(TypeError, match="x: expected dtype torch.float16"):
+        wa.grad_weight(meta, g, x.to(torch.bfloat16))
+    with pytest.raises(ValueError, match="grad_y: expected shape"):
+        wa.grad_input(meta, g[:, :-1], w)
+    with pytest.raises(ValueError, match="weight: expected shape"):
+        wa.grad_input(meta, g, w[:, :-1].contiguous())
+    with pytest.raises(ValueError, match="x: expected shape"):
+        wa.grad_weight(meta, g, x[:2])
+    with pytest.raises(ValueError, match="grad_y: expected a contiguous"):
+        wa.grad_input(meta, g.transpose(0, 2).contiguous().transpose(0, 2), w)
+    with pytest.raises(ValueError, match="x: expected a contiguous"):
+        wa.grad_weight(meta, g, x.transpose(0, 1).contiguous().transpose(0, 1))
+    with pytest.raises(ValueError, match="weight: expected device"):
+        wa.grad_input(meta, g, torch.empty(w.shape, dtype=torch.float16, device="meta"))
+    with pytest.raises(ValueError, match="grad_y: batch must be >= 1"):
+        wa.grad_input(meta, g[:0], w)
+    with pytest.raises(TypeError, match="meta: expected a TrainingMeta"):
+        wa.grad_input(None, g, w)
+    with pytest.raises(KeyError, match="unknown gi config"):
+        wa.grad_input(meta, g, w, config="gi9_nope")
+    with pytest.raises(KeyError, match="unknown gw config"):
+        wa.grad_weight(meta, g, x, config="gi2_p64b128")
+    with pytest.raises(ValueError, match="finish: expected"):
+        wa.grad_weight(meta, g, x, finish="atomic")
+    with pytest.raises(ValueError, match="kind: expected"):
+        wa._get_grad_kernel("fw", "x", "cpu")
+
+
+def test_empty_reverse_csr_is_rejected():
+    meta, x, w, g, *_ = _case("ODD", 3)
+    from dataclasses import replace
+    empty = replace(meta, rev_rowptr=torch.zeros(meta.nin + 1, dtype=torch.int32),
+                    rev_col=torch.zeros(0, dtype=torch.int32), _per_device={})
+    with pytest.raises(ValueError, match="reverse CSR"):
+        wa.grad_input(empty, g, w)
