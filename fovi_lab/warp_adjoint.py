@@ -40,6 +40,10 @@ grad_weight (``gw`` stage, ``csr`` reduction ``dw_*`` or torch ``index_add_``)
       x-gather stream; needs Cout padded to ``2*tile_n``). The seed measured it 5-9 % slower than
       gw3 and kept it as a negative result; it stays here for the sweep.
 
+    * ``gi2p`` / ``gw3p``: gi2 / gw3 with a register prefetch (software pipelining): the next step's
+      gathers are issued into registers before the current ``tile_matmul`` and copied to the shared
+      operand tiles after it, hiding load latency that Warp's tile GEMM does not overlap itself.
+
     The stage ``dWeff[nc, P64, Cout_pad]`` is reduced into ``dW^T[Q, Cout]`` in fp32 by the ``dw``
     reduction over a *weight-row reverse index* (CSR from weight rows q to the flat entries
     ``j = n*P64 + p`` that use them; built once per meta and cached alongside it, see
@@ -59,6 +63,10 @@ Kernels are built lazily per config by ``_make_*`` factories (``module="unique"`
 public functions fall back to :class:`fovi_lab.reference.CompactTorchOps` with a warning, an
 unlaunchable *explicit* config raises. Everything also runs on Warp's CPU device (tile kernels run
 there with one thread per block), which is how CI tests the kernels.
+
+Knobs: ``FOVI_KNN_STAGE_MIB`` (stage budget, default 512), ``FOVI_KNN_GRAD_STAGE_FP32=1`` (fp32
+staging), ``FOVI_KNN_GW_FINISH=index_add`` (the seed's atomic finish), ``FOVI_WARP_MATHDX=0/1``
+(scalar / cuBLASDx tile GEMM, shared with the forward kernels).
 
 Config names encode the tiles: ``gi2_p64b128`` = grad-input v2, 64-wide p tile, 128-wide batch tile;
 ``gw3_p64n128`` = grad-weight v3, 64-wide p tile, 128-wide o tile. A ``_f32`` suffix on a kernel name
@@ -97,7 +105,8 @@ __all__ = [
     "_make_dx_csr_kernel", "_make_dw_csr_kernel",
     "_canary_grad_stage_ok", "_canary_csr_ok", "_get_grad_kernel", "_select_gi_config",
     "_select_gw_config", "_pad_flat_input_fp16", "_weight_row_csr", "all_grad_kernel_names",
-    "warm_grad_kernel", "aot_compile_grad_kernels", "GradKernel",
+    "warm_grad_kernel", "aot_compile_grad_kernels", "GradKernel", "_make_grad_input_stage2p_kernel",
+    "_make_grad_weight_stage3p_kernel", "_plan_grad_input", "_plan_grad_weight",
 ]
 
 # --------------------------------------------------------------------------------------------
@@ -192,8 +201,20 @@ def _select_gw_config(cout: int) -> str:
 # Kernel factories
 # --------------------------------------------------------------------------------------------
 
+def _mathdx_env() -> Optional[bool]:
+    """``FOVI_WARP_MATHDX=0/1`` forces the scalar / cuBLASDx tile GEMM (shared with warp_forward);
+    unset: Warp's own default (cuBLASDx on CUDA)."""
+    env = os.environ.get("FOVI_WARP_MATHDX")
+    if env is None or env.strip() == "":
+        return None
+    return env.strip().lower() not in ("0", "false", "no", "off")
+
+
 def _kernel_options(block_dim: Optional[int], module_options: Optional[dict]) -> dict:
     opts = dict(_MODULE_OPTIONS)
+    mathdx = _mathdx_env()
+    if mathdx is not None:
+        opts["enable_mathdx_gemm"] = mathdx
     if block_dim is not None:
         # The module's block_dim is what an AOT compile targets; launches pass it again anyway.
         opts["block_dim"] = int(block_dim)

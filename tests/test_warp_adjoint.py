@@ -330,3 +330,31 @@ def test_empty_reverse_csr_is_rejected():
                     rev_col=torch.zeros(0, dtype=torch.int32), _per_device={})
     with pytest.raises(ValueError, match="reverse CSR"):
         wa.grad_input(empty, g, w)
+
+
+# ---------------------------------------------------------------------------------- benchmark smoke
+
+@pytest.mark.parametrize("mode", ["backward", "train-step"])
+def test_backward_bench_smoke_on_cpu(tmp_path, mode, monkeypatch):
+    """The benchmark runs end to end on the CPU (a synthetic shape, one rep) and writes JSON lines."""
+    import json
+
+    from fovi_lab.bench import backward as bench
+
+    monkeypatch.setattr(wa, "_EMPTY_FILL", None)
+    out = tmp_path / "bw.jsonl"
+    args = [mode, "--layers", "ODD", "--batches", "3", "--reps", "1", "--warmup", "0", "--out", str(out)]
+    if mode == "backward":
+        args += ["--sweep", "--gi-configs", "gi2_p64b64", "--gw-configs", "gw3_p64n64"]
+    assert bench.main(args) == 0
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    impls = {r["impl"] for r in recs}
+    warp = "warp" if mode == "backward" else "warp_train"
+    assert {warp, "torch_compact", "torch_autograd_gather_bmm", "torch_autograd_tgather_bmm"} <= impls
+    for r in recs:
+        assert r["ms"] is not None, r
+        assert {"layer", "B", "impl", "ms", "device", "warp", "torch", "date"} <= set(r)
+    w = next(r for r in recs if r["impl"] == warp)
+    assert w["deterministic"] and w["err_dx"] < 1e-2 and w["err_dw"] < 1e-2
+    if mode == "backward":
+        assert {"warp_gi", "warp_gw"} <= impls

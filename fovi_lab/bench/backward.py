@@ -1,0 +1,598 @@
+"""Backward and train-step benchmark: Warp adjoints vs PyTorch, on the real fovi layer table.
+
+``python -m fovi_lab.bench.backward [backward|train-step] [--layers alex_L1 res18_layer1]
+[--batches 64 128 512] [--sweep] [--out data/backward_xxx.jsonl]``
+(also ``python -m fovi_lab bench backward`` / ``python -m fovi_lab bench train-step``).
+
+Per (layer, B), in one process on identical fp16 inputs (``x [B, Cin, Nin]``, ``W [Cout, Q]``, an
+upstream gradient ``g [B, Cout, Nout]``):
+
+mode ``backward`` (both gradients, dx and dW):
+    * ``warp``: :func:`fovi_lab.warp_adjoint.grad_input` + :func:`grad_weight` with the default
+      configs, timed as the whole ops (operand layouts, every chunk, output copies), plus each
+      pipeline's kernels alone (``gi_stage_ms``, ``dx_reduce_ms``, ``gw_stage_ms``, ``dw_reduce_ms``)
+      on prepared operands, the stage GEMMs' TFLOP/s and fraction of Warp's dense tile-GEMM ceiling
+      for the same tile shape (:func:`fovi_lab.warp_forward.make_dense_ceiling`: the same GEMM sizes
+      with plain loads, no gathers), and the reductions' GB/s and fraction of HBM bandwidth;
+    * ``torch_compact``: :class:`fovi_lab.reference.CompactTorchOps` explicit backward (bmm + fp32
+      ``index_add_``; atomics on CUDA);
+    * ``torch_autograd_gather_bmm`` / ``torch_autograd_tgather_bmm``: ``torch.autograd.grad`` through
+      the strongest PyTorch forwards (gather + bmm, and the transposed gather whose gathered rows are
+      contiguous batch runs), backward only (the graph is built once, ``retain_graph=True``).
+mode ``train-step`` (forward + both gradients):
+    * ``warp_train``: :func:`fovi_lab.warp_forward.run_uncached` (default config) + both adjoints;
+    * ``torch_compact``: its forward + explicit backward;
+    * ``torch_autograd_*``: the PyTorch forward + ``torch.autograd.grad``.
+``--sweep`` (either mode) also measures every gi/gw config (v2/v2p, v2/v3/v3p/v4, tile sizes, fp16
+and fp32 staging; gw also with the ``index_add`` finish) on each shape, op and kernels alone.
+
+Every Warp result is checked against ``torch_compact`` in fp32 (``err_dx``, ``err_dw``: max abs error
+over the reference's max abs), and run twice to check bitwise determinism (``deterministic``). Peak
+memory is ``torch.cuda.max_memory_allocated`` during one call minus what was allocated before it
+(``peak_mib``; inputs excluded, outputs included). FLOPs are ``2*B*P64*Cout*Nout`` per GEMM (two for
+backward, three for a train step); bytes the fewest each op must move. Fractions of the roofline use
+the H200 datasheet ceilings (:class:`fovi_lab.bench.common.Roofline`). The seed's own H200 train-step
+numbers (notes/warp-facts.md, one run each) are printed beside ours where the shape matches.
+
+Robustness: on CUDA every needed Warp module (grads, forward, dense ceilings) is compiled first by a
+pool of spawned processes (``--jobs``; MathDx links take ~50 s each and in-process workers do not
+overlap them); a failing shape or implementation is recorded with a ``note`` and the run goes on;
+records are appended after every shape; ``--time-budget-s`` stops starting new shapes.
+"""
+
+import argparse
+import math
+import multiprocessing as mp
+import os
+import sys
+import time
+import traceback
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+
+from .common import (Progress, Roofline, append_jsonl, compact_bytes, compact_flops, default_record_path,
+                     env_info, gbps, tflops, time_fn)
+
+__all__ = ["main", "SEED_TRAIN_STEP_MS", "run_shape", "precompile"]
+
+#: The seed's (upstream fovi) Warp train step on the H200, ms (notes/warp-facts.md; one run each).
+SEED_TRAIN_STEP_MS = {("res18_layer1", 64): 1.09, ("res18_layer1", 512): 3.60, ("alex_L1", 64): 9.68,
+                      ("alex_L1", 512): 53.1, ("alex_L0", 64): 3.40, ("alex_L0", 512): 18.3}
+#: Same notes: torch explicit-backward train step and its peak memory (GiB), for orientation.
+NOTES_TORCH_TRAIN_STEP = {("res18_layer1", 64): (0.52, 0.13), ("res18_layer1", 512): (1.25, 0.58),
+                          ("alex_L1", 64): (2.89, 1.23), ("alex_L1", 512): (6.17, 2.53),
+                          ("alex_L0", 64): (1.40, 0.37), ("alex_L0", 512): (3.77, 1.60)}
+
+_MIB = 1 << 20
+
+
+# ------------------------------------------------------------------------------------------- helpers
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _peak_mib(fn: Callable[[], object], device: torch.device) -> Optional[float]:
+    """Extra memory at the peak of one ``fn()`` call (outputs included, inputs excluded), MiB."""
+    if device.type != "cuda":
+        return None
+    _sync(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    out = fn()
+    _sync(device)
+    peak = torch.cuda.max_memory_allocated(device) - base
+    del out
+    return peak / _MIB
+
+
+def _xpad(x: torch.Tensor) -> torch.Tensor:
+    b = x.shape[0]
+    return torch.cat([x.reshape(b, -1), x.new_zeros(b, 1)], dim=1)
+
+
+def torch_forwards(meta) -> Dict[str, Callable]:
+    """Differentiable PyTorch forwards ``fn(x, w) -> y [B, Cout, Nout]`` (the autograd baselines)."""
+    il, wl = meta.input_linear_flat, meta.weight_linear_flat
+    nout, p64, cout = meta.nout, meta.p64, meta.cout
+
+    def gather_bmm(x, w):
+        b = x.shape[0]
+        a = _xpad(x).index_select(1, il).view(b, nout, p64).transpose(0, 1)            # [Nout, B, P64]
+        wn = w.t().index_select(0, wl).view(nout, p64, cout)                           # [Nout, P64, Cout]
+        return torch.bmm(a, wn).permute(1, 2, 0)
+
+    def tgather_bmm(x, w):
+        b = x.shape[0]
+        at = _xpad(x).t().index_select(0, il).view(nout, p64, b)                       # rows: batch runs
+        wn = w.t().index_select(0, wl).view(nout, p64, cout)
+        return torch.bmm(at.transpose(1, 2), wn).permute(1, 2, 0)
+
+    return {"gather_bmm": gather_bmm, "tgather_bmm": tgather_bmm}
+
+
+def backward_bytes(meta, b: int) -> float:
+    """Fewest bytes both adjoints must move: g, W, x (fp16) in; dx, dW (fp32) out; both tables."""
+    return float(2 * (b * meta.cout * meta.nout + meta.cout * meta.q + b * meta.cin * meta.nin)
+                 + 4 * (b * meta.cin * meta.nin + meta.cout * meta.q) + 2 * 4 * meta.nout * meta.p64)
+
+
+def _dense_config_for(kind: str, spec: dict) -> Optional[str]:
+    """The forward config whose dense ceiling has this stage's tile shape (M = p tile, N = b or o tile)."""
+    try:
+        from .. import warp_forward as F
+    except Exception:  # pragma: no cover - forward module missing
+        return None
+    tm = spec["tile_p"]
+    tn = spec["tile_b"] if kind == "gi" else spec["tile_n"]
+    tk = spec.get("tile_o", 64) if kind == "gi" else 64
+    pipelined = str(spec["version"]).endswith("p")
+    fams = ("gp",) if pipelined else ("gather",)
+    best = None
+    for name in F.uncached_config_names():
+        c = F.config_spec(name)
+        if c.family in fams and (c.tile_m, c.tile_n, c.tile_k, c.r) == (tm, tn, tk, 1):
+            if c.block_dim == spec["block_dim"]:
+                return name
+            best = best or name
+    return best
+
+
+class _DenseCache:
+    def __init__(self):
+        self.ms: Dict[tuple, Optional[float]] = {}
+
+    def get(self, config: Optional[str], m: int, n: int, nodes: int, k: int, device, tm) -> Optional[float]:
+        if config is None:
+            return None
+        key = (config, m, n, nodes, k)
+        if key not in self.ms:
+            try:
+                from .. import warp_forward as F
+                plan = F.make_dense_ceiling(config, m, n, nodes, k, device)
+                self.ms[key] = tm(plan.launch).ms
+                del plan
+            except Exception as exc:  # noqa: BLE001 - report, keep measuring
+                print(f"  dense ceiling {config} failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                self.ms[key] = None
+        return self.ms[key]
+
+
+# ------------------------------------------------------------------------------------------- warp
+
+def _warp_pipeline_records(meta, x, w, g, gi_cfg: Optional[str], gw_cfg: Optional[str], stage_fp32,
+                           finish: Optional[str], device, tm, dense: _DenseCache, roof: Roofline,
+                           ref: Tuple[torch.Tensor, torch.Tensor], do_gi: bool = True, do_gw: bool = True) -> dict:
+    """Time one Warp (gi config, gw config) pair: ops, kernels alone, dense ceilings, errors, determinism."""
+    from .. import warp_adjoint as wa
+    b = x.shape[0]
+    gemm = compact_flops(b, meta.p64, meta.cout, meta.nout)
+    out: dict = {}
+    if do_gi:
+        plan, why = wa._plan_grad_input(meta, g, w, gi_cfg, stage_fp32=stage_fp32)
+        if plan is None:
+            raise RuntimeError(why)
+        out["gi_config"] = plan.stage_k.name
+        out["gi_chunks"] = len(plan.chunks)
+        out["gi_stage_mib"] = plan.stage_bytes / _MIB
+        dx = wa.grad_input(meta, g, w, gi_cfg, stage_fp32=stage_fp32)
+        dx2 = wa.grad_input(meta, g, w, gi_cfg, stage_fp32=stage_fp32)
+        out["deterministic_dx"] = bool(torch.equal(dx, dx2))
+        out["err_dx"] = float((dx - ref[0]).abs().max()) / max(1e-12, float(ref[0].abs().max()))
+        del dx, dx2
+        out["dx_ms"] = tm(lambda: wa.grad_input(meta, g, w, gi_cfg, stage_fp32=stage_fp32)).ms
+        out["dx_peak_mib"] = _peak_mib(lambda: wa.grad_input(meta, g, w, gi_cfg, stage_fp32=stage_fp32), device)
+        plan.prepare(0)
+        st = tm(plan.stage).ms
+        rd = tm(plan.reduce).ms
+        b0, b1, bcp = plan.chunks[0]
+        flops0 = 2.0 * meta.nout * meta.p64 * plan.cpad * bcp
+        out.update(gi_stage_ms=st, gi_stage_tflops=tflops(flops0, st), dx_reduce_ms=rd)
+        itemsize = plan.stage_buf.element_size()
+        rbytes = meta.nnz * meta.cin * (b1 - b0) * itemsize + meta.cin * meta.nin * (b1 - b0) * 4
+        out.update(dx_reduce_gbps=gbps(rbytes, rd), dx_reduce_hbm_frac=gbps(rbytes, rd) / (roof.hbm_tbps * 1e3))
+        dcfg = _dense_config_for("gi", plan.stage_k.spec)
+        d = dense.get(dcfg, meta.p64, bcp, meta.nout, plan.cpad, device, tm)
+        out.update(gi_dense_config=dcfg, gi_dense_ms=d, gi_frac_dense=(d / st) if d else None,
+                   gi_dense_tflops=tflops(flops0, d) if d else None)
+        del plan
+        out["dx_tflops"] = tflops(gemm, out["dx_ms"])
+    if do_gw:
+        plan, why = wa._plan_grad_weight(meta, g, x, gw_cfg, stage_fp32=stage_fp32, finish=finish)
+        if plan is None:
+            raise RuntimeError(why)
+        out["gw_config"] = plan.stage_k.name
+        out["gw_finish"] = plan.finish_mode
+        out["gw_chunks"] = len(plan.chunks)
+        out["gw_stage_mib"] = plan.stage_bytes / _MIB
+        dw = wa.grad_weight(meta, g, x, gw_cfg, stage_fp32=stage_fp32, finish=finish)
+        dw2 = wa.grad_weight(meta, g, x, gw_cfg, stage_fp32=stage_fp32, finish=finish)
+        out["deterministic_dw"] = bool(torch.equal(dw, dw2))
+        out["err_dw"] = float((dw - ref[1]).abs().max()) / max(1e-12, float(ref[1].abs().max()))
+        del dw, dw2
+        out["dw_ms"] = tm(lambda: wa.grad_weight(meta, g, x, gw_cfg, stage_fp32=stage_fp32, finish=finish)).ms
+        out["dw_peak_mib"] = _peak_mib(lambda: wa.grad_weight(meta, g, x, gw_cfg, stage_fp32=stage_fp32,
+                                                              finish=finish), device)
+        plan.prepare(0)
+        st = tm(plan.stage).ms
+        rd = tm(plan.reduce).ms
+        n0, n1 = plan.chunks[0]
+        flops0 = 2.0 * (n1 - n0) * meta.p64 * plan.cpad * plan.bpad
+        out.update(gw_stage_ms=st, gw_stage_tflops=tflops(flops0, st), dw_reduce_ms=rd)
+        if plan.finish_mode == "csr":
+            itemsize = plan.stage_buf.element_size()
+            nnz_w = int(wa._weight_row_csr(meta)[1].numel()) * (n1 - n0) / meta.nout
+            rbytes = nnz_w * meta.cout * itemsize + meta.q * meta.cout * 4
+            out.update(dw_reduce_gbps=gbps(rbytes, rd), dw_reduce_hbm_frac=gbps(rbytes, rd) / (roof.hbm_tbps * 1e3))
+        dcfg = _dense_config_for("gw", plan.stage_k.spec)
+        d = dense.get(dcfg, meta.p64, plan.cpad, n1 - n0, plan.bpad, device, tm)
+        out.update(gw_dense_config=dcfg, gw_dense_ms=d, gw_frac_dense=(d / st) if d else None,
+                   gw_dense_tflops=tflops(flops0, d) if d else None)
+        del plan
+        out["dw_tflops"] = tflops(gemm, out["dw_ms"])
+    return out
+
+
+# ------------------------------------------------------------------------------------------- a shape
+
+def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: dict, args, roof: Roofline,
+              dense: _DenseCache) -> List[dict]:
+    """Measure every implementation on one (layer, B); returns the records (failures carry a note)."""
+    from .. import warp_adjoint as wa
+    from ..reference import CompactTorchOps
+
+    gen = torch.Generator(device="cpu").manual_seed(b * 7919 + meta.nout)
+    x = torch.randn(b, meta.cin, meta.nin, generator=gen).to(device, torch.float16)
+    w = (torch.randn(meta.cout, meta.q, generator=gen) * (2.0 / (meta.cin * meta.k)) ** 0.5).to(device, torch.float16)
+    g = (torch.randn(b, meta.cout, meta.nout, generator=gen) / math.sqrt(meta.nout)).to(device, torch.float16)
+    gemm = compact_flops(b, meta.p64, meta.cout, meta.nout)
+    n_gemm = 2 if mode == "backward" else 3
+    flops = n_gemm * gemm
+    nbytes = backward_bytes(meta, b)
+    if mode == "train-step":
+        nbytes += compact_bytes(b, meta.cin, meta.nin, meta.cout, meta.q, meta.nout, meta.p64)
+    shape = {"layer": layer, "B": b, "rf": args.rf, "mode": mode, "cin": meta.cin, "cout": meta.cout,
+             "nin": meta.nin, "nout": meta.nout, "k": meta.k, "v": meta.v, "p64": meta.p64, "q": meta.q,
+             "nnz": meta.nnz, "flops": flops, "bytes": nbytes}
+    recs: List[dict] = []
+    tm = lambda fn: time_fn(fn, device, warmup=args.warmup, reps=args.reps)  # noqa: E731
+
+    def rec(impl, ms, **kw):
+        r = dict(env)
+        r.update(shape)
+        r.update(impl=impl, ms=ms, tflops=tflops(flops, ms) if ms else None,
+                 roofline_frac=roof.fraction(ms, flops, nbytes) if ms else None)
+        r.update(kw)
+        recs.append(r)
+        return r
+
+    def guarded(impl, fn, **kw):
+        try:
+            return fn()
+        except torch.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            rec(impl, None, note="out of memory", **kw)
+        except Exception as exc:  # noqa: BLE001 - one failing implementation must not end the run
+            rec(impl, None, note=f"{type(exc).__name__}: {str(exc).strip()[:300]}", **kw)
+            if args.verbose:
+                traceback.print_exc()
+        return None
+
+    # fp32 reference grads (torch_compact on fp32 copies of the same fp16 inputs)
+    ref = (CompactTorchOps.grad_input(meta, g.float(), w.float()),
+           CompactTorchOps.grad_weight(meta, g.float(), x.float()))
+
+    # ---- PyTorch
+    def torch_compact():
+        if mode == "backward":
+            fn = lambda: (CompactTorchOps.grad_input(meta, g, w), CompactTorchOps.grad_weight(meta, g, x))  # noqa: E731
+        else:
+            def fn():
+                y = CompactTorchOps.forward(meta, x, w, None)
+                return y, CompactTorchOps.grad_input(meta, g, w), CompactTorchOps.grad_weight(meta, g, x)
+        r1 = fn()
+        r2 = fn()
+        det = bool(torch.equal(r1[-2], r2[-2]) and torch.equal(r1[-1], r2[-1]))
+        del r1, r2
+        t = tm(fn)
+        rec("torch_compact", t.ms, reps=t.reps, peak_mib=_peak_mib(fn, device), deterministic=det)
+    guarded("torch_compact", torch_compact)
+
+    for name, fwd in torch_forwards(meta).items():
+        impl = f"torch_autograd_{name}"
+
+        def autograd(fwd=fwd, impl=impl):
+            xr = x.detach().clone().requires_grad_()
+            wr = w.detach().clone().requires_grad_()
+            if mode == "backward":
+                y = fwd(xr, wr)
+                fn = lambda: torch.autograd.grad(y, (xr, wr), g, retain_graph=True)  # noqa: E731
+            else:
+                fn = lambda: torch.autograd.grad(fwd(xr, wr), (xr, wr), g)  # noqa: E731
+            dx, dw = fn()
+            err_dx = float((dx.float() - ref[0]).abs().max()) / max(1e-12, float(ref[0].abs().max()))
+            err_dw = float((dw.float() - ref[1]).abs().max()) / max(1e-12, float(ref[1].abs().max()))
+            del dx, dw
+            t = tm(fn)
+            rec(impl, t.ms, reps=t.reps, peak_mib=_peak_mib(fn, device), err_dx=err_dx, err_dw=err_dw,
+                note="backward only (graph built once)" if mode == "backward" else None)
+        guarded(impl, autograd)
+
+    torch_ms = {r["impl"]: r["ms"] for r in recs if r.get("ms")}
+    strongest = min(torch_ms, key=torch_ms.get) if torch_ms else None
+    torch_peak = {r["impl"]: r.get("peak_mib") for r in recs if r.get("ms")}
+
+    # ---- Warp (default configs)
+    def warp_default():
+        info = _warp_pipeline_records(meta, x, w, g, None, None, None, None, device, tm, dense, roof, ref)
+        from .. import warp_adjoint as wa_
+        if mode == "backward":
+            fn = lambda: (wa_.grad_input(meta, g, w), wa_.grad_weight(meta, g, x))  # noqa: E731
+            impl = "warp"
+        else:
+            from .. import warp_forward as F
+            y = F.run_uncached(x, w, None, meta.input_linear, meta.weight_linear)
+            info["err_y"] = float((y.float() - CompactTorchOps.forward(meta, x.float(), w.float(), None)).abs().max())
+            del y
+
+            def fn():
+                y = F.run_uncached(x, w, None, meta.input_linear, meta.weight_linear)
+                return y, wa_.grad_input(meta, g, w), wa_.grad_weight(meta, g, x)
+            info["fwd_ms"] = tm(lambda: F.run_uncached(x, w, None, meta.input_linear, meta.weight_linear)).ms
+            impl = "warp_train"
+        t = tm(fn)
+        r = rec(impl, t.ms, reps=t.reps, peak_mib=_peak_mib(fn, device),
+                deterministic=bool(info.get("deterministic_dx") and info.get("deterministic_dw")), **info)
+        if strongest:
+            r.update(strongest=strongest, speedup_vs_strongest=torch_ms[strongest] / t.ms)
+            if torch_peak.get(strongest) and r.get("peak_mib"):
+                r["peak_frac_of_strongest"] = r["peak_mib"] / torch_peak[strongest]
+        if "torch_compact" in torch_ms:
+            r["speedup_vs_torch_compact"] = torch_ms["torch_compact"] / t.ms
+            if torch_peak.get("torch_compact") and r.get("peak_mib"):
+                r["peak_frac_of_torch_compact"] = r["peak_mib"] / torch_peak["torch_compact"]
+        seed = SEED_TRAIN_STEP_MS.get((layer, b)) if mode == "train-step" else None
+        if seed:
+            r.update(seed_ms=seed, speedup_vs_seed=seed / t.ms)
+    guarded("warp" if mode == "backward" else "warp_train", warp_default)
+
+    # ---- sweep of every gi / gw config
+    if args.sweep:
+        def one(impl, which, **kw):
+            info = _warp_pipeline_records(meta, x, w, g, kw.get("gi"), kw.get("gw"), None, kw.get("finish"),
+                                          device, tm, dense, roof, ref, do_gi=which == "dx", do_gw=which == "dw")
+            ms = info.get(f"{which}_ms")
+            rec(impl, ms, config=kw.get("gi") or kw.get("gw"), **info,
+                **{"tflops": tflops(gemm, ms) if ms else None, "roofline_frac": None})
+
+        for base in _sweep_names(wa._GRAD_INPUT_CONFIG_SPECS, args.gi_configs):
+            for fp32 in (False, True):
+                name = base + ("_f32" if fp32 else "")
+                guarded("warp_gi", lambda name=name: one("warp_gi", "dx", gi=name), config=name)
+        for base in _sweep_names(wa._GRAD_WEIGHT_CONFIG_SPECS, args.gw_configs):
+            for fp32 in (False, True):
+                name = base + ("_f32" if fp32 else "")
+                finishes = ("csr", "index_add") if base == wa._select_gw_config(meta.cout) else ("csr",)
+                for fin in finishes:
+                    guarded("warp_gw", lambda name=name, fin=fin: one("warp_gw", "dw", gw=name, finish=fin),
+                            config=name, gw_finish=fin)
+    return recs
+
+
+def _sweep_names(table: dict, only: Optional[List[str]]) -> List[str]:
+    return [n for n in table if only is None or n in only]
+
+
+# ------------------------------------------------------------------------------------------- compile
+
+def _warm_job(job) -> Tuple[str, bool, float, str]:
+    """One module compile in a spawned process: ('grad', kind, name, device) or ('fwd', name, dense, device)."""
+    t0 = time.perf_counter()
+    try:
+        if job[0] == "grad":
+            from ..warp_adjoint import warm_grad_kernel
+            ok, why, _ = warm_grad_kernel(job[1], job[2], job[3])
+            return f"{job[1]}:{job[2]}", ok, time.perf_counter() - t0, why
+        from ..warmup import _compile_one
+        name, dense, _dt, status = _compile_one((job[1], job[2], job[3], None, None))
+        return f"fwd:{name}{' (dense)' if dense else ''}", status == "ok", time.perf_counter() - t0, status
+    except Exception as exc:  # noqa: BLE001
+        return str(job), False, time.perf_counter() - t0, f"{type(exc).__name__}: {str(exc)[:200]}"
+
+
+def precompile(jobs: list, processes: int) -> None:
+    """Compile every job's Warp module into the kernel cache with a pool of spawned processes."""
+    jobs = list(dict.fromkeys(jobs))
+    if not jobs:
+        return
+    print(f"# precompiling {len(jobs)} Warp modules with {processes} spawned processes", flush=True)
+    t0 = time.perf_counter()
+    ctx = mp.get_context("spawn")  # fresh interpreters: no inherited CUDA context, truly parallel compiles
+    with ctx.Pool(processes=max(1, min(processes, len(jobs)))) as pool:
+        for i, (what, ok, dt, why) in enumerate(pool.imap_unordered(_warm_job, jobs), 1):
+            print(f"  [{i:>3d}/{len(jobs)}] {what}: {'ok' if ok else 'FAILED ' + why} in {dt:.1f}s", flush=True)
+    print(f"# precompile done in {time.perf_counter() - t0:.0f}s", flush=True)
+
+
+def _jobs_for(metas: dict, batches: List[int], mode: str, args, device: str) -> list:
+    from .. import warp_adjoint as wa
+    jobs = []
+    names = set()
+    for meta in metas.values():
+        for b in batches:
+            names.add(("gi", wa._select_gi_config(b) + ("_f32" if wa._stage_fp32_default() else "")))
+        names.add(("gw", wa._select_gw_config(meta.cout) + ("_f32" if wa._stage_fp32_default() else "")))
+    if args.sweep:
+        for base in _sweep_names(wa._GRAD_INPUT_CONFIG_SPECS, args.gi_configs):
+            names |= {("gi", base), ("gi", base + "_f32")}
+        for base in _sweep_names(wa._GRAD_WEIGHT_CONFIG_SPECS, args.gw_configs):
+            names |= {("gw", base), ("gw", base + "_f32")}
+    for kind, name in sorted(names):
+        jobs.append(("grad", kind, name, device))
+        spec = wa._spec_of(kind, name)
+        dcfg = _dense_config_for(kind, spec)
+        if dcfg:
+            jobs.append(("fwd", dcfg, True, device))
+    jobs += [("grad", "csr", n, device) for n in wa._CSR_KERNEL_SPECS]
+    if mode == "train-step":
+        try:
+            from .. import warp_forward as F
+            for meta in metas.values():
+                nm_ok = F._analyse_tables(meta.input_linear, meta.weight_linear, meta.cin, meta.nin,
+                                          meta.q).nm is not None
+                for b in batches:
+                    jobs.append(("fwd", F._select_uncached_batch_config(b, meta.cout, meta.nout, meta.p64,
+                                                                         in_channels=meta.cin, node_major=nm_ok),
+                                 False, device))
+        except Exception as exc:  # noqa: BLE001
+            print(f"# forward precompile skipped: {exc}", flush=True)
+    return jobs
+
+
+# ------------------------------------------------------------------------------------------- main
+
+def main(argv=None) -> int:
+    from ..layers import LAYERS, SYNTHETIC, layer_meta, synthetic_meta
+
+    ap = argparse.ArgumentParser(prog="python -m fovi_lab.bench.backward", description=__doc__.split("\n\n")[0])
+    ap.add_argument("mode", nargs="?", default="backward", choices=["backward", "train-step"])
+    ap.add_argument("--layers", nargs="*", default=None, help=f"layer names (default: all of {list(LAYERS)}; also {list(SYNTHETIC)})")
+    ap.add_argument("--batches", nargs="*", type=int, default=[64, 128, 512])
+    ap.add_argument("--rf", default="rf2")
+    ap.add_argument("--sweep", action="store_true", help="also measure every gi/gw config (fp16 and fp32 staging)")
+    ap.add_argument("--gi-configs", nargs="*", default=None, help="restrict the sweep's gi configs")
+    ap.add_argument("--gw-configs", nargs="*", default=None, help="restrict the sweep's gw configs")
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1), help="precompile processes")
+    ap.add_argument("--no-precompile", action="store_true", help="skip the parallel precompile (CUDA)")
+    ap.add_argument("--out", default=None, help="JSON-lines file to append to (default data/<mode>_<device>.jsonl)")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--time-budget-s", type=float, default=None,
+                    help="start no new shape after this many seconds (records so far are kept)")
+    ap.add_argument("--verbose", action="store_true", help="print tracebacks of failing implementations")
+    args = ap.parse_args(argv)
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    env = env_info(device)
+    kind = "backward" if args.mode == "backward" else "train_step"
+    out = args.out or default_record_path(kind, env["device"])
+    layers = args.layers or list(LAYERS)
+    roof = Roofline()
+    print(f"# {args.mode} benchmark on {env['device']} (warp {env['warp']}, torch {env['torch']}), "
+          f"records -> {out}", flush=True)
+    print(f"# ceilings: HBM {roof.hbm_tbps} TB/s, fp16 dense {roof.fp16_tflops} TFLOP/s (H200 datasheet); "
+          f"Warp's dense tile GEMM measured per stage tile shape", flush=True)
+    t_start = time.perf_counter()
+    metas = {}
+    for name in layers:
+        try:
+            # fovi's synthetic test shapes (MAIN, ODD, PAD_HEAVY) are accepted too: quick smoke runs
+            metas[name] = (synthetic_meta(name, device=device) if name in SYNTHETIC
+                           else layer_meta(name, args.rf, device=device))
+        except Exception as exc:  # noqa: BLE001
+            print(f"# layer {name}: meta failed ({type(exc).__name__}: {exc}); skipped", flush=True)
+    from ..warp_common import warp_device
+    if device.type == "cuda" and not args.no_precompile:
+        wdev = warp_device(torch.empty(0, device=device))
+        precompile(_jobs_for(metas, args.batches, args.mode, args, wdev), args.jobs)
+    prog = Progress(len(metas) * len(args.batches), "shapes")
+    dense = _DenseCache()
+    all_recs: List[dict] = []
+    for name, meta in metas.items():
+        for b in args.batches:
+            if args.time_budget_s and time.perf_counter() - t_start > args.time_budget_s:
+                print(f"# time budget of {args.time_budget_s:.0f}s spent: stopping before {name} B={b}", flush=True)
+                break
+            try:
+                recs = run_shape(name, meta, b, args.mode, device, env, args, roof, dense)
+            except torch.OutOfMemoryError:
+                torch.cuda.empty_cache()
+                recs = [dict(env, layer=name, B=b, mode=args.mode, impl="shape", ms=None, note="out of memory")]
+            except Exception as exc:  # noqa: BLE001 - one failing shape must not end the run
+                recs = [dict(env, layer=name, B=b, mode=args.mode, impl="shape", ms=None,
+                             note=f"{type(exc).__name__}: {str(exc)[:300]}")]
+                if args.verbose:
+                    traceback.print_exc()
+            append_jsonl(out, recs)
+            all_recs += recs
+            _print_shape(recs, args.mode)
+            prog.step(f"{name} B={b}")
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        else:
+            continue
+        break
+    _summary(all_recs, args.mode)
+    return 0
+
+
+def _fmt(v, spec="{:.3f}", none="-"):
+    return none if v is None or (isinstance(v, float) and math.isnan(v)) else spec.format(v)
+
+
+def _print_shape(recs: List[dict], mode: str) -> None:
+    if not recs:
+        return
+    head = f"{recs[0]['layer']:>15s} B={recs[0]['B']:<4d}"
+    warp_impl = "warp" if mode == "backward" else "warp_train"
+    torch_rows = sorted([r for r in recs if r["impl"].startswith("torch") and r.get("ms")], key=lambda r: r["ms"])
+    wr = [r for r in recs if r["impl"] == warp_impl]
+    if wr and wr[0].get("ms"):
+        r = wr[0]
+        line = (f"{head} {warp_impl} {r['ms']:.3f} ms ({_fmt(r.get('tflops'), '{:.1f}')} TFLOP/s, "
+                f"{_fmt(100 * (r.get('roofline_frac') or math.nan), '{:.1f}')}% roofline, peak "
+                f"{_fmt(r.get('peak_mib'), '{:.0f}')} MiB, det {r.get('deterministic')}) "
+                f"dx {_fmt(r.get('dx_ms'))} [stage {_fmt(r.get('gi_stage_ms'))} = "
+                f"{_fmt(100 * (r.get('gi_frac_dense') or math.nan), '{:.0f}')}% dense, reduce {_fmt(r.get('dx_reduce_ms'))} "
+                f"{_fmt(r.get('dx_reduce_gbps'), '{:.0f}')} GB/s] dW {_fmt(r.get('dw_ms'))} [stage "
+                f"{_fmt(r.get('gw_stage_ms'))} = {_fmt(100 * (r.get('gw_frac_dense') or math.nan), '{:.0f}')}% dense, "
+                f"reduce {_fmt(r.get('dw_reduce_ms'))}]")
+        if r.get("strongest"):
+            line += f" | best torch {r['strongest']} -> x{r['speedup_vs_strongest']:.2f}"
+        if r.get("seed_ms"):
+            line += f" | seed {r['seed_ms']} ms -> x{r['speedup_vs_seed']:.2f}"
+        print(line, flush=True)
+    elif wr:
+        print(f"{head} {warp_impl}: {wr[0].get('note')}", flush=True)
+    for r in torch_rows:
+        print(f"{'':>22s}{r['impl']:<30s} {r['ms']:.3f} ms  peak {_fmt(r.get('peak_mib'), '{:.0f}')} MiB", flush=True)
+    for r in recs:
+        if r["impl"] != warp_impl and not r.get("ms") and r["impl"] not in ("warp_gi", "warp_gw"):
+            print(f"{'':>22s}{r['impl']:<30s} failed: {r.get('note')}", flush=True)
+    sweep = [r for r in recs if r["impl"] in ("warp_gi", "warp_gw")]
+    if sweep:
+        for which, key in (("warp_gi", "gi_stage_ms"), ("warp_gw", "gw_stage_ms")):
+            rows = sorted([r for r in sweep if r["impl"] == which and r.get(key)], key=lambda r: r[key])
+            if rows:
+                print(f"{'':>22s}{which} fastest stages: " + ", ".join(
+                    f"{r['config']}{'/' + r['gw_finish'] if r.get('gw_finish') else ''} {r[key]:.3f}"
+                    f" (op {_fmt(r.get('ms'))})" for r in rows[:4]), flush=True)
+        bad = [r for r in sweep if not r.get(key if r['impl'] == 'warp_gw' else 'gi_stage_ms') and r.get("note")]
+        for r in bad[:6]:
+            print(f"{'':>22s}{r['impl']} {r.get('config')}: {r.get('note')}", flush=True)
+
+
+def _summary(recs: List[dict], mode: str) -> None:
+    warp_impl = "warp" if mode == "backward" else "warp_train"
+    rows = [r for r in recs if r["impl"] == warp_impl and r.get("ms")]
+    if not rows:
+        return
+    print(f"\n layer            B    {warp_impl:>10s} ms  TFLOP/s  peak MiB  best torch (ms, MiB)              "
+          f"speedup  mem frac  vs seed")
+    for r in rows:
+        tr = [t for t in recs if t["layer"] == r["layer"] and t["B"] == r["B"] and t["impl"] == r.get("strongest")]
+        tpk = tr[0].get("peak_mib") if tr else None
+        tms = tr[0]["ms"] if tr else None
+        print(f" {r['layer']:<15s} {r['B']:>4d} {r['ms']:>14.3f} {r['tflops']:>8.1f} {_fmt(r.get('peak_mib'), '{:>9.0f}')}"
+              f"  {str(r.get('strongest')):<26s} {_fmt(tms, '{:>7.3f}')} {_fmt(tpk, '{:>6.0f}')}"
+              f"  x{_fmt(r.get('speedup_vs_strongest'), '{:.2f}')}   {_fmt(r.get('peak_frac_of_strongest'), '{:.2f}')}"
+              f"     {('x%.2f' % r['speedup_vs_seed']) if r.get('speedup_vs_seed') else '-'}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
