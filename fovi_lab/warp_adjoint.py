@@ -523,9 +523,20 @@ def _make_dx_csr_kernel(fp32_stage: bool, *, module_options: Optional[dict] = No
                da: wp.array2d(dtype=sd), k: int, out: wp.array3d(dtype=wp.float32)):
         m, c, b = wp.tid()
         ck = c * k
+        i = rowptr[m]
+        e = rowptr[m + 1]
         acc = wp.float32(0.0)
-        for i in range(rowptr[m], rowptr[m + 1]):
+        # 4 independent loads in flight, then the adds in index order (same sum, same bits)
+        while i + 4 <= e:
+            v0 = wp.float32(da[rev_row[i] + ck, b])
+            v1 = wp.float32(da[rev_row[i + 1] + ck, b])
+            v2 = wp.float32(da[rev_row[i + 2] + ck, b])
+            v3 = wp.float32(da[rev_row[i + 3] + ck, b])
+            acc = (((acc + v0) + v1) + v2) + v3
+            i += 4
+        while i < e:
             acc += wp.float32(da[rev_row[i] + ck, b])
+            i += 1
         out[c, m, b] = acc
 
     return _tag(dx_csr, fp32_stage)
@@ -591,8 +602,17 @@ def _make_dw_csr_kernel(fp32_stage: bool, *, module_options: Optional[dict] = No
         acc = wp.float32(0.0)
         if accumulate != 0:
             acc = dwt[q, o]
-        for i in range(s, e):
+        i = s
+        while i + 4 <= e:   # 4 loads in flight, adds in index order (bitwise the sequential sum)
+            v0 = wp.float32(dweff[w_col[i] - j_lo, o])
+            v1 = wp.float32(dweff[w_col[i + 1] - j_lo, o])
+            v2 = wp.float32(dweff[w_col[i + 2] - j_lo, o])
+            v3 = wp.float32(dweff[w_col[i + 3] - j_lo, o])
+            acc = (((acc + v0) + v1) + v2) + v3
+            i += 4
+        while i < e:
             acc += wp.float32(dweff[w_col[i] - j_lo, o])
+            i += 1
         dwt[q, o] = acc
 
     return _tag(dw_csr, fp32_stage)
