@@ -40,7 +40,9 @@ grad_weight (``gw`` stage, ``csr`` reduction ``dw_*`` or torch ``index_add_``)
       x-gather stream; needs Cout padded to ``2*tile_n``). The seed measured it 5-9 % slower than
       gw3 and kept it as a negative result; it stays here for the sweep.
 
-    * ``gi2p`` / ``gw3p``: gi2 / gw3 with a register prefetch (software pipelining): the next step's
+    * ``gi3``: the 3-D ``(n, p_tile, b_tile)`` grid for gi (default when gi2's ``(n, b_tile)`` grid
+      would give fewer than 4 CTAs per SM: small-Nout layers);
+    * ``gi2p`` / ``gi3p`` / ``gw3p``: gi2 / gi3 / gw3 with a register prefetch (software pipelining): the next step's
       gathers are issued into registers before the current ``tile_matmul`` and copied to the shared
       operand tiles after it, hiding load latency that Warp's tile GEMM does not overlap itself.
 
@@ -64,9 +66,10 @@ public functions fall back to :class:`fovi_lab.reference.CompactTorchOps` with a
 unlaunchable *explicit* config raises. Everything also runs on Warp's CPU device (tile kernels run
 there with one thread per block), which is how CI tests the kernels.
 
-Knobs: ``FOVI_KNN_STAGE_MIB`` (stage budget, default 512), ``FOVI_KNN_GRAD_STAGE_FP32=1`` (fp32
-staging), ``FOVI_KNN_GW_FINISH=index_add`` (the seed's atomic finish), ``FOVI_WARP_MATHDX=0/1``
-(scalar / cuBLASDx tile GEMM, shared with the forward kernels).
+Knobs: ``FOVI_KNN_GRAD_STAGE_MIB`` (stage budget of these kernels, default 256, capped by
+``FOVI_KNN_STAGE_MIB``), ``FOVI_KNN_GRAD_STAGE_FP32=1`` (fp32 staging), ``FOVI_KNN_GW_FINISH=index_add``
+(the seed's atomic finish), ``FOVI_KNN_GI_CONFIG`` / ``FOVI_KNN_GW_CONFIG`` (default configs),
+``FOVI_WARP_MATHDX=0/1`` (scalar / cuBLASDx tile GEMM, shared with the forward kernels).
 
 Config names encode the tiles: ``gi2_p64b128`` = grad-input v2, 64-wide p tile, 128-wide batch tile;
 ``gw3_p64n128`` = grad-weight v3, 64-wide p tile, 128-wide o tile. A ``_f32`` suffix on a kernel name
@@ -106,7 +109,8 @@ __all__ = [
     "_canary_grad_stage_ok", "_canary_csr_ok", "_get_grad_kernel", "_select_gi_config",
     "_select_gw_config", "_pad_flat_input_fp16", "_weight_row_csr", "all_grad_kernel_names",
     "warm_grad_kernel", "aot_compile_grad_kernels", "GradKernel", "_make_grad_input_stage2p_kernel",
-    "_make_grad_weight_stage3p_kernel", "_plan_grad_input", "_plan_grad_weight",
+    "_make_grad_weight_stage3p_kernel", "_make_grad_input_stage3_kernel", "_make_grad_input_stage3p_kernel",
+    "_plan_grad_input", "_plan_grad_weight", "grad_stage_budget_bytes",
 ]
 
 # --------------------------------------------------------------------------------------------
@@ -127,6 +131,11 @@ _GRAD_INPUT_CONFIG_SPECS: Dict[str, dict] = {
     # register-prefetch (software-pipelined) variants
     "gi2p_p64b128": dict(version="2p", tile_p=64, tile_b=128, tile_o=64, block_dim=256),
     "gi2p_p64b64": dict(version="2p", tile_p=64, tile_b=64, tile_o=64, block_dim=128),
+    # 3-D (n, p_tile, b_tile) grid: enough CTAs for small-Nout layers
+    "gi3_p64b128": dict(version=3, tile_p=64, tile_b=128, tile_o=64, block_dim=256),
+    "gi3_p64b64": dict(version=3, tile_p=64, tile_b=64, tile_o=64, block_dim=128),
+    "gi3p_p64b128": dict(version="3p", tile_p=64, tile_b=128, tile_o=64, block_dim=256),
+    "gi3p_p64b64": dict(version="3p", tile_p=64, tile_b=64, tile_o=64, block_dim=128),
 }
 
 #: grad-weight stage configs (batch contraction tile fixed at 64).
@@ -189,12 +198,58 @@ def all_grad_kernel_names():
     return out
 
 
-def _select_gi_config(batch: int) -> str:
-    return DEFAULT_GI_CONFIG_SMALL_B if batch <= 64 else DEFAULT_GI_CONFIG
+_SM_COUNTS: Dict[str, int] = {}
+
+
+def _sm_count(device) -> Optional[int]:
+    """Multiprocessor count of a CUDA device (cached); None for the CPU."""
+    if device is None:
+        return None
+    dev = torch.device(device) if not isinstance(device, torch.device) else device
+    if dev.type != "cuda":
+        return None
+    key = str(dev)
+    if key not in _SM_COUNTS:
+        _SM_COUNTS[key] = int(torch.cuda.get_device_properties(dev).multi_processor_count)
+    return _SM_COUNTS[key]
+
+
+def _select_gi_config(batch: int, nout: Optional[int] = None, device=None) -> str:
+    """Default gi config. ``FOVI_KNN_GI_CONFIG`` overrides (still a default: unlaunchable -> fallback).
+
+    A 64-wide batch tile for B <= 64 (a 128-wide one would be >= half padding). gi2's ``(n, b_tile)``
+    grid when it has at least 4 CTAs per SM, else the 3-D gi3 grid (small-Nout layers).
+    """
+    env = os.environ.get("FOVI_KNN_GI_CONFIG")
+    if env:
+        return env
+    small = batch <= 64
+    sms = _sm_count(device)
+    if sms is not None and nout is not None:
+        tile_b = 64 if small else 128
+        if nout * -(-batch // tile_b) < 4 * sms:
+            return "gi3_p64b64" if small else "gi3_p64b128"
+    return DEFAULT_GI_CONFIG_SMALL_B if small else DEFAULT_GI_CONFIG
 
 
 def _select_gw_config(cout: int) -> str:
+    """Default gw config (``FOVI_KNN_GW_CONFIG`` overrides): gw3, 64-wide o tile when Cout <= 64."""
+    env = os.environ.get("FOVI_KNN_GW_CONFIG")
+    if env:
+        return env
     return DEFAULT_GW_CONFIG_NARROW if cout <= 64 else DEFAULT_GW_CONFIG
+
+
+def grad_stage_budget_bytes() -> int:
+    """Stage budget of the Warp grads: ``min(FOVI_KNN_STAGE_MIB, FOVI_KNN_GRAD_STAGE_MIB)`` MiB.
+
+    ``FOVI_KNN_GRAD_STAGE_MIB`` defaults to 256: at B=512 the dA stage alone would otherwise be
+    ~0.5 GiB for alexnet L0/L1, and chunking the batch costs only launches (each chunk is still
+    ``Nout * Bchunk/tile_b`` full tiles). ``FOVI_KNN_STAGE_MIB`` (the torch reference's budget, default
+    512) stays a hard cap.
+    """
+    grad = int(float(os.environ.get("FOVI_KNN_GRAD_STAGE_MIB", "256")) * (1 << 20))
+    return min(stage_budget_bytes(), grad)
 
 
 # --------------------------------------------------------------------------------------------
@@ -286,6 +341,82 @@ def _make_grad_input_stage2_kernel(tile_p: int, tile_b: int, fp32_stage: bool, *
                 wp.tile_store(da[n], wp.tile_astype(acc, wp.float16), offset=(p_off, b_off))
 
     return _tag(gi2, fp32_stage)
+
+
+def _make_grad_input_stage3_kernel(tile_p: int, tile_b: int, fp32_stage: bool, *, tile_o: int = _GI_TILE_O,
+                                   block_dim: Optional[int] = None, module_options: Optional[dict] = None,
+                                   module: Optional[str] = None):
+    """v3 gi staging: a 3-D ``(n, p_tile, b_tile)`` grid, the o loop inside the CTA.
+
+    Launch ``dim=(Nout, P64 // tile_p, Bpad // tile_b)``; same arguments as gi2 (``n_p_tiles`` unused).
+    gi2's ``(n, b_tile)`` grid has only ``Nout * B / tile_b`` CTAs, each walking all P64/tile_p tiles:
+    for small-Nout layers (alexnet L2-L4: 60 nodes, resnet layer3: 16) that is fewer CTAs than the GPU
+    has SMs. Here every output tile is its own CTA (the gw3 idea applied to dA).
+    """
+    init_warp()
+    sd = _stage_dtype(fp32_stage)
+    opts = _kernel_options(block_dim, module_options)
+    tag = f"fovi_gi3_p{tile_p}b{tile_b}o{tile_o}_{'f32' if fp32_stage else 'f16'}"
+
+    @_kernel_decorator(tag, opts, module)
+    def gi3(weight_linear: wp.array2d(dtype=wp.int32), wt: wp.array2d(dtype=wp.float16),
+            g_nob: wp.array3d(dtype=wp.float16), n_p_tiles: int, n_o_tiles: int,
+            da: wp.array3d(dtype=sd)):
+        n, pt, bt = wp.tid()
+        p_off = pt * tile_p
+        b_off = bt * tile_b
+        rows = wp.tile_load(weight_linear[n], shape=tile_p, offset=p_off)
+        acc = wp.tile_zeros(shape=(tile_p, tile_b), dtype=wp.float32)
+        for ot in range(n_o_tiles):
+            o_off = ot * tile_o
+            w = wp.tile_load_indexed(wt, indices=rows, shape=(tile_p, tile_o), offset=(0, o_off),
+                                     axis=0, storage="shared")
+            g = wp.tile_load(g_nob[n], shape=(tile_o, tile_b), offset=(o_off, b_off), storage="shared")
+            wp.tile_matmul(w, g, acc)
+        if wp.static(fp32_stage):
+            wp.tile_store(da[n], acc, offset=(p_off, b_off))
+        else:
+            wp.tile_store(da[n], wp.tile_astype(acc, wp.float16), offset=(p_off, b_off))
+
+    return _tag(gi3, fp32_stage)
+
+
+def _make_grad_input_stage3p_kernel(tile_p: int, tile_b: int, fp32_stage: bool, *, tile_o: int = _GI_TILE_O,
+                                    block_dim: Optional[int] = None, module_options: Optional[dict] = None,
+                                    module: Optional[str] = None):
+    """gi3 with a register prefetch of the next o step's W gather and g tile (see gi2p)."""
+    init_warp()
+    sd = _stage_dtype(fp32_stage)
+    opts = _kernel_options(block_dim, module_options)
+    tag = f"fovi_gi3p_p{tile_p}b{tile_b}o{tile_o}_{'f32' if fp32_stage else 'f16'}"
+
+    @_kernel_decorator(tag, opts, module)
+    def gi3p(weight_linear: wp.array2d(dtype=wp.int32), wt: wp.array2d(dtype=wp.float16),
+             g_nob: wp.array3d(dtype=wp.float16), n_p_tiles: int, n_o_tiles: int,
+             da: wp.array3d(dtype=sd)):
+        n, pt, bt = wp.tid()
+        p_off = pt * tile_p
+        b_off = bt * tile_b
+        g_n = g_nob[n]
+        rows = wp.tile_load(weight_linear[n], shape=tile_p, offset=p_off, storage="shared")
+        w_sh = wp.tile_zeros(shape=(tile_p, tile_o), dtype=wp.float16, storage="shared")
+        g_sh = wp.tile_zeros(shape=(tile_o, tile_b), dtype=wp.float16, storage="shared")
+        w_r = wp.tile_load_indexed(wt, indices=rows, shape=(tile_p, tile_o), offset=(0, 0), axis=0)
+        g_r = wp.tile_load(g_n, shape=(tile_o, tile_b), offset=(0, b_off))
+        acc = wp.tile_zeros(shape=(tile_p, tile_b), dtype=wp.float32)
+        for ot in range(n_o_tiles):
+            wp.tile_assign(w_sh, w_r)
+            wp.tile_assign(g_sh, g_r)
+            o1 = wp.min(ot + 1, n_o_tiles - 1) * tile_o
+            w_r = wp.tile_load_indexed(wt, indices=rows, shape=(tile_p, tile_o), offset=(0, o1), axis=0)
+            g_r = wp.tile_load(g_n, shape=(tile_o, tile_b), offset=(o1, b_off))
+            wp.tile_matmul(w_sh, g_sh, acc)
+        if wp.static(fp32_stage):
+            wp.tile_store(da[n], acc, offset=(p_off, b_off))
+        else:
+            wp.tile_store(da[n], wp.tile_astype(acc, wp.float16), offset=(p_off, b_off))
+
+    return _tag(gi3p, fp32_stage)
 
 
 def _make_grad_weight_stage2_kernel(tile_p: int, tile_n: int, fp32_stage: bool, *, tile_b: int = _GW_TILE_B,
@@ -621,6 +752,8 @@ def _make_dw_csr_kernel(fp32_stage: bool, *, module_options: Optional[dict] = No
 _STAGE_FACTORIES = {
     ("gi", 2): _make_grad_input_stage2_kernel,
     ("gi", "2p"): _make_grad_input_stage2p_kernel,
+    ("gi", 3): _make_grad_input_stage3_kernel,
+    ("gi", "3p"): _make_grad_input_stage3p_kernel,
     ("gw", "3p"): _make_grad_weight_stage3p_kernel,
     ("gw", 2): _make_grad_weight_stage2_kernel,
     ("gw", 3): _make_grad_weight_stage3_kernel,
@@ -1134,9 +1267,11 @@ def _launch(kernel, dim, inputs, device: str):
 
 def _stage_dims(spec: dict, kind: str, nrows: int, p64: int, wide: int) -> Tuple[int, ...]:
     """Launch grid of a stage kernel; ``wide`` = Bpad (gi) or Cout_pad (gw)."""
-    if kind == "gi":
-        return (nrows, wide // spec["tile_b"])
     n_p = p64 // spec["tile_p"]
+    if kind == "gi":
+        if spec["version"] in (3, "3p"):
+            return (nrows, n_p, wide // spec["tile_b"])
+        return (nrows, wide // spec["tile_b"])
     if spec["version"] == 2:
         return (nrows, wide // spec["tile_n"])
     if spec["version"] == 4:
@@ -1167,7 +1302,7 @@ class _GradInputPlan:
         self.w_wt = _ct(self.wt)
         itemsize = 4 if stage.fp32_stage else 2
         per_b = meta.nout * meta.p64 * itemsize
-        bchunk = max(tile_b, (stage_budget_bytes() // max(1, per_b)) // tile_b * tile_b)
+        bchunk = max(tile_b, (grad_stage_budget_bytes() // max(1, per_b)) // tile_b * tile_b)
         cap = max(tile_b, (_MAX_STAGE_ELEMS // (meta.nout * meta.p64)) // tile_b * tile_b)
         self.bchunk = bchunk = min(bchunk, pad_to(b, tile_b), cap)
         self.chunks = [(b0, min(b, b0 + bchunk), pad_to(min(b, b0 + bchunk) - b0, tile_b))
@@ -1199,7 +1334,7 @@ class _GradInputPlan:
     def stage(self) -> None:
         c, meta = self._cur, self.meta
         bcp = c["da"].shape[2]
-        _launch_tiled(self.stage_k.kernel, (meta.nout, bcp // self.tile_b),
+        _launch_tiled(self.stage_k.kernel, _stage_dims(self.stage_k.spec, "gi", meta.nout, meta.p64, bcp),
                       [self.w_wl, self.w_wt, c["w_g"], self.n_p, self.n_o, c["w_da"]],
                       self.stage_k.spec["block_dim"], self.device)
 
@@ -1239,7 +1374,7 @@ class _GradWeightPlan:
         self.w_xt = _ct(self.xt)
         itemsize = 4 if stage.fp32_stage else 2
         per_node = meta.p64 * self.cpad * itemsize
-        self.nc = nc = max(1, min(meta.nout, stage_budget_bytes() // max(1, per_node),
+        self.nc = nc = max(1, min(meta.nout, grad_stage_budget_bytes() // max(1, per_node),
                                   _MAX_STAGE_ELEMS // (meta.p64 * self.cpad)))
         self.chunks = [(n0, min(meta.nout, n0 + nc)) for n0 in range(0, meta.nout, nc)]
         sdt = torch.float32 if stage.fp32_stage else torch.float16
@@ -1307,7 +1442,8 @@ def _plan_grad_input(meta, grad_y, weight, config=None, *, stage_fp32=None, dx_d
     _check_common(meta, grad_y)
     check_tensor("weight", weight, dtype=torch.float16, dim=2, shape=(meta.cout, meta.q),
                  device=grad_y.device, contiguous=True)
-    name, explicit = _resolve("gi", config, _select_gi_config(grad_y.shape[0]), stage_fp32)
+    name, explicit = _resolve("gi", config, _select_gi_config(grad_y.shape[0], meta.nout, grad_y.device),
+                              stage_fp32)
     try:
         device = warp_device(grad_y)
     except ImportError as exc:

@@ -26,6 +26,8 @@ def _nan_prefill(monkeypatch):
     monkeypatch.delenv("FOVI_KNN_STAGE_MIB", raising=False)
     monkeypatch.delenv("FOVI_KNN_GRAD_STAGE_FP32", raising=False)
     monkeypatch.delenv("FOVI_KNN_GW_FINISH", raising=False)
+    for var in ("FOVI_KNN_GRAD_STAGE_MIB", "FOVI_KNN_GI_CONFIG", "FOVI_KNN_GW_CONFIG"):
+        monkeypatch.delenv(var, raising=False)
 
 
 _CASES = {}
@@ -142,6 +144,24 @@ def test_chunk_counts_under_tiny_budget(monkeypatch):
     monkeypatch.setenv("FOVI_KNN_STAGE_MIB", "512")
     assert len(wa._plan_grad_input(meta, g, w, "gi2_p64b64")[0].chunks) == 1
     assert len(wa._plan_grad_weight(meta, g, x, "gw3_p64n64")[0].chunks) == 1
+    # the grads' own budget (default 256 MiB) chunks the same way, capped by FOVI_KNN_STAGE_MIB
+    monkeypatch.setenv("FOVI_KNN_GRAD_STAGE_MIB", "0.0001")
+    assert len(wa._plan_grad_input(meta, g, w, "gi3_p64b64")[0].chunks) == 3
+    assert wa.grad_stage_budget_bytes() == int(0.0001 * (1 << 20))
+    monkeypatch.delenv("FOVI_KNN_GRAD_STAGE_MIB")
+    assert wa.grad_stage_budget_bytes() == 256 << 20
+
+
+def test_default_config_selection(monkeypatch):
+    assert wa._select_gi_config(17) == "gi2_p64b64" and wa._select_gi_config(130) == "gi2_p64b128"
+    assert wa._select_gi_config(130, nout=40, device="cpu") == "gi2_p64b128"     # no SM count on the CPU
+    monkeypatch.setattr(wa, "_sm_count", lambda device: 132)
+    assert wa._select_gi_config(512, nout=16, device="cuda:0") == "gi3_p64b128"  # 64 CTAs < 4 per SM
+    assert wa._select_gi_config(512, nout=964, device="cuda:0") == "gi2_p64b128"
+    assert wa._select_gw_config(64) == "gw3_p64n64" and wa._select_gw_config(96) == "gw3_p64n128"
+    monkeypatch.setenv("FOVI_KNN_GI_CONFIG", "gi3p_p64b64")
+    monkeypatch.setenv("FOVI_KNN_GW_CONFIG", "gw3p_p64n64")
+    assert wa._select_gi_config(512, nout=964) == "gi3p_p64b64" and wa._select_gw_config(512) == "gw3p_p64n64"
 
 
 def test_dx_direct_layout_is_identical():

@@ -422,7 +422,8 @@ def _jobs_for(metas: dict, batches: List[int], mode: str, args, device: str) -> 
     names = set()
     for meta in metas.values():
         for b in batches:
-            names.add(("gi", wa._select_gi_config(b) + ("_f32" if wa._stage_fp32_default() else "")))
+            suffix = "_f32" if wa._stage_fp32_default() else ""
+            names.add(("gi", wa._select_gi_config(b, meta.nout, device) + suffix))
         names.add(("gw", wa._select_gw_config(meta.cout) + ("_f32" if wa._stage_fp32_default() else "")))
     if args.sweep:
         for base in _sweep_names(wa._GRAD_INPUT_CONFIG_SPECS, args.gi_configs):
@@ -458,7 +459,8 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m fovi_lab.bench.backward", description=__doc__.split("\n\n")[0])
     ap.add_argument("mode", nargs="?", default="backward", choices=["backward", "train-step"])
-    ap.add_argument("--layers", nargs="*", default=None, help=f"layer names (default: all of {list(LAYERS)}; also {list(SYNTHETIC)})")
+    ap.add_argument("--layers", nargs="*", default=None,
+                    help=f"layer names (default: all of {list(LAYERS)}; also {list(SYNTHETIC)})")
     ap.add_argument("--batches", nargs="*", type=int, default=[64, 128, 512])
     ap.add_argument("--rf", default="rf2")
     ap.add_argument("--sweep", action="store_true", help="also measure every gi/gw config (fp16 and fp32 staging)")
@@ -548,7 +550,8 @@ def _print_shape(recs: List[dict], mode: str) -> None:
                 f"{_fmt(100 * (r.get('roofline_frac') or math.nan), '{:.1f}')}% roofline, peak "
                 f"{_fmt(r.get('peak_mib'), '{:.0f}')} MiB, det {r.get('deterministic')}) "
                 f"dx {_fmt(r.get('dx_ms'))} [stage {_fmt(r.get('gi_stage_ms'))} = "
-                f"{_fmt(100 * (r.get('gi_frac_dense') or math.nan), '{:.0f}')}% dense, reduce {_fmt(r.get('dx_reduce_ms'))} "
+                f"{_fmt(100 * (r.get('gi_frac_dense') or math.nan), '{:.0f}')}% dense, "
+                f"reduce {_fmt(r.get('dx_reduce_ms'))} "
                 f"{_fmt(r.get('dx_reduce_gbps'), '{:.0f}')} GB/s] dW {_fmt(r.get('dw_ms'))} [stage "
                 f"{_fmt(r.get('gw_stage_ms'))} = {_fmt(100 * (r.get('gw_frac_dense') or math.nan), '{:.0f}')}% dense, "
                 f"reduce {_fmt(r.get('dw_reduce_ms'))}]")
@@ -588,7 +591,8 @@ def _summary(recs: List[dict], mode: str) -> None:
         tr = [t for t in recs if t["layer"] == r["layer"] and t["B"] == r["B"] and t["impl"] == r.get("strongest")]
         tpk = tr[0].get("peak_mib") if tr else None
         tms = tr[0]["ms"] if tr else None
-        print(f" {r['layer']:<15s} {r['B']:>4d} {r['ms']:>14.3f} {r['tflops']:>8.1f} {_fmt(r.get('peak_mib'), '{:>9.0f}')}"
+        print(f" {r['layer']:<15s} {r['B']:>4d} {r['ms']:>14.3f} {r['tflops']:>8.1f} "
+              f"{_fmt(r.get('peak_mib'), '{:>9.0f}')}"
               f"  {str(r.get('strongest')):<26s} {_fmt(tms, '{:>7.3f}')} {_fmt(tpk, '{:>6.0f}')}"
               f"  x{_fmt(r.get('speedup_vs_strongest'), '{:.2f}')}   {_fmt(r.get('peak_frac_of_strongest'), '{:.2f}')}"
               f"     {('x%.2f' % r['speedup_vs_seed']) if r.get('speedup_vs_seed') else '-'}")
