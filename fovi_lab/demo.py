@@ -141,7 +141,7 @@ def run_demo(layer: str = "res18_layer1", batch: int = 8, rf: str = "rf2", devic
 
 def format_rows(rows: List[DemoRow]) -> str:
     def f(v, fmt):
-        return "-" if v is None else format(v, fmt)
+        return format("-", f">{fmt[:-2].split('.')[0]}") if v is None else format(v, fmt)
 
     head = f"{'backend':<15}{'device':<8}{'dtype':<9}{'y err':>9}{'dx err':>9}{'dW err':>9}{'ok':>5}" \
            f"{'fwd ms':>9}{'bwd ms':>9}  note"
