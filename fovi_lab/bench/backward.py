@@ -34,6 +34,13 @@ backward, three for a train step); bytes the fewest each op must move. Fractions
 the H200 datasheet ceilings (:class:`fovi_lab.bench.common.Roofline`). The seed's own H200 train-step
 numbers (notes/warp-facts.md, one run each) are printed beside ours where the shape matches.
 
+Suggested H200 runs (each fits one 10-minute call; the MathDx precompile is ~1 min per round of
+``--jobs`` modules)::
+
+    python -m fovi_lab.bench.backward train-step --batches 64 128 512 --time-budget-s 480
+    python -m fovi_lab.bench.backward backward --layers alex_L0 alex_L1 alex_L3 res18_layer1 res18_layer3 \
+        --batches 64 512 --sweep --time-budget-s 480
+
 Robustness: on CUDA every needed Warp module (grads, forward, dense ceilings) is compiled first by a
 pool of spawned processes (``--jobs``; MathDx links take ~50 s each and in-process workers do not
 overlap them); a failing shape or implementation is recorded with a ``note`` and the run goes on;
