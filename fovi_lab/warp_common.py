@@ -19,7 +19,7 @@ from typing import Callable, Dict, Hashable, Optional, Tuple
 import torch
 
 __all__ = [
-    "wp", "warp_available", "init_warp", "warp_device", "to_warp", "torch_stream",
+    "wp", "warp_available", "init_warp", "warp_device", "to_warp", "torch_stream", "warp_stream",
     "nan_canary", "ValidatedCache", "check_tensor",
 ]
 
@@ -75,6 +75,28 @@ def torch_stream(device: str):
             yield
     else:
         yield
+
+
+_stream_lock = threading.Lock()
+_STREAMS: Dict[Tuple[str, int], object] = {}
+
+
+def warp_stream(device: str):
+    """The Warp stream wrapping torch's *current* stream on ``device`` (None on the CPU), cached per
+    (device, stream handle): pass it as ``wp.launch(..., stream=...)`` so ordering with torch ops holds
+    without building a new wrapper and a ``ScopedStream`` on every launch."""
+    if not device.startswith("cuda"):
+        return None
+    ts = torch.cuda.current_stream(torch.device(device))
+    key = (device, ts.cuda_stream)
+    s = _STREAMS.get(key)
+    if s is None:
+        with _stream_lock:
+            s = _STREAMS.get(key)
+            if s is None:
+                s = wp.stream_from_torch(ts)
+                _STREAMS[key] = s
+    return s
 
 
 def check_tensor(name: str, t, *, dtype=None, dim=None, device=None, contiguous=False, shape=None) -> None:

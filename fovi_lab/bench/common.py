@@ -1,0 +1,171 @@
+"""Shared benchmark helpers: timing, roofline figures, JSON-lines records, progress.
+
+API (used by :mod:`fovi_lab.bench.forward` and the backward benchmark):
+
+* ``time_fn(fn, device, warmup=3, reps=20, target_ms=300.0) -> Timing``: runs ``fn()`` ``warmup``
+  times, then times ``reps`` runs one by one (CUDA events on the current stream for CUDA, the host
+  clock after ``synchronize`` otherwise) and returns the median, min and max in ms. When the first
+  timed run shows that ``reps`` runs would exceed ``target_ms``, fewer runs are taken (never fewer
+  than 3). ``fn`` must do the whole measured work each call.
+* ``env_info(device) -> dict``: ``device`` (name), ``warp``, ``torch``, ``cuda``, ``date`` (UTC ISO),
+  ``host`` — stamped into every record.
+* ``Roofline``: the ceilings quoted next to each measurement. ``H200_HBM_TBPS`` (4.8, datasheet),
+  ``H200_FP16_TFLOPS`` (990, dense fp16 tensor-core datasheet peak); ``roofline(flops, bytes)``
+  returns the HBM/tensor-core bound time in ms; ``fraction(ms, flops, bytes)`` = bound / measured.
+* ``tflops(flops, ms)``, ``gbps(nbytes, ms)``: rates from counts.
+* ``compact_flops(b, p64, cout, nout) = 2*B*P64*Cout*Nout`` and ``compact_bytes(...)``: the fewest
+  bytes the compact forward must move (x, W, both index tables, bias and y once each).
+* ``append_jsonl(path, records)``: appends one JSON object per line (creates folders).
+* ``Progress(total, label)``: plain-text progress lines (``[ 12/208]  6% label ... eta 40s``).
+* ``default_record_path(kind, device_name)``: ``data/<kind>_<device-slug>.jsonl`` in the repo.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+import torch
+
+__all__ = ["Timing", "time_fn", "env_info", "Roofline", "tflops", "gbps", "compact_flops", "compact_bytes",
+           "append_jsonl", "Progress", "default_record_path", "REPO_ROOT"]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Timing:
+    ms: float          # median
+    ms_min: float
+    ms_max: float
+    reps: int
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_fn(fn: Callable[[], object], device, warmup: int = 3, reps: int = 20,
+            target_ms: float = 300.0) -> Timing:
+    """Median wall time of ``fn()`` in ms on ``device`` (see module docstring)."""
+    device = torch.device(device)
+    for _ in range(max(0, warmup)):
+        fn()
+    _sync(device)
+    times = []
+    n = max(1, reps)
+    i = 0
+    while i < n:
+        if device.type == "cuda":
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        if i == 0 and times[0] * n > target_ms:
+            n = max(3, min(n, int(target_ms / max(times[0], 1e-6))))
+        i += 1
+    return Timing(statistics.median(times), min(times), max(times), len(times))
+
+
+def env_info(device) -> dict:
+    device = torch.device(device)
+    try:
+        import warp
+        warp_version = warp.config.version
+    except Exception:  # pragma: no cover
+        warp_version = None
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.processor() or platform.machine()})"
+    return {
+        "device": name,
+        "warp": warp_version,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": sys.version.split()[0],
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(),
+    }
+
+
+class Roofline:
+    """Ceilings quoted beside measurements (H200 SXM datasheet figures; leads, not measurements)."""
+
+    H200_HBM_TBPS = 4.8
+    H200_FP16_TFLOPS = 990.0
+
+    def __init__(self, hbm_tbps: float = H200_HBM_TBPS, fp16_tflops: float = H200_FP16_TFLOPS):
+        self.hbm_tbps = hbm_tbps
+        self.fp16_tflops = fp16_tflops
+
+    def bound_ms(self, flops: float, nbytes: float) -> float:
+        """max(flops / peak, bytes / bandwidth) in ms."""
+        return max(flops / (self.fp16_tflops * 1e12), nbytes / (self.hbm_tbps * 1e12)) * 1e3
+
+    def fraction(self, ms: float, flops: float, nbytes: float) -> float:
+        return self.bound_ms(flops, nbytes) / ms if ms > 0 else math.nan
+
+
+def tflops(flops: float, ms: float) -> float:
+    return flops / (ms * 1e-3) / 1e12 if ms > 0 else math.nan
+
+
+def gbps(nbytes: float, ms: float) -> float:
+    return nbytes / (ms * 1e-3) / 1e9 if ms > 0 else math.nan
+
+
+def compact_flops(b: int, p64: int, cout: int, nout: int) -> float:
+    return 2.0 * b * p64 * cout * nout
+
+
+def compact_bytes(b: int, cin: int, nin: int, cout: int, q: int, nout: int, p64: int, itemsize: int = 2) -> float:
+    """x + W + bias + both int32 tables + y, each moved once."""
+    return float(itemsize * (b * cin * nin + cout * q + cout + b * cout * nout) + 2 * 4 * nout * p64)
+
+
+def append_jsonl(path, records: Iterable[dict]) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        for r in records:
+            f.write(json.dumps(r, sort_keys=True) + "\n")
+
+
+def default_record_path(kind: str, device_name: str) -> Path:
+    slug = "".join(ch.lower() if ch.isalnum() else "_" for ch in device_name).strip("_")
+    while "__" in slug:
+        slug = slug.replace("__", "_")
+    return REPO_ROOT / "data" / f"{kind}_{slug or 'device'}.jsonl"
+
+
+class Progress:
+    """Plain-text progress for long sweeps (one line per step, flushed)."""
+
+    def __init__(self, total: int, label: str = "", stream=None):
+        self.total = max(1, int(total))
+        self.done = 0
+        self.label = label
+        self.t0 = time.perf_counter()
+        self.stream = stream or sys.stdout
+
+    def step(self, what: str = "") -> None:
+        self.done += 1
+        el = time.perf_counter() - self.t0
+        eta = el / self.done * (self.total - self.done)
+        w = len(str(self.total))
+        print(f"[{self.done:>{w}}/{self.total}] {100 * self.done // self.total:3d}% {self.label} {what} "
+              f"(elapsed {el:.0f}s, eta {eta:.0f}s)", file=self.stream, flush=True)

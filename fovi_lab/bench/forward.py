@@ -1,0 +1,418 @@
+"""Forward benchmark: Warp compact kernels vs PyTorch baselines vs Warp's dense tile-GEMM ceiling.
+
+``python -m fovi_lab.bench.forward [--layers alex_L1 res18_layer1] [--batches 16 64 128 512]
+[--all-configs] [--out data/forward_xxx.jsonl]`` (also ``python -m fovi_lab bench forward``).
+
+Per (layer, B), all in one process and on identical inputs:
+
+* ``warp_uncached``: :func:`fovi_lab.warp_forward.run_uncached` with the heuristic's config (every
+  uncached config with ``--all-configs``), timed as the whole op (operand layout, launch, output
+  permute: what a caller pays) and as the kernel alone (``ms_kernel``, operands prepared once).
+  Every config's output is checked against the fp32 reference (``err``). ``--store-compare`` also
+  times the chosen config with the other output path (``warp_uncached_direct`` / ``_staged``).
+* ``warp_dense_ceiling``: the same tile config with plain loads of dense operands of the same GEMM
+  sizes (``Nout`` GEMMs ``[B, P64] @ [P64, Cout]``, no gathers): Warp's tile-GEMM ceiling for it.
+* ``warp_cached``: :func:`run_cached` on a padded effective-weight cache (inference only).
+* PyTorch: ``torch_gather_bmm`` (gather A = xpad[:, input_linear] and W_n = W^T[weight_linear], bmm),
+  ``torch_tgather_bmm`` (gather rows of x^T, so each gathered row is a contiguous batch run, then bmm),
+  ``torch_cached_bmm`` (effective-weight cache, gather + bmm), ``torch_compile`` (torch.compile of
+  the transposed-gather version; skipped with a note if compile fails or its time budget is spent),
+  ``torch_compact`` (:class:`fovi_lab.reference.CompactTorchOps`).
+  The strongest baseline of a shape is the fastest of these.
+
+FLOPs are ``2*B*P64*Cout*Nout``; bytes the fewest the op must move (x, W, tables, bias, y once).
+Each row prints ms, TFLOP/s, GB/s, the fraction of the H200 roofline (4.8 TB/s HBM, 990 TFLOP/s dense
+fp16 tensor core, both datasheet) and, for Warp, the fraction of the dense tile-GEMM ceiling measured
+in the same run, plus the speedup over the strongest PyTorch baseline. Records go to a JSON-lines file
+(``layer, B, impl, config, ms, device, warp, torch, date`` and more).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+from .common import (Progress, Roofline, append_jsonl, compact_bytes, compact_flops, default_record_path,
+                     env_info, gbps, tflops, time_fn)
+
+__all__ = ["main", "torch_baselines", "run_shape"]
+
+
+# ------------------------------------------------------------------------------------------- torch
+
+def _xpad(x: torch.Tensor) -> torch.Tensor:
+    b = x.shape[0]
+    xp = x.new_empty(b, x.shape[1] * x.shape[2] + 1)
+    xp[:, :-1] = x.reshape(b, -1)
+    xp[:, -1] = 0
+    return xp
+
+
+def _finish(y_nbo: torch.Tensor, bias) -> torch.Tensor:
+    y = y_nbo.permute(1, 2, 0)
+    if bias is not None:
+        y = y + bias.view(1, -1, 1)
+    return y.contiguous()
+
+
+def torch_baselines(meta, weight: torch.Tensor, weff: Optional[torch.Tensor]) -> Dict[str, Callable]:
+    """name -> fn(x, bias) for the PyTorch baselines of one layer (weights fixed, x varies)."""
+    from ..reference import CompactTorchOps
+    il = meta.input_linear_flat
+    wl = meta.weight_linear_flat
+    nout, p64, cout = meta.nout, meta.p64, meta.cout
+    wt = weight.t().contiguous()
+
+    def gather_bmm(x, bias):
+        b = x.shape[0]
+        a = _xpad(x).index_select(1, il).view(b, nout, p64).transpose(0, 1)      # [Nout, B, P64]
+        wn = wt.index_select(0, wl).view(nout, p64, cout)
+        return _finish(torch.bmm(a, wn), bias)
+
+    def tgather_bmm(x, bias):
+        b = x.shape[0]
+        xt = _xpad(x).t().contiguous()                                            # [Cin*Nin+1, B]
+        at = xt.index_select(0, il).view(nout, p64, b)                            # rows contiguous
+        wn = wt.index_select(0, wl).view(nout, p64, cout)
+        return _finish(torch.bmm(at.transpose(1, 2), wn), bias)
+
+    fns = {"torch_gather_bmm": gather_bmm, "torch_tgather_bmm": tgather_bmm,
+           "torch_compact": lambda x, bias: CompactTorchOps.forward(meta, x, weight, bias)}
+    if weff is not None:
+        def cached_bmm(x, bias):
+            b = x.shape[0]
+            xt = _xpad(x).t().contiguous()
+            at = xt.index_select(0, il).view(nout, p64, b)
+            return _finish(torch.bmm(at.transpose(1, 2), weff)[:, :, :cout], bias)
+        fns["torch_cached_bmm"] = cached_bmm
+    return fns
+
+
+class _Compiled:
+    """torch.compile of the transposed-gather baseline, one per process, under a time budget."""
+
+    def __init__(self, budget_s: float):
+        self.budget_s = budget_s
+        self.spent = 0.0
+        self.note = ""
+        self.fn = None
+
+    def get(self, meta, weight):
+        if self.note:
+            return None
+        if self.spent > self.budget_s:
+            self.note = f"torch.compile skipped: its {self.budget_s:.0f}s compile budget is spent"
+            return None
+        il, wl = meta.input_linear_flat, meta.weight_linear_flat
+        nout, p64, cout = meta.nout, meta.p64, meta.cout
+
+        if self.fn is None:
+            def f(x, wt, il, wl, nout: int, p64: int, cout: int):
+                b = x.shape[0]
+                xp = torch.cat([x.reshape(b, -1), x.new_zeros(b, 1)], 1)
+                at = xp.t().index_select(0, il).view(nout, p64, b)
+                wn = wt.index_select(0, wl).view(nout, p64, cout)
+                return torch.bmm(at.transpose(1, 2), wn).permute(1, 2, 0).contiguous()
+            try:
+                self.fn = torch.compile(f, dynamic=True)
+            except Exception as exc:  # pragma: no cover - depends on the installed toolchain
+                self.note = f"torch.compile failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                return None
+        wt = weight.t().contiguous()
+        fn = self.fn
+
+        def run(x, bias):
+            y = fn(x, wt, il, wl, nout, p64, cout)
+            return y + bias.view(1, -1, 1) if bias is not None else y
+        return run
+
+    def first_call(self, run, x, bias):
+        t0 = time.perf_counter()
+        try:
+            out = run(x, bias)
+            if x.is_cuda:
+                torch.cuda.synchronize()
+            return out
+        except Exception as exc:  # pragma: no cover
+            self.note = f"torch.compile failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            return None
+        finally:
+            self.spent += time.perf_counter() - t0
+
+
+# ------------------------------------------------------------------------------------------- shape
+
+def run_shape(layer: str, meta, b: int, configs: List[str], chosen: str, device: torch.device,
+              env: dict, args, compiled: Optional[_Compiled], roof: Roofline, dense_cache: dict) -> List[dict]:
+    """Measure every implementation on one (layer, B); returns the records."""
+    from .. import warp_forward as F
+    from ..reference import CompactTorchOps, build_effective_weight
+
+    g = torch.Generator(device="cpu").manual_seed(b * 7919 + meta.nout)
+    x = torch.randn(b, meta.cin, meta.nin, generator=g).to(device, torch.float16)
+    w = (torch.randn(meta.cout, meta.q, generator=g) * (2.0 / (meta.cin * meta.k)) ** 0.5).to(device, torch.float16)
+    bias = torch.randn(meta.cout, generator=g).to(device, torch.float16) if args.bias else None
+    ref = CompactTorchOps.forward(meta, x.float(), w.float(), None if bias is None else bias.float())
+    scale = float(ref.abs().max())
+    flops = compact_flops(b, meta.p64, meta.cout, meta.nout)
+    nbytes = compact_bytes(b, meta.cin, meta.nin, meta.cout, meta.q, meta.nout, meta.p64)
+    shape = {"layer": layer, "B": b, "rf": args.rf, "cin": meta.cin, "cout": meta.cout, "nin": meta.nin,
+             "nout": meta.nout, "k": meta.k, "v": meta.v, "p64": meta.p64, "flops": flops, "bytes": nbytes}
+    recs: List[dict] = []
+
+    def rec(impl, ms, **kw):
+        r = dict(env)
+        r.update(shape)
+        r.update(impl=impl, ms=ms, tflops=tflops(flops, ms) if ms else None,
+                 gbps=gbps(nbytes, ms) if ms else None,
+                 roofline_frac=roof.fraction(ms, flops, nbytes) if ms else None)
+        r.update(kw)
+        recs.append(r)
+        return r
+
+    def err_of(y):
+        return float((y.float() - ref).abs().max()) / max(1.0, scale)
+
+    tm = lambda fn: time_fn(fn, device, warmup=args.warmup, reps=args.reps)  # noqa: E731
+
+    # ---- PyTorch baselines
+    weff = build_effective_weight(meta, w, cout_multiple=8)
+    for name, fn in torch_baselines(meta, w, weff).items():
+        try:
+            y = fn(x, bias)
+            t = tm(lambda: fn(x, bias))
+            rec(name, t.ms, err=err_of(y), reps=t.reps)
+        except torch.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            rec(name, None, note="out of memory")
+    if compiled is not None:
+        run = compiled.get(meta, w)
+        if run is not None:
+            y = compiled.first_call(run, x, bias)
+            if y is not None:
+                t = tm(lambda: run(x, bias))
+                rec("torch_compile", t.ms, err=err_of(y), reps=t.reps, note="compile of torch_tgather_bmm")
+        if compiled.note:
+            rec("torch_compile", None, note=compiled.note)
+    torch_ms = {r["impl"]: r["ms"] for r in recs if r["ms"]}
+    strongest = min(torch_ms, key=torch_ms.get)
+    uncached_torch = {k: v for k, v in torch_ms.items() if k != "torch_cached_bmm"}
+    strongest_unc = min(uncached_torch, key=uncached_torch.get)
+
+    # ---- Warp uncached configs (+ their dense ceilings). Every config's kernel is timed alone; the
+    # whole op (layouts + launch + output permute) is timed for the chosen config, for the fastest
+    # kernel of each family (the op overhead depends on the family's operand layout, not on tiles)
+    # and for every config when --op-all is given.
+    kern: Dict[str, float] = {}
+    plans = {}
+    for name in configs:
+        try:
+            plan = F._prepare_uncached(x, w, bias, meta.input_linear, meta.weight_linear, config=name)
+        except (RuntimeError, ValueError) as exc:
+            rec("warp_uncached", None, config=name, chosen=name == chosen, note=str(exc)[:300])
+            continue
+        plan.launch()
+        y = plan.finish()
+        t_k = tm(plan.launch)
+        kern[name] = t_k.ms
+        cfg = F.config_spec(name)
+        dkey = (cfg.family in ("nmp", "gp"), cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim,
+                b, meta.cout, meta.nout, meta.p64)
+        if dkey not in dense_cache:
+            try:
+                dplan = F.make_dense_ceiling(name, b, meta.cout, meta.nout, meta.p64, device)
+                dense_cache[dkey] = tm(dplan.launch).ms
+                del dplan
+            except Exception as exc:  # noqa: BLE001 - report, keep measuring
+                dense_cache[dkey] = None
+                print(f"  dense ceiling for {name} failed: {exc}", file=sys.stderr)
+        d_ms = dense_cache[dkey]
+        plans[name] = dict(config=name, family=cfg.family, chosen=name == chosen, ms_kernel=t_k.ms,
+                           tflops_kernel=tflops(flops, t_k.ms), err=err_of(y), dense_ms=d_ms,
+                           dense_tflops=tflops(flops, d_ms) if d_ms else None,
+                           frac_dense=(d_ms / t_k.ms) if d_ms else None)
+        del plan
+    best_of_family: Dict[str, str] = {}
+    for name, info in plans.items():
+        fam = info["family"]
+        if fam not in best_of_family or kern[name] < kern[best_of_family[fam]]:
+            best_of_family[fam] = name
+    op_names = set(best_of_family.values()) | ({chosen} & set(plans))
+    if args.op_all:
+        op_names = set(plans)
+    for name, info in plans.items():
+        op = None
+        if name in op_names:
+            t_op = tm(lambda: F.run_uncached(x, w, bias, meta.input_linear, meta.weight_linear, config=name))
+            op = t_op.ms
+        r = rec("warp_uncached", op, **info)
+        if op:
+            r.update(speedup_vs_strongest=torch_ms[strongest] / op, strongest=strongest,
+                     speedup_vs_strongest_uncached=torch_ms[strongest_unc] / op, strongest_uncached=strongest_unc)
+        r["op_overhead_ms"] = (op - kern[name]) if op else None
+        if name == chosen and info["dense_ms"]:
+            rec("warp_dense_ceiling", info["dense_ms"], config=name)
+        if name == chosen and args.store_compare:
+            used = F._store_mode(None, 2 * b * meta.cout * meta.nout)
+            alt = "staged" if used == "direct" else "direct"
+            t_alt = tm(lambda: F.run_uncached(x, w, bias, meta.input_linear, meta.weight_linear, config=name,
+                                              store=alt))
+            r["store"] = used
+            rec(f"warp_uncached_{alt}", t_alt.ms, config=name,
+                note=f"the other output path ({alt}); the op above used {used}")
+    # ---- Warp cached
+    if args.cached:
+        weff64 = build_effective_weight(meta, w, cout_multiple=64)
+        try:
+            y = F.run_cached(x, weff64, bias, meta.input_linear, cout=meta.cout)
+            t = tm(lambda: F.run_cached(x, weff64, bias, meta.input_linear, cout=meta.cout))
+            rec("warp_cached", t.ms, config=F._select_cached_config(b), err=err_of(y), reps=t.reps)
+        except (RuntimeError, ValueError) as exc:
+            rec("warp_cached", None, note=str(exc)[:300])
+        del weff64
+    del weff
+    return recs
+
+
+def _print_shape(recs: List[dict], chosen: str) -> None:
+    by = {(r["impl"], r.get("config")): r for r in recs}
+    torch_rows = [r for r in recs if r["impl"].startswith("torch") and r["ms"]]
+    best_t = min(torch_rows, key=lambda r: r["ms"]) if torch_rows else None
+    c = by.get(("warp_uncached", chosen))
+    head = f"{recs[0]['layer']:>15s} B={recs[0]['B']:<4d}"
+    if c is None or not c.get("ms"):
+        print(f"{head} chosen {chosen}: not measured", flush=True)
+        return
+    dense = c.get("dense_ms")
+    print(f"{head} warp[{chosen}] {c['ms']:.3f} ms (kernel {c['ms_kernel']:.3f}, {c['tflops_kernel']:.1f} TFLOP/s, "
+          f"{100 * c['roofline_frac']:.1f}% roofline, "
+          f"{('%.0f%% of dense %.3f ms' % (100 * c['frac_dense'], dense)) if dense else 'no dense'}) | "
+          f"best torch {best_t['impl']} {best_t['ms']:.3f} ms -> x{c['speedup_vs_strongest']:.2f}"
+          f" | err {c['err']:.1e}", flush=True)
+    ks = [r for r in recs if r["impl"] == "warp_uncached" and r.get("ms_kernel")]
+    if len(ks) > 1:
+        top = sorted(ks, key=lambda r: r["ms_kernel"])[:3]
+        print(" " * 22 + "fastest kernels: " + ", ".join(f"{r['config']} {r['ms_kernel']:.3f}" for r in top), flush=True)
+
+
+def _gemm4096(device, configs, env, args) -> List[dict]:
+    """Warp's dense tile GEMM at 4096^3 per tile config, and cuBLAS (torch.matmul), for the ceiling."""
+    from .. import warp_forward as F
+    recs = []
+    n = 4096
+    a = torch.randn(n, n, device=device, dtype=torch.float16)
+    bm = torch.randn(n, n, device=device, dtype=torch.float16)
+    t = time_fn(lambda: a @ bm, device, warmup=3, reps=10)
+    flops = 2.0 * n ** 3
+    recs.append(dict(env, layer="gemm4096", B=n, impl="torch_matmul", ms=t.ms, tflops=tflops(flops, t.ms)))
+    print(f"gemm 4096^3 torch.matmul {t.ms:.3f} ms {tflops(flops, t.ms):.0f} TFLOP/s", flush=True)
+    seen = set()
+    for name in configs:
+        cfg = F.config_spec(name)
+        key = (cfg.family in ("nmp", "gp"), cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim)
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            plan = F.make_dense_ceiling(name, n, n, 1, n, device)
+            t = time_fn(plan.launch, device, warmup=2, reps=5)
+            recs.append(dict(env, layer="gemm4096", B=n, impl="warp_dense_gemm", config=name, ms=t.ms,
+                             tflops=tflops(flops, t.ms)))
+            print(f"gemm 4096^3 warp dense [{name}] {t.ms:.3f} ms {tflops(flops, t.ms):.1f} TFLOP/s", flush=True)
+        except Exception as exc:  # noqa: BLE001
+            print(f"gemm 4096^3 warp dense [{name}] failed: {exc}", flush=True)
+    return recs
+
+
+def main(argv=None) -> int:
+    from .. import warp_forward as F
+    from ..layers import LAYERS, layer_meta
+
+    ap = argparse.ArgumentParser(prog="python -m fovi_lab.bench.forward", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--layers", nargs="*", default=None, help=f"layer names (default: all of {list(LAYERS)})")
+    ap.add_argument("--batches", nargs="*", type=int, default=[16, 64, 128, 512])
+    ap.add_argument("--rf", default="rf2")
+    ap.add_argument("--all-configs", action="store_true", help="measure every uncached config (a sweep)")
+    ap.add_argument("--configs", nargs="*", default=None, help="measure these configs (plus the chosen one)")
+    ap.add_argument("--experimental", action="store_true",
+                    help="with --all-configs, also the experimental (never-selected) configs")
+    ap.add_argument("--op-all", action="store_true", help="time the whole op for every config, not only "
+                    "the chosen one and each family's fastest kernel")
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--bias", action="store_true", help="give every layer a bias (default: none, as the CNNs)")
+    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
+    ap.add_argument("--compile-budget-s", type=float, default=90.0)
+    ap.add_argument("--no-cached", dest="cached", action="store_false", help="skip warp_cached")
+    ap.add_argument("--store-compare", action="store_true", help="also time the direct (strided) output store")
+    ap.add_argument("--gemm4096", action="store_true", help="also time 4096^3 dense GEMMs (Warp tiles, cuBLAS)")
+    ap.add_argument("--out", default=None, help="JSON-lines file to append to (default data/forward_<device>.jsonl)")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--time-budget-s", type=float, default=None,
+                    help="start no new shape after this many seconds (records so far are kept)")
+    args = ap.parse_args(argv)
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    env = env_info(device)
+    out = args.out or default_record_path("forward", env["device"])
+    layers = args.layers or list(LAYERS)
+    roof = Roofline()
+    compiled = None if (args.no_compile or device.type != "cuda") else _Compiled(args.compile_budget_s)
+    print(f"# forward benchmark on {env['device']} (warp {env['warp']}, torch {env['torch']}), "
+          f"records -> {out}", flush=True)
+    print(f"# ceilings: HBM {roof.hbm_tbps} TB/s, fp16 dense {roof.fp16_tflops} TFLOP/s (H200 datasheet); "
+          f"Warp's dense tile GEMM is measured per config below", flush=True)
+    all_recs: List[dict] = []
+    if args.gemm4096 and device.type == "cuda":
+        cfgs = (F.uncached_config_names(experimental=args.experimental) if args.all_configs
+                else ["m64n64r1", "nm_m64n64k128"])
+        r = _gemm4096(device, cfgs, env, args)
+        append_jsonl(out, r)
+        all_recs += r
+    metas = {name: layer_meta(name, args.rf, device=device) for name in layers}
+    prog = Progress(len(layers) * len(args.batches), "shapes")
+    dense_cache: dict = {}
+    t_start = time.perf_counter()
+    for name in layers:
+        if args.time_budget_s and time.perf_counter() - t_start > args.time_budget_s:
+            print(f"# time budget of {args.time_budget_s:.0f}s spent: stopping before {name}", flush=True)
+            break
+        meta = metas[name]
+        nm_ok = F._analyse_tables(meta.input_linear, meta.weight_linear, meta.cin, meta.nin, meta.q).nm is not None
+        for b in args.batches:
+            if args.time_budget_s and time.perf_counter() - t_start > args.time_budget_s:
+                break
+            chosen = F._select_uncached_batch_config(b, meta.cout, meta.nout, meta.p64, in_channels=meta.cin,
+                                                     node_major=nm_ok)
+            if args.all_configs:
+                configs = F.uncached_config_names(experimental=args.experimental)
+            else:
+                configs = [chosen] + [c for c in (args.configs or []) if c != chosen]
+            recs = run_shape(name, meta, b, configs, chosen, device, env, args, compiled, roof, dense_cache)
+            append_jsonl(out, recs)
+            all_recs += recs
+            _print_shape(recs, chosen)
+            prog.step(f"{name} B={b}")
+    _summary(all_recs)
+    return 0
+
+
+def _summary(recs: List[dict]) -> None:
+    rows = [r for r in recs if r["impl"] == "warp_uncached" and r.get("chosen") and r.get("ms")]
+    if not rows:
+        return
+    print("\n layer            B     warp ms  kernel  TFLOP/s  %dense  best torch (ms)          speedup")
+    for r in rows:
+        fd = r.get("frac_dense")
+        print(f" {r['layer']:<15s} {r['B']:>4d} {r['ms']:>9.3f} {r['ms_kernel']:>7.3f} {r['tflops_kernel']:>8.1f} "
+              f"{(100 * fd if fd else math.nan):>7.0f}  {r['strongest']:<18s}{r['ms'] * r['speedup_vs_strongest']:>7.3f}"
+              f"  x{r['speedup_vs_strongest']:.2f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1354 @@
+"""Warp forward kernels of the compact KNN convolution (spec §2.2, §2.4, §2.5).
+
+The operator, per output node ``n`` (one small GEMM per node)::
+
+    y[b, o, n] = bias[o] + sum_{p < P64} xpad[b, input_linear[n, p]] * W[o, weight_linear[n, p]]
+
+with ``xpad = [x.reshape(B, Cin*Nin) | 0]`` (pad column ``Cin*Nin`` reads an exact zero). fp16
+operands, fp32 tile accumulator, bias added in fp32 before the one rounding to fp16, output
+``y [B, Cout, Nout]``. Every kernel: grid ``(Nout, ceil(B / (tile_m*r)), ceil(Cout / tile_n))``, one
+CTA per (node, batch-tile group, output-channel tile), launched on torch's current stream.
+
+Kernel families
+---------------
+* **gather** (``m64n64r1b256``-style names; works for *any* index tables). Operands are laid out so
+  every gather reads contiguous rows and nothing is transposed:
+
+  - ``xt = x_flat^T`` ``[Cin*Nin, B]`` (batch contiguous): ``tile_load_indexed(xt, input_linear[n,
+    p-tile], axis=0)`` gathers 64 rows of ``tile_m`` batch entries, i.e. ``A_n^T`` ``[64, tile_m]``.
+    ``tile_transpose`` of a shared tile is a stride swap and cuBLASDx reads it as a column-major A.
+  - ``wt = W^T`` ``[Q, Cout]``: gathering ``weight_linear`` rows gives ``W_n`` ``[64, tile_n]``.
+  - **Pad semantics**: ``xt`` has exactly ``Cin*Nin`` rows, so the pad index ``Cin*Nin`` is one past
+    the end; ``tile_load_indexed`` bounds-checks every coordinate and reads it as 0 (Warp >= 1.18). No
+    zero row is materialised. Batch / channel tails read 0 the same way; tail stores are dropped by
+    ``tile_store``'s bounds check.
+
+* **nm** ("node-major", ``nm_m64n64k128``-style; needs the tables of spec §2.1, verified once per
+  table). Since ``input_linear[n, c*K+k] = c*Nin + idx[n,k]`` and ``weight_linear[n, c*K+k] = c*V +
+  rf[n,k]``, the rows one node needs for neighbour ``k`` and channels ``c0..c0+tile_k`` are
+  *contiguous* once x is stored node-major, ``xn[m*Cp + c, b]`` ``[Nin*Cp, Bx]``, and W tap-major,
+  ``wv[v*Cp + c, o]`` ``[V*Cp, Cout_p]`` (channels zero-padded to ``Cp``, a multiple of ``tile_k``).
+  The gathers become plain 16-byte-vectorised ``tile_load``s at a per-(n, k) row offset, and pad
+  neighbours (``idx == Nin``) are skipped (they contribute exact zeros). The sum is reordered from
+  p = c*K+k to (k, c): the same math, another fp32 summation order.
+
+* **cached** (``run_cached``): A gathered as in the gather family, W plain-loaded from the inference
+  cache ``Weff[n]`` ``[P64, Cout_pad]`` (spec §2.4).
+
+* **dense ceiling** (benchmarks): the same tile loop with plain loads of dense operands of the same
+  GEMM sizes, no gather at all: what Warp's tile GEMM reaches with those tiles.
+
+``r`` (``r2``/``r4``) = that many consecutive batch tiles per CTA share each loaded weight tile; a
+sub-tile that starts past the batch is skipped at run time.
+
+Output: tiles of ``[Nout, B, Cout]`` go either straight into the strided view ``y.permute(2, 0, 1)``
+(``store="direct"``: default up to 4 MiB of output) or into a contiguous staging buffer followed by one
+torch permute-copy (``store="staged"``: default above). ``FOVI_WARP_FWD_STORE`` overrides.
+
+Configs are compile-time (tile shapes are template constants: one Warp module per config, built
+lazily, cached per (config, device), NaN-canary-validated once per device; see
+:mod:`fovi_lab.warp_common`). On the GPU each module pays a MathDx (cuBLASDx) link of ~50 s: run
+``python -m fovi_lab warmup`` once per machine to fill Warp's kernel cache in parallel processes.
+
+Measured on the H200 (data/forward_sweep_h200.jsonl, data/forward_h200.jsonl; Warp 1.19, torch 2.11)
+-------------------------------------------------------------------------------------------------
+* Warp's dense tile GEMM at 4096^3 reaches 12-41 TFLOP/s over the registered tiles (64x64, K step
+  128, 128 threads: 40.6); cuBLAS: 711-720 TFLOP/s. That gap is Warp's (no load/compute overlap in
+  a CTA), not the compact operator's.
+* The selected node-major kernels run at 78-118% of the dense ceiling of the same tiles on all 30
+  shapes with B >= 64 (>= 80% in two of three runs), up to 47 TFLOP/s (alexnet L1 B=512: 4.2 ms,
+  35 TFLOP/s, 83%); the seed's design reached ~7 TFLOP/s.
+* The gather family (the Cin = 3 stems and the DINOv3 patch embed) reaches 29-62% of its ceiling,
+  8-12 TFLOP/s: scalar, bounds-checked gathers of both operands on every p tile. 256 threads per CTA
+  are 2x faster than 128 (more scalar loads in flight); a 96-wide tile for Cout = 96 is 20-25% faster
+  than a 64-wide one.
+* Every whole-op call also pays ~0.1-0.3 ms of host time (argument checks, operand layouts, launch),
+  which sets the small-batch floor; it is kept down by cached Warp views of persistent operands,
+  cached weight/bias layouts and one recorded ``wp.Launch`` per (kernel, grid).
+
+Tried and measured slower (kept runnable by name, see ``_EXPERIMENTAL_CONFIG_SPECS``): prefetching the
+next step's tiles into registers before ``tile_matmul`` (``nmp_*``, ``gp_*``: register-to-shared copies
+cost more than the latency they hide; 10-24 vs 34-40 TFLOP/s on the dense GEMM), 512-thread gathers,
+16x96 gathers. The r2/r4 weight-reuse kernels were never the fastest on the H200 (the weight tile is
+L2-resident; the extra accumulators cost shared memory and occupancy): larger tiles reuse better.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from .meta import pad_to
+from .warp_common import (ValidatedCache, check_tensor, init_warp, nan_canary, to_warp, warp_device,
+                          warp_stream, wp)
+
+__all__ = [
+    "FwdConfig", "run_uncached", "run_cached", "run_dense_ceiling",
+    "uncached_config_names", "cached_config_names", "config_spec",
+]
+
+# p-tile width of the gather family: the index tables are padded to P64, a multiple of 64.
+_GATHER_TILE_K = 64
+
+
+@dataclass(frozen=True)
+class FwdConfig:
+    """One compile-time forward configuration.
+
+    Attributes:
+        name: registry name (``m64n64r2b256``, ``nm_m64n128k64``, ...).
+        family: ``"gather"`` (any tables), ``"nm"`` (node-major, spec §2.1 tables) or ``"cached"``.
+        tile_m, tile_n, tile_k: batch rows, output channels, contraction depth of one tile GEMM.
+        r: batch tiles per CTA sharing each weight tile (1, 2 or 4).
+        block_dim: threads per CTA.
+    """
+
+    name: str
+    family: str
+    tile_m: int
+    tile_n: int
+    tile_k: int
+    r: int
+    block_dim: int
+
+    @property
+    def rows_per_cta(self) -> int:
+        return self.tile_m * self.r
+
+
+# name -> (family, tile_m, tile_n, tile_k, r, block_dim)
+_UNCACHED_BATCH_CONFIG_SPECS: Dict[str, Tuple[str, int, int, int, int, int]] = {
+    # gather family (seed names; tile_k = 64 = one p tile)
+    "m16n32": ("gather", 16, 32, 64, 1, 64),
+    "m16n64": ("gather", 16, 64, 64, 1, 128),
+    "m32n64": ("gather", 32, 64, 64, 1, 128),
+    "m64n64r1": ("gather", 64, 64, 64, 1, 128),
+    "m64n64r1b256": ("gather", 64, 64, 64, 1, 256),
+    "m64n64r2": ("gather", 64, 64, 64, 2, 128),
+    "m64n64r2b256": ("gather", 64, 64, 64, 2, 256),
+    "m64n128r1": ("gather", 64, 128, 64, 1, 256),
+    "m64n128r2": ("gather", 64, 128, 64, 2, 256),
+    "m32n64r2": ("gather", 32, 64, 64, 2, 128),
+    "m32n64r4": ("gather", 32, 64, 64, 4, 128),
+    "m32n128r2": ("gather", 32, 128, 64, 2, 256),
+    # 96-wide output tiles: Cout = 96 (alexnet stem) without a ragged tile
+    "m64n96b256": ("gather", 64, 96, 64, 1, 256),
+    "m128n96b256": ("gather", 128, 96, 64, 1, 256),
+    # node-major family
+    "nm_m16n32k64": ("nm", 16, 32, 64, 1, 64),
+    "nm_m16n64k32": ("nm", 16, 64, 32, 1, 128),
+    "nm_m16n64k64": ("nm", 16, 64, 64, 1, 128),
+    "nm_m32n64k64": ("nm", 32, 64, 64, 1, 128),
+    "nm_m64n64k64": ("nm", 64, 64, 64, 1, 128),
+    "nm_m64n64k64b256": ("nm", 64, 64, 64, 1, 256),
+    "nm_m64n64k64r2": ("nm", 64, 64, 64, 2, 256),
+    "nm_m64n128k64": ("nm", 64, 128, 64, 1, 256),
+    "nm_m64n128k64r2": ("nm", 64, 128, 64, 2, 256),
+    "nm_m128n128k64": ("nm", 128, 128, 64, 1, 256),
+    "nm_m64n64k32": ("nm", 64, 64, 32, 1, 128),
+    "nm_m64n128k32": ("nm", 64, 128, 32, 1, 256),
+    "nm_m32n64k32r4": ("nm", 32, 64, 32, 4, 128),
+    "nm_m64n64k128": ("nm", 64, 64, 128, 1, 128),
+    "nm_m64n128k128": ("nm", 64, 128, 128, 1, 256),
+}
+
+# Measured and never the fastest on the H200 sweep (kept runnable by name for benchmarks, but not
+# compiled by warmup, not swept by default, not selected): register-prefetch ("pipelined") kernels,
+# 512-thread gathers, 16x96 gathers.
+_EXPERIMENTAL_CONFIG_SPECS: Dict[str, Tuple[str, int, int, int, int, int]] = {
+    "m16n96": ("gather", 16, 96, 64, 1, 128),
+    "m64n64b512": ("gather", 64, 64, 64, 1, 512),
+    "m64n96b512": ("gather", 64, 96, 64, 1, 512),
+    "nmp_m16n64k64": ("nmp", 16, 64, 64, 1, 128),
+    "nmp_m32n64k64": ("nmp", 32, 64, 64, 1, 128),
+    "nmp_m64n64k64": ("nmp", 64, 64, 64, 1, 128),
+    "nmp_m64n128k64": ("nmp", 64, 128, 64, 1, 256),
+    "nmp_m64n64k32": ("nmp", 64, 64, 32, 1, 128),
+    "nmp_m64n128k32": ("nmp", 64, 128, 32, 1, 256),
+    "nmp_m128n128k64": ("nmp", 128, 128, 64, 1, 256),
+    # gather with register prefetch
+    "gp_m16n32": ("gp", 16, 32, 64, 1, 64),
+    "gp_m32n64": ("gp", 32, 64, 64, 1, 128),
+    "gp_m64n64": ("gp", 64, 64, 64, 1, 128),
+    "gp_m64n128": ("gp", 64, 128, 64, 1, 256),
+}
+
+_CACHED_CONFIG_SPECS: Dict[str, Tuple[str, int, int, int, int, int]] = {
+    "c_m16n32": ("cached", 16, 32, 64, 1, 64),
+    "c_m32n64": ("cached", 32, 64, 64, 1, 128),
+    "c_m64n64": ("cached", 64, 64, 64, 1, 128),
+}
+
+# Configs that exist only to exercise the canary (never selected, never in warmup).
+# test_oversized: 4 accumulators of 256x256 fp32 (1 MiB of tiles) exceed both a GPU CTA's shared memory
+# (227 KiB on sm_90) and Warp's 256 KiB CPU tile arena.
+_TEST_CONFIG_SPECS: Dict[str, Tuple[str, int, int, int, int, int]] = {
+    "test_oversized": ("gather", 256, 256, 64, 4, 64),
+}
+
+
+def config_spec(name: str) -> FwdConfig:
+    """The :class:`FwdConfig` registered under ``name`` (uncached, experimental, cached or test)."""
+    for table in (_UNCACHED_BATCH_CONFIG_SPECS, _EXPERIMENTAL_CONFIG_SPECS, _CACHED_CONFIG_SPECS,
+                  _TEST_CONFIG_SPECS):
+        if name in table:
+            return FwdConfig(name, *table[name])
+    known = ", ".join(sorted(_UNCACHED_BATCH_CONFIG_SPECS) + sorted(_CACHED_CONFIG_SPECS))
+    raise ValueError(f"config: unknown forward config {name!r}; known configs: {known}")
+
+
+def uncached_config_names(family: Optional[str] = None, experimental: bool = False):
+    """Registered uncached config names (of one family), plus the experimental ones if asked."""
+    table = dict(_UNCACHED_BATCH_CONFIG_SPECS)
+    if experimental:
+        table.update(_EXPERIMENTAL_CONFIG_SPECS)
+    return [n for n, s in table.items() if family is None or s[0] == family]
+
+
+def cached_config_names():
+    return list(_CACHED_CONFIG_SPECS)
+
+
+# --------------------------------------------------------------------------------------------------
+# Kernel factories. Tile sizes are closure constants (compile-time); module="unique" gives each
+# config its own module so configs compile (and fail) independently; enable_backward=False because
+# gradients are explicit adjoint kernels (warp_adjoint) and the backward pass would double the
+# shared memory every tile expression reserves.
+# --------------------------------------------------------------------------------------------------
+
+def _module_options(block_dim: int, mathdx: Optional[bool]) -> dict:
+    opts = {"enable_backward": False, "fast_math": True, "block_dim": int(block_dim)}
+    if mathdx is not None:
+        opts["enable_mathdx_gemm"] = bool(mathdx)
+    return opts
+
+
+# When set (only by the AOT test), factories put their kernels into this shared named module instead of
+# a unique one, so one NVRTC run compiles many configs; the caller sets that module's options.
+_SHARED_MODULE: Optional[str] = None
+
+
+def _kernel_decorator(name: str, block_dim: int, mathdx: Optional[bool]):
+    if _SHARED_MODULE is not None:
+        return wp.kernel(enable_backward=False, module=_SHARED_MODULE, name=name)
+    return wp.kernel(enable_backward=False, module="unique", name=name,
+                     module_options=_module_options(block_dim, mathdx))
+
+
+def _make_gather_kernel(tile_m: int, tile_n: int, r: int, block_dim: int, mathdx: Optional[bool] = None,
+                        name: Optional[str] = None):
+    """Gather-family kernel: ``r`` batch tiles of ``tile_m`` rows share each gathered W tile.
+
+    Args (kernel): ``xt [Cin*Nin, B]`` f16, ``wt [Q, Cout]`` f16, ``il``/``wl [Nout, P64]`` int32,
+    ``bias [>= Cout]`` f32, ``y [Nout, B, Cout]`` f16 (any strides), ``n_ptiles = P64/64``, ``batch``.
+    """
+    init_warp()
+    TM, TN, TK, R = int(tile_m), int(tile_n), _GATHER_TILE_K, int(r)
+    assert R in (1, 2, 4)
+    kname = name or f"fovi_fwd_gather_m{TM}n{TN}r{R}b{block_dim}"
+
+    @_kernel_decorator(kname, block_dim, mathdx)
+    def kernel(xt: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16),
+               il: wp.array2d(dtype=wp.int32), wl: wp.array2d(dtype=wp.int32),
+               bias: wp.array1d(dtype=wp.float32), y: wp.array3d(dtype=wp.float16),
+               n_ptiles: int, batch: int):
+        n, bt, ot = wp.tid()
+        b0 = bt * (TM * R)
+        o0 = ot * TN
+        acc0 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+        if wp.static(R >= 2):
+            acc1 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+        if wp.static(R >= 4):
+            acc2 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+            acc3 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+        il_n = il[n]
+        wl_n = wl[n]
+        for pt in range(n_ptiles):
+            ii = wp.tile_load(il_n, shape=TK, offset=pt * TK, storage="shared")
+            wi = wp.tile_load(wl_n, shape=TK, offset=pt * TK, storage="shared")
+            w = wp.tile_load_indexed(wt, indices=wi, shape=(TK, TN), offset=(0, o0), axis=0, storage="shared")
+            a0 = wp.tile_load_indexed(xt, indices=ii, shape=(TK, TM), offset=(0, b0), axis=0, storage="shared")
+            wp.tile_matmul(wp.tile_transpose(a0), w, acc0)
+            if wp.static(R >= 2):
+                if b0 + TM < batch:
+                    a1 = wp.tile_load_indexed(xt, indices=ii, shape=(TK, TM), offset=(0, b0 + TM), axis=0,
+                                              storage="shared")
+                    wp.tile_matmul(wp.tile_transpose(a1), w, acc1)
+            if wp.static(R >= 4):
+                if b0 + 2 * TM < batch:
+                    a2 = wp.tile_load_indexed(xt, indices=ii, shape=(TK, TM), offset=(0, b0 + 2 * TM), axis=0,
+                                              storage="shared")
+                    wp.tile_matmul(wp.tile_transpose(a2), w, acc2)
+                if b0 + 3 * TM < batch:
+                    a3 = wp.tile_load_indexed(xt, indices=ii, shape=(TK, TM), offset=(0, b0 + 3 * TM), axis=0,
+                                              storage="shared")
+                    wp.tile_matmul(wp.tile_transpose(a3), w, acc3)
+        bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=o0), shape=(TM, TN))
+        y_n = y[n]
+        wp.tile_store(y_n, wp.tile_astype(acc0 + bb, wp.float16), offset=(b0, o0))
+        if wp.static(R >= 2):
+            wp.tile_store(y_n, wp.tile_astype(acc1 + bb, wp.float16), offset=(b0 + TM, o0))
+        if wp.static(R >= 4):
+            wp.tile_store(y_n, wp.tile_astype(acc2 + bb, wp.float16), offset=(b0 + 2 * TM, o0))
+            wp.tile_store(y_n, wp.tile_astype(acc3 + bb, wp.float16), offset=(b0 + 3 * TM, o0))
+
+    kernel._fovi_tiles = ("gather", TM, TN, TK, R, int(block_dim))
+    return kernel
+
+
+def _make_uncached_kernel(tile_m: int, tile_n: int, block_dim: int = 128, mathdx: Optional[bool] = None):
+    """Single-accumulator uncached (gather-family) kernel."""
+    return _make_gather_kernel(tile_m, tile_n, 1, block_dim, mathdx)
+
+
+def _make_uncached_r2_kernel(tile_m: int, tile_n: int, block_dim: int = 256, mathdx: Optional[bool] = None):
+    """Uncached kernel with a 2-way batch-tile weight-reuse loop: each gathered W tile feeds two
+    consecutive batch tiles (half the weight-gather traffic of one accumulator at equal tile_m)."""
+    return _make_gather_kernel(tile_m, tile_n, 2, block_dim, mathdx)
+
+
+def _make_uncached_r4_kernel(tile_m: int, tile_n: int, block_dim: int = 128, mathdx: Optional[bool] = None):
+    """Uncached kernel with a 4-way batch-tile weight-reuse loop."""
+    return _make_gather_kernel(tile_m, tile_n, 4, block_dim, mathdx)
+
+
+def _make_nm_kernel(tile_m: int, tile_n: int, tile_k: int, r: int, block_dim: int,
+                    mathdx: Optional[bool] = None, name: Optional[str] = None):
+    """Node-major kernel: plain vectorised tile loads at a per-(node, neighbour) row offset.
+
+    Args (kernel): ``xn [Nin*Cp, Bx]`` f16, ``wv [V*Cp, Cout_p]`` f16, ``idxn``/``rfn [Nout, K]`` int32
+    (neighbour node, ``nin`` = pad; tap), ``bias`` f32, ``y [Nout, B, Cout]`` f16, ``nk = K``,
+    ``n_cchunks = Cp/tile_k``, ``cp``, ``nin``, ``batch``.
+    """
+    init_warp()
+    TM, TN, TK, R = int(tile_m), int(tile_n), int(tile_k), int(r)
+    assert R in (1, 2, 4)
+    kname = name or f"fovi_fwd_nm_m{TM}n{TN}k{TK}r{R}b{block_dim}"
+
+    @_kernel_decorator(kname, block_dim, mathdx)
+    def kernel(xn: wp.array2d(dtype=wp.float16), wv: wp.array2d(dtype=wp.float16),
+               idxn: wp.array2d(dtype=wp.int32), rfn: wp.array2d(dtype=wp.int32),
+               bias: wp.array1d(dtype=wp.float32), y: wp.array3d(dtype=wp.float16),
+               nk: int, n_cchunks: int, cp: int, nin: int, batch: int):
+        n, bt, ot = wp.tid()
+        b0 = bt * (TM * R)
+        o0 = ot * TN
+        acc0 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+        if wp.static(R >= 2):
+            acc1 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+        if wp.static(R >= 4):
+            acc2 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+            acc3 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+        for k in range(nk):
+            m = idxn[n, k]
+            if m < nin:  # pad neighbours gather exact zeros: skip them (uniform per CTA)
+                xrow = m * cp
+                wrow = rfn[n, k] * cp
+                for cc in range(n_cchunks):
+                    w = wp.tile_load(wv, shape=(TK, TN), offset=(wrow + cc * TK, o0), storage="shared")
+                    a0 = wp.tile_load(xn, shape=(TK, TM), offset=(xrow + cc * TK, b0), storage="shared")
+                    wp.tile_matmul(wp.tile_transpose(a0), w, acc0)
+                    if wp.static(R >= 2):
+                        if b0 + TM < batch:
+                            a1 = wp.tile_load(xn, shape=(TK, TM), offset=(xrow + cc * TK, b0 + TM), storage="shared")
+                            wp.tile_matmul(wp.tile_transpose(a1), w, acc1)
+                    if wp.static(R >= 4):
+                        if b0 + 2 * TM < batch:
+                            a2 = wp.tile_load(xn, shape=(TK, TM), offset=(xrow + cc * TK, b0 + 2 * TM),
+                                              storage="shared")
+                            wp.tile_matmul(wp.tile_transpose(a2), w, acc2)
+                        if b0 + 3 * TM < batch:
+                            a3 = wp.tile_load(xn, shape=(TK, TM), offset=(xrow + cc * TK, b0 + 3 * TM),
+                                              storage="shared")
+                            wp.tile_matmul(wp.tile_transpose(a3), w, acc3)
+        bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=o0), shape=(TM, TN))
+        y_n = y[n]
+        wp.tile_store(y_n, wp.tile_astype(acc0 + bb, wp.float16), offset=(b0, o0))
+        if wp.static(R >= 2):
+            wp.tile_store(y_n, wp.tile_astype(acc1 + bb, wp.float16), offset=(b0 + TM, o0))
+        if wp.static(R >= 4):
+            wp.tile_store(y_n, wp.tile_astype(acc2 + bb, wp.float16), offset=(b0 + 2 * TM, o0))
+            wp.tile_store(y_n, wp.tile_astype(acc3 + bb, wp.float16), offset=(b0 + 3 * TM, o0))
+
+    kernel._fovi_tiles = ("nm", TM, TN, TK, R, int(block_dim))
+    return kernel
+
+
+def _make_cached_kernel(tile_m: int, tile_n: int, block_dim: int = 128, mathdx: Optional[bool] = None,
+                        name: Optional[str] = None):
+    """Cached kernel: A gathered from ``xt`` as in the gather family, W plain-loaded from ``Weff[n]``.
+
+    Args (kernel): ``xt [Cin*Nin, B]``, ``weff [Nout, P64, Cout_pad]`` f16, ``il [Nout, P64]`` int32,
+    ``bias`` f32, ``y [Nout, B, Cout]`` f16, ``n_ptiles``, ``batch``.
+    """
+    init_warp()
+    TM, TN, TK = int(tile_m), int(tile_n), _GATHER_TILE_K
+    kname = name or f"fovi_fwd_cached_m{TM}n{TN}b{block_dim}"
+
+    @_kernel_decorator(kname, block_dim, mathdx)
+    def kernel(xt: wp.array2d(dtype=wp.float16), weff: wp.array3d(dtype=wp.float16),
+               il: wp.array2d(dtype=wp.int32), bias: wp.array1d(dtype=wp.float32),
+               y: wp.array3d(dtype=wp.float16), n_ptiles: int, batch: int):
+        n, bt, ot = wp.tid()
+        b0 = bt * TM
+        o0 = ot * TN
+        acc = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+        il_n = il[n]
+        weff_n = weff[n]
+        for pt in range(n_ptiles):
+            ii = wp.tile_load(il_n, shape=TK, offset=pt * TK, storage="shared")
+            w = wp.tile_load(weff_n, shape=(TK, TN), offset=(pt * TK, o0), storage="shared")
+            a = wp.tile_load_indexed(xt, indices=ii, shape=(TK, TM), offset=(0, b0), axis=0, storage="shared")
+            wp.tile_matmul(wp.tile_transpose(a), w, acc)
+        bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=o0), shape=(TM, TN))
+        wp.tile_store(y[n], wp.tile_astype(acc + bb, wp.float16), offset=(b0, o0))
+
+    kernel._fovi_tiles = ("cached", TM, TN, TK, 1, int(block_dim))
+    return kernel
+
+
+def _make_dense_kernel(tile_m: int, tile_n: int, tile_k: int, r: int, block_dim: int,
+                       mathdx: Optional[bool] = None, name: Optional[str] = None):
+    """Dense tile-GEMM ceiling: the same CTA loop with plain tile loads of dense operands.
+
+    Every CTA computes ``y[n, b-tile, o-tile] = at[:, b-tile]^T @ w[:, o-tile] + bias`` over
+    ``n_ktiles`` K tiles: ``at [Kd, Bx]``, ``w [Kd, Cout_p]`` shared by all nodes (L2-resident, as
+    x and W are for the compact kernels), so it is the compact GEMM minus every gather.
+    """
+    init_warp()
+    TM, TN, TK, R = int(tile_m), int(tile_n), int(tile_k), int(r)
+    kname = name or f"fovi_fwd_dense_m{TM}n{TN}k{TK}r{R}b{block_dim}"
+
+    @_kernel_decorator(kname, block_dim, mathdx)
+    def kernel(at: wp.array2d(dtype=wp.float16), w: wp.array2d(dtype=wp.float16),
+               bias: wp.array1d(dtype=wp.float32), y: wp.array3d(dtype=wp.float16),
+               n_ktiles: int, batch: int):
+        n, bt, ot = wp.tid()
+        b0 = bt * (TM * R)
+        o0 = ot * TN
+        acc0 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+        if wp.static(R >= 2):
+            acc1 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+        if wp.static(R >= 4):
+            acc2 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+            acc3 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+        for kt in range(n_ktiles):
+            wt = wp.tile_load(w, shape=(TK, TN), offset=(kt * TK, o0), storage="shared")
+            a0 = wp.tile_load(at, shape=(TK, TM), offset=(kt * TK, b0), storage="shared")
+            wp.tile_matmul(wp.tile_transpose(a0), wt, acc0)
+            if wp.static(R >= 2):
+                if b0 + TM < batch:
+                    a1 = wp.tile_load(at, shape=(TK, TM), offset=(kt * TK, b0 + TM), storage="shared")
+                    wp.tile_matmul(wp.tile_transpose(a1), wt, acc1)
+            if wp.static(R >= 4):
+                if b0 + 2 * TM < batch:
+                    a2 = wp.tile_load(at, shape=(TK, TM), offset=(kt * TK, b0 + 2 * TM), storage="shared")
+                    wp.tile_matmul(wp.tile_transpose(a2), wt, acc2)
+                if b0 + 3 * TM < batch:
+                    a3 = wp.tile_load(at, shape=(TK, TM), offset=(kt * TK, b0 + 3 * TM), storage="shared")
+                    wp.tile_matmul(wp.tile_transpose(a3), wt, acc3)
+        bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=o0), shape=(TM, TN))
+        y_n = y[n]
+        wp.tile_store(y_n, wp.tile_astype(acc0 + bb, wp.float16), offset=(b0, o0))
+        if wp.static(R >= 2):
+            wp.tile_store(y_n, wp.tile_astype(acc1 + bb, wp.float16), offset=(b0 + TM, o0))
+        if wp.static(R >= 4):
+            wp.tile_store(y_n, wp.tile_astype(acc2 + bb, wp.float16), offset=(b0 + 2 * TM, o0))
+            wp.tile_store(y_n, wp.tile_astype(acc3 + bb, wp.float16), offset=(b0 + 3 * TM, o0))
+
+    kernel._fovi_tiles = ("dense", TM, TN, TK, R, int(block_dim))
+    return kernel
+
+
+def _make_nmp_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, mathdx: Optional[bool] = None,
+                     name: Optional[str] = None):
+    """Node-major kernel with a register prefetch (software pipelining) of the next step's tiles.
+
+    Warp's tile GEMM does not overlap loads with math inside a CTA: load, sync, matmul, sync. Here the
+    next (neighbour, channel-chunk) step's A and W tiles are loaded into *registers* before the current
+    step's ``tile_matmul`` and copied into the shared operand tiles after it, so their global-load
+    latency hides behind the math. Loads are unchecked (``bounds_check=False``): the plan pads the
+    batch to a multiple of ``tile_m`` and the output channels to a multiple of ``tile_n``. Neighbour
+    lists are compacted per node (``idxc[n, :cnt[n]]`` real neighbours, pads dropped).
+
+    Args (kernel): ``xn [Nin*Cp, Bx]``, ``wv [V*Cp, Cout_p]``, ``idxc``/``rfc [Nout, K]`` int32,
+    ``cnt [Nout]`` int32, ``bias``, ``y``, ``n_cchunks``, ``cp``.
+    """
+    init_warp()
+    TM, TN, TK = int(tile_m), int(tile_n), int(tile_k)
+    kname = name or f"fovi_fwd_nmp_m{TM}n{TN}k{TK}b{block_dim}"
+
+    @_kernel_decorator(kname, block_dim, mathdx)
+    def kernel(xn: wp.array2d(dtype=wp.float16), wv: wp.array2d(dtype=wp.float16),
+               idxc: wp.array2d(dtype=wp.int32), rfc: wp.array2d(dtype=wp.int32), cnt: wp.array1d(dtype=wp.int32),
+               bias: wp.array1d(dtype=wp.float32), y: wp.array3d(dtype=wp.float16),
+               n_cchunks: int, cp: int):
+        n, bt, ot = wp.tid()
+        b0 = bt * TM
+        o0 = ot * TN
+        acc = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+        a_sh = wp.tile_zeros(shape=(TK, TM), dtype=wp.float16, storage="shared")
+        w_sh = wp.tile_zeros(shape=(TK, TN), dtype=wp.float16, storage="shared")
+        nsteps = cnt[n] * n_cchunks
+        if nsteps > 0:
+            a_r = wp.tile_load(xn, shape=(TK, TM), offset=(idxc[n, 0] * cp, b0), bounds_check=False)
+            w_r = wp.tile_load(wv, shape=(TK, TN), offset=(rfc[n, 0] * cp, o0), bounds_check=False)
+            for s in range(nsteps):
+                wp.tile_assign(a_sh, a_r)
+                wp.tile_assign(w_sh, w_r)
+                # prefetch step s+1 (the last step re-loads itself: an unconditional load keeps the
+                # registers' consumer after the matmul instead of a select before it)
+                s1 = wp.min(s + 1, nsteps - 1)
+                k1 = s1 // n_cchunks
+                c1 = (s1 - k1 * n_cchunks) * TK
+                a_r = wp.tile_load(xn, shape=(TK, TM), offset=(idxc[n, k1] * cp + c1, b0), bounds_check=False)
+                w_r = wp.tile_load(wv, shape=(TK, TN), offset=(rfc[n, k1] * cp + c1, o0), bounds_check=False)
+                wp.tile_matmul(wp.tile_transpose(a_sh), w_sh, acc)
+        bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=o0), shape=(TM, TN))
+        wp.tile_store(y[n], wp.tile_astype(acc + bb, wp.float16), offset=(b0, o0))
+
+    kernel._fovi_tiles = ("nmp", TM, TN, TK, 1, int(block_dim))
+    return kernel
+
+
+def _make_gp_kernel(tile_m: int, tile_n: int, block_dim: int, mathdx: Optional[bool] = None,
+                    name: Optional[str] = None):
+    """Gather-family kernel with the register prefetch of :func:`_make_nmp_kernel`: the next p tile's
+    indexed gathers are issued into registers before the current ``tile_matmul``. Same arguments as
+    the gather kernel (bounds-checked gathers, so no padding is needed)."""
+    init_warp()
+    TM, TN, TK = int(tile_m), int(tile_n), _GATHER_TILE_K
+    kname = name or f"fovi_fwd_gp_m{TM}n{TN}b{block_dim}"
+
+    @_kernel_decorator(kname, block_dim, mathdx)
+    def kernel(xt: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16),
+               il: wp.array2d(dtype=wp.int32), wl: wp.array2d(dtype=wp.int32),
+               bias: wp.array1d(dtype=wp.float32), y: wp.array3d(dtype=wp.float16),
+               n_ptiles: int, batch: int):
+        n, bt, ot = wp.tid()
+        b0 = bt * TM
+        o0 = ot * TN
+        acc = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+        a_sh = wp.tile_zeros(shape=(TK, TM), dtype=wp.float16, storage="shared")
+        w_sh = wp.tile_zeros(shape=(TK, TN), dtype=wp.float16, storage="shared")
+        il_n = il[n]
+        wl_n = wl[n]
+        ii0 = wp.tile_load(il_n, shape=TK, offset=0, storage="shared")
+        wi0 = wp.tile_load(wl_n, shape=TK, offset=0, storage="shared")
+        a_r = wp.tile_load_indexed(xt, indices=ii0, shape=(TK, TM), offset=(0, b0), axis=0)
+        w_r = wp.tile_load_indexed(wt, indices=wi0, shape=(TK, TN), offset=(0, o0), axis=0)
+        for pt in range(n_ptiles):
+            wp.tile_assign(a_sh, a_r)
+            wp.tile_assign(w_sh, w_r)
+            p1 = wp.min(pt + 1, n_ptiles - 1) * TK
+            ii1 = wp.tile_load(il_n, shape=TK, offset=p1, storage="shared")
+            wi1 = wp.tile_load(wl_n, shape=TK, offset=p1, storage="shared")
+            a_r = wp.tile_load_indexed(xt, indices=ii1, shape=(TK, TM), offset=(0, b0), axis=0)
+            w_r = wp.tile_load_indexed(wt, indices=wi1, shape=(TK, TN), offset=(0, o0), axis=0)
+            wp.tile_matmul(wp.tile_transpose(a_sh), w_sh, acc)
+        bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=o0), shape=(TM, TN))
+        wp.tile_store(y[n], wp.tile_astype(acc + bb, wp.float16), offset=(b0, o0))
+
+    kernel._fovi_tiles = ("gp", TM, TN, TK, 1, int(block_dim))
+    return kernel
+
+def _make_densep_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, mathdx: Optional[bool] = None,
+                        name: Optional[str] = None):
+    """Dense ceiling of the pipelined (register-prefetch) kernels: :func:`_make_dense_kernel`'s loop with
+    the next K tile loaded into registers before the current ``tile_matmul``. Operands must be padded
+    to whole tiles (``at [Kd, Bx]`` with ``Bx`` a multiple of ``tile_m``, ``w`` columns of ``tile_n``)."""
+    init_warp()
+    TM, TN, TK = int(tile_m), int(tile_n), int(tile_k)
+    kname = name or f"fovi_fwd_densep_m{TM}n{TN}k{TK}b{block_dim}"
+
+    @_kernel_decorator(kname, block_dim, mathdx)
+    def kernel(at: wp.array2d(dtype=wp.float16), w: wp.array2d(dtype=wp.float16),
+               bias: wp.array1d(dtype=wp.float32), y: wp.array3d(dtype=wp.float16),
+               n_ktiles: int, batch: int):
+        n, bt, ot = wp.tid()
+        b0 = bt * TM
+        o0 = ot * TN
+        acc = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+        a_sh = wp.tile_zeros(shape=(TK, TM), dtype=wp.float16, storage="shared")
+        w_sh = wp.tile_zeros(shape=(TK, TN), dtype=wp.float16, storage="shared")
+        a_r = wp.tile_load(at, shape=(TK, TM), offset=(0, b0), bounds_check=False)
+        w_r = wp.tile_load(w, shape=(TK, TN), offset=(0, o0), bounds_check=False)
+        for kt in range(n_ktiles):
+            wp.tile_assign(a_sh, a_r)
+            wp.tile_assign(w_sh, w_r)
+            k1 = wp.min(kt + 1, n_ktiles - 1) * TK
+            a_r = wp.tile_load(at, shape=(TK, TM), offset=(k1, b0), bounds_check=False)
+            w_r = wp.tile_load(w, shape=(TK, TN), offset=(k1, o0), bounds_check=False)
+            wp.tile_matmul(wp.tile_transpose(a_sh), w_sh, acc)
+        bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=o0), shape=(TM, TN))
+        wp.tile_store(y[n], wp.tile_astype(acc + bb, wp.float16), offset=(b0, o0))
+
+    kernel._fovi_tiles = ("densep", TM, TN, TK, 1, int(block_dim))
+    return kernel
+
+
+# --------------------------------------------------------------------------------------------------
+# Lazy build, per-device NaN-canary validation
+# --------------------------------------------------------------------------------------------------
+
+_build_lock = threading.Lock()
+_KERNELS: Dict[Tuple, object] = {}
+_VALIDATED = ValidatedCache("Warp forward config")
+
+# Warp's CPU tile arena (WP_MAX_CPU_SHARED in warp/native/tile.h): a CPU launch whose tiles need
+# more aborts the whole process (an assert, not an exception), so the CPU canary refuses it first.
+_CPU_TILE_ARENA_BYTES = 256 * 1024
+
+
+def _mathdx_default() -> Optional[bool]:
+    """``FOVI_WARP_MATHDX=0`` builds the scalar-GEMM variant (fast compile, slow kernel); default:
+    Warp's own setting (MathDx/cuBLASDx on CUDA)."""
+    env = os.environ.get("FOVI_WARP_MATHDX")
+    if env is None or env == "":
+        return None
+    return env not in ("0", "false", "False", "no")
+
+
+def _build_kernel(cfg: FwdConfig, mathdx: Optional[bool] = None, dense: bool = False):
+    """The Warp kernel of ``cfg`` (or of its dense ceiling), built once per (config, mathdx)."""
+    if mathdx is None:
+        mathdx = _mathdx_default()
+    pipelined = cfg.family in ("nmp", "gp")
+    key = (cfg.family, cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx, dense)
+    if dense:
+        key = ("densep" if pipelined else "dense",) + key[1:]
+    with _build_lock:
+        k = _KERNELS.get(key)
+        if k is None:
+            if dense and pipelined:
+                k = _make_densep_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, mathdx)
+            elif dense:
+                k = _make_dense_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx)
+            elif cfg.family == "gather":
+                k = _make_gather_kernel(cfg.tile_m, cfg.tile_n, cfg.r, cfg.block_dim, mathdx)
+            elif cfg.family == "nm":
+                k = _make_nm_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx)
+            elif cfg.family == "nmp":
+                k = _make_nmp_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, mathdx)
+            elif cfg.family == "gp":
+                k = _make_gp_kernel(cfg.tile_m, cfg.tile_n, cfg.block_dim, mathdx)
+            elif cfg.family == "cached":
+                k = _make_cached_kernel(cfg.tile_m, cfg.tile_n, cfg.block_dim, mathdx)
+            else:  # pragma: no cover - registry typo
+                raise ValueError(f"unknown kernel family {cfg.family!r}")
+            _KERNELS[key] = k
+        return k
+
+
+def _kernel_tile_bytes(kernel, block_dim: int, device: str) -> Optional[int]:
+    """Tile (shared) memory Warp computed for ``kernel`` at codegen (module meta), or None."""
+    try:
+        mexec = kernel.module.load(wp.get_device(device), block_dim)
+        vals = [int(v) for k, v in (getattr(mexec, "meta", None) or {}).items() if k.endswith("_smem_bytes")]
+        return max(vals) if vals else None
+    except Exception:  # pragma: no cover - private API moved; the launch itself is still checked
+        return None
+
+
+def _canary_problem(family: str, tile_m: int, tile_n: int, tile_k: int, r: int, device: str):
+    """A single-output-node problem that fills exactly one CTA: ``B = tile_m*r``, ``Cout = tile_n``."""
+    from .meta import build_meta
+    g = torch.Generator().manual_seed(1234)
+    cin, nin, k, v = 3, 7, 5, 6
+    idx = torch.randint(0, nin + 1, (1, k), generator=g)          # includes the pad token nin
+    rf = torch.randint(0, v, (1, k), generator=g)
+    meta = build_meta(idx, rf, cin=cin, cout=tile_n, v=v, nin=nin, device=device)
+    b = tile_m * r
+    x = torch.randn(b, cin, nin, generator=g).to(device=device, dtype=torch.float16)
+    w = (0.5 * torch.randn(tile_n, cin * v, generator=g)).to(device=device, dtype=torch.float16)
+    bias = torch.randn(tile_n, generator=g).to(device=device, dtype=torch.float16)
+    return meta, x, w, bias
+
+
+def _canary(kernel, tile_m: int, tile_n: int, r: int, block_dim: int, device: str) -> Tuple[bool, str]:
+    """(ok, why) of one NaN-prefilled launch of ``kernel`` on a single-node problem (see
+    :func:`_canary_launch_ok`); also checks the values against the fp32 oracle."""
+    from .reference import oracle_forward
+    init_warp()
+    family, _, _, tile_k, _, _ = getattr(kernel, "_fovi_tiles", ("gather", tile_m, tile_n, 64, r, block_dim))
+    if device == "cpu":
+        need = _kernel_tile_bytes(kernel, block_dim, device)
+        if need is not None and need > _CPU_TILE_ARENA_BYTES:
+            return False, (f"its tiles need {need} bytes, over Warp's {_CPU_TILE_ARENA_BYTES}-byte CPU tile "
+                           f"arena (such a launch aborts the process, so it is not attempted)")
+    meta, x, w, bias = _canary_problem(family, tile_m, tile_n, tile_k, r, device)
+    b = x.shape[0]
+    cfg = FwdConfig("canary", family, tile_m, tile_n, tile_k, r, block_dim)
+    if family == "cached":
+        from .reference import build_effective_weight
+        weff = build_effective_weight(meta, w, cout_multiple=tile_n)
+        plan = _plan_cached(cfg, kernel, x, weff, bias, meta.input_linear, tile_n, store="staged")
+    elif family in ("dense", "densep"):
+        plan = _plan_dense(cfg, kernel, b, tile_n, 1, 64, device, seed=7)
+    else:
+        plan = _plan_uncached(cfg, kernel, x, w, bias, meta.input_linear, meta.weight_linear, store="staged")
+    ok, why = nan_canary(plan.launch, plan.out)
+    if not ok or family in ("dense", "densep"):
+        return ok, why
+    y = plan.finish()
+    ref = oracle_forward(x.float().cpu(), w.float().cpu(), bias.float().cpu(), meta.idx, meta.rf_index, meta.v)
+    err = float((y.float().cpu() - ref).abs().max())
+    if not err <= 2e-2 * max(1.0, float(ref.abs().max())):
+        return False, f"launch ran but the canary output is wrong (max abs error {err:.3g})"
+    return True, "ok"
+
+
+def _canary_launch_ok(kernel, tile_m: int, tile_n: int, r: int, block_dim: int, device) -> bool:
+    """Return True when ``kernel`` actually launches on ``device`` and writes correct values.
+
+    A launch over the per-CTA resource budget raises since Warp 1.15 but printed "invalid argument"
+    and returned normally before that, leaving the output untouched: so the single-node canary
+    output is NaN-prefilled and both a raise and a surviving NaN count as failure (spec §2.5). On the
+    CPU a kernel whose tile memory exceeds Warp's 256 KiB arena would abort the process, so it is
+    refused from the module's own shared-memory figure instead of launched.
+    """
+    return _canary(kernel, tile_m, tile_n, r, block_dim, _device_str(device))[0]
+
+
+def _device_str(device) -> str:
+    if device is None:
+        return f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
+    if isinstance(device, torch.device):
+        if device.type == "cuda":
+            return f"cuda:{device.index if device.index is not None else torch.cuda.current_device()}"
+        return str(device)
+    s = str(device)
+    if s == "cuda":
+        return f"cuda:{torch.cuda.current_device()}"
+    return s
+
+
+@dataclass(frozen=True)
+class _Built:
+    """A validated config: its spec and the kernel that passed the canary on a device."""
+    config: FwdConfig
+    kernel: object
+
+
+def _get_config(name: str, device=None, mathdx: Optional[bool] = None) -> Optional[_Built]:
+    cfg = config_spec(name)
+    dev = _device_str(device)
+    if mathdx is None:
+        mathdx = _mathdx_default()
+
+    def build():
+        try:
+            kernel = _build_kernel(cfg, mathdx)
+        except Exception as exc:  # codegen / compile failure
+            return None, f"build failed: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+        ok, why = _canary(kernel, cfg.tile_m, cfg.tile_n, cfg.r, cfg.block_dim, dev)
+        return (_Built(cfg, kernel) if ok else None), why
+
+    return _VALIDATED.get(_cache_key(name, mathdx), dev, build)
+
+
+def _cache_key(name: str, mathdx: Optional[bool]):
+    return name if mathdx is None else (name, mathdx)
+
+
+def _get_uncached_batch_config(name: str, device=None) -> Optional[_Built]:
+    """Build (once) and canary-validate (once per device) an uncached config; None when unlaunchable.
+
+    A config that fails is remembered as None and reported once with a ``RuntimeWarning`` saying why.
+    """
+    if name not in _UNCACHED_BATCH_CONFIG_SPECS and name not in _EXPERIMENTAL_CONFIG_SPECS \
+            and name not in _TEST_CONFIG_SPECS:
+        config_spec(name)  # raises the unknown-config error
+        raise ValueError(f"config: {name!r} is a cached-path config; run_uncached takes one of "
+                         f"{', '.join(_UNCACHED_BATCH_CONFIG_SPECS)}")
+    return _get_config(name, device)
+
+
+def _require_config(name: str, device: str) -> _Built:
+    built = _get_uncached_batch_config(name, device) if not name.startswith("c_") else _get_config(name, device)
+    if built is None:
+        why = _VALIDATED.why(_cache_key(name, _mathdx_default()), device)
+        raise RuntimeError(f"config: forward config {name!r} cannot be launched on {device} ({why}); "
+                           f"pick another config or leave config=None")
+    return built
+
+
+# --------------------------------------------------------------------------------------------------
+# Config selection (refit on the H200 sweep: see data/forward_sweep_h200.jsonl and
+# tests/test_warp_forward.py::test_heuristic_matches_sweep)
+# --------------------------------------------------------------------------------------------------
+
+# Minimum input channels for the node-major family: its channel runs are padded to tile_k (>= 64), so
+# a stem (Cin = 3) would do >20x the work (measured: alexnet L0 B=64 2.6 ms node-major vs 0.56 gather).
+_NM_MIN_CIN = 32
+# Below this many CTAs for 64x64 output tiles the GPU (132 SMs on the H200) is under-filled and the
+# 16x32 tiles' 8x more CTAs win despite their lower per-CTA efficiency (sweep: 64 CTAs -> m16 by 20-30%,
+# 120-128 CTAs -> m64 by 5-10%).
+_NM_MIN_CTAS_M64 = 96
+
+
+def _select_uncached_batch_config(batch: int, out_channels: int, out_nodes: int, p_padded: int,
+                                  in_channels: Optional[int] = None, node_major: bool = False) -> str:
+    """Pick an uncached config name for one call (refit on the H200 sweep, data/forward_sweep_h200.jsonl).
+
+    Args:
+        batch, out_channels, out_nodes, p_padded: B, Cout, Nout, P64 of the call (P64 is not needed by
+            the current fit: the K loop length does not change the ranking).
+        in_channels: Cin (needed to consider the node-major family).
+        node_major: whether the tables have the spec §2.1 structure (node-major kernels usable).
+
+    The fit, in words:
+
+    * node-major (Cin >= 32, structured tables): 16x32 tiles when the batch is small (<= 32) or when
+      64x64 tiles would give fewer than ~96 CTAs (few output nodes, e.g. res18 layer3/4); otherwise
+      64x64 tiles, with a 128-deep K step when that pads the channels no more than a 64-deep one
+      (Cin = 96, 128, 256, 384: fewer syncs per FLOP) and 64-deep otherwise (Cin = 64).
+    * gather (Cin < 32: the stems and the DINOv3 patch embed; or unstructured tables): 256 threads per
+      CTA (2x faster than 128: the gathers are scalar loads and more threads keep more in flight;
+      512 was slower), 64x64 tiles, or 64x96 when Cout is a multiple of 96 but not of 64 (alexnet's
+      stem, Cout = 96: no ragged output tile, 20-25% faster); at B <= 16, 16x64 tiles when the grid
+      stays large (>= 900 CTAs: the resnet stem), else 64-row tiles even though 3/4 of their rows are
+      padding (fewer, fuller CTAs win on small grids such as the DINOv3 patch embed's 64 nodes).
+    """
+    nm = node_major and in_channels is not None and in_channels >= _NM_MIN_CIN
+    if nm:
+        ctas_m64 = out_nodes * -(-batch // 64) * -(-out_channels // 64)
+        if batch <= 32 or ctas_m64 < _NM_MIN_CTAS_M64:
+            return "nm_m16n32k64"
+        if pad_to(in_channels, 128) == pad_to(in_channels, 64):
+            return "nm_m64n64k128"
+        return "nm_m64n64k64"
+    if out_channels % 96 == 0 and out_channels % 64:
+        return "m64n96b256"
+    if batch <= 16 and out_nodes * -(-out_channels // 64) >= 900:
+        return "m16n64"
+    return "m64n64r1b256"
+
+
+# Tried in order when the selected config is unlaunchable on a device.
+_FALLBACK_CHAIN = ("m64n64r1b256", "m32n64", "m16n32")
+
+
+_BIAS_CACHE: Dict[Tuple, Tuple] = {}
+
+
+def _bias_operand(bias: Optional[torch.Tensor], cout: int, tile_n: int, device) -> torch.Tensor:
+    """(tensor, Warp view) of :func:`_pad_bias_to_tiles`, cached per (bias object, ``_version``, width,
+    device): saves two small launches per call (most calls reuse the layer's bias, or have none)."""
+    import weakref
+    n = pad_to(cout, tile_n)
+    key = (id(bias) if bias is not None else None, n, str(device))
+    hit = _BIAS_CACHE.get(key)
+    if hit is not None and (bias is None or (hit[0]() is bias and hit[1] == bias._version)):
+        return hit[2], hit[3]
+    out = _pad_bias_to_tiles(bias, cout, tile_n, device=device)
+    if len(_BIAS_CACHE) > 256:
+        _BIAS_CACHE.clear()
+    ref = weakref.ref(bias) if bias is not None else None
+    _BIAS_CACHE[key] = (ref, None if bias is None else bias._version, out, to_warp(out))
+    return out, _BIAS_CACHE[key][3]
+
+
+def _pad_bias_to_tiles(bias: Optional[torch.Tensor], cout: int, tile_n: int, device=None) -> torch.Tensor:
+    """fp32 bias zero-padded to a multiple of ``tile_n`` (zeros when ``bias`` is None).
+
+    Warp >= 1.18 bounds-checks tile loads, but a full-width bias buffer keeps every tail tile load
+    in bounds whatever the Warp version (the seed's tile-overread doctrine) and costs nothing.
+    """
+    n = pad_to(cout, tile_n)
+    dev = bias.device if bias is not None else device
+    out = torch.zeros(n, dtype=torch.float32, device=dev)
+    if bias is not None:
+        out[:cout] = bias.to(torch.float32)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Argument checks and per-table analysis (cached per table object and version)
+# --------------------------------------------------------------------------------------------------
+
+def _check_x(x) -> None:
+    check_tensor("x", x, dtype=torch.float16)
+    if x.dim() != 3:
+        raise ValueError(f"x: expected shape [B, Cin, Nin], got {tuple(x.shape)}")
+    if x.shape[0] < 1 or x.shape[1] < 1 or x.shape[2] < 1:
+        raise ValueError(f"x: expected a non-empty [B, Cin, Nin] tensor, got {tuple(x.shape)}")
+    if x.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"x: Warp kernels run on cpu or cuda tensors, got device {x.device}")
+
+
+def _check_table(name: str, t, x: torch.Tensor, nout: Optional[int] = None) -> None:
+    check_tensor(name, t, dtype=torch.int32, dim=2, device=x.device, contiguous=True)
+    if t.shape[0] < 1 or t.shape[1] < 64 or t.shape[1] % 64:
+        raise ValueError(f"{name}: expected shape [Nout, P64] with P64 a positive multiple of 64, "
+                         f"got {tuple(t.shape)}")
+    if nout is not None and t.shape[0] != nout:
+        raise ValueError(f"{name}: expected {nout} rows (Nout of input_linear), got {t.shape[0]}")
+
+
+def _check_bias(bias, cout: int, x: torch.Tensor) -> None:
+    if bias is None:
+        return
+    check_tensor("bias", bias, device=x.device, shape=(cout,))
+    if not bias.dtype.is_floating_point:
+        raise TypeError(f"bias: expected a floating-point tensor, got dtype {bias.dtype}")
+
+
+@dataclass
+class _TableInfo:
+    """Per-table facts: node-major tables ``(idx [Nout,K] i32 (nin = pad), rf [Nout,K] i32, K)`` when the
+    tables have the spec §2.1 structure (else None), and, built on first use, the same lists compacted
+    per node (real neighbours first) with their counts, for the pipelined node-major kernels."""
+
+    nm: Optional[Tuple[torch.Tensor, torch.Tensor, int]]
+    nin: int = 0
+    _compact: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
+    _warp: Optional[dict] = None
+
+    def wa(self, t: torch.Tensor):
+        """Warp view of one of these (persistent) tables, made once."""
+        if self._warp is None:
+            self._warp = {}
+        a = self._warp.get(id(t))
+        if a is None:
+            a = self._warp[id(t)] = (to_warp(t), t)
+        return a[0]
+
+    def compact(self) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(idxc, rfc, cnt)``: ``idxc[n, :cnt[n]]`` are node n's real neighbours (pads dropped)."""
+        if self._compact is None:
+            idx, rf, _ = self.nm
+            real = idx < self.nin
+            order = torch.sort((~real).to(torch.int8), dim=1, stable=True).indices
+            keep = torch.gather(real, 1, order)
+            idxc = torch.where(keep, torch.gather(idx, 1, order), torch.zeros_like(idx))
+            rfc = torch.where(keep, torch.gather(rf, 1, order), torch.zeros_like(rf))
+            self._compact = (idxc.to(torch.int32).contiguous(), rfc.to(torch.int32).contiguous(),
+                             real.sum(1).to(torch.int32).contiguous())
+        return self._compact
+
+
+_table_lock = threading.Lock()
+_TABLES: Dict[Tuple, Tuple] = {}
+
+
+def _analyse_tables(il: torch.Tensor, wl: Optional[torch.Tensor], cin: int, nin: int, q: Optional[int]) -> _TableInfo:
+    """Range-check the index tables and derive the node-major tables, once per table version.
+
+    Cached by object identity (weak reference) and ``_version``, so an in-place edit or a new table
+    at a recycled address is re-analysed. Raises a ValueError naming the table on out-of-range ids.
+    """
+    import weakref
+    key = (id(il), id(wl), cin, nin, q)
+    with _table_lock:
+        hit = _TABLES.get(key)
+    if hit is not None:
+        ref_il, ref_wl, ver, info = hit
+        if ref_il() is il and (wl is None or ref_wl() is wl) and ver == (il._version, None if wl is None else wl._version):
+            return info
+    pad_col = cin * nin
+    lo, hi = int(il.min()), int(il.max())
+    if lo < 0 or hi > pad_col:
+        raise ValueError(f"input_linear: entries must lie in [0, Cin*Nin={pad_col}] (Cin*Nin = pad column), "
+                         f"got range [{lo}, {hi}]")
+    nm = None
+    if wl is not None:
+        lo, hi = int(wl.min()), int(wl.max())
+        if lo < 0 or hi >= q:
+            raise ValueError(f"weight_linear: entries must lie in [0, Q={q}), got range [{lo}, {hi}]")
+        nm = _derive_node_major(il, wl, cin, nin, q // cin)
+    info = _TableInfo(nm=nm, nin=nin)
+    with _table_lock:
+        def _drop(_ref, key=key):
+            with _table_lock:
+                ent = _TABLES.get(key)
+                if ent is not None and (ent[0] is _ref or ent[1] is _ref):
+                    del _TABLES[key]
+        _TABLES[key] = (weakref.ref(il, _drop), weakref.ref(wl, _drop) if wl is not None else None,
+                        (il._version, None if wl is None else wl._version), info)
+    return info
+
+
+def _derive_node_major(il: torch.Tensor, wl: torch.Tensor, cin: int, nin: int, v: int):
+    """``(idx [Nout,K], rf [Nout,K], K)`` int32 when the tables have the spec §2.1 structure, else None.
+
+    ``K`` is read off the first column whose weight id lies in channel 1's block; the tables are then
+    rebuilt from (idx, rf) and compared exactly, so a table of any other layout is never mistaken
+    for one. With Cin == 1 every column is one neighbour (P64 fillers become pad neighbours).
+    """
+    nout, p64 = il.shape
+    if cin == 1:
+        k = p64
+    else:
+        c_of_p = (wl[0] // v)
+        nz = torch.nonzero(c_of_p == 1)
+        if nz.numel() == 0:
+            return None
+        k = int(nz[0, 0])
+        if k < 1 or cin * k > p64:
+            return None
+    idx = il[:, :k].to(torch.int64)
+    rf = wl[:, :k].to(torch.int64)
+    pad_col = cin * nin
+    is_pad = idx == pad_col
+    if bool(((idx >= nin) & ~is_pad).any()) or bool((rf >= v).any()):
+        return None
+    node = torch.where(is_pad, torch.full_like(idx, nin), idx)
+    c = torch.arange(cin, device=il.device, dtype=torch.int64).view(1, cin, 1)
+    il_exp = torch.full((nout, p64), pad_col, dtype=torch.int64, device=il.device)
+    wl_exp = torch.zeros((nout, p64), dtype=torch.int64, device=il.device)
+    il_exp[:, :cin * k] = torch.where(is_pad.unsqueeze(1), torch.tensor(pad_col, device=il.device),
+                                      c * nin + node.unsqueeze(1)).reshape(nout, cin * k)
+    wl_exp[:, :cin * k] = (c * v + rf.unsqueeze(1)).reshape(nout, cin * k)
+    if not (torch.equal(il_exp, il.to(torch.int64)) and torch.equal(wl_exp, wl.to(torch.int64))):
+        return None
+    return node.to(torch.int32).contiguous(), rf.to(torch.int32).contiguous(), k
+
+
+# --------------------------------------------------------------------------------------------------
+# Plans: operand layouts + one launch + the output finish (kept apart so benchmarks can time the
+# kernel alone as well as the whole op)
+# --------------------------------------------------------------------------------------------------
+
+# Outputs up to this size are stored straight into y (one fewer allocation and launch: 5-24% faster
+# at <= 2 MB on the H200); larger ones through the contiguous staging buffer (equal or up to 10%
+# faster, e.g. the DINOv3 patch embed at B=512).
+_DIRECT_STORE_MAX_BYTES = 4 << 20
+
+
+def _store_mode(store: Optional[str], out_bytes: int = 0) -> str:
+    mode = store or os.environ.get("FOVI_WARP_FWD_STORE") or (
+        "direct" if out_bytes <= _DIRECT_STORE_MAX_BYTES else "staged")
+    if mode not in ("staged", "direct"):
+        raise ValueError(f"store: expected 'staged' or 'direct', got {mode!r}")
+    return mode
+
+
+class _Plan:
+    """Prepared operands of one forward call: ``launch()`` runs the kernel into ``out``,
+    ``finish()`` returns ``y [B, Cout, Nout]``."""
+
+    def __init__(self, launch, out, finish):
+        self.launch = launch
+        self.out = out
+        self.finish = finish
+
+
+def _output(b: int, cout: int, nout: int, device, store: str):
+    """(kernel view [Nout, B, Cout], finish) for the two store modes."""
+    if store == "direct":
+        y = torch.empty(b, cout, nout, dtype=torch.float16, device=device)
+        return y.permute(2, 0, 1), (lambda: y)
+    ys = torch.empty(nout, b, cout, dtype=torch.float16, device=device)
+    return ys, (lambda: ys.permute(1, 2, 0).contiguous())
+
+
+_launch_lock = threading.Lock()
+_LAUNCHES: Dict[Tuple, list] = {}
+
+
+def _launcher(kernel, dims, inputs, block_dim: int, device: str):
+    """A closure launching ``kernel`` on torch's current stream of ``device`` (looked up per launch).
+
+    Launch overhead is host time, and at small batch the host is the bottleneck (one op is ~0.1 ms
+    of GPU work): so one recorded ``wp.Launch`` is kept per (kernel, device, grid) and only the
+    parameters that changed since its last use (new x / y buffers, ints) are re-packed.
+    """
+    key = (kernel, device, dims, block_dim)
+
+    def launch():
+        with _launch_lock:
+            ent = _LAUNCHES.get(key)
+            if ent is None:
+                cmd = wp.launch_tiled(kernel, dim=dims, inputs=inputs, block_dim=block_dim, device=device,
+                                      record_cmd=True)
+                if len(_LAUNCHES) > 512:
+                    _LAUNCHES.clear()
+                _LAUNCHES[key] = ent = [cmd, list(inputs)]
+            else:
+                cmd, last = ent
+                for i, v in enumerate(inputs):
+                    u = last[i]
+                    if v is not u and (isinstance(v, wp.array) or v != u):
+                        cmd.set_param_at_index(i, v)
+                        last[i] = v
+            cmd.launch(stream=warp_stream(device))
+    return launch
+
+
+def _plan_uncached(cfg: FwdConfig, kernel, x, weight, bias, il, wl, store: str,
+                   info: Optional[_TableInfo] = None) -> _Plan:
+    dev = warp_device(x)
+    b, cin, nin = x.shape
+    cout, q = weight.shape
+    nout, p64 = il.shape
+    out, finish = _output(b, cout, nout, x.device, store)
+    bias_p, bias_w = _bias_operand(bias, cout, cfg.tile_n, x.device)
+    dims = (nout, -(-b // cfg.rows_per_cta), -(-cout // cfg.tile_n))
+    if info is None:
+        info = _analyse_tables(il, wl, cin, nin, q)
+    if cfg.family in ("gather", "gp"):
+        xt = x.reshape(b, cin * nin).t().contiguous()          # [Cin*Nin, B]: batch rows contiguous
+        wt, wt_w = _weight_operand(weight, "t", 0, 0)           # [Q, Cout]
+        inputs = [to_warp(xt), wt_w, info.wa(il), info.wa(wl), bias_w, to_warp(out),
+                  p64 // _GATHER_TILE_K, b]
+        keep = (xt, wt, il, wl, bias_p)
+    elif cfg.family in ("nm", "nmp"):
+        if info.nm is None:
+            raise ValueError(f"config: {cfg.name!r} (node-major) needs index tables built as in spec §2.1 "
+                             f"(input_linear[n, c*K+k] = c*Nin + idx[n,k]); these are not")
+        cp = pad_to(cin, cfg.tile_k)
+        if cfg.family == "nm":
+            idxn, rfn, k = info.nm
+            bx, coutp = pad_to(b, 8), pad_to(cout, 8)           # 16-byte rows for vectorised loads
+            xn = _node_major_x(x, cp, bx)                       # [Nin*Cp, Bx]
+            wv, wv_w = _weight_operand(weight, "v", cin, cp, coutp)   # [V*Cp, Cout_p]
+            inputs = [to_warp(xn), wv_w, info.wa(idxn), info.wa(rfn), bias_w, to_warp(out),
+                      k, cp // cfg.tile_k, cp, nin, b]
+            keep = (xn, wv, idxn, rfn, bias_p)
+        else:
+            idxc, rfc, cnt = info.compact()
+            # unchecked loads: every tile must lie inside the operands
+            bx, coutp = pad_to(b, cfg.tile_m), pad_to(cout, cfg.tile_n)
+            xn = _node_major_x(x, cp, bx)
+            wv, wv_w = _weight_operand(weight, "v", cin, cp, coutp)
+            inputs = [to_warp(xn), wv_w, info.wa(idxc), info.wa(rfc), info.wa(cnt), bias_w,
+                      to_warp(out), cp // cfg.tile_k, cp]
+            keep = (xn, wv, idxc, rfc, cnt, bias_p)
+    else:
+        raise ValueError(f"config: {cfg.name!r} is not an uncached config")
+    launch = _launcher(kernel, dims, inputs, cfg.block_dim, dev)
+    plan = _Plan(launch, out, finish)
+    plan._keep = keep  # operands must outlive the launch
+    return plan
+
+
+def _node_major_x(x: torch.Tensor, cp: int, bx: int) -> torch.Tensor:
+    """``xn[m*Cp + c, b] = x[b, c, m]`` as ``[Nin*Cp, Bx]`` fp16; channel and batch padding zeroed
+    (the channel pad is contracted against W's zero pad: it must not hold NaN)."""
+    b, cin, nin = x.shape
+    if cp == cin and bx == b:
+        return x.permute(2, 1, 0).contiguous().view(nin * cp, bx)
+    xn = torch.empty(nin, cp, bx, dtype=torch.float16, device=x.device)
+    xn[:, :cin, :b].copy_(x.permute(2, 1, 0))
+    if cp > cin:
+        xn[:, cin:, :].zero_()
+    if bx > b:
+        xn[:, :cin, b:].zero_()
+    return xn.view(nin * cp, bx)
+
+
+_wcache_lock = threading.Lock()
+_WCACHE: "Dict[Tuple, Tuple]" = {}
+_WCACHE_MAX = 64
+
+
+def _weight_layout(weight: torch.Tensor, kind: str, cin: int, cp: int, coutp: int = 0) -> torch.Tensor:
+    """Weight operand of a kernel family, cached per (weight object, ``_version``, layout).
+
+    ``"t"``: ``W^T [Q, Cout]``. ``"v"``: tap-major ``wv[v*Cp + c, o] = W[o, c*V + v]``, ``[V*Cp, Cout_p]``
+    with zero channel/column padding (``coutp`` columns, a multiple of 8 for 16-byte rows). Inference reuses
+    the layout; a training step's in-place update bumps ``_version`` and rebuilds it.
+    """
+    import weakref
+    key = (id(weight), kind, cp, coutp)
+    with _wcache_lock:
+        hit = _WCACHE.get(key)
+    if hit is not None and hit[0]() is weight and hit[1] == weight._version:
+        return hit[2]
+    cout, q = weight.shape
+    if kind == "t":
+        out = weight.t().contiguous()
+    else:
+        v = q // cin
+        wv = torch.zeros(v, cp, coutp, dtype=weight.dtype, device=weight.device)
+        wv[:, :cin, :cout] = weight.view(cout, cin, v).permute(2, 1, 0)
+        out = wv.view(v * cp, coutp)
+    with _wcache_lock:
+        if len(_WCACHE) >= _WCACHE_MAX:
+            _WCACHE.pop(next(iter(_WCACHE)))
+        def _drop(_ref, key=key):  # a temporary weight (e.g. a per-call fp16 cast) frees its layout too
+            with _wcache_lock:
+                if key in _WCACHE and _WCACHE[key][0] is _ref:
+                    del _WCACHE[key]
+        _WCACHE[key] = (weakref.ref(weight, _drop), weight._version, out, to_warp(out))
+    return out
+
+
+def _weight_operand(weight: torch.Tensor, kind: str, cin: int, cp: int, coutp: int = 0):
+    """(tensor, Warp view) of :func:`_weight_layout` (the view is cached with the layout)."""
+    out = _weight_layout(weight, kind, cin, cp, coutp)
+    ent = _WCACHE.get((id(weight), kind, cp, coutp))
+    if ent is not None and ent[2] is out:
+        return out, ent[3]
+    return out, to_warp(out)
+
+
+def _plan_cached(cfg: FwdConfig, kernel, x, weff, bias, il, cout: int, store: str) -> _Plan:
+    dev = warp_device(x)
+    b, cin, nin = x.shape
+    nout, p64 = il.shape
+    out, finish = _output(b, cout, nout, x.device, store)
+    bias_p, bias_w = _bias_operand(bias, cout, cfg.tile_n, x.device)
+    xt = x.reshape(b, cin * nin).t().contiguous()
+    dims = (nout, -(-b // cfg.tile_m), -(-cout // cfg.tile_n))
+    inputs = [to_warp(xt), to_warp(weff), to_warp(il), bias_w, to_warp(out), p64 // _GATHER_TILE_K, b]
+    plan = _Plan(_launcher(kernel, dims, inputs, cfg.block_dim, dev), out, finish)
+    plan._keep = (xt, weff, il, bias_p)
+    return plan
+
+
+def _plan_dense(cfg: FwdConfig, kernel, b: int, cout: int, nout: int, kdim: int, device, seed: int = 0,
+                store: str = "staged") -> _Plan:
+    """Dense ceiling operands of the same GEMM sizes: ``at [Kd, Bx]``, ``w [Kd, Cout_p]`` (random)."""
+    dev_t = torch.device(device if device != "cpu" else "cpu")
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    kd = pad_to(kdim, cfg.tile_k)
+    # whole tiles: the pipelined ceiling loads unchecked
+    at = torch.randn(kd, pad_to(b, cfg.rows_per_cta), generator=g).to(dev_t, torch.float16)
+    w = (0.1 * torch.randn(kd, pad_to(cout, cfg.tile_n), generator=g)).to(dev_t, torch.float16)
+    out, finish = _output(b, cout, nout, dev_t, store)
+    bias_p, bias_w = _bias_operand(None, cout, cfg.tile_n, dev_t)
+    dims = (nout, -(-b // cfg.rows_per_cta), -(-cout // cfg.tile_n))
+    inputs = [to_warp(at), to_warp(w), bias_w, to_warp(out), kd // cfg.tile_k, b]
+    plan = _Plan(_launcher(kernel, dims, inputs, cfg.block_dim, _device_str(device)), out, finish)
+    plan._keep = (at, w, bias_p)
+    return plan
+
+
+def make_dense_ceiling(config: str, batch: int, cout: int, nout: int, kdim: int, device=None) -> _Plan:
+    """A prepared dense tile-GEMM launch with ``config``'s tiles over ``Nout`` GEMMs of
+    ``[batch, kdim] @ [kdim, cout]`` (the compact GEMM sizes minus the gathers): for benchmarks."""
+    cfg = config_spec(config)
+    if cfg.family == "cached":
+        cfg = FwdConfig(cfg.name, "gather", cfg.tile_m, cfg.tile_n, cfg.tile_k, 1, cfg.block_dim)
+    kernel = _build_kernel(cfg, dense=True)
+    return _plan_dense(cfg, kernel, batch, cout, nout, kdim, _device_str(device))
+
+
+# --------------------------------------------------------------------------------------------------
+# Public entry points
+# --------------------------------------------------------------------------------------------------
+
+def _prepare_uncached(x, weight, bias, input_linear, weight_linear, config=None, store=None) -> _Plan:
+    _check_x(x)
+    b, cin, nin = x.shape
+    check_tensor("weight", weight, dtype=torch.float16, dim=2, device=x.device)
+    cout, q = weight.shape
+    if q % cin:
+        raise ValueError(f"weight: expected shape [Cout, Q = Cin*V] with Q a multiple of Cin={cin}, "
+                         f"got {tuple(weight.shape)}")
+    _check_bias(bias, cout, x)
+    _check_table("input_linear", input_linear, x)
+    _check_table("weight_linear", weight_linear, x, nout=input_linear.shape[0])
+    if weight_linear.shape != input_linear.shape:
+        raise ValueError(f"weight_linear: expected shape {tuple(input_linear.shape)} (same as input_linear), "
+                         f"got {tuple(weight_linear.shape)}")
+    info = _analyse_tables(input_linear, weight_linear, cin, nin, q)
+    dev = warp_device(x)
+    nout, p64 = input_linear.shape
+    if config is None:
+        name = _select_uncached_batch_config(b, cout, nout, p64, in_channels=cin, node_major=info.nm is not None)
+        built = _get_uncached_batch_config(name, dev)
+        for alt in _FALLBACK_CHAIN:
+            if built is not None:
+                break
+            built = _get_uncached_batch_config(alt, dev)
+        if built is None:
+            raise RuntimeError(f"no Warp forward config is launchable on {dev}")
+    else:
+        if not isinstance(config, str):
+            raise TypeError(f"config: expected a config name or None, got {type(config).__name__}")
+        built = _require_config(config, dev)
+        if built.config.family == "cached":
+            raise ValueError(f"config: {config!r} is a cached-path config (use run_cached)")
+        if built.config.family in ("nm", "nmp") and info.nm is None:
+            raise ValueError(f"config: {config!r} (node-major) needs index tables built as in spec §2.1 "
+                             f"(input_linear[n, c*K+k] = c*Nin + idx[n,k]); these are not")
+    return _plan_uncached(built.config, built.kernel, x, weight, bias, input_linear, weight_linear,
+                          _store_mode(store, 2 * b * cout * nout), info=info)
+
+
+def run_uncached(x, weight, bias, input_linear, weight_linear, config=None, store=None) -> torch.Tensor:
+    """Uncached fp16 forward: per-call weight gather (spec §2.5 ``warp_compact``/``warp_train``).
+
+    Args:
+        x: ``[B, Cin, Nin]`` fp16 (CPU or CUDA; any strides).
+        weight: ``[Cout, Q = Cin*V]`` fp16. bias: ``[Cout]`` float or None.
+        input_linear, weight_linear: ``[Nout, P64]`` int32 contiguous (spec §2.1).
+        config: a name from ``_UNCACHED_BATCH_CONFIG_SPECS`` to force a kernel (raises if it cannot
+            launch on this device), or None for :func:`_select_uncached_batch_config`.
+        store: ``"staged"`` / ``"direct"`` output path (default: ``FOVI_WARP_FWD_STORE``, else direct
+            for outputs up to 4 MiB and staged above).
+
+    Returns:
+        ``y [B, Cout, Nout]`` fp16, ``y[b,o,n] = bias[o] + sum_p xpad[b, il[n,p]] * W[o, wl[n,p]]``
+        (fp32 accumulation, bias added in fp32, one rounding to fp16).
+    """
+    plan = _prepare_uncached(x, weight, bias, input_linear, weight_linear, config, store)
+    plan.launch()
+    return plan.finish()
+
+
+def _select_cached_config(batch: int) -> str:
+    return "c_m16n32" if batch <= 16 else "c_m32n64"
+
+
+def _prepare_cached(x, effective_weight, bias, input_linear, cout=None, config=None, store=None) -> _Plan:
+    _check_x(x)
+    b, cin, nin = x.shape
+    check_tensor("effective_weight", effective_weight, dtype=torch.float16, dim=3, device=x.device,
+                 contiguous=True)
+    _check_table("input_linear", input_linear, x)
+    nout, p64 = input_linear.shape
+    if tuple(effective_weight.shape[:2]) != (nout, p64):
+        raise ValueError(f"effective_weight: expected shape [Nout={nout}, P64={p64}, Cout_pad], "
+                         f"got {tuple(effective_weight.shape)}")
+    cw = effective_weight.shape[2]
+    cout = cw if cout is None else int(cout)
+    if not 1 <= cout <= cw:
+        raise ValueError(f"cout: expected 1 <= cout <= effective_weight.shape[2]={cw}, got {cout}")
+    _check_bias(bias, cout, x)
+    _analyse_tables(input_linear, None, cin, nin, None)
+    dev = warp_device(x)
+    name = config or _select_cached_config(b)
+    built = _require_config(name, dev)
+    if built.config.family != "cached":
+        raise ValueError(f"config: {name!r} is not a cached-path config ({', '.join(_CACHED_CONFIG_SPECS)})")
+    tn = built.config.tile_n
+    if cw % tn:
+        # Padded-cache rule (seed): tile loads of Weff[n] must not run past the buffer, so an unpadded
+        # cache is padded here -- a full copy of the cache on every call.
+        warnings.warn(f"effective_weight has Cout={cw} columns, not a multiple of the {tn}-wide output tile: "
+                      f"padding the cache on every call (a full copy). Pad the cache instead "
+                      f"(build_effective_weight(..., cout_multiple=64)) and pass cout={cout}.",
+                      RuntimeWarning, stacklevel=3)
+        padded = torch.zeros(nout, p64, pad_to(cw, tn), dtype=torch.float16, device=x.device)
+        padded[:, :, :cw] = effective_weight
+        effective_weight = padded
+    return _plan_cached(built.config, built.kernel, x, effective_weight, bias, input_linear, cout,
+                        _store_mode(store, 2 * b * cout * nout))
+
+
+def run_cached(x, effective_weight, bias, input_linear, cout=None, config=None, store=None) -> torch.Tensor:
+    """Cached-effective-weight fp16 forward (spec §2.4 ``warp_cached``): inference only.
+
+    Args:
+        x: ``[B, Cin, Nin]`` fp16. effective_weight: ``Weff [Nout, P64, Cout_pad]`` fp16 contiguous
+            (zero rows for p >= P, zero columns for o >= Cout).
+        bias: ``[cout]`` or None. input_linear: ``[Nout, P64]`` int32.
+        cout: the true output-channel count (default ``Weff.shape[2]``). Pass it when the cache is
+            padded to a tile multiple (recommended: 64). An unpadded cache whose width is not a tile
+            multiple is padded per call with a warning (a full copy each time: pad the cache).
+
+    Returns:
+        ``y [B, cout, Nout]`` fp16, ``y[b,o,n] = bias[o] + sum_p xpad[b, il[n,p]] * Weff[n,p,o]``.
+    """
+    plan = _prepare_cached(x, effective_weight, bias, input_linear, cout, config, store)
+    plan.launch()
+    return plan.finish()

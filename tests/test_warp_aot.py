@@ -1,0 +1,97 @@
+"""Every CUDA kernel compiles ahead of time for sm_80, sm_89 and sm_90, without a GPU.
+
+Warp's bundled NVRTC compiles CUDA modules on a CPU-only machine (``wp.compile_aot_module``). This
+proves the kernels' CUDA code stays valid for each architecture; it does not prove a launch fits a
+CTA's resources (the runtime NaN canary checks that per device).
+
+CI time (2 cores, measured): the scalar-GEMM path (``enable_mathdx_gemm=False``) takes ~2.5 s per kernel
+at -O3, so the forward kernels are grouped into one module per block_dim (one NVRTC run each), built
+at -O1 (~3x faster; validity is what is tested) for the three architectures, in parallel processes;
+one config is also built with MathDx (cuBLASDx LTO, ~50 s), the path the GPU actually runs.
+"""
+
+from __future__ import annotations
+
+import time
+
+from fovi_lab import warp_forward as F
+from fovi_lab.warp_common import init_warp, wp
+
+ARCHS = (80, 89, 90)
+
+
+def _forward_kernels_by_block_dim(module_prefix: str):
+    """Build every forward kernel (uncached, cached, dense ceilings) into shared modules by block_dim."""
+    init_warp()
+    groups = {}
+    seen = set()
+    try:
+        for name in F.uncached_config_names() + F.cached_config_names():
+            cfg = F.config_spec(name)
+            mod = f"{module_prefix}_b{cfg.block_dim}"
+            F._SHARED_MODULE = mod
+            groups.setdefault(cfg.block_dim, mod)
+            if cfg.family == "gather":
+                F._make_gather_kernel(cfg.tile_m, cfg.tile_n, cfg.r, cfg.block_dim, mathdx=False)
+            elif cfg.family == "nm":
+                F._make_nm_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx=False)
+            elif cfg.family == "nmp":
+                F._make_nmp_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, mathdx=False)
+            elif cfg.family == "gp":
+                F._make_gp_kernel(cfg.tile_m, cfg.tile_n, cfg.block_dim, mathdx=False)
+            elif cfg.family == "cached":
+                F._make_cached_kernel(cfg.tile_m, cfg.tile_n, cfg.block_dim, mathdx=False)
+            pipelined = cfg.family in ("nmp", "gp")
+            key = (pipelined, cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim)
+            if cfg.family != "cached" and key not in seen:
+                seen.add(key)
+                if pipelined:
+                    F._make_densep_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, mathdx=False)
+                else:
+                    F._make_dense_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx=False)
+    finally:
+        F._SHARED_MODULE = None
+    mods = {}
+    for bd, name in groups.items():
+        m = wp.get_module(name)
+        m.options.update({"block_dim": bd, "enable_backward": False, "enable_mathdx_gemm": False,
+                          "fast_math": True})
+        mods[bd] = m
+    return mods
+
+
+def _aot_job(job):
+    """One NVRTC run in a worker process: (block_dim, arch, mathdx, out_dir) -> (paths, seconds)."""
+    bd, arch, mathdx, out_dir = job
+    t0 = time.perf_counter()
+    if mathdx:
+        init_warp()
+        kernel = F._make_gather_kernel(16, 32, 1, 64, mathdx=True, name="fovi_fwd_aot_mathdx_m16n32")
+        module = kernel.module
+    else:
+        module = _forward_kernels_by_block_dim(f"fovi_fwd_aot_sm{arch}")[bd]
+        # validity, not speed, is tested: -O1 compiles ~3x faster than the default -O3
+        module.options["optimization_level"] = 1
+    paths = wp.compile_aot_module(module, arch=arch, module_dir=out_dir)
+    return [str(p) for p in paths], time.perf_counter() - t0
+
+
+def test_forward_kernels_compile_aot_for_sm80_sm89_sm90(tmp_path):
+    """Every forward kernel (every config, cached kernels, dense ceilings) for sm_80/89/90 without
+    MathDx, plus one MathDx (cuBLASDx) build for sm_90, in parallel worker processes."""
+    import multiprocessing as mp
+    import os
+
+    jobs = [(64, 90, True, str(tmp_path / "mathdx"))]            # the longest first
+    jobs += [(bd, arch, False, str(tmp_path / f"b{bd}_sm{arch}")) for bd in (256, 128, 64) for arch in ARCHS]
+    t0 = time.perf_counter()
+    with mp.get_context("spawn").Pool(processes=max(1, min(4, os.cpu_count() or 1))) as pool:
+        results = pool.map(_aot_job, jobs, chunksize=1)
+    for (bd, arch, mathdx, _), (paths, dt) in zip(jobs, results):
+        assert paths, (bd, arch, mathdx)
+        for p in paths:
+            assert os.path.getsize(p) > 0 and f"sm{arch}" in os.path.basename(p), p
+    n = len(F.uncached_config_names()) + len(F.cached_config_names())
+    print(f"\nAOT: {n} configs + dense ceilings, 3 block_dim modules x sm_80/89/90 (no MathDx, -O1) and one "
+          f"MathDx sm_90 build, {time.perf_counter() - t0:.0f}s wall: "
+          + ", ".join(f"{'mathdx' if m else f'b{bd}'}/sm{a} {dt:.0f}s" for (bd, a, m, _), (_, dt) in zip(jobs, results)))
