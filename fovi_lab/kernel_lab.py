@@ -53,7 +53,7 @@ __all__ = [
     "determinism_demo", "adjoint_grid", "occupancy_table", "occupancy_figure", "H200_SMS",
     "DATA_DIR", "load_records", "forward_records", "backward_records", "versions_title",
     "forward_table", "forward_recorded_figure", "roofline_figure", "reuse_recorded_figure",
-    "heuristic_table", "heuristic_figure", "backward_recorded_figure", "gi_gw_sweep_figure",
+    "heuristic_table", "heuristic_figure", "reuse_summary", "backward_recorded_figure", "gi_gw_sweep_figure",
     "benchmark_forward", "message_figure",
 ]
 
@@ -155,9 +155,15 @@ def tolerance_class(err: float) -> str:
     return f"< 1e{k:+d}".replace("+", "") if k < 0 else f"< 1e{k}"
 
 
-def parity_line(what: str, err: float, tol: float) -> str:
-    """``"PASS  <what>: max error < 1e-3 (tolerance 1e-2)"`` (or FAIL); no raw floats."""
+def parity_line(what: str, err: float, tol: float, coarse: bool = False) -> str:
+    """``"PASS  <what>: max error < 1e-3 (tolerance 1e-2)"`` (or FAIL); no raw floats.
+
+    ``coarse=True`` states only that a passing error is below the tolerance (for fp64 checks, whose
+    last bits depend on the BLAS a machine uses: the text stays the same everywhere).
+    """
     ok = err is not None and not math.isnan(err) and err <= tol
+    if coarse and ok:
+        return f"PASS  {what}: max error below {_sci(tol)}"
     return f"{'PASS' if ok else 'FAIL'}  {what}: max error {tolerance_class(err)} (tolerance {_sci(tol)})"
 
 
@@ -215,6 +221,26 @@ def message_figure(message: str, height: int = 180) -> go.Figure:
     fig.update_yaxes(visible=False)
     fig.update_layout(height=height, margin=dict(l=10, r=10, t=30, b=10))
     return fig
+
+
+def _hline(x, y: float, name: str, colour: str, dash: str = "dash", showlegend: bool = True) -> go.Scatter:
+    """A horizontal reference line as a trace from ``x[0]`` to ``x[-1]`` (``add_hline`` annotations
+    misplace themselves on log axes and blow up the autorange)."""
+    return go.Scatter(x=[x[0], x[-1]], y=[_r4(y), _r4(y)], mode="lines", name=name, showlegend=showlegend,
+                      line=dict(color=colour, dash=dash, width=1.5), hoverinfo="name")
+
+
+def _log_range(values, pad: float = 1.5):
+    """``[log10(min/pad), log10(max*pad)]`` over the positive values (for an explicit log-axis range)."""
+    v = [float(x) for x in values if x is not None and x > 0 and math.isfinite(float(x))]
+    if not v:
+        return None
+    return [math.log10(min(v) / pad), math.log10(max(v) * pad)]
+
+
+def _title(main: str, records: List[dict]) -> str:
+    """A figure title with the recording's device, Warp and torch versions on a second line."""
+    return f"{main}<br><sup>recorded on {versions_title(records)}</sup>"
 
 
 def _r4(x):
@@ -320,10 +346,12 @@ def reference_grads(meta: TrainingMeta, x, weight, grad_y, dtype=torch.float32) 
         wr = weight.detach().to(dtype).requires_grad_()
         y = oracle_forward(xr, wr, None, meta.idx, meta.rf_index, meta.v, dtype=dtype)
         dx, dw = torch.autograd.grad(y, (xr, wr), grad_y.to(dtype))
-        return dx, dw, f"torch autograd of the {'fp32' if dtype == torch.float32 else str(dtype)[6:]} oracle"
+        names = {torch.float32: "fp32", torch.float64: "fp64", torch.float16: "fp16", torch.bfloat16: "bf16"}
+        return dx, dw, f"torch autograd of the {names.get(dtype, str(dtype))} oracle"
     gy = grad_y.to(dtype)
     return (CompactTorchOps.grad_input(meta, gy, weight.to(dtype)),
-            CompactTorchOps.grad_weight(meta, gy, x.to(dtype)), "fp32 torch_compact adjoints")
+            CompactTorchOps.grad_weight(meta, gy, x.to(dtype)),
+            f"{'fp32' if dtype == torch.float32 else str(dtype)} torch_compact adjoints")
 
 
 # =================================================================================================
@@ -429,12 +457,12 @@ def traffic_figure(shape: dict, batch: int, tiles=((16, 32), (32, 64), (64, 64),
     fig.add_trace(go.Scatter(x=labels, y=[t["ctas"] for t in rows], name="CTAs per launch", mode="lines+markers",
                              line=dict(color="black")), row=1, col=2, secondary_y=True)
     fig.update_layout(barmode="stack", height=height, margin=dict(l=10, r=10, t=60, b=10),
-                      title=title or (f"Nout={shape['nout']}, Cout={shape['cout']}, P64={shape['p64']}, "
-                                      f"B={batch}: weight reuse r vs tile shape"),
+                      title=title or (f"The traffic model: Nout={shape['nout']}, Cout={shape['cout']}, "
+                                      f"P64={shape['p64']}, B={batch}"),
                       legend=dict(orientation="h", y=-0.25))
     fig.update_yaxes(title_text="MB", row=1, col=1)
     fig.update_yaxes(title_text="KiB per CTA", row=1, col=2)
-    fig.update_yaxes(title_text="CTAs", type="log", row=1, col=2, secondary_y=True)
+    fig.update_yaxes(title_text="CTAs per launch", type="log", dtick=1, showgrid=False, row=1, col=2, secondary_y=True)
     return fig
 
 
@@ -472,9 +500,9 @@ def node_gemm_figure(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, 
     b, p64 = a.shape
     cout = wn.shape[1]
     fig = make_subplots(rows=1, cols=3, column_widths=[0.5, 0.25, 0.25], horizontal_spacing=0.06,
-                        subplot_titles=(f"A_n = xpad[:, input_linear[{node}]]  [B, P64]",
-                                        "W_n = Wᵀ[weight_linear]  [P64, Cout]", "y_n = A_n W_n  [B, Cout]"))
-    rnd = lambda t: np.round(t.numpy(), 3).astype(np.float32)  # noqa: E731
+                        subplot_titles=(f"A_n (node {node}): gathered inputs [B, P64]", "W_n [P64, Cout]",
+                                        "y_n = A_n W_n [B, Cout]"))
+    rnd = lambda t: np.round(t.numpy(), 2).astype(np.float32)  # noqa: E731
     fig.add_trace(go.Heatmap(z=rnd(a), colorscale="RdBu", zmid=0, showscale=False), row=1, col=1)
     fig.add_trace(go.Heatmap(z=rnd(wn), colorscale="RdBu", zmid=0, showscale=False), row=1, col=2)
     fig.add_trace(go.Heatmap(z=rnd(y), colorscale="RdBu", zmid=0, showscale=False), row=1, col=3)
@@ -983,15 +1011,16 @@ def occupancy_figure(batches: Sequence[int] = (64, 512), layers: Optional[Sequen
                                                    "%{customdata[1]} tile GEMMs per CTA, %{customdata[2]} launch(es)"
                                                    "<extra>" + c + "</extra>"),
                               row=row, col=1)
+    all_ctas = [c for t in fig.data for c in t.y]
     for row in (1, 2):
-        fig.add_hline(y=sms, line=dict(color="black", width=1), row=row, col=1,
-                      annotation_text=f"{sms} SMs: one wave", annotation_position="bottom right")
-        fig.add_hline(y=4 * sms, line=dict(color="black", width=1, dash="dot"), row=row, col=1,
-                      annotation_text="4 CTAs per SM", annotation_position="top right")
-        fig.update_yaxes(type="log", title_text="CTAs per launch", row=row, col=1)
+        fig.add_trace(_hline(layers, sms, f"{sms} CTAs: one per SM", "black", "solid", showlegend=row == 1),
+                      row=row, col=1)
+        fig.add_trace(_hline(layers, 4 * sms, "4 CTAs per SM", "black", "dot", showlegend=row == 1), row=row, col=1)
+        fig.update_yaxes(type="log", title_text="CTAs per launch", range=_log_range(all_ctas + [sms, 4 * sms]),
+                         row=row, col=1)
     buttons = []
     for bi, b in enumerate(batches):
-        vis = [False] * (n_per_b * len(batches))
+        vis = [False] * (n_per_b * len(batches)) + [True] * 4          # the four reference lines stay
         vis[bi * n_per_b:(bi + 1) * n_per_b] = [True] * n_per_b
         buttons.append(dict(label=f"B = {b}", method="update",
                             args=[{"visible": vis}, {"title": f"CTAs per stage launch at B = {b} (H200: {sms} SMs)"}]))
@@ -1159,18 +1188,53 @@ def versions_title(records: List[dict]) -> str:
     return f"{uniq('device')} · Warp {uniq('warp')} · torch {uniq('torch')} · {when}"
 
 
-def _latest_run(records: List[dict]) -> List[dict]:
-    """Per (layer, B, mode), only the records of the most recent run (the latest ``date``): a shape
-    measured in several runs is never a mix of runs (the config chosen, the configs swept and the
-    baselines all come from one run)."""
-    newest: Dict[tuple, str] = {}
+def _runs(records: List[dict]) -> Dict[tuple, List[List[dict]]]:
+    """(layer, B, mode) -> that shape's runs, oldest first. A run is the records of one benchmark
+    invocation: same file and same ``date`` stamp. Figures never mix two runs of one shape (the config
+    chosen, the configs swept and the baselines of a row always come from one invocation)."""
+    groups: Dict[tuple, Dict[tuple, List[dict]]] = {}
     for r in records:
         key = (r.get("layer"), r.get("B"), r.get("mode"))
-        d = str(r.get("date", ""))
-        if d > newest.get(key, ""):
-            newest[key] = d
-        newest.setdefault(key, d)
-    return [r for r in records if str(r.get("date", "")) == newest[(r.get("layer"), r.get("B"), r.get("mode"))]]
+        groups.setdefault(key, {}).setdefault((str(r.get("date", "")), r.get("_file", "")), []).append(r)
+    return {k: [v[rk] for rk in sorted(v)] for k, v in groups.items()}
+
+
+def _latest_where(runs: List[List[dict]], pred: Callable[[List[dict]], bool]) -> Optional[List[dict]]:
+    """The most recent run that satisfies ``pred`` (None if none does)."""
+    for run in reversed(runs):
+        if pred(run):
+            return run
+    return None
+
+
+def _n_swept(run: List[dict]) -> int:
+    return len({r.get("config") for r in run if r.get("impl") == "warp_uncached" and r.get("ms_kernel")})
+
+
+def _sweep_run(runs: List[List[dict]]) -> Optional[List[dict]]:
+    """The latest run of a shape that timed several uncached configs (a ``--all-configs`` sweep)."""
+    return _latest_where(runs, lambda run: _n_swept(run) >= 3)
+
+
+def _pick_run(runs: List[List[dict]]) -> Optional[List[dict]]:
+    """The latest run of a shape that timed the chosen config as a whole op (falls back to the latest run)."""
+    return (_latest_where(runs, lambda run: any(r.get("impl") == "warp_uncached" and r.get("chosen") and r.get("ms")
+                                                for r in run)) or (runs[-1] if runs else None))
+
+
+def _sweep_records(records: List[dict]) -> List[dict]:
+    """The uncached-kernel records of every shape's latest sweep run."""
+    out: List[dict] = []
+    for key, runs in _runs(records).items():
+        run = _sweep_run(runs)
+        if run is not None:
+            out += [r for r in run if r.get("impl") == "warp_uncached" and r.get("ms_kernel")]
+    return out
+
+
+def _latest_run(records: List[dict]) -> List[dict]:
+    """Per (layer, B, mode), the records of the most recent run only."""
+    return [r for runs in _runs(records).values() for r in runs[-1]]
 
 
 def _latest(records: List[dict]) -> Dict[tuple, dict]:
@@ -1186,48 +1250,63 @@ def _layer_order(names: Iterable[str]) -> List[str]:
     return sorted(set(names), key=lambda n: (order.get(n, len(order)), n))
 
 
-def forward_table(records: List[dict]) -> List[dict]:
-    """One row per recorded (layer, B): the Warp pick (whole op, the config chosen when recorded), the
-    fastest Warp config (kernel alone) and the dense tile-GEMM ceiling of its tiles, the strongest
-    PyTorch baseline (whole op), the Warp cached kernel, FLOPs and bytes, max recorded error."""
-    latest = _latest([r for r in records if r.get("layer") != "gemm4096"])
-    by_shape: Dict[tuple, List[dict]] = {}
-    for (layer, b, impl, cfg), r in latest.items():
-        by_shape.setdefault((layer, b), []).append(r)
-    rows = []
-    for (layer, b), recs in by_shape.items():
-        unc = [r for r in recs if r["impl"] == "warp_uncached"]
+def _forward_rows(records: List[dict]) -> Tuple[List[dict], List[dict]]:
+    """(rows of :func:`forward_table`, the records they were read from)."""
+    rows, used = [], []
+    for (layer, b, mode), runs in _runs(records).items():
+        if layer == "gemm4096" or mode is not None:
+            continue
+        prim = _pick_run(runs) or []
+        sweep = _sweep_run(runs) or prim
+        used += prim + ([r for r in sweep if r not in prim] if sweep is not prim else [])
+        unc = [r for r in prim if r.get("impl") == "warp_uncached"]
         pick = next((r for r in unc if r.get("chosen") and r.get("ms")), None)
-        kern = [r for r in unc if r.get("ms_kernel")]
+        kern = [r for r in sweep if r.get("impl") == "warp_uncached" and r.get("ms_kernel")]
         best = min(kern, key=lambda r: r["ms_kernel"]) if kern else None
-        torch_rows = [r for r in recs if str(r["impl"]).startswith("torch") and r.get("ms")]
+        torch_rows = [r for r in prim if str(r.get("impl")).startswith("torch") and r.get("ms")]
         strongest = min(torch_rows, key=lambda r: r["ms"]) if torch_rows else None
-        cached = next((r for r in recs if r["impl"] == "warp_cached" and r.get("ms")), None)
-        ceiling = next((r for r in recs if r["impl"] == "warp_dense_ceiling" and r.get("ms")), None)
-        flops = next((r.get("flops") for r in recs if r.get("flops")), None)
-        nbytes = next((r.get("bytes") for r in recs if r.get("bytes")), None)
-        errs = [r.get("err") for r in recs if str(r["impl"]).startswith("warp") and r.get("err") is not None]
+        cached = next((r for r in prim if r.get("impl") == "warp_cached" and r.get("ms")), None)
+        ceiling = next((r for r in prim if r.get("impl") == "warp_dense_ceiling" and r.get("ms")), None)
+        flops = next((r.get("flops") for r in prim + sweep if r.get("flops")), None)
+        nbytes = next((r.get("bytes") for r in prim + sweep if r.get("bytes")), None)
+        errs = [r.get("err") for r in prim + sweep
+                if str(r.get("impl")).startswith("warp") and r.get("err") is not None]
         rows.append({
             "layer": layer, "B": b, "flops": flops, "bytes": nbytes,
             "pick_config": pick and pick.get("config"), "pick_ms": pick and pick.get("ms"),
             "pick_kernel_ms": pick and pick.get("ms_kernel"),
+            "pick_dense_ms": (ceiling and ceiling.get("ms")) or (pick and pick.get("dense_ms")),
             "best_config": best and best.get("config"), "best_kernel_ms": best and best.get("ms_kernel"),
             "best_dense_ms": best and best.get("dense_ms"),
-            "pick_dense_ms": ceiling and ceiling.get("ms"),
             "torch_impl": strongest and strongest["impl"], "torch_ms": strongest and strongest["ms"],
             "cached_ms": cached and cached["ms"], "cached_config": cached and cached.get("config"),
             "max_err": max(errs) if errs else None,
         })
     order = {n: i for i, n in enumerate(_layer_order(r["layer"] for r in rows))}
     rows.sort(key=lambda r: (order[r["layer"]], r["B"]))
-    return rows
+    return rows, used
+
+
+def forward_table(records: List[dict]) -> List[dict]:
+    """One row per recorded (layer, B). From the latest run that timed the chosen config as a whole op:
+    the Warp pick (whole op and kernel alone), the dense tile-GEMM ceiling of its tiles, the strongest
+    PyTorch baseline (whole op), the Warp cached kernel. From the latest sweep of every config (if any):
+    the fastest Warp config (kernel alone) and its dense ceiling. Plus FLOPs, bytes, max recorded error."""
+    return _forward_rows(records)[0]
 
 
 def _gemm4096(records: List[dict]) -> dict:
-    """Warp's best dense tile GEMM and cuBLAS at 4096^3 from the records (TFLOP/s), if recorded."""
-    g = [r for r in _latest_run(records) if r.get("layer") == "gemm4096" and r.get("tflops")]
-    warp = [r for r in g if r["impl"] == "warp_dense_gemm"]
-    cub = [r for r in g if r["impl"] == "torch_matmul"]
+    """Warp's best dense tile GEMM and cuBLAS at 4096^3 (TFLOP/s), from the run that timed the most tile
+    configs on it (the latest such run); {} when none is recorded."""
+    runs = _runs([r for r in records if r.get("layer") == "gemm4096" and r.get("tflops")])
+    best_run: List[dict] = []
+    for run_list in runs.values():
+        for run in run_list:
+            n = sum(r.get("impl") == "warp_dense_gemm" for r in run)
+            if n >= sum(r.get("impl") == "warp_dense_gemm" for r in best_run):
+                best_run = run
+    warp = [r for r in best_run if r["impl"] == "warp_dense_gemm"]
+    cub = [r for r in best_run if r["impl"] == "torch_matmul"]
     out = {}
     if warp:
         w = max(warp, key=lambda r: r["tflops"])
@@ -1243,19 +1322,19 @@ def _tf(flops, ms):
 
 def forward_recorded_figure(records: Optional[List[dict]] = None, batches: Optional[Sequence[int]] = None,
                             height: int = 620) -> go.Figure:
-    """The recorded forward sweep: per layer, ms (top, log) and TFLOP/s (bottom, log) of the Warp pick
-    (whole op), the fastest Warp config and its dense tile-GEMM ceiling (kernels alone), the strongest
-    PyTorch baseline and the Warp cached kernel (whole ops). A dropdown picks B; the title carries
+    """The recorded forward: per layer, ms (top, log) and TFLOP/s (bottom, log) of the Warp kernel with
+    the heuristic's config (whole op, and kernel alone), the dense tile-GEMM ceiling of the same tiles
+    (kernel alone), the strongest PyTorch baseline and the Warp cached kernel (whole ops). A dropdown picks B; the title carries
     device, Warp and torch versions; dashed lines: Warp's dense 4096³ GEMM and cuBLAS."""
     records = forward_records() if records is None else records
-    rows = forward_table(records)
+    rows, used = _forward_rows(records)
     if not rows:
         return message_figure("no recorded forward data yet (run python -m fovi_lab bench forward on a GPU)")
     all_b = sorted({r["B"] for r in rows})
     batches = [b for b in (batches or all_b) if b in all_b] or all_b
-    series = (("pick_ms", "Warp, recorded pick (whole op)", _COLOURS["warp"]),
-              ("best_kernel_ms", "Warp, fastest config (kernel alone)", _COLOURS["warp_best"]),
-              ("best_dense_ms", "Warp dense tile-GEMM ceiling, same tiles (kernel alone)", _COLOURS["dense"]),
+    series = (("pick_ms", "Warp, heuristic's config (whole op)", _COLOURS["warp"]),
+              ("pick_kernel_ms", "Warp, same config (kernel alone)", _COLOURS["warp_best"]),
+              ("pick_dense_ms", "Warp dense tile-GEMM ceiling, same tiles (kernel alone)", _COLOURS["dense"]),
               ("torch_ms", "strongest PyTorch (whole op)", _COLOURS["torch"]),
               ("cached_ms", "Warp cached Weff (whole op)", _COLOURS["cached"]))
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.07,
@@ -1266,30 +1345,35 @@ def forward_recorded_figure(records: Optional[List[dict]] = None, batches: Optio
         x = [r["layer"] for r in sel]
         for key, name, colour in series:
             text = [(r.get("torch_impl") if key == "torch_ms" else
-                     r.get("pick_config") if key == "pick_ms" else
-                     r.get("best_config") if key in ("best_kernel_ms", "best_dense_ms") else
-                     r.get("cached_config")) or "" for r in sel]
+                     r.get("cached_config") if key == "cached_ms" else r.get("pick_config")) or "" for r in sel]
             for row, val in ((1, [_r4(r[key]) for r in sel]), (2, [_r4(_tf(r["flops"], r[key])) for r in sel])):
                 fig.add_trace(go.Bar(x=x, y=val, name=name, marker_color=colour, legendgroup=name,
                                      showlegend=row == 1, visible=b == default_b, hovertext=text),
                               row=row, col=1)
     g = _gemm4096(records)
+    layers_x = _layer_order(r["layer"] for r in rows)
+    n_lines = 0
     if "warp_tflops" in g:
-        fig.add_hline(y=_r4(g["warp_tflops"]), line=dict(color=_COLOURS["dense"], dash="dash"), row=2, col=1,
-                      annotation_text=f"Warp dense GEMM 4096³ ({g['warp_tflops']:.0f})", annotation_position="top left")
+        fig.add_trace(_hline(layers_x, g["warp_tflops"], f"Warp dense tile GEMM 4096³ ({g['warp_tflops']:.0f} TFLOP/s)",
+                             _COLOURS["dense"]), row=2, col=1)
+        n_lines += 1
     if "cublas_tflops" in g:
-        fig.add_hline(y=_r4(g["cublas_tflops"]), line=dict(color=_COLOURS["torch"], dash="dash"), row=2, col=1,
-                      annotation_text=f"cuBLAS 4096³ ({g['cublas_tflops']:.0f})", annotation_position="bottom left")
+        fig.add_trace(_hline(layers_x, g["cublas_tflops"], f"cuBLAS 4096³ ({g['cublas_tflops']:.0f} TFLOP/s)",
+                             _COLOURS["torch"]), row=2, col=1)
+        n_lines += 1
     per_b = 2 * len(series)
     buttons = []
     for i, b in enumerate(batches):
-        vis = [False] * (per_b * len(batches))
+        vis = [False] * (per_b * len(batches)) + [True] * n_lines
         vis[i * per_b:(i + 1) * per_b] = [True] * per_b
         buttons.append(dict(label=f"B = {b}", method="update", args=[{"visible": vis}]))
-    fig.update_yaxes(type="log", row=1, col=1, title_text="ms")
-    fig.update_yaxes(type="log", row=2, col=1, title_text="TFLOP/s")
+    ms_vals = [r[k] for r in rows for k, _, _ in series if r.get(k)]
+    tf_vals = [_tf(r["flops"], r[k]) for r in rows for k, _, _ in series if r.get(k)]
+    tf_vals += [v for k, v in g.items() if k.endswith("tflops")]
+    fig.update_yaxes(type="log", row=1, col=1, title_text="ms", range=_log_range(ms_vals))
+    fig.update_yaxes(type="log", row=2, col=1, title_text="TFLOP/s", range=_log_range(tf_vals))
     fig.update_layout(barmode="group", height=height, margin=dict(l=10, r=10, t=90, b=10),
-                      title=f"Compact forward, recorded on {versions_title(_latest_run(records))}",
+                      title=_title("Compact forward: time and throughput per layer", used),
                       updatemenus=[dict(buttons=buttons, type="buttons", direction="right", x=1.0, xanchor="right",
                                         y=1.1, active=batches.index(default_b))],
                       legend=dict(orientation="h", y=-0.12))
@@ -1300,10 +1384,11 @@ def roofline_figure(records: Optional[List[dict]] = None, batch: int = 512, hbm_
                     peak_tflops: float = 990.0, height: int = 460) -> go.Figure:
     """Roofline of the recorded forward at ``batch``: x = FLOPs per byte of the fewest bytes the op must
     move, y = TFLOP/s. The H200 roof (4.8 TB/s HBM, 990 TFLOP/s dense fp16, datasheet), Warp's dense
-    4096³ tile GEMM and cuBLAS as horizontal ceilings; points: fastest Warp kernel, its dense ceiling,
-    the strongest PyTorch op."""
+    4096³ tile GEMM and cuBLAS as horizontal ceilings; points: the Warp kernel with the heuristic's config,
+    the dense ceiling of its tiles, the strongest PyTorch op."""
     records = forward_records() if records is None else records
-    rows = [r for r in forward_table(records) if r["B"] == batch and r.get("flops") and r.get("bytes")]
+    all_rows, used = _forward_rows(records)
+    rows = [r for r in all_rows if r["B"] == batch and r.get("flops") and r.get("bytes")]
     if not rows:
         return message_figure(f"no recorded forward data at B = {batch} yet")
     ai = [r["flops"] / r["bytes"] for r in rows]
@@ -1313,23 +1398,23 @@ def roofline_figure(records: Optional[List[dict]] = None, batch: int = 512, hbm_
     fig.add_trace(go.Scatter(x=[_r4(v) for v in xs], y=[_r4(v) for v in roof], mode="lines", name="H200 roofline (datasheet)",
                              line=dict(color="black")))
     g = _gemm4096(records)
+    xr = [_r4(xs[0]), _r4(xs[-1])]
     if "cublas_tflops" in g:
-        fig.add_hline(y=_r4(g["cublas_tflops"]), line=dict(color=_COLOURS["torch"], dash="dash"),
-                      annotation_text="cuBLAS 4096³", annotation_position="bottom right")
+        fig.add_trace(_hline(xr, g["cublas_tflops"], f"cuBLAS 4096³ ({g['cublas_tflops']:.0f})", _COLOURS["torch"]))
     if "warp_tflops" in g:
-        fig.add_hline(y=_r4(g["warp_tflops"]), line=dict(color=_COLOURS["dense"], dash="dash"),
-                      annotation_text="Warp tile GEMM 4096³", annotation_position="bottom right")
-    for key, name, colour, sym in (("best_kernel_ms", "Warp, fastest config (kernel)", _COLOURS["warp_best"], "circle"),
-                                   ("best_dense_ms", "Warp dense ceiling, same tiles", _COLOURS["dense"], "diamond"),
+        fig.add_trace(_hline(xr, g["warp_tflops"], f"Warp tile GEMM 4096³ ({g['warp_tflops']:.0f})", _COLOURS["dense"]))
+    for key, name, colour, sym in (("pick_kernel_ms", "Warp, heuristic's config (kernel)", _COLOURS["warp_best"], "circle"),
+                                   ("pick_dense_ms", "Warp dense ceiling, same tiles", _COLOURS["dense"], "diamond"),
                                    ("torch_ms", "strongest PyTorch (op)", _COLOURS["torch"], "square")):
         fig.add_trace(go.Scatter(x=[_r4(a) for a in ai], y=[_r4(_tf(r["flops"], r[key])) for r in rows],
-                                 mode="markers+text", text=[r["layer"] if key == "best_kernel_ms" else "" for r in rows],
+                                 mode="markers+text", text=[r["layer"] if key == "pick_kernel_ms" else "" for r in rows],
                                  textposition="top center", textfont=dict(size=9), name=name,
                                  marker=dict(color=colour, size=9, symbol=sym)))
+    ys = [y for t in fig.data for y in t.y if y is not None]
     fig.update_xaxes(type="log", title_text="arithmetic intensity (FLOP per byte the op must move)")
-    fig.update_yaxes(type="log", title_text="TFLOP/s")
+    fig.update_yaxes(type="log", title_text="TFLOP/s", range=_log_range(ys + [peak_tflops], pad=1.3))
     fig.update_layout(height=height, margin=dict(l=10, r=10, t=60, b=10),
-                      title=f"Roofline at B = {batch}, recorded on {versions_title(_latest_run(records))}",
+                      title=_title(f"Roofline of the compact forward at B = {batch}", [r for r in used if r.get("B") == batch]),
                       legend=dict(orientation="h", y=-0.2))
     return fig
 
@@ -1344,8 +1429,8 @@ def reuse_recorded_figure(records: Optional[List[dict]] = None, pairs=REUSE_PAIR
     """Recorded kernel time of each r=2 / r=4 config over its r=1 twin (same tiles and threads), per
     layer; below 1 means weight reuse paid. A dropdown picks B."""
     records = forward_records() if records is None else records
-    latest = _latest([r for r in records if r.get("impl") == "warp_uncached" and r.get("ms_kernel")])
-    ms = {(l, b, c): r["ms_kernel"] for (l, b, _, c), r in latest.items()}
+    sweep = _sweep_records(records)
+    ms = {(r["layer"], r["B"], r.get("config")): r["ms_kernel"] for r in sweep}
     if not ms:
         return message_figure("no recorded forward sweep yet")
     all_b = sorted({b for (_, b, _) in ms})
@@ -1361,7 +1446,9 @@ def reuse_recorded_figure(records: Optional[List[dict]] = None, pairs=REUSE_PAIR
                     continue
                 ys = [_r4(ms[(l, b, cfg)] / ms[(l, b, base)]) if (l, b, cfg) in ms and (l, b, base) in ms else None
                       for l in layers]
-                fig.add_trace(go.Bar(x=layers, y=ys, name=f"{cfg} / {base}", visible=b == default_b))
+                fig.add_trace(go.Bar(x=layers, y=[None if y is None else _r4(y - 1.0) for y in ys], base=1.0,
+                                     customdata=ys, hovertemplate="%{x}: %{customdata:.2f}x<extra>%{fullData.name}</extra>",
+                                     name=f"{cfg} / {base}", visible=b == default_b))
                 count += 1
         traces_per_b = count
     buttons = []
@@ -1371,13 +1458,28 @@ def reuse_recorded_figure(records: Optional[List[dict]] = None, pairs=REUSE_PAIR
         buttons.append(dict(label=f"B = {b}", method="update", args=[{"visible": vis}]))
     fig.add_hline(y=1.0, line=dict(color="black", width=1))
     fig.update_layout(barmode="group", height=height, margin=dict(l=10, r=10, t=90, b=10),
-                      title=f"Weight reuse: kernel time with r = 2 / 4 over r = 1 (below 1: reuse paid), "
-                            f"recorded on {versions_title(_latest_run(records))}",
-                      yaxis_title="time ratio (log)", yaxis_type="log",
+                      title=_title("Kernel time with r = 2 or 4 over r = 1 (below 1: reuse paid)", sweep),
+                      yaxis_title="time ratio to r = 1",
                       updatemenus=[dict(buttons=buttons, type="buttons", direction="right", x=1.0, xanchor="right",
                                         y=1.12, active=all_b.index(default_b))],
                       legend=dict(orientation="h", y=-0.25))
     return fig
+
+
+def reuse_summary(records: Optional[List[dict]] = None, pairs=REUSE_PAIRS, faster_below: float = 0.97) -> List[dict]:
+    """Per reuse config (r = 2 / 4) over its r = 1 twin, across every swept shape: ``config``, ``base``,
+    ``shapes``, ``median``, ``best`` (lowest ratio) and ``faster`` (shapes with a ratio below
+    ``faster_below``)."""
+    records = forward_records() if records is None else records
+    ms = {(r["layer"], r["B"], r.get("config")): r["ms_kernel"] for r in _sweep_records(records)}
+    out = []
+    for base, r2, r4 in pairs:
+        for cfg in (c for c in (r2, r4) if c):
+            ratios = [ms[(l, b, cfg)] / t for (l, b, c), t in ms.items() if c == base and (l, b, cfg) in ms]
+            if ratios:
+                out.append({"config": cfg, "base": base, "shapes": len(ratios), "median": float(np.median(ratios)),
+                            "best": min(ratios), "faster": sum(x < faster_below for x in ratios)})
+    return out
 
 
 def heuristic_table(records: Optional[List[dict]] = None) -> List[dict]:
@@ -1386,10 +1488,9 @@ def heuristic_table(records: Optional[List[dict]] = None) -> List[dict]:
     (None where the pick was not part of the recorded sweep)."""
     from . import warp_forward as F
     records = forward_records() if records is None else records
-    latest = _latest([r for r in records if r.get("impl") == "warp_uncached" and r.get("ms_kernel")])
     shapes: Dict[tuple, dict] = {}
-    for (l, b, _, c), r in latest.items():
-        shapes.setdefault((l, b), {})[c] = r
+    for r in _sweep_records(records):
+        shapes.setdefault((r["layer"], r["B"]), {})[r.get("config")] = r
     rows = []
     for (l, b), cfgs in shapes.items():
         any_r = next(iter(cfgs.values()))
@@ -1431,8 +1532,8 @@ def heuristic_figure(records: Optional[List[dict]] = None, height: int = 460) ->
                                colorbar=dict(title="pick / best")))
     fig.update_yaxes(autorange="reversed")
     fig.update_layout(height=height, margin=dict(l=10, r=10, t=60, b=10),
-                      title=f"The heuristic's pick vs the fastest recorded config (kernel time), "
-                            f"recorded on {versions_title(_latest_run(records))}")
+                      title=_title("Kernel time of the heuristic's pick over the fastest recorded config",
+                                   _sweep_records(records)))
     return fig
 
 
@@ -1473,7 +1574,7 @@ def backward_recorded_figure(records: Optional[List[dict]] = None, mode: str = "
         vis[i * per_b:(i + 1) * per_b] = [True] * per_b
         buttons.append(dict(label=f"B = {b}", method="update", args=[{"visible": vis}]))
     fig.update_layout(barmode="group", height=height, margin=dict(l=10, r=10, t=90, b=10),
-                      title=f"{mode.replace('_', ' ')} (dx and dW), recorded on {versions_title(_latest_run(main))}",
+                      title=_title(f"{mode.replace('_', ' ')} (dx and dW) per layer", _latest_run(main)),
                       yaxis_type="log", yaxis_title="ms",
                       updatemenus=[dict(buttons=buttons, type="buttons", direction="right", x=1.0, xanchor="right",
                                         y=1.12, active=all_b.index(default_b))],
@@ -1504,7 +1605,7 @@ def gi_gw_sweep_figure(records: Optional[List[dict]] = None, batch: Optional[int
             fig.add_trace(go.Bar(x=layers, y=ys, name=c), row=row, col=1)
         fig.update_yaxes(type="log", title_text="ms", row=row, col=1)
     fig.update_layout(barmode="group", height=height, margin=dict(l=10, r=10, t=60, b=10),
-                      title=f"gi / gw stage configs at B = {b}, recorded on {versions_title(_latest_run(sweep))}",
+                      title=_title(f"gi / gw stage configs at B = {b}", _latest_run(sweep)),
                       legend=dict(orientation="h", y=-0.2))
     return fig
 

@@ -37,6 +37,8 @@ def test_tolerance_class_and_parity_line():
     assert kl.parity_line("x", 2e-4, 1e-2) == "PASS  x: max error < 1e-3 (tolerance 1e-2)"
     assert kl.parity_line("x", 0.5, 1e-2).startswith("FAIL")
     assert kl.parity_line("x", math.inf, 1e-2).startswith("FAIL")
+    assert kl.parity_line("x", 3e-17, 1e-12, coarse=True) == "PASS  x: max error below 1e-12"
+    assert kl.parity_line("x", 1e-3, 1e-12, coarse=True).startswith("FAIL  x: max error < 1e-2")
 
 
 def test_rel_error():
@@ -412,10 +414,36 @@ def test_forward_loaders_and_figures(tmp_path):
     assert _is_fig(roof) and "torch 2.11.0+cu130" in roof.layout.title.text
     assert "no recorded" in _annotation(kl.roofline_figure(recs, batch=3))
     reuse = kl.reuse_recorded_figure(recs)
-    ratios = {t.name: [y for y in t.y if y is not None] for t in reuse.data}
+    ratios = {t.name: [y for y in t.customdata if y is not None] for t in reuse.data}
     assert ratios["m32n64r2 / m32n64"] == [pytest.approx(1.05)]
     assert ratios["nm_m64n64k64r2 / nm_m64n64k64b256"] == []
     assert kl._gemm4096(recs) == {"warp_tflops": 40.5, "warp_config": "nm_m64n64k128", "cublas_tflops": 720.0}
+
+
+def test_forward_table_reads_pick_and_sweep_from_their_own_runs(tmp_path):
+    # a later default-config benchmark (one config per shape) must not hide an earlier sweep
+    sweep = _fwd_records("2026-11-29T17:00:00+00:00")
+    env = dict(_ENV, date="2026-11-29T18:00:00+00:00")
+    shape = {k: sweep[0][k] for k in ("layer", "B", "cin", "cout", "nin", "nout", "k", "v", "p64", "flops", "bytes")}
+    bench = [dict(env, **shape, impl="torch_cached_bmm", ms=0.25),
+             dict(env, **shape, impl="warp_uncached", config="nm_m64n64k64", chosen=True, ms=0.40, ms_kernel=0.26,
+                  dense_ms=0.27, err=2e-4),
+             dict(env, **shape, impl="warp_dense_ceiling", config="nm_m64n64k64", ms=0.27),
+             dict(env, layer="gemm4096", B=4096, impl="torch_matmul", ms=0.2, tflops=700.0),
+             dict(env, layer="gemm4096", B=4096, impl="warp_dense_gemm", config="m64n64r1", ms=4.0, tflops=30.0)]
+    sweep.append(dict(sweep[-1], config="m32n64", ms=6.0, tflops=23.0))                 # two tile configs swept
+    _write(tmp_path / "forward_sweep_h200.jsonl", sweep)
+    _write(tmp_path / "forward_h200.jsonl", bench)
+    recs = kl.forward_records(tmp_path)
+    row = kl.forward_table(recs)[0]
+    assert row["pick_ms"] == 0.40 and row["torch_ms"] == 0.25 and row["pick_dense_ms"] == 0.27
+    assert row["best_config"] == "nm_m64n64k64r2" and row["best_kernel_ms"] == 0.25   # from the sweep
+    assert row["cached_ms"] is None                                                     # not in the bench run
+    assert kl._gemm4096(recs)["warp_tflops"] == 40.5                                    # the run with more configs
+    assert [r["config"] for r in kl.reuse_summary(recs)] == ["m32n64r2"]      # nm twins not swept here
+    summ = {r["config"]: r for r in kl.reuse_summary(recs)}
+    assert summ["m32n64r2"]["median"] == pytest.approx(1.05) and summ["m32n64r2"]["faster"] == 0
+    assert len(kl.heuristic_table(recs)) == 1
 
 
 def test_heuristic_table(tmp_path):
