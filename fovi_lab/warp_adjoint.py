@@ -159,7 +159,11 @@ _CSR_KERNEL_SPECS: Dict[str, dict] = {
     "dw_f32": dict(target="dw", fp32_stage=True, block_dim=256),
 }
 
-DEFAULT_GI_CONFIG = "gi2_p64b128"          # the seed's default (B > 64)
+# B > 64: the 3-D (n, p_tile, b_tile) grid with an fp32 stage had the fastest whole grad_input op on
+# the H200 sweep (data/backward_sweep_h200.jsonl, 2026-11-29): alexnet L1 B=512 8.3 ms vs 11.6 ms for
+# the seed's gi2_p64b128 (fp16 stage), alexnet L0 3.8 vs 4.5, res18 layer1 0.97 vs 1.41. The fp32
+# stage skips one rounding and its stores are no slower; the budget halves the batch chunk instead.
+DEFAULT_GI_CONFIG = "gi3_p64b128_f32"
 DEFAULT_GI_CONFIG_SMALL_B = "gi2_p64b64"   # B <= 64: a 128-wide batch tile would be >= half padding
 DEFAULT_GW_CONFIG = "gw3_p64n128"          # the seed's default
 DEFAULT_GW_CONFIG_NARROW = "gw3_p64n64"    # Cout <= 64: a 128-wide o tile would be >= half padding
@@ -228,7 +232,7 @@ def _select_gi_config(batch: int, nout: Optional[int] = None, device=None) -> st
     if sms is not None and nout is not None:
         tile_b = 64 if small else 128
         if nout * -(-batch // tile_b) < 4 * sms:
-            return "gi3_p64b64" if small else "gi3_p64b128"
+            return "gi3_p64b64" if small else DEFAULT_GI_CONFIG
     return DEFAULT_GI_CONFIG_SMALL_B if small else DEFAULT_GI_CONFIG
 
 

@@ -153,11 +153,13 @@ def test_chunk_counts_under_tiny_budget(monkeypatch):
 
 
 def test_default_config_selection(monkeypatch):
-    assert wa._select_gi_config(17) == "gi2_p64b64" and wa._select_gi_config(130) == "gi2_p64b128"
-    assert wa._select_gi_config(130, nout=40, device="cpu") == "gi2_p64b128"     # no SM count on the CPU
+    big = "gi3_p64b128_f32"  # B > 64 default, chosen from the H200 sweep
+    assert wa._select_gi_config(17) == "gi2_p64b64" and wa._select_gi_config(130) == big
+    assert wa._select_gi_config(130, nout=40, device="cpu") == big                # no SM count on the CPU
     monkeypatch.setattr(wa, "_sm_count", lambda device: 132)
-    assert wa._select_gi_config(512, nout=16, device="cuda:0") == "gi3_p64b128"  # 64 CTAs < 4 per SM
-    assert wa._select_gi_config(512, nout=964, device="cuda:0") == "gi2_p64b128"
+    assert wa._select_gi_config(64, nout=16, device="cuda:0") == "gi3_p64b64"    # 16 CTAs < 4 per SM
+    assert wa._select_gi_config(64, nout=964, device="cuda:0") == "gi2_p64b64"
+    assert wa._select_gi_config(512, nout=964, device="cuda:0") == big
     assert wa._select_gw_config(64) == "gw3_p64n64" and wa._select_gw_config(96) == "gw3_p64n128"
     monkeypatch.setenv("FOVI_KNN_GI_CONFIG", "gi3p_p64b64")
     monkeypatch.setenv("FOVI_KNN_GW_CONFIG", "gw3p_p64n64")
