@@ -153,6 +153,19 @@ def format_rows(rows: List[DemoRow]) -> str:
     return "\n".join(lines)
 
 
+def auto_choice(layer: str, batch: int, rf: str = "rf2", device=None) -> str:
+    """One line saying what ``backend="auto"`` picks for this layer and batch, training and inference."""
+    from .autotune import pick_backend
+    from .layers import layer_meta
+
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    meta = layer_meta(layer, rf=rf)
+    x = torch.empty(batch, meta.cin, meta.nin, dtype=torch.float16, device=device)
+    pick = {mode: pick_backend(meta, x, training=mode == "training") or "torch_compact (no record applies)"
+            for mode in ("training", "inference")}
+    return f"auto picks (fp16 on {device}): training -> {pick['training']}, inference -> {pick['inference']}"
+
+
 def main(argv=None) -> int:
     from .layers import LAYERS
 
@@ -168,6 +181,7 @@ def main(argv=None) -> int:
         ap.error("--batch must be >= 1")
     rows = run_demo(args.layer, args.batch, args.rf, args.device, args.reps, args.backends)
     print(format_rows(rows))
+    print(auto_choice(args.layer, args.batch, args.rf, args.device))
     bad = [r.backend for r in rows if not r.ok]
     print("all backends agree with the oracle" if not bad else f"FAILED: {', '.join(bad)}")
     return 1 if bad else 0

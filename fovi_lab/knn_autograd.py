@@ -107,11 +107,12 @@ class KNNConvFunction(torch.autograd.Function):
         return dx, dw, db, None, None
 
 
-def select_backend(backend: str, meta: TrainingMeta, x: torch.Tensor) -> str:
+def select_backend(backend: str, meta: TrainingMeta, x: torch.Tensor, training: Optional[bool] = None) -> str:
     """Resolve a requested backend name to a registered one.
 
-    ``auto`` picks the fastest registered backend for this shape/batch/dtype/device from the recorded
-    sweeps when the tuned table knows one (see :mod:`fovi_lab.autotune`), else ``torch_compact``.
+    ``auto`` picks the fastest registered backend for this shape/batch/dtype/device and mode (training
+    or inference) from the recorded benchmarks when they cover the call (see :mod:`fovi_lab.autotune`),
+    else ``torch_compact``.
     Any other name must be registered.
     """
     if backend == "auto":
@@ -119,7 +120,7 @@ def select_backend(backend: str, meta: TrainingMeta, x: torch.Tensor) -> str:
             from .autotune import pick_backend
         except ImportError:
             return "torch_compact"
-        choice = pick_backend(meta, x)
+        choice = pick_backend(meta, x, training)
         return choice if choice is not None else "torch_compact"
     get_ops(backend)  # raises with the known names
     return backend
@@ -155,7 +156,8 @@ class KNNConv(torch.nn.Module):
         return cls(graph.idx, graph.rf_index, nin=graph.nin, v=graph.v, cin=cin, cout=cout, **kw)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        name = select_backend(self.backend, self.meta, x)
+        training = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
+        name = select_backend(self.backend, self.meta, x, training)
         self.last_backend = name
         return KNNConvFunction.apply(x, self.weight, self.bias, self.meta.to(x.device), name)
 

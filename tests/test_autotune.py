@@ -1,0 +1,53 @@
+"""The auto backend reads the recorded benchmarks (data/*.jsonl) and picks the fastest registered backend."""
+
+import json
+
+import torch
+
+from fovi_lab import autotune
+from fovi_lab.knn_autograd import KNNConv, select_backend
+from fovi_lab.layers import layer_graph, layer_meta
+
+
+def test_recorded_table_covers_the_h200_train_step_and_forward_runs():
+    table = autotune.recorded_table()
+    modes = {m for (dev, m, shape, b) in table if dev == "NVIDIA H200"}
+    assert {"forward", "train-step"} <= modes
+    meta = layer_meta("alex_L1")
+    shape = (meta.cin, meta.cout, meta.nin, meta.nout, meta.k, meta.p64)
+    assert set(table[("NVIDIA H200", "train-step", shape, 512)]) == {"warp_train", "torch_compact"}
+
+
+def test_pick_follows_the_records(tmp_path, monkeypatch):
+    meta = layer_meta("res18_layer1")
+    shape = dict(cin=meta.cin, cout=meta.cout, nin=meta.nin, nout=meta.nout, k=meta.k, p64=meta.p64)
+    recs = [dict(shape, device="Fake GPU", mode="train-step", B=64, impl="warp_train", ms=1.0, date="2026-01-01"),
+            dict(shape, device="Fake GPU", mode="train-step", B=64, impl="torch_compact", ms=2.0, date="2026-01-01"),
+            dict(shape, device="Fake GPU", B=64, impl="warp_uncached", ms=3.0, date="2026-01-01"),
+            dict(shape, device="Fake GPU", B=64, impl="torch_compact", ms=2.0, date="2026-01-01"),
+            # a newer run of the same point wins
+            dict(shape, device="Fake GPU", B=64, impl="torch_compact", ms=4.0, date="2026-02-01")]
+    (tmp_path / "x.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    table = autotune.recorded_table(str(tmp_path))
+    monkeypatch.setattr(autotune, "recorded_table", lambda: table)
+    monkeypatch.setattr(autotune, "_device_name", lambda x: "Fake GPU")
+
+    class FakeCuda(torch.Tensor):  # only .is_cuda / .dtype / .shape are read
+        @property
+        def is_cuda(self):
+            return True
+
+    x = torch.zeros(80, meta.cin, meta.nin, dtype=torch.float16).as_subclass(FakeCuda)
+    assert autotune.pick_backend(meta, x, training=True) == "warp_train"
+    assert autotune.pick_backend(meta, x, training=False) == "warp_compact"   # 3.0 < newest torch 4.0
+    far = torch.zeros(512, meta.cin, meta.nin, dtype=torch.float16).as_subclass(FakeCuda)
+    assert autotune.pick_backend(meta, far, training=True) is None           # B=512 is 8x from B=64
+    assert autotune.pick_backend(layer_meta("alex_L1"), x[:, :1].expand(80, 96, 230), True) is None
+
+
+def test_auto_on_cpu_falls_back_to_torch_compact():
+    graph = layer_graph("res18_layer3")
+    conv = KNNConv.from_graph(graph, 256, 256, backend="auto")
+    conv(torch.randn(2, 256, graph.nin))
+    assert conv.last_backend == "torch_compact"
+    assert select_backend("auto", conv.meta, torch.randn(2, 256, graph.nin).half()) == "torch_compact"
