@@ -19,7 +19,7 @@ from typing import Callable, Dict, Hashable, Optional, Tuple
 import torch
 
 __all__ = [
-    "wp", "warp_available", "init_warp", "warp_device", "to_warp", "torch_stream", "warp_stream",
+    "wp", "init_warp", "warp_device", "to_warp", "torch_stream", "warp_stream",
     "nan_canary", "ValidatedCache", "check_tensor",
 ]
 
@@ -33,10 +33,6 @@ else:
 
 _init_lock = threading.Lock()
 _initialised = False
-
-
-def warp_available() -> bool:
-    return wp is not None
 
 
 def init_warp() -> None:
