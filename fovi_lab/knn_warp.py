@@ -57,10 +57,7 @@ class WarpCompactOps:
 
     name = "warp_compact"
     compute_dtypes = (torch.float16,)
-
-    @staticmethod
-    def forward(meta, x, weight, bias):
-        return _forward(meta, x, weight, bias)
+    forward = staticmethod(_forward)
 
     @staticmethod
     def grad_input(meta, grad_y, weight):
@@ -76,10 +73,7 @@ class WarpTrainOps:
 
     name = "warp_train"
     compute_dtypes = (torch.float16,)
-
-    @staticmethod
-    def forward(meta, x, weight, bias):
-        return _forward(meta, x, weight, bias)
+    forward = staticmethod(_forward)
 
     @staticmethod
     def grad_input(meta, grad_y, weight):
