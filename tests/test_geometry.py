@@ -1,7 +1,6 @@
 """Geometry of the foveated KNN graphs (spec §1.2, §1.3, §6): counts, pads, taps, collisions."""
 
 import math
-import time
 
 import numpy as np
 import pytest
@@ -188,13 +187,6 @@ def test_determinism_and_cache():
     assert g3 is not g1
     assert torch.equal(g1.idx, g3.idx) and torch.equal(g1.rf_index, g3.rf_index)
     assert np.array_equal(g1.local_offsets, g3.local_offsets)
-
-
-def test_stem_build_is_fast():
-    geo._build_graph.cache_clear()
-    t0 = time.perf_counter()
-    foveated_knn_graph(a=0.5, k=121, out_stride=2, ref_frame_mult=2.0)
-    assert time.perf_counter() - t0 < 3.0  # ~0.1 s measured; generous for slow CI machines
 
 
 def test_meta_cached_and_consistent():
