@@ -696,6 +696,13 @@ def _fail(result: dict, log: Optional[RunLog], message: str) -> Tuple[dict, go.F
     return result, fig
 
 
+def _answer(result: dict, log: Optional[RunLog]) -> Tuple[dict, go.Figure]:
+    """Add a finished run to ``log`` (or to a fresh one) and return it with the log's figure."""
+    log = RunLog() if log is None else log
+    log.add(result)
+    return result, log.figure(message=result["message"])
+
+
 def explore_forward(layer: str = "res18_layer1", batch: int = 64, cout: Optional[int] = None,
                     tile_m: int = 32, tile_n: int = 64, r: int = 1, block_dim: int = 128,
                     kernel: str = "uncached", rf: str = "rf2", device: Optional[str] = None,
@@ -785,12 +792,7 @@ def explore_forward(layer: str = "res18_layer1", batch: int = 64, cout: Optional
             label=label, device=dev,
         )
         result["message"] = result["parity"] + (f"  [{note}]" if note else "")
-        if log is not None:
-            log.add(result)
-            return result, log.figure(message=result["message"])
-        single = RunLog()
-        single.add(result)
-        return result, single.figure(message=result["message"])
+        return _answer(result, log)
     except Exception as exc:  # noqa: BLE001 - the widget must answer with a message
         return _fail(result, log, f"could not run: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}")
 
@@ -1128,12 +1130,7 @@ def explore_adjoint(layer: str = "res18_layer1", batch: int = 64, cout: Optional
                              f"dW {tolerance_class(err_dw)} vs {ref_name}; "
                              f"bitwise identical on a second run: {'yes' if det else 'NO'}"
                              + (f"  [{note}]" if note else ""))
-        if log is not None:
-            log.add(result)
-            return result, log.figure(message=result["message"])
-        single = RunLog()
-        single.add(result)
-        return result, single.figure(message=result["message"])
+        return _answer(result, log)
     except Exception as exc:  # noqa: BLE001 - the widget must answer with a message
         return _fail(result, log, f"could not run: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}")
 
