@@ -12,10 +12,14 @@ and reject other dtypes with an error naming the argument.
 
 from __future__ import annotations
 
+import os
+import warnings
+from typing import Optional
+
 import torch
 
 from .knn_autograd import register_ops
-from .meta import TrainingMeta
+from .meta import TrainingMeta, pad_to
 from .warp_adjoint import (  # noqa: F401  (re-exported seed API)
     _canary_grad_stage_ok,
     _get_grad_kernel,
@@ -27,6 +31,8 @@ from .warp_adjoint import (  # noqa: F401  (re-exported seed API)
     grad_input,
     grad_weight,
 )
+from .warp_adjoint_nm import (grad_input_nm, grad_weight_nm, node_major, plan_grad_input_nm,  # noqa: F401
+                              plan_grad_weight_nm)
 from .warp_forward import (  # noqa: F401  (re-exported seed API)
     _UNCACHED_BATCH_CONFIG_SPECS,
     _canary_launch_ok,
@@ -68,8 +74,36 @@ class WarpCompactOps:
         raise NotImplementedError("warp_compact is forward-only; use the 'warp_train' backend to train")
 
 
+#: Below this many input channels the staged adjoints win on the H200 (data/train-step_h200.jsonl: the
+#: Cin = 3 stems ran 2-3x slower fused, because a 16-wide Cin tile is 13/16 padding and every reverse
+#: entry is a tiny GEMM; every layer with Cin >= 64 ran faster fused).
+FUSED_MIN_CIN = 16
+
+
+def grad_path(meta: Optional[TrainingMeta] = None) -> str:
+    """Adjoint path of ``warp_train`` for a layer: ``"fused"`` (the node-major kernels of
+    :mod:`fovi_lab.warp_adjoint_nm`: one launch per gradient, no stage) when ``Cin >= FUSED_MIN_CIN``,
+    else ``"staged"`` (the seed's stage + reverse-index kernels of :mod:`fovi_lab.warp_adjoint`).
+    ``FOVI_KNN_GRAD_PATH=fused|staged|auto`` overrides (``auto``: this rule)."""
+    path = os.environ.get("FOVI_KNN_GRAD_PATH") or "auto"
+    if path not in ("fused", "staged", "auto"):
+        raise ValueError(f"FOVI_KNN_GRAD_PATH: expected 'fused', 'staged' or 'auto', got {path!r}")
+    if path == "auto":
+        return "fused" if meta is None or meta.cin >= FUSED_MIN_CIN else "staged"
+    return path
+
+
+def _fused_unavailable(which: str) -> None:
+    warnings.warn(f"the fused Warp {which} kernel cannot launch on this device; using the staged kernels",
+                  RuntimeWarning, stacklevel=3)
+
+
 class WarpTrainOps:
-    """Train-capable Warp ops (``warp_train``): fp16 compute, fp32 deterministic gradients."""
+    """Train-capable Warp ops (``warp_train``): fp16 compute, fp32 deterministic gradients.
+
+    Gradients run the fused node-major kernels or the staged ones per layer (see :func:`grad_path`);
+    when a fused kernel cannot launch here the staged kernels take over (and when those cannot either, ``torch_compact``, each with a warning).
+    """
 
     name = "warp_train"
     compute_dtypes = (torch.float16,)
@@ -77,11 +111,37 @@ class WarpTrainOps:
 
     @staticmethod
     def grad_input(meta, grad_y, weight):
-        return grad_input(meta.to(grad_y.device), grad_y, weight)
+        meta = meta.to(grad_y.device)
+        if grad_path(meta) == "fused":
+            dx = grad_input_nm(meta, grad_y, weight)
+            if dx is not None:
+                return dx
+            _fused_unavailable("dx")
+        return grad_input(meta, grad_y, weight)
 
     @staticmethod
     def grad_weight(meta, grad_y, x):
-        return grad_weight(meta.to(grad_y.device), grad_y, x)
+        meta = meta.to(grad_y.device)
+        if grad_path(meta) == "fused":
+            dw = grad_weight_nm(meta, grad_y, x)
+            if dw is not None:
+                return dw
+            _fused_unavailable("dW")
+        return grad_weight(meta, grad_y, x)
+
+    @staticmethod
+    def backward_combined(meta, grad_y, x, weight):
+        """``(dx, dW)``; the fused path lays out ``grad_y`` node-major once for both kernels."""
+        meta = meta.to(grad_y.device)
+        if grad_path(meta) != "fused":
+            return grad_input(meta, grad_y, weight), grad_weight(meta, grad_y, x)
+        pw = plan_grad_weight_nm(meta, grad_y, x)
+        # dx contracts Cout in 64-row chunks: share g's node-major copy when the Cout padding agrees
+        share = pw is not None and pw.op == pad_to(meta.cout, 64)
+        px = plan_grad_input_nm(meta, grad_y, weight, gn=pw.gn if share else None)
+        dx = px.run() if px is not None else WarpTrainOps.grad_input(meta, grad_y, weight)
+        dw = pw.run() if pw is not None else WarpTrainOps.grad_weight(meta, grad_y, x)
+        return dx, dw
 
 
 def _register_ops(ops) -> None:

@@ -1,4 +1,4 @@
-"""Compile every Warp forward kernel for this machine into Warp's kernel cache, in parallel processes.
+"""Compile every Warp forward kernel (and the fused adjoint kernels ``warp_train`` runs) for this machine into Warp's kernel cache, in parallel processes.
 
 ``python -m fovi_lab warmup [--jobs N] [--no-dense] [--aot-arch 90]``
 
@@ -22,7 +22,7 @@ import sys
 import time
 from typing import List, Optional, Tuple
 
-__all__ = ["main", "forward_jobs"]
+__all__ = ["main", "forward_jobs", "grad_jobs"]
 
 
 def forward_jobs(dense: bool = True, experimental: bool = False) -> List[Tuple[str, bool]]:
@@ -41,6 +41,12 @@ def forward_jobs(dense: bool = True, experimental: bool = False) -> List[Tuple[s
     return jobs
 
 
+def grad_jobs() -> List[Tuple[str, bool]]:
+    """``("nm:<kind>:<name>", False)`` for every fused node-major adjoint kernel (what ``warp_train`` runs)."""
+    from .warp_adjoint_nm import nm_grad_kernel_names
+    return [(f"nm:{kind}:{name}", False) for kind, name in nm_grad_kernel_names()]
+
+
 def _compile_one(job) -> Tuple[str, bool, float, str]:
     name, dense, device, aot_arch, mathdx = job
     t0 = time.perf_counter()
@@ -50,6 +56,20 @@ def _compile_one(job) -> Tuple[str, bool, float, str]:
         from . import warp_forward as F
         from .warp_common import init_warp, wp
         init_warp()
+        if name.startswith("nm:"):
+            from . import warp_adjoint_nm as NM
+            _, kind, cname = name.split(":")
+            kernel = NM._build(kind, cname)
+            block_dim = NM._spec(kind, cname)[3]
+            if aot_arch:
+                module = kernel.module
+                module_dir = os.path.join(wp.config.kernel_cache_dir, module.get_module_identifier())
+                wp.compile_aot_module(module, arch=int(aot_arch), module_dir=module_dir)
+            elif str(device).startswith("cuda"):
+                NM.get_nm_grad_kernel(kind, cname, device)        # compile + canary
+            else:
+                kernel.module.load(wp.get_device(device), block_dim)
+            return name, dense, time.perf_counter() - t0, "ok"
         cfg = F.config_spec(name)
         if dense and cfg.family == "cached":
             cfg = F.FwdConfig(cfg.name, "gather", cfg.tile_m, cfg.tile_n, cfg.tile_k, 1, cfg.block_dim)
@@ -74,6 +94,7 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--only", nargs="*", default=None, help="config names to compile (default: all)")
     ap.add_argument("--mathdx", choices=["on", "off"], default=None, help="force MathDx GEMM on/off")
     ap.add_argument("--experimental", action="store_true", help="also the experimental (unselected) configs")
+    ap.add_argument("--no-grad", action="store_true", help="skip the fused adjoint kernels (forward only)")
     args = ap.parse_args(argv)
 
     device = args.device
@@ -81,10 +102,12 @@ def main(argv: Optional[list] = None) -> int:
         import torch
         device = "cuda:0" if torch.cuda.is_available() else "cpu"
     mathdx = None if args.mathdx is None else args.mathdx == "on"
-    jobs = [j for j in forward_jobs(dense=not args.no_dense, experimental=args.experimental)
-            if args.only is None or j[0] in args.only]
+    jobs = forward_jobs(dense=not args.no_dense, experimental=args.experimental)
+    if not args.no_grad:
+        jobs += grad_jobs()
+    jobs = [j for j in jobs if args.only is None or j[0] in args.only or j[0].split(":")[-1] in args.only]
     where = f"sm_{args.aot_arch} (ahead of time)" if args.aot_arch else device
-    print(f"warmup: {len(jobs)} Warp forward modules for {where}, {args.jobs} processes", flush=True)
+    print(f"warmup: {len(jobs)} Warp modules (forward + fused adjoint) for {where}, {args.jobs} processes", flush=True)
     t0 = time.perf_counter()
     # spawn: fresh interpreters (no inherited CUDA context), true parallel compiles. For the long CUDA
     # compiles, one module per process (maxtasksperchild=1): Warp reads kernel source from disk at

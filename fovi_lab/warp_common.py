@@ -20,7 +20,7 @@ import torch
 
 __all__ = [
     "wp", "init_warp", "warp_device", "to_warp", "torch_stream", "warp_stream",
-    "nan_canary", "ValidatedCache", "check_tensor",
+    "nan_canary", "ValidatedCache", "check_tensor", "warp_ct", "fast_launch",
 ]
 
 try:  # Warp is a hard dependency of the package, but keep import errors readable.
@@ -170,3 +170,41 @@ class ValidatedCache:
         with self._lock:
             self._store.clear()
             self._why.clear()
+
+
+def warp_ct(t: torch.Tensor):
+    """Low-overhead Warp array *descriptor* (a ctypes struct) of a torch tensor, for :func:`fast_launch`.
+
+    About 2.5x cheaper than a ``wp.array`` view; it does not own the memory and skips Warp's dtype
+    check, so callers keep the tensor alive over the launch and pass only the dtypes the kernel
+    declares (each kernel's first launch on a device is a NaN-canary launch that checks them).
+    """
+    return wp.from_torch(t, return_ctype=True)
+
+
+_fast_lock = threading.Lock()
+_FAST: Dict[Tuple, object] = {}
+
+
+def fast_launch(kernel, dims, inputs, block_dim: int, device: str) -> None:
+    """``wp.launch_tiled`` on torch's current stream with the host cost of a recorded launch.
+
+    At small batch the host is the bottleneck (a compact layer is ~0.05-0.1 ms of GPU work and
+    ``wp.launch`` packs every argument anew), so one recorded ``wp.Launch`` is kept per (kernel,
+    device, grid, block_dim) and each call only re-sets its parameters from ``inputs`` (array
+    descriptors from :func:`warp_ct`, or ints) before launching.
+    """
+    key = (kernel, device, tuple(dims), int(block_dim))
+    cmd = _FAST.get(key)
+    stream = warp_stream(device)
+    if cmd is None:
+        cmd = wp.launch_tiled(kernel, dim=dims, inputs=inputs, block_dim=block_dim, device=device,
+                              record_cmd=True)
+        with _fast_lock:
+            if len(_FAST) > 1024:
+                _FAST.clear()
+            _FAST[key] = cmd
+    else:
+        for i, v in enumerate(inputs):
+            cmd.set_param_at_index_from_ctype(i, v)
+    cmd.launch(stream=stream)

@@ -75,6 +75,7 @@ L2-resident; the extra accumulators cost shared memory and occupancy): larger ti
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 import warnings
@@ -84,7 +85,7 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from .meta import pad_to
-from .warp_common import (ValidatedCache, check_tensor, init_warp, nan_canary, to_warp, warp_device,
+from .warp_common import (ValidatedCache, check_tensor, init_warp, nan_canary, to_warp, warp_ct, warp_device,
                           warp_stream, wp)
 
 __all__ = [
@@ -1074,9 +1075,13 @@ def _launcher(kernel, dims, inputs, block_dim: int, device: str):
                 cmd, last = ent
                 for i, v in enumerate(inputs):
                     u = last[i]
-                    if v is not u and (isinstance(v, wp.array) or v != u):
+                    if v is u:
+                        continue
+                    if isinstance(v, ctypes.Structure):         # a warp_ct descriptor: no re-packing
+                        cmd.set_param_at_index_from_ctype(i, v)
+                    elif isinstance(v, wp.array) or v != u:
                         cmd.set_param_at_index(i, v)
-                        last[i] = v
+                    last[i] = v
             cmd.launch(stream=warp_stream(device))
     return launch
 
@@ -1095,7 +1100,7 @@ def _plan_uncached(cfg: FwdConfig, kernel, x, weight, bias, il, wl, store: str,
     if cfg.family in ("gather", "gp"):
         xt = x.reshape(b, cin * nin).t().contiguous()          # [Cin*Nin, B]: batch rows contiguous
         wt, wt_w = _weight_operand(weight, "t", 0, 0)           # [Q, Cout]
-        inputs = [to_warp(xt), wt_w, info.wa(il), info.wa(wl), bias_w, to_warp(out),
+        inputs = [warp_ct(xt), wt_w, info.wa(il), info.wa(wl), bias_w, warp_ct(out),
                   p64 // _GATHER_TILE_K, b]
         keep = (xt, wt, il, wl, bias_p)
     elif cfg.family in ("nm", "nmp"):
@@ -1108,7 +1113,7 @@ def _plan_uncached(cfg: FwdConfig, kernel, x, weight, bias, il, wl, store: str,
             bx, coutp = pad_to(b, 8), pad_to(cout, 8)           # 16-byte rows for vectorised loads
             xn = _node_major_x(x, cp, bx)                       # [Nin*Cp, Bx]
             wv, wv_w = _weight_operand(weight, "v", cin, cp, coutp)   # [V*Cp, Cout_p]
-            inputs = [to_warp(xn), wv_w, info.wa(idxn), info.wa(rfn), bias_w, to_warp(out),
+            inputs = [warp_ct(xn), wv_w, info.wa(idxn), info.wa(rfn), bias_w, warp_ct(out),
                       k, cp // cfg.tile_k, cp, nin, b]
             keep = (xn, wv, idxn, rfn, bias_p)
         else:
@@ -1117,8 +1122,8 @@ def _plan_uncached(cfg: FwdConfig, kernel, x, weight, bias, il, wl, store: str,
             bx, coutp = pad_to(b, cfg.tile_m), pad_to(cout, cfg.tile_n)
             xn = _node_major_x(x, cp, bx)
             wv, wv_w = _weight_operand(weight, "v", cin, cp, coutp)
-            inputs = [to_warp(xn), wv_w, info.wa(idxc), info.wa(rfc), info.wa(cnt), bias_w,
-                      to_warp(out), cp // cfg.tile_k, cp]
+            inputs = [warp_ct(xn), wv_w, info.wa(idxc), info.wa(rfc), info.wa(cnt), bias_w,
+                      warp_ct(out), cp // cfg.tile_k, cp]
             keep = (xn, wv, idxc, rfc, cnt, bias_p)
     else:
         raise ValueError(f"config: {cfg.name!r} is not an uncached config")
@@ -1197,7 +1202,7 @@ def _plan_cached(cfg: FwdConfig, kernel, x, weff, bias, il, cout: int, store: st
     bias_p, bias_w = _bias_operand(bias, cout, cfg.tile_n, x.device)
     xt = x.reshape(b, cin * nin).t().contiguous()
     dims = (nout, -(-b // cfg.tile_m), -(-cout // cfg.tile_n))
-    inputs = [to_warp(xt), to_warp(weff), to_warp(il), bias_w, to_warp(out), p64 // _GATHER_TILE_K, b]
+    inputs = [warp_ct(xt), warp_ct(weff), warp_ct(il), bias_w, warp_ct(out), p64 // _GATHER_TILE_K, b]
     plan = _Plan(_launcher(kernel, dims, inputs, cfg.block_dim, dev), out, finish)
     plan._keep = (xt, weff, il, bias_p)
     return plan

@@ -242,6 +242,51 @@ def _warp_pipeline_records(meta, x, w, g, gi_cfg: Optional[str], gw_cfg: Optiona
     return out
 
 
+def _dense_nm_config(tm: int, tn: int, tk: int) -> Optional[str]:
+    """A registered forward config with these tiles (its dense ceiling is the fused kernel's)."""
+    from .. import warp_forward as F
+    for name in F.uncached_config_names():
+        c = F.config_spec(name)
+        if c.family == "nm" and (c.tile_m, c.tile_n, c.tile_k, c.r) == (tm, tn, tk, 1):
+            return name
+    return None
+
+
+def _fused_records(meta, x, w, g, device, tm, dense: "_DenseCache", ref) -> dict:
+    """Kernels alone of the fused node-major adjoints: ms, useful TFLOP/s, dense-ceiling fraction."""
+    from .. import warp_adjoint_nm as nm
+    b = x.shape[0]
+    useful = 2.0 * b * meta.cout * meta.cin * meta.nnz               # non-pad (n, k) pairs only
+    out: dict = {}
+    px = nm.plan_grad_input_nm(meta, g, w)
+    pw = nm.plan_grad_weight_nm(meta, g, x)
+    if px is not None:
+        t = tm(px.launch).ms
+        tmm, tn, tk, _ = px.k.tiles
+        out.update(dx_config=px.k.name, dxn_kernel_ms=t, dxn_tflops=tflops(useful, t))
+        dcfg = _dense_nm_config(tmm, tn, tk)
+        # the same work as dense GEMMs: Nin CTAs rows, each (nnz/Nin)*Op deep
+        kd = max(tk, int(round(meta.nnz / meta.nin)) * px.op)
+        d = dense.get(dcfg, b, meta.cin, meta.nin, kd, device, tm)
+        out.update(dx_dense_config=dcfg, dx_dense_ms=d, dx_frac_dense=(d / t) if d else None)
+        del px
+    if pw is not None:
+        t = tm(pw.launch).ms
+        to, tc, tkb, _ = pw.k.tiles
+        out.update(dw_config=pw.k.name, dw_nsplit=pw.nsplit, dwn_kernel_ms=t, dwn_tflops=tflops(useful, t),
+                   dw_partial_mib=pw.out.numel() * 4 / _MIB)
+        dcfg = _dense_nm_config(to, tc, tkb)
+        kd = max(tkb, int(round(meta.nnz / max(1, meta.v * pw.nsplit))) * pad_to_(b, 8))
+        d = dense.get(dcfg, meta.cout, meta.cin, meta.v * pw.nsplit, kd, device, tm)
+        out.update(dw_dense_config=dcfg, dw_dense_ms=d, dw_frac_dense=(d / t) if d else None)
+        del pw
+    return out
+
+
+def pad_to_(n: int, m: int) -> int:
+    return max(m, -(-int(n) // m) * m)
+
+
 # ------------------------------------------------------------------------------------------- a shape
 
 def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: dict, args, roof: Roofline,
@@ -331,39 +376,81 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
     strongest = min(torch_ms, key=torch_ms.get) if torch_ms else None
     torch_peak = {r["impl"]: r.get("peak_mib") for r in recs if r.get("ms")}
 
-    # ---- Warp (default configs)
-    def warp_default():
-        info = _warp_pipeline_records(meta, x, w, g, None, None, None, None, device, tm, dense, roof, ref)
-        from .. import warp_adjoint as wa_
-        if mode == "backward":
-            fn = lambda: (wa_.grad_input(meta, g, w), wa_.grad_weight(meta, g, x))  # noqa: E731
-            impl = "warp"
-        else:
-            from .. import warp_forward as F
-            y = F.run_uncached(x, w, None, meta.input_linear, meta.weight_linear)
-            info["err_y"] = float((y.float() - CompactTorchOps.forward(meta, x.float(), w.float(), None)).abs().max())
-            del y
-
-            def fn():
-                y = F.run_uncached(x, w, None, meta.input_linear, meta.weight_linear)
-                return y, wa_.grad_input(meta, g, w), wa_.grad_weight(meta, g, x)
-            info["fwd_ms"] = tm(lambda: F.run_uncached(x, w, None, meta.input_linear, meta.weight_linear)).ms
-            impl = "warp_train"
-        t = tm(fn)
-        r = rec(impl, t.ms, reps=t.reps, peak_mib=_peak_mib(fn, device),
-                deterministic=bool(info.get("deterministic_dx") and info.get("deterministic_dw")), **info)
+    def finish_warp_record(r, t_ms):
         if strongest:
-            r.update(strongest=strongest, speedup_vs_strongest=torch_ms[strongest] / t.ms)
+            r.update(strongest=strongest, speedup_vs_strongest=torch_ms[strongest] / t_ms)
             if torch_peak.get(strongest) and r.get("peak_mib"):
                 r["peak_frac_of_strongest"] = r["peak_mib"] / torch_peak[strongest]
         if "torch_compact" in torch_ms:
-            r["speedup_vs_torch_compact"] = torch_ms["torch_compact"] / t.ms
+            r["speedup_vs_torch_compact"] = torch_ms["torch_compact"] / t_ms
             if torch_peak.get("torch_compact") and r.get("peak_mib"):
                 r["peak_frac_of_torch_compact"] = r["peak_mib"] / torch_peak["torch_compact"]
         seed = SEED_TRAIN_STEP_MS.get((layer, b)) if mode == "train-step" else None
         if seed:
-            r.update(seed_ms=seed, speedup_vs_seed=seed / t.ms)
-    guarded("warp" if mode == "backward" else "warp_train", warp_default)
+            r.update(seed_ms=seed, speedup_vs_seed=seed / t_ms)
+
+    # ---- Warp, staged (the seed's stage + reverse-index pipelines, default configs)
+    staged_impl = "warp_staged" if mode == "backward" else "warp_train_staged"
+
+    def warp_staged():
+        info = _warp_pipeline_records(meta, x, w, g, None, None, None, None, device, tm, dense, roof, ref)
+        from .. import warp_adjoint as wa_
+        if mode == "backward":
+            fn = lambda: (wa_.grad_input(meta, g, w), wa_.grad_weight(meta, g, x))  # noqa: E731
+        else:
+            from .. import warp_forward as F
+
+            def fn():
+                y = F.run_uncached(x, w, None, meta.input_linear, meta.weight_linear)
+                return y, wa_.grad_input(meta, g, w), wa_.grad_weight(meta, g, x)
+        t = tm(fn)
+        r = rec(staged_impl, t.ms, reps=t.reps, peak_mib=_peak_mib(fn, device), path="staged",
+                deterministic=bool(info.get("deterministic_dx") and info.get("deterministic_dw")), **info)
+        finish_warp_record(r, t.ms)
+    guarded(staged_impl, warp_staged)
+
+    # ---- Warp, the warp_train backend as a user gets it (path per layer: knn_warp.grad_path), and the
+    #      fused path forced where the rule picks the staged one (the evidence for the rule)
+    from ..knn_warp import grad_path
+    warp_impl = "warp" if mode == "backward" else "warp_train"
+
+    def warp_backend(impl, force=None):
+        from ..knn_warp import WarpTrainOps
+        old = os.environ.get("FOVI_KNN_GRAD_PATH")
+        if force:
+            os.environ["FOVI_KNN_GRAD_PATH"] = force
+        try:
+            path = grad_path(meta)
+            info = _fused_records(meta, x, w, g, device, tm, dense, ref) if path == "fused" else {}
+            if mode == "backward":
+                fn = lambda: WarpTrainOps.backward_combined(meta, g, x, w)  # noqa: E731
+            else:
+                y = WarpTrainOps.forward(meta, x, w, None)
+                info["err_y"] = float((y.float() - CompactTorchOps.forward(meta, x.float(), w.float(),
+                                                                           None)).abs().max())
+                del y
+                info["fwd_ms"] = tm(lambda: WarpTrainOps.forward(meta, x, w, None)).ms
+
+                def fn():
+                    return (WarpTrainOps.forward(meta, x, w, None),) + tuple(
+                        WarpTrainOps.backward_combined(meta, g, x, w))
+            r1, r2 = fn(), fn()
+            info["deterministic"] = bool(torch.equal(r1[-2], r2[-2]) and torch.equal(r1[-1], r2[-1]))
+            info["err_dx"] = float((r1[-2] - ref[0]).abs().max()) / max(1e-12, float(ref[0].abs().max()))
+            info["err_dw"] = float((r1[-1] - ref[1]).abs().max()) / max(1e-12, float(ref[1].abs().max()))
+            del r1, r2
+            t = tm(fn)
+            r = rec(impl, t.ms, reps=t.reps, peak_mib=_peak_mib(fn, device), path=path, **info)
+            finish_warp_record(r, t.ms)
+        finally:
+            if force:
+                if old is None:
+                    os.environ.pop("FOVI_KNN_GRAD_PATH", None)
+                else:
+                    os.environ["FOVI_KNN_GRAD_PATH"] = old
+    guarded(warp_impl, lambda: warp_backend(warp_impl))
+    if grad_path(meta) != "fused":
+        guarded(warp_impl + "_fused", lambda: warp_backend(warp_impl + "_fused", force="fused"))
 
     # ---- sweep of every gi / gw config
     if args.sweep:
@@ -398,6 +485,10 @@ def _warm_job(job) -> Tuple[str, bool, float, str]:
     """One module compile in a spawned process: ('grad', kind, name, device) or ('fwd', name, dense, device)."""
     t0 = time.perf_counter()
     try:
+        if job[0] == "nm":
+            from ..warp_adjoint_nm import warm_nm_grad_kernel
+            ok, why, _ = warm_nm_grad_kernel(job[1], job[2], job[3])
+            return f"{job[1]}:{job[2]}", ok, time.perf_counter() - t0, why
         if job[0] == "grad":
             from ..warp_adjoint import warm_grad_kernel
             ok, why, _ = warm_grad_kernel(job[1], job[2], job[3])
@@ -444,6 +535,16 @@ def _jobs_for(metas: dict, batches: List[int], mode: str, args, device: str) -> 
         if dcfg:
             jobs.append(("fwd", dcfg, True, device))
     jobs += [("grad", "csr", n, device) for n in wa._CSR_KERNEL_SPECS]
+    from .. import warp_adjoint_nm as nm
+    for meta in metas.values():
+        cfgs = [("dxn", nm.select_dx_nm_config(b, meta.cin)) for b in batches]
+        cfgs.append(("dwn", nm.select_dw_nm_config(meta.cout, meta.cin)))
+        for kind, name in cfgs:
+            jobs.append(("nm", kind, name, device))
+            t = (nm.DX_NM_CONFIG_SPECS if kind == "dxn" else nm.DW_NM_CONFIG_SPECS)[name]
+            dcfg = _dense_nm_config(t[0], t[1], t[2])
+            if dcfg:
+                jobs.append(("fwd", dcfg, True, device))
     if mode == "train-step":
         try:
             from .. import warp_forward as F
@@ -544,35 +645,46 @@ def _fmt(v, spec="{:.3f}", none="-"):
     return none if v is None or (isinstance(v, float) and math.isnan(v)) else spec.format(v)
 
 
+def _warp_line(head: str, r: dict) -> str:
+    line = (f"{head} {r['impl']} {r['ms']:.3f} ms ({_fmt(r.get('tflops'), '{:.1f}')} TFLOP/s, "
+            f"{_fmt(100 * (r.get('roofline_frac') or math.nan), '{:.1f}')}% roofline, peak "
+            f"{_fmt(r.get('peak_mib'), '{:.0f}')} MiB, det {r.get('deterministic')})")
+    if r.get("path") == "fused":
+        line += (f" dx kernel {_fmt(r.get('dxn_kernel_ms'))} ({r.get('dx_config')}, "
+                 f"{_fmt(100 * (r.get('dx_frac_dense') or math.nan), '{:.0f}')}% dense) dW kernel "
+                 f"{_fmt(r.get('dwn_kernel_ms'))} ({r.get('dw_config')} x{r.get('dw_nsplit')}, "
+                 f"{_fmt(100 * (r.get('dw_frac_dense') or math.nan), '{:.0f}')}% dense)")
+    else:
+        line += (f" dx {_fmt(r.get('dx_ms'))} [stage {_fmt(r.get('gi_stage_ms'))} = "
+                 f"{_fmt(100 * (r.get('gi_frac_dense') or math.nan), '{:.0f}')}% dense, "
+                 f"reduce {_fmt(r.get('dx_reduce_ms'))} "
+                 f"{_fmt(r.get('dx_reduce_gbps'), '{:.0f}')} GB/s] dW {_fmt(r.get('dw_ms'))} [stage "
+                 f"{_fmt(r.get('gw_stage_ms'))} = {_fmt(100 * (r.get('gw_frac_dense') or math.nan), '{:.0f}')}% dense, "
+                 f"reduce {_fmt(r.get('dw_reduce_ms'))}]")
+    if r.get("strongest"):
+        line += f" | best torch {r['strongest']} -> x{r['speedup_vs_strongest']:.2f}"
+    if r.get("seed_ms"):
+        line += f" | seed {r['seed_ms']} ms -> x{r['speedup_vs_seed']:.2f}"
+    return line
+
+
 def _print_shape(recs: List[dict], mode: str) -> None:
     if not recs:
         return
     head = f"{recs[0]['layer']:>15s} B={recs[0]['B']:<4d}"
-    warp_impl = "warp" if mode == "backward" else "warp_train"
+    base = "warp" if mode == "backward" else "warp_train"
+    warp_impls = (base, base + "_fused", base + "_staged")
     torch_rows = sorted([r for r in recs if r["impl"].startswith("torch") and r.get("ms")], key=lambda r: r["ms"])
-    wr = [r for r in recs if r["impl"] == warp_impl]
-    if wr and wr[0].get("ms"):
-        r = wr[0]
-        line = (f"{head} {warp_impl} {r['ms']:.3f} ms ({_fmt(r.get('tflops'), '{:.1f}')} TFLOP/s, "
-                f"{_fmt(100 * (r.get('roofline_frac') or math.nan), '{:.1f}')}% roofline, peak "
-                f"{_fmt(r.get('peak_mib'), '{:.0f}')} MiB, det {r.get('deterministic')}) "
-                f"dx {_fmt(r.get('dx_ms'))} [stage {_fmt(r.get('gi_stage_ms'))} = "
-                f"{_fmt(100 * (r.get('gi_frac_dense') or math.nan), '{:.0f}')}% dense, "
-                f"reduce {_fmt(r.get('dx_reduce_ms'))} "
-                f"{_fmt(r.get('dx_reduce_gbps'), '{:.0f}')} GB/s] dW {_fmt(r.get('dw_ms'))} [stage "
-                f"{_fmt(r.get('gw_stage_ms'))} = {_fmt(100 * (r.get('gw_frac_dense') or math.nan), '{:.0f}')}% dense, "
-                f"reduce {_fmt(r.get('dw_reduce_ms'))}]")
-        if r.get("strongest"):
-            line += f" | best torch {r['strongest']} -> x{r['speedup_vs_strongest']:.2f}"
-        if r.get("seed_ms"):
-            line += f" | seed {r['seed_ms']} ms -> x{r['speedup_vs_seed']:.2f}"
-        print(line, flush=True)
-    elif wr:
-        print(f"{head} {warp_impl}: {wr[0].get('note')}", flush=True)
+    for impl in warp_impls:
+        wr = [r for r in recs if r["impl"] == impl]
+        if wr and wr[0].get("ms"):
+            print(_warp_line(head, wr[0]), flush=True)
+        elif wr:
+            print(f"{head} {impl}: {wr[0].get('note')}", flush=True)
     for r in torch_rows:
         print(f"{'':>22s}{r['impl']:<30s} {r['ms']:.3f} ms  peak {_fmt(r.get('peak_mib'), '{:.0f}')} MiB", flush=True)
     for r in recs:
-        if r["impl"] != warp_impl and not r.get("ms") and r["impl"] not in ("warp_gi", "warp_gw"):
+        if r["impl"] not in warp_impls and not r.get("ms") and r["impl"] not in ("warp_gi", "warp_gw"):
             print(f"{'':>22s}{r['impl']:<30s} failed: {r.get('note')}", flush=True)
     sweep = [r for r in recs if r["impl"] in ("warp_gi", "warp_gw")]
     if sweep:
@@ -589,16 +701,18 @@ def _print_shape(recs: List[dict], mode: str) -> None:
 
 def _summary(recs: List[dict], mode: str) -> None:
     warp_impl = "warp" if mode == "backward" else "warp_train"
-    rows = [r for r in recs if r["impl"] == warp_impl and r.get("ms")]
+    rows = [r for r in recs if r["impl"] in (warp_impl, warp_impl + "_fused", warp_impl + "_staged") and r.get("ms")]
     if not rows:
         return
-    print(f"\n layer            B    {warp_impl:>10s} ms  TFLOP/s  peak MiB  best torch (ms, MiB)              "
+    print(f"\n (* = the warp_train backend's own path for that layer)")
+    print(f" layer            B    path            ms  TFLOP/s  peak MiB  best torch (ms, MiB)              "
           f"speedup  mem frac  vs seed")
     for r in rows:
         tr = [t for t in recs if t["layer"] == r["layer"] and t["B"] == r["B"] and t["impl"] == r.get("strongest")]
         tpk = tr[0].get("peak_mib") if tr else None
         tms = tr[0]["ms"] if tr else None
-        print(f" {r['layer']:<15s} {r['B']:>4d} {r['ms']:>14.3f} {r['tflops']:>8.1f} "
+        tag = r.get("path", "-") + ("*" if r["impl"] == warp_impl else "")
+        print(f" {r['layer']:<15s} {r['B']:>4d} {tag:<8s} {r['ms']:>9.3f} {r['tflops']:>8.1f} "
               f"{_fmt(r.get('peak_mib'), '{:>9.0f}')}"
               f"  {str(r.get('strongest')):<26s} {_fmt(tms, '{:>7.3f}')} {_fmt(tpk, '{:>6.0f}')}"
               f"  x{_fmt(r.get('speedup_vs_strongest'), '{:.2f}')}   {_fmt(r.get('peak_frac_of_strongest'), '{:.2f}')}"

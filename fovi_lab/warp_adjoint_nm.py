@@ -1,0 +1,507 @@
+"""Fused node-major adjoint kernels: dx and dW of the compact KNN convolution with no staging buffer.
+
+The staged adjoints of :mod:`fovi_lab.warp_adjoint` (the seed's design) write a per-node GEMM result
+``dA [Nout, P64, B]`` / ``dWeff [Nout, P64, Cout]`` to memory and reduce it through a reverse index
+in a second kernel. When the tables have the structure of spec §2.1 (every table built by
+:func:`fovi_lab.meta.build_meta` has it: ``input_linear[n, c*K+k] = c*Nin + idx[n, k]``,
+``weight_linear[n, c*K+k] = c*V + rf[n, k]``), both reductions fold into the GEMM's own K loop::
+
+    dx[b, c, m]   = sum_{(n, k): idx[n,k] = m} sum_o g[b, o, n] * W[o, c*V + rf[n,k]]
+    dW[o, c*V+v]  = sum_{(n, k): rf[n,k] = v, idx[n,k] < Nin} sum_b g[b, o, n] * x[b, c, idx[n,k]]
+
+* **dx** (``dxn_*``): one CTA per (input node m, batch tile, Cin tile). It walks m's reverse list
+  (the meta's reverse CSR: every (n, k) that reads m) and, per entry, accumulates
+  ``g_n^T [B, Cout] @ W_v [Cout, Cin]`` over Cout chunks. Operands: ``gn[n*Op + o, b] = g[b, o, n]``
+  ``[Nout*Op, Bx]`` (node-major g: the rows one entry needs are contiguous) and
+  ``wr[v*Op + o, c] = W[o, c*V + v]`` ``[V*Op, Cin_p]`` (tap-major W). It is the forward's node-major
+  kernel with the roles of (x, Cin) and (g, Cout) swapped and the neighbour list replaced by the
+  reverse list.
+* **dW** (``dwn_*``): one CTA per (tap v, split s, (o tile, c tile)). It walks the list of
+  (n, m = idx[n,k]) with rf[n,k] = v (pad neighbours left out: they contribute exact zeros) and, per
+  entry, accumulates ``g_n [Cout, B] @ x_m^T [B, Cin]`` over batch chunks, from ``gn`` and the
+  forward's node-major input ``xn[m*Cp + c, b] = x[b, c, m]`` ``[Nin*Cp, Bx]``. Layers with few taps
+  (V*tiles small next to the SM count) split each list ``S`` ways (entry j goes to split j mod S);
+  the ``S`` fp32 partials ``[S, V, Op, Cp]`` are summed by one torch reduction in a fixed order.
+
+No stage, no reduction kernel, no atomics: both gradients are **bitwise deterministic**, and memory
+is the operands (g and x in node-major order, the size of g and x) plus dx and dW. The summation
+order differs from the staged kernels' (fp32 either way).
+
+Pads: every tile that a contraction reads is zero-padded (Cout to ``Op``, Cin to ``Cp``, batch to a
+multiple of 8 and beyond that read as 0 by the bounds-checked loads), and ``Op``/``Cp`` are multiples
+of the tiles that index rows inside one node's block, so no load crosses into another node's rows.
+
+Kernels are built lazily per config (``module="unique"``, ``enable_backward=False``) and validated
+once per device by a NaN canary against :class:`fovi_lab.reference.CompactTorchOps`; an unlaunchable
+default makes :func:`grad_input_nm` / :func:`grad_weight_nm` return None (the caller falls back).
+"""
+
+# No `from __future__ import annotations`: Warp resolves kernel annotations (closure dtypes) at decoration.
+
+import math
+import os
+import threading
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from .meta import TrainingMeta, pad_to
+from .warp_common import (ValidatedCache, check_tensor, fast_launch, init_warp, nan_canary, warp_ct, warp_device,
+                          wp)
+
+__all__ = [
+    "grad_input_nm", "grad_weight_nm", "DX_NM_CONFIG_SPECS", "DW_NM_CONFIG_SPECS",
+    "select_dx_nm_config", "select_dw_nm_config", "get_nm_grad_kernel", "nm_grad_kernel_names",
+    "make_dx_nm_kernel", "make_dw_nm_kernel", "plan_grad_input_nm", "plan_grad_weight_nm",
+]
+
+# dx: name -> (tile_m = batch rows, tile_n = Cin columns, tile_k = Cout chunk, block_dim)
+DX_NM_CONFIG_SPECS: Dict[str, Tuple[int, int, int, int]] = {
+    "dxn_m16n16k64": (16, 16, 64, 64),
+    "dxn_m64n16k64": (64, 16, 64, 64),
+    "dxn_m16n64k64": (16, 64, 64, 128),
+    "dxn_m32n64k64": (32, 64, 64, 128),
+    "dxn_m64n64k64": (64, 64, 64, 128),
+    "dxn_m64n128k64": (64, 128, 64, 256),
+}
+# dW: name -> (tile_o = Cout rows, tile_c = Cin columns, tile_kb = batch chunk, block_dim)
+DW_NM_CONFIG_SPECS: Dict[str, Tuple[int, int, int, int]] = {
+    "dwn_o64c16k64": (64, 16, 64, 64),
+    "dwn_o64c32k64": (64, 32, 64, 128),
+    "dwn_o64c64k64": (64, 64, 64, 128),
+    "dwn_o128c64k64": (128, 64, 64, 256),
+}
+
+
+def nm_grad_kernel_names():
+    """Every ``(kind, name)`` of this module (``kind`` in {dxn, dwn}): what warmup compiles."""
+    return [("dxn", n) for n in DX_NM_CONFIG_SPECS] + [("dwn", n) for n in DW_NM_CONFIG_SPECS]
+
+
+def select_dx_nm_config(batch: int, cin: int) -> str:
+    """Batch tile from B (16 / 32 / 64 rows: no CTA wastes 3/4 of its rows), Cin tile from Cin."""
+    if cin <= 16:
+        return "dxn_m16n16k64" if batch <= 16 else "dxn_m64n16k64"
+    if cin >= 128 and batch > 32:
+        return "dxn_m64n128k64"
+    tm = 16 if batch <= 16 else 32 if batch <= 32 else 64
+    return f"dxn_m{tm}n64k64"
+
+
+def select_dw_nm_config(cout: int, cin: int) -> str:
+    """Cin tile that wastes least (16 for stems, 32 for Cin = 96, else 64); 128-wide o tile for wide layers."""
+    if cin <= 16:
+        return "dwn_o64c16k64"
+    if cin % 64 and cin % 32 == 0:
+        return "dwn_o64c32k64"
+    if cout >= 256 and cin >= 128:
+        return "dwn_o128c64k64"
+    return "dwn_o64c64k64"
+
+
+# --------------------------------------------------------------------------------------------
+# Kernel factories
+# --------------------------------------------------------------------------------------------
+
+def _decorator(name: str, block_dim: int, mathdx: Optional[bool]):
+    opts = {"enable_backward": False, "fast_math": True, "block_dim": int(block_dim)}
+    if mathdx is not None:
+        opts["enable_mathdx_gemm"] = bool(mathdx)
+    return wp.kernel(enable_backward=False, module="unique", name=name, module_options=opts)
+
+
+def make_dx_nm_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, mathdx: Optional[bool] = None):
+    """dx kernel. Args: ``gn [Nout*Op, Bx]`` f16, ``wr [V*Op, Cin_p]`` f16, ``rowptr [Nin+1]``,
+    ``rn``/``rv [nnz]`` int32 (output node and tap of each reverse entry), ``dx [Nin, B, Cin]`` f32
+    (any strides), ``n_ochunks = Op/tile_k``, ``op``. Grid ``(Nin, ceil(B/tile_m), ceil(Cin/tile_n))``."""
+    init_warp()
+    TM, TN, TK = int(tile_m), int(tile_n), int(tile_k)
+
+    @_decorator(f"fovi_dxn_m{TM}n{TN}k{TK}b{block_dim}", block_dim, mathdx)
+    def dxn(gn: wp.array2d(dtype=wp.float16), wr: wp.array2d(dtype=wp.float16),
+            rowptr: wp.array1d(dtype=wp.int32), rn: wp.array1d(dtype=wp.int32), rv: wp.array1d(dtype=wp.int32),
+            dx: wp.array3d(dtype=wp.float32), n_ochunks: int, op: int):
+        m, bt, ct = wp.tid()
+        b0 = bt * TM
+        c0 = ct * TN
+        acc = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+        for j in range(rowptr[m], rowptr[m + 1]):
+            grow = rn[j] * op
+            wrow = rv[j] * op
+            for oc in range(n_ochunks):
+                w = wp.tile_load(wr, shape=(TK, TN), offset=(wrow + oc * TK, c0), storage="shared")
+                a = wp.tile_load(gn, shape=(TK, TM), offset=(grow + oc * TK, b0), storage="shared")
+                wp.tile_matmul(wp.tile_transpose(a), w, acc)
+        wp.tile_store(dx[m], acc, offset=(b0, c0))
+
+    dxn._fovi_tiles = ("dxn", TM, TN, TK, int(block_dim))
+    return dxn
+
+
+def make_dw_nm_kernel(tile_o: int, tile_c: int, tile_kb: int, block_dim: int, mathdx: Optional[bool] = None):
+    """dW kernel. Args: ``gn [Nout*Op, Bx]`` f16, ``xn [Nin*Cp, Bx]`` f16, ``vrowptr [V+1]``,
+    ``vn``/``vm [nnz]`` int32 (output node and input node of each entry of tap v's list),
+    ``part [S, V, Op, Cp]`` f32, ``n_bchunks = ceil(Bx/tile_kb)``, ``op``, ``cp``, ``nsplit = S``,
+    ``n_ct = Cp/tile_c``. Grid ``(V, S, (Op/tile_o) * n_ct)``."""
+    init_warp()
+    TO, TC, TKB = int(tile_o), int(tile_c), int(tile_kb)
+
+    @_decorator(f"fovi_dwn_o{TO}c{TC}k{TKB}b{block_dim}", block_dim, mathdx)
+    def dwn(gn: wp.array2d(dtype=wp.float16), xn: wp.array2d(dtype=wp.float16),
+            vrowptr: wp.array1d(dtype=wp.int32), vn: wp.array1d(dtype=wp.int32), vm: wp.array1d(dtype=wp.int32),
+            part: wp.array4d(dtype=wp.float32), n_bchunks: int, op: int, cp: int, nsplit: int, n_ct: int):
+        v, s, t = wp.tid()
+        o0 = (t // n_ct) * TO
+        c0 = (t % n_ct) * TC
+        acc = wp.tile_zeros(shape=(TO, TC), dtype=wp.float32)
+        for j in range(vrowptr[v] + s, vrowptr[v + 1], nsplit):
+            grow = vn[j] * op + o0
+            xrow = vm[j] * cp + c0
+            for bc in range(n_bchunks):
+                a = wp.tile_load(gn, shape=(TO, TKB), offset=(grow, bc * TKB), storage="shared")
+                xx = wp.tile_load(xn, shape=(TC, TKB), offset=(xrow, bc * TKB), storage="shared")
+                wp.tile_matmul(a, wp.tile_transpose(xx), acc)
+        wp.tile_store(part[s, v], acc, offset=(o0, c0))
+
+    dwn._fovi_tiles = ("dwn", TO, TC, TKB, int(block_dim))
+    return dwn
+
+
+# --------------------------------------------------------------------------------------------
+# Build, canary, per-device cache
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class NmGradKernel:
+    kind: str           # "dxn" | "dwn"
+    name: str
+    kernel: object
+    tiles: Tuple[int, int, int, int]
+
+
+_build_lock = threading.Lock()
+_KERNELS: Dict[Tuple[str, str, Optional[bool]], object] = {}
+_VALIDATED = ValidatedCache("Warp node-major grad kernel")
+
+
+def _mathdx() -> Optional[bool]:
+    env = os.environ.get("FOVI_WARP_MATHDX")
+    if env is None or env == "":
+        return None
+    return env not in ("0", "false", "False", "no")
+
+
+def _spec(kind: str, name: str) -> Tuple[int, int, int, int]:
+    table = {"dxn": DX_NM_CONFIG_SPECS, "dwn": DW_NM_CONFIG_SPECS}.get(kind)
+    if table is None:
+        raise ValueError(f"kind: expected 'dxn' or 'dwn', got {kind!r}")
+    if name not in table:
+        raise KeyError(f"config: unknown {kind} config {name!r}; known: {sorted(table)}")
+    return table[name]
+
+
+def _build(kind: str, name: str):
+    mathdx = _mathdx()
+    key = (kind, name, mathdx)
+    with _build_lock:
+        k = _KERNELS.get(key)
+        if k is None:
+            tiles = _spec(kind, name)
+            k = (make_dx_nm_kernel if kind == "dxn" else make_dw_nm_kernel)(*tiles, mathdx=mathdx)
+            _KERNELS[key] = k
+        return k
+
+
+def _canary_problem(device: str, b: int, cout: int, cin: int):
+    from .meta import build_meta
+    g = torch.Generator().manual_seed(4321)
+    nin, nout, k, v = 7, 3, 5, 6
+    idx = torch.randint(0, nin + 1, (nout, k), generator=g)
+    idx[0, 0] = nin                                                   # at least one pad neighbour
+    rf = torch.randint(0, v, (nout, k), generator=g)
+    meta = build_meta(idx, rf, cin=cin, cout=cout, v=v, nin=nin, device=device)
+    x = torch.randn(b, cin, nin, generator=g).to(device=device, dtype=torch.float16)
+    w = (0.5 * torch.randn(cout, cin * v, generator=g)).to(device=device, dtype=torch.float16)
+    gy = torch.randn(b, cout, nout, generator=g).to(device=device, dtype=torch.float16)
+    return meta, x, w, gy
+
+
+def _canary(kind: str, name: str, kernel, device: str) -> Tuple[bool, str]:
+    """One NaN-prefilled launch on a problem of exactly one tile per axis, checked against torch_compact."""
+    from .reference import CompactTorchOps
+    t = _spec(kind, name)
+    if kind == "dxn":
+        meta, x, w, gy = _canary_problem(device, b=t[0], cout=t[2], cin=t[1])
+        plan = _GradInputNmPlan(meta, gy, w, NmGradKernel(kind, name, kernel, t), device, store="staged")
+        ref = CompactTorchOps.grad_input(meta, gy.float(), w.float())
+    else:
+        meta, x, w, gy = _canary_problem(device, b=t[2], cout=t[0], cin=t[1])
+        plan = _GradWeightNmPlan(meta, gy, x, NmGradKernel(kind, name, kernel, t), device, nsplit=2)
+        ref = CompactTorchOps.grad_weight(meta, gy.float(), x.float())
+    ok, why = nan_canary(plan.launch, plan.out)
+    if not ok:
+        return ok, why
+    got = plan.finish()
+    err = float((got.float() - ref).abs().max())
+    if not err <= 2e-2 * max(1.0, float(ref.abs().max())):
+        return False, f"launch ran but the canary result is wrong (max abs error {err:.3g})"
+    return True, "ok"
+
+
+def get_nm_grad_kernel(kind: str, name: str, device) -> Optional[NmGradKernel]:
+    """The built, canary-validated kernel of ``(kind, name)`` on ``device``; None when unlaunchable."""
+    dev = str(device)
+    tiles = _spec(kind, name)
+
+    def build():
+        try:
+            kernel = _build(kind, name)
+        except Exception as exc:
+            return None, f"build failed: {type(exc).__name__}: {exc}"
+        ok, why = _canary(kind, name, kernel, dev)
+        return (NmGradKernel(kind, name, kernel, tiles) if ok else None), why
+
+    return _VALIDATED.get((kind, name, _mathdx()), dev, build)
+
+
+def warm_nm_grad_kernel(kind: str, name: str, device: str):
+    """Build, compile and canary one kernel (a top-level function for spawned warm-up processes)."""
+    import time
+    t0 = time.perf_counter()
+    init_warp()
+    k = get_nm_grad_kernel(kind, name, device)
+    return k is not None, (_VALIDATED.why((kind, name, _mathdx()), device) or "ok"), time.perf_counter() - t0
+
+
+# --------------------------------------------------------------------------------------------
+# Per-meta index lists (cached alongside the meta)
+# --------------------------------------------------------------------------------------------
+
+def _aux(meta: TrainingMeta) -> dict:
+    from .warp_adjoint import _meta_aux
+    return _meta_aux(meta)
+
+
+def reverse_lists(meta: TrainingMeta):
+    """``(rowptr [Nin+1], rn [nnz], rv [nnz])`` int32: input node m's readers (n, tap), in CSR order."""
+    aux = _aux(meta)
+    got = aux.get("nm_rev")
+    if got is None:
+        col = meta.rev_col.to(torch.int64)
+        kk, nn = col // meta.nout, col % meta.nout
+        rv = meta.rf_index.to(col.device)[nn, kk]
+        got = (meta.rev_rowptr.to(torch.int32).contiguous(), nn.to(torch.int32).contiguous(),
+               rv.to(torch.int32).contiguous())
+        if int(got[0][-1]) != int((meta.idx < meta.nin).sum()):
+            raise ValueError("meta: reverse CSR does not list every non-pad (k, n) pair; "
+                             "build the meta with fovi_lab.meta.build_meta")
+        aux["nm_rev"] = got
+    return got
+
+
+def tap_lists(meta: TrainingMeta):
+    """``(vrowptr [V+1], vn [nnz], vm [nnz])`` int32: tap v's (output node, input node) pairs, non-pad
+    neighbours only, in (n, k) order; ``maxlen`` = the longest list."""
+    aux = _aux(meta)
+    got = aux.get("nm_tap")
+    if got is None:
+        idx = meta.idx.to(meta.device)
+        rf = meta.rf_index.to(meta.device)
+        real = (idx < meta.nin).reshape(-1)
+        flat = torch.nonzero(real).squeeze(1)                         # ascending j = n*K + k
+        taps = rf.reshape(-1)[flat]
+        order = torch.sort(taps, stable=True).indices
+        j = flat[order]
+        counts = torch.bincount(taps, minlength=meta.v)
+        rowptr = torch.zeros(meta.v + 1, dtype=torch.int64, device=idx.device)
+        rowptr[1:] = torch.cumsum(counts, 0)
+        got = (rowptr.to(torch.int32).contiguous(), (j // meta.k).to(torch.int32).contiguous(),
+               idx.reshape(-1)[j].to(torch.int32).contiguous(), int(counts.max()) if counts.numel() else 0)
+        aux["nm_tap"] = got
+    return got
+
+
+# --------------------------------------------------------------------------------------------
+# Operand layouts
+# --------------------------------------------------------------------------------------------
+
+def node_major(t: torch.Tensor, rows_pad: int, bx: int) -> torch.Tensor:
+    """``[B, R, N]`` -> ``[N*rows_pad, Bx]`` fp16 with ``out[n*rows_pad + r, b] = t[b, r, n]``, zero padded."""
+    b, r, n = t.shape
+    if rows_pad == r and bx == b:
+        return t.permute(2, 1, 0).contiguous().view(n * r, b)
+    out = torch.empty(n, rows_pad, bx, dtype=torch.float16, device=t.device)
+    out[:, :r, :b].copy_(t.permute(2, 1, 0))
+    if rows_pad > r:                                   # pads are contracted: they must be exact zeros
+        out[:, r:, :].zero_()
+    if bx > b:
+        out[:, :r, b:].zero_()
+    return out.view(n * rows_pad, bx)
+
+
+def _weight_tap_major_t(weight: torch.Tensor, cin: int, op: int, cinp: int) -> torch.Tensor:
+    """``wr[v*Op + o, c] = W[o, c*V + v]`` ``[V*Op, Cin_p]`` fp16, zero padded."""
+    cout, q = weight.shape
+    v = q // cin
+    src = weight.view(cout, cin, v).permute(2, 0, 1)
+    if op == cout and cinp == cin:
+        return src.contiguous().view(v * op, cinp)
+    wr = torch.zeros(v, op, cinp, dtype=torch.float16, device=weight.device)
+    wr[:, :cout, :cin] = src
+    return wr.view(v * op, cinp)
+
+
+_ct = warp_ct
+_launch = fast_launch
+
+
+# Outputs up to this size are stored straight into dx (strided); larger through a contiguous buffer.
+_DIRECT_STORE_MAX_BYTES = 4 << 20
+
+
+class _GradInputNmPlan:
+    """Operands and the single launch of one fused dx call; ``launch()`` then ``finish()`` -> dx."""
+
+    def __init__(self, meta, grad_y, weight, k: NmGradKernel, device: str, store: Optional[str] = None,
+                 gn: Optional[torch.Tensor] = None):
+        tm, tn, tk, bd = k.tiles
+        b = grad_y.shape[0]
+        self.k, self.device, self.block_dim = k, device, bd
+        self.op = op = pad_to(meta.cout, tk)
+        bx = pad_to(b, 8)
+        self.gn = gn if gn is not None else node_major(grad_y, op, bx)
+        self.wr = _weight_tap_major_t(weight, meta.cin, op, pad_to(meta.cin, 8))
+        rowptr, rn, rv = reverse_lists(meta)
+        self._keep = (rowptr, rn, rv)
+        nbytes = 4 * b * meta.cin * meta.nin
+        store = store or ("direct" if nbytes <= _DIRECT_STORE_MAX_BYTES else "staged")
+        if store == "direct":
+            self.dx = torch.empty(b, meta.cin, meta.nin, dtype=torch.float32, device=grad_y.device)
+            self.out = self.dx.permute(2, 0, 1)
+            self._finish = lambda: self.dx
+        else:
+            self.out = torch.empty(meta.nin, b, meta.cin, dtype=torch.float32, device=grad_y.device)
+            self._finish = lambda: self.out.permute(1, 2, 0).contiguous()
+        self.dims = (meta.nin, -(-b // tm), -(-meta.cin // tn))
+        self.inputs = [_ct(self.gn), _ct(self.wr), _ct(rowptr), _ct(rn), _ct(rv),
+                       _ct(self.out), op // tk, op]
+
+    def launch(self) -> None:
+        _launch(self.k.kernel, self.dims, self.inputs, self.block_dim, self.device)
+
+    def finish(self) -> torch.Tensor:
+        return self._finish()
+
+    def run(self) -> torch.Tensor:
+        self.launch()
+        return self.finish()
+
+
+def _default_nsplit(meta: TrainingMeta, n_tiles: int, maxlen: int, device: str) -> int:
+    """Split each tap's list so that the grid has ~2 CTAs per SM (1 on the CPU)."""
+    if not device.startswith("cuda"):
+        return 1
+    sms = torch.cuda.get_device_properties(torch.device(device)).multi_processor_count
+    want = math.ceil(2 * sms / max(1, meta.v * n_tiles))
+    return int(max(1, min(want, 16, max(1, maxlen))))
+
+
+class _GradWeightNmPlan:
+    """Operands and the single launch of one fused dW call; ``launch()`` then ``finish()`` -> dW."""
+
+    def __init__(self, meta, grad_y, x, k: NmGradKernel, device: str, nsplit: Optional[int] = None,
+                 gn: Optional[torch.Tensor] = None, xn: Optional[torch.Tensor] = None):
+        to, tc, tkb, bd = k.tiles
+        b = grad_y.shape[0]
+        self.meta, self.k, self.device, self.block_dim = meta, k, device, bd
+        self.op = op = pad_to(meta.cout, to)
+        self.cp = cp = pad_to(meta.cin, tc)
+        bx = pad_to(b, 8)
+        self.gn = gn if gn is not None else node_major(grad_y, op, bx)
+        self.xn = xn if xn is not None else node_major(x, cp, bx)
+        vrowptr, vn, vm, maxlen = tap_lists(meta)
+        self._keep = (vrowptr, vn, vm)
+        n_ct = cp // tc
+        n_tiles = (op // to) * n_ct
+        self.nsplit = s = int(nsplit) if nsplit is not None else _default_nsplit(meta, n_tiles, maxlen, device)
+        self.out = torch.empty(s, meta.v, op, cp, dtype=torch.float32, device=grad_y.device)
+        self.dims = (meta.v, s, n_tiles)
+        self.inputs = [_ct(self.gn), _ct(self.xn), _ct(vrowptr), _ct(vn), _ct(vm), _ct(self.out),
+                       -(-bx // tkb), op, cp, s, n_ct]
+
+    def launch(self) -> None:
+        _launch(self.k.kernel, self.dims, self.inputs, self.block_dim, self.device)
+
+    def finish(self) -> torch.Tensor:
+        m = self.meta
+        part = self.out[0] if self.nsplit == 1 else self.out.sum(0)   # fixed-order reduction
+        # [V, Op, Cp] -> dW[o, c*V + v]
+        return part[:, :m.cout, :m.cin].permute(1, 2, 0).reshape(m.cout, m.q).contiguous()
+
+    def run(self) -> torch.Tensor:
+        self.launch()
+        return self.finish()
+
+
+# --------------------------------------------------------------------------------------------
+# Public entry points
+# --------------------------------------------------------------------------------------------
+
+def _check(meta, grad_y):
+    if not isinstance(meta, TrainingMeta):
+        raise TypeError(f"meta: expected a TrainingMeta, got {type(meta).__name__}")
+    check_tensor("grad_y", grad_y, dtype=torch.float16, dim=3, shape=(None, meta.cout, meta.nout))
+    if grad_y.shape[0] < 1:
+        raise ValueError("grad_y: batch must be >= 1")
+
+
+def _kernel(kind: str, config: Optional[str], default: str, device: str) -> Optional[NmGradKernel]:
+    if config is None:
+        return get_nm_grad_kernel(kind, default, device)
+    if not isinstance(config, str):
+        raise TypeError(f"config: expected a config name (str) or None, got {type(config).__name__}")
+    k = get_nm_grad_kernel(kind, config, device)
+    if k is None:
+        why = _VALIDATED.why((kind, config, _mathdx()), device)
+        raise RuntimeError(f"config: Warp {kind} kernel {config!r} is not launchable on {device}: {why}")
+    return k
+
+
+def plan_grad_input_nm(meta, grad_y, weight, config=None, *, store=None, gn=None):
+    """The prepared fused dx call, or None when the (default) kernel cannot launch here."""
+    _check(meta, grad_y)
+    check_tensor("weight", weight, dtype=torch.float16, dim=2, shape=(meta.cout, meta.q), device=grad_y.device)
+    device = warp_device(grad_y)
+    meta = meta.to(grad_y.device)
+    k = _kernel("dxn", config, select_dx_nm_config(grad_y.shape[0], meta.cin), device)
+    return None if k is None else _GradInputNmPlan(meta, grad_y, weight, k, device, store=store, gn=gn)
+
+
+def plan_grad_weight_nm(meta, grad_y, x, config=None, *, nsplit=None, gn=None, xn=None):
+    """The prepared fused dW call, or None when the (default) kernel cannot launch here."""
+    _check(meta, grad_y)
+    check_tensor("x", x, dtype=torch.float16, dim=3, shape=(grad_y.shape[0], meta.cin, meta.nin),
+                 device=grad_y.device)
+    if nsplit is not None and (not isinstance(nsplit, int) or nsplit < 1):
+        raise ValueError(f"nsplit: expected a positive int or None, got {nsplit!r}")
+    device = warp_device(grad_y)
+    meta = meta.to(grad_y.device)
+    k = _kernel("dwn", config, select_dw_nm_config(meta.cout, meta.cin), device)
+    return None if k is None else _GradWeightNmPlan(meta, grad_y, x, k, device, nsplit=nsplit, gn=gn, xn=xn)
+
+
+def grad_input_nm(meta: TrainingMeta, grad_y: torch.Tensor, weight: torch.Tensor, config: Optional[str] = None, *,
+                  store: Optional[str] = None) -> Optional[torch.Tensor]:
+    """``dx [B, Cin, Nin]`` fp32 by the fused node-major kernel (one launch, no stage); None when the
+    default kernel cannot launch on this device (an explicit ``config`` that cannot raises)."""
+    plan = plan_grad_input_nm(meta, grad_y, weight, config, store=store)
+    return None if plan is None else plan.run()
+
+
+def grad_weight_nm(meta: TrainingMeta, grad_y: torch.Tensor, x: torch.Tensor, config: Optional[str] = None, *,
+                   nsplit: Optional[int] = None) -> Optional[torch.Tensor]:
+    """``dW [Cout, Q]`` fp32 by the fused per-tap kernel (one launch + a fixed-order sum of ``nsplit``
+    partials); None when the default kernel cannot launch on this device."""
+    plan = plan_grad_weight_nm(meta, grad_y, x, config, nsplit=nsplit)
+    return None if plan is None else plan.run()
