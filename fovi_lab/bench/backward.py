@@ -452,6 +452,34 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
     if grad_path(meta) != "fused":
         guarded(warp_impl + "_fused", lambda: warp_backend(warp_impl + "_fused", force="fused"))
 
+    # ---- sweep of the fused kernels alone: every dxn config, every dwn config x list split
+    if getattr(args, "sweep_fused", False):
+        from .. import warp_adjoint_nm as nm
+        useful = 2.0 * b * meta.cout * meta.cin * meta.nnz
+
+        def one_fused(kind, name, nsplit=None):
+            if kind == "dxn":
+                plan = nm.plan_grad_input_nm(meta, g, w, name)
+                got, want = plan.run(), ref[0]
+            else:
+                plan = nm.plan_grad_weight_nm(meta, g, x, name, nsplit=nsplit)
+                got, want = plan.run(), ref[1]
+            err = float((got - want).abs().max()) / max(1e-12, float(want.abs().max()))
+            t = tm(plan.launch).ms
+            op_ms = tm(plan.run).ms
+            rec(f"warp_{kind}", t, config=name, nsplit=nsplit, kernel_ms=t, op_ms=op_ms, err=err,
+                tflops=tflops(useful, t), roofline_frac=None)
+        for name in nm.DX_NM_CONFIG_SPECS:
+            guarded("warp_dxn", lambda name=name: one_fused("dxn", name), config=name)
+        for name in nm.DW_NM_CONFIG_SPECS:
+            for s_ in (1, 2, 4, 8, 16):
+                guarded("warp_dwn", lambda name=name, s_=s_: one_fused("dwn", name, s_), config=name, nsplit=s_)
+        rows = sorted([r for r in recs if r["impl"] == "warp_dxn" and r.get("ms")], key=lambda r: r["ms"])
+        print(f"{'':>22s}fused dx configs: " + ", ".join(f"{r['config']} {r['ms']:.3f}" for r in rows[:4]), flush=True)
+        rows = sorted([r for r in recs if r["impl"] == "warp_dwn" and r.get("ms")], key=lambda r: r["ms"])
+        print(f"{'':>22s}fused dW configs: " + ", ".join(f"{r['config']}x{r['nsplit']} {r['ms']:.3f}" for r in rows[:4]),
+              flush=True)
+
     # ---- sweep of every gi / gw config
     if args.sweep:
         def one(impl, which, **kw):
@@ -539,6 +567,8 @@ def _jobs_for(metas: dict, batches: List[int], mode: str, args, device: str) -> 
     for meta in metas.values():
         cfgs = [("dxn", nm.select_dx_nm_config(b, meta.cin)) for b in batches]
         cfgs.append(("dwn", nm.select_dw_nm_config(meta.cout, meta.cin)))
+        if getattr(args, "sweep_fused", False):
+            cfgs += nm.nm_grad_kernel_names()
         for kind, name in cfgs:
             jobs.append(("nm", kind, name, device))
             t = (nm.DX_NM_CONFIG_SPECS if kind == "dxn" else nm.DW_NM_CONFIG_SPECS)[name]
@@ -572,6 +602,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", nargs="*", type=int, default=[64, 128, 512])
     ap.add_argument("--rf", default="rf2")
     ap.add_argument("--sweep", action="store_true", help="also measure every gi/gw config (fp16 and fp32 staging)")
+    ap.add_argument("--sweep-fused", action="store_true",
+                    help="also time every fused dx config and every dW config x list split (kernels alone)")
     ap.add_argument("--gi-configs", nargs="*", default=None, help="restrict the sweep's gi configs")
     ap.add_argument("--gw-configs", nargs="*", default=None, help="restrict the sweep's gw configs")
     ap.add_argument("--reps", type=int, default=15)
