@@ -21,7 +21,8 @@ in a second kernel. When the tables have the structure of spec §2.1 (every tabl
   entry, accumulates ``g_n [Cout, B] @ x_m^T [B, Cin]`` over batch chunks, from ``gn`` and the
   forward's node-major input ``xn[m*Cp + c, b] = x[b, c, m]`` ``[Nin*Cp, Bx]``. Layers with few taps
   (V*tiles small next to the SM count) split each list ``S`` ways (entry j goes to split j mod S);
-  the ``S`` fp32 partials ``[S, V, Op, Cp]`` are summed by one torch reduction in a fixed order.
+  the ``S`` fp32 partials (stored in dW's own ``[Cout, Cin, V]`` order, within a 64 MiB budget) are
+  summed by one torch reduction in a fixed order.
 
 No stage, no reduction kernel, no atomics: both gradients are **bitwise deterministic**, and memory
 is the operands (g and x in node-major order, the size of g and x) plus dx and dW. The summation
@@ -79,25 +80,37 @@ def nm_grad_kernel_names():
     return [("dxn", n) for n in DX_NM_CONFIG_SPECS] + [("dwn", n) for n in DW_NM_CONFIG_SPECS]
 
 
-def select_dx_nm_config(batch: int, cin: int) -> str:
-    """Batch tile from B (16 / 32 / 64 rows: no CTA wastes 3/4 of its rows), Cin tile from Cin."""
+# One wave of CTAs on the H200 (132 SMs): below it a 64x64 dx tile leaves SMs idle.
+_WAVE_CTAS = 128
+
+
+def select_dx_nm_config(batch: int, cin: int, nin: Optional[int] = None) -> str:
+    """dx tiles, fit to the H200 sweep (``data/train-step_h200_run3_fused-sweep.jsonl``, every layer at
+    B = 64, 128, 512): 64x64 was the fastest or within 5% everywhere with Cin >= 64 *unless* its grid
+    ``Nin * ceil(B/64) * ceil(Cin/64)`` is under one wave (res18 layer3/4 at B = 64: Nin = 16), where
+    16x16 tiles ran 1.4-1.7x faster; the 128-wide Cin tile was never the fastest. Cin < 16 (stems):
+    16-wide Cin tiles (the staged path is faster there anyway, see ``knn_warp.grad_path``)."""
     if cin <= 16:
         return "dxn_m16n16k64" if batch <= 16 else "dxn_m64n16k64"
-    if cin >= 128 and batch > 32:
-        return "dxn_m64n128k64"
-    tm = 16 if batch <= 16 else 32 if batch <= 32 else 64
-    return f"dxn_m{tm}n64k64"
+    if nin is not None and nin * -(-batch // 64) * -(-cin // 64) < _WAVE_CTAS:
+        return "dxn_m16n16k64"
+    if batch <= 16:
+        return "dxn_m16n64k64"
+    return "dxn_m32n64k64" if batch <= 32 else "dxn_m64n64k64"
 
 
 def select_dw_nm_config(cout: int, cin: int) -> str:
-    """Cin tile that wastes least (16 for stems, 32 for Cin = 96, else 64); 128-wide o tile for wide layers."""
-    if cin <= 16:
-        return "dwn_o64c16k64"
-    if cin % 64 and cin % 32 == 0:
-        return "dwn_o64c32k64"
-    if cout >= 256 and cin >= 128:
-        return "dwn_o128c64k64"
-    return "dwn_o64c64k64"
+    """dW tiles from the same sweep: 64x64 (o x c) was the fastest or within 3% on every layer with
+    Cin >= 64 (Cin = 96 included: its 32-wide tile tied); 128-wide o tiles were 10-60% slower."""
+    return "dwn_o64c16k64" if cin <= 16 else "dwn_o64c64k64"
+
+
+def _budget_bytes() -> int:
+    """Budget of the dW partial sums (``FOVI_KNN_FUSED_PARTIAL_MIB``, default 64 MiB)."""
+    try:
+        return int(float(os.environ.get("FOVI_KNN_FUSED_PARTIAL_MIB", "64")) * (1 << 20))
+    except ValueError:
+        raise ValueError("FOVI_KNN_FUSED_PARTIAL_MIB: expected a number of MiB") from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -142,7 +155,7 @@ def make_dx_nm_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, mat
 def make_dw_nm_kernel(tile_o: int, tile_c: int, tile_kb: int, block_dim: int, mathdx: Optional[bool] = None):
     """dW kernel. Args: ``gn [Nout*Op, Bx]`` f16, ``xn [Nin*Cp, Bx]`` f16, ``vrowptr [V+1]``,
     ``vn``/``vm [nnz]`` int32 (output node and input node of each entry of tap v's list),
-    ``part [S, V, Op, Cp]`` f32, ``n_bchunks = ceil(Bx/tile_kb)``, ``op``, ``cp``, ``nsplit = S``,
+    ``part [S, V, Op, Cp]`` f32 (any strides), ``n_bchunks = ceil(Bx/tile_kb)``, ``op``, ``cp``, ``nsplit = S``,
     ``n_ct = Cp/tile_c``. Grid ``(V, S, (Op/tile_o) * n_ct)``."""
     init_warp()
     TO, TC, TKB = int(tile_o), int(tile_c), int(tile_kb)
@@ -398,13 +411,17 @@ class _GradInputNmPlan:
         return self.finish()
 
 
-def _default_nsplit(meta: TrainingMeta, n_tiles: int, maxlen: int, device: str) -> int:
-    """Split each tap's list so that the grid has ~2 CTAs per SM (1 on the CPU)."""
+def _default_nsplit(meta: TrainingMeta, n_tiles: int, maxlen: int, device: str, part_bytes: int) -> int:
+    """How many ways to split each tap's list (H200 sweep: splitting 8-16 ways was fastest on every layer
+    with few taps x tiles, e.g. res18 layer1 dW 0.42 -> 0.08 ms at B=64 from 1 to 16 ways, and never
+    more than 10% slower elsewhere), bounded by the partial-sum budget (one ``[V, Cout, Cin]`` fp32
+    partial per split) and by the longest list. 1 on the CPU."""
     if not device.startswith("cuda"):
         return 1
-    sms = torch.cuda.get_device_properties(torch.device(device)).multi_processor_count
-    want = math.ceil(2 * sms / max(1, meta.v * n_tiles))
-    return int(max(1, min(want, 16, max(1, maxlen))))
+    want = 16 if meta.v * n_tiles < _WAVE_CTAS else 8
+    cap = max(1, _budget_bytes() // max(1, part_bytes))
+    s = max(1, min(want, cap, max(1, maxlen)))
+    return 1 << (s.bit_length() - 1)                  # a power of two
 
 
 class _GradWeightNmPlan:
@@ -424,8 +441,13 @@ class _GradWeightNmPlan:
         self._keep = (vrowptr, vn, vm)
         n_ct = cp // tc
         n_tiles = (op // to) * n_ct
-        self.nsplit = s = int(nsplit) if nsplit is not None else _default_nsplit(meta, n_tiles, maxlen, device)
-        self.out = torch.empty(s, meta.v, op, cp, dtype=torch.float32, device=grad_y.device)
+        self.nsplit = s = int(nsplit) if nsplit is not None else _default_nsplit(
+            meta, n_tiles, maxlen, device, 4 * meta.v * op * cp)
+        # partials laid out [S, Op, Cp, V] (= dW's own [Cout, Cin, V] order): the kernel stores each tap's
+        # tile through the strided [S, V, Op, Cp] view, so the fixed-order sum over S (or, unsplit and
+        # unpadded, nothing at all) yields dW [Cout, Cin*V] without a transposing copy
+        self.part = torch.empty(s, op, cp, meta.v, dtype=torch.float32, device=grad_y.device)
+        self.out = self.part.permute(0, 3, 1, 2)
         self.dims = (meta.v, s, n_tiles)
         self.inputs = [_ct(self.gn), _ct(self.xn), _ct(vrowptr), _ct(vn), _ct(vm), _ct(self.out),
                        -(-bx // tkb), op, cp, s, n_ct]
@@ -435,9 +457,10 @@ class _GradWeightNmPlan:
 
     def finish(self) -> torch.Tensor:
         m = self.meta
-        part = self.out[0] if self.nsplit == 1 else self.out.sum(0)   # fixed-order reduction
-        # [V, Op, Cp] -> dW[o, c*V + v]
-        return part[:, :m.cout, :m.cin].permute(1, 2, 0).reshape(m.cout, m.q).contiguous()
+        part = self.part[0] if self.nsplit == 1 else self.part.sum(0)  # [Op, Cp, V]; fixed-order reduction
+        if part.shape[0] != m.cout or part.shape[1] != m.cin:
+            part = part[:m.cout, :m.cin]
+        return part.reshape(m.cout, m.q)                                # dW[o, c*V + v] (a view when unpadded)
 
     def run(self) -> torch.Tensor:
         self.launch()
@@ -474,7 +497,7 @@ def plan_grad_input_nm(meta, grad_y, weight, config=None, *, store=None, gn=None
     check_tensor("weight", weight, dtype=torch.float16, dim=2, shape=(meta.cout, meta.q), device=grad_y.device)
     device = warp_device(grad_y)
     meta = meta.to(grad_y.device)
-    k = _kernel("dxn", config, select_dx_nm_config(grad_y.shape[0], meta.cin), device)
+    k = _kernel("dxn", config, select_dx_nm_config(grad_y.shape[0], meta.cin, meta.nin), device)
     return None if k is None else _GradInputNmPlan(meta, grad_y, weight, k, device, store=store, gn=gn)
 
 

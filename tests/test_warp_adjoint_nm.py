@@ -153,13 +153,14 @@ def test_lists_cover_every_real_pair():
 
 def test_config_selection_and_bad_inputs():
     assert nm.select_dx_nm_config(16, 3) == "dxn_m16n16k64"
-    assert nm.select_dx_nm_config(64, 64) == "dxn_m64n64k64"
+    assert nm.select_dx_nm_config(64, 3) == "dxn_m64n16k64"
+    assert nm.select_dx_nm_config(64, 64, nin=230) == "dxn_m64n64k64"
+    assert nm.select_dx_nm_config(64, 256, nin=16) == "dxn_m16n16k64"      # under one wave of 64x64 CTAs
     assert nm.select_dx_nm_config(16, 96) == "dxn_m16n64k64"
     assert nm.select_dw_nm_config(96, 3) == "dwn_o64c16k64"
-    assert nm.select_dw_nm_config(256, 96) == "dwn_o64c32k64"
-    assert nm.select_dw_nm_config(64, 64) == "dwn_o64c64k64"
-    assert {nm.select_dx_nm_config(b, c) for b in (1, 16, 32, 64, 512) for c in (3, 64, 96, 256)} \
-        <= set(nm.DX_NM_CONFIG_SPECS)
+    assert nm.select_dw_nm_config(256, 96) == "dwn_o64c64k64"
+    assert {nm.select_dx_nm_config(b, c, n) for b in (1, 16, 32, 64, 512) for c in (3, 64, 96, 256)
+            for n in (None, 16, 4085)} <= set(nm.DX_NM_CONFIG_SPECS)
     assert {nm.select_dw_nm_config(o, c) for o in (64, 96, 256, 512) for c in (3, 64, 96, 256)} \
         <= set(nm.DW_NM_CONFIG_SPECS)
     meta, x, w, g, *_ = _case("ODD", 1)
