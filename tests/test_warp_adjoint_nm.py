@@ -176,3 +176,11 @@ def test_config_selection_and_bad_inputs():
         nm.grad_input_nm(meta, g, w, config="dxn_nope")
     with pytest.raises(TypeError, match="meta"):
         nm.grad_input_nm("meta", g, w)
+
+
+def test_capture_needs_cuda():
+    from fovi_lab import graphs
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the CPU refusal path is not reachable")
+    with pytest.raises(RuntimeError, match="CUDA graphs need a CUDA device"):
+        graphs.capture(lambda: None)

@@ -332,6 +332,23 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
                 traceback.print_exc()
         return None
 
+    graphs = bool(getattr(args, "graphs", False)) and device.type == "cuda"
+
+    def graphed(impl, fn, **kw):
+        """``fn`` replayed from a CUDA graph (no per-call host work): record ``<impl>_graphed``."""
+        from ..graphs import capture
+        try:
+            cap = capture(fn)
+            out = cap.replay()
+            dx, dw = out[-2], out[-1]
+            err_dx = float((dx.float() - ref[0]).abs().max()) / max(1e-12, float(ref[0].abs().max()))
+            err_dw = float((dw.float() - ref[1]).abs().max()) / max(1e-12, float(ref[1].abs().max()))
+            t = tm(cap.replay)
+            rec(impl + "_graphed", t.ms, reps=t.reps, graphed=True, err_dx=err_dx, err_dw=err_dw, **kw)
+            del cap, out
+        except Exception as exc:  # noqa: BLE001 - report, keep measuring
+            rec(impl + "_graphed", None, graphed=True, note=f"{type(exc).__name__}: {str(exc)[:200]}", **kw)
+
     # fp32 reference grads (torch_compact on fp32 copies of the same fp16 inputs)
     ref = (CompactTorchOps.grad_input(meta, g.float(), w.float()),
            CompactTorchOps.grad_weight(meta, g.float(), x.float()))
@@ -350,6 +367,8 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
         del r1, r2
         t = tm(fn)
         rec("torch_compact", t.ms, reps=t.reps, peak_mib=_peak_mib(fn, device), deterministic=det)
+        if graphs:
+            graphed("torch_compact", fn)
     guarded("torch_compact", torch_compact)
 
     for name, fwd in torch_forwards(meta).items():
@@ -370,11 +389,13 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
             t = tm(fn)
             rec(impl, t.ms, reps=t.reps, peak_mib=_peak_mib(fn, device), err_dx=err_dx, err_dw=err_dw,
                 note="backward only (graph built once)" if mode == "backward" else None)
+            if graphs and mode == "train-step":
+                graphed(impl, fn)
         guarded(impl, autograd)
 
-    torch_ms = {r["impl"]: r["ms"] for r in recs if r.get("ms")}
+    torch_ms = {r["impl"]: r["ms"] for r in recs if r.get("ms") and not r.get("graphed")}
     strongest = min(torch_ms, key=torch_ms.get) if torch_ms else None
-    torch_peak = {r["impl"]: r.get("peak_mib") for r in recs if r.get("ms")}
+    torch_peak = {r["impl"]: r.get("peak_mib") for r in recs if r.get("ms") and not r.get("graphed")}
 
     def finish_warp_record(r, t_ms):
         if strongest:
@@ -442,6 +463,14 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
             t = tm(fn)
             r = rec(impl, t.ms, reps=t.reps, peak_mib=_peak_mib(fn, device), path=path, **info)
             finish_warp_record(r, t.ms)
+            if graphs and force is None:
+                graphed(impl, fn, path=path)
+                tg = {q["impl"]: q["ms"] for q in recs if q.get("graphed") and q.get("ms")
+                      and q["impl"].startswith("torch")}
+                wg = [q for q in recs if q["impl"] == impl + "_graphed" and q.get("ms")]
+                if tg and wg:
+                    best = min(tg, key=tg.get)
+                    wg[0].update(strongest_graphed=best, speedup_vs_strongest_graphed=tg[best] / wg[0]["ms"])
         finally:
             if force:
                 if old is None:
@@ -602,6 +631,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", nargs="*", type=int, default=[64, 128, 512])
     ap.add_argument("--rf", default="rf2")
     ap.add_argument("--sweep", action="store_true", help="also measure every gi/gw config (fp16 and fp32 staging)")
+    ap.add_argument("--graphs", action="store_true",
+                    help="also time warp_train and the PyTorch baselines replayed from CUDA graphs")
     ap.add_argument("--sweep-fused", action="store_true",
                     help="also time every fused dx config and every dW config x list split (kernels alone)")
     ap.add_argument("--gi-configs", nargs="*", default=None, help="restrict the sweep's gi configs")
@@ -713,6 +744,11 @@ def _print_shape(recs: List[dict], mode: str) -> None:
             print(_warp_line(head, wr[0]), flush=True)
         elif wr:
             print(f"{head} {impl}: {wr[0].get('note')}", flush=True)
+    for r in recs:
+        if r["impl"] in (base + "_graphed",) and r.get("ms"):
+            print(f"{head} {r['impl']} {r['ms']:.3f} ms (CUDA-graph replay) | best torch graphed "
+                  f"{r.get('strongest_graphed')} -> x{_fmt(r.get('speedup_vs_strongest_graphed'), '{:.2f}')}",
+                  flush=True)
     for r in torch_rows:
         print(f"{'':>22s}{r['impl']:<30s} {r['ms']:.3f} ms  peak {_fmt(r.get('peak_mib'), '{:.0f}')} MiB", flush=True)
     for r in recs:
@@ -733,6 +769,14 @@ def _print_shape(recs: List[dict], mode: str) -> None:
 
 def _summary(recs: List[dict], mode: str) -> None:
     warp_impl = "warp" if mode == "backward" else "warp_train"
+    grows = [r for r in recs if r["impl"] == warp_impl + "_graphed" and r.get("ms")]
+    if grows:
+        print("\n CUDA-graph replay (no per-call host work), both sides:")
+        print(" layer            B   warp graphed  best torch graphed                   ms   speedup")
+        for r in grows:
+            sp = r.get("speedup_vs_strongest_graphed")
+            print(f" {r['layer']:<15s} {r['B']:>4d} {r['ms']:>12.3f}  {str(r.get('strongest_graphed')):<32s}"
+                  f"{(r['ms'] * sp if sp else math.nan):>8.3f}  x{(sp or math.nan):.2f}")
     rows = [r for r in recs if r["impl"] in (warp_impl, warp_impl + "_fused", warp_impl + "_staged") and r.get("ms")]
     if not rows:
         return

@@ -180,6 +180,20 @@ def run_shape(layer: str, meta, b: int, configs: List[str], chosen: str, device:
 
     tm = lambda fn: time_fn(fn, device, warmup=args.warmup, reps=args.reps)  # noqa: E731
 
+    graphs = bool(getattr(args, "graphs", False)) and device.type == "cuda"
+
+    def graphed(impl, fn, **kw):
+        """The same op replayed from a CUDA graph (no per-call host work): ``<impl>_graphed``."""
+        from ..graphs import capture
+        try:
+            cap = capture(fn)
+            y = cap.replay()
+            t = tm(cap.replay)
+            rec(impl + "_graphed", t.ms, err=err_of(y), reps=t.reps, graphed=True, **kw)
+            del cap
+        except Exception as exc:  # noqa: BLE001 - report, keep measuring
+            rec(impl + "_graphed", None, graphed=True, note=f"{type(exc).__name__}: {str(exc)[:200]}", **kw)
+
     # ---- PyTorch baselines
     weff = build_effective_weight(meta, w, cout_multiple=8)
     for name, fn in torch_baselines(meta, w, weff).items():
@@ -187,6 +201,8 @@ def run_shape(layer: str, meta, b: int, configs: List[str], chosen: str, device:
             y = fn(x, bias)
             t = tm(lambda: fn(x, bias))
             rec(name, t.ms, err=err_of(y), reps=t.reps)
+            if graphs:
+                graphed(name, lambda fn=fn: fn(x, bias))
         except torch.OutOfMemoryError:
             torch.cuda.empty_cache()
             rec(name, None, note="out of memory")
@@ -199,7 +215,7 @@ def run_shape(layer: str, meta, b: int, configs: List[str], chosen: str, device:
                 rec("torch_compile", t.ms, err=err_of(y), reps=t.reps, note="compile of torch_tgather_bmm")
         if compiled.note:
             rec("torch_compile", None, note=compiled.note)
-    torch_ms = {r["impl"]: r["ms"] for r in recs if r["ms"]}
+    torch_ms = {r["impl"]: r["ms"] for r in recs if r["ms"] and not r.get("graphed")}
     strongest = min(torch_ms, key=torch_ms.get)
     uncached_torch = {k: v for k, v in torch_ms.items() if k != "torch_cached_bmm"}
     strongest_unc = min(uncached_torch, key=uncached_torch.get)
@@ -257,6 +273,16 @@ def run_shape(layer: str, meta, b: int, configs: List[str], chosen: str, device:
         r["op_overhead_ms"] = (op - kern[name]) if op else None
         if name == chosen and info["dense_ms"]:
             rec("warp_dense_ceiling", info["dense_ms"], config=name)
+        if name == chosen and graphs:
+            graphed("warp_uncached", lambda name=name: F.run_uncached(x, w, bias, meta.input_linear,
+                                                                      meta.weight_linear, config=name),
+                    config=name, chosen=True)
+            tg = {k[:-len("_graphed")]: r["ms"] for r in recs for k in [r["impl"]]
+                  if r.get("graphed") and r.get("ms") and k.startswith("torch")}
+            wg = [r for r in recs if r["impl"] == "warp_uncached_graphed" and r.get("ms")]
+            if tg and wg:
+                best = min(tg, key=tg.get)
+                wg[0].update(strongest_graphed=best + "_graphed", speedup_vs_strongest_graphed=tg[best] / wg[0]["ms"])
         if name == chosen and args.store_compare:
             used = F._store_mode(None, 2 * b * meta.cout * meta.nout)
             alt = "staged" if used == "direct" else "direct"
@@ -350,6 +376,8 @@ def main(argv=None) -> int:
     ap.add_argument("--compile-budget-s", type=float, default=90.0)
     ap.add_argument("--no-cached", dest="cached", action="store_false", help="skip warp_cached")
     ap.add_argument("--store-compare", action="store_true", help="also time the direct (strided) output store")
+    ap.add_argument("--graphs", action="store_true",
+                    help="also time the chosen Warp op and every PyTorch baseline replayed from a CUDA graph")
     ap.add_argument("--gemm4096", action="store_true", help="also time 4096^3 dense GEMMs (Warp tiles, cuBLAS)")
     ap.add_argument("--out", default=None, help="JSON-lines file to append to (default data/forward_<device>.jsonl)")
     ap.add_argument("--device", default=None)
@@ -412,6 +440,14 @@ def _summary(recs: List[dict]) -> None:
         print(f" {r['layer']:<15s} {r['B']:>4d} {r['ms']:>9.3f} {r['ms_kernel']:>7.3f} {r['tflops_kernel']:>8.1f} "
               f"{(100 * fd if fd else math.nan):>7.0f}  {r['strongest']:<18s}{r['ms'] * r['speedup_vs_strongest']:>7.3f}"
               f"  x{r['speedup_vs_strongest']:.2f}")
+    grows = [r for r in recs if r["impl"] == "warp_uncached_graphed" and r.get("ms")]
+    if grows:
+        print("\n CUDA-graph replay (no per-call host work), both sides:")
+        print(" layer            B   warp graphed  best torch graphed (ms)            speedup")
+        for r in grows:
+            sp = r.get("speedup_vs_strongest_graphed")
+            print(f" {r['layer']:<15s} {r['B']:>4d} {r['ms']:>12.3f}  {str(r.get('strongest_graphed')):<27s}"
+                  f"{(r['ms'] * sp if sp else math.nan):>7.3f}  x{(sp or math.nan):.2f}")
 
 
 if __name__ == "__main__":
