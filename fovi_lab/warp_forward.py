@@ -156,6 +156,9 @@ _UNCACHED_BATCH_CONFIG_SPECS: Dict[str, Tuple[str, int, int, int, int, int]] = {
     "nm_m32n64k32r4": ("nm", 32, 64, 32, 4, 128),
     "nm_m64n64k128": ("nm", 64, 64, 128, 1, 128),
     "nm_m64n128k128": ("nm", 64, 128, 128, 1, 256),
+    # node-major with the neighbour loop split across CTAs (layers with few output nodes)
+    "nms_m16n32k64": ("nms", 16, 32, 64, 1, 64),
+    "nms_m64n64k64": ("nms", 64, 64, 64, 1, 128),
 }
 
 # Measured and never the fastest on the H200 sweep (kept runnable by name for benchmarks, but not
@@ -377,6 +380,49 @@ def _make_nm_kernel(tile_m: int, tile_n: int, tile_k: int, r: int, block_dim: in
             wp.tile_store(y_n, wp.tile_astype(acc3 + bb, wp.float16), offset=(b0 + 3 * TM, o0))
 
     kernel._fovi_tiles = ("nm", TM, TN, TK, R, int(block_dim))
+    return kernel
+
+
+def _make_nms_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, mathdx: Optional[bool] = None,
+                     name: Optional[str] = None):
+    """Node-major kernel with the neighbour loop split ``nsplit`` ways across CTAs ("nms").
+
+    A layer with few output nodes (resnet layer3/4: Nout = 16 / 2) gives the nm grid only 16-128
+    CTAs of 36-72 sequential tile GEMMs each: latency-bound on 132 SMs. Here CTA ``(s*Nout + n, bt,
+    ot)`` sums neighbours ``k = s, s + nsplit, ...`` into an fp32 partial ``part[s*Nout + n]``
+    ``[B, Cout]``; the plan then sums the ``nsplit`` partials in a fixed order, adds the bias in fp32
+    and rounds once to fp16 (the same arithmetic contract as the other kernels).
+
+    Args (kernel): ``xn``, ``wv``, ``idxn``, ``rfn`` as :func:`_make_nm_kernel`, ``part [S*Nout, B,
+    Cout]`` f32, ``nk = K``, ``n_cchunks``, ``cp``, ``nin``, ``nsplit = S``, ``nout``.
+    """
+    init_warp()
+    TM, TN, TK = int(tile_m), int(tile_n), int(tile_k)
+    kname = name or f"fovi_fwd_nms_m{TM}n{TN}k{TK}b{block_dim}"
+
+    @_kernel_decorator(kname, block_dim, mathdx)
+    def kernel(xn: wp.array2d(dtype=wp.float16), wv: wp.array2d(dtype=wp.float16),
+               idxn: wp.array2d(dtype=wp.int32), rfn: wp.array2d(dtype=wp.int32),
+               part: wp.array3d(dtype=wp.float32), nk: int, n_cchunks: int, cp: int, nin: int,
+               nsplit: int, nout: int):
+        ns, bt, ot = wp.tid()
+        n = ns % nout
+        s = ns // nout
+        b0 = bt * TM
+        o0 = ot * TN
+        acc = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+        for k in range(s, nk, nsplit):
+            m = idxn[n, k]
+            if m < nin:  # pad neighbours gather exact zeros: skip them (uniform per CTA)
+                xrow = m * cp
+                wrow = rfn[n, k] * cp
+                for cc in range(n_cchunks):
+                    w = wp.tile_load(wv, shape=(TK, TN), offset=(wrow + cc * TK, o0), storage="shared")
+                    a = wp.tile_load(xn, shape=(TK, TM), offset=(xrow + cc * TK, b0), storage="shared")
+                    wp.tile_matmul(wp.tile_transpose(a), w, acc)
+        wp.tile_store(part[ns], acc, offset=(b0, o0))
+
+    kernel._fovi_tiles = ("nms", TM, TN, TK, 1, int(block_dim))
     return kernel
 
 
@@ -636,6 +682,8 @@ def _build_kernel(cfg: FwdConfig, mathdx: Optional[bool] = None, dense: bool = F
                 k = _make_nm_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx)
             elif cfg.family == "nmp":
                 k = _make_nmp_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, mathdx)
+            elif cfg.family == "nms":
+                k = _make_nms_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, mathdx)
             elif cfg.family == "gp":
                 k = _make_gp_kernel(cfg.tile_m, cfg.tile_n, cfg.block_dim, mathdx)
             elif cfg.family == "cached":
@@ -806,7 +854,8 @@ def _select_uncached_batch_config(batch: int, out_channels: int, out_nodes: int,
     The fit, in words:
 
     * node-major (Cin >= 32, structured tables): 16x32 tiles when the batch is small (<= 32) or when
-      64x64 tiles would give fewer than ~96 CTAs (few output nodes, e.g. res18 layer3/4); otherwise
+      64x64 tiles would give fewer than ~96 CTAs (few output nodes, e.g. res18 layer3/4), with the
+      neighbour loop split across CTAs (``nms``) when even that grid is under one wave; otherwise
       64x64 tiles, with a 128-deep K step when that pads the channels no more than a 64-deep one
       (Cin = 96, 128, 256, 384: fewer syncs per FLOP) and 64-deep otherwise (Cin = 64).
     * gather (Cin < 32: the stems and the DINOv3 patch embed; or unstructured tables): 256 threads per
@@ -820,7 +869,8 @@ def _select_uncached_batch_config(batch: int, out_channels: int, out_nodes: int,
     if nm:
         ctas_m64 = out_nodes * -(-batch // 64) * -(-out_channels // 64)
         if batch <= 32 or ctas_m64 < _NM_MIN_CTAS_M64:
-            return "nm_m16n32k64"
+            ctas_m16 = out_nodes * -(-batch // 16) * -(-out_channels // 32)
+            return "nms_m16n32k64" if ctas_m16 < _NMS_MAX_CTAS else "nm_m16n32k64"
         if pad_to(in_channels, 128) == pad_to(in_channels, 64):
             return "nm_m64n64k128"
         return "nm_m64n64k64"
@@ -830,6 +880,9 @@ def _select_uncached_batch_config(batch: int, out_channels: int, out_nodes: int,
         return "m16n64"
     return "m64n64r1b256"
 
+
+# Below this many CTAs the 16x32 node-major grid is split over the neighbour loop (nms family).
+_NMS_MAX_CTAS = 256
 
 # Tried in order when the selected config is unlaunchable on a device.
 _FALLBACK_CHAIN = ("m64n64r1b256", "m32n64", "m16n32")
@@ -1103,6 +1156,32 @@ def _plan_uncached(cfg: FwdConfig, kernel, x, weight, bias, il, wl, store: str,
         inputs = [warp_ct(xt), wt_w, info.wa(il), info.wa(wl), bias_w, warp_ct(out),
                   p64 // _GATHER_TILE_K, b]
         keep = (xt, wt, il, wl, bias_p)
+    elif cfg.family == "nms":
+        if info.nm is None:
+            raise ValueError(f"config: {cfg.name!r} (node-major) needs index tables built as in spec §2.1 "
+                             f"(input_linear[n, c*K+k] = c*Nin + idx[n,k]); these are not")
+        cp = pad_to(cin, cfg.tile_k)
+        idxn, rfn, k = info.nm
+        bx, coutp = pad_to(b, 8), pad_to(cout, 8)
+        xn = _node_major_x(x, cp, bx)
+        wv, wv_w = _weight_operand(weight, "v", cin, cp, coutp)
+        ns = _nms_split(dims, k)
+        part = torch.empty(ns * nout, b, cout, dtype=torch.float32, device=x.device)
+        dims = (ns * nout, dims[1], dims[2])
+        inputs = [warp_ct(xn), wv_w, info.wa(idxn), info.wa(rfn), warp_ct(part), k, cp // cfg.tile_k, cp, nin,
+                  ns, nout]
+        kernel_launch = _launcher(kernel, dims, inputs, cfg.block_dim, dev)
+        bias32 = bias_p[:cout].view(1, 1, cout) if bias is not None else None
+
+        def launch():
+            kernel_launch()
+            red = part.view(ns, nout, b, cout).sum(0)             # fixed order over the splits
+            if bias32 is not None:
+                red += bias32
+            out.copy_(red)                                        # the one rounding to fp16
+        plan = _Plan(launch, out, finish)
+        plan._keep = (xn, wv, idxn, rfn, bias_p, part)
+        return plan
     elif cfg.family in ("nm", "nmp"):
         if info.nm is None:
             raise ValueError(f"config: {cfg.name!r} (node-major) needs index tables built as in spec §2.1 "
@@ -1131,6 +1210,12 @@ def _plan_uncached(cfg: FwdConfig, kernel, x, weight, bias, il, wl, store: str,
     plan = _Plan(launch, out, finish)
     plan._keep = keep  # operands must outlive the launch
     return plan
+
+
+def _nms_split(dims, k: int) -> int:
+    """Neighbour-loop split of the nms family: enough CTAs for ~2 waves on the H200 (256), at most K."""
+    grid = dims[0] * dims[1] * dims[2]
+    return int(max(1, min(k, -(-256 // max(1, grid)))))
 
 
 def _node_major_x(x: torch.Tensor, cp: int, bx: int) -> torch.Tensor:
@@ -1272,7 +1357,7 @@ def _prepare_uncached(x, weight, bias, input_linear, weight_linear, config=None,
         built = _require_config(config, dev)
         if built.config.family == "cached":
             raise ValueError(f"config: {config!r} is a cached-path config (use run_cached)")
-        if built.config.family in ("nm", "nmp") and info.nm is None:
+        if built.config.family in ("nm", "nmp", "nms") and info.nm is None:
             raise ValueError(f"config: {config!r} (node-major) needs index tables built as in spec §2.1 "
                              f"(input_linear[n, c*K+k] = c*Nin + idx[n,k]); these are not")
     return _plan_uncached(built.config, built.kernel, x, weight, bias, input_linear, weight_linear,

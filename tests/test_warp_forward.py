@@ -100,7 +100,7 @@ def test_default_path_every_shape_and_batch(shape, b):
 
 def test_bias_none_and_direct_store():
     c = case("PAD_HEAVY", 17, bias=False)
-    for config in ("m32n64", "nm_m32n64k64", "nmp_m32n64k64", "gp_m32n64"):
+    for config in ("m32n64", "nm_m32n64k64", "nmp_m32n64k64", "gp_m32n64", "nms_m16n32k64"):
         c.check(F.run_uncached(c.x, c.w, None, c.meta.input_linear, c.meta.weight_linear, config=config), config)
         c.check(F.run_uncached(c.x, c.w, None, c.meta.input_linear, c.meta.weight_linear, config=config,
                                store="direct"), config + " direct")
@@ -116,7 +116,7 @@ def test_all_pad_node_outputs_bias():
     x = torch.randn(3, cin, nin).half()
     w = torch.randn(cout, cin * v).half()
     bias = torch.randn(cout).half()
-    for config in (None, "m16n32", "nm_m16n64k64", "nmp_m16n64k64", "gp_m16n32"):
+    for config in (None, "m16n32", "nm_m16n64k64", "nmp_m16n64k64", "gp_m16n32", "nms_m64n64k64"):
         y = F.run_uncached(x, w, bias, meta.input_linear, meta.weight_linear, config=config)
         assert torch.equal(y[:, :, 2], bias.view(1, -1).expand(3, -1)), config
 
