@@ -846,8 +846,8 @@ def _select_uncached_batch_config(batch: int, out_channels: int, out_nodes: int,
     """Pick an uncached config name for one call (refit on the H200 sweep, data/forward_sweep_h200.jsonl).
 
     Args:
-        batch, out_channels, out_nodes, p_padded: B, Cout, Nout, P64 of the call (P64 is not needed by
-            the current fit: the K loop length does not change the ranking).
+        batch, out_channels, out_nodes, p_padded: B, Cout, Nout, P64 of the call (P64 / Cin estimates
+            K, the neighbour-loop length, which decides the nms split).
         in_channels: Cin (needed to consider the node-major family).
         node_major: whether the tables have the spec §2.1 structure (node-major kernels usable).
 
@@ -870,7 +870,11 @@ def _select_uncached_batch_config(batch: int, out_channels: int, out_nodes: int,
         ctas_m64 = out_nodes * -(-batch // 64) * -(-out_channels // 64)
         if batch <= 32 or ctas_m64 < _NM_MIN_CTAS_M64:
             ctas_m16 = out_nodes * -(-batch // 16) * -(-out_channels // 32)
-            return "nms_m16n32k64" if ctas_m16 < _NMS_MAX_CTAS else "nm_m16n32k64"
+            # sequential tile GEMMs per CTA: K neighbours (~P64/Cin) x Cin/64 channel chunks
+            steps = (p_padded // in_channels) * -(-in_channels // 64)
+            if ctas_m16 <= _NMS_MAX_CTAS and steps >= _NMS_MIN_STEPS:
+                return "nms_m64n64k64" if batch >= 64 else "nms_m16n32k64"
+            return "nm_m16n32k64"
         if pad_to(in_channels, 128) == pad_to(in_channels, 64):
             return "nm_m64n64k128"
         return "nm_m64n64k64"
@@ -881,8 +885,11 @@ def _select_uncached_batch_config(batch: int, out_channels: int, out_nodes: int,
     return "m64n64r1b256"
 
 
-# Below this many CTAs the 16x32 node-major grid is split over the neighbour loop (nms family).
+# The node-major neighbour loop is split across CTAs (nms family) when the 16x32 grid has at most this
+# many CTAs *and* each CTA would run at least _NMS_MIN_STEPS sequential tile GEMMs (H200 sweep run 6:
+# res18 layer4_0 at B <= 128 and layer3 at B = 16 gain 10-20%; res18 layer3_0 with 18 steps loses).
 _NMS_MAX_CTAS = 256
+_NMS_MIN_STEPS = 32
 
 # Tried in order when the selected config is unlaunchable on a device.
 _FALLBACK_CHAIN = ("m64n64r1b256", "m32n64", "m16n32")

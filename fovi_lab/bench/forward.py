@@ -307,7 +307,7 @@ def run_shape(layer: str, meta, b: int, configs: List[str], chosen: str, device:
 
 def _print_shape(recs: List[dict], chosen: str) -> None:
     by = {(r["impl"], r.get("config")): r for r in recs}
-    torch_rows = [r for r in recs if r["impl"].startswith("torch") and r["ms"]]
+    torch_rows = [r for r in recs if r["impl"].startswith("torch") and r["ms"] and not r.get("graphed")]
     best_t = min(torch_rows, key=lambda r: r["ms"]) if torch_rows else None
     c = by.get(("warp_uncached", chosen))
     head = f"{recs[0]['layer']:>15s} B={recs[0]['B']:<4d}"
