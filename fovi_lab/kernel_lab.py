@@ -1547,7 +1547,7 @@ def backward_recorded_figure(records: Optional[List[dict]] = None, mode: str = "
     warp_impl = "warp" if mode == "backward" else "warp_train"
     main = [r for r in records if r.get("impl") in (warp_impl, "torch_compact") or
             str(r.get("impl", "")).startswith("torch_autograd")]
-    main = [r for r in main if r.get("ms")]
+    main = [r for r in main if r.get("ms") and not r.get("graphed")]
     if not main:
         return message_figure(f"no recorded {mode} data yet (run python -m fovi_lab bench {mode.replace('_', '-')} "
                               f"on a GPU)")

@@ -389,13 +389,14 @@ class _GradInputNmPlan:
         self._keep = (rowptr, rn, rv)
         nbytes = 4 * b * meta.cin * meta.nin
         store = store or ("direct" if nbytes <= _DIRECT_STORE_MAX_BYTES else "staged")
-        if store == "direct":
+        # (no closures over self here: a plan -> lambda -> plan cycle would keep every buffer of the call
+        # alive until the cyclic garbage collector runs)
+        self.direct = store == "direct"
+        if self.direct:
             self.dx = torch.empty(b, meta.cin, meta.nin, dtype=torch.float32, device=grad_y.device)
             self.out = self.dx.permute(2, 0, 1)
-            self._finish = lambda: self.dx
         else:
             self.out = torch.empty(meta.nin, b, meta.cin, dtype=torch.float32, device=grad_y.device)
-            self._finish = lambda: self.out.permute(1, 2, 0).contiguous()
         self.dims = (meta.nin, -(-b // tm), -(-meta.cin // tn))
         self.inputs = [_ct(self.gn), _ct(self.wr), _ct(rowptr), _ct(rn), _ct(rv),
                        _ct(self.out), op // tk, op]
@@ -404,7 +405,7 @@ class _GradInputNmPlan:
         _launch(self.k.kernel, self.dims, self.inputs, self.block_dim, self.device)
 
     def finish(self) -> torch.Tensor:
-        return self._finish()
+        return self.dx if self.direct else self.out.permute(1, 2, 0).contiguous()
 
     def run(self) -> torch.Tensor:
         self.launch()

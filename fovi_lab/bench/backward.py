@@ -48,6 +48,7 @@ records are appended after every shape; ``--time-budget-s`` stops starting new s
 """
 
 import argparse
+import gc
 import math
 import multiprocessing as mp
 import os
@@ -85,6 +86,7 @@ def _peak_mib(fn: Callable[[], object], device: torch.device) -> Optional[float]
     """Extra memory at the peak of one ``fn()`` call (outputs included, inputs excluded), MiB."""
     if device.type != "cuda":
         return None
+    gc.collect()                     # no garbage from earlier calls may be freed inside the measured call
     _sync(device)
     torch.cuda.reset_peak_memory_stats(device)
     base = torch.cuda.memory_allocated(device)
