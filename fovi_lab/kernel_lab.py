@@ -1260,6 +1260,7 @@ def _forward_rows(records: List[dict]) -> Tuple[List[dict], List[dict]]:
         prim = _pick_run(runs) or []
         sweep = _sweep_run(runs) or prim
         used += prim + ([r for r in sweep if r not in prim] if sweep is not prim else [])
+        prim = [r for r in prim if not r.get("graphed")]      # CUDA-graph replays: fv/bench --graphs tables
         unc = [r for r in prim if r.get("impl") == "warp_uncached"]
         pick = next((r for r in unc if r.get("chosen") and r.get("ms")), None)
         kern = [r for r in sweep if r.get("impl") == "warp_uncached" and r.get("ms_kernel")]
