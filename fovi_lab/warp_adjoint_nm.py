@@ -412,12 +412,17 @@ class _GradInputNmPlan:
         return self.finish()
 
 
-def _default_nsplit(meta: TrainingMeta, n_tiles: int, maxlen: int, device: str, part_bytes: int) -> int:
+def _default_nsplit(meta: TrainingMeta, n_tiles: int, maxlen: int, device: str, part_bytes: int,
+                    batch: int = 0) -> int:
     """How many ways to split each tap's list (H200 sweep: splitting 8-16 ways was fastest on every layer
-    with few taps x tiles, e.g. res18 layer1 dW 0.42 -> 0.08 ms at B=64 from 1 to 16 ways, and never
+    with few taps x tiles, e.g. res18 layer1 dW 0.29 -> 0.08 ms at B=64 from 1 to 16 ways, and never
     more than 10% slower elsewhere), bounded by the partial-sum budget (one ``[V, Cout, Cin]`` fp32
-    partial per split) and by the longest list. 1 on the CPU."""
+    partial per split) and by the longest list. Unsplit when the lists are short (under 4 entries per
+    tap on average: res18 layer3/3_0/4_0) at B <= 128, where splitting bought nothing in the sweep and
+    each split costs a dW-sized partial. 1 on the CPU."""
     if not device.startswith("cuda"):
+        return 1
+    if meta.nnz < 4 * meta.v and batch <= 128:
         return 1
     want = 16 if meta.v * n_tiles < _WAVE_CTAS else 8
     cap = max(1, _budget_bytes() // max(1, part_bytes))
@@ -443,7 +448,7 @@ class _GradWeightNmPlan:
         n_ct = cp // tc
         n_tiles = (op // to) * n_ct
         self.nsplit = s = int(nsplit) if nsplit is not None else _default_nsplit(
-            meta, n_tiles, maxlen, device, 4 * meta.v * op * cp)
+            meta, n_tiles, maxlen, device, 4 * meta.v * op * cp, batch=b)
         # contiguous [S, V, Op, Cp] partials: coalesced tile stores. (Storing straight into dW's own
         # [Cout, Cin, V] order through a strided view saves the finishing copy but made the stores
         # V-strided: 2-4x slower dW on the wide resnet layers on the H200, run 5.)
