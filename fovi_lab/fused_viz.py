@@ -85,9 +85,10 @@ def explore_fused(shape: str = "PAD_HEAVY", batch: int = 40, device=None) -> dic
 
 # ------------------------------------------------------------------------------------- recorded data
 
-def train_step_runs(records: Optional[List[dict]] = None) -> Dict[tuple, dict]:
+def train_step_runs(records: Optional[List[dict]] = None,
+                    need: Sequence[str] = ("warp_train", "warp_train_staged")) -> Dict[tuple, dict]:
     """``(layer, B) -> {impl: record}`` from the most recent recorded train-step run of each shape that
-    measured both paths (``warp_train_staged`` next to the backend's own ``warp_train``)."""
+    measured every impl in ``need`` (default: both paths, the staged one next to the backend's own)."""
     records = kl.backward_records(mode="train-step") if records is None else records
     runs: Dict[tuple, Dict[tuple, Dict[str, dict]]] = {}
     for r in records:
@@ -98,7 +99,7 @@ def train_step_runs(records: Optional[List[dict]] = None) -> Dict[tuple, dict]:
         runs.setdefault(key, {}).setdefault(run, {})[r["impl"]] = r
     out = {}
     for key, by_run in runs.items():
-        ok = [rk for rk, d in by_run.items() if "warp_train_staged" in d and "warp_train" in d]
+        ok = [rk for rk, d in by_run.items() if all(n in d for n in need)]
         if ok:
             out[key] = by_run[max(ok)]
     return out
@@ -159,7 +160,7 @@ def fused_vs_staged_figure(records: Optional[List[dict]] = None, height: int = 6
 def graphed_step_figure(records: Optional[List[dict]] = None, height: int = 460) -> go.Figure:
     """Recorded train step replayed from a CUDA graph (no per-call host work) against the fastest
     PyTorch step replayed the same way, per layer; eager ``warp_train`` as a marker; dropdown for B."""
-    runs = {k: d for k, d in train_step_runs(records).items() if "warp_train_graphed" in d}
+    runs = train_step_runs(records, need=("warp_train", "warp_train_graphed"))
     if not runs:
         return kl.message_figure("no recorded CUDA-graph train step yet "
                                  "(python -m fovi_lab bench train-step --graphs on a GPU)")
