@@ -130,8 +130,13 @@ def run_demo(layer: str = "res18_layer1", batch: int = 8, rf: str = "rf2", devic
             row.ok = bool(ok)
             row.fwd_ms = _timeit(lambda: ops.forward(meta, x, w, b), device, reps)
             if row.dx_err is not None:
-                row.bwd_ms = _timeit(lambda: (ops.grad_input(meta, gy, w), ops.grad_weight(meta, gy, x)),
+                both = getattr(ops, "backward_combined", None)   # what KNNConvFunction calls when both are needed
+                row.bwd_ms = _timeit((lambda: both(meta, gy, x, w)) if both else
+                                     (lambda: (ops.grad_input(meta, gy, w), ops.grad_weight(meta, gy, x))),
                                      device, reps)
+            if name == "warp_train":
+                from .knn_warp import grad_path
+                row.note = f"adjoints: {grad_path(meta)} (knn_warp.grad_path)"
         except Exception as exc:  # one backend failing must not hide the others
             row.ok = False
             row.note = f"{type(exc).__name__}: {exc}"[:160]

@@ -101,8 +101,9 @@ def _fused_unavailable(which: str) -> None:
 class WarpTrainOps:
     """Train-capable Warp ops (``warp_train``): fp16 compute, fp32 deterministic gradients.
 
-    Gradients run the fused node-major kernels or the staged ones per layer (see :func:`grad_path`);
-    when a fused kernel cannot launch here the staged kernels take over (and when those cannot either, ``torch_compact``, each with a warning).
+    Gradients run the fused node-major kernels or the staged ones per layer (see :func:`grad_path`).
+    When a fused kernel cannot launch here the staged kernels take over, and when those cannot either,
+    ``torch_compact``; each fallback warns.
     """
 
     name = "warp_train"

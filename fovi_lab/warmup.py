@@ -1,6 +1,7 @@
-"""Compile every Warp forward kernel (and the fused adjoint kernels ``warp_train`` runs) for this machine into Warp's kernel cache, in parallel processes.
+"""Compile every Warp forward kernel (and the fused adjoint kernels ``warp_train`` runs) for this machine
+into Warp's kernel cache, in parallel processes.
 
-``python -m fovi_lab warmup [--jobs N] [--no-dense] [--aot-arch 90]``
+``python -m fovi_lab warmup [--jobs N] [--no-dense] [--no-grad] [--aot-arch 90]``
 
 Every forward config is its own Warp module, and on a GPU each module's MathDx (cuBLASDx) link takes
 ~50 s. Warp's in-process ``max_workers`` did not help on the H200 machine (11 modules unfinished after

@@ -39,7 +39,6 @@ default makes :func:`grad_input_nm` / :func:`grad_weight_nm` return None (the ca
 
 # No `from __future__ import annotations`: Warp resolves kernel annotations (closure dtypes) at decoration.
 
-import math
 import os
 import threading
 from dataclasses import dataclass
@@ -314,8 +313,8 @@ def reverse_lists(meta: TrainingMeta):
 
 
 def tap_lists(meta: TrainingMeta):
-    """``(vrowptr [V+1], vn [nnz], vm [nnz])`` int32: tap v's (output node, input node) pairs, non-pad
-    neighbours only, in (n, k) order; ``maxlen`` = the longest list."""
+    """``(vrowptr [V+1], vn [nnz], vm [nnz], maxlen)``: int32 lists of tap v's (output node, input node)
+    pairs, non-pad neighbours only, in (n, k) order, and the length of the longest list."""
     aux = _aux(meta)
     got = aux.get("nm_tap")
     if got is None:
@@ -498,7 +497,8 @@ def _kernel(kind: str, config: Optional[str], default: str, device: str) -> Opti
 def plan_grad_input_nm(meta, grad_y, weight, config=None, *, store=None, gn=None):
     """The prepared fused dx call, or None when the (default) kernel cannot launch here."""
     _check(meta, grad_y)
-    check_tensor("weight", weight, dtype=torch.float16, dim=2, shape=(meta.cout, meta.q), device=grad_y.device)
+    check_tensor("weight", weight, dtype=torch.float16, dim=2, shape=(meta.cout, meta.q), device=grad_y.device,
+                 contiguous=True)
     device = warp_device(grad_y)
     meta = meta.to(grad_y.device)
     k = _kernel("dxn", config, select_dx_nm_config(grad_y.shape[0], meta.cin, meta.nin), device)

@@ -177,7 +177,8 @@ def warp_ct(t: torch.Tensor):
 
     About 2.5x cheaper than a ``wp.array`` view; it does not own the memory and skips Warp's dtype
     check, so callers keep the tensor alive over the launch and pass only the dtypes the kernel
-    declares (each kernel's first launch on a device is a NaN-canary launch that checks them).
+    declares (a wrong one would give wrong numbers, which every kernel's NaN canary, checked against
+    the reference on first use per device, would report).
     """
     return wp.from_torch(t, return_ctype=True)
 
@@ -195,16 +196,16 @@ def fast_launch(kernel, dims, inputs, block_dim: int, device: str) -> None:
     descriptors from :func:`warp_ct`, or ints) before launching.
     """
     key = (kernel, device, tuple(dims), int(block_dim))
-    cmd = _FAST.get(key)
     stream = warp_stream(device)
-    if cmd is None:
-        cmd = wp.launch_tiled(kernel, dim=dims, inputs=inputs, block_dim=block_dim, device=device,
-                              record_cmd=True)
-        with _fast_lock:
+    with _fast_lock:                       # one recorded launch is shared: set + launch must not interleave
+        cmd = _FAST.get(key)
+        if cmd is None:
+            cmd = wp.launch_tiled(kernel, dim=dims, inputs=inputs, block_dim=block_dim, device=device,
+                                  record_cmd=True)
             if len(_FAST) > 1024:
                 _FAST.clear()
             _FAST[key] = cmd
-    else:
-        for i, v in enumerate(inputs):
-            cmd.set_param_at_index_from_ctype(i, v)
-    cmd.launch(stream=stream)
+        else:
+            for i, v in enumerate(inputs):
+                cmd.set_param_at_index_from_ctype(i, v)
+        cmd.launch(stream=stream)

@@ -20,11 +20,18 @@ mode ``backward`` (both gradients, dx and dW):
       the strongest PyTorch forwards (gather + bmm, and the transposed gather whose gathered rows are
       contiguous batch runs), backward only (the graph is built once, ``retain_graph=True``).
 mode ``train-step`` (forward + both gradients):
-    * ``warp_train``: :func:`fovi_lab.warp_forward.run_uncached` (default config) + both adjoints;
+    * ``warp_train``: the ``warp_train`` backend as a user gets it (:class:`fovi_lab.knn_warp.WarpTrainOps`:
+      the default forward config and, per :func:`fovi_lab.knn_warp.grad_path`, the fused node-major
+      adjoints of :mod:`fovi_lab.warp_adjoint_nm` or the staged ones), with each fused kernel timed alone
+      and against the dense ceiling of its tiles; ``warp_train_staged``: the staged pipelines with the
+      per-stage numbers above; ``warp_train_fused``: the fused path forced where the rule picks staged;
     * ``torch_compact``: its forward + explicit backward;
     * ``torch_autograd_*``: the PyTorch forward + ``torch.autograd.grad``.
+(In ``backward`` mode the same Warp records are named ``warp``, ``warp_staged``, ``warp_fused``.)
 ``--sweep`` (either mode) also measures every gi/gw config (v2/v2p, v2/v3/v3p/v4, tile sizes, fp16
-and fp32 staging; gw also with the ``index_add`` finish) on each shape, op and kernels alone.
+and fp32 staging; gw also with the ``index_add`` finish) on each shape, op and kernels alone;
+``--sweep-fused`` every fused dx config and dW config x list split; ``--graphs`` also replays
+``warp_train`` and every PyTorch step from a CUDA graph (``*_graphed`` records: no per-call host work).
 
 Every Warp result is checked against ``torch_compact`` in fp32 (``err_dx``, ``err_dw``: max abs error
 over the reference's max abs), and run twice to check bitwise determinism (``deterministic``). Peak
@@ -257,6 +264,7 @@ def _dense_nm_config(tm: int, tn: int, tk: int) -> Optional[str]:
 def _fused_records(meta, x, w, g, device, tm, dense: "_DenseCache", ref) -> dict:
     """Kernels alone of the fused node-major adjoints: ms, useful TFLOP/s, dense-ceiling fraction."""
     from .. import warp_adjoint_nm as nm
+    from ..meta import pad_to
     b = x.shape[0]
     useful = 2.0 * b * meta.cout * meta.cin * meta.nnz               # non-pad (n, k) pairs only
     out: dict = {}
@@ -278,15 +286,11 @@ def _fused_records(meta, x, w, g, device, tm, dense: "_DenseCache", ref) -> dict
         out.update(dw_config=pw.k.name, dw_nsplit=pw.nsplit, dwn_kernel_ms=t, dwn_tflops=tflops(useful, t),
                    dw_partial_mib=pw.out.numel() * 4 / _MIB)
         dcfg = _dense_nm_config(to, tc, tkb)
-        kd = max(tkb, int(round(meta.nnz / max(1, meta.v * pw.nsplit))) * pad_to_(b, 8))
+        kd = max(tkb, int(round(meta.nnz / max(1, meta.v * pw.nsplit))) * pad_to(b, 8))
         d = dense.get(dcfg, meta.cout, meta.cin, meta.v * pw.nsplit, kd, device, tm)
         out.update(dw_dense_config=dcfg, dw_dense_ms=d, dw_frac_dense=(d / t) if d else None)
         del pw
     return out
-
-
-def pad_to_(n: int, m: int) -> int:
-    return max(m, -(-int(n) // m) * m)
 
 
 # ------------------------------------------------------------------------------------------- a shape
