@@ -184,3 +184,20 @@ def test_capture_needs_cuda():
         pytest.skip("this machine has CUDA: the CPU refusal path is not reachable")
     with pytest.raises(RuntimeError, match="CUDA graphs need a CUDA device"):
         graphs.capture(lambda: None)
+
+
+def test_every_fused_kernel_compiles_aot_without_mathdx(tmp_path):
+    """The fused dx/dW kernels' CUDA compiles for sm_80, sm_89 and sm_90 with no GPU (Warp's NVRTC, the
+    scalar tile_matmul path; ~1 s per kernel and arch). Launch fit is the canary's job on the device."""
+    import os
+    from pathlib import Path
+    from fovi_lab.warp_common import wp
+    archs = [int(a) for a in os.environ.get("FOVI_TEST_AOT_ARCHS", "80,89,90").split(",") if a.strip()]
+    for kind, name in nm.nm_grad_kernel_names():
+        make = nm.make_dx_nm_kernel if kind == "dxn" else nm.make_dw_nm_kernel
+        kernel = make(*nm._spec(kind, name), mathdx=False)
+        for arch in archs:
+            out = tmp_path / f"{name}_sm{arch}"
+            files = wp.compile_aot_module(kernel.module, arch=arch, module_dir=str(out))
+            files = [Path(f) for f in files or []]
+            assert files and all(f".sm{arch}." in f.name and f.stat().st_size > 0 for f in files), (name, arch, files)
