@@ -19,7 +19,7 @@ from plotly.subplots import make_subplots
 from . import kernel_lab as kl
 from .layers import layer_meta
 
-__all__ = ["stage_bytes_table", "explore_fused", "train_step_runs", "fused_vs_staged_figure",
+__all__ = ["stage_bytes_table", "explore_fused", "explore_fused_run", "train_step_runs", "fused_vs_staged_figure",
            "graphed_step_figure"]
 
 _MIB = 1 << 20
@@ -195,3 +195,81 @@ def graphed_step_figure(records: Optional[List[dict]] = None, height: int = 460)
                                         y=1.15, active=bs.index(default_b))],
                       legend=dict(orientation="h", y=-0.2))
     return fig
+
+
+# ------------------------------------------------------------------------------------- the widget
+
+def explore_fused_run(layer: str = "res18_layer1", batch: int = 64, cout: Optional[int] = None,
+                      dx_config: str = "auto", dw_config: str = "auto", nsplit: int = 0, rf: str = "rf2",
+                      device: Optional[str] = None, log: Optional[kl.RunLog] = None,
+                      budget: float = kl.CPU_WORK_BUDGET, seed: int = 0):
+    """The section 7 widget's callback: run the fused dx and dW kernels on ``layer`` with the chosen
+    configs (``"auto"``: the rules of :mod:`fovi_lab.warp_adjoint_nm`; ``nsplit`` 0: the split rule),
+    check them against torch autograd of the fp32 oracle, run them again and compare bits, and time
+    them against ``torch_compact``'s adjoints. On the CPU the batch, then the output nodes, are clamped
+    to ``budget`` FLOPs of tile work. Returns ``(result, figure)`` like :func:`kernel_lab.explore_adjoint`.
+    """
+    from . import warp_adjoint_nm as nm
+    from .meta import pad_to
+    from .reference import CompactTorchOps
+    result = {"ok": False, "passed": False, "layer": layer, "batch_requested": batch, "cout_requested": cout,
+              "dx_config": dx_config, "dw_config": dw_config, "nsplit_requested": nsplit}
+    problem = kl._check_common(layer, batch, cout, rf)
+    if problem is None and dx_config != "auto" and dx_config not in nm.DX_NM_CONFIG_SPECS:
+        problem = f"dx config must be 'auto' or one of {', '.join(nm.DX_NM_CONFIG_SPECS)}, got {dx_config!r}"
+    if problem is None and dw_config != "auto" and dw_config not in nm.DW_NM_CONFIG_SPECS:
+        problem = f"dW config must be 'auto' or one of {', '.join(nm.DW_NM_CONFIG_SPECS)}, got {dw_config!r}"
+    if problem is None and (not kl._is_int(nsplit) or not 0 <= int(nsplit) <= 64):
+        problem = f"list split must be an integer in [0, 64] (0 = the rule), got {nsplit!r}"
+    if problem is not None:
+        return kl._fail(result, log, problem)
+    try:
+        dev = device or kl.default_device()
+        shape = kl.shape_of(kl.make_meta(layer, cout, rf))
+
+        def work(bb, nn):                      # both fused GEMMs, padded tiles, nn output nodes
+            return 2 * 2.0 * bb * nn * shape["k"] * pad_to(shape["cout"], 64) * pad_to(shape["cin"], 16)
+
+        b, nodes, note = kl._clamp(shape, batch, work, dev, budget, tile_rows=16)
+        pb = kl.make_problem(layer, b, cout, rf, seed=seed, device=dev, nodes=nodes, bias=False)
+        m = pb.meta
+        dxc = None if dx_config == "auto" else dx_config
+        dwc = None if dw_config == "auto" else dw_config
+        split = None if int(nsplit) == 0 else int(nsplit)
+        t0 = time.perf_counter()
+        px = nm.plan_grad_input_nm(m, pb.grad_y, pb.weight, dxc)
+        pw = nm.plan_grad_weight_nm(m, pb.grad_y, pb.x, dwc, nsplit=split)
+        if px is None or pw is None:
+            return kl._fail(result, log, "unlaunchable on this device: the rule's fused kernel failed its canary")
+        dx, dw = px.run(), pw.run()
+        compile_s = time.perf_counter() - t0
+        dx2 = nm.grad_input_nm(m, pb.grad_y, pb.weight, px.k.name)
+        dw2 = nm.grad_weight_nm(m, pb.grad_y, pb.x, pw.k.name, nsplit=pw.nsplit)
+        det = bool(torch.equal(dx, dx2) and torch.equal(dw, dw2))
+        rdx, rdw, ref_name = kl.reference_grads(m, pb.x, pb.weight, pb.grad_y)
+        tol = 1e-2
+        err_dx, err_dw = kl.rel_error(dx, rdx, floor=1e-30), kl.rel_error(dw, rdw, floor=1e-30)
+        run_ms = kl._time_ms(lambda: (px.run(), pw.run()), dev)
+        if dev == "cpu":
+            gf, wf, xf = pb.grad_y.float(), pb.weight.float(), pb.x.float()
+        else:
+            gf, wf, xf = pb.grad_y, pb.weight, pb.x
+        torch_ms = kl._time_ms(lambda: (CompactTorchOps.grad_input(m, gf, wf),
+                                        CompactTorchOps.grad_weight(m, gf, xf)), dev)
+        tag = f"{layer} (B={b}, Cout={m.cout})"
+        result.update(
+            ok=True, passed=bool(err_dx <= tol and err_dw <= tol), batch=b, nodes=m.nout, cout=m.cout, clamp=note,
+            dx_kernel=px.k.name, dw_kernel=pw.k.name, dw_split=pw.nsplit, err_dx=err_dx, err_dw=err_dw,
+            tolerance=tol, reference=ref_name, deterministic=det,
+            parity_dx=kl.parity_line(f"fused dx, {px.k.name} on {tag} vs {ref_name}", err_dx, tol),
+            parity_dw=kl.parity_line(f"fused dW, {pw.k.name} x{pw.nsplit} on {tag} vs {ref_name}", err_dw, tol),
+            compile_s=compile_s, run_ms=run_ms, torch_ms=torch_ms,
+            torch_name="torch_compact adjoints (fp32 on the CPU)" if dev == "cpu" else "torch_compact adjoints (fp16)",
+            label=f"{layer} B={b} {px.k.name}+{pw.k.name}x{pw.nsplit}", device=dev)
+        result["message"] = (f"{'PASS' if result['passed'] else 'FAIL'}  dx {kl.tolerance_class(err_dx)}, "
+                             f"dW {kl.tolerance_class(err_dw)} vs {ref_name}; "
+                             f"bitwise identical on a second run: {'yes' if det else 'NO'}"
+                             + (f"  [{note}]" if note else ""))
+        return kl._answer(result, log)
+    except Exception as exc:  # noqa: BLE001 - the widget must answer with a message
+        return kl._fail(result, log, f"could not run: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}")

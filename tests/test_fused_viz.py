@@ -46,3 +46,17 @@ def test_figures_from_records_and_without():
     assert [t.y[0] for t in g.data[:2]] in ([0.2, 0.3], (0.2, 0.3))
     for f in (fv.fused_vs_staged_figure([]), fv.graphed_step_figure([])):
         assert isinstance(f, go.Figure) and "no recorded" in json.dumps(f.to_plotly_json()["layout"])
+
+
+def test_widget_callback_runs_clamps_and_refuses():
+    res, fig = fv.explore_fused_run("res18_layer1", 64, None, "auto", "auto", 0, device="cpu")
+    assert res["ok"] and res["passed"] and res["deterministic"], res["message"]
+    assert res["dx_kernel"].startswith("dxn_") and res["dw_kernel"].startswith("dwn_") and res["dw_split"] >= 1
+    assert "clamped" in res["message"] and isinstance(fig, go.Figure)
+    res, _ = fv.explore_fused_run("ODD", 17, None, "dxn_m16n16k64", "dwn_o64c32k64", 3, device="cpu")
+    assert res["passed"] and res["dw_split"] == 3 and res["dx_kernel"] == "dxn_m16n16k64"
+    for bad in (dict(dx_config="dxn_nope"), dict(dw_config="x"), dict(nsplit=-1), dict(layer="nope")):
+        kw = dict(layer="ODD", batch=17, cout=None, dx_config="auto", dw_config="auto", nsplit=0, device="cpu")
+        kw.update(bad)
+        res, fig = fv.explore_fused_run(**kw)
+        assert not res["ok"] and res["message"] and isinstance(fig, go.Figure), bad
