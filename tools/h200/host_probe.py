@@ -57,4 +57,8 @@ for name, b in [("res18_layer1", 16), ("res18_layer1", 64), ("alex_L4", 16)]:
             pr.disable(); torch.cuda.synchronize()
             sio = io.StringIO(); pstats.Stats(pr, stream=sio).sort_stats("tottime").print_stats(22)
             print(f"---- cProfile {label} (300 calls)\n" + "\n".join(sio.getvalue().splitlines()[6:34]))
-json.dump(out, open(os.environ["OUT"] + "/probe.json", "w"), indent=1)
+import sys, warp
+env = dict(device=torch.cuda.get_device_name(dev), warp=warp.config.version, torch=torch.__version__,
+           cuda=torch.version.cuda, python=sys.version.split()[0], date=time.strftime("%Y-%m-%d"))
+json.dump(dict(env, script="tools/h200/host_probe.py", results=out), open(os.environ["OUT"] + "/probe.json", "w"),
+          indent=1)
