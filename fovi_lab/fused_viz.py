@@ -142,16 +142,10 @@ def fused_vs_staged_figure(records: Optional[List[dict]] = None, height: int = 6
             fig.add_trace(go.Bar(x=layers, y=[kl._r4(r.get("peak_mib")) if r else None for r in recs], name=name,
                                  marker_color=colour, visible=b == default_b, legendgroup=name, showlegend=False),
                           row=2, col=1)
-    buttons = []
-    for i, b in enumerate(bs):
-        vis = [False] * (per_b * len(bs))
-        vis[i * per_b:(i + 1) * per_b] = [True] * per_b
-        buttons.append(dict(label=f"B = {b}", method="update", args=[{"visible": vis}]))
     used = [r for d in runs.values() for r in d.values()]
     fig.update_layout(barmode="group", height=height, margin=dict(l=10, r=10, t=90, b=10),
                       title=kl._title("train step: staged vs fused adjoints vs PyTorch", used),
-                      updatemenus=[dict(buttons=buttons, type="buttons", direction="right", x=1.0, xanchor="right",
-                                        y=1.13, active=bs.index(default_b))],
+                      updatemenus=kl.batch_menu(bs, per_b, default_b, y=1.13),
                       legend=dict(orientation="h", y=-0.12))
     fig.update_yaxes(type="log")
     return fig
@@ -182,17 +176,11 @@ def graphed_step_figure(records: Optional[List[dict]] = None, height: int = 460)
         fig.add_trace(go.Scatter(x=layers, y=[kl._r4(r["ms"]) if r else None for r in e], mode="markers",
                                  name="warp_train, eager", marker=dict(symbol="line-ew-open", size=16),
                                  visible=b == default_b))
-    buttons = []
-    for i, b in enumerate(bs):
-        vis = [False] * (per_b * len(bs))
-        vis[i * per_b:(i + 1) * per_b] = [True] * per_b
-        buttons.append(dict(label=f"B = {b}", method="update", args=[{"visible": vis}]))
     used = [r for d in runs.values() for r in d.values()]
     fig.update_layout(barmode="group", height=height, margin=dict(l=10, r=10, t=90, b=10),
                       title=kl._title("train step replayed from a CUDA graph, both sides", used),
                       yaxis_type="log", yaxis_title="ms",
-                      updatemenus=[dict(buttons=buttons, type="buttons", direction="right", x=1.0, xanchor="right",
-                                        y=1.15, active=bs.index(default_b))],
+                      updatemenus=kl.batch_menu(bs, per_b, default_b, y=1.15),
                       legend=dict(orientation="h", y=-0.2))
     return fig
 

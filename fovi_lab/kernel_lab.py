@@ -238,6 +238,18 @@ def _log_range(values, pad: float = 1.5):
     return [math.log10(min(v) / pad), math.log10(max(v) * pad)]
 
 
+def batch_menu(batches: Sequence[int], per_b: int, default_b: int, y: float = 1.12) -> List[dict]:
+    """``updatemenus`` of a figure whose traces come in ``per_b``-long groups, one group per batch size:
+    one button per batch that shows that group only."""
+    buttons = []
+    for i, b in enumerate(batches):
+        vis = [False] * (per_b * len(batches))
+        vis[i * per_b:(i + 1) * per_b] = [True] * per_b
+        buttons.append(dict(label=f"B = {b}", method="update", args=[{"visible": vis}]))
+    return [dict(buttons=buttons, type="buttons", direction="right", x=1.0, xanchor="right", y=y,
+                 active=list(batches).index(default_b))]
+
+
 def _title(main: str, records: List[dict]) -> str:
     """A figure title with the recording's device, Warp and torch versions on a second line."""
     return f"{main}<br><sup>recorded on {versions_title(records)}</sup>"
@@ -1453,17 +1465,11 @@ def reuse_recorded_figure(records: Optional[List[dict]] = None, pairs=REUSE_PAIR
                                      name=f"{cfg} / {base}", visible=b == default_b))
                 count += 1
         traces_per_b = count
-    buttons = []
-    for i, b in enumerate(all_b):
-        vis = [False] * (traces_per_b * len(all_b))
-        vis[i * traces_per_b:(i + 1) * traces_per_b] = [True] * traces_per_b
-        buttons.append(dict(label=f"B = {b}", method="update", args=[{"visible": vis}]))
     fig.add_hline(y=1.0, line=dict(color="black", width=1))
     fig.update_layout(barmode="group", height=height, margin=dict(l=10, r=10, t=90, b=10),
                       title=_title("Kernel time with r = 2 or 4 over r = 1 (below 1: reuse paid)", sweep),
                       yaxis_title="time ratio to r = 1",
-                      updatemenus=[dict(buttons=buttons, type="buttons", direction="right", x=1.0, xanchor="right",
-                                        y=1.12, active=all_b.index(default_b))],
+                      updatemenus=batch_menu(all_b, traces_per_b, default_b),
                       legend=dict(orientation="h", y=-0.25))
     return fig
 
@@ -1570,16 +1576,10 @@ def backward_recorded_figure(records: Optional[List[dict]] = None, mode: str = "
                   for l in layers]
             fig.add_trace(go.Scatter(x=layers, y=ys, name=name, mode="markers", visible=b == default_b,
                                      marker=dict(symbol="line-ew-open", size=14)))
-    buttons = []
-    for i, b in enumerate(all_b):
-        vis = [False] * (per_b * len(all_b))
-        vis[i * per_b:(i + 1) * per_b] = [True] * per_b
-        buttons.append(dict(label=f"B = {b}", method="update", args=[{"visible": vis}]))
     fig.update_layout(barmode="group", height=height, margin=dict(l=10, r=10, t=90, b=10),
                       title=_title(f"{mode.replace('_', ' ')} (dx and dW) per layer", _latest_run(main)),
                       yaxis_type="log", yaxis_title="ms",
-                      updatemenus=[dict(buttons=buttons, type="buttons", direction="right", x=1.0, xanchor="right",
-                                        y=1.12, active=all_b.index(default_b))],
+                      updatemenus=batch_menu(all_b, per_b, default_b),
                       legend=dict(orientation="h", y=-0.2))
     return fig
 

@@ -49,6 +49,7 @@ import torch
 from .meta import TrainingMeta, pad_to
 from .warp_common import (ValidatedCache, check_tensor, fast_launch, init_warp, nan_canary, warp_ct, warp_device,
                           wp)
+from .warp_forward import _DIRECT_STORE_MAX_BYTES, _mathdx_default
 
 __all__ = [
     "grad_input_nm", "grad_weight_nm", "DX_NM_CONFIG_SPECS", "DW_NM_CONFIG_SPECS",
@@ -197,13 +198,6 @@ _KERNELS: Dict[Tuple[str, str, Optional[bool]], object] = {}
 _VALIDATED = ValidatedCache("Warp node-major grad kernel")
 
 
-def _mathdx() -> Optional[bool]:
-    env = os.environ.get("FOVI_WARP_MATHDX")
-    if env is None or env == "":
-        return None
-    return env not in ("0", "false", "False", "no")
-
-
 def _spec(kind: str, name: str) -> Tuple[int, int, int, int]:
     table = {"dxn": DX_NM_CONFIG_SPECS, "dwn": DW_NM_CONFIG_SPECS}.get(kind)
     if table is None:
@@ -214,7 +208,7 @@ def _spec(kind: str, name: str) -> Tuple[int, int, int, int]:
 
 
 def _build(kind: str, name: str):
-    mathdx = _mathdx()
+    mathdx = _mathdx_default()
     key = (kind, name, mathdx)
     with _build_lock:
         k = _KERNELS.get(key)
@@ -274,7 +268,7 @@ def get_nm_grad_kernel(kind: str, name: str, device) -> Optional[NmGradKernel]:
         ok, why = _canary(kind, name, kernel, dev)
         return (NmGradKernel(kind, name, kernel, tiles) if ok else None), why
 
-    return _VALIDATED.get((kind, name, _mathdx()), dev, build)
+    return _VALIDATED.get((kind, name, _mathdx_default()), dev, build)
 
 
 def warm_nm_grad_kernel(kind: str, name: str, device: str):
@@ -283,7 +277,7 @@ def warm_nm_grad_kernel(kind: str, name: str, device: str):
     t0 = time.perf_counter()
     init_warp()
     k = get_nm_grad_kernel(kind, name, device)
-    return k is not None, (_VALIDATED.why((kind, name, _mathdx()), device) or "ok"), time.perf_counter() - t0
+    return k is not None, (_VALIDATED.why((kind, name, _mathdx_default()), device) or "ok"), time.perf_counter() - t0
 
 
 # --------------------------------------------------------------------------------------------
@@ -368,8 +362,8 @@ _ct = warp_ct
 _launch = fast_launch
 
 
-# Outputs up to this size are stored straight into dx (strided); larger through a contiguous buffer.
-_DIRECT_STORE_MAX_BYTES = 4 << 20
+# dx outputs up to the forward's direct-store size (_DIRECT_STORE_MAX_BYTES) are stored straight into dx
+# (strided); larger ones through a contiguous buffer and one transposing copy.
 
 
 class _GradInputNmPlan:
@@ -489,7 +483,7 @@ def _kernel(kind: str, config: Optional[str], default: str, device: str) -> Opti
         raise TypeError(f"config: expected a config name (str) or None, got {type(config).__name__}")
     k = get_nm_grad_kernel(kind, config, device)
     if k is None:
-        why = _VALIDATED.why((kind, config, _mathdx()), device)
+        why = _VALIDATED.why((kind, config, _mathdx_default()), device)
         raise RuntimeError(f"config: Warp {kind} kernel {config!r} is not launchable on {device}: {why}")
     return k
 

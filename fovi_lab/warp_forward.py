@@ -1169,42 +1169,18 @@ def _plan_uncached(cfg: FwdConfig, kernel, x, weight, bias, il, wl, store: str,
         inputs = [warp_ct(xt), wt_w, info.wa(il), info.wa(wl), bias_w, warp_ct(out),
                   p64 // _GATHER_TILE_K, b]
         keep = (xt, wt, il, wl, bias_p)
-    elif cfg.family == "nms":
+    elif cfg.family in ("nm", "nmp", "nms"):
         if info.nm is None:
             raise ValueError(f"config: {cfg.name!r} (node-major) needs index tables built as in spec §2.1 "
                              f"(input_linear[n, c*K+k] = c*Nin + idx[n,k]); these are not")
         cp = pad_to(cin, cfg.tile_k)
-        idxn, rfn, k = info.nm
-        bx, coutp = pad_to(b, 8), pad_to(cout, 8)
-        xn = _node_major_x(x, cp, bx)
-        wv, wv_w = _weight_operand(weight, "v", cin, cp, coutp)
-        ns = _nms_split(dims, k)
-        part = torch.empty(ns * nout, b, cout, dtype=torch.float32, device=x.device)
-        dims = (ns * nout, dims[1], dims[2])
-        inputs = [warp_ct(xn), wv_w, info.wa(idxn), info.wa(rfn), warp_ct(part), k, cp // cfg.tile_k, cp, nin,
-                  ns, nout]
-        kernel_launch = _launcher(kernel, dims, inputs, cfg.block_dim, dev)
-        bias32 = bias_p[:cout].view(1, 1, cout) if bias is not None else None
-
-        def launch():
-            kernel_launch()
-            red = part.view(ns, nout, b, cout).sum(0)             # fixed order over the splits
-            if bias32 is not None:
-                red += bias32
-            out.copy_(red)                                        # the one rounding to fp16
-        plan = _Plan(launch, out, finish)
-        plan._keep = (xn, wv, idxn, rfn, bias_p, part)
-        return plan
-    elif cfg.family in ("nm", "nmp"):
-        if info.nm is None:
-            raise ValueError(f"config: {cfg.name!r} (node-major) needs index tables built as in spec §2.1 "
-                             f"(input_linear[n, c*K+k] = c*Nin + idx[n,k]); these are not")
-        cp = pad_to(cin, cfg.tile_k)
-        if cfg.family == "nm":
+        if cfg.family in ("nm", "nms"):
             idxn, rfn, k = info.nm
             bx, coutp = pad_to(b, 8), pad_to(cout, 8)           # 16-byte rows for vectorised loads
             xn = _node_major_x(x, cp, bx)                       # [Nin*Cp, Bx]
             wv, wv_w = _weight_operand(weight, "v", cin, cp, coutp)   # [V*Cp, Cout_p]
+            if cfg.family == "nms":
+                return _plan_nms(kernel, cfg, dims, dev, out, finish, xn, wv, wv_w, info, bias, bias_p, k, cp, nin)
             inputs = [warp_ct(xn), wv_w, info.wa(idxn), info.wa(rfn), bias_w, warp_ct(out),
                       k, cp // cfg.tile_k, cp, nin, b]
             keep = (xn, wv, idxn, rfn, bias_p)
@@ -1222,6 +1198,30 @@ def _plan_uncached(cfg: FwdConfig, kernel, x, weight, bias, il, wl, store: str,
     launch = _launcher(kernel, dims, inputs, cfg.block_dim, dev)
     plan = _Plan(launch, out, finish)
     plan._keep = keep  # operands must outlive the launch
+    return plan
+
+
+def _plan_nms(kernel, cfg: FwdConfig, dims, dev: str, out, finish, xn, wv, wv_w, info: _TableInfo, bias, bias_p,
+              k: int, cp: int, nin: int) -> _Plan:
+    """The nms launch: ``S`` fp32 partials ``[S*Nout, B, Cout]``, then (inside the timed launch) their
+    fixed-order sum, the bias in fp32 and the one rounding into ``out``."""
+    nout, b, cout = out.shape
+    idxn, rfn, _ = info.nm
+    ns = _nms_split(dims, k)
+    part = torch.empty(ns * nout, b, cout, dtype=torch.float32, device=xn.device)
+    inputs = [warp_ct(xn), wv_w, info.wa(idxn), info.wa(rfn), warp_ct(part), k, cp // cfg.tile_k, cp, nin,
+              ns, nout]
+    kernel_launch = _launcher(kernel, (ns * nout, dims[1], dims[2]), inputs, cfg.block_dim, dev)
+    bias32 = bias_p[:cout].view(1, 1, cout) if bias is not None else None
+
+    def launch():
+        kernel_launch()
+        red = part.view(ns, nout, b, cout).sum(0)             # fixed order over the splits
+        if bias32 is not None:
+            red += bias32
+        out.copy_(red)                                        # the one rounding to fp16
+    plan = _Plan(launch, out, finish)
+    plan._keep = (xn, wv, idxn, rfn, bias_p, part)
     return plan
 
 

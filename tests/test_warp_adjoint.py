@@ -13,8 +13,9 @@ import torch
 
 from fovi_lab import warp_adjoint as wa
 from fovi_lab.meta import SYNTHETIC_SHAPES, build_meta, synthetic_graph
-from fovi_lab.reference import CompactTorchOps, oracle_forward
+from fovi_lab.reference import CompactTorchOps
 from fovi_lab.warp_common import ValidatedCache, wp
+from grad_cases import assert_within, grad_case
 
 GI_NAMES = list(wa._GRAD_INPUT_CONFIG_SPECS)
 GW_NAMES = list(wa._GRAD_WEIGHT_CONFIG_SPECS)
@@ -30,35 +31,8 @@ def _nan_prefill(monkeypatch):
         monkeypatch.delenv(var, raising=False)
 
 
-_CASES = {}
-
-
-def _case(name, b, seed=0):
-    """(meta, x16, w16, g16, dx_oracle, dw_oracle, err_dx_torch16, err_dw_torch16), memoised."""
-    key = (name, b, seed)
-    if key not in _CASES:
-        cin, cout, nin, nout, k, v, pads = SYNTHETIC_SHAPES[name]
-        idx, rf = synthetic_graph(nin, nout, k, v, pads, seed=seed)
-        meta = build_meta(idx, rf, cin=cin, cout=cout, v=v, nin=nin)
-        gen = torch.Generator().manual_seed(seed + 7)
-        x = torch.randn(b, cin, nin, generator=gen).half()
-        w = (torch.randn(cout, cin * v, generator=gen) / (cin * k) ** 0.5).half()
-        g = torch.randn(b, cout, nout, generator=gen).half()
-        xf = x.float().requires_grad_()
-        wf = w.float().requires_grad_()
-        y = oracle_forward(xf, wf, None, meta.idx, meta.rf_index, v)
-        dx_o, dw_o = torch.autograd.grad(y, (xf, wf), g.float())
-        e_dx = (CompactTorchOps.grad_input(meta, g, w) - dx_o).abs().max().item()
-        e_dw = (CompactTorchOps.grad_weight(meta, g, x) - dw_o).abs().max().item()
-        _CASES[key] = (meta, x, w, g, dx_o, dw_o, e_dx, e_dw)
-    return _CASES[key]
-
-
-def _assert_within(got, want, ref_err, what):
-    assert got.dtype == torch.float32 and got.shape == want.shape, (what, got.dtype, got.shape)
-    assert torch.isfinite(got).all(), f"{what}: non-finite entries (an unwritten stage entry?)"
-    err = (got - want).abs().max().item()
-    assert err <= 3 * ref_err + 2e-3, f"{what}: max err {err:.3g} > 3 x torch fp16 err {ref_err:.3g} + 2e-3"
+_case = grad_case
+_assert_within = assert_within
 
 
 @pytest.mark.parametrize("name", list(SYNTHETIC_SHAPES))
