@@ -91,7 +91,7 @@ import torch
 
 from .meta import TrainingMeta, pad_to
 from .reference import CompactTorchOps, stage_budget_bytes
-from .warp_common import (ValidatedCache, check_tensor, init_warp, nan_canary, to_warp, torch_stream,
+from .warp_common import (ValidatedCache, check_tensor, gather_rows, init_warp, nan_canary, to_warp, torch_stream,
                           warp_device, wp)
 
 try:  # cached Warp wrapper of torch's current stream (cheaper than a ScopedStream per launch)
@@ -136,6 +136,10 @@ _GRAD_INPUT_CONFIG_SPECS: Dict[str, dict] = {
     "gi3_p64b64": dict(version=3, tile_p=64, tile_b=64, tile_o=64, block_dim=128),
     "gi3p_p64b128": dict(version="3p", tile_p=64, tile_b=128, tile_o=64, block_dim=256),
     "gi3p_p64b64": dict(version="3p", tile_p=64, tile_b=64, tile_o=64, block_dim=128),
+    # staged-operand ("i", for the Cin = 3 stems): W's rows gathered once per call into
+    # weff [Nout*P64, Cout_pad] by a row copy, then plain tile loads (no scalar gather in the GEMM loop)
+    "gi2i_p64b64": dict(version="2i", tile_p=64, tile_b=64, tile_o=64, block_dim=128),
+    "gi3i_p64b128": dict(version="3i", tile_p=64, tile_b=128, tile_o=64, block_dim=256),
 }
 
 #: grad-weight stage configs (batch contraction tile fixed at 64).
@@ -149,6 +153,9 @@ _GRAD_WEIGHT_CONFIG_SPECS: Dict[str, dict] = {
     # register-prefetch (software-pipelined) variants of gw3
     "gw3p_p64n128": dict(version="3p", tile_p=64, tile_n=128, block_dim=256),
     "gw3p_p64n64": dict(version="3p", tile_p=64, tile_n=64, block_dim=128),
+    # staged-operand ("i", stems): each node chunk's x rows gathered into at [nc*P64, Bpad] by a row copy
+    "gw3i_p64n64": dict(version="3i", tile_p=64, tile_n=64, block_dim=128),
+    "gw3i_p64n128": dict(version="3i", tile_p=64, tile_n=128, block_dim=256),
 }
 
 #: scalar reverse-index reductions (one thread per output element; block 256).
@@ -218,16 +225,24 @@ def _sm_count(device) -> Optional[int]:
     return _SM_COUNTS[key]
 
 
-def _select_gi_config(batch: int, nout: Optional[int] = None, device=None) -> str:
+# Below this many input channels (the Cin = 3 stems) the staged-operand ("i") gi/gw kernels are the
+# defaults: a gathered operand tile there is scalar loads of 3-row neighbour runs.
+_STAGED_OPERAND_MAX_CIN = 16
+
+
+def _select_gi_config(batch: int, nout: Optional[int] = None, device=None, cin: Optional[int] = None) -> str:
     """Default gi config. ``FOVI_KNN_GI_CONFIG`` overrides (still a default: unlaunchable -> fallback).
 
     A 64-wide batch tile for B <= 64 (a 128-wide one would be >= half padding). gi2's ``(n, b_tile)``
-    grid when it has at least 4 CTAs per SM, else the 3-D gi3 grid (small-Nout layers).
+    grid when it has at least 4 CTAs per SM, else the 3-D gi3 grid (small-Nout layers). Stems
+    (``cin`` < 16): the staged-operand variants (gi2i at B <= 64, gi3i above).
     """
     env = os.environ.get("FOVI_KNN_GI_CONFIG")
     if env:
         return env
     small = batch <= 64
+    if cin is not None and cin < _STAGED_OPERAND_MAX_CIN:
+        return "gi2i_p64b64" if small else "gi3i_p64b128_f32"
     sms = _sm_count(device)
     if sms is not None and nout is not None:
         tile_b = 64 if small else 128
@@ -236,12 +251,16 @@ def _select_gi_config(batch: int, nout: Optional[int] = None, device=None) -> st
     return DEFAULT_GI_CONFIG_SMALL_B if small else DEFAULT_GI_CONFIG
 
 
-def _select_gw_config(cout: int) -> str:
-    """Default gw config (``FOVI_KNN_GW_CONFIG`` overrides): gw3, 64-wide o tile when Cout <= 64."""
+def _select_gw_config(cout: int, cin: Optional[int] = None) -> str:
+    """Default gw config (``FOVI_KNN_GW_CONFIG`` overrides): gw3, 64-wide o tile when Cout <= 64; the
+    staged-operand gw3i for stems (``cin`` < 16)."""
     env = os.environ.get("FOVI_KNN_GW_CONFIG")
     if env:
         return env
-    return DEFAULT_GW_CONFIG_NARROW if cout <= 64 else DEFAULT_GW_CONFIG
+    name = DEFAULT_GW_CONFIG_NARROW if cout <= 64 else DEFAULT_GW_CONFIG
+    if cin is not None and cin < _STAGED_OPERAND_MAX_CIN:
+        name = name.replace("gw3_", "gw3i_")
+    return name
 
 
 def grad_stage_budget_bytes() -> int:
@@ -636,6 +655,82 @@ def _make_grad_weight_stage3p_kernel(tile_p: int, tile_n: int, fp32_stage: bool,
     return _tag(gw3p, fp32_stage)
 
 
+def _make_grad_staged_operand_kernel(kind: str, version: str, tile_p: int, tile_wide: int, fp32_stage: bool, *,
+                                     tile_o: int = _GI_TILE_O, block_dim: Optional[int] = None,
+                                     module_options: Optional[dict] = None, module: Optional[str] = None):
+    """Staged-operand ("i") variants of gi2 / gi3 / gw3 for the Cin = 3 stems.
+
+    There every neighbour contributes 3 contraction rows, so the gathered operand tile (rows of W^T for
+    gi, rows of x^T for gw) is a scalar, bounds-checked ``tile_load_indexed`` that costs more than
+    the tile GEMM. Here the plan copies those rows once into a dense operand (``weff[n*P64 + p] =
+    W^T[weight_linear[n, p]]`` per call for gi; ``at[nl*P64 + p] = xt[input_linear[n0+nl, p]]`` per
+    node chunk for gw, :func:`fovi_lab.warp_common.gather_rows`) and the kernel plain-loads it
+    (vectorised). Same launch grid and argument list as the version it mirrors; the table argument is
+    unused, and the row of node ``n``'s tile ``p`` is ``n * n_p_tiles * tile_p + p``.
+    """
+    init_warp()
+    sd = _stage_dtype(fp32_stage)
+    opts = _kernel_options(block_dim, module_options)
+    f = "f32" if fp32_stage else "f16"
+    if kind == "gi":
+        tile_b = tile_wide
+        tag = f"fovi_gi{version}_p{tile_p}b{tile_b}o{tile_o}_{f}"
+        GRID3 = version == "3i"
+
+        @_kernel_decorator(tag, opts, module)
+        def gi_i(weight_linear: wp.array2d(dtype=wp.int32), weff: wp.array2d(dtype=wp.float16),
+                 g_nob: wp.array3d(dtype=wp.float16), n_p_tiles: int, n_o_tiles: int,
+                 da: wp.array3d(dtype=sd)):
+            if wp.static(GRID3):
+                n, pt0, bt = wp.tid()
+                pt_lo = pt0
+                pt_hi = pt0 + 1
+            else:
+                n, bt = wp.tid()
+                pt_lo = 0
+                pt_hi = n_p_tiles
+            b_off = bt * tile_b
+            row0 = n * n_p_tiles * tile_p
+            for pt in range(pt_lo, pt_hi):
+                p_off = pt * tile_p
+                acc = wp.tile_zeros(shape=(tile_p, tile_b), dtype=wp.float32)
+                for ot in range(n_o_tiles):
+                    o_off = ot * tile_o
+                    w = wp.tile_load(weff, shape=(tile_p, tile_o), offset=(row0 + p_off, o_off), storage="shared")
+                    g = wp.tile_load(g_nob[n], shape=(tile_o, tile_b), offset=(o_off, b_off), storage="shared")
+                    wp.tile_matmul(w, g, acc)
+                if wp.static(fp32_stage):
+                    wp.tile_store(da[n], acc, offset=(p_off, b_off))
+                else:
+                    wp.tile_store(da[n], wp.tile_astype(acc, wp.float16), offset=(p_off, b_off))
+
+        return _tag(gi_i, fp32_stage)
+
+    tile_n = tile_wide
+    tag = f"fovi_gw{version}_p{tile_p}n{tile_n}b{_GW_TILE_B}_{f}"
+
+    @_kernel_decorator(tag, opts, module)
+    def gw_i(input_linear: wp.array2d(dtype=wp.int32), at: wp.array2d(dtype=wp.float16),
+             g_nbo: wp.array3d(dtype=wp.float16), n_p_tiles: int, n_b_tiles: int,
+             dweff: wp.array3d(dtype=sd)):
+        n, pt, ot = wp.tid()
+        p_off = pt * tile_p
+        o_off = ot * tile_n
+        row = n * n_p_tiles * tile_p + p_off
+        acc = wp.tile_zeros(shape=(tile_p, tile_n), dtype=wp.float32)
+        for bt in range(n_b_tiles):
+            b_off = bt * _GW_TILE_B
+            a = wp.tile_load(at, shape=(tile_p, _GW_TILE_B), offset=(row, b_off), storage="shared")
+            g = wp.tile_load(g_nbo[n], shape=(_GW_TILE_B, tile_n), offset=(b_off, o_off), storage="shared")
+            wp.tile_matmul(a, g, acc)
+        if wp.static(fp32_stage):
+            wp.tile_store(dweff[n], acc, offset=(p_off, o_off))
+        else:
+            wp.tile_store(dweff[n], wp.tile_astype(acc, wp.float16), offset=(p_off, o_off))
+
+    return _tag(gw_i, fp32_stage)
+
+
 def _make_dx_csr_kernel(fp32_stage: bool, *, module_options: Optional[dict] = None, module: Optional[str] = None):
     """Reverse-CSR grad-input reduction (scalar, one thread per ``(m, c, b)``, b fastest).
 
@@ -781,6 +876,12 @@ def _build_kernel(kind: str, name: str, module_options: Optional[dict] = None, m
         raise KeyError(f"config: unknown {kind} config {name!r}; known: {sorted(table)} "
                        f"(append {_F32_SUFFIX!r} for fp32 staging)")
     spec = table[base]
+    if str(spec["version"]).endswith("i"):
+        wide = spec["tile_b"] if kind == "gi" else spec["tile_n"]
+        kernel = _make_grad_staged_operand_kernel(kind, spec["version"], spec["tile_p"], wide, fp32,
+                                                  tile_o=spec.get("tile_o", _GI_TILE_O), block_dim=spec["block_dim"],
+                                                  module_options=module_options, module=module)
+        return kernel, spec, fp32
     factory = _STAGE_FACTORIES[(kind, spec["version"])]
     if kind == "gi":
         kernel = factory(spec["tile_p"], spec["tile_b"], fp32, tile_o=spec["tile_o"],
@@ -849,6 +950,8 @@ def _canary_grad_stage(kernel, tile_p, tile_wide, block_dim, version, weight_ope
             out_shape = (1, p64, cpad)
             spec = dict(version=version, tile_p=tile_p, tile_n=tile_wide, block_dim=block_dim)
             kind = "gw"
+        if str(version).endswith("i"):            # staged-operand kernels read the rows pre-gathered
+            operand = operand[table[0].long()].contiguous()
         fp32 = _kernel_stage_is_fp32(kernel)
         out = torch.empty(out_shape, dtype=torch.float32 if fp32 else torch.float16, device=dev)
         table, operand, g = table.to(dev), operand.to(dev), g.to(dev)
@@ -1273,7 +1376,7 @@ def _stage_dims(spec: dict, kind: str, nrows: int, p64: int, wide: int) -> Tuple
     """Launch grid of a stage kernel; ``wide`` = Bpad (gi) or Cout_pad (gw)."""
     n_p = p64 // spec["tile_p"]
     if kind == "gi":
-        if spec["version"] in (3, "3p"):
+        if spec["version"] in (3, "3p", "3i"):
             return (nrows, n_p, wide // spec["tile_b"])
         return (nrows, wide // spec["tile_b"])
     if spec["version"] == 2:
@@ -1299,6 +1402,10 @@ class _GradInputPlan:
         self.tile_b = tile_b = spec["tile_b"]
         self.cpad = pad_to(meta.cout, spec["tile_o"])
         self.wt = _padded_weight_t(weight, self.cpad)                           # [Q, Cout_pad]
+        if str(spec["version"]).endswith("i"):                                 # stems: W rows staged once
+            weff = _empty((meta.nout * meta.p64, self.cpad), torch.float16, grad_y.device)
+            gather_rows(self.wt, meta.weight_linear.view(-1), weff)
+            self.wt = weff                                                     # [Nout*P64, Cout_pad]
         rowptr, rev_row = _decoded_reverse_csr(meta)
         self.w_rowptr = _wp_cached(meta, "rev_rowptr32", rowptr)
         self.w_rev_row = _wp_cached(meta, "rev_row", rev_row)
@@ -1377,9 +1484,13 @@ class _GradWeightPlan:
         self.xt = _transposed_padded_input(x, meta, self.bpad)                 # [Cin*Nin+1, Bpad]
         self.w_xt = _ct(self.xt)
         itemsize = 4 if stage.fp32_stage else 2
-        per_node = meta.p64 * self.cpad * itemsize
+        self.staged_x = str(spec["version"]).endswith("i")                    # stems: x rows staged per chunk
+        per_node = meta.p64 * self.cpad * itemsize + (meta.p64 * self.bpad * 2 if self.staged_x else 0)
         self.nc = nc = max(1, min(meta.nout, grad_stage_budget_bytes() // max(1, per_node),
-                                  _MAX_STAGE_ELEMS // (meta.p64 * self.cpad)))
+                                  _MAX_STAGE_ELEMS // (meta.p64 * self.cpad),
+                                  _MAX_STAGE_ELEMS // (meta.p64 * self.bpad)))
+        if self.staged_x:
+            self.at = _empty((nc * meta.p64, self.bpad), torch.float16, grad_y.device)
         self.chunks = [(n0, min(meta.nout, n0 + nc)) for n0 in range(0, meta.nout, nc)]
         sdt = torch.float32 if stage.fp32_stage else torch.float16
         self.stage_buf = _empty((nc * meta.p64 * self.cpad,), sdt, grad_y.device)
@@ -1410,14 +1521,18 @@ class _GradWeightPlan:
         il = meta.input_linear[n0:n1]
         self._cur = dict(i=i, g_nbo=g_nbo, dweff=dweff, flat=flat, w_g=_ct(g_nbo), w_dweff=_ct(dweff),
                          w_flat=_ct(flat), w_il=_ct(il) if m < meta.nout else
-                         _wp_cached(meta, "input_linear", meta.input_linear))
+                         _wp_cached(meta, "input_linear", meta.input_linear), w_x=self.w_xt)
+        if self.staged_x:
+            at = self.at[: m * meta.p64]
+            gather_rows(self.xt, meta.input_linear.view(-1), at, n0 * meta.p64)
+            self._cur["w_x"] = _ct(at)
 
     def stage(self) -> None:
         c, meta = self._cur, self.meta
         m = c["dweff"].shape[0]
         spec = self.stage_k.spec
         _launch_tiled(self.stage_k.kernel, _stage_dims(spec, "gw", m, meta.p64, self.cpad),
-                      [c["w_il"], self.w_xt, c["w_g"], self.n_p, self.n_b, c["w_dweff"]],
+                      [c["w_il"], c["w_x"], c["w_g"], self.n_p, self.n_b, c["w_dweff"]],
                       spec["block_dim"], self.device)
 
     def reduce(self) -> None:
@@ -1446,7 +1561,7 @@ def _plan_grad_input(meta, grad_y, weight, config=None, *, stage_fp32=None, dx_d
     _check_common(meta, grad_y)
     check_tensor("weight", weight, dtype=torch.float16, dim=2, shape=(meta.cout, meta.q),
                  device=grad_y.device, contiguous=True)
-    name, explicit = _resolve("gi", config, _select_gi_config(grad_y.shape[0], meta.nout, grad_y.device),
+    name, explicit = _resolve("gi", config, _select_gi_config(grad_y.shape[0], meta.nout, grad_y.device, meta.cin),
                               stage_fp32)
     try:
         device = warp_device(grad_y)
@@ -1466,7 +1581,7 @@ def _plan_grad_weight(meta, grad_y, x, config=None, *, stage_fp32=None, finish=N
     finish = (os.environ.get("FOVI_KNN_GW_FINISH") or "csr") if finish is None else finish
     if finish not in ("csr", "index_add"):
         raise ValueError(f"finish: expected 'csr' or 'index_add', got {finish!r}")
-    name, explicit = _resolve("gw", config, _select_gw_config(meta.cout), stage_fp32)
+    name, explicit = _resolve("gw", config, _select_gw_config(meta.cout, meta.cin), stage_fp32)
     try:
         device = warp_device(grad_y)
     except ImportError as exc:

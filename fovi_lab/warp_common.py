@@ -20,7 +20,7 @@ import torch
 
 __all__ = [
     "wp", "init_warp", "warp_device", "to_warp", "torch_stream", "warp_stream",
-    "nan_canary", "ValidatedCache", "check_tensor", "warp_ct", "fast_launch",
+    "nan_canary", "ValidatedCache", "check_tensor", "warp_ct", "fast_launch", "gather_rows",
 ]
 
 try:  # Warp is a hard dependency of the package, but keep import errors readable.
@@ -187,21 +187,26 @@ _fast_lock = threading.Lock()
 _FAST: Dict[Tuple, object] = {}
 
 
-def fast_launch(kernel, dims, inputs, block_dim: int, device: str) -> None:
+def fast_launch(kernel, dims, inputs, block_dim: int, device: str, tiled: bool = True) -> None:
     """``wp.launch_tiled`` on torch's current stream with the host cost of a recorded launch.
 
     At small batch the host is the bottleneck (a compact layer is ~0.05-0.1 ms of GPU work and
     ``wp.launch`` packs every argument anew), so one recorded ``wp.Launch`` is kept per (kernel,
     device, grid, block_dim) and each call only re-sets its parameters from ``inputs`` (array
-    descriptors from :func:`warp_ct`, or ints) before launching.
+    descriptors from :func:`warp_ct`, or ints) before launching. ``tiled=False``: a plain SIMT
+    ``wp.launch`` over ``dims`` threads.
     """
-    key = (kernel, device, tuple(dims), int(block_dim))
+    key = (kernel, device, tuple(dims), int(block_dim), tiled)
     stream = warp_stream(device)
     with _fast_lock:                       # one recorded launch is shared: set + launch must not interleave
         cmd = _FAST.get(key)
         if cmd is None:
-            cmd = wp.launch_tiled(kernel, dim=dims, inputs=inputs, block_dim=block_dim, device=device,
-                                  record_cmd=True)
+            if tiled:
+                cmd = wp.launch_tiled(kernel, dim=dims, inputs=inputs, block_dim=block_dim, device=device,
+                                      record_cmd=True)
+            else:
+                cmd = wp.launch(kernel, dim=dims, inputs=inputs, block_dim=block_dim, device=device,
+                                record_cmd=True)
             if len(_FAST) > 1024:
                 _FAST.clear()
             _FAST[key] = cmd
@@ -209,3 +214,51 @@ def fast_launch(kernel, dims, inputs, block_dim: int, device: str) -> None:
             for i, v in enumerate(inputs):
                 cmd.set_param_at_index_from_ctype(i, v)
         cmd.launch(stream=stream)
+
+
+# --------------------------------------------------------------------------------------------------
+# Row gather (the im2col stage of the i2c forward): dst[i, :] = src[idx[idx0 + i], :]
+# --------------------------------------------------------------------------------------------------
+
+_GATHER_KERNEL = None
+
+
+def gather_rows_kernel():
+    """SIMT row-gather kernel over 8-byte elements (``int64`` views of fp16 rows): one thread per
+    element, so a warp copies 256 contiguous bytes of one gathered row."""
+    global _GATHER_KERNEL
+    init_warp()
+    with _init_lock:
+        if _GATHER_KERNEL is None:
+            @wp.kernel(enable_backward=False, module="unique")
+            def fovi_gather_rows(src: wp.array2d(dtype=wp.int64), idx: wp.array1d(dtype=wp.int32),
+                                 dst: wp.array2d(dtype=wp.int64), idx0: int):
+                i, j = wp.tid()
+                dst[i, j] = src[idx[idx0 + i], j]
+            _GATHER_KERNEL = fovi_gather_rows
+        return _GATHER_KERNEL
+
+
+def as_rows64(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous 2-D tensor viewed as ``[rows, row_bytes / 8]`` int64 (rows must be 8-byte multiples)."""
+    rb = t.shape[1] * t.element_size()
+    if t.dim() != 2 or rb % 8 or not t.is_contiguous():
+        raise ValueError(f"gather_rows: expected contiguous 2-D rows of a multiple of 8 bytes, got shape "
+                         f"{tuple(t.shape)} of {t.dtype}")
+    return t.view(torch.int64)
+
+
+def gather_rows(src: torch.Tensor, idx: torch.Tensor, out: torch.Tensor, idx0: int = 0) -> None:
+    """``out[i, :] = src[idx[idx0 + i], :]`` for ``i < out.shape[0]``, a recorded Warp launch on torch's
+    current stream (:func:`fast_launch`).
+
+    ``src`` / ``out``: contiguous 2-D tensors of one dtype whose rows are a multiple of 8 bytes; ``idx``:
+    int32 with entries in ``[0, src.shape[0])`` (not checked here: callers range-check their tables
+    once per table version).
+    """
+    if out.shape[1] != src.shape[1] or out.dtype != src.dtype:
+        raise ValueError(f"gather_rows: out {tuple(out.shape)} {out.dtype} does not match src "
+                         f"{tuple(src.shape)} {src.dtype}")
+    s, d = as_rows64(src), as_rows64(out)
+    fast_launch(gather_rows_kernel(), (d.shape[0], d.shape[1]), [warp_ct(s), warp_ct(idx), warp_ct(d), int(idx0)],
+                256, warp_device(src), tiled=False)

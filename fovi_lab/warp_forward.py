@@ -91,8 +91,8 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from .meta import pad_to
-from .warp_common import (ValidatedCache, check_tensor, init_warp, nan_canary, to_warp, warp_ct, warp_device,
-                          warp_stream, wp)
+from .warp_common import (ValidatedCache, as_rows64, check_tensor, fast_launch, gather_rows_kernel, init_warp,
+                          nan_canary, to_warp, warp_ct, warp_device, warp_stream, wp)
 
 __all__ = [
     "FwdConfig", "run_uncached", "run_cached", "run_dense_ceiling",
@@ -165,6 +165,21 @@ _UNCACHED_BATCH_CONFIG_SPECS: Dict[str, Tuple[str, int, int, int, int, int]] = {
     # node-major with the neighbour loop split across CTAs (layers with few output nodes)
     "nms_m16n32k64": ("nms", 16, 32, 64, 1, 64),
     "nms_m64n64k64": ("nms", 64, 64, 64, 1, 128),
+    # im2col stage + plain-load tile GEMM, for the Cin = 3 stems and the DINOv3 patch embed ("i2c": W
+    # staged too, one Weff gather per call; "i2cg": W gathered in the kernel)
+    "i2c_m16n64k64": ("i2c", 16, 64, 64, 1, 64),
+    "i2c_m32n64k64": ("i2c", 32, 64, 64, 1, 128),
+    "i2c_m64n64k64": ("i2c", 64, 64, 64, 1, 128),
+    "i2c_m64n64k128": ("i2c", 64, 64, 128, 1, 128),
+    "i2c_m16n96k64": ("i2c", 16, 96, 64, 1, 128),
+    "i2c_m64n96k64": ("i2c", 64, 96, 64, 1, 128),
+    "i2c_m64n96k128": ("i2c", 64, 96, 128, 1, 128),
+    "i2c_m128n96k64": ("i2c", 128, 96, 64, 1, 256),
+    "i2c_m64n128k64": ("i2c", 64, 128, 64, 1, 256),
+    "i2c_m128n128k64": ("i2c", 128, 128, 64, 1, 256),
+    "i2cg_m64n64k64": ("i2cg", 64, 64, 64, 1, 256),
+    "i2cg_m64n96k64": ("i2cg", 64, 96, 64, 1, 256),
+    "i2cg_m64n128k64": ("i2cg", 64, 128, 64, 1, 256),
 }
 
 # Measured and never the fastest on the H200 sweep (kept runnable by name for benchmarks, but not
@@ -432,6 +447,51 @@ def _make_nms_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, math
     return kernel
 
 
+def _make_i2c_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, w_gathered: bool = False,
+                     mathdx: Optional[bool] = None, name: Optional[str] = None):
+    """im2col-stage kernel ("i2c" / "i2cg"): the gathers leave the GEMM loop.
+
+    For a stem (Cin = 3) every neighbour contributes only 3 of the contraction's rows, so the node-major
+    trick (contiguous channel runs) does not apply and the gather family's scalar, bounds-checked
+    ``tile_load_indexed`` of both operands costs more than the tile GEMM itself (29-62 % of the dense
+    ceiling). Here the plan first gathers a chunk of nodes' ``A_n^T`` into a staging buffer with one
+    row copy per (node, p) (``at[nl*P64 + p, :] = xpad[:, il[n0+nl, p]]``, 16-byte elements), and,
+    for ``i2c``, every node's weight rows once per call (``weff[n*P64 + p, :] = W^T[wl[n, p], :]``);
+    the kernel then runs the dense tile loop with plain, vectorised tile loads.
+
+    Args (kernel): ``at [Nc*P64, Bx]`` f16, ``w`` = ``weff [Nout*P64, Cout_p]`` (``i2c``) or
+    ``W^T [Q, Cout]`` (``i2cg``, gathered by ``wl``) f16, ``wl [Nout, P64]`` int32, ``bias`` f32,
+    ``y [Nout, B, Cout]`` f16, ``n_ktiles = P64/tile_k``, ``p64``, ``n0`` (first node of the chunk).
+    """
+    init_warp()
+    TM, TN, TK, WG = int(tile_m), int(tile_n), int(tile_k), bool(w_gathered)
+    kname = name or f"fovi_fwd_i2c{'g' if WG else ''}_m{TM}n{TN}k{TK}b{block_dim}"
+
+    @_kernel_decorator(kname, block_dim, mathdx)
+    def kernel(at: wp.array2d(dtype=wp.float16), w: wp.array2d(dtype=wp.float16),
+               wl: wp.array2d(dtype=wp.int32), bias: wp.array1d(dtype=wp.float32),
+               y: wp.array3d(dtype=wp.float16), n_ktiles: int, p64: int, n0: int):
+        nl, bt, ot = wp.tid()
+        n = n0 + nl
+        b0 = bt * TM
+        o0 = ot * TN
+        acc = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+        arow = nl * p64
+        for kt in range(n_ktiles):
+            if wp.static(WG):
+                wi = wp.tile_load(wl[n], shape=TK, offset=kt * TK, storage="shared")
+                wk = wp.tile_load_indexed(w, indices=wi, shape=(TK, TN), offset=(0, o0), axis=0, storage="shared")
+            else:
+                wk = wp.tile_load(w, shape=(TK, TN), offset=(n * p64 + kt * TK, o0), storage="shared")
+            a = wp.tile_load(at, shape=(TK, TM), offset=(arow + kt * TK, b0), storage="shared")
+            wp.tile_matmul(wp.tile_transpose(a), wk, acc)
+        bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=o0), shape=(TM, TN))
+        wp.tile_store(y[n], wp.tile_astype(acc + bb, wp.float16), offset=(b0, o0))
+
+    kernel._fovi_tiles = ("i2cg" if WG else "i2c", TM, TN, TK, 1, int(block_dim))
+    return kernel
+
+
 def _make_cached_kernel(tile_m: int, tile_n: int, block_dim: int = 128, mathdx: Optional[bool] = None,
                         name: Optional[str] = None):
     """Cached kernel: A gathered from ``xt`` as in the gather family, W plain-loaded from ``Weff[n]``.
@@ -694,6 +754,9 @@ def _build_kernel(cfg: FwdConfig, mathdx: Optional[bool] = None, dense: bool = F
                 k = _make_gp_kernel(cfg.tile_m, cfg.tile_n, cfg.block_dim, mathdx)
             elif cfg.family == "cached":
                 k = _make_cached_kernel(cfg.tile_m, cfg.tile_n, cfg.block_dim, mathdx)
+            elif cfg.family in ("i2c", "i2cg"):
+                k = _make_i2c_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, cfg.family == "i2cg",
+                                     mathdx)
             else:  # pragma: no cover - registry typo
                 raise ValueError(f"unknown kernel family {cfg.family!r}")
             _KERNELS[key] = k
@@ -715,6 +778,8 @@ def _canary_problem(family: str, tile_m: int, tile_n: int, tile_k: int, r: int, 
     from .meta import build_meta
     g = torch.Generator().manual_seed(1234)
     cin, nin, k, v = 3, 7, 5, 6
+    if family in ("i2c", "i2cg") and tile_k > 64:
+        k = 22                                                    # P64 = 128: one 128-deep step
     idx = torch.randint(0, nin + 1, (1, k), generator=g)          # includes the pad token nin
     rf = torch.randint(0, v, (1, k), generator=g)
     meta = build_meta(idx, rf, cin=cin, cout=tile_n, v=v, nin=nin, device=device)
@@ -884,11 +949,25 @@ def _select_uncached_batch_config(batch: int, out_channels: int, out_nodes: int,
         if pad_to(in_channels, 128) == pad_to(in_channels, 64):
             return "nm_m64n64k128"
         return "nm_m64n64k64"
+    if in_channels is not None and in_channels < _NM_MIN_CIN:
+        return _select_i2c(batch, out_channels, p_padded)
     if out_channels % 96 == 0 and out_channels % 64:
         return "m64n96b256"
     if batch <= 16 and out_nodes * -(-out_channels // 64) >= 900:
         return "m16n64"
     return "m64n64r1b256"
+
+
+def _select_i2c(batch: int, out_channels: int, p_padded: int) -> str:
+    """The i2c config for a stem-like call (Cin < 32), fit on the H200 sweep (run 10 of
+    data/forward_sweep_h200.jsonl): at B <= 16, 16 batch rows and 64-wide output tiles (96-wide only
+    when 64 would leave a ragged tile: alexnet's Cout = 96); above, 64x96 tiles whenever 96 divides
+    Cout (alexnet 96, DINOv3 384: 5-25 % faster than 64- or 128-wide ones), else 64x64, with a
+    128-deep K step when P64 allows it (fewer syncs per FLOP)."""
+    if batch <= 16:
+        return "i2c_m16n96k64" if out_channels % 96 == 0 and out_channels % 64 else "i2c_m16n64k64"
+    tn = 96 if out_channels % 96 == 0 else 64
+    return f"i2c_m64n{tn}k128" if p_padded % 128 == 0 else f"i2c_m64n{tn}k64"
 
 
 # The node-major neighbour loop is split across CTAs (nms family) when the 16x32 grid has at most this
@@ -1193,6 +1272,8 @@ def _plan_uncached(cfg: FwdConfig, kernel, x, weight, bias, il, wl, store: str,
             inputs = [warp_ct(xn), wv_w, info.wa(idxc), info.wa(rfc), info.wa(cnt), bias_w,
                       warp_ct(out), cp // cfg.tile_k, cp]
             keep = (xn, wv, idxc, rfc, cnt, bias_p)
+    elif cfg.family in ("i2c", "i2cg"):
+        return _plan_i2c(cfg, kernel, x, weight, il, wl, out, finish, bias_p, bias_w, dev, info)
     else:
         raise ValueError(f"config: {cfg.name!r} is not an uncached config")
     launch = _launcher(kernel, dims, inputs, cfg.block_dim, dev)
@@ -1225,6 +1306,105 @@ def _plan_nms(kernel, cfg: FwdConfig, dims, dev: str, out, finish, xn, wv, wv_w,
     return plan
 
 
+# Budget of the i2c family's im2col staging buffer (``FOVI_WARP_I2C_MIB``): nodes are gathered and
+# multiplied in chunks that fit it (alexnet's stem at B=64 needs 47 MB for all 964 nodes, 379 MB at 512).
+_I2C_STAGE_MIB = 32
+
+
+def _i2c_stage_bytes() -> int:
+    env = os.environ.get("FOVI_WARP_I2C_MIB")
+    mib = float(env) if env else _I2C_STAGE_MIB
+    if not mib > 0:
+        raise ValueError(f"FOVI_WARP_I2C_MIB: expected a positive number of MiB, got {env!r}")
+    return int(mib * (1 << 20))
+
+
+def _i2c_gather_kind() -> str:
+    """How the i2c stage gathers rows (``FOVI_WARP_I2C_GATHER``): ``warp`` (a SIMT row copy of 8-byte
+    elements, :func:`~fovi_lab.warp_common.gather_rows`) or ``torch`` (``index_select`` of 16-byte
+    elements)."""
+    how = os.environ.get("FOVI_WARP_I2C_GATHER") or "warp"
+    if how not in ("warp", "torch"):
+        raise ValueError(f"FOVI_WARP_I2C_GATHER: expected 'warp' or 'torch', got {how!r}")
+    return how
+
+
+def _as_rows16(t: torch.Tensor) -> torch.Tensor:
+    """An fp16 ``[rows, C]`` tensor (C a multiple of 8) viewed as ``[rows, C/8]`` 16-byte elements, so a
+    row gather copies 16 bytes per element instead of 2."""
+    return t.view(torch.complex128) if t.shape[1] % 8 == 0 else t
+
+
+def _plan_i2c(cfg: FwdConfig, kernel, x, weight, il, wl, out, finish, bias_p, bias_w, dev: str,
+              info: _TableInfo) -> _Plan:
+    """The i2c launch (see :func:`_make_i2c_kernel`): per chunk of ``Nc`` nodes (``Nc*P64*Bx*2`` bytes
+    within ``FOVI_WARP_I2C_MIB``), one row gather into the stage, then one kernel launch. For ``i2c``
+    the weight rows of every node are gathered first (``Nout*P64*Cout_p*2`` bytes, rebuilt per call
+    because a training step changes W). All of it is inside the timed launch."""
+    b, cin, nin = x.shape
+    cout, q = weight.shape
+    nout, p64 = il.shape
+    if p64 % cfg.tile_k:
+        raise ValueError(f"config: {cfg.name!r} steps {cfg.tile_k} rows of P64 at a time, but P64={p64} is "
+                         f"not a multiple of {cfg.tile_k}; pick a k64 config or leave config=None")
+    bx = pad_to(b, 8)                                              # 16-byte rows: vectorised tile loads
+    xp = torch.empty(cin * nin + 1, bx, dtype=torch.float16, device=x.device)   # + the zero pad row
+    xp[:cin * nin, :b].copy_(x.reshape(b, cin * nin).t())
+    xp[cin * nin].zero_()
+    if bx > b:
+        xp[:, b:].zero_()
+    nc = max(1, min(nout, _i2c_stage_bytes() // (p64 * bx * 2)))
+    at = torch.empty(nc * p64, bx, dtype=torch.float16, device=x.device)
+    il_flat = il.view(-1)
+    xp16, at16 = _as_rows16(xp), _as_rows16(at)
+    if cfg.family == "i2c":
+        coutp = pad_to(cout, 8)
+        wtp, _ = _weight_operand(weight, "tp", 0, 0, coutp)     # [Q, Cout_p]
+        wop = torch.empty(nout * p64, coutp, dtype=torch.float16, device=x.device)
+        wl_flat = wl.view(-1)
+        wtp16, wop16 = _as_rows16(wtp), _as_rows16(wop)
+    else:
+        wop, _ = _weight_operand(weight, "t", 0, 0)              # [Q, Cout], gathered by wl in the kernel
+    wl_w = info.wa(wl)
+    at_w, wop_w, out_w = warp_ct(at), warp_ct(wop), warp_ct(out)     # descriptors made once per call
+    chunks = []
+    for n0 in range(0, nout, nc):
+        cnt = min(nc, nout - n0)
+        dims = (cnt, -(-b // cfg.tile_m), -(-cout // cfg.tile_n))
+        inputs = [at_w, wop_w, wl_w, bias_w, out_w, p64 // cfg.tile_k, p64, n0]
+        chunks.append((n0, cnt, _launcher(kernel, dims, inputs, cfg.block_dim, dev)))
+
+    if _i2c_gather_kind() == "torch":
+        def wgather():
+            torch.index_select(wtp16, 0, wl_flat, out=wop16)
+
+        def agather(n0, cnt):
+            torch.index_select(xp16, 0, il_flat[n0 * p64:(n0 + cnt) * p64], out=at16[:cnt * p64])
+    else:  # Warp row copy: recorded launches with descriptors made once here (host time matters)
+        gk = gather_rows_kernel()
+        xp_c, at_c, il_c = warp_ct(as_rows64(xp)), warp_ct(as_rows64(at)), warp_ct(il_flat)
+        arow = as_rows64(at).shape[1]
+        if cfg.family == "i2c":
+            wtp_c, wop_c, wl_c = warp_ct(as_rows64(wtp)), warp_ct(as_rows64(wop)), warp_ct(wl_flat)
+            wdims = tuple(as_rows64(wop).shape)
+
+        def wgather():
+            fast_launch(gk, wdims, [wtp_c, wl_c, wop_c, 0], 256, dev, tiled=False)
+
+        def agather(n0, cnt):
+            fast_launch(gk, (cnt * p64, arow), [xp_c, il_c, at_c, n0 * p64], 256, dev, tiled=False)
+
+    def launch():
+        if cfg.family == "i2c":
+            wgather()
+        for n0, cnt, kernel_launch in chunks:
+            agather(n0, cnt)
+            kernel_launch()
+    plan = _Plan(launch, out, finish)
+    plan._keep = (xp, at, wop, il, wl, bias_p) + ((wtp,) if cfg.family == "i2c" else ())
+    return plan
+
+
 def _nms_split(dims, k: int) -> int:
     """Neighbour-loop split of the nms family: enough CTAs for ~2 waves on the H200 (256), at most K."""
     grid = dims[0] * dims[1] * dims[2]
@@ -1254,7 +1434,7 @@ _WCACHE_MAX = 64
 def _weight_layout(weight: torch.Tensor, kind: str, cin: int, cp: int, coutp: int = 0) -> torch.Tensor:
     """Weight operand of a kernel family, cached per (weight object, ``_version``, layout).
 
-    ``"t"``: ``W^T [Q, Cout]``. ``"v"``: tap-major ``wv[v*Cp + c, o] = W[o, c*V + v]``, ``[V*Cp, Cout_p]``
+    ``"t"``: ``W^T [Q, Cout]``; ``"tp"``: the same with ``coutp`` columns (zero padded). ``"v"``: tap-major ``wv[v*Cp + c, o] = W[o, c*V + v]``, ``[V*Cp, Cout_p]``
     with zero channel/column padding (``coutp`` columns, a multiple of 8 for 16-byte rows). Inference reuses
     the layout; a training step's in-place update bumps ``_version`` and rebuilds it.
     """
@@ -1267,6 +1447,9 @@ def _weight_layout(weight: torch.Tensor, kind: str, cin: int, cp: int, coutp: in
     cout, q = weight.shape
     if kind == "t":
         out = weight.t().contiguous()
+    elif kind == "tp":
+        out = torch.zeros(q, coutp, dtype=weight.dtype, device=weight.device)
+        out[:, :cout] = weight.t()
     else:
         v = q // cin
         wv = torch.zeros(v, cp, coutp, dtype=weight.dtype, device=weight.device)

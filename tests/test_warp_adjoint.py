@@ -96,15 +96,17 @@ def test_chunked_staging_is_bitwise_identical(name, monkeypatch):
     """A tiny FOVI_KNN_STAGE_MIB forces one b tile per gi chunk and one node per gw chunk; the reductions
     visit the terms of every output element in the same order, so results are bitwise unchanged."""
     meta, x, w, g, dx_o, dw_o, e_dx, e_dw = _case(name, 130)
-    dx_full = wa.grad_input(meta, g, w, config="gi2_p64b64")
-    dw_full = wa.grad_weight(meta, g, x, config="gw3_p64n64")
-    monkeypatch.setenv("FOVI_KNN_STAGE_MIB", "0.0001")
-    dx = wa.grad_input(meta, g, w, config="gi2_p64b64")
-    dw = wa.grad_weight(meta, g, x, config="gw3_p64n64")
-    _assert_within(dx, dx_o, e_dx, "dx chunked")
-    _assert_within(dw, dw_o, e_dw, "dW chunked")
-    assert torch.equal(dx, dx_full)
-    assert torch.equal(dw, dw_full)
+    for gi, gw in (("gi2_p64b64", "gw3_p64n64"), ("gi2i_p64b64", "gw3i_p64n64")):  # gathered, staged operand
+        monkeypatch.delenv("FOVI_KNN_STAGE_MIB", raising=False)
+        dx_full = wa.grad_input(meta, g, w, config=gi)
+        dw_full = wa.grad_weight(meta, g, x, config=gw)
+        monkeypatch.setenv("FOVI_KNN_STAGE_MIB", "0.0001")
+        dx = wa.grad_input(meta, g, w, config=gi)
+        dw = wa.grad_weight(meta, g, x, config=gw)
+        _assert_within(dx, dx_o, e_dx, f"dx chunked {gi}")
+        _assert_within(dw, dw_o, e_dw, f"dW chunked {gw}")
+        assert torch.equal(dx, dx_full)
+        assert torch.equal(dw, dw_full)
 
 
 def test_chunk_counts_under_tiny_budget(monkeypatch):
@@ -135,6 +137,11 @@ def test_default_config_selection(monkeypatch):
     assert wa._select_gi_config(64, nout=964, device="cuda:0") == "gi2_p64b64"
     assert wa._select_gi_config(512, nout=964, device="cuda:0") == big
     assert wa._select_gw_config(64) == "gw3_p64n64" and wa._select_gw_config(96) == "gw3_p64n128"
+    # the Cin = 3 stems: staged-operand kernels (H200 run 10: alexnet L0 train step 1.60 ms at B=64, 2.1x the seed)
+    assert wa._select_gi_config(64, nout=964, device="cuda:0", cin=3) == "gi2i_p64b64"
+    assert wa._select_gi_config(512, nout=964, device="cuda:0", cin=3) == "gi3i_p64b128_f32"
+    assert wa._select_gw_config(96, cin=3) == "gw3i_p64n128" and wa._select_gw_config(64, cin=3) == "gw3i_p64n64"
+    assert wa._select_gw_config(96, cin=64) == "gw3_p64n128"
     monkeypatch.setenv("FOVI_KNN_GI_CONFIG", "gi3p_p64b64")
     monkeypatch.setenv("FOVI_KNN_GW_CONFIG", "gw3p_p64n64")
     assert wa._select_gi_config(512, nout=964) == "gi3p_p64b64" and wa._select_gw_config(512) == "gw3p_p64n64"

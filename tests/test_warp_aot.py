@@ -39,8 +39,15 @@ def _forward_kernels_by_block_dim(module_prefix: str):
                 F._make_nmp_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, mathdx=False)
             elif cfg.family == "gp":
                 F._make_gp_kernel(cfg.tile_m, cfg.tile_n, cfg.block_dim, mathdx=False)
+            elif cfg.family == "nms":
+                F._make_nms_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, mathdx=False)
+            elif cfg.family in ("i2c", "i2cg"):
+                F._make_i2c_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, cfg.family == "i2cg",
+                                   mathdx=False)
             elif cfg.family == "cached":
                 F._make_cached_kernel(cfg.tile_m, cfg.tile_n, cfg.block_dim, mathdx=False)
+            else:
+                raise AssertionError(f"test_warp_aot does not know the {cfg.family!r} family ({name})")
             pipelined = cfg.family in ("nmp", "gp")
             key = (pipelined, cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim)
             if cfg.family != "cached" and key not in seen:

@@ -36,8 +36,9 @@ def _compiled_cpu_modules():
 
 
 class Case:
-    def __init__(self, shape: str, b: int, seed: int = 0, bias: bool = True):
-        cin, cout, nin, nout, k, v, pads = SYNTHETIC_SHAPES[shape]
+    def __init__(self, shape, b: int, seed: int = 0, bias: bool = True):
+        """``shape``: a SYNTHETIC_SHAPES name or a ``(cin, cout, nin, nout, k, v, pads)`` tuple."""
+        cin, cout, nin, nout, k, v, pads = SYNTHETIC_SHAPES[shape] if isinstance(shape, str) else shape
         self.idx, self.rf = synthetic_graph(nin, nout, k, v, pads, seed=seed)
         self.meta = build_meta(self.idx, self.rf, cin=cin, cout=cout, v=v, nin=nin)
         g = torch.Generator().manual_seed(100 + b + seed)
@@ -83,12 +84,65 @@ _CONFIGS = F.uncached_config_names()
 @pytest.mark.parametrize("config", _CONFIGS)
 def test_every_config_matches_oracle(config):
     i = _CONFIGS.index(config)
+    cfg = F.config_spec(config)
     for j, shape in enumerate(SHAPES):
         b = BATCHES[(i + j) % len(BATCHES)]
         if shape == "MAIN" and b == 129:
             b = 64
         c = case(shape, b)
+        if cfg.family in ("i2c", "i2cg") and c.meta.p64 % cfg.tile_k:
+            # a 128-deep K step needs P64 % 128 == 0: refused with the config and P64 named
+            with pytest.raises(ValueError, match=f"{config}.*P64={c.meta.p64}"):
+                _run_prefilled(c, config)
+            continue
         c.check(_run_prefilled(c, config), f"{config} on {shape} B={b}")
+
+
+# A stem-like shape (Cin = 3, P = 126 -> P64 = 128): the i2c family's home, and a P64 the 128-deep
+# K step divides.
+STEM = (3, 24, 200, 37, 42, 80, 25)
+_I2C = [n for n in _CONFIGS if F.config_spec(n).family in ("i2c", "i2cg")]
+
+
+@pytest.mark.parametrize("b", (1, 17, 64))
+@pytest.mark.parametrize("config", _I2C)
+def test_i2c_configs_on_a_stem(config, b):
+    c = case(STEM, b)
+    assert c.meta.p64 == 128
+    c.check(_run_prefilled(c, config), f"{config} on STEM B={b}")
+
+
+@pytest.mark.parametrize("gather", ("warp", "torch"))
+def test_i2c_chunked_stage_and_both_row_gathers(monkeypatch, gather):
+    """A stage budget of a few nodes (many chunks, a ragged last one), both row-gather implementations."""
+    monkeypatch.setenv("FOVI_WARP_I2C_MIB", "0.02")          # 20 KiB: 3 nodes of 128 x 24 fp16 per chunk
+    monkeypatch.setenv("FOVI_WARP_I2C_GATHER", gather)
+    for b in (17, 24):
+        c = case(STEM, b)
+        for config in ("i2c_m16n64k64", "i2c_m64n96k128", "i2cg_m64n64k64"):
+            plan = F._prepare_uncached(c.x, c.w, c.bias, c.meta.input_linear, c.meta.weight_linear, config=config)
+            plan.out.fill_(float("nan"))
+            plan.launch()
+            c.check(plan.finish(), f"{config} chunked, {gather} gather, B={b}")
+    monkeypatch.setenv("FOVI_WARP_I2C_GATHER", "cuda-magic")
+    with pytest.raises(ValueError, match="FOVI_WARP_I2C_GATHER"):
+        F._prepare_uncached(c.x, c.w, c.bias, c.meta.input_linear, c.meta.weight_linear, config="i2c_m16n64k64")
+    monkeypatch.setenv("FOVI_WARP_I2C_MIB", "-1")
+    with pytest.raises(ValueError, match="FOVI_WARP_I2C_MIB"):
+        F._prepare_uncached(c.x, c.w, c.bias, c.meta.input_linear, c.meta.weight_linear, config="i2c_m16n64k64")
+
+
+def test_i2c_selection_rules():
+    """Stems go to i2c; 96-wide tiles when 96 divides Cout (16-row tiles at B <= 16 only if 64 is ragged)."""
+    sel = F._select_uncached_batch_config
+    assert sel(16, 96, 964, 384, in_channels=3) == "i2c_m16n96k64"             # alexnet stem
+    assert sel(64, 96, 964, 384, in_channels=3) == "i2c_m64n96k128"
+    assert sel(16, 64, 964, 192, in_channels=3) == "i2c_m16n64k64"             # resnet stem
+    assert sel(512, 64, 964, 192, in_channels=3) == "i2c_m64n64k64"
+    assert sel(16, 384, 64, 320, in_channels=3) == "i2c_m16n64k64"             # DINOv3 patch embed
+    assert sel(128, 384, 64, 320, in_channels=3) == "i2c_m64n96k64"
+    assert sel(64, 1280, 64, 320, in_channels=3) == "i2c_m64n64k64"            # DINOv3 H+
+    assert sel(64, 96, 964, 384) == "m64n96b256"                               # Cin unknown: gather family
 
 
 @pytest.mark.parametrize("shape", SHAPES)
