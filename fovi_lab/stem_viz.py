@@ -147,8 +147,9 @@ def stem_forward_figure(rows: Optional[List[dict]] = None, height: int = 430) ->
 
 def stem_train_rows(records: Optional[List[dict]] = None, layers: Sequence[str] = STEMS) -> List[dict]:
     """Per stem and batch, the latest recorded train step (``warp_train_staged``) whose adjoints gathered
-    their operand tiles in the GEMM loop, and the latest whose operands were staged ("i" configs): ms,
-    peak MiB, configs, with the seed's time and the strongest PyTorch step of the later run. Records that
+    their operand tiles in the GEMM loop, and the latest whose operands were staged ("i" configs): ms
+    (eager, and replayed from a CUDA graph when recorded), peak MiB, configs, with the seed's time and
+    the strongest PyTorch step of the later run. Records that
     carry a ``note_run`` (development runs: other gathers, other stage dtypes) are left out."""
     records = kl.backward_records(mode="train-step") if records is None else records
     records = [r for r in records if not r.get("note_run")]      # development runs stay out of the comparison
@@ -165,6 +166,9 @@ def stem_train_rows(records: Optional[List[dict]] = None, layers: Sequence[str] 
             old = max(gathered, key=lambda r: str(r.get("date"))) if gathered else None
             row = dict(layer=layer, B=b)
             for tag, r in (("before", old), ("after", new)):
+                graphed = [q for q in records if r is not None and q.get("impl") == "warp_train_graphed"
+                           and q.get("layer") == layer and q.get("B") == b and q.get("date") == r.get("date")]
+                row[f"{tag}_graphed_ms"] = graphed[0]["ms"] if graphed and graphed[0].get("ms") else None
                 row[f"{tag}_ms"] = r and r["ms"]
                 row[f"{tag}_peak_mib"] = r and r.get("peak_mib")
                 row[f"{tag}_configs"] = r and f"{r['gi_config']} + {r['gw_config']}"

@@ -226,22 +226,36 @@ def _sm_count(device) -> Optional[int]:
 
 
 # Below this many input channels (the Cin = 3 stems) the staged-operand ("i") gi/gw kernels are the
-# defaults: a gathered operand tile there is scalar loads of 3-row neighbour runs.
+# defaults once the stage is big enough: a gathered operand tile there is scalar loads of 3-row
+# neighbour runs. Their GPU time is lower on every stem shape measured (H200 run 10, CUDA-graph replay:
+# alexnet L0 B=64 1.79 -> 1.32 ms, res18 stem 0.64 -> 0.52), but they add a row copy, a buffer and ~0.3 ms
+# of host work per eager step on that machine; below ~16M staged elements (B * Nout * P64: res18 stem at
+# B <= 64, DINOv3 patch embed at every batch, alexnet L0 at B = 16) the eager step was faster without.
 _STAGED_OPERAND_MAX_CIN = 16
+_STAGED_OPERAND_MIN_WORK = 16 << 20
 
 
-def _select_gi_config(batch: int, nout: Optional[int] = None, device=None, cin: Optional[int] = None) -> str:
+def _staged_operand(cin: Optional[int], batch: int, nout: Optional[int], p64: Optional[int]) -> bool:
+    """Whether the stems' staged-operand adjoints are the default for this call (see above)."""
+    if cin is None or cin >= _STAGED_OPERAND_MAX_CIN or nout is None or p64 is None:
+        return False
+    return batch * nout * p64 >= _STAGED_OPERAND_MIN_WORK
+
+
+def _select_gi_config(batch: int, nout: Optional[int] = None, device=None, cin: Optional[int] = None,
+                      p64: Optional[int] = None) -> str:
     """Default gi config. ``FOVI_KNN_GI_CONFIG`` overrides (still a default: unlaunchable -> fallback).
 
     A 64-wide batch tile for B <= 64 (a 128-wide one would be >= half padding). gi2's ``(n, b_tile)``
     grid when it has at least 4 CTAs per SM, else the 3-D gi3 grid (small-Nout layers). Stems
-    (``cin`` < 16): the staged-operand variants (gi2i at B <= 64, gi3i above).
+    (``cin`` < 16) with at least ``_STAGED_OPERAND_MIN_WORK`` staged elements: the staged-operand
+    variants (gi2i at B <= 64, gi3i above).
     """
     env = os.environ.get("FOVI_KNN_GI_CONFIG")
     if env:
         return env
     small = batch <= 64
-    if cin is not None and cin < _STAGED_OPERAND_MAX_CIN:
+    if _staged_operand(cin, batch, nout, p64):
         return "gi2i_p64b64" if small else "gi3i_p64b128_f32"
     sms = _sm_count(device)
     if sms is not None and nout is not None:
@@ -251,14 +265,15 @@ def _select_gi_config(batch: int, nout: Optional[int] = None, device=None, cin: 
     return DEFAULT_GI_CONFIG_SMALL_B if small else DEFAULT_GI_CONFIG
 
 
-def _select_gw_config(cout: int, cin: Optional[int] = None) -> str:
+def _select_gw_config(cout: int, cin: Optional[int] = None, batch: Optional[int] = None,
+                      nout: Optional[int] = None, p64: Optional[int] = None) -> str:
     """Default gw config (``FOVI_KNN_GW_CONFIG`` overrides): gw3, 64-wide o tile when Cout <= 64; the
-    staged-operand gw3i for stems (``cin`` < 16)."""
+    staged-operand gw3i for stems with at least ``_STAGED_OPERAND_MIN_WORK`` staged elements."""
     env = os.environ.get("FOVI_KNN_GW_CONFIG")
     if env:
         return env
     name = DEFAULT_GW_CONFIG_NARROW if cout <= 64 else DEFAULT_GW_CONFIG
-    if cin is not None and cin < _STAGED_OPERAND_MAX_CIN:
+    if batch is not None and _staged_operand(cin, batch, nout, p64):
         name = name.replace("gw3_", "gw3i_")
     return name
 
@@ -1561,7 +1576,8 @@ def _plan_grad_input(meta, grad_y, weight, config=None, *, stage_fp32=None, dx_d
     _check_common(meta, grad_y)
     check_tensor("weight", weight, dtype=torch.float16, dim=2, shape=(meta.cout, meta.q),
                  device=grad_y.device, contiguous=True)
-    name, explicit = _resolve("gi", config, _select_gi_config(grad_y.shape[0], meta.nout, grad_y.device, meta.cin),
+    name, explicit = _resolve("gi", config, _select_gi_config(grad_y.shape[0], meta.nout, grad_y.device, meta.cin,
+                                                                meta.p64),
                               stage_fp32)
     try:
         device = warp_device(grad_y)
@@ -1581,7 +1597,8 @@ def _plan_grad_weight(meta, grad_y, x, config=None, *, stage_fp32=None, finish=N
     finish = (os.environ.get("FOVI_KNN_GW_FINISH") or "csr") if finish is None else finish
     if finish not in ("csr", "index_add"):
         raise ValueError(f"finish: expected 'csr' or 'index_add', got {finish!r}")
-    name, explicit = _resolve("gw", config, _select_gw_config(meta.cout, meta.cin), stage_fp32)
+    name, explicit = _resolve("gw", config, _select_gw_config(meta.cout, meta.cin, grad_y.shape[0], meta.nout,
+                                                                      meta.p64), stage_fp32)
     try:
         device = warp_device(grad_y)
     except ImportError as exc:

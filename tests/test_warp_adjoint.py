@@ -137,11 +137,18 @@ def test_default_config_selection(monkeypatch):
     assert wa._select_gi_config(64, nout=964, device="cuda:0") == "gi2_p64b64"
     assert wa._select_gi_config(512, nout=964, device="cuda:0") == big
     assert wa._select_gw_config(64) == "gw3_p64n64" and wa._select_gw_config(96) == "gw3_p64n128"
-    # the Cin = 3 stems: staged-operand kernels (H200 run 10: alexnet L0 train step 1.60 ms at B=64, 2.1x the seed)
-    assert wa._select_gi_config(64, nout=964, device="cuda:0", cin=3) == "gi2i_p64b64"
-    assert wa._select_gi_config(512, nout=964, device="cuda:0", cin=3) == "gi3i_p64b128_f32"
-    assert wa._select_gw_config(96, cin=3) == "gw3i_p64n128" and wa._select_gw_config(64, cin=3) == "gw3i_p64n64"
-    assert wa._select_gw_config(96, cin=64) == "gw3_p64n128"
+    # the Cin = 3 stems: staged-operand kernels once B*Nout*P64 >= 16M (H200 run 10: alexnet L0 train step
+    # 1.60 ms at B=64, 2.1x the seed; below, the extra host work of the row copies outweighed the GPU saving)
+    assert wa._select_gi_config(64, nout=964, device="cuda:0", cin=3, p64=384) == "gi2i_p64b64"       # alex L0
+    assert wa._select_gi_config(512, nout=964, device="cuda:0", cin=3, p64=384) == "gi3i_p64b128_f32"
+    assert wa._select_gi_config(16, nout=964, device="cuda:0", cin=3, p64=384) == "gi2_p64b64"
+    assert wa._select_gi_config(64, nout=964, device="cuda:0", cin=3, p64=192) == "gi2_p64b64"        # res18 stem
+    assert wa._select_gi_config(512, nout=964, device="cuda:0", cin=3, p64=192) == "gi3i_p64b128_f32"
+    assert wa._select_gw_config(96, 3, 64, 964, 384) == "gw3i_p64n128"
+    assert wa._select_gw_config(64, 3, 512, 964, 192) == "gw3i_p64n64"
+    assert wa._select_gw_config(384, 3, 512, 64, 320) == "gw3_p64n128"                              # DINOv3 patch
+    assert wa._select_gw_config(96, 64, 512, 964, 384) == "gw3_p64n128"                             # Cin = 64
+    assert wa._select_gw_config(96, 3) == "gw3_p64n128"                                             # no batch given
     monkeypatch.setenv("FOVI_KNN_GI_CONFIG", "gi3p_p64b64")
     monkeypatch.setenv("FOVI_KNN_GW_CONFIG", "gw3p_p64n64")
     assert wa._select_gi_config(512, nout=964) == "gi3p_p64b64" and wa._select_gw_config(512) == "gw3p_p64n64"

@@ -531,7 +531,8 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
         for base in _sweep_names(wa._GRAD_WEIGHT_CONFIG_SPECS, args.gw_configs):
             for fp32 in (False, True):
                 name = base + ("_f32" if fp32 else "")
-                finishes = ("csr", "index_add") if base == wa._select_gw_config(meta.cout, meta.cin) else ("csr",)
+                default_gw = wa._select_gw_config(meta.cout, meta.cin, b, meta.nout, meta.p64)
+                finishes = ("csr", "index_add") if base == default_gw else ("csr",)
                 for fin in finishes:
                     guarded("warp_gw", lambda name=name, fin=fin: one("warp_gw", "dw", gw=name, finish=fin),
                             config=name, gw_finish=fin)
@@ -584,8 +585,9 @@ def _jobs_for(metas: dict, batches: List[int], mode: str, args, device: str) -> 
     for meta in metas.values():
         for b in batches:
             suffix = "_f32" if wa._stage_fp32_default() else ""
-            names.add(("gi", wa._select_gi_config(b, meta.nout, device, meta.cin) + suffix))
-        names.add(("gw", wa._select_gw_config(meta.cout, meta.cin) + ("_f32" if wa._stage_fp32_default() else "")))
+            names.add(("gi", wa._select_gi_config(b, meta.nout, device, meta.cin, meta.p64) + suffix))
+            names.add(("gw", wa._select_gw_config(meta.cout, meta.cin, b, meta.nout, meta.p64)
+                       + ("_f32" if wa._stage_fp32_default() else "")))
     if args.sweep:
         for base in _sweep_names(wa._GRAD_INPUT_CONFIG_SPECS, args.gi_configs):
             names |= {("gi", base), ("gi", base + "_f32")}
