@@ -464,7 +464,7 @@ def _make_i2c_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, w_ga
     trick (contiguous channel runs) does not apply and the gather family's scalar, bounds-checked
     ``tile_load_indexed`` of both operands costs more than the tile GEMM itself (29-62 % of the dense
     ceiling). Here the plan first gathers a chunk of nodes' ``A_n^T`` into a staging buffer with one
-    row copy per (node, p) (``at[nl*P64 + p, :] = xpad[:, il[n0+nl, p]]``, 16-byte elements), and,
+    row copy per (node, p) (``at[nl*P64 + p, :] = xpad[:, il[n0+nl, p]]``, 8-byte elements), and,
     for ``i2c``, every node's weight rows once per call (``weff[n*P64 + p, :] = W^T[wl[n, p], :]``);
     the kernel then runs the dense tile loop with plain, vectorised tile loads.
 
