@@ -682,6 +682,9 @@ def _make_grad_staged_operand_kernel(kind: str, version: str, tile_p: int, tile_
     node chunk for gw, :func:`fovi_lab.warp_common.gather_rows`) and the kernel plain-loads it
     (vectorised). Same launch grid and argument list as the version it mirrors; the table argument is
     unused, and the row of node ``n``'s tile ``p`` is ``n * n_p_tiles * tile_p + p``.
+
+    Memory: gw's staged rows count against the stage budget (they shrink the node chunk); gi's
+    ``weff`` is ``Nout*P64*Cout_pad*2`` bytes whatever the batch (alexnet L0: 95 MB), outside it.
     """
     init_warp()
     sd = _stage_dtype(fp32_stage)
@@ -1503,7 +1506,7 @@ class _GradWeightPlan:
         per_node = meta.p64 * self.cpad * itemsize + (meta.p64 * self.bpad * 2 if self.staged_x else 0)
         self.nc = nc = max(1, min(meta.nout, grad_stage_budget_bytes() // max(1, per_node),
                                   _MAX_STAGE_ELEMS // (meta.p64 * self.cpad),
-                                  _MAX_STAGE_ELEMS // (meta.p64 * self.bpad)))
+                                  _MAX_STAGE_ELEMS // (meta.p64 * self.bpad) if self.staged_x else meta.nout))
         if self.staged_x:
             self.at = _empty((nc * meta.p64, self.bpad), torch.float16, grad_y.device)
         self.chunks = [(n0, min(meta.nout, n0 + nc)) for n0 in range(0, meta.nout, nc)]

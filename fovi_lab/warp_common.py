@@ -217,7 +217,8 @@ def fast_launch(kernel, dims, inputs, block_dim: int, device: str, tiled: bool =
 
 
 # --------------------------------------------------------------------------------------------------
-# Row gather (the im2col stage of the i2c forward): dst[i, :] = src[idx[idx0 + i], :]
+# Row gather: dst[i, :] = src[idx[idx0 + i], :] (the stems' staged operands: the i2c forward's im2col
+# stage, the gi2i/gi3i/gw3i adjoints' staged W and x rows)
 # --------------------------------------------------------------------------------------------------
 
 _GATHER_KERNEL = None
@@ -259,6 +260,9 @@ def gather_rows(src: torch.Tensor, idx: torch.Tensor, out: torch.Tensor, idx0: i
     if out.shape[1] != src.shape[1] or out.dtype != src.dtype:
         raise ValueError(f"gather_rows: out {tuple(out.shape)} {out.dtype} does not match src "
                          f"{tuple(src.shape)} {src.dtype}")
+    if idx.dtype != torch.int32 or idx.dim() != 1 or not 0 <= idx0 <= idx.numel() - out.shape[0]:
+        raise ValueError(f"gather_rows: idx must be 1-D int32 with idx0 + out rows <= its length, got "
+                         f"{idx.dtype} {tuple(idx.shape)}, idx0={idx0}, {out.shape[0]} rows")
     s, d = as_rows64(src), as_rows64(out)
     fast_launch(gather_rows_kernel(), (d.shape[0], d.shape[1]), [warp_ct(s), warp_ct(idx), warp_ct(d), int(idx0)],
                 256, warp_device(src), tiled=False)

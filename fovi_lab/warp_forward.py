@@ -74,9 +74,9 @@ Measured on the H200 (data/forward_sweep_h200.jsonl, data/forward_h200.jsonl; Wa
   shapes with B >= 64 (>= 80% in two of three runs), up to 47 TFLOP/s (alexnet L1 B=512: 4.2 ms,
   35 TFLOP/s, 83%); the seed's design reached ~7 TFLOP/s.
 * The gather family on the Cin = 3 stems and the DINOv3 patch embed reached 29-62% of its ceiling,
-  8-12 TFLOP/s: scalar, bounds-checked gathers of both operands on every p tile (hence the i2c family). 256 threads per CTA
-  are 2x faster than 128 (more scalar loads in flight); a 96-wide tile for Cout = 96 is 20-25% faster
-  than a 64-wide one.
+  8-12 TFLOP/s: scalar, bounds-checked gathers of both operands on every p tile (hence the i2c
+  family). 256 threads per CTA are 2x faster than 128 (more scalar loads in flight); a 96-wide tile
+  for Cout = 96 is 20-25% faster than a 64-wide one.
 * Every whole-op call also pays ~0.1-0.3 ms of host time (argument checks, operand layouts, launch),
   which sets the small-batch floor; it is kept down by cached Warp views of persistent operands,
   cached weight/bias layouts and one recorded ``wp.Launch`` per (kernel, grid).
@@ -1372,14 +1372,10 @@ def _plan_i2c(cfg: FwdConfig, kernel, x, weight, il, wl, out, finish, bias_p, bi
     xp = torch.nn.functional.pad(x.reshape(b, cin * nin).t(), (0, bx - b, 0, 1))
     nc = max(1, min(nout, _i2c_stage_bytes() // (p64 * bx * 2)))
     at = torch.empty(nc * p64, bx, dtype=torch.float16, device=x.device)
-    il_flat = il.view(-1)
-    xp16, at16 = _as_rows16(xp), _as_rows16(at)
     if cfg.family == "i2c":
         coutp = pad_to(cout, 8)
         wtp, _ = _weight_operand(weight, "tp", 0, 0, coutp)     # [Q, Cout_p]
         wop = torch.empty(nout * p64, coutp, dtype=torch.float16, device=x.device)
-        wl_flat = wl.view(-1)
-        wtp16, wop16 = _as_rows16(wtp), _as_rows16(wop)
     else:
         wop, _ = _weight_operand(weight, "t", 0, 0)              # [Q, Cout], gathered by wl in the kernel
     wl_w = info.wa(wl)
@@ -1392,6 +1388,10 @@ def _plan_i2c(cfg: FwdConfig, kernel, x, weight, il, wl, out, finish, bias_p, bi
         chunks.append((n0, cnt, _launcher(kernel, dims, inputs, cfg.block_dim, dev)))
 
     if _i2c_gather_kind() == "torch":
+        il_flat, xp16, at16 = il.view(-1), _as_rows16(xp), _as_rows16(at)
+        if cfg.family == "i2c":
+            wl_flat, wtp16, wop16 = wl.view(-1), _as_rows16(wtp), _as_rows16(wop)
+
         def wgather():
             torch.index_select(wtp16, 0, wl_flat, out=wop16)
 
@@ -1451,9 +1451,10 @@ _WCACHE_MAX = 64
 def _weight_layout(weight: torch.Tensor, kind: str, cin: int, cp: int, coutp: int = 0) -> torch.Tensor:
     """Weight operand of a kernel family, cached per (weight object, ``_version``, layout).
 
-    ``"t"``: ``W^T [Q, Cout]``; ``"tp"``: the same with ``coutp`` columns (zero padded). ``"v"``: tap-major ``wv[v*Cp + c, o] = W[o, c*V + v]``, ``[V*Cp, Cout_p]``
-    with zero channel/column padding (``coutp`` columns, a multiple of 8 for 16-byte rows). Inference reuses
-    the layout; a training step's in-place update bumps ``_version`` and rebuilds it.
+    ``"t"``: ``W^T [Q, Cout]``; ``"tp"``: the same with ``coutp`` columns (zero padded). ``"v"``:
+    tap-major ``wv[v*Cp + c, o] = W[o, c*V + v]``, ``[V*Cp, Cout_p]`` with zero channel/column padding
+    (``coutp`` columns, a multiple of 8 for 16-byte rows). Inference reuses the layout; a training
+    step's in-place update bumps ``_version`` and rebuilds it.
     """
     import weakref
     key = (id(weight), kind, cp, coutp)

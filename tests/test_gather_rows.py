@@ -39,6 +39,10 @@ def test_bad_arguments_are_named():
         gather_rows(torch.zeros(4, 8, dtype=torch.float16), idx, torch.zeros(4, 16, dtype=torch.float16))
     with pytest.raises(ValueError, match="does not match"):
         gather_rows(torch.zeros(4, 8, dtype=torch.float16), idx, torch.zeros(4, 8, dtype=torch.float32))
+    with pytest.raises(ValueError, match="idx0"):
+        gather_rows(torch.zeros(4, 8, dtype=torch.float16), idx, torch.zeros(3, 8, dtype=torch.float16), idx0=2)
+    with pytest.raises(ValueError, match="int32"):
+        gather_rows(torch.zeros(4, 8, dtype=torch.float16), idx.long(), torch.zeros(4, 8, dtype=torch.float16))
 
 
 @pytest.mark.parametrize("arch", (80, 89, 90))
