@@ -1065,24 +1065,16 @@ class _TableInfo:
     _compact: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
     _warp: Optional[dict] = None
 
-    def wa(self, t: torch.Tensor):
-        """Warp view of one of these (persistent) tables, made once."""
+    def wa(self, t: torch.Tensor, flat: bool = False):
+        """Warp view of one of these (persistent) tables, made once; ``flat=True``: a descriptor of the
+        table flattened to 1-D (the index of the i2c row gathers)."""
         if self._warp is None:
             self._warp = {}
-        a = self._warp.get(id(t))
-        if a is None:
-            a = self._warp[id(t)] = (to_warp(t), t)
-        return a[0]
-
-    def wa_flat(self, t: torch.Tensor):
-        """Warp descriptor of a (persistent) table flattened to 1-D, made once (the row gathers' index)."""
-        if self._warp is None:
-            self._warp = {}
-        key = ("flat", id(t))
+        key = ("flat", id(t)) if flat else id(t)
         a = self._warp.get(key)
         if a is None:
-            flat = t.view(-1)
-            a = self._warp[key] = (warp_ct(flat), flat)
+            v = t.view(-1) if flat else t
+            a = self._warp[key] = ((warp_ct if flat else to_warp)(v), v)
         return a[0]
 
     def compact(self) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -1399,10 +1391,10 @@ def _plan_i2c(cfg: FwdConfig, kernel, x, weight, il, wl, out, finish, bias_p, bi
             torch.index_select(xp16, 0, il_flat[n0 * p64:(n0 + cnt) * p64], out=at16[:cnt * p64])
     else:  # Warp row copy: recorded launches with descriptors made once here (host time matters)
         gk = gather_rows_kernel()
-        xp_c, at_c, il_c = warp_ct(as_rows64(xp)), warp_ct(as_rows64(at)), info.wa_flat(il)
+        xp_c, at_c, il_c = warp_ct(as_rows64(xp)), warp_ct(as_rows64(at)), info.wa(il, flat=True)
         arow = as_rows64(at).shape[1]
         if cfg.family == "i2c":
-            wtp_c, wop_c, wl_c = warp_ct(as_rows64(wtp)), warp_ct(as_rows64(wop)), info.wa_flat(wl)
+            wtp_c, wop_c, wl_c = warp_ct(as_rows64(wtp)), warp_ct(as_rows64(wop)), info.wa(wl, flat=True)
             wdims = tuple(as_rows64(wop).shape)
 
         def wgather():
