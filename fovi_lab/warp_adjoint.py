@@ -91,13 +91,8 @@ import torch
 
 from .meta import TrainingMeta, pad_to
 from .reference import CompactTorchOps, stage_budget_bytes
-from .warp_common import (ValidatedCache, check_tensor, gather_rows, init_warp, nan_canary, to_warp, torch_stream,
-                          warp_device, wp)
-
-try:  # cached Warp wrapper of torch's current stream (cheaper than a ScopedStream per launch)
-    from .warp_common import warp_stream as _warp_stream
-except ImportError:  # pragma: no cover - older warp_common
-    _warp_stream = None
+from .warp_common import (ValidatedCache, check_tensor, fast_launch, gather_rows, init_warp, nan_canary, to_warp,
+                          torch_stream, warp_ct, warp_device, wp)
 
 __all__ = [
     "grad_input", "grad_weight",
@@ -774,7 +769,19 @@ def _make_dx_csr_kernel(fp32_stage: bool, *, module_options: Optional[dict] = No
         i = rowptr[m]
         e = rowptr[m + 1]
         acc = wp.float32(0.0)
-        # 4 independent loads in flight, then the adds in index order (same sum, same bits)
+        # 8 (then 4) independent loads in flight, then the adds in index order: the same fp32 sum, bit for
+        # bit, as one element at a time. (4 in flight left the H200 latency-bound: ~0.6-0.7 TB/s)
+        while i + 8 <= e:
+            v0 = wp.float32(da[rev_row[i] + ck, b])
+            v1 = wp.float32(da[rev_row[i + 1] + ck, b])
+            v2 = wp.float32(da[rev_row[i + 2] + ck, b])
+            v3 = wp.float32(da[rev_row[i + 3] + ck, b])
+            v4 = wp.float32(da[rev_row[i + 4] + ck, b])
+            v5 = wp.float32(da[rev_row[i + 5] + ck, b])
+            v6 = wp.float32(da[rev_row[i + 6] + ck, b])
+            v7 = wp.float32(da[rev_row[i + 7] + ck, b])
+            acc = (((((((acc + v0) + v1) + v2) + v3) + v4) + v5) + v6) + v7
+            i += 8
         while i + 4 <= e:
             v0 = wp.float32(da[rev_row[i] + ck, b])
             v1 = wp.float32(da[rev_row[i + 1] + ck, b])
@@ -851,7 +858,18 @@ def _make_dw_csr_kernel(fp32_stage: bool, *, module_options: Optional[dict] = No
         if accumulate != 0:
             acc = dwt[q, o]
         i = s
-        while i + 4 <= e:   # 4 loads in flight, adds in index order (bitwise the sequential sum)
+        while i + 8 <= e:   # 8 (then 4) loads in flight, adds in index order (bitwise the sequential sum)
+            v0 = wp.float32(dweff[w_col[i] - j_lo, o])
+            v1 = wp.float32(dweff[w_col[i + 1] - j_lo, o])
+            v2 = wp.float32(dweff[w_col[i + 2] - j_lo, o])
+            v3 = wp.float32(dweff[w_col[i + 3] - j_lo, o])
+            v4 = wp.float32(dweff[w_col[i + 4] - j_lo, o])
+            v5 = wp.float32(dweff[w_col[i + 5] - j_lo, o])
+            v6 = wp.float32(dweff[w_col[i + 6] - j_lo, o])
+            v7 = wp.float32(dweff[w_col[i + 7] - j_lo, o])
+            acc = (((((((acc + v0) + v1) + v2) + v3) + v4) + v5) + v6) + v7
+            i += 8
+        while i + 4 <= e:
             v0 = wp.float32(dweff[w_col[i] - j_lo, o])
             v1 = wp.float32(dweff[w_col[i + 1] - j_lo, o])
             v2 = wp.float32(dweff[w_col[i + 2] - j_lo, o])
@@ -923,9 +941,10 @@ def _launch_stage(kernel, spec: dict, kind: str, idx_table, operand, g, out, dev
     p64 = idx_table.shape[1]
     wide = out.shape[2]
     n_inner = g.shape[1] // (spec["tile_o"] if kind == "gi" else _GW_TILE_B)
-    _launch_tiled(kernel, _stage_dims(spec, kind, out.shape[0], p64, wide),
-                  [to_warp(idx_table), to_warp(operand), to_warp(g), int(p64 // spec["tile_p"]), int(n_inner),
-                   to_warp(out)], spec["block_dim"], device)
+    with torch_stream(device):      # checked wp.array views and a plain launch: this is the canary's path
+        wp.launch_tiled(kernel, dim=_stage_dims(spec, kind, out.shape[0], p64, wide),
+                        inputs=[to_warp(idx_table), to_warp(operand), to_warp(g), int(p64 // spec["tile_p"]),
+                                int(n_inner), to_warp(out)], block_dim=spec["block_dim"], device=device)
 
 
 def _kernel_stage_is_fp32(kernel) -> bool:
@@ -1355,7 +1374,7 @@ def _ct(t: torch.Tensor):
     check, so only tensors of the dtypes the kernels declare are passed (the canary launches, which
     use checked ``wp.array`` views, validate the signatures once per device).
     """
-    return wp.from_torch(t, return_ctype=True)
+    return warp_ct(t)
 
 
 def _wp_cached(meta: TrainingMeta, key: str, t: torch.Tensor):
@@ -1368,26 +1387,16 @@ def _wp_cached(meta: TrainingMeta, key: str, t: torch.Tensor):
     return got[1]
 
 
-def _stream(device: str):
-    return _warp_stream(device) if _warp_stream is not None else None
-
-
 def _launch_tiled(kernel, dim, inputs, block_dim: int, device: str):
-    stream = _stream(device)
-    if stream is None and device.startswith("cuda"):
-        with torch_stream(device):
-            wp.launch_tiled(kernel, dim=dim, inputs=inputs, block_dim=block_dim, device=device)
-    else:
-        wp.launch_tiled(kernel, dim=dim, inputs=inputs, block_dim=block_dim, device=device, stream=stream)
+    """A recorded tile launch on torch's current stream (:func:`~fovi_lab.warp_common.fast_launch`):
+    ``inputs`` are array descriptors (:func:`_ct`) and ints. A staged step makes 4+ launches per gradient,
+    and packing every argument anew (``wp.launch``) was most of the eager stems' host time."""
+    fast_launch(kernel, tuple(dim), inputs, block_dim, device)
 
 
 def _launch(kernel, dim, inputs, device: str):
-    stream = _stream(device)
-    if stream is None and device.startswith("cuda"):
-        with torch_stream(device):
-            wp.launch(kernel, dim=dim, inputs=inputs, device=device)
-    else:
-        wp.launch(kernel, dim=dim, inputs=inputs, device=device, stream=stream)
+    """The SIMT counterpart of :func:`_launch_tiled` (block 256, Warp's default)."""
+    fast_launch(kernel, tuple(dim), inputs, 256, device, tiled=False)
 
 
 def _stage_dims(spec: dict, kind: str, nrows: int, p64: int, wide: int) -> Tuple[int, ...]:

@@ -368,3 +368,39 @@ def test_backward_bench_smoke_on_cpu(tmp_path, mode, monkeypatch):
     assert w["deterministic"] and w["err_dx"] < 1e-2 and w["err_dw"] < 1e-2
     if mode == "backward":
         assert {"warp_gi", "warp_gw"} <= impls
+
+
+@pytest.mark.parametrize("fp32", [False, True], ids=["f16stage", "f32stage"])
+def test_csr_reductions_are_the_sequential_sum_bit_for_bit(fp32):
+    """Rows of 0..21 entries cross the 8-, 4- and 1-wide loops of both reverse-index reductions; each
+    output must equal the fp32 sum taken one entry at a time in index order (so unrolling is exact)."""
+    from fovi_lab.warp_common import fast_launch, warp_ct
+    sdt = torch.float32 if fp32 else torch.float16
+    g = torch.Generator().manual_seed(7)
+    lens = torch.tensor([0, 1, 3, 4, 5, 7, 8, 9, 12, 15, 16, 17, 21])
+    rowptr = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    rowptr[1:] = torch.cumsum(lens, 0).to(torch.int32)
+    nnz = int(rowptr[-1])
+    stage = (torch.randn(64, 6, generator=g) * torch.logspace(-3, 3, 64).unsqueeze(1)).to(sdt)
+    rows = torch.randint(0, 64, (nnz,), generator=g, dtype=torch.int32)
+
+    def sequential(idx):
+        want = torch.zeros(len(lens), 6, dtype=torch.float32)
+        for r in range(len(lens)):
+            for i in range(int(rowptr[r]), int(rowptr[r + 1])):
+                want[r] += stage[int(idx[i])].float()             # one fp32 add at a time
+        return want
+
+    # dw: dwt[q, o] = sum_i dweff[w_col[i], o] (w_col ascending within a row, as the CSR builds it)
+    w_col = torch.cat([torch.sort(rows[int(rowptr[r]):int(rowptr[r + 1])]).values for r in range(len(lens))])
+    dw = torch.full((len(lens), 6), float("nan"))
+    k = wa._get_grad_kernel("csr", "dw_f32" if fp32 else "dw_f16", "cpu").kernel
+    fast_launch(k, (len(lens), 6), [warp_ct(rowptr), warp_ct(w_col), warp_ct(stage), 0, 2147483647, 0, warp_ct(dw)],
+                256, "cpu", tiled=False)
+    assert torch.equal(dw, sequential(w_col))
+    # dx: out[c, m, b] = sum_i da[rev_row[i] + c*k, b]   (one channel, k = 0 offset)
+    out = torch.full((1, len(lens), 6), float("nan"))
+    k = wa._get_grad_kernel("csr", "dx_f32" if fp32 else "dx_f16", "cpu").kernel
+    fast_launch(k, (len(lens), 1, 6), [warp_ct(rowptr), warp_ct(rows), warp_ct(stage), 0, warp_ct(out)], 256, "cpu",
+                tiled=False)
+    assert torch.equal(out[0], sequential(rows))

@@ -38,7 +38,9 @@ over the reference's max abs), and run twice to check bitwise determinism (``det
 memory is ``torch.cuda.max_memory_allocated`` during one call minus what was allocated before it
 (``peak_mib``; inputs excluded, outputs included). FLOPs are ``2*B*P64*Cout*Nout`` per GEMM (two for
 backward, three for a train step); bytes the fewest each op must move. Fractions of the roofline use
-the H200 datasheet ceilings (:class:`fovi_lab.bench.common.Roofline`). The seed's own H200 train-step
+the H200 datasheet ceilings (:class:`fovi_lab.bench.common.Roofline`). A train step bumps the
+weight's version first (as the optimizer's in-place update does), so no backend reuses a weight layout
+cached from the previous step (records carry ``weight_version_bumped``). The seed's own H200 train-step
 numbers (notes/warp-facts.md, one run each) are printed beside ours where the shape matches.
 
 Suggested H200 runs (each fits one 10-minute call; the MathDx precompile is ~1 min per round of
@@ -322,6 +324,8 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
         r.update(shape)
         r.update(impl=impl, ms=ms, tflops=tflops(flops, ms) if ms else None,
                  roofline_frac=roof.fraction(ms, flops, nbytes) if ms else None)
+        if mode == "train-step":
+            r["weight_version_bumped"] = True
         r.update(kw)
         recs.append(r)
         return r
@@ -355,6 +359,12 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
         except Exception as exc:  # noqa: BLE001 - report, keep measuring
             rec(impl + "_graphed", None, graphed=True, note=f"{type(exc).__name__}: {str(exc)[:200]}", **kw)
 
+    def new_version(t):
+        """A train step's weight is new every step (the optimizer updates it in place): bump its version
+        so no backend reuses a layout derived from the previous step's values (the Warp forward caches
+        its weight layout per version for inference)."""
+        torch.autograd.graph.increment_version(t)
+
     # fp32 reference grads (torch_compact on fp32 copies of the same fp16 inputs)
     ref = (CompactTorchOps.grad_input(meta, g.float(), w.float()),
            CompactTorchOps.grad_weight(meta, g.float(), x.float()))
@@ -365,6 +375,7 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
             fn = lambda: (CompactTorchOps.grad_input(meta, g, w), CompactTorchOps.grad_weight(meta, g, x))  # noqa: E731
         else:
             def fn():
+                new_version(w)
                 y = CompactTorchOps.forward(meta, x, w, None)
                 return y, CompactTorchOps.grad_input(meta, g, w), CompactTorchOps.grad_weight(meta, g, x)
         r1 = fn()
@@ -387,7 +398,9 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
                 y = fwd(xr, wr)
                 fn = lambda: torch.autograd.grad(y, (xr, wr), g, retain_graph=True)  # noqa: E731
             else:
-                fn = lambda: torch.autograd.grad(fwd(xr, wr), (xr, wr), g)  # noqa: E731
+                def fn():
+                    new_version(wr)
+                    return torch.autograd.grad(fwd(xr, wr), (xr, wr), g)
             dx, dw = fn()
             err_dx = float((dx.float() - ref[0]).abs().max()) / max(1e-12, float(ref[0].abs().max()))
             err_dw = float((dw.float() - ref[1]).abs().max()) / max(1e-12, float(ref[1].abs().max()))
@@ -428,6 +441,7 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
             from .. import warp_forward as F
 
             def fn():
+                new_version(w)
                 y = F.run_uncached(x, w, None, meta.input_linear, meta.weight_linear)
                 return y, wa_.grad_input(meta, g, w), wa_.grad_weight(meta, g, x)
         t = tm(fn)
@@ -459,6 +473,7 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
                 info["fwd_ms"] = tm(lambda: WarpTrainOps.forward(meta, x, w, None)).ms
 
                 def fn():
+                    new_version(w)
                     return (WarpTrainOps.forward(meta, x, w, None),) + tuple(
                         WarpTrainOps.backward_combined(meta, g, x, w))
             r1, r2 = fn(), fn()
