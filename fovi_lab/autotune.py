@@ -42,7 +42,8 @@ _lock = threading.Lock()
 
 @lru_cache(maxsize=1)
 def recorded_table(data_dir: str = str(DATA_DIR)) -> Dict[Tuple, Dict[str, Tuple[str, float]]]:
-    """``{(device, mode, shape, B): {backend: (date, ms)}}`` from every ``data/*.jsonl`` record."""
+    """``{(device, mode, shape, B): {backend: (date, ms)}}`` from every ``data/*.jsonl`` record (the latest
+    per key), leaving out records flagged ``note_run`` (variants a backend does not run by default)."""
     table: Dict[Tuple, Dict[str, Tuple[str, float]]] = {}
     for path in sorted(Path(data_dir).glob("*.jsonl")):
         with open(path) as fh:
@@ -50,6 +51,8 @@ def recorded_table(data_dir: str = str(DATA_DIR)) -> Dict[Tuple, Dict[str, Tuple
                 try:
                     r = json.loads(line)
                 except ValueError:
+                    continue
+                if r.get("note_run"):      # a measured variant or development run, not what a backend runs
                     continue
                 mode = r.get("mode") or "forward"
                 backend = _IMPL_TO_BACKEND.get(mode, {}).get(r.get("impl"))

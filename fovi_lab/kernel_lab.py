@@ -1176,14 +1176,16 @@ def load_records(data_dir=None, patterns: Sequence[str] = ("*.jsonl",)) -> List[
     return out
 
 
-def forward_records(data_dir=None) -> List[dict]:
-    """Forward records (:mod:`fovi_lab.bench.forward`): the ones without a backward ``mode``."""
-    return [r for r in load_records(data_dir) if "mode" not in r]
+def forward_records(data_dir=None, variants: bool = False) -> List[dict]:
+    """Forward records (:mod:`fovi_lab.bench.forward`): the ones without a backward ``mode``. Records
+    flagged ``note_run`` (development runs, non-default variants) only with ``variants=True``."""
+    return [r for r in load_records(data_dir) if "mode" not in r and (variants or not r.get("note_run"))]
 
 
-def backward_records(data_dir=None, mode: Optional[str] = None) -> List[dict]:
-    """Backward / train-step records (:mod:`fovi_lab.bench.backward`: they carry ``mode``)."""
-    recs = [r for r in load_records(data_dir) if "mode" in r]
+def backward_records(data_dir=None, mode: Optional[str] = None, variants: bool = False) -> List[dict]:
+    """Backward / train-step records (:mod:`fovi_lab.bench.backward`: they carry ``mode``); ``note_run``
+    records only with ``variants=True``."""
+    recs = [r for r in load_records(data_dir) if "mode" in r and (variants or not r.get("note_run"))]
     return [r for r in recs if mode is None or r.get("mode") == mode]
 
 

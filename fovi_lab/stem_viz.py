@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import List, Optional, Sequence
 
 import plotly.graph_objects as go
@@ -83,13 +84,21 @@ def explore_stem(layer: str = "alex_L0", batch: int = 5, nodes: int = 48, device
 
 
 def _sweep_runs_with_i2c(records: List[dict]):
-    """(layer, B) -> the latest forward run of that stem shape that swept i2c configs (kernel alone)."""
+    """(layer, B) -> the latest forward run of that stem shape that swept both the i2c and the gather
+    configs (kernel alone): a benchmark run times only the chosen config, so it cannot fill a row."""
+    from . import warp_forward as F
+
+    def family(r):
+        try:
+            return F.config_spec(str(r.get("config"))).family if r.get("ms_kernel") else None
+        except (KeyError, ValueError):
+            return None
+
     out = {}
-    for (layer, b, mode), runs in kl._runs(records).items():
+    for (layer, b, mode), runs in kl._runs([r for r in records if not r.get("note_run")]).items():
         if mode is not None:
             continue
-        run = kl._latest_where(runs, lambda run: any(str(r.get("config", "")).startswith("i2c")
-                                                      and r.get("ms_kernel") for r in run))
+        run = kl._latest_where(runs, lambda run: {"i2c", "gather"} <= {family(r) for r in run})
         if run is not None and _is_stem(run[0]):
             out[(layer, b)] = run
     return out
@@ -145,13 +154,24 @@ def stem_forward_figure(rows: Optional[List[dict]] = None, height: int = 430) ->
     return fig
 
 
-def stem_train_rows(records: Optional[List[dict]] = None, layers: Sequence[str] = STEMS) -> List[dict]:
+#: The two runs that :func:`stem_train_rows` compares by default: session 2's final train step (gathered
+#: operand tiles) and session 3's run 10 (staged operands), both taken before the host-path work of
+#: session 4, so the eager columns compare like with like.
+STEM_TRAIN_FILES = ("train-step_h200_run7_final.jsonl", "train-step_h200_run10_stems-i2c.jsonl")
+
+
+def stem_train_rows(records: Optional[List[dict]] = None, layers: Sequence[str] = STEMS,
+                    files: Optional[Sequence[str]] = STEM_TRAIN_FILES) -> List[dict]:
     """Per stem and batch, the latest recorded train step (``warp_train_staged``) whose adjoints gathered
     their operand tiles in the GEMM loop, and the latest whose operands were staged ("i" configs): ms
     (eager, and replayed from a CUDA graph when recorded), peak MiB, configs, with the seed's time and
-    the strongest PyTorch step of the later run. Records that
-    carry a ``note_run`` (development runs: other gathers, other stage dtypes) are left out."""
-    records = kl.backward_records(mode="train-step") if records is None else records
+    the strongest PyTorch step of the later run. ``files``: only records from these data files (when
+    ``records`` is None; default :data:`STEM_TRAIN_FILES`; None: every file). Records that carry a
+    ``note_run`` (development runs: other gathers, other stage dtypes) are left out."""
+    if records is None:
+        records = kl.backward_records(mode="train-step")
+        if files is not None:
+            records = [r for r in records if Path(str(r.get("_file", ""))).name in files]
     records = [r for r in records if not r.get("note_run")]      # development runs stay out of the comparison
     rows = []
     for layer in layers:

@@ -43,9 +43,10 @@ Kernel families
   loads cost more than the GEMM, so the plan stages the rows instead: a SIMT row copy
   (:func:`~fovi_lab.warp_common.gather_rows`) writes each chunk of nodes' ``A_n^T`` rows into
   ``at [Nc*P64, Bx]`` (chunks within ``FOVI_WARP_I2C_MIB``, default 32) and every node's W rows into
-  ``weff [Nout*P64, Cout_p]`` once per call; the kernel is the dense loop with plain tile loads. The
-  ``i2cg`` variant keeps W gathered in the kernel. Measured (run 10): 1.1-2.8x faster kernels than the
-  gather family on the stems, 40-75 % of the dense ceiling; 0.3-0.4 ms more host time per eager op.
+  ``weff [Nout*P64, Cout_p]`` once per call (in the same launch as the first chunk's rows); the kernel
+  is the dense loop with plain tile loads. The ``i2cg`` variant keeps W gathered in the kernel.
+  Measured (run 10): 1.1-2.8x faster kernels than the gather family on the stems, 40-75 % of the dense
+  ceiling; after the host-path work of run 13 the eager op costs 0.07-0.14 ms more than its kernel.
 
 * **cached** (``run_cached``): A gathered as in the gather family, W plain-loaded from the inference
   cache ``Weff[n]`` ``[P64, Cout_pad]`` (spec §2.4).
@@ -77,9 +78,13 @@ Measured on the H200 (data/forward_sweep_h200.jsonl, data/forward_h200.jsonl; Wa
   8-12 TFLOP/s: scalar, bounds-checked gathers of both operands on every p tile (hence the i2c
   family). 256 threads per CTA are 2x faster than 128 (more scalar loads in flight); a 96-wide tile
   for Cout = 96 is 20-25% faster than a 64-wide one.
-* Every whole-op call also pays ~0.1-0.3 ms of host time (argument checks, operand layouts, launch),
-  which sets the small-batch floor; it is kept down by cached Warp views of persistent operands,
-  cached weight/bias layouts and one recorded ``wp.Launch`` per (kernel, grid).
+* Every whole-op call also pays host time (argument checks, operand layouts, launch), which sets the
+  small-batch floor. It is kept down by a per-signature call cache (:data:`_CALLS`: validation, table
+  analysis and config choice once per signature of shapes, tables and switches), array descriptors
+  built directly, cached weight/bias layouts (rebuilt under CUDA-graph capture), torch's raw current
+  stream, and one recorded ``wp.Launch`` per (kernel, grid). Run 13 (``data/logs/host_probe_h200_run13.json``):
+  res18 layer1 forward issued in 0.05-0.07 ms per call (0.10-0.15 before), so the eager op takes
+  0.089 / 0.119 ms at B = 16 / 64 against a 0.029 / 0.060 ms kernel.
 
 Tried and measured slower (kept runnable by name, see ``_EXPERIMENTAL_CONFIG_SPECS``): prefetching the
 next step's tiles into registers before ``tile_matmul`` (``nmp_*``, ``gp_*``: register-to-shared copies

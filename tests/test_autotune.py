@@ -26,7 +26,10 @@ def test_pick_follows_the_records(tmp_path, monkeypatch):
             dict(shape, device="Fake GPU", B=64, impl="warp_uncached", ms=3.0, date="2026-01-01"),
             dict(shape, device="Fake GPU", B=64, impl="torch_compact", ms=2.0, date="2026-01-01"),
             # a newer run of the same point wins
-            dict(shape, device="Fake GPU", B=64, impl="torch_compact", ms=4.0, date="2026-02-01")]
+            dict(shape, device="Fake GPU", B=64, impl="torch_compact", ms=4.0, date="2026-02-01"),
+            # ... unless it is a flagged variant (a config the backend does not run by default)
+            dict(shape, device="Fake GPU", mode="train-step", B=64, impl="warp_train", ms=9.0, date="2026-03-01",
+                 note_run="variant")]
     (tmp_path / "x.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
     table = autotune.recorded_table(str(tmp_path))
     monkeypatch.setattr(autotune, "recorded_table", lambda: table)

@@ -516,3 +516,17 @@ def test_benchmark_forward_runs_on_cpu(monkeypatch):
     ok = [r for r in rows if r.get("err") is not None]
     assert ok and all(r["err"] < 1e-2 for r in ok)
     assert _is_fig(fig) and "Warp" in fig.layout.title.text
+
+
+def test_flagged_variant_runs_stay_out_of_the_figures(tmp_path):
+    """Records flagged ``note_run`` (non-default variants, development runs) are not what a backend runs:
+    the figure loaders leave them out unless asked."""
+    base = dict(layer="res18_layer1", B=64, device="NVIDIA H200", date="2026-11-29T10:00:00")
+    _write(tmp_path / "a.jsonl", [dict(base, impl="warp_uncached", ms=1.0),
+                                  dict(base, impl="warp_uncached", ms=0.5, note_run="variant"),
+                                  dict(base, impl="warp_train", ms=2.0, mode="train-step"),
+                                  dict(base, impl="warp_train", ms=1.5, mode="train-step", note_run="variant")])
+    assert [r["ms"] for r in kl.forward_records(tmp_path)] == [1.0]
+    assert sorted(r["ms"] for r in kl.forward_records(tmp_path, variants=True)) == [0.5, 1.0]
+    assert [r["ms"] for r in kl.backward_records(tmp_path, mode="train-step")] == [2.0]
+    assert len(kl.backward_records(tmp_path, variants=True)) == 2
