@@ -1274,17 +1274,11 @@ def _plan_uncached(cfg: FwdConfig, kernel, x, weight, bias, il, wl, store: str,
             raise ValueError(f"config: {cfg.name!r} (node-major) needs index tables built as in spec §2.1 "
                              f"(input_linear[n, c*K+k] = c*Nin + idx[n,k]); these are not")
         cp = pad_to(cin, cfg.tile_k)
-        if cfg.family == "nm":
+        if cfg.family in ("nm", "nms"):
             runner = _NmRunner(cfg, kernel, dims, dev, info, b, cin, nin, cout, nout, store)
             if memo is not None:
                 memo["nm"] = runner
             return runner(x, weight, bias, out, finish, bias_p, bias_w)
-        if cfg.family == "nms":
-            idxn, rfn, k = info.nm
-            bx, coutp = pad_to(b, 8), pad_to(cout, 8)           # 16-byte rows for vectorised loads
-            xn = _node_major_x(x, cp, bx)                       # [Nin*Cp, Bx]
-            wv, wv_w = _weight_operand(weight, "v", cin, cp, coutp)   # [V*Cp, Cout_p]
-            return _plan_nms(kernel, cfg, dims, dev, out, finish, xn, wv, wv_w, info, bias, bias_p, k, cp, nin)
         else:
             idxc, rfc, cnt = info.compact()
             # unchecked loads: every tile must lie inside the operands
@@ -1305,18 +1299,24 @@ def _plan_uncached(cfg: FwdConfig, kernel, x, weight, bias, il, wl, store: str,
 
 
 class _NmRunner:
-    """The node-major (``nm``) forward of one call signature, memoised with it (:data:`_CALLS`): what the
-    launch needs from shapes and tables alone is fixed here, so a call does only its per-value work (the
-    node-major copy of x, the weight layout lookup, the output, two descriptors and the launch)."""
+    """The node-major (``nm`` / ``nms``) forward of one call signature, memoised with it (:data:`_CALLS`):
+    what the launch needs from shapes and tables alone is fixed here, so a call does only its per-value
+    work (the node-major copy of x, the weight layout lookup, the output, the descriptors, the launches).
+
+    ``nms``: the kernel writes ``S`` fp32 partials ``[S*Nout, B, Cout]``, then one SIMT launch
+    (:func:`_nms_reduce_kernel`) sums them in a fixed order, adds the bias in fp32 and rounds once into
+    ``out``."""
 
     def __init__(self, cfg: FwdConfig, kernel, dims, dev: str, info: _TableInfo, b: int, cin: int, nin: int,
                  cout: int, nout: int, store: str):
         idxn, rfn, k = info.nm
-        self.kernel, self.dims, self.block_dim, self.dev, self.store = kernel, dims, cfg.block_dim, dev, store
+        self.kernel, self.block_dim, self.dev, self.store = kernel, cfg.block_dim, dev, store
         self.b, self.cin, self.cout, self.nout, self.tile_n = b, cin, cout, nout, cfg.tile_n
         # channel runs padded to the K step; 16-byte batch and Cout rows for vectorised loads
         self.cp, self.bx, self.coutp = pad_to(cin, cfg.tile_k), pad_to(b, 8), pad_to(cout, 8)
         self.tables = (idxn, rfn)
+        self.split = _nms_split(dims, k) if cfg.family == "nms" else 0
+        self.dims = (self.split * nout, dims[1], dims[2]) if self.split else dims
         self.consts = (info.wa(idxn), info.wa(rfn), k, self.cp // cfg.tile_k, self.cp, nin, b)
 
     def __call__(self, x, weight, bias, out=None, finish=None, bias_p=None, bias_w=None) -> _Plan:
@@ -1327,34 +1327,47 @@ class _NmRunner:
         if out is None:
             out, finish = _output(self.b, self.cout, self.nout, x.device, self.store)
         t0, t1, k, ksteps, cp, nin, b = self.consts
-        inputs = [warp_ct(xn), wv_w, t0, t1, bias_w, warp_ct(out), k, ksteps, cp, nin, b]
-        plan = _Plan(_launcher(self.kernel, self.dims, inputs, self.block_dim, self.dev), out, finish)
-        plan._keep = (xn, wv, bias_p) + self.tables  # operands must outlive the launch
+        if not self.split:
+            inputs = [warp_ct(xn), wv_w, t0, t1, bias_w, warp_ct(out), k, ksteps, cp, nin, b]
+            plan = _Plan(_launcher(self.kernel, self.dims, inputs, self.block_dim, self.dev), out, finish)
+            plan._keep = (xn, wv, bias_p) + self.tables  # operands must outlive the launch
+            return plan
+        s, nout, cout, dev = self.split, self.nout, self.cout, self.dev
+        part = torch.empty(s * nout, b, cout, dtype=torch.float32, device=x.device)
+        part_c = warp_ct(part)
+        kernel_launch = _launcher(self.kernel, self.dims, [warp_ct(xn), wv_w, t0, t1, part_c, k, ksteps, cp, nin,
+                                                           s, nout], self.block_dim, dev)
+        red_inputs = [part_c, bias_w, warp_ct(out), s, nout]
+
+        def launch():
+            kernel_launch()
+            fast_launch(_nms_reduce_kernel(), (nout, b, cout), red_inputs, 256, dev, tiled=False)
+        plan = _Plan(launch, out, finish)
+        plan._keep = (xn, wv, bias_p, part) + self.tables
         return plan
 
 
-def _plan_nms(kernel, cfg: FwdConfig, dims, dev: str, out, finish, xn, wv, wv_w, info: _TableInfo, bias, bias_p,
-              k: int, cp: int, nin: int) -> _Plan:
-    """The nms launch: ``S`` fp32 partials ``[S*Nout, B, Cout]``, then (inside the timed launch) their
-    fixed-order sum, the bias in fp32 and the one rounding into ``out``."""
-    nout, b, cout = out.shape
-    idxn, rfn, _ = info.nm
-    ns = _nms_split(dims, k)
-    part = torch.empty(ns * nout, b, cout, dtype=torch.float32, device=xn.device)
-    inputs = [warp_ct(xn), wv_w, info.wa(idxn), info.wa(rfn), warp_ct(part), k, cp // cfg.tile_k, cp, nin,
-              ns, nout]
-    kernel_launch = _launcher(kernel, (ns * nout, dims[1], dims[2]), inputs, cfg.block_dim, dev)
-    bias32 = bias_p[:cout].view(1, 1, cout) if bias is not None else None
+_NMS_REDUCE = None
 
-    def launch():
-        kernel_launch()
-        red = part.view(ns, nout, b, cout).sum(0)             # fixed order over the splits
-        if bias32 is not None:
-            red += bias32
-        out.copy_(red)                                        # the one rounding to fp16
-    plan = _Plan(launch, out, finish)
-    plan._keep = (xn, wv, idxn, rfn, bias_p, part)
-    return plan
+
+def _nms_reduce_kernel():
+    """``out[n, b, o] = fp16(sum_{s < S} part[s*Nout + n, b, o] + bias[o])``, the sum in fp32 in split
+    order: the nms partials' fixed-order reduction, bias and single rounding in one SIMT launch (o fastest:
+    coalesced partial reads)."""
+    global _NMS_REDUCE
+    init_warp()
+    with _build_lock:
+        if _NMS_REDUCE is None:
+            @wp.kernel(enable_backward=False, module="unique")
+            def fovi_nms_reduce(part: wp.array3d(dtype=wp.float32), bias: wp.array1d(dtype=wp.float32),
+                                out: wp.array3d(dtype=wp.float16), nsplit: int, nout: int):
+                n, b, o = wp.tid()
+                acc = part[n, b, o]
+                for s in range(1, nsplit):
+                    acc += part[s * nout + n, b, o]
+                out[n, b, o] = wp.float16(acc + bias[o])
+            _NMS_REDUCE = fovi_nms_reduce
+        return _NMS_REDUCE
 
 
 # Budget of the i2c family's im2col staging buffer (``FOVI_WARP_I2C_MIB``): nodes are gathered and

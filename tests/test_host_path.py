@@ -188,8 +188,25 @@ def test_paired_row_gather_is_bit_exact():
     assert torch.equal(dst_b, src_b[idx_b.long()])
 
 
-@pytest.mark.parametrize("arch", (80, 90))
-def test_paired_gather_compiles_aot(tmp_path, arch):
+def test_nms_reduce_is_the_ordered_fp32_sum_plus_bias_rounded_once():
     init_warp()
-    paths = wp.compile_aot_module(gather_rows_pair_kernel().module, arch=arch, module_dir=str(tmp_path))
+    g = torch.Generator().manual_seed(1)
+    s, nout, b, cout = 3, 2, 5, 7
+    part = torch.randn(s * nout, b, cout, generator=g) * torch.logspace(-2, 4, cout)
+    bias = torch.randn(8, generator=g)                     # padded to the tile width: the tail is unread
+    y = torch.full((b, cout, nout), float("nan"), dtype=torch.float16)
+    out = y.permute(2, 0, 1)                               # the direct store's strided [Nout, B, Cout] view
+    fast_launch(F._nms_reduce_kernel(), (nout, b, cout), [warp_ct(part), warp_ct(bias), warp_ct(out), s, nout],
+                256, "cpu", tiled=False)
+    acc = part[:nout].clone()
+    for i in range(1, s):
+        acc += part[i * nout:(i + 1) * nout]               # fp32, in split order
+    assert torch.equal(out, (acc + bias[:cout]).half())
+
+
+@pytest.mark.parametrize("arch", (80, 90))
+@pytest.mark.parametrize("make", [gather_rows_pair_kernel, F._nms_reduce_kernel], ids=["gather_pair", "nms_reduce"])
+def test_simt_helpers_compile_aot(tmp_path, arch, make):
+    init_warp()
+    paths = wp.compile_aot_module(make().module, arch=arch, module_dir=str(tmp_path))
     assert paths and all(f"sm{arch}" in str(p) for p in paths)
