@@ -98,12 +98,8 @@ def warp_stream(device: str):
     if s is None:
         with _stream_lock:
             s = _STREAMS.get(key)
-            if s is None:
-                ts = torch.cuda.current_stream(idx)
-                if ts.cuda_stream != handle:
-                    raise RuntimeError(f"warp_stream: torch's current stream on {device} changed while it was read")
-                s = wp.stream_from_torch(ts)
-                _STREAMS[key] = s
+            if s is None:            # (the current stream is per thread: ts is the stream of ``handle``)
+                s = _STREAMS[key] = wp.stream_from_torch(torch.cuda.current_stream(idx))
     return s
 
 

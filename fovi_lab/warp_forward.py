@@ -46,7 +46,7 @@ Kernel families
   ``weff [Nout*P64, Cout_p]`` once per call (in the same launch as the first chunk's rows); the kernel
   is the dense loop with plain tile loads. The ``i2cg`` variant keeps W gathered in the kernel.
   Measured (run 10): 1.1-2.8x faster kernels than the gather family on the stems, 40-75 % of the dense
-  ceiling; after the host-path work of run 13 the eager op costs 0.07-0.14 ms more than its kernel.
+  ceiling; after the host-path work of run 13 the eager op costs 0.09-0.14 ms more than its kernel.
 
 * **cached** (``run_cached``): A gathered as in the gather family, W plain-loaded from the inference
   cache ``Weff[n]`` ``[P64, Cout_pad]`` (spec §2.4).
@@ -106,7 +106,8 @@ import torch
 
 from .meta import pad_to
 from .warp_common import (ValidatedCache, as_rows64, capturing, check_tensor, fast_launch, gather_rows_kernel,
-                          gather_rows_pair_kernel, init_warp, nan_canary, to_warp, warp_ct, warp_device, warp_stream, wp)
+                          gather_rows_pair_kernel, init_warp, nan_canary, to_warp, warp_ct, warp_device,
+                          warp_stream, wp)
 
 __all__ = [
     "FwdConfig", "run_uncached", "run_cached", "run_dense_ceiling",
