@@ -12,6 +12,7 @@ import math
 import pytest
 import torch
 
+from fovi_lab import warp_adjoint_nm as NM
 from fovi_lab import warp_forward as F
 from fovi_lab.meta import SYNTHETIC_SHAPES, build_meta, synthetic_graph
 from fovi_lab.reference import oracle_forward
@@ -204,8 +205,29 @@ def test_nms_reduce_is_the_ordered_fp32_sum_plus_bias_rounded_once():
     assert torch.equal(out, (acc + bias[:cout]).half())
 
 
+@pytest.mark.parametrize("nsplit", (1, 3))
+@pytest.mark.parametrize("v,cout,cin,op,cp", [(5, 6, 3, 8, 4),        # one 32x32 tile per o, pads dropped
+                                              (40, 3, 35, 4, 48)])   # ragged second tiles along v and c
+def test_dw_finish_is_the_ordered_sum_in_dw_layout(nsplit, v, cout, cin, op, cp):
+    """The fused dW's partials ``[S, V, Op, Cp]`` (padded Cout and Cin) become ``dW[o, c*V + v]``: the fp32
+    sum over splits in split order, bit for bit; channel pads and the next o's run never reach dW."""
+    init_warp()
+    g = torch.Generator().manual_seed(2)
+    part = torch.randn(nsplit, v, op, cp, generator=g) * torch.logspace(-3, 3, cp)
+    dw = torch.full((cout, cin, v), float("nan"))
+    grid = (cout, -(-v // NM._FIN_TV), -(-cin // NM._FIN_TC))
+    fast_launch(NM._dw_finish_kernel(), grid, [warp_ct(part.view(nsplit, v, op * cp)), warp_ct(dw), nsplit, cp],
+                NM._FIN_BLOCK, "cpu")
+    dw = dw.view(cout, cin * v)
+    acc = part[0].clone()
+    for s in range(1, nsplit):
+        acc += part[s]
+    assert torch.equal(dw, acc[:, :cout, :cin].permute(1, 2, 0).reshape(cout, cin * v))
+
+
 @pytest.mark.parametrize("arch", (80, 90))
-@pytest.mark.parametrize("make", [gather_rows_pair_kernel, F._nms_reduce_kernel], ids=["gather_pair", "nms_reduce"])
+@pytest.mark.parametrize("make", [gather_rows_pair_kernel, F._nms_reduce_kernel, NM._dw_finish_kernel],
+                         ids=["gather_pair", "nms_reduce", "dw_finish"])
 def test_simt_helpers_compile_aot(tmp_path, arch, make):
     init_warp()
     paths = wp.compile_aot_module(make().module, arch=arch, module_dir=str(tmp_path))

@@ -49,6 +49,19 @@ def test_dw_every_config_odd(config, b):
         _assert_within(_run_nan_prefilled(plan), dw_o, e_dw, f"{config} x{nsplit} B={b}")
 
 
+@pytest.mark.parametrize("tiled", [False, True], ids=["torch_finish", "tiled_finish"])
+@pytest.mark.parametrize("config", DW_NAMES)
+def test_dw_finish_paths(monkeypatch, config, tiled):
+    """Both dW finishes (PyTorch's sum + transposing copy below ``_FINISH_TILED_MIN_BYTES``, the tiled
+    kernel above): every dW config, 1 and 3 partials, NaN-prefilled partials, bitwise repeatable."""
+    monkeypatch.setattr(nm, "_FINISH_TILED_MIN_BYTES", 0 if tiled else 1 << 40)
+    meta, x, w, g, _, dw_o, _, e_dw = _case("PAD_HEAVY", 17)
+    for nsplit in (1, 3):
+        got = _run_nan_prefilled(nm.plan_grad_weight_nm(meta, g, x, config, nsplit=nsplit))
+        _assert_within(got, dw_o, e_dw, f"{config} x{nsplit} {'tiled' if tiled else 'torch'} finish")
+        assert torch.equal(got, nm.grad_weight_nm(meta, g, x, config, nsplit=nsplit))
+
+
 @pytest.mark.parametrize("shape", ["MAIN", "PAD_HEAVY"])
 @pytest.mark.parametrize("b", [17, 130])
 def test_default_configs_main_pad_heavy(shape, b):
