@@ -21,8 +21,9 @@ in a second kernel. When the tables have the structure of spec §2.1 (every tabl
   entry, accumulates ``g_n [Cout, B] @ x_m^T [B, Cin]`` over batch chunks, from ``gn`` and the
   forward's node-major input ``xn[m*Cp + c, b] = x[b, c, m]`` ``[Nin*Cp, Bx]``. Layers with few taps
   (V*tiles small next to the SM count) split each list ``S`` ways (entry j goes to split j mod S);
-  the ``S`` fp32 partials ``[S, V, Op, Cp]`` (within a 64 MiB budget) are summed by one torch
-  reduction in a fixed order.
+  the ``S`` fp32 partials ``[S, V, Op, Cp]`` (within a 64 MiB budget) are summed in a fixed order and
+  laid out as dW ``[Cout, Cin*V]``: by one tiled kernel straight into dW when dW is 8 MiB or more (no
+  temporary), else by a torch sum and transposing copy.
 
 No stage, no reduction kernel, no atomics: both gradients are **bitwise deterministic**, and memory
 is the operands (g and x in node-major order, the size of g and x) plus dx and dW. The summation
