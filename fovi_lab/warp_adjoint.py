@@ -1367,15 +1367,11 @@ def _warn_fallback(why: str):
     warnings.warn(f"{why}; falling back to torch_compact (CompactTorchOps)", RuntimeWarning, stacklevel=3)
 
 
-def _ct(t: torch.Tensor):
-    """Low-overhead Warp array *descriptor* of a torch tensor (~2.5x cheaper than a ``wp.array``).
-
-    A descriptor does not own the memory: the plans keep every tensor alive while they launch, and
-    torch's caching allocator orders any later reuse on the same stream. It also skips Warp's dtype
-    check, so only tensors of the dtypes the kernels declare are passed (the canary launches, which
-    use checked ``wp.array`` views, validate the signatures once per device).
-    """
-    return warp_ct(t)
+# Array descriptors (:func:`~fovi_lab.warp_common.warp_ct`): they do not own memory, so the plans keep
+# every tensor alive while they launch, and they skip Warp's dtype check, so only tensors of the dtypes
+# the kernels declare are passed (the canary launches, with checked ``wp.array`` views, validate the
+# signatures once per device).
+_ct = warp_ct
 
 
 def _wp_cached(meta: TrainingMeta, key: str, t: torch.Tensor):

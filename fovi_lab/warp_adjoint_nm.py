@@ -48,8 +48,8 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from .meta import TrainingMeta, pad_to
-from .warp_common import (ValidatedCache, check_tensor, fast_launch, init_warp, nan_canary, warp_ct, warp_device,
-                          wp)
+from .warp_common import (ValidatedCache, built_once, check_tensor, fast_launch, init_warp, nan_canary, warp_ct,
+                          warp_device, wp)
 from .warp_forward import _DIRECT_STORE_MAX_BYTES, _mathdx_default
 
 __all__ = [
@@ -477,8 +477,6 @@ class _GradWeightNmPlan:
         return self.finish()
 
 
-_DW_FINISH = None
-_finish_lock = threading.Lock()
 #: dW size (fp32 bytes) from which the fused dW finishes with :func:`_dw_finish_kernel` (see
 #: ``_GradWeightNmPlan.finish``)
 _FINISH_TILED_MIN_BYTES = 8 << 20
@@ -486,30 +484,27 @@ _FINISH_TILED_MIN_BYTES = 8 << 20
 _FIN_TV, _FIN_TC, _FIN_BLOCK = 32, 32, 64
 
 
+@built_once
 def _dw_finish_kernel():
     """Tile kernel ``dw[o, c, v] = sum_{s < S} part[s, v, o*Cp + c]`` (fp32, split order) over a
     ``(Cout, ceil(V/32), ceil(Cin/32))`` grid: each CTA loads 32x32 ``(v, c)`` tiles of the partials
     (rows of c, coalesced), sums them, transposes in shared memory and stores ``(c, v)`` rows of dW
     (coalesced). Columns past Cin (channel padding, or the next o's run) land outside ``dw[o]`` and are
     dropped by the bounds-checked store."""
-    global _DW_FINISH
-    init_warp()
     TV, TC = _FIN_TV, _FIN_TC
-    with _finish_lock:
-        if _DW_FINISH is None:
-            @wp.kernel(enable_backward=False, module="unique")
-            def fovi_dw_finish(part: wp.array3d(dtype=wp.float32), dw: wp.array3d(dtype=wp.float32), nsplit: int,
-                               cp: int):
-                o, vt, ct = wp.tid()
-                v0 = vt * TV
-                c0 = o * cp + ct * TC
-                acc = wp.tile_load(part[0], shape=(TV, TC), offset=(v0, c0), storage="shared")
-                for s in range(1, nsplit):
-                    acc = wp.tile_map(wp.add, acc, wp.tile_load(part[s], shape=(TV, TC), offset=(v0, c0),
-                                                                storage="shared"))
-                wp.tile_store(dw[o], wp.tile_transpose(acc), offset=(ct * TC, v0))
-            _DW_FINISH = fovi_dw_finish
-        return _DW_FINISH
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def fovi_dw_finish(part: wp.array3d(dtype=wp.float32), dw: wp.array3d(dtype=wp.float32), nsplit: int,
+                       cp: int):
+        o, vt, ct = wp.tid()
+        v0 = vt * TV
+        c0 = o * cp + ct * TC
+        acc = wp.tile_load(part[0], shape=(TV, TC), offset=(v0, c0), storage="shared")
+        for s in range(1, nsplit):
+            acc = wp.tile_map(wp.add, acc, wp.tile_load(part[s], shape=(TV, TC), offset=(v0, c0),
+                                                        storage="shared"))
+        wp.tile_store(dw[o], wp.tile_transpose(acc), offset=(ct * TC, v0))
+    return fovi_dw_finish
 
 
 # --------------------------------------------------------------------------------------------

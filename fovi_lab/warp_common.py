@@ -11,6 +11,7 @@ graph capture) and treat both failure modes the same way: the config is unlaunch
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import threading
 import warnings
@@ -258,55 +259,59 @@ def fast_launch(kernel, dims, inputs, block_dim: int, device: str, tiled: bool =
 # stage, the gi2i/gi3i/gw3i adjoints' staged W and x rows)
 # --------------------------------------------------------------------------------------------------
 
-_GATHER_KERNEL = None
+def built_once(factory: Callable[[], object]) -> Callable[[], object]:
+    """Decorator for a function that defines one module-level Warp kernel: the first call initialises Warp
+    and runs ``factory`` under a lock; every later call returns the same kernel without locking (these
+    getters sit on per-launch paths)."""
+    lock = threading.Lock()
+    box: list = []
+
+    @functools.wraps(factory)
+    def get():
+        if not box:
+            init_warp()
+            with lock:
+                if not box:
+                    box.append(factory())
+        return box[0]
+    return get
 
 
+@built_once
 def gather_rows_kernel():
     """SIMT row-gather kernel over 8-byte elements (``int64`` views of fp16 rows): one thread per
     element, so a warp copies 256 contiguous bytes of one gathered row."""
-    global _GATHER_KERNEL
-    init_warp()
-    with _init_lock:
-        if _GATHER_KERNEL is None:
-            @wp.kernel(enable_backward=False, module="unique")
-            def fovi_gather_rows(src: wp.array2d(dtype=wp.int64), idx: wp.array1d(dtype=wp.int32),
-                                 dst: wp.array2d(dtype=wp.int64), idx0: int):
-                i, j = wp.tid()
-                dst[i, j] = src[idx[idx0 + i], j]
-            _GATHER_KERNEL = fovi_gather_rows
-        return _GATHER_KERNEL
+    @wp.kernel(enable_backward=False, module="unique")
+    def fovi_gather_rows(src: wp.array2d(dtype=wp.int64), idx: wp.array1d(dtype=wp.int32),
+                         dst: wp.array2d(dtype=wp.int64), idx0: int):
+        i, j = wp.tid()
+        dst[i, j] = src[idx[idx0 + i], j]
+    return fovi_gather_rows
 
 
-_GATHER2_KERNEL = None
-
-
+@built_once
 def gather_rows_pair_kernel():
     """Two row gathers in one SIMT launch (one fewer launch per call on host-bound eager paths): threads
     ``[0, n_a)`` copy ``dst_a[i, :] = src_a[idx_a[idx0_a + i], :]`` (``n_a = rows * dst_a.shape[1]``
     elements), the rest do the same for ``b``; 8-byte elements, consecutive threads along a row."""
-    global _GATHER2_KERNEL
-    init_warp()
-    with _init_lock:
-        if _GATHER2_KERNEL is None:
-            @wp.kernel(enable_backward=False, module="unique")
-            def fovi_gather_rows_pair(src_a: wp.array2d(dtype=wp.int64), idx_a: wp.array1d(dtype=wp.int32),
-                                      dst_a: wp.array2d(dtype=wp.int64), idx0_a: int, n_a: int,
-                                      src_b: wp.array2d(dtype=wp.int64), idx_b: wp.array1d(dtype=wp.int32),
-                                      dst_b: wp.array2d(dtype=wp.int64), idx0_b: int):
-                t = wp.tid()
-                if t < n_a:
-                    ca = dst_a.shape[1]
-                    i = t // ca
-                    j = t - i * ca
-                    dst_a[i, j] = src_a[idx_a[idx0_a + i], j]
-                else:
-                    u = t - n_a
-                    cb = dst_b.shape[1]
-                    i = u // cb
-                    j = u - i * cb
-                    dst_b[i, j] = src_b[idx_b[idx0_b + i], j]
-            _GATHER2_KERNEL = fovi_gather_rows_pair
-        return _GATHER2_KERNEL
+    @wp.kernel(enable_backward=False, module="unique")
+    def fovi_gather_rows_pair(src_a: wp.array2d(dtype=wp.int64), idx_a: wp.array1d(dtype=wp.int32),
+                              dst_a: wp.array2d(dtype=wp.int64), idx0_a: int, n_a: int,
+                              src_b: wp.array2d(dtype=wp.int64), idx_b: wp.array1d(dtype=wp.int32),
+                              dst_b: wp.array2d(dtype=wp.int64), idx0_b: int):
+        t = wp.tid()
+        if t < n_a:
+            ca = dst_a.shape[1]
+            i = t // ca
+            j = t - i * ca
+            dst_a[i, j] = src_a[idx_a[idx0_a + i], j]
+        else:
+            u = t - n_a
+            cb = dst_b.shape[1]
+            i = u // cb
+            j = u - i * cb
+            dst_b[i, j] = src_b[idx_b[idx0_b + i], j]
+    return fovi_gather_rows_pair
 
 
 def as_rows64(t: torch.Tensor) -> torch.Tensor:

@@ -105,9 +105,9 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from .meta import pad_to
-from .warp_common import (ValidatedCache, as_rows64, capturing, check_tensor, fast_launch, gather_rows_kernel,
-                          gather_rows_pair_kernel, init_warp, nan_canary, to_warp, warp_ct, warp_device,
-                          warp_stream, wp)
+from .warp_common import (ValidatedCache, as_rows64, built_once, capturing, check_tensor, fast_launch,
+                          gather_rows_kernel, gather_rows_pair_kernel, init_warp, nan_canary, to_warp, warp_ct,
+                          warp_device, warp_stream, wp)
 
 __all__ = [
     "FwdConfig", "run_uncached", "run_cached", "run_dense_ceiling",
@@ -1348,27 +1348,20 @@ class _NmRunner:
         return plan
 
 
-_NMS_REDUCE = None
-
-
+@built_once
 def _nms_reduce_kernel():
     """``out[n, b, o] = fp16(sum_{s < S} part[s*Nout + n, b, o] + bias[o])``, the sum in fp32 in split
     order: the nms partials' fixed-order reduction, bias and single rounding in one SIMT launch (o fastest:
     coalesced partial reads)."""
-    global _NMS_REDUCE
-    init_warp()
-    with _build_lock:
-        if _NMS_REDUCE is None:
-            @wp.kernel(enable_backward=False, module="unique")
-            def fovi_nms_reduce(part: wp.array3d(dtype=wp.float32), bias: wp.array1d(dtype=wp.float32),
-                                out: wp.array3d(dtype=wp.float16), nsplit: int, nout: int):
-                n, b, o = wp.tid()
-                acc = part[n, b, o]
-                for s in range(1, nsplit):
-                    acc += part[s * nout + n, b, o]
-                out[n, b, o] = wp.float16(acc + bias[o])
-            _NMS_REDUCE = fovi_nms_reduce
-        return _NMS_REDUCE
+    @wp.kernel(enable_backward=False, module="unique")
+    def fovi_nms_reduce(part: wp.array3d(dtype=wp.float32), bias: wp.array1d(dtype=wp.float32),
+                        out: wp.array3d(dtype=wp.float16), nsplit: int, nout: int):
+        n, b, o = wp.tid()
+        acc = part[n, b, o]
+        for s in range(1, nsplit):
+            acc += part[s * nout + n, b, o]
+        out[n, b, o] = wp.float16(acc + bias[o])
+    return fovi_nms_reduce
 
 
 # Budget of the i2c family's im2col staging buffer (``FOVI_WARP_I2C_MIB``): nodes are gathered and
