@@ -16,9 +16,11 @@ mode ``backward`` (both gradients, dx and dW):
       with plain loads, no gathers), and the reductions' GB/s and fraction of HBM bandwidth;
     * ``torch_compact``: :class:`fovi_lab.reference.CompactTorchOps` explicit backward (bmm + fp32
       ``index_add_``; atomics on CUDA);
-    * ``torch_autograd_gather_bmm`` / ``torch_autograd_tgather_bmm``: ``torch.autograd.grad`` through
-      the strongest PyTorch forwards (gather + bmm, and the transposed gather whose gathered rows are
-      contiguous batch runs), backward only (the graph is built once, ``retain_graph=True``).
+    * ``torch_autograd_gather_bmm`` / ``torch_autograd_tgather_bmm`` / ``torch_autograd_binned_mm``:
+      ``torch.autograd.grad`` through the strongest PyTorch forwards (gather + bmm; the transposed gather
+      whose gathered rows are contiguous batch runs; the binned form of :func:`fovi_lab.reference.
+      binned_forward`, index_add into the Q taps + one shared-weight matmul), backward only (the graph
+      is built once, ``retain_graph=True``).
 mode ``train-step`` (forward + both gradients):
     * ``warp_train``: the ``warp_train`` backend as a user gets it (:class:`fovi_lab.knn_warp.WarpTrainOps`:
       the default forward config and, per :func:`fovi_lab.knn_warp.grad_path`, the fused node-major
@@ -113,6 +115,7 @@ def _xpad(x: torch.Tensor) -> torch.Tensor:
 
 def torch_forwards(meta) -> Dict[str, Callable]:
     """Differentiable PyTorch forwards ``fn(x, w) -> y [B, Cout, Nout]`` (the autograd baselines)."""
+    from ..reference import binned_forward
     il, wl = meta.input_linear_flat, meta.weight_linear_flat
     nout, p64, cout = meta.nout, meta.p64, meta.cout
 
@@ -128,7 +131,10 @@ def torch_forwards(meta) -> Dict[str, Callable]:
         wn = w.t().index_select(0, wl).view(nout, p64, cout)
         return torch.bmm(at.transpose(1, 2), wn).permute(1, 2, 0)
 
-    return {"gather_bmm": gather_bmm, "tgather_bmm": tgather_bmm}
+    def binned_mm(x, w):
+        return binned_forward(meta, x, w)
+
+    return {"gather_bmm": gather_bmm, "tgather_bmm": tgather_bmm, "binned_mm": binned_mm}
 
 
 def backward_bytes(meta, b: int) -> float:

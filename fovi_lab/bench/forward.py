@@ -17,7 +17,9 @@ Per (layer, B), all in one process and on identical inputs:
   ``torch_tgather_bmm`` (gather rows of x^T, so each gathered row is a contiguous batch run, then bmm),
   ``torch_cached_bmm`` (effective-weight cache, gather + bmm), ``torch_compile`` (torch.compile of
   the transposed-gather version; skipped with a note if compile fails or its time budget is spent),
-  ``torch_compact`` (:class:`fovi_lab.reference.CompactTorchOps`).
+  ``torch_compact`` (:class:`fovi_lab.reference.CompactTorchOps`), ``torch_binned_mm``
+  (:func:`fovi_lab.reference.binned_forward`: bin the gathered inputs into the Q taps, then one
+  shared-weight cuBLAS matmul per image; the strongest form for the stems at small batch).
   The strongest baseline of a shape is the fastest of these.
 
 FLOPs are ``2*B*P64*Cout*Nout``; bytes the fewest the op must move (x, W, tables, bias, y once).
@@ -62,7 +64,7 @@ def _finish(y_nbo: torch.Tensor, bias) -> torch.Tensor:
 
 def torch_baselines(meta, weight: torch.Tensor, weff: Optional[torch.Tensor]) -> Dict[str, Callable]:
     """name -> fn(x, bias) for the PyTorch baselines of one layer (weights fixed, x varies)."""
-    from ..reference import CompactTorchOps
+    from ..reference import CompactTorchOps, binned_forward
     il = meta.input_linear_flat
     wl = meta.weight_linear_flat
     nout, p64, cout = meta.nout, meta.p64, meta.cout
@@ -82,7 +84,8 @@ def torch_baselines(meta, weight: torch.Tensor, weff: Optional[torch.Tensor]) ->
         return _finish(torch.bmm(at.transpose(1, 2), wn), bias)
 
     fns = {"torch_gather_bmm": gather_bmm, "torch_tgather_bmm": tgather_bmm,
-           "torch_compact": lambda x, bias: CompactTorchOps.forward(meta, x, weight, bias)}
+           "torch_compact": lambda x, bias: CompactTorchOps.forward(meta, x, weight, bias),
+           "torch_binned_mm": lambda x, bias: binned_forward(meta, x, weight, bias)}
     if weff is not None:
         def cached_bmm(x, bias):
             b = x.shape[0]
