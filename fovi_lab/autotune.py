@@ -7,9 +7,11 @@ records of the same device name and the same layer shape, takes the recorded bat
 ``B`` (in log2 distance, at most a factor 2 away), and returns the registered backend with the smallest
 time there:
 
-* training (grad enabled): ``mode == "train-step"`` records of ``warp_train`` and ``torch_compact``;
+* training (grad enabled): ``mode == "train-step"`` records of ``warp_train``, ``torch_compact`` and
+  ``torch_binned`` (each backend's own forward and explicit adjoints);
 * inference: forward records of ``warp_uncached`` (the default Warp config, whole op; backend
-  ``warp_compact``) and ``torch_compact``.
+  ``warp_compact``), ``torch_compact`` and ``torch_binned_mm`` (:func:`fovi_lab.reference.binned_forward`,
+  the forward of backend ``torch_binned``).
 
 It returns None (the caller then uses ``torch_compact``) when x is not fp16 on CUDA (the Warp ops
 compute in fp16 only), when Warp is not importable, or when no record applies. When several runs
@@ -33,8 +35,9 @@ DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 
 # recorded impl -> registered backend name, per mode
 _IMPL_TO_BACKEND = {
-    "forward": {"warp_uncached": "warp_compact", "torch_compact": "torch_compact"},
-    "train-step": {"warp_train": "warp_train", "torch_compact": "torch_compact"},
+    "forward": {"warp_uncached": "warp_compact", "torch_compact": "torch_compact",
+                "torch_binned_mm": "torch_binned"},       # torch_binned's forward is binned_forward itself
+    "train-step": {"warp_train": "warp_train", "torch_compact": "torch_compact", "torch_binned": "torch_binned"},
 }
 _SHAPE_KEYS = ("cin", "cout", "nin", "nout", "k", "p64")
 _lock = threading.Lock()

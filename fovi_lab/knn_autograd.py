@@ -21,14 +21,14 @@ from typing import Dict, Optional
 import torch
 
 from .meta import TrainingMeta, build_meta
-from .reference import CompactTorchOps
+from .reference import BinnedTorchOps, CompactTorchOps
 
 __all__ = [
     "OPS_REGISTRY", "register_ops", "get_ops", "CompactTorchOps", "KNNConvFunction", "KNNConv",
     "build_meta", "TrainingMeta", "select_backend",
 ]
 
-OPS_REGISTRY: Dict[str, type] = {"torch_compact": CompactTorchOps}
+OPS_REGISTRY: Dict[str, type] = {"torch_compact": CompactTorchOps, "torch_binned": BinnedTorchOps}
 
 
 def register_ops(ops) -> None:

@@ -7,7 +7,8 @@
 * :func:`build_effective_weight`: the inference-only ``Weff[Nout, P64, Cout_pad]`` cache.
 * :func:`binned_forward` (``torch_binned_mm`` in the benchmarks): spec §1.4's binned form with the
   compact tables, differentiable: bin the gathered inputs into the ``Q`` taps (``index_add``), then one
-  shared-weight matmul per image. The strongest PyTorch formulation we know for the stems.
+  shared-weight matmul per image. :class:`BinnedTorchOps` (``torch_binned``) is the same with explicit
+  adjoints, a registered backend: the fastest PyTorch form for small layers at small batch.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from .meta import TrainingMeta, pad_to
 
 __all__ = [
     "oracle_forward", "pad_flat_input", "grad_accum_dtype", "stage_budget_bytes", "node_chunk",
-    "CompactTorchOps", "build_effective_weight", "check_forward_args", "binned_forward",
+    "CompactTorchOps", "build_effective_weight", "check_forward_args", "binned_forward", "batch_chunk",
+    "BinnedTorchOps",
 ]
 
 
@@ -212,6 +214,21 @@ def _binned_index(meta: TrainingMeta) -> Tuple[torch.Tensor, torch.Tensor]:
     return got
 
 
+def batch_chunk(meta: TrainingMeta, batch: int, itemsize: int, budget: int | None = None) -> int:
+    """Images per chunk of the binned form: its stage ``G`` (``Q*Nout``) and gathered values (``nnz*Cin``)
+    per image within the stage budget (:func:`stage_budget_bytes`), at least 1."""
+    budget = stage_budget_bytes() if budget is None else budget
+    per_image = (meta.q * meta.nout + meta.nnz * meta.cin) * itemsize
+    return max(1, min(batch, budget // max(1, per_image)))
+
+
+def _bin(meta: TrainingMeta, x_flat: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    """``G [b, Q, Nout]``: the gathered inputs summed into their taps (``index_add``: atomics on CUDA)."""
+    b = x_flat.shape[0]
+    vals = x_flat.index_select(1, src)                                               # [b, nnz*Cin]
+    return vals.new_zeros(b, meta.q * meta.nout).index_add(1, dst, vals).view(b, meta.q, meta.nout)
+
+
 def binned_forward(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
     """``y [B, Cout, Nout]`` by binning (spec §1.4 with the compact tables), differentiable by autograd::
 
@@ -220,16 +237,68 @@ def binned_forward(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, bi
 
     Same math as the compact GEMM (collisions sum in ``G`` instead of as repeated ``W_n`` rows; ``G`` is
     rounded to the compute dtype once). ``index_add`` uses atomics on CUDA (so its last bits vary), and
-    its backward is a gather while the gather's backward is an ``index_add``: the strongest PyTorch
-    formulation for the stems, where ``Q = Cin*V`` is small and the shared-weight matmul runs on cuBLAS.
+    its backward is a gather while the gather's backward is an ``index_add``. The batch is chunked so that
+    ``G`` stays within the stage budget (:func:`batch_chunk`; one chunk at the benchmarks' B <= 64).
+    The strongest PyTorch form for small layers at small batch, where the shared-weight matmul runs on
+    cuBLAS; it does ``Q / P64`` times the compact work (about 4 with rf2 tables, 1 with rf1).
     """
     check_forward_args(meta, x, weight, bias)
     meta = meta.to(x.device)
     b = x.shape[0]
     src, dst = _binned_index(meta)
-    vals = x.reshape(b, -1).index_select(1, src)                                    # [B, nnz]
-    g = vals.new_zeros(b, meta.q * meta.nout).index_add(1, dst, vals)              # [B, Q*Nout]
-    y = torch.matmul(weight, g.view(b, meta.q, meta.nout))                         # [B, Cout, Nout]
+    x_flat = x.reshape(b, -1)
+    bc = batch_chunk(meta, b, x.element_size())
+    ys = [torch.matmul(weight, _bin(meta, x_flat[b0:b0 + bc], src, dst)) for b0 in range(0, b, bc)]
+    y = ys[0] if len(ys) == 1 else torch.cat(ys)                                     # [B, Cout, Nout]
     if bias is not None:
         y = y + bias.to(y.dtype).view(1, -1, 1)
     return y
+
+
+class BinnedTorchOps:
+    """Ops object ``torch_binned``: :func:`binned_forward` with explicit adjoints (registry, ``auto``).
+
+    forward: :func:`binned_forward`. grad_input: ``dG[b] = W^T g[b]`` (``matmul``), then each non-pad
+    entry ``(n, p)`` adds ``dG[b, weight_linear[n,p], n]`` into ``dx[b, input_linear[n,p]]`` (``index_add``
+    in fp32). grad_weight: ``G`` is binned again from x (it is not kept from the forward), then
+    ``dW = sum_b g[b] G[b]^T``, one contraction over images and nodes in the compute dtype (fp32
+    accumulation in cuBLAS), returned in fp32. Batch chunks keep ``G`` / ``dG`` within the stage budget.
+    On CUDA the ``index_add`` steps use atomics, so the last bits of dx (and of the forward's ``G``) vary
+    from run to run, as with ``torch_compact``.
+    """
+
+    name = "torch_binned"
+
+    @staticmethod
+    def forward(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
+        return binned_forward(meta, x, weight, bias)
+
+    @staticmethod
+    def grad_input(meta: TrainingMeta, grad_y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        meta = meta.to(grad_y.device)
+        b = grad_y.shape[0]
+        src, dst = _binned_index(meta)
+        acc = grad_accum_dtype(grad_y.dtype)
+        wt = weight.t()
+        dx = torch.zeros(b, meta.cin * meta.nin, dtype=acc, device=grad_y.device)
+        bc = batch_chunk(meta, b, grad_y.element_size())
+        for b0 in range(0, b, bc):
+            dg = torch.matmul(wt, grad_y[b0:b0 + bc])                                 # [bc, Q, Nout]
+            vals = dg.reshape(dg.shape[0], -1).index_select(1, dst)                  # [bc, nnz*Cin]
+            dx[b0:b0 + bc].index_add_(1, src, vals.to(acc))
+        return dx.view(b, meta.cin, meta.nin)
+
+    @staticmethod
+    def grad_weight(meta: TrainingMeta, grad_y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        meta = meta.to(grad_y.device)
+        b = grad_y.shape[0]
+        src, dst = _binned_index(meta)
+        acc = grad_accum_dtype(grad_y.dtype)
+        x_flat = x.reshape(b, -1)
+        dw = None
+        bc = batch_chunk(meta, b, grad_y.element_size())
+        for b0 in range(0, b, bc):
+            g = _bin(meta, x_flat[b0:b0 + bc], src, dst)                              # [bc, Q, Nout]
+            part = torch.einsum("bon,bqn->oq", grad_y[b0:b0 + bc], g).to(acc)        # [Cout, Q]
+            dw = part if dw is None else dw + part
+        return dw

@@ -51,3 +51,56 @@ def test_binned_forward_fp16_and_bad_arguments():
         binned_forward(meta, x, w[:, :-1])
     with pytest.raises(ValueError, match="x"):
         binned_forward(meta, x[:, :2], w)
+
+
+# ------------------------------------------------------------------------------------ the torch_binned backend
+
+from fovi_lab.knn_autograd import KNNConv, KNNConvFunction, get_ops  # noqa: E402
+from fovi_lab.reference import BinnedTorchOps  # noqa: E402
+
+
+@pytest.mark.parametrize("shape", ("MAIN", "ODD", "PAD_HEAVY", STEM))
+def test_binned_ops_gradients_match_torch_compact(shape):
+    """fp32: equal to torch_compact's adjoints up to summation order; fp16: within 3x torch_compact's own
+    fp16 error (against the fp32 adjoints) + 2e-3 of the gradient's scale."""
+    meta, x, w, gy = _problem(shape, 17)
+    rdx, rdw = CompactTorchOps.grad_input(meta, gy, w), CompactTorchOps.grad_weight(meta, gy, x)
+    assert torch.allclose(BinnedTorchOps.grad_input(meta, gy, w), rdx, atol=1e-4, rtol=1e-4)
+    assert torch.allclose(BinnedTorchOps.grad_weight(meta, gy, x), rdw, atol=1e-3, rtol=1e-4)
+    x16, w16, g16 = x.half(), w.half(), gy.half()
+    for got, ref16, ref in ((BinnedTorchOps.grad_input(meta, g16, w16), CompactTorchOps.grad_input(meta, g16, w16), rdx),
+                            (BinnedTorchOps.grad_weight(meta, g16, x16), CompactTorchOps.grad_weight(meta, g16, x16), rdw)):
+        assert got.dtype == torch.float32
+        tol = 3 * float((ref16 - ref).abs().max()) + 2e-3 * float(ref.abs().max())
+        assert float((got - ref).abs().max()) <= tol
+
+
+def test_binned_ops_chunk_over_the_batch(monkeypatch):
+    """A stage budget below one image: one image per chunk, same results."""
+    meta, x, w, gy = _problem("ODD", 9)
+    whole = (binned_forward(meta, x, w), BinnedTorchOps.grad_input(meta, gy, w), BinnedTorchOps.grad_weight(meta, gy, x))
+    monkeypatch.setenv("FOVI_KNN_STAGE_MIB", "0.0001")
+    chunked = (binned_forward(meta, x, w), BinnedTorchOps.grad_input(meta, gy, w), BinnedTorchOps.grad_weight(meta, gy, x))
+    assert torch.allclose(whole[0], chunked[0], atol=1e-5) and torch.equal(whole[1], chunked[1])
+    assert torch.allclose(whole[2], chunked[2], atol=1e-4, rtol=1e-5)
+
+
+def test_torch_binned_is_a_registered_backend_end_to_end():
+    assert get_ops("torch_binned") is BinnedTorchOps
+    meta, x, w, gy = _problem(STEM, 4)
+    xd, wd = x.double().requires_grad_(), w.double().requires_grad_()
+    assert torch.autograd.gradcheck(lambda a, b: KNNConvFunction.apply(a, b, None, meta, "torch_binned"), (xd, wd),
+                                    eps=1e-6, atol=1e-6)
+    layer = KNNConv(meta.idx, meta.rf_index, nin=meta.nin, v=meta.v, cin=meta.cin, cout=meta.cout, bias=True,
+                    backend="torch_binned")
+    ref = KNNConv(meta.idx, meta.rf_index, nin=meta.nin, v=meta.v, cin=meta.cin, cout=meta.cout, bias=True,
+                  backend="torch_compact")
+    ref.load_state_dict(layer.state_dict())
+    xr = x.clone().requires_grad_()
+    layer(xr).square().sum().backward()
+    xc = x.clone().requires_grad_()
+    ref(xc).square().sum().backward()
+    assert layer.last_backend == "torch_binned"
+    assert torch.allclose(xr.grad, xc.grad, atol=1e-3, rtol=1e-4)
+    assert torch.allclose(layer.weight.grad, ref.weight.grad, atol=1e-2, rtol=1e-4)
+    assert torch.allclose(layer.bias.grad, ref.bias.grad, atol=1e-3)

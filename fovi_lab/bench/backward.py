@@ -15,7 +15,8 @@ mode ``backward`` (both gradients, dx and dW):
       for the same tile shape (:func:`fovi_lab.warp_forward.make_dense_ceiling`: the same GEMM sizes
       with plain loads, no gathers), and the reductions' GB/s and fraction of HBM bandwidth;
     * ``torch_compact``: :class:`fovi_lab.reference.CompactTorchOps` explicit backward (bmm + fp32
-      ``index_add_``; atomics on CUDA);
+      ``index_add_``; atomics on CUDA); ``torch_binned``: :class:`fovi_lab.reference.BinnedTorchOps`, the
+      binned form's explicit backward (matmul + ``index_add_``; G binned again for dW);
     * ``torch_autograd_gather_bmm`` / ``torch_autograd_tgather_bmm`` / ``torch_autograd_binned_mm``:
       ``torch.autograd.grad`` through the strongest PyTorch forwards (gather + bmm; the transposed gather
       whose gathered rows are contiguous batch runs; the binned form of :func:`fovi_lab.reference.
@@ -27,7 +28,7 @@ mode ``train-step`` (forward + both gradients):
       adjoints of :mod:`fovi_lab.warp_adjoint_nm` or the staged ones), with each fused kernel timed alone
       and against the dense ceiling of its tiles; ``warp_train_staged``: the staged pipelines with the
       per-stage numbers above; ``warp_train_fused``: the fused path forced where the rule picks staged;
-    * ``torch_compact``: its forward + explicit backward;
+    * ``torch_compact`` / ``torch_binned``: the registered PyTorch backends, forward + explicit backward;
     * ``torch_autograd_*``: the PyTorch forward + ``torch.autograd.grad``.
 (In ``backward`` mode the same Warp records are named ``warp``, ``warp_staged``, ``warp_fused``.)
 ``--sweep`` (either mode) also measures every gi/gw config (v2/v2p, v2/v3/v3p/v4, tile sizes, fp16
@@ -307,7 +308,7 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
               dense: _DenseCache) -> List[dict]:
     """Measure every implementation on one (layer, B); returns the records (failures carry a note)."""
     from .. import warp_adjoint as wa
-    from ..reference import CompactTorchOps
+    from ..reference import BinnedTorchOps, CompactTorchOps
 
     gen = torch.Generator(device="cpu").manual_seed(b * 7919 + meta.nout)
     x = torch.randn(b, meta.cin, meta.nin, generator=gen).to(device, torch.float16)
@@ -375,24 +376,28 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
     ref = (CompactTorchOps.grad_input(meta, g.float(), w.float()),
            CompactTorchOps.grad_weight(meta, g.float(), x.float()))
 
-    # ---- PyTorch
-    def torch_compact():
+    # ---- PyTorch: the registered PyTorch backends (explicit adjoints), then autograd through the forwards
+    def torch_backend(impl, ops):
         if mode == "backward":
-            fn = lambda: (CompactTorchOps.grad_input(meta, g, w), CompactTorchOps.grad_weight(meta, g, x))  # noqa: E731
+            fn = lambda: (ops.grad_input(meta, g, w), ops.grad_weight(meta, g, x))  # noqa: E731
         else:
             def fn():
                 new_version(w)
-                y = CompactTorchOps.forward(meta, x, w, None)
-                return y, CompactTorchOps.grad_input(meta, g, w), CompactTorchOps.grad_weight(meta, g, x)
+                y = ops.forward(meta, x, w, None)
+                return y, ops.grad_input(meta, g, w), ops.grad_weight(meta, g, x)
         r1 = fn()
         r2 = fn()
         det = bool(torch.equal(r1[-2], r2[-2]) and torch.equal(r1[-1], r2[-1]))
+        err_dx = float((r1[-2].float() - ref[0]).abs().max()) / max(1e-12, float(ref[0].abs().max()))
+        err_dw = float((r1[-1].float() - ref[1]).abs().max()) / max(1e-12, float(ref[1].abs().max()))
         del r1, r2
         t = tm(fn)
-        rec("torch_compact", t.ms, reps=t.reps, peak_mib=_peak_mib(fn, device), deterministic=det)
+        rec(impl, t.ms, reps=t.reps, peak_mib=_peak_mib(fn, device), deterministic=det, err_dx=err_dx,
+            err_dw=err_dw)
         if graphs:
-            graphed("torch_compact", fn)
-    guarded("torch_compact", torch_compact)
+            graphed(impl, fn)
+    for impl, ops in (("torch_compact", CompactTorchOps), ("torch_binned", BinnedTorchOps)):
+        guarded(impl, lambda impl=impl, ops=ops: torch_backend(impl, ops))
 
     for name, fwd in torch_forwards(meta).items():
         impl = f"torch_autograd_{name}"
