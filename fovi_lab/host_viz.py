@@ -31,6 +31,7 @@ PROBE_LABELS = {
     "host_probe_h200_run12.json": "run 12 (call cache)",
     "host_probe_h200_run13.json": "run 13 (all trims)",
     "host_probe_h200_run22.json": "run 22 (same code, another lease)",
+    "host_probe_h200_run24.json": "run 24 (same code, another lease)",
 }
 
 
