@@ -36,4 +36,5 @@ def test_probe_figure_without_records_says_so(tmp_path):
 
 def test_the_repository_probes_load():
     runs = hv.host_probe_runs()
-    assert len(runs) == 3 and all("res18_layer1 B=16" in r["results"] for r in runs)
+    assert [r["file"] for r in runs] == list(hv.PROBE_LABELS)        # every labelled probe is recorded
+    assert all("res18_layer1 B=16" in r["results"] for r in runs)
