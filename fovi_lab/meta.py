@@ -25,13 +25,39 @@ grad-input reduction gather instead of scatter, so it is deterministic without a
 
 from __future__ import annotations
 
+import threading
+import weakref
 from dataclasses import dataclass, field, replace
 from typing import Dict
 
 import numpy as np
 import torch
 
-__all__ = ["TrainingMeta", "build_meta", "pad_to", "synthetic_graph", "SYNTHETIC_SHAPES"]
+__all__ = ["TrainingMeta", "build_meta", "pad_to", "synthetic_graph", "SYNTHETIC_SHAPES", "meta_aux"]
+
+
+_AUX_LOCK = threading.Lock()
+_AUX: Dict[int, tuple] = {}
+
+
+def meta_aux(meta: "TrainingMeta") -> dict:
+    """A dict cached alongside ``meta`` (keyed by identity, dropped when the meta is collected): where the
+    backends keep index tables they derive from a meta once (reverse lists, binned indices, descriptors)."""
+    key = id(meta)
+    with _AUX_LOCK:
+        ent = _AUX.get(key)
+        if ent is not None and ent[0]() is meta:
+            return ent[1]
+
+        def _drop(ref, key=key):
+            with _AUX_LOCK:
+                cur = _AUX.get(key)
+                if cur is not None and cur[0] is ref:
+                    del _AUX[key]
+
+        d: dict = {}
+        _AUX[key] = (weakref.ref(meta, _drop), d)
+        return d
 
 
 def pad_to(n: int, multiple: int) -> int:

@@ -14,13 +14,11 @@
 from __future__ import annotations
 
 import os
-import threading
-import weakref
-from typing import Dict, Tuple
+from typing import Tuple
 
 import torch
 
-from .meta import TrainingMeta, pad_to
+from .meta import TrainingMeta, meta_aux, pad_to
 
 __all__ = [
     "oracle_forward", "pad_flat_input", "grad_accum_dtype", "stage_budget_bytes", "node_chunk",
@@ -187,30 +185,16 @@ def build_effective_weight(meta: TrainingMeta, weight: torch.Tensor, cout_multip
     return weff.contiguous()
 
 
-_BIN_LOCK = threading.Lock()
-_BIN_INDEX: Dict[int, Tuple] = {}
-
-
 def _binned_index(meta: TrainingMeta) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(src, dst)`` int64 over the non-pad entries of the tables, in (n, p) order: input column
-    ``c*Nin + m`` and binned position ``q*Nout + n`` (cached per meta object)."""
-    key = id(meta)
-    with _BIN_LOCK:
-        ent = _BIN_INDEX.get(key)
-    if ent is not None and ent[0]() is meta:
-        return ent[1]
-    il, wl = meta.input_linear_flat, meta.weight_linear_flat
-    keep = torch.nonzero(il != meta.pad_column).squeeze(1)
-    node = keep // meta.p64
-    got = (il[keep].contiguous(), (wl[keep] * meta.nout + node).contiguous())
-
-    def _drop(_ref, key=key):
-        with _BIN_LOCK:
-            cur = _BIN_INDEX.get(key)
-            if cur is not None and cur[0] is _ref:
-                del _BIN_INDEX[key]
-    with _BIN_LOCK:
-        _BIN_INDEX[key] = (weakref.ref(meta, _drop), got)
+    ``c*Nin + m`` and binned position ``q*Nout + n`` (cached with the meta)."""
+    aux = meta_aux(meta)
+    got = aux.get("binned_index")
+    if got is None:
+        il, wl = meta.input_linear_flat, meta.weight_linear_flat
+        keep = torch.nonzero(il != meta.pad_column).squeeze(1)
+        node = keep // meta.p64
+        got = aux["binned_index"] = (il[keep].contiguous(), (wl[keep] * meta.nout + node).contiguous())
     return got
 
 

@@ -79,17 +79,15 @@ Config names encode the tiles: ``gi2_p64b128`` = grad-input v2, 64-wide p tile, 
 # No `from __future__ import annotations`: Warp resolves kernel annotations (closure dtypes) at decoration.
 
 import os
-import threading
 import time
 import uuid
 import warnings
-import weakref
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 import torch
 
-from .meta import TrainingMeta, pad_to
+from .meta import TrainingMeta, meta_aux, pad_to
 from .reference import CompactTorchOps, stage_budget_bytes
 from .warp_common import (ValidatedCache, check_tensor, fast_launch, gather_rows, init_warp, nan_canary, to_warp,
                           torch_stream, warp_ct, warp_device, wp)
@@ -1239,27 +1237,7 @@ def _padded_weight_t(weight: torch.Tensor, cpad: int) -> torch.Tensor:
     return wt
 
 
-_AUX_LOCK = threading.Lock()
-_AUX: Dict[int, tuple] = {}
-
-
-def _meta_aux(meta: TrainingMeta) -> dict:
-    """A dict cached alongside ``meta`` (keyed by identity, dropped when the meta is collected)."""
-    key = id(meta)
-    with _AUX_LOCK:
-        ent = _AUX.get(key)
-        if ent is not None and ent[0]() is meta:
-            return ent[1]
-
-        def _drop(ref, key=key):
-            with _AUX_LOCK:
-                cur = _AUX.get(key)
-                if cur is not None and cur[0] is ref:
-                    del _AUX[key]
-
-        d: dict = {}
-        _AUX[key] = (weakref.ref(meta, _drop), d)
-        return d
+_meta_aux = meta_aux      # per-meta cache of derived tables (fovi_lab.meta.meta_aux)
 
 
 def _decoded_reverse_csr(meta: TrainingMeta):
