@@ -70,6 +70,8 @@ DX_NM_CONFIG_SPECS: Dict[str, Tuple[int, int, int, int]] = {
 # dW: name -> (tile_o = Cout rows, tile_c = Cin columns, tile_kb = batch chunk, block_dim)
 DW_NM_CONFIG_SPECS: Dict[str, Tuple[int, int, int, int]] = {
     "dwn_o64c16k64": (64, 16, 64, 64),
+    "dwn_o64c64k16": (64, 64, 16, 128),
+    "dwn_o64c64k32": (64, 64, 32, 128),
     "dwn_o64c32k64": (64, 32, 64, 128),
     "dwn_o64c64k64": (64, 64, 64, 128),
     "dwn_o128c64k64": (128, 64, 64, 256),
@@ -77,33 +79,48 @@ DW_NM_CONFIG_SPECS: Dict[str, Tuple[int, int, int, int]] = {
 
 
 def nm_grad_kernel_names():
-    """Every ``(kind, name)`` of this module (``kind`` in {dxn, dwn}): what warmup compiles."""
-    return [("dxn", n) for n in DX_NM_CONFIG_SPECS] + [("dwn", n) for n in DW_NM_CONFIG_SPECS]
+    """Every ``(kind, name)`` of this module (``kind`` in {dxn, dxs, dwn, dws}: whole lists and balanced
+    segments, same tiles): what warmup compiles."""
+    return ([(k, n) for k in ("dxn", "dxs") for n in DX_NM_CONFIG_SPECS]
+            + [(k, n) for k in ("dwn", "dws") for n in DW_NM_CONFIG_SPECS])
 
 
 # One wave of CTAs on the H200 (132 SMs): below it a 64x64 dx tile leaves SMs idle.
 _WAVE_CTAS = 128
 
 
-def select_dx_nm_config(batch: int, cin: int, nin: Optional[int] = None) -> str:
-    """dx tiles, fit to the H200 sweep (``data/train-step_h200_run3_fused-sweep.jsonl``, every layer at
-    B = 64, 128, 512): 64x64 was the fastest or within 5% everywhere with Cin >= 64 *unless* its grid
-    ``Nin * ceil(B/64) * ceil(Cin/64)`` is under one wave (res18 layer3/4 at B = 64: Nin = 16), where
-    16x16 tiles ran 1.4-1.7x faster; the 128-wide Cin tile was never the fastest. Cin < 16 (stems):
-    16-wide Cin tiles (the staged path is faster there anyway, see ``knn_warp.grad_path``)."""
+def select_dx_nm_config(batch: int, cin: int, nin: Optional[int] = None, segments: bool = False) -> str:
+    """dx tiles, fit to the H200 sweeps (run 3: every layer at B = 64, 128, 512; run 25: B = 16, 64, 512
+    with and without segments). B <= 16: 16x16 tiles, 1.3-2.6x faster than 16x64 on every layer in
+    run 25 (alexnet L1 0.22 against 0.58 ms). Above: 64x64 was the fastest or within 5% everywhere with
+    Cin >= 64 *unless* its whole-list grid ``Nin * ceil(B/64) * ceil(Cin/64)`` is under one wave (res18
+    layer3/4 at B = 64: Nin = 16), where 16x16 tiles ran 1.4-1.7x faster; with ``segments`` the grid
+    is the segments' and 64x64 stays (res18 layer3 B=64: 0.056 against 16x16 whole lists' 0.085 ms).
+    Cin < 16 (stems): 16-wide Cin tiles (the staged path is faster there anyway, see
+    ``knn_warp.grad_path``)."""
     if cin <= 16:
         return "dxn_m16n16k64" if batch <= 16 else "dxn_m64n16k64"
-    if nin is not None and nin * -(-batch // 64) * -(-cin // 64) < _WAVE_CTAS:
-        return "dxn_m16n16k64"
     if batch <= 16:
-        return "dxn_m16n64k64"
-    return "dxn_m32n64k64" if batch <= 32 else "dxn_m64n64k64"
+        return "dxn_m16n16k64"
+    if batch <= 32:
+        return "dxn_m32n64k64"
+    if not segments and nin is not None and nin * -(-batch // 64) * -(-cin // 64) < _WAVE_CTAS:
+        return "dxn_m16n16k64"
+    return "dxn_m64n64k64"
 
 
-def select_dw_nm_config(cout: int, cin: int) -> str:
+def select_dw_nm_config(cout: int, cin: int, batch: Optional[int] = None) -> str:
     """dW tiles from the same sweep: 64x64 (o x c) was the fastest or within 3% on every layer with
-    Cin >= 64 (Cin = 96 included: its 32-wide tile tied); 128-wide o tiles were 10-60% slower."""
-    return "dwn_o64c16k64" if cin <= 16 else "dwn_o64c64k64"
+    Cin >= 64 (Cin = 96 included: its 32-wide tile tied); 128-wide o tiles were 10-60% slower. The
+    contraction runs over the batch, so at B <= 16 (B <= 32) a 64-deep batch chunk is 3/4 (1/2) zero
+    padding: there the 16-deep (32-deep) chunk."""
+    if cin <= 16:
+        return "dwn_o64c16k64"
+    if batch is not None and batch <= 16:
+        return "dwn_o64c64k16"
+    if batch is not None and batch <= 32:
+        return "dwn_o64c64k32"
+    return "dwn_o64c64k64"
 
 
 def _budget_bytes() -> int:
@@ -182,6 +199,132 @@ def make_dw_nm_kernel(tile_o: int, tile_c: int, tile_kb: int, block_dim: int, ma
     return dwn
 
 
+# Balanced segments. A fused CTA walks one list (dx: an input node's readers; dW: a tap's pairs), so the
+# longest list sets the kernel's critical path: res18 layer2_0's dx lists hold 1-4 entries (mean 2.1),
+# and its fused dx ran at ~half the dense ceiling of the same tiles on the H200 (run 24). The "segment"
+# kernels below flatten every list into steps (one step = one tile GEMM: an (entry, Cout chunk) for dx,
+# an (entry, batch chunk) for dW), cut each list into contiguous segments of at most ``L`` steps and run
+# one CTA per (segment, output tile). Each segment writes an fp32 partial; a SIMT finish sums a list's
+# segments in segment order (fixed: bitwise deterministic) straight into dx / dW's own layout. Lists
+# without entries get no segment and a zero from the finish.
+
+def make_dx_seg_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, mathdx: Optional[bool] = None):
+    """dx over balanced segments. Args: ``gn``, ``wr``, ``rn``, ``rv`` as :func:`make_dx_nm_kernel`;
+    ``bounds [nseg+1]`` int32 (segment s covers steps ``bounds[s]..bounds[s+1]`` of the flattened
+    reverse lists, step ``t`` = entry ``t // n_ochunks``, Cout chunk ``t % n_ochunks``), ``part
+    [nseg, B, Cin]`` f32. Grid ``(nseg, ceil(B/tile_m), ceil(Cin/tile_n))``."""
+    init_warp()
+    TM, TN, TK = int(tile_m), int(tile_n), int(tile_k)
+
+    @_decorator(f"fovi_dxs_m{TM}n{TN}k{TK}b{block_dim}", block_dim, mathdx)
+    def dxs(gn: wp.array2d(dtype=wp.float16), wr: wp.array2d(dtype=wp.float16),
+            bounds: wp.array1d(dtype=wp.int32), rn: wp.array1d(dtype=wp.int32), rv: wp.array1d(dtype=wp.int32),
+            part: wp.array3d(dtype=wp.float32), n_ochunks: int, op: int):
+        s, bt, ct = wp.tid()
+        b0 = bt * TM
+        c0 = ct * TN
+        acc = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+        for t in range(bounds[s], bounds[s + 1]):
+            j = t // n_ochunks
+            oc = t - j * n_ochunks
+            w = wp.tile_load(wr, shape=(TK, TN), offset=(rv[j] * op + oc * TK, c0), storage="shared")
+            a = wp.tile_load(gn, shape=(TK, TM), offset=(rn[j] * op + oc * TK, b0), storage="shared")
+            wp.tile_matmul(wp.tile_transpose(a), w, acc)
+        wp.tile_store(part[s], acc, offset=(b0, c0))
+
+    dxs._fovi_tiles = ("dxs", TM, TN, TK, int(block_dim))
+    return dxs
+
+
+def make_dw_seg_kernel(tile_o: int, tile_c: int, tile_kb: int, block_dim: int, mathdx: Optional[bool] = None):
+    """dW over balanced segments. Args: ``gn``, ``xn``, ``vn``, ``vm`` as :func:`make_dw_nm_kernel`;
+    ``bounds [nseg+1]`` int32 (segment s covers steps ``bounds[s]..bounds[s+1]`` of the flattened tap
+    lists, step ``t`` = entry ``t // n_bchunks``, batch chunk ``t % n_bchunks``), ``part [nseg, Op, Cp]``
+    f32, ``n_ct = Cp/tile_c``. Grid ``(nseg, (Op/tile_o) * n_ct)``."""
+    init_warp()
+    TO, TC, TKB = int(tile_o), int(tile_c), int(tile_kb)
+
+    @_decorator(f"fovi_dws_o{TO}c{TC}k{TKB}b{block_dim}", block_dim, mathdx)
+    def dws(gn: wp.array2d(dtype=wp.float16), xn: wp.array2d(dtype=wp.float16),
+            bounds: wp.array1d(dtype=wp.int32), vn: wp.array1d(dtype=wp.int32), vm: wp.array1d(dtype=wp.int32),
+            part: wp.array3d(dtype=wp.float32), n_bchunks: int, op: int, cp: int, n_ct: int):
+        s, t = wp.tid()
+        o0 = (t // n_ct) * TO
+        c0 = (t % n_ct) * TC
+        acc = wp.tile_zeros(shape=(TO, TC), dtype=wp.float32)
+        for st in range(bounds[s], bounds[s + 1]):
+            j = st // n_bchunks
+            bc = st - j * n_bchunks
+            a = wp.tile_load(gn, shape=(TO, TKB), offset=(vn[j] * op + o0, bc * TKB), storage="shared")
+            xx = wp.tile_load(xn, shape=(TC, TKB), offset=(vm[j] * cp + c0, bc * TKB), storage="shared")
+            wp.tile_matmul(a, wp.tile_transpose(xx), acc)
+        wp.tile_store(part[s], acc, offset=(o0, c0))
+
+    dws._fovi_tiles = ("dws", TO, TC, TKB, int(block_dim))
+    return dws
+
+
+@built_once
+def _dx_seg_finish_kernel():
+    """``dx[b, c, m] = sum_{s in segptr[m]..segptr[m+1]} part[s, b, c]`` (fp32, segment order; 0 for an
+    input node nobody reads). One thread per output, m fastest: coalesced stores into dx's layout."""
+    @wp.kernel(enable_backward=False, module="unique")
+    def fovi_dx_seg_finish(segptr: wp.array1d(dtype=wp.int32), part: wp.array3d(dtype=wp.float32),
+                           dx: wp.array3d(dtype=wp.float32)):
+        b, c, m = wp.tid()
+        acc = float(0.0)
+        for s in range(segptr[m], segptr[m + 1]):
+            acc += part[s, b, c]
+        dx[b, c, m] = acc
+    return fovi_dx_seg_finish
+
+
+@built_once
+def _dw_seg_finish_kernel():
+    """``dw[o, c, v] = sum_{s in segptr[v]..segptr[v+1]} part[s, o, c]`` (fp32, segment order; 0 for a tap
+    no real neighbour uses). One thread per output, v fastest: coalesced stores into dW's layout."""
+    @wp.kernel(enable_backward=False, module="unique")
+    def fovi_dw_seg_finish(segptr: wp.array1d(dtype=wp.int32), part: wp.array3d(dtype=wp.float32),
+                           dw: wp.array3d(dtype=wp.float32)):
+        o, c, v = wp.tid()
+        acc = float(0.0)
+        for s in range(segptr[v], segptr[v + 1]):
+            acc += part[s, o, c]
+        dw[o, c, v] = acc
+    return fovi_dw_seg_finish
+
+
+def segment_table(rowptr: torch.Tensor, steps_per_entry: int, seg_steps: int):
+    """Cut CSR lists into balanced segments.
+
+    Args:
+        rowptr: ``[G+1]`` int CSR row pointer (G lists: input nodes for dx, taps for dW).
+        steps_per_entry: tile GEMMs per entry (Cout chunks for dx, batch chunks for dW).
+        seg_steps: ``L``, the most steps one segment (one CTA) takes.
+
+    Returns:
+        ``(bounds [nseg+1], segptr [G+1], longest)`` int32 on rowptr's device: segment s covers the
+        flattened steps ``bounds[s]..bounds[s+1]``; list g owns segments ``segptr[g]..segptr[g+1]``
+        (``ceil(len_g * steps_per_entry / L)`` of them, contiguous, in step order); ``longest`` is the
+        most steps any segment takes.
+    """
+    if seg_steps < 1 or steps_per_entry < 1:
+        raise ValueError(f"seg_steps: expected >= 1 (and steps_per_entry >= 1), got {seg_steps}, {steps_per_entry}")
+    rp = rowptr.to(torch.int64)
+    steps = (rp[1:] - rp[:-1]) * steps_per_entry                       # [G]
+    nseg_g = (steps + seg_steps - 1) // seg_steps                      # 0 for an empty list
+    segptr = torch.zeros(rp.numel(), dtype=torch.int64, device=rp.device)
+    segptr[1:] = torch.cumsum(nseg_g, 0)
+    nseg = int(segptr[-1])
+    g = torch.repeat_interleave(torch.arange(steps.numel(), device=rp.device), nseg_g)
+    lo = rp[:-1][g] * steps_per_entry + (torch.arange(nseg, device=rp.device) - segptr[:-1][g]) * seg_steps
+    bounds = torch.cat([lo, rp[-1:] * steps_per_entry])
+    if nseg and int(bounds[-1]) >= 2 ** 31:
+        raise ValueError("segment_table: more than 2^31 steps; split the batch")
+    longest = int((bounds[1:] - bounds[:-1]).max()) if nseg else 0
+    return bounds.to(torch.int32).contiguous(), segptr.to(torch.int32).contiguous(), longest
+
+
 # --------------------------------------------------------------------------------------------
 # Build, canary, per-device cache
 # --------------------------------------------------------------------------------------------
@@ -199,10 +342,16 @@ _KERNELS: Dict[Tuple[str, str, Optional[bool]], object] = {}
 _VALIDATED = ValidatedCache("Warp node-major grad kernel")
 
 
+# kind -> (config table, factory): "dxn"/"dwn" walk whole lists, "dxs"/"dws" balanced segments (same tiles)
+def _kinds():
+    return {"dxn": (DX_NM_CONFIG_SPECS, make_dx_nm_kernel), "dwn": (DW_NM_CONFIG_SPECS, make_dw_nm_kernel),
+            "dxs": (DX_NM_CONFIG_SPECS, make_dx_seg_kernel), "dws": (DW_NM_CONFIG_SPECS, make_dw_seg_kernel)}
+
+
 def _spec(kind: str, name: str) -> Tuple[int, int, int, int]:
-    table = {"dxn": DX_NM_CONFIG_SPECS, "dwn": DW_NM_CONFIG_SPECS}.get(kind)
+    table = _kinds().get(kind, (None,))[0]
     if table is None:
-        raise ValueError(f"kind: expected 'dxn' or 'dwn', got {kind!r}")
+        raise ValueError(f"kind: expected one of 'dxn', 'dwn', 'dxs', 'dws', got {kind!r}")
     if name not in table:
         raise KeyError(f"config: unknown {kind} config {name!r}; known: {sorted(table)}")
     return table[name]
@@ -215,7 +364,7 @@ def _build(kind: str, name: str):
         k = _KERNELS.get(key)
         if k is None:
             tiles = _spec(kind, name)
-            k = (make_dx_nm_kernel if kind == "dxn" else make_dw_nm_kernel)(*tiles, mathdx=mathdx)
+            k = _kinds()[kind][1](*tiles, mathdx=mathdx)
             _KERNELS[key] = k
         return k
 
@@ -238,13 +387,16 @@ def _canary(kind: str, name: str, kernel, device: str) -> Tuple[bool, str]:
     """One NaN-prefilled launch on a problem of exactly one tile per axis, checked against torch_compact."""
     from .reference import CompactTorchOps
     t = _spec(kind, name)
-    if kind == "dxn":
+    k = NmGradKernel(kind, name, kernel, t)
+    if kind in ("dxn", "dxs"):
         meta, x, w, gy = _canary_problem(device, b=t[0], cout=t[2], cin=t[1])
-        plan = _GradInputNmPlan(meta, gy, w, NmGradKernel(kind, name, kernel, t), device, store="staged")
+        plan = (_GradInputNmPlan(meta, gy, w, k, device, store="staged") if kind == "dxn" else
+                _GradInputNmPlan(meta, gy, w, None, device, seg=k, seg_steps=1))
         ref = CompactTorchOps.grad_input(meta, gy.float(), w.float())
     else:
         meta, x, w, gy = _canary_problem(device, b=t[2], cout=t[0], cin=t[1])
-        plan = _GradWeightNmPlan(meta, gy, x, NmGradKernel(kind, name, kernel, t), device, nsplit=2)
+        plan = (_GradWeightNmPlan(meta, gy, x, k, device, nsplit=2) if kind == "dwn" else
+                _GradWeightNmPlan(meta, gy, x, None, device, seg=k, seg_steps=1))
         ref = CompactTorchOps.grad_weight(meta, gy.float(), x.float())
     ok, why = nan_canary(plan.launch, plan.out)
     if not ok:
@@ -368,18 +520,40 @@ _launch = fast_launch
 
 
 class _GradInputNmPlan:
-    """Operands and the single launch of one fused dx call; ``launch()`` then ``finish()`` -> dx."""
+    """Operands and launches of one fused dx call; ``launch()`` then ``finish()`` -> dx.
 
-    def __init__(self, meta, grad_y, weight, k: NmGradKernel, device: str, store: Optional[str] = None,
-                 gn: Optional[torch.Tensor] = None):
-        tm, tn, tk, bd = k.tiles
+    ``k`` (kind ``dxn``): one CTA per (input node, batch tile, Cin tile) walks the node's whole reverse
+    list and stores into dx. ``seg`` (kind ``dxs``) with ``seg_steps`` = L: one CTA per (segment of at most
+    L steps, batch tile, Cin tile) into fp32 partials ``out [nseg, B, Cin]``, then the SIMT finish sums
+    each node's segments into dx; both launches are in ``launch()``."""
+
+    def __init__(self, meta, grad_y, weight, k: Optional[NmGradKernel], device: str, store: Optional[str] = None,
+                 gn: Optional[torch.Tensor] = None, seg: Optional[NmGradKernel] = None,
+                 seg_steps: Optional[int] = None):
+        kk = seg if seg is not None else k
+        tm, tn, tk, bd = kk.tiles
         b = grad_y.shape[0]
-        self.k, self.device, self.block_dim = k, device, bd
+        self.k, self.device, self.block_dim = kk, device, bd
         self.op = op = pad_to(meta.cout, tk)
         bx = pad_to(b, 8)
         self.gn = gn if gn is not None else node_major(grad_y, op, bx)
         self.wr = _weight_tap_major_t(weight, meta.cin, op, pad_to(meta.cin, 8))
         rowptr, rn, rv = reverse_lists(meta)
+        n_oc = op // tk
+        self.seg_steps = None
+        if seg is not None:
+            self.seg_steps = int(seg_steps)
+            bounds, segptr, self.longest = _segments(meta, "dx", rowptr, n_oc, self.seg_steps)
+            nseg = bounds.numel() - 1
+            self.dx = torch.empty(b, meta.cin, meta.nin, dtype=torch.float32, device=grad_y.device)
+            self.out = torch.empty(max(1, nseg), b, meta.cin, dtype=torch.float32, device=grad_y.device)
+            self.direct = True
+            self._keep = (rowptr, rn, rv, bounds, segptr)
+            self.dims = (nseg, -(-b // tm), -(-meta.cin // tn))
+            self.inputs = [_ct(self.gn), _ct(self.wr), _ct(bounds), _ct(rn), _ct(rv), _ct(self.out), n_oc, op]
+            self.fin_dims = (b, meta.cin, meta.nin)
+            self.fin_inputs = [_ct(segptr), _ct(self.out), _ct(self.dx)]
+            return
         self._keep = (rowptr, rn, rv)
         nbytes = 4 * b * meta.cin * meta.nin
         store = store or ("direct" if nbytes <= _DIRECT_STORE_MAX_BYTES else "staged")
@@ -393,10 +567,13 @@ class _GradInputNmPlan:
             self.out = torch.empty(meta.nin, b, meta.cin, dtype=torch.float32, device=grad_y.device)
         self.dims = (meta.nin, -(-b // tm), -(-meta.cin // tn))
         self.inputs = [_ct(self.gn), _ct(self.wr), _ct(rowptr), _ct(rn), _ct(rv),
-                       _ct(self.out), op // tk, op]
+                       _ct(self.out), n_oc, op]
 
     def launch(self) -> None:
-        _launch(self.k.kernel, self.dims, self.inputs, self.block_dim, self.device)
+        if self.dims[0]:
+            _launch(self.k.kernel, self.dims, self.inputs, self.block_dim, self.device)
+        if self.seg_steps is not None:
+            _launch(_dx_seg_finish_kernel(), self.fin_dims, self.fin_inputs, 256, self.device, tiled=False)
 
     def finish(self) -> torch.Tensor:
         return self.dx if self.direct else self.out.permute(1, 2, 0).contiguous()
@@ -404,6 +581,16 @@ class _GradInputNmPlan:
     def run(self) -> torch.Tensor:
         self.launch()
         return self.finish()
+
+
+def _segments(meta: TrainingMeta, which: str, rowptr: torch.Tensor, steps_per_entry: int, seg_steps: int):
+    """:func:`segment_table` of one meta's lists, cached with the meta."""
+    aux = _aux(meta)
+    key = ("nm_seg", which, int(steps_per_entry), int(seg_steps))
+    got = aux.get(key)
+    if got is None:
+        got = aux[key] = segment_table(rowptr, steps_per_entry, seg_steps)
+    return got
 
 
 def _default_nsplit(meta: TrainingMeta, n_tiles: int, maxlen: int, device: str, part_bytes: int,
@@ -425,22 +612,43 @@ def _default_nsplit(meta: TrainingMeta, n_tiles: int, maxlen: int, device: str, 
 
 
 class _GradWeightNmPlan:
-    """Operands and the single launch of one fused dW call; ``launch()`` then ``finish()`` -> dW."""
+    """Operands and launches of one fused dW call; ``launch()`` then ``finish()`` -> dW.
 
-    def __init__(self, meta, grad_y, x, k: NmGradKernel, device: str, nsplit: Optional[int] = None,
-                 gn: Optional[torch.Tensor] = None, xn: Optional[torch.Tensor] = None):
-        to, tc, tkb, bd = k.tiles
+    ``k`` (kind ``dwn``): one CTA per (tap, split s of ``nsplit``, tile) walks every ``nsplit``-th entry
+    of the tap's list into partials ``out [S, V, Op, Cp]``. ``seg`` (kind ``dws``) with ``seg_steps`` = L:
+    one CTA per (segment of at most L steps, tile) into ``out [nseg, Op, Cp]``; ``finish()`` sums each
+    tap's segments into dW with one SIMT launch."""
+
+    def __init__(self, meta, grad_y, x, k: Optional[NmGradKernel], device: str, nsplit: Optional[int] = None,
+                 gn: Optional[torch.Tensor] = None, xn: Optional[torch.Tensor] = None,
+                 seg: Optional[NmGradKernel] = None, seg_steps: Optional[int] = None):
+        kk = seg if seg is not None else k
+        to, tc, tkb, bd = kk.tiles
         b = grad_y.shape[0]
-        self.meta, self.k, self.device, self.block_dim = meta, k, device, bd
+        self.meta, self.k, self.device, self.block_dim = meta, kk, device, bd
         self.op = op = pad_to(meta.cout, to)
         self.cp = cp = pad_to(meta.cin, tc)
         bx = pad_to(b, 8)
         self.gn = gn if gn is not None else node_major(grad_y, op, bx)
         self.xn = xn if xn is not None else node_major(x, cp, bx)
         vrowptr, vn, vm, maxlen = tap_lists(meta)
-        self._keep = (vrowptr, vn, vm)
         n_ct = cp // tc
         n_tiles = (op // to) * n_ct
+        n_bc = -(-bx // tkb)
+        self.seg_steps = None
+        if seg is not None:
+            self.seg_steps = int(seg_steps)
+            bounds, segptr, self.longest = _segments(meta, "dw", vrowptr, n_bc, self.seg_steps)
+            nseg = bounds.numel() - 1
+            self.nsplit = nseg                     # partials written (reported by the benchmark)
+            self._keep = (vrowptr, vn, vm, bounds, segptr)
+            self.out = torch.empty(max(1, nseg), op, cp, dtype=torch.float32, device=grad_y.device)
+            self.dims = (nseg, n_tiles)
+            self.inputs = [_ct(self.gn), _ct(self.xn), _ct(bounds), _ct(vn), _ct(vm), _ct(self.out),
+                           n_bc, op, cp, n_ct]
+            self._segptr = segptr
+            return
+        self._keep = (vrowptr, vn, vm)
         self.nsplit = s = int(nsplit) if nsplit is not None else _default_nsplit(
             meta, n_tiles, maxlen, device, 4 * meta.v * op * cp, batch=b)
         # contiguous [S, V, Op, Cp] partials: coalesced tile stores. (Storing straight into dW's own
@@ -449,20 +657,27 @@ class _GradWeightNmPlan:
         self.out = torch.empty(s, meta.v, op, cp, dtype=torch.float32, device=grad_y.device)
         self.dims = (meta.v, s, n_tiles)
         self.inputs = [_ct(self.gn), _ct(self.xn), _ct(vrowptr), _ct(vn), _ct(vm), _ct(self.out),
-                       -(-bx // tkb), op, cp, s, n_ct]
+                       n_bc, op, cp, s, n_ct]
 
     def launch(self) -> None:
-        _launch(self.k.kernel, self.dims, self.inputs, self.block_dim, self.device)
+        if self.dims[0]:
+            _launch(self.k.kernel, self.dims, self.inputs, self.block_dim, self.device)
 
     def finish(self) -> torch.Tensor:
-        """``dW[o, c*V + v] = sum_s part[s, v, o, c]`` (fp32, split order).
+        """``dW[o, c*V + v]`` = the fixed-order sum of tap v's partials (fp32).
 
-        dW of ``_FINISH_TILED_MIN_BYTES`` or more (alexnet L1-L4, res18 layer3/4_0): one tiled launch
-        straight into dW's layout (:func:`_dw_finish_kernel`), no ``[V, Op, Cp]`` temporary. On the H200
-        (runs 13 and 17) that cut the alexnet steps' peak by 12-21 MiB at the same GPU time. Smaller dW:
-        PyTorch's sum and transposing copy. The tile kernel was 5-14 % slower there (res18 layer1/2/2_0
-        with 8-16 partials), and the temporary is only 0.6-4.7 MB."""
+        Segments: one SIMT launch (:func:`_dw_seg_finish_kernel`). Splits: dW of
+        ``_FINISH_TILED_MIN_BYTES`` or more (alexnet L1-L4, res18 layer3/4_0): one tiled launch straight
+        into dW's layout (:func:`_dw_finish_kernel`), no ``[V, Op, Cp]`` temporary. On the H200 (runs 13
+        and 17) that cut the alexnet steps' peak by 12-21 MiB at the same GPU time. Smaller dW: PyTorch's
+        sum and transposing copy. The tile kernel was 5-14 % slower there (res18 layer1/2/2_0 with 8-16
+        partials), and the temporary is only 0.6-4.7 MB."""
         m = self.meta
+        if self.seg_steps is not None:
+            dw = torch.empty(m.cout, m.cin, m.v, dtype=torch.float32, device=self.out.device)
+            _launch(_dw_seg_finish_kernel(), (m.cout, m.cin, m.v), [_ct(self._segptr), _ct(self.out), _ct(dw)],
+                    256, self.device, tiled=False)
+            return dw.view(m.cout, m.q)
         if 4 * m.cout * m.q < _FINISH_TILED_MIN_BYTES:
             part = self.out[0] if self.nsplit == 1 else self.out.sum(0)    # [V, Op, Cp]; fixed-order sum
             return part[:, :m.cout, :m.cin].permute(1, 2, 0).reshape(m.cout, m.q).contiguous()
@@ -531,19 +746,131 @@ def _kernel(kind: str, config: Optional[str], default: str, device: str) -> Opti
     return k
 
 
-def plan_grad_input_nm(meta, grad_y, weight, config=None, *, store=None, gn=None):
-    """The prepared fused dx call, or None when the (default) kernel cannot launch here."""
+def _seg_request(env: str, arg) -> Optional[object]:
+    """``seg_steps`` argument or ``env`` override: None/"auto" -> the default rule, 0/"off" -> whole lists,
+    an int >= 1 -> segments of that many steps."""
+    v = arg if arg is not None else (os.environ.get(env) or "auto")
+    if v in ("auto", None):
+        return "auto"
+    if v in ("off", 0, "0"):
+        return 0
+    try:
+        n = int(v)
+    except (TypeError, ValueError):
+        n = -1
+    if n < 1 or isinstance(v, bool):
+        raise ValueError(f"seg_steps: expected None, 'auto', 0/'off' or an int >= 1 (or {env} likewise), got {v!r}")
+    return n
+
+
+def _list_stats(rowptr: torch.Tensor) -> Tuple[float, int]:
+    """(mean, max) length of the non-empty lists of a CSR row pointer."""
+    lens = (rowptr[1:] - rowptr[:-1]).to(torch.int64)
+    busy = lens[lens > 0]
+    return (float(busy.float().mean()), int(busy.max())) if busy.numel() else (0.0, 0)
+
+
+def default_dx_seg_steps(meta: TrainingMeta, batch: int, device: str) -> int:
+    """Segment length (steps) of the fused dx by default; 0: whole reverse lists.
+
+    The H200 sweep (run 25, ``data/fused_sweep_h200_run25.jsonl``) found segments faster where the
+    reverse lists are uneven (longest >= 1.5x the mean: the stride-2 layers res18 layer2_0/3_0, 1-4
+    readers per input node) or long while the whole-list grid is small (mean >= 12 steps and under 256
+    CTAs of 64x64 tiles, 1024 of 16x16: res18 layer2/3, alexnet L2): 1.1-1.9x there. Elsewhere whole
+    lists tied or won (alexnet L1/L3/L4, res18 layer1, every layer at B = 512, where the grid is big
+    and the partials are pure cost). A segment takes about a quarter of the mean list, in whole entries
+    (a multiple of the Cout chunks) and at least 4 steps: the best or within 7% in the sweep. 0 on the
+    CPU, for B > 128 and for the stems."""
+    if not str(device).startswith("cuda") or batch > 128 or meta.cin <= 16:
+        return 0
+    tm, tn, tk, _ = DX_NM_CONFIG_SPECS[select_dx_nm_config(batch, meta.cin, meta.nin, segments=True)]
+    n_oc = pad_to(meta.cout, tk) // tk
+    mean, longest = _list_stats(reverse_lists(meta)[0])
+    if longest == 0:
+        return 0
+    mean_steps = mean * n_oc
+    grid = meta.nin * -(-batch // tm) * -(-meta.cin // tn)
+    small = 1024 if tm == 16 and tn == 16 else 256
+    if longest < 1.5 * mean and not (mean_steps >= 12 and grid < small):
+        return 0
+    return max(4, n_oc * max(1, int(round(mean_steps / (4 * n_oc)))))
+
+
+def _dw_seg_target_ctas(batch: int) -> int:
+    """CTAs the dW segments aim for: 512 at B <= 64, 1024 above (run 25: the fastest dW op, kernel and
+    finish, or within 5% on every res18 layer)."""
+    return 512 if batch <= 64 else 1024
+
+
+def default_dw_seg_steps(meta: TrainingMeta, batch: int, tiles, device: str, target: Optional[int] = None) -> int:
+    """Segment length (steps) of the fused dW by default; 0: the interleaved splits (:func:`_default_nsplit`).
+
+    Interleaved splits give each tap ``S`` CTAs whatever its list's length, so the longest tap sets the
+    time when there are few tap x tile CTAs (res18: 36 taps, 1-32 tiles; lists of 3-95 pairs in layer1)
+    or most taps are empty (res18 layer3/3_0/4_0: under 4 pairs per tap on average, every empty CTA still
+    stores a partial). Segments of ``L`` equal steps there ran 1.1-1.6x faster on the H200 (run 25: res18
+    layer1 B=512 0.27 against 0.38 ms, layer4_0 0.074 against 0.116). With many tap x tile CTAs (alexnet
+    L1-L4: 800-1300) the interleaved splits tied or won by up to 4 % with their cheaper finish, so they
+    stay. ``L`` aims at ``target`` CTAs (:func:`_dw_seg_target_ctas`), bounded by the partial-sum budget
+    (one ``[Op, Cp]`` fp32 partial per segment). 0 on the CPU and for the stems."""
+    if not str(device).startswith("cuda") or meta.cin <= 16:
+        return 0
+    to, tc = tiles[:2]
+    n_tiles = (pad_to(meta.cout, to) // to) * (pad_to(meta.cin, tc) // tc)
+    if meta.v * n_tiles >= 512 and meta.nnz >= 4 * meta.v:
+        return 0
+    return dw_seg_steps_for(meta, batch, tiles, target or _dw_seg_target_ctas(batch))
+
+
+def dw_seg_steps_for(meta: TrainingMeta, batch: int, tiles, target: int) -> int:
+    """The dW segment length that gives about ``target`` CTAs (all tiles), within the partial budget."""
+    to, tc, tkb, _ = tiles
+    op, cp = pad_to(meta.cout, to), pad_to(meta.cin, tc)
+    n_tiles = (op // to) * (cp // tc)
+    vrowptr = tap_lists(meta)[0]
+    lens = (vrowptr[1:] - vrowptr[:-1]).to(torch.int64)
+    n_bc = -(-pad_to(batch, 8) // tkb)
+    total = int(lens.sum()) * n_bc
+    if total == 0:
+        return 1
+    want = max(1, int(target) // n_tiles)
+    cap = max(1, _budget_bytes() // (4 * op * cp) - int((lens > 0).sum()))
+    return max(1, -(-total // min(want, cap)))
+
+
+def plan_grad_input_nm(meta, grad_y, weight, config=None, *, store=None, gn=None, seg_steps=None):
+    """The prepared fused dx call, or None when the (default) kernel cannot launch here.
+
+    ``seg_steps``: None (``FOVI_KNN_DX_SEG`` or the default rule :func:`default_dx_seg_steps`), 0 for
+    whole reverse lists, or the segment length in steps (kernel ``dxs``)."""
+    if config is not None and not isinstance(config, str):
+        raise TypeError(f"config: expected a config name (str) or None, got {type(config).__name__}")
     _check(meta, grad_y)
     check_tensor("weight", weight, dtype=torch.float16, dim=2, shape=(meta.cout, meta.q), device=grad_y.device,
                  contiguous=True)
     device = warp_device(grad_y)
     meta = meta.to(grad_y.device)
-    k = _kernel("dxn", config, select_dx_nm_config(grad_y.shape[0], meta.cin, meta.nin), device)
+    req = _seg_request("FOVI_KNN_DX_SEG", seg_steps)
+    if req == "auto":
+        req = default_dx_seg_steps(meta, grad_y.shape[0], device)
+    name = config if config is not None else select_dx_nm_config(grad_y.shape[0], meta.cin, meta.nin,
+                                                                 segments=bool(req))
+    if req:
+        k = _kernel("dxs", config, name, device)
+        return None if k is None else _GradInputNmPlan(meta, grad_y, weight, None, device, gn=gn, seg=k,
+                                                       seg_steps=req)
+    k = _kernel("dxn", config, name, device)
     return None if k is None else _GradInputNmPlan(meta, grad_y, weight, k, device, store=store, gn=gn)
 
 
-def plan_grad_weight_nm(meta, grad_y, x, config=None, *, nsplit=None, gn=None, xn=None):
-    """The prepared fused dW call, or None when the (default) kernel cannot launch here."""
+def plan_grad_weight_nm(meta, grad_y, x, config=None, *, nsplit=None, gn=None, xn=None, seg_steps=None):
+    """The prepared fused dW call, or None when the (default) kernel cannot launch here.
+
+    ``nsplit`` (an int) asks for the interleaved splits (kernel ``dwn``); otherwise ``seg_steps``: None
+    (``FOVI_KNN_DW_SEG`` or :func:`default_dw_seg_steps`), 0 for the interleaved splits, or the segment
+    length in steps (kernel ``dws``)."""
+    if config is not None and not isinstance(config, str):
+        raise TypeError(f"config: expected a config name (str) or None, got {type(config).__name__}")
     _check(meta, grad_y)
     check_tensor("x", x, dtype=torch.float16, dim=3, shape=(grad_y.shape[0], meta.cin, meta.nin),
                  device=grad_y.device)
@@ -551,21 +878,29 @@ def plan_grad_weight_nm(meta, grad_y, x, config=None, *, nsplit=None, gn=None, x
         raise ValueError(f"nsplit: expected a positive int or None, got {nsplit!r}")
     device = warp_device(grad_y)
     meta = meta.to(grad_y.device)
-    k = _kernel("dwn", config, select_dw_nm_config(meta.cout, meta.cin), device)
+    name = config if config is not None else select_dw_nm_config(meta.cout, meta.cin, grad_y.shape[0])
+    req = 0 if nsplit is not None else _seg_request("FOVI_KNN_DW_SEG", seg_steps)
+    if req == "auto":
+        req = default_dw_seg_steps(meta, grad_y.shape[0], _spec("dwn", name), device)
+    if req:
+        k = _kernel("dws", config, name, device)
+        return None if k is None else _GradWeightNmPlan(meta, grad_y, x, None, device, gn=gn, xn=xn, seg=k,
+                                                        seg_steps=req)
+    k = _kernel("dwn", config, name, device)
     return None if k is None else _GradWeightNmPlan(meta, grad_y, x, k, device, nsplit=nsplit, gn=gn, xn=xn)
 
 
 def grad_input_nm(meta: TrainingMeta, grad_y: torch.Tensor, weight: torch.Tensor, config: Optional[str] = None, *,
-                  store: Optional[str] = None) -> Optional[torch.Tensor]:
+                  store: Optional[str] = None, seg_steps=None) -> Optional[torch.Tensor]:
     """``dx [B, Cin, Nin]`` fp32 by the fused node-major kernel (one launch, no stage); None when the
     default kernel cannot launch on this device (an explicit ``config`` that cannot raises)."""
-    plan = plan_grad_input_nm(meta, grad_y, weight, config, store=store)
+    plan = plan_grad_input_nm(meta, grad_y, weight, config, store=store, seg_steps=seg_steps)
     return None if plan is None else plan.run()
 
 
 def grad_weight_nm(meta: TrainingMeta, grad_y: torch.Tensor, x: torch.Tensor, config: Optional[str] = None, *,
-                   nsplit: Optional[int] = None) -> Optional[torch.Tensor]:
+                   nsplit: Optional[int] = None, seg_steps=None) -> Optional[torch.Tensor]:
     """``dW [Cout, Q]`` fp32 by the fused per-tap kernel (one launch + a fixed-order sum of ``nsplit``
     partials); None when the default kernel cannot launch on this device."""
-    plan = plan_grad_weight_nm(meta, grad_y, x, config, nsplit=nsplit)
+    plan = plan_grad_weight_nm(meta, grad_y, x, config, nsplit=nsplit, seg_steps=seg_steps)
     return None if plan is None else plan.run()

@@ -211,6 +211,10 @@ _EXPERIMENTAL_CONFIG_SPECS: Dict[str, Tuple[str, int, int, int, int, int]] = {
     "nmp_m64n64k32": ("nmp", 64, 64, 32, 1, 128),
     "nmp_m64n128k32": ("nmp", 64, 128, 32, 1, 256),
     "nmp_m128n128k64": ("nmp", 128, 128, 64, 1, 256),
+    # node-major tiles that only the fused adjoints use (their dense ceilings: 16x16 dx tiles, 16-deep
+    # dW batch chunks)
+    "nm_m16n16k64": ("nm", 16, 16, 64, 1, 64),
+    "nm_m64n64k16": ("nm", 64, 64, 16, 1, 128),
     # gather with register prefetch
     "gp_m16n32": ("gp", 16, 32, 64, 1, 64),
     "gp_m32n64": ("gp", 32, 64, 64, 1, 128),

@@ -71,6 +71,125 @@ def test_default_configs_main_pad_heavy(shape, b):
                    f"dW {shape} B={b}")
 
 
+@pytest.mark.parametrize("b", [1, 17, 130])
+@pytest.mark.parametrize("config", DX_NAMES)
+def test_dx_segments_every_config(config, b):
+    """Balanced segments (kernel dxs + the SIMT finish): segments of 1, 2 and 5 steps, NaN-prefilled
+    partials, against the oracle; bitwise repeatable."""
+    meta, x, w, g, dx_o, _, e_dx, _ = _case("ODD", b)
+    for seg in (1, 2, 5):
+        plan = nm.plan_grad_input_nm(meta, g, w, config, seg_steps=seg)
+        assert plan.k.kind == "dxs" and plan.longest <= seg
+        got = _run_nan_prefilled(plan)
+        _assert_within(got, dx_o, e_dx, f"{config} seg{seg} B={b}")
+        assert torch.equal(got, nm.grad_input_nm(meta, g, w, config, seg_steps=seg))
+
+
+@pytest.mark.parametrize("b", [1, 17, 130])
+@pytest.mark.parametrize("config", DW_NAMES)
+def test_dw_segments_every_config(config, b):
+    meta, x, w, g, _, dw_o, _, e_dw = _case("ODD", b)
+    for seg in (1, 3, 8):
+        plan = nm.plan_grad_weight_nm(meta, g, x, config, seg_steps=seg)
+        assert plan.k.kind == "dws" and plan.longest <= seg
+        got = _run_nan_prefilled(plan)
+        _assert_within(got, dw_o, e_dw, f"{config} seg{seg} B={b}")
+        assert torch.equal(got, nm.grad_weight_nm(meta, g, x, config, seg_steps=seg))
+
+
+@pytest.mark.parametrize("shape", ["MAIN", "PAD_HEAVY"])
+def test_segments_main_pad_heavy(shape):
+    meta, x, w, g, dx_o, dw_o, e_dx, e_dw = _case(shape, 17)
+    _assert_within(_run_nan_prefilled(nm.plan_grad_input_nm(meta, g, w, seg_steps=3)), dx_o, e_dx, f"dx {shape}")
+    _assert_within(_run_nan_prefilled(nm.plan_grad_weight_nm(meta, g, x, seg_steps=3)), dw_o, e_dw, f"dW {shape}")
+
+
+def test_segment_table_covers_every_step_once():
+    rowptr = torch.tensor([0, 3, 3, 4, 9], dtype=torch.int32)        # lists of 3, 0, 1 and 5 entries
+    bounds, segptr, longest = nm.segment_table(rowptr, 2, 4)         # 2 steps per entry, at most 4 per segment
+    assert segptr.tolist() == [0, 2, 2, 3, 6]                        # ceil(6/4), 0, ceil(2/4), ceil(10/4)
+    assert bounds.tolist() == [0, 4, 6, 8, 12, 16, 18]
+    assert longest == 4
+    steps = torch.cat([torch.arange(int(bounds[i]), int(bounds[i + 1])) for i in range(bounds.numel() - 1)])
+    assert torch.equal(steps, torch.arange(18))
+    # no segment crosses a list boundary: each list's steps are [2*rowptr[g], 2*rowptr[g+1])
+    for gi in range(4):
+        lo, hi = int(segptr[gi]), int(segptr[gi + 1])
+        if hi > lo:
+            assert int(bounds[lo]) == 2 * int(rowptr[gi]) and int(bounds[hi]) == 2 * int(rowptr[gi + 1])
+    assert nm.segment_table(torch.zeros(3, dtype=torch.int32), 1, 1)[0].tolist() == [0]
+    with pytest.raises(ValueError, match="seg_steps"):
+        nm.segment_table(rowptr, 2, 0)
+
+
+def test_segment_rules_and_requests(monkeypatch):
+    """The default rules on the real layers: dx segments only where the reverse lists are uneven or long
+    on a small grid (fit to the H200 sweep, run 25), dW segments on the res18 layers only; every dW
+    segment table within the partial budget."""
+    from fovi_lab.layers import layer_meta
+    monkeypatch.delenv("FOVI_KNN_DX_SEG", raising=False)
+    dx_seg = {name: nm.default_dx_seg_steps(layer_meta(name), 64, "cuda:0")
+              for name in ("res18_layer1", "res18_layer2_0", "res18_layer2", "res18_layer3_0", "res18_layer3",
+                           "res18_layer4_0", "alex_L1", "alex_L2", "alex_L3", "alex_L4", "alex_L0")}
+    assert {k for k, v in dx_seg.items() if v} == {"res18_layer2_0", "res18_layer2", "res18_layer3_0",
+                                                    "res18_layer3", "alex_L2"}
+    assert nm.default_dx_seg_steps(layer_meta("res18_layer2_0"), 64, "cpu") == 0        # CPU: whole lists
+    assert nm.default_dx_seg_steps(layer_meta("res18_layer2_0"), 512, "cuda:0") == 0    # big grid
+    assert nm.select_dx_nm_config(64, 256, nin=16, segments=True) == "dxn_m64n64k64"
+    for name in ("res18_layer1", "res18_layer2_0", "res18_layer4_0", "alex_L1", "alex_L3"):
+        meta = layer_meta(name)
+        for b in (16, 64, 512):
+            tiles = nm.DW_NM_CONFIG_SPECS[nm.select_dw_nm_config(meta.cout, meta.cin, b)]
+            seg = nm.default_dw_seg_steps(meta, b, tiles, "cuda:0")
+            assert (seg > 0) == name.startswith("res18"), (name, b, seg)
+            assert nm.default_dw_seg_steps(meta, b, tiles, "cpu") == 0
+            if seg:
+                bounds, _, longest = nm.segment_table(nm.tap_lists(meta)[0], -(-b // tiles[2]), seg)
+                assert longest <= seg and (bounds.numel() - 1) * 4 * meta.cout * meta.cin <= nm._budget_bytes()
+
+
+def test_recorded_sweep_supports_the_dx_rule():
+    """On every shape of the recorded H200 sweep at B >= 64, the default dx (tiles, segment length) is
+    within 10% of the fastest measured option when the sweep measured it."""
+    import json
+    from collections import defaultdict
+    from pathlib import Path
+    from fovi_lab.layers import layer_meta
+    path = Path(__file__).resolve().parents[1] / "data" / "fused_sweep_h200_run25.jsonl"
+    by = defaultdict(list)
+    for line in path.read_text().splitlines():
+        r = json.loads(line)
+        if r.get("ms") and r["impl"] in ("warp_dxn", "warp_dxs"):
+            by[(r["layer"], r["B"])].append(r)
+    checked = 0
+    for (layer, b), rs in by.items():
+        if b < 64:
+            continue
+        meta = layer_meta(layer)
+        seg = nm.default_dx_seg_steps(meta, b, "cuda:0")
+        cfg = nm.select_dx_nm_config(b, meta.cin, meta.nin, segments=bool(seg))
+        pick = [r["ms"] for r in rs if r["config"] == cfg and (r.get("seg_steps") or 0) == seg]
+        if pick:
+            best = min(r["ms"] for r in rs)
+            assert pick[0] <= 1.10 * best, (layer, b, cfg, seg, pick[0], best)
+            checked += 1
+    assert checked >= 15
+
+
+def test_segment_requests(monkeypatch):
+    monkeypatch.delenv("FOVI_KNN_DX_SEG", raising=False)
+    meta, x, w, g, *_ = _case("ODD", 3)
+    with pytest.raises(ValueError, match="seg_steps"):
+        nm.grad_input_nm(meta, g, w, seg_steps=-1)
+    monkeypatch.setenv("FOVI_KNN_DW_SEG", "many")
+    with pytest.raises(ValueError, match="FOVI_KNN_DW_SEG"):
+        nm.grad_weight_nm(meta, g, x)
+    monkeypatch.setenv("FOVI_KNN_DW_SEG", "2")
+    assert nm.plan_grad_weight_nm(meta, g, x).seg_steps == 2
+    monkeypatch.setenv("FOVI_KNN_DW_SEG", "off")
+    assert nm.plan_grad_weight_nm(meta, g, x).k.kind == "dwn"
+
+
 def test_only_pad_neighbours_give_exact_zeros():
     """Input nodes nobody reads get dx = 0; taps only pads fall into get dW = 0 (spec §3)."""
     nin, v, cin, cout = 6, 4, 3, 5
@@ -81,10 +200,11 @@ def test_only_pad_neighbours_give_exact_zeros():
     x = torch.randn(2, cin, nin, generator=gen).half()
     w = torch.randn(cout, cin * v, generator=gen).half()
     g = torch.randn(2, cout, 2, generator=gen).half()
-    dx = _run_nan_prefilled(nm.plan_grad_input_nm(meta, g, w))
-    dw = _run_nan_prefilled(nm.plan_grad_weight_nm(meta, g, x))
-    assert torch.equal(dx[:, :, 2:], torch.zeros_like(dx[:, :, 2:]))
-    assert torch.equal(dw.view(cout, cin, v)[:, :, 3], torch.zeros(cout, cin))
+    for seg in (0, 1):
+        dx = _run_nan_prefilled(nm.plan_grad_input_nm(meta, g, w, seg_steps=seg))
+        dw = _run_nan_prefilled(nm.plan_grad_weight_nm(meta, g, x, seg_steps=seg))
+        assert torch.equal(dx[:, :, 2:], torch.zeros_like(dx[:, :, 2:]))
+        assert torch.equal(dw.view(cout, cin, v)[:, :, 3], torch.zeros(cout, cin))
     torch.testing.assert_close(dx, CompactTorchOps.grad_input(meta, g.float(), w.float()), atol=2e-3, rtol=1e-3)
     torch.testing.assert_close(dw, CompactTorchOps.grad_weight(meta, g.float(), x.float()), atol=2e-3, rtol=1e-3)
 
@@ -95,6 +215,10 @@ def test_bitwise_deterministic():
     dw = [nm.grad_weight_nm(meta, g, x, nsplit=3) for _ in range(3)]
     assert all(torch.equal(dx[0], d) for d in dx[1:])
     assert all(torch.equal(dw[0], d) for d in dw[1:])
+    dxs = [nm.grad_input_nm(meta, g, w, seg_steps=2) for _ in range(3)]
+    dws = [nm.grad_weight_nm(meta, g, x, seg_steps=2) for _ in range(3)]
+    assert all(torch.equal(dxs[0], d) for d in dxs[1:])
+    assert all(torch.equal(dws[0], d) for d in dws[1:])
 
 
 def test_backward_combined_matches_separate_and_staged_path(monkeypatch):
@@ -147,13 +271,17 @@ def test_config_selection_and_bad_inputs():
     assert nm.select_dx_nm_config(64, 3) == "dxn_m64n16k64"
     assert nm.select_dx_nm_config(64, 64, nin=230) == "dxn_m64n64k64"
     assert nm.select_dx_nm_config(64, 256, nin=16) == "dxn_m16n16k64"      # under one wave of 64x64 CTAs
-    assert nm.select_dx_nm_config(16, 96) == "dxn_m16n64k64"
+    assert nm.select_dx_nm_config(16, 96) == "dxn_m16n16k64"                # B <= 16: 16x16 (run 25)
+    assert nm.select_dx_nm_config(32, 96) == "dxn_m32n64k64"
     assert nm.select_dw_nm_config(96, 3) == "dwn_o64c16k64"
     assert nm.select_dw_nm_config(256, 96) == "dwn_o64c64k64"
+    assert nm.select_dw_nm_config(256, 96, 16) == "dwn_o64c64k16"          # B=16: no 3/4-zero batch chunk
+    assert nm.select_dw_nm_config(256, 96, 32) == "dwn_o64c64k32"
+    assert nm.select_dw_nm_config(256, 96, 64) == "dwn_o64c64k64"
     assert {nm.select_dx_nm_config(b, c, n) for b in (1, 16, 32, 64, 512) for c in (3, 64, 96, 256)
             for n in (None, 16, 4085)} <= set(nm.DX_NM_CONFIG_SPECS)
-    assert {nm.select_dw_nm_config(o, c) for o in (64, 96, 256, 512) for c in (3, 64, 96, 256)} \
-        <= set(nm.DW_NM_CONFIG_SPECS)
+    assert {nm.select_dw_nm_config(o, c, b) for o in (64, 96, 256, 512) for c in (3, 64, 96, 256)
+            for b in (None, 1, 16, 32, 512)} <= set(nm.DW_NM_CONFIG_SPECS)
     meta, x, w, g, *_ = _case("ODD", 1)
     with pytest.raises(TypeError, match="grad_y"):
         nm.grad_input_nm(meta, g.float(), w)
@@ -185,10 +313,9 @@ def test_every_fused_kernel_compiles_aot_without_mathdx(tmp_path):
     from fovi_lab.warp_common import wp
     archs = [int(a) for a in os.environ.get("FOVI_TEST_AOT_ARCHS", "80,89,90").split(",") if a.strip()]
     for kind, name in nm.nm_grad_kernel_names():
-        make = nm.make_dx_nm_kernel if kind == "dxn" else nm.make_dw_nm_kernel
-        kernel = make(*nm._spec(kind, name), mathdx=False)
+        kernel = nm._kinds()[kind][1](*nm._spec(kind, name), mathdx=False)
         for arch in archs:
-            out = tmp_path / f"{name}_sm{arch}"
+            out = tmp_path / f"{kind}_{name}_sm{arch}"
             files = wp.compile_aot_module(kernel.module, arch=arch, module_dir=str(out))
             files = [Path(f) for f in files or []]
             assert files and all(f".sm{arch}." in f.name and f.stat().st_size > 0 for f in files), (name, arch, files)

@@ -261,19 +261,52 @@ def _warp_pipeline_records(meta, x, w, g, gi_cfg: Optional[str], gw_cfg: Optiona
 
 
 def _dense_nm_config(tm: int, tn: int, tk: int) -> Optional[str]:
-    """A registered forward config with these tiles (its dense ceiling is the fused kernel's)."""
+    """A registered forward config with these tiles (its dense ceiling is the fused kernel's); the
+    experimental table holds the tiles only a fused adjoint uses (16x16 dx, 16/32-deep dW chunks)."""
     from .. import warp_forward as F
-    for name in F.uncached_config_names():
+    for name in F.uncached_config_names(experimental=True):
         c = F.config_spec(name)
         if c.family == "nm" and (c.tile_m, c.tile_n, c.tile_k, c.r) == (tm, tn, tk, 1):
             return name
     return None
 
 
-def _fused_records(meta, x, w, g, device, tm, dense: "_DenseCache", ref) -> dict:
-    """Kernels alone of the fused node-major adjoints: ms, useful TFLOP/s, dense-ceiling fraction."""
-    from .. import warp_adjoint_nm as nm
+def fused_ceiling(dense: "_DenseCache", tiles, m: int, n: int, ctas: int, steps: int, useful: float, t_ms: float,
+                  device, tm) -> dict:
+    """Warp's dense tile-GEMM ceiling of one fused launch: the same tiles, the same grid (``ctas`` CTAs
+    per output tile), the launch's total ``steps`` of tile GEMMs spread evenly (``round(steps/ctas)``
+    per CTA), dense operands. The fraction compares TFLOP/s (useful FLOPs of the fused kernel over the
+    dense GEMM's own FLOPs), so the rounding of the per-CTA depth does not bias it."""
+    tm_, tn_, tk_ = tiles[:3]
+    cfg = _dense_nm_config(tm_, tn_, tk_)
+    per = max(1, int(round(steps / max(1, ctas))))
+    d = dense.get(cfg, m, n, max(1, ctas), per * tk_, device, tm)
+    if not d:
+        return dict(dense_config=cfg, dense_ms=None, frac_dense=None)
+    dflops = 2.0 * m * n * max(1, ctas) * per * tk_
+    return dict(dense_config=cfg, dense_ms=d, dense_tflops=tflops(dflops, d),
+                frac_dense=tflops(useful, t_ms) / tflops(dflops, d))
+
+
+def _dx_plan_steps(meta, px) -> Tuple[int, int]:
+    """(CTAs per output tile, total tile GEMMs) of a fused dx launch."""
+    n_oc = px.op // px.k.tiles[2]
+    return px.dims[0], meta.nnz * n_oc
+
+
+def _dw_plan_steps(meta, pw, b: int) -> Tuple[int, int]:
+    """(CTAs per output tile, total tile GEMMs) of a fused dW launch."""
     from ..meta import pad_to
+    n_bc = -(-pad_to(b, 8) // pw.k.tiles[2])
+    ctas = pw.dims[0] if pw.seg_steps else pw.dims[0] * pw.dims[1]
+    return ctas, meta.nnz * n_bc
+
+
+def _fused_records(meta, x, w, g, device, tm, dense: "_DenseCache", ref) -> dict:
+    """Kernels alone of the fused node-major adjoints (the default plans): ms, useful TFLOP/s, and the
+    fraction of Warp's dense ceiling for the same tiles and grid (:func:`fused_ceiling`). dx's time
+    includes its segment finish when it has one; dW's finish is timed apart (``dw_finish_ms``)."""
+    from .. import warp_adjoint_nm as nm
     b = x.shape[0]
     useful = 2.0 * b * meta.cout * meta.cin * meta.nnz               # non-pad (n, k) pairs only
     out: dict = {}
@@ -281,23 +314,24 @@ def _fused_records(meta, x, w, g, device, tm, dense: "_DenseCache", ref) -> dict
     pw = nm.plan_grad_weight_nm(meta, g, x)
     if px is not None:
         t = tm(px.launch).ms
-        tmm, tn, tk, _ = px.k.tiles
-        out.update(dx_config=px.k.name, dxn_kernel_ms=t, dxn_tflops=tflops(useful, t))
-        dcfg = _dense_nm_config(tmm, tn, tk)
-        # the same work as dense GEMMs: Nin CTAs rows, each (nnz/Nin)*Op deep
-        kd = max(tk, int(round(meta.nnz / meta.nin)) * px.op)
-        d = dense.get(dcfg, b, meta.cin, meta.nin, kd, device, tm)
-        out.update(dx_dense_config=dcfg, dx_dense_ms=d, dx_frac_dense=(d / t) if d else None)
+        out.update(dx_config=px.k.name, dx_kind=px.k.kind, dx_seg_steps=px.seg_steps, dxn_kernel_ms=t,
+                   dxn_tflops=tflops(useful, t))
+        ctas, steps = _dx_plan_steps(meta, px)
+        c = fused_ceiling(dense, px.k.tiles, b, meta.cin, ctas, steps, useful, t, device, tm)
+        out.update(dx_dense_config=c["dense_config"], dx_dense_ms=c["dense_ms"], dx_frac_dense=c["frac_dense"],
+                   dx_ctas=ctas)
         del px
     if pw is not None:
         t = tm(pw.launch).ms
-        to, tc, tkb, _ = pw.k.tiles
-        out.update(dw_config=pw.k.name, dw_nsplit=pw.nsplit, dwn_kernel_ms=t, dwn_tflops=tflops(useful, t),
+        pw.launch()
+        tf = tm(pw.finish).ms
+        out.update(dw_config=pw.k.name, dw_kind=pw.k.kind, dw_seg_steps=pw.seg_steps, dw_nsplit=pw.nsplit,
+                   dwn_kernel_ms=t, dwn_tflops=tflops(useful, t), dw_finish_ms=tf,
                    dw_partial_mib=pw.out.numel() * 4 / _MIB)
-        dcfg = _dense_nm_config(to, tc, tkb)
-        kd = max(tkb, int(round(meta.nnz / max(1, meta.v * pw.nsplit))) * pad_to(b, 8))
-        d = dense.get(dcfg, meta.cout, meta.cin, meta.v * pw.nsplit, kd, device, tm)
-        out.update(dw_dense_config=dcfg, dw_dense_ms=d, dw_frac_dense=(d / t) if d else None)
+        ctas, steps = _dw_plan_steps(meta, pw, b)
+        c = fused_ceiling(dense, pw.k.tiles, meta.cout, meta.cin, ctas, steps, useful, t, device, tm)
+        out.update(dw_dense_config=c["dense_config"], dw_dense_ms=c["dense_ms"], dw_frac_dense=c["frac_dense"],
+                   dw_ctas=ctas)
         del pw
     return out
 
@@ -337,7 +371,11 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
         recs.append(r)
         return r
 
+    fused_only = bool(getattr(args, "fused_only", False))
+
     def guarded(impl, fn, **kw):
+        if fused_only and impl not in ("warp_dx", "warp_dw"):
+            return None                                      # --fused-only: the fused sweep alone
         try:
             return fn()
         except torch.OutOfMemoryError:
@@ -516,30 +554,57 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
     # ---- sweep of the fused kernels alone: every dxn config, every dwn config x list split
     if getattr(args, "sweep_fused", False):
         from .. import warp_adjoint_nm as nm
+        from ..meta import pad_to
         useful = 2.0 * b * meta.cout * meta.cin * meta.nnz
 
-        def one_fused(kind, name, nsplit=None):
-            if kind == "dxn":
-                plan = nm.plan_grad_input_nm(meta, g, w, name)
+        def one_fused(kind, name, nsplit=None, seg_steps=None, target=None):
+            if kind == "dx":
+                plan = nm.plan_grad_input_nm(meta, g, w, name, seg_steps=seg_steps)
                 got, want = plan.run(), ref[0]
+                ctas, steps = _dx_plan_steps(meta, plan)
+                mm, nn = b, meta.cin
             else:
-                plan = nm.plan_grad_weight_nm(meta, g, x, name, nsplit=nsplit)
+                plan = nm.plan_grad_weight_nm(meta, g, x, name, nsplit=nsplit, seg_steps=seg_steps)
                 got, want = plan.run(), ref[1]
+                ctas, steps = _dw_plan_steps(meta, plan, b)
+                mm, nn = meta.cout, meta.cin
             err = float((got - want).abs().max()) / max(1e-12, float(want.abs().max()))
             t = tm(plan.launch).ms
             op_ms = tm(plan.run).ms
-            rec(f"warp_{kind}", t, config=name, nsplit=nsplit, kernel_ms=t, op_ms=op_ms, err=err,
-                tflops=tflops(useful, t), roofline_frac=None)
-        for name in nm.DX_NM_CONFIG_SPECS:
-            guarded("warp_dxn", lambda name=name: one_fused("dxn", name), config=name)
-        for name in nm.DW_NM_CONFIG_SPECS:
-            for s_ in (1, 2, 4, 8, 16):
-                guarded("warp_dwn", lambda name=name, s_=s_: one_fused("dwn", name, s_), config=name, nsplit=s_)
-        rows = sorted([r for r in recs if r["impl"] == "warp_dxn" and r.get("ms")], key=lambda r: r["ms"])
-        print(f"{'':>22s}fused dx configs: " + ", ".join(f"{r['config']} {r['ms']:.3f}" for r in rows[:4]), flush=True)
-        rows = sorted([r for r in recs if r["impl"] == "warp_dwn" and r.get("ms")], key=lambda r: r["ms"])
-        print(f"{'':>22s}fused dW configs: " + ", ".join(f"{r['config']}x{r['nsplit']} {r['ms']:.3f}" for r in rows[:4]),
-              flush=True)
+            c = fused_ceiling(dense, plan.k.tiles, mm, nn, ctas, steps, useful, t, device, tm)
+            rec(f"warp_{plan.k.kind}", t, config=name, nsplit=getattr(plan, "nsplit", None),
+                seg_steps=plan.seg_steps, seg_target_ctas=target, longest=getattr(plan, "longest", None),
+                ctas=ctas, kernel_ms=t, op_ms=op_ms, err=err, tflops=tflops(useful, t), roofline_frac=None,
+                partial_mib=plan.out.numel() * 4 / _MIB if plan.out.is_contiguous() else None, **c)
+        # the tiles a rule could pick here (16-wide Cin tiles only for Cin <= 16 and the 16x16 small-grid
+        # tile; 16/32-deep dW batch chunks only at B <= 32)
+        dx_names = [n for n in nm.DX_NM_CONFIG_SPECS if n != "dxn_m64n128k64" and (
+            nm.DX_NM_CONFIG_SPECS[n][1] > 16 or meta.cin <= 16 or n == "dxn_m16n16k64")]
+        for name in dx_names:
+            n_oc = pad_to(meta.cout, nm.DX_NM_CONFIG_SPECS[name][2]) // nm.DX_NM_CONFIG_SPECS[name][2]
+            for seg in (0, n_oc, 2 * n_oc, 4 * n_oc):
+                guarded("warp_dx", lambda name=name, seg=seg: one_fused("dx", name, seg_steps=seg), config=name,
+                        seg_steps=seg)
+        dw_names = [n for n in nm.DW_NM_CONFIG_SPECS if (nm.DW_NM_CONFIG_SPECS[n][1] > 16) == (meta.cin > 16)
+                    and (nm.DW_NM_CONFIG_SPECS[n][2] == 64 or b <= 32)
+                    and (b > 32 or nm.DW_NM_CONFIG_SPECS[n][:2] in ((64, 64), (64, 16)))]
+        for name in dw_names:
+            tiles = nm.DW_NM_CONFIG_SPECS[name]
+            for s_ in (1, 4, 16):
+                guarded("warp_dw", lambda name=name, s_=s_: one_fused("dw", name, nsplit=s_), config=name, nsplit=s_)
+            seen = set()
+            for target in (256, 512, 1024, 2048, 4096):
+                L = nm.dw_seg_steps_for(meta, b, tiles, target)
+                if L and L not in seen:
+                    seen.add(L)
+                    guarded("warp_dw", lambda name=name, L=L, target=target: one_fused("dw", name, seg_steps=L,
+                                                                                       target=target),
+                            config=name, seg_steps=L)
+        for kind in ("dxn", "dxs", "dwn", "dws"):
+            rows = sorted([r for r in recs if r["impl"] == f"warp_{kind}" and r.get("ms")], key=lambda r: r["ms"])
+            print(f"{'':>22s}fused {kind}: " + ", ".join(
+                f"{r['config']}/s{r.get('seg_steps') or r.get('nsplit')} {r['ms']:.3f} "
+                f"({_fmt(100 * (r.get('frac_dense') or math.nan), '{:.0f}')}%)" for r in rows[:4]), flush=True)
 
     # ---- sweep of every gi / gw config
     if args.sweep:
@@ -628,13 +693,14 @@ def _jobs_for(metas: dict, batches: List[int], mode: str, args, device: str) -> 
     jobs += [("grad", "csr", n, device) for n in wa._CSR_KERNEL_SPECS]
     from .. import warp_adjoint_nm as nm
     for meta in metas.values():
-        cfgs = [("dxn", nm.select_dx_nm_config(b, meta.cin)) for b in batches]
-        cfgs.append(("dwn", nm.select_dw_nm_config(meta.cout, meta.cin)))
+        cfgs = [(k, nm.select_dx_nm_config(b, meta.cin, meta.nin, segments=sg)) for b in batches
+                for k in ("dxn", "dxs") for sg in (False, True)]
+        cfgs += [(k, nm.select_dw_nm_config(meta.cout, meta.cin, b)) for b in batches for k in ("dwn", "dws")]
         if getattr(args, "sweep_fused", False):
             cfgs += nm.nm_grad_kernel_names()
-        for kind, name in cfgs:
+        for kind, name in sorted(set(cfgs)):
             jobs.append(("nm", kind, name, device))
-            t = (nm.DX_NM_CONFIG_SPECS if kind == "dxn" else nm.DW_NM_CONFIG_SPECS)[name]
+            t = (nm.DX_NM_CONFIG_SPECS if kind.startswith("dx") else nm.DW_NM_CONFIG_SPECS)[name]
             dcfg = _dense_nm_config(t[0], t[1], t[2])
             if dcfg:
                 jobs.append(("fwd", dcfg, True, device))
@@ -669,6 +735,8 @@ def main(argv=None) -> int:
                     help="also time warp_train and the PyTorch baselines replayed from CUDA graphs")
     ap.add_argument("--sweep-fused", action="store_true",
                     help="also time every fused dx config and every dW config x list split (kernels alone)")
+    ap.add_argument("--fused-only", action="store_true",
+                    help="with --sweep-fused: time only the fused sweep (no baselines, no other Warp paths)")
     ap.add_argument("--gi-configs", nargs="*", default=None, help="restrict the sweep's gi configs")
     ap.add_argument("--gw-configs", nargs="*", default=None, help="restrict the sweep's gw configs")
     ap.add_argument("--reps", type=int, default=15)
@@ -748,8 +816,10 @@ def _warp_line(head: str, r: dict) -> str:
             f"{_fmt(r.get('peak_mib'), '{:.0f}')} MiB, det {r.get('deterministic')})")
     if r.get("path") == "fused":
         line += (f" dx kernel {_fmt(r.get('dxn_kernel_ms'))} ({r.get('dx_config')}, "
+                 f"{r.get('dx_kind')} seg {r.get('dx_seg_steps')}, "
                  f"{_fmt(100 * (r.get('dx_frac_dense') or math.nan), '{:.0f}')}% dense) dW kernel "
-                 f"{_fmt(r.get('dwn_kernel_ms'))} ({r.get('dw_config')} x{r.get('dw_nsplit')}, "
+                 f"{_fmt(r.get('dwn_kernel_ms'))} ({r.get('dw_config')} {r.get('dw_kind')} x{r.get('dw_nsplit')} "
+                 f"seg {r.get('dw_seg_steps')}, finish {_fmt(r.get('dw_finish_ms'))}, "
                  f"{_fmt(100 * (r.get('dw_frac_dense') or math.nan), '{:.0f}')}% dense)")
     else:
         line += (f" dx {_fmt(r.get('dx_ms'))} [stage {_fmt(r.get('gi_stage_ms'))} = "
