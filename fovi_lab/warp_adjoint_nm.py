@@ -763,11 +763,20 @@ def _seg_request(env: str, arg) -> Optional[object]:
     return n
 
 
-def _list_stats(rowptr: torch.Tensor) -> Tuple[float, int]:
-    """(mean, max) length of the non-empty lists of a CSR row pointer."""
-    lens = (rowptr[1:] - rowptr[:-1]).to(torch.int64)
-    busy = lens[lens > 0]
-    return (float(busy.float().mean()), int(busy.max())) if busy.numel() else (0.0, 0)
+def _list_stats(meta: TrainingMeta, which: str) -> Tuple[float, int, int, int]:
+    """``(mean, longest, total, non-empty)`` entry counts of the meta's reverse lists (``which="dx"``) or
+    tap lists (``"dw"``), computed once per meta on the host: the default rules run on every call,
+    also inside CUDA-graph capture, where reading a device tensor back would break the capture."""
+    aux = _aux(meta)
+    key = ("nm_list_stats", which)
+    got = aux.get(key)
+    if got is None:
+        rowptr = (reverse_lists(meta)[0] if which == "dx" else tap_lists(meta)[0]).to("cpu", torch.int64)
+        lens = rowptr[1:] - rowptr[:-1]
+        busy = lens[lens > 0]
+        got = aux[key] = ((float(busy.float().mean()), int(busy.max()), int(busy.sum()), int(busy.numel()))
+                          if busy.numel() else (0.0, 0, 0, 0))
+    return got
 
 
 def default_dx_seg_steps(meta: TrainingMeta, batch: int, device: str) -> int:
@@ -785,7 +794,7 @@ def default_dx_seg_steps(meta: TrainingMeta, batch: int, device: str) -> int:
         return 0
     tm, tn, tk, _ = DX_NM_CONFIG_SPECS[select_dx_nm_config(batch, meta.cin, meta.nin, segments=True)]
     n_oc = pad_to(meta.cout, tk) // tk
-    mean, longest = _list_stats(reverse_lists(meta)[0])
+    mean, longest, _, _ = _list_stats(meta, "dx")
     if longest == 0:
         return 0
     mean_steps = mean * n_oc
@@ -827,14 +836,13 @@ def dw_seg_steps_for(meta: TrainingMeta, batch: int, tiles, target: int) -> int:
     to, tc, tkb, _ = tiles
     op, cp = pad_to(meta.cout, to), pad_to(meta.cin, tc)
     n_tiles = (op // to) * (cp // tc)
-    vrowptr = tap_lists(meta)[0]
-    lens = (vrowptr[1:] - vrowptr[:-1]).to(torch.int64)
+    _, _, entries, busy = _list_stats(meta, "dw")
     n_bc = -(-pad_to(batch, 8) // tkb)
-    total = int(lens.sum()) * n_bc
+    total = entries * n_bc
     if total == 0:
         return 1
     want = max(1, int(target) // n_tiles)
-    cap = max(1, _budget_bytes() // (4 * op * cp) - int((lens > 0).sum()))
+    cap = max(1, _budget_bytes() // (4 * op * cp) - busy)
     return max(1, -(-total // min(want, cap)))
 
 

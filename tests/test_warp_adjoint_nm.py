@@ -319,3 +319,21 @@ def test_every_fused_kernel_compiles_aot_without_mathdx(tmp_path):
             files = wp.compile_aot_module(kernel.module, arch=arch, module_dir=str(out))
             files = [Path(f) for f in files or []]
             assert files and all(f".sm{arch}." in f.name and f.stat().st_size > 0 for f in files), (name, arch, files)
+
+
+def test_default_rules_read_no_device_tensor_after_the_first_call(monkeypatch):
+    """The rules run on every call, also while a CUDA graph is being captured, where reading a device
+    tensor back (``int(t)``, ``t.item()``) invalidates the capture (run 26 caught that on the H200): after
+    the first call they must answer from host-side caches alone."""
+    from fovi_lab.layers import layer_meta
+    meta = layer_meta("res18_layer2_0")
+    tiles = nm.DW_NM_CONFIG_SPECS["dwn_o64c64k64"]
+    want = (nm.default_dx_seg_steps(meta, 64, "cuda:0"), nm.default_dw_seg_steps(meta, 64, tiles, "cuda:0"))
+
+    def boom(*a, **k):
+        raise AssertionError("a default rule read a tensor back to the host")
+    for name in ("__int__", "__float__", "__bool__", "__index__", "item", "tolist"):
+        monkeypatch.setattr(torch.Tensor, name, boom)
+    got = (nm.default_dx_seg_steps(meta, 64, "cuda:0"), nm.default_dw_seg_steps(meta, 64, tiles, "cuda:0"))
+    monkeypatch.undo()
+    assert got == want and all(want)
