@@ -4,6 +4,8 @@
   back (the stage buffers) against what the fused kernels need (g in node-major order, dW partials).
 * :func:`explore_fused`: run both fused kernels on this machine, check them against torch autograd of
   the fp32 oracle and against the staged kernels, and check that a second run is bitwise identical.
+* :func:`list_length_table`, :func:`segments_sweep_figure`: why one list can set a fused kernel's time,
+  and the recorded H200 sweep of whole lists against balanced segments (run 25).
 * :func:`fused_vs_staged_figure`, :func:`graphed_step_figure`: the recorded H200 train steps.
 """
 
@@ -20,7 +22,7 @@ from . import kernel_lab as kl
 from .layers import layer_meta
 
 __all__ = ["stage_bytes_table", "explore_fused", "explore_fused_run", "train_step_runs", "fused_vs_staged_figure",
-           "graphed_step_figure"]
+           "graphed_step_figure", "list_length_table", "segments_sweep_figure"]
 
 _MIB = 1 << 20
 
@@ -185,14 +187,85 @@ def graphed_step_figure(records: Optional[List[dict]] = None, height: int = 460)
     return fig
 
 
+# ------------------------------------------------------------------------------------- segments
+
+def _plan_label(plan) -> str:
+    """``dxn_m64n64k64``, ``dxn_m64n64k64 in segments of 4 steps`` or ``dwn_o64c64k64 x4`` (splits)."""
+    if getattr(plan, "seg_steps", None):
+        return f"{plan.k.name} in segments of {plan.seg_steps} steps ({plan.dims[0]} segments)"
+    if plan.k.kind == "dwn":
+        return f"{plan.k.name} x{plan.nsplit}"
+    return plan.k.name
+
+
+def list_length_table(layers: Sequence[str] = ("res18_layer1", "res18_layer2_0", "res18_layer2", "res18_layer3_0",
+                                               "res18_layer3", "res18_layer4_0", "alex_L1", "alex_L3"),
+                      batch: int = 64) -> List[dict]:
+    """Per layer: the reverse lists of dx (input nodes: count, mean and longest length) and the tap lists
+    of dW (taps, mean, longest), and the segment lengths the default rules pick on a GPU at ``batch``."""
+    from . import warp_adjoint_nm as nm
+    from .layers import layer_meta
+    rows = []
+    for name in layers:
+        m = layer_meta(name)
+        dmean, dmax, _, dbusy = nm._list_stats(m, "dx")
+        wmean, wmax, _, wbusy = nm._list_stats(m, "dw")
+        tiles = nm.DW_NM_CONFIG_SPECS[nm.select_dw_nm_config(m.cout, m.cin, batch)]
+        rows.append(dict(layer=name, nin=m.nin, dx_lists=dbusy, dx_mean=dmean, dx_max=dmax, taps=m.v, dw_lists=wbusy,
+                         dw_mean=wmean, dw_max=wmax, dx_seg=nm.default_dx_seg_steps(m, batch, "cuda:0"),
+                         dw_seg=nm.default_dw_seg_steps(m, batch, tiles, "cuda:0")))
+    return rows
+
+
+def segments_sweep_figure(batch: int = 64, path: Optional[str] = None, height: int = 520) -> go.Figure:
+    """The recorded fused sweep (run 25, ``data/fused_sweep_h200_run25.jsonl``): per layer at ``batch``, the
+    fastest whole-list dx (``dxn``) against the fastest dx in segments (``dxs``), and the fastest dW with
+    interleaved splits (``dwn``) against the fastest in segments (``dws``), kernels alone (ms, log axis);
+    the hover text names the tiles and the split or segment length."""
+    import json
+    from pathlib import Path
+    p = Path(path) if path else kl.DATA_DIR / "fused_sweep_h200_run25.jsonl"
+    if not p.exists():
+        return kl.message_figure(f"no recorded fused sweep at {p} (python -m fovi_lab.bench.backward backward "
+                                 "--sweep-fused --fused-only on a GPU)")
+    recs = [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+    recs = [r for r in recs if r.get("ms") and r.get("B") == batch]
+    if not recs:
+        return kl.message_figure(f"the recorded sweep has no B = {batch}")
+    layers = kl._layer_order(r["layer"] for r in recs)
+    fig = make_subplots(rows=1, cols=2, subplot_titles=(f"dx kernel, B = {batch} (ms)", f"dW kernel, B = {batch} (ms)"))
+    series = (("dx", "warp_dxn", "whole lists", kl._COLOURS["grey"], 1), ("dx", "warp_dxs", "segments",
+                                                                          kl._COLOURS["warp"], 1),
+              ("dw", "warp_dwn", "interleaved splits", kl._COLOURS["grey"], 2), ("dw", "warp_dws", "segments",
+                                                                                  kl._COLOURS["warp"], 2))
+    for what, impl, name, colour, col in series:
+        best = []
+        for l in layers:
+            rows = [r for r in recs if r["layer"] == l and r["impl"] == impl]
+            best.append(min(rows, key=lambda r: r["ms"]) if rows else None)
+        hover = [f"{r['config']} " + (f"L={r['seg_steps']}" if r.get("seg_steps") else f"x{r.get('nsplit') or 1}")
+                 + (f", {100 * r['frac_dense']:.0f}% of the dense ceiling" if r.get("frac_dense") else "")
+                 if r else "" for r in best]
+        fig.add_trace(go.Bar(x=layers, y=[kl._r4(r["ms"]) if r else None for r in best], name=name,
+                             marker_color=colour, hovertext=hover, legendgroup=f"{what}{name}",
+                             showlegend=True), row=1, col=col)
+    fig.update_layout(barmode="group", height=height, margin=dict(l=10, r=10, t=90, b=10),
+                      title=kl._title("fused adjoints: whole lists against balanced segments (kernels alone)", recs),
+                      legend=dict(orientation="h", y=-0.25))
+    fig.update_yaxes(type="log")
+    return fig
+
+
 # ------------------------------------------------------------------------------------- the widget
 
 def explore_fused_run(layer: str = "res18_layer1", batch: int = 64, cout: Optional[int] = None,
                       dx_config: str = "auto", dw_config: str = "auto", nsplit: int = 0, rf: str = "rf2",
                       device: Optional[str] = None, log: Optional[kl.RunLog] = None,
-                      budget: float = kl.CPU_WORK_BUDGET, seed: int = 0):
+                      budget: float = kl.CPU_WORK_BUDGET, seed: int = 0, seg_steps: int = -1):
     """The section 7 widget's callback: run the fused dx and dW kernels on ``layer`` with the chosen
-    configs (``"auto"``: the rules of :mod:`fovi_lab.warp_adjoint_nm`; ``nsplit`` 0: the split rule),
+    configs (``"auto"``: the rules of :mod:`fovi_lab.warp_adjoint_nm`; ``nsplit`` 0: the split rule;
+    ``seg_steps`` -1: the segment rules (whole lists on the CPU), 0: whole lists / interleaved splits,
+    L >= 1: balanced segments of L steps for both kernels; a ``nsplit`` > 0 overrides it for dW),
     check them against torch autograd of the fp32 oracle, run them again and compare bits, and time
     them against ``torch_compact``'s adjoints. On the CPU the batch, then the output nodes, are clamped
     to ``budget`` FLOPs of tile work. Returns ``(result, figure)`` like :func:`kernel_lab.explore_adjoint`.
@@ -209,6 +282,8 @@ def explore_fused_run(layer: str = "res18_layer1", batch: int = 64, cout: Option
         problem = f"dW config must be 'auto' or one of {', '.join(nm.DW_NM_CONFIG_SPECS)}, got {dw_config!r}"
     if problem is None and (not kl._is_int(nsplit) or not 0 <= int(nsplit) <= 64):
         problem = f"list split must be an integer in [0, 64] (0 = the rule), got {nsplit!r}"
+    if problem is None and (not kl._is_int(seg_steps) or not -1 <= int(seg_steps) <= 4096):
+        problem = f"segment length must be an integer in [-1, 4096] (-1 = the rule, 0 = whole lists), got {seg_steps!r}"
     if problem is not None:
         return kl._fail(result, log, problem)
     try:
@@ -224,15 +299,18 @@ def explore_fused_run(layer: str = "res18_layer1", batch: int = 64, cout: Option
         dxc = None if dx_config == "auto" else dx_config
         dwc = None if dw_config == "auto" else dw_config
         split = None if int(nsplit) == 0 else int(nsplit)
+        seg = None if int(seg_steps) < 0 else int(seg_steps)
         t0 = time.perf_counter()
-        px = nm.plan_grad_input_nm(m, pb.grad_y, pb.weight, dxc)
-        pw = nm.plan_grad_weight_nm(m, pb.grad_y, pb.x, dwc, nsplit=split)
+        px = nm.plan_grad_input_nm(m, pb.grad_y, pb.weight, dxc, seg_steps=seg)
+        pw = nm.plan_grad_weight_nm(m, pb.grad_y, pb.x, dwc, nsplit=split, seg_steps=seg)
         if px is None or pw is None:
             return kl._fail(result, log, "unlaunchable on this device: the rule's fused kernel failed its canary")
         dx, dw = px.run(), pw.run()
         compile_s = time.perf_counter() - t0
-        dx2 = nm.grad_input_nm(m, pb.grad_y, pb.weight, px.k.name)
-        dw2 = nm.grad_weight_nm(m, pb.grad_y, pb.x, pw.k.name, nsplit=pw.nsplit)
+        # the same plans again (same tiles, same splits or segments): a second, independent launch
+        dx2 = nm.grad_input_nm(m, pb.grad_y, pb.weight, px.k.name, seg_steps=px.seg_steps or 0)
+        dw2 = (nm.grad_weight_nm(m, pb.grad_y, pb.x, pw.k.name, seg_steps=pw.seg_steps) if pw.seg_steps
+               else nm.grad_weight_nm(m, pb.grad_y, pb.x, pw.k.name, nsplit=pw.nsplit))
         det = bool(torch.equal(dx, dx2) and torch.equal(dw, dw2))
         rdx, rdw, ref_name = kl.reference_grads(m, pb.x, pb.weight, pb.grad_y)
         tol = 1e-2
@@ -247,13 +325,14 @@ def explore_fused_run(layer: str = "res18_layer1", batch: int = 64, cout: Option
         tag = f"{layer} (B={b}, Cout={m.cout})"
         result.update(
             ok=True, passed=bool(err_dx <= tol and err_dw <= tol), batch=b, nodes=m.nout, cout=m.cout, clamp=note,
-            dx_kernel=px.k.name, dw_kernel=pw.k.name, dw_split=pw.nsplit, err_dx=err_dx, err_dw=err_dw,
+            dx_kernel=px.k.name, dw_kernel=pw.k.name, dw_split=pw.nsplit, dx_kind=px.k.kind, dw_kind=pw.k.kind,
+            dx_seg_steps=px.seg_steps, dw_seg_steps=pw.seg_steps, err_dx=err_dx, err_dw=err_dw,
             tolerance=tol, reference=ref_name, deterministic=det,
-            parity_dx=kl.parity_line(f"fused dx, {px.k.name} on {tag} vs {ref_name}", err_dx, tol),
-            parity_dw=kl.parity_line(f"fused dW, {pw.k.name} x{pw.nsplit} on {tag} vs {ref_name}", err_dw, tol),
+            parity_dx=kl.parity_line(f"fused dx, {_plan_label(px)} on {tag} vs {ref_name}", err_dx, tol),
+            parity_dw=kl.parity_line(f"fused dW, {_plan_label(pw)} on {tag} vs {ref_name}", err_dw, tol),
             compile_s=compile_s, run_ms=run_ms, torch_ms=torch_ms,
             torch_name="torch_compact adjoints (fp32 on the CPU)" if dev == "cpu" else "torch_compact adjoints (fp16)",
-            label=f"{layer} B={b} {px.k.name}+{pw.k.name}x{pw.nsplit}", device=dev)
+            label=f"{layer} B={b} {_plan_label(px)} + {_plan_label(pw)}", device=dev)
         result["message"] = (f"{'PASS' if result['passed'] else 'FAIL'}  dx {kl.tolerance_class(err_dx)}, "
                              f"dW {kl.tolerance_class(err_dw)} vs {ref_name}; "
                              f"bitwise identical on a second run: {'yes' if det else 'NO'}"

@@ -133,6 +133,9 @@ _GRAD_INPUT_CONFIG_SPECS: Dict[str, dict] = {
     # weff [Nout*P64, Cout_pad] by a row copy, then plain tile loads (no scalar gather in the GEMM loop)
     "gi2i_p64b64": dict(version="2i", tile_p=64, tile_b=64, tile_o=64, block_dim=128),
     "gi3i_p64b128": dict(version="3i", tile_p=64, tile_b=128, tile_o=64, block_dim=256),
+    # ... with a 96-wide Cout chunk: Cout = 96 (alexnet's stem) in one chunk instead of 128 = 96 + 32 padding
+    "gi2i_p64b64o96": dict(version="2i", tile_p=64, tile_b=64, tile_o=96, block_dim=128),
+    "gi3i_p64b128o96": dict(version="3i", tile_p=64, tile_b=128, tile_o=96, block_dim=256),
 }
 
 #: grad-weight stage configs (batch contraction tile fixed at 64).
@@ -149,6 +152,7 @@ _GRAD_WEIGHT_CONFIG_SPECS: Dict[str, dict] = {
     # staged-operand ("i", stems): each node chunk's x rows gathered into at [nc*P64, Bpad] by a row copy
     "gw3i_p64n64": dict(version="3i", tile_p=64, tile_n=64, block_dim=128),
     "gw3i_p64n128": dict(version="3i", tile_p=64, tile_n=128, block_dim=256),
+    "gw3i_p64n96": dict(version="3i", tile_p=64, tile_n=96, block_dim=128),   # Cout = 96 without padding
 }
 
 #: scalar reverse-index reductions (one thread per output element; block 256).
@@ -235,8 +239,14 @@ def _staged_operand(cin: Optional[int], batch: int, nout: Optional[int], p64: Op
     return batch * nout * p64 >= _STAGED_OPERAND_MIN_WORK
 
 
+def _cout96(cout: Optional[int]) -> bool:
+    """Cout a multiple of 96 but not of 64 (alexnet's stem): the stems' 96-wide Cout tiles fit it exactly
+    where 64/128-wide ones pad 96 to 128 (a third more MMA work, stage and staged-W bytes)."""
+    return cout is not None and cout % 96 == 0 and cout % 64 != 0
+
+
 def _select_gi_config(batch: int, nout: Optional[int] = None, device=None, cin: Optional[int] = None,
-                      p64: Optional[int] = None) -> str:
+                      p64: Optional[int] = None, cout: Optional[int] = None) -> str:
     """Default gi config. ``FOVI_KNN_GI_CONFIG`` overrides (still a default: unlaunchable -> fallback).
 
     A 64-wide batch tile for B <= 64 (a 128-wide one would be >= half padding). gi2's ``(n, b_tile)``
@@ -249,7 +259,8 @@ def _select_gi_config(batch: int, nout: Optional[int] = None, device=None, cin: 
         return env
     small = batch <= 64
     if _staged_operand(cin, batch, nout, p64):
-        return "gi2i_p64b64" if small else "gi3i_p64b128_f32"
+        name = "gi2i_p64b64" if small else "gi3i_p64b128_f32"
+        return name.replace("b64", "b64o96").replace("b128_", "b128o96_") if _cout96(cout) else name
     sms = _sm_count(device)
     if sms is not None and nout is not None:
         tile_b = 64 if small else 128
@@ -267,7 +278,7 @@ def _select_gw_config(cout: int, cin: Optional[int] = None, batch: Optional[int]
         return env
     name = DEFAULT_GW_CONFIG_NARROW if cout <= 64 else DEFAULT_GW_CONFIG
     if batch is not None and _staged_operand(cin, batch, nout, p64):
-        name = name.replace("gw3_", "gw3i_")
+        name = "gw3i_p64n96" if _cout96(cout) else name.replace("gw3_", "gw3i_")
     return name
 
 
@@ -954,11 +965,13 @@ def _kernel_stage_is_fp32(kernel) -> bool:
     return bool(tag)
 
 
-def _canary_grad_stage(kernel, tile_p, tile_wide, block_dim, version, weight_operand, device) -> Tuple[bool, str]:
+def _canary_grad_stage(kernel, tile_p, tile_wide, block_dim, version, weight_operand, device,
+                       tile_o: int = _GI_TILE_O) -> Tuple[bool, str]:
     """Run a stage kernel once on a tiny single-node problem into a NaN-prefilled output.
 
     ``weight_operand=True`` means a gi kernel (gathers rows of W^T; ``tile_wide`` = batch tile);
-    False a gw kernel (gathers rows of xt; ``tile_wide`` = o tile). Checks that every output entry is
+    False a gw kernel (gathers rows of xt; ``tile_wide`` = o tile); ``tile_o``: a gi kernel's Cout chunk.
+    Checks that every output entry is
     written and finite and matches a torch product (catches garbage as well as silent no-ops).
     """
     try:
@@ -967,13 +980,13 @@ def _canary_grad_stage(kernel, tile_p, tile_wide, block_dim, version, weight_ope
         gen = torch.Generator().manual_seed(1234)
         p64 = 2 * tile_p                       # two p tiles: exercises the p loop / p grid axis
         if weight_operand:
-            cpad, bpad, q = 128, tile_wide, 3 * tile_p
+            cpad, bpad, q = 2 * tile_o, tile_wide, 3 * tile_p   # two Cout chunks: exercises the o loop
             table = torch.randint(0, q, (1, p64), generator=gen, dtype=torch.int32)
             operand = (torch.randn(q, cpad, generator=gen) * 0.25).half()
             g = (torch.randn(1, cpad, bpad, generator=gen) * 0.25).half()
             want = operand.float()[table[0].long()] @ g[0].float()                       # [P64, Bpad]
             out_shape = (1, p64, bpad)
-            spec = dict(version=version, tile_p=tile_p, tile_b=tile_wide, tile_o=_GI_TILE_O, block_dim=block_dim)
+            spec = dict(version=version, tile_p=tile_p, tile_b=tile_wide, tile_o=tile_o, block_dim=block_dim)
             kind = "gi"
         else:
             cpad, bpad, rows = 2 * tile_wide, 2 * _GW_TILE_B, 3 * tile_p
@@ -1118,7 +1131,7 @@ def _get_grad_kernel(kind: str, name: str, device) -> Optional[GradKernel]:
             ok, why = _canary_csr(kernel, spec["target"], device)
         elif kind == "gi":
             ok, why = _canary_grad_stage(kernel, spec["tile_p"], spec["tile_b"], spec["block_dim"],
-                                         spec["version"], True, device)
+                                         spec["version"], True, device, tile_o=spec.get("tile_o", _GI_TILE_O))
         else:
             ok, why = _canary_grad_stage(kernel, spec["tile_p"], spec["tile_n"], spec["block_dim"],
                                          spec["version"], False, device)
@@ -1565,7 +1578,7 @@ def _plan_grad_input(meta, grad_y, weight, config=None, *, stage_fp32=None, dx_d
     check_tensor("weight", weight, dtype=torch.float16, dim=2, shape=(meta.cout, meta.q),
                  device=grad_y.device, contiguous=True)
     name, explicit = _resolve("gi", config, _select_gi_config(grad_y.shape[0], meta.nout, grad_y.device, meta.cin,
-                                                                meta.p64),
+                                                                meta.p64, meta.cout),
                               stage_fp32)
     try:
         device = warp_device(grad_y)

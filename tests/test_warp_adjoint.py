@@ -144,7 +144,12 @@ def test_default_config_selection(monkeypatch):
     assert wa._select_gi_config(16, nout=964, device="cuda:0", cin=3, p64=384) == "gi2_p64b64"
     assert wa._select_gi_config(64, nout=964, device="cuda:0", cin=3, p64=192) == "gi2_p64b64"        # res18 stem
     assert wa._select_gi_config(512, nout=964, device="cuda:0", cin=3, p64=192) == "gi3i_p64b128_f32"
-    assert wa._select_gw_config(96, 3, 64, 964, 384) == "gw3i_p64n128"
+    # Cout = 96 (alexnet's stem): 96-wide Cout tiles, no 96 -> 128 padding
+    assert wa._select_gi_config(64, nout=964, device="cuda:0", cin=3, p64=384, cout=96) == "gi2i_p64b64o96"
+    assert wa._select_gi_config(512, nout=964, device="cuda:0", cin=3, p64=384, cout=96) == "gi3i_p64b128o96_f32"
+    assert wa._select_gw_config(96, cin=3, batch=64, nout=964, p64=384) == "gw3i_p64n96"
+    assert wa._select_gw_config(384, cin=3, batch=64, nout=64, p64=320) != "gw3i_p64n96"
+    assert wa._select_gw_config(128, 3, 64, 964, 384) == "gw3i_p64n128"
     assert wa._select_gw_config(64, 3, 512, 964, 192) == "gw3i_p64n64"
     assert wa._select_gw_config(384, 3, 512, 64, 320) == "gw3_p64n128"                              # DINOv3 patch
     assert wa._select_gw_config(96, 64, 512, 964, 384) == "gw3_p64n128"                             # Cin = 64
@@ -404,3 +409,30 @@ def test_csr_reductions_are_the_sequential_sum_bit_for_bit(fp32):
     fast_launch(k, (len(lens), 1, 6), [warp_ct(rowptr), warp_ct(rows), warp_ct(stage), 0, warp_ct(out)], 256, "cpu",
                 tiled=False)
     assert torch.equal(out[0], sequential(rows))
+
+
+@pytest.mark.parametrize("b", [17, 64])
+def test_cout96_stem_tiles_match_the_oracle_and_the_64_wide_tiles(b):
+    """The 96-wide Cout tiles of the stems' staged-operand adjoints (alexnet's stem has Cout = 96) on a
+    Cin = 3, Cout = 96 layer: against the fp32 oracle, and against the 64/128-wide tiles they replace."""
+    from fovi_lab.meta import build_meta
+    gen = torch.Generator().manual_seed(96)
+    nin, nout, k, v, cin, cout = 50, 21, 9, 36, 3, 96
+    idx = torch.randint(0, nin + 1, (nout, k), generator=gen)                 # nin = the pad token
+    rf = torch.randint(0, v, (nout, k), generator=gen)
+    meta = build_meta(idx, rf, cin=cin, cout=cout, v=v, nin=nin)
+    x = torch.randn(b, cin, nin, generator=gen).half()
+    w = (0.2 * torch.randn(cout, cin * v, generator=gen)).half()
+    g = torch.randn(b, cout, nout, generator=gen).half()
+    rdx = CompactTorchOps.grad_input(meta, g.float(), w.float())
+    rdw = CompactTorchOps.grad_weight(meta, g.float(), x.float())
+    for fp32 in (False, True):
+        for gi in ("gi2i_p64b64o96", "gi3i_p64b128o96"):
+            dx = wa.grad_input(meta, g, w, config=gi, stage_fp32=fp32)
+            torch.testing.assert_close(dx, rdx, atol=2e-2, rtol=2e-2)
+            torch.testing.assert_close(dx, wa.grad_input(meta, g, w, config=gi.replace("o96", ""), stage_fp32=fp32),
+                                       atol=1e-2, rtol=1e-2)
+        dw = wa.grad_weight(meta, g, x, config="gw3i_p64n96", stage_fp32=fp32)
+        torch.testing.assert_close(dw, rdw, atol=5e-2, rtol=2e-2)
+        torch.testing.assert_close(dw, wa.grad_weight(meta, g, x, config="gw3i_p64n128", stage_fp32=fp32),
+                                   atol=2e-2, rtol=1e-2)

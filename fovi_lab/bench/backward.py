@@ -676,7 +676,7 @@ def _jobs_for(metas: dict, batches: List[int], mode: str, args, device: str) -> 
     for meta in metas.values():
         for b in batches:
             suffix = "_f32" if wa._stage_fp32_default() else ""
-            names.add(("gi", wa._select_gi_config(b, meta.nout, device, meta.cin, meta.p64) + suffix))
+            names.add(("gi", wa._select_gi_config(b, meta.nout, device, meta.cin, meta.p64, meta.cout) + suffix))
             names.add(("gw", wa._select_gw_config(meta.cout, meta.cin, b, meta.nout, meta.p64)
                        + ("_f32" if wa._stage_fp32_default() else "")))
     if args.sweep:

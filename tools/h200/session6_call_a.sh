@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 6, first work call: run 25 (the fused sweep) then run 26a (the train step on the first-guess
+# Session 6, first work call: run 25 (the fused sweep) then run 26 (the train step on the first-guess
 # defaults, no host probe) within one 10-minute call.
 set -uo pipefail
 bash tools/h200/session6_run25_fused_sweep.sh

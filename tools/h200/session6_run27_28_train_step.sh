@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 6, run 26: the train step of every layer at B = 16/64/512 with --graphs, the fused adjoints on
+# Session 6, runs 27 and 28 (the same script before and after the capture fix): the train step of every layer at B = 16/64/512 with --graphs, the fused adjoints on
 # their new defaults (balanced segments where the rules pick them, 16/32-deep dW batch chunks at B <= 32),
 # the dense-ceiling fractions as TFLOP/s ratios over the same tiles and grid. Host probe first.
 set -uo pipefail
