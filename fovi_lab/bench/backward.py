@@ -72,7 +72,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 from .common import (Progress, Roofline, append_jsonl, compact_bytes, compact_flops, default_record_path,
-                     env_info, gbps, tflops, time_fn)
+                     env_info, gbps, pipelined_ms, tflops, time_fn)
 
 __all__ = ["main", "SEED_TRAIN_STEP_MS", "run_shape", "precompile"]
 
@@ -359,6 +359,7 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
              "nnz": meta.nnz, "flops": flops, "bytes": nbytes}
     recs: List[dict] = []
     tm = lambda fn: time_fn(fn, device, warmup=args.warmup, reps=args.reps)  # noqa: E731
+    pipe = lambda fn: pipelined_ms(fn, device, warmup=1, reps=args.reps)  # noqa: E731
 
     def rec(impl, ms, **kw):
         r = dict(env)
@@ -431,7 +432,7 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
         del r1, r2
         t = tm(fn)
         rec(impl, t.ms, reps=t.reps, peak_mib=_peak_mib(fn, device), deterministic=det, err_dx=err_dx,
-            err_dw=err_dw)
+            err_dw=err_dw, pipelined_ms=pipe(fn))
         if graphs:
             graphed(impl, fn)
     for impl, ops in (("torch_compact", CompactTorchOps), ("torch_binned", BinnedTorchOps)):
@@ -456,7 +457,7 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
             del dx, dw
             t = tm(fn)
             rec(impl, t.ms, reps=t.reps, peak_mib=_peak_mib(fn, device), err_dx=err_dx, err_dw=err_dw,
-                note="backward only (graph built once)" if mode == "backward" else None)
+                note="backward only (graph built once)" if mode == "backward" else None, pipelined_ms=pipe(fn))
             if graphs and mode == "train-step":
                 graphed(impl, fn)
         guarded(impl, autograd)
@@ -465,7 +466,13 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
     strongest = min(torch_ms, key=torch_ms.get) if torch_ms else None
     torch_peak = {r["impl"]: r.get("peak_mib") for r in recs if r.get("ms") and not r.get("graphed")}
 
+    torch_pipe = {r["impl"]: r["pipelined_ms"] for r in recs if r.get("pipelined_ms") and not r.get("graphed")}
+    strongest_pipe = min(torch_pipe, key=torch_pipe.get) if torch_pipe else None
+
     def finish_warp_record(r, t_ms):
+        if strongest_pipe and r.get("pipelined_ms"):
+            r.update(strongest_pipelined=strongest_pipe,
+                     speedup_vs_strongest_pipelined=torch_pipe[strongest_pipe] / r["pipelined_ms"])
         if strongest:
             r.update(strongest=strongest, speedup_vs_strongest=torch_ms[strongest] / t_ms)
             if torch_peak.get(strongest) and r.get("peak_mib"):
@@ -495,7 +502,8 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
                 return y, wa_.grad_input(meta, g, w), wa_.grad_weight(meta, g, x)
         t = tm(fn)
         r = rec(staged_impl, t.ms, reps=t.reps, peak_mib=_peak_mib(fn, device), path="staged",
-                deterministic=bool(info.get("deterministic_dx") and info.get("deterministic_dw")), **info)
+                deterministic=bool(info.get("deterministic_dx") and info.get("deterministic_dw")),
+                pipelined_ms=pipe(fn), **info)
         finish_warp_record(r, t.ms)
     guarded(staged_impl, warp_staged)
 
@@ -531,7 +539,8 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
             info["err_dw"] = float((r1[-1] - ref[1]).abs().max()) / max(1e-12, float(ref[1].abs().max()))
             del r1, r2
             t = tm(fn)
-            r = rec(impl, t.ms, reps=t.reps, peak_mib=_peak_mib(fn, device), path=path, **info)
+            r = rec(impl, t.ms, reps=t.reps, peak_mib=_peak_mib(fn, device), path=path, pipelined_ms=pipe(fn),
+                    **info)
             finish_warp_record(r, t.ms)
             if graphs and force is None:
                 graphed(impl, fn, path=path)
@@ -853,8 +862,13 @@ def _print_shape(recs: List[dict], mode: str) -> None:
             print(f"{head} {r['impl']} {r['ms']:.3f} ms (CUDA-graph replay) | best torch graphed "
                   f"{r.get('strongest_graphed')} -> x{_fmt(r.get('speedup_vs_strongest_graphed'), '{:.2f}')}",
                   flush=True)
+    for r in recs:
+        if r["impl"] == base and r.get("speedup_vs_strongest_pipelined"):
+            print(f"{head} {base} pipelined {r['pipelined_ms']:.3f} ms/call (back to back) | best torch pipelined "
+                  f"{r.get('strongest_pipelined')} -> x{r['speedup_vs_strongest_pipelined']:.2f}", flush=True)
     for r in torch_rows:
-        print(f"{'':>22s}{r['impl']:<30s} {r['ms']:.3f} ms  peak {_fmt(r.get('peak_mib'), '{:.0f}')} MiB", flush=True)
+        print(f"{'':>22s}{r['impl']:<30s} {r['ms']:.3f} ms (pipelined {_fmt(r.get('pipelined_ms'))})  "
+              f"peak {_fmt(r.get('peak_mib'), '{:.0f}')} MiB", flush=True)
     for r in recs:
         if r["impl"] not in warp_impls and not r.get("ms") and r["impl"] not in ("warp_gi", "warp_gw"):
             print(f"{'':>22s}{r['impl']:<30s} failed: {r.get('note')}", flush=True)

@@ -6,7 +6,11 @@ API (used by :mod:`fovi_lab.bench.forward` and the backward benchmark):
   times, then times ``reps`` runs one by one (CUDA events on the current stream for CUDA, the host
   clock after ``synchronize`` otherwise) and returns the median, min and max in ms. When the first
   timed run shows that ``reps`` runs would exceed ``target_ms``, fewer runs are taken (never fewer
-  than 3). ``fn`` must do the whole measured work each call.
+  than 3). ``fn`` must do the whole measured work each call. A call's time therefore includes the host
+  work that the GPU waits for: the latency of one isolated call.
+* ``pipelined_ms(fn, device, warmup=3, reps=20, target_ms=300.0) -> float``: ``reps`` calls back to back
+  and one synchronisation, wall time per call: the throughput of a loop that never waits (a training
+  loop's steady state, where the host issues the next calls while the GPU runs the last ones).
 * ``env_info(device) -> dict``: ``device`` (name), ``warp``, ``torch``, ``cuda``, ``date`` (UTC ISO),
   ``host`` — stamped into every record.
 * ``Roofline``: the ceilings quoted next to each measurement. ``H200_HBM_TBPS`` (4.8, datasheet),
@@ -35,7 +39,7 @@ from typing import Callable, Iterable
 
 import torch
 
-__all__ = ["Timing", "time_fn", "env_info", "Roofline", "tflops", "gbps", "compact_flops", "compact_bytes",
+__all__ = ["Timing", "time_fn", "pipelined_ms", "env_info", "Roofline", "tflops", "gbps", "compact_flops", "compact_bytes",
            "append_jsonl", "Progress", "default_record_path", "REPO_ROOT"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -81,6 +85,27 @@ def time_fn(fn: Callable[[], object], device, warmup: int = 3, reps: int = 20,
             n = max(3, min(n, int(target_ms / max(times[0], 1e-6))))
         i += 1
     return Timing(statistics.median(times), min(times), max(times), len(times))
+
+
+def pipelined_ms(fn: Callable[[], object], device, warmup: int = 3, reps: int = 20,
+                 target_ms: float = 300.0) -> float:
+    """Wall time per call of ``reps`` back-to-back calls of ``fn()`` with one synchronisation at the end
+    (see module docstring); ``reps`` shrinks (>= 3) when one call shows the loop would exceed
+    ``target_ms``."""
+    device = torch.device(device)
+    for _ in range(max(0, warmup)):
+        fn()
+    _sync(device)
+    t0 = time.perf_counter()
+    fn()
+    _sync(device)
+    one = (time.perf_counter() - t0) * 1e3
+    n = max(3, min(max(1, reps), int(target_ms / max(one, 1e-6))))
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    _sync(device)
+    return (time.perf_counter() - t0) * 1e3 / n
 
 
 def env_info(device) -> dict:
