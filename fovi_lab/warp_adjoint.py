@@ -222,27 +222,33 @@ def _sm_count(device) -> Optional[int]:
     return _SM_COUNTS[key]
 
 
-# Below this many input channels (the Cin = 3 stems) the staged-operand ("i") gi/gw kernels are the
-# defaults once the stage is big enough: a gathered operand tile there is scalar loads of 3-row
-# neighbour runs. Their GPU time is lower on every stem shape measured (H200 run 10, CUDA-graph replay:
-# alexnet L0 B=64 1.79 -> 1.32 ms, res18 stem 0.64 -> 0.52), but they add a row copy, a buffer and ~0.3 ms
-# of host work per eager step on that machine; below ~16M staged elements (B * Nout * P64: res18 stem at
-# B <= 64, DINOv3 patch embed at every batch, alexnet L0 at B = 16) the eager step was faster without.
-_STAGED_OPERAND_MAX_CIN = 16
-_STAGED_OPERAND_MIN_WORK = 16 << 20
-
-
-def _staged_operand(cin: Optional[int], batch: int, nout: Optional[int], p64: Optional[int]) -> bool:
-    """Whether the stems' staged-operand adjoints are the default for this call (see above)."""
-    if cin is None or cin >= _STAGED_OPERAND_MAX_CIN or nout is None or p64 is None:
-        return False
-    return batch * nout * p64 >= _STAGED_OPERAND_MIN_WORK
-
-
 def _cout96(cout: Optional[int]) -> bool:
     """Cout a multiple of 96 but not of 64 (alexnet's stem): the stems' 96-wide Cout tiles fit it exactly
     where 64/128-wide ones pad 96 to 128 (a third more MMA work, stage and staged-W bytes)."""
     return cout is not None and cout % 96 == 0 and cout % 64 != 0
+
+
+# Below this many input channels (the Cin = 3 stems) the staged-operand ("i") gi/gw kernels are the
+# defaults once the stage is big enough: a gathered operand tile there is scalar loads of 3-row
+# neighbour runs. Their GPU time is lower on every stem shape measured (H200 run 10, CUDA-graph replay:
+# alexnet L0 B=64 1.79 -> 1.32 ms, res18 stem 0.64 -> 0.52), but they add a row copy, a buffer and ~0.3 ms
+# of host work per eager step: session 4 set the threshold at 16M staged elements (B * Nout * P64) from
+# eager steps. Where the 96-wide Cout tiles apply (Cout = 96, alexnet's stem: the staged kernels also drop
+# the 96 -> 128 padding of the gathered ones), staging wins earlier: run 31 (session 6) measured alexnet
+# L0 at B = 16 (5.9M) faster staged in every measure (per call 0.99 against 1.46 ms, pipelined 0.86
+# against 1.34, replayed 0.83 against 1.31), hence 4M there; the res18 stem at B = 16 (3.0M) and the
+# DINOv3 patch embed (0.3M at B = 16, 1.3M at 64) stayed slower staged per call and pipelined.
+_STAGED_OPERAND_MAX_CIN = 16
+_STAGED_OPERAND_MIN_WORK = 16 << 20
+_STAGED_OPERAND_MIN_WORK_COUT96 = 4 << 20
+
+
+def _staged_operand(cin: Optional[int], batch: int, nout: Optional[int], p64: Optional[int],
+                    cout: Optional[int] = None) -> bool:
+    """Whether the stems' staged-operand adjoints are the default for this call (see above)."""
+    if cin is None or cin >= _STAGED_OPERAND_MAX_CIN or nout is None or p64 is None:
+        return False
+    return batch * nout * p64 >= (_STAGED_OPERAND_MIN_WORK_COUT96 if _cout96(cout) else _STAGED_OPERAND_MIN_WORK)
 
 
 def _select_gi_config(batch: int, nout: Optional[int] = None, device=None, cin: Optional[int] = None,
@@ -258,9 +264,11 @@ def _select_gi_config(batch: int, nout: Optional[int] = None, device=None, cin: 
     if env:
         return env
     small = batch <= 64
-    if _staged_operand(cin, batch, nout, p64):
-        name = "gi2i_p64b64" if small else "gi3i_p64b128_f32"
-        return name.replace("b64", "b64o96").replace("b128_", "b128o96_") if _cout96(cout) else name
+    if _staged_operand(cin, batch, nout, p64, cout):
+        # B > 64: gi2i with an fp32 stage (run 29, alexnet L0 B=512: the whole grad_input 1.93 ms against
+        # 2.20 for gi3i_..._f32, and 2.44 against 2.86 with 64-wide Cout tiles)
+        name = "gi2i_p64b64" if small else "gi2i_p64b64_f32"
+        return name.replace("b64", "b64o96") if _cout96(cout) else name
     sms = _sm_count(device)
     if sms is not None and nout is not None:
         tile_b = 64 if small else 128
@@ -277,8 +285,10 @@ def _select_gw_config(cout: int, cin: Optional[int] = None, batch: Optional[int]
     if env:
         return env
     name = DEFAULT_GW_CONFIG_NARROW if cout <= 64 else DEFAULT_GW_CONFIG
-    if batch is not None and _staged_operand(cin, batch, nout, p64):
+    if batch is not None and _staged_operand(cin, batch, nout, p64, cout):
         name = "gw3i_p64n96" if _cout96(cout) else name.replace("gw3_", "gw3i_")
+        if batch > 64:   # fp32 stage (run 29, alexnet L0 B=512: grad_weight 1.66 ms against 2.04 with fp16;
+            name += "_f32"   # a tie at B = 64, where the fp16 stage keeps the peak lower)
     return name
 
 
