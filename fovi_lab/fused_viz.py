@@ -155,7 +155,8 @@ def fused_vs_staged_figure(records: Optional[List[dict]] = None, height: int = 6
 
 def graphed_step_figure(records: Optional[List[dict]] = None, height: int = 460) -> go.Figure:
     """Recorded train step replayed from a CUDA graph (no per-call host work) against the fastest
-    PyTorch step replayed the same way, per layer; eager ``warp_train`` as a marker; dropdown for B."""
+    PyTorch step replayed the same way, per layer; eager ``warp_train`` as markers (one call at a time,
+    and back to back: ``pipelined_ms``, recorded since session 6); dropdown for B."""
     runs = train_step_runs(records, need=("warp_train", "warp_train_graphed"))
     if not runs:
         return kl.message_figure("no recorded CUDA-graph train step yet "
@@ -164,7 +165,7 @@ def graphed_step_figure(records: Optional[List[dict]] = None, height: int = 460)
     layers = kl._layer_order(l for l, _ in runs)
     default_b = 64 if 64 in bs else bs[0]
     fig = go.Figure()
-    per_b = 3
+    per_b = 4
     for b in bs:
         get = lambda f: [f(runs[(l, b)]) if (l, b) in runs else None for l in layers]  # noqa: E731
         w = get(lambda d: d.get("warp_train_graphed"))
@@ -176,8 +177,11 @@ def graphed_step_figure(records: Optional[List[dict]] = None, height: int = 460)
                              name="fastest PyTorch, graph replay", marker_color=kl._COLOURS["torch"],
                              visible=b == default_b, hovertext=[r["impl"] if r else "" for r in t]))
         fig.add_trace(go.Scatter(x=layers, y=[kl._r4(r["ms"]) if r else None for r in e], mode="markers",
-                                 name="warp_train, eager", marker=dict(symbol="line-ew-open", size=16),
+                                 name="warp_train, eager (one call)", marker=dict(symbol="line-ew-open", size=16),
                                  visible=b == default_b))
+        fig.add_trace(go.Scatter(x=layers, y=[kl._r4(r.get("pipelined_ms")) if r else None for r in e],
+                                 mode="markers", name="warp_train, eager back to back (pipelined)",
+                                 marker=dict(symbol="circle-open", size=9), visible=b == default_b))
     used = [r for d in runs.values() for r in d.values()]
     fig.update_layout(barmode="group", height=height, margin=dict(l=10, r=10, t=90, b=10),
                       title=kl._title("train step replayed from a CUDA graph, both sides", used),
