@@ -543,7 +543,8 @@ class _GradInputNmPlan:
         self.seg_steps = None
         if seg is not None:
             self.seg_steps = int(seg_steps)
-            bounds, segptr, self.longest = _segments(meta, "dx", rowptr, n_oc, self.seg_steps)
+            bounds, segptr, self.longest = _segments(meta, "dx", rowptr, n_oc, self.seg_steps,
+                                                     partial_bytes=4 * b * meta.cin)
             nseg = bounds.numel() - 1
             self.dx = torch.empty(b, meta.cin, meta.nin, dtype=torch.float32, device=grad_y.device)
             self.out = torch.empty(max(1, nseg), b, meta.cin, dtype=torch.float32, device=grad_y.device)
@@ -583,13 +584,24 @@ class _GradInputNmPlan:
         return self.finish()
 
 
-def _segments(meta: TrainingMeta, which: str, rowptr: torch.Tensor, steps_per_entry: int, seg_steps: int):
-    """:func:`segment_table` of one meta's lists, cached with the meta."""
+def _segments(meta: TrainingMeta, which: str, rowptr: torch.Tensor, steps_per_entry: int, seg_steps: int,
+              partial_bytes: int = 0):
+    """:func:`segment_table` of one meta's lists, cached with the meta. ``partial_bytes``: the fp32 partial
+    of one segment; a table whose partials would exceed 4x the partial budget
+    (``FOVI_KNN_FUSED_PARTIAL_MIB``, 64 MiB by default) is refused with a clear error (the default rules
+    never ask for one; an explicit short ``seg_steps`` on a big layer could)."""
     aux = _aux(meta)
     key = ("nm_seg", which, int(steps_per_entry), int(seg_steps))
     got = aux.get(key)
     if got is None:
         got = aux[key] = segment_table(rowptr, steps_per_entry, seg_steps)
+    nseg = got[0].numel() - 1
+    if partial_bytes and nseg * partial_bytes > 4 * _budget_bytes():
+        raise ValueError(
+            f"seg_steps: {seg_steps} steps per segment cut this layer's {which} lists into {nseg} segments, "
+            f"{nseg * partial_bytes / 2**20:.0f} MiB of fp32 partials, over 4x the partial budget "
+            f"({_budget_bytes() / 2**20:.0f} MiB, FOVI_KNN_FUSED_PARTIAL_MIB); use longer segments or "
+            f"seg_steps=None for the rule")
     return got
 
 
@@ -638,7 +650,8 @@ class _GradWeightNmPlan:
         self.seg_steps = None
         if seg is not None:
             self.seg_steps = int(seg_steps)
-            bounds, segptr, self.longest = _segments(meta, "dw", vrowptr, n_bc, self.seg_steps)
+            bounds, segptr, self.longest = _segments(meta, "dw", vrowptr, n_bc, self.seg_steps,
+                                                     partial_bytes=4 * op * cp)
             nseg = bounds.numel() - 1
             self.nsplit = nseg                     # partials written (reported by the benchmark)
             self._keep = (vrowptr, vn, vm, bounds, segptr)

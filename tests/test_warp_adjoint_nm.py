@@ -179,6 +179,12 @@ def test_recorded_sweep_supports_the_dx_rule():
 def test_segment_requests(monkeypatch):
     monkeypatch.delenv("FOVI_KNN_DX_SEG", raising=False)
     meta, x, w, g, *_ = _case("ODD", 3)
+    monkeypatch.setenv("FOVI_KNN_FUSED_PARTIAL_MIB", "0.001")          # ~1 KB: any explicit table is too big
+    with pytest.raises(ValueError, match="partial budget"):
+        nm.plan_grad_input_nm(meta, g, w, seg_steps=1)
+    with pytest.raises(ValueError, match="partial budget"):
+        nm.plan_grad_weight_nm(meta, g, x, seg_steps=1)
+    monkeypatch.delenv("FOVI_KNN_FUSED_PARTIAL_MIB")
     with pytest.raises(ValueError, match="seg_steps"):
         nm.grad_input_nm(meta, g, w, seg_steps=-1)
     monkeypatch.setenv("FOVI_KNN_DW_SEG", "many")
