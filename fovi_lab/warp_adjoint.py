@@ -136,9 +136,11 @@ _GRAD_INPUT_CONFIG_SPECS: Dict[str, dict] = {
     # ... with a 96-wide Cout chunk: Cout = 96 (alexnet's stem) in one chunk instead of 128 = 96 + 32 padding
     "gi2i_p64b64o96": dict(version="2i", tile_p=64, tile_b=64, tile_o=96, block_dim=128),
     "gi3i_p64b128o96": dict(version="3i", tile_p=64, tile_b=128, tile_o=96, block_dim=256),
+    # ... with a 16-wide batch tile: at B = 16 a 64-wide one is 3/4 zero padding
+    "gi2i_p64b16o96": dict(version="2i", tile_p=64, tile_b=16, tile_o=96, block_dim=128),
 }
 
-#: grad-weight stage configs (batch contraction tile fixed at 64).
+#: grad-weight stage configs (batch contraction tile ``tile_kb``, 64 unless given).
 _GRAD_WEIGHT_CONFIG_SPECS: Dict[str, dict] = {
     "gw2_p64n64": dict(version=2, tile_p=64, tile_n=64, block_dim=128),
     "gw2_p64n128": dict(version=2, tile_p=64, tile_n=128, block_dim=256),
@@ -153,6 +155,8 @@ _GRAD_WEIGHT_CONFIG_SPECS: Dict[str, dict] = {
     "gw3i_p64n64": dict(version="3i", tile_p=64, tile_n=64, block_dim=128),
     "gw3i_p64n128": dict(version="3i", tile_p=64, tile_n=128, block_dim=256),
     "gw3i_p64n96": dict(version="3i", tile_p=64, tile_n=96, block_dim=128),   # Cout = 96 without padding
+    # ... contracting the batch 16 rows at a time (``tile_kb``; the others: 64): B = 16 without padding
+    "gw3i_p64n96k16": dict(version="3i", tile_p=64, tile_n=96, tile_kb=16, block_dim=128),
 }
 
 #: scalar reverse-index reductions (one thread per output element; block 256).
@@ -268,7 +272,9 @@ def _select_gi_config(batch: int, nout: Optional[int] = None, device=None, cin: 
         # B > 64: gi2i with an fp32 stage (run 29, alexnet L0 B=512: the whole grad_input 1.93 ms against
         # 2.20 for gi3i_..._f32, and 2.44 against 2.86 with 64-wide Cout tiles)
         name = "gi2i_p64b64" if small else "gi2i_p64b64_f32"
-        return name.replace("b64", "b64o96") if _cout96(cout) else name
+        if _cout96(cout):
+            return "gi2i_p64b16o96" if batch <= 16 else name.replace("b64", "b64o96")
+        return name
     sms = _sm_count(device)
     if sms is not None and nout is not None:
         tile_b = 64 if small else 128
@@ -286,7 +292,10 @@ def _select_gw_config(cout: int, cin: Optional[int] = None, batch: Optional[int]
         return env
     name = DEFAULT_GW_CONFIG_NARROW if cout <= 64 else DEFAULT_GW_CONFIG
     if batch is not None and _staged_operand(cin, batch, nout, p64, cout):
-        name = "gw3i_p64n96" if _cout96(cout) else name.replace("gw3_", "gw3i_")
+        if _cout96(cout):
+            name = "gw3i_p64n96k16" if batch <= 16 else "gw3i_p64n96"
+        else:
+            name = name.replace("gw3_", "gw3i_")
         if batch > 64:   # fp32 stage (run 29, alexnet L0 B=512: grad_weight 1.66 ms against 2.04 with fp16;
             name += "_f32"   # a tie at B = 64, where the fp16 stage keeps the peak lower)
     return name
@@ -686,7 +695,8 @@ def _make_grad_weight_stage3p_kernel(tile_p: int, tile_n: int, fp32_stage: bool,
 
 def _make_grad_staged_operand_kernel(kind: str, version: str, tile_p: int, tile_wide: int, fp32_stage: bool, *,
                                      tile_o: int = _GI_TILE_O, block_dim: Optional[int] = None,
-                                     module_options: Optional[dict] = None, module: Optional[str] = None):
+                                     module_options: Optional[dict] = None, module: Optional[str] = None,
+                                     tile_kb: int = _GW_TILE_B):
     """Staged-operand ("i") variants of gi2 / gi3 / gw3 for the Cin = 3 stems.
 
     There every neighbour contributes 3 contraction rows, so the gathered operand tile (rows of W^T for
@@ -739,7 +749,8 @@ def _make_grad_staged_operand_kernel(kind: str, version: str, tile_p: int, tile_
         return _tag(gi_i, fp32_stage)
 
     tile_n = tile_wide
-    tag = f"fovi_gw{version}_p{tile_p}n{tile_n}b{_GW_TILE_B}_{f}"
+    TKB = int(tile_kb)                   # batch rows contracted per MMA (gw's K)
+    tag = f"fovi_gw{version}_p{tile_p}n{tile_n}b{TKB}_{f}"
 
     @_kernel_decorator(tag, opts, module)
     def gw_i(input_linear: wp.array2d(dtype=wp.int32), at: wp.array2d(dtype=wp.float16),
@@ -751,9 +762,9 @@ def _make_grad_staged_operand_kernel(kind: str, version: str, tile_p: int, tile_
         row = n * n_p_tiles * tile_p + p_off
         acc = wp.tile_zeros(shape=(tile_p, tile_n), dtype=wp.float32)
         for bt in range(n_b_tiles):
-            b_off = bt * _GW_TILE_B
-            a = wp.tile_load(at, shape=(tile_p, _GW_TILE_B), offset=(row, b_off), storage="shared")
-            g = wp.tile_load(g_nbo[n], shape=(_GW_TILE_B, tile_n), offset=(b_off, o_off), storage="shared")
+            b_off = bt * TKB
+            a = wp.tile_load(at, shape=(tile_p, TKB), offset=(row, b_off), storage="shared")
+            g = wp.tile_load(g_nbo[n], shape=(TKB, tile_n), offset=(b_off, o_off), storage="shared")
             wp.tile_matmul(a, g, acc)
         if wp.static(fp32_stage):
             wp.tile_store(dweff[n], acc, offset=(p_off, o_off))
@@ -936,7 +947,8 @@ def _build_kernel(kind: str, name: str, module_options: Optional[dict] = None, m
         wide = spec["tile_b"] if kind == "gi" else spec["tile_n"]
         kernel = _make_grad_staged_operand_kernel(kind, spec["version"], spec["tile_p"], wide, fp32,
                                                   tile_o=spec.get("tile_o", _GI_TILE_O), block_dim=spec["block_dim"],
-                                                  module_options=module_options, module=module)
+                                                  module_options=module_options, module=module,
+                                                  tile_kb=spec.get("tile_kb", _GW_TILE_B))
         return kernel, spec, fp32
     factory = _STAGE_FACTORIES[(kind, spec["version"])]
     if kind == "gi":
@@ -960,7 +972,7 @@ def _launch_stage(kernel, spec: dict, kind: str, idx_table, operand, g, out, dev
     """Launch a gi/gw stage kernel with the uniform argument list (see the factories)."""
     p64 = idx_table.shape[1]
     wide = out.shape[2]
-    n_inner = g.shape[1] // (spec["tile_o"] if kind == "gi" else _GW_TILE_B)
+    n_inner = g.shape[1] // (spec["tile_o"] if kind == "gi" else spec.get("tile_kb", _GW_TILE_B))
     with torch_stream(device):      # checked wp.array views and a plain launch: this is the canary's path
         wp.launch_tiled(kernel, dim=_stage_dims(spec, kind, out.shape[0], p64, wide),
                         inputs=[to_warp(idx_table), to_warp(operand), to_warp(g), int(p64 // spec["tile_p"]),
@@ -976,11 +988,12 @@ def _kernel_stage_is_fp32(kernel) -> bool:
 
 
 def _canary_grad_stage(kernel, tile_p, tile_wide, block_dim, version, weight_operand, device,
-                       tile_o: int = _GI_TILE_O) -> Tuple[bool, str]:
+                       tile_o: int = _GI_TILE_O, tile_kb: int = _GW_TILE_B) -> Tuple[bool, str]:
     """Run a stage kernel once on a tiny single-node problem into a NaN-prefilled output.
 
     ``weight_operand=True`` means a gi kernel (gathers rows of W^T; ``tile_wide`` = batch tile);
-    False a gw kernel (gathers rows of xt; ``tile_wide`` = o tile); ``tile_o``: a gi kernel's Cout chunk.
+    False a gw kernel (gathers rows of xt; ``tile_wide`` = o tile); ``tile_o``: a gi kernel's Cout chunk,
+    ``tile_kb``: a gw kernel's batch chunk.
     Checks that every output entry is
     written and finite and matches a torch product (catches garbage as well as silent no-ops).
     """
@@ -999,7 +1012,7 @@ def _canary_grad_stage(kernel, tile_p, tile_wide, block_dim, version, weight_ope
             spec = dict(version=version, tile_p=tile_p, tile_b=tile_wide, tile_o=tile_o, block_dim=block_dim)
             kind = "gi"
         else:
-            cpad, bpad, rows = 2 * tile_wide, 2 * _GW_TILE_B, 3 * tile_p
+            cpad, bpad, rows = 2 * tile_wide, 2 * tile_kb, 3 * tile_p   # two batch chunks: the K loop
             table = torch.randint(0, rows, (1, p64), generator=gen, dtype=torch.int32)
             table[0, ::7] = rows - 1             # some pad entries (the zero row)
             operand = (torch.randn(rows, bpad, generator=gen) * 0.25).half()
@@ -1007,7 +1020,7 @@ def _canary_grad_stage(kernel, tile_p, tile_wide, block_dim, version, weight_ope
             g = (torch.randn(1, bpad, cpad, generator=gen) * 0.25).half()
             want = operand.float()[table[0].long()] @ g[0].float()                       # [P64, Cout_pad]
             out_shape = (1, p64, cpad)
-            spec = dict(version=version, tile_p=tile_p, tile_n=tile_wide, block_dim=block_dim)
+            spec = dict(version=version, tile_p=tile_p, tile_n=tile_wide, tile_kb=tile_kb, block_dim=block_dim)
             kind = "gw"
         if str(version).endswith("i"):            # staged-operand kernels read the rows pre-gathered
             operand = operand[table[0].long()].contiguous()
@@ -1144,7 +1157,7 @@ def _get_grad_kernel(kind: str, name: str, device) -> Optional[GradKernel]:
                                          spec["version"], True, device, tile_o=spec.get("tile_o", _GI_TILE_O))
         else:
             ok, why = _canary_grad_stage(kernel, spec["tile_p"], spec["tile_n"], spec["block_dim"],
-                                         spec["version"], False, device)
+                                         spec["version"], False, device, tile_kb=spec.get("tile_kb", _GW_TILE_B))
         return (GradKernel(kind, name, kernel, spec, fp32) if ok else None), why
 
     return _GRAD_KERNELS.get((kind, name), device, build)
@@ -1506,7 +1519,8 @@ class _GradWeightPlan:
         spec = stage.spec
         b = grad_y.shape[0]
         self.cpad = pad_to(meta.cout, spec["tile_n"] * (2 if spec["version"] == 4 else 1))
-        self.bpad = pad_to(b, _GW_TILE_B)
+        self.tile_kb = tkb = spec.get("tile_kb", _GW_TILE_B)
+        self.bpad = pad_to(b, tkb)
         self.xt = _transposed_padded_input(x, meta, self.bpad)                 # [Cin*Nin+1, Bpad]
         self.w_xt = _ct(self.xt)
         itemsize = 4 if stage.fp32_stage else 2
@@ -1529,7 +1543,7 @@ class _GradWeightPlan:
             self.dwt = torch.zeros(meta.q, self.cpad, dtype=torch.float32, device=grad_y.device)
         self.w_dwt = _ct(self.dwt)
         self.n_p = meta.p64 // spec["tile_p"]
-        self.n_b = self.bpad // _GW_TILE_B
+        self.n_b = self.bpad // tkb
         self._cur = {}
 
     @property

@@ -25,7 +25,14 @@ in a second kernel. When the tables have the structure of spec §2.1 (every tabl
   laid out as dW ``[Cout, Cin*V]``: by one tiled kernel straight into dW when dW is 8 MiB or more (no
   temporary), else by a torch sum and transposing copy.
 
-No stage, no reduction kernel, no atomics: both gradients are **bitwise deterministic**, and memory
+* **Balanced segments** (kernel kinds ``dxs`` / ``dws``, the same tile configs): a CTA above walks a
+  whole list, so the longest list sets the time. The segment kernels flatten the lists into steps (tile
+  GEMMs), cut them into contiguous segments of at most ``L`` steps (:func:`segment_table`), run one CTA
+  per segment and sum each list's fp32 segment partials in segment order with a SIMT finish. The default rules
+  (:func:`default_dx_seg_steps`, :func:`default_dw_seg_steps`) pick them where the H200 sweep of run 25
+  found them faster: uneven or long lists on small grids (the stride-2 and small-Nout ResNet layers).
+
+No stage buffer, no atomics: both gradients are **bitwise deterministic**, and memory
 is the operands (g and x in node-major order, the size of g and x) plus dx and dW. The summation
 order differs from the staged kernels' (fp32 either way).
 
@@ -56,6 +63,8 @@ __all__ = [
     "grad_input_nm", "grad_weight_nm", "DX_NM_CONFIG_SPECS", "DW_NM_CONFIG_SPECS",
     "select_dx_nm_config", "select_dw_nm_config", "get_nm_grad_kernel", "nm_grad_kernel_names",
     "make_dx_nm_kernel", "make_dw_nm_kernel", "plan_grad_input_nm", "plan_grad_weight_nm",
+    "make_dx_seg_kernel", "make_dw_seg_kernel", "segment_table", "default_dx_seg_steps", "default_dw_seg_steps",
+    "dw_seg_steps_for",
 ]
 
 # dx: name -> (tile_m = batch rows, tile_n = Cin columns, tile_k = Cout chunk, block_dim)

@@ -147,8 +147,8 @@ def test_default_config_selection(monkeypatch):
     # Cout = 96 (alexnet's stem): 96-wide Cout tiles, no 96 -> 128 padding
     assert wa._select_gi_config(64, nout=964, device="cuda:0", cin=3, p64=384, cout=96) == "gi2i_p64b64o96"
     # ... and staged from 4M staged elements (run 31: alexnet L0 at B = 16 is faster staged, 5.9M)
-    assert wa._select_gi_config(16, nout=964, device="cuda:0", cin=3, p64=384, cout=96) == "gi2i_p64b64o96"
-    assert wa._select_gw_config(96, cin=3, batch=16, nout=964, p64=384) == "gw3i_p64n96"
+    assert wa._select_gi_config(16, nout=964, device="cuda:0", cin=3, p64=384, cout=96) == "gi2i_p64b16o96"
+    assert wa._select_gw_config(96, cin=3, batch=16, nout=964, p64=384) == "gw3i_p64n96k16"
     assert wa._select_gi_config(16, nout=964, device="cuda:0", cin=3, p64=192, cout=64) == "gi2_p64b64"  # res18 stem
     assert wa._select_gi_config(512, nout=964, device="cuda:0", cin=3, p64=384, cout=96) == "gi2i_p64b64o96_f32"
     assert wa._select_gw_config(96, cin=3, batch=512, nout=964, p64=384) == "gw3i_p64n96_f32"
@@ -418,8 +418,9 @@ def test_csr_reductions_are_the_sequential_sum_bit_for_bit(fp32):
 
 @pytest.mark.parametrize("b", [17, 64])
 def test_cout96_stem_tiles_match_the_oracle_and_the_64_wide_tiles(b):
-    """The 96-wide Cout tiles of the stems' staged-operand adjoints (alexnet's stem has Cout = 96) on a
-    Cin = 3, Cout = 96 layer: against the fp32 oracle, and against the 64/128-wide tiles they replace."""
+    """The 96-wide Cout tiles of the stems' staged-operand adjoints (alexnet's stem has Cout = 96), also
+    with a 16-wide batch tile (gi) and 16-deep batch chunks (gw), on a Cin = 3, Cout = 96 layer: against
+    the fp32 oracle, and against the 64/128-wide tiles they replace."""
     from fovi_lab.meta import build_meta
     gen = torch.Generator().manual_seed(96)
     nin, nout, k, v, cin, cout = 50, 21, 9, 36, 3, 96
@@ -432,12 +433,13 @@ def test_cout96_stem_tiles_match_the_oracle_and_the_64_wide_tiles(b):
     rdx = CompactTorchOps.grad_input(meta, g.float(), w.float())
     rdw = CompactTorchOps.grad_weight(meta, g.float(), x.float())
     for fp32 in (False, True):
-        for gi in ("gi2i_p64b64o96", "gi3i_p64b128o96"):
+        for gi in ("gi2i_p64b64o96", "gi3i_p64b128o96", "gi2i_p64b16o96"):
             dx = wa.grad_input(meta, g, w, config=gi, stage_fp32=fp32)
             torch.testing.assert_close(dx, rdx, atol=2e-2, rtol=2e-2)
-            torch.testing.assert_close(dx, wa.grad_input(meta, g, w, config=gi.replace("o96", ""), stage_fp32=fp32),
+            torch.testing.assert_close(dx, wa.grad_input(meta, g, w, config="gi2i_p64b64", stage_fp32=fp32),
                                        atol=1e-2, rtol=1e-2)
-        dw = wa.grad_weight(meta, g, x, config="gw3i_p64n96", stage_fp32=fp32)
-        torch.testing.assert_close(dw, rdw, atol=5e-2, rtol=2e-2)
-        torch.testing.assert_close(dw, wa.grad_weight(meta, g, x, config="gw3i_p64n128", stage_fp32=fp32),
-                                   atol=2e-2, rtol=1e-2)
+        for gw in ("gw3i_p64n96", "gw3i_p64n96k16"):
+            dw = wa.grad_weight(meta, g, x, config=gw, stage_fp32=fp32)
+            torch.testing.assert_close(dw, rdw, atol=5e-2, rtol=2e-2)
+            torch.testing.assert_close(dw, wa.grad_weight(meta, g, x, config="gw3i_p64n128", stage_fp32=fp32),
+                                       atol=2e-2, rtol=1e-2)
