@@ -838,8 +838,8 @@ def default_dw_seg_steps(meta: TrainingMeta, batch: int, tiles, device: str, tar
 
     Interleaved splits give each tap ``S`` CTAs whatever its list's length, so the longest tap sets the
     time when there are few tap x tile CTAs (res18: 36 taps, 1-32 tiles; lists of 23-95 pairs in layer1)
-    or most taps are empty (res18 layer3/3_0/4_0: under 4 pairs per tap on average, every empty CTA still
-    stores a partial). Segments of ``L`` equal steps there ran 1.1-1.6x faster on the H200 (run 25: res18
+    or the lists are short (res18 layer3/3_0/4_0: under 4 pairs per tap on average, 24 of layer4_0's 36
+    taps empty; an interleaved CTA with no pair still stores a partial). Segments of ``L`` equal steps there ran 1.1-1.6x faster on the H200 (run 25: res18
     layer1 B=512 0.27 against 0.38 ms, layer4_0 0.074 against 0.116). With many tap x tile CTAs (alexnet
     L1-L4: 800-1300) the interleaved splits tied or won by up to 4 % with their cheaper finish, so they
     stay. ``L`` aims at ``target`` CTAs (:func:`_dw_seg_target_ctas`), bounded by the partial-sum budget

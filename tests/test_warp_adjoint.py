@@ -299,7 +299,7 @@ def test_unlaunchable_reduction_falls_back(fresh_cache, monkeypatch):
 def test_get_grad_kernel_validates_once(fresh_cache, monkeypatch):
     seen = []
     real = wa._canary_grad_stage
-    monkeypatch.setattr(wa, "_canary_grad_stage", lambda *a: seen.append(a[1:]) or real(*a))
+    monkeypatch.setattr(wa, "_canary_grad_stage", lambda *a, **k: seen.append(a[1:]) or real(*a, **k))
     k1 = wa._get_grad_kernel("gw", "gw3_p64n64", "cpu")
     k2 = wa._get_grad_kernel("gw", "gw3_p64n64", "cpu")
     assert k1 is k2 and k1 is not None and len(seen) == 1
