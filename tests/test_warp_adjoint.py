@@ -376,8 +376,29 @@ def test_backward_bench_smoke_on_cpu(tmp_path, mode, monkeypatch):
         assert {"layer", "B", "impl", "ms", "device", "warp", "torch", "date"} <= set(r)
     w = next(r for r in recs if r["impl"] == warp)
     assert w["deterministic"] and w["err_dx"] < 1e-2 and w["err_dw"] < 1e-2
+    # every eager step is timed back to back too, PyTorch's as well, and compared like for like
+    assert w["pipelined_ms"] > 0 and w["strongest_pipelined"].startswith("torch")
+    assert w["speedup_vs_strongest_pipelined"] > 0
+    assert all(r.get("pipelined_ms", 0) > 0 for r in recs if r["impl"].startswith("torch") and not r.get("graphed"))
     if mode == "backward":
         assert {"warp_gi", "warp_gw"} <= impls
+
+
+def test_fused_sweep_smoke_on_cpu(tmp_path):
+    """``--sweep-fused --fused-only``: only the fused kernels, whole lists, splits and segments, each with
+    its error against the oracle and its dense ceiling."""
+    import json
+
+    from fovi_lab.bench import backward as bench
+
+    out = tmp_path / "fs.jsonl"
+    assert bench.main(["backward", "--layers", "ODD", "--batches", "3", "--reps", "1", "--warmup", "0",
+                       "--sweep-fused", "--fused-only", "--out", str(out)]) == 0
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    impls = {r["impl"] for r in recs}
+    assert impls <= {"warp_dxn", "warp_dxs", "warp_dwn", "warp_dws"} and {"warp_dxn", "warp_dxs", "warp_dwn"} <= impls
+    assert all(r["ms"] and r["err"] < 1e-2 for r in recs), [r for r in recs if not r["ms"]]
+    assert {r["seg_steps"] for r in recs if r["impl"] == "warp_dxs"} >= {1, 2, 4}
 
 
 @pytest.mark.parametrize("fp32", [False, True], ids=["f16stage", "f32stage"])
