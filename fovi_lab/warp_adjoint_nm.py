@@ -274,33 +274,20 @@ def make_dw_seg_kernel(tile_o: int, tile_c: int, tile_kb: int, block_dim: int, m
 
 
 @built_once
-def _dx_seg_finish_kernel():
-    """``dx[b, c, m] = sum_{s in segptr[m]..segptr[m+1]} part[s, b, c]`` (fp32, segment order; 0 for an
-    input node nobody reads). One thread per output, m fastest: coalesced stores into dx's layout."""
+def _seg_finish_kernel():
+    """``out[i, j, g] = sum_{s in segptr[g]..segptr[g+1]} part[s, i, j]`` (fp32, segment order; 0 for a
+    list without segments): the finish of both segment kernels, dx (``[B, Cin, Nin]`` from
+    ``part [nseg, B, Cin]``, g = input node) and dW (``[Cout, Cin, V]`` from ``part [nseg, Op, Cp]``,
+    g = tap). One thread per output, g fastest: coalesced stores into the gradient's own layout."""
     @wp.kernel(enable_backward=False, module="unique")
-    def fovi_dx_seg_finish(segptr: wp.array1d(dtype=wp.int32), part: wp.array3d(dtype=wp.float32),
-                           dx: wp.array3d(dtype=wp.float32)):
-        b, c, m = wp.tid()
+    def fovi_seg_finish(segptr: wp.array1d(dtype=wp.int32), part: wp.array3d(dtype=wp.float32),
+                        out: wp.array3d(dtype=wp.float32)):
+        i, j, g = wp.tid()
         acc = float(0.0)
-        for s in range(segptr[m], segptr[m + 1]):
-            acc += part[s, b, c]
-        dx[b, c, m] = acc
-    return fovi_dx_seg_finish
-
-
-@built_once
-def _dw_seg_finish_kernel():
-    """``dw[o, c, v] = sum_{s in segptr[v]..segptr[v+1]} part[s, o, c]`` (fp32, segment order; 0 for a tap
-    no real neighbour uses). One thread per output, v fastest: coalesced stores into dW's layout."""
-    @wp.kernel(enable_backward=False, module="unique")
-    def fovi_dw_seg_finish(segptr: wp.array1d(dtype=wp.int32), part: wp.array3d(dtype=wp.float32),
-                           dw: wp.array3d(dtype=wp.float32)):
-        o, c, v = wp.tid()
-        acc = float(0.0)
-        for s in range(segptr[v], segptr[v + 1]):
-            acc += part[s, o, c]
-        dw[o, c, v] = acc
-    return fovi_dw_seg_finish
+        for s in range(segptr[g], segptr[g + 1]):
+            acc += part[s, i, j]
+        out[i, j, g] = acc
+    return fovi_seg_finish
 
 
 def segment_table(rowptr: torch.Tensor, steps_per_entry: int, seg_steps: int):
@@ -583,7 +570,7 @@ class _GradInputNmPlan:
         if self.dims[0]:
             _launch(self.k.kernel, self.dims, self.inputs, self.block_dim, self.device)
         if self.seg_steps is not None:
-            _launch(_dx_seg_finish_kernel(), self.fin_dims, self.fin_inputs, 256, self.device, tiled=False)
+            _launch(_seg_finish_kernel(), self.fin_dims, self.fin_inputs, 256, self.device, tiled=False)
 
     def finish(self) -> torch.Tensor:
         return self.dx if self.direct else self.out.permute(1, 2, 0).contiguous()
@@ -688,7 +675,7 @@ class _GradWeightNmPlan:
     def finish(self) -> torch.Tensor:
         """``dW[o, c*V + v]`` = the fixed-order sum of tap v's partials (fp32).
 
-        Segments: one SIMT launch (:func:`_dw_seg_finish_kernel`). Splits: dW of
+        Segments: one SIMT launch (:func:`_seg_finish_kernel`). Splits: dW of
         ``_FINISH_TILED_MIN_BYTES`` or more (alexnet L1-L4, res18 layer3/4_0): one tiled launch straight
         into dW's layout (:func:`_dw_finish_kernel`), no ``[V, Op, Cp]`` temporary. On the H200 (runs 13
         and 17) that cut the alexnet steps' peak by 12-21 MiB at the same GPU time. Smaller dW: PyTorch's
@@ -697,7 +684,7 @@ class _GradWeightNmPlan:
         m = self.meta
         if self.seg_steps is not None:
             dw = torch.empty(m.cout, m.cin, m.v, dtype=torch.float32, device=self.out.device)
-            _launch(_dw_seg_finish_kernel(), (m.cout, m.cin, m.v), [_ct(self._segptr), _ct(self.out), _ct(dw)],
+            _launch(_seg_finish_kernel(), (m.cout, m.cin, m.v), [_ct(self._segptr), _ct(self.out), _ct(dw)],
                     256, self.device, tiled=False)
             return dw.view(m.cout, m.q)
         if 4 * m.cout * m.q < _FINISH_TILED_MIN_BYTES:

@@ -24,7 +24,7 @@ def _targets():
     out += [("nm", f"{k}:{n}", False) for k, n in N.nm_grad_kernel_names()]
     out += [("grad", f"{k}:{n}", False) for k, n in A.all_grad_kernel_names()]
     out += [("simt", n, False) for n in ("gather_rows", "gather_rows_pair", "nms_reduce", "dw_finish",
-                                         "dx_seg_finish", "dw_seg_finish")]
+                                         "seg_finish")]
     return out
 
 
@@ -47,7 +47,7 @@ def _kernel(t):
         return A._build_kernel(kind, n)[0]
     return {"gather_rows": C.gather_rows_kernel, "gather_rows_pair": C.gather_rows_pair_kernel,
             "nms_reduce": F._nms_reduce_kernel, "dw_finish": N._dw_finish_kernel,
-            "dx_seg_finish": N._dx_seg_finish_kernel, "dw_seg_finish": N._dw_seg_finish_kernel}[name]()
+            "seg_finish": N._seg_finish_kernel}[name]()
 
 
 def _have(k):
