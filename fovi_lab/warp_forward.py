@@ -125,7 +125,8 @@ class FwdConfig:
     Attributes:
         name: registry name (``m64n64r2b256``, ``nm_m64n128k64``, ...).
         family: ``"gather"`` (any tables), ``"nm"`` (node-major, spec §2.1 tables) or ``"cached"``.
-        tile_m, tile_n, tile_k: batch rows, output channels, contraction depth of one tile GEMM.
+        tile_m, tile_n, tile_k: batch rows, output channels, contraction depth of one tile GEMM (``simt``:
+            a thread's batch rows and output channels, and the p entries per loop step).
         r: batch tiles per CTA sharing each weight tile (1, 2 or 4).
         block_dim: threads per CTA.
     """
@@ -195,6 +196,21 @@ _UNCACHED_BATCH_CONFIG_SPECS: Dict[str, Tuple[str, int, int, int, int, int]] = {
     "i2cg_m64n64k64": ("i2cg", 64, 64, 64, 1, 256),
     "i2cg_m64n96k64": ("i2cg", 64, 96, 64, 1, 256),
     "i2cg_m64n128k64": ("i2cg", 64, 128, 64, 1, 256),
+    # SIMT register-blocked kernel (no tile GEMM, no staging): each thread owns a tile_m x tile_n block
+    # of (batch, output channel) in fp32 registers, for the stems at small batch
+    "sd_b4o4u1": ("simt", 4, 4, 1, 1, 128),
+    "sd_b4o4u4": ("simt", 4, 4, 4, 1, 128),
+    "sd_b4o8u2": ("simt", 4, 8, 2, 1, 128),
+    "sd_b8o4u2": ("simt", 8, 4, 2, 1, 128),
+    "sd_b8o8u1": ("simt", 8, 8, 1, 1, 128),
+    "sd_b8o8u2": ("simt", 8, 8, 2, 1, 128),
+    "sd_b8o8u4": ("simt", 8, 8, 4, 1, 128),
+    "sd_b16o4u2": ("simt", 16, 4, 2, 1, 128),
+    "sd_b16o8u2": ("simt", 16, 8, 2, 1, 128),
+    "sd_b8o8u8": ("simt", 8, 8, 8, 1, 128),
+    "sd_b16o8u4": ("simt", 16, 8, 4, 1, 128),
+    "sd_b8o4u4": ("simt", 8, 4, 4, 1, 128),
+    "sd_b8o8u4b64": ("simt", 8, 8, 4, 1, 64),
 }
 
 # Measured and never the fastest on the H200 sweep (kept runnable by name for benchmarks, but not
@@ -511,6 +527,98 @@ def _make_i2c_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, w_ga
     return kernel
 
 
+def _simt_decorator(name: str, block_dim: int):
+    """A SIMT kernel has no tile expression: no MathDx link, so it compiles in seconds (not ~50 s)."""
+    if _SHARED_MODULE is not None:
+        return wp.kernel(enable_backward=False, module=_SHARED_MODULE, name=name)
+    return wp.kernel(enable_backward=False, module="unique", name=name,
+                     module_options={"enable_backward": False, "fast_math": True, "block_dim": int(block_dim)})
+
+
+def _make_simt_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, name: Optional[str] = None,
+                      dense: bool = False):
+    """SIMT register-blocked kernel ("simt", ``sd_b4o8u2``-style): no tile GEMM and no staging.
+
+    Why: at small batch the stems' per-node GEMM ``[B, P] @ [P, Cout]`` has B <= 16 rows, so a tensor-core
+    tile is mostly padding and Warp's tile GEMM runs at a few TFLOP/s on it, while the i2c family also
+    stages every node's weight rows (``Nout*P64*Cout`` fp16: 71 MB written and read back at alexnet's
+    stem, ~6x the gathered x at B = 16). Here one thread keeps a ``tile_b x tile_o`` block of
+    ``y[n, b, o]`` in fp32 registers and reads its operands straight from two small, L2-resident
+    layouts::
+
+        acc[i, j] = sum_{p < p_len} xp[il[n, p], b0 + i] * wt[wl[n, p], og + j*n_og]
+
+    ``xp = [x_flat^T | zero pad row]`` ``[Cin*Nin + 1, Bx]`` (the pad index ``Cin*Nin`` reads the zero
+    row, so pads need no branch) and ``wt = W^T`` ``[Q, Cout_p]``. Threads are launched over
+    ``(Nout, Bx/tile_b, n_og = Cout_p/tile_o)`` with the channel group fastest, and a thread's channels
+    are strided by ``n_og``: for each ``j`` neighbouring threads read neighbouring ``wt`` entries (one
+    coalesced row segment) and share (broadcast) the same ``xp`` entries. Per ``p`` a thread issues
+    ``2 + tile_b + tile_o`` loads for ``tile_b*tile_o`` FMAs; ``unroll`` p entries are handled per loop
+    step so their loads are in flight together (``p_len`` is rounded up to it inside P64: the extra
+    columns are pads). Stores are guarded by ``y``'s own shape; bias is added in fp32, one rounding.
+
+    ``dense=True``: the same loop over dense operands ``at [Kd, Bx]``, ``w [Kd, Cout_p]`` shared by every
+    node (no index loads): the SIMT ceiling of these register blocks.
+    """
+    init_warp()
+    TB, TO, U = int(tile_b), int(tile_o), int(unroll)
+    kname = name or f"fovi_fwd_simt{'_dense' if dense else ''}_b{TB}o{TO}u{U}b{block_dim}"
+    vec_b = wp.types.vector(length=TB, dtype=wp.float32)
+    vec_o = wp.types.vector(length=TO, dtype=wp.float32)
+    mat_bo = wp.types.matrix(shape=(TB, TO), dtype=wp.float32)
+
+    if not dense:
+        @_simt_decorator(kname, block_dim)
+        def kernel(xp: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16),
+                   il: wp.array2d(dtype=wp.int32), wl: wp.array2d(dtype=wp.int32),
+                   bias: wp.array1d(dtype=wp.float32), y: wp.array3d(dtype=wp.float16), p_len: int, n_og: int):
+            n, bg, og = wp.tid()
+            b0 = bg * TB
+            acc = mat_bo()
+            for p0 in range(0, p_len, U):
+                for u in range(U):             # constant trip counts: unrolled, registers only
+                    r = il[n, p0 + u]
+                    q = wl[n, p0 + u]
+                    xv = vec_b()
+                    wv = vec_o()
+                    for i in range(TB):
+                        xv[i] = wp.float32(xp[r, b0 + i])
+                    for j in range(TO):
+                        wv[j] = wp.float32(wt[q, og + j * n_og])
+                    acc += wp.outer(xv, wv)
+            for i in range(TB):                    # guarded by y's shape: batch and Cout tails
+                if b0 + i < y.shape[1]:
+                    for j in range(TO):
+                        o = og + j * n_og
+                        if o < y.shape[2]:
+                            y[n, b0 + i, o] = wp.float16(acc[i, j] + bias[o])
+    else:
+        @_simt_decorator(kname, block_dim)
+        def kernel(at: wp.array2d(dtype=wp.float16), w: wp.array2d(dtype=wp.float16),
+                   bias: wp.array1d(dtype=wp.float32), y: wp.array3d(dtype=wp.float16), kd: int, n_og: int):
+            n, bg, og = wp.tid()
+            b0 = bg * TB
+            acc = mat_bo()
+            for p0 in range(0, kd, U):
+                for u in range(U):
+                    xv = vec_b()
+                    wv = vec_o()
+                    for i in range(TB):
+                        xv[i] = wp.float32(at[p0 + u, b0 + i])
+                    for j in range(TO):
+                        wv[j] = wp.float32(w[p0 + u, og + j * n_og])
+                    acc += wp.outer(xv, wv)
+            for i in range(TB):                    # guarded by y's shape: batch and Cout tails
+                if b0 + i < y.shape[1]:
+                    for j in range(TO):
+                        o = og + j * n_og
+                        if o < y.shape[2]:
+                            y[n, b0 + i, o] = wp.float16(acc[i, j] + bias[o])
+
+    kernel._fovi_tiles = ("simt_dense" if dense else "simt", TB, TO, U, 1, int(block_dim))
+    return kernel
+
+
 def _make_cached_kernel(tile_m: int, tile_n: int, block_dim: int = 128, mathdx: Optional[bool] = None,
                         name: Optional[str] = None):
     """Cached kernel: A gathered from ``xt`` as in the gather family, W plain-loaded from ``Weff[n]``.
@@ -753,11 +861,13 @@ def _build_kernel(cfg: FwdConfig, mathdx: Optional[bool] = None, dense: bool = F
     pipelined = cfg.family in ("nmp", "gp")
     key = (cfg.family, cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx, dense)
     if dense:
-        key = ("densep" if pipelined else "dense",) + key[1:]
+        key = ("densep" if pipelined else "simt_dense" if cfg.family == "simt" else "dense",) + key[1:]
     with _build_lock:
         k = _KERNELS.get(key)
         if k is None:
-            if dense and pipelined:
+            if cfg.family == "simt":
+                k = _make_simt_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, dense=dense)
+            elif dense and pipelined:
                 k = _make_densep_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, mathdx)
             elif dense:
                 k = _make_dense_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx)
@@ -827,12 +937,14 @@ def _canary(kernel, tile_m: int, tile_n: int, r: int, block_dim: int, device: st
         from .reference import build_effective_weight
         weff = build_effective_weight(meta, w, cout_multiple=tile_n)
         plan = _plan_cached(cfg, kernel, x, weff, bias, meta.input_linear, tile_n, store="staged")
-    elif family in ("dense", "densep"):
+    elif family in ("dense", "densep", "simt_dense"):
+        if family == "simt_dense":
+            cfg = FwdConfig("canary", "simt", tile_m, tile_n, tile_k, r, block_dim)
         plan = _plan_dense(cfg, kernel, b, tile_n, 1, 64, device, seed=7)
     else:
         plan = _plan_uncached(cfg, kernel, x, w, bias, meta.input_linear, meta.weight_linear, store="staged")
     ok, why = nan_canary(plan.launch, plan.out)
-    if not ok or family in ("dense", "densep"):
+    if not ok or family in ("dense", "densep", "simt_dense"):
         return ok, why
     y = plan.finish()
     ref = oracle_forward(x.float().cpu(), w.float().cpu(), bias.float().cpu(), meta.idx, meta.rf_index, meta.v)
@@ -948,7 +1060,9 @@ def _select_uncached_batch_config(batch: int, out_channels: int, out_nodes: int,
       neighbour loop split across CTAs (``nms``) when even that grid is under one wave; otherwise
       64x64 tiles, with a 128-deep K step when that pads the channels no more than a 64-deep one
       (Cin = 96, 128, 256, 384: fewer syncs per FLOP) and 64-deep otherwise (Cin = 64).
-    * gather (Cin < 32: the stems and the DINOv3 patch embed; or unstructured tables): 256 threads per
+    * simt (Cin < 32, at least 256 output nodes, B <= 32, or B <= 64 with Cout <= 64: the stems at small
+      batch, see :func:`_simt_fits`); otherwise i2c for Cin < 32 (:func:`_select_i2c`).
+    * gather (unstructured tables; before the i2c family, also the stems): 256 threads per
       CTA (2x faster than 128: the gathers are scalar loads and more threads keep more in flight;
       512 was slower), 64x64 tiles, or 64x96 when Cout is a multiple of 96 but not of 64 (alexnet's
       stem, Cout = 96: no ragged output tile, 20-25% faster); at B <= 16, 16x64 tiles when the grid
@@ -969,12 +1083,36 @@ def _select_uncached_batch_config(batch: int, out_channels: int, out_nodes: int,
             return "nm_m64n64k128"
         return "nm_m64n64k64"
     if in_channels is not None and in_channels < _NM_MIN_CIN:
+        if _simt_fits(batch, out_channels, out_nodes):
+            return _SIMT_CONFIG
         return _select_i2c(batch, out_channels, p_padded)
     if out_channels % 96 == 0 and out_channels % 64:
         return "m64n96b256"
     if batch <= 16 and out_nodes * -(-out_channels // 64) >= 900:
         return "m16n64"
     return "m64n64r1b256"
+
+
+# The SIMT config for stem-like calls, and where it wins (H200 runs 35-36 in data/forward_sweep_h200.jsonl,
+# kernel times): 8x8 register blocks with 4 p entries per loop step were the fastest SIMT shape on every
+# stem shape (1.2-1.5x faster than 4x4 or one entry per step). Against the i2c tiles it wins on the stems'
+# 964-node grids at B <= 32 (alexnet's stem at B = 16: 0.12 vs 0.18 ms; at B = 1: 0.08 vs 0.18) and on the
+# resnet stem (Cout = 64) up to B = 64 (0.104 vs 0.118 ms), ties there at B = 128, and loses at alexnet's
+# B = 64 (0.33 vs 0.26 ms: 64-row tensor-core tiles are full by then) and on the DINOv3 patch embed at
+# every batch (64 nodes: few threads per launch, and a small i2c weight stage of 16 MB).
+_SIMT_CONFIG = "sd_b8o8u4"
+_SIMT_MIN_NODES = 256
+
+
+def _simt_fits(batch: int, out_channels: int, out_nodes: int) -> bool:
+    """Whether a stem-like call (Cin < 32) takes the SIMT kernel (see :data:`_SIMT_CONFIG`).
+    ``FOVI_WARP_STEM_SIMT=off`` keeps every stem on the i2c tiles (``auto``, the default: this rule)."""
+    env = os.environ.get("FOVI_WARP_STEM_SIMT") or "auto"
+    if env not in ("auto", "off"):
+        raise ValueError(f"FOVI_WARP_STEM_SIMT: expected 'auto' or 'off', got {env!r}")
+    if env == "off" or out_nodes < _SIMT_MIN_NODES:
+        return False
+    return batch <= 32 or (batch <= 64 and out_channels <= 64)
 
 
 def _select_i2c(batch: int, out_channels: int, p_padded: int) -> str:
@@ -1071,10 +1209,13 @@ def _check_bias(bias, cout: int, x: torch.Tensor) -> None:
 class _TableInfo:
     """Per-table facts: node-major tables ``(idx [Nout,K] i32 (nin = pad), rf [Nout,K] i32, K)`` when the
     tables have the spec §2.1 structure (else None), and, built on first use, the same lists compacted
-    per node (real neighbours first) with their counts, for the pipelined node-major kernels."""
+    per node (real neighbours first) with their counts, for the pipelined node-major kernels.
+    ``p_used``: one past the last column of ``input_linear`` that holds a real entry in some row (the
+    SIMT kernel's loop length: the P64 fillers after it are skipped)."""
 
     nm: Optional[Tuple[torch.Tensor, torch.Tensor, int]]
     nin: int = 0
+    p_used: int = 0
     _compact: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
     _warp: Optional[dict] = None
 
@@ -1134,7 +1275,9 @@ def _analyse_tables(il: torch.Tensor, wl: Optional[torch.Tensor], cin: int, nin:
         if lo < 0 or hi >= q:
             raise ValueError(f"weight_linear: entries must lie in [0, Q={q}), got range [{lo}, {hi}]")
         nm = _derive_node_major(il, wl, cin, nin, q // cin)
-    info = _TableInfo(nm=nm, nin=nin)
+    real_cols = torch.nonzero((il != pad_col).any(0))
+    p_used = int(real_cols[-1, 0]) + 1 if real_cols.numel() else 0
+    info = _TableInfo(nm=nm, nin=nin, p_used=p_used)
     with _table_lock:
         def _drop(_ref, key=key):
             with _table_lock:
@@ -1224,21 +1367,23 @@ _launch_lock = threading.Lock()
 _LAUNCHES: Dict[Tuple, list] = {}
 
 
-def _launcher(kernel, dims, inputs, block_dim: int, device: str):
-    """A closure launching ``kernel`` on torch's current stream of ``device`` (looked up per launch).
+def _launcher(kernel, dims, inputs, block_dim: int, device: str, tiled: bool = True):
+    """A closure launching ``kernel`` on torch's current stream of ``device`` (looked up per launch);
+    ``tiled=False``: a plain SIMT launch of ``dims`` threads (the ``simt`` family).
 
     Launch overhead is host time, and at small batch the host is the bottleneck (one op is ~0.1 ms
     of GPU work): so one recorded ``wp.Launch`` is kept per (kernel, device, grid) and only the
     parameters that changed since its last use (new x / y buffers, ints) are re-packed.
     """
-    key = (kernel, device, dims, block_dim)
+    key = (kernel, device, dims, block_dim, tiled)
+    launch_fn = wp.launch_tiled if tiled else wp.launch
 
     def launch():
         with _launch_lock:
             ent = _LAUNCHES.get(key)
             if ent is None:
-                cmd = wp.launch_tiled(kernel, dim=dims, inputs=inputs, block_dim=block_dim, device=device,
-                                      record_cmd=True)
+                cmd = launch_fn(kernel, dim=dims, inputs=inputs, block_dim=block_dim, device=device,
+                                record_cmd=True)
                 if len(_LAUNCHES) > 512:
                     _LAUNCHES.clear()
                 _LAUNCHES[key] = ent = [cmd, list(inputs)]
@@ -1295,6 +1440,16 @@ def _plan_uncached(cfg: FwdConfig, kernel, x, weight, bias, il, wl, store: str,
             keep = (xn, wv, idxc, rfc, cnt, bias_p)
     elif cfg.family in ("i2c", "i2cg"):
         return _plan_i2c(cfg, kernel, x, weight, il, wl, out, finish, bias_p, bias_w, dev, info, memo)
+    elif cfg.family == "simt":
+        # [Cin*Nin + 1, Bx]: x^T, the zero pad row and zero batch columns, in one op
+        bx, coutp = pad_to(b, cfg.tile_m), pad_to(cout, cfg.tile_n)
+        xp = torch.nn.functional.pad(x.reshape(b, cin * nin).t(), (0, bx - b, 0, 1))
+        wtp, wtp_w = _weight_operand(weight, "tp", 0, 0, coutp)   # [Q, Cout_p], zero columns
+        inputs = [warp_ct(xp), wtp_w, info.wa(il), info.wa(wl), bias_w, warp_ct(out),
+                  pad_to(info.p_used, cfg.tile_k), coutp // cfg.tile_n]
+        plan = _Plan(_launcher(kernel, dims, inputs, cfg.block_dim, dev, tiled=False), out, finish)
+        plan._keep = (xp, wtp, il, wl, bias_p)
+        return plan
     else:
         raise ValueError(f"config: {cfg.name!r} is not an uncached config")
     launch = _launcher(kernel, dims, inputs, cfg.block_dim, dev)
@@ -1588,7 +1743,10 @@ def _plan_dense(cfg: FwdConfig, kernel, b: int, cout: int, nout: int, kdim: int,
     bias_p, bias_w = _bias_operand(None, cout, cfg.tile_n, dev_t)
     dims = (nout, -(-b // cfg.rows_per_cta), -(-cout // cfg.tile_n))
     inputs = [to_warp(at), to_warp(w), bias_w, to_warp(out), kd // cfg.tile_k, b]
-    plan = _Plan(_launcher(kernel, dims, inputs, cfg.block_dim, _device_str(device)), out, finish)
+    if cfg.family == "simt":                 # SIMT ceiling: all Kd rows, U per step; channel-group count
+        inputs[4:] = [kd, pad_to(cout, cfg.tile_n) // cfg.tile_n]
+    plan = _Plan(_launcher(kernel, dims, inputs, cfg.block_dim, _device_str(device), tiled=cfg.family != "simt"),
+                 out, finish)
     plan._keep = (at, w, bias_p)
     return plan
 
@@ -1632,7 +1790,8 @@ def _call_key(x, weight, bias, il, wl, config, store) -> Optional[Tuple]:
             None if bias is None else (bias.shape, bias.dtype, bias.device),
             id(il), il._version, il.data_ptr(), il.shape, il.dtype, il.device, il.is_contiguous(),
             id(wl), wl._version, wl.data_ptr(), wl.shape, wl.dtype, wl.device, wl.is_contiguous(),
-            config, store, env.get("FOVI_WARP_FWD_STORE"), env.get("FOVI_WARP_MATHDX"), _VALIDATED.generation)
+            config, store, env.get("FOVI_WARP_FWD_STORE"), env.get("FOVI_WARP_MATHDX"), env.get("FOVI_WARP_STEM_SIMT"),
+            _VALIDATED.generation)
 
 
 def _prepare_uncached(x, weight, bias, input_linear, weight_linear, config=None, store=None) -> _Plan:
@@ -1642,7 +1801,9 @@ def _prepare_uncached(x, weight, bias, input_linear, weight_linear, config=None,
         built, info, mode, dev, memo = hit[2:]
         runner = memo.get("nm")
         if runner is not None:
-            return runner(x, weight, bias)
+            plan = runner(x, weight, bias)
+            plan.config = built.config.name
+            return plan
     else:
         built, info, mode, dev = _resolve_uncached(x, weight, bias, input_linear, weight_linear, config, store)
         memo = {}
@@ -1652,8 +1813,10 @@ def _prepare_uncached(x, weight, bias, input_linear, weight_linear, config=None,
                 if len(_CALLS) >= _CALLS_MAX:
                     _CALLS.pop(next(iter(_CALLS)))
                 _CALLS[key] = (weakref.ref(input_linear), weakref.ref(weight_linear), built, info, mode, dev, memo)
-    return _plan_uncached(built.config, built.kernel, x, weight, bias, input_linear, weight_linear, mode,
+    plan = _plan_uncached(built.config, built.kernel, x, weight, bias, input_linear, weight_linear, mode,
                           info=info, dev=dev, memo=memo)
+    plan.config = built.config.name          # which kernel this call runs (tests, benchmarks)
+    return plan
 
 
 def _resolve_uncached(x, weight, bias, input_linear, weight_linear, config=None, store=None):

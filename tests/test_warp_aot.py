@@ -46,6 +46,10 @@ def _forward_kernels_by_block_dim(module_prefix: str):
                                    mathdx=False)
             elif cfg.family == "cached":
                 F._make_cached_kernel(cfg.tile_m, cfg.tile_n, cfg.block_dim, mathdx=False)
+            elif cfg.family == "simt":
+                F._make_simt_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim)
+                F._make_simt_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, dense=True)
+                continue
             else:
                 raise AssertionError(f"test_warp_aot does not know the {cfg.family!r} family ({name})")
             pipelined = cfg.family in ("nmp", "gp")

@@ -112,6 +112,37 @@ def test_i2c_configs_on_a_stem(config, b):
     c.check(_run_prefilled(c, config), f"{config} on STEM B={b}")
 
 
+_SIMT = [n for n in _CONFIGS if F.config_spec(n).family == "simt"]
+
+
+@pytest.mark.parametrize("b", (1, 17, 64))
+@pytest.mark.parametrize("config", _SIMT)
+def test_simt_configs_on_a_stem(config, b):
+    """Every SIMT register block on the stem-like shape: batch tails (B = 1, 17 against 4/8/16-row
+    blocks), Cout = 24 against 32- and 64-wide channel groups (tail channels never stored), NaN-prefilled."""
+    c = case(STEM, b)
+    c.check(_run_prefilled(c, config), f"{config} on STEM B={b}")
+
+
+def test_simt_loop_stops_at_the_last_real_column():
+    """``p_used``: the SIMT loop runs to the tables' last real column (rounded up to the unroll inside
+    P64), so P64 fillers cost nothing, and an all-pad table gives exactly the bias."""
+    c = case(STEM, 5)
+    info = F._analyse_tables(c.meta.input_linear, c.meta.weight_linear, 3, c.meta.nin, c.meta.q)
+    assert info.p_used == c.meta.p == 126                 # Cin*K = 3*42; P64 = 128
+    nin, cin = 30, 3
+    idx = torch.full((4, 5), nin)                          # every neighbour a pad
+    rf = torch.zeros(4, 5, dtype=torch.long)
+    meta = build_meta(idx, rf, cin=cin, cout=13, v=6, nin=nin)
+    x = torch.randn(3, cin, nin).half()
+    w = torch.randn(13, cin * 6).half()
+    bias = torch.randn(13).half()
+    assert F._analyse_tables(meta.input_linear, meta.weight_linear, cin, nin, meta.q).p_used == 0
+    for config in ("sd_b4o4u4", "sd_b8o8u4"):
+        y = F.run_uncached(x, w, bias, meta.input_linear, meta.weight_linear, config=config)
+        assert torch.equal(y, bias.view(1, -1, 1).expand(3, 13, 4)), config
+
+
 @pytest.mark.parametrize("gather", ("warp", "torch"))
 def test_i2c_chunked_stage_and_both_row_gathers(monkeypatch, gather):
     """A stage budget of a few nodes (many chunks, a ragged last one), both row-gather implementations."""
@@ -133,16 +164,39 @@ def test_i2c_chunked_stage_and_both_row_gathers(monkeypatch, gather):
 
 
 def test_i2c_selection_rules():
-    """Stems go to i2c; 96-wide tiles when 96 divides Cout (16-row tiles at B <= 16 only if 64 is ragged)."""
+    """Stems go to SIMT on their 964-node grids at small batch, else to i2c; 96-wide tiles when 96 divides
+    Cout (16-row tiles at B <= 16 only if 64 is ragged)."""
     sel = F._select_uncached_batch_config
-    assert sel(16, 96, 964, 384, in_channels=3) == "i2c_m16n96k64"             # alexnet stem
+    for b in (1, 16, 32):
+        assert sel(b, 96, 964, 384, in_channels=3) == "sd_b8o8u4"              # alexnet stem
+        assert sel(b, 64, 964, 192, in_channels=3) == "sd_b8o8u4"              # resnet stem
     assert sel(64, 96, 964, 384, in_channels=3) == "i2c_m64n96k128"
-    assert sel(16, 64, 964, 192, in_channels=3) == "i2c_m16n64k64"             # resnet stem
+    assert sel(64, 64, 964, 192, in_channels=3) == "sd_b8o8u4"                 # Cout 64: SIMT up to B = 64
+    assert sel(128, 64, 964, 192, in_channels=3) == "i2c_m64n64k64"
     assert sel(512, 64, 964, 192, in_channels=3) == "i2c_m64n64k64"
+    assert sel(1, 384, 64, 320, in_channels=3) == "i2c_m16n64k64"              # DINOv3: 64 nodes, never SIMT
     assert sel(16, 384, 64, 320, in_channels=3) == "i2c_m16n64k64"             # DINOv3 patch embed
     assert sel(128, 384, 64, 320, in_channels=3) == "i2c_m64n96k64"
     assert sel(64, 1280, 64, 320, in_channels=3) == "i2c_m64n64k64"            # DINOv3 H+
     assert sel(64, 96, 964, 384) == "m64n96b256"                               # Cin unknown: gather family
+
+
+def test_stem_simt_switch(monkeypatch):
+    """``FOVI_WARP_STEM_SIMT=off`` keeps the stems on i2c (a call-cache key: the same call re-selects)."""
+    sel = F._select_uncached_batch_config
+    c = case(STEM, 17)
+    il, wl = c.meta.input_linear, c.meta.weight_linear
+    monkeypatch.setattr(F, "_SIMT_MIN_NODES", 1)               # STEM has 37 output nodes
+    F._CALLS.clear()                                           # other tests' calls on STEM chose i2c
+    assert F._prepare_uncached(c.x, c.w, c.bias, il, wl).config == "sd_b8o8u4"
+    c.check(F.run_uncached(c.x, c.w, c.bias, il, wl), "SIMT by default")
+    monkeypatch.setenv("FOVI_WARP_STEM_SIMT", "off")
+    assert sel(16, 96, 964, 384, in_channels=3) == "i2c_m16n96k64"
+    assert F._prepare_uncached(c.x, c.w, c.bias, il, wl).config == "i2c_m64n64k128"    # B = 17, P64 = 128
+    c.check(F.run_uncached(c.x, c.w, c.bias, il, wl), "FOVI_WARP_STEM_SIMT=off")
+    monkeypatch.setenv("FOVI_WARP_STEM_SIMT", "always")
+    with pytest.raises(ValueError, match="FOVI_WARP_STEM_SIMT"):
+        sel(16, 96, 964, 384, in_channels=3)
 
 
 @pytest.mark.parametrize("shape", SHAPES)

@@ -276,13 +276,13 @@ def run_shape(layer: str, meta, b: int, configs: List[str], chosen: str, device:
         r["op_overhead_ms"] = (op - kern[name]) if op else None
         if name == chosen and info["dense_ms"]:
             rec("warp_dense_ceiling", info["dense_ms"], config=name)
-        if name == chosen and graphs:
+        if graphs and (name == chosen or args.op_all):
             graphed("warp_uncached", lambda name=name: F.run_uncached(x, w, bias, meta.input_linear,
                                                                       meta.weight_linear, config=name),
-                    config=name, chosen=True)
+                    config=name, chosen=name == chosen)
             tg = {k[:-len("_graphed")]: r["ms"] for r in recs for k in [r["impl"]]
                   if r.get("graphed") and r.get("ms") and k.startswith("torch")}
-            wg = [r for r in recs if r["impl"] == "warp_uncached_graphed" and r.get("ms")]
+            wg = [r for r in recs[-1:] if r["impl"] == "warp_uncached_graphed" and r.get("ms")]
             if tg and wg:
                 best = min(tg, key=tg.get)
                 wg[0].update(strongest_graphed=best + "_graphed", speedup_vs_strongest_graphed=tg[best] / wg[0]["ms"])
