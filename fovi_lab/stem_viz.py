@@ -7,6 +7,8 @@
   gather family's best config, the heuristic's i2c config, the dense tile-GEMM ceiling of the i2c tiles,
   and the strongest PyTorch forward of the same run).
 * :func:`stem_train_rows`: the recorded train steps before (gathered operands) and after (staged ones).
+* :func:`simt_rows` / :func:`simt_figure`: the SIMT register-blocked forward against the i2c tiles and the
+  strongest PyTorch forward, per stem and batch (H200 runs 35-37).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from . import kernel_lab as kl
 from .layers import layer_meta
 from .meta import pad_to
 
-__all__ = ["STEMS", "stage_bytes", "explore_stem", "stem_forward_rows", "stem_forward_figure", "stem_train_rows"]
+__all__ = ["STEMS", "stage_bytes", "explore_stem", "stem_forward_rows", "stem_forward_figure", "stem_train_rows",
+           "simt_rows", "simt_figure"]
 
 STEMS = ("alex_L0", "res18_stem", "dinov3_patch")
 _MIB = 1 << 20
@@ -48,9 +51,9 @@ def stage_bytes(layers: Sequence[str] = STEMS, batch: int = 64, budget_mib: floa
 
 
 def explore_stem(layer: str = "alex_L0", batch: int = 5, nodes: int = 48, device=None) -> dict:
-    """The stem's forwards (the gather family's config and the i2c one the heuristic picks) and its
-    adjoints (gathered and staged-operand gi/gw), on a ``nodes``-node slice of ``layer``: parity lines
-    against the fp32 reference, the configs, and the run times on this machine."""
+    """The stem's forwards (the gather family's config, the i2c config of its shape and the SIMT kernel
+    ``sd_b8o8u4``) and its adjoints (gathered and staged-operand gi/gw), on a ``nodes``-node slice of
+    ``layer``: parity lines against the fp32 reference, the configs, and the run times on this machine."""
     import time
     from . import warp_adjoint as wa
     from . import warp_forward as F
@@ -59,10 +62,10 @@ def explore_stem(layer: str = "alex_L0", batch: int = 5, nodes: int = 48, device
     pb = kl.make_problem(layer, batch=batch, device=device, nodes=nodes)
     m = pb.meta
     ref, ref_name = kl.reference_forward(m, pb.x, pb.weight, pb.bias)
-    pick = F._select_uncached_batch_config(batch, m.cout, m.nout, m.p64, in_channels=m.cin)
+    pick = F._select_i2c(batch, m.cout, m.p64)
     gather = "m64n96b256" if m.cout % 96 == 0 and m.cout % 64 else "m64n64r1b256"
     out = dict(layer=layer, B=batch, nodes=m.nout, device=device, configs={}, lines=[])
-    for cfg in (gather, pick):
+    for cfg in (gather, pick, F._SIMT_CONFIG):
         t0 = time.perf_counter()
         y = F.run_uncached(pb.x, pb.weight, pb.bias, m.input_linear, m.weight_linear, config=cfg)
         dt = (time.perf_counter() - t0) * 1e3
@@ -115,7 +118,7 @@ def stem_forward_rows(records: Optional[List[dict]] = None) -> List[dict]:
                                   key=lambda kv: (STEMS.index(kv[0][0]) if kv[0][0] in STEMS else 99, kv[0][1])):
         k = {r["config"]: r for r in run if r.get("impl") == "warp_uncached" and r.get("ms_kernel")}
         r0 = run[0]
-        pick = F._select_uncached_batch_config(b, r0["cout"], r0["nout"], r0["p64"], in_channels=r0["cin"])
+        pick = F._select_i2c(b, r0["cout"], r0["p64"])
         gath = [r for c, r in k.items() if F.config_spec(c).family == "gather"]
         i2c = [r for c, r in k.items() if c.startswith("i2c")]
         torch_rows = [r for r in run if str(r.get("impl")).startswith("torch") and r.get("ms") and not r.get("graphed")]
@@ -202,3 +205,71 @@ def stem_train_rows(records: Optional[List[dict]] = None, layers: Sequence[str] 
                 row["torch_ms"] = same[0]["ms"] if same else None
             rows.append(row)
     return rows
+
+
+#: The SIMT sweep runs (session 7): every sd_* config and the i2c pick, kernel alone, stems B = 1..128.
+SIMT_RUNS = (35, 36)
+
+
+def simt_rows(records: Optional[List[dict]] = None, config: Optional[str] = None) -> List[dict]:
+    """Per stem and batch, from the SIMT sweep runs (:data:`SIMT_RUNS`, medians over them): the kernel time
+    of ``config`` (default: the heuristic's SIMT config) and of the i2c config of that shape (its row
+    gathers included), the SIMT kernel's own dense ceiling (its loop over dense operands), the fastest
+    PyTorch forward of the same runs (whole op, eager and replayed from a CUDA graph), and which family the
+    heuristic picks there."""
+    import statistics
+    from . import warp_forward as F
+    config = config or F._SIMT_CONFIG
+    records = kl.forward_records() if records is None else records
+    runs = [r for r in records if r.get("run") in SIMT_RUNS and r.get("ms")]
+    rows = []
+    for layer in STEMS:
+        for b in sorted({r["B"] for r in runs if r["layer"] == layer}):
+            rs = [r for r in runs if r["layer"] == layer and r["B"] == b]
+            r0 = next(r for r in rs if r.get("cin") is not None)
+            i2c = F._select_i2c(b, r0["cout"], r0["p64"])
+
+            def med(pred, key="ms_kernel"):
+                vals = [r[key] for r in rs if pred(r) and r.get(key)]
+                return statistics.median(vals) if vals else None
+            torch_eager = min((r["ms"] for r in rs if str(r["impl"]).startswith("torch") and not r.get("graphed")),
+                              default=None)
+            torch_graphed = min((r["ms"] for r in rs if str(r["impl"]).startswith("torch") and r.get("graphed")),
+                                default=None)
+            pick = F._select_uncached_batch_config(b, r0["cout"], r0["nout"], r0["p64"], in_channels=r0["cin"])
+            rows.append(dict(
+                layer=layer, B=b, simt_config=config, i2c_config=i2c,
+                simt_ms=med(lambda r: r["impl"] == "warp_uncached" and r.get("config") == config),
+                simt_dense_ms=med(lambda r: r["impl"] == "warp_uncached" and r.get("config") == config, "dense_ms"),
+                i2c_ms=med(lambda r: r["impl"] == "warp_uncached" and r.get("config") == i2c),
+                simt_graphed_ms=med(lambda r: r["impl"] == "warp_uncached_graphed" and r.get("config") == config, "ms"),
+                i2c_graphed_ms=med(lambda r: r["impl"] == "warp_uncached_graphed" and r.get("config") == i2c, "ms"),
+                torch_ms=torch_eager, torch_graphed_ms=torch_graphed, pick=pick, records=rs))
+    return rows
+
+
+def simt_figure(rows: Optional[List[dict]] = None, height: int = 420) -> go.Figure:
+    """Kernel ms against B (log-log), one panel per stem: the SIMT kernel, the i2c tiles (row gathers
+    included) and the fastest PyTorch forward replayed from a CUDA graph (its whole op, no host time)."""
+    from plotly.subplots import make_subplots
+    rows = simt_rows() if rows is None else rows
+    if not rows:
+        return kl.message_figure("no recorded SIMT sweep (runs 35-36) under data/")
+    layers = [l for l in STEMS if any(r["layer"] == l for r in rows)]
+    fig = make_subplots(rows=1, cols=len(layers), subplot_titles=layers, shared_yaxes=True)
+    for col, layer in enumerate(layers, start=1):
+        rs = [r for r in rows if r["layer"] == layer]
+        for key, name, colour, dash in (("simt_ms", f"SIMT {rs[0]['simt_config']} (kernel)", "#ff7f0e", None),
+                                        ("i2c_ms", "i2c tiles (row gathers + kernel)", "#1f77b4", None),
+                                        ("torch_graphed_ms", "fastest PyTorch, graph replay", "#d62728", "dot")):
+            fig.add_trace(go.Scatter(x=[r["B"] for r in rs], y=[r[key] for r in rs], name=name, mode="lines+markers",
+                                     line=dict(color=colour, dash=dash), legendgroup=name, showlegend=col == 1,
+                                     hovertemplate="B=%{x}: %{y:.3f} ms<extra>" + name + "</extra>"), row=1, col=col)
+        fig.update_xaxes(type="log", title_text="batch B", row=1, col=col)
+    fig.update_yaxes(type="log", title_text="ms (log)", row=1, col=1)
+    recs = [rec for r in rows for rec in r["records"]]
+    fig.update_layout(height=height, title=dict(text="Stems below one tensor-core tile: SIMT register blocks "
+                                                "against the i2c tiles<br><sub>" + kl.versions_title(recs)
+                                                + " · runs 35-36, medians</sub>", x=0.01),
+                      legend=dict(orientation="h", y=-0.25), margin=dict(t=90, b=100))
+    return fig

@@ -48,6 +48,14 @@ Kernel families
   Measured (run 10): 1.1-2.8x faster kernels than the gather family on the stems, 40-75 % of the dense
   ceiling; after the host-path work of run 13 the eager op costs 0.09-0.14 ms more than its kernel.
 
+* **simt** (``sd_b8o8u4``-style; any tables; selected for the stems' 964-node grids at B <= 32, and at
+  B <= 64 when Cout <= 64): no tile GEMM and no stage. Each *thread* keeps a ``tile_b x tile_o`` block of
+  y in fp32 registers and reads ``xp = [x^T | 0]`` and ``W^T`` straight from L2 (:func:`_make_simt_kernel`).
+  At B <= 32 a tensor-core tile is mostly padding and the i2c weight stage (71 MB at alexnet's stem) costs
+  more than the math: measured (runs 35-37) alexnet's stem at B = 16 0.12 ms against 0.18 for i2c,
+  resnet's at B = 64 0.106 against 0.125; it loses once 64-row tiles fill (alexnet B = 64) and on the
+  DINOv3 patch embed (64 nodes: too few threads).
+
 * **cached** (``run_cached``): A gathered as in the gather family, W plain-loaded from the inference
   cache ``Weff[n]`` ``[P64, Cout_pad]`` (spec §2.4).
 
