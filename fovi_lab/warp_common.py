@@ -221,6 +221,21 @@ def warp_ct(t: torch.Tensor):
     return c
 
 
+def warp_ct_vec(t: torch.Tensor, width: int = 4):
+    """:func:`warp_ct` of a contiguous 2-D fp32 tensor ``[rows, cols]`` seen as a Warp array of
+    ``vector(width, float32)`` ``[rows, cols / width]`` (one 16-byte load per ``vec4``). The caller
+    pads ``cols`` to a multiple of ``width`` and declares ``wp.array2d(dtype=wp.vec4)`` in the kernel."""
+    if t.dim() != 2 or t.dtype != torch.float32 or not t.is_contiguous() or t.shape[1] % width:
+        raise ValueError(f"warp_ct_vec: expected a contiguous fp32 [rows, cols] tensor with cols a multiple "
+                         f"of {width}, got {t.dtype} {tuple(t.shape)} (contiguous={t.is_contiguous()})")
+    c = _array_t()
+    c.data = t.data_ptr()
+    c.ndim = 2
+    c.shape[0], c.shape[1] = t.shape[0], t.shape[1] // width
+    c.strides[0], c.strides[1] = t.shape[1] * 4, width * 4
+    return c
+
+
 _fast_lock = threading.Lock()
 _FAST: Dict[Tuple, object] = {}
 
