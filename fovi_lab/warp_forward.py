@@ -113,7 +113,7 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from .meta import pad_to
-from .warp_common import (ValidatedCache, as_rows64, built_once, capturing, check_tensor, fast_launch,
+from .warp_common import (ValidatedCache, as_rows64, built_once, capturing, check_tensor, fast_launch, warp_ct_vec,
                           gather_rows_kernel, gather_rows_pair_kernel, init_warp, nan_canary, to_warp, warp_ct,
                           warp_device, warp_stream, wp)
 
@@ -219,6 +219,17 @@ _UNCACHED_BATCH_CONFIG_SPECS: Dict[str, Tuple[str, int, int, int, int, int]] = {
     "sd_b16o8u4": ("simt", 16, 8, 4, 1, 128),
     "sd_b8o4u4": ("simt", 8, 4, 4, 1, 128),
     "sd_b8o8u4b64": ("simt", 8, 8, 4, 1, 64),
+    # the same register blocks over fp32 operands read as 16-byte vec4s (x^T and a channel-permuted W^T):
+    # no fp16 -> fp32 conversions and 1/4 of the load instructions
+    "sv_b4o4u4": ("simtv", 4, 4, 4, 1, 128),
+    "sv_b4o8u4": ("simtv", 4, 8, 4, 1, 128),
+    "sv_b8o4u4": ("simtv", 8, 4, 4, 1, 128),
+    "sv_b8o8u2": ("simtv", 8, 8, 2, 1, 128),
+    "sv_b8o8u4": ("simtv", 8, 8, 4, 1, 128),
+    "sv_b8o8u8": ("simtv", 8, 8, 8, 1, 128),
+    "sv_b16o8u2": ("simtv", 16, 8, 2, 1, 128),
+    "sv_b8o16u2": ("simtv", 8, 16, 2, 1, 128),
+    "sv_b8o8u4b64": ("simtv", 8, 8, 4, 1, 64),
 }
 
 # Measured and never the fastest on the H200 sweep (kept runnable by name for benchmarks, but not
@@ -627,6 +638,104 @@ def _make_simt_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, nam
     return kernel
 
 
+def _make_simtv_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, name: Optional[str] = None,
+                       dense: bool = False):
+    """SIMT register-blocked kernel with vectorised fp32 operands ("simtv", ``sv_b8o8u4``-style).
+
+    :func:`_make_simt_kernel`'s loop spends most of its instructions outside the FMAs: per ``p`` it issues
+    ``tile_b + tile_o`` scalar fp16 loads and as many fp16 -> fp32 conversions for ``tile_b*tile_o`` FMAs.
+    Here both operands are fp32 and read four at a time as ``vec4`` (16-byte loads):
+
+    * ``xp32 [Cin*Nin + 1, Bx]`` (x^T, the zero pad row, zero batch columns): a thread's ``tile_b`` batch
+      entries are ``tile_b/4`` consecutive vec4s;
+    * ``wperm [Q, Cout_p]`` with ``wperm[q, og*tile_o + j] = W^T[q, og + j*n_og]``: the thread's strided
+      channels (coalesced output stores, as in ``simt``) become ``tile_o/4`` consecutive vec4s, and
+      neighbouring threads read neighbouring 16-byte words of one row.
+
+    So per ``p``: 2 index loads and ``(tile_b + tile_o)/4`` vector loads for ``tile_b*tile_o`` FMAs, no
+    conversions (8x8: 6 loads for 64 FMAs, against 18 loads and 16 conversions). The operands cost one
+    fp32 copy each per call (x^T: 4 bytes per element of x; W: a [Q, Cout] permuted copy).
+    ``dense=True``: the same loop over dense ``at [Kd, Bx]``, ``w [Kd, Cout_p]`` (its ceiling).
+    """
+    init_warp()
+    TB, TO, U = int(tile_b), int(tile_o), int(unroll)
+    if TB % 4 or TO % 4:
+        raise ValueError(f"simtv: tile_b={TB} and tile_o={TO} must be multiples of 4 (vec4 loads)")
+    TB4, TO4 = TB // 4, TO // 4
+    kname = name or f"fovi_fwd_simtv{'_dense' if dense else ''}_b{TB}o{TO}u{U}b{block_dim}"
+    vec_b = wp.types.vector(length=TB, dtype=wp.float32)
+    vec_o = wp.types.vector(length=TO, dtype=wp.float32)
+    mat_bo = wp.types.matrix(shape=(TB, TO), dtype=wp.float32)
+
+    if not dense:
+        @_simt_decorator(kname, block_dim)
+        def kernel(xp: wp.array2d(dtype=wp.vec4), wt: wp.array2d(dtype=wp.vec4),
+                   il: wp.array2d(dtype=wp.int32), wl: wp.array2d(dtype=wp.int32),
+                   bias: wp.array1d(dtype=wp.float32), y: wp.array3d(dtype=wp.float16), p_len: int, n_og: int):
+            n, bg, og = wp.tid()
+            b0 = bg * TB
+            acc = mat_bo()
+            for p0 in range(0, p_len, U):
+                for u in range(U):             # constant trip counts: unrolled, registers only
+                    r = il[n, p0 + u]
+                    q = wl[n, p0 + u]
+                    xv = vec_b()
+                    wv = vec_o()
+                    for k in range(TB4):
+                        x4 = xp[r, bg * TB4 + k]
+                        for i in range(4):
+                            xv[k * 4 + i] = x4[i]
+                    for k in range(TO4):
+                        w4 = wt[q, og * TO4 + k]
+                        for i in range(4):
+                            wv[k * 4 + i] = w4[i]
+                    acc += wp.outer(xv, wv)
+            for i in range(TB):                    # guarded by y's shape: batch and Cout tails
+                if b0 + i < y.shape[1]:
+                    for j in range(TO):
+                        o = og + j * n_og
+                        if o < y.shape[2]:
+                            y[n, b0 + i, o] = wp.float16(acc[i, j] + bias[o])
+    else:
+        @_simt_decorator(kname, block_dim)
+        def kernel(at: wp.array2d(dtype=wp.vec4), w: wp.array2d(dtype=wp.vec4),
+                   bias: wp.array1d(dtype=wp.float32), y: wp.array3d(dtype=wp.float16), kd: int, n_og: int):
+            n, bg, og = wp.tid()
+            b0 = bg * TB
+            acc = mat_bo()
+            for p0 in range(0, kd, U):
+                for u in range(U):
+                    xv = vec_b()
+                    wv = vec_o()
+                    for k in range(TB4):
+                        x4 = at[p0 + u, bg * TB4 + k]
+                        for i in range(4):
+                            xv[k * 4 + i] = x4[i]
+                    for k in range(TO4):
+                        w4 = w[p0 + u, og * TO4 + k]
+                        for i in range(4):
+                            wv[k * 4 + i] = w4[i]
+                    acc += wp.outer(xv, wv)
+            for i in range(TB):
+                if b0 + i < y.shape[1]:
+                    for j in range(TO):
+                        o = og + j * n_og
+                        if o < y.shape[2]:
+                            y[n, b0 + i, o] = wp.float16(acc[i, j] + bias[o])
+
+    kernel._fovi_tiles = ("simtv_dense" if dense else "simtv", TB, TO, U, 1, int(block_dim))
+    return kernel
+
+
+def _simtv_x(x: torch.Tensor, bx: int) -> torch.Tensor:
+    """``xp32 [Cin*Nin + 1, Bx]`` fp32: x^T, a zero pad row and zero batch columns (two launches)."""
+    b, cin, nin = x.shape
+    rows = cin * nin
+    xp = torch.zeros(rows + 1, bx, dtype=torch.float32, device=x.device)
+    xp[:rows, :b].copy_(x.reshape(b, rows).t())
+    return xp
+
+
 def _make_cached_kernel(tile_m: int, tile_n: int, block_dim: int = 128, mathdx: Optional[bool] = None,
                         name: Optional[str] = None):
     """Cached kernel: A gathered from ``xt`` as in the gather family, W plain-loaded from ``Weff[n]``.
@@ -869,12 +978,15 @@ def _build_kernel(cfg: FwdConfig, mathdx: Optional[bool] = None, dense: bool = F
     pipelined = cfg.family in ("nmp", "gp")
     key = (cfg.family, cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx, dense)
     if dense:
-        key = ("densep" if pipelined else "simt_dense" if cfg.family == "simt" else "dense",) + key[1:]
+        key = ("densep" if pipelined else cfg.family + "_dense" if cfg.family in ("simt", "simtv") else "dense",) \
+            + key[1:]
     with _build_lock:
         k = _KERNELS.get(key)
         if k is None:
             if cfg.family == "simt":
                 k = _make_simt_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, dense=dense)
+            elif cfg.family == "simtv":
+                k = _make_simtv_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, dense=dense)
             elif dense and pipelined:
                 k = _make_densep_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, mathdx)
             elif dense:
@@ -945,14 +1057,14 @@ def _canary(kernel, tile_m: int, tile_n: int, r: int, block_dim: int, device: st
         from .reference import build_effective_weight
         weff = build_effective_weight(meta, w, cout_multiple=tile_n)
         plan = _plan_cached(cfg, kernel, x, weff, bias, meta.input_linear, tile_n, store="staged")
-    elif family in ("dense", "densep", "simt_dense"):
-        if family == "simt_dense":
-            cfg = FwdConfig("canary", "simt", tile_m, tile_n, tile_k, r, block_dim)
+    elif family in ("dense", "densep", "simt_dense", "simtv_dense"):
+        if family in ("simt_dense", "simtv_dense"):
+            cfg = FwdConfig("canary", family[:-len("_dense")], tile_m, tile_n, tile_k, r, block_dim)
         plan = _plan_dense(cfg, kernel, b, tile_n, 1, 64, device, seed=7)
     else:
         plan = _plan_uncached(cfg, kernel, x, w, bias, meta.input_linear, meta.weight_linear, store="staged")
     ok, why = nan_canary(plan.launch, plan.out)
-    if not ok or family in ("dense", "densep", "simt_dense"):
+    if not ok or family in ("dense", "densep", "simt_dense", "simtv_dense"):
         return ok, why
     y = plan.finish()
     ref = oracle_forward(x.float().cpu(), w.float().cpu(), bias.float().cpu(), meta.idx, meta.rf_index, meta.v)
@@ -1458,6 +1570,15 @@ def _plan_uncached(cfg: FwdConfig, kernel, x, weight, bias, il, wl, store: str,
         plan = _Plan(_launcher(kernel, dims, inputs, cfg.block_dim, dev, tiled=False), out, finish)
         plan._keep = (xp, wtp, il, wl, bias_p)
         return plan
+    elif cfg.family == "simtv":
+        bx, coutp = pad_to(b, cfg.tile_m), pad_to(cout, cfg.tile_n)
+        xp = _simtv_x(x, bx)
+        wpm, wpm_w = _weight_operand(weight, "perm32", 0, cfg.tile_n, coutp)    # [Q, Cout_p] fp32, permuted
+        inputs = [warp_ct_vec(xp), wpm_w, info.wa(il), info.wa(wl), bias_w, warp_ct(out),
+                  pad_to(info.p_used, cfg.tile_k), coutp // cfg.tile_n]
+        plan = _Plan(_launcher(kernel, dims, inputs, cfg.block_dim, dev, tiled=False), out, finish)
+        plan._keep = (xp, wpm, il, wl, bias_p)
+        return plan
     else:
         raise ValueError(f"config: {cfg.name!r} is not an uncached config")
     launch = _launcher(kernel, dims, inputs, cfg.block_dim, dev)
@@ -1687,7 +1808,14 @@ def _weight_layout(weight: torch.Tensor, kind: str, cin: int, cp: int, coutp: in
         return hit[2]
     cout, q = weight.shape
     # (unpadded layouts are one transposing copy; padded ones zero the buffer first)
-    if kind == "t" or (kind == "tp" and coutp == cout):
+    if kind == "perm32":
+        # wperm[q, og*TO + j] = W^T[q, og + j*n_og] in fp32 (TO = ``cp`` here, n_og = coutp / TO), one copy
+        to, n_og = cp, coutp // cp
+        src = weight if coutp == cout else torch.nn.functional.pad(weight, (0, 0, 0, coutp - cout))
+        out = torch.empty(q, n_og, to, dtype=torch.float32, device=weight.device)
+        out.copy_(src.view(to, n_og, q).permute(2, 1, 0))
+        out = out.view(q, coutp)
+    elif kind == "t" or (kind == "tp" and coutp == cout):
         out = weight.t().contiguous()
     elif kind == "tp":
         out = torch.zeros(q, coutp, dtype=weight.dtype, device=weight.device)
@@ -1710,7 +1838,8 @@ def _weight_layout(weight: torch.Tensor, kind: str, cin: int, cp: int, coutp: in
             with _wcache_lock:
                 if key in _WCACHE and _WCACHE[key][0] is _ref:
                     del _WCACHE[key]
-        _WCACHE[key] = (weakref.ref(weight, _drop), weight._version, out, warp_ct(out))
+        _WCACHE[key] = (weakref.ref(weight, _drop), weight._version, out,
+                        warp_ct_vec(out) if kind == "perm32" else warp_ct(out))
     return out
 
 
@@ -1721,7 +1850,7 @@ def _weight_operand(weight: torch.Tensor, kind: str, cin: int, cp: int, coutp: i
         ent = _WCACHE.get((id(weight), kind, cp, coutp))
     if ent is not None and ent[2] is out:
         return out, ent[3]
-    return out, warp_ct(out)
+    return out, (warp_ct_vec(out) if kind == "perm32" else warp_ct(out))
 
 
 def _plan_cached(cfg: FwdConfig, kernel, x, weff, bias, il, cout: int, store: str) -> _Plan:
@@ -1751,10 +1880,13 @@ def _plan_dense(cfg: FwdConfig, kernel, b: int, cout: int, nout: int, kdim: int,
     bias_p, bias_w = _bias_operand(None, cout, cfg.tile_n, dev_t)
     dims = (nout, -(-b // cfg.rows_per_cta), -(-cout // cfg.tile_n))
     inputs = [to_warp(at), to_warp(w), bias_w, to_warp(out), kd // cfg.tile_k, b]
-    if cfg.family == "simt":                 # SIMT ceiling: all Kd rows, U per step; channel-group count
+    if cfg.family in ("simt", "simtv"):      # SIMT ceiling: all Kd rows, U per step; channel-group count
         inputs[4:] = [kd, pad_to(cout, cfg.tile_n) // cfg.tile_n]
-    plan = _Plan(_launcher(kernel, dims, inputs, cfg.block_dim, _device_str(device), tiled=cfg.family != "simt"),
-                 out, finish)
+        if cfg.family == "simtv":
+            at, w = at.float(), w.float()
+            inputs[0:2] = [warp_ct_vec(at), warp_ct_vec(w)]
+    plan = _Plan(_launcher(kernel, dims, inputs, cfg.block_dim, _device_str(device),
+                           tiled=cfg.family not in ("simt", "simtv")), out, finish)
     plan._keep = (at, w, bias_p)
     return plan
 

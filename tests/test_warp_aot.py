@@ -46,9 +46,10 @@ def _forward_kernels_by_block_dim(module_prefix: str):
                                    mathdx=False)
             elif cfg.family == "cached":
                 F._make_cached_kernel(cfg.tile_m, cfg.tile_n, cfg.block_dim, mathdx=False)
-            elif cfg.family == "simt":
-                F._make_simt_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim)
-                F._make_simt_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, dense=True)
+            elif cfg.family in ("simt", "simtv"):
+                make = F._make_simt_kernel if cfg.family == "simt" else F._make_simtv_kernel
+                make(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim)
+                make(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, dense=True)
                 continue
             else:
                 raise AssertionError(f"test_warp_aot does not know the {cfg.family!r} family ({name})")
