@@ -207,19 +207,21 @@ def stem_train_rows(records: Optional[List[dict]] = None, layers: Sequence[str] 
     return rows
 
 
-#: The SIMT sweep runs (session 7): every sd_* config and the i2c pick, kernel alone, stems B = 1..128.
-SIMT_RUNS = (35, 36)
+#: The SIMT sweep runs (session 7): the SIMT configs and the i2c pick, kernel alone, stems B = 1..128 (runs
+#: 35-36: the fp16 ``sd_*`` kernels; run 38: the vec4 ``sv_*`` ones beside ``sd_b8o8u4``).
+SIMT_RUNS = (35, 36, 38)
+#: The fp16 SIMT kernel the figure compares with the selected vec4 one.
+SIMT_FP16 = "sd_b8o8u4"
 
 
-def simt_rows(records: Optional[List[dict]] = None, config: Optional[str] = None) -> List[dict]:
+def simt_rows(records: Optional[List[dict]] = None) -> List[dict]:
     """Per stem and batch, from the SIMT sweep runs (:data:`SIMT_RUNS`, medians over them): the kernel time
-    of ``config`` (default: the heuristic's SIMT config) and of the i2c config of that shape (its row
-    gathers included), the SIMT kernel's own dense ceiling (its loop over dense operands), the fastest
-    PyTorch forward of the same runs (whole op, eager and replayed from a CUDA graph), and which family the
-    heuristic picks there."""
+    of the fp16 SIMT kernel (:data:`SIMT_FP16`), of the vec4 register block :func:`_select_simt` picks for
+    that batch (with its own dense ceiling: the loop over dense operands), of the i2c config of that shape
+    (its row gathers included), the fastest PyTorch forward of the same runs (eager, and replayed from a
+    CUDA graph) and the family the heuristic picks there."""
     import statistics
     from . import warp_forward as F
-    config = config or F._SIMT_CONFIG
     records = kl.forward_records() if records is None else records
     runs = [r for r in records if r.get("run") in SIMT_RUNS and r.get("ms")]
     rows = []
@@ -227,10 +229,10 @@ def simt_rows(records: Optional[List[dict]] = None, config: Optional[str] = None
         for b in sorted({r["B"] for r in runs if r["layer"] == layer}):
             rs = [r for r in runs if r["layer"] == layer and r["B"] == b]
             r0 = next(r for r in rs if r.get("cin") is not None)
-            i2c = F._select_i2c(b, r0["cout"], r0["p64"])
+            i2c, vec = F._select_i2c(b, r0["cout"], r0["p64"]), F._select_simt(b, r0["cout"])
 
-            def med(pred, key="ms_kernel"):
-                vals = [r[key] for r in rs if pred(r) and r.get(key)]
+            def med(cfg, key="ms_kernel", impl="warp_uncached"):
+                vals = [r[key] for r in rs if r["impl"] == impl and r.get("config") == cfg and r.get(key)]
                 return statistics.median(vals) if vals else None
             torch_eager = min((r["ms"] for r in rs if str(r["impl"]).startswith("torch") and not r.get("graphed")),
                               default=None)
@@ -238,28 +240,28 @@ def simt_rows(records: Optional[List[dict]] = None, config: Optional[str] = None
                                 default=None)
             pick = F._select_uncached_batch_config(b, r0["cout"], r0["nout"], r0["p64"], in_channels=r0["cin"])
             rows.append(dict(
-                layer=layer, B=b, simt_config=config, i2c_config=i2c,
-                simt_ms=med(lambda r: r["impl"] == "warp_uncached" and r.get("config") == config),
-                simt_dense_ms=med(lambda r: r["impl"] == "warp_uncached" and r.get("config") == config, "dense_ms"),
-                i2c_ms=med(lambda r: r["impl"] == "warp_uncached" and r.get("config") == i2c),
-                simt_graphed_ms=med(lambda r: r["impl"] == "warp_uncached_graphed" and r.get("config") == config, "ms"),
-                i2c_graphed_ms=med(lambda r: r["impl"] == "warp_uncached_graphed" and r.get("config") == i2c, "ms"),
+                layer=layer, B=b, fp16_config=SIMT_FP16, vec_config=vec, i2c_config=i2c,
+                fp16_ms=med(SIMT_FP16), vec_ms=med(vec), vec_dense_ms=med(vec, "dense_ms"), i2c_ms=med(i2c),
+                vec_graphed_ms=med(vec, "ms", "warp_uncached_graphed"),
+                i2c_graphed_ms=med(i2c, "ms", "warp_uncached_graphed"),
                 torch_ms=torch_eager, torch_graphed_ms=torch_graphed, pick=pick, records=rs))
     return rows
 
 
-def simt_figure(rows: Optional[List[dict]] = None, height: int = 420) -> go.Figure:
-    """Kernel ms against B (log-log), one panel per stem: the SIMT kernel, the i2c tiles (row gathers
-    included) and the fastest PyTorch forward replayed from a CUDA graph (its whole op, no host time)."""
+def simt_figure(rows: Optional[List[dict]] = None, height: int = 440) -> go.Figure:
+    """Kernel ms against B (log-log), one panel per stem: the fp16 SIMT kernel, the vec4 one the heuristic's
+    block rule picks, the i2c tiles (row gathers included) and the fastest PyTorch forward replayed from a
+    CUDA graph (its whole op, no host time)."""
     from plotly.subplots import make_subplots
     rows = simt_rows() if rows is None else rows
     if not rows:
-        return kl.message_figure("no recorded SIMT sweep (runs 35-36) under data/")
+        return kl.message_figure("no recorded SIMT sweep (runs 35-38) under data/")
     layers = [l for l in STEMS if any(r["layer"] == l for r in rows)]
     fig = make_subplots(rows=1, cols=len(layers), subplot_titles=layers, shared_yaxes=True)
     for col, layer in enumerate(layers, start=1):
         rs = [r for r in rows if r["layer"] == layer]
-        for key, name, colour, dash in (("simt_ms", f"SIMT {rs[0]['simt_config']} (kernel)", "#ff7f0e", None),
+        for key, name, colour, dash in (("fp16_ms", f"SIMT fp16 {SIMT_FP16} (kernel)", "#ffbb78", "dash"),
+                                        ("vec_ms", "SIMT vec4, picked block (kernel)", "#ff7f0e", None),
                                         ("i2c_ms", "i2c tiles (row gathers + kernel)", "#1f77b4", None),
                                         ("torch_graphed_ms", "fastest PyTorch, graph replay", "#d62728", "dot")):
             fig.add_trace(go.Scatter(x=[r["B"] for r in rs], y=[r[key] for r in rs], name=name, mode="lines+markers",
@@ -270,6 +272,6 @@ def simt_figure(rows: Optional[List[dict]] = None, height: int = 420) -> go.Figu
     recs = [rec for r in rows for rec in r["records"]]
     fig.update_layout(height=height, title=dict(text="Stems below one tensor-core tile: SIMT register blocks "
                                                 "against the i2c tiles<br><sub>" + kl.versions_title(recs)
-                                                + " · runs 35-36, medians</sub>", x=0.01),
+                                                + " · runs 35-38, medians</sub>", x=0.01),
                       legend=dict(orientation="h", y=-0.25), margin=dict(t=90, b=100))
     return fig

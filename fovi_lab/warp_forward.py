@@ -48,13 +48,15 @@ Kernel families
   Measured (run 10): 1.1-2.8x faster kernels than the gather family on the stems, 40-75 % of the dense
   ceiling; after the host-path work of run 13 the eager op costs 0.09-0.14 ms more than its kernel.
 
-* **simt** (``sd_b8o8u4``-style; any tables; selected for the stems' 964-node grids at B <= 32, and at
-  B <= 64 when Cout <= 64): no tile GEMM and no stage. Each *thread* keeps a ``tile_b x tile_o`` block of
-  y in fp32 registers and reads ``xp = [x^T | 0]`` and ``W^T`` straight from L2 (:func:`_make_simt_kernel`).
-  At B <= 32 a tensor-core tile is mostly padding and the i2c weight stage (71 MB at alexnet's stem) costs
-  more than the math: measured (runs 35-37) alexnet's stem at B = 16 0.12 ms against 0.18 for i2c,
-  resnet's at B = 64 0.106 against 0.125; it loses once 64-row tiles fill (alexnet B = 64) and on the
-  DINOv3 patch embed (64 nodes: too few threads).
+* **simt** / **simtv** (``sd_b8o8u4`` / ``sv_b8o8u2``-style; any tables; selected for the stems' 964-node
+  grids at B <= 64, and at B <= 128 when Cout <= 64): no tile GEMM and no stage. Each *thread* keeps a
+  ``tile_b x tile_o`` block of y in fp32 registers and reads x^T (with a zero pad row) and W^T straight
+  from L2 (:func:`_make_simt_kernel`: fp16 scalar loads; :func:`_make_simtv_kernel`: fp32 operands read
+  as vec4, the selected one). At small batch a tensor-core tile is mostly padding and the i2c weight
+  stage (71 MB at alexnet's stem) costs more than the math: measured (runs 35-38) alexnet's stem at
+  B = 16 0.12 ms against 0.18 for i2c, at B = 64 0.23 against 0.26; resnet's at B = 128 0.144 against
+  0.211. It ties once 64-row tiles fill (alexnet B = 128) and loses on the DINOv3 patch embed (64 nodes:
+  too few threads).
 
 * **cached** (``run_cached``): A gathered as in the gather family, W plain-loaded from the inference
   cache ``Weff[n]`` ``[P64, Cout_pad]`` (spec §2.4).
@@ -653,8 +655,8 @@ def _make_simtv_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, na
       neighbouring threads read neighbouring 16-byte words of one row.
 
     So per ``p``: 2 index loads and ``(tile_b + tile_o)/4`` vector loads for ``tile_b*tile_o`` FMAs, no
-    conversions (8x8: 6 loads for 64 FMAs, against 18 loads and 16 conversions). The operands cost one
-    fp32 copy each per call (x^T: 4 bytes per element of x; W: a [Q, Cout] permuted copy).
+    conversions (8x8: 6 loads for 64 FMAs, against 18 loads and 16 conversions). Both operands are written
+    per call by one SIMT launch (:func:`_simtv_prep_kernel`: 4 bytes per element of x and of W).
     ``dense=True``: the same loop over dense ``at [Kd, Bx]``, ``w [Kd, Cout_p]`` (its ceiling).
     """
     init_warp()
@@ -727,13 +729,42 @@ def _make_simtv_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, na
     return kernel
 
 
-def _simtv_x(x: torch.Tensor, bx: int) -> torch.Tensor:
-    """``xp32 [Cin*Nin + 1, Bx]`` fp32: x^T, a zero pad row and zero batch columns (two launches)."""
-    b, cin, nin = x.shape
-    rows = cin * nin
-    xp = torch.zeros(rows + 1, bx, dtype=torch.float32, device=x.device)
-    xp[:rows, :b].copy_(x.reshape(b, rows).t())
-    return xp
+@built_once
+def _simtv_prep_kernel():
+    """Both operands of the ``simtv`` kernel in one SIMT launch (one thread per element written):
+
+    * threads ``[0, n_x)``: ``xp[r, b] = x[b, r]`` as fp32 for ``r < Cin*Nin``, ``b < B``; 0 in the pad row
+      ``r = Cin*Nin`` and the batch padding;
+    * the rest: ``wperm[q, c] = W[o, q]`` with ``c = og*TO + j``, ``o = og + j*n_og`` (0 for ``o >= Cout``).
+
+    One launch instead of three torch ops (zero-fill, transposing copy, permuted weight copy) on a path
+    whose eager time is mostly host time; W is small ([Cout, Q] = 139K elements on alexnet's stem), so it
+    is re-laid-out on every call rather than cached (a training step changes it anyway)."""
+    @wp.kernel(enable_backward=False, module="unique")
+    def fovi_simtv_prep(x: wp.array2d(dtype=wp.float16), w: wp.array2d(dtype=wp.float16),
+                        xp: wp.array2d(dtype=wp.float32), wperm: wp.array2d(dtype=wp.float32),
+                        n_x: int, to: int, n_og: int):
+        t = wp.tid()
+        if t < n_x:
+            bx = xp.shape[1]
+            r = t // bx
+            b = t - r * bx
+            v = float(0.0)
+            if r < x.shape[1] and b < x.shape[0]:
+                v = wp.float32(x[b, r])
+            xp[r, b] = v
+        else:
+            u = t - n_x
+            coutp = wperm.shape[1]
+            q = u // coutp
+            c = u - q * coutp
+            og = c // to
+            o = og + (c - og * to) * n_og
+            v = float(0.0)
+            if o < w.shape[0]:
+                v = wp.float32(w[o, q])
+            wperm[q, c] = v
+    return fovi_simtv_prep
 
 
 def _make_cached_kernel(tile_m: int, tile_n: int, block_dim: int = 128, mathdx: Optional[bool] = None,
@@ -1180,8 +1211,9 @@ def _select_uncached_batch_config(batch: int, out_channels: int, out_nodes: int,
       neighbour loop split across CTAs (``nms``) when even that grid is under one wave; otherwise
       64x64 tiles, with a 128-deep K step when that pads the channels no more than a 64-deep one
       (Cin = 96, 128, 256, 384: fewer syncs per FLOP) and 64-deep otherwise (Cin = 64).
-    * simt (Cin < 32, at least 256 output nodes, B <= 32, or B <= 64 with Cout <= 64: the stems at small
-      batch, see :func:`_simt_fits`); otherwise i2c for Cin < 32 (:func:`_select_i2c`).
+    * simt (Cin < 32, at least 256 output nodes, B <= 64, or B <= 128 with Cout <= 64: the stems at small
+      and medium batch, see :func:`_simt_fits` and :func:`_select_simt`); otherwise i2c for Cin < 32
+      (:func:`_select_i2c`).
     * gather (unstructured tables; before the i2c family, also the stems): 256 threads per
       CTA (2x faster than 128: the gathers are scalar loads and more threads keep more in flight;
       512 was slower), 64x64 tiles, or 64x96 when Cout is a multiple of 96 but not of 64 (alexnet's
@@ -1204,7 +1236,7 @@ def _select_uncached_batch_config(batch: int, out_channels: int, out_nodes: int,
         return "nm_m64n64k64"
     if in_channels is not None and in_channels < _NM_MIN_CIN:
         if _simt_fits(batch, out_channels, out_nodes):
-            return _SIMT_CONFIG
+            return _select_simt(batch, out_channels)
         return _select_i2c(batch, out_channels, p_padded)
     if out_channels % 96 == 0 and out_channels % 64:
         return "m64n96b256"
@@ -1213,26 +1245,39 @@ def _select_uncached_batch_config(batch: int, out_channels: int, out_nodes: int,
     return "m64n64r1b256"
 
 
-# The SIMT config for stem-like calls, and where it wins (H200 runs 35-36 in data/forward_sweep_h200.jsonl,
-# kernel times): 8x8 register blocks with 4 p entries per loop step were the fastest SIMT shape on every
-# stem shape (1.2-1.5x faster than 4x4 or one entry per step). Against the i2c tiles it wins on the stems'
-# 964-node grids at B <= 32 (alexnet's stem at B = 16: 0.12 vs 0.18 ms; at B = 1: 0.08 vs 0.18) and on the
-# resnet stem (Cout = 64) up to B = 64 (0.104 vs 0.118 ms), ties there at B = 128, and loses at alexnet's
-# B = 64 (0.33 vs 0.26 ms: 64-row tensor-core tiles are full by then) and on the DINOv3 patch embed at
-# every batch (64 nodes: few threads per launch, and a small i2c weight stage of 16 MB).
-_SIMT_CONFIG = "sd_b8o8u4"
+# The SIMT kernels for stem-like calls (Cin < 32), and where they win, from the H200 sweep
+# (data/forward_sweep_h200.jsonl, runs 35-38, kernel times). The vectorised family (``simtv``: fp32 operands
+# read as vec4) beat the fp16 one (``simt``) from B = 32 on by 1.3-1.5x and tied it below; the best register
+# block depends on the batch: 4x4 while B <= 8 (more threads: one block covers the batch), then 8x8 (with
+# 4 p entries per step and 64-thread blocks at alexnet's B = 16, 2 entries otherwise), and 16x8 above B = 16
+# when Cout <= 64 (resnet's stem: only 8 channel groups, so more batch rows per thread keep the FMAs per
+# load high).
+# Against the i2c tiles: faster on the stems' 964-node grids up to B = 64 (alexnet's stem at B = 16:
+# 0.12 vs 0.18 ms; B = 64: 0.23 vs 0.26) and on resnet's up to B = 128 (0.144 vs 0.211 ms); a tie at
+# alexnet's B = 128, where 64-row tensor-core tiles are full; slower on the DINOv3 patch embed at every
+# batch (64 nodes: too few threads to hide the loads, and a small i2c weight stage of 16 MB).
 _SIMT_MIN_NODES = 256
+_SIMT_CONFIG = "sv_b8o8u4b64"        # the B = 16 pick (notebooks, explore_stem)
 
 
 def _simt_fits(batch: int, out_channels: int, out_nodes: int) -> bool:
-    """Whether a stem-like call (Cin < 32) takes the SIMT kernel (see :data:`_SIMT_CONFIG`).
+    """Whether a stem-like call (Cin < 32) takes a SIMT kernel (see :func:`_select_simt`).
     ``FOVI_WARP_STEM_SIMT=off`` keeps every stem on the i2c tiles (``auto``, the default: this rule)."""
     env = os.environ.get("FOVI_WARP_STEM_SIMT") or "auto"
     if env not in ("auto", "off"):
         raise ValueError(f"FOVI_WARP_STEM_SIMT: expected 'auto' or 'off', got {env!r}")
     if env == "off" or out_nodes < _SIMT_MIN_NODES:
         return False
-    return batch <= 32 or (batch <= 64 and out_channels <= 64)
+    return batch <= 64 or (batch <= 128 and out_channels <= 64)
+
+
+def _select_simt(batch: int, out_channels: int) -> str:
+    """The SIMT register block for a stem-like call that :func:`_simt_fits` (runs 35-38)."""
+    if batch <= 8:
+        return "sv_b4o4u4"
+    if out_channels <= 64:
+        return "sv_b8o8u2" if batch <= 16 else "sv_b16o8u2"
+    return "sv_b8o8u4b64" if batch <= 16 else "sv_b8o8u2"
 
 
 def _select_i2c(batch: int, out_channels: int, p_padded: int) -> str:
@@ -1572,12 +1617,21 @@ def _plan_uncached(cfg: FwdConfig, kernel, x, weight, bias, il, wl, store: str,
         return plan
     elif cfg.family == "simtv":
         bx, coutp = pad_to(b, cfg.tile_m), pad_to(cout, cfg.tile_n)
-        xp = _simtv_x(x, bx)
-        wpm, wpm_w = _weight_operand(weight, "perm32", 0, cfg.tile_n, coutp)    # [Q, Cout_p] fp32, permuted
-        inputs = [warp_ct_vec(xp), wpm_w, info.wa(il), info.wa(wl), bias_w, warp_ct(out),
-                  pad_to(info.p_used, cfg.tile_k), coutp // cfg.tile_n]
-        plan = _Plan(_launcher(kernel, dims, inputs, cfg.block_dim, dev, tiled=False), out, finish)
-        plan._keep = (xp, wpm, il, wl, bias_p)
+        rows = cin * nin
+        xp = torch.empty(rows + 1, bx, dtype=torch.float32, device=x.device)      # [Cin*Nin + 1, Bx]
+        wpm = torch.empty(q, coutp, dtype=torch.float32, device=x.device)         # permuted W^T
+        x2 = x.reshape(b, rows)
+        n_x, n_og = (rows + 1) * bx, coutp // cfg.tile_n
+        prep_args = [warp_ct(x2), warp_ct(weight), warp_ct(xp), warp_ct(wpm), n_x, cfg.tile_n, n_og]
+        inputs = [warp_ct_vec(xp), warp_ct_vec(wpm), info.wa(il), info.wa(wl), bias_w, warp_ct(out),
+                  pad_to(info.p_used, cfg.tile_k), n_og]
+        main = _launcher(kernel, dims, inputs, cfg.block_dim, dev, tiled=False)
+
+        def launch():
+            fast_launch(_simtv_prep_kernel(), (n_x + q * coutp,), prep_args, 256, dev, tiled=False)
+            main()
+        plan = _Plan(launch, out, finish)
+        plan._keep = (x2, weight, xp, wpm, il, wl, bias_p)
         return plan
     else:
         raise ValueError(f"config: {cfg.name!r} is not an uncached config")
@@ -1808,14 +1862,7 @@ def _weight_layout(weight: torch.Tensor, kind: str, cin: int, cp: int, coutp: in
         return hit[2]
     cout, q = weight.shape
     # (unpadded layouts are one transposing copy; padded ones zero the buffer first)
-    if kind == "perm32":
-        # wperm[q, og*TO + j] = W^T[q, og + j*n_og] in fp32 (TO = ``cp`` here, n_og = coutp / TO), one copy
-        to, n_og = cp, coutp // cp
-        src = weight if coutp == cout else torch.nn.functional.pad(weight, (0, 0, 0, coutp - cout))
-        out = torch.empty(q, n_og, to, dtype=torch.float32, device=weight.device)
-        out.copy_(src.view(to, n_og, q).permute(2, 1, 0))
-        out = out.view(q, coutp)
-    elif kind == "t" or (kind == "tp" and coutp == cout):
+    if kind == "t" or (kind == "tp" and coutp == cout):
         out = weight.t().contiguous()
     elif kind == "tp":
         out = torch.zeros(q, coutp, dtype=weight.dtype, device=weight.device)
@@ -1838,8 +1885,7 @@ def _weight_layout(weight: torch.Tensor, kind: str, cin: int, cp: int, coutp: in
             with _wcache_lock:
                 if key in _WCACHE and _WCACHE[key][0] is _ref:
                     del _WCACHE[key]
-        _WCACHE[key] = (weakref.ref(weight, _drop), weight._version, out,
-                        warp_ct_vec(out) if kind == "perm32" else warp_ct(out))
+        _WCACHE[key] = (weakref.ref(weight, _drop), weight._version, out, warp_ct(out))
     return out
 
 
@@ -1850,7 +1896,7 @@ def _weight_operand(weight: torch.Tensor, kind: str, cin: int, cp: int, coutp: i
         ent = _WCACHE.get((id(weight), kind, cp, coutp))
     if ent is not None and ent[2] is out:
         return out, ent[3]
-    return out, (warp_ct_vec(out) if kind == "perm32" else warp_ct(out))
+    return out, warp_ct(out)
 
 
 def _plan_cached(cfg: FwdConfig, kernel, x, weff, bias, il, cout: int, store: str) -> _Plan:

@@ -227,8 +227,8 @@ def test_dw_finish_is_the_ordered_sum_in_dw_layout(nsplit, v, cout, cin, op, cp)
 
 @pytest.mark.parametrize("arch", (80, 90))
 @pytest.mark.parametrize("make", [gather_rows_pair_kernel, F._nms_reduce_kernel, NM._dw_finish_kernel,
-                                  NM._seg_finish_kernel],
-                         ids=["gather_pair", "nms_reduce", "dw_finish", "seg_finish"])
+                                  NM._seg_finish_kernel, F._simtv_prep_kernel],
+                         ids=["gather_pair", "nms_reduce", "dw_finish", "seg_finish", "simtv_prep"])
 def test_simt_helpers_compile_aot(tmp_path, arch, make):
     init_warp()
     paths = wp.compile_aot_module(make().module, arch=arch, module_dir=str(tmp_path))

@@ -22,7 +22,7 @@ def test_explore_stem_passes_on_the_cpu():
     res = sv.explore_stem("alex_L0", batch=3, nodes=20, device="cpu")
     assert res["pick"].startswith("i2c_") and len(res["lines"]) == 7       # 3 forwards, 2 x (dx, dW)
     assert all(line.startswith("PASS") for line in res["lines"]), res["lines"]
-    assert "sd_b8o8u4" in res["configs"]
+    assert "sv_b8o8u4b64" in res["configs"]
 
 
 def test_simt_rows_read_the_recorded_sweep():
@@ -31,12 +31,12 @@ def test_simt_rows_read_the_recorded_sweep():
     rows = sv.simt_rows()
     assert {r["layer"] for r in rows} == set(sv.STEMS) and len(rows) >= 15
     for r in rows:
-        assert r["simt_ms"] and r["i2c_ms"] and r["torch_graphed_ms"], (r["layer"], r["B"])
-        got = r["simt_ms"] if r["pick"] == r["simt_config"] else r["i2c_ms"]
-        assert got <= 1.10 * min(r["simt_ms"], r["i2c_ms"]), (r["layer"], r["B"], r["pick"])
+        assert r["fp16_ms"] and r["vec_ms"] and r["i2c_ms"] and r["torch_graphed_ms"], (r["layer"], r["B"])
+        got = r["vec_ms"] if r["pick"] == r["vec_config"] else r["i2c_ms"]
+        assert got <= 1.10 * min(r["vec_ms"], r["i2c_ms"]), (r["layer"], r["B"], r["pick"])
         assert all(rec["device"] == "NVIDIA H200" for rec in r["records"])
     fig = sv.simt_figure(rows)
-    assert isinstance(fig, go.Figure) and len(fig.data) == 3 * len(sv.STEMS)
+    assert isinstance(fig, go.Figure) and len(fig.data) == 4 * len(sv.STEMS)
     assert "no recorded" in sv.simt_figure([]).layout.annotations[0].text
 
 

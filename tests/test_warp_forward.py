@@ -124,6 +124,23 @@ def test_simt_configs_on_a_stem(config, b):
     c.check(_run_prefilled(c, config), f"{config} on STEM B={b}")
 
 
+def test_simtv_operands_follow_the_weight_and_strided_x():
+    """The vec4 kernel's operands are written by its prep launch on every call: an in-place weight update
+    is seen by the next call (nothing cached), and a non-contiguous x reads right."""
+    c = case(STEM, 9)
+    il, wl = c.meta.input_linear, c.meta.weight_linear
+    w = c.w.clone()
+    y0 = F.run_uncached(c.x, w, c.bias, il, wl, config="sv_b8o8u2")
+    c.check(y0, "sv_b8o8u2")
+    w.mul_(2)
+    y1 = F.run_uncached(c.x, w, c.bias, il, wl, config="sv_b8o8u2")
+    b = c.bias.float().view(1, -1, 1)
+    assert torch.allclose(y1.float() - b, 2 * (y0.float() - b), atol=2e-2, rtol=1e-2)
+    xs = c.x.permute(1, 0, 2).contiguous().permute(1, 0, 2)                   # same values, other strides
+    assert not xs.is_contiguous()
+    c.check(F.run_uncached(xs, c.w, c.bias, il, wl, config="sv_b4o8u4"), "sv_b4o8u4, strided x")
+
+
 def test_simt_loop_stops_at_the_last_real_column():
     """``p_used``: the SIMT loop runs to the tables' last real column (rounded up to the unroll inside
     P64), so P64 fillers cost nothing, and an all-pad table gives exactly the bias."""
@@ -138,7 +155,7 @@ def test_simt_loop_stops_at_the_last_real_column():
     w = torch.randn(13, cin * 6).half()
     bias = torch.randn(13).half()
     assert F._analyse_tables(meta.input_linear, meta.weight_linear, cin, nin, meta.q).p_used == 0
-    for config in ("sd_b4o4u4", "sd_b8o8u4"):
+    for config in ("sd_b4o4u4", "sd_b8o8u4", "sv_b4o4u4", "sv_b8o8u2"):
         y = F.run_uncached(x, w, bias, meta.input_linear, meta.weight_linear, config=config)
         assert torch.equal(y, bias.view(1, -1, 1).expand(3, 13, 4)), config
 
@@ -167,12 +184,14 @@ def test_i2c_selection_rules():
     """Stems go to SIMT on their 964-node grids at small batch, else to i2c; 96-wide tiles when 96 divides
     Cout (16-row tiles at B <= 16 only if 64 is ragged)."""
     sel = F._select_uncached_batch_config
-    for b in (1, 16, 32):
-        assert sel(b, 96, 964, 384, in_channels=3) == "sd_b8o8u4"              # alexnet stem
-        assert sel(b, 64, 964, 192, in_channels=3) == "sd_b8o8u4"              # resnet stem
-    assert sel(64, 96, 964, 384, in_channels=3) == "i2c_m64n96k128"
-    assert sel(64, 64, 964, 192, in_channels=3) == "sd_b8o8u4"                 # Cout 64: SIMT up to B = 64
-    assert sel(128, 64, 964, 192, in_channels=3) == "i2c_m64n64k64"
+    for cout, p64 in ((96, 384), (64, 192)):                                  # alexnet's and resnet's stems
+        assert sel(1, cout, 964, p64, in_channels=3) == sel(8, cout, 964, p64, in_channels=3) == "sv_b4o4u4"
+    assert sel(16, 96, 964, 384, in_channels=3) == "sv_b8o8u4b64"
+    assert sel(16, 64, 964, 192, in_channels=3) == "sv_b8o8u2"
+    assert sel(32, 96, 964, 384, in_channels=3) == sel(64, 96, 964, 384, in_channels=3) == "sv_b8o8u2"
+    assert sel(128, 96, 964, 384, in_channels=3) == "i2c_m64n96k128"           # 64-row tiles full: i2c
+    assert sel(32, 64, 964, 192, in_channels=3) == sel(128, 64, 964, 192, in_channels=3) == "sv_b16o8u2"
+    assert sel(256, 64, 964, 192, in_channels=3) == "i2c_m64n64k64"
     assert sel(512, 64, 964, 192, in_channels=3) == "i2c_m64n64k64"
     assert sel(1, 384, 64, 320, in_channels=3) == "i2c_m16n64k64"              # DINOv3: 64 nodes, never SIMT
     assert sel(16, 384, 64, 320, in_channels=3) == "i2c_m16n64k64"             # DINOv3 patch embed
@@ -188,7 +207,7 @@ def test_stem_simt_switch(monkeypatch):
     il, wl = c.meta.input_linear, c.meta.weight_linear
     monkeypatch.setattr(F, "_SIMT_MIN_NODES", 1)               # STEM has 37 output nodes
     F._CALLS.clear()                                           # other tests' calls on STEM chose i2c
-    assert F._prepare_uncached(c.x, c.w, c.bias, il, wl).config == "sd_b8o8u4"
+    assert F._prepare_uncached(c.x, c.w, c.bias, il, wl).config == "sv_b16o8u2"     # B = 17, Cout = 24
     c.check(F.run_uncached(c.x, c.w, c.bias, il, wl), "SIMT by default")
     monkeypatch.setenv("FOVI_WARP_STEM_SIMT", "off")
     assert sel(16, 96, 964, 384, in_channels=3) == "i2c_m16n96k64"
@@ -424,10 +443,29 @@ def _sweep_kernel_times():
     return {key: ({c: statistics.median(v) for c, v in per.items()}, r) for key, (per, r) in samples.items()}
 
 
+def _sweep_runs():
+    """{(layer, B): [{config: kernel ms} per recorded run]}: one dict per benchmark process (its ``date``
+    stamp), so configs are compared as they were timed, side by side on one lease."""
+    runs = {}
+    for line in SWEEP.read_text().splitlines():
+        r = json.loads(line)
+        if r.get("impl") != "warp_uncached" or not r.get("ms_kernel"):
+            continue
+        runs.setdefault((r["layer"], r["B"]), {}).setdefault(r.get("date"), {})[r["config"]] = r["ms_kernel"]
+    return {key: list(per.values()) for key, per in runs.items()}
+
+
 @pytest.mark.skipif(not SWEEP.exists(), reason="no recorded H200 sweep")
 def test_heuristic_matches_sweep():
-    """On every recorded shape, the heuristic's pick is within 10% of the best measured config."""
+    """On every recorded shape, the heuristic's pick is within 10% of the best config measured beside it.
+
+    Within a run: per recorded run that timed the pick, its time over the fastest config of that run, the
+    median over those runs must be <= 1.10 (leases differ by 5-15 % on the ~0.05-0.1 ms stem kernels, more
+    than good configs differ). Across runs: against the per-config medians of every run, <= 1.20, so a
+    config measured only on another lease cannot be much faster than the pick either.
+    """
     shapes = _sweep_kernel_times()
+    runs = _sweep_runs()
     assert len(shapes) >= 52, "the sweep should cover the layer table x B in {16, 64, 128, 512}"
     bad = []
     for (layer, b), (times, r) in sorted(shapes.items()):
@@ -435,8 +473,12 @@ def test_heuristic_matches_sweep():
                                                node_major=True)
         best = min(times, key=times.get)
         got = times.get(pick)
-        if got is None or got > 1.10 * times[best]:
-            bad.append(f"{layer} B={b}: pick {pick} {got} ms vs best {best} {times[best]:.4f} ms")
+        within = [run[pick] / min(run.values()) for run in runs[(layer, b)] if pick in run]
+        if got is None or not within:
+            bad.append(f"{layer} B={b}: pick {pick} was never measured")
+        elif statistics.median(within) > 1.10 or got > 1.20 * times[best]:
+            bad.append(f"{layer} B={b}: pick {pick} {got:.4f} ms (within its runs x{statistics.median(within):.2f}) "
+                       f"vs best {best} {times[best]:.4f} ms")
     assert not bad, "\n".join(bad)
 
 
