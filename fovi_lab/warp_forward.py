@@ -733,8 +733,9 @@ def _make_simtv_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, na
 def _simtv_prep_kernel():
     """Both operands of the ``simtv`` kernel in one SIMT launch (one thread per element written):
 
-    * threads ``[0, n_x)``: ``xp[r, b] = x[b, r]`` as fp32 for ``r < Cin*Nin``, ``b < B``; 0 in the pad row
-      ``r = Cin*Nin`` and the batch padding;
+    * threads ``[0, n_x)``, ``n_x = (Cin*Nin + 1) * Bx/4``: ``xp[r, b] = x[b, r]`` as fp32 for ``r < Cin*Nin``,
+      ``b < B``, four batch entries per thread (one vec4 store); 0 in the pad row ``r = Cin*Nin`` and the
+      batch padding;
     * the rest: ``wperm[q, c] = W[o, q]`` with ``c = og*TO + j``, ``o = og + j*n_og`` (0 for ``o >= Cout``).
 
     One launch instead of three torch ops (zero-fill, transposing copy, permuted weight copy) on a path
@@ -742,17 +743,22 @@ def _simtv_prep_kernel():
     is re-laid-out on every call rather than cached (a training step changes it anyway)."""
     @wp.kernel(enable_backward=False, module="unique")
     def fovi_simtv_prep(x: wp.array2d(dtype=wp.float16), w: wp.array2d(dtype=wp.float16),
-                        xp: wp.array2d(dtype=wp.float32), wperm: wp.array2d(dtype=wp.float32),
+                        xp: wp.array2d(dtype=wp.vec4), wperm: wp.array2d(dtype=wp.float32),
                         n_x: int, to: int, n_og: int):
         t = wp.tid()
         if t < n_x:
-            bx = xp.shape[1]
-            r = t // bx
-            b = t - r * bx
-            v = float(0.0)
-            if r < x.shape[1] and b < x.shape[0]:
-                v = wp.float32(x[b, r])
-            xp[r, b] = v
+            # one thread per (row, 4 batch entries), rows fastest: a warp reads 32 consecutive entries of
+            # each of 4 rows of x (coalesced) and writes one 16-byte vec4 per row of xp
+            nr = xp.shape[0]
+            b4 = t // nr
+            r = t - b4 * nr
+            v = wp.vec4(0.0)
+            if r < x.shape[1]:
+                for k in range(4):
+                    b = b4 * 4 + k
+                    if b < x.shape[0]:
+                        v[k] = wp.float32(x[b, r])
+            xp[r, b4] = v
         else:
             u = t - n_x
             coutp = wperm.shape[1]
@@ -760,10 +766,10 @@ def _simtv_prep_kernel():
             c = u - q * coutp
             og = c // to
             o = og + (c - og * to) * n_og
-            v = float(0.0)
+            wval = float(0.0)
             if o < w.shape[0]:
-                v = wp.float32(w[o, q])
-            wperm[q, c] = v
+                wval = wp.float32(w[o, q])
+            wperm[q, c] = wval
     return fovi_simtv_prep
 
 
@@ -1621,8 +1627,8 @@ def _plan_uncached(cfg: FwdConfig, kernel, x, weight, bias, il, wl, store: str,
         xp = torch.empty(rows + 1, bx, dtype=torch.float32, device=x.device)      # [Cin*Nin + 1, Bx]
         wpm = torch.empty(q, coutp, dtype=torch.float32, device=x.device)         # permuted W^T
         x2 = x.reshape(b, rows)
-        n_x, n_og = (rows + 1) * bx, coutp // cfg.tile_n
-        prep_args = [warp_ct(x2), warp_ct(weight), warp_ct(xp), warp_ct(wpm), n_x, cfg.tile_n, n_og]
+        n_x, n_og = (rows + 1) * (bx // 4), coutp // cfg.tile_n
+        prep_args = [warp_ct(x2), warp_ct(weight), warp_ct_vec(xp), warp_ct(wpm), n_x, cfg.tile_n, n_og]
         inputs = [warp_ct_vec(xp), warp_ct_vec(wpm), info.wa(il), info.wa(wl), bias_w, warp_ct(out),
                   pad_to(info.p_used, cfg.tile_k), n_og]
         main = _launcher(kernel, dims, inputs, cfg.block_dim, dev, tiled=False)
