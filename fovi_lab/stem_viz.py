@@ -51,8 +51,8 @@ def stage_bytes(layers: Sequence[str] = STEMS, batch: int = 64, budget_mib: floa
 
 
 def explore_stem(layer: str = "alex_L0", batch: int = 5, nodes: int = 48, device=None) -> dict:
-    """The stem's forwards (the gather family's config, the i2c config of its shape and the SIMT kernel
-    ``sd_b8o8u4``) and its adjoints (gathered and staged-operand gi/gw), on a ``nodes``-node slice of
+    """The stem's forwards (the gather family's config, the i2c config of its shape, the fp16 SIMT kernel
+    and the vec4 one used from B = 32 on) and its adjoints (gathered and staged-operand gi/gw), on a ``nodes``-node slice of
     ``layer``: parity lines against the fp32 reference, the configs, and the run times on this machine."""
     import time
     from . import warp_adjoint as wa
@@ -65,7 +65,7 @@ def explore_stem(layer: str = "alex_L0", batch: int = 5, nodes: int = 48, device
     pick = F._select_i2c(batch, m.cout, m.p64)
     gather = "m64n96b256" if m.cout % 96 == 0 and m.cout % 64 else "m64n64r1b256"
     out = dict(layer=layer, B=batch, nodes=m.nout, device=device, configs={}, lines=[])
-    for cfg in (gather, pick, F._SIMT_CONFIG):
+    for cfg in (gather, pick, F._SIMT_CONFIG, F._select_simt(64, m.cout)):
         t0 = time.perf_counter()
         y = F.run_uncached(pb.x, pb.weight, pb.bias, m.input_linear, m.weight_linear, config=cfg)
         dt = (time.perf_counter() - t0) * 1e3
@@ -207,19 +207,18 @@ def stem_train_rows(records: Optional[List[dict]] = None, layers: Sequence[str] 
     return rows
 
 
-#: The SIMT sweep runs (session 7): the SIMT configs and the i2c pick, kernel alone, stems B = 1..128 (runs
-#: 35-36: the fp16 ``sd_*`` kernels; run 38: the vec4 ``sv_*`` ones beside ``sd_b8o8u4``).
-SIMT_RUNS = (35, 36, 38)
-#: The fp16 SIMT kernel the figure compares with the selected vec4 one.
-SIMT_FP16 = "sd_b8o8u4"
+#: The SIMT sweep runs (session 7): the SIMT configs and the i2c pick on the stems, B = 1..128, every
+#: config's whole op timed eagerly and replayed from a CUDA graph (runs 35-36: the fp16 ``sd_*`` kernels;
+#: runs 38 and 40: the vec4 ``sv_*`` ones beside ``sd_b8o8u4``).
+SIMT_RUNS = (35, 36, 38, 40)
 
 
 def simt_rows(records: Optional[List[dict]] = None) -> List[dict]:
-    """Per stem and batch, from the SIMT sweep runs (:data:`SIMT_RUNS`, medians over them): the kernel time
-    of the fp16 SIMT kernel (:data:`SIMT_FP16`), of the vec4 register block :func:`_select_simt` picks for
-    that batch (with its own dense ceiling: the loop over dense operands), of the i2c config of that shape
-    (its row gathers included), the fastest PyTorch forward of the same runs (eager, and replayed from a
-    CUDA graph) and the family the heuristic picks there."""
+    """Per stem and batch, from the SIMT sweep runs (:data:`SIMT_RUNS`, medians over them), each forward's
+    whole op replayed from a CUDA graph (GPU time with every layout copy and no host gaps: the metric the
+    heuristic's SIMT rule was read from): the fp16 SIMT kernel (``_SIMT_CONFIG``), the vec4 kernel used
+    for that Cout above B = 16, the i2c config of the shape, and the fastest PyTorch forward (replayed, and
+    eager); the kernel-alone medians of the first two; the heuristic's pick."""
     import statistics
     from . import warp_forward as F
     records = kl.forward_records() if records is None else records
@@ -229,9 +228,10 @@ def simt_rows(records: Optional[List[dict]] = None) -> List[dict]:
         for b in sorted({r["B"] for r in runs if r["layer"] == layer}):
             rs = [r for r in runs if r["layer"] == layer and r["B"] == b]
             r0 = next(r for r in rs if r.get("cin") is not None)
-            i2c, vec = F._select_i2c(b, r0["cout"], r0["p64"]), F._select_simt(b, r0["cout"])
+            fp16, vec = F._SIMT_CONFIG, F._select_simt(64, r0["cout"])
+            i2c = F._select_i2c(b, r0["cout"], r0["p64"])
 
-            def med(cfg, key="ms_kernel", impl="warp_uncached"):
+            def med(cfg, impl="warp_uncached_graphed", key="ms"):
                 vals = [r[key] for r in rs if r["impl"] == impl and r.get("config") == cfg and r.get(key)]
                 return statistics.median(vals) if vals else None
             torch_eager = min((r["ms"] for r in rs if str(r["impl"]).startswith("torch") and not r.get("graphed")),
@@ -240,38 +240,37 @@ def simt_rows(records: Optional[List[dict]] = None) -> List[dict]:
                                 default=None)
             pick = F._select_uncached_batch_config(b, r0["cout"], r0["nout"], r0["p64"], in_channels=r0["cin"])
             rows.append(dict(
-                layer=layer, B=b, fp16_config=SIMT_FP16, vec_config=vec, i2c_config=i2c,
-                fp16_ms=med(SIMT_FP16), vec_ms=med(vec), vec_dense_ms=med(vec, "dense_ms"), i2c_ms=med(i2c),
-                vec_graphed_ms=med(vec, "ms", "warp_uncached_graphed"),
-                i2c_graphed_ms=med(i2c, "ms", "warp_uncached_graphed"),
-                torch_ms=torch_eager, torch_graphed_ms=torch_graphed, pick=pick, records=rs))
+                layer=layer, B=b, fp16_config=fp16, vec_config=vec, i2c_config=i2c, pick=pick,
+                fp16_ms=med(fp16), vec_ms=med(vec), i2c_ms=med(i2c),
+                fp16_kernel_ms=med(fp16, "warp_uncached", "ms_kernel"), vec_kernel_ms=med(vec, "warp_uncached", "ms_kernel"),
+                torch_ms=torch_eager, torch_graphed_ms=torch_graphed, records=rs))
     return rows
 
 
 def simt_figure(rows: Optional[List[dict]] = None, height: int = 440) -> go.Figure:
-    """Kernel ms against B (log-log), one panel per stem: the fp16 SIMT kernel, the vec4 one the heuristic's
-    block rule picks, the i2c tiles (row gathers included) and the fastest PyTorch forward replayed from a
-    CUDA graph (its whole op, no host time)."""
+    """Whole-op ms replayed from CUDA graphs against B (log-log), one panel per stem: the fp16 SIMT kernel,
+    the vec4 one, the i2c tiles and the fastest PyTorch forward."""
     from plotly.subplots import make_subplots
     rows = simt_rows() if rows is None else rows
     if not rows:
-        return kl.message_figure("no recorded SIMT sweep (runs 35-38) under data/")
+        return kl.message_figure("no recorded SIMT sweep (runs 35-40) under data/")
     layers = [l for l in STEMS if any(r["layer"] == l for r in rows)]
     fig = make_subplots(rows=1, cols=len(layers), subplot_titles=layers, shared_yaxes=True)
     for col, layer in enumerate(layers, start=1):
         rs = [r for r in rows if r["layer"] == layer]
-        for key, name, colour, dash in (("fp16_ms", f"SIMT fp16 {SIMT_FP16} (kernel)", "#ffbb78", "dash"),
-                                        ("vec_ms", "SIMT vec4, picked block (kernel)", "#ff7f0e", None),
+        for key, name, colour, dash in (("fp16_ms", f"SIMT fp16 ({rs[0]['fp16_config']})", "#ffbb78", None),
+                                        ("vec_ms", "SIMT vec4 (sv_b16o8u2 / sv_b8o8u8)", "#ff7f0e", None),
                                         ("i2c_ms", "i2c tiles (row gathers + kernel)", "#1f77b4", None),
-                                        ("torch_graphed_ms", "fastest PyTorch, graph replay", "#d62728", "dot")):
+                                        ("torch_graphed_ms", "fastest PyTorch", "#d62728", "dot")):
             fig.add_trace(go.Scatter(x=[r["B"] for r in rs], y=[r[key] for r in rs], name=name, mode="lines+markers",
                                      line=dict(color=colour, dash=dash), legendgroup=name, showlegend=col == 1,
+                                     connectgaps=True,
                                      hovertemplate="B=%{x}: %{y:.3f} ms<extra>" + name + "</extra>"), row=1, col=col)
         fig.update_xaxes(type="log", title_text="batch B", row=1, col=col)
-    fig.update_yaxes(type="log", title_text="ms (log)", row=1, col=1)
+    fig.update_yaxes(type="log", title_text="ms per op, CUDA-graph replay (log)", row=1, col=1)
     recs = [rec for r in rows for rec in r["records"]]
     fig.update_layout(height=height, title=dict(text="Stems below one tensor-core tile: SIMT register blocks "
-                                                "against the i2c tiles<br><sub>" + kl.versions_title(recs)
-                                                + " · runs 35-38, medians</sub>", x=0.01),
+                                                "against the i2c tiles (whole op, replayed)<br><sub>"
+                                                + kl.versions_title(recs) + " · runs 35-40, medians</sub>", x=0.01),
                       legend=dict(orientation="h", y=-0.25), margin=dict(t=90, b=100))
     return fig

@@ -1252,18 +1252,21 @@ def _select_uncached_batch_config(batch: int, out_channels: int, out_nodes: int,
 
 
 # The SIMT kernels for stem-like calls (Cin < 32), and where they win, from the H200 sweep
-# (data/forward_sweep_h200.jsonl, runs 35-38, kernel times). The vectorised family (``simtv``: fp32 operands
-# read as vec4) beat the fp16 one (``simt``) from B = 32 on by 1.3-1.5x and tied it below; the best register
-# block depends on the batch: 4x4 while B <= 8 (more threads: one block covers the batch), then 8x8 (with
-# 4 p entries per step and 64-thread blocks at alexnet's B = 16, 2 entries otherwise), and 16x8 above B = 16
-# when Cout <= 64 (resnet's stem: only 8 channel groups, so more batch rows per thread keep the FMAs per
-# load high).
-# Against the i2c tiles: faster on the stems' 964-node grids up to B = 64 (alexnet's stem at B = 16:
-# 0.12 vs 0.18 ms; B = 64: 0.23 vs 0.26) and on resnet's up to B = 128 (0.144 vs 0.211 ms); a tie at
-# alexnet's B = 128, where 64-row tensor-core tiles are full; slower on the DINOv3 patch embed at every
-# batch (64 nodes: too few threads to hide the loads, and a small i2c weight stage of 16 MB).
+# (data/forward_sweep_h200.jsonl, runs 35-40). The metric that decides is the whole op replayed from a CUDA
+# graph (GPU time with every layout copy, no host gaps): the vec4 family's kernel time includes its prep
+# launch and the host gap before the main launch, the fp16 family's does not.
+# * B <= 16: the fp16 kernel ``sd_b8o8u4`` (one F.pad of x, W^T cached between calls): best or within 5 % of
+#   the best replayed op on both CNN stems at B = 16, within 10-25 % of ``sv_b4o4u4`` at B <= 4 (0.04 ms),
+#   and the fastest eager op there (one fewer launch to issue).
+# * B = 32-128: the vec4 kernels (fp32 operands, 16-byte loads): 1.3-1.5x faster than the fp16 one;
+#   ``sv_b8o8u8`` on alexnet's stem (Cout = 96), ``sv_b16o8u2`` on resnet's (Cout = 64: only 8 channel
+#   groups, so 16 batch rows per thread keep the FMAs per load high).
+# Against the i2c tiles (replayed): faster on the stems' 964-node grids up to B = 64 (alexnet's stem at
+# B = 16: 0.12 vs 0.17 ms; B = 64: 0.28 vs 0.30) and on resnet's up to B = 128 (0.23 vs 0.26 ms); slower
+# at alexnet's B = 128 (0.58 vs 0.51), where 64-row tensor-core tiles are full, and on the DINOv3 patch
+# embed at every batch (64 nodes: too few threads to hide the loads; a small i2c weight stage of 16 MB).
 _SIMT_MIN_NODES = 256
-_SIMT_CONFIG = "sv_b8o8u4b64"        # the B = 16 pick (notebooks, explore_stem)
+_SIMT_CONFIG = "sd_b8o8u4"           # the B <= 16 pick (notebooks, explore_stem)
 
 
 def _simt_fits(batch: int, out_channels: int, out_nodes: int) -> bool:
@@ -1278,12 +1281,10 @@ def _simt_fits(batch: int, out_channels: int, out_nodes: int) -> bool:
 
 
 def _select_simt(batch: int, out_channels: int) -> str:
-    """The SIMT register block for a stem-like call that :func:`_simt_fits` (runs 35-38)."""
-    if batch <= 8:
-        return "sv_b4o4u4"
-    if out_channels <= 64:
-        return "sv_b8o8u2" if batch <= 16 else "sv_b16o8u2"
-    return "sv_b8o8u4b64" if batch <= 16 else "sv_b8o8u2"
+    """The SIMT kernel for a stem-like call that :func:`_simt_fits` (runs 35-40, see above)."""
+    if batch <= 16:
+        return _SIMT_CONFIG
+    return "sv_b16o8u2" if out_channels <= 64 else "sv_b8o8u8"
 
 
 def _select_i2c(batch: int, out_channels: int, p_padded: int) -> str:
