@@ -48,15 +48,19 @@ Kernel families
   Measured (run 10): 1.1-2.8x faster kernels than the gather family on the stems, 40-75 % of the dense
   ceiling; after the host-path work of run 13 the eager op costs 0.09-0.14 ms more than its kernel.
 
-* **simt** / **simtv** (``sd_b8o8u4`` / ``sv_b8o8u2``-style; any tables; selected for the stems' 964-node
+* **simt** / **simtv** (``sd_b8o8u4`` / ``sv_b8o8u8``-style; any tables; selected for the stems' 964-node
   grids at B <= 64, and at B <= 128 when Cout <= 64): no tile GEMM and no stage. Each *thread* keeps a
   ``tile_b x tile_o`` block of y in fp32 registers and reads x^T (with a zero pad row) and W^T straight
-  from L2 (:func:`_make_simt_kernel`: fp16 scalar loads; :func:`_make_simtv_kernel`: fp32 operands read
-  as vec4, the selected one). At small batch a tensor-core tile is mostly padding and the i2c weight
-  stage (71 MB at alexnet's stem) costs more than the math: measured (runs 35-38) alexnet's stem at
-  B = 16 0.12 ms against 0.18 for i2c, at B = 64 0.23 against 0.26; resnet's at B = 128 0.144 against
-  0.211. It ties once 64-row tiles fill (alexnet B = 128) and loses on the DINOv3 patch embed (64 nodes:
-  too few threads).
+  from L2.
+  - :func:`_make_simt_kernel` (fp16 scalar loads) is used at B <= 16.
+  - :func:`_make_simtv_kernel` (fp32 operands read as vec4, written per call by one prep launch) is used
+    above B = 16.
+  - Why: at small batch a tensor-core tile is mostly padding, and the i2c weight stage (71 MB at alexnet's
+    stem) costs more than the math.
+  - Measured whole ops, replayed (runs 35-40): alexnet's stem at B = 16 takes 0.121 ms against 0.171 for
+    i2c, and 0.282 against 0.298 at B = 64; resnet's takes 0.231 against 0.259 at B = 128.
+  - It loses once 64-row tiles fill (alexnet's B = 128) and on the DINOv3 patch embed (64 nodes: too few
+    threads).
 
 * **cached** (``run_cached``): A gathered as in the gather family, W plain-loaded from the inference
   cache ``Weff[n]`` ``[P64, Cout_pad]`` (spec §2.4).
