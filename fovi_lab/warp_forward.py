@@ -225,6 +225,11 @@ _UNCACHED_BATCH_CONFIG_SPECS: Dict[str, Tuple[str, int, int, int, int, int]] = {
     "sd_b16o8u4": ("simt", 16, 8, 4, 1, 128),
     "sd_b8o4u4": ("simt", 8, 4, 4, 1, 128),
     "sd_b8o8u4b64": ("simt", 8, 8, 4, 1, 64),
+    # the fp16 SIMT kernel with the next step's indices prefetched (one memory round trip per step)
+    "sdp_b8o8u4": ("simtp", 8, 8, 4, 1, 128),
+    "sdp_b4o8u4": ("simtp", 4, 8, 4, 1, 128),
+    "sdp_b4o4u4": ("simtp", 4, 4, 4, 1, 128),
+    "sdp_b8o8u2": ("simtp", 8, 8, 2, 1, 128),
     # the same register blocks over fp32 operands read as 16-byte vec4s (x^T and a channel-permuted W^T):
     # no fp16 -> fp32 conversions and 1/4 of the load instructions
     "sv_b4o4u4": ("simtv", 4, 4, 4, 1, 128),
@@ -561,7 +566,7 @@ def _simt_decorator(name: str, block_dim: int):
 
 
 def _make_simt_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, name: Optional[str] = None,
-                      dense: bool = False):
+                      dense: bool = False, prefetch: bool = False):
     """SIMT register-blocked kernel ("simt", ``sd_b4o8u2``-style): no tile GEMM and no staging.
 
     Why: at small batch the stems' per-node GEMM ``[B, P] @ [P, Cout]`` has B <= 16 rows, so a tensor-core
@@ -584,15 +589,58 @@ def _make_simt_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, nam
 
     ``dense=True``: the same loop over dense operands ``at [Kd, Bx]``, ``w [Kd, Cout_p]`` shared by every
     node (no index loads): the SIMT ceiling of these register blocks.
+
+    ``prefetch=True`` ("simtp", ``sdp_*``): the next step's ``U`` index pairs are loaded before this step's
+    operands, so each step waits on one memory round trip (operands) instead of two (indices, then the
+    operands they point at): at B <= 16 a stem grid has only ~5 warps per SM, too few to hide that chain.
     """
     init_warp()
     TB, TO, U = int(tile_b), int(tile_o), int(unroll)
-    kname = name or f"fovi_fwd_simt{'_dense' if dense else ''}_b{TB}o{TO}u{U}b{block_dim}"
+    PF = bool(prefetch) and not dense
+    kname = name or f"fovi_fwd_simt{'p' if PF else ''}{'_dense' if dense else ''}_b{TB}o{TO}u{U}b{block_dim}"
+    vec_u = wp.types.vector(length=U, dtype=wp.int32)
     vec_b = wp.types.vector(length=TB, dtype=wp.float32)
     vec_o = wp.types.vector(length=TO, dtype=wp.float32)
     mat_bo = wp.types.matrix(shape=(TB, TO), dtype=wp.float32)
 
-    if not dense:
+    if PF:
+        @_simt_decorator(kname, block_dim)
+        def kernel(xp: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16),
+                   il: wp.array2d(dtype=wp.int32), wl: wp.array2d(dtype=wp.int32),
+                   bias: wp.array1d(dtype=wp.float32), y: wp.array3d(dtype=wp.float16), p_len: int, n_og: int):
+            n, bg, og = wp.tid()
+            b0 = bg * TB
+            acc = mat_bo()
+            last = il.shape[1] - U             # the next step's indices are read from inside the table
+            rn = vec_u()
+            qn = vec_u()
+            for u in range(U):
+                rn[u] = il[n, u]
+                qn[u] = wl[n, u]
+            for p0 in range(0, p_len, U):
+                rc = rn
+                qc = qn
+                pn = wp.min(p0 + U, last)
+                for u in range(U):             # next step's indices: in flight while this step computes
+                    rn[u] = il[n, pn + u]
+                    qn[u] = wl[n, pn + u]
+                for u in range(U):
+                    r = rc[u]
+                    q = qc[u]
+                    xv = vec_b()
+                    wv = vec_o()
+                    for i in range(TB):
+                        xv[i] = wp.float32(xp[r, b0 + i])
+                    for j in range(TO):
+                        wv[j] = wp.float32(wt[q, og + j * n_og])
+                    acc += wp.outer(xv, wv)
+            for i in range(TB):                    # guarded by y's shape: batch and Cout tails
+                if b0 + i < y.shape[1]:
+                    for j in range(TO):
+                        o = og + j * n_og
+                        if o < y.shape[2]:
+                            y[n, b0 + i, o] = wp.float16(acc[i, j] + bias[o])
+    elif not dense:
         @_simt_decorator(kname, block_dim)
         def kernel(xp: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16),
                    il: wp.array2d(dtype=wp.int32), wl: wp.array2d(dtype=wp.int32),
@@ -640,7 +688,7 @@ def _make_simt_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, nam
                         if o < y.shape[2]:
                             y[n, b0 + i, o] = wp.float16(acc[i, j] + bias[o])
 
-    kernel._fovi_tiles = ("simt_dense" if dense else "simt", TB, TO, U, 1, int(block_dim))
+    kernel._fovi_tiles = ("simt_dense" if dense else "simtp" if PF else "simt", TB, TO, U, 1, int(block_dim))
     return kernel
 
 
@@ -1019,13 +1067,14 @@ def _build_kernel(cfg: FwdConfig, mathdx: Optional[bool] = None, dense: bool = F
     pipelined = cfg.family in ("nmp", "gp")
     key = (cfg.family, cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx, dense)
     if dense:
-        key = ("densep" if pipelined else cfg.family + "_dense" if cfg.family in ("simt", "simtv") else "dense",) \
-            + key[1:]
+        fam = "simt" if cfg.family == "simtp" else cfg.family      # the prefetch has no dense counterpart
+        key = ("densep" if pipelined else fam + "_dense" if fam in ("simt", "simtv") else "dense",) + key[1:]
     with _build_lock:
         k = _KERNELS.get(key)
         if k is None:
-            if cfg.family == "simt":
-                k = _make_simt_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, dense=dense)
+            if cfg.family in ("simt", "simtp"):
+                k = _make_simt_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, dense=dense,
+                                      prefetch=cfg.family == "simtp")
             elif cfg.family == "simtv":
                 k = _make_simtv_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, dense=dense)
             elif dense and pipelined:
@@ -1616,7 +1665,7 @@ def _plan_uncached(cfg: FwdConfig, kernel, x, weight, bias, il, wl, store: str,
             keep = (xn, wv, idxc, rfc, cnt, bias_p)
     elif cfg.family in ("i2c", "i2cg"):
         return _plan_i2c(cfg, kernel, x, weight, il, wl, out, finish, bias_p, bias_w, dev, info, memo)
-    elif cfg.family == "simt":
+    elif cfg.family in ("simt", "simtp"):
         # [Cin*Nin + 1, Bx]: x^T, the zero pad row and zero batch columns, in one op
         bx, coutp = pad_to(b, cfg.tile_m), pad_to(cout, cfg.tile_n)
         xp = torch.nn.functional.pad(x.reshape(b, cin * nin).t(), (0, bx - b, 0, 1))
@@ -1937,13 +1986,13 @@ def _plan_dense(cfg: FwdConfig, kernel, b: int, cout: int, nout: int, kdim: int,
     bias_p, bias_w = _bias_operand(None, cout, cfg.tile_n, dev_t)
     dims = (nout, -(-b // cfg.rows_per_cta), -(-cout // cfg.tile_n))
     inputs = [to_warp(at), to_warp(w), bias_w, to_warp(out), kd // cfg.tile_k, b]
-    if cfg.family in ("simt", "simtv"):      # SIMT ceiling: all Kd rows, U per step; channel-group count
+    if cfg.family in ("simt", "simtp", "simtv"):   # SIMT ceiling: all Kd rows, U per step; channel groups
         inputs[4:] = [kd, pad_to(cout, cfg.tile_n) // cfg.tile_n]
         if cfg.family == "simtv":
             at, w = at.float(), w.float()
             inputs[0:2] = [warp_ct_vec(at), warp_ct_vec(w)]
     plan = _Plan(_launcher(kernel, dims, inputs, cfg.block_dim, _device_str(device),
-                           tiled=cfg.family not in ("simt", "simtv")), out, finish)
+                           tiled=cfg.family not in ("simt", "simtp", "simtv")), out, finish)
     plan._keep = (at, w, bias_p)
     return plan
 

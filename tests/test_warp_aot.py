@@ -51,6 +51,9 @@ def _forward_kernels_by_block_dim(module_prefix: str):
                 make(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim)
                 make(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, dense=True)
                 continue
+            elif cfg.family == "simtp":                     # its dense ceiling is the simt one
+                F._make_simt_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, prefetch=True)
+                continue
             else:
                 raise AssertionError(f"test_warp_aot does not know the {cfg.family!r} family ({name})")
             pipelined = cfg.family in ("nmp", "gp")

@@ -112,7 +112,7 @@ def test_i2c_configs_on_a_stem(config, b):
     c.check(_run_prefilled(c, config), f"{config} on STEM B={b}")
 
 
-_SIMT = [n for n in _CONFIGS if F.config_spec(n).family in ("simt", "simtv")]
+_SIMT = [n for n in _CONFIGS if F.config_spec(n).family in ("simt", "simtp", "simtv")]
 
 
 @pytest.mark.parametrize("b", (1, 17, 64))
