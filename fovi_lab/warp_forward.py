@@ -52,7 +52,8 @@ Kernel families
   grids at B <= 64, and at B <= 128 when Cout <= 64): no tile GEMM and no stage. Each *thread* keeps a
   ``tile_b x tile_o`` block of y in fp32 registers and reads x^T (with a zero pad row) and W^T straight
   from L2.
-  - :func:`_make_simt_kernel` (fp16 scalar loads) is used at B <= 16.
+  - :func:`_make_simt_kernel` (fp16 scalar loads) is used at B <= 16 (at B <= 4 with 4x4 blocks and the
+    next step's indices prefetched).
   - :func:`_make_simtv_kernel` (fp32 operands read as vec4, written per call by one prep launch) is used
     above B = 16.
   - Why: at small batch a tensor-core tile is mostly padding, and the i2c weight stage (71 MB at alexnet's
@@ -225,11 +226,8 @@ _UNCACHED_BATCH_CONFIG_SPECS: Dict[str, Tuple[str, int, int, int, int, int]] = {
     "sd_b16o8u4": ("simt", 16, 8, 4, 1, 128),
     "sd_b8o4u4": ("simt", 8, 4, 4, 1, 128),
     "sd_b8o8u4b64": ("simt", 8, 8, 4, 1, 64),
-    # the fp16 SIMT kernel with the next step's indices prefetched (one memory round trip per step)
-    "sdp_b8o8u4": ("simtp", 8, 8, 4, 1, 128),
-    "sdp_b4o8u4": ("simtp", 4, 8, 4, 1, 128),
+    # 4x4 blocks with the next step's indices prefetched: the B <= 4 pick (run 42)
     "sdp_b4o4u4": ("simtp", 4, 4, 4, 1, 128),
-    "sdp_b8o8u2": ("simtp", 8, 8, 2, 1, 128),
     # the same register blocks over fp32 operands read as 16-byte vec4s (x^T and a channel-permuted W^T):
     # no fp16 -> fp32 conversions and 1/4 of the load instructions
     "sv_b4o4u4": ("simtv", 4, 4, 4, 1, 128),
@@ -261,6 +259,11 @@ _EXPERIMENTAL_CONFIG_SPECS: Dict[str, Tuple[str, int, int, int, int, int]] = {
     # dW batch chunks)
     "nm_m16n16k64": ("nm", 16, 16, 64, 1, 64),
     "nm_m64n64k16": ("nm", 64, 64, 16, 1, 128),
+    # the fp16 SIMT kernel with the next step's indices prefetched, 8-wide blocks (run 42: within 5 % of
+    # sd_* at B = 1-32, never faster: with 8x8 blocks the index -> operand round trip is not the bound)
+    "sdp_b8o8u4": ("simtp", 8, 8, 4, 1, 128),
+    "sdp_b4o8u4": ("simtp", 4, 8, 4, 1, 128),
+    "sdp_b8o8u2": ("simtp", 8, 8, 2, 1, 128),
     # gather with register prefetch
     "gp_m16n32": ("gp", 16, 32, 64, 1, 64),
     "gp_m32n64": ("gp", 32, 64, 64, 1, 128),
@@ -593,6 +596,9 @@ def _make_simt_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, nam
     ``prefetch=True`` ("simtp", ``sdp_*``): the next step's ``U`` index pairs are loaded before this step's
     operands, so each step waits on one memory round trip (operands) instead of two (indices, then the
     operands they point at): at B <= 16 a stem grid has only ~5 warps per SM, too few to hide that chain.
+    Measured (run 42): with 4x4 blocks (twice the index loads per FMA of 8x8) it is the fastest forward at
+    B <= 4 (resnet's stem 0.036 against 0.042 ms for ``sd_b8o8u4``); with 8x8 blocks within 5 % of the plain
+    loop, so those stay experimental.
     """
     init_warp()
     TB, TO, U = int(tile_b), int(tile_o), int(unroll)
@@ -1308,9 +1314,9 @@ def _select_uncached_batch_config(batch: int, out_channels: int, out_nodes: int,
 # (data/forward_sweep_h200.jsonl, runs 35-40). The metric that decides is the whole op replayed from a CUDA
 # graph (GPU time with every layout copy, no host gaps): the vec4 family's kernel time includes its prep
 # launch and the host gap before the main launch, the fp16 family's does not.
-# * B <= 16: the fp16 kernel ``sd_b8o8u4`` (one F.pad of x, W^T cached between calls): best or within 5 % of
-#   the best replayed op on both CNN stems at B = 16, within 10-25 % of ``sv_b4o4u4`` at B <= 4 (0.04 ms),
-#   and the fastest eager op there (one fewer launch to issue).
+# * B <= 16: the fp16 kernels (one F.pad of x, W^T cached between calls; one launch): ``sd_b8o8u4``, best or
+#   within 5 % of the best replayed op on both CNN stems at B = 16, and at B <= 4 ``sdp_b4o4u4`` (4x4 blocks,
+#   indices prefetched; run 42: resnet's stem 0.036 against 0.042 ms, the fastest eager op there).
 # * B = 32-128: the vec4 kernels (fp32 operands, 16-byte loads): 1.3-1.5x faster than the fp16 one;
 #   ``sv_b8o8u8`` on alexnet's stem (Cout = 96), ``sv_b16o8u2`` on resnet's (Cout = 64: only 8 channel
 #   groups, so 16 batch rows per thread keep the FMAs per load high).
@@ -1335,6 +1341,8 @@ def _simt_fits(batch: int, out_channels: int, out_nodes: int) -> bool:
 
 def _select_simt(batch: int, out_channels: int) -> str:
     """The SIMT kernel for a stem-like call that :func:`_simt_fits` (runs 35-40, see above)."""
+    if batch <= 4:
+        return "sdp_b4o4u4"
     if batch <= 16:
         return _SIMT_CONFIG
     return "sv_b16o8u2" if out_channels <= 64 else "sv_b8o8u8"

@@ -185,7 +185,8 @@ def test_i2c_selection_rules():
     Cout (16-row tiles at B <= 16 only if 64 is ragged)."""
     sel = F._select_uncached_batch_config
     for cout, p64 in ((96, 384), (64, 192)):                                  # alexnet's and resnet's stems
-        for b in (1, 8, 16):
+        assert sel(1, cout, 964, p64, in_channels=3) == sel(4, cout, 964, p64, in_channels=3) == "sdp_b4o4u4"
+        for b in (5, 8, 16):
             assert sel(b, cout, 964, p64, in_channels=3) == "sd_b8o8u4"        # fp16 SIMT at B <= 16
     assert sel(32, 96, 964, 384, in_channels=3) == sel(64, 96, 964, 384, in_channels=3) == "sv_b8o8u8"
     assert sel(128, 96, 964, 384, in_channels=3) == "i2c_m64n96k128"           # 64-row tiles full: i2c
@@ -460,8 +461,10 @@ def test_heuristic_matches_sweep():
 
     Within a run: per recorded run that timed the pick, its time over the fastest config of that run, the
     median over those runs must be <= 1.10 (leases differ by 5-15 % on the ~0.05-0.1 ms stem kernels, more
-    than good configs differ). Across runs: against the per-config medians of every run, <= 1.20, so a
-    config measured only on another lease cannot be much faster than the pick either.
+    than good configs differ). Across runs: against the per-config medians of every run, <= 1.25, so a
+    config measured only on another lease cannot be much faster than the pick either (the bound is loose
+    because a two-launch plan's kernel time includes the host gap between its launches: ``sv_b16o8u2`` on
+    resnet's stem at B = 32 took 0.064-0.090 ms on three leases).
     """
     shapes = _sweep_kernel_times()
     runs = _sweep_runs()
@@ -475,7 +478,7 @@ def test_heuristic_matches_sweep():
         within = [run[pick] / min(run.values()) for run in runs[(layer, b)] if pick in run]
         if got is None or not within:
             bad.append(f"{layer} B={b}: pick {pick} was never measured")
-        elif statistics.median(within) > 1.10 or got > 1.20 * times[best]:
+        elif statistics.median(within) > 1.10 or got > 1.25 * times[best]:
             bad.append(f"{layer} B={b}: pick {pick} {got:.4f} ms (within its runs x{statistics.median(within):.2f}) "
                        f"vs best {best} {times[best]:.4f} ms")
     assert not bad, "\n".join(bad)
@@ -486,5 +489,5 @@ def test_experimental_configs_still_run():
     c = case("ODD", 17)
     experimental = [n for n in F.uncached_config_names(experimental=True) if n not in _CONFIGS]
     assert {"nmp_m64n64k32", "gp_m16n32", "m64n64b512"} <= set(experimental)
-    for config in ("nmp_m16n64k64", "nmp_m64n128k32", "gp_m16n32", "m16n96", "m64n64b512"):
+    for config in ("nmp_m16n64k64", "nmp_m64n128k32", "gp_m16n32", "m16n96", "m64n64b512", "sdp_b8o8u2"):
         c.check(_run_prefilled(c, config), config)
