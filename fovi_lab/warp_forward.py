@@ -570,35 +570,39 @@ def _simt_decorator(name: str, block_dim: int):
 
 def _make_simt_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, name: Optional[str] = None,
                       dense: bool = False, prefetch: bool = False):
-    """SIMT register-blocked kernel ("simt", ``sd_b4o8u2``-style): no tile GEMM and no staging.
+    """SIMT register-blocked kernel ("simt", ``sd_b8o8u4``-style): no tile GEMM, no staging, no layout copy
+    of x or y.
 
     Why: at small batch the stems' per-node GEMM ``[B, P] @ [P, Cout]`` has B <= 16 rows, so a tensor-core
     tile is mostly padding and Warp's tile GEMM runs at a few TFLOP/s on it, while the i2c family also
     stages every node's weight rows (``Nout*P64*Cout`` fp16: 71 MB written and read back at alexnet's
     stem, ~6x the gathered x at B = 16). Here one thread keeps a ``tile_b x tile_o`` block of
-    ``y[n, b, o]`` in fp32 registers and reads its operands straight from two small, L2-resident
-    layouts::
+    ``y[b, o, n]`` in fp32 registers and reads its operands straight from L2::
 
-        acc[i, j] = sum_{p < p_len} xp[il[n, p], b0 + i] * wt[wl[n, p], og + j*n_og]
+        acc[i, j] = sum_{p < p_len} xpad[b0 + i, il[n, p]] * wt[wl[n, p], og + j*n_og]
 
-    ``xp = [x_flat^T | zero pad row]`` ``[Cin*Nin + 1, Bx]`` (the pad index ``Cin*Nin`` reads the zero
-    row, so pads need no branch) and ``wt = W^T`` ``[Q, Cout_p]``. Threads are launched over
-    ``(Nout, Bx/tile_b, n_og = Cout_p/tile_o)`` with the channel group fastest, and a thread's channels
-    are strided by ``n_og``: for each ``j`` neighbouring threads read neighbouring ``wt`` entries (one
-    coalesced row segment) and share (broadcast) the same ``xp`` entries. Per ``p`` a thread issues
-    ``2 + tile_b + tile_o`` loads for ``tile_b*tile_o`` FMAs; ``unroll`` p entries are handled per loop
-    step so their loads are in flight together (``p_len`` is rounded up to it inside P64: the extra
-    columns are pads). Stores are guarded by ``y``'s own shape; bias is added in fp32, one rounding.
+    * x is read in place as ``[B, Cin*Nin]`` (batch rows clamped into range: the extra rows of a tail block
+      are computed but never stored); the pad index ``Cin*Nin`` selects an exact 0 (a select, not a
+      multiply, so an inf in x cannot leak into a pad entry);
+    * ``wt = W^T`` ``[Q, Cout_p]`` (zero columns past Cout; cached between calls while W is unchanged);
+    * ``y [B, Cout, Nout]`` is written in place, guarded by its shape.
+
+    Threads are launched over ``(Nout, ceil(B/tile_b), n_og = Cout_p/tile_o)`` with the channel group
+    fastest, and a thread's channels are strided by ``n_og``: for each ``j`` neighbouring threads read
+    neighbouring ``wt`` entries (one coalesced row segment) and share (broadcast) the same x entries. Per
+    ``p`` a thread issues ``2 + tile_b + tile_o`` loads for ``tile_b*tile_o`` FMAs; ``unroll`` p entries
+    are handled per loop step so their loads are in flight together (``p_len``: the tables' last real
+    column plus one, rounded up to ``unroll`` inside P64; the extra columns are pads). Bias is added in
+    fp32, one rounding to fp16.
+
+    ``prefetch=True`` ("simtp", ``sdp_*``): the next step's ``unroll`` index pairs are loaded before this
+    step's operands, so each step waits on one memory round trip (operands) instead of two (indices, then
+    the operands they point at). Measured (run 42): with 4x4 blocks (twice the index loads per FMA of
+    8x8) it is the fastest forward at B <= 4 (resnet's stem 0.036 against 0.042 ms for ``sd_b8o8u4``);
+    with 8x8 blocks within 5 % of the plain loop, so those stay experimental.
 
     ``dense=True``: the same loop over dense operands ``at [Kd, Bx]``, ``w [Kd, Cout_p]`` shared by every
-    node (no index loads): the SIMT ceiling of these register blocks.
-
-    ``prefetch=True`` ("simtp", ``sdp_*``): the next step's ``U`` index pairs are loaded before this step's
-    operands, so each step waits on one memory round trip (operands) instead of two (indices, then the
-    operands they point at): at B <= 16 a stem grid has only ~5 warps per SM, too few to hide that chain.
-    Measured (run 42): with 4x4 blocks (twice the index loads per FMA of 8x8) it is the fastest forward at
-    B <= 4 (resnet's stem 0.036 against 0.042 ms for ``sd_b8o8u4``); with 8x8 blocks within 5 % of the plain
-    loop, so those stay experimental.
+    node (no index loads; output ``[Nout, B, Cout]``): the SIMT ceiling of these register blocks.
     """
     init_warp()
     TB, TO, U = int(tile_b), int(tile_o), int(unroll)
@@ -609,13 +613,16 @@ def _make_simt_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, nam
     vec_o = wp.types.vector(length=TO, dtype=wp.float32)
     mat_bo = wp.types.matrix(shape=(TB, TO), dtype=wp.float32)
 
+    # (the loop body is written out in each kernel: a wp.func defined here would carry closure types that
+    # Warp cannot resolve in annotations, and same-named functions would collide in a shared AOT module)
     if PF:
         @_simt_decorator(kname, block_dim)
-        def kernel(xp: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16),
+        def kernel(x: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16),
                    il: wp.array2d(dtype=wp.int32), wl: wp.array2d(dtype=wp.int32),
                    bias: wp.array1d(dtype=wp.float32), y: wp.array3d(dtype=wp.float16), p_len: int, n_og: int):
             n, bg, og = wp.tid()
             b0 = bg * TB
+            bmax = x.shape[0] - 1
             acc = mat_bo()
             last = il.shape[1] - U             # the next step's indices are read from inside the table
             rn = vec_u()
@@ -633,44 +640,49 @@ def _make_simt_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, nam
                 for u in range(U):
                     r = rc[u]
                     q = qc[u]
+                    real = r < x.shape[1]
+                    rr = wp.min(r, x.shape[1] - 1)
                     xv = vec_b()
                     wv = vec_o()
                     for i in range(TB):
-                        xv[i] = wp.float32(xp[r, b0 + i])
+                        xv[i] = wp.where(real, wp.float32(x[wp.min(b0 + i, bmax), rr]), 0.0)
                     for j in range(TO):
                         wv[j] = wp.float32(wt[q, og + j * n_og])
                     acc += wp.outer(xv, wv)
             for i in range(TB):                    # guarded by y's shape: batch and Cout tails
-                if b0 + i < y.shape[1]:
+                if b0 + i < y.shape[0]:
                     for j in range(TO):
                         o = og + j * n_og
-                        if o < y.shape[2]:
-                            y[n, b0 + i, o] = wp.float16(acc[i, j] + bias[o])
+                        if o < y.shape[1]:
+                            y[b0 + i, o, n] = wp.float16(acc[i, j] + bias[o])
     elif not dense:
         @_simt_decorator(kname, block_dim)
-        def kernel(xp: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16),
+        def kernel(x: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16),
                    il: wp.array2d(dtype=wp.int32), wl: wp.array2d(dtype=wp.int32),
                    bias: wp.array1d(dtype=wp.float32), y: wp.array3d(dtype=wp.float16), p_len: int, n_og: int):
             n, bg, og = wp.tid()
             b0 = bg * TB
+            bmax = x.shape[0] - 1
             acc = mat_bo()
             for p0 in range(0, p_len, U):
                 for u in range(U):             # constant trip counts: unrolled, registers only
                     r = il[n, p0 + u]
                     q = wl[n, p0 + u]
+                    real = r < x.shape[1]      # the pad index Cin*Nin selects an exact 0
+                    rr = wp.min(r, x.shape[1] - 1)
                     xv = vec_b()
                     wv = vec_o()
-                    for i in range(TB):
-                        xv[i] = wp.float32(xp[r, b0 + i])
+                    for i in range(TB):        # tail rows clamped into x (computed, never stored)
+                        xv[i] = wp.where(real, wp.float32(x[wp.min(b0 + i, bmax), rr]), 0.0)
                     for j in range(TO):
                         wv[j] = wp.float32(wt[q, og + j * n_og])
                     acc += wp.outer(xv, wv)
             for i in range(TB):                    # guarded by y's shape: batch and Cout tails
-                if b0 + i < y.shape[1]:
+                if b0 + i < y.shape[0]:
                     for j in range(TO):
                         o = og + j * n_og
-                        if o < y.shape[2]:
-                            y[n, b0 + i, o] = wp.float16(acc[i, j] + bias[o])
+                        if o < y.shape[1]:
+                            y[b0 + i, o, n] = wp.float16(acc[i, j] + bias[o])
     else:
         @_simt_decorator(kname, block_dim)
         def kernel(at: wp.array2d(dtype=wp.float16), w: wp.array2d(dtype=wp.float16),
@@ -687,7 +699,7 @@ def _make_simt_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, nam
                     for j in range(TO):
                         wv[j] = wp.float32(w[p0 + u, og + j * n_og])
                     acc += wp.outer(xv, wv)
-            for i in range(TB):                    # guarded by y's shape: batch and Cout tails
+            for i in range(TB):
                 if b0 + i < y.shape[1]:
                     for j in range(TO):
                         o = og + j * n_og
@@ -1641,6 +1653,21 @@ def _plan_uncached(cfg: FwdConfig, kernel, x, weight, bias, il, wl, store: str,
     b, cin, nin = x.shape
     cout, q = weight.shape
     nout, p64 = il.shape
+    if cfg.family in ("simt", "simtp"):
+        # x read and y written in place ([B, Cin*Nin] and [B, Cout, Nout]; ``store`` does not apply)
+        if info is None:
+            info = _analyse_tables(il, wl, cin, nin, q)
+        coutp = pad_to(cout, cfg.tile_n)
+        x2 = x.reshape(b, cin * nin)
+        y = torch.empty(b, cout, nout, dtype=torch.float16, device=x.device)
+        bias_p, bias_w = _bias_operand(bias, cout, cfg.tile_n, x.device)
+        wtp, wtp_w = _weight_operand(weight, "tp", 0, 0, coutp)   # [Q, Cout_p], zero columns
+        inputs = [warp_ct(x2), wtp_w, info.wa(il), info.wa(wl), bias_w, warp_ct(y),
+                  pad_to(info.p_used, cfg.tile_k), coutp // cfg.tile_n]
+        dims = (nout, -(-b // cfg.tile_m), coutp // cfg.tile_n)
+        plan = _Plan(_launcher(kernel, dims, inputs, cfg.block_dim, dev, tiled=False), y, lambda: y)
+        plan._keep = (x2, wtp, il, wl, bias_p)
+        return plan
     out, finish = _output(b, cout, nout, x.device, store)
     bias_p, bias_w = _bias_operand(bias, cout, cfg.tile_n, x.device)
     dims = (nout, -(-b // cfg.rows_per_cta), -(-cout // cfg.tile_n))

@@ -141,6 +141,25 @@ def test_simtv_operands_follow_the_weight_and_strided_x():
     c.check(F.run_uncached(xs, c.w, c.bias, il, wl, config="sv_b4o8u4"), "sv_b4o8u4, strided x")
 
 
+def test_simt_pad_entries_read_an_exact_zero():
+    """The fp16 SIMT kernels read x in place and clamp the pad index onto x's last row: that row holding
+    inf must not leak into pad entries (a select, not a multiply by 0)."""
+    g = torch.Generator().manual_seed(3)
+    cin, nin, nout, k, v = 3, 30, 11, 7, 12
+    idx = torch.randint(0, nin - 1, (nout, k), generator=g)          # node nin-1 is never a real neighbour
+    idx[:, -2:] = nin                                                 # and every node has pad neighbours
+    rf = torch.randint(0, v, (nout, k), generator=g)
+    meta = build_meta(idx, rf, cin=cin, cout=10, v=v, nin=nin)
+    x = torch.randn(6, cin, nin, generator=g).half()
+    w = torch.randn(10, cin * v, generator=g).half()
+    ref = oracle_forward(x, w, None, idx, rf, v)
+    x[:, cin - 1, nin - 1] = float("inf")                             # the row a clamped pad index reads
+    for config in ("sd_b8o8u4", "sdp_b4o4u4", "sd_b4o8u2"):
+        y = F.run_uncached(x, w, None, meta.input_linear, meta.weight_linear, config=config)
+        assert bool(torch.isfinite(y).all()), config
+        assert float((y.float() - ref).abs().max()) < 2e-2, config
+
+
 def test_simt_loop_stops_at_the_last_real_column():
     """``p_used``: the SIMT loop runs to the tables' last real column (rounded up to the unroll inside
     P64), so P64 fillers cost nothing, and an all-pad table gives exactly the bias."""
