@@ -1323,12 +1323,14 @@ def _select_uncached_batch_config(batch: int, out_channels: int, out_nodes: int,
 
 
 # The SIMT kernels for stem-like calls (Cin < 32), and where they win, from the H200 sweep
-# (data/forward_sweep_h200.jsonl, runs 35-40). The metric that decides is the whole op replayed from a CUDA
+# (data/forward_sweep_h200.jsonl, runs 35-43). The metric that decides is the whole op replayed from a CUDA
 # graph (GPU time with every layout copy, no host gaps): the vec4 family's kernel time includes its prep
 # launch and the host gap before the main launch, the fp16 family's does not.
-# * B <= 16: the fp16 kernels (one F.pad of x, W^T cached between calls; one launch): ``sd_b8o8u4``, best or
-#   within 5 % of the best replayed op on both CNN stems at B = 16, and at B <= 4 ``sdp_b4o4u4`` (4x4 blocks,
-#   indices prefetched; run 42: resnet's stem 0.036 against 0.042 ms, the fastest eager op there).
+# * B <= 16: the fp16 kernels (x read and y written in place, W^T cached between calls; one launch):
+#   ``sd_b8o8u4``, best or within 5 % of the best replayed op on both CNN stems at B = 16, and at B <= 4
+#   ``sdp_b4o4u4`` (4x4 blocks, indices prefetched; runs 42-43: resnet's stem 0.034-0.036 against
+#   0.040-0.042 ms, the fastest eager op there). Reading x in place instead of a padded x^T copy (run 43)
+#   changed the replayed op by -4 to +3 % and saved the copy's launch on the eager path.
 # * B = 32-128: the vec4 kernels (fp32 operands, 16-byte loads): 1.3-1.5x faster than the fp16 one;
 #   ``sv_b8o8u8`` on alexnet's stem (Cout = 96), ``sv_b16o8u2`` on resnet's (Cout = 64: only 8 channel
 #   groups, so 16 batch rows per thread keep the FMAs per load high).
