@@ -50,8 +50,8 @@ Kernel families
 
 * **simt** / **simtv** (``sd_b8o8u4`` / ``sv_b8o8u8``-style; any tables; selected for the stems' 964-node
   grids at B <= 64, and at B <= 128 when Cout <= 64): no tile GEMM and no stage. Each *thread* keeps a
-  ``tile_b x tile_o`` block of y in fp32 registers and reads x^T (with a zero pad row) and W^T straight
-  from L2.
+  ``tile_b x tile_o`` block of y in fp32 registers and reads x (in place for the fp16 kernels, as an fp32
+  x^T with a zero pad row for the vec4 ones) and W^T straight from L2.
   - :func:`_make_simt_kernel` (fp16 scalar loads) is used at B <= 16 (at B <= 4 with 4x4 blocks and the
     next step's indices prefetched).
   - :func:`_make_simtv_kernel` (fp32 operands read as vec4, written per call by one prep launch) is used
@@ -139,7 +139,9 @@ class FwdConfig:
 
     Attributes:
         name: registry name (``m64n64r2b256``, ``nm_m64n128k64``, ...).
-        family: ``"gather"`` (any tables), ``"nm"`` (node-major, spec §2.1 tables) or ``"cached"``.
+        family: ``"gather"`` (any tables), ``"nm"`` / ``"nms"`` (node-major, spec §2.1 tables), ``"i2c"`` /
+            ``"i2cg"`` (im2col stage), ``"simt"`` / ``"simtp"`` / ``"simtv"`` (SIMT register blocks) or
+            ``"cached"`` (and the experimental ``"nmp"`` / ``"gp"``).
         tile_m, tile_n, tile_k: batch rows, output channels, contraction depth of one tile GEMM (``simt``:
             a thread's batch rows and output channels, and the p entries per loop step).
         r: batch tiles per CTA sharing each weight tile (1, 2 or 4).
