@@ -1356,7 +1356,7 @@ def _simt_fits(batch: int, out_channels: int, out_nodes: int) -> bool:
 
 
 def _select_simt(batch: int, out_channels: int) -> str:
-    """The SIMT kernel for a stem-like call that :func:`_simt_fits` (runs 35-40, see above)."""
+    """The SIMT kernel for a stem-like call that :func:`_simt_fits` (runs 35-43, see above)."""
     if batch <= 4:
         return "sdp_b4o4u4"
     if batch <= 16:
