@@ -49,11 +49,11 @@ def meta_aux(meta: "TrainingMeta") -> dict:
         if ent is not None and ent[0]() is meta:
             return ent[1]
 
-        def _drop(ref, key=key):
-            with _AUX_LOCK:
-                cur = _AUX.get(key)
+        def _drop(ref, key=key, lock=_AUX_LOCK, aux=_AUX):   # globals may be gone at interpreter exit
+            with lock:
+                cur = aux.get(key)
                 if cur is not None and cur[0] is ref:
-                    del _AUX[key]
+                    del aux[key]
 
         d: dict = {}
         _AUX[key] = (weakref.ref(meta, _drop), d)

@@ -1528,11 +1528,13 @@ def _analyse_tables(il: torch.Tensor, wl: Optional[torch.Tensor], cin: int, nin:
     p_used = int(real_cols[-1, 0]) + 1 if real_cols.numel() else 0
     info = _TableInfo(nm=nm, nin=nin, p_used=p_used)
     with _table_lock:
-        def _drop(_ref, key=key):
-            with _table_lock:
-                ent = _TABLES.get(key)
+        # (the lock and table are bound as defaults: at interpreter exit the module's globals are gone
+        # before the last weak-reference callbacks run)
+        def _drop(_ref, key=key, lock=_table_lock, tables=_TABLES):
+            with lock:
+                ent = tables.get(key)
                 if ent is not None and (ent[0] is _ref or ent[1] is _ref):
-                    del _TABLES[key]
+                    del tables[key]
         _TABLES[key] = (weakref.ref(il, _drop), weakref.ref(wl, _drop) if wl is not None else None,
                         (il._version, None if wl is None else wl._version), info)
     return info
@@ -1980,10 +1982,10 @@ def _weight_layout(weight: torch.Tensor, kind: str, cin: int, cp: int, coutp: in
     with _wcache_lock:
         if len(_WCACHE) >= _WCACHE_MAX:
             _WCACHE.pop(next(iter(_WCACHE)))
-        def _drop(_ref, key=key):  # a temporary weight (e.g. a per-call fp16 cast) frees its layout too
-            with _wcache_lock:
-                if key in _WCACHE and _WCACHE[key][0] is _ref:
-                    del _WCACHE[key]
+        def _drop(_ref, key=key, lock=_wcache_lock, cache=_WCACHE):  # a temporary weight frees its layout too
+            with lock:
+                if key in cache and cache[key][0] is _ref:
+                    del cache[key]
         _WCACHE[key] = (weakref.ref(weight, _drop), weight._version, out, warp_ct(out))
     return out
 
