@@ -9,7 +9,8 @@ time there:
 
 * training (grad enabled): ``mode == "train-step"`` records of ``warp_train``, ``torch_compact`` and
   ``torch_binned`` (each backend's own forward and explicit adjoints);
-* inference: forward records of ``warp_uncached`` (the default Warp config, whole op; backend
+* inference: forward records of ``warp_uncached`` (the config the heuristic chose in that run, whole op;
+  sweeps also time the other configs' ops, marked ``chosen: false``, which are left out; backend
   ``warp_compact``), ``torch_compact`` and ``torch_binned_mm`` (:func:`fovi_lab.reference.binned_forward`,
   the forward of backend ``torch_binned``).
 
@@ -57,6 +58,8 @@ def recorded_table(data_dir: str = str(DATA_DIR)) -> Dict[Tuple, Dict[str, Tuple
                     continue
                 if r.get("note_run"):      # a measured variant or development run, not what a backend runs
                     continue
+                if r.get("impl") == "warp_uncached" and r.get("chosen") is False:
+                    continue               # a swept config (--op-all), not the one the backend would run
                 mode = r.get("mode") or "forward"
                 backend = _IMPL_TO_BACKEND.get(mode, {}).get(r.get("impl"))
                 if backend is None or not r.get("ms") or any(k not in r for k in _SHAPE_KEYS):

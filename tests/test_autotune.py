@@ -29,7 +29,10 @@ def test_pick_follows_the_records(tmp_path, monkeypatch):
             dict(shape, device="Fake GPU", B=64, impl="torch_compact", ms=4.0, date="2026-02-01"),
             # ... unless it is a flagged variant (a config the backend does not run by default)
             dict(shape, device="Fake GPU", mode="train-step", B=64, impl="warp_train", ms=9.0, date="2026-03-01",
-                 note_run="variant")]
+                 note_run="variant"),
+            # a sweep (--op-all) times every config's op: only the chosen one is what warp_compact runs
+            dict(shape, device="Fake GPU", B=64, impl="warp_uncached", config="slow", chosen=False, ms=99.0,
+                 date="2026-01-01")]
     (tmp_path / "x.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
     table = autotune.recorded_table(str(tmp_path))
     monkeypatch.setattr(autotune, "recorded_table", lambda: table)
