@@ -1,20 +1,5 @@
 #!/usr/bin/env bash
 # Session 7, run 41: the stems on the final SIMT rule (fp16 sd_b8o8u4 at B <= 16, vec4 sv_* up to B = 64, 128 for Cout <= 64):
-# the forward op at B = 16/64/128 (default picks, --graphs), then the train step at B = 16/64 with the new default
-# and, on the same lease, with FOVI_WARP_STEM_SIMT=off (the i2c forward of run 33) for the side-by-side.
-set -uo pipefail
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-[ -d /tmp/wpc/wpcache ] || { mkdir -p /tmp/wpc && tar -C /tmp/wpc -xJf .device/s6/wpcache.txz; }
-export WARP_CACHE_PATH=/tmp/wpc/wpcache
-t0=$(date +%s)
-timeout 150 python3 -m fovi_lab.bench.forward --layers alex_L0 res18_stem dinov3_patch --batches 16 64 128 --graphs \
-  --no-cached --compile-budget-s 45 --reps 20 --warmup 3 --out $OUT/forward_h200.jsonl 2>&1 | grep -v "^Warp" > $OUT/fwd.log
-echo "forward done at $(( $(date +%s) - t0 )) s"; grep -v "^\[" $OUT/fwd.log | grep "B=" | cut -c1-240
-timeout 200 python3 -m fovi_lab.bench.backward train-step --layers alex_L0 res18_stem --batches 16 64 --jobs 16 \
-  --reps 25 --graphs --out $OUT/train-step_h200.jsonl 2>&1 | grep -v "^Warp" > $OUT/train.log
-echo "train-step (SIMT forward) done at $(( $(date +%s) - t0 )) s"
-grep -h "warp_train \|warp_train pipelined\|warp_train_graphed" $OUT/train.log | cut -c1-220
-FOVI_WARP_STEM_SIMT=off timeout 200 python3 -m fovi_lab.bench.backward train-step --layers alex_L0 res18_stem \
-  --batches 16 64 --jobs 16 --reps 25 --graphs --out $OUT/train-step_h200_i2c.jsonl 2>&1 | grep -v "^Warp" > $OUT/train_i2c.log
-echo "train-step (i2c forward) done at $(( $(date +%s) - t0 )) s"
-grep -h "warp_train \|warp_train pipelined\|warp_train_graphed" $OUT/train_i2c.log | cut -c1-220
+# run 37's script with the forward op also at B = 128 (the train step at B = 16/64 with the default picks and,
+# on the same lease, with FOVI_WARP_STEM_SIMT=off).
+FWD_BATCHES="16 64 128" exec bash "$(dirname "$0")/session7_run37_stems_train_step.sh"
