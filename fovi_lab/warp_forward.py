@@ -140,8 +140,8 @@ class FwdConfig:
     Attributes:
         name: registry name (``m64n64r2b256``, ``nm_m64n128k64``, ...).
         family: ``"gather"`` (any tables), ``"nm"`` / ``"nms"`` (node-major, spec §2.1 tables), ``"i2c"`` /
-            ``"i2cg"`` (im2col stage), ``"simt"`` / ``"simtp"`` / ``"simtv"`` (SIMT register blocks) or
-            ``"cached"`` (and the experimental ``"nmp"`` / ``"gp"``).
+            ``"i2cg"`` (im2col stage), ``"simt"`` / ``"simtp"`` / ``"simtv"`` / ``"simts"`` (SIMT register
+            blocks; ``simts`` splits the p loop) or ``"cached"`` (and the experimental ``"nmp"`` / ``"gp"``).
         tile_m, tile_n, tile_k: batch rows, output channels, contraction depth of one tile GEMM (``simt``:
             a thread's batch rows and output channels, and the p entries per loop step).
         r: batch tiles per CTA sharing each weight tile (1, 2 or 4).
@@ -241,6 +241,10 @@ _UNCACHED_BATCH_CONFIG_SPECS: Dict[str, Tuple[str, int, int, int, int, int]] = {
     "sv_b16o8u2": ("simtv", 16, 8, 2, 1, 128),
     "sv_b8o16u2": ("simtv", 8, 16, 2, 1, 128),
     "sv_b8o8u4b64": ("simtv", 8, 8, 4, 1, 64),
+    # the fp16 SIMT loop with the p range split across threads (fp32 partials, then a fixed-order sum):
+    # every layer at B <= 4, the few-node layers up to B = 32 (runs 44-46)
+    "ss_b4o8u4": ("simts", 4, 8, 4, 1, 128),
+    "ss_b8o8u4": ("simts", 8, 8, 4, 1, 128),
 }
 
 # Measured and never the fastest on the H200 sweep (kept runnable by name for benchmarks, but not
@@ -266,6 +270,9 @@ _EXPERIMENTAL_CONFIG_SPECS: Dict[str, Tuple[str, int, int, int, int, int]] = {
     "sdp_b8o8u4": ("simtp", 8, 8, 4, 1, 128),
     "sdp_b4o8u4": ("simtp", 4, 8, 4, 1, 128),
     "sdp_b8o8u2": ("simtp", 8, 8, 2, 1, 128),
+    # split SIMT blocks that were never the fastest (run 44: within 5-15 % of ss_b4o8u4 / ss_b8o8u4 at best)
+    "ss_b4o4u4": ("simts", 4, 4, 4, 1, 128),
+    "ss_b16o8u2": ("simts", 16, 8, 2, 1, 128),
     # gather with register prefetch
     "gp_m16n32": ("gp", 16, 32, 64, 1, 64),
     "gp_m32n64": ("gp", 32, 64, 64, 1, 128),
@@ -712,6 +719,68 @@ def _make_simt_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, nam
     return kernel
 
 
+def _make_simts_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, name: Optional[str] = None):
+    """SIMT register-blocked kernel with the p loop split across threads ("simts", ``ss_b8o8u4``-style),
+    for layers with few output nodes at small batch (any Cin).
+
+    Why: at B <= 16 the per-node GEMM ``[B, P] @ [P, Cout]`` has at most 16 rows, so a tensor-core tile
+    is 16 rows deep at best and the node-major kernels run at ~5-8 TFLOP/s on it (res18 layer3: 0.05 ms for
+    0.3 GFLOP), after a node-major copy of x that costs a launch of host time per call. The ``simt``
+    kernel's loop reads x in place and needs no copy, but on these layers it has too few threads:
+    resnet's layer3 (Nout = 16, Cout = 256) gives 16 x 2 x 32 = 1024 threads of 8x8 blocks for 132 SMs.
+    So the p range is cut into ``S`` contiguous chunks (``p_chunk`` entries each, a multiple of
+    ``unroll``), thread ``(s*Nout + n, bg, og)`` sums chunk ``s`` into the fp32 partial
+    ``part[s*Nout + n, b, o]`` (``[S*Nout, B, Cout]``), and one SIMT launch
+    (:func:`_nms_reduce_kernel`) sums the ``S`` partials in a fixed order, adds the bias in fp32 and
+    rounds once to fp16 into ``y [B, Cout, Nout]`` (deterministic, the same contract as every kernel).
+
+    The loop body is :func:`_make_simt_kernel`'s: x read in place as ``[B, Cin*Nin]`` with the pad index
+    selecting an exact 0, ``wt = W^T [Q, Cout_p]`` cached between calls, a thread's channels strided by
+    ``n_og`` (coalesced ``wt`` rows and partial stores), ``unroll`` p entries per step.
+    """
+    init_warp()
+    TB, TO, U = int(tile_b), int(tile_o), int(unroll)
+    kname = name or f"fovi_fwd_simts_b{TB}o{TO}u{U}b{block_dim}"
+    vec_b = wp.types.vector(length=TB, dtype=wp.float32)
+    vec_o = wp.types.vector(length=TO, dtype=wp.float32)
+    mat_bo = wp.types.matrix(shape=(TB, TO), dtype=wp.float32)
+
+    @_simt_decorator(kname, block_dim)
+    def kernel(x: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16),
+               il: wp.array2d(dtype=wp.int32), wl: wp.array2d(dtype=wp.int32),
+               part: wp.array3d(dtype=wp.float32), p_len: int, p_chunk: int, n_og: int, nout: int):
+        ns, bg, og = wp.tid()
+        n = ns % nout
+        s = ns // nout
+        b0 = bg * TB
+        bmax = x.shape[0] - 1
+        p_lo = s * p_chunk
+        p_hi = wp.min(p_lo + p_chunk, p_len)
+        acc = mat_bo()
+        for p0 in range(p_lo, p_hi, U):
+            for u in range(U):                 # constant trip counts: unrolled, registers only
+                r = il[n, p0 + u]
+                q = wl[n, p0 + u]
+                real = r < x.shape[1]          # the pad index Cin*Nin selects an exact 0
+                rr = wp.min(r, x.shape[1] - 1)
+                xv = vec_b()
+                wv = vec_o()
+                for i in range(TB):            # tail rows clamped into x (computed, never stored)
+                    xv[i] = wp.where(real, wp.float32(x[wp.min(b0 + i, bmax), rr]), 0.0)
+                for j in range(TO):
+                    wv[j] = wp.float32(wt[q, og + j * n_og])
+                acc += wp.outer(xv, wv)
+        for i in range(TB):                    # guarded by the partial's shape: batch and Cout tails
+            if b0 + i < part.shape[1]:
+                for j in range(TO):
+                    o = og + j * n_og
+                    if o < part.shape[2]:
+                        part[ns, b0 + i, o] = acc[i, j]
+
+    kernel._fovi_tiles = ("simts", TB, TO, U, 1, int(block_dim))
+    return kernel
+
+
 def _make_simtv_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, name: Optional[str] = None,
                        dense: bool = False):
     """SIMT register-blocked kernel with vectorised fp32 operands ("simtv", ``sv_b8o8u4``-style).
@@ -1087,16 +1156,19 @@ def _build_kernel(cfg: FwdConfig, mathdx: Optional[bool] = None, dense: bool = F
     pipelined = cfg.family in ("nmp", "gp")
     key = (cfg.family, cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx, dense)
     if dense:
-        fam = "simt" if cfg.family == "simtp" else cfg.family      # the prefetch has no dense counterpart
+        # the prefetch and the split have no dense counterpart: their ceiling is the simt loop's
+        fam = "simt" if cfg.family in ("simtp", "simts") else cfg.family
         key = ("densep" if pipelined else fam + "_dense" if fam in ("simt", "simtv") else "dense",) + key[1:]
     with _build_lock:
         k = _KERNELS.get(key)
         if k is None:
-            if cfg.family in ("simt", "simtp"):
+            if cfg.family in ("simt", "simtp") or (dense and cfg.family == "simts"):
                 k = _make_simt_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, dense=dense,
                                       prefetch=cfg.family == "simtp")
             elif cfg.family == "simtv":
                 k = _make_simtv_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, dense=dense)
+            elif cfg.family == "simts":
+                k = _make_simts_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim)
             elif dense and pipelined:
                 k = _make_densep_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, mathdx)
             elif dense:
@@ -1300,6 +1372,8 @@ def _select_uncached_batch_config(batch: int, out_channels: int, out_nodes: int,
       stays large (>= 900 CTAs: the resnet stem), else 64-row tiles even though 3/4 of their rows are
       padding (fewer, fuller CTAs win on small grids such as the DINOv3 patch embed's 64 nodes).
     """
+    if _simts_fits(batch, out_channels, out_nodes, in_channels):
+        return _select_simts(batch, out_channels, out_nodes, p_padded)
     nm = node_major and in_channels is not None and in_channels >= _NM_MIN_CIN
     if nm:
         ctas_m64 = out_nodes * -(-batch // 64) * -(-out_channels // 64)
@@ -1329,10 +1403,10 @@ def _select_uncached_batch_config(batch: int, out_channels: int, out_nodes: int,
 # graph (GPU time with every layout copy, no host gaps): the vec4 family's kernel time includes its prep
 # launch and the host gap before the main launch, the fp16 family's does not.
 # * B <= 16: the fp16 kernels (x read and y written in place, W^T cached between calls; one launch):
-#   ``sd_b8o8u4``, best or within 5 % of the best replayed op on both CNN stems at B = 16, and at B <= 4
-#   ``sdp_b4o4u4`` (4x4 blocks, indices prefetched; runs 42-43: resnet's stem 0.034-0.036 against
-#   0.040-0.042 ms, the fastest eager op there). Reading x in place instead of a padded x^T copy (run 43)
-#   changed the replayed op by -4 to +3 % and saved the copy's launch on the eager path.
+#   ``sd_b8o8u4``, best or within 5 % of the best replayed op on both CNN stems at B = 16. Reading x in place
+#   instead of a padded x^T copy (run 43) changed the replayed op by -4 to +3 % and saved the copy's launch
+#   on the eager path. (At B <= 4 ``sdp_b4o4u4``, 4x4 blocks with the indices prefetched, was the pick of
+#   runs 42-43; from run 46 the split kernel below takes B <= 4.)
 # * B = 32-128: the vec4 kernels (fp32 operands, 16-byte loads): 1.3-1.5x faster than the fp16 one;
 #   ``sv_b8o8u8`` on alexnet's stem (Cout = 96), ``sv_b16o8u2`` on resnet's (Cout = 64: only 8 channel
 #   groups, so 16 batch rows per thread keep the FMAs per load high).
@@ -1344,22 +1418,70 @@ _SIMT_MIN_NODES = 256
 _SIMT_CONFIG = "sd_b8o8u4"           # the B <= 16 pick (notebooks, explore_stem)
 
 
-def _simt_fits(batch: int, out_channels: int, out_nodes: int) -> bool:
-    """Whether a stem-like call (Cin < 32) takes a SIMT kernel (see :func:`_select_simt`).
-    ``FOVI_WARP_STEM_SIMT=off`` keeps every stem on the i2c tiles (``auto``, the default: this rule)."""
+def _simt_env() -> str:
+    """``FOVI_WARP_STEM_SIMT``: ``auto`` (the default: the SIMT rules here) or ``off`` (no SIMT kernel is
+    selected: the stems stay on the i2c tiles, the other layers on the node-major ones)."""
     env = os.environ.get("FOVI_WARP_STEM_SIMT") or "auto"
     if env not in ("auto", "off"):
         raise ValueError(f"FOVI_WARP_STEM_SIMT: expected 'auto' or 'off', got {env!r}")
-    if env == "off" or out_nodes < _SIMT_MIN_NODES:
+    return env
+
+
+def _simt_fits(batch: int, out_channels: int, out_nodes: int) -> bool:
+    """Whether a stem-like call (Cin < 32) takes a SIMT kernel (see :func:`_select_simt`) at B > 4 (smaller
+    batches take the split kernel, :func:`_simts_fits`). ``FOVI_WARP_STEM_SIMT=off``: never."""
+    if _simt_env() == "off" or out_nodes < _SIMT_MIN_NODES:
         return False
     return batch <= 64 or (batch <= 128 and out_channels <= 64)
 
 
+# The split SIMT kernel (simts) and where it wins, from the H200 sweeps (runs 44-45, replayed whole ops):
+# * B <= 4, every layer: it beat the 16x32 node-major tiles by 1.2-2.3x (run 45: res18 layer1-4 and alexnet
+#   L1-L4 at B = 1 and 4), the DINOv3 patch embed's i2c tiles by 1.5-1.7x, and on the stems the unsplit SIMT
+#   kernels (``sdp_b4o4u4``, the pick before) by 1.3-1.5x on alexnet's (run 46: 0.050 against 0.075 ms at
+#   B = 1) and 1.06-1.23x on resnet's. A 16-row tensor-core tile is 1/16 or 1/4 full there, and a stem's
+#   unsplit grid at B = 1 has only 964 x Cout/4 threads. Which register block: 4x8 blocks (with a
+#   131072-thread split) on the layers with much work per image (alexnet's stem and L1-L4: Nout*Cout*P64 =
+#   35-143 M, 1.2-1.6x faster than 8x8), 8x8 blocks on the small ones (resnet's stem and layer1-4, DINOv3:
+#   2-12 M, up to 12 % faster).
+# * B <= 32 on layers with at most 16 output nodes (res18 layer3/3_0/4_0): ``ss_b8o8u4``, 1.04-1.17x the
+#   nms/nm tiles replayed except res18 layer3_0 at B = 32 (0.92x, one run), and the fastest eager op at
+#   B = 16. On every larger grid the 16x32 tiles were 1.3-2.3x faster at B = 16, and they keep it.
+# * Not taken: the DINOv3 patch embed at B = 16. Its eager call is 0.04-0.09 ms faster with ``ss_b8o8u4``
+#   (0.11-0.15 against 0.16-0.24 ms, runs 44-45: one kernel and a small reduction instead of the i2c stage,
+#   its weight gather and the GEMM), but its replayed op is 8-18 % slower (0.054-0.059 against 0.048-0.050
+#   ms), and the rules here are read from replays, where lease-to-lease host noise does not enter.
+_SIMTS_CONFIG = "ss_b8o8u4"
+_SIMTS_WIDE_CONFIG = "ss_b4o8u4"   # B <= 4 on layers with much work per image
+_SIMTS_WIDE_WORK = 1 << 25         # Nout*Cout*P64 from which 4x8 blocks win at B <= 4
+_SIMTS_MAX_BATCH = 4
+_SIMTS_FEW_NODES = 16
+_SIMTS_FEW_NODES_MAX_BATCH = 32
+
+
+def _simts_fits(batch: int, out_channels: int, out_nodes: int, in_channels: Optional[int]) -> bool:
+    """Whether a call takes the split SIMT kernel (see above): every call at B <= 4, and the few-node layers
+    up to B = 32 (the stems above B = 4 keep their own SIMT rule, :func:`_simt_fits`).
+    ``FOVI_WARP_STEM_SIMT=off`` turns it off with the other SIMT rules."""
+    if _simt_env() == "off":
+        return False
+    if batch <= _SIMTS_MAX_BATCH:
+        return True
+    if in_channels is not None and in_channels < _NM_MIN_CIN and _simt_fits(batch, out_channels, out_nodes):
+        return False
+    return out_nodes <= _SIMTS_FEW_NODES and batch <= _SIMTS_FEW_NODES_MAX_BATCH
+
+
+def _select_simts(batch: int, out_channels: int, out_nodes: int, p_padded: int) -> str:
+    """The split SIMT config for a call that :func:`_simts_fits` (runs 44-45, see above)."""
+    if batch <= _SIMTS_MAX_BATCH and out_nodes * out_channels * p_padded >= _SIMTS_WIDE_WORK:
+        return _SIMTS_WIDE_CONFIG
+    return _SIMTS_CONFIG
+
+
 def _select_simt(batch: int, out_channels: int) -> str:
     """The SIMT kernel for a stem-like call that :func:`_simt_fits` (runs 35-43, see above)."""
-    if batch <= 4:
-        return "sdp_b4o4u4"
-    if batch <= 16:
+    if batch <= 16:          # (B <= 4 takes the split kernel first, :func:`_simts_fits`)
         return _SIMT_CONFIG
     return "sv_b16o8u2" if out_channels <= 64 else "sv_b8o8u8"
 
@@ -1674,6 +1796,10 @@ def _plan_uncached(cfg: FwdConfig, kernel, x, weight, bias, il, wl, store: str,
         plan = _Plan(_launcher(kernel, dims, inputs, cfg.block_dim, dev, tiled=False), y, lambda: y)
         plan._keep = (x2, wtp, il, wl, bias_p)
         return plan
+    if cfg.family == "simts":
+        if info is None:
+            info = _analyse_tables(il, wl, cin, nin, q)
+        return _plan_simts(cfg, kernel, x, weight, bias, il, wl, info, dev)
     out, finish = _output(b, cout, nout, x.device, store)
     bias_p, bias_w = _bias_operand(bias, cout, cfg.tile_n, x.device)
     dims = (nout, -(-b // cfg.rows_per_cta), -(-cout // cfg.tile_n))
@@ -1706,16 +1832,6 @@ def _plan_uncached(cfg: FwdConfig, kernel, x, weight, bias, il, wl, store: str,
             keep = (xn, wv, idxc, rfc, cnt, bias_p)
     elif cfg.family in ("i2c", "i2cg"):
         return _plan_i2c(cfg, kernel, x, weight, il, wl, out, finish, bias_p, bias_w, dev, info, memo)
-    elif cfg.family in ("simt", "simtp"):
-        # [Cin*Nin + 1, Bx]: x^T, the zero pad row and zero batch columns, in one op
-        bx, coutp = pad_to(b, cfg.tile_m), pad_to(cout, cfg.tile_n)
-        xp = torch.nn.functional.pad(x.reshape(b, cin * nin).t(), (0, bx - b, 0, 1))
-        wtp, wtp_w = _weight_operand(weight, "tp", 0, 0, coutp)   # [Q, Cout_p], zero columns
-        inputs = [warp_ct(xp), wtp_w, info.wa(il), info.wa(wl), bias_w, warp_ct(out),
-                  pad_to(info.p_used, cfg.tile_k), coutp // cfg.tile_n]
-        plan = _Plan(_launcher(kernel, dims, inputs, cfg.block_dim, dev, tiled=False), out, finish)
-        plan._keep = (xp, wtp, il, wl, bias_p)
-        return plan
     elif cfg.family == "simtv":
         bx, coutp = pad_to(b, cfg.tile_m), pad_to(cout, cfg.tile_n)
         rows = cin * nin
@@ -1739,6 +1855,60 @@ def _plan_uncached(cfg: FwdConfig, kernel, x, weight, bias, il, wl, store: str,
     launch = _launcher(kernel, dims, inputs, cfg.block_dim, dev)
     plan = _Plan(launch, out, finish)
     plan._keep = keep  # operands must outlive the launch
+    return plan
+
+
+# The simts split: about _SIMTS_THREADS threads in all (the H200 holds 132 x 2048 resident), but never fewer
+# than _SIMTS_MIN_STEPS loop steps per thread (each split adds a partial of B*Cout*Nout fp32 to write and sum).
+# Run 44 swept 8192 / 32768 / 131072: 8x8 blocks were best at 32768 (res18 layer3 at B = 16: 0.055 against
+# 0.072 ms at 131072), 4x8 blocks at 131072 (alexnet L2 at B = 1: 0.094 against 0.121 ms at 32768; the
+# small layers within 5 %). ``FOVI_WARP_SIMTS_THREADS`` (read at import) overrides both, for sweeps.
+_SIMTS_THREADS = 32768
+_SIMTS_THREADS_BY_BLOCK = {(4, 8): 131072}
+_SIMTS_THREADS_ENV = int(os.environ.get("FOVI_WARP_SIMTS_THREADS") or 0)
+_SIMTS_MIN_STEPS = 8
+
+
+def _simts_split(threads: int, steps: int, block: Tuple[int, int] = (8, 8)) -> Tuple[int, int]:
+    """``(S, steps per split)`` for a simts launch of ``threads`` threads per split over ``steps`` loop
+    steps (``unroll`` p entries each) with ``block = (tile_b, tile_o)`` register blocks; every split gets
+    at least one step when there are any."""
+    if steps <= 0:
+        return 1, 0
+    target = _SIMTS_THREADS_ENV or _SIMTS_THREADS_BY_BLOCK.get(tuple(block), _SIMTS_THREADS)
+    s = max(1, min(-(-target // max(1, threads)), steps // _SIMTS_MIN_STEPS))
+    per = -(-steps // s)
+    return -(-steps // per), per
+
+
+def _plan_simts(cfg: FwdConfig, kernel, x, weight, bias, il, wl, info: _TableInfo, dev: str) -> _Plan:
+    """Two SIMT launches (see :func:`_make_simts_kernel`): the split p loop into fp32 partials, then their
+    fixed-order sum with the bias into ``y [B, Cout, Nout]``. x is read in place; W^T is cached."""
+    b, cin, nin = x.shape
+    cout = weight.shape[0]
+    nout = il.shape[0]
+    tb, to, u = cfg.tile_m, cfg.tile_n, cfg.tile_k
+    coutp = pad_to(cout, to)
+    n_og, nbg = coutp // to, -(-b // tb)
+    p_len = pad_to(info.p_used, u)
+    split, per = _simts_split(nout * nbg * n_og, p_len // u, (tb, to))
+    x2 = x.reshape(b, cin * nin)
+    y = torch.empty(b, cout, nout, dtype=torch.float16, device=x.device)
+    part = torch.empty(split * nout, b, cout, dtype=torch.float32, device=x.device)
+    bias_p, bias_w = _bias_operand(bias, cout, to, x.device)
+    wtp, wtp_w = _weight_operand(weight, "tp", 0, 0, coutp)      # [Q, Cout_p], zero columns
+    part_c = warp_ct(part)
+    main = _launcher(kernel, (split * nout, nbg, n_og),
+                     [warp_ct(x2), wtp_w, info.wa(il), info.wa(wl), part_c, p_len, per * u, n_og, nout],
+                     cfg.block_dim, dev, tiled=False)
+    red_inputs = [part_c, bias_w, warp_ct(y.permute(2, 0, 1)), split, nout]
+
+    def launch():
+        main()
+        fast_launch(_nms_reduce_kernel(), (nout, b, cout), red_inputs, 256, dev, tiled=False)
+    plan = _Plan(launch, y, lambda: y)
+    plan._keep = (x2, wtp, il, wl, bias_p, part)
+    plan.split = split
     return plan
 
 
@@ -2027,13 +2197,14 @@ def _plan_dense(cfg: FwdConfig, kernel, b: int, cout: int, nout: int, kdim: int,
     bias_p, bias_w = _bias_operand(None, cout, cfg.tile_n, dev_t)
     dims = (nout, -(-b // cfg.rows_per_cta), -(-cout // cfg.tile_n))
     inputs = [to_warp(at), to_warp(w), bias_w, to_warp(out), kd // cfg.tile_k, b]
-    if cfg.family in ("simt", "simtp", "simtv"):   # SIMT ceiling: all Kd rows, U per step; channel groups
+    simt = cfg.family in ("simt", "simtp", "simtv", "simts")
+    if simt:                                       # SIMT ceiling: all Kd rows, U per step; channel groups
         inputs[4:] = [kd, pad_to(cout, cfg.tile_n) // cfg.tile_n]
         if cfg.family == "simtv":
             at, w = at.float(), w.float()
             inputs[0:2] = [warp_ct_vec(at), warp_ct_vec(w)]
     plan = _Plan(_launcher(kernel, dims, inputs, cfg.block_dim, _device_str(device),
-                           tiled=cfg.family not in ("simt", "simtp", "simtv")), out, finish)
+                           tiled=not simt), out, finish)
     plan._keep = (at, w, bias_p)
     return plan
 

@@ -171,6 +171,8 @@ def run_shape(layer: str, meta, b: int, configs: List[str], chosen: str, device:
     def rec(impl, ms, **kw):
         r = dict(env)
         r.update(shape)
+        if getattr(args, "tag", None):
+            r["tag"] = args.tag
         r.update(impl=impl, ms=ms, tflops=tflops(flops, ms) if ms else None,
                  gbps=gbps(nbytes, ms) if ms else None,
                  roofline_frac=roof.fraction(ms, flops, nbytes) if ms else None)
@@ -199,7 +201,7 @@ def run_shape(layer: str, meta, b: int, configs: List[str], chosen: str, device:
 
     # ---- PyTorch baselines
     weff = build_effective_weight(meta, w, cout_multiple=8)
-    for name, fn in torch_baselines(meta, w, weff).items():
+    for name, fn in ({} if getattr(args, "no_torch", False) else torch_baselines(meta, w, weff)).items():
         try:
             y = fn(x, bias)
             t = tm(lambda: fn(x, bias))
@@ -209,7 +211,7 @@ def run_shape(layer: str, meta, b: int, configs: List[str], chosen: str, device:
         except torch.OutOfMemoryError:
             torch.cuda.empty_cache()
             rec(name, None, note="out of memory")
-    if compiled is not None:
+    if compiled is not None and not getattr(args, "no_torch", False):
         run = compiled.get(meta, w)
         if run is not None:
             y = compiled.first_call(run, x, bias)
@@ -219,9 +221,9 @@ def run_shape(layer: str, meta, b: int, configs: List[str], chosen: str, device:
         if compiled.note:
             rec("torch_compile", None, note=compiled.note)
     torch_ms = {r["impl"]: r["ms"] for r in recs if r["ms"] and not r.get("graphed")}
-    strongest = min(torch_ms, key=torch_ms.get)
     uncached_torch = {k: v for k, v in torch_ms.items() if k != "torch_cached_bmm"}
-    strongest_unc = min(uncached_torch, key=uncached_torch.get)
+    strongest = min(torch_ms, key=torch_ms.get) if torch_ms else None
+    strongest_unc = min(uncached_torch, key=uncached_torch.get) if uncached_torch else None
 
     # ---- Warp uncached configs (+ their dense ceilings). Every config's kernel is timed alone; the
     # whole op (layouts + launch + output permute) is timed for the chosen config, for the fastest
@@ -270,7 +272,7 @@ def run_shape(layer: str, meta, b: int, configs: List[str], chosen: str, device:
             t_op = tm(lambda: F.run_uncached(x, w, bias, meta.input_linear, meta.weight_linear, config=name))
             op = t_op.ms
         r = rec("warp_uncached", op, **info)
-        if op:
+        if op and strongest and strongest_unc:
             r.update(speedup_vs_strongest=torch_ms[strongest] / op, strongest=strongest,
                      speedup_vs_strongest_uncached=torch_ms[strongest_unc] / op, strongest_uncached=strongest_unc)
         r["op_overhead_ms"] = (op - kern[name]) if op else None
@@ -321,8 +323,9 @@ def _print_shape(recs: List[dict], chosen: str) -> None:
     print(f"{head} warp[{chosen}] {c['ms']:.3f} ms (kernel {c['ms_kernel']:.3f}, {c['tflops_kernel']:.1f} TFLOP/s, "
           f"{100 * c['roofline_frac']:.1f}% roofline, "
           f"{('%.0f%% of dense %.3f ms' % (100 * c['frac_dense'], dense)) if dense else 'no dense'}) | "
-          f"best torch {best_t['impl']} {best_t['ms']:.3f} ms -> x{c['speedup_vs_strongest']:.2f}"
-          f" | err {c['err']:.1e}", flush=True)
+          + (f"best torch {best_t['impl']} {best_t['ms']:.3f} ms -> x{c['speedup_vs_strongest']:.2f}"
+             if best_t and c.get("speedup_vs_strongest") else "no torch baseline")
+          + f" | err {c['err']:.1e}", flush=True)
     ks = [r for r in recs if r["impl"] == "warp_uncached" and r.get("ms_kernel")]
     if len(ks) > 1:
         top = sorted(ks, key=lambda r: r["ms_kernel"])[:3]
@@ -376,6 +379,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--bias", action="store_true", help="give every layer a bias (default: none, as the CNNs)")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
+    ap.add_argument("--no-torch", action="store_true", help="skip every PyTorch baseline (a Warp-only sweep)")
+    ap.add_argument("--tag", default=None, help="a label stamped into every record (e.g. an env setting)")
     ap.add_argument("--compile-budget-s", type=float, default=90.0)
     ap.add_argument("--no-cached", dest="cached", action="store_false", help="skip warp_cached")
     ap.add_argument("--store-compare", action="store_true", help="also time the direct (strided) output store")
@@ -434,7 +439,8 @@ def main(argv=None) -> int:
 
 
 def _summary(recs: List[dict]) -> None:
-    rows = [r for r in recs if r["impl"] == "warp_uncached" and r.get("chosen") and r.get("ms")]
+    rows = [r for r in recs if r["impl"] == "warp_uncached" and r.get("chosen") and r.get("ms")
+            and r.get("speedup_vs_strongest")]
     if not rows:
         return
     print("\n layer            B     warp ms  kernel  TFLOP/s  %dense  best torch (ms)          speedup")
