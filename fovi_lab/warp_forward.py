@@ -270,6 +270,16 @@ _EXPERIMENTAL_CONFIG_SPECS: Dict[str, Tuple[str, int, int, int, int, int]] = {
     "sdp_b8o8u4": ("simtp", 8, 8, 4, 1, 128),
     "sdp_b4o8u4": ("simtp", 4, 8, 4, 1, 128),
     "sdp_b8o8u2": ("simtp", 8, 8, 2, 1, 128),
+    # the fp16 SIMT loops with W read as fp32 vec4 words of a cached, channel-permuted W^T (x still in place).
+    # Run 47: never faster than the fp16 W^T loads (sw_b8o8u4 0.129 against sd_b8o8u4 0.124 ms replayed on
+    # alexnet's stem at B = 16; ssw_* 0-25 % slower than ss_*): the W loads and their conversions are not what
+    # bounds these loops.
+    "sw_b8o8u4": ("simtw", 8, 8, 4, 1, 128),
+    "sw_b8o8u2": ("simtw", 8, 8, 2, 1, 128),
+    "sw_b4o8u4": ("simtw", 4, 8, 4, 1, 128),
+    "sw_b8o16u2": ("simtw", 8, 16, 2, 1, 128),
+    "ssw_b8o8u4": ("simtsw", 8, 8, 4, 1, 128),
+    "ssw_b4o8u4": ("simtsw", 4, 8, 4, 1, 128),
     # split SIMT blocks that were never the fastest (run 44: within 5-15 % of ss_b4o8u4 / ss_b8o8u4 at best)
     "ss_b4o4u4": ("simts", 4, 4, 4, 1, 128),
     "ss_b16o8u2": ("simts", 16, 8, 2, 1, 128),
@@ -578,7 +588,7 @@ def _simt_decorator(name: str, block_dim: int):
 
 
 def _make_simt_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, name: Optional[str] = None,
-                      dense: bool = False, prefetch: bool = False):
+                      dense: bool = False, prefetch: bool = False, wvec: bool = False):
     """SIMT register-blocked kernel ("simt", ``sd_b8o8u4``-style): no tile GEMM, no staging, no layout copy
     of x or y.
 
@@ -612,11 +622,21 @@ def _make_simt_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, nam
 
     ``dense=True``: the same loop over dense operands ``at [Kd, Bx]``, ``w [Kd, Cout_p]`` shared by every
     node (no index loads; output ``[Nout, B, Cout]``): the SIMT ceiling of these register blocks.
+
+    ``wvec=True`` ("simtw", ``sw_*``): W is read as fp32 ``vec4`` words of the channel-permuted ``W^T``
+    (``wperm[q, og*tile_o + j] = W^T[q, og + j*n_og]``, the ``simtv`` layout), cached between calls like
+    ``W^T``: per ``p`` ``tile_o/4`` 16-byte loads and no conversions instead of ``tile_o`` fp16 loads and
+    conversions, while x is still read in place (no per-call prep launch, unlike ``simtv``).
     """
     init_warp()
     TB, TO, U = int(tile_b), int(tile_o), int(unroll)
     PF = bool(prefetch) and not dense
-    kname = name or f"fovi_fwd_simt{'p' if PF else ''}{'_dense' if dense else ''}_b{TB}o{TO}u{U}b{block_dim}"
+    WV = bool(wvec) and not dense and not PF
+    if WV and TO % 4:
+        raise ValueError(f"simtw: tile_o={TO} must be a multiple of 4 (vec4 loads)")
+    TO4 = TO // 4
+    kname = name or (f"fovi_fwd_simt{'p' if PF else 'w' if WV else ''}{'_dense' if dense else ''}"
+                     f"_b{TB}o{TO}u{U}b{block_dim}")
     vec_u = wp.types.vector(length=U, dtype=wp.int32)
     vec_b = wp.types.vector(length=TB, dtype=wp.float32)
     vec_o = wp.types.vector(length=TO, dtype=wp.float32)
@@ -659,6 +679,36 @@ def _make_simt_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, nam
                         wv[j] = wp.float32(wt[q, og + j * n_og])
                     acc += wp.outer(xv, wv)
             for i in range(TB):                    # guarded by y's shape: batch and Cout tails
+                if b0 + i < y.shape[0]:
+                    for j in range(TO):
+                        o = og + j * n_og
+                        if o < y.shape[1]:
+                            y[b0 + i, o, n] = wp.float16(acc[i, j] + bias[o])
+    elif WV:
+        @_simt_decorator(kname, block_dim)
+        def kernel(x: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.vec4),
+                   il: wp.array2d(dtype=wp.int32), wl: wp.array2d(dtype=wp.int32),
+                   bias: wp.array1d(dtype=wp.float32), y: wp.array3d(dtype=wp.float16), p_len: int, n_og: int):
+            n, bg, og = wp.tid()
+            b0 = bg * TB
+            bmax = x.shape[0] - 1
+            acc = mat_bo()
+            for p0 in range(0, p_len, U):
+                for u in range(U):
+                    r = il[n, p0 + u]
+                    q = wl[n, p0 + u]
+                    real = r < x.shape[1]
+                    rr = wp.min(r, x.shape[1] - 1)
+                    xv = vec_b()
+                    wv = vec_o()
+                    for i in range(TB):
+                        xv[i] = wp.where(real, wp.float32(x[wp.min(b0 + i, bmax), rr]), 0.0)
+                    for k in range(TO4):       # the thread's TO permuted channels: TO/4 consecutive vec4s
+                        w4 = wt[q, og * TO4 + k]
+                        for i in range(4):
+                            wv[k * 4 + i] = w4[i]
+                    acc += wp.outer(xv, wv)
+            for i in range(TB):
                 if b0 + i < y.shape[0]:
                     for j in range(TO):
                         o = og + j * n_og
@@ -715,11 +765,13 @@ def _make_simt_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, nam
                         if o < y.shape[2]:
                             y[n, b0 + i, o] = wp.float16(acc[i, j] + bias[o])
 
-    kernel._fovi_tiles = ("simt_dense" if dense else "simtp" if PF else "simt", TB, TO, U, 1, int(block_dim))
+    kernel._fovi_tiles = ("simt_dense" if dense else "simtp" if PF else "simtw" if WV else "simt", TB, TO, U, 1,
+                          int(block_dim))
     return kernel
 
 
-def _make_simts_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, name: Optional[str] = None):
+def _make_simts_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, name: Optional[str] = None,
+                       wvec: bool = False):
     """SIMT register-blocked kernel with the p loop split across threads ("simts", ``ss_b8o8u4``-style),
     for layers with few output nodes at small batch (any Cin).
 
@@ -736,14 +788,57 @@ def _make_simts_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, na
 
     The loop body is :func:`_make_simt_kernel`'s: x read in place as ``[B, Cin*Nin]`` with the pad index
     selecting an exact 0, ``wt = W^T [Q, Cout_p]`` cached between calls, a thread's channels strided by
-    ``n_og`` (coalesced ``wt`` rows and partial stores), ``unroll`` p entries per step.
+    ``n_og`` (coalesced ``wt`` rows and partial stores), ``unroll`` p entries per step. ``wvec=True``
+    ("simtsw", ``ssw_*``): W read as fp32 ``vec4`` words of the channel-permuted ``W^T``, as ``simtw``.
     """
     init_warp()
     TB, TO, U = int(tile_b), int(tile_o), int(unroll)
-    kname = name or f"fovi_fwd_simts_b{TB}o{TO}u{U}b{block_dim}"
+    WV = bool(wvec)
+    if WV and TO % 4:
+        raise ValueError(f"simtsw: tile_o={TO} must be a multiple of 4 (vec4 loads)")
+    TO4 = TO // 4
+    kname = name or f"fovi_fwd_simts{'w' if WV else ''}_b{TB}o{TO}u{U}b{block_dim}"
     vec_b = wp.types.vector(length=TB, dtype=wp.float32)
     vec_o = wp.types.vector(length=TO, dtype=wp.float32)
     mat_bo = wp.types.matrix(shape=(TB, TO), dtype=wp.float32)
+
+    if WV:
+        @_simt_decorator(kname, block_dim)
+        def kernel(x: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.vec4),
+                   il: wp.array2d(dtype=wp.int32), wl: wp.array2d(dtype=wp.int32),
+                   part: wp.array3d(dtype=wp.float32), p_len: int, p_chunk: int, n_og: int, nout: int):
+            ns, bg, og = wp.tid()
+            n = ns % nout
+            s = ns // nout
+            b0 = bg * TB
+            bmax = x.shape[0] - 1
+            p_lo = s * p_chunk
+            p_hi = wp.min(p_lo + p_chunk, p_len)
+            acc = mat_bo()
+            for p0 in range(p_lo, p_hi, U):
+                for u in range(U):
+                    r = il[n, p0 + u]
+                    q = wl[n, p0 + u]
+                    real = r < x.shape[1]
+                    rr = wp.min(r, x.shape[1] - 1)
+                    xv = vec_b()
+                    wv = vec_o()
+                    for i in range(TB):
+                        xv[i] = wp.where(real, wp.float32(x[wp.min(b0 + i, bmax), rr]), 0.0)
+                    for k in range(TO4):
+                        w4 = wt[q, og * TO4 + k]
+                        for i in range(4):
+                            wv[k * 4 + i] = w4[i]
+                    acc += wp.outer(xv, wv)
+            for i in range(TB):
+                if b0 + i < part.shape[1]:
+                    for j in range(TO):
+                        o = og + j * n_og
+                        if o < part.shape[2]:
+                            part[ns, b0 + i, o] = acc[i, j]
+
+        kernel._fovi_tiles = ("simtsw", TB, TO, U, 1, int(block_dim))
+        return kernel
 
     @_simt_decorator(kname, block_dim)
     def kernel(x: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16),
@@ -1156,19 +1251,20 @@ def _build_kernel(cfg: FwdConfig, mathdx: Optional[bool] = None, dense: bool = F
     pipelined = cfg.family in ("nmp", "gp")
     key = (cfg.family, cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx, dense)
     if dense:
-        # the prefetch and the split have no dense counterpart: their ceiling is the simt loop's
-        fam = "simt" if cfg.family in ("simtp", "simts") else cfg.family
+        # the prefetch, the split and the vec4 W have no dense counterpart: their ceiling is the simt loop's
+        fam = "simt" if cfg.family in ("simtp", "simts", "simtw", "simtsw") else cfg.family
         key = ("densep" if pipelined else fam + "_dense" if fam in ("simt", "simtv") else "dense",) + key[1:]
     with _build_lock:
         k = _KERNELS.get(key)
         if k is None:
-            if cfg.family in ("simt", "simtp") or (dense and cfg.family == "simts"):
+            if cfg.family in ("simt", "simtp", "simtw") or (dense and cfg.family in ("simts", "simtsw")):
                 k = _make_simt_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, dense=dense,
-                                      prefetch=cfg.family == "simtp")
+                                      prefetch=cfg.family == "simtp", wvec=cfg.family == "simtw")
             elif cfg.family == "simtv":
                 k = _make_simtv_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, dense=dense)
-            elif cfg.family == "simts":
-                k = _make_simts_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim)
+            elif cfg.family in ("simts", "simtsw"):
+                k = _make_simts_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim,
+                                       wvec=cfg.family == "simtsw")
             elif dense and pipelined:
                 k = _make_densep_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, mathdx)
             elif dense:
@@ -1781,7 +1877,7 @@ def _plan_uncached(cfg: FwdConfig, kernel, x, weight, bias, il, wl, store: str,
     b, cin, nin = x.shape
     cout, q = weight.shape
     nout, p64 = il.shape
-    if cfg.family in ("simt", "simtp"):
+    if cfg.family in ("simt", "simtp", "simtw"):
         # x read and y written in place ([B, Cin*Nin] and [B, Cout, Nout]; ``store`` does not apply)
         if info is None:
             info = _analyse_tables(il, wl, cin, nin, q)
@@ -1789,14 +1885,17 @@ def _plan_uncached(cfg: FwdConfig, kernel, x, weight, bias, il, wl, store: str,
         x2 = x.reshape(b, cin * nin)
         y = torch.empty(b, cout, nout, dtype=torch.float16, device=x.device)
         bias_p, bias_w = _bias_operand(bias, cout, cfg.tile_n, x.device)
-        wtp, wtp_w = _weight_operand(weight, "tp", 0, 0, coutp)   # [Q, Cout_p], zero columns
+        if cfg.family == "simtw":                                  # [Q, Cout_p] fp32, channel-permuted
+            wtp, wtp_w = _weight_operand(weight, "pv", 0, cfg.tile_n, coutp)
+        else:
+            wtp, wtp_w = _weight_operand(weight, "tp", 0, 0, coutp)   # [Q, Cout_p], zero columns
         inputs = [warp_ct(x2), wtp_w, info.wa(il), info.wa(wl), bias_w, warp_ct(y),
                   pad_to(info.p_used, cfg.tile_k), coutp // cfg.tile_n]
         dims = (nout, -(-b // cfg.tile_m), coutp // cfg.tile_n)
         plan = _Plan(_launcher(kernel, dims, inputs, cfg.block_dim, dev, tiled=False), y, lambda: y)
         plan._keep = (x2, wtp, il, wl, bias_p)
         return plan
-    if cfg.family == "simts":
+    if cfg.family in ("simts", "simtsw"):
         if info is None:
             info = _analyse_tables(il, wl, cin, nin, q)
         return _plan_simts(cfg, kernel, x, weight, bias, il, wl, info, dev)
@@ -1896,7 +1995,10 @@ def _plan_simts(cfg: FwdConfig, kernel, x, weight, bias, il, wl, info: _TableInf
     y = torch.empty(b, cout, nout, dtype=torch.float16, device=x.device)
     part = torch.empty(split * nout, b, cout, dtype=torch.float32, device=x.device)
     bias_p, bias_w = _bias_operand(bias, cout, to, x.device)
-    wtp, wtp_w = _weight_operand(weight, "tp", 0, 0, coutp)      # [Q, Cout_p], zero columns
+    if cfg.family == "simtsw":                                     # [Q, Cout_p] fp32, channel-permuted
+        wtp, wtp_w = _weight_operand(weight, "pv", 0, to, coutp)
+    else:
+        wtp, wtp_w = _weight_operand(weight, "tp", 0, 0, coutp)  # [Q, Cout_p], zero columns
     part_c = warp_ct(part)
     main = _launcher(kernel, (split * nout, nbg, n_og),
                      [warp_ct(x2), wtp_w, info.wa(il), info.wa(wl), part_c, p_len, per * u, n_og, nout],
@@ -2118,7 +2220,9 @@ _WCACHE_MAX = 64
 def _weight_layout(weight: torch.Tensor, kind: str, cin: int, cp: int, coutp: int = 0) -> torch.Tensor:
     """Weight operand of a kernel family, cached per (weight object, ``_version``, layout).
 
-    ``"t"``: ``W^T [Q, Cout]``; ``"tp"``: the same with ``coutp`` columns (zero padded). ``"v"``:
+    ``"t"``: ``W^T [Q, Cout]``; ``"tp"``: the same with ``coutp`` columns (zero padded); ``"pv"``: fp32
+    ``W^T`` with ``coutp`` columns permuted for ``tile_o = cp`` channel groups,
+    ``out[q, og*tile_o + j] = W^T[q, og + j*n_og]`` (``n_og = coutp/tile_o``; zero past Cout). ``"v"``:
     tap-major ``wv[v*Cp + c, o] = W[o, c*V + v]``, ``[V*Cp, Cout_p]`` with zero channel/column padding
     (``coutp`` columns, a multiple of 8 for 16-byte rows). Inference reuses the layout; a training
     step's in-place update bumps ``_version`` and rebuilds it. Under CUDA-graph capture the layout is
@@ -2133,7 +2237,13 @@ def _weight_layout(weight: torch.Tensor, kind: str, cin: int, cp: int, coutp: in
         return hit[2]
     cout, q = weight.shape
     # (unpadded layouts are one transposing copy; padded ones zero the buffer first)
-    if kind == "t" or (kind == "tp" and coutp == cout):
+    if kind == "pv":
+        to, n_og = cp, coutp // cp
+        src = weight if coutp == cout else torch.cat([weight, weight.new_zeros(coutp - cout, q)])
+        out = torch.empty(q, n_og, to, dtype=torch.float32, device=weight.device)
+        out.copy_(src.view(to, n_og, q).permute(2, 1, 0))       # [q, og, j] = W[j*n_og + og, q]
+        out = out.view(q, coutp)
+    elif kind == "t" or (kind == "tp" and coutp == cout):
         out = weight.t().contiguous()
     elif kind == "tp":
         out = torch.zeros(q, coutp, dtype=weight.dtype, device=weight.device)
@@ -2156,8 +2266,13 @@ def _weight_layout(weight: torch.Tensor, kind: str, cin: int, cp: int, coutp: in
             with lock:
                 if key in cache and cache[key][0] is _ref:
                     del cache[key]
-        _WCACHE[key] = (weakref.ref(weight, _drop), weight._version, out, warp_ct(out))
+        _WCACHE[key] = (weakref.ref(weight, _drop), weight._version, out, _weight_desc(kind, out))
     return out
+
+
+def _weight_desc(kind: str, out: torch.Tensor):
+    """The Warp array descriptor of a weight layout (``"pv"``: fp32 ``vec4`` words)."""
+    return warp_ct_vec(out) if kind == "pv" else warp_ct(out)
 
 
 def _weight_operand(weight: torch.Tensor, kind: str, cin: int, cp: int, coutp: int = 0):
@@ -2167,7 +2282,7 @@ def _weight_operand(weight: torch.Tensor, kind: str, cin: int, cp: int, coutp: i
         ent = _WCACHE.get((id(weight), kind, cp, coutp))
     if ent is not None and ent[2] is out:
         return out, ent[3]
-    return out, warp_ct(out)
+    return out, _weight_desc(kind, out)
 
 
 def _plan_cached(cfg: FwdConfig, kernel, x, weff, bias, il, cout: int, store: str) -> _Plan:
@@ -2197,7 +2312,7 @@ def _plan_dense(cfg: FwdConfig, kernel, b: int, cout: int, nout: int, kdim: int,
     bias_p, bias_w = _bias_operand(None, cout, cfg.tile_n, dev_t)
     dims = (nout, -(-b // cfg.rows_per_cta), -(-cout // cfg.tile_n))
     inputs = [to_warp(at), to_warp(w), bias_w, to_warp(out), kd // cfg.tile_k, b]
-    simt = cfg.family in ("simt", "simtp", "simtv", "simts")
+    simt = cfg.family in ("simt", "simtp", "simtv", "simts", "simtw", "simtsw")
     if simt:                                       # SIMT ceiling: all Kd rows, U per step; channel groups
         inputs[4:] = [kd, pad_to(cout, cfg.tile_n) // cfg.tile_n]
         if cfg.family == "simtv":

@@ -54,8 +54,11 @@ def _forward_kernels_by_block_dim(module_prefix: str):
             elif cfg.family == "simtp":                     # its dense ceiling is the simt one
                 F._make_simt_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, prefetch=True)
                 continue
-            elif cfg.family == "simts":                     # its dense ceiling is the simt one, too
-                F._make_simts_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim)
+            elif cfg.family in ("simts", "simtsw"):          # its dense ceiling is the simt one, too
+                F._make_simts_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, wvec=cfg.family == "simtsw")
+                continue
+            elif cfg.family == "simtw":
+                F._make_simt_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, wvec=True)
                 continue
             else:
                 raise AssertionError(f"test_warp_aot does not know the {cfg.family!r} family ({name})")

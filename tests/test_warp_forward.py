@@ -602,5 +602,6 @@ def test_experimental_configs_still_run():
     c = case("ODD", 17)
     experimental = [n for n in F.uncached_config_names(experimental=True) if n not in _CONFIGS]
     assert {"nmp_m64n64k32", "gp_m16n32", "m64n64b512"} <= set(experimental)
-    for config in ("nmp_m16n64k64", "nmp_m64n128k32", "gp_m16n32", "m16n96", "m64n64b512", "sdp_b8o8u2"):
+    for config in ("nmp_m16n64k64", "nmp_m64n128k32", "gp_m16n32", "m16n96", "m64n64b512", "sdp_b8o8u2",
+                   "sw_b8o8u4", "sw_b8o16u2", "ssw_b4o8u4", "ss_b4o4u4"):
         c.check(_run_prefilled(c, config), config)
