@@ -35,7 +35,7 @@ PROBE_LABELS = {
 }
 
 
-def host_cost(shape: str = "MAIN", batch: int = 4, reps: int = 200, device=None) -> dict:
+def host_cost(shape: str = "MAIN", batch: int = 8, reps: int = 200, device=None) -> dict:
     """Host microseconds of one forward call's preparation on ``device`` (default: the lab's device),
     launch excluded: ``cold_us`` re-runs the checks, table analysis and config choice of a first call;
     ``warm_us`` is a repeated call that finds its signature in the call cache. Both build the operands
