@@ -635,6 +635,7 @@ def _make_simt_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, nam
     if WV and TO % 4:
         raise ValueError(f"simtw: tile_o={TO} must be a multiple of 4 (vec4 loads)")
     TO4 = TO // 4
+    WT = wp.vec4 if WV else wp.float16        # W's element type (a closure type: the body must name it)
     kname = name or (f"fovi_fwd_simt{'p' if PF else 'w' if WV else ''}{'_dense' if dense else ''}"
                      f"_b{TB}o{TO}u{U}b{block_dim}")
     vec_u = wp.types.vector(length=U, dtype=wp.int32)
@@ -684,39 +685,9 @@ def _make_simt_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, nam
                         o = og + j * n_og
                         if o < y.shape[1]:
                             y[b0 + i, o, n] = wp.float16(acc[i, j] + bias[o])
-    elif WV:
-        @_simt_decorator(kname, block_dim)
-        def kernel(x: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.vec4),
-                   il: wp.array2d(dtype=wp.int32), wl: wp.array2d(dtype=wp.int32),
-                   bias: wp.array1d(dtype=wp.float32), y: wp.array3d(dtype=wp.float16), p_len: int, n_og: int):
-            n, bg, og = wp.tid()
-            b0 = bg * TB
-            bmax = x.shape[0] - 1
-            acc = mat_bo()
-            for p0 in range(0, p_len, U):
-                for u in range(U):
-                    r = il[n, p0 + u]
-                    q = wl[n, p0 + u]
-                    real = r < x.shape[1]
-                    rr = wp.min(r, x.shape[1] - 1)
-                    xv = vec_b()
-                    wv = vec_o()
-                    for i in range(TB):
-                        xv[i] = wp.where(real, wp.float32(x[wp.min(b0 + i, bmax), rr]), 0.0)
-                    for k in range(TO4):       # the thread's TO permuted channels: TO/4 consecutive vec4s
-                        w4 = wt[q, og * TO4 + k]
-                        for i in range(4):
-                            wv[k * 4 + i] = w4[i]
-                    acc += wp.outer(xv, wv)
-            for i in range(TB):
-                if b0 + i < y.shape[0]:
-                    for j in range(TO):
-                        o = og + j * n_og
-                        if o < y.shape[1]:
-                            y[b0 + i, o, n] = wp.float16(acc[i, j] + bias[o])
     elif not dense:
         @_simt_decorator(kname, block_dim)
-        def kernel(x: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16),
+        def kernel(x: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=WT),
                    il: wp.array2d(dtype=wp.int32), wl: wp.array2d(dtype=wp.int32),
                    bias: wp.array1d(dtype=wp.float32), y: wp.array3d(dtype=wp.float16), p_len: int, n_og: int):
             n, bg, og = wp.tid()
@@ -733,8 +704,14 @@ def _make_simt_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, nam
                     wv = vec_o()
                     for i in range(TB):        # tail rows clamped into x (computed, never stored)
                         xv[i] = wp.where(real, wp.float32(x[wp.min(b0 + i, bmax), rr]), 0.0)
-                    for j in range(TO):
-                        wv[j] = wp.float32(wt[q, og + j * n_og])
+                    if wp.static(WT == wp.vec4):   # simtw: TO/4 vec4 words of the permuted fp32 W^T
+                        for k in range(TO4):
+                            w4 = wt[q, og * TO4 + k]
+                            for i in range(4):
+                                wv[k * 4 + i] = w4[i]
+                    else:
+                        for j in range(TO):
+                            wv[j] = wp.float32(wt[q, og + j * n_og])
                     acc += wp.outer(xv, wv)
             for i in range(TB):                    # guarded by y's shape: batch and Cout tails
                 if b0 + i < y.shape[0]:
@@ -797,51 +774,14 @@ def _make_simts_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, na
     if WV and TO % 4:
         raise ValueError(f"simtsw: tile_o={TO} must be a multiple of 4 (vec4 loads)")
     TO4 = TO // 4
+    WT = wp.vec4 if WV else wp.float16
     kname = name or f"fovi_fwd_simts{'w' if WV else ''}_b{TB}o{TO}u{U}b{block_dim}"
     vec_b = wp.types.vector(length=TB, dtype=wp.float32)
     vec_o = wp.types.vector(length=TO, dtype=wp.float32)
     mat_bo = wp.types.matrix(shape=(TB, TO), dtype=wp.float32)
 
-    if WV:
-        @_simt_decorator(kname, block_dim)
-        def kernel(x: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.vec4),
-                   il: wp.array2d(dtype=wp.int32), wl: wp.array2d(dtype=wp.int32),
-                   part: wp.array3d(dtype=wp.float32), p_len: int, p_chunk: int, n_og: int, nout: int):
-            ns, bg, og = wp.tid()
-            n = ns % nout
-            s = ns // nout
-            b0 = bg * TB
-            bmax = x.shape[0] - 1
-            p_lo = s * p_chunk
-            p_hi = wp.min(p_lo + p_chunk, p_len)
-            acc = mat_bo()
-            for p0 in range(p_lo, p_hi, U):
-                for u in range(U):
-                    r = il[n, p0 + u]
-                    q = wl[n, p0 + u]
-                    real = r < x.shape[1]
-                    rr = wp.min(r, x.shape[1] - 1)
-                    xv = vec_b()
-                    wv = vec_o()
-                    for i in range(TB):
-                        xv[i] = wp.where(real, wp.float32(x[wp.min(b0 + i, bmax), rr]), 0.0)
-                    for k in range(TO4):
-                        w4 = wt[q, og * TO4 + k]
-                        for i in range(4):
-                            wv[k * 4 + i] = w4[i]
-                    acc += wp.outer(xv, wv)
-            for i in range(TB):
-                if b0 + i < part.shape[1]:
-                    for j in range(TO):
-                        o = og + j * n_og
-                        if o < part.shape[2]:
-                            part[ns, b0 + i, o] = acc[i, j]
-
-        kernel._fovi_tiles = ("simtsw", TB, TO, U, 1, int(block_dim))
-        return kernel
-
     @_simt_decorator(kname, block_dim)
-    def kernel(x: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16),
+    def kernel(x: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=WT),
                il: wp.array2d(dtype=wp.int32), wl: wp.array2d(dtype=wp.int32),
                part: wp.array3d(dtype=wp.float32), p_len: int, p_chunk: int, n_og: int, nout: int):
         ns, bg, og = wp.tid()
@@ -862,8 +802,14 @@ def _make_simts_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, na
                 wv = vec_o()
                 for i in range(TB):            # tail rows clamped into x (computed, never stored)
                     xv[i] = wp.where(real, wp.float32(x[wp.min(b0 + i, bmax), rr]), 0.0)
-                for j in range(TO):
-                    wv[j] = wp.float32(wt[q, og + j * n_og])
+                if wp.static(WT == wp.vec4):   # simtsw: TO/4 vec4 words of the permuted fp32 W^T
+                    for k in range(TO4):
+                        w4 = wt[q, og * TO4 + k]
+                        for i in range(4):
+                            wv[k * 4 + i] = w4[i]
+                else:
+                    for j in range(TO):
+                        wv[j] = wp.float32(wt[q, og + j * n_og])
                 acc += wp.outer(xv, wv)
         for i in range(TB):                    # guarded by the partial's shape: batch and Cout tails
             if b0 + i < part.shape[1]:
@@ -872,7 +818,7 @@ def _make_simts_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, na
                     if o < part.shape[2]:
                         part[ns, b0 + i, o] = acc[i, j]
 
-    kernel._fovi_tiles = ("simts", TB, TO, U, 1, int(block_dim))
+    kernel._fovi_tiles = ("simtsw" if WV else "simts", TB, TO, U, 1, int(block_dim))
     return kernel
 
 
