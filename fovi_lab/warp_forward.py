@@ -1477,16 +1477,16 @@ def _simt_fits(batch: int, out_channels: int, out_nodes: int) -> bool:
     return batch <= 64 or (batch <= 128 and out_channels <= 64)
 
 
-# The split SIMT kernel (simts) and where it wins, from the H200 sweeps (runs 44-45, replayed whole ops):
-# * B <= 4, every layer: it beat the 16x32 node-major tiles by 1.2-2.3x (run 45: res18 layer1-4 and alexnet
-#   L1-L4 at B = 1 and 4), the DINOv3 patch embed's i2c tiles by 1.5-1.7x, and on the stems the unsplit SIMT
-#   kernels (``sdp_b4o4u4``, the pick before) by 1.3-1.5x on alexnet's (run 46: 0.050 against 0.075 ms at
-#   B = 1) and 1.06-1.23x on resnet's. A 16-row tensor-core tile is 1/16 or 1/4 full there, and a stem's
-#   unsplit grid at B = 1 has only 964 x Cout/4 threads. Which register block: 4x8 blocks (with a
-#   131072-thread split) on the layers with much work per image (alexnet's stem and L1-L4: Nout*Cout*P64 =
-#   35-143 M, 1.2-1.6x faster than 8x8), 8x8 blocks on the small ones (resnet's stem and layer1-4, DINOv3:
-#   2-12 M, up to 12 % faster).
-# * B <= 32 on layers with at most 16 output nodes (res18 layer3/3_0/4_0): ``ss_b8o8u4``, 1.04-1.17x the
+# The split SIMT kernel (simts) and where it wins, from the H200 sweeps (runs 44-47, replayed whole ops; the
+# medians of runs 45-47 are in notebook 01, section 8c, and runs 48-49 re-measured the final picks):
+# * B <= 4, every layer: it beat the 16x32 node-major tiles by 1.3-2.4x (res18 layer1-4 and alexnet L1-L4 at
+#   B = 1 and 4), the DINOv3 patch embed's i2c tiles by 1.8-1.9x, and on the stems the unsplit SIMT kernels
+#   (``sdp_b4o4u4``, the pick before) by 1.3-1.5x on alexnet's (0.050 against 0.074 ms at B = 1) and
+#   1.06-1.2x on resnet's. A 16-row tensor-core tile is 1/16 or 1/4 full there, and a stem's unsplit grid at
+#   B = 1 has only 964 x Cout/4 threads. Which register block: 4x8 blocks (with a 131072-thread split) on the
+#   layers with much work per image (alexnet's stem and L1-L4: Nout*Cout*P64 = 35-143 M, 1.4-1.6x faster
+#   than 8x8), 8x8 blocks on the small ones (resnet's stem and layer1-4, DINOv3: 2-12 M, up to 12 % faster).
+# * B <= 32 on layers with at most 16 output nodes (res18 layer3/3_0/4_0): ``ss_b8o8u4``, 1.05-1.17x the
 #   nms/nm tiles replayed except res18 layer3_0 at B = 32 (0.92x, one run), and the fastest eager op at
 #   B = 16. On every larger grid the 16x32 tiles were 1.3-2.3x faster at B = 16, and they keep it.
 # * Not taken: the DINOv3 patch embed at B = 16. Its eager call is 0.04-0.09 ms faster with ``ss_b8o8u4``
