@@ -2,6 +2,8 @@
 
 ``python -m fovi_lab.bench.forward [--layers alex_L1 res18_layer1] [--batches 16 64 128 512]
 [--all-configs] [--out data/forward_xxx.jsonl]`` (also ``python -m fovi_lab bench forward``).
+``--no-torch`` skips the PyTorch baselines (a Warp-only sweep, e.g. of an env setting) and ``--tag``
+stamps a label into every record.
 
 Per (layer, B), all in one process and on identical inputs:
 
