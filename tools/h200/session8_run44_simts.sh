@@ -2,11 +2,7 @@
 # Session 8, run 44: the split SIMT forward (simts, ss_*) on the layers with few output nodes at small batch,
 # against the default picks (nm/nms/i2c) and PyTorch, eager per call and replayed from CUDA graphs; then the
 # split's thread target swept (FOVI_WARP_SIMTS_THREADS, Warp only). Records carry tag simts_threads=<T>.
-set -uo pipefail
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-[ -d /tmp/wpc/wpcache ] || { mkdir -p /tmp/wpc && tar -C /tmp/wpc -xJf .device/s6/wpcache.txz; }
-export WARP_CACHE_PATH=/tmp/wpc/wpcache
-t0=$(date +%s)
+source tools/h200/device_env.sh
 L="res18_layer3 res18_layer3_0 res18_layer4_0 res18_layer2 res18_layer2_0 dinov3_patch res18_layer1 alex_L2 alex_L4 alex_L1"
 timeout 330 python3 -m fovi_lab.bench.forward --layers $L --batches 16 1 32 \
   --configs ss_b4o4u4 ss_b4o8u4 ss_b8o8u4 ss_b16o8u2 --op-all --graphs --no-cached --compile-budget-s 40 \

@@ -2,11 +2,7 @@
 # Session 8, run 46: the CNN stems at B = 1/4 with the split SIMT kernel beside their sdp_b4o4u4 / sd_b8o8u4
 # picks (run 45 found ss_b4o8u4 1.3x faster replayed on alexnet's stem at B = 4); then the default picks of every
 # layer at B = 1/4/16/32, eager and replayed, beside PyTorch (the record quoted for the split SIMT rule).
-set -uo pipefail
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-[ -d /tmp/wpc/wpcache ] || { mkdir -p /tmp/wpc && tar -C /tmp/wpc -xJf .device/s6/wpcache.txz; }
-export WARP_CACHE_PATH=/tmp/wpc/wpcache
-t0=$(date +%s)
+source tools/h200/device_env.sh
 B="python3 -m fovi_lab.bench.forward --graphs --no-cached --compile-budget-s 60 --reps 20 --warmup 3"
 timeout 120 $B --op-all --layers alex_L0 res18_stem --batches 1 4 --configs sdp_b4o4u4 ss_b4o8u4 ss_b8o8u4 sd_b8o8u4 \
   --out $OUT/forward_h200_stems.jsonl 2>&1 | grep -v "^Warp" > $OUT/bench_stems.log

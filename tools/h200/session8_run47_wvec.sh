@@ -2,11 +2,7 @@
 # Session 8, run 47: the fp16 SIMT loops with W read as fp32 vec4 words of a cached, channel-permuted W^T (sw_*:
 # unsplit, ssw_*: split), x still read in place, against the sd_/sv_/ss_ picks: the stems at B = 16/32/64, and
 # the split kernels at B = 1/4/16 on the layers that take them. Eager per call and replayed.
-set -uo pipefail
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-[ -d /tmp/wpc/wpcache ] || { mkdir -p /tmp/wpc && tar -C /tmp/wpc -xJf .device/s6/wpcache.txz; }
-export WARP_CACHE_PATH=/tmp/wpc/wpcache
-t0=$(date +%s)
+source tools/h200/device_env.sh
 B="python3 -m fovi_lab.bench.forward --op-all --graphs --no-cached --compile-budget-s 40 --reps 20 --warmup 3"
 timeout 200 $B --layers alex_L0 res18_stem --batches 16 32 64 \
   --configs sd_b8o8u4 sw_b8o8u4 sw_b8o8u2 sw_b8o16u2 sw_b4o8u4 sv_b8o8u8 sv_b16o8u2 \

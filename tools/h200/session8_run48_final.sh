@@ -2,11 +2,7 @@
 # Session 8, run 48: the final code (split SIMT rule, SIMT runners): the default forward picks of every layer at
 # B = 16/1/4, eager and replayed, beside PyTorch; then the train step at B = 16 of the three few-node layers that
 # now take the split forward, with it and, on the same lease, with FOVI_WARP_STEM_SIMT=off (their nms forward).
-set -uo pipefail
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-[ -d /tmp/wpc/wpcache ] || { mkdir -p /tmp/wpc && tar -C /tmp/wpc -xJf .device/s6/wpcache.txz; }
-export WARP_CACHE_PATH=/tmp/wpc/wpcache
-t0=$(date +%s)
+source tools/h200/device_env.sh
 timeout 260 python3 -m fovi_lab.bench.forward --graphs --no-cached --compile-budget-s 60 --reps 20 --warmup 3 \
   --batches 16 1 4 --time-budget-s 240 --out $OUT/forward_h200.jsonl 2>&1 | grep -v "^Warp" > $OUT/bench_all.log
 echo "forward done at $(( $(date +%s) - t0 )) s"

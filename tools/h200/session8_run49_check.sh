@@ -2,11 +2,7 @@
 # Session 8, run 49: the folded SIMT kernels (the vec4-W load chosen by wp.static in the fp16 loops): default
 # forward picks on the layers that take SIMT kernels at B = 1/4/16, eager and replayed; then run 48's train-step
 # side-by-side again in the other order (nms forward first), to see how much of run 48's eager gap was order.
-set -uo pipefail
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-[ -d /tmp/wpc/wpcache ] || { mkdir -p /tmp/wpc && tar -C /tmp/wpc -xJf .device/s6/wpcache.txz; }
-export WARP_CACHE_PATH=/tmp/wpc/wpcache
-t0=$(date +%s)
+source tools/h200/device_env.sh
 timeout 150 python3 -m fovi_lab.bench.forward --graphs --no-cached --compile-budget-s 40 --reps 20 --warmup 3 \
   --layers alex_L0 res18_stem res18_layer3 res18_layer3_0 res18_layer4_0 dinov3_patch alex_L2 --batches 16 1 4 \
   --out $OUT/forward_h200.jsonl 2>&1 | grep -v "^Warp" > $OUT/bench.log
