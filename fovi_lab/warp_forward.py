@@ -643,8 +643,9 @@ def _make_simt_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, nam
     vec_o = wp.types.vector(length=TO, dtype=wp.float32)
     mat_bo = wp.types.matrix(shape=(TB, TO), dtype=wp.float32)
 
-    # (the loop body is written out in each kernel: a wp.func defined here would carry closure types that
-    # Warp cannot resolve in annotations, and same-named functions would collide in a shared AOT module)
+    # (the loop body is written out in each kernel, here and in _make_simts_kernel: a wp.func shared by these
+    # factories would be defined once per closure under one name, and same-named functions collide in a
+    # shared AOT module; a closure type in an annotation also resolves only when the body names it)
     if PF:
         @_simt_decorator(kname, block_dim)
         def kernel(x: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16),
