@@ -8,21 +8,23 @@ figures).
   kernel's whole op replayed from a CUDA graph, the fastest other Warp forward measured beside it, and the
   fastest PyTorch forward, replayed too.
 * :func:`thread_sweep_rows`: the split's thread target swept (run 44: 8192 / 32768 / 131072 threads).
+* :func:`explore_split_widget`: what the notebook's widget runs: one layer, batch and split config here,
+  its thread arithmetic, and the recorded H200 replays of that layer beside it.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import plotly.graph_objects as go
 
 from . import kernel_lab as kl
 from .layers import layer_meta
 
-__all__ = ["SPLIT_RUNS", "LAYERS", "thread_count", "explore_split", "split_rows", "split_figure",
-           "thread_sweep_rows"]
+__all__ = ["SPLIT_RUNS", "LAYERS", "SPLIT_CONFIGS", "thread_count", "explore_split", "split_rows", "split_figure",
+           "thread_sweep_rows", "explore_split_widget"]
 
 #: Runs that replayed the split kernels beside the other Warp forwards and PyTorch (session 8): 45 (the rule's
 #: shapes, beside the 16x32 node-major tiles and nms), 46 (the stems at B = 1/4; every default pick), 47 (the
@@ -31,6 +33,8 @@ SPLIT_RUNS = (45, 46, 47)
 LAYERS = ("res18_layer1", "res18_layer2", "res18_layer3_0", "res18_layer3", "res18_layer4_0", "alex_L2",
           "alex_L1", "dinov3_patch", "res18_stem", "alex_L0")
 _SPLIT_FAMILIES = ("simts", "simtsw")
+#: The registered split configs (the widget's choices).
+SPLIT_CONFIGS = ("ss_b8o8u4", "ss_b4o8u4")
 
 
 def thread_count(layer: str, batch: int) -> dict:
@@ -168,3 +172,56 @@ def thread_sweep_rows(path=None) -> List[dict]:
         table.setdefault((r["layer"], r["B"], r["config"]), {})[t] = r["ms"]
     return [dict(layer=k[0], B=k[1], config=k[2], ms_by_threads=dict(sorted(v.items())))
             for k, v in sorted(table.items()) if len(v) > 1]
+
+
+def explore_split_widget(layer: str, batch: int, config: str = "ss_b8o8u4", device=None,
+                         budget: float = kl.CPU_WORK_BUDGET) -> Tuple[List[str], go.Figure]:
+    """One widget run: ``config`` on ``layer`` at ``batch`` here (parity, bitwise repeat, split, run time),
+    the heuristic's pick for the shape, and a figure of the recorded H200 replays of ``layer`` (split
+    kernel, fastest other Warp forward, PyTorch) over B. Returns ``(lines, figure)``; a choice outside the
+    offered ones, or more FLOPs than ``budget`` on the CPU, gives a message line instead of a run."""
+    from .meta import pad_to
+    lines: List[str] = []
+    if layer not in LAYERS:
+        lines.append(f"layer must be one of {LAYERS}, got {layer!r}")
+    if config not in SPLIT_CONFIGS:
+        lines.append(f"config must be one of {SPLIT_CONFIGS}, got {config!r}")
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 64:
+        lines.append(f"batch must be an integer in [1, 64], got {batch!r}")
+    rows = [r for r in split_rows() if r["layer"] == layer] if layer in LAYERS else []
+    fig = _layer_figure(layer, rows)
+    if lines:
+        return lines, fig
+    device = kl.default_device() if device is None else device
+    m = layer_meta(layer)
+    flops = 2.0 * batch * m.p64 * pad_to(m.cout, 8) * m.nout
+    if device == "cpu" and flops > budget:
+        return [f"{layer} at B = {batch} is {flops / 1e9:.1f} GFLOP: over this CPU's {budget / 1e9:.1f} GFLOP "
+                f"budget for one widget run; try a smaller batch"], fig
+    t = thread_count(layer, batch)
+    res = explore_split(layer, batch=batch, device=device, config=config)
+    lines.append(res["line"])
+    lines.append(f"{config}: split S = {res['split']}, bitwise-identical on a second call: {res['bitwise_repeat']}, "
+                 f"{res['ms']:.1f} ms here ({device})")
+    lines.append(f"an unsplit 8x8 launch would have {t['unsplit_threads']:,d} threads; the heuristic picks "
+                 f"{t['pick']} for {layer} at B = {batch}")
+    return lines, fig
+
+
+def _layer_figure(layer: str, rows: List[dict], height: int = 320) -> go.Figure:
+    """The recorded replays of one layer over B: split kernel, fastest other Warp forward, PyTorch."""
+    if not rows:
+        return kl.message_figure(f"no recorded split-SIMT runs for {layer!r} under data/")
+    fig = go.Figure()
+    for key, cfg_key, name, colour in (("split_ms", "split_config", "split SIMT", "#ff7f0e"),
+                                       ("other_ms", "other_config", "fastest other Warp forward", "#1f77b4"),
+                                       ("torch_ms", "torch_impl", "fastest PyTorch", "#d62728")):
+        fig.add_trace(go.Bar(x=[f"B={r['B']}" for r in rows], y=[r[key] for r in rows], name=name,
+                             marker_color=colour, customdata=[r.get(cfg_key) for r in rows],
+                             hovertemplate="%{x}: %{y:.3f} ms (%{customdata})<extra>" + name + "</extra>"))
+    recs = [rec for r in rows for rec in r["records"]]
+    fig.update_layout(barmode="group", height=height, yaxis_title="ms per op, CUDA-graph replay",
+                      title=dict(text=f"{layer}: recorded replays<br><sub>{kl.versions_title(recs)} · runs 45-47, "
+                                      "medians</sub>", x=0.01),
+                      margin=dict(t=70, b=40), legend=dict(orientation="h", y=-0.2))
+    return fig

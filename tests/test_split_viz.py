@@ -45,3 +45,14 @@ def test_thread_sweep_rows_hold_three_targets():
     assert rows and all(set(r["ms_by_threads"]) == {8192, 32768, 131072} for r in rows if r["B"] in (1, 16))
     l2 = next(r for r in rows if (r["layer"], r["B"], r["config"]) == ("alex_L2", 1, "ss_b4o8u4"))
     assert l2["ms_by_threads"][131072] < l2["ms_by_threads"][32768]        # why 4x8 blocks get 131072
+
+
+def test_explore_split_widget_runs_and_refuses_clearly():
+    lines, fig = sv.explore_split_widget("res18_layer3_0", 5, "ss_b4o8u4", device="cpu")
+    assert lines[0].startswith("PASS") and "bitwise-identical on a second call: True" in lines[1], lines
+    assert "the heuristic picks ss_b8o8u4" in lines[2] and len(fig.data) == 3
+    lines, _ = sv.explore_split_widget("alex_L1", 64, device="cpu")              # 18 GFLOP: over the budget
+    assert len(lines) == 1 and "budget" in lines[0]
+    lines, fig = sv.explore_split_widget("res18_layer3", 0, "ss_b16o8u2", device="cpu")
+    assert any("batch must be" in line for line in lines) and any("config must be" in line for line in lines)
+    assert "no recorded" in sv.explore_split_widget("nope", 1)[1].layout.annotations[0].text
