@@ -579,12 +579,75 @@ def _make_i2c_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, w_ga
     return kernel
 
 
-def _simt_decorator(name: str, block_dim: int):
-    """A SIMT kernel has no tile expression: no MathDx link, so it compiles in seconds (not ~50 s)."""
+def _simt_decorator(name: str, block_dim: int, w_vec4: bool = False):
+    """A SIMT kernel has no tile expression: no MathDx link, so it compiles in seconds (not ~50 s).
+    ``w_vec4``: the kernel's ``wt`` parameter is declared ``array2d(vec4)`` instead of its source's fp16 (the
+    vec4-W variants share their body with the fp16 ones)."""
     if _SHARED_MODULE is not None:
-        return wp.kernel(enable_backward=False, module=_SHARED_MODULE, name=name)
-    return wp.kernel(enable_backward=False, module="unique", name=name,
-                     module_options={"enable_backward": False, "fast_math": True, "block_dim": int(block_dim)})
+        deco = wp.kernel(enable_backward=False, module=_SHARED_MODULE, name=name)
+    else:
+        deco = wp.kernel(enable_backward=False, module="unique", name=name,
+                         module_options={"enable_backward": False, "fast_math": True, "block_dim": int(block_dim)})
+    if not w_vec4:
+        return deco
+
+    def with_vec4_w(fn):
+        fn.__annotations__["wt"] = wp.array2d(dtype=wp.vec4)     # an object: Warp evaluates only strings
+        return deco(fn)
+    return with_vec4_w
+
+
+_step_lock = threading.Lock()
+_STEPS: Dict[Tuple, object] = {}
+
+
+def _simt_step(tile_b: int, tile_o: int, wvec: bool = False):
+    """One p entry of the SIMT register-blocked loops (``simt``, ``simtp``, ``simts`` and their vec4-W
+    variants) as an inlined Warp function, built once per block shape::
+
+        step(x, wt, r, q, b0, bmax, og, n_og) = outer(x[b0 + i, r] for i < tile_b,
+                                                      W^T[q, og + j*n_og] for j < tile_o)
+
+    x is read in place (``[B, Cin*Nin]``; rows past B clamped, computed and never stored) and the pad index
+    ``r = Cin*Nin`` selects an exact 0 (a select, not a multiply by 0, so an inf in x cannot leak into a pad
+    entry). ``wvec=True``: ``wt`` is the fp32 channel-permuted W^T read as ``tile_o/4`` vec4 words per row
+    (``wperm[q, og*tile_o + j] = W^T[q, og + j*n_og]``)."""
+    TB, TO, WV = int(tile_b), int(tile_o), bool(wvec)
+    key = (TB, TO, WV)
+    with _step_lock:
+        fn = _STEPS.get(key)
+        if fn is not None:
+            return fn
+        init_warp()
+        if WV and TO % 4:
+            raise ValueError(f"vec4 W loads: tile_o={TO} must be a multiple of 4")
+        TO4 = TO // 4
+        WT = wp.vec4 if WV else wp.float16        # W's element type (a closure type: the body must name it)
+        vec_b = wp.types.vector(length=TB, dtype=wp.float32)
+        vec_o = wp.types.vector(length=TO, dtype=wp.float32)
+
+        # a name per block shape: the kernels of several shapes share one module in the AOT builds
+        @wp.func(name=f"fovi_simt_step_b{TB}o{TO}{'w' if WV else ''}", inline=True)
+        def step(x: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=WT), r: int, q: int, b0: int, bmax: int,
+                 og: int, n_og: int):
+            real = r < x.shape[1]      # the pad index Cin*Nin selects an exact 0
+            rr = wp.min(r, x.shape[1] - 1)
+            xv = vec_b()
+            wv = vec_o()
+            for i in range(TB):        # tail rows clamped into x (computed, never stored)
+                xv[i] = wp.where(real, wp.float32(x[wp.min(b0 + i, bmax), rr]), 0.0)
+            if wp.static(WT == wp.vec4):   # TO/4 vec4 words of the permuted fp32 W^T
+                for k in range(TO4):
+                    w4 = wt[q, og * TO4 + k]
+                    for i in range(4):
+                        wv[k * 4 + i] = w4[i]
+            else:
+                for j in range(TO):
+                    wv[j] = wp.float32(wt[q, og + j * n_og])
+            return wp.outer(xv, wv)
+
+        _STEPS[key] = step
+        return step
 
 
 def _make_simt_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, name: Optional[str] = None,
@@ -632,10 +695,6 @@ def _make_simt_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, nam
     TB, TO, U = int(tile_b), int(tile_o), int(unroll)
     PF = bool(prefetch) and not dense
     WV = bool(wvec) and not dense and not PF
-    if WV and TO % 4:
-        raise ValueError(f"simtw: tile_o={TO} must be a multiple of 4 (vec4 loads)")
-    TO4 = TO // 4
-    WT = wp.vec4 if WV else wp.float16        # W's element type (a closure type: the body must name it)
     kname = name or (f"fovi_fwd_simt{'p' if PF else 'w' if WV else ''}{'_dense' if dense else ''}"
                      f"_b{TB}o{TO}u{U}b{block_dim}")
     vec_u = wp.types.vector(length=U, dtype=wp.int32)
@@ -643,9 +702,7 @@ def _make_simt_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, nam
     vec_o = wp.types.vector(length=TO, dtype=wp.float32)
     mat_bo = wp.types.matrix(shape=(TB, TO), dtype=wp.float32)
 
-    # (the loop body is written out in each kernel, here and in _make_simts_kernel: a wp.func shared by these
-    # factories would be defined once per closure under one name, and same-named functions collide in a
-    # shared AOT module; a closure type in an annotation also resolves only when the body names it)
+    step = None if dense else _simt_step(TB, TO, WV)     # one p entry (shared with _make_simts_kernel)
     if PF:
         @_simt_decorator(kname, block_dim)
         def kernel(x: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16),
@@ -669,17 +726,7 @@ def _make_simt_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, nam
                     rn[u] = il[n, pn + u]
                     qn[u] = wl[n, pn + u]
                 for u in range(U):
-                    r = rc[u]
-                    q = qc[u]
-                    real = r < x.shape[1]
-                    rr = wp.min(r, x.shape[1] - 1)
-                    xv = vec_b()
-                    wv = vec_o()
-                    for i in range(TB):
-                        xv[i] = wp.where(real, wp.float32(x[wp.min(b0 + i, bmax), rr]), 0.0)
-                    for j in range(TO):
-                        wv[j] = wp.float32(wt[q, og + j * n_og])
-                    acc += wp.outer(xv, wv)
+                    acc += step(x, wt, rc[u], qc[u], b0, bmax, og, n_og)
             for i in range(TB):                    # guarded by y's shape: batch and Cout tails
                 if b0 + i < y.shape[0]:
                     for j in range(TO):
@@ -687,8 +734,8 @@ def _make_simt_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, nam
                         if o < y.shape[1]:
                             y[b0 + i, o, n] = wp.float16(acc[i, j] + bias[o])
     elif not dense:
-        @_simt_decorator(kname, block_dim)
-        def kernel(x: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=WT),
+        @_simt_decorator(kname, block_dim, w_vec4=WV)
+        def kernel(x: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16),
                    il: wp.array2d(dtype=wp.int32), wl: wp.array2d(dtype=wp.int32),
                    bias: wp.array1d(dtype=wp.float32), y: wp.array3d(dtype=wp.float16), p_len: int, n_og: int):
             n, bg, og = wp.tid()
@@ -697,23 +744,7 @@ def _make_simt_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, nam
             acc = mat_bo()
             for p0 in range(0, p_len, U):
                 for u in range(U):             # constant trip counts: unrolled, registers only
-                    r = il[n, p0 + u]
-                    q = wl[n, p0 + u]
-                    real = r < x.shape[1]      # the pad index Cin*Nin selects an exact 0
-                    rr = wp.min(r, x.shape[1] - 1)
-                    xv = vec_b()
-                    wv = vec_o()
-                    for i in range(TB):        # tail rows clamped into x (computed, never stored)
-                        xv[i] = wp.where(real, wp.float32(x[wp.min(b0 + i, bmax), rr]), 0.0)
-                    if wp.static(WT == wp.vec4):   # simtw: TO/4 vec4 words of the permuted fp32 W^T
-                        for k in range(TO4):
-                            w4 = wt[q, og * TO4 + k]
-                            for i in range(4):
-                                wv[k * 4 + i] = w4[i]
-                    else:
-                        for j in range(TO):
-                            wv[j] = wp.float32(wt[q, og + j * n_og])
-                    acc += wp.outer(xv, wv)
+                    acc += step(x, wt, il[n, p0 + u], wl[n, p0 + u], b0, bmax, og, n_og)
             for i in range(TB):                    # guarded by y's shape: batch and Cout tails
                 if b0 + i < y.shape[0]:
                     for j in range(TO):
@@ -764,25 +795,21 @@ def _make_simts_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, na
     (:func:`_nms_reduce_kernel`) sums the ``S`` partials in a fixed order, adds the bias in fp32 and
     rounds once to fp16 into ``y [B, Cout, Nout]`` (deterministic, the same contract as every kernel).
 
-    The loop body is :func:`_make_simt_kernel`'s: x read in place as ``[B, Cin*Nin]`` with the pad index
-    selecting an exact 0, ``wt = W^T [Q, Cout_p]`` cached between calls, a thread's channels strided by
-    ``n_og`` (coalesced ``wt`` rows and partial stores), ``unroll`` p entries per step. ``wvec=True``
+    Each p entry is :func:`_simt_step`, the function :func:`_make_simt_kernel`'s loops call: x read in place
+    as ``[B, Cin*Nin]`` with the pad index selecting an exact 0, ``wt = W^T [Q, Cout_p]`` cached between
+    calls, a thread's channels strided by ``n_og`` (coalesced ``wt`` rows and partial stores), ``unroll``
+    p entries per step. ``wvec=True``
     ("simtsw", ``ssw_*``): W read as fp32 ``vec4`` words of the channel-permuted ``W^T``, as ``simtw``.
     """
     init_warp()
     TB, TO, U = int(tile_b), int(tile_o), int(unroll)
     WV = bool(wvec)
-    if WV and TO % 4:
-        raise ValueError(f"simtsw: tile_o={TO} must be a multiple of 4 (vec4 loads)")
-    TO4 = TO // 4
-    WT = wp.vec4 if WV else wp.float16
     kname = name or f"fovi_fwd_simts{'w' if WV else ''}_b{TB}o{TO}u{U}b{block_dim}"
-    vec_b = wp.types.vector(length=TB, dtype=wp.float32)
-    vec_o = wp.types.vector(length=TO, dtype=wp.float32)
     mat_bo = wp.types.matrix(shape=(TB, TO), dtype=wp.float32)
+    step = _simt_step(TB, TO, WV)                       # one p entry (shared with _make_simt_kernel)
 
-    @_simt_decorator(kname, block_dim)
-    def kernel(x: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=WT),
+    @_simt_decorator(kname, block_dim, w_vec4=WV)
+    def kernel(x: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16),
                il: wp.array2d(dtype=wp.int32), wl: wp.array2d(dtype=wp.int32),
                part: wp.array3d(dtype=wp.float32), p_len: int, p_chunk: int, n_og: int, nout: int):
         ns, bg, og = wp.tid()
@@ -795,23 +822,7 @@ def _make_simts_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, na
         acc = mat_bo()
         for p0 in range(p_lo, p_hi, U):
             for u in range(U):                 # constant trip counts: unrolled, registers only
-                r = il[n, p0 + u]
-                q = wl[n, p0 + u]
-                real = r < x.shape[1]          # the pad index Cin*Nin selects an exact 0
-                rr = wp.min(r, x.shape[1] - 1)
-                xv = vec_b()
-                wv = vec_o()
-                for i in range(TB):            # tail rows clamped into x (computed, never stored)
-                    xv[i] = wp.where(real, wp.float32(x[wp.min(b0 + i, bmax), rr]), 0.0)
-                if wp.static(WT == wp.vec4):   # simtsw: TO/4 vec4 words of the permuted fp32 W^T
-                    for k in range(TO4):
-                        w4 = wt[q, og * TO4 + k]
-                        for i in range(4):
-                            wv[k * 4 + i] = w4[i]
-                else:
-                    for j in range(TO):
-                        wv[j] = wp.float32(wt[q, og + j * n_og])
-                acc += wp.outer(xv, wv)
+                acc += step(x, wt, il[n, p0 + u], wl[n, p0 + u], b0, bmax, og, n_og)
         for i in range(TB):                    # guarded by the partial's shape: batch and Cout tails
             if b0 + i < part.shape[1]:
                 for j in range(TO):

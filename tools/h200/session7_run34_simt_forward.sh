@@ -2,11 +2,7 @@
 # Session 7, run 34: the SIMT register-blocked forward (sd_* configs) against the i2c default and the PyTorch
 # baselines on the Cin = 3 stems and the DINOv3 patch embed, B = 1..128, every config's whole op timed
 # eagerly and replayed from a CUDA graph (--op-all --graphs).
-set -uo pipefail
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-[ -d /tmp/wpc/wpcache ] || { mkdir -p /tmp/wpc && tar -C /tmp/wpc -xJf .device/s6/wpcache.txz; }
-export WARP_CACHE_PATH=/tmp/wpc/wpcache
-t0=$(date +%s)
+source tools/h200/device_env.sh
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw --format=csv > $OUT/nvsmi.txt 2>&1
 timeout 420 python3 -m fovi_lab.bench.forward --layers alex_L0 res18_stem dinov3_patch --batches 16 64 1 4 32 128 \
   --configs sd_b4o4 sd_b4o8 sd_b8o4 sd_b8o8 sd_b4o8b64 sd_b4o8b256 --op-all --graphs --no-cached \

@@ -3,11 +3,7 @@
 # the forward op at B = 16/64 (default picks, --graphs), then the train step at B = 16/64 with the new default
 # and, on the same lease, with FOVI_WARP_STEM_SIMT=off (the i2c forward of run 33) for the side-by-side.
 # Runs 39 and 41 ran this script again with FWD_BATCHES="16 64 128" (session7_run39/run41_*.sh).
-set -uo pipefail
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-[ -d /tmp/wpc/wpcache ] || { mkdir -p /tmp/wpc && tar -C /tmp/wpc -xJf .device/s6/wpcache.txz; }
-export WARP_CACHE_PATH=/tmp/wpc/wpcache
-t0=$(date +%s)
+source tools/h200/device_env.sh
 timeout 150 python3 -m fovi_lab.bench.forward --layers alex_L0 res18_stem dinov3_patch --batches ${FWD_BATCHES:-16 64} --graphs \
   --no-cached --compile-budget-s 45 --reps 20 --warmup 3 --out $OUT/forward_h200.jsonl 2>&1 | grep -v "^Warp" > $OUT/fwd.log
 echo "forward done at $(( $(date +%s) - t0 )) s"; grep -v "^\[" $OUT/fwd.log | grep "B=" | cut -c1-240

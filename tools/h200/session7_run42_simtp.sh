@@ -2,11 +2,7 @@
 # Session 7, run 42: the fp16 SIMT kernel with the next step's indices prefetched (sdp_*: one memory round trip
 # per loop step instead of two) against sd_b8o8u4 and sv_b4o4u4 on the stems at B = 1..32, every config's op
 # eager and replayed.
-set -uo pipefail
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-[ -d /tmp/wpc/wpcache ] || { mkdir -p /tmp/wpc && tar -C /tmp/wpc -xJf .device/s6/wpcache.txz; }
-export WARP_CACHE_PATH=/tmp/wpc/wpcache
-t0=$(date +%s)
+source tools/h200/device_env.sh
 timeout 240 python3 -m fovi_lab.bench.forward --layers alex_L0 res18_stem --batches 16 1 4 32 \
   --configs sd_b8o8u4 sdp_b8o8u4 sdp_b4o8u4 sdp_b4o4u4 sdp_b8o8u2 sv_b4o4u4 --op-all --graphs --no-cached \
   --compile-budget-s 30 --reps 20 --warmup 3 --time-budget-s 220 --out $OUT/forward_h200.jsonl 2>&1 \

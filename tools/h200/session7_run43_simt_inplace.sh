@@ -2,11 +2,7 @@
 # Session 7, run 43: the fp16 SIMT kernels reading x and writing y in place (no transposed, padded copy of x, no
 # output permute): sd_b8o8u4 and sdp_b4o4u4 on the stems at B = 1/4/16, eager and replayed, against their run-42
 # times with the copied layouts; then the stems' train step at B = 16 on the default picks.
-set -uo pipefail
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-[ -d /tmp/wpc/wpcache ] || { mkdir -p /tmp/wpc && tar -C /tmp/wpc -xJf .device/s6/wpcache.txz; }
-export WARP_CACHE_PATH=/tmp/wpc/wpcache
-t0=$(date +%s)
+source tools/h200/device_env.sh
 timeout 150 python3 -m fovi_lab.bench.forward --layers alex_L0 res18_stem --batches 16 1 4 \
   --configs sd_b8o8u4 sdp_b4o4u4 --op-all --graphs --no-cached --compile-budget-s 30 --reps 20 --warmup 3 \
   --time-budget-s 140 --out $OUT/forward_h200.jsonl 2>&1 | grep -v "^Warp" > $OUT/bench.log
