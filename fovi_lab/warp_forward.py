@@ -1800,33 +1800,43 @@ def _launcher(kernel, dims, inputs, block_dim: int, device: str, tiled: bool = T
 
     Launch overhead is host time, and at small batch the host is the bottleneck (one op is ~0.1 ms
     of GPU work): so one recorded ``wp.Launch`` is kept per (kernel, device, grid) and only the
-    parameters that changed since its last use (new x / y buffers, ints) are re-packed.
+    parameters that changed since its last use (new x / y buffers, ints) are re-packed
+    (:func:`_relaunch`).
     """
     key = (kernel, device, dims, block_dim, tiled)
-    launch_fn = wp.launch_tiled if tiled else wp.launch
 
     def launch():
+        stream = warp_stream(device)
         with _launch_lock:
             ent = _LAUNCHES.get(key)
-            if ent is None:
-                cmd = launch_fn(kernel, dim=dims, inputs=inputs, block_dim=block_dim, device=device,
-                                record_cmd=True)
-                if len(_LAUNCHES) > 512:
-                    _LAUNCHES.clear()
-                _LAUNCHES[key] = ent = [cmd, list(inputs)]
-            else:
-                cmd, last = ent
-                for i, v in enumerate(inputs):
-                    u = last[i]
-                    if v is u:
-                        continue
-                    if isinstance(v, ctypes.Structure):         # a warp_ct descriptor: no re-packing
-                        cmd.set_param_at_index_from_ctype(i, v)
-                    elif isinstance(v, wp.array) or v != u:
-                        cmd.set_param_at_index(i, v)
-                    last[i] = v
-            cmd.launch(stream=warp_stream(device))
+            if ent is None and len(_LAUNCHES) > 512:
+                _LAUNCHES.clear()
+            _LAUNCHES[key] = _relaunch(ent, kernel, dims, inputs, block_dim, device, tiled, stream)
     return launch
+
+
+def _relaunch(ent, kernel, dims, inputs, block_dim: int, device: str, tiled: bool, stream) -> list:
+    """Launch ``kernel`` with ``inputs`` through a recorded launch: ``ent = [wp.Launch, last inputs]`` or
+    None (recorded now). Only the parameters that changed since the last launch are re-set: array
+    descriptors (ctypes structures, :func:`~fovi_lab.warp_common.warp_ct`) without re-packing. Returns
+    ``ent``. The caller holds the lock that keeps set-and-launch of one recorded launch together."""
+    if ent is None:
+        launch_fn = wp.launch_tiled if tiled else wp.launch
+        cmd = launch_fn(kernel, dim=dims, inputs=inputs, block_dim=block_dim, device=device, record_cmd=True)
+        ent = [cmd, list(inputs)]
+    else:
+        cmd, last = ent
+        for i, v in enumerate(inputs):
+            u = last[i]
+            if v is u:
+                continue
+            if isinstance(v, ctypes.Structure):         # a warp_ct descriptor: no re-packing
+                cmd.set_param_at_index_from_ctype(i, v)
+            elif isinstance(v, wp.array) or v != u:
+                cmd.set_param_at_index(i, v)
+            last[i] = v
+    cmd.launch(stream=stream)
+    return ent
 
 
 def _plan_uncached(cfg: FwdConfig, kernel, x, weight, bias, il, wl, store: str,
@@ -1980,30 +1990,11 @@ class _SimtRunner:
     def _launch(self, main_args, red_args) -> None:
         stream = warp_stream(self.dev)
         with self._lock:
-            self._main = _relaunch(self._main, self.kernel, self.dims, main_args, self.block_dim, self.dev, stream)
+            self._main = _relaunch(self._main, self.kernel, self.dims, main_args, self.block_dim, self.dev, False,
+                                   stream)
             if red_args is not None:
                 self._red = _relaunch(self._red, _nms_reduce_kernel(), (self.nout, self.b, self.cout), red_args, 256,
-                                      self.dev, stream)
-
-
-def _relaunch(cmd, kernel, dims, args, block_dim: int, dev: str, stream):
-    """Launch ``kernel`` (SIMT) with ``args`` through the recorded launch ``cmd`` (recorded on first use):
-    array descriptors (ctypes structures) are re-pointed, ints re-set only when they changed. Returns it."""
-    if cmd is None:
-        cmd = wp.launch(kernel, dim=dims, inputs=args, block_dim=block_dim, device=dev, record_cmd=True)
-        cmd._fovi_last = list(args)
-    else:
-        last = cmd._fovi_last
-        for i, v in enumerate(args):
-            if v is last[i]:
-                continue
-            if isinstance(v, ctypes.Structure):
-                cmd.set_param_at_index_from_ctype(i, v)
-            elif v != last[i]:
-                cmd.set_param_at_index(i, v)
-            last[i] = v
-    cmd.launch(stream=stream)
-    return cmd
+                                      self.dev, False, stream)
 
 
 class _NmRunner:
