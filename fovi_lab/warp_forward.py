@@ -245,6 +245,23 @@ _UNCACHED_BATCH_CONFIG_SPECS: Dict[str, Tuple[str, int, int, int, int, int]] = {
     # every layer at B <= 4, the few-node layers up to B = 32 (runs 44-46)
     "ss_b4o8u4": ("simts", 4, 8, 4, 1, 128),
     "ss_b8o8u4": ("simts", 8, 8, 4, 1, 128),
+    # tensor cores by hand (fovi_lab.warp_mma): one warp per (node, 8*NT batch rows, 16*MT channels), PTX
+    # mma.sync.m16n8k16 on fragments each lane gathers itself; x read and y written in place, no stage.
+    # tile_m = batch rows per warp, tile_n = channels per warp, tile_k = 16 p entries per step.
+    "mma_o32b8": ("mma", 8, 32, 16, 1, 128),
+    "mma_o64b8": ("mma", 8, 64, 16, 1, 128),
+    "mma_o32b16": ("mma", 16, 32, 16, 1, 128),
+    "mma_o48b16": ("mma", 16, 48, 16, 1, 128),
+    "mma_o64b16": ("mma", 16, 64, 16, 1, 128),
+    "mma_o96b16": ("mma", 16, 96, 16, 1, 128),
+    "mma_o64b32": ("mma", 32, 64, 16, 1, 128),
+    "mma_o32b32": ("mma", 32, 32, 16, 1, 128),
+    # the same with the p range split S ways (fp32 partials, then the fixed-order nms reduction)
+    "mmas_o32b8": ("mmas", 8, 32, 16, 1, 128),
+    "mmas_o64b8": ("mmas", 8, 64, 16, 1, 128),
+    "mmas_o32b16": ("mmas", 16, 32, 16, 1, 128),
+    "mmas_o64b16": ("mmas", 16, 64, 16, 1, 128),
+    "mmas_o64b32": ("mmas", 32, 64, 16, 1, 128),
 }
 
 # Measured and never the fastest on the H200 sweep (kept runnable by name for benchmarks, but not
@@ -283,6 +300,13 @@ _EXPERIMENTAL_CONFIG_SPECS: Dict[str, Tuple[str, int, int, int, int, int]] = {
     # split SIMT blocks that were never the fastest (run 44: within 5-15 % of ss_b4o8u4 / ss_b8o8u4 at best)
     "ss_b4o4u4": ("simts", 4, 4, 4, 1, 128),
     "ss_b16o8u2": ("simts", 16, 8, 2, 1, 128),
+    # more mma register blocks, for sweeps
+    "mma_o128b16": ("mma", 16, 128, 16, 1, 128),
+    "mma_o96b32": ("mma", 32, 96, 16, 1, 128),
+    "mma_o64b16b64": ("mma", 16, 64, 16, 1, 64),
+    "mma_o64b16b256": ("mma", 16, 64, 16, 1, 256),
+    "mmas_o96b16": ("mmas", 16, 96, 16, 1, 128),
+    "mmas_o128b16": ("mmas", 16, 128, 16, 1, 128),
     # gather with register prefetch
     "gp_m16n32": ("gp", 16, 32, 64, 1, 64),
     "gp_m32n64": ("gp", 32, 64, 64, 1, 128),
@@ -1210,12 +1234,17 @@ def _build_kernel(cfg: FwdConfig, mathdx: Optional[bool] = None, dense: bool = F
     key = (cfg.family, cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx, dense)
     if dense:
         # the prefetch, the split and the vec4 W have no dense counterpart: their ceiling is the simt loop's
-        fam = "simt" if cfg.family in ("simtp", "simts", "simtw", "simtsw") else cfg.family
-        key = ("densep" if pipelined else fam + "_dense" if fam in ("simt", "simtv") else "dense",) + key[1:]
+        fam = "simt" if cfg.family in ("simtp", "simts", "simtw", "simtsw") else \
+            "mma" if cfg.family == "mmas" else cfg.family
+        key = ("densep" if pipelined else fam + "_dense" if fam in ("simt", "simtv", "mma") else "dense",) + key[1:]
     with _build_lock:
         k = _KERNELS.get(key)
         if k is None:
-            if cfg.family in ("simt", "simtp", "simtw") or (dense and cfg.family in ("simts", "simtsw")):
+            if cfg.family in ("mma", "mmas"):
+                from .warp_mma import make_mma_kernel
+                k = make_mma_kernel(cfg.tile_n // 16, cfg.tile_m // 8, cfg.block_dim,
+                                    split=cfg.family == "mmas" and not dense, dense=dense)
+            elif cfg.family in ("simt", "simtp", "simtw") or (dense and cfg.family in ("simts", "simtsw")):
                 k = _make_simt_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, dense=dense,
                                       prefetch=cfg.family == "simtp", wvec=cfg.family == "simtw")
             elif cfg.family == "simtv":
@@ -1275,6 +1304,9 @@ def _canary_problem(family: str, tile_m: int, tile_n: int, tile_k: int, r: int, 
     return meta, x, w, bias
 
 
+_DENSE_FAMILIES = ("dense", "densep", "simt_dense", "simtv_dense", "mma_dense")
+
+
 def _canary(kernel, tile_m: int, tile_n: int, r: int, block_dim: int, device: str) -> Tuple[bool, str]:
     """(ok, why) of one NaN-prefilled launch of ``kernel`` on a single-node problem (see
     :func:`_canary_launch_ok`); also checks the values against the fp32 oracle."""
@@ -1293,14 +1325,14 @@ def _canary(kernel, tile_m: int, tile_n: int, r: int, block_dim: int, device: st
         from .reference import build_effective_weight
         weff = build_effective_weight(meta, w, cout_multiple=tile_n)
         plan = _plan_cached(cfg, kernel, x, weff, bias, meta.input_linear, tile_n, store="staged")
-    elif family in ("dense", "densep", "simt_dense", "simtv_dense"):
-        if family in ("simt_dense", "simtv_dense"):
+    elif family in _DENSE_FAMILIES:
+        if family in ("simt_dense", "simtv_dense", "mma_dense"):
             cfg = FwdConfig("canary", family[:-len("_dense")], tile_m, tile_n, tile_k, r, block_dim)
         plan = _plan_dense(cfg, kernel, b, tile_n, 1, 64, device, seed=7)
     else:
         plan = _plan_uncached(cfg, kernel, x, w, bias, meta.input_linear, meta.weight_linear, store="staged")
     ok, why = nan_canary(plan.launch, plan.out)
-    if not ok or family in ("dense", "densep", "simt_dense", "simtv_dense"):
+    if not ok or family in _DENSE_FAMILIES:
         return ok, why
     y = plan.finish()
     ref = oracle_forward(x.float().cpu(), w.float().cpu(), bias.float().cpu(), meta.idx, meta.rf_index, meta.v)
@@ -1845,7 +1877,7 @@ def _plan_uncached(cfg: FwdConfig, kernel, x, weight, bias, il, wl, store: str,
     b, cin, nin = x.shape
     cout, q = weight.shape
     nout, p64 = il.shape
-    if cfg.family in ("simt", "simtp", "simtw", "simts", "simtsw"):
+    if cfg.family in _IN_PLACE_FAMILIES:
         # x read and y written in place ([B, Cin*Nin] and [B, Cout, Nout]; ``store`` does not apply)
         if info is None:
             info = _analyse_tables(il, wl, cin, nin, q)
@@ -1934,6 +1966,24 @@ def _simts_split(threads: int, steps: int, block: Tuple[int, int] = (8, 8)) -> T
     return -(-steps // per), per
 
 
+# The families whose runner reads x and writes y in place (:class:`_SimtRunner`).
+_IN_PLACE_FAMILIES = ("simt", "simtp", "simtw", "simts", "simtsw", "mma", "mmas")
+
+# The mmas split: about _MMAS_WARPS warps in all (132 SMs x 16 resident warps of these ~128-register
+# threads would be 2112), never fewer than _MMAS_MIN_STEPS k-steps of 16 p entries per split.
+_MMAS_WARPS = int(os.environ.get("FOVI_WARP_MMAS_WARPS") or 2048)
+_MMAS_MIN_STEPS = 4
+
+
+def _mmas_split(warps: int, steps: int) -> Tuple[int, int]:
+    """``(S, k-steps per split)`` for an mmas launch of ``warps`` warps per split over ``steps`` k-steps."""
+    if steps <= 0:
+        return 1, 0
+    s = max(1, min(-(-_MMAS_WARPS // max(1, warps)), steps // _MMAS_MIN_STEPS))
+    per = -(-steps // s)
+    return -(-steps // per), per
+
+
 class _SimtRunner:
     """The SIMT forward of one call signature (families ``simt`` / ``simtp`` / ``simtw`` and the split
     ``simts`` / ``simtsw``), memoised with it (:data:`_CALLS`), like :class:`_NmRunner`.
@@ -1954,14 +2004,26 @@ class _SimtRunner:
         self.wkind = "pv" if cfg.family in ("simtw", "simtsw") else "tp"
         n_og, nbg = self.coutp // to, -(-b // tb)
         p_len = pad_to(info.p_used, u)
+        if cfg.family in ("mma", "mmas"):
+            # a warp per (node, batch block, channel block): the last grid dimension is (channel block, lane);
+            # the vectorised index loads need 8-byte aligned table rows
+            if il.data_ptr() % 16 or wl.data_ptr() % 16:
+                il, wl = il.clone(), wl.clone()
+                info = _TableInfo(nm=info.nm, nin=info.nin, p_used=info.p_used)
+            lanes, units = 32, nout * nbg * n_og
+        else:
+            lanes, units = 1, nout * nbg * n_og
         self.tables = (il, wl)                       # kept alive with their descriptors
         self.split = 0
-        if cfg.family in ("simts", "simtsw"):
-            self.split, per = _simts_split(nout * nbg * n_og, p_len // u, (tb, to))
-            self.dims = (self.split * nout, nbg, n_og)
+        if cfg.family in ("simts", "simtsw", "mmas"):
+            if cfg.family == "mmas":
+                self.split, per = _mmas_split(units, p_len // u)
+            else:
+                self.split, per = _simts_split(units, p_len // u, (tb, to))
+            self.dims = (self.split * nout, nbg, n_og * lanes)
             self.tail = [p_len, per * u, n_og, nout]
         else:
-            self.dims = (nout, nbg, n_og)
+            self.dims = (nout, nbg, n_og * lanes)
             self.tail = [p_len, n_og]
         self.il_c, self.wl_c = info.wa(il), info.wa(wl)
         self._lock = threading.Lock()
@@ -1969,6 +2031,8 @@ class _SimtRunner:
 
     def __call__(self, x, weight, bias) -> _Plan:
         x2 = x.reshape(self.b, self.rows)
+        if x2.stride(1) != 1:                        # rows are read with unit stride
+            x2 = x2.contiguous()
         y = torch.empty(self.b, self.cout, self.nout, dtype=torch.float16, device=x.device)
         wop, w_c = _weight_operand(weight, self.wkind, 0, self.to, self.coutp)
         bias_p, bias_c = _bias_operand(bias, self.cout, self.to, x.device)
@@ -2295,9 +2359,13 @@ def _plan_dense(cfg: FwdConfig, kernel, b: int, cout: int, nout: int, kdim: int,
     bias_p, bias_w = _bias_operand(None, cout, cfg.tile_n, dev_t)
     dims = (nout, -(-b // cfg.rows_per_cta), -(-cout // cfg.tile_n))
     inputs = [to_warp(at), to_warp(w), bias_w, to_warp(out), kd // cfg.tile_k, b]
-    simt = cfg.family in ("simt", "simtp", "simtv", "simts", "simtw", "simtsw")
+    simt = cfg.family in ("simt", "simtp", "simtv", "simts", "simtw", "simtsw", "mma", "mmas")
     if simt:                                       # SIMT ceiling: all Kd rows, U per step; channel groups
         inputs[4:] = [kd, pad_to(cout, cfg.tile_n) // cfg.tile_n]
+        if cfg.family in ("mma", "mmas"):            # warps: (node, batch block, channel block x lane)
+            at = at.t().contiguous()                 # [Bx, Kd]: x rows, as the gathered kernel reads them
+            inputs[0] = to_warp(at)
+            dims = (nout, dims[1], dims[2] * 32)
         if cfg.family == "simtv":
             at, w = at.float(), w.float()
             inputs[0:2] = [warp_ct_vec(at), warp_ct_vec(w)]

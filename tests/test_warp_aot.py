@@ -60,6 +60,13 @@ def _forward_kernels_by_block_dim(module_prefix: str):
             elif cfg.family == "simtw":
                 F._make_simt_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, wvec=True)
                 continue
+            elif cfg.family in ("mma", "mmas"):              # inline PTX mma.sync (sm_80+)
+                from fovi_lab.warp_mma import make_mma_kernel
+                mt, nt = cfg.tile_n // 16, cfg.tile_m // 8
+                make_mma_kernel(mt, nt, cfg.block_dim, split=cfg.family == "mmas")
+                if cfg.family == "mma":
+                    make_mma_kernel(mt, nt, cfg.block_dim, dense=True)
+                continue
             else:
                 raise AssertionError(f"test_warp_aot does not know the {cfg.family!r} family ({name})")
             pipelined = cfg.family in ("nmp", "gp")

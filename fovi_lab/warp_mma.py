@@ -1,0 +1,313 @@
+"""Tensor-core forward by hand: warp-level ``mma.sync`` gather-GEMM kernels ("mma" / "mmas" families).
+
+Why a native snippet: Warp's only tensor-core path is ``tile_matmul`` (cuBLASDx), which wants both
+operands in shared tiles, links MathDx for ~50 s per config on the H200 machine, and tops out near
+40 TFLOP/s there. Its tiles are also at least 16 batch rows deep, so at B <= 16 most of a tile is
+padding. A ``@wp.func_native`` snippet can issue PTX ``mma.sync.aligned.m16n8k16`` directly from
+registers that each lane fills with its own gathered loads: no shared memory, no stage, no layout copy
+of x or y, and a plain NVRTC compile (seconds).
+
+The operator (spec §2.2), transposed so that the *channels* are the MMA's M side::
+
+    y[b, o, n]^T = bias[o] + sum_p  W[o, wl[n, p]] * xpad[b, il[n, p]]
+                   (A = gathered W rows, M = channels)   (B = gathered x, N = batch rows)
+
+One warp computes one node's block of ``16*MT`` output channels x ``8*NT`` batch rows, as ``MT x NT``
+m16n8 accumulator tiles in fp32 registers, over ``k``-steps of 16 p entries. PTX fixes which elements
+each lane holds (lane = 4*g + t)::
+
+    A (16 x 16, rows m, cols k):  {m = g, g+8} x {k = 2t, 2t+1, 2t+8, 2t+9}   (4 registers of 2 fp16)
+    B (16 x 8,  rows k, cols n):  {k = 2t, 2t+1, 2t+8, 2t+9} x {n = g}       (2 registers)
+    D (16 x 8, fp32):             {m = g, g+8} x {n = 2t, 2t+1}              (4 registers)
+
+so per k-step a lane needs the indices of its four p entries (two 8-byte loads per table) and:
+
+* **W** (the A side): the tile row ``m`` of m-tile ``mi`` is channel ``o0 + (m % 8)*2*MT + 2*mi + m // 8``.
+  This permutation puts all ``2*MT`` channels a lane multiplies, for one p entry, next to each other in
+  the row ``W^T[wl[n, p]]``: one 16-byte (``MT % 4 == 0``), 8-byte or 4-byte vector load per p entry, and
+  two byte-permutes per register pair repack them into the A fragments. (Unpermuted, the lane's channels
+  are 8 apart: ``4*MT`` scalar loads per p entry.)
+* **x** (the B side), read in place as ``[B, Cin*Nin]``: one fp16 load per (p entry, batch tile); the pad
+  column ``Cin*Nin`` is not loaded but selected as an exact +0 (so an inf or NaN in x cannot leak in).
+  Batch rows past B are clamped into x (computed, never stored).
+* the accumulators are stored with the bias added in fp32 and one rounding to fp16, straight into
+  ``y [B, Cout, Nout]`` (``mma``) or as fp32 partials of one of ``S`` contiguous chunks of the p range
+  (``mmas``: ``part [S*Nout, B, Cout]``, summed in a fixed order by the nms reduction: deterministic).
+
+The next step's indices are loaded before this step's operands, so a step waits on one memory round trip.
+
+On Warp's CPU device the same kernels run with the snippet's C++ branch: each lane computes its own D
+elements (the same channel permutation, batch tiles, pad select, loop bounds and stores) by a scalar
+loop over the 16 p entries of the step. So CI checks everything but the PTX fragment packing on the CPU;
+``tests/test_warp_mma.py`` checks the packing against the oracle on a GPU, and the AOT tests compile the
+PTX for sm_80/89/90 with no GPU. ``mma.sync.m16n8k16`` needs sm_80+: on older GPUs the kernel writes
+nothing, the NaN canary finds the config unusable and it is never selected.
+
+``dense=True`` builds the same loop over dense operands (``xd [Bx, Kd]``, ``wd [Kd, Cout_p]``, no index
+loads, output ``[Nout, B, Cout]``): the ceiling of these register blocks without the gathers.
+"""
+
+# (no "from __future__ import annotations": Warp needs the stubs' annotations as objects)
+
+import threading
+from typing import Dict, Tuple
+
+from .warp_common import init_warp, wp
+
+__all__ = ["make_mma_kernel", "mma_channel", "MMA_K"]
+
+#: p entries per k-step (the K of one m16n8k16 MMA).
+MMA_K = 16
+
+_lock = threading.Lock()
+_STEPS: Dict[Tuple, object] = {}
+
+
+def mma_channel(m_tiles: int, o0: int, g: int, mi: int, h: int) -> int:
+    """The output channel of accumulator row ``g + 8*h`` of m-tile ``mi`` in the warp whose channel block
+    starts at ``o0`` (the permutation that makes a lane's W loads contiguous)."""
+    return o0 + g * 2 * m_tiles + 2 * mi + h
+
+
+def _w_loads(mt: int) -> str:
+    """C++ that loads the lane's ``2*MT`` contiguous fp16 of one W^T row ``wr`` into ``w[kk][0..MT)``."""
+    if mt % 4 == 0:
+        return "\n".join(
+            f"            {{ const uint4 v = __ldg(((const uint4*)wr) + {i}); w[kk][{4*i}] = v.x; "
+            f"w[kk][{4*i+1}] = v.y; w[kk][{4*i+2}] = v.z; w[kk][{4*i+3}] = v.w; }}" for i in range(mt // 4))
+    if mt % 2 == 0:
+        return "\n".join(
+            f"            {{ const uint2 v = __ldg(((const uint2*)wr) + {i}); w[kk][{2*i}] = v.x; "
+            f"w[kk][{2*i+1}] = v.y; }}" for i in range(mt // 2))
+    return "\n".join(f"            w[kk][{i}] = __ldg(((const unsigned int*)wr) + {i});" for i in range(mt))
+
+
+def _snippet(mt: int, nt: int, dense: bool) -> str:
+    """The native body: ``acc`` over p in ``[p_lo, p_hi)`` for one lane, returned as a vector of
+    ``4*MT*NT`` floats (index ``(mi*NT + nj)*4 + e``)."""
+    acc = 4 * mt * nt
+    if dense:       # dense ceiling: p entry k reads x column k and W^T row k
+        gpu_idx = """
+        const int rk[4] = {k0 + 2*t, k0 + 2*t + 1, k0 + 2*t + 8, k0 + 2*t + 9};
+        const int* qk = rk;"""
+        cpu_idx = "const int r = k0 + kk; const int q = r;"
+        prefetch_init = prefetch_next = ""
+    else:
+        prefetch_init = """
+    int2 nr01 = make_int2(0, 0), nr89 = nr01, nq01 = nr01, nq89 = nr01;
+    if (p_lo < p_hi) {
+        nr01 = *(const int2*)(ilr + p_lo + 2*t); nr89 = *(const int2*)(ilr + p_lo + 2*t + 8);
+        nq01 = *(const int2*)(wlr + p_lo + 2*t); nq89 = *(const int2*)(wlr + p_lo + 2*t + 8);
+    }"""
+        gpu_idx = """
+        const int rk[4] = {nr01.x, nr01.y, nr89.x, nr89.y};
+        const int qk[4] = {nq01.x, nq01.y, nq89.x, nq89.y};
+        if (k0 + 16 < p_hi) {      // the next step's indices: in flight while this step loads and multiplies
+            nr01 = *(const int2*)(ilr + k0 + 16 + 2*t); nr89 = *(const int2*)(ilr + k0 + 24 + 2*t);
+            nq01 = *(const int2*)(wlr + k0 + 16 + 2*t); nq89 = *(const int2*)(wlr + k0 + 24 + 2*t);
+        }"""
+        cpu_idx = "const int r = ilr[k0 + kk]; const int q = wlr[k0 + kk];"
+    return f"""
+    const int g = lane >> 2;
+    const int t = lane & 3;
+    const int ncols = x.shape[1];
+    const int bmax = x.shape[0] - 1;
+    const char* xb = (const char*)x.data;
+    const size_t xs = (size_t)x.strides[0];
+    const char* wb = (const char*)wt.data;
+    const size_t ws = (size_t)wt.strides[0];
+    const int* ilr = (const int*)((const char*)il.data + (size_t)n * (size_t)il.strides[0]);
+    const int* wlr = (const int*)((const char*)wl.data + (size_t)n * (size_t)wl.strides[0]);
+    float d[{acc}];
+    for (int i = 0; i < {acc}; ++i) d[i] = 0.0f;
+#if defined(__CUDA_ARCH__)
+#if __CUDA_ARCH__ >= 800
+    const unsigned short* xr[{nt}];
+    #pragma unroll
+    for (int nj = 0; nj < {nt}; ++nj) {{
+        const int b = b0 + nj * 8 + g;
+        xr[nj] = (const unsigned short*)(xb + (size_t)(b < bmax ? b : bmax) * xs);
+    }}
+    const size_t wcol = (size_t)(o0 + g * {2 * mt}) * 2;{prefetch_init}
+    for (int k0 = p_lo; k0 < p_hi; k0 += 16) {{{gpu_idx}
+        unsigned int w[4][{mt}];
+        #pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {{
+            const char* wr = wb + (size_t)qk[kk] * ws + wcol;
+{_w_loads(mt)}
+        }}
+        unsigned int xv[{nt}][4];
+        #pragma unroll
+        for (int nj = 0; nj < {nt}; ++nj) {{
+            #pragma unroll
+            for (int kk = 0; kk < 4; ++kk)     // the pad column selects +0 (no load)
+                xv[nj][kk] = rk[kk] < ncols ? (unsigned int)__ldg(xr[nj] + rk[kk]) : 0u;
+        }}
+        #pragma unroll
+        for (int mi = 0; mi < {mt}; ++mi) {{
+            const unsigned int a0 = __byte_perm(w[0][mi], w[1][mi], 0x5410);  // row g,   k = 2t, 2t+1
+            const unsigned int a1 = __byte_perm(w[0][mi], w[1][mi], 0x7632);  // row g+8, k = 2t, 2t+1
+            const unsigned int a2 = __byte_perm(w[2][mi], w[3][mi], 0x5410);  // row g,   k = 2t+8, 2t+9
+            const unsigned int a3 = __byte_perm(w[2][mi], w[3][mi], 0x7632);  // row g+8, k = 2t+8, 2t+9
+            #pragma unroll
+            for (int nj = 0; nj < {nt}; ++nj) {{
+                const unsigned int bb0 = xv[nj][0] | (xv[nj][1] << 16);       // k = 2t, 2t+1;   col g
+                const unsigned int bb1 = xv[nj][2] | (xv[nj][3] << 16);       // k = 2t+8, 2t+9; col g
+                float* c = d + (mi * {nt} + nj) * 4;
+                asm volatile(
+                    "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                    "{{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, {{%0,%1,%2,%3}};\\n"
+                    : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                    : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(bb0), "r"(bb1));
+            }}
+        }}
+    }}
+#else
+    __trap();   // mma.sync.m16n8k16 needs sm_80+ (the canary reports the config unusable)
+#endif
+#else
+    // Warp's CPU device: this lane's D elements by a scalar loop (same mapping, pads, bounds)
+    for (int k0 = p_lo; k0 < p_hi; k0 += 16) {{
+        for (int kk = 0; kk < 16; ++kk) {{
+            {cpu_idx}
+            const wp::float16* wrow = (const wp::float16*)(wb + (size_t)q * ws);
+            for (int mi = 0; mi < {mt}; ++mi)
+                for (int nj = 0; nj < {nt}; ++nj)
+                    for (int e = 0; e < 4; ++e) {{
+                        const int ch = o0 + g * {2 * mt} + 2 * mi + (e >> 1);
+                        int b = b0 + nj * 8 + 2 * t + (e & 1);
+                        b = b < bmax ? b : bmax;
+                        const wp::float16* xrow = (const wp::float16*)(xb + (size_t)b * xs);
+                        const float xv = r < ncols ? wp::half_to_float(xrow[r]) : 0.0f;
+                        d[(mi * {nt} + nj) * 4 + e] += wp::half_to_float(wrow[ch]) * xv;
+                    }}
+        }}
+    }}
+#endif
+    wp::vec_t<{acc}, wp::float32> out;
+    for (int i = 0; i < {acc}; ++i) out[i] = d[i];
+    return out;
+"""
+
+
+def _mma_steps(mt: int, nt: int, dense: bool = False):
+    """The native function running one lane's p loop (built once per block shape)."""
+    key = (mt, nt, dense)
+    with _lock:
+        fn = _STEPS.get(key)
+        if fn is not None:
+            return fn
+        init_warp()
+        vec_acc = wp.types.vector(length=4 * mt * nt, dtype=wp.float32)
+        src = _snippet(mt, nt, dense)
+        # (Warp recognises a native function by its literal ``@wp.func_native(...)`` decorator; the return
+        # annotation resolves through this frame's locals)
+        if dense:
+            src = src.replace("const int* ilr", "// (dense: no tables) const int* ilr").replace(
+                "const int* wlr", "// const int* wlr")
+
+            @wp.func_native(src)
+            def steps(x: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16), lane: int, b0: int,
+                      o0: int, p_lo: int, p_hi: int) -> vec_acc: ...
+        else:
+            @wp.func_native(src)
+            def steps(x: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16),
+                      il: wp.array2d(dtype=wp.int32), wl: wp.array2d(dtype=wp.int32), n: int, lane: int,
+                      b0: int, o0: int, p_lo: int, p_hi: int) -> vec_acc: ...
+        fn = steps
+        _STEPS[key] = fn
+        return fn
+
+
+def _decorator(name: str, block_dim: int):
+    from .warp_forward import _SHARED_MODULE     # the AOT tests put several kernels in one module
+    if _SHARED_MODULE is not None:
+        return wp.kernel(enable_backward=False, module=_SHARED_MODULE, name=name)
+    return wp.kernel(enable_backward=False, module="unique", name=name,
+                     module_options={"enable_backward": False, "fast_math": True, "block_dim": int(block_dim)})
+
+
+def make_mma_kernel(m_tiles: int, n_tiles: int, block_dim: int = 128, split: bool = False, dense: bool = False):
+    """The ``mma`` kernel with ``m_tiles`` 16-channel tiles and ``n_tiles`` 8-row batch tiles per warp.
+
+    Launch: ``wp.launch(kernel, dim=(S*Nout, ceil(B / (8*n_tiles)), n_og*32), block_dim=...)`` with
+    ``n_og = Cout_p / (16*m_tiles)``: the last dimension is (channel block, lane), so each warp of 32
+    consecutive threads owns one (split, node, batch block, channel block). Arguments:
+
+    * ``mma``:  ``x [B, Cin*Nin]`` fp16, ``wt = W^T [Q, Cout_p]`` fp16 (zero columns past Cout),
+      ``il, wl [Nout, P64]`` int32, ``bias [Cout_p]`` fp32, ``y [B, Cout, Nout]`` fp16, ``p_len`` (a multiple
+      of 16: the tables' last real column rounded up), ``n_og``;
+    * ``mmas`` (``split=True``): ``part [S*Nout, B, Cout]`` fp32 instead of bias and y, then ``p_len``,
+      ``p_chunk`` (a multiple of 16), ``n_og``, ``nout``;
+    * ``dense=True``: ``xd [Bx, Kd]``, ``wd [Kd, Cout_p]``, ``bias``, ``y [Nout, B, Cout]``, ``kd``, ``n_og``.
+    """
+    init_warp()
+    MT, NT = int(m_tiles), int(n_tiles)
+    if MT < 1 or NT < 1 or block_dim % 32:
+        raise ValueError(f"mma kernel: m_tiles={MT}, n_tiles={NT} must be >= 1 and block_dim={block_dim} a "
+                         f"multiple of 32")
+    steps = _mma_steps(MT, NT, dense)
+    OC, BR = 16 * MT, 8 * NT
+    kname = f"fovi_fwd_mma{'s' if split else ''}{'_dense' if dense else ''}_m{MT}n{NT}b{block_dim}"
+
+    if dense:
+        @_decorator(kname, block_dim)
+        def kernel(xd: wp.array2d(dtype=wp.float16), wd: wp.array2d(dtype=wp.float16),
+                   bias: wp.array1d(dtype=wp.float32), y: wp.array3d(dtype=wp.float16), kd: int, n_og: int):
+            n, bg, tl = wp.tid()
+            lane = tl % 32
+            b0 = bg * BR
+            o0 = (tl // 32) * OC
+            acc = steps(xd, wd, lane, b0, o0, 0, kd)
+            g = lane // 4
+            t2 = (lane % 4) * 2
+            for mi in range(MT):
+                for nj in range(NT):
+                    for e in range(4):
+                        ch = o0 + g * (2 * MT) + 2 * mi + e // 2
+                        b = b0 + nj * 8 + t2 + e % 2
+                        if b < y.shape[1] and ch < y.shape[2]:
+                            y[n, b, ch] = wp.float16(acc[(mi * NT + nj) * 4 + e] + bias[ch])
+    elif split:
+        @_decorator(kname, block_dim)
+        def kernel(x: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16),
+                   il: wp.array2d(dtype=wp.int32), wl: wp.array2d(dtype=wp.int32),
+                   part: wp.array3d(dtype=wp.float32), p_len: int, p_chunk: int, n_og: int, nout: int):
+            ns, bg, tl = wp.tid()
+            lane = tl % 32
+            n = ns % nout
+            p_lo = (ns // nout) * p_chunk
+            b0 = bg * BR
+            o0 = (tl // 32) * OC
+            acc = steps(x, wt, il, wl, n, lane, b0, o0, p_lo, wp.min(p_lo + p_chunk, p_len))
+            g = lane // 4
+            t2 = (lane % 4) * 2
+            for mi in range(MT):
+                for nj in range(NT):
+                    for e in range(4):
+                        ch = o0 + g * (2 * MT) + 2 * mi + e // 2
+                        b = b0 + nj * 8 + t2 + e % 2
+                        if b < part.shape[1] and ch < part.shape[2]:
+                            part[ns, b, ch] = acc[(mi * NT + nj) * 4 + e]
+    else:
+        @_decorator(kname, block_dim)
+        def kernel(x: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16),
+                   il: wp.array2d(dtype=wp.int32), wl: wp.array2d(dtype=wp.int32),
+                   bias: wp.array1d(dtype=wp.float32), y: wp.array3d(dtype=wp.float16), p_len: int, n_og: int):
+            n, bg, tl = wp.tid()
+            lane = tl % 32
+            b0 = bg * BR
+            o0 = (tl // 32) * OC
+            acc = steps(x, wt, il, wl, n, lane, b0, o0, 0, p_len)
+            g = lane // 4
+            t2 = (lane % 4) * 2
+            for mi in range(MT):
+                for nj in range(NT):
+                    for e in range(4):
+                        ch = o0 + g * (2 * MT) + 2 * mi + e // 2
+                        b = b0 + nj * 8 + t2 + e % 2
+                        if b < y.shape[0] and ch < y.shape[1]:
+                            y[b, ch, n] = wp.float16(acc[(mi * NT + nj) * 4 + e] + bias[ch])
+
+    kernel._fovi_tiles = ("mma_dense" if dense else "mmas" if split else "mma", BR, OC, MMA_K, 1, int(block_dim))
+    return kernel
