@@ -6,7 +6,6 @@ source tools/h200/device_env9.sh
 RUN=${RUN:-52}
 BATCHES=${BATCHES:-16 1 4}
 MMA=$(python3 -c "from fovi_lab import warp_forward as F; print(' '.join(n for n in F.uncached_config_names() if F.config_spec(n).family in ('mma','mmas')))" 2>/dev/null)
-python3 tools/h200/check_cache.py 2>&1 | grep -v "^Warp" | head -3
 timeout ${LIMIT:-540} python3 -m fovi_lab.bench.forward --graphs --op-all --no-cached --compile-budget-s 60 --reps 15 --warmup 3 \
   --configs $MMA --batches $BATCHES --time-budget-s ${BUDGET:-470} --tag run$RUN-mma \
   --out $OUT/forward_sweep_h200_run$RUN.jsonl 2>&1 | grep -v "^Warp" > $OUT/sweep_run$RUN.log
