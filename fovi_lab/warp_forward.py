@@ -262,6 +262,17 @@ _UNCACHED_BATCH_CONFIG_SPECS: Dict[str, Tuple[str, int, int, int, int, int]] = {
     "mmas_o32b16": ("mmas", 16, 32, 16, 1, 128),
     "mmas_o64b16": ("mmas", 16, 64, 16, 1, 128),
     "mmas_o64b32": ("mmas", 32, 64, 16, 1, 128),
+    # W read in place ([Cout, Q], no per-call W^T layout: training steps and graph replays)
+    "mmaw_o64b16": ("mmaw", 16, 64, 16, 1, 128),
+    "mmasw_o32b8": ("mmasw", 8, 32, 16, 1, 128),
+    "mmasw_o32b16": ("mmasw", 16, 32, 16, 1, 128),
+    "mmasw_o64b8": ("mmasw", 8, 64, 16, 1, 128),
+    "mmasw_o64b16": ("mmasw", 16, 64, 16, 1, 128),
+    # x^T per call (batch rows adjacent: one vector load per p entry), for large batches
+    "mmat_o64b16": ("mmat", 16, 64, 16, 1, 128),
+    "mmat_o64b32": ("mmat", 32, 64, 16, 1, 128),
+    "mmat_o96b16": ("mmat", 16, 96, 16, 1, 128),
+    "mmat_o96b32": ("mmat", 32, 96, 16, 1, 128),
 }
 
 # Measured and never the fastest on the H200 sweep (kept runnable by name for benchmarks, but not
@@ -1226,6 +1237,16 @@ def _mathdx_default() -> Optional[bool]:
     return env not in ("0", "false", "False", "no")
 
 
+# The tensor-core families (fovi_lab.warp_mma): "mma" + "s" (p loop split) + "w" (W read in place) + "t" (x^T).
+_MMA_FAMILIES = ("mma", "mmas", "mmaw", "mmasw", "mmat")
+
+
+def _mma_flags(family: str) -> Tuple[bool, bool, bool]:
+    """(split, W in place, x^T) of an mma family name."""
+    tail = family[3:]
+    return "s" in tail, "w" in tail, "t" in tail
+
+
 def _build_kernel(cfg: FwdConfig, mathdx: Optional[bool] = None, dense: bool = False):
     """The Warp kernel of ``cfg`` (or of its dense ceiling), built once per (config, mathdx)."""
     if mathdx is None:
@@ -1235,15 +1256,16 @@ def _build_kernel(cfg: FwdConfig, mathdx: Optional[bool] = None, dense: bool = F
     if dense:
         # the prefetch, the split and the vec4 W have no dense counterpart: their ceiling is the simt loop's
         fam = "simt" if cfg.family in ("simtp", "simts", "simtw", "simtsw") else \
-            "mma" if cfg.family == "mmas" else cfg.family
+            "mma" if cfg.family in _MMA_FAMILIES else cfg.family
         key = ("densep" if pipelined else fam + "_dense" if fam in ("simt", "simtv", "mma") else "dense",) + key[1:]
     with _build_lock:
         k = _KERNELS.get(key)
         if k is None:
-            if cfg.family in ("mma", "mmas"):
+            if cfg.family in _MMA_FAMILIES:
                 from .warp_mma import make_mma_kernel
-                k = make_mma_kernel(cfg.tile_n // 16, cfg.tile_m // 8, cfg.block_dim,
-                                    split=cfg.family == "mmas" and not dense, dense=dense)
+                split, w_native, x_t = _mma_flags(cfg.family)
+                k = make_mma_kernel(cfg.tile_n // 16, cfg.tile_m // 8, cfg.block_dim, split=split and not dense,
+                                    dense=dense, w_native=w_native and not dense, x_t=x_t and not dense)
             elif cfg.family in ("simt", "simtp", "simtw") or (dense and cfg.family in ("simts", "simtsw")):
                 k = _make_simt_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, dense=dense,
                                       prefetch=cfg.family == "simtp", wvec=cfg.family == "simtw")
@@ -1432,7 +1454,8 @@ _NM_MIN_CTAS_M64 = 96
 
 
 def _select_uncached_batch_config(batch: int, out_channels: int, out_nodes: int, p_padded: int,
-                                  in_channels: Optional[int] = None, node_major: bool = False) -> str:
+                                  in_channels: Optional[int] = None, node_major: bool = False,
+                                  mma: bool = True) -> str:
     """Pick an uncached config name for one call (refit on the H200 sweep, data/forward_sweep_h200.jsonl).
 
     Args:
@@ -1440,8 +1463,11 @@ def _select_uncached_batch_config(batch: int, out_channels: int, out_nodes: int,
             K, the neighbour-loop length, which decides the nms split).
         in_channels: Cin (needed to consider the node-major family).
         node_major: whether the tables have the spec §2.1 structure (node-major kernels usable).
+        mma: consider the tensor-core ``mma.sync`` kernels (:func:`_select_mma`; sm_80+). Since session 9
+            (runs 52-55) they are the pick on every shape; ``mma=False`` (or ``FOVI_WARP_MMA=off``, or a
+            device where they cannot launch) gives the tile / SIMT rules below.
 
-    The fit, in words:
+    The fit without the mma kernels, in words:
 
     * node-major (Cin >= 32, structured tables): 16x32 tiles when the batch is small (<= 32) or when
       64x64 tiles would give fewer than ~96 CTAs (few output nodes, e.g. res18 layer3/4), with the
@@ -1458,6 +1484,8 @@ def _select_uncached_batch_config(batch: int, out_channels: int, out_nodes: int,
       stays large (>= 900 CTAs: the resnet stem), else 64-row tiles even though 3/4 of their rows are
       padding (fewer, fuller CTAs win on small grids such as the DINOv3 patch embed's 64 nodes).
     """
+    if mma and _mma_env() == "auto":
+        return _select_mma(batch, out_channels, out_nodes, p_padded)
     if _simts_fits(batch, out_channels, out_nodes, in_channels):
         return _select_simts(batch, out_channels, out_nodes, p_padded)
     nm = node_major and in_channels is not None and in_channels >= _NM_MIN_CIN
@@ -1482,6 +1510,53 @@ def _select_uncached_batch_config(batch: int, out_channels: int, out_nodes: int,
     if batch <= 16 and out_nodes * -(-out_channels // 64) >= 900:
         return "m16n64"
     return "m64n64r1b256"
+
+
+def _mma_env() -> str:
+    """``FOVI_WARP_MMA``: ``auto`` (the default: the mma rules of :func:`_select_mma`) or ``off`` (the tile and
+    SIMT rules only)."""
+    env = os.environ.get("FOVI_WARP_MMA") or "auto"
+    if env not in ("auto", "off"):
+        raise ValueError(f"FOVI_WARP_MMA: expected 'auto' or 'off', got {env!r}")
+    return env
+
+
+# The tensor-core kernels (fovi_lab.warp_mma) and how their block and split are chosen, read from the replayed
+# whole ops of the H200 sweeps (runs 52-55, data/forward_sweep_h200.jsonl). Each warp of these kernels walks its
+# node's p loop in k-steps of 16, waiting on gathered loads: the kernels are latency-bound, so what decides is
+# how many warps (times batch tiles per warp: independent loads in flight) there are per k-step of the loop.
+# * Block (channels x batch rows per warp): 16 rows (8 at B <= 8); 32 rows at B >= 128 on long loops (>= 64
+#   k-steps) with >= 768 such warps, where reusing each gathered W fragment over 4 batch tiles pays (alexnet
+#   L1-L4: 1.05-1.15x); 96 channels when Cout is a multiple of 96 (alexnet's stem; the 384-channel layers at
+#   16-row blocks from B = 32), else 64.
+# * Split the p loop (mmas, fp32 partials and the fixed-order nms reduction) when the warps times batch tiles are
+#   fewer than _MMA_SPLIT_PER_STEP (24 at B <= 8, 8 above) per k-step: few-node layers (res18 layer2-4, alexnet
+#   L2-L4 at B <= 16) and everything with a long loop at B <= 4. Before a split, blocks with too few warps shrink
+#   to 32 channels (x 8 rows at B <= 16, x 16 above), so the split cuts shorter loops.
+_MMA_SPLIT_PER_STEP = (24, 8)           # at B <= 8, above
+_MMA_FEW_WARPS = (192, 384)             # at B <= 16, above: shrink to 32-channel blocks below this many warps
+
+
+def _select_mma(batch: int, out_channels: int, out_nodes: int, p_padded: int) -> str:
+    """The mma config of a call (see the rules above)."""
+    steps = max(1, p_padded // 16)
+    cdiv = lambda a, b: -(-a // b)  # noqa: E731
+    rows = 8 if batch <= 8 else 16
+    oc96 = out_channels % 96 == 0 and (out_channels % 64 or batch > 16)
+    oc = 96 if oc96 else 64
+    if oc == 96 and out_channels % 64:
+        rows = 16                                     # alexnet's stem: 96 x 16 at every batch
+    if batch >= 128 and steps >= 64 and out_nodes * cdiv(batch, 32) * cdiv(out_channels, 64) >= 768:
+        rows, oc = 32, 64
+    warps = out_nodes * cdiv(batch, rows) * cdiv(out_channels, oc)
+    per_step = _MMA_SPLIT_PER_STEP[0 if batch <= 8 else 1]
+    if warps * (rows // 8) < per_step * steps:
+        if warps < _MMA_FEW_WARPS[0 if batch <= 16 else 1]:
+            oc, rows = 32, (8 if batch <= 16 else 16)
+        elif oc == 96 or rows == 32:                  # the registered split blocks
+            oc, rows = 64, min(rows, 16)
+        return f"mmas_o{oc}b{rows}"
+    return f"mma_o{oc}b{rows}"
 
 
 # The SIMT kernels for stem-like calls (Cin < 32), and where they win, from the H200 sweep
@@ -1967,7 +2042,7 @@ def _simts_split(threads: int, steps: int, block: Tuple[int, int] = (8, 8)) -> T
 
 
 # The families whose runner reads x and writes y in place (:class:`_SimtRunner`).
-_IN_PLACE_FAMILIES = ("simt", "simtp", "simtw", "simts", "simtsw", "mma", "mmas")
+_IN_PLACE_FAMILIES = ("simt", "simtp", "simtw", "simts", "simtsw") + _MMA_FAMILIES
 
 # The mmas split: about _MMAS_WARPS warps in all (132 SMs x 16 resident warps of these ~128-register
 # threads would be 2112), never fewer than _MMAS_MIN_STEPS k-steps of 16 p entries per split.
@@ -2004,9 +2079,12 @@ class _SimtRunner:
         self.wkind = "pv" if cfg.family in ("simtw", "simtsw") else "tp"
         n_og, nbg = self.coutp // to, -(-b // tb)
         p_len = pad_to(info.p_used, u)
-        if cfg.family in ("mma", "mmas"):
+        self.xt = self.wnat = False
+        if cfg.family in _MMA_FAMILIES:
             # a warp per (node, batch block, channel block): the last grid dimension is (channel block, lane);
             # the vectorised index loads need 8-byte aligned table rows
+            _, self.wnat, self.xt = _mma_flags(cfg.family)
+            self.bx = pad_to(b, tb)
             if il.data_ptr() % 16 or wl.data_ptr() % 16:
                 il, wl = il.clone(), wl.clone()
                 info = _TableInfo(nm=info.nm, nin=info.nin, p_used=info.p_used)
@@ -2015,8 +2093,8 @@ class _SimtRunner:
             lanes, units = 1, nout * nbg * n_og
         self.tables = (il, wl)                       # kept alive with their descriptors
         self.split = 0
-        if cfg.family in ("simts", "simtsw", "mmas"):
-            if cfg.family == "mmas":
+        if cfg.family in ("simts", "simtsw", "mmas", "mmasw"):
+            if cfg.family in ("mmas", "mmasw"):
                 self.split, per = _mmas_split(units, p_len // u)
             else:
                 self.split, per = _simts_split(units, p_len // u, (tb, to))
@@ -2033,8 +2111,16 @@ class _SimtRunner:
         x2 = x.reshape(self.b, self.rows)
         if x2.stride(1) != 1:                        # rows are read with unit stride
             x2 = x2.contiguous()
+        if self.xt:                                  # x^T [Cin*Nin, Bx] (tail columns never stored)
+            xt = torch.empty(self.rows, self.bx, dtype=torch.float16, device=x.device)
+            xt[:, :self.b].copy_(x2.t())
+            x2 = xt
         y = torch.empty(self.b, self.cout, self.nout, dtype=torch.float16, device=x.device)
-        wop, w_c = _weight_operand(weight, self.wkind, 0, self.to, self.coutp)
+        if self.wnat:                                # W read in place
+            wop = weight if weight.stride(1) == 1 else weight.contiguous()
+            w_c = warp_ct(wop)
+        else:
+            wop, w_c = _weight_operand(weight, self.wkind, 0, self.to, self.coutp)
         bias_p, bias_c = _bias_operand(bias, self.cout, self.to, x.device)
         if self.split:
             part = torch.empty(self.split * self.nout, self.b, self.cout, dtype=torch.float32, device=x.device)
@@ -2359,10 +2445,10 @@ def _plan_dense(cfg: FwdConfig, kernel, b: int, cout: int, nout: int, kdim: int,
     bias_p, bias_w = _bias_operand(None, cout, cfg.tile_n, dev_t)
     dims = (nout, -(-b // cfg.rows_per_cta), -(-cout // cfg.tile_n))
     inputs = [to_warp(at), to_warp(w), bias_w, to_warp(out), kd // cfg.tile_k, b]
-    simt = cfg.family in ("simt", "simtp", "simtv", "simts", "simtw", "simtsw", "mma", "mmas")
+    simt = cfg.family in ("simt", "simtp", "simtv", "simts", "simtw", "simtsw") + _MMA_FAMILIES
     if simt:                                       # SIMT ceiling: all Kd rows, U per step; channel groups
         inputs[4:] = [kd, pad_to(cout, cfg.tile_n) // cfg.tile_n]
-        if cfg.family in ("mma", "mmas"):            # warps: (node, batch block, channel block x lane)
+        if cfg.family in _MMA_FAMILIES:              # warps: (node, batch block, channel block x lane)
             at = at.t().contiguous()                 # [Bx, Kd]: x rows, as the gathered kernel reads them
             inputs[0] = to_warp(at)
             dims = (nout, dims[1], dims[2] * 32)
@@ -2415,6 +2501,7 @@ def _call_key(x, weight, bias, il, wl, config, store) -> Optional[Tuple]:
             id(il), il._version, il.data_ptr(), il.shape, il.dtype, il.device, il.is_contiguous(),
             id(wl), wl._version, wl.data_ptr(), wl.shape, wl.dtype, wl.device, wl.is_contiguous(),
             config, store, env.get("FOVI_WARP_FWD_STORE"), env.get("FOVI_WARP_MATHDX"), env.get("FOVI_WARP_STEM_SIMT"),
+            env.get("FOVI_WARP_MMA"),
             _VALIDATED.generation)
 
 
@@ -2464,6 +2551,9 @@ def _resolve_uncached(x, weight, bias, input_linear, weight_linear, config=None,
     if config is None:
         name = _select_uncached_batch_config(b, cout, nout, p64, in_channels=cin, node_major=info.nm is not None)
         built = _get_uncached_batch_config(name, dev)
+        if built is None and config_spec(name).family in _MMA_FAMILIES:     # e.g. a GPU before sm_80
+            built = _get_uncached_batch_config(_select_uncached_batch_config(
+                b, cout, nout, p64, in_channels=cin, node_major=info.nm is not None, mma=False), dev)
         for alt in _FALLBACK_CHAIN:
             if built is not None:
                 break

@@ -82,16 +82,33 @@ def _w_loads(mt: int) -> str:
     return "\n".join(f"            w[kk][{i}] = __ldg(((const unsigned int*)wr) + {i});" for i in range(mt))
 
 
-def _snippet(mt: int, nt: int, dense: bool) -> str:
+def _x_loads(nt: int) -> str:
+    """C++ that loads the lane's ``NT`` contiguous fp16 of one x^T row (``xt`` layout) into ``xv[0..NT)[kk]``."""
+    if nt == 1:
+        return "xv[0][kk] = (unsigned int)__ldg((const unsigned short*)xr);"
+    vt = {2: "unsigned int", 4: "uint2", 8: "uint4"}[nt]
+    words = {2: ["v"], 4: ["v.x", "v.y"], 8: ["v.x", "v.y", "v.z", "v.w"]}[nt]
+    body = " ".join(f"xv[{2*i}][kk] = {w} & 0xffffu; xv[{2*i+1}][kk] = {w} >> 16;" for i, w in enumerate(words))
+    return f"const {vt} v = __ldg((const {vt}*)xr); {body}"
+
+
+def _snippet(mt: int, nt: int, dense: bool, w_native: bool = False, x_t: bool = False) -> str:
     """The native body: ``acc`` over p in ``[p_lo, p_hi)`` for one lane, returned as a vector of
-    ``4*MT*NT`` floats (index ``(mi*NT + nj)*4 + e``)."""
+    ``4*MT*NT`` floats (index ``(mi*NT + nj)*4 + e``).
+
+    Layouts: ``wt`` is ``W^T [Q, Cout_p]`` (one vector load of the lane's ``2*MT`` channels per p entry) or,
+    ``w_native``, W itself ``[Cout, Q]`` read in place (``2*MT`` scalar loads per p entry, rows past Cout
+    clamped: computed, never stored). ``x`` is ``[B, Cin*Nin]`` read in place (``NT`` scalar loads per p entry,
+    batch column ``n`` of n-tile ``nj`` = row ``b0 + 8*nj + n``) or, ``x_t``, ``x^T [Cin*Nin, Bx]`` with the
+    batch permuted so that a lane's ``NT`` rows are adjacent (column ``n`` of n-tile ``nj`` = row
+    ``b0 + NT*n + nj``: one vector load per p entry)."""
     acc = 4 * mt * nt
     if dense:       # dense ceiling: p entry k reads x column k and W^T row k
         gpu_idx = """
         const int rk[4] = {k0 + 2*t, k0 + 2*t + 1, k0 + 2*t + 8, k0 + 2*t + 9};
         const int* qk = rk;"""
         cpu_idx = "const int r = k0 + kk; const int q = r;"
-        prefetch_init = prefetch_next = ""
+        prefetch_init = ""
     else:
         prefetch_init = """
     int2 nr01 = make_int2(0, 0), nr89 = nr01, nq01 = nr01, nq89 = nr01;
@@ -107,10 +124,66 @@ def _snippet(mt: int, nt: int, dense: bool) -> str:
             nq01 = *(const int2*)(wlr + k0 + 16 + 2*t); nq89 = *(const int2*)(wlr + k0 + 24 + 2*t);
         }"""
         cpu_idx = "const int r = ilr[k0 + kk]; const int q = wlr[k0 + kk];"
+    if w_native:
+        w_setup = f"""
+    const int cmax = wt.shape[0] - 1;
+    const unsigned short* wrow[{mt}][2];
+    #pragma unroll
+    for (int mi = 0; mi < {mt}; ++mi)
+        for (int h = 0; h < 2; ++h) {{
+            const int ch = o0 + g * {2 * mt} + 2 * mi + h;
+            wrow[mi][h] = (const unsigned short*)(wb + (size_t)(ch < cmax ? ch : cmax) * ws);
+        }}"""
+        w_load = f"""            #pragma unroll
+            for (int mi = 0; mi < {mt}; ++mi)
+                w[kk][mi] = (unsigned int)__ldg(wrow[mi][0] + qk[kk])
+                          | ((unsigned int)__ldg(wrow[mi][1] + qk[kk]) << 16);"""
+        cpu_w = """const int chc = ch < cmax ? ch : cmax;
+                        const float wv = wp::half_to_float(((const wp::float16*)(wb + (size_t)chc * ws))[q]);"""
+        cpu_w_setup = "const int cmax = wt.shape[0] - 1;"
+    else:
+        w_setup = f"\n    const size_t wcol = (size_t)(o0 + g * {2 * mt}) * 2;"
+        w_load = f"""            const char* wr = wb + (size_t)qk[kk] * ws + wcol;
+{_w_loads(mt)}"""
+        cpu_w = "const float wv = wp::half_to_float(((const wp::float16*)(wb + (size_t)q * ws))[ch]);"
+        cpu_w_setup = ""
+    if x_t:
+        x_setup = f"\n    const size_t xcol = (size_t)(b0 + g * {nt}) * 2;"
+        x_load = f"""        #pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {{       // the pad row selects +0 (no load)
+            if (rk[kk] < ncols) {{
+                const char* xr = xb + (size_t)rk[kk] * xs + xcol;
+                {_x_loads(nt)}
+            }} else {{
+                #pragma unroll
+                for (int nj = 0; nj < {nt}; ++nj) xv[nj][kk] = 0u;
+            }}
+        }}"""
+        ncols = "x.shape[0]"
+        cpu_x = f"""const int b = b0 + (2 * t + (e & 1)) * {nt} + nj;
+                        const float xv = r < ncols ? wp::half_to_float(((const wp::float16*)(xb + (size_t)r * xs))[b]) : 0.0f;"""
+    else:
+        x_setup = f"""
+    const unsigned short* xr[{nt}];
+    #pragma unroll
+    for (int nj = 0; nj < {nt}; ++nj) {{
+        const int b = b0 + nj * 8 + g;
+        xr[nj] = (const unsigned short*)(xb + (size_t)(b < bmax ? b : bmax) * xs);
+    }}"""
+        x_load = f"""        #pragma unroll
+        for (int nj = 0; nj < {nt}; ++nj) {{
+            #pragma unroll
+            for (int kk = 0; kk < 4; ++kk)     // the pad column selects +0 (no load)
+                xv[nj][kk] = rk[kk] < ncols ? (unsigned int)__ldg(xr[nj] + rk[kk]) : 0u;
+        }}"""
+        ncols = "x.shape[1]"
+        cpu_x = """int b = b0 + nj * 8 + 2 * t + (e & 1);
+                        b = b < bmax ? b : bmax;
+                        const float xv = r < ncols ? wp::half_to_float(((const wp::float16*)(xb + (size_t)b * xs))[r]) : 0.0f;"""
     return f"""
     const int g = lane >> 2;
     const int t = lane & 3;
-    const int ncols = x.shape[1];
+    const int ncols = {ncols};
     const int bmax = x.shape[0] - 1;
     const char* xb = (const char*)x.data;
     const size_t xs = (size_t)x.strides[0];
@@ -121,28 +194,15 @@ def _snippet(mt: int, nt: int, dense: bool) -> str:
     float d[{acc}];
     for (int i = 0; i < {acc}; ++i) d[i] = 0.0f;
 #if defined(__CUDA_ARCH__)
-#if __CUDA_ARCH__ >= 800
-    const unsigned short* xr[{nt}];
-    #pragma unroll
-    for (int nj = 0; nj < {nt}; ++nj) {{
-        const int b = b0 + nj * 8 + g;
-        xr[nj] = (const unsigned short*)(xb + (size_t)(b < bmax ? b : bmax) * xs);
-    }}
-    const size_t wcol = (size_t)(o0 + g * {2 * mt}) * 2;{prefetch_init}
+#if __CUDA_ARCH__ >= 800{x_setup}{w_setup}{prefetch_init}
     for (int k0 = p_lo; k0 < p_hi; k0 += 16) {{{gpu_idx}
-        unsigned int w[4][{mt}];
+        unsigned int w[4][{mt}];                 // w[kk][mi]: channels (2mi, 2mi+1) of this lane at p entry kk
         #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {{
-            const char* wr = wb + (size_t)qk[kk] * ws + wcol;
-{_w_loads(mt)}
+{w_load}
         }}
-        unsigned int xv[{nt}][4];
-        #pragma unroll
-        for (int nj = 0; nj < {nt}; ++nj) {{
-            #pragma unroll
-            for (int kk = 0; kk < 4; ++kk)     // the pad column selects +0 (no load)
-                xv[nj][kk] = rk[kk] < ncols ? (unsigned int)__ldg(xr[nj] + rk[kk]) : 0u;
-        }}
+        unsigned int xv[{nt}][4];                // xv[nj][kk]: this lane's batch row of n-tile nj at p entry kk
+{x_load}
         #pragma unroll
         for (int mi = 0; mi < {mt}; ++mi) {{
             const unsigned int a0 = __byte_perm(w[0][mi], w[1][mi], 0x5410);  // row g,   k = 2t, 2t+1
@@ -166,20 +226,18 @@ def _snippet(mt: int, nt: int, dense: bool) -> str:
     __trap();   // mma.sync.m16n8k16 needs sm_80+ (the canary reports the config unusable)
 #endif
 #else
-    // Warp's CPU device: this lane's D elements by a scalar loop (same mapping, pads, bounds)
+    // Warp's CPU device: this lane's D elements by a scalar loop (same mapping, layouts, pads, bounds)
+    {cpu_w_setup}
     for (int k0 = p_lo; k0 < p_hi; k0 += 16) {{
         for (int kk = 0; kk < 16; ++kk) {{
             {cpu_idx}
-            const wp::float16* wrow = (const wp::float16*)(wb + (size_t)q * ws);
             for (int mi = 0; mi < {mt}; ++mi)
                 for (int nj = 0; nj < {nt}; ++nj)
                     for (int e = 0; e < 4; ++e) {{
                         const int ch = o0 + g * {2 * mt} + 2 * mi + (e >> 1);
-                        int b = b0 + nj * 8 + 2 * t + (e & 1);
-                        b = b < bmax ? b : bmax;
-                        const wp::float16* xrow = (const wp::float16*)(xb + (size_t)b * xs);
-                        const float xv = r < ncols ? wp::half_to_float(xrow[r]) : 0.0f;
-                        d[(mi * {nt} + nj) * 4 + e] += wp::half_to_float(wrow[ch]) * xv;
+                        {cpu_w}
+                        {cpu_x}
+                        d[(mi * {nt} + nj) * 4 + e] += wv * xv;
                     }}
         }}
     }}
@@ -190,16 +248,16 @@ def _snippet(mt: int, nt: int, dense: bool) -> str:
 """
 
 
-def _mma_steps(mt: int, nt: int, dense: bool = False):
-    """The native function running one lane's p loop (built once per block shape)."""
-    key = (mt, nt, dense)
+def _mma_steps(mt: int, nt: int, dense: bool = False, w_native: bool = False, x_t: bool = False):
+    """The native function running one lane's p loop (built once per block shape and operand layouts)."""
+    key = (mt, nt, dense, w_native, x_t)
     with _lock:
         fn = _STEPS.get(key)
         if fn is not None:
             return fn
         init_warp()
         vec_acc = wp.types.vector(length=4 * mt * nt, dtype=wp.float32)
-        src = _snippet(mt, nt, dense)
+        src = _snippet(mt, nt, dense, w_native, x_t)
         # (Warp recognises a native function by its literal ``@wp.func_native(...)`` decorator; the return
         # annotation resolves through this frame's locals)
         if dense:
@@ -227,7 +285,8 @@ def _decorator(name: str, block_dim: int):
                      module_options={"enable_backward": False, "fast_math": True, "block_dim": int(block_dim)})
 
 
-def make_mma_kernel(m_tiles: int, n_tiles: int, block_dim: int = 128, split: bool = False, dense: bool = False):
+def make_mma_kernel(m_tiles: int, n_tiles: int, block_dim: int = 128, split: bool = False, dense: bool = False,
+                    w_native: bool = False, x_t: bool = False):
     """The ``mma`` kernel with ``m_tiles`` 16-channel tiles and ``n_tiles`` 8-row batch tiles per warp.
 
     Launch: ``wp.launch(kernel, dim=(S*Nout, ceil(B / (8*n_tiles)), n_og*32), block_dim=...)`` with
@@ -237,8 +296,13 @@ def make_mma_kernel(m_tiles: int, n_tiles: int, block_dim: int = 128, split: boo
     * ``mma``:  ``x [B, Cin*Nin]`` fp16, ``wt = W^T [Q, Cout_p]`` fp16 (zero columns past Cout),
       ``il, wl [Nout, P64]`` int32, ``bias [Cout_p]`` fp32, ``y [B, Cout, Nout]`` fp16, ``p_len`` (a multiple
       of 16: the tables' last real column rounded up), ``n_og``;
-    * ``mmas`` (``split=True``): ``part [S*Nout, B, Cout]`` fp32 instead of bias and y, then ``p_len``,
+    * ``split=True`` (``mmas``): ``part [S*Nout, B, Cout]`` fp32 instead of bias and y, then ``p_len``,
       ``p_chunk`` (a multiple of 16), ``n_og``, ``nout``;
+    * ``w_native=True`` (``mmaw`` / ``mmasw``): ``wt`` is W itself, ``[Cout, Q]``, read in place (no per-call
+      layout: what a training step or a CUDA-graph replay with a changing weight wants);
+    * ``x_t=True`` (``mmat``): ``x`` is ``x^T [Cin*Nin, Bx]`` (``Bx`` a multiple of ``8*n_tiles``), each lane's
+      batch rows adjacent: one vector load per p entry instead of ``n_tiles`` scalar ones (for large batches,
+      where the per-call transpose is cheap next to the GEMM);
     * ``dense=True``: ``xd [Bx, Kd]``, ``wd [Kd, Cout_p]``, ``bias``, ``y [Nout, B, Cout]``, ``kd``, ``n_og``.
     """
     init_warp()
@@ -246,9 +310,15 @@ def make_mma_kernel(m_tiles: int, n_tiles: int, block_dim: int = 128, split: boo
     if MT < 1 or NT < 1 or block_dim % 32:
         raise ValueError(f"mma kernel: m_tiles={MT}, n_tiles={NT} must be >= 1 and block_dim={block_dim} a "
                          f"multiple of 32")
-    steps = _mma_steps(MT, NT, dense)
+    if x_t and NT not in (1, 2, 4, 8):
+        raise ValueError(f"mma kernel: x^T loads need n_tiles in (1, 2, 4, 8), got {NT}")
+    WN, XT = bool(w_native) and not dense, bool(x_t) and not dense
+    steps = _mma_steps(MT, NT, dense, WN, XT)
     OC, BR = 16 * MT, 8 * NT
-    kname = f"fovi_fwd_mma{'s' if split else ''}{'_dense' if dense else ''}_m{MT}n{NT}b{block_dim}"
+    # batch row of accumulator column n (= 2t + e%2) in n-tile nj: b0 + n*BS + nj*NS
+    BS, NS = (NT, 1) if XT else (1, 8)
+    fam = "mma" + ("s" if split else "") + ("w" if WN else "") + ("t" if XT else "")
+    kname = f"fovi_fwd_{fam}{'_dense' if dense else ''}_m{MT}n{NT}b{block_dim}"
 
     if dense:
         @_decorator(kname, block_dim)
@@ -286,7 +356,7 @@ def make_mma_kernel(m_tiles: int, n_tiles: int, block_dim: int = 128, split: boo
                 for nj in range(NT):
                     for e in range(4):
                         ch = o0 + g * (2 * MT) + 2 * mi + e // 2
-                        b = b0 + nj * 8 + t2 + e % 2
+                        b = b0 + (t2 + e % 2) * BS + nj * NS
                         if b < part.shape[1] and ch < part.shape[2]:
                             part[ns, b, ch] = acc[(mi * NT + nj) * 4 + e]
     else:
@@ -305,9 +375,9 @@ def make_mma_kernel(m_tiles: int, n_tiles: int, block_dim: int = 128, split: boo
                 for nj in range(NT):
                     for e in range(4):
                         ch = o0 + g * (2 * MT) + 2 * mi + e // 2
-                        b = b0 + nj * 8 + t2 + e % 2
+                        b = b0 + (t2 + e % 2) * BS + nj * NS
                         if b < y.shape[0] and ch < y.shape[1]:
                             y[b, ch, n] = wp.float16(acc[(mi * NT + nj) * 4 + e] + bias[ch])
 
-    kernel._fovi_tiles = ("mma_dense" if dense else "mmas" if split else "mma", BR, OC, MMA_K, 1, int(block_dim))
+    kernel._fovi_tiles = (fam + ("_dense" if dense else ""), BR, OC, MMA_K, 1, int(block_dim))
     return kernel

@@ -60,10 +60,11 @@ def _forward_kernels_by_block_dim(module_prefix: str):
             elif cfg.family == "simtw":
                 F._make_simt_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, wvec=True)
                 continue
-            elif cfg.family in ("mma", "mmas"):              # inline PTX mma.sync (sm_80+)
+            elif cfg.family in F._MMA_FAMILIES:              # inline PTX mma.sync (sm_80+)
                 from fovi_lab.warp_mma import make_mma_kernel
                 mt, nt = cfg.tile_n // 16, cfg.tile_m // 8
-                make_mma_kernel(mt, nt, cfg.block_dim, split=cfg.family == "mmas")
+                split, w_native, x_t = F._mma_flags(cfg.family)
+                make_mma_kernel(mt, nt, cfg.block_dim, split=split, w_native=w_native, x_t=x_t)
                 if cfg.family == "mma":
                     make_mma_kernel(mt, nt, cfg.block_dim, dense=True)
                 continue

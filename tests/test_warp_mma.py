@@ -21,8 +21,8 @@ from fovi_lab.warp_mma import mma_channel
 
 from test_warp_forward import STEM, case, _run_prefilled
 
-_MMA = [n for n in F.uncached_config_names() if F.config_spec(n).family in ("mma", "mmas")]
-_MMA_ALL = [n for n in F.uncached_config_names(experimental=True) if F.config_spec(n).family in ("mma", "mmas")]
+_MMA = [n for n in F.uncached_config_names() if F.config_spec(n).family in F._MMA_FAMILIES]
+_MMA_ALL = [n for n in F.uncached_config_names(experimental=True) if F.config_spec(n).family in F._MMA_FAMILIES]
 
 
 def test_channel_permutation_is_a_bijection_and_makes_lane_loads_contiguous():
