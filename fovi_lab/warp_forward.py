@@ -111,6 +111,7 @@ L2-resident; the extra accumulators cost shared memory and occupancy): larger ti
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import threading
 import warnings
@@ -1455,7 +1456,7 @@ _NM_MIN_CTAS_M64 = 96
 
 def _select_uncached_batch_config(batch: int, out_channels: int, out_nodes: int, p_padded: int,
                                   in_channels: Optional[int] = None, node_major: bool = False,
-                                  mma: bool = True) -> str:
+                                  mma: bool = True, q: Optional[int] = None) -> str:
     """Pick an uncached config name for one call (refit on the H200 sweep, data/forward_sweep_h200.jsonl).
 
     Args:
@@ -1463,6 +1464,7 @@ def _select_uncached_batch_config(batch: int, out_channels: int, out_nodes: int,
             K, the neighbour-loop length, which decides the nms split).
         in_channels: Cin (needed to consider the node-major family).
         node_major: whether the tables have the spec §2.1 structure (node-major kernels usable).
+        q: W's column count Cin*V (the mma rule reads W in place when the nodes reuse W's columns little).
         mma: consider the tensor-core ``mma.sync`` kernels (:func:`_select_mma`; sm_80+). Since session 9
             (runs 52-55) they are the pick on every shape; ``mma=False`` (or ``FOVI_WARP_MMA=off``, or a
             device where they cannot launch) gives the tile / SIMT rules below.
@@ -1485,7 +1487,7 @@ def _select_uncached_batch_config(batch: int, out_channels: int, out_nodes: int,
       padding (fewer, fuller CTAs win on small grids such as the DINOv3 patch embed's 64 nodes).
     """
     if mma and _mma_env() == "auto":
-        return _select_mma(batch, out_channels, out_nodes, p_padded)
+        return _select_mma(batch, out_channels, out_nodes, p_padded, q)
     if _simts_fits(batch, out_channels, out_nodes, in_channels):
         return _select_simts(batch, out_channels, out_nodes, p_padded)
     nm = node_major and in_channels is not None and in_channels >= _NM_MIN_CIN
@@ -1521,41 +1523,69 @@ def _mma_env() -> str:
     return env
 
 
-# The tensor-core kernels (fovi_lab.warp_mma) and how their block and split are chosen, read from the replayed
-# whole ops of the H200 sweeps (runs 52-55, data/forward_sweep_h200.jsonl). Each warp of these kernels walks its
-# node's p loop in k-steps of 16, waiting on gathered loads: the kernels are latency-bound, so what decides is
-# how many warps (times batch tiles per warp: independent loads in flight) there are per k-step of the loop.
-# * Block (channels x batch rows per warp): 16 rows (8 at B <= 8); 32 rows at B >= 128 on long loops (>= 64
-#   k-steps) with >= 768 such warps, where reusing each gathered W fragment over 4 batch tiles pays (alexnet
-#   L1-L4: 1.05-1.15x); 96 channels when Cout is a multiple of 96 (alexnet's stem; the 384-channel layers at
-#   16-row blocks from B = 32), else 64.
-# * Split the p loop (mmas, fp32 partials and the fixed-order nms reduction) when the warps times batch tiles are
-#   fewer than _MMA_SPLIT_PER_STEP (24 at B <= 8, 8 above) per k-step: few-node layers (res18 layer2-4, alexnet
-#   L2-L4 at B <= 16) and everything with a long loop at B <= 4. Before a split, blocks with too few warps shrink
-#   to 32 channels (x 8 rows at B <= 16, x 16 above), so the split cuts shorter loops.
-_MMA_SPLIT_PER_STEP = (24, 8)           # at B <= 8, above
+# The tensor-core kernels (fovi_lab.warp_mma) and how their operand layouts, block and split are chosen, read
+# from the replayed whole ops of the H200 sweeps (runs 52-54 and 56, data/forward_sweep_h200.jsonl). Each warp
+# walks its node's p loop in k-steps of 16, waiting on gathered loads: the kernels are latency-bound, so what
+# decides is how many warps (times batch tiles per warp: independent loads in flight) there are per k-step.
+# * x^T (mmat: one vector load per lane and p entry instead of one scalar load per batch tile, after a per-call
+#   transpose of x) from B = 32 when the 32-row grid has >= 320 warps on long loops (>= 64 k-steps), or >= 512
+#   warps on loops of >= 32 k-steps or with Cout <= 96 (the CNN stems, where x loads are most of the traffic);
+#   at B = 16 on long loops with >= 512 warps (alexnet L1). 1.2-2.2x over the in-place x at B >= 64 on alexnet
+#   L1-L4, 1.1-1.3x on the resnet layers at B = 512. Blocks: 64 x 16 when Cout <= 64, else 64 x 32, or 96 x 32
+#   on alexnet's stem (Cout = 96) and where 96 x 32 blocks give >= 1024 warps (alexnet L1 from B = 64, L2-L4 at
+#   B = 512: 1.1-1.2x over 64 x 32).
+# * Otherwise x in place, 16 batch rows (8 at B <= 8); 32 rows at B >= 128 on long loops (>= 64 k-steps) with
+#   >= 768 warps; 96 channels when Cout is a multiple of 96 (alexnet's stem; the 384-channel layers from
+#   B = 32), else 64.
+# * Split the p loop (mmas, fp32 partials and the fixed-order nms reduction) when the warps times batch tiles
+#   are fewer than _MMA_SPLIT_PER_STEP (24 at B <= 2, 16 at B <= 8, 8 above) per k-step: the few-node layers
+#   and everything with a long loop at B <= 4. Before a split, grids with too few warps shrink to 32-channel
+#   blocks (x 8 rows at B <= 16, x 16 above; x 16 from B = 9 with W in place). Unsplit at B = 3-8: 16 rows.
+# * W read in place (mmasw) instead of the per-call W^T layout when the nodes reuse each W column little:
+#   Nout*P64/Q <= _MMAW_MAX_REUSE and B*Nout*P64/Q < _MMAW_MAX_BATCH_REUSE (res18 layer3/3_0 at B <= 16,
+#   layer4_0 to B = 128: 1.1-2.6x replayed; the W^T copy of layer4_0, 9.4 MB, is twice what its two nodes
+#   read). Where W columns are reused more (alexnet L1-L4), W^T's vector loads win 1.5-2x.
+_MMA_SPLIT_PER_STEP = (24, 16, 8)       # at B <= 2, B <= 8, above
 _MMA_FEW_WARPS = (192, 384)             # at B <= 16, above: shrink to 32-channel blocks below this many warps
+_MMAT_MIN_WARPS = (320, 512)            # 32-row warps for x^T: on loops of >= 64 k-steps, else
+_MMAT_WIDE_WARPS = 1024                 # 96 x 32 blocks (Cout >= 256) from this many warps
+_MMAW_MAX_REUSE = 4
+_MMAW_MAX_BATCH_REUSE = 128
 
 
-def _select_mma(batch: int, out_channels: int, out_nodes: int, p_padded: int) -> str:
-    """The mma config of a call (see the rules above)."""
+def _select_mma(batch: int, out_channels: int, out_nodes: int, p_padded: int, q: Optional[int] = None) -> str:
+    """The mma config of a call (see the rules above); ``q``: W's columns (Cin*V), for the W-in-place rule."""
     steps = max(1, p_padded // 16)
     cdiv = lambda a, b: -(-a // b)  # noqa: E731
+    cout = out_channels
+    # x^T: 96-channel blocks on the stem's Cout = 96 and where 96 x 32 blocks still give a full grid
+    t_rows = 16 if cout <= 64 else 32
+    t_oc = 96 if ((cout % 96 == 0 and cout % 64) or
+                  (cout >= 256 and out_nodes * cdiv(batch, 32) * cdiv(cout, 96) >= _MMAT_WIDE_WARPS)) else 64
+    t_warps = out_nodes * cdiv(batch, t_rows) * cdiv(cout, t_oc)
+    if batch >= 32 and (steps >= 64 and t_warps >= _MMAT_MIN_WARPS[0]
+                        or (steps >= 32 or cout <= 96) and t_warps >= _MMAT_MIN_WARPS[1]) \
+            or batch >= 16 and steps >= 64 and t_warps >= _MMAT_MIN_WARPS[1]:
+        return f"mmat_o{t_oc}b{t_rows}"
+    # x in place
     rows = 8 if batch <= 8 else 16
-    oc96 = out_channels % 96 == 0 and (out_channels % 64 or batch > 16)
-    oc = 96 if oc96 else 64
-    if oc == 96 and out_channels % 64:
+    oc = 96 if cout % 96 == 0 and (cout % 64 or batch > 16) else 64
+    if oc == 96 and cout % 64:
         rows = 16                                     # alexnet's stem: 96 x 16 at every batch
-    if batch >= 128 and steps >= 64 and out_nodes * cdiv(batch, 32) * cdiv(out_channels, 64) >= 768:
+    if batch >= 128 and steps >= 64 and out_nodes * cdiv(batch, 32) * cdiv(cout, 64) >= 768:
         rows, oc = 32, 64
-    warps = out_nodes * cdiv(batch, rows) * cdiv(out_channels, oc)
-    per_step = _MMA_SPLIT_PER_STEP[0 if batch <= 8 else 1]
+    warps = out_nodes * cdiv(batch, rows) * cdiv(cout, oc)
+    per_step = _MMA_SPLIT_PER_STEP[0 if batch <= 2 else 1 if batch <= 8 else 2]
     if warps * (rows // 8) < per_step * steps:
+        reuse = out_nodes * p_padded / q if q else math.inf
+        w_native = reuse <= _MMAW_MAX_REUSE and batch * reuse < _MMAW_MAX_BATCH_REUSE
         if warps < _MMA_FEW_WARPS[0 if batch <= 16 else 1]:
-            oc, rows = 32, (8 if batch <= 16 else 16)
+            oc, rows = 32, (8 if batch <= (8 if w_native else 16) else 16)
         elif oc == 96 or rows == 32:                  # the registered split blocks
             oc, rows = 64, min(rows, 16)
-        return f"mmas_o{oc}b{rows}"
+        return f"mmas{'w' if w_native else ''}_o{oc}b{rows}"
+    if 2 < batch <= 8:
+        rows = 16                                     # unsplit at B = 3-8: 16-row blocks (two n-tiles in flight)
     return f"mma_o{oc}b{rows}"
 
 
@@ -2549,7 +2579,8 @@ def _resolve_uncached(x, weight, bias, input_linear, weight_linear, config=None,
     dev = warp_device(x)
     nout, p64 = input_linear.shape
     if config is None:
-        name = _select_uncached_batch_config(b, cout, nout, p64, in_channels=cin, node_major=info.nm is not None)
+        name = _select_uncached_batch_config(b, cout, nout, p64, in_channels=cin, node_major=info.nm is not None,
+                                             q=q)
         built = _get_uncached_batch_config(name, dev)
         if built is None and config_spec(name).family in _MMA_FAMILIES:     # e.g. a GPU before sm_80
             built = _get_uncached_batch_config(_select_uncached_batch_config(
