@@ -34,8 +34,7 @@ def forward_jobs(dense: bool = True, experimental: bool = False) -> List[Tuple[s
     if dense:
         seen = set()
         for n in names:
-            c = F.config_spec(n)
-            key = (c.family in ("nmp", "gp"), c.tile_m, c.tile_n, c.tile_k, c.r, c.block_dim)
+            key = F.dense_kind(F.config_spec(n))
             if key not in seen:
                 seen.add(key)
                 jobs.append((n, True))

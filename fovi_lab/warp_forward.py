@@ -1248,6 +1248,21 @@ def _mma_flags(family: str) -> Tuple[bool, bool, bool]:
     return "s" in tail, "w" in tail, "t" in tail
 
 
+def dense_kind(cfg: FwdConfig) -> Tuple:
+    """What identifies a config's dense-ceiling kernel: configs with equal kinds share one ceiling (the tile
+    shape, and the loop and operand layouts where a family has its own: SIMT, vec4, each mma layout)."""
+    fam = cfg.family
+    if fam in ("simt", "simtp", "simts", "simtw", "simtsw"):
+        fam = "simt"
+    elif fam in _MMA_FAMILIES:
+        fam = fam.replace("mmas", "mma")
+    elif fam in ("nmp", "gp"):
+        fam = "pipelined"
+    elif fam != "simtv":
+        fam = "tile"
+    return (fam, cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim)
+
+
 def _build_kernel(cfg: FwdConfig, mathdx: Optional[bool] = None, dense: bool = False):
     """The Warp kernel of ``cfg`` (or of its dense ceiling), built once per (config, mathdx)."""
     if mathdx is None:
@@ -1256,9 +1271,11 @@ def _build_kernel(cfg: FwdConfig, mathdx: Optional[bool] = None, dense: bool = F
     key = (cfg.family, cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx, dense)
     if dense:
         # the prefetch, the split and the vec4 W have no dense counterpart: their ceiling is the simt loop's
+        # (a split family's ceiling is its unsplit loop: mmas -> mma, mmasw -> mmaw)
         fam = "simt" if cfg.family in ("simtp", "simts", "simtw", "simtsw") else \
-            "mma" if cfg.family in _MMA_FAMILIES else cfg.family
-        key = ("densep" if pipelined else fam + "_dense" if fam in ("simt", "simtv", "mma") else "dense",) + key[1:]
+            cfg.family.replace("mmas", "mma") if cfg.family in _MMA_FAMILIES else cfg.family
+        key = ("densep" if pipelined else fam + "_dense" if fam in ("simt", "simtv") or fam in _MMA_FAMILIES
+               else "dense",) + key[1:]
     with _build_lock:
         k = _KERNELS.get(key)
         if k is None:
@@ -1266,7 +1283,7 @@ def _build_kernel(cfg: FwdConfig, mathdx: Optional[bool] = None, dense: bool = F
                 from .warp_mma import make_mma_kernel
                 split, w_native, x_t = _mma_flags(cfg.family)
                 k = make_mma_kernel(cfg.tile_n // 16, cfg.tile_m // 8, cfg.block_dim, split=split and not dense,
-                                    dense=dense, w_native=w_native and not dense, x_t=x_t and not dense)
+                                    dense=dense, w_native=w_native, x_t=x_t)
             elif cfg.family in ("simt", "simtp", "simtw") or (dense and cfg.family in ("simts", "simtsw")):
                 k = _make_simt_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, dense=dense,
                                       prefetch=cfg.family == "simtp", wvec=cfg.family == "simtw")
@@ -1327,7 +1344,7 @@ def _canary_problem(family: str, tile_m: int, tile_n: int, tile_k: int, r: int, 
     return meta, x, w, bias
 
 
-_DENSE_FAMILIES = ("dense", "densep", "simt_dense", "simtv_dense", "mma_dense")
+_DENSE_FAMILIES = ("dense", "densep", "simt_dense", "simtv_dense", "mma_dense", "mmaw_dense", "mmat_dense")
 
 
 def _canary(kernel, tile_m: int, tile_n: int, r: int, block_dim: int, device: str) -> Tuple[bool, str]:
@@ -1349,7 +1366,7 @@ def _canary(kernel, tile_m: int, tile_n: int, r: int, block_dim: int, device: st
         weff = build_effective_weight(meta, w, cout_multiple=tile_n)
         plan = _plan_cached(cfg, kernel, x, weff, bias, meta.input_linear, tile_n, store="staged")
     elif family in _DENSE_FAMILIES:
-        if family in ("simt_dense", "simtv_dense", "mma_dense"):
+        if family in ("simt_dense", "simtv_dense") or family.startswith("mma"):
             cfg = FwdConfig("canary", family[:-len("_dense")], tile_m, tile_n, tile_k, r, block_dim)
         plan = _plan_dense(cfg, kernel, b, tile_n, 1, 64, device, seed=7)
     else:
@@ -2479,8 +2496,12 @@ def _plan_dense(cfg: FwdConfig, kernel, b: int, cout: int, nout: int, kdim: int,
     if simt:                                       # SIMT ceiling: all Kd rows, U per step; channel groups
         inputs[4:] = [kd, pad_to(cout, cfg.tile_n) // cfg.tile_n]
         if cfg.family in _MMA_FAMILIES:              # warps: (node, batch block, channel block x lane)
-            at = at.t().contiguous()                 # [Bx, Kd]: x rows, as the gathered kernel reads them
-            inputs[0] = to_warp(at)
+            _, w_native, x_t = _mma_flags(cfg.family)
+            if not x_t:
+                at = at.t().contiguous()             # [Bx, Kd]: x rows, as the in-place kernels read them
+            if w_native:
+                w = w.t().contiguous()               # [Cout_p, Kd]: W's own layout
+            inputs[0:2] = [to_warp(at), to_warp(w)]
             dims = (nout, dims[1], dims[2] * 32)
         if cfg.family == "simtv":
             at, w = at.float(), w.float()

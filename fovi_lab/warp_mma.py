@@ -43,8 +43,8 @@ loop over the 16 p entries of the step. So CI checks everything but the PTX frag
 PTX for sm_80/89/90 with no GPU. ``mma.sync.m16n8k16`` needs sm_80+: on older GPUs the kernel writes
 nothing, the NaN canary finds the config unusable and it is never selected.
 
-``dense=True`` builds the same loop over dense operands (``xd [Bx, Kd]``, ``wd [Kd, Cout_p]``, no index
-loads, output ``[Nout, B, Cout]``): the ceiling of these register blocks without the gathers.
+``dense=True`` builds the same loop, with the same operand layouts, over dense operands (no index loads,
+output ``[Nout, B, Cout]``): the ceiling of these register blocks without the gathers.
 """
 
 # (no "from __future__ import annotations": Warp needs the stubs' annotations as objects)
@@ -303,7 +303,10 @@ def make_mma_kernel(m_tiles: int, n_tiles: int, block_dim: int = 128, split: boo
     * ``x_t=True`` (``mmat``): ``x`` is ``x^T [Cin*Nin, Bx]`` (``Bx`` a multiple of ``8*n_tiles``), each lane's
       batch rows adjacent: one vector load per p entry instead of ``n_tiles`` scalar ones (for large batches,
       where the per-call transpose is cheap next to the GEMM);
-    * ``dense=True``: ``xd [Bx, Kd]``, ``wd [Kd, Cout_p]``, ``bias``, ``y [Nout, B, Cout]``, ``kd``, ``n_og``.
+    * ``dense=True``: the same loop and operand layouts over dense operands, p entry k reading x column (x^T
+      row) k and W^T row (W column) k: ``xd [Bx, Kd]`` (``x_t``: ``[Kd, Bx]``), ``wd [Kd, Cout_p]``
+      (``w_native``: ``[Cout_p, Kd]``), ``bias``, ``y [Nout, B, Cout]``, ``kd``, ``n_og``: the ceiling of that
+      config without gathers.
     """
     init_warp()
     MT, NT = int(m_tiles), int(n_tiles)
@@ -312,7 +315,7 @@ def make_mma_kernel(m_tiles: int, n_tiles: int, block_dim: int = 128, split: boo
                          f"multiple of 32")
     if x_t and NT not in (1, 2, 4, 8):
         raise ValueError(f"mma kernel: x^T loads need n_tiles in (1, 2, 4, 8), got {NT}")
-    WN, XT = bool(w_native) and not dense, bool(x_t) and not dense
+    WN, XT = bool(w_native), bool(x_t)
     steps = _mma_steps(MT, NT, dense, WN, XT)
     OC, BR = 16 * MT, 8 * NT
     # batch row of accumulator column n (= 2t + e%2) in n-tile nj: b0 + n*BS + nj*NS
@@ -335,7 +338,7 @@ def make_mma_kernel(m_tiles: int, n_tiles: int, block_dim: int = 128, split: boo
                 for nj in range(NT):
                     for e in range(4):
                         ch = o0 + g * (2 * MT) + 2 * mi + e // 2
-                        b = b0 + nj * 8 + t2 + e % 2
+                        b = b0 + (t2 + e % 2) * BS + nj * NS
                         if b < y.shape[1] and ch < y.shape[2]:
                             y[n, b, ch] = wp.float16(acc[(mi * NT + nj) * 4 + e] + bias[ch])
     elif split:

@@ -65,8 +65,8 @@ def _forward_kernels_by_block_dim(module_prefix: str):
                 mt, nt = cfg.tile_n // 16, cfg.tile_m // 8
                 split, w_native, x_t = F._mma_flags(cfg.family)
                 make_mma_kernel(mt, nt, cfg.block_dim, split=split, w_native=w_native, x_t=x_t)
-                if cfg.family == "mma":
-                    make_mma_kernel(mt, nt, cfg.block_dim, dense=True)
+                if not split:                                 # the split ones share their unsplit ceiling
+                    make_mma_kernel(mt, nt, cfg.block_dim, dense=True, w_native=w_native, x_t=x_t)
                 continue
             else:
                 raise AssertionError(f"test_warp_aot does not know the {cfg.family!r} family ({name})")

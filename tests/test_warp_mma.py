@@ -174,3 +174,25 @@ def test_gpu_every_mma_config_on_real_layers(layer):
             if F.config_spec(config).family == "mmas":
                 y2 = F.run_uncached(x, w, bias, meta.input_linear, meta.weight_linear, config=config)
                 assert torch.equal(y, y2), f"{config} {layer} B={b}: not bitwise repeatable"
+
+
+@pytest.mark.parametrize("config", ("mmaw_o64b16", "mmasw_o32b16", "mmat_o64b32", "mmat_o96b16"))
+def test_mma_layout_dense_ceilings_compute_the_dense_gemm(config):
+    """The x^T and W-in-place families' ceilings run their own operand layouts (x^T [Kd, Bx], W [Cout_p, Kd])
+    over dense operands; a split family shares its unsplit ceiling."""
+    cfg = F.config_spec(config)
+    plan = F.make_dense_ceiling(config, 9, 20, 3, 40, "cpu")
+    plan.out.fill_(float("nan"))
+    plan.launch()
+    y = plan.finish()
+    xd, w = plan._keep[0].float(), plan._keep[1].float()
+    _, w_native, x_t = F._mma_flags(cfg.family)
+    a = xd.t() if x_t else xd                                     # [Bx, Kd]
+    wk = w.t() if w_native else w                                 # [Kd, Cout_p]
+    ref = (a @ wk)[:9, :20]
+    for n in range(3):
+        assert torch.allclose(y[:, :, n].float(), ref, atol=2e-2, rtol=1e-2), (config, n)
+    kind = F.dense_kind(cfg)
+    assert kind[0] == cfg.family.replace("mmas", "mma")
+    assert F.dense_kind(F.config_spec("mmas_o64b16")) == F.dense_kind(F.config_spec("mma_o64b16"))
+    assert F.dense_kind(F.config_spec("mmat_o64b16")) != F.dense_kind(F.config_spec("mma_o64b16"))

@@ -244,8 +244,7 @@ def run_shape(layer: str, meta, b: int, configs: List[str], chosen: str, device:
         t_k = tm(plan.launch)
         kern[name] = t_k.ms
         cfg = F.config_spec(name)
-        dkey = (cfg.family in ("nmp", "gp"), cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim,
-                b, meta.cout, meta.nout, meta.p64)
+        dkey = F.dense_kind(cfg) + (b, meta.cout, meta.nout, meta.p64)
         if dkey not in dense_cache:
             try:
                 dplan = F.make_dense_ceiling(name, b, meta.cout, meta.nout, meta.p64, device)
@@ -348,7 +347,7 @@ def _gemm4096(device, configs, env, args) -> List[dict]:
     seen = set()
     for name in configs:
         cfg = F.config_spec(name)
-        key = (cfg.family in ("nmp", "gp"), cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim)
+        key = F.dense_kind(cfg)
         if key in seen:
             continue
         seen.add(key)
