@@ -249,9 +249,10 @@ def test_i2c_chunked_stage_and_both_row_gathers(monkeypatch, gather):
         F._prepare_uncached(c.x, c.w, c.bias, c.meta.input_linear, c.meta.weight_linear, config="i2c_m16n64k64")
 
 
-def test_i2c_selection_rules():
-    """Stems go to SIMT on their 964-node grids at small batch (the split kernel at B <= 4), else to i2c;
-    96-wide tiles when 96 divides Cout (16-row tiles at B <= 16 only if 64 is ragged)."""
+def test_i2c_selection_rules(monkeypatch):
+    """Without the mma kernels: stems go to SIMT on their 964-node grids at small batch (the split kernel at
+    B <= 4), else to i2c; 96-wide tiles when 96 divides Cout (16-row tiles at B <= 16 only if 64 is ragged)."""
+    monkeypatch.setenv("FOVI_WARP_MMA", "off")
     sel = F._select_uncached_batch_config
     for b in (1, 4):
         assert sel(b, 96, 964, 384, in_channels=3) == "ss_b4o8u4"            # alexnet's stem: 35 M per image
@@ -273,8 +274,10 @@ def test_i2c_selection_rules():
 
 
 def test_simts_selection_rules(monkeypatch):
-    """The split SIMT kernel: every layer at B <= 4 (4x8 blocks where an image is much work), the few-node
-    layers up to B = 32; the 16x32 node-major tiles elsewhere at small batch; off with the SIMT switch."""
+    """Without the mma kernels, the split SIMT kernel: every layer at B <= 4 (4x8 blocks where an image is much
+    work), the few-node layers up to B = 32; the 16x32 node-major tiles elsewhere at small batch; off with the
+    SIMT switch."""
+    monkeypatch.setenv("FOVI_WARP_MMA", "off")
     sel = F._select_uncached_batch_config
     nm = dict(node_major=True)
     for b in (1, 3, 4):
@@ -297,7 +300,9 @@ def test_simts_selection_rules(monkeypatch):
 
 
 def test_stem_simt_switch(monkeypatch):
-    """``FOVI_WARP_STEM_SIMT=off`` keeps the stems on i2c (a call-cache key: the same call re-selects)."""
+    """Without the mma kernels, ``FOVI_WARP_STEM_SIMT=off`` keeps the stems on i2c (a call-cache key: the same
+    call re-selects)."""
+    monkeypatch.setenv("FOVI_WARP_MMA", "off")
     sel = F._select_uncached_batch_config
     c = case(STEM, 17)
     il, wl = c.meta.input_linear, c.meta.weight_linear
@@ -576,7 +581,7 @@ def test_heuristic_matches_sweep():
     bad = []
     for (layer, b), (_, r) in sorted(shapes.items()):
         pick = F._select_uncached_batch_config(b, r["cout"], r["nout"], r["p64"], in_channels=r["cin"],
-                                               node_major=True)
+                                               node_major=True, q=r["cin"] * r["v"])
         replayed = [run for run in replay_runs.get((layer, b), []) if pick in run and len(run) > 1]
         runs = replayed or kernel_runs[(layer, b)]
         per = {}
@@ -595,6 +600,54 @@ def test_heuristic_matches_sweep():
             bad.append(f"{layer} B={b}: pick {pick} {got:.4f} ms {metric} (within its runs "
                        f"x{statistics.median(within):.2f}) vs best {best} {times[best]:.4f} ms")
     assert not bad, "\n".join(bad)
+
+
+def test_mma_selection_rules(monkeypatch):
+    """The mma rule on the layer table (runs 52-56): x^T at larger batch, the split on few-node layers and long
+    loops at small batch, W in place where the nodes reuse W's columns little; FOVI_WARP_MMA=off gives the
+    tile / SIMT rules, and a device where the mma pick cannot launch falls back to them."""
+    sel = F._select_uncached_batch_config
+    nm = dict(node_major=True)
+    # (B, Cout, Nout, P64, Cin, Q) -> pick
+    assert sel(16, 96, 964, 384, in_channels=3, q=1452) == "mma_o96b16"                   # alexnet's stem
+    assert sel(64, 96, 964, 384, in_channels=3, q=1452) == "mmat_o96b32"
+    assert sel(16, 256, 230, 2432, in_channels=96, q=9600, **nm) == "mmat_o64b32"          # alexnet L1
+    assert sel(512, 256, 230, 2432, in_channels=96, q=9600, **nm) == "mmat_o96b32"
+    assert sel(1, 384, 60, 2304, in_channels=256, q=9216, **nm) == "mmas_o64b8"            # alexnet L2
+    assert sel(16, 384, 60, 2304, in_channels=256, q=9216, **nm) == "mmas_o64b16"
+    assert sel(16, 64, 230, 576, in_channels=64, q=2304, **nm) == "mma_o64b16"             # res18 layer1
+    assert sel(16, 128, 60, 576, in_channels=64, q=2304, **nm) == "mmas_o32b8"             # res18 layer2_0
+    assert sel(16, 256, 16, 2304, in_channels=256, q=9216, **nm) == "mmasw_o32b16"         # res18 layer3
+    assert sel(64, 256, 16, 2304, in_channels=256, q=9216, **nm) == "mmas_o32b16"
+    assert sel(128, 512, 2, 2304, in_channels=256, q=9216, **nm) == "mmasw_o32b16"         # res18 layer4_0
+    assert sel(16, 256, 16, 2304, in_channels=256, **nm) == "mmas_o32b8"                   # Q unknown: W^T
+    assert sel(16, 384, 64, 320, in_channels=3, q=768) == "mma_o64b16"                     # DINOv3
+    for name in F.uncached_config_names():
+        assert name == config_name_ok(name)
+    monkeypatch.setenv("FOVI_WARP_MMA", "off")
+    assert sel(16, 96, 964, 384, in_channels=3) == "sd_b8o8u4"
+    monkeypatch.setenv("FOVI_WARP_MMA", "always")
+    with pytest.raises(ValueError, match="FOVI_WARP_MMA"):
+        sel(16, 96, 964, 384, in_channels=3)
+    monkeypatch.delenv("FOVI_WARP_MMA")
+    # an mma pick that cannot launch (a GPU before sm_80): the call takes the tile / SIMT rule's pick
+    c = case(STEM, 17)
+    real = F._get_uncached_batch_config
+    monkeypatch.setattr(F, "_get_uncached_batch_config",
+                        lambda name, dev=None: None if F.config_spec(name).family in F._MMA_FAMILIES else real(name, dev))
+    F._CALLS.clear()
+    plan = F._prepare_uncached(c.x, c.w, c.bias, c.meta.input_linear, c.meta.weight_linear)
+    assert F.config_spec(plan.config).family not in F._MMA_FAMILIES
+    F._CALLS.clear()
+
+
+def config_name_ok(name: str) -> str:
+    """Every mma config's name spells its block: ``<family>_o<channels>b<rows>[b<block_dim>]``."""
+    cfg = F.config_spec(name)
+    if cfg.family in F._MMA_FAMILIES:
+        assert name.startswith(f"{cfg.family}_o{cfg.tile_n}b{cfg.tile_m}"), name
+        assert cfg.tile_n % 16 == 0 and cfg.tile_m % 8 == 0 and cfg.tile_k == 16, name
+    return name
 
 
 def test_experimental_configs_still_run():
