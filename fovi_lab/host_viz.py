@@ -39,7 +39,8 @@ def host_cost(shape: str = "MAIN", batch: int = 8, reps: int = 200, device=None)
     """Host microseconds of one forward call's preparation on ``device`` (default: the lab's device),
     launch excluded: ``cold_us`` re-runs the checks, table analysis and config choice of a first call;
     ``warm_us`` is a repeated call that finds its signature in the call cache. Both build the operands
-    (the node-major copy of x, the output), so their difference is the per-call work the cache removes."""
+    (the layouts the chosen kernel needs, the output), so their difference is the per-call work the cache
+    removes."""
     from . import warp_forward as F
 
     device = device or kl.default_device()

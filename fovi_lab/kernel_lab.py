@@ -1505,8 +1505,9 @@ def heuristic_table(records: Optional[List[dict]] = None) -> List[dict]:
     for (l, b), cfgs in shapes.items():
         any_r = next(iter(cfgs.values()))
         cin, cout, nout, p64 = (any_r.get(k) for k in ("cin", "cout", "nout", "p64"))
+        q = cin * any_r["v"] if cin and any_r.get("v") else None
         try:
-            pick = F._select_uncached_batch_config(b, cout, nout, p64, in_channels=cin, node_major=True)
+            pick = F._select_uncached_batch_config(b, cout, nout, p64, in_channels=cin, node_major=True, q=q)
         except Exception as exc:  # noqa: BLE001
             pick = f"error: {type(exc).__name__}"
         best = min(cfgs.values(), key=lambda r: r["ms_kernel"])
@@ -1639,7 +1640,7 @@ def benchmark_forward(layers: Sequence[str] = ("res18_layer1", "alex_L1"), batch
         ref = CompactTorchOps.forward(meta, pb.x.float(), pb.weight.float(), pb.bias.float())
         flops = 2.0 * batch * meta.p64 * meta.cout * meta.nout
         cfg = F._select_uncached_batch_config(batch, meta.cout, meta.nout, meta.p64, in_channels=meta.cin,
-                                              node_major=True)
+                                              node_major=True, q=meta.q)
 
         def add(impl, fn, config=None, check=True):
             try:

@@ -1,7 +1,9 @@
 """Notebook 01, section 8c: the split SIMT forward (``simts``) for grids with too few threads (logic and
 figures).
 
-* :func:`thread_count`: how many threads a layer's unsplit SIMT launch has, and the split the rule picks.
+* :func:`thread_count`: how many threads a layer's unsplit SIMT launch has, and the split session 8's rule
+  picks (the tile / SIMT rule, ``FOVI_WARP_MMA=off`` since session 9: the default picks are now the
+  tensor-core kernels of :mod:`fovi_lab.mma_viz`, notebook 06).
 * :func:`explore_split`: run the split kernel on a real layer shape on this machine, checked against the fp32
   reference, with a bitwise repeat (its partials are summed in a fixed order).
 * :func:`split_rows` / :func:`split_figure`: the recorded H200 runs (44-47): per layer and batch, the split
@@ -39,11 +41,12 @@ SPLIT_CONFIGS = ("ss_b8o8u4", "ss_b4o8u4")
 
 def thread_count(layer: str, batch: int) -> dict:
     """Threads of the unsplit 8x8-block SIMT launch of ``layer`` at ``batch`` (``Nout * ceil(B/8) * Cout/8``),
-    the config the heuristic picks, and, for a split pick, its split ``S`` and the threads it launches."""
+    the config session 8's rule picks, and, for a split pick, its split ``S`` and the threads it launches."""
     from . import warp_forward as F
     from .meta import pad_to
     m = layer_meta(layer)
-    pick = F._select_uncached_batch_config(batch, m.cout, m.nout, m.p64, in_channels=m.cin, node_major=m.cin >= 32)
+    pick = F._select_uncached_batch_config(batch, m.cout, m.nout, m.p64, in_channels=m.cin, node_major=m.cin >= 32,
+                                           mma=False)            # session 8's rule (this section's context)
     cfg = F.config_spec(pick)
     out = dict(layer=layer, B=batch, nout=m.nout, cout=m.cout, p64=m.p64, pick=pick,
                unsplit_threads=m.nout * -(-batch // 8) * pad_to(m.cout, 8) // 8, split=None, threads=None)
@@ -64,7 +67,7 @@ def explore_split(layer: str = "res18_layer3", batch: int = 3, device=None, conf
     pb = kl.make_problem(layer, batch=batch, device=device)
     m = pb.meta
     config = config or F._select_uncached_batch_config(batch, m.cout, m.nout, m.p64, in_channels=m.cin,
-                                                       node_major=m.cin >= 32)
+                                                       node_major=m.cin >= 32, mma=False)
     ref, ref_name = kl.reference_forward(m, pb.x, pb.weight, pb.bias)
     plan = F._prepare_uncached(pb.x, pb.weight, pb.bias, m.input_linear, m.weight_linear, config=config)
     plan.out.fill_(float("nan"))                     # every output entry must be written
@@ -95,7 +98,9 @@ def split_rows(records: Optional[List[dict]] = None, batches: Sequence[int] = (1
             if shape is None:
                 continue
             pick = F._select_uncached_batch_config(b, shape["cout"], shape["nout"], shape["p64"],
-                                                   in_channels=shape["cin"], node_major=shape["cin"] >= 32)
+                                                   in_channels=shape["cin"], node_major=shape["cin"] >= 32,
+                                                   mma=False)   # session 8's rule, the one these runs read
+
             split_cfg = pick if F.config_spec(pick).family in _SPLIT_FAMILIES else F._select_simts(
                 b, shape["cout"], shape["nout"], shape["p64"])
             per = {}

@@ -238,7 +238,8 @@ def simt_rows(records: Optional[List[dict]] = None) -> List[dict]:
                               default=None)
             torch_graphed = min((r["ms"] for r in rs if str(r["impl"]).startswith("torch") and r.get("graphed")),
                                 default=None)
-            pick = F._select_uncached_batch_config(b, r0["cout"], r0["nout"], r0["p64"], in_channels=r0["cin"])
+            pick = F._select_uncached_batch_config(b, r0["cout"], r0["nout"], r0["p64"], in_channels=r0["cin"],
+                                                   mma=False)    # session 8's rule, the one these runs read
             rows.append(dict(
                 layer=layer, B=b, fp16_config=fp16, vec_config=vec, i2c_config=i2c, pick=pick,
                 fp16_ms=med(fp16), vec_ms=med(vec), i2c_ms=med(i2c),

@@ -63,6 +63,15 @@ Kernel families
   - It loses once 64-row tiles fill (alexnet's B = 128) and on the DINOv3 patch embed (64 nodes: too few
     threads).
 
+* **mma** / **mmas** / **mmaw** / **mmasw** / **mmat** (``mma_o96b16``-style, :mod:`fovi_lab.warp_mma`; any
+  tables; **the default on every layer and batch since session 9**, :func:`_select_mma`): tensor cores by
+  hand. A Warp native snippet issues PTX ``mma.sync.aligned.m16n8k16`` on fragments each lane gathers itself
+  (no shared memory, no stage, no MathDx link): one warp per (node, 16*MT channels, 8*NT batch rows), the
+  per-node GEMM transposed (channels on the MMA's M side). ``s``: the p loop split into fp32 partials and
+  the fixed-order nms reduction; ``w``: W read in place ``[Cout, Q]`` (no per-call W^T layout); ``t``: x^T
+  per call (one vector load per lane and p entry). Replayed whole ops (runs 52-56): 1.02-3.09x faster than
+  the families below on every recorded layer and batch.
+
 * **cached** (``run_cached``): A gathered as in the gather family, W plain-loaded from the inference
   cache ``Weff[n]`` ``[P64, Cout_pad]`` (spec §2.4).
 

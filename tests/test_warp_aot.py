@@ -4,6 +4,9 @@ Warp's bundled NVRTC compiles CUDA modules on a CPU-only machine (``wp.compile_a
 proves the kernels' CUDA code stays valid for each architecture; it does not prove a launch fits a
 CTA's resources (the runtime NaN canary checks that per device).
 
+The tensor-core ``mma`` kernels (inline PTX ``mma.sync``, sm_80+) are all built for sm_90 and, for sm_80 and
+sm_89, one config per distinct load code (``_MMA_REPRESENTATIVES``): ~3-8 s of NVRTC each at -O1.
+
 CI time (2 cores, measured): the scalar-GEMM path (``enable_mathdx_gemm=False``) takes ~2.5 s per kernel
 at -O3, so the forward kernels are grouped into one module per block_dim (one NVRTC run each), built
 at -O1 (~3x faster; validity is what is tested) for the three architectures, in parallel processes;
@@ -20,14 +23,24 @@ from fovi_lab.warp_common import init_warp, wp
 ARCHS = (80, 89, 90)
 
 
-def _forward_kernels_by_block_dim(module_prefix: str):
-    """Build every forward kernel (uncached, cached, dense ceilings) into shared modules by block_dim."""
+# The mma kernels for sm_80 / sm_89: one config per distinct load code (W as u32 / uint2 / uint4 words, W in
+# place, x^T as u32 / uint2 words, the split store). Their CUDA differs from the other block shapes only in
+# those template constants; sm_90 builds every registered mma config.
+_MMA_REPRESENTATIVES = ("mma_o48b16", "mma_o64b16", "mma_o96b16", "mmas_o32b8", "mmaw_o64b16", "mmasw_o32b8",
+                        "mmat_o64b16", "mmat_o96b32")
+
+
+def _forward_kernels_by_block_dim(module_prefix: str, mma_all: bool = True):
+    """Build every forward kernel (uncached, cached, dense ceilings) into shared modules by block_dim
+    (``mma_all=False``: only :data:`_MMA_REPRESENTATIVES` of the mma families)."""
     init_warp()
     groups = {}
     seen = set()
     try:
         for name in F.uncached_config_names() + F.cached_config_names():
             cfg = F.config_spec(name)
+            if cfg.family in F._MMA_FAMILIES and not mma_all and name not in _MMA_REPRESENTATIVES:
+                continue
             mod = f"{module_prefix}_b{cfg.block_dim}"
             F._SHARED_MODULE = mod
             groups.setdefault(cfg.block_dim, mod)
@@ -98,7 +111,7 @@ def _aot_job(job):
         kernel = F._make_gather_kernel(16, 32, 1, 64, mathdx=True, name="fovi_fwd_aot_mathdx_m16n32")
         module = kernel.module
     else:
-        module = _forward_kernels_by_block_dim(f"fovi_fwd_aot_sm{arch}")[bd]
+        module = _forward_kernels_by_block_dim(f"fovi_fwd_aot_sm{arch}", mma_all=arch == 90)[bd]
         # validity, not speed, is tested: -O1 compiles ~3x faster than the default -O3
         module.options["optimization_level"] = 1
     paths = wp.compile_aot_module(module, arch=arch, module_dir=out_dir)
