@@ -1,0 +1,67 @@
+"""Notebook 06's logic (fovi_lab.mma_viz): the fragment layout, the lane channels, the recorded-run readers and
+the widget callback."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+from fovi_lab import mma_viz as mv
+from fovi_lab import warp_forward as F
+
+
+@pytest.mark.parametrize("kind, rows, cols, per_lane", (("A", 16, 16, 8), ("B", 16, 8, 4), ("D", 16, 8, 4)))
+def test_fragment_owner_gives_every_element_to_one_lane(kind, rows, cols, per_lane):
+    own = mv.fragment_owner(kind)
+    assert len(own) == rows and all(len(r) == cols for r in own)
+    count = collections.Counter(lane for r in own for lane, _ in r)
+    assert sorted(count) == list(range(32)) and set(count.values()) == {per_lane}
+    # lane 4g + t: A rows g and g+8, B column g, D columns 2t, 2t+1
+    if kind == "A":
+        assert own[3][2 * 1 + 8] == (4 * 3 + 1, 2) and own[11][1] == (4 * 3 + 0, 1)
+    if kind == "B":
+        assert own[9][5] == (4 * 5 + 0, 1)
+    if kind == "D":
+        assert own[13][7] == (4 * 5 + 3, 3)
+    with pytest.raises(ValueError, match="kind"):
+        mv.fragment_owner("C")
+
+
+def test_lane_channels_are_consecutive_and_cover_the_block():
+    chans = mv.lane_channels(4, o0=64)
+    assert sorted(c for g in chans for c in g) == list(range(64, 128))
+    assert all(g == list(range(g[0], g[0] + 8)) for g in chans)
+
+
+def test_recorded_rows_read_the_mma_runs():
+    rows = mv.mma_rows()
+    if not rows:
+        pytest.skip("no recorded mma runs under data/")
+    assert {r["B"] for r in rows} <= {1, 16, 64, 512}
+    for r in rows:
+        assert F.config_spec(r["pick"]).family in F._MMA_FAMILIES
+        assert F.config_spec(r["old_config"]).family not in F._MMA_FAMILIES
+        assert r["ms"] and r["torch_ms"] and r["vs_torch"] == pytest.approx(r["torch_ms"] / r["ms"])
+    assert sum(1 for r in rows if r["vs_old"]) >= 40          # session 8's picks were timed beside them
+    fig = mv.mma_figure(rows)
+    assert "H200" in fig.layout.title.text and len(fig.data) == 3 * len({r["B"] for r in rows})
+    lay = mv.layout_rows()
+    assert lay and all(r["speedup"] > 0 for r in lay)
+
+
+def test_widget_refuses_bad_choices_with_a_message():
+    lines, fig = mv.explore_mma_widget("res18_layer3", 4, "m64n64", device="cpu")
+    assert "config must be one of" in lines[0]
+    lines, _ = mv.explore_mma_widget("nope", 4, None, device="cpu")
+    assert "layer must be one of" in lines[0]
+    lines, _ = mv.explore_mma_widget("alex_L1", 0, None, device="cpu")
+    assert "batch must be an integer" in lines[0]
+    lines, _ = mv.explore_mma_widget("alex_L1", 512, None, device="cpu", budget=1e6)
+    assert "budget" in lines[0]
+
+
+def test_widget_runs_a_pick_here():
+    lines, fig = mv.explore_mma_widget("res18_layer4_0", 3, None, device="cpu")
+    assert lines[0].startswith("PASS") and "the rule picks mmasw_o32b8" in lines[2]
+    assert fig.data
