@@ -212,6 +212,28 @@ def format_result(result: dict, keys: Optional[Iterable[str]] = None, digits: in
     return "\n".join(lines)
 
 
+def layer_replays_figure(layer: str, rows: List[dict], series, runs: str, empty: str, log: bool = False,
+                         height: int = 320) -> go.Figure:
+    """Grouped bars of one layer's recorded replays over B (the widgets' side figures of notebooks 01 and 06).
+
+    ``rows``: one dict per batch with a ``B`` and ``records``; ``series``: ``(ms key, config key, name, colour)``
+    per bar group; ``runs``: the runs named in the subtitle; ``empty``: the message when there are no rows."""
+    if not rows:
+        return message_figure(empty)
+    fig = go.Figure()
+    for key, cfg_key, name, colour in series:
+        fig.add_trace(go.Bar(x=[f"B={r['B']}" for r in rows], y=[r[key] for r in rows], name=name,
+                             marker_color=colour, customdata=[r.get(cfg_key) for r in rows],
+                             hovertemplate="%{x}: %{y:.3f} ms (%{customdata})<extra>" + name + "</extra>"))
+    recs = [rec for r in rows for rec in r["records"]]
+    title = "ms per op, replayed (log)" if log else "ms per op, CUDA-graph replay"
+    fig.update_layout(barmode="group", height=height, yaxis=dict(type="log" if log else "linear", title=title),
+                      title=dict(text=f"{layer}: recorded replays<br><sub>{versions_title(recs)} · {runs}, "
+                                      "medians</sub>", x=0.01),
+                      margin=dict(t=70, b=40), legend=dict(orientation="h", y=-0.2))
+    return fig
+
+
 def message_figure(message: str, height: int = 180) -> go.Figure:
     """A figure that only shows ``message`` (what a plot says when there is nothing to plot)."""
     fig = go.Figure()

@@ -271,18 +271,9 @@ def explore_mma_widget(layer: str, batch: int, config: Optional[str] = None, dev
 
 
 def _layer_figure(layer: str, rows: List[dict], height: int = 320) -> go.Figure:
-    if not rows:
-        return kl.message_figure(f"no recorded mma runs for {layer!r} under data/")
-    fig = go.Figure()
-    for key, cfg_key, name, colour in (("ms", "pick", "mma pick", "#2ca02c"),
-                                       ("old_ms", "old_config", "session 8's pick", "#1f77b4"),
-                                       ("torch_ms", "torch_impl", "fastest PyTorch", "#d62728")):
-        fig.add_trace(go.Bar(x=[f"B={r['B']}" for r in rows], y=[r[key] for r in rows], name=name,
-                             marker_color=colour, customdata=[r.get(cfg_key) for r in rows],
-                             hovertemplate="%{x}: %{y:.3f} ms (%{customdata})<extra>" + name + "</extra>"))
-    recs = [rec for r in rows for rec in r["records"]]
-    fig.update_layout(barmode="group", height=height, yaxis=dict(type="log", title="ms per op, replayed (log)"),
-                      title=dict(text=f"{layer}: recorded replays<br><sub>{kl.versions_title(recs)} · runs 52-56, "
-                                      "medians</sub>", x=0.01),
-                      margin=dict(t=70, b=40), legend=dict(orientation="h", y=-0.2))
-    return fig
+    """The recorded replays of one layer over B: the mma pick, session 8's pick, PyTorch (log scale)."""
+    return kl.layer_replays_figure(
+        layer, rows, (("ms", "pick", "mma pick", "#2ca02c"),
+                      ("old_ms", "old_config", "session 8's pick", "#1f77b4"),
+                      ("torch_ms", "torch_impl", "fastest PyTorch", "#d62728")),
+        "runs 52-56", f"no recorded mma runs for {layer!r} under data/", log=True, height=height)

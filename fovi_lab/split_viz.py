@@ -215,18 +215,8 @@ def explore_split_widget(layer: str, batch: int, config: str = "ss_b8o8u4", devi
 
 def _layer_figure(layer: str, rows: List[dict], height: int = 320) -> go.Figure:
     """The recorded replays of one layer over B: split kernel, fastest other Warp forward, PyTorch."""
-    if not rows:
-        return kl.message_figure(f"no recorded split-SIMT runs for {layer!r} under data/")
-    fig = go.Figure()
-    for key, cfg_key, name, colour in (("split_ms", "split_config", "split SIMT", "#ff7f0e"),
-                                       ("other_ms", "other_config", "fastest other Warp forward", "#1f77b4"),
-                                       ("torch_ms", "torch_impl", "fastest PyTorch", "#d62728")):
-        fig.add_trace(go.Bar(x=[f"B={r['B']}" for r in rows], y=[r[key] for r in rows], name=name,
-                             marker_color=colour, customdata=[r.get(cfg_key) for r in rows],
-                             hovertemplate="%{x}: %{y:.3f} ms (%{customdata})<extra>" + name + "</extra>"))
-    recs = [rec for r in rows for rec in r["records"]]
-    fig.update_layout(barmode="group", height=height, yaxis_title="ms per op, CUDA-graph replay",
-                      title=dict(text=f"{layer}: recorded replays<br><sub>{kl.versions_title(recs)} · runs 45-47, "
-                                      "medians</sub>", x=0.01),
-                      margin=dict(t=70, b=40), legend=dict(orientation="h", y=-0.2))
-    return fig
+    return kl.layer_replays_figure(
+        layer, rows, (("split_ms", "split_config", "split SIMT", "#ff7f0e"),
+                      ("other_ms", "other_config", "fastest other Warp forward", "#1f77b4"),
+                      ("torch_ms", "torch_impl", "fastest PyTorch", "#d62728")),
+        "runs 45-47", f"no recorded split-SIMT runs for {layer!r} under data/", height=height)
