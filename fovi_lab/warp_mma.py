@@ -40,8 +40,9 @@ On Warp's CPU device the same kernels run with the snippet's C++ branch: each la
 elements (the same channel permutation, batch tiles, pad select, loop bounds and stores) by a scalar
 loop over the 16 p entries of the step. So CI checks everything but the PTX fragment packing on the CPU;
 ``tests/test_warp_mma.py`` checks the packing against the oracle on a GPU, and the AOT tests compile the
-PTX for sm_80/89/90 with no GPU. ``mma.sync.m16n8k16`` needs sm_80+: on older GPUs the kernel writes
-nothing, the NaN canary finds the config unusable and it is never selected.
+PTX for sm_80/89/90 with no GPU. ``mma.sync.m16n8k16`` needs sm_80+: on older GPUs the loop is compiled out,
+the outputs hold only the bias, the NaN canary's oracle check finds the config unusable and the call takes
+the tile / SIMT rule instead.
 
 ``dense=True`` builds the same loop, with the same operand layouts, over dense operands (no index loads,
 output ``[Nout, B, Cout]``): the ceiling of these register blocks without the gathers.
@@ -222,9 +223,8 @@ def _snippet(mt: int, nt: int, dense: bool, w_native: bool = False, x_t: bool = 
             }}
         }}
     }}
-#else
-    __trap();   // mma.sync.m16n8k16 needs sm_80+ (the canary reports the config unusable)
-#endif
+#endif      // (before sm_80 there is no mma.sync.m16n8k16: the accumulators stay 0, the NaN canary's oracle check
+            //  fails and the config is reported unusable; no trap, which would poison the CUDA context)
 #else
     // Warp's CPU device: this lane's D elements by a scalar loop (same mapping, layouts, pads, bounds)
     {cpu_w_setup}
