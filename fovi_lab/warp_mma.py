@@ -1,4 +1,6 @@
-"""Tensor-core forward by hand: warp-level ``mma.sync`` gather-GEMM kernels ("mma" / "mmas" families).
+"""Tensor-core forward by hand: warp-level ``mma.sync`` gather-GEMM kernels (the ``mma`` families: ``mma``,
+``mmas`` with the p loop split, ``mmaw`` / ``mmasw`` with W read in place, ``mmat`` with x^T; see
+:func:`make_mma_kernel`).
 
 Why a native snippet: Warp's only tensor-core path is ``tile_matmul`` (cuBLASDx), which wants both
 operands in shared tiles, links MathDx for ~50 s per config on the H200 machine, and tops out near
@@ -26,7 +28,7 @@ so per k-step a lane needs the indices of its four p entries (two 8-byte loads p
   This permutation puts all ``2*MT`` channels a lane multiplies, for one p entry, next to each other in
   the row ``W^T[wl[n, p]]``: one 16-byte (``MT % 4 == 0``), 8-byte or 4-byte vector load per p entry, and
   two byte-permutes per register pair repack them into the A fragments. (Unpermuted, the lane's channels
-  are 8 apart: ``4*MT`` scalar loads per p entry.)
+  are 8 apart: ``2*MT`` scalar loads per p entry.)
 * **x** (the B side), read in place as ``[B, Cin*Nin]``: one fp16 load per (p entry, batch tile); the pad
   column ``Cin*Nin`` is not loaded but selected as an exact +0 (so an inf or NaN in x cannot leak in).
   Batch rows past B are clamped into x (computed, never stored).
