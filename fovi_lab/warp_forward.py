@@ -1278,13 +1278,8 @@ def _build_kernel(cfg: FwdConfig, mathdx: Optional[bool] = None, dense: bool = F
         mathdx = _mathdx_default()
     pipelined = cfg.family in ("nmp", "gp")
     key = (cfg.family, cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx, dense)
-    if dense:
-        # the prefetch, the split and the vec4 W have no dense counterpart: their ceiling is the simt loop's
-        # (a split family's ceiling is its unsplit loop: mmas -> mma, mmasw -> mmaw)
-        fam = "simt" if cfg.family in ("simtp", "simts", "simtw", "simtsw") else \
-            cfg.family.replace("mmas", "mma") if cfg.family in _MMA_FAMILIES else cfg.family
-        key = ("densep" if pipelined else fam + "_dense" if fam in ("simt", "simtv") or fam in _MMA_FAMILIES
-               else "dense",) + key[1:]
+    if dense:     # configs of one dense kind share their ceiling kernel
+        key = ("dense",) + dense_kind(cfg) + (mathdx,)
     with _build_lock:
         k = _KERNELS.get(key)
         if k is None:
@@ -1492,7 +1487,7 @@ def _select_uncached_batch_config(batch: int, out_channels: int, out_nodes: int,
         node_major: whether the tables have the spec §2.1 structure (node-major kernels usable).
         q: W's column count Cin*V (the mma rule reads W in place when the nodes reuse W's columns little).
         mma: consider the tensor-core ``mma.sync`` kernels (:func:`_select_mma`; sm_80+). Since session 9
-            (runs 52-55) they are the pick on every shape; ``mma=False`` (or ``FOVI_WARP_MMA=off``, or a
+            (runs 52-56) they are the pick on every shape; ``mma=False`` (or ``FOVI_WARP_MMA=off``, or a
             device where they cannot launch) gives the tile / SIMT rules below.
 
     The fit without the mma kernels, in words:
