@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import glob
+import gzip
 import inspect
 import json
 import math
@@ -1173,15 +1174,16 @@ def explore_adjoint(layer: str = "res18_layer1", batch: int = 64, cout: Optional
 # recorded data
 # =================================================================================================
 
-def load_records(data_dir=None, patterns: Sequence[str] = ("*.jsonl",)) -> List[dict]:
+def load_records(data_dir=None, patterns: Sequence[str] = ("*.jsonl", "*.jsonl.gz")) -> List[dict]:
     """Every JSON-lines record under ``data_dir`` (default: the repository's ``data/``) matching
-    ``patterns``, each tagged with ``_file``. Unreadable lines are skipped; no folder means ``[]``."""
+    ``patterns``, each tagged with ``_file``. ``.gz`` files are read through gzip (the big sweeps are stored
+    compressed). Unreadable lines are skipped; no folder means ``[]``."""
     d = Path(data_dir) if data_dir is not None else DATA_DIR
     paths = sorted({p for pat in patterns for p in glob.glob(str(d / pat))})
     out: List[dict] = []
     for p in paths:
         try:
-            with open(p) as f:
+            with (gzip.open(p, "rt") if p.endswith(".gz") else open(p)) as f:
                 for line in f:
                     line = line.strip()
                     if not line:

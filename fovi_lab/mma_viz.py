@@ -5,11 +5,14 @@ figures).
   ``mma.sync.m16n8k16`` (the layout the PTX ISA fixes), and how the kernel fills them.
 * :func:`lane_channels`: the channel permutation that makes a lane's W loads one vector load.
 * :func:`explore_mma`: run one mma config on a real layer's shape here, against the fp32 reference.
-* :func:`mma_rows` / :func:`mma_figure`: the recorded H200 runs (52-56): per layer and batch, the mma pick's
-  whole op replayed from a CUDA graph, the session-8 pick (tile / SIMT kernels) and the fastest PyTorch
-  forward, replayed too, medians over the runs that measured them.
+* :func:`mma_rows` / :func:`mma_figure`: the recorded H200 runs: per layer and batch, the mma pick's whole op
+  replayed from a CUDA graph (runs 59-61), the session-8 pick (tile / SIMT kernels, runs 52-53) and the fastest
+  PyTorch forward (runs 59-61), replayed too, medians over the runs that measured them.
 * :func:`layout_rows`: what each operand layout bought: the same block with x in place or x^T, W^T or W in
   place, replayed side by side.
+* :func:`depth_rows` / :func:`depth_figure` / :func:`register_rows`: what the loop depth bought (the same block
+  looping 1, 2 or 4 k-steps per iteration, replayed side by side in runs 59-61) and what it costs in registers
+  and resident warps (the sm_90 cubins).
 * :func:`explore_mma_widget`: what the notebook's widget runs: one layer, batch and mma config here, the pick
   for that shape, and the recorded replays of that layer.
 """
@@ -24,13 +27,17 @@ import plotly.graph_objects as go
 from . import kernel_lab as kl
 from .layers import LAYERS as _ALL_LAYERS, layer_meta
 
-__all__ = ["MMA_RUNS", "OLD_RULE_RUNS", "LAYERS", "fragment_owner", "fragment_figure", "lane_channels",
-           "explore_mma", "mma_rows", "mma_figure", "layout_rows", "explore_mma_widget", "mma_configs"]
+__all__ = ["MMA_RUNS", "OLD_RULE_RUNS", "DEPTH_RUNS", "LAYERS", "fragment_owner", "fragment_figure",
+           "lane_channels", "explore_mma", "mma_rows", "mma_figure", "layout_rows", "depth_rows", "depth_figure",
+           "register_rows", "explore_mma_widget", "mma_configs"]
 
-#: Session 9's runs that replayed every registered mma config beside the pick and PyTorch: 52 (B = 1/4/16) and
-#: 53 (B = 64/128/512) beside session 8's picks, 54 (all seven batches, with the x^T and W-in-place layouts) and
-#: 56 (the final rule's picks, all seven batches).
-MMA_RUNS = (52, 53, 54, 56)
+#: Session 10's runs that replayed every mma config (registered and experimental, loops of 1, 2 and 4 k-steps)
+#: beside the pick and PyTorch on every layer at B = 1/4/16/32/64/128/512: 59 (B = 1/16/64), 60 (B = 4/32/128/512)
+#: and 61 (all seven, a second lease). The mma kernels' source changed in session 10, so session 9's runs (52-56)
+#: no longer time today's kernels.
+MMA_RUNS = (59, 60, 61)
+#: The runs that timed every loop depth of a block side by side.
+DEPTH_RUNS = MMA_RUNS
 #: The runs whose chosen config was session 8's pick (the tile / SIMT rules, ``FOVI_WARP_MMA=off`` today).
 OLD_RULE_RUNS = (52, 53)
 LAYERS = tuple(_ALL_LAYERS)
@@ -156,7 +163,7 @@ def mma_rows(records: Optional[List[dict]] = None, batches: Sequence[int] = (1, 
     run's chosen config) and the fastest PyTorch forward (over :data:`MMA_RUNS`)."""
     from . import warp_forward as F
     records = kl.forward_records() if records is None else records
-    shapes = _by_shape(records, MMA_RUNS)
+    shapes = _by_shape(records, MMA_RUNS + OLD_RULE_RUNS)
     rows = []
     for layer in LAYERS:
         for b in batches:
@@ -168,10 +175,11 @@ def mma_rows(records: Optional[List[dict]] = None, batches: Sequence[int] = (1, 
             kw = dict(in_channels=shape["cin"], node_major=shape["cin"] >= 32, q=shape["cin"] * shape["v"])
             pick = F._select_uncached_batch_config(*args, **kw)
             old = F._select_uncached_batch_config(*args, mma=False, **kw)
-            warp = _median_by(rs, lambda r: r["config"], lambda r: r["impl"] == "warp_uncached_graphed")
+            now = [r for r in rs if r["run"] in MMA_RUNS]
+            warp = _median_by(now, lambda r: r["config"], lambda r: r["impl"] == "warp_uncached_graphed")
             old_ms = _median_by([r for r in rs if r["run"] in OLD_RULE_RUNS], lambda r: r["config"],
                                 lambda r: r["impl"] == "warp_uncached_graphed").get(old)
-            tmed = _median_by(rs, lambda r: r["impl"], lambda r: str(r["impl"]).startswith("torch") and r.get("graphed"))
+            tmed = _median_by(now, lambda r: r["impl"], lambda r: str(r["impl"]).startswith("torch") and r.get("graphed"))
             tbest = min(tmed, key=tmed.get) if tmed else None
             ms = warp.get(pick)
             rows.append(dict(layer=layer, B=b, pick=pick, ms=ms, old_config=old, old_ms=old_ms,
@@ -187,13 +195,13 @@ def mma_figure(rows: Optional[List[dict]] = None, height: int = 480) -> go.Figur
     from plotly.subplots import make_subplots
     rows = mma_rows() if rows is None else rows
     if not rows:
-        return kl.message_figure("no recorded mma runs (52-56) under data/")
+        return kl.message_figure("no recorded mma runs (59-61) under data/")
     batches = sorted({r["B"] for r in rows})
     fig = make_subplots(rows=1, cols=len(batches), subplot_titles=[f"B = {b}" for b in batches], shared_yaxes=True)
     for col, b in enumerate(batches, start=1):
         rs = [r for r in rows if r["B"] == b]
         xs = [r["layer"] for r in rs]
-        for key, cfg_key, name, colour in (("ms", "pick", "mma pick (session 9)", "#2ca02c"),
+        for key, cfg_key, name, colour in (("ms", "pick", "mma pick", "#2ca02c"),
                                            ("old_ms", "old_config", "session 8's pick (tiles / SIMT)", "#1f77b4"),
                                            ("torch_ms", "torch_impl", "fastest PyTorch", "#d62728")):
             fig.add_trace(go.Bar(x=xs, y=[r[key] for r in rs], name=name, marker_color=colour, legendgroup=name,
@@ -206,7 +214,8 @@ def mma_figure(rows: Optional[List[dict]] = None, height: int = 480) -> go.Figur
     fig.update_layout(barmode="group", height=height,
                       title=dict(text="Tensor cores by hand: the mma kernels against session 8's kernels and PyTorch "
                                       "(whole op, replayed)<br><sub>" + kl.versions_title(recs)
-                                      + " · runs 52-56, medians</sub>", x=0.01),
+                                      + " · mma and PyTorch: runs 59-61, session 8: runs 52-53; medians</sub>",
+                                 x=0.01),
                       legend=dict(orientation="h", y=-0.42), margin=dict(t=90, b=150))
     return fig
 
@@ -276,4 +285,75 @@ def _layer_figure(layer: str, rows: List[dict], height: int = 320) -> go.Figure:
         layer, rows, (("ms", "pick", "mma pick", "#2ca02c"),
                       ("old_ms", "old_config", "session 8's pick", "#1f77b4"),
                       ("torch_ms", "torch_impl", "fastest PyTorch", "#d62728")),
-        "runs 52-56", f"no recorded mma runs for {layer!r} under data/", log=True, height=height)
+        "runs 59-61 (session 8: 52-53)", f"no recorded mma runs for {layer!r} under data/", log=True, height=height)
+
+
+# ----------------------------------------------------------------------------------------------- loop depth
+
+#: (layer, B, the block's configs at 1, 2 and 4 k-steps per iteration, None where not built): what the loop
+#: depth buys on a few-hundred-warp grid, and where the deeper loop's registers cost a wave (alexnet L1 at B = 64).
+DEPTH_POINTS = (
+    ("alex_L2", 16, ("mmat_o64b16", "mmat_o64b16k32", "mmat_o64b16k64")),
+    ("res18_layer3", 128, ("mmat_o64b16", "mmat_o64b16k32", "mmat_o64b16k64")),
+    ("res18_layer1", 4, ("mma_o32b8", "mma_o32b8k32", "mma_o32b8k64")),
+    ("dinov3_patch", 16, ("mma_o32b8", "mma_o32b8k32", "mma_o32b8k64")),
+    ("alex_L0", 64, ("mmat_o96b32", "mmat_o96b32k32", None)),
+    ("alex_L1", 64, ("mmat_o96b32", "mmat_o96b32k32", None)),
+)
+
+
+def depth_rows(records: Optional[List[dict]] = None, points=DEPTH_POINTS) -> List[dict]:
+    """Per point of :data:`DEPTH_POINTS`: the whole op replayed at each loop depth, medians over
+    :data:`DEPTH_RUNS` (every depth timed side by side), and the deepest loop's speedup over the 1-deep one."""
+    records = kl.forward_records() if records is None else records
+    shapes = _by_shape(records, DEPTH_RUNS)
+    rows = []
+    for layer, b, configs in points:
+        med = _median_by(shapes.get((layer, b), []), lambda r: r["config"],
+                         lambda r: r["impl"] == "warp_uncached_graphed")
+        ms = [med.get(c) if c else None for c in configs]
+        if ms[0] is None:
+            continue
+        best = min((m, 16 << i) for i, m in enumerate(ms) if m)
+        rows.append(dict(layer=layer, B=b, configs=configs, ms=ms, best_depth=best[1], speedup=ms[0] / best[0]))
+    return rows
+
+
+def depth_figure(rows: Optional[List[dict]] = None, height: int = 380) -> go.Figure:
+    """Grouped bars: per point, the same block looping 16, 32 and 64 p entries per iteration (µs, replayed)."""
+    rows = depth_rows() if rows is None else rows
+    if not rows:
+        return kl.message_figure("no recorded loop-depth runs (59-61) under data/")
+    xs = [f"{r['layer']} B={r['B']}<br>{r['configs'][0]}" for r in rows]
+    fig = go.Figure()
+    for i, (name, colour) in enumerate((("1 k-step (tile_k 16)", "#9ecae1"), ("2 k-steps (k32)", "#4292c6"),
+                                        ("4 k-steps (k64)", "#08519c"))):
+        fig.add_trace(go.Bar(x=xs, y=[(r["ms"][i] or 0) * 1e3 or None for r in rows], name=name,
+                             marker_color=colour, customdata=[r["configs"][i] for r in rows],
+                             hovertemplate="%{customdata}: %{y:.1f} µs<extra></extra>"))
+    fig.update_layout(barmode="group", height=height, yaxis_title="µs per op, CUDA-graph replay",
+                      title=dict(text="Loads in flight: the same block looping 1, 2 or 4 k-steps per iteration<br><sub>"
+                                      + kl.versions_title([rec for rec in kl.forward_records()
+                                                           if rec.get("run") in DEPTH_RUNS][:1])
+                                      + " · runs 59-61, medians</sub>", x=0.01),
+                      legend=dict(orientation="h", y=-0.3), margin=dict(t=80, b=120))
+    return fig
+
+
+def register_rows(path=None) -> List[dict]:
+    """The sm_90 cubins' registers per thread, spill bytes and resident warps per SM (128-thread blocks), from
+    ``data/logs/mma_registers_sm90_session10.txt`` (``tools/cubin_registers.py``): ``[]`` when absent."""
+    import os
+    path = os.path.join(kl.DATA_DIR, "logs", "mma_registers_sm90_session10.txt") if path is None else path
+    rows = []
+    try:
+        with open(path) as f:
+            for line in f:
+                parts = line.split()
+                if line.startswith("#") or len(parts) != 4:
+                    continue
+                rows.append(dict(kernel=parts[0], regs=int(parts[1]), local_bytes=int(parts[2]),
+                                 warps_per_sm=int(parts[3])))
+    except OSError:
+        return []
+    return rows

@@ -70,7 +70,10 @@ Kernel families
   per-node GEMM transposed (channels on the MMA's M side). ``s``: the p loop split into fp32 partials and
   the fixed-order nms reduction; ``w``: W read in place ``[Cout, Q]`` (no per-call W^T layout); ``t``: x^T
   per call (one vector load per lane and p entry). Replayed whole ops (runs 52-56): 1.02-3.09x faster than
-  the families below on every recorded layer and batch.
+  the families below on every recorded layer and batch. Since session 10 a config may loop 2 or 4 k-steps
+  deep (``k32`` / ``k64`` in its name, ``tile_k`` = 32 / 64: every load of an iteration issued before its MMAs);
+  the deep x^T loop ``mmat_o64b16k64`` and the k32 blocks are 1.05-1.36x faster than session 9's picks on the
+  few-hundred-warp grids (runs 59-61).
 
 * **cached** (``run_cached``): A gathered as in the gather family, W plain-loaded from the inference
   cache ``Weff[n]`` ``[P64, Cout_pad]`` (spec §2.4).
@@ -283,6 +286,13 @@ _UNCACHED_BATCH_CONFIG_SPECS: Dict[str, Tuple[str, int, int, int, int, int]] = {
     "mmat_o64b32": ("mmat", 32, 64, 16, 1, 128),
     "mmat_o96b16": ("mmat", 16, 96, 16, 1, 128),
     "mmat_o96b32": ("mmat", 32, 96, 16, 1, 128),
+    # loops of 2 (k32) or 4 (k64) k-steps per iteration: every load of an iteration issued before its MMAs
+    "mma_o32b8k32": ("mma", 8, 32, 32, 1, 128),
+    "mma_o32b8k64": ("mma", 8, 32, 64, 1, 128),
+    "mma_o96b16k32": ("mma", 16, 96, 32, 1, 128),
+    "mma_o64b16k32": ("mma", 16, 64, 32, 1, 128),
+    "mmat_o64b16k64": ("mmat", 16, 64, 64, 1, 128),
+    "mmat_o96b32k32": ("mmat", 32, 96, 32, 1, 128),
 }
 
 # Measured and never the fastest on the H200 sweep (kept runnable by name for benchmarks, but not
@@ -328,6 +338,25 @@ _EXPERIMENTAL_CONFIG_SPECS: Dict[str, Tuple[str, int, int, int, int, int]] = {
     "mma_o64b16b256": ("mma", 16, 64, 16, 1, 256),
     "mmas_o96b16": ("mmas", 16, 96, 16, 1, 128),
     "mmas_o128b16": ("mmas", 16, 128, 16, 1, 128),
+    # mma loops of 2 (k32) or 4 (k64) k-steps per iteration: every load of the iteration issued before its
+    # MMAs (session 10, run 59 sweep)
+    "mma_o64b8k32": ("mma", 8, 64, 32, 1, 128),
+    "mma_o32b16k32": ("mma", 16, 32, 32, 1, 128),
+    "mma_o64b32k32": ("mma", 32, 64, 32, 1, 128),
+    "mma_o32b16k64": ("mma", 16, 32, 64, 1, 128),
+    "mmas_o32b8k32": ("mmas", 8, 32, 32, 1, 128),
+    "mmas_o32b8k64": ("mmas", 8, 32, 64, 1, 128),
+    "mmas_o64b8k32": ("mmas", 8, 64, 32, 1, 128),
+    "mmas_o32b16k32": ("mmas", 16, 32, 32, 1, 128),
+    "mmas_o64b16k32": ("mmas", 16, 64, 32, 1, 128),
+    "mmasw_o32b8k32": ("mmasw", 8, 32, 32, 1, 128),
+    "mmasw_o32b16k32": ("mmasw", 16, 32, 32, 1, 128),
+    "mmasw_o64b16k32": ("mmasw", 16, 64, 32, 1, 128),
+    "mmasw_o32b8k64": ("mmasw", 8, 32, 64, 1, 128),
+    "mmaw_o64b16k32": ("mmaw", 16, 64, 32, 1, 128),
+    "mmat_o64b16k32": ("mmat", 16, 64, 32, 1, 128),
+    "mmat_o64b32k32": ("mmat", 32, 64, 32, 1, 128),
+    "mmat_o96b16k32": ("mmat", 16, 96, 32, 1, 128),
     # gather with register prefetch
     "gp_m16n32": ("gp", 16, 32, 64, 1, 64),
     "gp_m32n64": ("gp", 32, 64, 64, 1, 128),
@@ -1287,7 +1316,7 @@ def _build_kernel(cfg: FwdConfig, mathdx: Optional[bool] = None, dense: bool = F
                 from .warp_mma import make_mma_kernel
                 split, w_native, x_t = _mma_flags(cfg.family)
                 k = make_mma_kernel(cfg.tile_n // 16, cfg.tile_m // 8, cfg.block_dim, split=split and not dense,
-                                    dense=dense, w_native=w_native, x_t=x_t)
+                                    dense=dense, w_native=w_native, x_t=x_t, k_steps=cfg.tile_k // 16)
             elif cfg.family in ("simt", "simtp", "simtw") or (dense and cfg.family in ("simts", "simtsw")):
                 k = _make_simt_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, dense=dense,
                                       prefetch=cfg.family == "simtp", wvec=cfg.family == "simtw")
@@ -1544,20 +1573,28 @@ def _mma_env() -> str:
     return env
 
 
-# The tensor-core kernels (fovi_lab.warp_mma) and how their operand layouts, block and split are chosen, read
-# from the replayed whole ops of the H200 sweeps (runs 52-54 and 56, data/forward_sweep_h200.jsonl). Each warp
-# walks its node's p loop in k-steps of 16, waiting on gathered loads: the kernels are latency-bound, so what
-# decides is how many warps (times batch tiles per warp: independent loads in flight) there are per k-step.
-# * x^T (mmat: one vector load per lane and p entry instead of one scalar load per batch tile, after a per-call
-#   transpose of x) from B = 32 when the 32-row grid has >= 320 warps on long loops (>= 64 k-steps), or >= 512
+# The tensor-core kernels (fovi_lab.warp_mma) and how their operand layouts, block, loop depth and split are
+# chosen, read from the replayed whole ops of the H200 sweeps (runs 52-54, 56, 59-61, data/forward_sweep_h200.jsonl).
+# Each warp walks its node's p loop waiting on gathered loads: the kernels are latency-bound, so what decides is
+# how many loads a warp has in flight (batch tiles per warp, k-steps per loop iteration: tile_k = 16, 32, 64) times
+# how many warps there are per k-step.
+# * Deep x^T loop (mmat_o64b16k64: x^T's one vector load per lane and p entry, 4 k-steps in flight) on long loops
+#   (>= 36 k-steps) whose 64 x 16 grid has _MMA_DEEP_WARPS[0 if >= 64 k-steps else 1] to _MMA_DEEP_WARPS[2]
+#   warps at B >= 16, or >= 768 warps on >= 64 k-steps at B <= 8 (alexnet L1): alexnet L1-L4 at B = 16-32,
+#   the resnet layers at B = 32-128, layer4_0 at B = 512. It replaces both the split and the in-place x there,
+#   1.05-1.36x over session 9's picks (run 59-60).
+# * Otherwise x^T (mmat) from B = 32 when the 32-row grid has >= 320 warps on long loops (>= 64 k-steps), or >= 512
 #   warps on loops of >= 32 k-steps or with Cout <= 96 (the CNN stems, where x loads are most of the traffic);
-#   at B = 16 on long loops with >= 512 warps (alexnet L1). 1.2-2.2x over the in-place x at B >= 64 on alexnet
-#   L1-L4, 1.1-1.3x on the resnet layers at B = 512. Blocks: 64 x 16 when Cout <= 64, else 64 x 32, or 96 x 32
-#   on alexnet's stem (Cout = 96) and where 96 x 32 blocks give >= 1024 warps (alexnet L1 from B = 64, L2-L4 at
-#   B = 512: 1.1-1.2x over 64 x 32).
+#   at B = 16 on long loops with >= 512 warps. Blocks: 64 x 16 when Cout <= 64, else 64 x 32, or 96 x 32 when
+#   Cout is a multiple of 96 (alexnet's stem, L2/L3) or where 96 x 32 blocks give >= 1024 warps (alexnet L1 from
+#   B = 64, L4 at B = 512). 96 x 32 blocks loop 2 k-steps deep (k32: 1.02-1.21x) unless that turns one wave into
+#   two: 210 registers leave 8 resident warps per SM against 12 at k16's 168, so a grid of 1056-1584 warps
+#   (alexnet L1 at B = 64) fills the 132 SMs once at k16 and 1.3 times at k32 (1.28x slower, run 59).
+# * Shallow grids of 10-200 32 x 8 warps per k-step at B <= 32 (res18 layer1 and the stem at B <= 4-16, layer2_0
+#   at B = 16-32, DINOv3's patch embedding at B <= 16): 32 x 8 blocks, 2 k-steps deep, unsplit (1.03-1.25x).
 # * Otherwise x in place, 16 batch rows (8 at B <= 8); 32 rows at B >= 128 on long loops (>= 64 k-steps) with
 #   >= 768 warps; 96 channels when Cout is a multiple of 96 (alexnet's stem; the 384-channel layers from
-#   B = 32), else 64.
+#   B = 32), else 64; 2 k-steps deep for alexnet's stem at B <= 8 and 64-channel blocks with Cout <= 64 at B <= 16.
 # * Split the p loop (mmas, fp32 partials and the fixed-order nms reduction) when the warps times batch tiles
 #   are fewer than _MMA_SPLIT_PER_STEP (24 at B <= 2, 16 at B <= 8, 8 above) per k-step: the few-node layers
 #   and everything with a long loop at B <= 4. Before a split, grids with too few warps shrink to 32-channel
@@ -1568,8 +1605,11 @@ def _mma_env() -> str:
 #   read). Where W columns are reused more (alexnet L1-L4), W^T's vector loads win 1.5-2x.
 _MMA_SPLIT_PER_STEP = (24, 16, 8)       # at B <= 2, B <= 8, above
 _MMA_FEW_WARPS = (192, 384)             # at B <= 16, above: shrink to 32-channel blocks below this many warps
+_MMA_DEEP_WARPS = (224, 384, 1024)      # 64 x 16 warps for the deep x^T loop: from (>= 64 k-steps), from, to
+_MMA_SHALLOW_PER_STEP = (10, 200)       # 32 x 8 warps per k-step for the unsplit 32 x 8 k32 blocks at B <= 32
 _MMAT_MIN_WARPS = (320, 512)            # 32-row warps for x^T: on loops of >= 64 k-steps, else
 _MMAT_WIDE_WARPS = 1024                 # 96 x 32 blocks (Cout >= 256) from this many warps
+_MMAT_K16_WAVE = (1056, 1584)           # 96 x 32 grids that fit one wave of 12 warps/SM (k16) but not of 8 (k32)
 _MMAW_MAX_REUSE = 4
 _MMAW_MAX_BATCH_REUSE = 128
 
@@ -1579,20 +1619,30 @@ def _select_mma(batch: int, out_channels: int, out_nodes: int, p_padded: int, q:
     steps = max(1, p_padded // 16)
     cdiv = lambda a, b: -(-a // b)  # noqa: E731
     cout = out_channels
-    # x^T: 96-channel blocks on the stem's Cout = 96 and where 96 x 32 blocks still give a full grid
-    t_rows = 16 if cout <= 64 else 32
-    t_oc = 96 if ((cout % 96 == 0 and cout % 64) or
+    # the deep x^T loop
+    w16 = out_nodes * cdiv(batch, 16) * cdiv(cout, 64)
+    if steps >= 36 and (batch >= 16 and _MMA_DEEP_WARPS[0 if steps >= 64 else 1] <= w16 <= _MMA_DEEP_WARPS[2]
+                        or batch <= 8 and steps >= 64 and w16 >= 768):
+        return "mmat_o64b16k64"
+    # x^T: 96-channel blocks when Cout is a multiple of 96 and where 96 x 32 blocks still give a full grid
+    t_rows = 32
+    t_oc = 96 if (cout % 96 == 0 or
                   (cout >= 256 and out_nodes * cdiv(batch, 32) * cdiv(cout, 96) >= _MMAT_WIDE_WARPS)) else 64
     t_warps = out_nodes * cdiv(batch, t_rows) * cdiv(cout, t_oc)
     if batch >= 32 and (steps >= 64 and t_warps >= _MMAT_MIN_WARPS[0]
                         or (steps >= 32 or cout <= 96) and t_warps >= _MMAT_MIN_WARPS[1]) \
             or batch >= 16 and steps >= 64 and t_warps >= _MMAT_MIN_WARPS[1]:
-        return f"mmat_o{t_oc}b{t_rows}"
+        deep = t_oc == 96 and t_rows == 32 and not _MMAT_K16_WAVE[0] < t_warps <= _MMAT_K16_WAVE[1]
+        return f"mmat_o{t_oc}b{t_rows}" + ("k32" if deep else "")
     # x in place
     rows = 8 if batch <= 8 else 16
     oc = 96 if cout % 96 == 0 and (cout % 64 or batch > 16) else 64
     if oc == 96 and cout % 64:
         rows = 16                                     # alexnet's stem: 96 x 16 at every batch
+    w32 = out_nodes * cdiv(batch, 8) * cdiv(cout, 32)
+    if oc != 96 and batch <= 32 and _MMA_SHALLOW_PER_STEP[0] * steps <= w32 <= _MMA_SHALLOW_PER_STEP[1] * steps:
+        deeper = steps >= 20 and (batch <= 8 or batch <= 16 and w32 >= 40 * steps)
+        return "mma_o32b8k64" if deeper else "mma_o32b8k32"
     if batch >= 128 and steps >= 64 and out_nodes * cdiv(batch, 32) * cdiv(cout, 64) >= 768:
         rows, oc = 32, 64
     warps = out_nodes * cdiv(batch, rows) * cdiv(cout, oc)
@@ -1607,7 +1657,8 @@ def _select_mma(batch: int, out_channels: int, out_nodes: int, p_padded: int, q:
         return f"mmas{'w' if w_native else ''}_o{oc}b{rows}"
     if 2 < batch <= 8:
         rows = 16                                     # unsplit at B = 3-8: 16-row blocks (two n-tiles in flight)
-    return f"mma_o{oc}b{rows}"
+    deep = oc == 96 and batch <= 8 or oc == 64 and rows == 16 and cout <= 64 and batch <= 16
+    return f"mma_o{oc}b{rows}" + ("k32" if deep else "")
 
 
 # The SIMT kernels for stem-like calls (Cin < 32), and where they win, from the H200 sweep

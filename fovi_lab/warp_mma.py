@@ -1,6 +1,6 @@
 """Tensor-core forward by hand: warp-level ``mma.sync`` gather-GEMM kernels (the ``mma`` families: ``mma``,
-``mmas`` with the p loop split, ``mmaw`` / ``mmasw`` with W read in place, ``mmat`` with x^T; see
-:func:`make_mma_kernel`).
+``mmas`` with the p loop split, ``mmaw`` / ``mmasw`` with W read in place, ``mmat`` with x^T; each with loops of
+1, 2 or 4 k-steps per iteration; see :func:`make_mma_kernel`).
 
 Why a native snippet: Warp's only tensor-core path is ``tile_matmul`` (cuBLASDx), which wants both
 operands in shared tiles, links MathDx for ~50 s per config on the H200 machine, and tops out near
@@ -36,7 +36,12 @@ so per k-step a lane needs the indices of its four p entries (two 8-byte loads p
   ``y [B, Cout, Nout]`` (``mma``) or as fp32 partials of one of ``S`` contiguous chunks of the p range
   (``mmas``: ``part [S*Nout, B, Cout]``, summed in a fixed order by the nms reduction: deterministic).
 
-The next step's indices are loaded before this step's operands, so a step waits on one memory round trip.
+The loop walks ``k_steps`` k-steps (``tile_k = 16*k_steps``: 16, 32 or 64 p entries) per iteration: the
+iteration's indices were loaded during the previous one, then every W and x load of its ``k_steps`` steps is
+issued before the first of its ``k_steps*MT*NT`` MMAs. So an iteration waits on one memory round trip for
+``k_steps`` steps' operands: these kernels are latency-bound, and a 4-deep loop keeps 4x the bytes in flight per
+warp, for 2-4x the operand registers (run 59: 1.05-1.36x where grids are a few hundred warps; where the
+extra registers cost a wave of residency, the 1-deep loop stays ahead; ``_select_mma`` says where).
 
 On Warp's CPU device the same kernels run with the snippet's C++ branch: each lane computes its own D
 elements (the same channel permutation, batch tiles, pad select, loop bounds and stores) by a scalar
@@ -73,29 +78,40 @@ def mma_channel(m_tiles: int, o0: int, g: int, mi: int, h: int) -> int:
 
 
 def _w_loads(mt: int) -> str:
-    """C++ that loads the lane's ``2*MT`` contiguous fp16 of one W^T row ``wr`` into ``w[kk][0..MT)``."""
+    """C++ that loads the lane's ``2*MT`` contiguous fp16 of one W^T row ``wr`` into ``wf[u][kk][0..MT)``."""
     if mt % 4 == 0:
         return "\n".join(
-            f"            {{ const uint4 v = __ldg(((const uint4*)wr) + {i}); w[kk][{4*i}] = v.x; "
-            f"w[kk][{4*i+1}] = v.y; w[kk][{4*i+2}] = v.z; w[kk][{4*i+3}] = v.w; }}" for i in range(mt // 4))
+            f"            {{ const uint4 v = __ldg(((const uint4*)wr) + {i}); wf[u][kk][{4*i}] = v.x; "
+            f"wf[u][kk][{4*i+1}] = v.y; wf[u][kk][{4*i+2}] = v.z; wf[u][kk][{4*i+3}] = v.w; }}" for i in range(mt // 4))
     if mt % 2 == 0:
         return "\n".join(
-            f"            {{ const uint2 v = __ldg(((const uint2*)wr) + {i}); w[kk][{2*i}] = v.x; "
-            f"w[kk][{2*i+1}] = v.y; }}" for i in range(mt // 2))
-    return "\n".join(f"            w[kk][{i}] = __ldg(((const unsigned int*)wr) + {i});" for i in range(mt))
+            f"            {{ const uint2 v = __ldg(((const uint2*)wr) + {i}); wf[u][kk][{2*i}] = v.x; "
+            f"wf[u][kk][{2*i+1}] = v.y; }}" for i in range(mt // 2))
+    return "\n".join(f"            wf[u][kk][{i}] = __ldg(((const unsigned int*)wr) + {i});" for i in range(mt))
 
 
-def _x_loads(nt: int) -> str:
-    """C++ that loads the lane's ``NT`` contiguous fp16 of one x^T row (``xt`` layout) into ``xv[0..NT)[kk]``."""
+def _indent(code: str, n: int) -> str:
+    return "\n".join(" " * n + ln if ln.strip() else ln for ln in code.splitlines())
+
+
+def _x_pair_loads(nt: int, u: int, j: int) -> str:
+    """C++ that loads the lane's ``NT`` contiguous fp16 of the two x^T rows of p entries ``2j``, ``2j+1`` of
+    sub-step ``u`` (``xt`` layout; a pad row reads as +0, not loaded) and packs them into the B fragments
+    ``xf[u][nj][j]`` (low half: entry ``2j``)."""
+    ra, rb = f"rk[{u}][{2 * j}]", f"rk[{u}][{2 * j + 1}]"
     if nt == 1:
-        return "xv[0][kk] = (unsigned int)__ldg((const unsigned short*)xr);"
+        ld = lambda r: f"({r} < ncols ? (unsigned int)__ldg((const unsigned short*)(xb0 + (size_t){r} * xs + xcol)) : 0u)"  # noqa: E731,E501
+        return f"            xf[{u}][0][{j}] = {ld(ra)} | ({ld(rb)} << 16);"
     vt = {2: "unsigned int", 4: "uint2", 8: "uint4"}[nt]
-    words = {2: ["v"], 4: ["v.x", "v.y"], 8: ["v.x", "v.y", "v.z", "v.w"]}[nt]
-    body = " ".join(f"xv[{2*i}][kk] = {w} & 0xffffu; xv[{2*i+1}][kk] = {w} >> 16;" for i, w in enumerate(words))
-    return f"const {vt} v = __ldg((const {vt}*)xr); {body}"
+    zero = {2: "0u", 4: "make_uint2(0u, 0u)", 8: "make_uint4(0u, 0u, 0u, 0u)"}[nt]
+    words = {2: [""], 4: [".x", ".y"], 8: [".x", ".y", ".z", ".w"]}[nt]
+    ld = lambda r: f"{r} < ncols ? __ldg((const {vt}*)(xb0 + (size_t){r} * xs + xcol)) : {zero}"  # noqa: E731
+    body = " ".join(f"xf[{u}][{2 * i}][{j}] = __byte_perm(va{w}, vb{w}, 0x5410); "
+                    f"xf[{u}][{2 * i + 1}][{j}] = __byte_perm(va{w}, vb{w}, 0x7632);" for i, w in enumerate(words))
+    return f"            {{ const {vt} va = {ld(ra)}; const {vt} vb = {ld(rb)}; {body} }}"
 
 
-def _snippet(mt: int, nt: int, dense: bool, w_native: bool = False, x_t: bool = False) -> str:
+def _snippet(mt: int, nt: int, dense: bool, w_native: bool = False, x_t: bool = False, ku: int = 1) -> str:
     """The native body: ``acc`` over p in ``[p_lo, p_hi)`` for one lane, returned as a vector of
     ``4*MT*NT`` floats (index ``(mi*NT + nj)*4 + e``).
 
@@ -104,28 +120,50 @@ def _snippet(mt: int, nt: int, dense: bool, w_native: bool = False, x_t: bool = 
     clamped: computed, never stored). ``x`` is ``[B, Cin*Nin]`` read in place (``NT`` scalar loads per p entry,
     batch column ``n`` of n-tile ``nj`` = row ``b0 + 8*nj + n``) or, ``x_t``, ``x^T [Cin*Nin, Bx]`` with the
     batch permuted so that a lane's ``NT`` rows are adjacent (column ``n`` of n-tile ``nj`` = row
-    ``b0 + NT*n + nj``: one vector load per p entry)."""
-    acc = 4 * mt * nt
+    ``b0 + NT*n + nj``: one vector load per p entry).
+
+    ``ku`` k-steps of 16 p entries make one loop iteration: all their operand loads are issued before their
+    ``ku*MT*NT`` MMAs, so a warp has ``ku`` steps' loads in flight per memory round trip (``p_lo`` and ``p_hi``
+    are multiples of ``16*ku``)."""
+    acc, ks = 4 * mt * nt, 16 * ku
     if dense:       # dense ceiling: p entry k reads x column k and W^T row k
-        gpu_idx = """
-        const int rk[4] = {k0 + 2*t, k0 + 2*t + 1, k0 + 2*t + 8, k0 + 2*t + 9};
-        const int* qk = rk;"""
+        gpu_idx = f"""
+        int rk[{ku}][4], qk[{ku}][4];
+        #pragma unroll
+        for (int u = 0; u < {ku}; ++u) {{
+            const int kb = k0 + 16 * u + 2 * t;
+            rk[u][0] = qk[u][0] = kb; rk[u][1] = qk[u][1] = kb + 1;
+            rk[u][2] = qk[u][2] = kb + 8; rk[u][3] = qk[u][3] = kb + 9;
+        }}"""
         cpu_idx = "const int r = k0 + kk; const int q = r;"
         prefetch_init = ""
     else:
-        prefetch_init = """
-    int2 nr01 = make_int2(0, 0), nr89 = nr01, nq01 = nr01, nq89 = nr01;
-    if (p_lo < p_hi) {
-        nr01 = *(const int2*)(ilr + p_lo + 2*t); nr89 = *(const int2*)(ilr + p_lo + 2*t + 8);
-        nq01 = *(const int2*)(wlr + p_lo + 2*t); nq89 = *(const int2*)(wlr + p_lo + 2*t + 8);
-    }"""
-        gpu_idx = """
-        const int rk[4] = {nr01.x, nr01.y, nr89.x, nr89.y};
-        const int qk[4] = {nq01.x, nq01.y, nq89.x, nq89.y};
-        if (k0 + 16 < p_hi) {      // the next step's indices: in flight while this step loads and multiplies
-            nr01 = *(const int2*)(ilr + k0 + 16 + 2*t); nr89 = *(const int2*)(ilr + k0 + 24 + 2*t);
-            nq01 = *(const int2*)(wlr + k0 + 16 + 2*t); nq89 = *(const int2*)(wlr + k0 + 24 + 2*t);
-        }"""
+        prefetch_init = f"""
+    int2 nr[{ku}][2], nq[{ku}][2];               // the next iteration's indices (p entries 2t, 2t+1 | 2t+8, 2t+9)
+    #pragma unroll
+    for (int u = 0; u < {ku}; ++u) {{
+        nr[u][0] = nr[u][1] = nq[u][0] = nq[u][1] = make_int2(0, 0);
+        if (p_lo < p_hi) {{
+            const int kb = p_lo + 16 * u + 2 * t;
+            nr[u][0] = *(const int2*)(ilr + kb); nr[u][1] = *(const int2*)(ilr + kb + 8);
+            nq[u][0] = *(const int2*)(wlr + kb); nq[u][1] = *(const int2*)(wlr + kb + 8);
+        }}
+    }}"""
+        gpu_idx = f"""
+        int rk[{ku}][4], qk[{ku}][4];
+        #pragma unroll
+        for (int u = 0; u < {ku}; ++u) {{
+            rk[u][0] = nr[u][0].x; rk[u][1] = nr[u][0].y; rk[u][2] = nr[u][1].x; rk[u][3] = nr[u][1].y;
+            qk[u][0] = nq[u][0].x; qk[u][1] = nq[u][0].y; qk[u][2] = nq[u][1].x; qk[u][3] = nq[u][1].y;
+        }}
+        if (k0 + {ks} < p_hi) {{     // the next iteration's indices: in flight while this one loads and multiplies
+            #pragma unroll
+            for (int u = 0; u < {ku}; ++u) {{
+                const int kb = k0 + {ks} + 16 * u + 2 * t;
+                nr[u][0] = *(const int2*)(ilr + kb); nr[u][1] = *(const int2*)(ilr + kb + 8);
+                nq[u][0] = *(const int2*)(wlr + kb); nq[u][1] = *(const int2*)(wlr + kb + 8);
+            }}
+        }}"""
         cpu_idx = "const int r = ilr[k0 + kk]; const int q = wlr[k0 + kk];"
     if w_native:
         w_setup = f"""
@@ -139,56 +177,49 @@ def _snippet(mt: int, nt: int, dense: bool, w_native: bool = False, x_t: bool = 
         }}"""
         w_load = f"""            #pragma unroll
             for (int mi = 0; mi < {mt}; ++mi)
-                w[kk][mi] = (unsigned int)__ldg(wrow[mi][0] + qk[kk])
-                          | ((unsigned int)__ldg(wrow[mi][1] + qk[kk]) << 16);"""
+                wf[u][kk][mi] = (unsigned int)__ldg(wrow[mi][0] + qk[u][kk])
+                              | ((unsigned int)__ldg(wrow[mi][1] + qk[u][kk]) << 16);"""
         cpu_w = """const int chc = ch < cmax ? ch : cmax;
                         const float wv = wp::half_to_float(((const wp::float16*)(wb + (size_t)chc * ws))[q]);"""
         cpu_w_setup = "const int cmax = wt.shape[0] - 1;"
     else:
         w_setup = f"\n    const size_t wcol = (size_t)(o0 + g * {2 * mt}) * 2;"
-        w_load = f"""            const char* wr = wb + (size_t)qk[kk] * ws + wcol;
+        w_load = f"""            const char* wr = wb + (size_t)qk[u][kk] * ws + wcol;
 {_w_loads(mt)}"""
         cpu_w = "const float wv = wp::half_to_float(((const wp::float16*)(wb + (size_t)q * ws))[ch]);"
         cpu_w_setup = ""
     if x_t:
         x_setup = f"\n    const size_t xcol = (size_t)(b0 + g * {nt}) * 2;"
-        x_load = f"""        #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {{       // the pad row selects +0 (no load)
-            if (rk[kk] < ncols) {{
-                const char* xr = xb + (size_t)rk[kk] * xs + xcol;
-                {_x_loads(nt)}
-            }} else {{
-                #pragma unroll
-                for (int nj = 0; nj < {nt}; ++nj) xv[nj][kk] = 0u;
-            }}
-        }}"""
+        x_load = "\n".join("        " + _x_pair_loads(nt, "u", j).strip() for j in (0, 1))
         ncols = "x.shape[0]"
         cpu_x = f"""const int b = b0 + (2 * t + (e & 1)) * {nt} + nj;
-                        const float xv = r < ncols ? wp::half_to_float(((const wp::float16*)(xb + (size_t)r * xs))[b]) : 0.0f;"""
+                        const float xv = r < ncols ? wp::half_to_float(((const wp::float16*)(xb0 + (size_t)r * xs))[b]) : 0.0f;"""
     else:
         x_setup = f"""
     const unsigned short* xr[{nt}];
     #pragma unroll
     for (int nj = 0; nj < {nt}; ++nj) {{
         const int b = b0 + nj * 8 + g;
-        xr[nj] = (const unsigned short*)(xb + (size_t)(b < bmax ? b : bmax) * xs);
+        xr[nj] = (const unsigned short*)(xb0 + (size_t)(b < bmax ? b : bmax) * xs);
     }}"""
         x_load = f"""        #pragma unroll
-        for (int nj = 0; nj < {nt}; ++nj) {{
+        for (int nj = 0; nj < {nt}; ++nj)           // the pad column selects +0 (no load)
             #pragma unroll
-            for (int kk = 0; kk < 4; ++kk)     // the pad column selects +0 (no load)
-                xv[nj][kk] = rk[kk] < ncols ? (unsigned int)__ldg(xr[nj] + rk[kk]) : 0u;
-        }}"""
+            for (int j = 0; j < 2; ++j) {{
+                const int ra = rk[u][2 * j], rb = rk[u][2 * j + 1];
+                xf[u][nj][j] = (ra < ncols ? (unsigned int)__ldg(xr[nj] + ra) : 0u)
+                             | ((rb < ncols ? (unsigned int)__ldg(xr[nj] + rb) : 0u) << 16);
+            }}"""
         ncols = "x.shape[1]"
         cpu_x = """int b = b0 + nj * 8 + 2 * t + (e & 1);
                         b = b < bmax ? b : bmax;
-                        const float xv = r < ncols ? wp::half_to_float(((const wp::float16*)(xb + (size_t)b * xs))[r]) : 0.0f;"""
+                        const float xv = r < ncols ? wp::half_to_float(((const wp::float16*)(xb0 + (size_t)b * xs))[r]) : 0.0f;"""
     return f"""
     const int g = lane >> 2;
     const int t = lane & 3;
     const int ncols = {ncols};
     const int bmax = x.shape[0] - 1;
-    const char* xb = (const char*)x.data;
+    const char* xb0 = (const char*)x.data;
     const size_t xs = (size_t)x.strides[0];
     const char* wb = (const char*)wt.data;
     const size_t ws = (size_t)wt.strides[0];
@@ -198,32 +229,35 @@ def _snippet(mt: int, nt: int, dense: bool, w_native: bool = False, x_t: bool = 
     for (int i = 0; i < {acc}; ++i) d[i] = 0.0f;
 #if defined(__CUDA_ARCH__)
 #if __CUDA_ARCH__ >= 800{x_setup}{w_setup}{prefetch_init}
-    for (int k0 = p_lo; k0 < p_hi; k0 += 16) {{{gpu_idx}
-        unsigned int w[4][{mt}];                 // w[kk][mi]: channels (2mi, 2mi+1) of this lane at p entry kk
+    for (int k0 = p_lo; k0 < p_hi; k0 += {ks}) {{{gpu_idx}
+        unsigned int wf[{ku}][4][{mt}];          // wf[u][kk][mi]: channels (2mi, 2mi+1) of this lane at p entry kk
+        unsigned int xf[{ku}][{nt}][2];          // xf[u][nj][j]: B fragment j (p entries 2j, 2j+1) of n-tile nj
         #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {{
-{w_load}
-        }}
-        unsigned int xv[{nt}][4];                // xv[nj][kk]: this lane's batch row of n-tile nj at p entry kk
-{x_load}
-        #pragma unroll
-        for (int mi = 0; mi < {mt}; ++mi) {{
-            const unsigned int a0 = __byte_perm(w[0][mi], w[1][mi], 0x5410);  // row g,   k = 2t, 2t+1
-            const unsigned int a1 = __byte_perm(w[0][mi], w[1][mi], 0x7632);  // row g+8, k = 2t, 2t+1
-            const unsigned int a2 = __byte_perm(w[2][mi], w[3][mi], 0x5410);  // row g,   k = 2t+8, 2t+9
-            const unsigned int a3 = __byte_perm(w[2][mi], w[3][mi], 0x7632);  // row g+8, k = 2t+8, 2t+9
+        for (int u = 0; u < {ku}; ++u) {{         // every load of the iteration first ...
             #pragma unroll
-            for (int nj = 0; nj < {nt}; ++nj) {{
-                const unsigned int bb0 = xv[nj][0] | (xv[nj][1] << 16);       // k = 2t, 2t+1;   col g
-                const unsigned int bb1 = xv[nj][2] | (xv[nj][3] << 16);       // k = 2t+8, 2t+9; col g
-                float* c = d + (mi * {nt} + nj) * 4;
-                asm volatile(
-                    "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                    "{{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, {{%0,%1,%2,%3}};\\n"
-                    : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                    : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(bb0), "r"(bb1));
+            for (int kk = 0; kk < 4; ++kk) {{
+{_indent(w_load, 4)}
             }}
+{_indent(x_load, 4)}
         }}
+        #pragma unroll
+        for (int u = 0; u < {ku}; ++u)            // ... then its MMAs
+            #pragma unroll
+            for (int mi = 0; mi < {mt}; ++mi) {{
+                const unsigned int a0 = __byte_perm(wf[u][0][mi], wf[u][1][mi], 0x5410);  // row g,   k = 2t, 2t+1
+                const unsigned int a1 = __byte_perm(wf[u][0][mi], wf[u][1][mi], 0x7632);  // row g+8, k = 2t, 2t+1
+                const unsigned int a2 = __byte_perm(wf[u][2][mi], wf[u][3][mi], 0x5410);  // row g,   k = 2t+8, 2t+9
+                const unsigned int a3 = __byte_perm(wf[u][2][mi], wf[u][3][mi], 0x7632);  // row g+8, k = 2t+8, 2t+9
+                #pragma unroll
+                for (int nj = 0; nj < {nt}; ++nj) {{
+                    float* c = d + (mi * {nt} + nj) * 4;
+                    asm volatile(
+                        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                        "{{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, {{%0,%1,%2,%3}};\\n"
+                        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(xf[u][nj][0]), "r"(xf[u][nj][1]));
+                }}
+            }}
     }}
 #endif      // (before sm_80 there is no mma.sync.m16n8k16: the accumulators stay 0, the NaN canary's oracle check
             //  fails and the config is reported unusable; no trap, which would poison the CUDA context)
@@ -250,16 +284,17 @@ def _snippet(mt: int, nt: int, dense: bool, w_native: bool = False, x_t: bool = 
 """
 
 
-def _mma_steps(mt: int, nt: int, dense: bool = False, w_native: bool = False, x_t: bool = False):
-    """The native function running one lane's p loop (built once per block shape and operand layouts)."""
-    key = (mt, nt, dense, w_native, x_t)
+def _mma_steps(mt: int, nt: int, dense: bool = False, w_native: bool = False, x_t: bool = False, ku: int = 1):
+    """The native function running one lane's p loop (built once per block shape, operand layouts and k-steps
+    per iteration)."""
+    key = (mt, nt, dense, w_native, x_t, ku)
     with _lock:
         fn = _STEPS.get(key)
         if fn is not None:
             return fn
         init_warp()
         vec_acc = wp.types.vector(length=4 * mt * nt, dtype=wp.float32)
-        src = _snippet(mt, nt, dense, w_native, x_t)
+        src = _snippet(mt, nt, dense, w_native, x_t, ku)
         # (Warp recognises a native function by its literal ``@wp.func_native(...)`` decorator; the return
         # annotation resolves through this frame's locals)
         if dense:
@@ -288,8 +323,9 @@ def _decorator(name: str, block_dim: int):
 
 
 def make_mma_kernel(m_tiles: int, n_tiles: int, block_dim: int = 128, split: bool = False, dense: bool = False,
-                    w_native: bool = False, x_t: bool = False):
-    """The ``mma`` kernel with ``m_tiles`` 16-channel tiles and ``n_tiles`` 8-row batch tiles per warp.
+                    w_native: bool = False, x_t: bool = False, k_steps: int = 1):
+    """The ``mma`` kernel with ``m_tiles`` 16-channel tiles and ``n_tiles`` 8-row batch tiles per warp, walking
+    the p loop ``k_steps`` k-steps (``16*k_steps`` p entries) per iteration.
 
     Launch: ``wp.launch(kernel, dim=(S*Nout, ceil(B / (8*n_tiles)), n_og*32), block_dim=...)`` with
     ``n_og = Cout_p / (16*m_tiles)``: the last dimension is (channel block, lane), so each warp of 32
@@ -309,21 +345,28 @@ def make_mma_kernel(m_tiles: int, n_tiles: int, block_dim: int = 128, split: boo
       row) k and W^T row (W column) k: ``xd [Bx, Kd]`` (``x_t``: ``[Kd, Bx]``), ``wd [Kd, Cout_p]``
       (``w_native``: ``[Cout_p, Kd]``), ``bias``, ``y [Nout, B, Cout]``, ``kd``, ``n_og``: the ceiling of that
       config without gathers.
+
+    ``k_steps`` > 1 issues the loads of that many k-steps before their MMAs: twice (four times) the loads in
+    flight per warp for 2x (4x) the operand registers. ``p_len`` and ``p_chunk`` (and ``kd``) must then be
+    multiples of ``16*k_steps``; the tables' P64 columns always hold ``p_len`` rounded up to 64.
     """
     init_warp()
     MT, NT = int(m_tiles), int(n_tiles)
     if MT < 1 or NT < 1 or block_dim % 32:
         raise ValueError(f"mma kernel: m_tiles={MT}, n_tiles={NT} must be >= 1 and block_dim={block_dim} a "
                          f"multiple of 32")
+    KU = int(k_steps)
+    if KU not in (1, 2, 4):
+        raise ValueError(f"mma kernel: k_steps={KU} must be 1, 2 or 4")
     if x_t and NT not in (1, 2, 4, 8):
         raise ValueError(f"mma kernel: x^T loads need n_tiles in (1, 2, 4, 8), got {NT}")
     WN, XT = bool(w_native), bool(x_t)
-    steps = _mma_steps(MT, NT, dense, WN, XT)
+    steps = _mma_steps(MT, NT, dense, WN, XT, KU)
     OC, BR = 16 * MT, 8 * NT
     # batch row of accumulator column n (= 2t + e%2) in n-tile nj: b0 + n*BS + nj*NS
     BS, NS = (NT, 1) if XT else (1, 8)
     fam = "mma" + ("s" if split else "") + ("w" if WN else "") + ("t" if XT else "")
-    kname = f"fovi_fwd_{fam}{'_dense' if dense else ''}_m{MT}n{NT}b{block_dim}"
+    kname = f"fovi_fwd_{fam}{'_dense' if dense else ''}_m{MT}n{NT}{f'k{16 * KU}' if KU > 1 else ''}b{block_dim}"
 
     if dense:
         @_decorator(kname, block_dim)
@@ -384,5 +427,5 @@ def make_mma_kernel(m_tiles: int, n_tiles: int, block_dim: int = 128, split: boo
                         if b < y.shape[0] and ch < y.shape[1]:
                             y[b, ch, n] = wp.float16(acc[(mi * NT + nj) * 4 + e] + bias[ch])
 
-    kernel._fovi_tiles = (fam + ("_dense" if dense else ""), BR, OC, MMA_K, 1, int(block_dim))
+    kernel._fovi_tiles = (fam + ("_dense" if dense else ""), BR, OC, MMA_K * KU, 1, int(block_dim))
     return kernel
