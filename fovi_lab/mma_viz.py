@@ -11,8 +11,10 @@ figures).
 * :func:`layout_rows`: what each operand layout bought: the same block with x in place or x^T, W^T or W in
   place, replayed side by side.
 * :func:`depth_rows` / :func:`depth_figure` / :func:`register_rows`: what the loop depth bought (the same block
-  looping 1, 2 or 4 k-steps per iteration, replayed side by side in runs 59-61) and what it costs in registers
+  looping 1, 2 or 4 k-steps per iteration, replayed side by side in runs 59-63) and what it costs in registers
   and resident warps (the sm_90 cubins).
+* :func:`stage_rows` / :func:`stage_figure`: what the staged store bought (the same block writing y directly or
+  through a shared tile, replayed side by side in run 63).
 * :func:`explore_mma_widget`: what the notebook's widget runs: one layer, batch and mma config here, the pick
   for that shape, and the recorded replays of that layer.
 """
@@ -27,15 +29,17 @@ import plotly.graph_objects as go
 from . import kernel_lab as kl
 from .layers import LAYERS as _ALL_LAYERS, layer_meta
 
-__all__ = ["MMA_RUNS", "OLD_RULE_RUNS", "DEPTH_RUNS", "LAYERS", "fragment_owner", "fragment_figure",
+__all__ = ["MMA_RUNS", "OLD_RULE_RUNS", "DEPTH_RUNS", "STAGE_RUNS", "LAYERS", "fragment_owner", "fragment_figure",
            "lane_channels", "explore_mma", "mma_rows", "mma_figure", "layout_rows", "depth_rows", "depth_figure",
-           "register_rows", "explore_mma_widget", "mma_configs"]
+           "register_rows", "stage_rows", "stage_figure", "explore_mma_widget", "mma_configs"]
 
 #: Session 10's runs that replayed every mma config (registered and experimental, loops of 1, 2 and 4 k-steps)
-#: beside the pick and PyTorch on every layer at B = 1/4/16/32/64/128/512: 59 (B = 1/16/64), 60 (B = 4/32/128/512)
-#: and 61 (all seven, a second lease). The mma kernels' source changed in session 10, so session 9's runs (52-56)
-#: no longer time today's kernels.
-MMA_RUNS = (59, 60, 61)
+#: beside the pick and PyTorch on every layer at B = 1/4/16/32/64/128/512: 59 (B = 1/16/64), 60 (B = 4/32/128/512),
+#: 61 (all seven, a second lease) and 63 (all seven, with the staged stores and the 1-/2-warp blocks). The mma
+#: kernels' source changed in session 10, so session 9's runs (52-56) no longer time today's kernels.
+MMA_RUNS = (59, 60, 61, 63)
+#: The run that timed the staged stores beside the direct ones.
+STAGE_RUNS = (63,)
 #: The runs that timed every loop depth of a block side by side.
 DEPTH_RUNS = MMA_RUNS
 #: The runs whose chosen config was session 8's pick (the tile / SIMT rules, ``FOVI_WARP_MMA=off`` today).
@@ -195,7 +199,7 @@ def mma_figure(rows: Optional[List[dict]] = None, height: int = 480) -> go.Figur
     from plotly.subplots import make_subplots
     rows = mma_rows() if rows is None else rows
     if not rows:
-        return kl.message_figure("no recorded mma runs (59-61) under data/")
+        return kl.message_figure("no recorded mma runs (59-63) under data/")
     batches = sorted({r["B"] for r in rows})
     fig = make_subplots(rows=1, cols=len(batches), subplot_titles=[f"B = {b}" for b in batches], shared_yaxes=True)
     for col, b in enumerate(batches, start=1):
@@ -214,7 +218,7 @@ def mma_figure(rows: Optional[List[dict]] = None, height: int = 480) -> go.Figur
     fig.update_layout(barmode="group", height=height,
                       title=dict(text="Tensor cores by hand: the mma kernels against session 8's kernels and PyTorch "
                                       "(whole op, replayed)<br><sub>" + kl.versions_title(recs)
-                                      + " · mma and PyTorch: runs 59-61, session 8: runs 52-53; medians</sub>",
+                                      + " · mma and PyTorch: runs 59-63, session 8: runs 52-53; medians</sub>",
                                  x=0.01),
                       legend=dict(orientation="h", y=-0.42), margin=dict(t=90, b=150))
     return fig
@@ -285,7 +289,7 @@ def _layer_figure(layer: str, rows: List[dict], height: int = 320) -> go.Figure:
         layer, rows, (("ms", "pick", "mma pick", "#2ca02c"),
                       ("old_ms", "old_config", "session 8's pick", "#1f77b4"),
                       ("torch_ms", "torch_impl", "fastest PyTorch", "#d62728")),
-        "runs 59-61 (session 8: 52-53)", f"no recorded mma runs for {layer!r} under data/", log=True, height=height)
+        "runs 59-63 (session 8: 52-53)", f"no recorded mma runs for {layer!r} under data/", log=True, height=height)
 
 
 # ----------------------------------------------------------------------------------------------- loop depth
@@ -323,7 +327,7 @@ def depth_figure(rows: Optional[List[dict]] = None, height: int = 380) -> go.Fig
     """Grouped bars: per point, the same block looping 16, 32 and 64 p entries per iteration (µs, replayed)."""
     rows = depth_rows() if rows is None else rows
     if not rows:
-        return kl.message_figure("no recorded loop-depth runs (59-61) under data/")
+        return kl.message_figure("no recorded loop-depth runs (59-63) under data/")
     xs = [f"{r['layer']} B={r['B']}<br>{r['configs'][0]}" for r in rows]
     fig = go.Figure()
     for i, (name, colour) in enumerate((("1 k-step (tile_k 16)", "#9ecae1"), ("2 k-steps (k32)", "#4292c6"),
@@ -335,7 +339,7 @@ def depth_figure(rows: Optional[List[dict]] = None, height: int = 380) -> go.Fig
                       title=dict(text="Loads in flight: the same block looping 1, 2 or 4 k-steps per iteration<br><sub>"
                                       + kl.versions_title([rec for rec in kl.forward_records()
                                                            if rec.get("run") in DEPTH_RUNS][:1])
-                                      + " · runs 59-61, medians</sub>", x=0.01),
+                                      + " · runs 59-63, medians</sub>", x=0.01),
                       legend=dict(orientation="h", y=-0.3), margin=dict(t=80, b=120))
     return fig
 
@@ -357,3 +361,61 @@ def register_rows(path=None) -> List[dict]:
     except OSError:
         return []
     return rows
+
+
+# ----------------------------------------------------------------------------------------------- staged store
+
+#: (layer, B, the block writing y directly, the same block writing it through a shared tile).
+STAGE_POINTS = (
+    ("res18_stem", 512, "mmat_o64b32", "mmato_o64b32b256"),
+    ("res18_stem", 64, "mmat_o64b32", "mmato_o64b32b256"),
+    ("res18_stem", 16, "mma_o64b16k32", "mmao_o64b16k32b256"),
+    ("alex_L0", 64, "mmat_o96b32k32", "mmato_o96b32k32"),
+    ("alex_L0", 16, "mma_o96b16", "mmao_o96b16"),
+    ("dinov3_patch", 512, "mmat_o64b32", "mmato_o64b32b256"),
+    ("dinov3_patch", 16, "mmat_o64b16k64", "mmato_o64b16k64"),
+    ("res18_layer1", 64, "mmat_o64b16k64", "mmato_o64b16k64"),
+    ("alex_L1", 512, "mmat_o64b32", "mmato_o64b32b256"),
+    ("alex_L2", 64, "mmat_o96b32k32", "mmato_o96b32k32"),
+    ("res18_layer4_0", 64, "mmat_o64b16k64", "mmato_o64b16k64"),
+)
+
+
+def stage_rows(records: Optional[List[dict]] = None, points=STAGE_POINTS) -> List[dict]:
+    """Per point of :data:`STAGE_POINTS`: both blocks' whole ops replayed, medians over :data:`STAGE_RUNS`, the
+    staged store's speedup, and the output's share of the op's bytes (y against x, W and the tables)."""
+    records = kl.forward_records() if records is None else records
+    shapes = _by_shape(records, STAGE_RUNS)
+    rows = []
+    for layer, b, direct, staged in points:
+        rs = shapes.get((layer, b), [])
+        med = _median_by(rs, lambda r: r["config"], lambda r: r["impl"] == "warp_uncached_graphed")
+        if direct in med and staged in med:
+            shape = next((r for r in rs if r.get("nout")), {})
+            y_bytes = 2.0 * b * shape.get("cout", 0) * shape.get("nout", 0)
+            rows.append(dict(layer=layer, B=b, direct=direct, direct_ms=med[direct], staged=staged,
+                             staged_ms=med[staged], speedup=med[direct] / med[staged],
+                             y_share=(y_bytes / shape["bytes"]) if shape.get("bytes") else None))
+    return rows
+
+
+def stage_figure(rows: Optional[List[dict]] = None, height: int = 380) -> go.Figure:
+    """Grouped bars: per point, the block writing y directly and through the shared tile (µs, replayed)."""
+    rows = stage_rows() if rows is None else rows
+    if not rows:
+        return kl.message_figure("no recorded staged-store run (63) under data/")
+    xs = [f"{r['layer']} B={r['B']}" for r in rows]
+    fig = go.Figure()
+    for key, cfg, name, colour in (("direct_ms", "direct", "each lane stores its own outputs", "#fdae6b"),
+                                   ("staged_ms", "staged", "staged through a shared tile", "#e6550d")):
+        fig.add_trace(go.Bar(x=xs, y=[r[key] * 1e3 for r in rows], name=name, marker_color=colour,
+                             customdata=[r[cfg] for r in rows],
+                             hovertemplate="%{customdata}: %{y:.1f} µs<extra></extra>"))
+    fig.update_layout(barmode="group", height=height, yaxis_title="µs per op, CUDA-graph replay", yaxis_type="log",
+                      title=dict(text="The staged store: y written in runs of adjacent nodes instead of one 2-byte "
+                                      "store per sector<br><sub>"
+                                      + kl.versions_title([rec for rec in kl.forward_records()
+                                                           if rec.get("run") in STAGE_RUNS][:1])
+                                      + " · run 63</sub>", x=0.01),
+                      legend=dict(orientation="h", y=-0.3), margin=dict(t=80, b=120))
+    return fig

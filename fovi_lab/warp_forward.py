@@ -261,38 +261,41 @@ _UNCACHED_BATCH_CONFIG_SPECS: Dict[str, Tuple[str, int, int, int, int, int]] = {
     # tensor cores by hand (fovi_lab.warp_mma): one warp per (node, 8*NT batch rows, 16*MT channels), PTX
     # mma.sync.m16n8k16 on fragments each lane gathers itself; x read and y written in place, no stage.
     # tile_m = batch rows per warp, tile_n = channels per warp, tile_k = 16 p entries per step.
-    "mma_o32b8": ("mma", 8, 32, 16, 1, 128),
     "mma_o64b8": ("mma", 8, 64, 16, 1, 128),
-    "mma_o32b16": ("mma", 16, 32, 16, 1, 128),
-    "mma_o48b16": ("mma", 16, 48, 16, 1, 128),
     "mma_o64b16": ("mma", 16, 64, 16, 1, 128),
     "mma_o96b16": ("mma", 16, 96, 16, 1, 128),
-    "mma_o64b32": ("mma", 32, 64, 16, 1, 128),
-    "mma_o32b32": ("mma", 32, 32, 16, 1, 128),
     # the same with the p range split S ways (fp32 partials, then the fixed-order nms reduction)
     "mmas_o32b8": ("mmas", 8, 32, 16, 1, 128),
     "mmas_o64b8": ("mmas", 8, 64, 16, 1, 128),
     "mmas_o32b16": ("mmas", 16, 32, 16, 1, 128),
     "mmas_o64b16": ("mmas", 16, 64, 16, 1, 128),
-    "mmas_o64b32": ("mmas", 32, 64, 16, 1, 128),
     # W read in place ([Cout, Q], no per-call W^T layout: training steps and graph replays)
-    "mmaw_o64b16": ("mmaw", 16, 64, 16, 1, 128),
     "mmasw_o32b8": ("mmasw", 8, 32, 16, 1, 128),
     "mmasw_o32b16": ("mmasw", 16, 32, 16, 1, 128),
     "mmasw_o64b8": ("mmasw", 8, 64, 16, 1, 128),
     "mmasw_o64b16": ("mmasw", 16, 64, 16, 1, 128),
     # x^T per call (batch rows adjacent: one vector load per p entry), for large batches
-    "mmat_o64b16": ("mmat", 16, 64, 16, 1, 128),
     "mmat_o64b32": ("mmat", 32, 64, 16, 1, 128),
-    "mmat_o96b16": ("mmat", 16, 96, 16, 1, 128),
     "mmat_o96b32": ("mmat", 32, 96, 16, 1, 128),
     # loops of 2 (k32) or 4 (k64) k-steps per iteration: every load of an iteration issued before its MMAs
     "mma_o32b8k32": ("mma", 8, 32, 32, 1, 128),
-    "mma_o32b8k64": ("mma", 8, 32, 64, 1, 128),
     "mma_o96b16k32": ("mma", 16, 96, 32, 1, 128),
     "mma_o64b16k32": ("mma", 16, 64, 32, 1, 128),
-    "mmat_o64b16k64": ("mmat", 16, 64, 64, 1, 128),
     "mmat_o96b32k32": ("mmat", 32, 96, 32, 1, 128),
+    # the staged store (mmao / mmato: a block's warps are consecutive nodes and write y through a shared tile,
+    # runs of block_dim/32 adjacent outputs instead of one 2-byte store per 32-byte sector), and the picks in
+    # 1- and 2-warp blocks (b32 / b64: grids of a few hundred warps spread over all 132 SMs); run 63
+    "mma_o32b8k64b64": ("mma", 8, 32, 64, 1, 64),
+    "mmao_o64b16k32": ("mmao", 16, 64, 32, 1, 128),
+    "mmao_o64b16k32b256": ("mmao", 16, 64, 32, 1, 256),
+    "mmao_o96b16": ("mmao", 16, 96, 16, 1, 128),
+    "mmasw_o32b16b64": ("mmasw", 16, 32, 16, 1, 64),
+    "mmat_o64b16k64b32": ("mmat", 16, 64, 64, 1, 32),
+    "mmato_o64b16k64": ("mmato", 16, 64, 64, 1, 128),
+    "mmato_o64b32": ("mmato", 32, 64, 16, 1, 128),
+    "mmato_o64b32b256": ("mmato", 32, 64, 16, 1, 256),
+    "mmato_o96b32": ("mmato", 32, 96, 16, 1, 128),
+    "mmato_o96b32k32": ("mmato", 32, 96, 32, 1, 128),
 }
 
 # Measured and never the fastest on the H200 sweep (kept runnable by name for benchmarks, but not
@@ -332,6 +335,18 @@ _EXPERIMENTAL_CONFIG_SPECS: Dict[str, Tuple[str, int, int, int, int, int]] = {
     "ss_b4o4u4": ("simts", 4, 4, 4, 1, 128),
     "ss_b16o8u2": ("simts", 16, 8, 2, 1, 128),
     # more mma register blocks, for sweeps
+    # registered in session 9, not picked by session 10's rule (runs 59-63): kept runnable for sweeps and teaching
+    "mma_o32b16": ("mma", 16, 32, 16, 1, 128),
+    "mma_o32b32": ("mma", 32, 32, 16, 1, 128),
+    "mma_o32b8": ("mma", 8, 32, 16, 1, 128),
+    "mma_o32b8k64": ("mma", 8, 32, 64, 1, 128),
+    "mma_o48b16": ("mma", 16, 48, 16, 1, 128),
+    "mma_o64b32": ("mma", 32, 64, 16, 1, 128),
+    "mmas_o64b32": ("mmas", 32, 64, 16, 1, 128),
+    "mmat_o64b16": ("mmat", 16, 64, 16, 1, 128),
+    "mmat_o64b16k64": ("mmat", 16, 64, 64, 1, 128),
+    "mmat_o96b16": ("mmat", 16, 96, 16, 1, 128),
+    "mmaw_o64b16": ("mmaw", 16, 64, 16, 1, 128),
     "mma_o128b16": ("mma", 16, 128, 16, 1, 128),
     "mma_o96b32": ("mma", 32, 96, 16, 1, 128),
     "mma_o64b16b64": ("mma", 16, 64, 16, 1, 64),
@@ -357,6 +372,20 @@ _EXPERIMENTAL_CONFIG_SPECS: Dict[str, Tuple[str, int, int, int, int, int]] = {
     "mmat_o64b16k32": ("mmat", 16, 64, 32, 1, 128),
     "mmat_o64b32k32": ("mmat", 32, 64, 32, 1, 128),
     "mmat_o96b16k32": ("mmat", 16, 96, 32, 1, 128),
+    # the picks with 2-warp (b64) and 1-warp (b32) blocks: a grid of a few hundred warps in 4-warp blocks leaves
+    # SMs idle (run 62: res18 layer3 at B = 64 ran 64 blocks on the 132 SMs); session 10, run 63
+    "mmat_o64b16k64b64": ("mmat", 16, 64, 64, 1, 64),
+    "mmat_o96b32k32b64": ("mmat", 32, 96, 32, 1, 64),
+    "mmat_o96b32b64": ("mmat", 32, 96, 16, 1, 64),
+    "mma_o32b8k32b64": ("mma", 8, 32, 32, 1, 64),
+    "mmas_o32b8b64": ("mmas", 8, 32, 16, 1, 64),
+    "mmas_o64b8b64": ("mmas", 8, 64, 16, 1, 64),
+    "mma_o96b16b64": ("mma", 16, 96, 16, 1, 64),
+    # the staged store (mmao / mmato: a block's warps are consecutive nodes and write y through a shared tile,
+    # runs of block_dim/32 adjacent outputs instead of one 2-byte store per sector); session 10, run 63
+    "mmato_o64b16": ("mmato", 16, 64, 16, 1, 128),
+    "mmao_o64b32": ("mmao", 32, 64, 16, 1, 128),
+    "mmao_o32b8k32": ("mmao", 8, 32, 32, 1, 128),
     # gather with register prefetch
     "gp_m16n32": ("gp", 16, 32, 64, 1, 64),
     "gp_m32n64": ("gp", 32, 64, 64, 1, 128),
@@ -1277,13 +1306,18 @@ def _mathdx_default() -> Optional[bool]:
 
 
 # The tensor-core families (fovi_lab.warp_mma): "mma" + "s" (p loop split) + "w" (W read in place) + "t" (x^T).
-_MMA_FAMILIES = ("mma", "mmas", "mmaw", "mmasw", "mmat")
+_MMA_FAMILIES = ("mma", "mmas", "mmaw", "mmasw", "mmat", "mmao", "mmato")
 
 
 def _mma_flags(family: str) -> Tuple[bool, bool, bool]:
     """(split, W in place, x^T) of an mma family name."""
     tail = family[3:]
     return "s" in tail, "w" in tail, "t" in tail
+
+
+def _mma_staged(family: str) -> bool:
+    """Whether an mma family writes y through a shared tile (``mmao`` / ``mmato``: the staged store)."""
+    return family in _MMA_FAMILIES and family.endswith("o")
 
 
 def dense_kind(cfg: FwdConfig) -> Tuple:
@@ -1294,6 +1328,7 @@ def dense_kind(cfg: FwdConfig) -> Tuple:
         fam = "simt"
     elif fam in _MMA_FAMILIES:
         fam = fam.replace("mmas", "mma")
+        fam = fam[:-1] if fam.endswith("o") else fam        # the staged store shares its loop's ceiling
     elif fam in ("nmp", "gp"):
         fam = "pipelined"
     elif fam != "simtv":
@@ -1316,7 +1351,8 @@ def _build_kernel(cfg: FwdConfig, mathdx: Optional[bool] = None, dense: bool = F
                 from .warp_mma import make_mma_kernel
                 split, w_native, x_t = _mma_flags(cfg.family)
                 k = make_mma_kernel(cfg.tile_n // 16, cfg.tile_m // 8, cfg.block_dim, split=split and not dense,
-                                    dense=dense, w_native=w_native, x_t=x_t, k_steps=cfg.tile_k // 16)
+                                    dense=dense, w_native=w_native, x_t=x_t, k_steps=cfg.tile_k // 16,
+                                    stage=_mma_staged(cfg.family) and not dense)
             elif cfg.family in ("simt", "simtp", "simtw") or (dense and cfg.family in ("simts", "simtsw")):
                 k = _make_simt_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, dense=dense,
                                       prefetch=cfg.family == "simtp", wvec=cfg.family == "simtw")
@@ -1610,6 +1646,10 @@ _MMA_SHALLOW_PER_STEP = (10, 200)       # 32 x 8 warps per k-step for the unspli
 _MMAT_MIN_WARPS = (320, 512)            # 32-row warps for x^T: on loops of >= 64 k-steps, else
 _MMAT_WIDE_WARPS = 1024                 # 96 x 32 blocks (Cout >= 256) from this many warps
 _MMAT_K16_WAVE = (1056, 1584)           # 96 x 32 grids that fit one wave of 12 warps/SM (k16) but not of 8 (k32)
+_MMA_LONG_STEPS = 144                   # loops this long (alexnet L1-L4, res18 layer3/4_0): the stores are a small part
+_MMA_STAGE_MIN_NODES = 60               # staged stores where the layer has nodes to fill 4-8-node blocks
+_MMA_STAGE_MIN_BLOCKS = 132             # ... or, on long loops, where the staged grid has a block per SM
+_MMA_DEEP_SHALLOW_PER_STEP = (20, 200)  # 32 x 8 warps per k-step for the staged deep x^T loop at B = 16-32
 _MMAW_MAX_REUSE = 4
 _MMAW_MAX_BATCH_REUSE = 128
 
@@ -1618,38 +1658,52 @@ def _select_mma(batch: int, out_channels: int, out_nodes: int, p_padded: int, q:
     """The mma config of a call (see the rules above); ``q``: W's columns (Cin*V), for the W-in-place rule."""
     steps = max(1, p_padded // 16)
     cdiv = lambda a, b: -(-a // b)  # noqa: E731
-    cout = out_channels
-    # the deep x^T loop
-    w16 = out_nodes * cdiv(batch, 16) * cdiv(cout, 64)
-    if steps >= 36 and (batch >= 16 and _MMA_DEEP_WARPS[0 if steps >= 64 else 1] <= w16 <= _MMA_DEEP_WARPS[2]
-                        or batch <= 8 and steps >= 64 and w16 >= 768):
-        return "mmat_o64b16k64"
+    cout, nout = out_channels, out_nodes
+    w16 = nout * cdiv(batch, 16) * cdiv(cout, 64)
+    w32 = nout * cdiv(batch, 8) * cdiv(cout, 32)
+    # the deep x^T loop: staged stores on the shorter loops of layers with nodes to fill the blocks, else
+    # 1-warp blocks (long loops: the stores are a small part; few nodes: 4-warp blocks leave SMs idle)
+    deep = steps >= 36 and (batch >= 16 and _MMA_DEEP_WARPS[0 if steps >= 64 else 1] <= w16 <= _MMA_DEEP_WARPS[2]
+                            or batch <= 8 and steps >= 64 and w16 >= 768)
+    staged_deep = (steps < _MMA_LONG_STEPS and nout >= _MMA_STAGE_MIN_NODES and batch >= 16
+                   and (deep or steps >= 20 and batch <= 32
+                        and _MMA_DEEP_SHALLOW_PER_STEP[0] * steps <= w32 <= _MMA_DEEP_SHALLOW_PER_STEP[1] * steps))
+    if staged_deep:
+        return "mmato_o64b16k64"
+    if deep:
+        return "mmat_o64b16k64b32"
     # x^T: 96-channel blocks when Cout is a multiple of 96 and where 96 x 32 blocks still give a full grid
     t_rows = 32
     t_oc = 96 if (cout % 96 == 0 or
-                  (cout >= 256 and out_nodes * cdiv(batch, 32) * cdiv(cout, 96) >= _MMAT_WIDE_WARPS)) else 64
-    t_warps = out_nodes * cdiv(batch, t_rows) * cdiv(cout, t_oc)
+                  (cout >= 256 and nout * cdiv(batch, 32) * cdiv(cout, 96) >= _MMAT_WIDE_WARPS)) else 64
+    t_warps = nout * cdiv(batch, t_rows) * cdiv(cout, t_oc)
     if batch >= 32 and (steps >= 64 and t_warps >= _MMAT_MIN_WARPS[0]
                         or (steps >= 32 or cout <= 96) and t_warps >= _MMAT_MIN_WARPS[1]) \
-            or batch >= 16 and steps >= 64 and t_warps >= _MMAT_MIN_WARPS[1]:
-        deep = t_oc == 96 and t_rows == 32 and not _MMAT_K16_WAVE[0] < t_warps <= _MMAT_K16_WAVE[1]
-        return f"mmat_o{t_oc}b{t_rows}" + ("k32" if deep else "")
+            or batch >= 16 and steps >= 64 and t_warps >= _MMAT_MIN_WARPS[1] \
+            or batch >= 64 and nout >= _MMA_STAGE_MIN_NODES and t_warps >= _MMAT_MIN_WARPS[1]:
+        stage = nout >= 16 and (steps < _MMA_LONG_STEPS or t_warps >= 4 * _MMA_STAGE_MIN_BLOCKS)
+        if stage and cout % 64 == 0 and (batch >= 512 or nout >= 512):
+            return "mmato_o64b32b256"                 # 8-node blocks: runs of 8 outputs per store
+        k32 = t_oc == 96 and not _MMAT_K16_WAVE[0] < t_warps <= _MMAT_K16_WAVE[1]
+        return f"mmat{'o' if stage else ''}_o{t_oc}b{t_rows}" + ("k32" if k32 else "")
     # x in place
     rows = 8 if batch <= 8 else 16
     oc = 96 if cout % 96 == 0 and (cout % 64 or batch > 16) else 64
     if oc == 96 and cout % 64:
         rows = 16                                     # alexnet's stem: 96 x 16 at every batch
-    w32 = out_nodes * cdiv(batch, 8) * cdiv(cout, 32)
     if oc != 96 and batch <= 32 and _MMA_SHALLOW_PER_STEP[0] * steps <= w32 <= _MMA_SHALLOW_PER_STEP[1] * steps:
-        deeper = steps >= 20 and (batch <= 8 or batch <= 16 and w32 >= 40 * steps)
-        return "mma_o32b8k64" if deeper else "mma_o32b8k32"
-    if batch >= 128 and steps >= 64 and out_nodes * cdiv(batch, 32) * cdiv(cout, 64) >= 768:
+        if steps >= 20 and (batch <= 8 or batch <= 16 and w32 >= 40 * steps):
+            return "mma_o32b8k64b64"                  # 2-warp blocks: these grids are a few hundred warps
+        return "mma_o32b8k32"
+    if batch >= 128 and steps >= 64 and nout * cdiv(batch, 32) * cdiv(cout, 64) >= 768:
         rows, oc = 32, 64
-    warps = out_nodes * cdiv(batch, rows) * cdiv(cout, oc)
+    warps = nout * cdiv(batch, rows) * cdiv(cout, oc)
     per_step = _MMA_SPLIT_PER_STEP[0 if batch <= 2 else 1 if batch <= 8 else 2]
     if warps * (rows // 8) < per_step * steps:
-        reuse = out_nodes * p_padded / q if q else math.inf
+        reuse = nout * p_padded / q if q else math.inf
         w_native = reuse <= _MMAW_MAX_REUSE and batch * reuse < _MMAW_MAX_BATCH_REUSE
+        if w_native and nout < 16 and batch >= 4:
+            return "mmasw_o32b16b64"                  # res18 layer4_0: 2 nodes, 2-warp blocks
         if warps < _MMA_FEW_WARPS[0 if batch <= 16 else 1]:
             oc, rows = 32, (8 if batch <= (8 if w_native else 16) else 16)
         elif oc == 96 or rows == 32:                  # the registered split blocks
@@ -1657,8 +1711,11 @@ def _select_mma(batch: int, out_channels: int, out_nodes: int, p_padded: int, q:
         return f"mmas{'w' if w_native else ''}_o{oc}b{rows}"
     if 2 < batch <= 8:
         rows = 16                                     # unsplit at B = 3-8: 16-row blocks (two n-tiles in flight)
-    deep = oc == 96 and batch <= 8 or oc == 64 and rows == 16 and cout <= 64 and batch <= 16
-    return f"mma_o{oc}b{rows}" + ("k32" if deep else "")
+    k32 = oc == 96 and batch <= 8 or oc == 64 and rows == 16 and cout <= 64 and batch <= 16
+    name = f"mma_o{oc}b{rows}" + ("k32" if k32 else "")
+    if batch >= 16 and nout >= _MMA_STAGE_MIN_NODES and name in ("mma_o96b16", "mma_o64b16k32"):
+        name = name.replace("mma_", "mmao_") + ("b256" if oc == 64 and nout >= 512 else "")
+    return name
 
 
 # The SIMT kernels for stem-like calls (Cin < 32), and where they win, from the H200 sweep
@@ -2202,6 +2259,9 @@ class _SimtRunner:
                 self.split, per = _simts_split(units, p_len // u, (tb, to))
             self.dims = (self.split * nout, nbg, n_og * lanes)
             self.tail = [p_len, per * u, n_og, nout]
+        elif _mma_staged(cfg.family):                # a block = block_dim/32 consecutive nodes of one (bg, og)
+            self.dims = (nbg, n_og, pad_to(nout, cfg.block_dim // 32) * 32)
+            self.tail = [p_len, n_og]
         else:
             self.dims = (nout, nbg, n_og * lanes)
             self.tail = [p_len, n_og]

@@ -23,11 +23,12 @@ from fovi_lab.warp_common import init_warp, wp
 ARCHS = (80, 89, 90)
 
 
-# The mma kernels for sm_80 / sm_89: one config per distinct load code (W as u32 / uint2 / uint4 words, W in
-# place, x^T as u32 / uint2 words, the split store, loops of 4 k-steps with x in place and x^T). Their CUDA differs from the other block shapes only in
+# The mma kernels for sm_80 / sm_89: one config per distinct load code (W as uint2 / uint4 words, W in place,
+# x^T as u32 / uint2 words, the split store, loops of 4 k-steps with x in place and x^T, the staged store with x
+# in place and x^T). Their CUDA differs from the other block shapes only in
 # those template constants; sm_90 builds every registered mma config.
-_MMA_REPRESENTATIVES = ("mma_o48b16", "mma_o64b16", "mma_o96b16", "mmas_o32b8", "mmaw_o64b16", "mmasw_o32b8",
-                        "mmat_o64b16", "mmat_o96b32", "mma_o32b8k64", "mmat_o64b16k64")
+_MMA_REPRESENTATIVES = ("mma_o64b16", "mma_o96b16", "mmas_o32b8", "mmasw_o32b8", "mmat_o64b32", "mmat_o96b32",
+                        "mma_o32b8k64b64", "mmat_o64b16k64b32", "mmao_o96b16", "mmato_o64b16k64")
 
 
 def _forward_kernels_by_block_dim(module_prefix: str, mma_all: bool = True):
@@ -78,7 +79,8 @@ def _forward_kernels_by_block_dim(module_prefix: str, mma_all: bool = True):
                 mt, nt = cfg.tile_n // 16, cfg.tile_m // 8
                 split, w_native, x_t = F._mma_flags(cfg.family)
                 ku = cfg.tile_k // 16
-                make_mma_kernel(mt, nt, cfg.block_dim, split=split, w_native=w_native, x_t=x_t, k_steps=ku)
+                make_mma_kernel(mt, nt, cfg.block_dim, split=split, w_native=w_native, x_t=x_t, k_steps=ku,
+                                stage=F._mma_staged(cfg.family))
                 if not split:                                 # the split ones share their unsplit ceiling
                     make_mma_kernel(mt, nt, cfg.block_dim, dense=True, w_native=w_native, x_t=x_t, k_steps=ku)
                 continue

@@ -620,36 +620,40 @@ def test_heuristic_matches_sweep():
 
 
 def test_mma_selection_rules(monkeypatch):
-    """The mma rule on the layer table (runs 59-61): the deep x^T loop on long loops with a few hundred warps,
-    x^T 96 x 32 blocks two k-steps deep except where that spills one wave into two, unsplit 32 x 8 k32/k64
-    blocks on shallow grids at small batch, the split on few-node layers and long loops at small batch, W in
-    place where the nodes reuse W's columns little; FOVI_WARP_MMA=off gives the tile / SIMT rules, and a device
-    where the mma pick cannot launch falls back to them."""
+    """The mma rule on the layer table (runs 59-63): the deep x^T loop (staged stores where the loop is short and
+    the layer has nodes to fill the blocks, else 1-warp blocks), x^T with staged stores at larger batch (8-node
+    blocks on the stems and at B = 512), 96 x 32 blocks two k-steps deep except where that spills one wave into
+    two, unsplit 32 x 8 blocks on shallow grids at small batch, the split on few-node layers and long loops at
+    small batch, W in place where the nodes reuse W's columns little; FOVI_WARP_MMA=off gives the tile / SIMT
+    rules, and a device where the mma pick cannot launch falls back to them."""
     sel = F._select_uncached_batch_config
     nm = dict(node_major=True)
     # (B, Cout, Nout, P64, Cin, Q) -> pick
     assert sel(1, 96, 964, 384, in_channels=3, q=1452) == "mma_o96b16k32"                 # alexnet's stem
-    assert sel(16, 96, 964, 384, in_channels=3, q=1452) == "mma_o96b16"
-    assert sel(64, 96, 964, 384, in_channels=3, q=1452) == "mmat_o96b32k32"
-    assert sel(4, 256, 230, 2432, in_channels=96, q=9600, **nm) == "mmat_o64b16k64"       # alexnet L1
-    assert sel(16, 256, 230, 2432, in_channels=96, q=9600, **nm) == "mmat_o64b16k64"
-    assert sel(64, 256, 230, 2432, in_channels=96, q=9600, **nm) == "mmat_o96b32"          # 1380 warps: k16
-    assert sel(512, 256, 230, 2432, in_channels=96, q=9600, **nm) == "mmat_o96b32k32"
+    assert sel(16, 96, 964, 384, in_channels=3, q=1452) == "mmao_o96b16"
+    assert sel(64, 96, 964, 384, in_channels=3, q=1452) == "mmato_o96b32k32"
+    assert sel(4, 256, 230, 2432, in_channels=96, q=9600, **nm) == "mmat_o64b16k64b32"    # alexnet L1
+    assert sel(16, 256, 230, 2432, in_channels=96, q=9600, **nm) == "mmat_o64b16k64b32"
+    assert sel(64, 256, 230, 2432, in_channels=96, q=9600, **nm) == "mmato_o96b32"         # 1380 warps: k16
+    assert sel(512, 256, 230, 2432, in_channels=96, q=9600, **nm) == "mmato_o64b32b256"
     assert sel(1, 384, 60, 2304, in_channels=256, q=9216, **nm) == "mmas_o64b8"            # alexnet L2
-    assert sel(16, 384, 60, 2304, in_channels=256, q=9216, **nm) == "mmat_o64b16k64"
-    assert sel(64, 384, 60, 2304, in_channels=256, q=9216, **nm) == "mmat_o96b32k32"
-    assert sel(1, 64, 230, 576, in_channels=64, q=2304, **nm) == "mma_o32b8k64"            # res18 layer1
-    assert sel(16, 64, 230, 576, in_channels=64, q=2304, **nm) == "mma_o32b8k32"
-    assert sel(512, 64, 230, 576, in_channels=64, q=2304, **nm) == "mmat_o64b32"
+    assert sel(16, 384, 60, 2304, in_channels=256, q=9216, **nm) == "mmat_o64b16k64b32"
+    assert sel(64, 384, 60, 2304, in_channels=256, q=9216, **nm) == "mmat_o96b32k32"       # 120 staged blocks
+    assert sel(128, 384, 60, 2304, in_channels=256, q=9216, **nm) == "mmato_o96b32k32"
+    assert sel(1, 64, 230, 576, in_channels=64, q=2304, **nm) == "mma_o32b8k64b64"         # res18 layer1
+    assert sel(16, 64, 230, 576, in_channels=64, q=2304, **nm) == "mmato_o64b16k64"
+    assert sel(512, 64, 230, 576, in_channels=64, q=2304, **nm) == "mmato_o64b32b256"
     assert sel(16, 128, 60, 576, in_channels=64, q=2304, **nm) == "mma_o32b8k32"           # res18 layer2_0
     assert sel(16, 256, 16, 2304, in_channels=256, q=9216, **nm) == "mmasw_o32b16"         # res18 layer3
-    assert sel(64, 256, 16, 2304, in_channels=256, q=9216, **nm) == "mmat_o64b16k64"
-    assert sel(128, 512, 2, 2304, in_channels=256, q=9216, **nm) == "mmasw_o32b16"         # res18 layer4_0
-    assert sel(512, 512, 2, 2304, in_channels=256, q=9216, **nm) == "mmat_o64b16k64"
+    assert sel(64, 256, 16, 2304, in_channels=256, q=9216, **nm) == "mmat_o64b16k64b32"
+    assert sel(16, 512, 2, 2304, in_channels=256, q=9216, **nm) == "mmasw_o32b16b64"       # res18 layer4_0
+    assert sel(512, 512, 2, 2304, in_channels=256, q=9216, **nm) == "mmat_o64b16k64b32"
     assert sel(16, 256, 16, 2304, in_channels=256, **nm) == "mmas_o32b8"                   # Q unknown: W^T
-    assert sel(16, 384, 64, 320, in_channels=3, q=768) == "mma_o32b8k64"                   # DINOv3
-    assert sel(64, 384, 64, 320, in_channels=3, q=768) == "mma_o96b16"
-    assert sel(16, 64, 964, 192, in_channels=3, q=588) == "mma_o64b16k32"                  # resnet's stem
+    assert sel(16, 384, 64, 320, in_channels=3, q=768) == "mmato_o64b16k64"                # DINOv3
+    assert sel(64, 384, 64, 320, in_channels=3, q=768) == "mmato_o96b32k32"
+    assert sel(512, 384, 64, 320, in_channels=3, q=768) == "mmato_o64b32b256"
+    assert sel(16, 64, 964, 192, in_channels=3, q=588) == "mmao_o64b16k32b256"             # resnet's stem
+    assert sel(512, 64, 964, 192, in_channels=3, q=588) == "mmato_o64b32b256"
     for name in F.uncached_config_names():
         assert name == config_name_ok(name)
     monkeypatch.setenv("FOVI_WARP_MMA", "off")
@@ -674,7 +678,8 @@ def config_name_ok(name: str) -> str:
     cfg = F.config_spec(name)
     if cfg.family in F._MMA_FAMILIES:
         k = f"k{cfg.tile_k}" if cfg.tile_k != 16 else ""
-        assert name.startswith(f"{cfg.family}_o{cfg.tile_n}b{cfg.tile_m}{k}"), name
+        bd = f"b{cfg.block_dim}" if cfg.block_dim != 128 else ""
+        assert name == f"{cfg.family}_o{cfg.tile_n}b{cfg.tile_m}{k}{bd}", name
         assert cfg.tile_n % 16 == 0 and cfg.tile_m % 8 == 0 and cfg.tile_k in (16, 32, 64), name
     return name
 

@@ -47,15 +47,17 @@ def test_mma_configs_on_a_stem(config, b):
 
 def test_mma_experimental_blocks_run():
     """The sweep-only blocks (128 channels, 32 rows x 96, other block_dims, splits of 96/128 channels, loops of
-    2 and 4 k-steps). Of the k32/k64 blocks, one per (family, depth) that no registered config covers: on the CPU
-    they all run the same scalar loop, the depth only sets the loop bounds (the GPU test runs every block)."""
+    2 and 4 k-steps, staged stores). Of the k32/k64 and other-block_dim blocks, one per (family, depth, nodes per
+    staged block) that no registered config covers: on the CPU they all run the same scalar loop, the depth only
+    sets the loop bounds and the block_dim the launch (the GPU test runs every block)."""
     c = case("ODD", 17)
-    covered = {(F.config_spec(n).family, F.config_spec(n).tile_k) for n in _MMA}
+    kind = lambda cfg: (cfg.family, cfg.tile_k, cfg.block_dim // 32 if F._mma_staged(cfg.family) else 0)  # noqa: E731
+    covered = {kind(F.config_spec(n)) for n in _MMA}
     for config in _MMA_ALL:
         cfg = F.config_spec(config)
-        if config in _MMA or cfg.tile_k > 16 and (cfg.family, cfg.tile_k) in covered:
+        if config in _MMA or (cfg.tile_k > 16 or cfg.block_dim != 128) and kind(cfg) in covered:
             continue
-        covered.add((cfg.family, cfg.tile_k))
+        covered.add(kind(cfg))
         c.check(_run_prefilled(c, config), config)
 
 
@@ -202,3 +204,6 @@ def test_mma_layout_dense_ceilings_compute_the_dense_gemm(config):
     assert kind[0] == cfg.family.replace("mmas", "mma")
     assert F.dense_kind(F.config_spec("mmas_o64b16")) == F.dense_kind(F.config_spec("mma_o64b16"))
     assert F.dense_kind(F.config_spec("mmat_o64b16")) != F.dense_kind(F.config_spec("mma_o64b16"))
+    # the staged store shares its loop's ceiling (the dense kernel writes [Nout, B, Cout], no store to stage)
+    assert F.dense_kind(F.config_spec("mmato_o64b32")) == F.dense_kind(F.config_spec("mmat_o64b32"))
+    assert F.dense_kind(F.config_spec("mmao_o96b16")) == F.dense_kind(F.config_spec("mma_o96b16"))
