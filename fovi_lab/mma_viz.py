@@ -14,7 +14,8 @@ figures).
   looping 1, 2 or 4 k-steps per iteration, replayed side by side in runs 59-63) and what it costs in registers
   and resident warps (the sm_90 cubins).
 * :func:`stage_rows` / :func:`stage_figure`: what the staged store bought (the same block writing y directly or
-  through a shared tile, replayed side by side in run 63).
+  through a shared tile, replayed side by side in run 63); :func:`ncu_rows`: the Nsight Compute profile that
+  pointed at the stores (run 62).
 * :func:`explore_mma_widget`: what the notebook's widget runs: one layer, batch and mma config here, the pick
   for that shape, and the recorded replays of that layer.
 """
@@ -31,7 +32,7 @@ from .layers import LAYERS as _ALL_LAYERS, layer_meta
 
 __all__ = ["MMA_RUNS", "OLD_RULE_RUNS", "DEPTH_RUNS", "STAGE_RUNS", "LAYERS", "fragment_owner", "fragment_figure",
            "lane_channels", "explore_mma", "mma_rows", "mma_figure", "layout_rows", "depth_rows", "depth_figure",
-           "register_rows", "stage_rows", "stage_figure", "explore_mma_widget", "mma_configs"]
+           "register_rows", "stage_rows", "stage_figure", "ncu_rows", "explore_mma_widget", "mma_configs"]
 
 #: Session 10's runs that replayed every mma config (registered and experimental, loops of 1, 2 and 4 k-steps)
 #: beside the pick and PyTorch on every layer at B = 1/4/16/32/64/128/512: 59 (B = 1/16/64), 60 (B = 4/32/128/512),
@@ -419,3 +420,41 @@ def stage_figure(rows: Optional[List[dict]] = None, height: int = 380) -> go.Fig
                                       + " · run 63</sub>", x=0.01),
                       legend=dict(orientation="h", y=-0.3), margin=dict(t=80, b=120))
     return fig
+
+
+#: The run-62 Nsight Compute metrics the notebook reads (summary lines ``section|metric  value unit``).
+NCU_METRICS = {
+    "Duration": "GPU Speed Of Light|Duration",
+    "L2 throughput %": "GPU Speed Of Light|L2 Cache Throughput",
+    "L1 throughput %": "GPU Speed Of Light|L1/TEX Cache Throughput",
+    "store requests": "Command line profi|l1tex__t_requests_pipe_lsu_mem_global_op_st.sum",
+    "store sectors": "Command line profi|l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum",
+    "load sectors": "Command line profi|l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum",
+    "tensor pipe %": "Command line profi|sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+    "warps per SM": "Occupancy|Achieved Active Warps Per SM",
+    "grid (blocks)": "Launch Statistics|Grid Size",
+}
+
+
+def ncu_rows(path=None, metrics=NCU_METRICS) -> List[dict]:
+    """Per profiled kernel of run 62 (``data/logs/ncu_h200_run62_summary.txt``, read from Nsight Compute's CSV by
+    ``tools/h200/session10_run62_ncu.sh``): the kernel name and the :data:`NCU_METRICS` values (floats; ``[]``
+    when the file is absent)."""
+    import os
+    import re
+    path = os.path.join(kl.DATA_DIR, "logs", "ncu_h200_run62_summary.txt") if path is None else path
+    rows: List[dict] = []
+    try:
+        lines = open(path).read().splitlines()
+    except OSError:
+        return rows
+    want = {v: k for k, v in metrics.items()}
+    for line in lines:
+        if line.startswith("("):
+            name = line.split("'")[3].split("_cuda")[0]
+            rows.append({"kernel": name.rsplit("_", 1)[0] if name.count("_") > 3 else name})
+        elif rows:
+            m = re.match(r"^(\S.*?)\s+([\d,.]+)(?:\s+\S+)?$", line.strip())   # "section|metric  value [unit]"
+            if m and m.group(1) in want:
+                rows[-1][want[m.group(1)]] = float(m.group(2).replace(",", ""))
+    return rows

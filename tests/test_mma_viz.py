@@ -65,3 +65,29 @@ def test_widget_runs_a_pick_here():
     lines, fig = mv.explore_mma_widget("res18_layer4_0", 3, None, device="cpu")
     assert lines[0].startswith("PASS") and "the rule picks mmasw_o32b8" in lines[2]
     assert fig.data
+
+
+def test_loop_depth_and_staged_store_readers():
+    """Notebook 06's session-10 sections: the loop depths and the staged store read from runs 59-63, the cubins'
+    registers, and the run-62 profile that pointed at the stores."""
+    depth = mv.depth_rows()
+    stage = mv.stage_rows()
+    if not depth or not stage:
+        pytest.skip("no recorded session-10 runs under data/")
+    for r in depth:
+        assert r["ms"][0] and r["best_depth"] in (16, 32, 64)
+        assert r["speedup"] == pytest.approx(r["ms"][0] / min(m for m in r["ms"] if m))
+    for r in stage:
+        assert F._mma_staged(F.config_spec(r["staged"]).family) and not F._mma_staged(F.config_spec(r["direct"]).family)
+        assert r["speedup"] == pytest.approx(r["direct_ms"] / r["staged_ms"])
+    assert len(mv.depth_figure(depth).data) == 3 and len(mv.stage_figure(stage).data) == 2
+    regs = {r["kernel"]: r for r in mv.register_rows()}
+    if regs:       # a deeper loop holds more fragments: more registers, fewer resident warps
+        k16, k64 = regs["fovi_fwd_mmat_m4n2b128"], regs["fovi_fwd_mmat_m4n2k64b128"]
+        assert k64["regs"] > k16["regs"] and k64["warps_per_sm"] < k16["warps_per_sm"]
+    ncu = mv.ncu_rows()
+    if ncu:        # the gathered stem kernel: 32 store sectors per request, its dense ceiling's stores 16
+        stem, dense = ncu[0], ncu[1]
+        assert round(stem["store sectors"] / stem["store requests"]) == 32
+        assert round(dense["store sectors"] / dense["store requests"]) == 16
+        assert stem["L2 throughput %"] > dense["L2 throughput %"]

@@ -721,7 +721,8 @@ def _jobs_for(metas: dict, batches: List[int], mode: str, args, device: str) -> 
                                           meta.q).nm is not None
                 for b in batches:
                     jobs.append(("fwd", F._select_uncached_batch_config(b, meta.cout, meta.nout, meta.p64,
-                                                                         in_channels=meta.cin, node_major=nm_ok),
+                                                                         in_channels=meta.cin, node_major=nm_ok,
+                                                                         q=meta.q),
                                  False, device))
         except Exception as exc:  # noqa: BLE001
             print(f"# forward precompile skipped: {exc}", flush=True)

@@ -425,7 +425,7 @@ def main(argv=None) -> int:
             if args.time_budget_s and time.perf_counter() - t_start > args.time_budget_s:
                 break
             chosen = F._select_uncached_batch_config(b, meta.cout, meta.nout, meta.p64, in_channels=meta.cin,
-                                                     node_major=nm_ok)
+                                                     node_major=nm_ok, q=meta.q)   # what run_uncached picks
             if args.all_configs:
                 configs = F.uncached_config_names(experimental=args.experimental)
             else:
