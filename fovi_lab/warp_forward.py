@@ -71,9 +71,10 @@ Kernel families
   the fixed-order nms reduction; ``w``: W read in place ``[Cout, Q]`` (no per-call W^T layout); ``t``: x^T
   per call (one vector load per lane and p entry). Replayed whole ops (runs 52-56): 1.02-3.09x faster than
   the families below on every recorded layer and batch. Since session 10 a config may loop 2 or 4 k-steps
-  deep (``k32`` / ``k64`` in its name, ``tile_k`` = 32 / 64: every load of an iteration issued before its MMAs);
-  the deep x^T loop ``mmat_o64b16k64`` and the k32 blocks are 1.05-1.36x faster than session 9's picks on the
-  few-hundred-warp grids (runs 59-61).
+  deep (``k32`` / ``k64`` in its name, ``tile_k`` = 32 / 64: every load of an iteration issued before its MMAs),
+  write y through a shared tile across its block's warps (``o``: ``mmao`` / ``mmato``, the staged store), and
+  run in 1- or 2-warp blocks (``b32`` / ``b64``). Session 10's picks are 0.97-2.79x faster than session 9's on
+  the same lease (median 1.16x, run 63) and ahead of PyTorch on every layer at B = 16 (runs 64-65).
 
 * **cached** (``run_cached``): A gathered as in the gather family, W plain-loaded from the inference
   cache ``Weff[n]`` ``[P64, Cout_pad]`` (spec §2.4).
@@ -1609,28 +1610,39 @@ def _mma_env() -> str:
     return env
 
 
-# The tensor-core kernels (fovi_lab.warp_mma) and how their operand layouts, block, loop depth and split are
-# chosen, read from the replayed whole ops of the H200 sweeps (runs 52-54, 56, 59-61, data/forward_sweep_h200.jsonl).
-# Each warp walks its node's p loop waiting on gathered loads: the kernels are latency-bound, so what decides is
-# how many loads a warp has in flight (batch tiles per warp, k-steps per loop iteration: tile_k = 16, 32, 64) times
-# how many warps there are per k-step.
-# * Deep x^T loop (mmat_o64b16k64: x^T's one vector load per lane and p entry, 4 k-steps in flight) on long loops
-#   (>= 36 k-steps) whose 64 x 16 grid has _MMA_DEEP_WARPS[0 if >= 64 k-steps else 1] to _MMA_DEEP_WARPS[2]
-#   warps at B >= 16, or >= 768 warps on >= 64 k-steps at B <= 8 (alexnet L1): alexnet L1-L4 at B = 16-32,
-#   the resnet layers at B = 32-128, layer4_0 at B = 512. It replaces both the split and the in-place x there,
-#   1.05-1.36x over session 9's picks (run 59-60).
+# The tensor-core kernels (fovi_lab.warp_mma) and how their operand layouts, block, loop depth, store and split
+# are chosen, read from the replayed whole ops of the H200 sweeps of session 10 (runs 59-63,
+# data/forward_sweep_h200_session10.jsonl.gz: 90 mma configs on every layer at B = 1/4/16/32/64/128/512). Each
+# warp walks its node's p loop waiting on gathered loads, so what decides is how many loads are in flight (batch
+# tiles per warp, k-steps per loop iteration: tile_k = 16/32/64, warps per k-step) and what each load and store
+# costs. In order:
+# * The deep x^T loop (x^T's one vector load per lane and p entry, 4 k-steps in flight) on loops of >= 36 k-steps
+#   whose 64 x 16 grid has _MMA_DEEP_WARPS[0 if >= 64 k-steps else 1] to _MMA_DEEP_WARPS[2] warps at B >= 16, or
+#   >= 768 warps on >= 64 k-steps at B <= 8:
+#   - with staged stores (mmato_o64b16k64) on loops shorter than _MMA_LONG_STEPS of layers with
+#     >= _MMA_STAGE_MIN_NODES nodes (res18 layer1/2/2_0 at B = 16-128), and also on the shallow grids of
+#     _MMA_DEEP_SHALLOW_PER_STEP 32 x 8 warps per k-step at B = 16-32 (res18 layer1 at B = 16, DINOv3 at B = 16-32);
+#   - else in 1-warp blocks with direct stores (mmat_o64b16k64b32): alexnet L1 at B <= 16, L2-L4 at B = 16-32 (L4
+#     to 64), res18
+#     layer3/3_0 at B = 64-128, layer4_0 at B = 512. Long loops make the stores a small part; on few nodes 4-warp
+#     blocks leave SMs idle (run 62: 64 blocks on 132 SMs). 1.2-1.9x over the 1-deep loop (runs 59-63).
 # * Otherwise x^T (mmat) from B = 32 when the 32-row grid has >= 320 warps on long loops (>= 64 k-steps), or >= 512
-#   warps on loops of >= 32 k-steps or with Cout <= 96 (the CNN stems, where x loads are most of the traffic);
-#   at B = 16 on long loops with >= 512 warps. Blocks: 64 x 16 when Cout <= 64, else 64 x 32, or 96 x 32 when
-#   Cout is a multiple of 96 (alexnet's stem, L2/L3) or where 96 x 32 blocks give >= 1024 warps (alexnet L1 from
-#   B = 64, L4 at B = 512). 96 x 32 blocks loop 2 k-steps deep (k32: 1.02-1.21x) unless that turns one wave into
-#   two: 210 registers leave 8 resident warps per SM against 12 at k16's 168, so a grid of 1056-1584 warps
-#   (alexnet L1 at B = 64) fills the 132 SMs once at k16 and 1.3 times at k32 (1.28x slower, run 59).
-# * Shallow grids of 10-200 32 x 8 warps per k-step at B <= 32 (res18 layer1 and the stem at B <= 4-16, layer2_0
-#   at B = 16-32, DINOv3's patch embedding at B <= 16): 32 x 8 blocks, 2 k-steps deep, unsplit (1.03-1.25x).
+#   warps on loops of >= 32 k-steps or with Cout <= 96 (the CNN stems); at B = 16 on long loops with >= 512 warps;
+#   from B = 64 on layers with >= _MMA_STAGE_MIN_NODES nodes and >= 512 warps (DINOv3). 32-row blocks; 96
+#   channels when Cout is a multiple of 96 or where 96 x 32 blocks give >= 1024 warps (alexnet L1 from B = 64).
+#   - Staged stores (mmato) when Nout >= 16 and the loop is short or the staged grid has >= _MMA_STAGE_MIN_BLOCKS
+#     4-warp blocks (not alexnet L2/L3 at B = 64: 120 blocks): 1.1-2.7x (run 63). In 8-node blocks
+#     (mmato_o64b32b256) on the stems (Nout >= 512) and at B >= 512.
+#   - 96 x 32 blocks loop 2 k-steps deep (k32) unless that turns one wave into two: 210 registers leave 8
+#     resident warps per SM against 12 at k16's 168, so a grid of 1056-1584 warps (alexnet L1 at B = 64) fills
+#     the 132 SMs once at k16 and 1.3 times at k32 (1.25x slower, run 59).
+# * Shallow grids of 10-200 32 x 8 warps per k-step at B <= 32 (res18 layer1 and the stem at B <= 4, layer2_0 at
+#   B = 16, DINOv3 at B <= 4): 32 x 8 blocks, unsplit, 2 k-steps deep, or 4 deep in 2-warp blocks on loops of
+#   >= 20 k-steps at B <= 8 (1.03-1.25x).
 # * Otherwise x in place, 16 batch rows (8 at B <= 8); 32 rows at B >= 128 on long loops (>= 64 k-steps) with
-#   >= 768 warps; 96 channels when Cout is a multiple of 96 (alexnet's stem; the 384-channel layers from
-#   B = 32), else 64; 2 k-steps deep for alexnet's stem at B <= 8 and 64-channel blocks with Cout <= 64 at B <= 16.
+#   >= 768 warps; 96 channels when Cout is a multiple of 96 (alexnet's stem), else 64; 2 k-steps deep for
+#   alexnet's stem at B <= 8 and 64-channel blocks with Cout <= 64 at B <= 16; staged from B = 16 on layers with
+#   >= _MMA_STAGE_MIN_NODES nodes (mmao_o96b16, mmao_o64b16k32 and its 8-node block on the stems).
 # * Split the p loop (mmas, fp32 partials and the fixed-order nms reduction) when the warps times batch tiles
 #   are fewer than _MMA_SPLIT_PER_STEP (24 at B <= 2, 16 at B <= 8, 8 above) per k-step: the few-node layers
 #   and everything with a long loop at B <= 4. Before a split, grids with too few warps shrink to 32-channel
@@ -1638,7 +1650,8 @@ def _mma_env() -> str:
 # * W read in place (mmasw) instead of the per-call W^T layout when the nodes reuse each W column little:
 #   Nout*P64/Q <= _MMAW_MAX_REUSE and B*Nout*P64/Q < _MMAW_MAX_BATCH_REUSE (res18 layer3/3_0 at B <= 16,
 #   layer4_0 to B = 128: 1.1-2.6x replayed; the W^T copy of layer4_0, 9.4 MB, is twice what its two nodes
-#   read). Where W columns are reused more (alexnet L1-L4), W^T's vector loads win 1.5-2x.
+#   read); in 2-warp 32 x 16 blocks on layers of < 16 nodes from B = 4 (layer4_0: 1.1-1.2x). Where W columns
+#   are reused more (alexnet L1-L4), W^T's vector loads win 1.5-2x.
 _MMA_SPLIT_PER_STEP = (24, 16, 8)       # at B <= 2, B <= 8, above
 _MMA_FEW_WARPS = (192, 384)             # at B <= 16, above: shrink to 32-channel blocks below this many warps
 _MMA_DEEP_WARPS = (224, 384, 1024)      # 64 x 16 warps for the deep x^T loop: from (>= 64 k-steps), from, to
