@@ -335,7 +335,6 @@ _EXPERIMENTAL_CONFIG_SPECS: Dict[str, Tuple[str, int, int, int, int, int]] = {
     # split SIMT blocks that were never the fastest (run 44: within 5-15 % of ss_b4o8u4 / ss_b8o8u4 at best)
     "ss_b4o4u4": ("simts", 4, 4, 4, 1, 128),
     "ss_b16o8u2": ("simts", 16, 8, 2, 1, 128),
-    # more mma register blocks, for sweeps
     # registered in session 9, not picked by session 10's rule (runs 59-63): kept runnable for sweeps and teaching
     "mma_o32b16": ("mma", 16, 32, 16, 1, 128),
     "mma_o32b32": ("mma", 32, 32, 16, 1, 128),
@@ -348,6 +347,7 @@ _EXPERIMENTAL_CONFIG_SPECS: Dict[str, Tuple[str, int, int, int, int, int]] = {
     "mmat_o64b16k64": ("mmat", 16, 64, 64, 1, 128),
     "mmat_o96b16": ("mmat", 16, 96, 16, 1, 128),
     "mmaw_o64b16": ("mmaw", 16, 64, 16, 1, 128),
+    # more mma register blocks, for sweeps
     "mma_o128b16": ("mma", 16, 128, 16, 1, 128),
     "mma_o96b32": ("mma", 32, 96, 16, 1, 128),
     "mma_o64b16b64": ("mma", 16, 64, 16, 1, 64),
