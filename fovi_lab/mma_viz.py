@@ -162,6 +162,11 @@ def _median_by(rs: List[dict], key, pred) -> Dict[str, float]:
     return {k: statistics.median(v) for k, v in per.items()}
 
 
+def _replayed(rs: List[dict]) -> Dict[str, float]:
+    """Per config, the median of its whole ops replayed from CUDA graphs among ``rs``."""
+    return _median_by(rs, lambda r: r["config"], lambda r: r["impl"] == "warp_uncached_graphed")
+
+
 def mma_rows(records: Optional[List[dict]] = None, batches: Sequence[int] = (1, 16, 64, 512)) -> List[dict]:
     """Per layer and batch, medians of whole ops replayed from CUDA graphs: the mma pick (over
     :data:`MMA_RUNS`), session 8's pick (the tile / SIMT rules, over :data:`OLD_RULE_RUNS`, where it was the
@@ -181,9 +186,8 @@ def mma_rows(records: Optional[List[dict]] = None, batches: Sequence[int] = (1, 
             pick = F._select_uncached_batch_config(*args, **kw)
             old = F._select_uncached_batch_config(*args, mma=False, **kw)
             now = [r for r in rs if r["run"] in MMA_RUNS]
-            warp = _median_by(now, lambda r: r["config"], lambda r: r["impl"] == "warp_uncached_graphed")
-            old_ms = _median_by([r for r in rs if r["run"] in OLD_RULE_RUNS], lambda r: r["config"],
-                                lambda r: r["impl"] == "warp_uncached_graphed").get(old)
+            warp = _replayed(now)
+            old_ms = _replayed([r for r in rs if r["run"] in OLD_RULE_RUNS]).get(old)
             tmed = _median_by(now, lambda r: r["impl"], lambda r: str(r["impl"]).startswith("torch") and r.get("graphed"))
             tbest = min(tmed, key=tmed.get) if tmed else None
             ms = warp.get(pick)
@@ -244,8 +248,7 @@ def layout_rows(records: Optional[List[dict]] = None, pairs=LAYOUT_PAIRS) -> Lis
     shapes = _by_shape(records, (54, 56))
     rows = []
     for layer, b, base, other in pairs:
-        rs = shapes.get((layer, b), [])
-        med = _median_by(rs, lambda r: r["config"], lambda r: r["impl"] == "warp_uncached_graphed")
+        med = _replayed(shapes.get((layer, b), []))
         if base in med and other in med:
             rows.append(dict(layer=layer, B=b, base=base, base_ms=med[base], other=other, other_ms=med[other],
                              speedup=med[base] / med[other]))
@@ -309,18 +312,20 @@ DEPTH_POINTS = (
 
 def depth_rows(records: Optional[List[dict]] = None, points=DEPTH_POINTS) -> List[dict]:
     """Per point of :data:`DEPTH_POINTS`: the whole op replayed at each loop depth, medians over
-    :data:`DEPTH_RUNS` (every depth timed side by side), and the deepest loop's speedup over the 1-deep one."""
+    :data:`DEPTH_RUNS` (every depth timed side by side), the deepest loop's speedup over the 1-deep one, and the
+    records read (``records``: the figure's versions line)."""
     records = kl.forward_records() if records is None else records
     shapes = _by_shape(records, DEPTH_RUNS)
     rows = []
     for layer, b, configs in points:
-        med = _median_by(shapes.get((layer, b), []), lambda r: r["config"],
-                         lambda r: r["impl"] == "warp_uncached_graphed")
+        rs = shapes.get((layer, b), [])
+        med = _replayed(rs)
         ms = [med.get(c) if c else None for c in configs]
         if ms[0] is None:
             continue
         best = min((m, 16 << i) for i, m in enumerate(ms) if m)
-        rows.append(dict(layer=layer, B=b, configs=configs, ms=ms, best_depth=best[1], speedup=ms[0] / best[0]))
+        rows.append(dict(layer=layer, B=b, configs=configs, ms=ms, best_depth=best[1], speedup=ms[0] / best[0],
+                         records=rs))
     return rows
 
 
@@ -338,8 +343,7 @@ def depth_figure(rows: Optional[List[dict]] = None, height: int = 380) -> go.Fig
                              hovertemplate="%{customdata}: %{y:.1f} µs<extra></extra>"))
     fig.update_layout(barmode="group", height=height, yaxis_title="µs per op, CUDA-graph replay",
                       title=dict(text="Loads in flight: the same block looping 1, 2 or 4 k-steps per iteration<br><sub>"
-                                      + kl.versions_title([rec for rec in kl.forward_records()
-                                                           if rec.get("run") in DEPTH_RUNS][:1])
+                                      + kl.versions_title([rec for r in rows for rec in r["records"]])
                                       + " · runs 59-63, medians</sub>", x=0.01),
                       legend=dict(orientation="h", y=-0.3), margin=dict(t=80, b=120))
     return fig
@@ -384,19 +388,20 @@ STAGE_POINTS = (
 
 def stage_rows(records: Optional[List[dict]] = None, points=STAGE_POINTS) -> List[dict]:
     """Per point of :data:`STAGE_POINTS`: both blocks' whole ops replayed, medians over :data:`STAGE_RUNS`, the
-    staged store's speedup, and the output's share of the op's bytes (y against x, W and the tables)."""
+    staged store's speedup, the output's share of the op's bytes (y against x, W and the tables), and the records
+    read (``records``)."""
     records = kl.forward_records() if records is None else records
     shapes = _by_shape(records, STAGE_RUNS)
     rows = []
     for layer, b, direct, staged in points:
         rs = shapes.get((layer, b), [])
-        med = _median_by(rs, lambda r: r["config"], lambda r: r["impl"] == "warp_uncached_graphed")
+        med = _replayed(rs)
         if direct in med and staged in med:
             shape = next((r for r in rs if r.get("nout")), {})
             y_bytes = 2.0 * b * shape.get("cout", 0) * shape.get("nout", 0)
             rows.append(dict(layer=layer, B=b, direct=direct, direct_ms=med[direct], staged=staged,
                              staged_ms=med[staged], speedup=med[direct] / med[staged],
-                             y_share=(y_bytes / shape["bytes"]) if shape.get("bytes") else None))
+                             y_share=(y_bytes / shape["bytes"]) if shape.get("bytes") else None, records=rs))
     return rows
 
 
@@ -415,8 +420,7 @@ def stage_figure(rows: Optional[List[dict]] = None, height: int = 380) -> go.Fig
     fig.update_layout(barmode="group", height=height, yaxis_title="µs per op, CUDA-graph replay", yaxis_type="log",
                       title=dict(text="The staged store: y written in runs of adjacent nodes instead of one 2-byte "
                                       "store per sector<br><sub>"
-                                      + kl.versions_title([rec for rec in kl.forward_records()
-                                                           if rec.get("run") in STAGE_RUNS][:1])
+                                      + kl.versions_title([rec for r in rows for rec in r["records"]])
                                       + " · run 63</sub>", x=0.01),
                       legend=dict(orientation="h", y=-0.3), margin=dict(t=80, b=120))
     return fig

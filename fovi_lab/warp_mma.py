@@ -284,34 +284,41 @@ def _snippet(mt: int, nt: int, dense: bool, w_native: bool = False, x_t: bool = 
 """
 
 
+def _native(key: Tuple, build):
+    """The native function of ``key``, built once by ``build(vec_acc)`` (``vec_acc``: the vector of a lane's
+    ``4*MT*NT`` accumulators, ``key[1:3] = (MT, NT)``)."""
+    with _lock:
+        fn = _STEPS.get(key)
+        if fn is None:
+            init_warp()
+            fn = _STEPS[key] = build(wp.types.vector(length=4 * key[1] * key[2], dtype=wp.float32))
+        return fn
+
+
 def _mma_steps(mt: int, nt: int, dense: bool = False, w_native: bool = False, x_t: bool = False, ku: int = 1):
     """The native function running one lane's p loop (built once per block shape, operand layouts and k-steps
     per iteration)."""
-    key = (mt, nt, dense, w_native, x_t, ku)
-    with _lock:
-        fn = _STEPS.get(key)
-        if fn is not None:
-            return fn
-        init_warp()
-        vec_acc = wp.types.vector(length=4 * mt * nt, dtype=wp.float32)
-        src = _snippet(mt, nt, dense, w_native, x_t, ku)
-        # (Warp recognises a native function by its literal ``@wp.func_native(...)`` decorator; the return
-        # annotation resolves through this frame's locals)
-        if dense:
-            src = src.replace("const int* ilr", "// (dense: no tables) const int* ilr").replace(
-                "const int* wlr", "// const int* wlr")
+    return _native(("steps", mt, nt, dense, w_native, x_t, ku), lambda vec_acc: _build_steps(
+        vec_acc, _snippet(mt, nt, dense, w_native, x_t, ku), dense))
 
-            @wp.func_native(src)
-            def steps(x: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16), lane: int, b0: int,
-                      o0: int, p_lo: int, p_hi: int) -> vec_acc: ...
-        else:
-            @wp.func_native(src)
-            def steps(x: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16),
-                      il: wp.array2d(dtype=wp.int32), wl: wp.array2d(dtype=wp.int32), n: int, lane: int,
-                      b0: int, o0: int, p_lo: int, p_hi: int) -> vec_acc: ...
-        fn = steps
-        _STEPS[key] = fn
-        return fn
+
+def _build_steps(vec_acc, src: str, dense: bool):
+    """The p-loop native function of a generated snippet (dense: the ceiling's, without the tables)."""
+    # (Warp recognises a native function by its literal ``@wp.func_native(...)`` decorator; the return
+    # annotation resolves through this frame's locals)
+    if dense:
+        src = src.replace("const int* ilr", "// (dense: no tables) const int* ilr").replace(
+            "const int* wlr", "// const int* wlr")
+
+        @wp.func_native(src)
+        def steps(x: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16), lane: int, b0: int,
+                  o0: int, p_lo: int, p_hi: int) -> vec_acc: ...
+    else:
+        @wp.func_native(src)
+        def steps(x: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16),
+                  il: wp.array2d(dtype=wp.int32), wl: wp.array2d(dtype=wp.int32), n: int, lane: int,
+                  b0: int, o0: int, p_lo: int, p_hi: int) -> vec_acc: ...
+    return steps
 
 
 def _store_snippet(mt: int, nt: int, x_t: bool, nb: int) -> str:
@@ -367,19 +374,12 @@ def _store_snippet(mt: int, nt: int, x_t: bool, nb: int) -> str:
 
 def _mma_store(mt: int, nt: int, x_t: bool, nb: int):
     """The native staged store of a block shape, layout and node count per block (built once)."""
-    key = ("store", mt, nt, x_t, nb)
-    with _lock:
-        fn = _STEPS.get(key)
-        if fn is not None:
-            return fn
-        init_warp()
-        vec_acc = wp.types.vector(length=4 * mt * nt, dtype=wp.float32)
-
+    def build(vec_acc):
         @wp.func_native(_store_snippet(mt, nt, x_t, nb))
         def store(y: wp.array3d(dtype=wp.float16), bias: wp.array1d(dtype=wp.float32), acc: vec_acc, b0: int,
                   o0: int, n: int, lane: int): ...
-        _STEPS[key] = store
         return store
+    return _native(("store", mt, nt, x_t, nb), build)
 
 
 def _decorator(name: str, block_dim: int):
