@@ -99,8 +99,8 @@ def recorded_rows(data_dir=None) -> List[dict]:
     strongest other PyTorch forward, eager and replayed from a CUDA graph, from :data:`RUN_FILES`."""
     rows = []
     for rf, fname in RUN_FILES.items():
-        recs = [r for r in kl.load_records(data_dir, patterns=(fname,)) if r.get("layer") in STEMS]
-        for (layer, b, _), runs in sorted(kl._runs(recs).items(), key=lambda kv: (STEMS.index(kv[0][0]), kv[0][1])):
+        recs = [r for r in kl.load_records(data_dir, patterns=(fname,)) if _stem_index(r.get("layer")) < len(STEMS)]
+        for (layer, b, _), runs in sorted(kl._runs(recs).items(), key=lambda kv: (_stem_index(kv[0][0]), kv[0][1])):
             run = runs[-1]
             row = dict(rf=rf, layer=layer, B=b, warp=_ms(run, "warp_uncached"),
                        warp_graphed=_ms(run, "warp_uncached_graphed"),
@@ -161,4 +161,14 @@ def warp_binned_rows(data_dir=None) -> List[dict]:
     for row in out.values():
         if row.get("bin") and row.get("i2c"):
             row["bin_over_i2c"] = row["bin"] / row["i2c"]
-    return sorted(out.values(), key=lambda r: (STEMS.index(r["layer"]) if r["layer"] in STEMS else 9, r["B"]))
+    return sorted(out.values(), key=lambda r: (_stem_index(r["layer"]), r["B"]))
+
+
+def _stem_index(name) -> int:
+    """Position in :data:`STEMS` of the stem that layer or variant ``name`` is built from (``len(STEMS)`` if none)."""
+    from .layers import base_layer
+    try:
+        base = base_layer(name)
+    except KeyError:
+        return len(STEMS)
+    return STEMS.index(base) if base in STEMS else len(STEMS)

@@ -1,6 +1,6 @@
 """The main job, headless: one real fovi layer through every registered backend, checked and timed.
 
-``python -m fovi_lab demo [--layer res18_layer1] [--batch 8] [--rf rf2]`` builds the layer's foveated
+``python -m fovi_lab demo [--layer res18_layer1] [--batch 8] [--rf rf1|rf2]`` builds the layer's foveated
 KNN graph (spec §5, §6), runs every backend in ``OPS_REGISTRY`` on the best available device (CUDA if
 present, else CPU; Warp's CPU device runs the Warp kernels there), checks the forward output and, for
 train-capable backends, both gradients against autograd of the fp64 oracle, and prints one row per
@@ -20,6 +20,7 @@ import torch
 
 from .knn_autograd import OPS_REGISTRY, _load_optional_backends
 from .reference import oracle_forward
+from .layers import layer_name
 
 __all__ = ["DemoRow", "run_demo", "main"]
 
@@ -58,7 +59,7 @@ def _compute_dtype(ops) -> torch.dtype:
     return dtypes[0]
 
 
-def run_demo(layer: str = "res18_layer1", batch: int = 8, rf: str = "rf2", device=None, reps: int = 3,
+def run_demo(layer: str = "res18_layer1", batch: int = 8, rf: Optional[str] = None, device=None, reps: int = 3,
              backends: Optional[List[str]] = None, log=print) -> List[DemoRow]:
     """Run every registered backend on one real layer; returns one :class:`DemoRow` per backend.
 
@@ -70,7 +71,7 @@ def run_demo(layer: str = "res18_layer1", batch: int = 8, rf: str = "rf2", devic
     _load_optional_backends()
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     t0 = time.perf_counter()
-    log(f"[demo] building the foveated KNN graph of {layer} ({rf}) ...")
+    log(f"[demo] building the foveated KNN graph of {layer_name(layer, rf)} ...")
     graph = layer_graph(layer, rf=rf)
     from .layers import LAYERS
 
@@ -158,7 +159,7 @@ def format_rows(rows: List[DemoRow]) -> str:
     return "\n".join(lines)
 
 
-def auto_choice(layer: str, batch: int, rf: str = "rf2", device=None) -> str:
+def auto_choice(layer: str, batch: int, rf: Optional[str] = None, device=None) -> str:
     """One line saying what ``backend="auto"`` picks for this layer and batch, training and inference."""
     from .autotune import pick_backend
     from .layers import layer_meta
@@ -177,7 +178,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fovi_lab demo", description=__doc__.splitlines()[0])
     ap.add_argument("--layer", default="res18_layer1", choices=list(LAYERS))
     ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--rf", default="rf2", choices=["rf1", "rf2"])
+    ap.add_argument("--rf", default=None, choices=["rf1", "rf2"],
+                    help="reference frame (default: the one the layer's network uses)")
     ap.add_argument("--device", default=None, help="cpu or cuda[:i] (default: cuda if present)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--backends", nargs="*", default=None, help="subset of registered backends")

@@ -263,7 +263,7 @@ def segments_sweep_figure(batch: int = 64, path: Optional[str] = None, height: i
 # ------------------------------------------------------------------------------------- the widget
 
 def explore_fused_run(layer: str = "res18_layer1", batch: int = 64, cout: Optional[int] = None,
-                      dx_config: str = "auto", dw_config: str = "auto", nsplit: int = 0, rf: str = "rf2",
+                      dx_config: str = "auto", dw_config: str = "auto", nsplit: int = 0, rf: Optional[str] = None,
                       device: Optional[str] = None, log: Optional[kl.RunLog] = None,
                       budget: float = kl.CPU_WORK_BUDGET, seed: int = 0, seg_steps: int = -1):
     """The section 7 widget's callback: run the fused dx and dW kernels on ``layer`` with the chosen

@@ -32,9 +32,9 @@ The math, step by step:
    quirk of fovi kept on purpose) joins the neighbour search so border nodes get a
    geometrically honest, one-sided neighbourhood. Any neighbour that is a pad point becomes the
    pad token ``Nin`` (it carries no data).
-5. **KNN** (§1.2, §6.5): ``cKDTree`` over the candidates (inputs, then pad points) in cortical
-   3-D space (``sample_cortex=True``) or visual Cartesian space (``False``); the ``K`` nearest,
-   sorted ascending. ``K`` is clipped to ``Nin``.
+5. **KNN** (§1.2, §6.5): the candidates (inputs, then pad points) in cortical 3-D space
+   (``sample_cortex=True``) or visual Cartesian space (``False``); the ``K`` nearest, sorted by
+   ``(distance, candidate id)`` with the tie rule below. ``K`` is clipped to ``Nin``.
 6. **Taps** (§1.3): for output node ``n`` and neighbour ``k``, ``theta`` = visual-Cartesian
    direction, ``r`` = cortical distance, offset = ``r (cos theta, sin theta)`` (raw Cartesian
    difference when ``sample_cortex=False``); per node and per axis min-max normalise,
@@ -42,6 +42,29 @@ The math, step by step:
    ``s = ceil(ref_frame_mult sqrt(K))``, points ``(lin[a], lin[b])`` for ``lin = linspace(-1, 1, s)``
    and tap ``v = a s + b`` ('ij' meshgrid, a <-> x, b <-> y); ``rf_index[n, k]`` is the nearest tap
    (first index on ties), ``V = s²``.
+
+**The same graph on every machine.** The float64 values behind the tables come from ``exp``, ``sin``,
+``cos`` and ``arctan2``, whose last bits differ between CPUs (numpy runs AVX-512 code on some machines
+and AVX2 code on others) and between library versions. The integers must not. So every discrete
+decision compares with a relative tolerance ``DECISION_RTOL = 1e-9`` and settles what falls inside
+it by a fixed rule:
+
+* a ceil (ring point counts; the pad band's radius and angle counts) snaps a value within the
+  tolerance of an integer to that integer;
+* the distinct ring radii of the pad band's rule are radii more than the tolerance apart;
+* **neighbours**: distances within the tolerance of each other are equal, and equal distances are
+  ordered by candidate id, lowest first, both inside the ``K`` and at the ``K``-th place. Inputs
+  precede pad points, so an input beats a pad point at the same distance. The grids' mirror and
+  rotation symmetries make such exact ties (58 output nodes of the stem have one at the ``K``-th
+  place); a KD-tree or ``topk`` breaks them by accident of its implementation;
+* **taps**: a coordinate within the tolerance of the midpoint between two reference coordinates
+  takes the lower one (the spec's "first index").
+
+Float noise in these values is ~1e-13 relative; on every real layer, values decided equal differ by
+less than 3e-14 and values decided different by more than 3e-8 (:func:`decision_margins`), so the
+tolerance line is nowhere near any of them. ``tests/test_geometry_reproducible.py`` pins the digest of
+every real layer's tables and rebuilds them under numpy's CPU-dispatch settings and with injected
+last-bit noise.
 
 Design notes:
 
@@ -59,6 +82,7 @@ Design notes:
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
@@ -72,7 +96,7 @@ __all__ = [
     "ring_radii", "isotropic_grid", "grid_size", "matched_n_rings", "matched_isotropic_grid",
     "cortical_coords", "pad_candidates", "knn_candidates", "reference_grid", "ref_side_for",
     "local_offsets", "nearest_tap", "nearest_tap_bruteforce", "KNNGraph", "foveated_knn_graph",
-    "CORTEX_K",
+    "CORTEX_K", "DECISION_RTOL", "distinct_radii", "decision_margins",
 ]
 
 #: The sensor-manifold gain ``k`` of ``M(t) = k/(t + a)`` (spec §6.2).
@@ -84,11 +108,49 @@ _MINMAX_EPS = 1e-6
 #: Eccentricity mesh step (degrees) of the z(r) integral (spec §6.2).
 _Z_MESH_STEP = 1e-4
 
+#: Relative tolerance of every discrete decision the geometry makes (ring point counts, the pad
+#: band's counts, distinct radii, neighbour order and membership, taps). The float64 values behind
+#: those decisions come from ``exp``/``sin``/``cos``/``arctan2``, whose last bits differ between
+#: numpy's SIMD paths (AVX-512 against AVX2) and between library versions: about 1e-13 relative
+#: after the cancellations below. Two values closer than ``DECISION_RTOL`` count as equal and a
+#: fixed rule decides (see the module notes); :func:`decision_margins` shows that on the real
+#: layers no value lies anywhere near that line.
+DECISION_RTOL = 1e-9
+
 
 def _readonly(*arrays):
     for arr in arrays:
         arr.setflags(write=False)
     return arrays if len(arrays) > 1 else arrays[0]
+
+
+def _ceil_snapped(x):
+    """``ceil(x)``, except that a value within ``DECISION_RTOL`` (relative) of an integer *is* it.
+
+    ``ceil`` jumps at every integer: ``ceil(7 + 1e-15)`` is 8 on one machine and ``ceil(7 - 1e-15)``
+    7 on another. Snapping first puts the jump at ``k + DECISION_RTOL·k``, where no value computed
+    from the real grids lies (``decision_margins``' ``count_*`` entries). Integer-valued int64.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    k = np.rint(x)
+    near = np.abs(x - k) <= DECISION_RTOL * np.maximum(1.0, np.abs(x))
+    return np.where(near, k, np.ceil(x)).astype(np.int64)
+
+
+def _count_margin(x) -> float:
+    """Smallest relative distance of ``x`` from the nearest integer, over values not snapped to it."""
+    x = np.atleast_1d(np.asarray(x, dtype=np.float64))
+    rel = np.abs(x - np.rint(x)) / np.maximum(1.0, np.abs(x))
+    rel = rel[rel > DECISION_RTOL]
+    return float(rel.min()) if rel.size else math.inf
+
+
+def _count_tie(x) -> float:
+    """Largest relative distance from an integer among the values snapped to it (0.0 if none)."""
+    x = np.atleast_1d(np.asarray(x, dtype=np.float64))
+    rel = np.abs(x - np.rint(x)) / np.maximum(1.0, np.abs(x))
+    rel = rel[rel <= DECISION_RTOL]
+    return float(rel.max()) if rel.size else 0.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -115,15 +177,26 @@ def ring_radii(fov: float, a: float, n_rings: int) -> Tuple[np.ndarray, np.ndarr
         raise ValueError(f"n_rings: expected >= 1, got {n_rings}")
     if n_rings == 1:
         return np.zeros(1), np.ones(1, dtype=np.int64)
+    r = _radii_with_extra_ring(fov, a, n_rings)
+    n = np.ones(n_rings, dtype=np.int64)
+    n[1:] = _ceil_snapped(_ring_count_ratio(r, n_rings))
+    return r[:n_rings], n
+
+
+def _radii_with_extra_ring(fov: float, a: float, n_rings: int) -> np.ndarray:
+    """``r_0 .. r_R`` (``R + 1`` radii, degrees; ``r_0 = 0``): the rings plus the spacing-only ring."""
     rmax = fov / 2.0
     w0, w1 = math.log(a), math.log(rmax + a)
     dw = (w1 - w0) / (n_rings - 1)
     r = np.exp(np.linspace(w0, w1 + dw, n_rings + 1)) - a
     r[0] = 0.0
-    n = np.ones(n_rings, dtype=np.int64)
-    dr = (r[2:] - r[:-2]) / 2.0                       # dr_i for i = 1 .. R-1
-    n[1:] = np.ceil(2.0 * np.pi * r[1:n_rings] / dr).astype(np.int64)
-    return r[:n_rings], n
+    return r
+
+
+def _ring_count_ratio(r: np.ndarray, n_rings: int) -> np.ndarray:
+    """``2 pi r_i / dr_i`` for rings ``1 .. R-1`` (``r`` holds the extra ring ``r_R``): ``ceil`` of it is ``n_i``."""
+    dr = (r[2:n_rings + 1] - r[:n_rings - 1]) / 2.0   # dr_i for i = 1 .. R-1
+    return 2.0 * np.pi * r[1:n_rings] / dr
 
 
 def grid_size(fov: float, a: float, n_rings: int) -> int:
@@ -231,13 +304,40 @@ def cortical_coords(xy: np.ndarray, fov: float, a: float, k: float = CORTEX_K) -
     return np.stack([rho * np.cos(theta), rho * np.sin(theta), z], axis=1)
 
 
-def pad_candidates(in_xy: np.ndarray, decimals: int = 9) -> np.ndarray:
+def distinct_radii(xy: np.ndarray) -> np.ndarray:
+    """The distinct normalised radii ``|xy|`` of a ring grid, ascending.
+
+    Radii closer than ``DECISION_RTOL`` (relative to the largest) are one ring: the points of a
+    ring share ``rho_i`` exactly in real arithmetic, but ``hypot(rho cos phi, rho sin phi)`` differs
+    from ``rho_i`` in the last bits, by an amount that depends on the machine. Each ring is
+    represented by its smallest computed radius. Rounding to a fixed number of decimals instead
+    would split a ring whose radius lies on a rounding boundary.
+    """
+    rho = np.sort(np.hypot(xy[:, 0], xy[:, 1]))
+    if rho.size == 0:
+        return rho
+    new_ring = np.diff(rho) > DECISION_RTOL * max(1.0, float(rho[-1]))
+    return rho[np.concatenate([[True], new_ring])]
+
+
+def _pad_band_counts(u: np.ndarray) -> Tuple[float, float, float]:
+    """``(d, radii ratio, angle ratio)`` of the pad band: ``d = u[-1] - u[-2]``, ``0.5/d``, ``2 pi/d``.
+
+    The band has ``ceil(0.5/d)`` radii and ``ceil(2 pi/d)`` angles (the lengths of
+    ``arange(u[-1] + d, u[-1] + d + 0.5, d)`` and ``arange(0, 2 pi, d)``), each ceil snapped.
+    """
+    d = float(u[-1] - u[-2])
+    return d, 0.5 / d, 2.0 * np.pi / d
+
+
+def pad_candidates(in_xy: np.ndarray) -> np.ndarray:
     """The padding band outside the FoV (spec §6.4, fovi quirk included).
 
-    With ``u`` = the unique normalised radii of ``in_xy`` (rounded to ``decimals`` so that
-    float noise does not split a ring) and ``d = u[-1] - u[-2]``, the extra radii are
-    ``arange(u[-1] + d, u[-1] + d + 0.5, d)``; on each, the angles are ``arange(0, 2 pi, d)`` --
-    the *angle* step reuses the radial step ``d`` (in radians), as fovi does.
+    With ``u`` = the distinct normalised radii of ``in_xy`` (:func:`distinct_radii`) and
+    ``d = u[-1] - u[-2]``, the extra radii are ``u[-1] + d + i d`` for ``i < ceil(0.5/d)`` (what
+    ``arange(u[-1] + d, u[-1] + d + 0.5, d)`` holds) and on each the angles are ``j d`` for
+    ``j < ceil(2 pi/d)`` (``arange(0, 2 pi, d)``): the *angle* step reuses the radial step ``d``
+    (in radians), as fovi does. Both counts are snapped ceils, so they are the same on every machine.
 
     Args:
         in_xy: ``[Nin, 2]`` normalised input coordinates.
@@ -247,25 +347,72 @@ def pad_candidates(in_xy: np.ndarray, decimals: int = 9) -> np.ndarray:
         the input has fewer than two distinct radii).
     """
     in_xy = np.asarray(in_xy, dtype=np.float64)
-    u = np.unique(np.round(np.hypot(in_xy[:, 0], in_xy[:, 1]), decimals))
+    u = distinct_radii(in_xy)
     if u.size < 2:
         return np.zeros((0, 2))
-    d = float(u[-1] - u[-2])
-    radii = np.arange(u[-1] + d, u[-1] + d + 0.5, d)
-    angles = np.arange(0.0, 2.0 * np.pi, d)
+    d, radii_ratio, angle_ratio = _pad_band_counts(u)
+    radii = u[-1] + d + d * np.arange(int(_ceil_snapped(radii_ratio)))
+    angles = d * np.arange(int(_ceil_snapped(angle_ratio)))
     rr, aa = np.meshgrid(radii, angles, indexing="ij")
     return np.stack([(rr * np.cos(aa)).ravel(), (rr * np.sin(aa)).ravel()], axis=1)
+
+
+def _distances(queries: np.ndarray, candidates: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """``[Nq, m]`` Euclidean distances from each query to its candidates ``ids [Nq, m]``.
+
+    Written out coordinate by coordinate so the summation order is fixed (a 2- or 3-term sum).
+    """
+    diff = candidates[ids] - queries[:, None, :]
+    sq = diff[..., 0] * diff[..., 0]
+    for axis in range(1, diff.shape[-1]):
+        sq = sq + diff[..., axis] * diff[..., axis]
+    return np.sqrt(sq)
+
+
+def _tie_classes(dist: np.ndarray) -> np.ndarray:
+    """Tie-class numbers along each row of ascending distances ``[Nq, m]``.
+
+    A new class starts where a distance exceeds the previous one by more than ``DECISION_RTOL``
+    of itself; distances closer than that are the same distance (the grids' mirror and rotation
+    symmetries make exact ties, which float64 reports as differences of ~1e-15).
+    """
+    gap = np.diff(dist, axis=1) > DECISION_RTOL * dist[:, 1:]
+    return np.concatenate([np.zeros((len(dist), 1), dtype=np.int64), np.cumsum(gap, axis=1)], axis=1)
 
 
 def knn_candidates(queries: np.ndarray, candidates: np.ndarray, k: int) -> np.ndarray:
     """``[Nq, k]`` int64 ids of the ``k`` nearest candidates (Euclidean), nearest first.
 
-    A ``scipy.spatial.cKDTree`` query; like fovi's ``cdist`` + ``topk`` it returns the same
-    neighbour sets up to exact distance ties.
+    **The tie rule.** Neighbours are ordered by ``(distance, candidate id)`` where distances
+    within ``DECISION_RTOL`` of each other are equal: of tied candidates the lower id comes first,
+    and where a tie straddles the ``k``-th place the lower ids are in. Inputs come before pad
+    points in the candidate list, so a real input beats a pad point at the same distance. The
+    result is therefore one fixed graph, the same on every machine; a plain KD-tree or ``topk``
+    query resolves exact ties by accident of its implementation.
+
+    A ``scipy.spatial.cKDTree`` finds a few more than ``k`` candidates per query; the query is
+    widened until every row's ``k``-th tie class ends inside what was found.
     """
-    tree = cKDTree(np.asarray(candidates, dtype=np.float64))
-    _, ids = tree.query(np.asarray(queries, dtype=np.float64), k=int(k))
-    return np.asarray(ids, dtype=np.int64).reshape(len(queries), int(k))
+    queries = np.asarray(queries, dtype=np.float64)
+    candidates = np.asarray(candidates, dtype=np.float64)
+    k, nq, nc = int(k), len(queries), len(candidates)
+    if not 1 <= k <= nc:
+        raise ValueError(f"k: expected 1 <= k <= {nc} candidates, got {k}")
+    tree = cKDTree(candidates)
+    width = min(nc, k + max(4, k // 4))
+    while True:
+        _, ids = tree.query(queries, k=width)
+        ids = np.asarray(ids, dtype=np.int64).reshape(nq, width)
+        dist = _distances(queries, candidates, ids)
+        order = np.argsort(dist, axis=1, kind="stable")
+        ids, dist = np.take_along_axis(ids, order, 1), np.take_along_axis(dist, order, 1)
+        cls = _tie_classes(dist)
+        # the k-th class must end before the last column, or unseen candidates may tie with it
+        if width == nc or np.all(cls[:, k - 1] < cls[:, -1]):
+            break
+        width = min(nc, 2 * width)
+    order = np.lexsort((ids, cls), axis=1)
+    return np.ascontiguousarray(np.take_along_axis(ids, order, 1)[:, :k])
 
 
 # --------------------------------------------------------------------------------------------
@@ -320,8 +467,19 @@ def local_offsets(out_xy: np.ndarray, out_cort: np.ndarray, cand_xy: np.ndarray,
     return 2.0 * (off - lo) / (hi - lo + _MINMAX_EPS) - 1.0
 
 
+def _tap_boundaries(side: int) -> np.ndarray:
+    """``[s-1]`` midpoints between consecutive reference coordinates ``lin``."""
+    lin = np.linspace(-1.0, 1.0, int(side))
+    return (lin[1:] + lin[:-1]) / 2.0
+
+
 def nearest_tap(u: np.ndarray, side: int) -> np.ndarray:
     """``rf_index = argmin_v ||u - ref[v]||`` (first index on ties), per axis (see module notes).
+
+    Per axis the nearest of ``lin[0] < lin[1] < ...`` is the number of midpoints that ``u`` lies
+    above. A coordinate within ``DECISION_RTOL`` of a midpoint is a tie and takes the lower
+    reference coordinate: the "first index" of the spec, made independent of the last bits of
+    ``u``.
 
     Args:
         u: ``[..., 2]`` normalised offsets. side: reference-grid side ``s``.
@@ -329,9 +487,9 @@ def nearest_tap(u: np.ndarray, side: int) -> np.ndarray:
     Returns:
         ``[...]`` int64 taps ``a*s + b`` in ``[0, s²)``.
     """
-    lin = np.linspace(-1.0, 1.0, int(side))
-    ia = np.argmin((u[..., 0:1] - lin) ** 2, axis=-1)     # argmin keeps the first index on ties
-    ib = np.argmin((u[..., 1:2] - lin) ** 2, axis=-1)
+    mid = _tap_boundaries(side)
+    ia = np.sum(u[..., 0:1] > mid + DECISION_RTOL, axis=-1)
+    ib = np.sum(u[..., 1:2] > mid + DECISION_RTOL, axis=-1)
     return (ia * int(side) + ib).astype(np.int64)
 
 
@@ -474,6 +632,18 @@ class KNNGraph:
             self._metas[key] = m
         return m if device is None else m.to(device)
 
+    def digest(self) -> str:
+        """sha256 (hex) of the integer tables: shapes, then ``idx`` and ``rf_index`` as little-endian int64.
+
+        Two machines built the same graph exactly when their digests agree; the tests pin the digest of
+        every real layer (:func:`fovi_lab.layers.graph_digests`).
+        """
+        h = hashlib.sha256()
+        h.update(np.asarray([self.nin, self.nout, self.k, self.v], dtype="<i8").tobytes())
+        for t in (self.idx, self.rf_index):
+            h.update(np.ascontiguousarray(t.numpy(), dtype="<i8").tobytes())
+        return h.hexdigest()
+
     def summary(self) -> dict:
         """Plain-number summary (sizes, pad fraction, collision rate)."""
         return {
@@ -482,6 +652,66 @@ class KNNGraph:
             "pad_fraction": self.pad_fraction, "collision_rate": self.collision_rate,
             "empty_tap_rate": self.empty_tap_rate,
         }
+
+
+def decision_margins(graph: "KNNGraph") -> Dict[str, float]:
+    """How far each of the graph's discrete decisions lies from the line where it would flip.
+
+    Every integer the graph holds comes from comparing float64 values: a ceil (ring point counts,
+    the pad band's counts), a gap between sorted radii, a gap between sorted neighbour distances
+    (order and the ``K``-th place), a tap coordinate against a midpoint of the reference grid.
+    Each comparison is made with the tolerance ``DECISION_RTOL``. The graph is the same on every
+    machine when no compared value lies within float noise (~1e-13 relative) of that tolerance
+    line: values meant to be equal ("ties") must differ by far less than ``DECISION_RTOL``, and
+    values meant to differ by far more.
+
+    Returns:
+        ``{kind + "_tie": largest relative difference decided as a tie (0.0 if none),
+        kind + "_split": smallest relative difference decided as distinct}`` for the kinds
+        ``count`` (ceil inputs, distance from the nearest integer), ``radius`` (ring radii),
+        ``knn`` (the first ``K + 1`` neighbour distances of every node) and ``tap`` (tap
+        coordinates against midpoints), plus ``knn_ties_at_cut``: the nodes whose ``K``-th place
+        was decided by the tie rule.
+    """
+    g = graph
+    ratios = []
+    for stride in {g.in_stride, g.out_stride}:
+        rings = matched_n_rings(g.fov, g.a, _target(g.res, stride))
+        if rings > 1:
+            ratios.append(_ring_count_ratio(_radii_with_extra_ring(g.fov, g.a, rings), rings))
+    radii = np.sort(np.hypot(g.in_coords[:, 0], g.in_coords[:, 1]))
+    rel_gap = np.diff(radii) / max(1.0, float(radii[-1]))
+    u = distinct_radii(g.in_coords)
+    if u.size >= 2:
+        ratios.append(np.array(_pad_band_counts(u)[1:]))
+    ratios = np.concatenate(ratios) if ratios else np.zeros(0)
+
+    queries = g.out_cortical if g.sample_cortex else g.out_coords
+    cands = np.concatenate([g.in_cortical, g.pad_cortical] if g.sample_cortex else [g.in_coords, g.pad_coords])
+    width = min(len(cands), g.k + 1)
+    _, ids = cKDTree(cands).query(queries, k=width)
+    dist = np.sort(_distances(queries, cands, np.asarray(ids).reshape(len(queries), width)), axis=1)
+    knn_gap = np.diff(dist, axis=1) / np.maximum(dist[:, 1:], np.finfo(np.float64).tiny)
+    at_cut = 0
+    if width > g.k:
+        at_cut = int(np.sum(knn_gap[:, g.k - 1] <= DECISION_RTOL))
+
+    tap_gap = np.abs(g.local_offsets[..., None] - _tap_boundaries(g.ref_side)).ravel()
+
+    def split(vals, rtol=DECISION_RTOL):
+        vals = vals[vals > rtol]
+        return float(vals.min()) if vals.size else math.inf
+
+    def tie(vals, rtol=DECISION_RTOL):
+        vals = vals[vals <= rtol]
+        return float(vals.max()) if vals.size else 0.0
+
+    return {
+        "count_tie": _count_tie(ratios), "count_split": _count_margin(ratios),
+        "radius_tie": tie(rel_gap), "radius_split": split(rel_gap),
+        "knn_tie": tie(knn_gap), "knn_split": split(knn_gap), "knn_ties_at_cut": at_cut,
+        "tap_tie": tie(tap_gap), "tap_split": split(tap_gap),
+    }
 
 
 def _target(res: float, stride: float) -> int:

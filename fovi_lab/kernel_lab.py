@@ -41,7 +41,7 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from .layers import LAYERS, SYNTHETIC, layer_graph
+from .layers import LAYERS, RF_MULT, SYNTHETIC, layer_graph, layer_name, resolve_layer
 from .meta import TrainingMeta, build_meta, pad_to, synthetic_graph
 
 __all__ = [
@@ -79,7 +79,7 @@ FORWARD_CHOICES = {
     "r": (1, 2, 4),
     "block_dim": (32, 64, 128, 256, 512),
     "kernel": ("uncached", "cached"),
-    "rf": ("rf1", "rf2"),
+    "rf": (None, "rf1", "rf2"),
 }
 _MAX_BATCH = 4096
 _MAX_COUT = 2048
@@ -296,32 +296,31 @@ def _r4(x):
 # =================================================================================================
 
 @functools.lru_cache(maxsize=32)
-def _meta_cached(layer: str, cout: Optional[int], rf: str, nodes: Optional[int], seed: int) -> TrainingMeta:
-    if layer in LAYERS:
-        spec = LAYERS[layer]
-        g = layer_graph(layer, rf)
+def _meta_cached(layer: str, cout: Optional[int], rf: Optional[str], nodes: Optional[int], seed: int) -> TrainingMeta:
+    if layer not in SYNTHETIC:
+        spec, rf = resolve_layer(layer, rf)
+        g = layer_graph(spec.name, rf)
         cin, nin, v = spec.cin, g.nin, g.v
         cout = spec.cout if cout is None else cout
         if nodes is None or nodes >= g.nout:
             return g.meta(cin, cout)
         idx, rf_index = g.idx, g.rf_index
-    elif layer in SYNTHETIC:
+    else:
         cin, c0, nin, nout, k, v, pads = SYNTHETIC[layer]
         cout = c0 if cout is None else cout
         idx, rf_index = synthetic_graph(nin, nout, k, v, pads, seed=seed)
-    else:
-        raise KeyError(f"layer: unknown name {layer!r}; known: {list(LAYER_CHOICES)}")
     if nodes is not None:
         idx, rf_index = idx[:nodes], rf_index[:nodes]
     return build_meta(idx, rf_index, cin=cin, cout=cout, v=v, nin=nin)
 
 
-def make_meta(layer: str, cout: Optional[int] = None, rf: str = "rf2", nodes: Optional[int] = None,
+def make_meta(layer: str, cout: Optional[int] = None, rf: Optional[str] = None, nodes: Optional[int] = None,
               seed: int = 0, device=None) -> TrainingMeta:
-    """Index tables of a real fovi layer (``LAYERS``) or a synthetic test shape (``"MAIN"``, ``"ODD"``,
-    ``"PAD_HEAVY"``), with ``cout`` output channels (default: the layer's) and only the first ``nodes``
-    output nodes when given (a sub-layer with the same Cin, Nin, K, V: how the CPU widget clamps)."""
-    meta = _meta_cached(str(layer), None if cout is None else int(cout), str(rf),
+    """Index tables of a real fovi layer (``LAYERS``, or a variant such as ``"res18_stem_rf2"``) or a
+    synthetic test shape (``"MAIN"``, ``"ODD"``, ``"PAD_HEAVY"``), with ``cout`` output channels (default:
+    the layer's) and only the first ``nodes`` output nodes when given (a sub-layer with the same Cin, Nin,
+    K, V: how the CPU widget clamps). ``rf`` None: the layer's network frame (see :mod:`fovi_lab.layers`)."""
+    meta = _meta_cached(str(layer), None if cout is None else int(cout), None if rf is None else str(rf),
                         None if nodes is None else int(nodes), int(seed))
     return meta if device is None else meta.to(device)
 
@@ -344,7 +343,7 @@ class Problem:
         return int(self.x.shape[0])
 
 
-def make_problem(layer: str, batch: int, cout: Optional[int] = None, rf: str = "rf2", seed: int = 0,
+def make_problem(layer: str, batch: int, cout: Optional[int] = None, rf: Optional[str] = None, seed: int = 0,
                  device: str = "cpu", nodes: Optional[int] = None, bias: bool = True) -> Problem:
     """Random fp16 operands for ``layer`` (Kaiming-scaled weights so outputs are O(1)), reproducible."""
     meta = make_meta(layer, cout, rf, nodes, seed)
@@ -393,7 +392,7 @@ def reference_grads(meta: TrainingMeta, x, weight, grad_y, dtype=torch.float32) 
 # the models: FLOPs, bytes, gathered traffic, tile memory
 # =================================================================================================
 
-def shape_of(meta_or_layer, cout: Optional[int] = None, rf: str = "rf2") -> dict:
+def shape_of(meta_or_layer, cout: Optional[int] = None, rf: Optional[str] = None) -> dict:
     """``{cin, cout, nin, nout, k, v, p, p64, q}`` of a meta or a layer name."""
     meta = make_meta(meta_or_layer, cout, rf) if isinstance(meta_or_layer, str) else meta_or_layer
     return {k: int(getattr(meta, k)) for k in ("cin", "cout", "nin", "nout", "k", "v", "p", "p64", "q")}
@@ -657,7 +656,7 @@ def _check_common(layer, batch, cout, rf) -> Optional[str]:
     if cout is not None and (not _is_int(cout) or not 1 <= cout <= _MAX_COUT):
         return f"Cout must be an integer in [1, {_MAX_COUT}] (or None for the layer's own), got {cout!r}"
     if rf not in FORWARD_CHOICES["rf"]:
-        return f"rf must be 'rf1' or 'rf2', got {rf!r}"
+        return f"rf must be 'rf1', 'rf2' or None (the layer's network frame), got {rf!r}"
     return None
 
 
@@ -740,7 +739,7 @@ def _answer(result: dict, log: Optional[RunLog]) -> Tuple[dict, go.Figure]:
 
 def explore_forward(layer: str = "res18_layer1", batch: int = 64, cout: Optional[int] = None,
                     tile_m: int = 32, tile_n: int = 64, r: int = 1, block_dim: int = 128,
-                    kernel: str = "uncached", rf: str = "rf2", device: Optional[str] = None,
+                    kernel: str = "uncached", rf: Optional[str] = None, device: Optional[str] = None,
                     log: Optional[RunLog] = None, budget: float = CPU_WORK_BUDGET,
                     seed: int = 0) -> Tuple[dict, go.Figure]:
     """Run the real forward kernel with these tiles on ``layer`` and check it against the reference.
@@ -1012,7 +1011,7 @@ def adjoint_grid(kind: str, config: str, shape: dict, batch: int, sms: int = H20
             "launches": int(launches), "chunk": int(chunk), "waves": ctas / sms, "ctas_per_sm": ctas / sms, "steps_per_cta": int(steps)}
 
 
-def occupancy_table(batch: int = 512, layers: Optional[Sequence[str]] = None, rf: str = "rf2",
+def occupancy_table(batch: int = 512, layers: Optional[Sequence[str]] = None, rf: Optional[str] = None,
                     gi_configs: Sequence[str] = ("gi2_p64b128", "gi3_p64b128"),
                     gw_configs: Sequence[str] = ("gw2_p64n128", "gw3_p64n128", "gw4_p64n128"),
                     sms: int = H200_SMS) -> List[dict]:
@@ -1074,7 +1073,7 @@ def occupancy_figure(batches: Sequence[int] = (64, 512), layers: Optional[Sequen
 
 
 def explore_adjoint(layer: str = "res18_layer1", batch: int = 64, cout: Optional[int] = None,
-                    gi_config: str = "gi2_p64b64", gw_config: str = "gw3_p64n64", rf: str = "rf2",
+                    gi_config: str = "gi2_p64b64", gw_config: str = "gw3_p64n64", rf: Optional[str] = None,
                     device: Optional[str] = None, log: Optional[RunLog] = None, budget: float = CPU_WORK_BUDGET,
                     seed: int = 0) -> Tuple[dict, go.Figure]:
     """Run the Warp adjoints (``gi_config`` stage + dx reverse-CSR reduction, ``gw_config`` stage + dW
@@ -1177,7 +1176,11 @@ def explore_adjoint(layer: str = "res18_layer1", batch: int = 64, cout: Optional
 def load_records(data_dir=None, patterns: Sequence[str] = ("*.jsonl", "*.jsonl.gz")) -> List[dict]:
     """Every JSON-lines record under ``data_dir`` (default: the repository's ``data/``) matching
     ``patterns``, each tagged with ``_file``. ``.gz`` files are read through gzip (the big sweeps are stored
-    compressed). Unreadable lines are skipped; no folder means ``[]``."""
+    compressed). Unreadable lines are skipped; no folder means ``[]``.
+
+    A record measured on another reference frame than its layer's network frame is named as that variant
+    (``layer`` becomes e.g. ``"res18_stem_rf2"``, :func:`fovi_lab.layers.layer_name`), so a name always means
+    one table."""
     d = Path(data_dir) if data_dir is not None else DATA_DIR
     paths = sorted({p for pat in patterns for p in glob.glob(str(d / pat))})
     out: List[dict] = []
@@ -1194,6 +1197,8 @@ def load_records(data_dir=None, patterns: Sequence[str] = ("*.jsonl", "*.jsonl.g
                         continue
                     if isinstance(r, dict) and "impl" in r and "layer" in r:
                         r["_file"] = os.path.basename(p)
+                        if r["layer"] in LAYERS and r.get("rf") in RF_MULT:
+                            r["layer"] = layer_name(r["layer"], r["rf"])
                         out.append(r)
         except OSError:
             continue

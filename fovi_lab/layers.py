@@ -11,9 +11,16 @@ isotropic, ``sample_cortex=True``. A stride-``s`` grid is matched to ``(64/s)²`
 grids of a=0.5 are 4085 (stride 1), 964 (2), 230 (4), 60 (8), 16 (16) and 2 (32) nodes; a max-pool
 "964 -> 230" between layers therefore shows up here as a layer whose input grid has stride 4.
 
-``rf`` picks the reference frame: ``"rf2"`` (``ref_frame_mult=2``, ``V = ceil(2 sqrt K)²`` ~ 4K,
+``rf`` is the reference frame: ``"rf2"`` (``ref_frame_mult=2``, ``V = ceil(2 sqrt K)²`` ~ 4K,
 almost no tap collisions; the compact operator's home ground) or ``"rf1"`` (``V = ceil(sqrt K)²``,
-``V = K`` for square K, ~22-26 % collisions).
+``V = K`` for square K, ~22-26 % collisions). Each layer has the frame its network builds it with
+(:attr:`LayerSpec.rf`): rf2 everywhere except the ResNet-18 stem, which the network builds on rf1
+(its stem is not given the doubled frame), so ``res18_stem`` has ``V = 49``.
+
+**Variants.** The other frame of a layer is a *variant*, named ``<layer>_<rf>``: ``res18_stem_rf2``
+is the ResNet-18 stem on the doubled frame (``V = 196``), ``alex_L1_rf1`` AlexNet's conv1 with
+``V = K``. :func:`layer_graph`, :func:`layer_meta` and :func:`layer_shape` accept those names, and
+:func:`layer_name` gives the name of a (layer, frame) pair; :data:`LAYERS` lists the real layers only.
 
 **DINOv3 patch embed (approximation).** fovi's ``KNNPartitioningPatchEmbedding`` (S+, a = 2.79,
 Cout 384, bias) takes K from a partition of the input nodes (the largest cell) with a geodesic
@@ -30,14 +37,15 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 from .geometry import KNNGraph, foveated_knn_graph
 from .meta import SYNTHETIC_SHAPES, TrainingMeta, build_meta, pad_to, synthetic_graph
 
 __all__ = [
-    "LayerSpec", "LAYERS", "RF_MULT", "layer_graph", "layer_meta", "layer_shape", "SYNTHETIC",
-    "synthetic_meta", "FOV", "RES",
+    "LayerSpec", "LAYERS", "RF_MULT", "layer_graph", "layer_meta", "layer_shape", "layer_name", "resolve_layer",
+    "base_layer", "RECORDED_LAYERS", "graph_digests",
+    "SYNTHETIC", "synthetic_meta", "FOV", "RES",
 ]
 
 FOV = 16.0
@@ -65,6 +73,7 @@ class LayerSpec:
         description: where the layer sits in its model.
         ref_side: explicit reference-grid side (overrides ``rf``), or None.
         spec_pad_pct: the pad share quoted in spec §5 (percent), for comparison.
+        rf: the reference frame the network builds the layer with (``"rf1"`` or ``"rf2"``).
     """
 
     name: str
@@ -78,6 +87,7 @@ class LayerSpec:
     description: str
     ref_side: Optional[int] = None
     spec_pad_pct: Optional[float] = None
+    rf: str = "rf2"
 
 
 def _spec(*args, **kw) -> LayerSpec:
@@ -96,7 +106,8 @@ LAYERS: "OrderedDict[str, LayerSpec]" = OrderedDict((s.name, s) for s in [
     _spec("alex_L4", 384, 256, 0.5, 8, 8, 9, False,
           "fovi-alexnet conv4 (then max-pool 60 -> 16, avg-pool 16 -> 1)", spec_pad_pct=11.3),
     _spec("res18_stem", 3, 64, 0.5, 1, 2, 49, False,
-          "fovi-resnet18 a=0.5 stem conv: 4085 -> 964 (stride 2)", spec_pad_pct=3.2),
+          "fovi-resnet18 a=0.5 stem conv: 4085 -> 964 (stride 2), on the rf1 frame (V = 49)",
+          spec_pad_pct=3.2, rf="rf1"),
     _spec("res18_layer1", 64, 64, 0.5, 4, 4, 9, False,
           "fovi-resnet18 layer1 convs (x4), after the max-pool 964 -> 230", spec_pad_pct=3.8),
     _spec("res18_layer2_0", 64, 128, 0.5, 4, 8, 9, False,
@@ -116,56 +127,100 @@ LAYERS: "OrderedDict[str, LayerSpec]" = OrderedDict((s.name, s) for s in [
 ])
 
 
-def _get(name: str) -> LayerSpec:
-    try:
-        return LAYERS[name]
-    except KeyError:
-        raise KeyError(f"layer: unknown name {name!r}; known: {list(LAYERS)}") from None
-
-
 def _mult(rf: str) -> float:
     try:
         return RF_MULT[rf]
     except KeyError:
-        raise ValueError(f"rf: expected one of {sorted(RF_MULT)}, got {rf!r}") from None
+        raise ValueError(f"rf: expected one of {sorted(RF_MULT)} or None (the network's frame), got {rf!r}") from None
 
 
-def layer_graph(name: str, rf: str = "rf2") -> KNNGraph:
+def resolve_layer(name: str, rf: Optional[str] = None) -> Tuple[LayerSpec, str]:
+    """``(spec, rf)`` of a layer or variant name and an optional frame.
+
+    ``name`` is a key of :data:`LAYERS` (its network's frame unless ``rf`` says otherwise) or a
+    variant ``<layer>_<rf>`` (that frame; an ``rf`` argument must then agree).
+
+    Raises:
+        KeyError: unknown name. ValueError: unknown ``rf``, or one that contradicts the variant name.
+    """
+    if not isinstance(name, str):
+        raise KeyError(f"layer: expected a layer name (str), got {type(name).__name__}")
+    if rf is not None:
+        _mult(rf)
+    spec = LAYERS.get(name)
+    if spec is not None:
+        return spec, spec.rf if rf is None else rf
+    base, _, frame = name.rpartition("_")
+    if base in LAYERS and frame in RF_MULT and LAYERS[base].ref_side is None:
+        if rf is not None and rf != frame:
+            raise ValueError(f"rf: layer {name!r} is the {frame} variant, got rf={rf!r}")
+        return LAYERS[base], frame
+    raise KeyError(f"layer: unknown name {name!r}; known: {list(LAYERS)} and their variants "
+                   f"'<layer>_rf1' / '<layer>_rf2'")
+
+
+def layer_name(name: str, rf: Optional[str] = None) -> str:
+    """The name of layer ``name`` on frame ``rf``: the layer's own name on its network's frame (and for
+    layers with an explicit reference side, where the frame changes nothing), else the variant name
+    ``<layer>_<rf>``. ``layer_name("res18_stem", "rf2") == "res18_stem_rf2"``."""
+    spec, frame = resolve_layer(name, rf)
+    return spec.name if frame == spec.rf or spec.ref_side is not None else f"{spec.name}_{frame}"
+
+
+def base_layer(name: str) -> str:
+    """The key of :data:`LAYERS` that layer or variant ``name`` is built from (``"res18_stem_rf2"`` -> ``"res18_stem"``)."""
+    return resolve_layer(name)[0].name
+
+
+def layer_graph(name: str, rf: Optional[str] = None) -> KNNGraph:
     """The (cached) :class:`~fovi_lab.geometry.KNNGraph` of layer ``name``.
 
     Args:
-        name: a key of :data:`LAYERS`.
-        rf: ``"rf2"`` (``ref_frame_mult=2``, V ~ 4K) or ``"rf1"`` (V = K for square K). Ignored
-            for layers with an explicit ``ref_side`` (the DINOv3 patch embed: V = 256).
+        name: a key of :data:`LAYERS` or a variant name (see :func:`resolve_layer`).
+        rf: None (the network's frame, :attr:`LayerSpec.rf`), ``"rf2"`` (``ref_frame_mult=2``,
+            V ~ 4K) or ``"rf1"`` (V = K for square K). Layers with an explicit ``ref_side`` (the
+            DINOv3 patch embed: V = 256) have the same graph on both.
     """
-    spec = _get(name)
-    mult = _mult(rf)
+    spec, rf = resolve_layer(name, rf)
     return foveated_knn_graph(fov=FOV, a=spec.a, res=RES, in_stride=spec.in_stride,
-                              out_stride=spec.out_stride, k=spec.k, ref_frame_mult=mult,
+                              out_stride=spec.out_stride, k=spec.k, ref_frame_mult=_mult(rf),
                               sample_cortex=True, ref_side=spec.ref_side)
 
 
-def layer_meta(name: str, rf: str = "rf2", device=None) -> TrainingMeta:
-    """The compact-operator :class:`~fovi_lab.meta.TrainingMeta` of layer ``name`` (cached)."""
-    spec = _get(name)
-    return layer_graph(name, rf).meta(spec.cin, spec.cout, device=device)
+def layer_meta(name: str, rf: Optional[str] = None, device=None) -> TrainingMeta:
+    """The compact-operator :class:`~fovi_lab.meta.TrainingMeta` of layer ``name`` (cached); ``rf`` as
+    :func:`layer_graph`."""
+    spec, rf = resolve_layer(name, rf)
+    return layer_graph(spec.name, rf).meta(spec.cin, spec.cout, device=device)
 
 
-def layer_shape(name: str, rf: str = "rf2") -> dict:
+def layer_shape(name: str, rf: Optional[str] = None) -> dict:
     """Sizes of layer ``name``: cin, cout, nin, nout, k, v, p, p64, q, pad_fraction (+ more).
 
     ``p = cin*k``, ``p64`` = p rounded up to 64, ``q = cin*v``; ``pad_fraction`` is the share of
     (n, k) entries that are the pad token, ``collision_rate`` the share whose tap an earlier
-    neighbour of the same node already took.
+    neighbour of the same node already took. ``rf`` as :func:`layer_graph`; the result's ``rf`` is
+    the frame used.
     """
-    spec = _get(name)
-    g = layer_graph(name, rf)
+    spec, rf = resolve_layer(name, rf)
+    g = layer_graph(spec.name, rf)
     p = spec.cin * g.k
     return {
-        "name": name, "rf": rf, "cin": spec.cin, "cout": spec.cout, "nin": g.nin, "nout": g.nout,
-        "k": g.k, "v": g.v, "p": p, "p64": pad_to(p, 64), "q": spec.cin * g.v,
+        "name": layer_name(spec.name, rf), "rf": rf, "cin": spec.cin, "cout": spec.cout, "nin": g.nin,
+        "nout": g.nout, "k": g.k, "v": g.v, "p": p, "p64": pad_to(p, 64), "q": spec.cin * g.v,
         "pad_fraction": g.pad_fraction, "collision_rate": g.collision_rate, "bias": spec.bias,
     }
+
+
+def graph_digests(names=None, rfs=("rf1", "rf2")) -> "OrderedDict[str, str]":
+    """``{"<layer>:<rf>": KNNGraph.digest()}`` for every layer of ``names`` (default: all of :data:`LAYERS`)
+    on each frame of ``rfs``: the fingerprint of the tables, equal on every machine."""
+    return OrderedDict((f"{n}:{rf}", layer_graph(n, rf).digest()) for n in (names or LAYERS) for rf in rfs)
+
+
+#: The names of the tables every recorded H200 benchmark under ``data/`` ran on: each layer on the rf2
+#: frame, so the ResNet-18 stem's records are of the variant ``res18_stem_rf2``.
+RECORDED_LAYERS = tuple(layer_name(n, "rf2") for n in LAYERS)
 
 
 def synthetic_meta(name: str, seed: int = 0, device=None) -> TrainingMeta:

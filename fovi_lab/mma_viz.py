@@ -28,7 +28,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import plotly.graph_objects as go
 
 from . import kernel_lab as kl
-from .layers import LAYERS as _ALL_LAYERS, layer_meta
+from .layers import RECORDED_LAYERS, layer_meta
 
 __all__ = ["MMA_RUNS", "OLD_RULE_RUNS", "DEPTH_RUNS", "STAGE_RUNS", "LAYERS", "fragment_owner", "fragment_figure",
            "lane_channels", "explore_mma", "mma_rows", "mma_figure", "layout_rows", "depth_rows", "depth_figure",
@@ -45,7 +45,7 @@ STAGE_RUNS = (63,)
 DEPTH_RUNS = MMA_RUNS
 #: The runs whose chosen config was session 8's pick (the tile / SIMT rules, ``FOVI_WARP_MMA=off`` today).
 OLD_RULE_RUNS = (52, 53)
-LAYERS = tuple(_ALL_LAYERS)
+LAYERS = RECORDED_LAYERS
 
 
 def mma_configs() -> Tuple[str, ...]:
@@ -234,7 +234,7 @@ LAYOUT_PAIRS = (
     ("alex_L1", 64, "mma_o64b32", "mmat_o64b32"),
     ("alex_L1", 512, "mma_o64b32", "mmat_o64b32"),
     ("res18_layer1", 512, "mma_o64b32", "mmat_o64b32"),
-    ("res18_stem", 64, "mma_o64b16", "mmat_o64b16"),
+    ("res18_stem_rf2", 64, "mma_o64b16", "mmat_o64b16"),
     ("res18_layer4_0", 16, "mmas_o32b16", "mmasw_o32b16"),
     ("res18_layer3", 16, "mmas_o32b16", "mmasw_o32b16"),
     ("alex_L4", 4, "mmas_o32b8", "mmasw_o32b8"),
@@ -372,9 +372,9 @@ def register_rows(path=None) -> List[dict]:
 
 #: (layer, B, the block writing y directly, the same block writing it through a shared tile).
 STAGE_POINTS = (
-    ("res18_stem", 512, "mmat_o64b32", "mmato_o64b32b256"),
-    ("res18_stem", 64, "mmat_o64b32", "mmato_o64b32b256"),
-    ("res18_stem", 16, "mma_o64b16k32", "mmao_o64b16k32b256"),
+    ("res18_stem_rf2", 512, "mmat_o64b32", "mmato_o64b32b256"),
+    ("res18_stem_rf2", 64, "mmat_o64b32", "mmato_o64b32b256"),
+    ("res18_stem_rf2", 16, "mma_o64b16k32", "mmao_o64b16k32b256"),
     ("alex_L0", 64, "mmat_o96b32k32", "mmato_o96b32k32"),
     ("alex_L0", 16, "mma_o96b16", "mmao_o96b16"),
     ("dinov3_patch", 512, "mmat_o64b32", "mmato_o64b32b256"),

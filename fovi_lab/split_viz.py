@@ -33,7 +33,7 @@ __all__ = ["SPLIT_RUNS", "LAYERS", "SPLIT_CONFIGS", "thread_count", "explore_spl
 #: split kernels beside their vec4-W variants).
 SPLIT_RUNS = (45, 46, 47)
 LAYERS = ("res18_layer1", "res18_layer2", "res18_layer3_0", "res18_layer3", "res18_layer4_0", "alex_L2",
-          "alex_L1", "dinov3_patch", "res18_stem", "alex_L0")
+          "alex_L1", "dinov3_patch", "res18_stem_rf2", "alex_L0")
 _SPLIT_FAMILIES = ("simts", "simtsw")
 #: The registered split configs (the widget's choices).
 SPLIT_CONFIGS = ("ss_b8o8u4", "ss_b4o8u4")

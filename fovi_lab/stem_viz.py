@@ -26,7 +26,7 @@ from .meta import pad_to
 __all__ = ["STEMS", "stage_bytes", "explore_stem", "stem_forward_rows", "stem_forward_figure", "stem_train_rows",
            "simt_rows", "simt_figure"]
 
-STEMS = ("alex_L0", "res18_stem", "dinov3_patch")
+STEMS = ("alex_L0", "res18_stem_rf2", "dinov3_patch")   # the tables the recorded stem runs used
 _MIB = 1 << 20
 
 

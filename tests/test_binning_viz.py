@@ -7,6 +7,8 @@ import math
 
 import pytest
 
+from fovi_lab.layers import base_layer, layer_name
+
 from fovi_lab import binning_viz as bv
 
 
@@ -32,7 +34,9 @@ def test_recorded_rows_and_figure():
     rows = bv.recorded_rows()
     if not rows:
         pytest.skip("no recorded binning runs")
-    assert {r["rf"] for r in rows} == {"rf1", "rf2"} and {r["layer"] for r in rows} == set(bv.STEMS)
+    assert {r["rf"] for r in rows} == {"rf1", "rf2"} and {base_layer(r["layer"]) for r in rows} == set(bv.STEMS)
+    # each row is named by the table it ran on: the layer's own name on its network's frame, else the variant
+    assert all(r["layer"] == layer_name(base_layer(r["layer"]), r["rf"]) for r in rows)
     for r in rows:
         for key in ("warp", "warp_graphed", "binned", "binned_graphed", "other", "other_graphed"):
             assert r[key] is None or r[key] > 0, (r, key)

@@ -89,6 +89,15 @@ _MIB = 1 << 20
 
 # ------------------------------------------------------------------------------------------- helpers
 
+
+def _frame(layer: str, rf):
+    """The reference frame a record of ``layer`` was measured on (None for synthetic shapes)."""
+    from ..layers import resolve_layer
+    try:
+        return resolve_layer(layer, rf)[1]
+    except KeyError:
+        return rf
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -354,7 +363,7 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
     nbytes = backward_bytes(meta, b)
     if mode == "train-step":
         nbytes += compact_bytes(b, meta.cin, meta.nin, meta.cout, meta.q, meta.nout, meta.p64)
-    shape = {"layer": layer, "B": b, "rf": args.rf, "mode": mode, "cin": meta.cin, "cout": meta.cout,
+    shape = {"layer": layer, "B": b, "rf": _frame(layer, args.rf), "mode": mode, "cin": meta.cin, "cout": meta.cout,
              "nin": meta.nin, "nout": meta.nout, "k": meta.k, "v": meta.v, "p64": meta.p64, "q": meta.q,
              "nnz": meta.nnz, "flops": flops, "bytes": nbytes}
     recs: List[dict] = []
@@ -739,7 +748,8 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", nargs="*", default=None,
                     help=f"layer names (default: all of {list(LAYERS)}; also {list(SYNTHETIC)})")
     ap.add_argument("--batches", nargs="*", type=int, default=[64, 128, 512])
-    ap.add_argument("--rf", default="rf2")
+    ap.add_argument("--rf", default=None, choices=["rf1", "rf2"],
+                    help="reference frame (default: each layer's network frame; the record's rf says which)")
     ap.add_argument("--sweep", action="store_true", help="also measure every gi/gw config (fp16 and fp32 staging)")
     ap.add_argument("--graphs", action="store_true",
                     help="also time warp_train and the PyTorch baselines replayed from CUDA graphs")

@@ -49,6 +49,15 @@ __all__ = ["main", "torch_baselines", "run_shape"]
 
 # ------------------------------------------------------------------------------------------- torch
 
+
+def _frame(layer: str, rf):
+    """The reference frame a record of ``layer`` was measured on (None for synthetic shapes)."""
+    from ..layers import resolve_layer
+    try:
+        return resolve_layer(layer, rf)[1]
+    except KeyError:
+        return rf
+
 def _xpad(x: torch.Tensor) -> torch.Tensor:
     b = x.shape[0]
     xp = x.new_empty(b, x.shape[1] * x.shape[2] + 1)
@@ -166,7 +175,7 @@ def run_shape(layer: str, meta, b: int, configs: List[str], chosen: str, device:
     scale = float(ref.abs().max())
     flops = compact_flops(b, meta.p64, meta.cout, meta.nout)
     nbytes = compact_bytes(b, meta.cin, meta.nin, meta.cout, meta.q, meta.nout, meta.p64)
-    shape = {"layer": layer, "B": b, "rf": args.rf, "cin": meta.cin, "cout": meta.cout, "nin": meta.nin,
+    shape = {"layer": layer, "B": b, "rf": _frame(layer, args.rf), "cin": meta.cin, "cout": meta.cout, "nin": meta.nin,
              "nout": meta.nout, "k": meta.k, "v": meta.v, "p64": meta.p64, "flops": flops, "bytes": nbytes}
     recs: List[dict] = []
 
@@ -369,7 +378,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fovi_lab.bench.forward", description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", nargs="*", default=None, help=f"layer names (default: all of {list(LAYERS)})")
     ap.add_argument("--batches", nargs="*", type=int, default=[16, 64, 128, 512])
-    ap.add_argument("--rf", default="rf2")
+    ap.add_argument("--rf", default=None, choices=["rf1", "rf2"],
+                    help="reference frame (default: each layer's network frame; the record's rf says which)")
     ap.add_argument("--all-configs", action="store_true", help="measure every uncached config (a sweep)")
     ap.add_argument("--configs", nargs="*", default=None, help="measure these configs (plus the chosen one)")
     ap.add_argument("--experimental", action="store_true",
