@@ -668,7 +668,8 @@ def decision_margins(graph: "KNNGraph") -> Dict[str, float]:
     Returns:
         ``{kind + "_tie": largest relative difference decided as a tie (0.0 if none),
         kind + "_split": smallest relative difference decided as distinct}`` for the kinds
-        ``count`` (ceil inputs, distance from the nearest integer), ``radius`` (ring radii),
+        ``count`` (ceil inputs, distance from the nearest integer: the ring point counts of every ring
+        count the resource matching examined, and the pad band's counts), ``radius`` (ring radii),
         ``knn`` (the first ``K + 1`` neighbour distances of every node) and ``tap`` (tap
         coordinates against midpoints), plus ``knn_ties_at_cut``: the nodes whose ``K``-th place
         was decided by the tie rule.
@@ -676,8 +677,8 @@ def decision_margins(graph: "KNNGraph") -> Dict[str, float]:
     g = graph
     ratios = []
     for stride in {g.in_stride, g.out_stride}:
-        rings = matched_n_rings(g.fov, g.a, _target(g.res, stride))
-        if rings > 1:
+        # every ring count the matching compared against the budget, not only the one it chose
+        for rings in range(2, matched_n_rings(g.fov, g.a, _target(g.res, stride)) + 18):
             ratios.append(_ring_count_ratio(_radii_with_extra_ring(g.fov, g.a, rings), rings))
     radii = np.sort(np.hypot(g.in_coords[:, 0], g.in_coords[:, 1]))
     rel_gap = np.diff(radii) / max(1.0, float(radii[-1]))
