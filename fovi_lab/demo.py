@@ -22,7 +22,7 @@ from .knn_autograd import OPS_REGISTRY, _load_optional_backends
 from .reference import oracle_forward
 from .layers import layer_name
 
-__all__ = ["DemoRow", "run_demo", "main"]
+__all__ = ["DemoRow", "run_demo", "format_rows", "check_device", "main"]
 
 
 @dataclass
@@ -33,11 +33,13 @@ class DemoRow:
     fwd_err: Optional[float]
     dx_err: Optional[float]
     dw_err: Optional[float]
-    tol: float
+    tol: float                      # y's tolerance: 3x the same-dtype oracle's error + 2e-3
     ok: Optional[bool]
     fwd_ms: Optional[float]
     bwd_ms: Optional[float]
     note: str = ""
+    dx_tol: Optional[float] = None  # dx's and dW's tolerances, the same rule
+    dw_tol: Optional[float] = None
 
 
 def _timeit(fn, device: torch.device, reps: int) -> float:
@@ -59,23 +61,49 @@ def _compute_dtype(ops) -> torch.dtype:
     return dtypes[0]
 
 
+def check_device(device) -> torch.device:
+    """The torch device ``device`` names, if the demo can run there: ``cpu``, or ``cuda[:i]`` with that GPU
+    visible to torch. Raises ValueError saying why not."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device: {device!r} is not a torch device ({exc})") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device: expected cpu or cuda[:i], got {device!r} (the Warp kernels run on those only)")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device: {device!r} asked for, but torch sees no CUDA device on this machine")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device: {device!r} asked for, but torch sees {torch.cuda.device_count()} CUDA device(s)")
+    return dev
+
+
 def run_demo(layer: str = "res18_layer1", batch: int = 8, rf: Optional[str] = None, device=None, reps: int = 3,
              backends: Optional[List[str]] = None, log=print) -> List[DemoRow]:
     """Run every registered backend on one real layer; returns one :class:`DemoRow` per backend.
 
     Tolerance (spec §5): each of y, dx, dW within 3x the error of autograd through the oracle computed
-    in the same dtype, + 2e-3; errors are max-abs against autograd of the fp64 oracle.
-    """
-    from .layers import layer_graph
+    in the same dtype, + 2e-3; errors are max-abs against autograd of the fp64 oracle. ``log`` gets a line
+    per phase (graph, then per backend: reference, first call, adjoints, timing), each with its time.
 
+    Raises:
+        ValueError: ``batch`` or ``reps`` below 1, an unusable ``device``. KeyError: an unknown layer or backend.
+    """
+    from .layers import layer_graph, resolve_layer
+
+    for name, val in (("batch", batch), ("reps", reps)):
+        if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+            raise ValueError(f"{name}: expected an integer >= 1, got {val!r}")
     _load_optional_backends()
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    names = list(backends) if backends else sorted(OPS_REGISTRY)
+    unknown = [n for n in names if n not in OPS_REGISTRY]
+    if unknown:
+        raise KeyError(f"backends: unknown {unknown}; registered: {sorted(OPS_REGISTRY)}")
+    device = check_device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    spec, rf = resolve_layer(layer, rf)
     t0 = time.perf_counter()
     log(f"[demo] building the foveated KNN graph of {layer_name(layer, rf)} ...")
-    graph = layer_graph(layer, rf=rf)
-    from .layers import LAYERS
-
-    spec = LAYERS[layer]
+    graph = layer_graph(spec.name, rf=rf)
     meta = graph.meta(spec.cin, spec.cout).to(device)
     log(f"[demo] Cin={meta.cin} Cout={meta.cout} Nin={meta.nin} Nout={meta.nout} K={meta.k} V={meta.v} "
         f"P64={meta.p64}, B={batch}, device={device} ({time.perf_counter() - t0:.1f} s)")
@@ -86,14 +114,21 @@ def run_demo(layer: str = "res18_layer1", batch: int = 8, rf: Optional[str] = No
     b32 = torch.randn(meta.cout, generator=g) * 0.1 if spec.bias else None
     gy32 = torch.randn(batch, meta.cout, meta.nout, generator=g)
 
-    names = backends or sorted(OPS_REGISTRY)
     rows: List[DemoRow] = []
     ref_err_cache = {}
     for i, name in enumerate(names, 1):
         ops = OPS_REGISTRY[name]
         dtype = _compute_dtype(ops)
-        slow = " (the first call compiles its Warp kernels)" if name.startswith("warp") else ""
-        log(f"[demo] ({i}/{len(names)}) {name} in {str(dtype).replace('torch.', '')}{slow} ...")
+        tag = f"[demo] ({i}/{len(names)}) {name}"
+        log(f"{tag} in {str(dtype).replace('torch.', '')}")
+        t_phase = time.perf_counter()
+
+        def phase(what: str) -> None:
+            nonlocal t_phase
+            now = time.perf_counter()
+            log(f"{tag}   {what} ({now - t_phase:.1f} s)")
+            t_phase = now
+
         # Round the operands to the compute dtype first, so the oracle sees the same numbers.
         x = x32.to(dtype).to(device)
         w = w32.to(dtype).to(device)
@@ -112,13 +147,15 @@ def run_demo(layer: str = "res18_layer1", batch: int = 8, rf: Optional[str] = No
             dxr, dwr = torch.autograd.grad(yr, (xr, wr), gy.cpu())
             ref_err_cache[dtype] = tuple((a.double() - r).abs().max().item()
                                          for a, r in ((yr.detach(), y64.detach()), (dxr, dx64), (dwr, dw64)))
-        ref_errs = ref_err_cache[dtype]
-        row = DemoRow(name, str(device), str(dtype).replace("torch.", ""), None, None, None,
-                      3 * ref_errs[0] + 2e-3, None, None, None)
+        tols = tuple(3 * e + 2e-3 for e in ref_err_cache[dtype])
+        phase("fp64 and same-dtype oracle references")
+        row = DemoRow(name, str(device), str(dtype).replace("torch.", ""), None, None, None, tols[0], None, None, None,
+                      dx_tol=tols[1], dw_tol=tols[2])
         try:
             y = ops.forward(meta, x, w, b)
             row.fwd_err = (y.double().cpu() - y64.detach()).abs().max().item()
-            ok = row.fwd_err <= 3 * ref_errs[0] + 2e-3
+            ok = row.fwd_err <= tols[0]
+            phase("forward, first call" + (" (compiles its Warp kernels)" if name.startswith("warp") else ""))
             try:
                 dx = ops.grad_input(meta, gy, w)
                 dw = ops.grad_weight(meta, gy, x)
@@ -127,7 +164,8 @@ def run_demo(layer: str = "res18_layer1", batch: int = 8, rf: Optional[str] = No
             else:
                 row.dx_err = (dx.double().cpu() - dx64).abs().max().item()
                 row.dw_err = (dw.double().cpu() - dw64).abs().max().item()
-                ok = ok and row.dx_err <= 3 * ref_errs[1] + 2e-3 and row.dw_err <= 3 * ref_errs[2] + 2e-3
+                ok = ok and row.dx_err <= tols[1] and row.dw_err <= tols[2]
+                phase("dx and dW, first call")
             row.ok = bool(ok)
             row.fwd_ms = _timeit(lambda: ops.forward(meta, x, w, b), device, reps)
             if row.dx_err is not None:
@@ -135,6 +173,7 @@ def run_demo(layer: str = "res18_layer1", batch: int = 8, rf: Optional[str] = No
                 row.bwd_ms = _timeit((lambda: both(meta, gy, x, w)) if both else
                                      (lambda: (ops.grad_input(meta, gy, w), ops.grad_weight(meta, gy, x))),
                                      device, reps)
+            phase(f"timed, median of {reps}")
             if name == "warp_train":
                 from .knn_warp import grad_path
                 row.note = f"adjoints: {grad_path(meta)} (knn_warp.grad_path)"
@@ -146,16 +185,21 @@ def run_demo(layer: str = "res18_layer1", batch: int = 8, rf: Optional[str] = No
 
 
 def format_rows(rows: List[DemoRow]) -> str:
+    """The demo's table: per backend its errors against the fp64 oracle, each beside its tolerance, the
+    verdict and the median times."""
     def f(v, fmt):
         return format("-", f">{fmt[:-2].split('.')[0]}") if v is None else format(v, fmt)
 
-    head = f"{'backend':<15}{'device':<8}{'dtype':<9}{'y err':>9}{'dx err':>9}{'dW err':>9}{'ok':>5}" \
-           f"{'fwd ms':>9}{'bwd ms':>9}  note"
+    head = f"{'backend':<15}{'device':<8}{'dtype':<9}{'y err':>9}{'tol':>9}{'dx err':>9}{'tol':>9}" \
+           f"{'dW err':>9}{'tol':>9}{'ok':>5}{'fwd ms':>9}{'bwd ms':>9}  note"
     lines = [head, "-" * len(head)]
     for r in rows:
-        lines.append(f"{r.backend:<15}{r.device:<8}{r.dtype:<9}{f(r.fwd_err, '9.1e')}{f(r.dx_err, '9.1e')}"
-                     f"{f(r.dw_err, '9.1e')}{('yes' if r.ok else 'NO'):>5}{f(r.fwd_ms, '9.2f')}"
-                     f"{f(r.bwd_ms, '9.2f')}  {r.note}")
+        dx_tol = r.dx_tol if r.dx_err is not None else None
+        dw_tol = r.dw_tol if r.dw_err is not None else None
+        lines.append(f"{r.backend:<15}{r.device:<8}{r.dtype:<9}{f(r.fwd_err, '9.1e')}{f(r.tol, '9.1e')}"
+                     f"{f(r.dx_err, '9.1e')}{f(dx_tol, '9.1e')}{f(r.dw_err, '9.1e')}{f(dw_tol, '9.1e')}"
+                     f"{('yes' if r.ok else 'NO'):>5}{f(r.fwd_ms, '9.2f')}{f(r.bwd_ms, '9.2f')}  {r.note}")
+    lines.append("tol: 3x the error of the oracle computed in the backend's own dtype, + 2e-3 (each of y, dx, dW)")
     return "\n".join(lines)
 
 
@@ -181,11 +225,22 @@ def main(argv=None) -> int:
     ap.add_argument("--rf", default=None, choices=["rf1", "rf2"],
                     help="reference frame (default: the one the layer's network uses)")
     ap.add_argument("--device", default=None, help="cpu or cuda[:i] (default: cuda if present)")
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=3, help="timed calls per backend (>= 1; the median is shown)")
     ap.add_argument("--backends", nargs="*", default=None, help="subset of registered backends")
     args = ap.parse_args(argv)
     if args.batch < 1:
         ap.error("--batch must be >= 1")
+    if args.reps < 1:
+        ap.error(f"--reps must be >= 1, got {args.reps}")
+    _load_optional_backends()
+    unknown = [n for n in args.backends or () if n not in OPS_REGISTRY]
+    if unknown:
+        ap.error(f"--backends: unknown {', '.join(map(repr, unknown))}; registered: {', '.join(sorted(OPS_REGISTRY))}")
+    if args.device is not None:
+        try:
+            check_device(args.device)
+        except ValueError as exc:
+            ap.error(f"--{exc}")
     rows = run_demo(args.layer, args.batch, args.rf, args.device, args.reps, args.backends)
     print(format_rows(rows))
     print(auto_choice(args.layer, args.batch, args.rf, args.device))

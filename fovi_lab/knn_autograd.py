@@ -132,7 +132,8 @@ class KNNConv(torch.nn.Module):
     Args:
         idx: ``[Nout, K]`` neighbour ids, ``nin`` = pad. rf_index: ``[Nout, K]`` taps in [0, v).
         nin, v: input node count and reference-grid taps. cin, cout: channels.
-        bias: learnable bias. backend: a registered ops name or ``"auto"``.
+        bias: learnable bias. backend: a registered ops name or ``"auto"`` (an unknown name raises
+            ``ValueError`` here, listing the registered ones).
 
     Shapes: ``x [B, Cin, Nin] -> y [B, Cout, Nout]``. The index tables (meta) are built once per device
     and never enter the state_dict. ``self.last_backend`` records the backend the last call used.
@@ -147,6 +148,14 @@ class KNNConv(torch.nn.Module):
         self.bias = torch.nn.Parameter(torch.zeros(cout)) if bias else None
         # Kaiming-normal over the *effective* fan-in (Cin*K taps actually read), like a conv.
         torch.nn.init.normal_(self.weight, 0.0, math.sqrt(2.0 / (cin * self.k)))
+        if not isinstance(backend, str):
+            raise TypeError(f"backend: expected a backend name (str), got {type(backend).__name__}")
+        if backend != "auto":
+            try:
+                get_ops(backend)
+            except KeyError:
+                raise ValueError(f"backend: unknown backend {backend!r}; registered: {sorted(OPS_REGISTRY)} "
+                                 f"or 'auto'") from None
         self.backend = backend
         self.last_backend: Optional[str] = None
 

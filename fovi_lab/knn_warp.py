@@ -20,6 +20,7 @@ import torch
 
 from .knn_autograd import register_ops
 from .meta import TrainingMeta, pad_to
+from .reference import check_forward_args
 from .warp_adjoint import (  # noqa: F401  (re-exported seed API)
     _canary_grad_stage_ok,
     _get_grad_kernel,
@@ -54,6 +55,8 @@ __all__ = [
 
 
 def _forward(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
+    # run_uncached sees only the tables, so it cannot tell an x of another layer: check against the meta
+    check_forward_args(meta, x, weight, bias)
     meta = meta.to(x.device)
     return run_uncached(x, weight, bias, meta.input_linear, meta.weight_linear)
 

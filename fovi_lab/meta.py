@@ -33,7 +33,7 @@ from typing import Dict
 import numpy as np
 import torch
 
-__all__ = ["TrainingMeta", "build_meta", "pad_to", "synthetic_graph", "SYNTHETIC_SHAPES", "meta_aux"]
+__all__ = ["TrainingMeta", "build_meta", "validate_meta", "pad_to", "synthetic_graph", "SYNTHETIC_SHAPES", "meta_aux"]
 
 
 _AUX_LOCK = threading.Lock()
@@ -123,6 +123,8 @@ class TrainingMeta:
                              "weight_linear_flat", "rev_rowptr", "rev_col", "idx", "rf_index")
             }
             cached = replace(self, device=device, _per_device=self._per_device, **tensors)
+            if meta_aux(self).get("validated"):
+                meta_aux(cached)["validated"] = True      # a copy of checked tables
             self._per_device[key] = cached
         return cached
 
@@ -200,7 +202,61 @@ def build_meta(idx, rf_index, *, cin: int, cout: int, v: int, nin: int, device=N
         rev_rowptr=rev_rowptr.to(torch.int32), rev_col=rev_col,
         idx=idx, rf_index=rf, device=torch.device("cpu"),
     )
+    meta_aux(meta)["validated"] = True
     return meta if device is None else meta.to(device)
+
+
+_TABLE_FIELDS = ("input_linear", "weight_linear", "input_linear_flat", "weight_linear_flat", "rev_rowptr",
+                 "rev_col")
+
+
+def validate_meta(meta) -> None:
+    """Refuse a meta whose tables are not the ones :func:`build_meta` makes from its ``idx`` / ``rf_index``.
+
+    Every kernel entry point calls this. A meta made by :func:`build_meta` (or a device copy of one) is
+    marked and passes at once; any other (built by hand, or a dataclass copy with a table swapped) is
+    checked once, completely: sizes, then ``idx`` / ``rf_index`` in range, then every derived table
+    (``input_linear``, ``weight_linear``, their flat copies, the reverse lists ``rev_rowptr`` / ``rev_col``)
+    equal to the one rebuilt from them. A meta that passes is marked. Tables edited in place after that are
+    not re-checked: treat a meta as read-only.
+
+    Raises:
+        TypeError: ``meta`` is not a :class:`TrainingMeta`.
+        ValueError: names the first table that disagrees, and how.
+    """
+    if not isinstance(meta, TrainingMeta):
+        raise TypeError(f"meta: expected a TrainingMeta (fovi_lab.meta.build_meta), got {type(meta).__name__}")
+    aux = meta_aux(meta)
+    if aux.get("validated"):
+        return
+    for name in _TABLE_FIELDS + ("idx", "rf_index"):
+        t = getattr(meta, name)
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"meta.{name}: expected a tensor, got {type(t).__name__}")
+        if t.device != meta.device:
+            raise ValueError(f"meta.{name}: expected device {meta.device} (meta.device), got {t.device}")
+    try:
+        ref = build_meta(meta.idx, meta.rf_index, cin=meta.cin, cout=meta.cout, v=meta.v, nin=meta.nin)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"meta: its idx / rf_index do not make a valid layer: {exc}") from None
+    for name in ("nout", "k", "p", "p64", "q"):
+        if getattr(meta, name) != getattr(ref, name):
+            raise ValueError(f"meta.{name}: expected {getattr(ref, name)} for idx {tuple(meta.idx.shape)}, "
+                             f"cin={meta.cin}, v={meta.v}, got {getattr(meta, name)}")
+    for name in _TABLE_FIELDS:
+        got, want = getattr(meta, name), getattr(ref, name)
+        if got.dtype != want.dtype or tuple(got.shape) != tuple(want.shape):
+            raise ValueError(f"meta.{name}: expected {want.dtype} {tuple(want.shape)}, got {got.dtype} {tuple(got.shape)}")
+        if not got.is_contiguous():
+            raise ValueError(f"meta.{name}: expected a contiguous tensor")
+        diff = torch.nonzero(got.cpu() != want)
+        if diff.numel():
+            at = tuple(int(i) for i in diff[0])
+            n = diff.shape[0]
+            raise ValueError(f"meta.{name}: {n} {'entry differs' if n == 1 else 'entries differ'} from the table "
+                             f"built from idx and rf_index (first at {at[0] if len(at) == 1 else at}: {got.cpu()[at].item()}, "
+                             f"expected {want[at].item()}); build the meta with fovi_lab.meta.build_meta")
+    aux["validated"] = True
 
 
 # (cin, cout, nin, nout, k, v, pads) from fovi's tests (spec §5): 19 p-tiles / Cout below one

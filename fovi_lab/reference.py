@@ -18,11 +18,11 @@ from typing import Tuple
 
 import torch
 
-from .meta import TrainingMeta, meta_aux, pad_to
+from .meta import TrainingMeta, meta_aux, pad_to, validate_meta
 
 __all__ = [
     "oracle_forward", "pad_flat_input", "grad_accum_dtype", "stage_budget_bytes", "node_chunk",
-    "CompactTorchOps", "build_effective_weight", "check_forward_args", "binned_forward", "batch_chunk",
+    "CompactTorchOps", "build_effective_weight", "check_forward_args", "check_grad_args", "binned_forward", "batch_chunk",
     "BinnedTorchOps",
 ]
 
@@ -45,7 +45,9 @@ def grad_accum_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def check_forward_args(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, bias) -> None:
-    """Raise a clear error when x / weight / bias do not match the meta (names the argument)."""
+    """Raise a clear error when x / weight / bias do not match the meta (names the argument); the meta's
+    tables are checked once (:func:`fovi_lab.meta.validate_meta`)."""
+    validate_meta(meta)
     if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[1] != meta.cin or x.shape[2] != meta.nin:
         shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
         raise ValueError(f"x: expected shape [B, Cin={meta.cin}, Nin={meta.nin}], got {shape}")
@@ -64,6 +66,31 @@ def check_forward_args(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor
             raise ValueError(f"bias: expected shape [Cout={meta.cout}] or None, got {shape}")
         if bias.device != x.device:
             raise ValueError(f"bias: expected device {x.device} (same as x), got {bias.device}")
+
+
+def _shape_of(t) -> object:
+    return tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+
+
+def check_grad_args(meta: TrainingMeta, grad_y: torch.Tensor, weight=None, x=None) -> None:
+    """Raise a clear error when grad_y / weight / x of an adjoint call do not match the meta (names the
+    argument): ``grad_y [B, Cout, Nout]``, ``weight [Cout, Q]``, ``x [B, Cin, Nin]``, one device and dtype."""
+    validate_meta(meta)
+    if not isinstance(grad_y, torch.Tensor) or grad_y.dim() != 3 or tuple(grad_y.shape[1:]) != (meta.cout, meta.nout):
+        raise ValueError(f"grad_y: expected shape [B, Cout={meta.cout}, Nout={meta.nout}], got {_shape_of(grad_y)}")
+    if grad_y.shape[0] < 1:
+        raise ValueError("grad_y: batch must be >= 1")
+    for name, t, shape in (("weight", weight, (meta.cout, meta.q)), ("x", x, (grad_y.shape[0], meta.cin, meta.nin))):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
+            want = "[Cout={}, Q=Cin*V={}]".format(*shape) if name == "weight" else \
+                "[B={} (as grad_y), Cin={}, Nin={}]".format(*shape)
+            raise ValueError(f"{name}: expected shape {want}, got {_shape_of(t)}")
+        if t.device != grad_y.device:
+            raise ValueError(f"{name}: expected device {grad_y.device} (same as grad_y), got {t.device}")
+        if t.dtype != grad_y.dtype:
+            raise TypeError(f"{name}: expected dtype {grad_y.dtype} (same as grad_y), got {t.dtype}")
 
 
 def oracle_forward(x: torch.Tensor, weight: torch.Tensor, bias, idx: torch.Tensor,
@@ -134,6 +161,7 @@ class CompactTorchOps:
 
     @staticmethod
     def grad_input(meta: TrainingMeta, grad_y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        check_grad_args(meta, grad_y, weight=weight)
         meta = meta.to(grad_y.device)
         b = grad_y.shape[0]
         wt = weight.t().contiguous()
@@ -151,6 +179,7 @@ class CompactTorchOps:
 
     @staticmethod
     def grad_weight(meta: TrainingMeta, grad_y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        check_grad_args(meta, grad_y, x=x)
         meta = meta.to(grad_y.device)
         b = grad_y.shape[0]
         xpad = pad_flat_input(x, meta)
@@ -259,6 +288,7 @@ class BinnedTorchOps:
 
     @staticmethod
     def grad_input(meta: TrainingMeta, grad_y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        check_grad_args(meta, grad_y, weight=weight)
         meta = meta.to(grad_y.device)
         b = grad_y.shape[0]
         src, dst = _binned_index(meta)
@@ -274,6 +304,7 @@ class BinnedTorchOps:
 
     @staticmethod
     def grad_weight(meta: TrainingMeta, grad_y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        check_grad_args(meta, grad_y, x=x)
         meta = meta.to(grad_y.device)
         b = grad_y.shape[0]
         src, dst = _binned_index(meta)

@@ -87,8 +87,8 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from .meta import TrainingMeta, meta_aux, pad_to
-from .reference import CompactTorchOps, stage_budget_bytes
+from .meta import TrainingMeta, meta_aux, pad_to, validate_meta
+from .reference import CompactTorchOps, check_grad_args, stage_budget_bytes
 from .warp_common import (ValidatedCache, check_tensor, fast_launch, gather_rows, init_warp, nan_canary, to_warp,
                           torch_stream, warp_ct, warp_device, wp)
 
@@ -1329,9 +1329,11 @@ def _weight_row_csr(meta: TrainingMeta):
 _MAX_STAGE_ELEMS = 2**31 - 1    # keep every stage index in int32 range
 
 
-def _check_common(meta: TrainingMeta, grad_y: torch.Tensor) -> None:
-    if not isinstance(meta, TrainingMeta):
-        raise TypeError(f"meta: expected a TrainingMeta, got {type(meta).__name__}")
+def _check_common(meta: TrainingMeta, grad_y: torch.Tensor, weight=None, x=None) -> None:
+    # shapes against the layer, and a table or reverse list that disagrees with idx / rf_index is refused
+    validate_meta(meta)
+    check_tensor("grad_y", grad_y, dtype=torch.float16)     # the dtype first: the Warp kernels are fp16 only
+    check_grad_args(meta, grad_y, weight=weight, x=x)
     check_tensor("grad_y", grad_y, dtype=torch.float16, dim=3, shape=(None, meta.cout, meta.nout), contiguous=True)
     if grad_y.shape[0] < 1:
         raise ValueError("grad_y: batch must be >= 1")
@@ -1598,7 +1600,7 @@ class _GradWeightPlan:
 
 def _plan_grad_input(meta, grad_y, weight, config=None, *, stage_fp32=None, dx_direct=False):
     """Validate, pick kernels; returns a :class:`_GradInputPlan` or ``(None, why)`` for the fallback."""
-    _check_common(meta, grad_y)
+    _check_common(meta, grad_y, weight=weight)
     check_tensor("weight", weight, dtype=torch.float16, dim=2, shape=(meta.cout, meta.q),
                  device=grad_y.device, contiguous=True)
     name, explicit = _resolve("gi", config, _select_gi_config(grad_y.shape[0], meta.nout, grad_y.device, meta.cin,
@@ -1616,7 +1618,7 @@ def _plan_grad_input(meta, grad_y, weight, config=None, *, stage_fp32=None, dx_d
 
 def _plan_grad_weight(meta, grad_y, x, config=None, *, stage_fp32=None, finish=None):
     """Validate, pick kernels; returns a :class:`_GradWeightPlan` or ``(None, why)`` for the fallback."""
-    _check_common(meta, grad_y)
+    _check_common(meta, grad_y, x=x)
     check_tensor("x", x, dtype=torch.float16, dim=3, shape=(grad_y.shape[0], meta.cin, meta.nin),
                  device=grad_y.device, contiguous=True)
     finish = (os.environ.get("FOVI_KNN_GW_FINISH") or "csr") if finish is None else finish

@@ -54,7 +54,8 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from .meta import TrainingMeta, pad_to
+from .meta import TrainingMeta, pad_to, validate_meta
+from .reference import check_grad_args
 from .warp_common import (ValidatedCache, built_once, check_tensor, fast_launch, init_warp, nan_canary, warp_ct,
                           warp_device, wp)
 from .warp_forward import _DIRECT_STORE_MAX_BYTES, _mathdx_default
@@ -735,9 +736,11 @@ def _dw_finish_kernel():
 # Public entry points
 # --------------------------------------------------------------------------------------------
 
-def _check(meta, grad_y):
-    if not isinstance(meta, TrainingMeta):
-        raise TypeError(f"meta: expected a TrainingMeta, got {type(meta).__name__}")
+def _check(meta, grad_y, weight=None, x=None):
+    # shapes against the layer; the reverse lists must agree with the tables (the kernels read only them)
+    validate_meta(meta)
+    check_tensor("grad_y", grad_y, dtype=torch.float16)     # the dtype first: the Warp kernels are fp16 only
+    check_grad_args(meta, grad_y, weight=weight, x=x)
     check_tensor("grad_y", grad_y, dtype=torch.float16, dim=3, shape=(None, meta.cout, meta.nout))
     if grad_y.shape[0] < 1:
         raise ValueError("grad_y: batch must be >= 1")
@@ -788,6 +791,10 @@ def _list_stats(meta: TrainingMeta, which: str) -> Tuple[float, int, int, int]:
     return got
 
 
+#: The shortest longest-list (entries) for which uneven reverse lists call for dx segments.
+_DX_UNEVEN_MIN_ENTRIES = 3
+
+
 def default_dx_seg_steps(meta: TrainingMeta, batch: int, device: str) -> int:
     """Segment length (steps) of the fused dx by default; 0: whole reverse lists.
 
@@ -798,7 +805,12 @@ def default_dx_seg_steps(meta: TrainingMeta, batch: int, device: str) -> int:
     lists tied or won (alexnet L1/L3/L4, res18 layer1, every layer at B = 512, where the grid is big
     and the partials are pure cost). A segment takes about a quarter of the mean list, in whole entries
     (a multiple of the Cout chunks) and at least 4 steps: the best or within 7% in the sweep. 0 on the
-    CPU, for B > 128 and for the stems."""
+    CPU, for B > 128 and for the stems.
+
+    "Uneven" also needs a longest list of at least ``_DX_UNEVEN_MIN_ENTRIES`` = 3 entries: the sweep saw
+    segments pay on lists of 1-4 entries, never on a longest list of 2, where they save at most one entry
+    per CTA. That is res18 layer4_0 (11 reverse lists of one entry, one of two); the sweep measured whole
+    lists there 13% ahead of the best segments at B = 64 (on its tables of that time, all lists of one)."""
     if not str(device).startswith("cuda") or batch > 128 or meta.cin <= 16:
         return 0
     tm, tn, tk, _ = DX_NM_CONFIG_SPECS[select_dx_nm_config(batch, meta.cin, meta.nin, segments=True)]
@@ -809,7 +821,8 @@ def default_dx_seg_steps(meta: TrainingMeta, batch: int, device: str) -> int:
     mean_steps = mean * n_oc
     grid = meta.nin * -(-batch // tm) * -(-meta.cin // tn)
     small = 1024 if tm == 16 and tn == 16 else 256
-    if longest < 1.5 * mean and not (mean_steps >= 12 and grid < small):
+    uneven = longest >= 1.5 * mean and longest >= _DX_UNEVEN_MIN_ENTRIES
+    if not uneven and not (mean_steps >= 12 and grid < small):
         return 0
     return max(4, n_oc * max(1, int(round(mean_steps / (4 * n_oc)))))
 
@@ -862,7 +875,7 @@ def plan_grad_input_nm(meta, grad_y, weight, config=None, *, store=None, gn=None
     whole reverse lists, or the segment length in steps (kernel ``dxs``)."""
     if config is not None and not isinstance(config, str):
         raise TypeError(f"config: expected a config name (str) or None, got {type(config).__name__}")
-    _check(meta, grad_y)
+    _check(meta, grad_y, weight=weight)
     check_tensor("weight", weight, dtype=torch.float16, dim=2, shape=(meta.cout, meta.q), device=grad_y.device,
                  contiguous=True)
     device = warp_device(grad_y)
@@ -888,7 +901,7 @@ def plan_grad_weight_nm(meta, grad_y, x, config=None, *, nsplit=None, gn=None, x
     length in steps (kernel ``dws``)."""
     if config is not None and not isinstance(config, str):
         raise TypeError(f"config: expected a config name (str) or None, got {type(config).__name__}")
-    _check(meta, grad_y)
+    _check(meta, grad_y, x=x)
     check_tensor("x", x, dtype=torch.float16, dim=3, shape=(grad_y.shape[0], meta.cin, meta.nin),
                  device=grad_y.device)
     if nsplit is not None and (not isinstance(nsplit, int) or nsplit < 1):

@@ -82,5 +82,5 @@ def test_knnconv_module_trains_and_keeps_tables_out_of_state_dict():
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.8 * losses[0]
-    with pytest.raises(KeyError, match="unknown backend"):
-        KNNConv(idx, rf, nin=20, v=9, cin=2, cout=3, backend="nope")(x)
+    with pytest.raises(ValueError, match="backend: unknown backend 'nope'"):   # refused at construction
+        KNNConv(idx, rf, nin=20, v=9, cin=2, cout=3, backend="nope")
