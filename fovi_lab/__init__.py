@@ -12,7 +12,8 @@ Architecture (one concern per module):
                   reductions (spec §3.3)
     warp_adjoint_nm  fused node-major dx / dW (no stage; what warp_train runs when Cin >= 16)
     knn_warp      the seed's public API surface and the warp_compact / warp_train ops
-    knn_autograd  ops registry, KNNConvFunction, KNNConv                   (spec §4)
+    registry      the ops registry (backend name -> ops); optional backends found by module name
+    knn_autograd  KNNConvFunction, KNNConv, the backend choice            (spec §4)
     graphs        CUDA-graph capture of a step (removes per-call host work)
     bench, widgets (kernel_lab, fused_viz, stem_viz, ...), demo: measurement, notebook callbacks, the
                   headless main job

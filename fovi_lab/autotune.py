@@ -80,16 +80,18 @@ def _device_name(x: torch.Tensor) -> Optional[str]:
         return None
 
 
-def pick_backend(meta, x: torch.Tensor, training: Optional[bool] = None) -> Optional[str]:
-    """Fastest recorded registered backend for this layer shape, batch, device and mode, or None."""
+def pick_backend(meta, x: torch.Tensor, training: Optional[bool] = None, candidates=None) -> Optional[str]:
+    """Fastest recorded backend for this layer shape, batch, device and mode among ``candidates`` (default:
+    every registered backend), or None."""
     if not x.is_cuda or x.dtype != torch.float16:
         return None
     if training is None:
         training = torch.is_grad_enabled()
     mode = "train-step" if training else "forward"
-    from .knn_autograd import OPS_REGISTRY, _load_optional_backends
-
-    _load_optional_backends()
+    if candidates is None:
+        from .registry import OPS_REGISTRY, load_optional_backends
+        load_optional_backends()
+        candidates = OPS_REGISTRY
     shape = (meta.cin, meta.cout, meta.nin, meta.nout, meta.k, meta.p64)
     device = _device_name(x)
     with _lock:
@@ -103,5 +105,5 @@ def pick_backend(meta, x: torch.Tensor, training: Optional[bool] = None) -> Opti
                 best_b, best_d = rb, d
     if best_b is None:
         return None
-    options = {be: ms for be, (_, ms) in table[(device, mode, shape, best_b)].items() if be in OPS_REGISTRY}
+    options = {be: ms for be, (_, ms) in table[(device, mode, shape, best_b)].items() if be in candidates}
     return min(options, key=options.get) if options else None

@@ -18,7 +18,7 @@ from typing import List, Optional
 
 import torch
 
-from .knn_autograd import OPS_REGISTRY, _load_optional_backends
+from .registry import OPS_REGISTRY, load_optional_backends
 from .reference import oracle_forward
 from .layers import layer_name
 
@@ -94,7 +94,7 @@ def run_demo(layer: str = "res18_layer1", batch: int = 8, rf: Optional[str] = No
     for name, val in (("batch", batch), ("reps", reps)):
         if isinstance(val, bool) or not isinstance(val, int) or val < 1:
             raise ValueError(f"{name}: expected an integer >= 1, got {val!r}")
-    _load_optional_backends()
+    load_optional_backends()
     names = list(backends) if backends else sorted(OPS_REGISTRY)
     unknown = [n for n in names if n not in OPS_REGISTRY]
     if unknown:
@@ -232,7 +232,7 @@ def main(argv=None) -> int:
         ap.error("--batch must be >= 1")
     if args.reps < 1:
         ap.error(f"--reps must be >= 1, got {args.reps}")
-    _load_optional_backends()
+    load_optional_backends()
     unknown = [n for n in args.backends or () if n not in OPS_REGISTRY]
     if unknown:
         ap.error(f"--backends: unknown {', '.join(map(repr, unknown))}; registered: {', '.join(sorted(OPS_REGISTRY))}")

@@ -1,61 +1,27 @@
-"""Ops registry, the autograd Function and the ``KNNConv`` module (spec §4).
-
-An *ops* object is a class of static methods with a ``name``::
-
-    forward(meta, x, weight, bias)   -> y  [B, Cout, Nout]   (compute dtype; inputs contiguous)
-    grad_input(meta, grad_y, weight) -> dx [B, Cin, Nin]     fp32
-    grad_weight(meta, grad_y, x)     -> dW [Cout, Q]         fp32
-    backward_combined(meta, g, x, weight) -> (dx, dW)        optional, used when both are needed
+"""The autograd Function and the ``KNNConv`` module (spec §4), over the ops of :mod:`fovi_lab.registry`.
 
 ``KNNConvFunction.apply(x, weight, bias, meta, ops_name)`` runs ``ops.forward`` in the compute dtype
 (the CUDA autocast dtype when autocast is on and x is on CUDA, else ``x.dtype``) and, backward, the
 explicit adjoints; gradients are cast back to the dtypes of x / weight / bias (fp32 master weights
 under AMP keep fp32 grads), and the bias grad is an fp32 sum of ``grad_y`` over batch and nodes.
+The registry's names (``OPS_REGISTRY``, ``register_ops``, ``get_ops``) are re-exported here.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional
+from typing import Optional
 
 import torch
 
 from .meta import TrainingMeta, build_meta
-from .reference import BinnedTorchOps, CompactTorchOps
+from .reference import CompactTorchOps
+from .registry import OPS_REGISTRY, get_ops, load_optional_backends, register_ops
 
 __all__ = [
     "OPS_REGISTRY", "register_ops", "get_ops", "CompactTorchOps", "KNNConvFunction", "KNNConv",
     "build_meta", "TrainingMeta", "select_backend",
 ]
-
-OPS_REGISTRY: Dict[str, type] = {"torch_compact": CompactTorchOps, "torch_binned": BinnedTorchOps}
-
-
-def register_ops(ops) -> None:
-    """Register a backend's ops object under ``ops.name`` (must expose name/forward/grad_input/grad_weight)."""
-    missing = [a for a in ("name", "forward", "grad_input", "grad_weight") if not hasattr(ops, a)]
-    if missing:
-        raise TypeError(f"ops: {ops!r} lacks {', '.join(missing)}")
-    OPS_REGISTRY[ops.name] = ops
-
-
-def _load_optional_backends() -> None:
-    # Importing the Warp module registers its ops; a machine without warp-lang keeps torch_compact.
-    try:
-        from . import knn_warp  # noqa: F401
-    except ImportError:
-        pass
-
-
-def get_ops(name: str):
-    """The ops object registered as ``name``; an unknown name raises listing the known ones."""
-    if name not in OPS_REGISTRY:
-        _load_optional_backends()
-    try:
-        return OPS_REGISTRY[name]
-    except KeyError:
-        raise KeyError(f"ops_name: unknown backend {name!r}; registered: {sorted(OPS_REGISTRY)}") from None
-
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     if x.is_cuda and torch.is_autocast_enabled("cuda"):
@@ -120,7 +86,8 @@ def select_backend(backend: str, meta: TrainingMeta, x: torch.Tensor, training: 
             from .autotune import pick_backend
         except ImportError:
             return "torch_compact"
-        choice = pick_backend(meta, x, training)
+        load_optional_backends()
+        choice = pick_backend(meta, x, training, candidates=tuple(OPS_REGISTRY))
         return choice if choice is not None else "torch_compact"
     get_ops(backend)  # raises with the known names
     return backend

@@ -2,7 +2,7 @@
 
 Forward kernels (:mod:`fovi_lab.warp_forward`) plus explicit adjoint kernels
 (:mod:`fovi_lab.warp_adjoint`). Warp autodiff is never used (``enable_backward=False`` everywhere);
-gradients are explicit adjoint kernels, registered with the :mod:`fovi_lab.knn_autograd` ops registry
+gradients are explicit adjoint kernels, registered with the :mod:`fovi_lab.registry` ops registry
 as ``warp_train``. ``warp_compact`` is the forward-only ops object (its gradients raise and point to
 ``warp_train``).
 
@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from .knn_autograd import register_ops
+from .registry import register_ops
 from .meta import TrainingMeta, pad_to
 from .reference import check_forward_args
 from .warp_adjoint import (  # noqa: F401  (re-exported seed API)

@@ -19,6 +19,12 @@ from typing import Callable, Dict, Hashable, Optional, Tuple
 
 import torch
 
+
+#: When set (only by the ahead-of-time build tests), the kernel factories of every kernel module put their
+#: kernels into this shared named module instead of a unique one, so one NVRTC run compiles many configs;
+#: whoever sets it sets that module's options. Kept here, below every kernel module, so each reads it.
+SHARED_KERNEL_MODULE: Optional[str] = None
+
 __all__ = [
     "wp", "init_warp", "warp_device", "to_warp", "torch_stream", "warp_stream",
     "nan_canary", "ValidatedCache", "check_tensor", "warp_ct", "fast_launch", "gather_rows",

@@ -133,6 +133,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
+from . import warp_common as _wc
 from .meta import pad_to
 from .warp_common import (ValidatedCache, as_rows64, built_once, capturing, check_tensor, fast_launch, warp_ct_vec,
                           gather_rows_kernel, gather_rows_pair_kernel, init_warp, nan_canary, to_warp, warp_ct,
@@ -444,14 +445,9 @@ def _module_options(block_dim: int, mathdx: Optional[bool]) -> dict:
     return opts
 
 
-# When set (only by the AOT test), factories put their kernels into this shared named module instead of
-# a unique one, so one NVRTC run compiles many configs; the caller sets that module's options.
-_SHARED_MODULE: Optional[str] = None
-
-
 def _kernel_decorator(name: str, block_dim: int, mathdx: Optional[bool]):
-    if _SHARED_MODULE is not None:
-        return wp.kernel(enable_backward=False, module=_SHARED_MODULE, name=name)
+    if _wc.SHARED_KERNEL_MODULE is not None:           # the AOT tests' shared module (warp_common)
+        return wp.kernel(enable_backward=False, module=_wc.SHARED_KERNEL_MODULE, name=name)
     return wp.kernel(enable_backward=False, module="unique", name=name,
                      module_options=_module_options(block_dim, mathdx))
 
@@ -687,8 +683,8 @@ def _simt_decorator(name: str, block_dim: int, w_vec4: bool = False):
     """A SIMT kernel has no tile expression: no MathDx link, so it compiles in seconds (not ~50 s).
     ``w_vec4``: the kernel's ``wt`` parameter is declared ``array2d(vec4)`` instead of its source's fp16 (the
     vec4-W variants share their body with the fp16 ones)."""
-    if _SHARED_MODULE is not None:
-        deco = wp.kernel(enable_backward=False, module=_SHARED_MODULE, name=name)
+    if _wc.SHARED_KERNEL_MODULE is not None:
+        deco = wp.kernel(enable_backward=False, module=_wc.SHARED_KERNEL_MODULE, name=name)
     else:
         deco = wp.kernel(enable_backward=False, module="unique", name=name,
                          module_options={"enable_backward": False, "fast_math": True, "block_dim": int(block_dim)})

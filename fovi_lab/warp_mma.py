@@ -60,6 +60,7 @@ output ``[Nout, B, Cout]``): the ceiling of these register blocks without the ga
 import threading
 from typing import Dict, Tuple
 
+from . import warp_common as _wc
 from .warp_common import init_warp, wp
 
 __all__ = ["make_mma_kernel", "mma_channel", "MMA_K"]
@@ -383,9 +384,8 @@ def _mma_store(mt: int, nt: int, x_t: bool, nb: int):
 
 
 def _decorator(name: str, block_dim: int):
-    from .warp_forward import _SHARED_MODULE     # the AOT tests put several kernels in one module
-    if _SHARED_MODULE is not None:
-        return wp.kernel(enable_backward=False, module=_SHARED_MODULE, name=name)
+    if _wc.SHARED_KERNEL_MODULE is not None:      # the AOT tests put several kernels in one module
+        return wp.kernel(enable_backward=False, module=_wc.SHARED_KERNEL_MODULE, name=name)
     return wp.kernel(enable_backward=False, module="unique", name=name,
                      module_options={"enable_backward": False, "fast_math": True, "block_dim": int(block_dim)})
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 
 from fovi_lab import warp_forward as F
+from fovi_lab import warp_common as wc
 from fovi_lab.warp_common import init_warp, wp
 
 ARCHS = (80, 89, 90)
@@ -43,7 +44,7 @@ def _forward_kernels_by_block_dim(module_prefix: str, mma_all: bool = True):
             if cfg.family in F._MMA_FAMILIES and not mma_all and name not in _MMA_REPRESENTATIVES:
                 continue
             mod = f"{module_prefix}_b{cfg.block_dim}"
-            F._SHARED_MODULE = mod
+            wc.SHARED_KERNEL_MODULE = mod
             groups.setdefault(cfg.block_dim, mod)
             if cfg.family == "gather":
                 F._make_gather_kernel(cfg.tile_m, cfg.tile_n, cfg.r, cfg.block_dim, mathdx=False)
@@ -95,7 +96,7 @@ def _forward_kernels_by_block_dim(module_prefix: str, mma_all: bool = True):
                 else:
                     F._make_dense_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx=False)
     finally:
-        F._SHARED_MODULE = None
+        wc.SHARED_KERNEL_MODULE = None
     mods = {}
     for bd, name in groups.items():
         m = wp.get_module(name)
