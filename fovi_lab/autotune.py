@@ -40,7 +40,9 @@ _IMPL_TO_BACKEND = {
                 "torch_binned_mm": "torch_binned"},       # torch_binned's forward is binned_forward itself
     "train-step": {"warp_train": "warp_train", "torch_compact": "torch_compact", "torch_binned": "torch_binned"},
 }
-_SHAPE_KEYS = ("cin", "cout", "nin", "nout", "k", "p64")
+#: What a record must match: the layer's sizes and its taps V (a variant on another reference frame, such as
+#: ``res18_stem_rf2``, has the compact kernels' shape but not the binned backend's work, which grows with V).
+_SHAPE_KEYS = ("cin", "cout", "nin", "nout", "k", "p64", "v")
 _lock = threading.Lock()
 
 
@@ -92,7 +94,7 @@ def pick_backend(meta, x: torch.Tensor, training: Optional[bool] = None, candida
         from .registry import OPS_REGISTRY, load_optional_backends
         load_optional_backends()
         candidates = OPS_REGISTRY
-    shape = (meta.cin, meta.cout, meta.nin, meta.nout, meta.k, meta.p64)
+    shape = (meta.cin, meta.cout, meta.nin, meta.nout, meta.k, meta.p64, meta.v)
     device = _device_name(x)
     with _lock:
         table = recorded_table()

@@ -14,13 +14,13 @@ def test_recorded_table_covers_the_h200_train_step_and_forward_runs():
     modes = {m for (dev, m, shape, b) in table if dev == "NVIDIA H200"}
     assert {"forward", "train-step"} <= modes
     meta = layer_meta("alex_L1")
-    shape = (meta.cin, meta.cout, meta.nin, meta.nout, meta.k, meta.p64)
+    shape = (meta.cin, meta.cout, meta.nin, meta.nout, meta.k, meta.p64, meta.v)
     assert {"warp_train", "torch_compact"} <= set(table[("NVIDIA H200", "train-step", shape, 512)])
 
 
 def test_pick_follows_the_records(tmp_path, monkeypatch):
     meta = layer_meta("res18_layer1")
-    shape = dict(cin=meta.cin, cout=meta.cout, nin=meta.nin, nout=meta.nout, k=meta.k, p64=meta.p64)
+    shape = dict(cin=meta.cin, cout=meta.cout, nin=meta.nin, nout=meta.nout, k=meta.k, p64=meta.p64, v=meta.v)
     recs = [dict(shape, device="Fake GPU", mode="train-step", B=64, impl="warp_train", ms=1.0, date="2026-01-01"),
             dict(shape, device="Fake GPU", mode="train-step", B=64, impl="torch_compact", ms=2.0, date="2026-01-01"),
             dict(shape, device="Fake GPU", B=64, impl="warp_uncached", ms=3.0, date="2026-01-01"),
@@ -55,7 +55,7 @@ def test_pick_includes_the_binned_torch_backend(tmp_path, monkeypatch):
     """torch_binned's own train-step records and its forward (recorded as torch_binned_mm) take part; the
     autograd-through-binned_forward record (not what the backend runs) does not."""
     meta = layer_meta("alex_L1")
-    shape = dict(cin=meta.cin, cout=meta.cout, nin=meta.nin, nout=meta.nout, k=meta.k, p64=meta.p64)
+    shape = dict(cin=meta.cin, cout=meta.cout, nin=meta.nin, nout=meta.nout, k=meta.k, p64=meta.p64, v=meta.v)
     d = dict(shape, device="Fake GPU", B=16, date="2026-01-01")
     recs = [dict(d, mode="train-step", impl="warp_train", ms=2.3), dict(d, mode="train-step", impl="torch_binned", ms=1.1),
             dict(d, mode="train-step", impl="torch_autograd_binned_mm", ms=0.5),
@@ -82,3 +82,15 @@ def test_auto_on_cpu_falls_back_to_torch_compact():
     conv(torch.randn(2, 256, graph.nin))
     assert conv.last_backend == "torch_compact"
     assert select_backend("auto", conv.meta, torch.randn(2, 256, graph.nin).half()) == "torch_compact"
+
+
+def test_records_of_a_variant_do_not_serve_the_real_layer():
+    # the recorded stem runs used the rf2 frame (V = 196); the network's stem is rf1 (V = 49): the compact
+    # kernels see the same shape, the binned backend four times less work, so those records must not decide
+    table = autotune.recorded_table()
+
+    def covered(meta):
+        shape = (meta.cin, meta.cout, meta.nin, meta.nout, meta.k, meta.p64, meta.v)
+        return any(dev == "NVIDIA H200" and shp == shape for (dev, _, shp, _) in table)
+
+    assert covered(layer_meta("res18_stem_rf2")) and not covered(layer_meta("res18_stem"))
