@@ -137,25 +137,23 @@ def _ceil_snapped(x):
     return np.where(near, k, np.ceil(x)).astype(np.int64)
 
 
-def _count_margin(x) -> float:
-    """Smallest relative distance of ``x`` from the nearest integer, over values not snapped to it."""
+def _split(vals) -> float:
+    """Smallest of ``vals`` decided as distinct (above ``DECISION_RTOL``); inf if none."""
+    vals = vals[vals > DECISION_RTOL]
+    return float(vals.min()) if vals.size else math.inf
+
+
+def _tie(vals) -> float:
+    """Largest of ``vals`` decided as a tie (at most ``DECISION_RTOL``); 0.0 if none."""
+    vals = vals[vals <= DECISION_RTOL]
+    return float(vals.max()) if vals.size else 0.0
+
+
+def _integer_gap(x) -> np.ndarray:
+    """Relative distance of each ``x`` from its nearest integer (what :func:`_ceil_snapped` compares)."""
     x = np.atleast_1d(np.asarray(x, dtype=np.float64))
-    rel = np.abs(x - np.rint(x)) / np.maximum(1.0, np.abs(x))
-    rel = rel[rel > DECISION_RTOL]
-    return float(rel.min()) if rel.size else math.inf
+    return np.abs(x - np.rint(x)) / np.maximum(1.0, np.abs(x))
 
-
-def _count_tie(x) -> float:
-    """Largest relative distance from an integer among the values snapped to it (0.0 if none)."""
-    x = np.atleast_1d(np.asarray(x, dtype=np.float64))
-    rel = np.abs(x - np.rint(x)) / np.maximum(1.0, np.abs(x))
-    rel = rel[rel <= DECISION_RTOL]
-    return float(rel.max()) if rel.size else 0.0
-
-
-# --------------------------------------------------------------------------------------------
-# 1. isotropic rings and resource matching
-# --------------------------------------------------------------------------------------------
 
 def ring_radii(fov: float, a: float, n_rings: int) -> Tuple[np.ndarray, np.ndarray]:
     """Ring radii and points per ring of the isotropic foveated grid (spec §6.1).
@@ -699,19 +697,11 @@ def decision_margins(graph: "KNNGraph") -> Dict[str, float]:
 
     tap_gap = np.abs(g.local_offsets[..., None] - _tap_boundaries(g.ref_side)).ravel()
 
-    def split(vals, rtol=DECISION_RTOL):
-        vals = vals[vals > rtol]
-        return float(vals.min()) if vals.size else math.inf
-
-    def tie(vals, rtol=DECISION_RTOL):
-        vals = vals[vals <= rtol]
-        return float(vals.max()) if vals.size else 0.0
-
     return {
-        "count_tie": _count_tie(ratios), "count_split": _count_margin(ratios),
-        "radius_tie": tie(rel_gap), "radius_split": split(rel_gap),
-        "knn_tie": tie(knn_gap), "knn_split": split(knn_gap), "knn_ties_at_cut": at_cut,
-        "tap_tie": tie(tap_gap), "tap_split": split(tap_gap),
+        "count_tie": _tie(_integer_gap(ratios)), "count_split": _split(_integer_gap(ratios)),
+        "radius_tie": _tie(rel_gap), "radius_split": _split(rel_gap),
+        "knn_tie": _tie(knn_gap), "knn_split": _split(knn_gap), "knn_ties_at_cut": at_cut,
+        "tap_tie": _tie(tap_gap), "tap_split": _split(tap_gap),
     }
 
 
