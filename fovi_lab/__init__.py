@@ -1,25 +1,35 @@
-"""fovi_lab: compact KNN convolution for foveated vision, in NVIDIA Warp, taught and measured.
+"""fovi_lab: the compact KNN convolution of foveated vision models, in NVIDIA Warp, taught and measured.
 
-Architecture (one concern per module):
-    geometry      foveated grids, cortical manifold, KNN, taps            (spec §1, §6)
-    layers        the real fovi layer table                                (spec §5)
-    meta          index tables, reverse CSR                                (spec §2.1, §3.1)
-    reference     fp32 oracle, torch_compact, effective-weight cache       (spec §2.3, §2.4, §3.2)
-    warp_common   Warp plumbing, NaN canary, validated-config cache
-    warp_forward  forward kernels (uncached r1/r2/r4, node-major, im2col-stage for stems, cached), configs,
-                  heuristic (spec §2.5)
-    warp_adjoint  grad_input / grad_weight staging kernels (gathered or staged operands) and reverse-CSR
-                  reductions (spec §3.3)
-    warp_adjoint_nm  fused node-major dx / dW (no stage; what warp_train runs when Cin >= 16)
-    knn_warp      the seed's public API surface and the warp_compact / warp_train ops
-    registry      the ops registry (backend name -> ops); optional backends found by module name
-    knn_autograd  KNNConvFunction, KNNConv, the backend choice            (spec §4)
-    graphs        CUDA-graph capture of a step (removes per-call host work)
-    bench, widgets (kernel_lab, fused_viz, stem_viz, ...), demo: measurement, notebook callbacks, the
-                  headless main job
+The public API::
+
+    from fovi_lab import KNNConv, layer_graph, build_meta, backends
+
+    graph = layer_graph("res18_layer1")                      # a real layer's KNN graph (idx, rf_index, ...)
+    conv = KNNConv.from_graph(graph, cin=64, cout=64, backend="auto")
+    y = conv(x)                                              # x [B, Cin, Nin] -> y [B, Cout, Nout]
+    backends()                                               # the registered backend names
+
+The package's folders are its layers, bottom up (no module imports a layer above its own):
+
+    graph/     geometry (grids, KNN, taps), the real layer table, the index tables (``build_meta``)
+    ops/       the reference ops, the backend registry and ``auto``, autograd (``KNNConv``), CUDA graphs
+    kernels/   the Warp kernels: ``forward/``, ``adjoint/``, their plumbing and per-device validation
+    knn_warp   the Warp backends (``warp_compact``, ``warp_train``) and the seed's API names
+    bench/     the benchmarks that write the records under ``data/``; ``train``: a small foveated network
+    lab/       what the notebooks run (widget callbacks, models, recorded figures)
+    demo, cli  ``python -m fovi_lab {demo, bench, warmup}``
 """
 
-from .meta import TrainingMeta, build_meta
+from fovi_lab.graph.layers import layer_graph
+from fovi_lab.graph.meta import TrainingMeta, build_meta
+from fovi_lab.ops.autograd import KNNConv, KNNConvFunction
+from fovi_lab.ops.registry import OPS_REGISTRY, load_optional_backends
 
 __version__ = "0.1.0"
-__all__ = ["TrainingMeta", "build_meta", "__version__"]
+__all__ = ["KNNConv", "KNNConvFunction", "TrainingMeta", "backends", "build_meta", "layer_graph", "__version__"]
+
+
+def backends() -> list:
+    """The registered backend names (the Warp ones when warp-lang imports), plus ``"auto"``."""
+    load_optional_backends()
+    return sorted(OPS_REGISTRY) + ["auto"]

@@ -19,19 +19,19 @@ def main(argv=None) -> int:
         return 0
     cmd, rest = argv[0], argv[1:]
     if cmd == "demo":
-        from .demo import main as run
+        from fovi_lab.demo import main as run
         return run(rest)
     if cmd == "bench":
         if not rest or rest[0] not in ("forward", "backward", "train-step"):
             print("usage: python -m fovi_lab bench {forward,backward,train-step} [options]", file=sys.stderr)
             return 2
         if rest[0] == "forward":
-            from .bench.forward import main as run
+            from fovi_lab.bench.forward import main as run
             return run(rest[1:]) or 0
-        from .bench.backward import main as run
+        from fovi_lab.bench.backward import main as run
         return run(rest) or 0
     if cmd == "warmup":
-        from .warmup import main as run
+        from fovi_lab.kernels.warmup import main as run
         return run(rest) or 0
     print(f"unknown command {cmd!r}\n{__doc__}", file=sys.stderr)
     return 2

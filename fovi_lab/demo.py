@@ -18,9 +18,9 @@ from typing import List, Optional
 
 import torch
 
-from .registry import OPS_REGISTRY, load_optional_backends
-from .reference import oracle_forward
-from .layers import layer_name
+from fovi_lab.ops.registry import OPS_REGISTRY, load_optional_backends
+from fovi_lab.ops.reference import oracle_forward
+from fovi_lab.graph.layers import layer_name
 
 __all__ = ["DemoRow", "run_demo", "format_rows", "check_device", "main"]
 
@@ -89,7 +89,7 @@ def run_demo(layer: str = "res18_layer1", batch: int = 8, rf: Optional[str] = No
     Raises:
         ValueError: ``batch`` or ``reps`` below 1, an unusable ``device``. KeyError: an unknown layer or backend.
     """
-    from .layers import layer_graph, resolve_layer
+    from fovi_lab.graph.layers import layer_graph, resolve_layer
 
     for name, val in (("batch", batch), ("reps", reps)):
         if isinstance(val, bool) or not isinstance(val, int) or val < 1:
@@ -175,7 +175,7 @@ def run_demo(layer: str = "res18_layer1", batch: int = 8, rf: Optional[str] = No
                                      device, reps)
             phase(f"timed, median of {reps}")
             if name == "warp_train":
-                from .knn_warp import grad_path
+                from fovi_lab.knn_warp import grad_path
                 row.note = f"adjoints: {grad_path(meta)} (knn_warp.grad_path)"
         except Exception as exc:  # one backend failing must not hide the others
             row.ok = False
@@ -205,8 +205,8 @@ def format_rows(rows: List[DemoRow]) -> str:
 
 def auto_choice(layer: str, batch: int, rf: Optional[str] = None, device=None) -> str:
     """One line saying what ``backend="auto"`` picks for this layer and batch, training and inference."""
-    from .autotune import pick_backend
-    from .layers import layer_meta
+    from fovi_lab.ops.dispatch import pick_backend
+    from fovi_lab.graph.layers import layer_meta
 
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     meta = layer_meta(layer, rf=rf)
@@ -217,7 +217,7 @@ def auto_choice(layer: str, batch: int, rf: Optional[str] = None, device=None) -
 
 
 def main(argv=None) -> int:
-    from .layers import LAYERS
+    from fovi_lab.graph.layers import LAYERS
 
     ap = argparse.ArgumentParser(prog="python -m fovi_lab demo", description=__doc__.splitlines()[0])
     ap.add_argument("--layer", default="res18_layer1", choices=list(LAYERS))

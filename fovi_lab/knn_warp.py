@@ -1,8 +1,8 @@
 """Warp kernels for compact KNN convolution inference and training: the public API surface.
 
-Forward kernels (:mod:`fovi_lab.warp_forward`) plus explicit adjoint kernels
-(:mod:`fovi_lab.warp_adjoint`). Warp autodiff is never used (``enable_backward=False`` everywhere);
-gradients are explicit adjoint kernels, registered with the :mod:`fovi_lab.registry` ops registry
+Forward kernels (:mod:`fovi_lab.kernels.forward`) plus explicit adjoint kernels
+(:mod:`fovi_lab.kernels.adjoint`). Warp autodiff is never used (``enable_backward=False`` everywhere);
+gradients are explicit adjoint kernels, registered with the :mod:`fovi_lab.ops.registry` ops registry
 as ``warp_train``. ``warp_compact`` is the forward-only ops object (its gradients raise and point to
 ``warp_train``).
 
@@ -18,35 +18,31 @@ from typing import Optional
 
 import torch
 
-from .registry import register_ops
-from .meta import TrainingMeta, pad_to
-from .reference import check_forward_args
-from .warp_adjoint import (  # noqa: F401  (re-exported seed API)
-    _canary_grad_stage_ok,
-    _get_grad_kernel,
-    _make_grad_input_stage2_kernel,
-    _make_grad_weight_stage2_kernel,
-    _make_grad_weight_stage3_kernel,
-    _make_grad_weight_stage4_kernel,
-    _pad_flat_input_fp16,
-    grad_input,
-    grad_weight,
-)
-from .warp_adjoint_nm import (grad_input_nm, grad_weight_nm, node_major, plan_grad_input_nm,  # noqa: F401
-                              plan_grad_weight_nm)
-from .warp_forward import (  # noqa: F401  (re-exported seed API)
-    _UNCACHED_BATCH_CONFIG_SPECS,
-    _canary_launch_ok,
-    _get_uncached_batch_config,
-    _make_uncached_kernel,
-    _make_uncached_r2_kernel,
-    _make_uncached_r4_kernel,
-    _make_cached_kernel,
-    _pad_bias_to_tiles,
-    _select_uncached_batch_config,
-    run_cached,
-    run_uncached,
-)
+from fovi_lab.ops.registry import register_ops
+from fovi_lab.graph.meta import TrainingMeta, pad_to
+from fovi_lab.ops.reference import check_forward_args
+from fovi_lab.kernels.adjoint import (grad_input, grad_input_nm, grad_weight, grad_weight_nm,  # noqa: F401
+                                      node_major, plan_grad_input_nm, plan_grad_weight_nm)
+# The seed's private names for the staged adjoints' factories, canary and cache (kept importable)
+from fovi_lab.kernels.adjoint import (canary_grad_stage_ok as _canary_grad_stage_ok,  # noqa: F401
+                                      get_grad_kernel as _get_grad_kernel,
+                                      make_grad_input_stage2_kernel as _make_grad_input_stage2_kernel,
+                                      make_grad_weight_stage2_kernel as _make_grad_weight_stage2_kernel,
+                                      make_grad_weight_stage3_kernel as _make_grad_weight_stage3_kernel,
+                                      make_grad_weight_stage4_kernel as _make_grad_weight_stage4_kernel,
+                                      pad_flat_input_fp16 as _pad_flat_input_fp16)
+from fovi_lab.kernels.forward import run_cached, run_uncached  # noqa: F401  (re-exported seed API)
+from fovi_lab.kernels.forward.configs import _UNCACHED_BATCH_CONFIG_SPECS  # noqa: F401
+
+# The seed's private names for the forward's factories, canary, config lookup and rule (kept importable)
+from fovi_lab.kernels.forward import (make_cached_kernel as _make_cached_kernel,  # noqa: F401,E402
+                                      make_uncached_kernel as _make_uncached_kernel,
+                                      make_uncached_r2_kernel as _make_uncached_r2_kernel,
+                                      make_uncached_r4_kernel as _make_uncached_r4_kernel,
+                                      canary_launch_ok as _canary_launch_ok,
+                                      get_uncached_config as _get_uncached_batch_config,
+                                      pad_bias_to_tiles as _pad_bias_to_tiles,
+                                      select_config as _select_uncached_batch_config)
 
 __all__ = [
     "run_uncached", "run_cached", "grad_input", "grad_weight", "WarpCompactOps", "WarpTrainOps",
@@ -85,8 +81,8 @@ FUSED_MIN_CIN = 16
 
 def grad_path(meta: Optional[TrainingMeta] = None) -> str:
     """Adjoint path of ``warp_train`` for a layer: ``"fused"`` (the node-major kernels of
-    :mod:`fovi_lab.warp_adjoint_nm`: one launch per gradient, no stage) when ``Cin >= FUSED_MIN_CIN``,
-    else ``"staged"`` (the seed's stage + reverse-index kernels of :mod:`fovi_lab.warp_adjoint`).
+    :mod:`fovi_lab.kernels.adjoint.fused`: one launch per gradient, no stage) when ``Cin >= FUSED_MIN_CIN``,
+    else ``"staged"`` (the seed's stage + reverse-index kernels of :mod:`fovi_lab.kernels.adjoint.staged`).
     ``FOVI_KNN_GRAD_PATH=fused|staged|auto`` overrides (``auto``: this rule)."""
     path = os.environ.get("FOVI_KNN_GRAD_PATH") or "auto"
     if path not in ("fused", "staged", "auto"):
@@ -96,9 +92,17 @@ def grad_path(meta: Optional[TrainingMeta] = None) -> str:
     return path
 
 
-def _fused_unavailable(which: str) -> None:
-    warnings.warn(f"the fused Warp {which} kernel cannot launch on this device; using the staged kernels",
-                  RuntimeWarning, stacklevel=3)
+def _fused_or_staged(which: str, fused, staged, meta, grad_y, operand):
+    """The fused kernel's gradient where the layer takes the fused path and it can launch, else the staged
+    kernel's (with a warning when the fused one could not launch here)."""
+    meta = meta.to(grad_y.device)
+    if grad_path(meta) == "fused":
+        out = fused(meta, grad_y, operand)
+        if out is not None:
+            return out
+        warnings.warn(f"the fused Warp {which} kernel cannot launch on this device; using the staged kernels",
+                      RuntimeWarning, stacklevel=4)
+    return staged(meta, grad_y, operand)
 
 
 class WarpTrainOps:
@@ -115,23 +119,11 @@ class WarpTrainOps:
 
     @staticmethod
     def grad_input(meta, grad_y, weight):
-        meta = meta.to(grad_y.device)
-        if grad_path(meta) == "fused":
-            dx = grad_input_nm(meta, grad_y, weight)
-            if dx is not None:
-                return dx
-            _fused_unavailable("dx")
-        return grad_input(meta, grad_y, weight)
+        return _fused_or_staged("dx", grad_input_nm, grad_input, meta, grad_y, weight)
 
     @staticmethod
     def grad_weight(meta, grad_y, x):
-        meta = meta.to(grad_y.device)
-        if grad_path(meta) == "fused":
-            dw = grad_weight_nm(meta, grad_y, x)
-            if dw is not None:
-                return dw
-            _fused_unavailable("dW")
-        return grad_weight(meta, grad_y, x)
+        return _fused_or_staged("dW", grad_weight_nm, grad_weight, meta, grad_y, x)
 
     @staticmethod
     def backward_combined(meta, grad_y, x, weight):

@@ -7,7 +7,7 @@ a global average over nodes and a linear classifier::
     image [B,1,H,W] --retina--> x [B, 1, N0] --KNNConv s2--> [B, C1, N1] --KNNConv s2--> [B, C2, N2]
                     --mean over nodes--> [B, C2] --Linear--> logits [B, 10]
 
-Every KNN convolution runs through :class:`fovi_lab.knn_autograd.KNNConvFunction` with the backend
+Every KNN convolution runs through :class:`fovi_lab.ops.autograd.KNNConvFunction` with the backend
 named by the caller (``torch_compact``, ``warp_train``, ...). The Warp ops compute in fp16, so for them
 the features entering each convolution are cast to fp16 and its output back to fp32; the parameters
 stay fp32 (fp32 master weights, fp32 gradients), as under AMP.
@@ -23,8 +23,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .geometry import foveated_knn_graph
-from .knn_autograd import KNNConv, get_ops
+from fovi_lab.graph.geometry import foveated_knn_graph
+from fovi_lab.ops.autograd import KNNConv, get_ops
 
 __all__ = ["load_digits_tensors", "FoveatedDigitsNet", "TrainResult", "train_digits"]
 

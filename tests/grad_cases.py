@@ -6,8 +6,8 @@ oracle, both measured on the same fp16-rounded inputs.
 
 import torch
 
-from fovi_lab.meta import SYNTHETIC_SHAPES, build_meta, synthetic_graph
-from fovi_lab.reference import CompactTorchOps, oracle_forward
+from fovi_lab.graph.meta import SYNTHETIC_SHAPES, build_meta, synthetic_graph
+from fovi_lab.ops.reference import CompactTorchOps, oracle_forward
 
 _CASES = {}
 

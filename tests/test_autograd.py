@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from fovi_lab.knn_autograd import OPS_REGISTRY, KNNConv, KNNConvFunction, get_ops, register_ops
-from fovi_lab.meta import build_meta, synthetic_graph
-from fovi_lab.reference import CompactTorchOps, oracle_forward
+from fovi_lab.ops.autograd import OPS_REGISTRY, KNNConv, KNNConvFunction, get_ops, register_ops
+from fovi_lab.graph.meta import build_meta, synthetic_graph
+from fovi_lab.ops.reference import CompactTorchOps, oracle_forward
 
 
 def _small(seed=0, cin=3, cout=4, nin=11, nout=5, k=4, v=6, pads=5):

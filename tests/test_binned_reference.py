@@ -1,4 +1,4 @@
-"""The binned PyTorch baseline (fovi_lab.reference.binned_forward, ``torch_binned_mm`` in the benchmarks):
+"""The binned PyTorch baseline (fovi_lab.ops.reference.binned_forward, ``torch_binned_mm`` in the benchmarks):
 spec §1.4's "bin by one-hot, then one matmul" with the compact tables, against the fp32 oracle and the
 torch_compact gradients, on irregular shapes (collisions, heavy padding, Nout not a tile multiple)."""
 
@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from fovi_lab.meta import SYNTHETIC_SHAPES, build_meta, synthetic_graph
-from fovi_lab.reference import CompactTorchOps, binned_forward, oracle_forward
+from fovi_lab.graph.meta import SYNTHETIC_SHAPES, build_meta, synthetic_graph
+from fovi_lab.ops.reference import CompactTorchOps, binned_forward, oracle_forward
 
 STEM = (3, 24, 200, 37, 42, 49, 25)      # Cin = 3, V ~ K (rf1-like: collisions), 25 pad entries
 
@@ -55,8 +55,8 @@ def test_binned_forward_fp16_and_bad_arguments():
 
 # ------------------------------------------------------------------------------------ the torch_binned backend
 
-from fovi_lab.knn_autograd import KNNConv, KNNConvFunction, get_ops  # noqa: E402
-from fovi_lab.reference import BinnedTorchOps  # noqa: E402
+from fovi_lab.ops.autograd import KNNConv, KNNConvFunction, get_ops  # noqa: E402
+from fovi_lab.ops.reference import BinnedTorchOps  # noqa: E402
 
 
 @pytest.mark.parametrize("shape", ("MAIN", "ODD", "PAD_HEAVY", STEM))

@@ -1,4 +1,4 @@
-"""fovi_lab.binning_viz (notebook 01, section 10): the Q/P64 arithmetic, the measurement on this machine,
+"""fovi_lab.lab.binning_viz (notebook 01, section 10): the Q/P64 arithmetic, the measurement on this machine,
 and the loaders of the recorded H200 runs (with and without data)."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from fovi_lab.layers import base_layer, layer_name
+from fovi_lab.graph.layers import base_layer, layer_name
 
-from fovi_lab import binning_viz as bv
+from fovi_lab.lab import binning_viz as bv
 
 
 def test_tap_ratio_rows_follow_the_spec_table():

@@ -1,7 +1,7 @@
 """The headless main job: every registered backend on a real fovi layer agrees with the oracle."""
 
 from fovi_lab.demo import format_rows, main, run_demo
-from fovi_lab.knn_autograd import OPS_REGISTRY
+from fovi_lab.ops.autograd import OPS_REGISTRY
 
 
 def test_demo_runs_every_registered_backend_on_a_real_layer():

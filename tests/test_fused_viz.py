@@ -1,10 +1,10 @@
-"""Notebook 04 section 7 helpers (fovi_lab.fused_viz), headless."""
+"""Notebook 04 section 7 helpers (fovi_lab.lab.fused_viz), headless."""
 
 import json
 
 import plotly.graph_objects as go
 
-from fovi_lab import fused_viz as fv
+from fovi_lab.lab import fused_viz as fv
 
 
 def test_stage_bytes_table_says_what_the_stage_costs():

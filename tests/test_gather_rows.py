@@ -1,4 +1,4 @@
-"""The row gather behind the stems' im2col stages (``warp_common.gather_rows``): bit-exact copies of every
+"""The row gather behind the stems' im2col stages (``fovi_lab.kernels.common.gather_rows``): bit-exact copies of every
 fp16 pattern (NaN payloads included), offsets into the index table, argument errors, and its CUDA build
 for sm_80/89/90 without a GPU."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fovi_lab.warp_common import gather_rows, gather_rows_kernel, init_warp, wp
+from fovi_lab.kernels.common import gather_rows, gather_rows_kernel, init_warp, wp
 
 
 def test_every_fp16_bit_pattern_survives_the_copy():

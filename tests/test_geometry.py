@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from fovi_lab import geometry as geo
-from fovi_lab.geometry import foveated_knn_graph
+from fovi_lab.graph import geometry as geo
+from fovi_lab.graph.geometry import foveated_knn_graph
 
 
 @pytest.mark.parametrize("a, n_in, n_out", [(0.5, 4085, 964), (1.0, 4010, 1023)])

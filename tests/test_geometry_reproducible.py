@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fovi_lab import geometry as geo
-from fovi_lab.layers import LAYERS, graph_digests, layer_graph
+from fovi_lab.graph import geometry as geo
+from fovi_lab.graph.layers import LAYERS, graph_digests, layer_graph
 
 PINNED = json.loads((Path(__file__).with_name("graph_digests.json")).read_text())
 
@@ -68,7 +68,7 @@ def test_digests_under_numpy_dispatch_settings(setting):
     if not value:
         pytest.skip("this numpy dispatches no CPU-specific code")
     env = dict(os.environ, NPY_DISABLE_CPU_FEATURES=value)
-    code = "import json; from fovi_lab.layers import graph_digests; print(json.dumps(graph_digests()))"
+    code = "import json; from fovi_lab.graph.layers import graph_digests; print(json.dumps(graph_digests()))"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == PINNED

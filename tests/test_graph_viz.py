@@ -1,4 +1,4 @@
-"""Headless tests of notebook 00's figures and widget callback (fovi_lab.graph_viz)."""
+"""Headless tests of notebook 00's figures and widget callback (fovi_lab.lab.graph_viz)."""
 
 import json
 
@@ -6,8 +6,8 @@ import numpy as np
 import plotly.graph_objects as go
 import pytest
 
-from fovi_lab import graph_viz as gv
-from fovi_lab.geometry import foveated_knn_graph
+from fovi_lab.lab import graph_viz as gv
+from fovi_lab.graph.geometry import foveated_knn_graph
 
 
 @pytest.fixture(scope="module")

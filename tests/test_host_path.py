@@ -12,11 +12,14 @@ import math
 import pytest
 import torch
 
-from fovi_lab import warp_adjoint_nm as NM
-from fovi_lab import warp_forward as F
-from fovi_lab.meta import SYNTHETIC_SHAPES, build_meta, synthetic_graph
-from fovi_lab.reference import oracle_forward
-from fovi_lab.warp_common import as_rows64, fast_launch, gather_rows_pair_kernel, init_warp, warp_ct, wp
+from fovi_lab.kernels import adjoint as NM
+from fovi_lab.kernels.adjoint import fused_plans as adj_fused_plans
+from fovi_lab.kernels import forward as F
+from fovi_lab.kernels.forward import api as fwd_api
+from fovi_lab.kernels.forward import plans as fwd_plans
+from fovi_lab.graph.meta import SYNTHETIC_SHAPES, build_meta, synthetic_graph
+from fovi_lab.ops.reference import oracle_forward
+from fovi_lab.kernels.common import as_rows64, fast_launch, gather_rows_pair_kernel, init_warp, warp_ct, wp
 
 STEM = (3, 24, 200, 37, 42, 80, 25)
 
@@ -65,9 +68,9 @@ def test_call_cache_hits_and_matches_the_slow_path():
     meta, x, w, idx, rf, v = _problem()
     il, wl = meta.input_linear, meta.weight_linear
     y1 = F.run_uncached(x, w, None, il, wl)
-    n = len(F._CALLS)
+    n = len(fwd_api._CALLS)
     y2 = F.run_uncached(x, w, None, il, wl)
-    assert len(F._CALLS) == n                       # the second call was a hit
+    assert len(fwd_api._CALLS) == n                       # the second call was a hit
     assert torch.equal(y1, y2)
     _check(y2, x, w, idx, rf, v)
     x2 = torch.randn_like(x.float()).half()        # new values, same signature: a hit, new numbers
@@ -102,7 +105,7 @@ def test_call_cache_sees_new_tables_args_and_env(monkeypatch):
         F.run_uncached(x, w, torch.zeros(3), meta.input_linear, meta.weight_linear)
     # the store switch is part of the signature
     monkeypatch.setenv("FOVI_WARP_FWD_STORE", "staged")
-    plan = F._prepare_uncached(x, w, None, meta.input_linear, meta.weight_linear)
+    plan = F.prepare_uncached(x, w, None, meta.input_linear, meta.weight_linear)
     assert plan.out.is_contiguous()                # the staged [Nout, B, Cout] buffer
     monkeypatch.setenv("FOVI_WARP_FWD_STORE", "bogus")
     with pytest.raises(ValueError, match="store"):
@@ -112,12 +115,12 @@ def test_call_cache_sees_new_tables_args_and_env(monkeypatch):
 def test_call_cache_follows_a_cleared_config_cache():
     meta, x, w, *_ = _problem(seed=4)
     F.run_uncached(x, w, None, meta.input_linear, meta.weight_linear)
-    gen = F._VALIDATED.generation
-    F._VALIDATED.clear()
-    assert F._VALIDATED.generation == gen + 1
+    gen = F.VALIDATED.generation
+    F.VALIDATED.clear()
+    assert F.VALIDATED.generation == gen + 1
     F.run_uncached(x, w, None, meta.input_linear, meta.weight_linear)   # rebuilt, not a stale kernel
-    key = F._call_key(x, w, None, meta.input_linear, meta.weight_linear, None, None)
-    assert key in F._CALLS and key[-1] == gen + 1
+    key = fwd_api._call_key(x, w, None, meta.input_linear, meta.weight_linear, None, None)
+    assert key in fwd_api._CALLS and key[-1] == gen + 1
 
 
 @pytest.mark.parametrize("kind,cin,cp,cout,coutp", [("v", 4, 4, 8, 8), ("v", 3, 16, 6, 8), ("t", 3, 0, 6, 0),
@@ -125,7 +128,7 @@ def test_call_cache_follows_a_cleared_config_cache():
 def test_weight_layouts(kind, cin, cp, cout, coutp):
     v = 5
     w = torch.randn(cout, cin * v).half()
-    got = F._weight_layout(w, kind, cin, cp, coutp)
+    got = F.weight_layout(w, kind, cin, cp, coutp)
     if kind == "v":
         want = torch.zeros(v, cp, coutp, dtype=w.dtype)
         want[:, :cin, :cout] = w.view(cout, cin, v).permute(2, 1, 0)
@@ -141,29 +144,29 @@ def test_weight_layouts(kind, cin, cp, cout, coutp):
 def test_value_caches_step_aside_under_graph_capture(monkeypatch):
     w = torch.randn(8, 12).half()
     b = torch.randn(8)
-    first = F._weight_layout(w, "t", 0, 0)
-    assert F._weight_layout(w, "t", 0, 0) is first            # a hit outside capture
-    bias_first = F._bias_operand(b, 8, 32, b.device)[0]
-    assert F._bias_operand(b, 8, 32, b.device)[0] is bias_first
-    monkeypatch.setattr(F, "capturing", lambda t: True)
-    fresh = F._weight_layout(w, "t", 0, 0)
+    first = F.weight_layout(w, "t", 0, 0)
+    assert F.weight_layout(w, "t", 0, 0) is first            # a hit outside capture
+    bias_first = F.bias_operand(b, 8, 32, b.device)[0]
+    assert F.bias_operand(b, 8, 32, b.device)[0] is bias_first
+    monkeypatch.setattr(fwd_plans, "capturing", lambda t: True)
+    fresh = F.weight_layout(w, "t", 0, 0)
     assert fresh is not first and torch.equal(fresh, first)   # rebuilt, so a graph replays the copy
-    assert F._weight_layout(w, "t", 0, 0) is not fresh         # ... and never cached
-    assert F._bias_operand(b, 8, 32, b.device)[0] is not bias_first
+    assert F.weight_layout(w, "t", 0, 0) is not fresh         # ... and never cached
+    assert F.bias_operand(b, 8, 32, b.device)[0] is not bias_first
     monkeypatch.undo()
-    assert F._weight_layout(w, "t", 0, 0) is first            # the cached entry was left alone
+    assert F.weight_layout(w, "t", 0, 0) is first            # the cached entry was left alone
 
 
 def test_i2c_chunk_plan_follows_the_budget(monkeypatch):
     meta, x, w, idx, rf, v = _problem(STEM, b=9)
     for mib in ("0.02", "0.05", "32"):
         monkeypatch.setenv("FOVI_WARP_I2C_MIB", mib)
-        plan = F._prepare_uncached(x, w, None, meta.input_linear, meta.weight_linear, config="i2c_m16n64k64")
+        plan = F.prepare_uncached(x, w, None, meta.input_linear, meta.weight_linear, config="i2c_m16n64k64")
         plan.out.fill_(float("nan"))
         plan.launch()
         _check(plan.finish(), x, w, idx, rf, v)
-    key = F._call_key(x, w, None, meta.input_linear, meta.weight_linear, "i2c_m16n64k64", None)
-    memo = F._CALLS[key][-1]
+    key = fwd_api._call_key(x, w, None, meta.input_linear, meta.weight_linear, "i2c_m16n64k64", None)
+    memo = fwd_api._CALLS[key][-1]
     assert len([k for k in memo if k[0] == "i2c"]) == 3         # one chunk plan per budget
     assert len({st.nc for st in memo.values()}) == 3
 
@@ -197,7 +200,7 @@ def test_nms_reduce_is_the_ordered_fp32_sum_plus_bias_rounded_once():
     bias = torch.randn(8, generator=g)                     # padded to the tile width: the tail is unread
     y = torch.full((b, cout, nout), float("nan"), dtype=torch.float16)
     out = y.permute(2, 0, 1)                               # the direct store's strided [Nout, B, Cout] view
-    fast_launch(F._nms_reduce_kernel(), (nout, b, cout), [warp_ct(part), warp_ct(bias), warp_ct(out), s, nout],
+    fast_launch(F.nms_reduce_kernel(), (nout, b, cout), [warp_ct(part), warp_ct(bias), warp_ct(out), s, nout],
                 256, "cpu", tiled=False)
     acc = part[:nout].clone()
     for i in range(1, s):
@@ -215,9 +218,9 @@ def test_dw_finish_is_the_ordered_sum_in_dw_layout(nsplit, v, cout, cin, op, cp)
     g = torch.Generator().manual_seed(2)
     part = torch.randn(nsplit, v, op, cp, generator=g) * torch.logspace(-3, 3, cp)
     dw = torch.full((cout, cin, v), float("nan"))
-    grid = (cout, -(-v // NM._FIN_TV), -(-cin // NM._FIN_TC))
-    fast_launch(NM._dw_finish_kernel(), grid, [warp_ct(part.view(nsplit, v, op * cp)), warp_ct(dw), nsplit, cp],
-                NM._FIN_BLOCK, "cpu")
+    grid = (cout, -(-v // adj_fused_plans._FIN_TV), -(-cin // adj_fused_plans._FIN_TC))
+    fast_launch(adj_fused_plans._dw_finish_kernel(), grid, [warp_ct(part.view(nsplit, v, op * cp)), warp_ct(dw), nsplit, cp],
+                adj_fused_plans._FIN_BLOCK, "cpu")
     dw = dw.view(cout, cin * v)
     acc = part[0].clone()
     for s in range(1, nsplit):
@@ -226,8 +229,8 @@ def test_dw_finish_is_the_ordered_sum_in_dw_layout(nsplit, v, cout, cin, op, cp)
 
 
 @pytest.mark.parametrize("arch", (80, 90))
-@pytest.mark.parametrize("make", [gather_rows_pair_kernel, F._nms_reduce_kernel, NM._dw_finish_kernel,
-                                  NM._seg_finish_kernel, F._simtv_prep_kernel],
+@pytest.mark.parametrize("make", [gather_rows_pair_kernel, F.nms_reduce_kernel, adj_fused_plans._dw_finish_kernel,
+                                  NM.seg_finish_kernel, F.simtv_prep_kernel],
                          ids=["gather_pair", "nms_reduce", "dw_finish", "seg_finish", "simtv_prep"])
 def test_simt_helpers_compile_aot(tmp_path, arch, make):
     init_warp()

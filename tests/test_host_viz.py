@@ -1,15 +1,15 @@
-"""fovi_lab.host_viz: the host cost of a forward call measured here, and the recorded H200 host probes."""
+"""fovi_lab.lab.host_viz: the host cost of a forward call measured here, and the recorded H200 host probes."""
 
 import json
 
-from fovi_lab import host_viz as hv
+from fovi_lab.lab import host_viz as hv
 
 
 def test_host_cost_times_both_paths_on_a_node_major_shape():
-    from fovi_lab import warp_forward as F
+    from fovi_lab.kernels import forward as F
     r = hv.host_cost("MAIN", batch=8, reps=5)          # the default pick: an mma kernel (x read in place)
     assert r["cold_us"] > 0 and r["warm_us"] > 0
-    assert F.config_spec(r["config"]).family in F._MMA_FAMILIES and r["device"] == "cpu"
+    assert F.config_spec(r["config"]).family in F.MMA_FAMILIES and r["device"] == "cpu"
 
 
 def _probe(path, fwd, step, replay):

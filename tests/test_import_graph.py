@@ -1,10 +1,11 @@
 """The package's import graph: no cycles, and no layer imports one above it.
 
 Every ``import`` / ``from ... import`` of a ``fovi_lab`` module counts, at module level or inside a
-function (a deferred import is still a dependency). Layers, bottom up: the graph (geometry, tables, the
-layer table), the ops (reference ops, registry, autograd, dispatch), the Warp kernels, then benchmarks and
-the lab (notebook support, demo, CLI). Optional backends are found by the registry by module name
-(``fovi_lab.registry.OPTIONAL_BACKEND_MODULES``), which is not an import edge: the ops do not depend on
+function (a deferred import is still a dependency). Layers, bottom up, one folder each: ``graph/``
+(geometry, the layer table, index tables), ``ops/`` (reference ops, registry, dispatch, autograd),
+``kernels/`` (Warp only), the applications (``bench/``, ``train``), ``lab/`` (notebook support), and the
+entry points (demo, CLI). Optional backends are found by the registry by module name
+(``fovi_lab.ops.registry.OPTIONAL_BACKEND_MODULES``), which is not an import edge: the ops do not depend on
 the kernels, the kernels register themselves.
 """
 
@@ -15,12 +16,21 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "fovi_lab"
 
-LAYERS = {
-    "graph": {"geometry", "meta", "layers"},
-    "ops": {"reference", "registry", "knn_autograd", "autotune", "graphs"},
-    "kernels": {"warp_common", "warp_forward", "warp_mma", "warp_adjoint", "warp_adjoint_nm", "knn_warp"},
-}
-ORDER = ("graph", "ops", "kernels")
+# Bottom up. A module's layer is its folder (``fovi_lab.graph.meta`` is in "graph"); a top-level module is
+# listed by name. ``knn_warp`` is the Warp backend's public surface (the seed's names), a kernels module.
+ORDER = ("graph", "ops", "kernels", "apps", "lab", "entry")
+TOP_LEVEL = {"knn_warp": "kernels", "bench": "apps", "train": "apps", "demo": "entry", "cli": "entry",
+             "__main__": "entry"}
+
+
+def layer_of(module: str):
+    """The layer of a ``fovi_lab`` module, or None for the package itself (its public API re-exports)."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return None
+    if parts[1] in ORDER:
+        return parts[1]
+    return TOP_LEVEL[parts[1]]
 
 
 def _modules():
@@ -92,18 +102,41 @@ def test_the_cycle_finder_finds_cycles():
 
 
 def test_no_layer_imports_one_above_it():
-    mods = _modules()
-    edges = _edges(mods)
-    layer_of = {f"fovi_lab.{m}": layer for layer, names in LAYERS.items() for m in names}
-    assert set(layer_of) <= set(mods), sorted(set(layer_of) - set(mods))
-    upward = []
-    for m, targets in edges.items():
-        if m not in layer_of:
-            continue
-        for t in targets:
-            # a module outside the three layers (benchmarks, the lab, the CLI) sits above all of them
-            above = t not in layer_of and t != "fovi_lab" or \
-                t in layer_of and ORDER.index(layer_of[t]) > ORDER.index(layer_of[m])
-            if above:
-                upward.append((m, t))
+    edges = _edges(_modules())
+    upward = sorted((m, t) for m, targets in edges.items() for t in targets
+                    if layer_of(m) and layer_of(t) and ORDER.index(layer_of(t)) > ORDER.index(layer_of(m)))
     assert upward == []
+
+
+def test_only_the_lab_imports_the_lab():
+    edges = _edges(_modules())
+    outside = sorted((m, t) for m, targets in edges.items() for t in targets
+                     if layer_of(t) == "lab" and layer_of(m) != "lab")
+    assert outside == []
+
+
+def test_every_module_has_a_layer():
+    assert all(layer_of(m) in ORDER for m in _modules() if m != "fovi_lab")
+
+
+def test_the_layer_check_sees_an_upward_import():
+    # the checks above would pass vacuously if layer_of put everything in one layer
+    assert ORDER.index(layer_of("fovi_lab.kernels.forward.api")) > ORDER.index(layer_of("fovi_lab.graph.meta"))
+    assert layer_of("fovi_lab.lab.records") == "lab" and layer_of("fovi_lab.bench.forward") == "apps"
+
+
+def test_every_import_of_a_package_name_resolves():
+    """Deferred imports (inside functions) run only when their function does: check each names something."""
+    import importlib
+    missing = []
+    for m, path in sorted(_modules().items()):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith("fovi_lab"):
+                mod = importlib.import_module(node.module)
+                for a in node.names:
+                    if not hasattr(mod, a.name):
+                        try:
+                            importlib.import_module(f"{node.module}.{a.name}")
+                        except ImportError:
+                            missing.append(f"{m}: from {node.module} import {a.name}")
+    assert missing == []

@@ -12,12 +12,11 @@ import torch
 
 from fovi_lab import knn_warp
 from fovi_lab.demo import check_device, format_rows, main, run_demo
-from fovi_lab.knn_autograd import KNNConv, OPS_REGISTRY
-from fovi_lab.layers import layer_graph, layer_meta
-from fovi_lab.meta import build_meta, meta_aux, validate_meta
-from fovi_lab.reference import CompactTorchOps
-from fovi_lab.warp_adjoint import grad_input, grad_weight
-from fovi_lab.warp_adjoint_nm import grad_input_nm, grad_weight_nm
+from fovi_lab.ops.autograd import KNNConv, OPS_REGISTRY
+from fovi_lab.graph.layers import layer_graph, layer_meta
+from fovi_lab.graph.meta import build_meta, meta_aux, validate_meta
+from fovi_lab.ops.reference import CompactTorchOps
+from fovi_lab.kernels.adjoint import grad_input, grad_input_nm, grad_weight, grad_weight_nm
 
 LAYER = "res18_layer1"          # Cin 64, Nin 230, Cout 64, Nout 230
 

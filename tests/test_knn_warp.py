@@ -4,9 +4,9 @@ import pytest
 import torch
 
 import fovi_lab.knn_warp as knn_warp
-from fovi_lab.knn_autograd import OPS_REGISTRY, KNNConv, KNNConvFunction, get_ops
-from fovi_lab.meta import SYNTHETIC_SHAPES, build_meta, synthetic_graph
-from fovi_lab.reference import oracle_forward
+from fovi_lab.ops.autograd import OPS_REGISTRY, KNNConv, KNNConvFunction, get_ops
+from fovi_lab.graph.meta import SYNTHETIC_SHAPES, build_meta, synthetic_graph
+from fovi_lab.ops.reference import oracle_forward
 
 SEED_API = [
     "_make_uncached_r2_kernel", "_make_uncached_r4_kernel", "_canary_launch_ok", "_get_uncached_batch_config",

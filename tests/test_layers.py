@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from fovi_lab import layers
-from fovi_lab.layers import LAYERS, layer_graph, layer_meta, layer_shape, synthetic_meta
+from fovi_lab.graph import layers
+from fovi_lab.graph.layers import LAYERS, layer_graph, layer_meta, layer_shape, synthetic_meta
 
 # spec §5: name -> (cin, cout, nin, nout, k, v_rf2, v_rf1, p, p64, pad %)
 SPEC = {

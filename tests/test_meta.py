@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from fovi_lab.meta import SYNTHETIC_SHAPES, build_meta, synthetic_graph
+from fovi_lab.graph.meta import SYNTHETIC_SHAPES, build_meta, synthetic_graph
 
 
 def _meta(name="ODD", seed=0):

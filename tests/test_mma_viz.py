@@ -1,4 +1,4 @@
-"""Notebook 06's logic (fovi_lab.mma_viz): the fragment layout, the lane channels, the recorded-run readers and
+"""Notebook 06's logic (fovi_lab.lab.mma_viz): the fragment layout, the lane channels, the recorded-run readers and
 the widget callback."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import collections
 
 import pytest
 
-from fovi_lab import mma_viz as mv
-from fovi_lab import warp_forward as F
+from fovi_lab.lab import mma_viz as mv
+from fovi_lab.kernels import forward as F
 
 
 @pytest.mark.parametrize("kind, rows, cols, per_lane", (("A", 16, 16, 8), ("B", 16, 8, 4), ("D", 16, 8, 4)))
@@ -40,8 +40,8 @@ def test_recorded_rows_read_the_mma_runs():
         pytest.skip("no recorded mma runs under data/")
     assert {r["B"] for r in rows} <= {1, 16, 64, 512}
     for r in rows:
-        assert F.config_spec(r["pick"]).family in F._MMA_FAMILIES
-        assert F.config_spec(r["old_config"]).family not in F._MMA_FAMILIES
+        assert F.config_spec(r["pick"]).family in F.MMA_FAMILIES
+        assert F.config_spec(r["old_config"]).family not in F.MMA_FAMILIES
         assert r["ms"] and r["torch_ms"] and r["vs_torch"] == pytest.approx(r["torch_ms"] / r["ms"])
     assert sum(1 for r in rows if r["vs_old"]) >= 40          # session 8's picks were timed beside them
     fig = mv.mma_figure(rows)
@@ -78,7 +78,7 @@ def test_loop_depth_and_staged_store_readers():
         assert r["ms"][0] and r["best_depth"] in (16, 32, 64)
         assert r["speedup"] == pytest.approx(r["ms"][0] / min(m for m in r["ms"] if m))
     for r in stage:
-        assert F._mma_staged(F.config_spec(r["staged"]).family) and not F._mma_staged(F.config_spec(r["direct"]).family)
+        assert F.mma_staged(F.config_spec(r["staged"]).family) and not F.mma_staged(F.config_spec(r["direct"]).family)
         assert r["speedup"] == pytest.approx(r["direct_ms"] / r["staged_ms"])
     assert len(mv.depth_figure(depth).data) == 3 and len(mv.stage_figure(stage).data) == 2
     regs = {r["kernel"]: r for r in mv.register_rows()}

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from fovi_lab.knn_autograd import KNNConvFunction
-from fovi_lab.meta import SYNTHETIC_SHAPES, build_meta, synthetic_graph
-from fovi_lab.reference import CompactTorchOps, build_effective_weight, oracle_forward, pad_flat_input
+from fovi_lab.ops.autograd import KNNConvFunction
+from fovi_lab.graph.meta import SYNTHETIC_SHAPES, build_meta, synthetic_graph
+from fovi_lab.ops.reference import CompactTorchOps, build_effective_weight, oracle_forward, pad_flat_input
 
 
 def _case(name, b, dtype=torch.float32, seed=0):
@@ -114,7 +114,7 @@ def test_bad_inputs_name_the_argument():
 
 
 def test_torch_compact_on_a_real_fovi_layer():
-    from fovi_lab.layers import layer_graph
+    from fovi_lab.graph.layers import layer_graph
 
     graph = layer_graph("res18_layer3_0", rf="rf1")  # 60 -> 16 nodes, 21% pads, rf1 tap collisions
     meta = graph.meta(128, 256)

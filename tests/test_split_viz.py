@@ -1,11 +1,11 @@
-"""Notebook 01 section 8c logic (fovi_lab.split_viz): the thread arithmetic, the CPU run of the split kernel,
+"""Notebook 01 section 8c logic (fovi_lab.lab.split_viz): the thread arithmetic, the CPU run of the split kernel,
 and the readers of the recorded H200 runs 44-47."""
 
 from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from fovi_lab import split_viz as sv
+from fovi_lab.lab import split_viz as sv
 
 
 def test_thread_count_is_the_launch_arithmetic():

@@ -1,4 +1,4 @@
-"""Notebook 01 section 8 logic (fovi_lab.stem_viz): the stage arithmetic, the CPU parity run, and the
+"""Notebook 01 section 8 logic (fovi_lab.lab.stem_viz): the stage arithmetic, the CPU parity run, and the
 readers of the recorded H200 stem runs."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from fovi_lab import stem_viz as sv
-from fovi_lab.layers import layer_meta
+from fovi_lab.lab import stem_viz as sv
+from fovi_lab.graph.layers import layer_meta
 
 
 def test_stage_bytes_is_the_im2col_operand():

@@ -1,11 +1,11 @@
-"""Headless tests of notebook 05's figures and widget callback (fovi_lab.train_viz)."""
+"""Headless tests of notebook 05's figures and widget callback (fovi_lab.lab.train_viz)."""
 
 import numpy as np
 import plotly.graph_objects as go
 import pytest
 import torch
 
-from fovi_lab import train_viz as tv
+from fovi_lab.lab import train_viz as tv
 from fovi_lab.train import FoveatedDigitsNet, TrainResult, load_digits_tensors
 
 

@@ -1,4 +1,4 @@
-"""Warp adjoint kernels (fovi_lab.warp_adjoint) on Warp's CPU device (spec §3, §3.3).
+"""Warp adjoint kernels (fovi_lab.kernels.adjoint.staged) on Warp's CPU device (spec §3, §3.3).
 
 Criterion (spec §5): each gradient is within 3x the fp16 torch_compact error + 2e-3, both errors
 measured against torch autograd of the fp32 oracle on the same fp16-rounded inputs. Every buffer the
@@ -11,19 +11,22 @@ import warnings
 import pytest
 import torch
 
-from fovi_lab import warp_adjoint as wa
-from fovi_lab.meta import SYNTHETIC_SHAPES, build_meta, synthetic_graph
-from fovi_lab.reference import CompactTorchOps
-from fovi_lab.warp_common import ValidatedCache, wp
+from fovi_lab.kernels import adjoint as wa
+from fovi_lab.kernels.adjoint import configs as adj_configs
+from fovi_lab.kernels.adjoint import staged_build as adj_staged_build
+from fovi_lab.kernels.adjoint import staged_plans as adj_staged_plans
+from fovi_lab.graph.meta import SYNTHETIC_SHAPES, build_meta, synthetic_graph
+from fovi_lab.ops.reference import CompactTorchOps
+from fovi_lab.kernels.common import ValidatedCache, init_warp, wp
 from grad_cases import assert_within, grad_case
 
-GI_NAMES = list(wa._GRAD_INPUT_CONFIG_SPECS)
-GW_NAMES = list(wa._GRAD_WEIGHT_CONFIG_SPECS)
+GI_NAMES = list(wa.GRAD_INPUT_CONFIG_SPECS)
+GW_NAMES = list(wa.GRAD_WEIGHT_CONFIG_SPECS)
 
 
 @pytest.fixture(autouse=True)
 def _nan_prefill(monkeypatch):
-    monkeypatch.setattr(wa, "_EMPTY_FILL", float("nan"))
+    monkeypatch.setattr(adj_staged_plans, "_EMPTY_FILL", float("nan"))
     monkeypatch.delenv("FOVI_KNN_STAGE_MIB", raising=False)
     monkeypatch.delenv("FOVI_KNN_GRAD_STAGE_FP32", raising=False)
     monkeypatch.delenv("FOVI_KNN_GW_FINISH", raising=False)
@@ -113,16 +116,16 @@ def test_chunk_counts_under_tiny_budget(monkeypatch):
     """The tiny budget really chunks: one 64-row b tile per gi chunk, one node per gw chunk."""
     meta, x, w, g, *_ = _case("MAIN", 130)
     monkeypatch.setenv("FOVI_KNN_STAGE_MIB", "0.0001")
-    plan, _ = wa._plan_grad_input(meta, g, w, "gi2_p64b64")
+    plan, _ = wa.plan_grad_input(meta, g, w, "gi2_p64b64")
     assert [c[:2] for c in plan.chunks] == [(0, 64), (64, 128), (128, 130)]
-    plan, _ = wa._plan_grad_weight(meta, g, x, "gw3_p64n64")
+    plan, _ = wa.plan_grad_weight(meta, g, x, "gw3_p64n64")
     assert len(plan.chunks) == meta.nout and plan.nc == 1
     monkeypatch.setenv("FOVI_KNN_STAGE_MIB", "512")
-    assert len(wa._plan_grad_input(meta, g, w, "gi2_p64b64")[0].chunks) == 1
-    assert len(wa._plan_grad_weight(meta, g, x, "gw3_p64n64")[0].chunks) == 1
+    assert len(wa.plan_grad_input(meta, g, w, "gi2_p64b64")[0].chunks) == 1
+    assert len(wa.plan_grad_weight(meta, g, x, "gw3_p64n64")[0].chunks) == 1
     # the grads' own budget (default 256 MiB) chunks the same way, capped by FOVI_KNN_STAGE_MIB
     monkeypatch.setenv("FOVI_KNN_GRAD_STAGE_MIB", "0.0001")
-    assert len(wa._plan_grad_input(meta, g, w, "gi3_p64b64")[0].chunks) == 3
+    assert len(wa.plan_grad_input(meta, g, w, "gi3_p64b64")[0].chunks) == 3
     assert wa.grad_stage_budget_bytes() == int(0.0001 * (1 << 20))
     monkeypatch.delenv("FOVI_KNN_GRAD_STAGE_MIB")
     assert wa.grad_stage_budget_bytes() == 256 << 20
@@ -130,38 +133,38 @@ def test_chunk_counts_under_tiny_budget(monkeypatch):
 
 def test_default_config_selection(monkeypatch):
     big = "gi3_p64b128_f32"  # B > 64 default, chosen from the H200 sweep
-    assert wa._select_gi_config(17) == "gi2_p64b64" and wa._select_gi_config(130) == big
-    assert wa._select_gi_config(130, nout=40, device="cpu") == big                # no SM count on the CPU
-    monkeypatch.setattr(wa, "_sm_count", lambda device: 132)
-    assert wa._select_gi_config(64, nout=16, device="cuda:0") == "gi3_p64b64"    # 16 CTAs < 4 per SM
-    assert wa._select_gi_config(64, nout=964, device="cuda:0") == "gi2_p64b64"
-    assert wa._select_gi_config(512, nout=964, device="cuda:0") == big
-    assert wa._select_gw_config(64) == "gw3_p64n64" and wa._select_gw_config(96) == "gw3_p64n128"
+    assert wa.select_gi_config(17) == "gi2_p64b64" and wa.select_gi_config(130) == big
+    assert wa.select_gi_config(130, nout=40, device="cpu") == big                # no SM count on the CPU
+    monkeypatch.setattr(adj_configs, "_sm_count", lambda device: 132)
+    assert wa.select_gi_config(64, nout=16, device="cuda:0") == "gi3_p64b64"    # 16 CTAs < 4 per SM
+    assert wa.select_gi_config(64, nout=964, device="cuda:0") == "gi2_p64b64"
+    assert wa.select_gi_config(512, nout=964, device="cuda:0") == big
+    assert wa.select_gw_config(64) == "gw3_p64n64" and wa.select_gw_config(96) == "gw3_p64n128"
     # the Cin = 3 stems: staged-operand kernels once B*Nout*P64 >= 16M (H200 run 10: alexnet L0 train step
     # 1.60 ms at B=64, 2.1x the seed; below, the extra host work of the row copies outweighed the GPU saving)
-    assert wa._select_gi_config(64, nout=964, device="cuda:0", cin=3, p64=384) == "gi2i_p64b64"       # alex L0
-    assert wa._select_gi_config(512, nout=964, device="cuda:0", cin=3, p64=384) == "gi2i_p64b64_f32"
-    assert wa._select_gi_config(16, nout=964, device="cuda:0", cin=3, p64=384) == "gi2_p64b64"
-    assert wa._select_gi_config(64, nout=964, device="cuda:0", cin=3, p64=192) == "gi2_p64b64"        # res18 stem
-    assert wa._select_gi_config(512, nout=964, device="cuda:0", cin=3, p64=192) == "gi2i_p64b64_f32"
+    assert wa.select_gi_config(64, nout=964, device="cuda:0", cin=3, p64=384) == "gi2i_p64b64"       # alex L0
+    assert wa.select_gi_config(512, nout=964, device="cuda:0", cin=3, p64=384) == "gi2i_p64b64_f32"
+    assert wa.select_gi_config(16, nout=964, device="cuda:0", cin=3, p64=384) == "gi2_p64b64"
+    assert wa.select_gi_config(64, nout=964, device="cuda:0", cin=3, p64=192) == "gi2_p64b64"        # res18 stem
+    assert wa.select_gi_config(512, nout=964, device="cuda:0", cin=3, p64=192) == "gi2i_p64b64_f32"
     # Cout = 96 (alexnet's stem): 96-wide Cout tiles, no 96 -> 128 padding
-    assert wa._select_gi_config(64, nout=964, device="cuda:0", cin=3, p64=384, cout=96) == "gi2i_p64b64o96"
+    assert wa.select_gi_config(64, nout=964, device="cuda:0", cin=3, p64=384, cout=96) == "gi2i_p64b64o96"
     # ... and staged from 4M staged elements (run 31: alexnet L0 at B = 16 is faster staged, 5.9M)
-    assert wa._select_gi_config(16, nout=964, device="cuda:0", cin=3, p64=384, cout=96) == "gi2i_p64b16o96"
-    assert wa._select_gw_config(96, cin=3, batch=16, nout=964, p64=384) == "gw3i_p64n96k16"
-    assert wa._select_gi_config(16, nout=964, device="cuda:0", cin=3, p64=192, cout=64) == "gi2_p64b64"  # res18 stem
-    assert wa._select_gi_config(512, nout=964, device="cuda:0", cin=3, p64=384, cout=96) == "gi2i_p64b64o96_f32"
-    assert wa._select_gw_config(96, cin=3, batch=512, nout=964, p64=384) == "gw3i_p64n96_f32"
-    assert wa._select_gw_config(96, cin=3, batch=64, nout=964, p64=384) == "gw3i_p64n96"
-    assert wa._select_gw_config(384, cin=3, batch=64, nout=64, p64=320) != "gw3i_p64n96"
-    assert wa._select_gw_config(128, 3, 64, 964, 384) == "gw3i_p64n128"
-    assert wa._select_gw_config(64, 3, 512, 964, 192) == "gw3i_p64n64_f32"
-    assert wa._select_gw_config(384, 3, 512, 64, 320) == "gw3_p64n128"                              # DINOv3 patch
-    assert wa._select_gw_config(96, 64, 512, 964, 384) == "gw3_p64n128"                             # Cin = 64
-    assert wa._select_gw_config(96, 3) == "gw3_p64n128"                                             # no batch given
+    assert wa.select_gi_config(16, nout=964, device="cuda:0", cin=3, p64=384, cout=96) == "gi2i_p64b16o96"
+    assert wa.select_gw_config(96, cin=3, batch=16, nout=964, p64=384) == "gw3i_p64n96k16"
+    assert wa.select_gi_config(16, nout=964, device="cuda:0", cin=3, p64=192, cout=64) == "gi2_p64b64"  # res18 stem
+    assert wa.select_gi_config(512, nout=964, device="cuda:0", cin=3, p64=384, cout=96) == "gi2i_p64b64o96_f32"
+    assert wa.select_gw_config(96, cin=3, batch=512, nout=964, p64=384) == "gw3i_p64n96_f32"
+    assert wa.select_gw_config(96, cin=3, batch=64, nout=964, p64=384) == "gw3i_p64n96"
+    assert wa.select_gw_config(384, cin=3, batch=64, nout=64, p64=320) != "gw3i_p64n96"
+    assert wa.select_gw_config(128, 3, 64, 964, 384) == "gw3i_p64n128"
+    assert wa.select_gw_config(64, 3, 512, 964, 192) == "gw3i_p64n64_f32"
+    assert wa.select_gw_config(384, 3, 512, 64, 320) == "gw3_p64n128"                              # DINOv3 patch
+    assert wa.select_gw_config(96, 64, 512, 964, 384) == "gw3_p64n128"                             # Cin = 64
+    assert wa.select_gw_config(96, 3) == "gw3_p64n128"                                             # no batch given
     monkeypatch.setenv("FOVI_KNN_GI_CONFIG", "gi3p_p64b64")
     monkeypatch.setenv("FOVI_KNN_GW_CONFIG", "gw3p_p64n64")
-    assert wa._select_gi_config(512, nout=964) == "gi3p_p64b64" and wa._select_gw_config(512) == "gw3p_p64n64"
+    assert wa.select_gi_config(512, nout=964) == "gi3p_p64b64" and wa.select_gw_config(512) == "gw3p_p64n64"
 
 
 def test_dx_direct_layout_is_identical():
@@ -200,7 +203,7 @@ def test_pad_semantics_exact():
 
 def test_weight_row_csr_lists_every_real_entry_once():
     meta, *_ = _case("PAD_HEAVY", 1)
-    rowptr, col = wa._weight_row_csr(meta)
+    rowptr, col = wa.weight_row_csr(meta)
     assert rowptr.dtype == torch.int32 and col.dtype == torch.int32
     il, wl = meta.input_linear_flat, meta.weight_linear_flat
     real = torch.nonzero(il != meta.pad_column).squeeze(1)
@@ -209,16 +212,16 @@ def test_weight_row_csr_lists_every_real_entry_once():
     for q in range(0, meta.q, 7):
         seg = col[int(rowptr[q]):int(rowptr[q + 1])].long()
         assert torch.all(wl[seg] == q) and torch.all(seg[1:] > seg[:-1])
-    assert wa._weight_row_csr(meta) is wa._weight_row_csr(meta)      # cached alongside the meta
+    assert wa.weight_row_csr(meta) is wa.weight_row_csr(meta)      # cached alongside the meta
 
 
 def test_pad_flat_input_fp16():
     meta, x, *_ = _case("ODD", 3)
-    xp = wa._pad_flat_input_fp16(x, meta)
+    xp = wa.pad_flat_input_fp16(x, meta)
     assert xp.shape == (3, meta.cin * meta.nin + 1) and xp.dtype == torch.float16 and xp.is_contiguous()
     assert torch.equal(xp[:, :-1], x.reshape(3, -1)) and torch.count_nonzero(xp[:, -1]) == 0
     with pytest.raises(TypeError, match="x: expected dtype"):
-        wa._pad_flat_input_fp16(x.float(), meta)
+        wa.pad_flat_input_fp16(x.float(), meta)
 
 
 # ---------------------------------------------------------------------------------- canary / fallback
@@ -226,17 +229,18 @@ def test_pad_flat_input_fp16():
 @pytest.fixture
 def fresh_cache(monkeypatch):
     cache = ValidatedCache("Warp grad kernel config")
-    monkeypatch.setattr(wa, "_GRAD_KERNELS", cache)
+    monkeypatch.setattr(adj_staged_build, "GRAD_KERNELS", cache)
+    monkeypatch.setattr(adj_staged_plans, "GRAD_KERNELS", cache)     # the plans' reference to the same cache
     return cache
 
 
 def test_canary_accepts_real_kernels():
-    k = wa._make_grad_input_stage2_kernel(64, 64, False, block_dim=128)
-    assert wa._canary_grad_stage_ok(k, 64, 64, 128, 2, True, "cpu")
-    k = wa._make_grad_weight_stage4_kernel(64, 64, True, block_dim=256)
-    assert wa._canary_grad_stage_ok(k, 64, 64, 256, 4, False, "cpu")
-    assert wa._canary_csr_ok(wa._make_dx_csr_kernel(False), "dx", "cpu")
-    assert wa._canary_csr_ok(wa._make_dw_csr_kernel(True), "dw", "cpu")
+    k = wa.make_grad_input_stage2_kernel(64, 64, False, block_dim=128)
+    assert wa.canary_grad_stage_ok(k, 64, 64, 128, 2, True, "cpu")
+    k = wa.make_grad_weight_stage4_kernel(64, 64, True, block_dim=256)
+    assert wa.canary_grad_stage_ok(k, 64, 64, 256, 4, False, "cpu")
+    assert wa.canary_csr_ok(wa.make_dx_csr_kernel(False), "dx", "cpu")
+    assert wa.canary_csr_ok(wa.make_dw_csr_kernel(True), "dw", "cpu")
 
 
 def _silent_kernel(write_zeros: bool):
@@ -259,14 +263,14 @@ def _silent_kernel(write_zeros: bool):
 
 @pytest.mark.parametrize("write_zeros", [False, True], ids=["writes-nothing", "writes-garbage"])
 def test_canary_rejects_broken_kernels(write_zeros):
-    wa.init_warp()
+    init_warp()
     k = _silent_kernel(write_zeros)
-    ok, why = wa._canary_grad_stage(k, 64, 64, 64, 2, True, "cpu")
+    ok, why = adj_staged_build._canary_grad_stage(k, 64, 64, 64, 2, True, "cpu")
     assert not ok and ("NaN" in why or "wrong" in why), why
 
 
 def test_unlaunchable_default_falls_back_to_torch_compact(fresh_cache, monkeypatch):
-    monkeypatch.setattr(wa, "_canary_grad_stage", lambda *a, **k: (False, "simulated: too much shared memory"))
+    monkeypatch.setattr(adj_staged_build, "_canary_grad_stage", lambda *a, **k: (False, "simulated: too much shared memory"))
     meta, x, w, g, *_ = _case("MAIN", 17)
     with pytest.warns(RuntimeWarning, match="falling back to torch_compact"):
         dx = wa.grad_input(meta, g, w)
@@ -274,7 +278,7 @@ def test_unlaunchable_default_falls_back_to_torch_compact(fresh_cache, monkeypat
         dw = wa.grad_weight(meta, g, x)
     assert torch.equal(dx, CompactTorchOps.grad_input(meta, g, w))
     assert torch.equal(dw, CompactTorchOps.grad_weight(meta, g, x))
-    assert fresh_cache.why(("gi", wa._select_gi_config(17)), "cpu").startswith("simulated")
+    assert fresh_cache.why(("gi", wa.select_gi_config(17)), "cpu").startswith("simulated")
     # an explicitly requested config that cannot launch raises instead of silently changing backend
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -285,7 +289,7 @@ def test_unlaunchable_default_falls_back_to_torch_compact(fresh_cache, monkeypat
 
 
 def test_unlaunchable_reduction_falls_back(fresh_cache, monkeypatch):
-    monkeypatch.setattr(wa, "_canary_csr", lambda *a, **k: (False, "simulated"))
+    monkeypatch.setattr(adj_staged_build, "_canary_csr", lambda *a, **k: (False, "simulated"))
     meta, x, w, g, *_ = _case("ODD", 17)
     with pytest.warns(RuntimeWarning, match="falling back"):
         dx = wa.grad_input(meta, g, w)
@@ -298,13 +302,13 @@ def test_unlaunchable_reduction_falls_back(fresh_cache, monkeypatch):
 
 def test_get_grad_kernel_validates_once(fresh_cache, monkeypatch):
     seen = []
-    real = wa._canary_grad_stage
-    monkeypatch.setattr(wa, "_canary_grad_stage", lambda *a, **k: seen.append(a[1:]) or real(*a, **k))
-    k1 = wa._get_grad_kernel("gw", "gw3_p64n64", "cpu")
-    k2 = wa._get_grad_kernel("gw", "gw3_p64n64", "cpu")
+    real = adj_staged_build._canary_grad_stage
+    monkeypatch.setattr(adj_staged_build, "_canary_grad_stage", lambda *a, **k: seen.append(a[1:]) or real(*a, **k))
+    k1 = wa.get_grad_kernel("gw", "gw3_p64n64", "cpu")
+    k2 = wa.get_grad_kernel("gw", "gw3_p64n64", "cpu")
     assert k1 is k2 and k1 is not None and len(seen) == 1
     assert k1.kind == "gw" and k1.spec["version"] == 3 and not k1.fp32_stage
-    assert wa._get_grad_kernel("csr", "dx_f32", "cpu").fp32_stage
+    assert wa.get_grad_kernel("csr", "dx_f32", "cpu").fp32_stage
 
 
 # ---------------------------------------------------------------------------------- bad inputs
@@ -340,7 +344,7 @@ def test_bad_inputs_are_rejected_with_the_argument_named():
     with pytest.raises(ValueError, match="finish: expected"):
         wa.grad_weight(meta, g, x, finish="atomic")
     with pytest.raises(ValueError, match="kind: expected"):
-        wa._get_grad_kernel("fw", "x", "cpu")
+        wa.get_grad_kernel("fw", "x", "cpu")
 
 
 def test_empty_reverse_csr_is_rejected():
@@ -361,7 +365,7 @@ def test_backward_bench_smoke_on_cpu(tmp_path, mode, monkeypatch):
 
     from fovi_lab.bench import backward as bench
 
-    monkeypatch.setattr(wa, "_EMPTY_FILL", None)
+    monkeypatch.setattr(adj_staged_plans, "_EMPTY_FILL", None)
     out = tmp_path / "bw.jsonl"
     args = [mode, "--layers", "ODD", "--batches", "3", "--reps", "1", "--warmup", "0", "--out", str(out)]
     if mode == "backward":
@@ -405,7 +409,7 @@ def test_fused_sweep_smoke_on_cpu(tmp_path):
 def test_csr_reductions_are_the_sequential_sum_bit_for_bit(fp32):
     """Rows of 0..21 entries cross the 8-, 4- and 1-wide loops of both reverse-index reductions; each
     output must equal the fp32 sum taken one entry at a time in index order (so unrolling is exact)."""
-    from fovi_lab.warp_common import fast_launch, warp_ct
+    from fovi_lab.kernels.common import fast_launch, warp_ct
     sdt = torch.float32 if fp32 else torch.float16
     g = torch.Generator().manual_seed(7)
     lens = torch.tensor([0, 1, 3, 4, 5, 7, 8, 9, 12, 15, 16, 17, 21])
@@ -425,13 +429,13 @@ def test_csr_reductions_are_the_sequential_sum_bit_for_bit(fp32):
     # dw: dwt[q, o] = sum_i dweff[w_col[i], o] (w_col ascending within a row, as the CSR builds it)
     w_col = torch.cat([torch.sort(rows[int(rowptr[r]):int(rowptr[r + 1])]).values for r in range(len(lens))])
     dw = torch.full((len(lens), 6), float("nan"))
-    k = wa._get_grad_kernel("csr", "dw_f32" if fp32 else "dw_f16", "cpu").kernel
+    k = wa.get_grad_kernel("csr", "dw_f32" if fp32 else "dw_f16", "cpu").kernel
     fast_launch(k, (len(lens), 6), [warp_ct(rowptr), warp_ct(w_col), warp_ct(stage), 0, 2147483647, 0, warp_ct(dw)],
                 256, "cpu", tiled=False)
     assert torch.equal(dw, sequential(w_col))
     # dx: out[c, m, b] = sum_i da[rev_row[i] + c*k, b]   (one channel, k = 0 offset)
     out = torch.full((1, len(lens), 6), float("nan"))
-    k = wa._get_grad_kernel("csr", "dx_f32" if fp32 else "dx_f16", "cpu").kernel
+    k = wa.get_grad_kernel("csr", "dx_f32" if fp32 else "dx_f16", "cpu").kernel
     fast_launch(k, (len(lens), 1, 6), [warp_ct(rowptr), warp_ct(rows), warp_ct(stage), 0, warp_ct(out)], 256, "cpu",
                 tiled=False)
     assert torch.equal(out[0], sequential(rows))
@@ -442,7 +446,7 @@ def test_cout96_stem_tiles_match_the_oracle_and_the_64_wide_tiles(b):
     """The 96-wide Cout tiles of the stems' staged-operand adjoints (alexnet's stem has Cout = 96), also
     with a 16-wide batch tile (gi) and 16-deep batch chunks (gw), on a Cin = 3, Cout = 96 layer: against
     the fp32 oracle, and against the 64/128-wide tiles they replace."""
-    from fovi_lab.meta import build_meta
+    from fovi_lab.graph.meta import build_meta
     gen = torch.Generator().manual_seed(96)
     nin, nout, k, v, cin, cout = 50, 21, 9, 36, 3, 96
     idx = torch.randint(0, nin + 1, (nout, k), generator=gen)                 # nin = the pad token

@@ -1,4 +1,4 @@
-"""Fused node-major adjoint kernels (fovi_lab.warp_adjoint_nm) on Warp's CPU device.
+"""Fused node-major adjoint kernels (fovi_lab.kernels.adjoint.fused) on Warp's CPU device.
 
 Same criterion as the staged kernels (spec §5): each gradient within 3x the fp16 torch_compact error
 + 2e-3 of torch autograd through the fp32 oracle, on the same fp16-rounded inputs. Outputs are
@@ -8,10 +8,13 @@ pre-filled with NaN before the launch, so an entry the kernel does not write fai
 import pytest
 import torch
 
-from fovi_lab import warp_adjoint_nm as nm
-from fovi_lab.knn_autograd import KNNConvFunction
-from fovi_lab.meta import build_meta
-from fovi_lab.reference import CompactTorchOps
+from fovi_lab.kernels import adjoint as nm
+from fovi_lab.kernels.adjoint import fused as adj_fused
+from fovi_lab.kernels.adjoint import fused_build as adj_fused_build
+from fovi_lab.kernels.adjoint import fused_plans as adj_fused_plans
+from fovi_lab.ops.autograd import KNNConvFunction
+from fovi_lab.graph.meta import build_meta
+from fovi_lab.ops.reference import CompactTorchOps
 from grad_cases import assert_within, grad_case
 
 DX_NAMES = list(nm.DX_NM_CONFIG_SPECS)
@@ -54,7 +57,7 @@ def test_dw_every_config_odd(config, b):
 def test_dw_finish_paths(monkeypatch, config, tiled):
     """Both dW finishes (PyTorch's sum + transposing copy below ``_FINISH_TILED_MIN_BYTES``, the tiled
     kernel above): every dW config, 1 and 3 partials, NaN-prefilled partials, bitwise repeatable."""
-    monkeypatch.setattr(nm, "_FINISH_TILED_MIN_BYTES", 0 if tiled else 1 << 40)
+    monkeypatch.setattr(adj_fused_plans, "_FINISH_TILED_MIN_BYTES", 0 if tiled else 1 << 40)
     meta, x, w, g, _, dw_o, _, e_dw = _case("PAD_HEAVY", 17)
     for nsplit in (1, 3):
         got = _run_nan_prefilled(nm.plan_grad_weight_nm(meta, g, x, config, nsplit=nsplit))
@@ -126,7 +129,7 @@ def test_segment_rules_and_requests(monkeypatch):
     """The default rules on the real layers: dx segments only where the reverse lists are uneven or long
     on a small grid (fit to the H200 sweep, run 25), dW segments on the res18 layers only; every dW
     segment table within the partial budget."""
-    from fovi_lab.layers import layer_meta
+    from fovi_lab.graph.layers import layer_meta
     monkeypatch.delenv("FOVI_KNN_DX_SEG", raising=False)
     dx_seg = {name: nm.default_dx_seg_steps(layer_meta(name), 64, "cuda:0")
               for name in ("res18_layer1", "res18_layer2_0", "res18_layer2", "res18_layer3_0", "res18_layer3",
@@ -145,7 +148,7 @@ def test_segment_rules_and_requests(monkeypatch):
             assert nm.default_dw_seg_steps(meta, b, tiles, "cpu") == 0
             if seg:
                 bounds, _, longest = nm.segment_table(nm.tap_lists(meta)[0], -(-b // tiles[2]), seg)
-                assert longest <= seg and (bounds.numel() - 1) * 4 * meta.cout * meta.cin <= nm._budget_bytes()
+                assert longest <= seg and (bounds.numel() - 1) * 4 * meta.cout * meta.cin <= adj_fused._budget_bytes()
 
 
 def test_recorded_sweep_supports_the_dx_rule():
@@ -154,7 +157,7 @@ def test_recorded_sweep_supports_the_dx_rule():
     import json
     from collections import defaultdict
     from pathlib import Path
-    from fovi_lab.layers import layer_meta
+    from fovi_lab.graph.layers import layer_meta
     path = Path(__file__).resolve().parents[1] / "data" / "fused_sweep_h200_run25.jsonl"
     by = defaultdict(list)
     for line in path.read_text().splitlines():
@@ -304,7 +307,7 @@ def test_config_selection_and_bad_inputs():
 
 
 def test_capture_needs_cuda():
-    from fovi_lab import graphs
+    from fovi_lab.ops import graphs
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the CPU refusal path is not reachable")
     with pytest.raises(RuntimeError, match="CUDA graphs need a CUDA device"):
@@ -312,15 +315,19 @@ def test_capture_needs_cuda():
 
 
 def test_every_fused_kernel_compiles_aot_without_mathdx(tmp_path):
-    """The fused dx/dW kernels' CUDA compiles for sm_80, sm_89 and sm_90 with no GPU (Warp's NVRTC, the
-    scalar tile_matmul path; ~1 s per kernel and arch). Launch fit is the canary's job on the device."""
+    """The fused dx/dW kernels' CUDA compiles with no GPU (Warp's NVRTC, the scalar tile_matmul path; ~1 s per
+    kernel and arch): every config for sm_90, the first config of each kind for sm_80 and sm_89 (a kind's
+    configs differ in tile constants only). Launch fit is the canary's job on the device."""
     import os
     from pathlib import Path
-    from fovi_lab.warp_common import wp
+    from fovi_lab.kernels.common import wp
     archs = [int(a) for a in os.environ.get("FOVI_TEST_AOT_ARCHS", "80,89,90").split(",") if a.strip()]
+    kinds_seen = set()
     for kind, name in nm.nm_grad_kernel_names():
-        kernel = nm._kinds()[kind][1](*nm._spec(kind, name), mathdx=False)
-        for arch in archs:
+        kernel = adj_fused_build._kinds()[kind][1](*adj_fused_build._spec(kind, name), mathdx=False)
+        first = kind not in kinds_seen
+        kinds_seen.add(kind)
+        for arch in (a for a in archs if a == max(archs) or first):
             out = tmp_path / f"{kind}_{name}_sm{arch}"
             files = wp.compile_aot_module(kernel.module, arch=arch, module_dir=str(out))
             files = [Path(f) for f in files or []]
@@ -331,7 +338,7 @@ def test_default_rules_read_no_device_tensor_after_the_first_call(monkeypatch):
     """The rules run on every call, also while a CUDA graph is being captured, where reading a device
     tensor back (``int(t)``, ``t.item()``) invalidates the capture (run 26 caught that on the H200): after
     the first call they must answer from host-side caches alone."""
-    from fovi_lab.layers import layer_meta
+    from fovi_lab.graph.layers import layer_meta
     meta = layer_meta("res18_layer2_0")
     tiles = nm.DW_NM_CONFIG_SPECS["dwn_o64c64k64"]
     want = (nm.default_dx_seg_steps(meta, 64, "cuda:0"), nm.default_dw_seg_steps(meta, 64, tiles, "cuda:0"))

@@ -1,11 +1,12 @@
-"""Every CUDA kernel compiles ahead of time for sm_80, sm_89 and sm_90, without a GPU.
+"""The forward kernels compile ahead of time without a GPU: every config for sm_90, each family for sm_80 and sm_89.
 
 Warp's bundled NVRTC compiles CUDA modules on a CPU-only machine (``wp.compile_aot_module``). This
 proves the kernels' CUDA code stays valid for each architecture; it does not prove a launch fits a
 CTA's resources (the runtime NaN canary checks that per device).
 
-The tensor-core ``mma`` kernels (inline PTX ``mma.sync``, sm_80+) are all built for sm_90 and, for sm_80 and
-sm_89, one config per distinct load code (``_MMA_REPRESENTATIVES``): ~3-8 s of NVRTC each at -O1.
+Every config is built for sm_90 (the GPU this project runs on); for sm_80 and sm_89, the first config of each
+family and block size, and for the tensor-core ``mma`` kernels (inline PTX ``mma.sync``, sm_80+) one config
+per distinct load code (``_MMA_REPRESENTATIVES``): ~3-8 s of NVRTC each at -O1.
 
 CI time (2 cores, measured): the scalar-GEMM path (``enable_mathdx_gemm=False``) takes ~2.5 s per kernel
 at -O3, so the forward kernels are grouped into one module per block_dim (one NVRTC run each), built
@@ -17,9 +18,9 @@ from __future__ import annotations
 
 import time
 
-from fovi_lab import warp_forward as F
-from fovi_lab import warp_common as wc
-from fovi_lab.warp_common import init_warp, wp
+from fovi_lab.kernels import forward as F
+from fovi_lab.kernels import common as wc
+from fovi_lab.kernels.common import init_warp, wp
 
 ARCHS = (80, 89, 90)
 
@@ -32,56 +33,66 @@ _MMA_REPRESENTATIVES = ("mma_o64b16", "mma_o96b16", "mmas_o32b8", "mmasw_o32b8",
                         "mma_o32b8k64b64", "mmat_o64b16k64b32", "mmao_o96b16", "mmato_o64b16k64")
 
 
-def _forward_kernels_by_block_dim(module_prefix: str, mma_all: bool = True):
-    """Build every forward kernel (uncached, cached, dense ceilings) into shared modules by block_dim
-    (``mma_all=False``: only :data:`_MMA_REPRESENTATIVES` of the mma families)."""
+def _forward_kernels_by_block_dim(module_prefix: str, every_config: bool = True):
+    """Build the forward kernels (uncached, cached, dense ceilings) into shared modules by block_dim.
+
+    ``every_config=False``: the first config of each (family, block_dim) and :data:`_MMA_REPRESENTATIVES` of
+    the mma families. A family's configs differ in template constants only (tile sizes), so one of each
+    shows its code is valid for an architecture; sm_90, which the GPU runs, builds every config.
+    """
     init_warp()
     groups = {}
     seen = set()
+    families = set()
     try:
         for name in F.uncached_config_names() + F.cached_config_names():
             cfg = F.config_spec(name)
-            if cfg.family in F._MMA_FAMILIES and not mma_all and name not in _MMA_REPRESENTATIVES:
-                continue
+            if not every_config:
+                if cfg.family in F.MMA_FAMILIES:
+                    if name not in _MMA_REPRESENTATIVES:
+                        continue
+                elif (cfg.family, cfg.block_dim) in families:
+                    continue
+                families.add((cfg.family, cfg.block_dim))
             mod = f"{module_prefix}_b{cfg.block_dim}"
             wc.SHARED_KERNEL_MODULE = mod
             groups.setdefault(cfg.block_dim, mod)
             if cfg.family == "gather":
-                F._make_gather_kernel(cfg.tile_m, cfg.tile_n, cfg.r, cfg.block_dim, mathdx=False)
+                F.make_gather_kernel(cfg.tile_m, cfg.tile_n, cfg.r, cfg.block_dim, mathdx=False)
             elif cfg.family == "nm":
-                F._make_nm_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx=False)
+                F.make_nm_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx=False)
             elif cfg.family == "nmp":
-                F._make_nmp_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, mathdx=False)
+                F.make_nmp_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, mathdx=False)
             elif cfg.family == "gp":
-                F._make_gp_kernel(cfg.tile_m, cfg.tile_n, cfg.block_dim, mathdx=False)
+                F.make_gp_kernel(cfg.tile_m, cfg.tile_n, cfg.block_dim, mathdx=False)
             elif cfg.family == "nms":
-                F._make_nms_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, mathdx=False)
+                F.make_nms_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, mathdx=False)
             elif cfg.family in ("i2c", "i2cg"):
-                F._make_i2c_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, cfg.family == "i2cg",
+                F.make_i2c_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, cfg.family == "i2cg",
                                    mathdx=False)
             elif cfg.family == "cached":
-                F._make_cached_kernel(cfg.tile_m, cfg.tile_n, cfg.block_dim, mathdx=False)
+                F.make_cached_kernel(cfg.tile_m, cfg.tile_n, cfg.block_dim, mathdx=False)
             elif cfg.family in ("simt", "simtv"):
-                make = F._make_simt_kernel if cfg.family == "simt" else F._make_simtv_kernel
+                make = F.make_simt_kernel if cfg.family == "simt" else F.make_simtv_kernel
                 make(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim)
                 make(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, dense=True)
                 continue
             elif cfg.family == "simtp":                     # its dense ceiling is the simt one
-                F._make_simt_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, prefetch=True)
+                F.make_simt_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, prefetch=True)
                 continue
             elif cfg.family in ("simts", "simtsw"):          # its dense ceiling is the simt one, too
-                F._make_simts_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, wvec=cfg.family == "simtsw")
+                F.make_simts_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, wvec=cfg.family == "simtsw")
                 continue
             elif cfg.family == "simtw":
-                F._make_simt_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, wvec=True)
+                F.make_simt_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, wvec=True)
                 continue
-            elif cfg.family in F._MMA_FAMILIES:              # inline PTX mma.sync (sm_80+)
-                from fovi_lab.warp_mma import make_mma_kernel
+            elif cfg.family in F.MMA_FAMILIES:              # inline PTX mma.sync (sm_80+)
+                from fovi_lab.kernels.forward.mma import make_mma_kernel
                 mt, nt = cfg.tile_n // 16, cfg.tile_m // 8
-                split, w_native, x_t = F._mma_flags(cfg.family)
+                split, w_native, x_t = F.mma_flags(cfg.family)
                 ku = cfg.tile_k // 16
                 make_mma_kernel(mt, nt, cfg.block_dim, split=split, w_native=w_native, x_t=x_t, k_steps=ku,
-                                stage=F._mma_staged(cfg.family))
+                                stage=F.mma_staged(cfg.family))
                 if not split:                                 # the split ones share their unsplit ceiling
                     make_mma_kernel(mt, nt, cfg.block_dim, dense=True, w_native=w_native, x_t=x_t, k_steps=ku)
                 continue
@@ -92,9 +103,9 @@ def _forward_kernels_by_block_dim(module_prefix: str, mma_all: bool = True):
             if cfg.family != "cached" and key not in seen:
                 seen.add(key)
                 if pipelined:
-                    F._make_densep_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, mathdx=False)
+                    F.make_densep_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, mathdx=False)
                 else:
-                    F._make_dense_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx=False)
+                    F.make_dense_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx=False)
     finally:
         wc.SHARED_KERNEL_MODULE = None
     mods = {}
@@ -112,10 +123,10 @@ def _aot_job(job):
     t0 = time.perf_counter()
     if mathdx:
         init_warp()
-        kernel = F._make_gather_kernel(16, 32, 1, 64, mathdx=True, name="fovi_fwd_aot_mathdx_m16n32")
+        kernel = F.make_gather_kernel(16, 32, 1, 64, mathdx=True, name="fovi_fwd_aot_mathdx_m16n32")
         module = kernel.module
     else:
-        module = _forward_kernels_by_block_dim(f"fovi_fwd_aot_sm{arch}", mma_all=arch == 90)[bd]
+        module = _forward_kernels_by_block_dim(f"fovi_fwd_aot_sm{arch}", every_config=arch == 90)[bd]
         # validity, not speed, is tested: -O1 compiles ~3x faster than the default -O3
         module.options["optimization_level"] = 1
     paths = wp.compile_aot_module(module, arch=arch, module_dir=out_dir)

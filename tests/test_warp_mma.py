@@ -1,4 +1,4 @@
-"""The tensor-core (``mma.sync``) forward kernels of :mod:`fovi_lab.warp_mma`.
+"""The tensor-core (``mma.sync``) forward kernels of :mod:`fovi_lab.kernels.forward.mma`.
 
 On the CPU (CI) the kernels run their native snippet's C++ branch: each lane computes its own accumulator
 elements with the same channel permutation, batch tiles, pad select, loop bounds, split and stores as the
@@ -14,15 +14,16 @@ import math
 import pytest
 import torch
 
-from fovi_lab import warp_forward as F
-from fovi_lab.meta import build_meta
-from fovi_lab.reference import oracle_forward
-from fovi_lab.warp_mma import mma_channel
+from fovi_lab.kernels import forward as F
+from fovi_lab.kernels.forward import plans as fwd_plans
+from fovi_lab.graph.meta import build_meta
+from fovi_lab.ops.reference import oracle_forward
+from fovi_lab.kernels.forward.mma import mma_channel
 
 from test_warp_forward import STEM, case, _run_prefilled
 
-_MMA = [n for n in F.uncached_config_names() if F.config_spec(n).family in F._MMA_FAMILIES]
-_MMA_ALL = [n for n in F.uncached_config_names(experimental=True) if F.config_spec(n).family in F._MMA_FAMILIES]
+_MMA = [n for n in F.uncached_config_names() if F.config_spec(n).family in F.MMA_FAMILIES]
+_MMA_ALL = [n for n in F.uncached_config_names(experimental=True) if F.config_spec(n).family in F.MMA_FAMILIES]
 
 
 def test_channel_permutation_is_a_bijection_and_makes_lane_loads_contiguous():
@@ -51,7 +52,7 @@ def test_mma_experimental_blocks_run():
     staged block) that no registered config covers: on the CPU they all run the same scalar loop, the depth only
     sets the loop bounds and the block_dim the launch (the GPU test runs every block)."""
     c = case("ODD", 17)
-    kind = lambda cfg: (cfg.family, cfg.tile_k, cfg.block_dim // 32 if F._mma_staged(cfg.family) else 0)  # noqa: E731
+    kind = lambda cfg: (cfg.family, cfg.tile_k, cfg.block_dim // 32 if F.mma_staged(cfg.family) else 0)  # noqa: E731
     covered = {kind(F.config_spec(n)) for n in _MMA}
     for config in _MMA_ALL:
         cfg = F.config_spec(config)
@@ -96,12 +97,12 @@ def test_mma_all_pad_table_gives_exactly_the_bias():
 def test_mmas_split_covers_the_loop():
     for warps in (1, 16, 256, 2048, 10 ** 5):
         for steps in (1, 3, 4, 19, 144):
-            s, per = F._mmas_split(warps, steps)
+            s, per = F.mmas_split(warps, steps)
             assert s >= 1 and per >= 1 and (s - 1) * per < steps <= s * per, (warps, steps, s, per)
-            assert s == 1 or per >= F._MMAS_MIN_STEPS
-    assert F._mmas_split(64, 144) == (29, 5)          # res18 layer3 at B = 16, 64-channel blocks: 32 -> 29 whole chunks
-    assert F._mmas_split(10 ** 5, 144) == (1, 144)
-    assert F._mmas_split(64, 0) == (1, 0)
+            assert s == 1 or per >= fwd_plans._MMAS_MIN_STEPS
+    assert F.mmas_split(64, 144) == (29, 5)          # res18 layer3 at B = 16, 64-channel blocks: 32 -> 29 whole chunks
+    assert F.mmas_split(10 ** 5, 144) == (1, 144)
+    assert F.mmas_split(64, 0) == (1, 0)
 
 
 @pytest.mark.parametrize("shape", ("MAIN", "PAD_HEAVY"))
@@ -109,7 +110,7 @@ def test_mmas_is_deterministic_and_splits(shape):
     """A real split (S > 1), a bitwise-identical output on every call, and a strided x read right."""
     c = case(shape, 6)
     il, wl = c.meta.input_linear, c.meta.weight_linear
-    plan = F._prepare_uncached(c.x, c.w, c.bias, il, wl, config="mmas_o32b8")
+    plan = F.prepare_uncached(c.x, c.w, c.bias, il, wl, config="mmas_o32b8")
     assert plan.split > 1
     y0 = F.run_uncached(c.x, c.w, c.bias, il, wl, config="mmas_o32b8")
     c.check(y0, f"mmas_o32b8 on {shape}")
@@ -148,7 +149,7 @@ def test_mma_dense_ceilings_compute_the_dense_gemm(config):
 
 def _cuda() -> bool:
     try:
-        from fovi_lab.warp_common import init_warp, wp
+        from fovi_lab.kernels.common import init_warp, wp
         init_warp()
         return torch.cuda.is_available() and wp.is_cuda_available()
     except Exception:
@@ -161,7 +162,7 @@ def _cuda() -> bool:
 def test_gpu_every_mma_config_on_real_layers(layer):
     """On a GPU: every mma config (experimental ones too) on a real layer, B = 1, 17 and 64, NaN-prefilled,
     within 3x the fp16 torch reference's error + 2e-3 of the fp32 oracle; the split ones bitwise repeatable."""
-    from fovi_lab.layers import layer_meta
+    from fovi_lab.graph.layers import layer_meta
     meta = layer_meta(layer, "rf2", device="cuda")
     g = torch.Generator().manual_seed(11)
     for b in (1, 17, 64):
@@ -172,7 +173,7 @@ def test_gpu_every_mma_config_on_real_layers(layer):
         ref16 = oracle_forward(x, w, bias, meta.idx, meta.rf_index, meta.v, dtype=torch.float16)
         tol = 3 * float((ref16.float() - ref).abs().max()) + 2e-3
         for config in _MMA_ALL:
-            plan = F._prepare_uncached(x, w, bias, meta.input_linear, meta.weight_linear, config=config)
+            plan = F.prepare_uncached(x, w, bias, meta.input_linear, meta.weight_linear, config=config)
             plan.out.fill_(float("nan"))
             plan.launch()
             y = plan.finish()
@@ -194,7 +195,7 @@ def test_mma_layout_dense_ceilings_compute_the_dense_gemm(config):
     plan.launch()
     y = plan.finish()
     xd, w = plan._keep[0].float(), plan._keep[1].float()
-    _, w_native, x_t = F._mma_flags(cfg.family)
+    _, w_native, x_t = F.mma_flags(cfg.family)
     a = xd.t() if x_t else xd                                     # [Bx, Kd]
     wk = w.t() if w_native else w                                 # [Kd, Cout_p]
     ref = (a @ wk)[:9, :20]

@@ -8,24 +8,24 @@ Per (layer, B), in one process on identical fp16 inputs (``x [B, Cin, Nin]``, ``
 upstream gradient ``g [B, Cout, Nout]``):
 
 mode ``backward`` (both gradients, dx and dW):
-    * ``warp``: :func:`fovi_lab.warp_adjoint.grad_input` + :func:`grad_weight` with the default
+    * ``warp``: :func:`fovi_lab.kernels.adjoint.staged_plans.grad_input` + :func:`grad_weight` with the default
       configs, timed as the whole ops (operand layouts, every chunk, output copies), plus each
       pipeline's kernels alone (``gi_stage_ms``, ``dx_reduce_ms``, ``gw_stage_ms``, ``dw_reduce_ms``)
       on prepared operands, the stage GEMMs' TFLOP/s and fraction of Warp's dense tile-GEMM ceiling
-      for the same tile shape (:func:`fovi_lab.warp_forward.make_dense_ceiling`: the same GEMM sizes
+      for the same tile shape (:func:`fovi_lab.kernels.forward.api.make_dense_ceiling`: the same GEMM sizes
       with plain loads, no gathers), and the reductions' GB/s and fraction of HBM bandwidth;
-    * ``torch_compact``: :class:`fovi_lab.reference.CompactTorchOps` explicit backward (bmm + fp32
-      ``index_add_``; atomics on CUDA); ``torch_binned``: :class:`fovi_lab.reference.BinnedTorchOps`, the
+    * ``torch_compact``: :class:`fovi_lab.ops.reference.CompactTorchOps` explicit backward (bmm + fp32
+      ``index_add_``; atomics on CUDA); ``torch_binned``: :class:`fovi_lab.ops.reference.BinnedTorchOps`, the
       binned form's explicit backward (matmul + ``index_add_``; G binned again for dW);
     * ``torch_autograd_gather_bmm`` / ``torch_autograd_tgather_bmm`` / ``torch_autograd_binned_mm``:
       ``torch.autograd.grad`` through the strongest PyTorch forwards (gather + bmm; the transposed gather
-      whose gathered rows are contiguous batch runs; the binned form of :func:`fovi_lab.reference.
+      whose gathered rows are contiguous batch runs; the binned form of :func:`fovi_lab.ops.reference.
       binned_forward`, index_add into the Q taps + one shared-weight matmul), backward only (the graph
       is built once, ``retain_graph=True``).
 mode ``train-step`` (forward + both gradients):
     * ``warp_train``: the ``warp_train`` backend as a user gets it (:class:`fovi_lab.knn_warp.WarpTrainOps`:
       the default forward config and, per :func:`fovi_lab.knn_warp.grad_path`, the fused node-major
-      adjoints of :mod:`fovi_lab.warp_adjoint_nm` or the staged ones), with each fused kernel timed alone
+      adjoints of :mod:`fovi_lab.kernels.adjoint.fused` or the staged ones), with each fused kernel timed alone
       and against the dense ceiling of its tiles; ``warp_train_staged``: the staged pipelines with the
       per-stage numbers above; ``warp_train_fused``: the fused path forced where the rule picks staged;
     * ``torch_compact`` / ``torch_binned``: the registered PyTorch backends, forward + explicit backward;
@@ -71,7 +71,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from .common import (Progress, Roofline, append_jsonl, compact_bytes, compact_flops, default_record_path,
+from fovi_lab.bench.common import (Progress, Roofline, append_jsonl, compact_bytes, compact_flops, default_record_path,
                      env_info, gbps, pipelined_ms, tflops, time_fn)
 
 __all__ = ["main", "SEED_TRAIN_STEP_MS", "run_shape", "precompile"]
@@ -92,7 +92,7 @@ _MIB = 1 << 20
 
 def _frame(layer: str, rf):
     """The reference frame a record of ``layer`` was measured on (None for synthetic shapes)."""
-    from ..layers import resolve_layer
+    from fovi_lab.graph.layers import resolve_layer
     try:
         return resolve_layer(layer, rf)[1]
     except KeyError:
@@ -125,7 +125,7 @@ def _xpad(x: torch.Tensor) -> torch.Tensor:
 
 def torch_forwards(meta) -> Dict[str, Callable]:
     """Differentiable PyTorch forwards ``fn(x, w) -> y [B, Cout, Nout]`` (the autograd baselines)."""
-    from ..reference import binned_forward
+    from fovi_lab.ops.reference import binned_forward
     il, wl = meta.input_linear_flat, meta.weight_linear_flat
     nout, p64, cout = meta.nout, meta.p64, meta.cout
 
@@ -156,7 +156,7 @@ def backward_bytes(meta, b: int) -> float:
 def _dense_config_for(kind: str, spec: dict) -> Optional[str]:
     """The forward config whose dense ceiling has this stage's tile shape (M = p tile, N = b or o tile)."""
     try:
-        from .. import warp_forward as F
+        from fovi_lab.kernels import forward as F
     except Exception:  # pragma: no cover - forward module missing
         return None
     tm = spec["tile_p"]
@@ -184,7 +184,7 @@ class _DenseCache:
         key = (config, m, n, nodes, k)
         if key not in self.ms:
             try:
-                from .. import warp_forward as F
+                from fovi_lab.kernels import forward as F
                 plan = F.make_dense_ceiling(config, m, n, nodes, k, device)
                 self.ms[key] = tm(plan.launch).ms
                 del plan
@@ -200,12 +200,12 @@ def _warp_pipeline_records(meta, x, w, g, gi_cfg: Optional[str], gw_cfg: Optiona
                            finish: Optional[str], device, tm, dense: _DenseCache, roof: Roofline,
                            ref: Tuple[torch.Tensor, torch.Tensor], do_gi: bool = True, do_gw: bool = True) -> dict:
     """Time one Warp (gi config, gw config) pair: ops, kernels alone, dense ceilings, errors, determinism."""
-    from .. import warp_adjoint as wa
+    from fovi_lab.kernels import adjoint as wa
     b = x.shape[0]
     gemm = compact_flops(b, meta.p64, meta.cout, meta.nout)
     out: dict = {}
     if do_gi:
-        plan, why = wa._plan_grad_input(meta, g, w, gi_cfg, stage_fp32=stage_fp32)
+        plan, why = wa.plan_grad_input(meta, g, w, gi_cfg, stage_fp32=stage_fp32)
         if plan is None:
             raise RuntimeError(why)
         out["gi_config"] = plan.stage_k.name
@@ -234,7 +234,7 @@ def _warp_pipeline_records(meta, x, w, g, gi_cfg: Optional[str], gw_cfg: Optiona
         del plan
         out["dx_tflops"] = tflops(gemm, out["dx_ms"])
     if do_gw:
-        plan, why = wa._plan_grad_weight(meta, g, x, gw_cfg, stage_fp32=stage_fp32, finish=finish)
+        plan, why = wa.plan_grad_weight(meta, g, x, gw_cfg, stage_fp32=stage_fp32, finish=finish)
         if plan is None:
             raise RuntimeError(why)
         out["gw_config"] = plan.stage_k.name
@@ -257,7 +257,7 @@ def _warp_pipeline_records(meta, x, w, g, gi_cfg: Optional[str], gw_cfg: Optiona
         out.update(gw_stage_ms=st, gw_stage_tflops=tflops(flops0, st), dw_reduce_ms=rd)
         if plan.finish_mode == "csr":
             itemsize = plan.stage_buf.element_size()
-            nnz_w = int(wa._weight_row_csr(meta)[1].numel()) * (n1 - n0) / meta.nout
+            nnz_w = int(wa.weight_row_csr(meta)[1].numel()) * (n1 - n0) / meta.nout
             rbytes = nnz_w * meta.cout * itemsize + meta.q * meta.cout * 4
             out.update(dw_reduce_gbps=gbps(rbytes, rd), dw_reduce_hbm_frac=gbps(rbytes, rd) / (roof.hbm_tbps * 1e3))
         dcfg = _dense_config_for("gw", plan.stage_k.spec)
@@ -272,7 +272,7 @@ def _warp_pipeline_records(meta, x, w, g, gi_cfg: Optional[str], gw_cfg: Optiona
 def _dense_nm_config(tm: int, tn: int, tk: int) -> Optional[str]:
     """A registered forward config with these tiles (its dense ceiling is the fused kernel's); the
     experimental table holds the tiles only a fused adjoint uses (16x16 dx, 16/32-deep dW chunks)."""
-    from .. import warp_forward as F
+    from fovi_lab.kernels import forward as F
     for name in F.uncached_config_names(experimental=True):
         c = F.config_spec(name)
         if c.family == "nm" and (c.tile_m, c.tile_n, c.tile_k, c.r) == (tm, tn, tk, 1):
@@ -305,7 +305,7 @@ def _dx_plan_steps(meta, px) -> Tuple[int, int]:
 
 def _dw_plan_steps(meta, pw, b: int) -> Tuple[int, int]:
     """(CTAs per output tile, total tile GEMMs) of a fused dW launch."""
-    from ..meta import pad_to
+    from fovi_lab.graph.meta import pad_to
     n_bc = -(-pad_to(b, 8) // pw.k.tiles[2])
     ctas = pw.dims[0] if pw.seg_steps else pw.dims[0] * pw.dims[1]
     return ctas, meta.nnz * n_bc
@@ -315,7 +315,7 @@ def _fused_records(meta, x, w, g, device, tm, dense: "_DenseCache", ref) -> dict
     """Kernels alone of the fused node-major adjoints (the default plans): ms, useful TFLOP/s, and the
     fraction of Warp's dense ceiling for the same tiles and grid (:func:`fused_ceiling`). dx's time
     includes its segment finish when it has one; dW's finish is timed apart (``dw_finish_ms``)."""
-    from .. import warp_adjoint_nm as nm
+    from fovi_lab.kernels import adjoint as nm
     b = x.shape[0]
     useful = 2.0 * b * meta.cout * meta.cin * meta.nnz               # non-pad (n, k) pairs only
     out: dict = {}
@@ -350,8 +350,8 @@ def _fused_records(meta, x, w, g, device, tm, dense: "_DenseCache", ref) -> dict
 def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: dict, args, roof: Roofline,
               dense: _DenseCache) -> List[dict]:
     """Measure every implementation on one (layer, B); returns the records (failures carry a note)."""
-    from .. import warp_adjoint as wa
-    from ..reference import BinnedTorchOps, CompactTorchOps
+    from fovi_lab.kernels import adjoint as wa
+    from fovi_lab.ops.reference import BinnedTorchOps, CompactTorchOps
 
     gen = torch.Generator(device="cpu").manual_seed(b * 7919 + meta.nout)
     x = torch.randn(b, meta.cin, meta.nin, generator=gen).to(device, torch.float16)
@@ -401,7 +401,7 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
 
     def graphed(impl, fn, **kw):
         """``fn`` replayed from a CUDA graph (no per-call host work): record ``<impl>_graphed``."""
-        from ..graphs import capture
+        from fovi_lab.ops.graphs import capture
         try:
             cap = capture(fn)
             out = cap.replay()
@@ -499,11 +499,11 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
 
     def warp_staged():
         info = _warp_pipeline_records(meta, x, w, g, None, None, None, None, device, tm, dense, roof, ref)
-        from .. import warp_adjoint as wa_
+        from fovi_lab.kernels import adjoint as wa_
         if mode == "backward":
             fn = lambda: (wa_.grad_input(meta, g, w), wa_.grad_weight(meta, g, x))  # noqa: E731
         else:
-            from .. import warp_forward as F
+            from fovi_lab.kernels import forward as F
 
             def fn():
                 new_version(w)
@@ -518,11 +518,11 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
 
     # ---- Warp, the warp_train backend as a user gets it (path per layer: knn_warp.grad_path), and the
     #      fused path forced where the rule picks the staged one (the evidence for the rule)
-    from ..knn_warp import grad_path
+    from fovi_lab.knn_warp import grad_path
     warp_impl = "warp" if mode == "backward" else "warp_train"
 
     def warp_backend(impl, force=None):
-        from ..knn_warp import WarpTrainOps
+        from fovi_lab.knn_warp import WarpTrainOps
         old = os.environ.get("FOVI_KNN_GRAD_PATH")
         if force:
             os.environ["FOVI_KNN_GRAD_PATH"] = force
@@ -571,8 +571,8 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
 
     # ---- sweep of the fused kernels alone: every dxn config, every dwn config x list split
     if getattr(args, "sweep_fused", False):
-        from .. import warp_adjoint_nm as nm
-        from ..meta import pad_to
+        from fovi_lab.kernels import adjoint as nm
+        from fovi_lab.graph.meta import pad_to
         useful = 2.0 * b * meta.cout * meta.cin * meta.nnz
 
         def one_fused(kind, name, nsplit=None, seg_steps=None, target=None):
@@ -633,14 +633,14 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
             rec(impl, ms, config=kw.get("gi") or kw.get("gw"), **info,
                 **{"tflops": tflops(gemm, ms) if ms else None, "roofline_frac": None})
 
-        for base in _sweep_names(wa._GRAD_INPUT_CONFIG_SPECS, args.gi_configs):
+        for base in _sweep_names(wa.GRAD_INPUT_CONFIG_SPECS, args.gi_configs):
             for fp32 in (False, True):
                 name = base + ("_f32" if fp32 else "")
                 guarded("warp_gi", lambda name=name: one("warp_gi", "dx", gi=name), config=name)
-        for base in _sweep_names(wa._GRAD_WEIGHT_CONFIG_SPECS, args.gw_configs):
+        for base in _sweep_names(wa.GRAD_WEIGHT_CONFIG_SPECS, args.gw_configs):
             for fp32 in (False, True):
                 name = base + ("_f32" if fp32 else "")
-                default_gw = wa._select_gw_config(meta.cout, meta.cin, b, meta.nout, meta.p64)
+                default_gw = wa.select_gw_config(meta.cout, meta.cin, b, meta.nout, meta.p64)
                 finishes = ("csr", "index_add") if base == default_gw else ("csr",)
                 for fin in finishes:
                     guarded("warp_gw", lambda name=name, fin=fin: one("warp_gw", "dw", gw=name, finish=fin),
@@ -659,14 +659,14 @@ def _warm_job(job) -> Tuple[str, bool, float, str]:
     t0 = time.perf_counter()
     try:
         if job[0] == "nm":
-            from ..warp_adjoint_nm import warm_nm_grad_kernel
+            from fovi_lab.kernels.adjoint import warm_nm_grad_kernel
             ok, why, _ = warm_nm_grad_kernel(job[1], job[2], job[3])
             return f"{job[1]}:{job[2]}", ok, time.perf_counter() - t0, why
         if job[0] == "grad":
-            from ..warp_adjoint import warm_grad_kernel
+            from fovi_lab.kernels.adjoint import warm_grad_kernel
             ok, why, _ = warm_grad_kernel(job[1], job[2], job[3])
             return f"{job[1]}:{job[2]}", ok, time.perf_counter() - t0, why
-        from ..warmup import _compile_one
+        from fovi_lab.kernels.warmup import _compile_one
         name, dense, _dt, status = _compile_one((job[1], job[2], job[3], None, None))
         return f"fwd:{name}{' (dense)' if dense else ''}", status == "ok", time.perf_counter() - t0, status
     except Exception as exc:  # noqa: BLE001
@@ -688,28 +688,28 @@ def precompile(jobs: list, processes: int) -> None:
 
 
 def _jobs_for(metas: dict, batches: List[int], mode: str, args, device: str) -> list:
-    from .. import warp_adjoint as wa
+    from fovi_lab.kernels import adjoint as wa
     jobs = []
     names = set()
     for meta in metas.values():
         for b in batches:
-            suffix = "_f32" if wa._stage_fp32_default() else ""
-            names.add(("gi", wa._select_gi_config(b, meta.nout, device, meta.cin, meta.p64, meta.cout) + suffix))
-            names.add(("gw", wa._select_gw_config(meta.cout, meta.cin, b, meta.nout, meta.p64)
-                       + ("_f32" if wa._stage_fp32_default() else "")))
+            suffix = "_f32" if wa.stage_fp32_default() else ""
+            names.add(("gi", wa.select_gi_config(b, meta.nout, device, meta.cin, meta.p64, meta.cout) + suffix))
+            names.add(("gw", wa.select_gw_config(meta.cout, meta.cin, b, meta.nout, meta.p64)
+                       + ("_f32" if wa.stage_fp32_default() else "")))
     if args.sweep:
-        for base in _sweep_names(wa._GRAD_INPUT_CONFIG_SPECS, args.gi_configs):
+        for base in _sweep_names(wa.GRAD_INPUT_CONFIG_SPECS, args.gi_configs):
             names |= {("gi", base), ("gi", base + "_f32")}
-        for base in _sweep_names(wa._GRAD_WEIGHT_CONFIG_SPECS, args.gw_configs):
+        for base in _sweep_names(wa.GRAD_WEIGHT_CONFIG_SPECS, args.gw_configs):
             names |= {("gw", base), ("gw", base + "_f32")}
     for kind, name in sorted(names):
         jobs.append(("grad", kind, name, device))
-        spec = wa._spec_of(kind, name)
+        spec = wa.spec_of(kind, name)
         dcfg = _dense_config_for(kind, spec)
         if dcfg:
             jobs.append(("fwd", dcfg, True, device))
-    jobs += [("grad", "csr", n, device) for n in wa._CSR_KERNEL_SPECS]
-    from .. import warp_adjoint_nm as nm
+    jobs += [("grad", "csr", n, device) for n in wa.CSR_KERNEL_SPECS]
+    from fovi_lab.kernels import adjoint as nm
     for meta in metas.values():
         cfgs = [(k, nm.select_dx_nm_config(b, meta.cin, meta.nin, segments=sg)) for b in batches
                 for k in ("dxn", "dxs") for sg in (False, True)]
@@ -724,12 +724,12 @@ def _jobs_for(metas: dict, batches: List[int], mode: str, args, device: str) -> 
                 jobs.append(("fwd", dcfg, True, device))
     if mode == "train-step":
         try:
-            from .. import warp_forward as F
+            from fovi_lab.kernels import forward as F
             for meta in metas.values():
-                nm_ok = F._analyse_tables(meta.input_linear, meta.weight_linear, meta.cin, meta.nin,
+                nm_ok = F.analyse_tables(meta.input_linear, meta.weight_linear, meta.cin, meta.nin,
                                           meta.q).nm is not None
                 for b in batches:
-                    jobs.append(("fwd", F._select_uncached_batch_config(b, meta.cout, meta.nout, meta.p64,
+                    jobs.append(("fwd", F.select_config(b, meta.cout, meta.nout, meta.p64,
                                                                          in_channels=meta.cin, node_major=nm_ok,
                                                                          q=meta.q),
                                  False, device))
@@ -741,7 +741,7 @@ def _jobs_for(metas: dict, batches: List[int], mode: str, args, device: str) -> 
 # ------------------------------------------------------------------------------------------- main
 
 def main(argv=None) -> int:
-    from ..layers import LAYERS, SYNTHETIC, layer_meta, synthetic_meta
+    from fovi_lab.graph.layers import LAYERS, SYNTHETIC, layer_meta, synthetic_meta
 
     ap = argparse.ArgumentParser(prog="python -m fovi_lab.bench.backward", description=__doc__.split("\n\n")[0])
     ap.add_argument("mode", nargs="?", default="backward", choices=["backward", "train-step"])
@@ -791,7 +791,7 @@ def main(argv=None) -> int:
                            else layer_meta(name, args.rf, device=device))
         except Exception as exc:  # noqa: BLE001
             print(f"# layer {name}: meta failed ({type(exc).__name__}: {exc}); skipped", flush=True)
-    from ..warp_common import warp_device
+    from fovi_lab.kernels.common import warp_device
     if device.type == "cuda" and not args.no_precompile:
         wdev = warp_device(torch.empty(0, device=device))
         precompile(_jobs_for(metas, args.batches, args.mode, args, wdev), args.jobs)

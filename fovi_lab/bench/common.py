@@ -58,6 +58,23 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def call_ms(fn: Callable[[], object], device) -> float:
+    """Milliseconds of one ``fn()`` call: CUDA events around it on a GPU (the stream's time, not the
+    host's), the wall clock on a CPU. The one timer every benchmark and lab measurement uses."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
 def time_fn(fn: Callable[[], object], device, warmup: int = 3, reps: int = 20,
             target_ms: float = 300.0) -> Timing:
     """Median wall time of ``fn()`` in ms on ``device`` (see module docstring)."""
@@ -69,18 +86,7 @@ def time_fn(fn: Callable[[], object], device, warmup: int = 3, reps: int = 20,
     n = max(1, reps)
     i = 0
     while i < n:
-        if device.type == "cuda":
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
+        times.append(call_ms(fn, device))
         if i == 0 and times[0] * n > target_ms:
             n = max(3, min(n, int(target_ms / max(times[0], 1e-6))))
         i += 1

@@ -7,7 +7,7 @@ stamps a label into every record.
 
 Per (layer, B), all in one process and on identical inputs:
 
-* ``warp_uncached``: :func:`fovi_lab.warp_forward.run_uncached` with the heuristic's config (every
+* ``warp_uncached``: :func:`fovi_lab.kernels.forward.api.run_uncached` with the heuristic's config (every
   uncached config with ``--all-configs``), timed as the whole op (operand layout, launch, output
   permute: what a caller pays) and as the kernel alone (``ms_kernel``, operands prepared once).
   Every config's output is checked against the fp32 reference (``err``). ``--store-compare`` also
@@ -19,8 +19,8 @@ Per (layer, B), all in one process and on identical inputs:
   ``torch_tgather_bmm`` (gather rows of x^T, so each gathered row is a contiguous batch run, then bmm),
   ``torch_cached_bmm`` (effective-weight cache, gather + bmm), ``torch_compile`` (torch.compile of
   the transposed-gather version; skipped with a note if compile fails or its time budget is spent),
-  ``torch_compact`` (:class:`fovi_lab.reference.CompactTorchOps`), ``torch_binned_mm``
-  (:func:`fovi_lab.reference.binned_forward`: bin the gathered inputs into the Q taps, then one
+  ``torch_compact`` (:class:`fovi_lab.ops.reference.CompactTorchOps`), ``torch_binned_mm``
+  (:func:`fovi_lab.ops.reference.binned_forward`: bin the gathered inputs into the Q taps, then one
   shared-weight cuBLAS matmul per image; the strongest form for the stems at small batch).
   The strongest baseline of a shape is the fastest of these.
 
@@ -41,7 +41,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from .common import (Progress, Roofline, append_jsonl, compact_bytes, compact_flops, default_record_path,
+from fovi_lab.bench.common import (Progress, Roofline, append_jsonl, compact_bytes, compact_flops, default_record_path,
                      env_info, gbps, tflops, time_fn)
 
 __all__ = ["main", "torch_baselines", "run_shape"]
@@ -52,7 +52,7 @@ __all__ = ["main", "torch_baselines", "run_shape"]
 
 def _frame(layer: str, rf):
     """The reference frame a record of ``layer`` was measured on (None for synthetic shapes)."""
-    from ..layers import resolve_layer
+    from fovi_lab.graph.layers import resolve_layer
     try:
         return resolve_layer(layer, rf)[1]
     except KeyError:
@@ -75,7 +75,7 @@ def _finish(y_nbo: torch.Tensor, bias) -> torch.Tensor:
 
 def torch_baselines(meta, weight: torch.Tensor, weff: Optional[torch.Tensor]) -> Dict[str, Callable]:
     """name -> fn(x, bias) for the PyTorch baselines of one layer (weights fixed, x varies)."""
-    from ..reference import CompactTorchOps, binned_forward
+    from fovi_lab.ops.reference import CompactTorchOps, binned_forward
     il = meta.input_linear_flat
     wl = meta.weight_linear_flat
     nout, p64, cout = meta.nout, meta.p64, meta.cout
@@ -164,8 +164,8 @@ class _Compiled:
 def run_shape(layer: str, meta, b: int, configs: List[str], chosen: str, device: torch.device,
               env: dict, args, compiled: Optional[_Compiled], roof: Roofline, dense_cache: dict) -> List[dict]:
     """Measure every implementation on one (layer, B); returns the records."""
-    from .. import warp_forward as F
-    from ..reference import CompactTorchOps, build_effective_weight
+    from fovi_lab.kernels import forward as F
+    from fovi_lab.ops.reference import CompactTorchOps, build_effective_weight
 
     g = torch.Generator(device="cpu").manual_seed(b * 7919 + meta.nout)
     x = torch.randn(b, meta.cin, meta.nin, generator=g).to(device, torch.float16)
@@ -200,7 +200,7 @@ def run_shape(layer: str, meta, b: int, configs: List[str], chosen: str, device:
 
     def graphed(impl, fn, **kw):
         """The same op replayed from a CUDA graph (no per-call host work): ``<impl>_graphed``."""
-        from ..graphs import capture
+        from fovi_lab.ops.graphs import capture
         try:
             cap = capture(fn)
             y = cap.replay()
@@ -244,7 +244,7 @@ def run_shape(layer: str, meta, b: int, configs: List[str], chosen: str, device:
     plans = {}
     for name in configs:
         try:
-            plan = F._prepare_uncached(x, w, bias, meta.input_linear, meta.weight_linear, config=name)
+            plan = F.prepare_uncached(x, w, bias, meta.input_linear, meta.weight_linear, config=name)
         except (RuntimeError, ValueError) as exc:
             rec("warp_uncached", None, config=name, chosen=name == chosen, note=str(exc)[:300])
             continue
@@ -299,7 +299,7 @@ def run_shape(layer: str, meta, b: int, configs: List[str], chosen: str, device:
                 best = min(tg, key=tg.get)
                 wg[0].update(strongest_graphed=best + "_graphed", speedup_vs_strongest_graphed=tg[best] / wg[0]["ms"])
         if name == chosen and args.store_compare:
-            used = F._store_mode(None, 2 * b * meta.cout * meta.nout)
+            used = F.store_mode(None, 2 * b * meta.cout * meta.nout)
             alt = "staged" if used == "direct" else "direct"
             t_alt = tm(lambda: F.run_uncached(x, w, bias, meta.input_linear, meta.weight_linear, config=name,
                                               store=alt))
@@ -312,7 +312,7 @@ def run_shape(layer: str, meta, b: int, configs: List[str], chosen: str, device:
         try:
             y = F.run_cached(x, weff64, bias, meta.input_linear, cout=meta.cout)
             t = tm(lambda: F.run_cached(x, weff64, bias, meta.input_linear, cout=meta.cout))
-            rec("warp_cached", t.ms, config=F._select_cached_config(b), err=err_of(y), reps=t.reps)
+            rec("warp_cached", t.ms, config=F.select_cached_config(b), err=err_of(y), reps=t.reps)
         except (RuntimeError, ValueError) as exc:
             rec("warp_cached", None, note=str(exc)[:300])
         del weff64
@@ -344,7 +344,7 @@ def _print_shape(recs: List[dict], chosen: str) -> None:
 
 def _gemm4096(device, configs, env, args) -> List[dict]:
     """Warp's dense tile GEMM at 4096^3 per tile config, and cuBLAS (torch.matmul), for the ceiling."""
-    from .. import warp_forward as F
+    from fovi_lab.kernels import forward as F
     recs = []
     n = 4096
     a = torch.randn(n, n, device=device, dtype=torch.float16)
@@ -372,8 +372,8 @@ def _gemm4096(device, configs, env, args) -> List[dict]:
 
 
 def main(argv=None) -> int:
-    from .. import warp_forward as F
-    from ..layers import LAYERS, layer_meta
+    from fovi_lab.kernels import forward as F
+    from fovi_lab.graph.layers import LAYERS, layer_meta
 
     ap = argparse.ArgumentParser(prog="python -m fovi_lab.bench.forward", description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", nargs="*", default=None, help=f"layer names (default: all of {list(LAYERS)})")
@@ -430,11 +430,11 @@ def main(argv=None) -> int:
             print(f"# time budget of {args.time_budget_s:.0f}s spent: stopping before {name}", flush=True)
             break
         meta = metas[name]
-        nm_ok = F._analyse_tables(meta.input_linear, meta.weight_linear, meta.cin, meta.nin, meta.q).nm is not None
+        nm_ok = F.analyse_tables(meta.input_linear, meta.weight_linear, meta.cin, meta.nin, meta.q).nm is not None
         for b in args.batches:
             if args.time_budget_s and time.perf_counter() - t_start > args.time_budget_s:
                 break
-            chosen = F._select_uncached_batch_config(b, meta.cout, meta.nout, meta.p64, in_channels=meta.cin,
+            chosen = F.select_config(b, meta.cout, meta.nout, meta.p64, in_channels=meta.cin,
                                                      node_major=nm_ok, q=meta.q)   # what run_uncached picks
             if args.all_configs:
                 configs = F.uncached_config_names(experimental=args.experimental)

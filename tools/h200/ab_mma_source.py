@@ -1,4 +1,4 @@
-"""A/B of two ``fovi_lab.warp_mma`` sources on one lease (session 10, run 61): the same mma configs on the same
+"""A/B of two ``fovi_lab.kernels.forward.mma`` sources on one lease (session 10, run 61): the same mma configs on the same
 layers and batches, each whole op replayed from a CUDA graph, the two sources interleaved round by round (so
 clock and lease drift hit both), medians per (layer, B, config, source).
 
@@ -6,7 +6,7 @@ clock and lease drift hit both), medians per (layer, B, config, source).
         --layers res18_layer1 --batches 16 128 --out ab.jsonl
 
 ``--old`` is another version of ``fovi_lab/warp_mma.py`` (e.g. ``git show db404c0:fovi_lab/warp_mma.py``), loaded
-as ``fovi_lab.warp_mma`` in place of the package's while its side is timed; the kernel, runner and canary caches
+as ``fovi_lab.kernels.forward.mma`` in place of the package's while its side is timed; the kernel, runner and canary caches
 are emptied at each switch so each side builds its own kernels."""
 
 from __future__ import annotations
@@ -34,19 +34,21 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
-    import fovi_lab.warp_mma as new_mod
-    from fovi_lab import warp_forward as F
+    import fovi_lab.kernels.forward.mma as new_mod
+    from fovi_lab.kernels import forward as F
+    from fovi_lab.kernels.forward import api as fwd_api
+    from fovi_lab.kernels.forward import build as fwd_build
     from fovi_lab.bench.common import env_info, time_fn
-    from fovi_lab.graphs import capture
-    from fovi_lab.layers import layer_meta
-    from fovi_lab.reference import oracle_forward
+    from fovi_lab.ops.graphs import capture
+    from fovi_lab.graph.layers import layer_meta
+    from fovi_lab.ops.reference import oracle_forward
 
-    spec = importlib.util.spec_from_file_location("fovi_lab.warp_mma", args.old)
+    spec = importlib.util.spec_from_file_location("fovi_lab.kernels.forward.mma", args.old)
     old_mod = importlib.util.module_from_spec(spec)
     sources = {"new": new_mod, "old": old_mod}
-    sys.modules["fovi_lab.warp_mma"] = old_mod
+    sys.modules["fovi_lab.kernels.forward.mma"] = old_mod
     spec.loader.exec_module(old_mod)
-    sys.modules["fovi_lab.warp_mma"] = new_mod
+    sys.modules["fovi_lab.kernels.forward.mma"] = new_mod
     old_make = old_mod.make_mma_kernel
 
     def make_old(*a, k_steps=1, **kw):        # the session-9 source has one k-step per iteration only
@@ -56,11 +58,11 @@ def main() -> None:
     old_mod.make_mma_kernel = make_old
 
     def use(side):
-        sys.modules["fovi_lab.warp_mma"] = sources[side]
-        F._KERNELS.clear()
-        F._CALLS.clear()
-        F._VALIDATED._store.clear()
-        F._VALIDATED._why.clear()
+        sys.modules["fovi_lab.kernels.forward.mma"] = sources[side]
+        fwd_build._KERNELS.clear()
+        fwd_api._CALLS.clear()
+        F.VALIDATED._store.clear()
+        F.VALIDATED._why.clear()
 
     env = env_info("cuda")
     date = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())

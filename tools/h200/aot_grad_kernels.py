@@ -8,8 +8,9 @@ import os
 import sys
 import time
 
-from fovi_lab import warp_adjoint as wa
-from fovi_lab.warp_common import init_warp, wp
+from fovi_lab.kernels import adjoint as wa
+from fovi_lab.kernels.adjoint import staged as adj_staged
+from fovi_lab.kernels.common import init_warp, wp
 
 
 def main(argv):
@@ -19,10 +20,10 @@ def main(argv):
     else:
         names = [("gi", wa.DEFAULT_GI_CONFIG), ("gi", wa.DEFAULT_GI_CONFIG_SMALL_B), ("gi", "gi3_p64b64"),
                  ("gw", wa.DEFAULT_GW_CONFIG), ("gw", wa.DEFAULT_GW_CONFIG_NARROW)]
-        names += [("csr", n) for n in wa._CSR_KERNEL_SPECS]
+        names += [("csr", n) for n in wa.CSR_KERNEL_SPECS]
     for kind, name in names:
         t0 = time.perf_counter()
-        kernel, _spec, _fp32 = wa._build_kernel(kind, name)
+        kernel, _spec, _fp32 = adj_staged._build_kernel(kind, name)
         mod = kernel.module
         wp.compile_aot_module(mod, arch=90, module_dir=os.path.join(wp.config.kernel_cache_dir,
                                                                      mod.get_module_identifier()))

@@ -15,9 +15,12 @@ import time
 
 
 def _targets():
-    from fovi_lab import warp_adjoint as A
-    from fovi_lab import warp_adjoint_nm as N
-    from fovi_lab import warp_forward as F
+    from fovi_lab.kernels import adjoint as A
+    from fovi_lab.kernels.adjoint import staged as adj_staged
+    from fovi_lab.kernels import adjoint as N
+    from fovi_lab.kernels.adjoint import fused_build as adj_fused_build
+    from fovi_lab.kernels.adjoint import fused_plans as adj_fused_plans
+    from fovi_lab.kernels import forward as F
     out = []
     for name in F.uncached_config_names(experimental=True):
         out += [("fwd", name, False), ("fwd", name, True)]
@@ -29,29 +32,32 @@ def _targets():
 
 
 def _kernel(t):
-    from fovi_lab import warp_adjoint as A
-    from fovi_lab import warp_adjoint_nm as N
-    from fovi_lab import warp_forward as F
-    from fovi_lab import warp_common as C
+    from fovi_lab.kernels import adjoint as A
+    from fovi_lab.kernels.adjoint import staged as adj_staged
+    from fovi_lab.kernels import adjoint as N
+    from fovi_lab.kernels.adjoint import fused_build as adj_fused_build
+    from fovi_lab.kernels.adjoint import fused_plans as adj_fused_plans
+    from fovi_lab.kernels import forward as F
+    from fovi_lab.kernels import common as C
     what, name, dense = t
     if what == "fwd":
         cfg = F.config_spec(name)
         if dense and cfg.family == "cached":
             cfg = F.FwdConfig(cfg.name, "gather", cfg.tile_m, cfg.tile_n, cfg.tile_k, 1, cfg.block_dim)
-        return F._build_kernel(cfg, dense=dense)
+        return F.build_kernel(cfg, dense=dense)
     if what == "nm":
         kind, n = name.split(":")
-        return N._build(kind, n)
+        return adj_fused_build._build(kind, n)
     if what == "grad":
         kind, n = name.split(":")
-        return A._build_kernel(kind, n)[0]
+        return adj_staged._build_kernel(kind, n)[0]
     return {"gather_rows": C.gather_rows_kernel, "gather_rows_pair": C.gather_rows_pair_kernel,
-            "nms_reduce": F._nms_reduce_kernel, "dw_finish": N._dw_finish_kernel,
-            "seg_finish": N._seg_finish_kernel}[name]()
+            "nms_reduce": F.nms_reduce_kernel, "dw_finish": adj_fused_plans._dw_finish_kernel,
+            "seg_finish": N.seg_finish_kernel}[name]()
 
 
 def _have(k):
-    from fovi_lab.warp_common import wp
+    from fovi_lab.kernels.common import wp
     mid = k.module.get_module_identifier()
     return os.path.exists(os.path.join(wp.config.kernel_cache_dir, mid, mid + ".sm90.cubin")), mid
 
@@ -59,7 +65,7 @@ def _have(k):
 def _compile(t):
     t0 = time.perf_counter()
     try:
-        from fovi_lab.warp_common import init_warp, wp
+        from fovi_lab.kernels.common import init_warp, wp
         init_warp()
         k = _kernel(t)
         mid = k.module.get_module_identifier()
@@ -75,7 +81,7 @@ def main():
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--only", nargs="*", default=None, help="substring filters on the target names (any)")
     args = ap.parse_args()
-    from fovi_lab.warp_common import init_warp, wp
+    from fovi_lab.kernels.common import init_warp, wp
     init_warp()
     targets = [t for t in _targets() if not args.only or any(o in f"{t[0]}:{t[1]}" for o in args.only)]
     missing = []

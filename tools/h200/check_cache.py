@@ -1,8 +1,8 @@
 """Which forward modules have an sm_90 cubin in WARP_CACHE_PATH (no compiling)."""
 import os, sys
-from fovi_lab import warp_forward as F
-from fovi_lab.warmup import forward_jobs
-from fovi_lab.warp_common import init_warp, wp
+from fovi_lab.kernels import forward as F
+from fovi_lab.kernels.warmup import forward_jobs
+from fovi_lab.kernels.common import init_warp, wp
 init_warp()
 missing = []
 jobs = forward_jobs()
@@ -10,7 +10,7 @@ for name, dense in jobs:
     cfg = F.config_spec(name)
     if dense and cfg.family == "cached":
         cfg = F.FwdConfig(cfg.name, "gather", cfg.tile_m, cfg.tile_n, cfg.tile_k, 1, cfg.block_dim)
-    k = F._build_kernel(cfg, dense=dense)
+    k = F.build_kernel(cfg, dense=dense)
     mid = k.module.get_module_identifier()
     path = os.path.join(wp.config.kernel_cache_dir, mid, mid + ".sm90.cubin")
     if not os.path.exists(path):

@@ -19,9 +19,9 @@ import time
 
 import torch
 
-from fovi_lab import warp_forward as F
+from fovi_lab.kernels import forward as F
 from fovi_lab.knn_warp import WarpTrainOps
-from fovi_lab.layers import layer_meta
+from fovi_lab.graph.layers import layer_meta
 
 dev = torch.device("cuda")
 out = {}
@@ -57,13 +57,13 @@ for name, b in [("res18_layer1", 16), ("res18_layer1", 64), ("alex_L4", 16), ("a
     for label, fn in (("fwd", fwd), ("step", step)):
         rec[label] = dict(host_issue_ms=per_call_ms(fn), pipelined_ms=per_call_ms(fn, sync=True))
     il, wl = meta.input_linear, meta.weight_linear
-    plan = F._prepare_uncached(x, w, None, il, wl)
+    plan = F.prepare_uncached(x, w, None, il, wl)
     rec["fwd_parts"] = dict(
-        prepare_ms=per_call_ms(lambda: F._prepare_uncached(x, w, None, il, wl)),
+        prepare_ms=per_call_ms(lambda: F.prepare_uncached(x, w, None, il, wl)),
         launch_only_ms=per_call_ms(plan.launch),
         torch_empty_ms=per_call_ms(lambda: torch.empty(b, meta.cout, meta.nout, dtype=torch.float16, device=dev)),
         torch_permute_copy_ms=per_call_ms(lambda: x.permute(2, 1, 0).contiguous()),
-        config=F._resolve_uncached(x, w, None, il, wl)[0].config.name,
+        config=F.resolve_uncached(x, w, None, il, wl)[0].config.name,
     )
     try:
         s = torch.cuda.Stream()

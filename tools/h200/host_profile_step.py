@@ -14,7 +14,7 @@ import time
 import torch
 
 from fovi_lab.knn_warp import WarpTrainOps
-from fovi_lab.layers import layer_meta
+from fovi_lab.graph.layers import layer_meta
 
 layer, b = sys.argv[1], int(sys.argv[2])
 reps = int(sys.argv[3]) if len(sys.argv) > 3 else 100

@@ -16,8 +16,8 @@ import torch
 
 
 def main(targets) -> None:
-    from fovi_lab import warp_forward as F
-    from fovi_lab.layers import layer_meta
+    from fovi_lab.kernels import forward as F
+    from fovi_lab.graph.layers import layer_meta
     g = torch.Generator().manual_seed(3)
     plans = []
     for t in targets:
@@ -28,8 +28,8 @@ def main(targets) -> None:
         meta = layer_meta(layer, "rf2", device="cuda")
         if dense:
             cfg = F.config_spec(config)
-            kernel = F._build_kernel(cfg, dense=True)
-            plan = F._plan_dense(cfg, kernel, b, meta.cout, meta.nout, meta.p64, "cuda", seed=7)
+            kernel = F.build_kernel(cfg, dense=True)
+            plan = F.plan_dense(cfg, kernel, b, meta.cout, meta.nout, meta.p64, "cuda", seed=7)
             fn = plan.launch
         else:
             x = torch.randn(b, meta.cin, meta.nin, generator=g).half().cuda()

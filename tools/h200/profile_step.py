@@ -10,8 +10,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from fovi_lab.bench.backward import torch_forwards
 from fovi_lab.knn_warp import WarpTrainOps
-from fovi_lab.layers import layer_meta
-from fovi_lab.warp_common import init_warp
+from fovi_lab.graph.layers import layer_meta
+from fovi_lab.kernels.common import init_warp
 
 
 def main():

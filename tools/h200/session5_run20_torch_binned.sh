@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 5, run 20: every layer side by side with the new PyTorch baseline torch_binned_mm
-# (fovi_lab.reference.binned_forward). Part a (this script with arg "forward"): the forward benchmark at
+# (fovi_lab.ops.reference.binned_forward). Part a (this script with arg "forward"): the forward benchmark at
 # B = 16/64 with --graphs. Part b (arg "train"): the train step at B = 16/64/512 with --graphs.
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 5, run 24: the train step of every layer at B = 16/64/512 with --graphs, now with the registered
-# PyTorch backend torch_binned (fovi_lab.reference.BinnedTorchOps) timed beside torch_compact, so the auto
+# PyTorch backend torch_binned (fovi_lab.ops.reference.BinnedTorchOps) timed beside torch_compact, so the auto
 # rule can pick it; host probe first (the lease's host speed).
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1

@@ -1,0 +1,283 @@
+"""Index tables of the compact KNN convolution (spec §2.1, §3.1).
+
+A KNN-conv layer is fully described, for the kernels, by two integer tables of shape
+``[Nout, K]``:
+
+* ``idx[n, k]``: the input node read by neighbour ``k`` of output node ``n``; the value
+  ``nin`` is the pad token (the neighbour carries no data and gathers an exact zero);
+* ``rf_index[n, k]``: the reference-grid tap in ``[0, V)`` that neighbour falls into.
+
+From them :func:`build_meta` derives everything a backend needs, for ``p = c*K + k``
+(channel-major inside a node) and ``P = Cin*K`` padded to ``P64`` (next multiple of 64)::
+
+    input_linear [n, p] = c*Nin + idx[n, k]   if idx[n, k] < Nin   else  Cin*Nin   (pad column)
+    weight_linear[n, p] = c*V   + rf[n, k]                                          (always real)
+    (p >= P:  input_linear = Cin*Nin, weight_linear = 0)
+
+so that, with ``xpad = [x.reshape(B, Cin*Nin) | 0]``, one output node is one small GEMM::
+
+    y[b, o, n] = bias[o] + sum_p xpad[b, input_linear[n, p]] * W[o, weight_linear[n, p]]
+
+The reverse CSR (over *input nodes*, channels excluded) lists, for every input node ``m``,
+the packed ``j = k*Nout + n`` of every non-pad (k, n) that reads ``m``; it lets the
+grad-input reduction gather instead of scatter, so it is deterministic without atomics.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass, field, replace
+from typing import Dict
+
+import numpy as np
+import torch
+
+__all__ = ["TrainingMeta", "build_meta", "validate_meta", "pad_to", "synthetic_graph", "SYNTHETIC_SHAPES", "meta_aux"]
+
+
+_AUX_LOCK = threading.Lock()
+_AUX: Dict[int, tuple] = {}
+
+
+def meta_aux(meta: "TrainingMeta") -> dict:
+    """A dict cached alongside ``meta`` (keyed by identity, dropped when the meta is collected): where the
+    backends keep index tables they derive from a meta once (reverse lists, binned indices, descriptors)."""
+    key = id(meta)
+    with _AUX_LOCK:
+        ent = _AUX.get(key)
+        if ent is not None and ent[0]() is meta:
+            return ent[1]
+
+        def _drop(ref, key=key, lock=_AUX_LOCK, aux=_AUX):   # globals may be gone at interpreter exit
+            with lock:
+                cur = aux.get(key)
+                if cur is not None and cur[0] is ref:
+                    del aux[key]
+
+        d: dict = {}
+        _AUX[key] = (weakref.ref(meta, _drop), d)
+        return d
+
+
+def pad_to(n: int, multiple: int) -> int:
+    """Smallest multiple of ``multiple`` that is >= ``n`` (and >= ``multiple``)."""
+    return max(multiple, -(-int(n) // multiple) * multiple)
+
+
+@dataclass
+class TrainingMeta:
+    """Everything a compact backend needs about one layer's graph (spec §3.1).
+
+    Attributes:
+        cin, cout, nin, nout, k, v: layer sizes.
+        p, p64, q: ``Cin*K``, ``P`` padded to a multiple of 64, ``Cin*V``.
+        input_linear, weight_linear: ``[Nout, P64]`` int32, contiguous.
+        input_linear_flat, weight_linear_flat: ``[Nout*P64]`` int64 copies (index_select/index_add_).
+        rev_rowptr: ``[Nin+1]`` int32 reverse-CSR row pointers over input nodes.
+        rev_col: ``[nnz]`` int32 packed ``j = k*Nout + n``, grouped by input node, stable in j.
+        idx, rf_index: ``[Nout, K]`` int64 source tables (kept for oracles and drawings).
+        device: the torch device every tensor lives on.
+    """
+
+    cin: int
+    cout: int
+    nin: int
+    nout: int
+    k: int
+    v: int
+    p: int
+    p64: int
+    q: int
+    input_linear: torch.Tensor
+    weight_linear: torch.Tensor
+    input_linear_flat: torch.Tensor
+    weight_linear_flat: torch.Tensor
+    rev_rowptr: torch.Tensor
+    rev_col: torch.Tensor
+    idx: torch.Tensor
+    rf_index: torch.Tensor
+    device: torch.device
+    _per_device: Dict[str, "TrainingMeta"] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def pad_column(self) -> int:
+        """Flat index of the zero pad column of ``xpad`` (``Cin*Nin``)."""
+        return self.cin * self.nin
+
+    @property
+    def nnz(self) -> int:
+        return int(self.rev_col.numel())
+
+    def to(self, device) -> "TrainingMeta":
+        """This meta on ``device`` (cached: each device's copy is built once)."""
+        device = torch.device(device)
+        if device == self.device:
+            return self
+        key = str(device)
+        cached = self._per_device.get(key)
+        if cached is None:
+            tensors = {
+                name: getattr(self, name).to(device)
+                for name in ("input_linear", "weight_linear", "input_linear_flat",
+                             "weight_linear_flat", "rev_rowptr", "rev_col", "idx", "rf_index")
+            }
+            cached = replace(self, device=device, _per_device=self._per_device, **tensors)
+            if meta_aux(self).get("validated"):
+                meta_aux(cached)["validated"] = True      # a copy of checked tables
+            self._per_device[key] = cached
+        return cached
+
+
+def _as_int_table(name: str, t, nout_k=None) -> torch.Tensor:
+    t = torch.as_tensor(t)
+    if t.dtype.is_floating_point or t.dtype == torch.bool or t.is_complex():
+        raise TypeError(f"{name}: expected an integer tensor, got dtype {t.dtype}")
+    if t.dim() != 2:
+        raise ValueError(f"{name}: expected shape [Nout, K], got {tuple(t.shape)}")
+    if nout_k is not None and tuple(t.shape) != tuple(nout_k):
+        raise ValueError(f"{name}: expected shape {tuple(nout_k)} (same as idx), got {tuple(t.shape)}")
+    return t.to(torch.int64).cpu()
+
+
+def build_meta(idx, rf_index, *, cin: int, cout: int, v: int, nin: int, device=None) -> TrainingMeta:
+    """Build the compact-operator meta of one layer (spec §2.1, §3.1).
+
+    Args:
+        idx: ``[Nout, K]`` integer neighbour ids in ``[0, nin]``; ``nin`` is the pad token.
+        rf_index: ``[Nout, K]`` integer taps in ``[0, v)``.
+        cin, cout: channel counts. v: taps of the reference grid. nin: input node count.
+        device: where the tables live (default: CPU).
+
+    Returns:
+        A :class:`TrainingMeta` whose tables are int32 ``[Nout, P64]`` plus flat int64 copies and a
+        reverse CSR over input nodes.
+    """
+    for name, val in (("cin", cin), ("cout", cout), ("v", v), ("nin", nin)):
+        if not isinstance(val, (int, np.integer)) or int(val) < 1:
+            raise ValueError(f"{name}: expected a positive int, got {val!r}")
+    cin, cout, v, nin = int(cin), int(cout), int(v), int(nin)
+    idx = _as_int_table("idx", idx)
+    rf = _as_int_table("rf_index", rf_index, idx.shape)
+    nout, k = idx.shape
+    if nout < 1 or k < 1:
+        raise ValueError(f"idx: expected a non-empty [Nout, K] table, got {tuple(idx.shape)}")
+    if idx.min() < 0 or idx.max() > nin:
+        raise ValueError(f"idx: entries must lie in [0, nin={nin}] (nin = pad token), "
+                         f"got range [{int(idx.min())}, {int(idx.max())}]")
+    if rf.min() < 0 or rf.max() >= v:
+        raise ValueError(f"rf_index: entries must lie in [0, v={v}), got range "
+                         f"[{int(rf.min())}, {int(rf.max())}]; is v too small for this graph?")
+    if cin * nin + 1 >= 2**31 or cin * v >= 2**31:
+        raise ValueError("cin*nin and cin*v must fit in int32")
+
+    p = cin * k
+    p64 = pad_to(p, 64)
+    q = cin * v
+    c = torch.arange(cin, dtype=torch.int64).view(1, cin, 1)
+    is_pad = (idx >= nin).unsqueeze(1)                                    # [Nout, 1, K]
+    il = torch.where(is_pad, torch.tensor(cin * nin), c * nin + idx.unsqueeze(1))  # [Nout, Cin, K]
+    wl = c * v + rf.unsqueeze(1)
+    input_linear = torch.full((nout, p64), cin * nin, dtype=torch.int64)
+    weight_linear = torch.zeros((nout, p64), dtype=torch.int64)
+    input_linear[:, :p] = il.reshape(nout, p)
+    weight_linear[:, :p] = wl.reshape(nout, p)
+
+    # Reverse CSR over input nodes: j = k*Nout + n, i.e. pad_token[K, Nout] flattened row-major.
+    flat = idx.t().reshape(-1)
+    keep = torch.nonzero(flat < nin).squeeze(1)
+    m = flat[keep]
+    order = torch.sort(m, stable=True).indices
+    rev_col = keep[order].to(torch.int32)
+    counts = torch.bincount(m, minlength=nin)
+    rev_rowptr = torch.zeros(nin + 1, dtype=torch.int64)
+    rev_rowptr[1:] = torch.cumsum(counts, 0)
+
+    meta = TrainingMeta(
+        cin=cin, cout=cout, nin=nin, nout=nout, k=k, v=v, p=p, p64=p64, q=q,
+        input_linear=input_linear.to(torch.int32).contiguous(),
+        weight_linear=weight_linear.to(torch.int32).contiguous(),
+        input_linear_flat=input_linear.reshape(-1).contiguous(),
+        weight_linear_flat=weight_linear.reshape(-1).contiguous(),
+        rev_rowptr=rev_rowptr.to(torch.int32), rev_col=rev_col,
+        idx=idx, rf_index=rf, device=torch.device("cpu"),
+    )
+    meta_aux(meta)["validated"] = True
+    return meta if device is None else meta.to(device)
+
+
+_TABLE_FIELDS = ("input_linear", "weight_linear", "input_linear_flat", "weight_linear_flat", "rev_rowptr",
+                 "rev_col")
+
+
+def validate_meta(meta) -> None:
+    """Refuse a meta whose tables are not the ones :func:`build_meta` makes from its ``idx`` / ``rf_index``.
+
+    Every kernel entry point calls this. A meta made by :func:`build_meta` (or a device copy of one) is
+    marked and passes at once; any other (built by hand, or a dataclass copy with a table swapped) is
+    checked once, completely: sizes, then ``idx`` / ``rf_index`` in range, then every derived table
+    (``input_linear``, ``weight_linear``, their flat copies, the reverse lists ``rev_rowptr`` / ``rev_col``)
+    equal to the one rebuilt from them. A meta that passes is marked. Tables edited in place after that are
+    not re-checked: treat a meta as read-only.
+
+    Raises:
+        TypeError: ``meta`` is not a :class:`TrainingMeta`.
+        ValueError: names the first table that disagrees, and how.
+    """
+    if not isinstance(meta, TrainingMeta):
+        raise TypeError(f"meta: expected a TrainingMeta (fovi_lab.graph.meta.build_meta), got {type(meta).__name__}")
+    aux = meta_aux(meta)
+    if aux.get("validated"):
+        return
+    for name in _TABLE_FIELDS + ("idx", "rf_index"):
+        t = getattr(meta, name)
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"meta.{name}: expected a tensor, got {type(t).__name__}")
+        if t.device != meta.device:
+            raise ValueError(f"meta.{name}: expected device {meta.device} (meta.device), got {t.device}")
+    try:
+        ref = build_meta(meta.idx, meta.rf_index, cin=meta.cin, cout=meta.cout, v=meta.v, nin=meta.nin)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"meta: its idx / rf_index do not make a valid layer: {exc}") from None
+    for name in ("nout", "k", "p", "p64", "q"):
+        if getattr(meta, name) != getattr(ref, name):
+            raise ValueError(f"meta.{name}: expected {getattr(ref, name)} for idx {tuple(meta.idx.shape)}, "
+                             f"cin={meta.cin}, v={meta.v}, got {getattr(meta, name)}")
+    for name in _TABLE_FIELDS:
+        got, want = getattr(meta, name), getattr(ref, name)
+        if got.dtype != want.dtype or tuple(got.shape) != tuple(want.shape):
+            raise ValueError(f"meta.{name}: expected {want.dtype} {tuple(want.shape)}, got {got.dtype} {tuple(got.shape)}")
+        if not got.is_contiguous():
+            raise ValueError(f"meta.{name}: expected a contiguous tensor")
+        diff = torch.nonzero(got.cpu() != want)
+        if diff.numel():
+            at = tuple(int(i) for i in diff[0])
+            n = diff.shape[0]
+            raise ValueError(f"meta.{name}: {n} {'entry differs' if n == 1 else 'entries differ'} from the table "
+                             f"built from idx and rf_index (first at {at[0] if len(at) == 1 else at}: {got.cpu()[at].item()}, "
+                             f"expected {want[at].item()}); build the meta with fovi_lab.graph.meta.build_meta")
+    aux["validated"] = True
+
+
+# (cin, cout, nin, nout, k, v, pads) from fovi's tests (spec §5): 19 p-tiles / Cout below one
+# tile / heavy padding.
+SYNTHETIC_SHAPES = {
+    "MAIN": (48, 96, 128, 40, 25, 100, 37),
+    "ODD": (17, 7, 300, 33, 11, 25, 13),
+    "PAD_HEAVY": (9, 33, 90, 45, 13, 30, 200),
+}
+
+
+def synthetic_graph(nin: int, nout: int, k: int, v: int, pads: int, seed: int = 0):
+    """Random ``(idx, rf_index)`` tables with ``pads`` entries set to the pad token ``nin``.
+
+    Fine for correctness (fovi's tests use it); it lacks the locality of real foveated graphs.
+    """
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, nin, (nout, k), generator=g)
+    rf = torch.randint(0, v, (nout, k), generator=g)
+    pads = min(int(pads), nout * k)
+    if pads:
+        where = torch.randperm(nout * k, generator=g)[:pads]
+        idx.view(-1)[where] = nin
+    return idx, rf

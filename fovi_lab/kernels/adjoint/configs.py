@@ -1,0 +1,220 @@
+"""The staged adjoints' configs and the rules that pick them.
+
+A config name encodes its tiles: ``gi2_p64b128`` is grad-input version 2 with a 64-wide p tile and a 128-wide
+batch tile; ``gw3_p64n128`` is grad-weight version 3 with a 64-wide p tile and a 128-wide output-channel tile.
+A ``_f32`` suffix on a kernel name selects an fp32 stage. ``FOVI_KNN_GI_CONFIG`` / ``FOVI_KNN_GW_CONFIG``
+override the defaults, ``FOVI_KNN_GRAD_STAGE_MIB`` bounds the stage (default 256 MiB, capped by
+``FOVI_KNN_STAGE_MIB``), ``FOVI_KNN_GRAD_STAGE_FP32=1`` stages in fp32.
+"""
+
+# No `from __future__ import annotations`: Warp resolves kernel annotations (closure dtypes) at decoration.
+
+import os
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from fovi_lab.ops.reference import stage_budget_bytes
+
+
+# Contraction tile of the gi GEMM (Cout) and of the gw GEMM (batch). 64 fp16 = one 128-byte row.
+_GI_TILE_O = 64
+_GW_TILE_B = 64
+
+#: grad-input stage configs. tile_p must divide 64 (P64 is a multiple of 64).
+GRAD_INPUT_CONFIG_SPECS: Dict[str, dict] = {
+    "gi2_p64b128": dict(version=2, tile_p=64, tile_b=128, tile_o=64, block_dim=256),
+    "gi2_p64b64": dict(version=2, tile_p=64, tile_b=64, tile_o=64, block_dim=128),
+    "gi2_p32b128": dict(version=2, tile_p=32, tile_b=128, tile_o=64, block_dim=128),
+    "gi2_p64b256": dict(version=2, tile_p=64, tile_b=256, tile_o=64, block_dim=256),
+    "gi2_p64b128o128": dict(version=2, tile_p=64, tile_b=128, tile_o=128, block_dim=256),
+    # register-prefetch (software-pipelined) variants
+    "gi2p_p64b128": dict(version="2p", tile_p=64, tile_b=128, tile_o=64, block_dim=256),
+    "gi2p_p64b64": dict(version="2p", tile_p=64, tile_b=64, tile_o=64, block_dim=128),
+    # 3-D (n, p_tile, b_tile) grid: enough CTAs for small-Nout layers
+    "gi3_p64b128": dict(version=3, tile_p=64, tile_b=128, tile_o=64, block_dim=256),
+    "gi3_p64b64": dict(version=3, tile_p=64, tile_b=64, tile_o=64, block_dim=128),
+    "gi3p_p64b128": dict(version="3p", tile_p=64, tile_b=128, tile_o=64, block_dim=256),
+    "gi3p_p64b64": dict(version="3p", tile_p=64, tile_b=64, tile_o=64, block_dim=128),
+    # staged-operand ("i", for the Cin = 3 stems): W's rows gathered once per call into
+    # weff [Nout*P64, Cout_pad] by a row copy, then plain tile loads (no scalar gather in the GEMM loop)
+    "gi2i_p64b64": dict(version="2i", tile_p=64, tile_b=64, tile_o=64, block_dim=128),
+    "gi3i_p64b128": dict(version="3i", tile_p=64, tile_b=128, tile_o=64, block_dim=256),
+    # ... with a 96-wide Cout chunk: Cout = 96 (alexnet's stem) in one chunk instead of 128 = 96 + 32 padding
+    "gi2i_p64b64o96": dict(version="2i", tile_p=64, tile_b=64, tile_o=96, block_dim=128),
+    "gi3i_p64b128o96": dict(version="3i", tile_p=64, tile_b=128, tile_o=96, block_dim=256),
+    # ... with a 16-wide batch tile: at B = 16 a 64-wide one is 3/4 zero padding
+    "gi2i_p64b16o96": dict(version="2i", tile_p=64, tile_b=16, tile_o=96, block_dim=128),
+}
+
+#: grad-weight stage configs (batch contraction tile ``tile_kb``, 64 unless given).
+GRAD_WEIGHT_CONFIG_SPECS: Dict[str, dict] = {
+    "gw2_p64n64": dict(version=2, tile_p=64, tile_n=64, block_dim=128),
+    "gw2_p64n128": dict(version=2, tile_p=64, tile_n=128, block_dim=256),
+    "gw3_p64n64": dict(version=3, tile_p=64, tile_n=64, block_dim=128),
+    "gw3_p64n128": dict(version=3, tile_p=64, tile_n=128, block_dim=256),
+    "gw4_p64n64": dict(version=4, tile_p=64, tile_n=64, block_dim=256),
+    "gw4_p64n128": dict(version=4, tile_p=64, tile_n=128, block_dim=256),
+    # register-prefetch (software-pipelined) variants of gw3
+    "gw3p_p64n128": dict(version="3p", tile_p=64, tile_n=128, block_dim=256),
+    "gw3p_p64n64": dict(version="3p", tile_p=64, tile_n=64, block_dim=128),
+    # staged-operand ("i", stems): each node chunk's x rows gathered into at [nc*P64, Bpad] by a row copy
+    "gw3i_p64n64": dict(version="3i", tile_p=64, tile_n=64, block_dim=128),
+    "gw3i_p64n128": dict(version="3i", tile_p=64, tile_n=128, block_dim=256),
+    "gw3i_p64n96": dict(version="3i", tile_p=64, tile_n=96, block_dim=128),   # Cout = 96 without padding
+    # ... contracting the batch 16 rows at a time (``tile_kb``; the others: 64): B = 16 without padding
+    "gw3i_p64n96k16": dict(version="3i", tile_p=64, tile_n=96, tile_kb=16, block_dim=128),
+}
+
+#: scalar reverse-index reductions (one thread per output element; block 256).
+CSR_KERNEL_SPECS: Dict[str, dict] = {
+    "dx_f16": dict(target="dx", fp32_stage=False, block_dim=256),
+    "dx_f32": dict(target="dx", fp32_stage=True, block_dim=256),
+    "dw_f16": dict(target="dw", fp32_stage=False, block_dim=256),
+    "dw_f32": dict(target="dw", fp32_stage=True, block_dim=256),
+}
+
+# B > 64: the 3-D (n, p_tile, b_tile) grid with an fp32 stage had the fastest whole grad_input op on
+# the H200 sweep (data/backward_sweep_h200.jsonl, 2026-11-29): alexnet L1 B=512 8.3 ms vs 11.6 ms for
+# the seed's gi2_p64b128 (fp16 stage), alexnet L0 3.8 vs 4.5, res18 layer1 0.97 vs 1.41. The fp32
+# stage skips one rounding and its stores are no slower; the budget halves the batch chunk instead.
+DEFAULT_GI_CONFIG = "gi3_p64b128_f32"
+DEFAULT_GI_CONFIG_SMALL_B = "gi2_p64b64"   # B <= 64: a 128-wide batch tile would be >= half padding
+DEFAULT_GW_CONFIG = "gw3_p64n128"          # the seed's default
+DEFAULT_GW_CONFIG_NARROW = "gw3_p64n64"    # Cout <= 64: a 128-wide o tile would be >= half padding
+
+_F32_SUFFIX = "_f32"
+_MODULE_OPTIONS = {"fast_math": True}
+
+
+def _env_flag(name: str, default: bool = False) -> bool:
+    v = os.environ.get(name)
+    if v is None or v.strip() == "":
+        return default
+    return v.strip().lower() not in ("0", "false", "no", "off")
+
+
+def stage_fp32_default() -> bool:
+    """fp32 staging when ``FOVI_KNN_GRAD_STAGE_FP32=1`` (default fp16, like the seed)."""
+    return _env_flag("FOVI_KNN_GRAD_STAGE_FP32", False)
+
+
+def _split_name(name: str) -> Tuple[str, bool]:
+    """``'gi2_p64b128_f32'`` -> ``('gi2_p64b128', True)``."""
+    if name.endswith(_F32_SUFFIX):
+        return name[: -len(_F32_SUFFIX)], True
+    return name, False
+
+
+def all_grad_kernel_names():
+    """Every ``(kind, name)`` that :func:`get_grad_kernel` knows (for warm-up and sweeps)."""
+    out = []
+    for base in GRAD_INPUT_CONFIG_SPECS:
+        out += [("gi", base), ("gi", base + _F32_SUFFIX)]
+    for base in GRAD_WEIGHT_CONFIG_SPECS:
+        out += [("gw", base), ("gw", base + _F32_SUFFIX)]
+    out += [("csr", name) for name in CSR_KERNEL_SPECS]
+    return out
+
+
+_SM_COUNTS: Dict[str, int] = {}
+
+
+def _sm_count(device) -> Optional[int]:
+    """Multiprocessor count of a CUDA device (cached); None for the CPU."""
+    if device is None:
+        return None
+    dev = torch.device(device) if not isinstance(device, torch.device) else device
+    if dev.type != "cuda":
+        return None
+    key = str(dev)
+    if key not in _SM_COUNTS:
+        _SM_COUNTS[key] = int(torch.cuda.get_device_properties(dev).multi_processor_count)
+    return _SM_COUNTS[key]
+
+
+def _cout96(cout: Optional[int]) -> bool:
+    """Cout a multiple of 96 but not of 64 (alexnet's stem): the stems' 96-wide Cout tiles fit it exactly
+    where 64/128-wide ones pad 96 to 128 (a third more MMA work, stage and staged-W bytes)."""
+    return cout is not None and cout % 96 == 0 and cout % 64 != 0
+
+
+# Below this many input channels (the Cin = 3 stems) the staged-operand ("i") gi/gw kernels are the
+# defaults once the stage is big enough: a gathered operand tile there is scalar loads of 3-row
+# neighbour runs. Their GPU time is lower on every stem shape measured (H200 run 10, CUDA-graph replay:
+# alexnet L0 B=64 1.79 -> 1.32 ms, res18 stem 0.64 -> 0.52), but they add a row copy, a buffer and ~0.3 ms
+# of host work per eager step: session 4 set the threshold at 16M staged elements (B * Nout * P64) from
+# eager steps. Where the 96-wide Cout tiles apply (Cout = 96, alexnet's stem: the staged kernels also drop
+# the 96 -> 128 padding of the gathered ones), staging wins earlier: run 31 (session 6) measured alexnet
+# L0 at B = 16 (5.9M) faster staged in every measure (per call 0.99 against 1.46 ms, pipelined 0.86
+# against 1.34, replayed 0.83 against 1.31), hence 4M there; the res18 stem at B = 16 (3.0M) and the
+# DINOv3 patch embed (0.3M at B = 16, 1.3M at 64) stayed slower staged per call and pipelined.
+_STAGED_OPERAND_MAX_CIN = 16
+_STAGED_OPERAND_MIN_WORK = 16 << 20
+_STAGED_OPERAND_MIN_WORK_COUT96 = 4 << 20
+
+
+def _staged_operand(cin: Optional[int], batch: int, nout: Optional[int], p64: Optional[int],
+                    cout: Optional[int] = None) -> bool:
+    """Whether the stems' staged-operand adjoints are the default for this call (see above)."""
+    if cin is None or cin >= _STAGED_OPERAND_MAX_CIN or nout is None or p64 is None:
+        return False
+    return batch * nout * p64 >= (_STAGED_OPERAND_MIN_WORK_COUT96 if _cout96(cout) else _STAGED_OPERAND_MIN_WORK)
+
+
+def select_gi_config(batch: int, nout: Optional[int] = None, device=None, cin: Optional[int] = None,
+                      p64: Optional[int] = None, cout: Optional[int] = None) -> str:
+    """Default gi config. ``FOVI_KNN_GI_CONFIG`` overrides (still a default: unlaunchable -> fallback).
+
+    A 64-wide batch tile for B <= 64 (a 128-wide one would be >= half padding). gi2's ``(n, b_tile)``
+    grid when it has at least 4 CTAs per SM, else the 3-D gi3 grid (small-Nout layers). Stems
+    (``cin`` < 16) with at least ``_STAGED_OPERAND_MIN_WORK`` staged elements: the staged-operand
+    variants (gi2i at B <= 64, gi3i above).
+    """
+    env = os.environ.get("FOVI_KNN_GI_CONFIG")
+    if env:
+        return env
+    small = batch <= 64
+    if _staged_operand(cin, batch, nout, p64, cout):
+        # B > 64: gi2i with an fp32 stage (run 29, alexnet L0 B=512: the whole grad_input 1.93 ms against
+        # 2.20 for gi3i_..._f32, and 2.44 against 2.86 with 64-wide Cout tiles)
+        name = "gi2i_p64b64" if small else "gi2i_p64b64_f32"
+        if _cout96(cout):
+            return "gi2i_p64b16o96" if batch <= 16 else name.replace("b64", "b64o96")
+        return name
+    sms = _sm_count(device)
+    if sms is not None and nout is not None:
+        tile_b = 64 if small else 128
+        if nout * -(-batch // tile_b) < 4 * sms:
+            return "gi3_p64b64" if small else DEFAULT_GI_CONFIG
+    return DEFAULT_GI_CONFIG_SMALL_B if small else DEFAULT_GI_CONFIG
+
+
+def select_gw_config(cout: int, cin: Optional[int] = None, batch: Optional[int] = None,
+                      nout: Optional[int] = None, p64: Optional[int] = None) -> str:
+    """Default gw config (``FOVI_KNN_GW_CONFIG`` overrides): gw3, 64-wide o tile when Cout <= 64; the
+    staged-operand gw3i for stems with at least ``_STAGED_OPERAND_MIN_WORK`` staged elements."""
+    env = os.environ.get("FOVI_KNN_GW_CONFIG")
+    if env:
+        return env
+    name = DEFAULT_GW_CONFIG_NARROW if cout <= 64 else DEFAULT_GW_CONFIG
+    if batch is not None and _staged_operand(cin, batch, nout, p64, cout):
+        if _cout96(cout):
+            name = "gw3i_p64n96k16" if batch <= 16 else "gw3i_p64n96"
+        else:
+            name = name.replace("gw3_", "gw3i_")
+        if batch > 64:   # fp32 stage (run 29, alexnet L0 B=512: grad_weight 1.66 ms against 2.04 with fp16;
+            name += "_f32"   # a tie at B = 64, where the fp16 stage keeps the peak lower)
+    return name
+
+
+def grad_stage_budget_bytes() -> int:
+    """Stage budget of the Warp grads: ``min(FOVI_KNN_STAGE_MIB, FOVI_KNN_GRAD_STAGE_MIB)`` MiB.
+
+    ``FOVI_KNN_GRAD_STAGE_MIB`` defaults to 256: at B=512 the dA stage alone would otherwise be
+    ~0.5 GiB for alexnet L0/L1, and chunking the batch costs only launches (each chunk is still
+    ``Nout * Bchunk/tile_b`` full tiles). ``FOVI_KNN_STAGE_MIB`` (the torch reference's budget, default
+    512) stays a hard cap.
+    """
+    grad = int(float(os.environ.get("FOVI_KNN_GRAD_STAGE_MIB", "256")) * (1 << 20))
+    return min(stage_budget_bytes(), grad)

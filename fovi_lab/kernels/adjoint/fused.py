@@ -1,0 +1,275 @@
+"""The fused node-major adjoints: dx and dW with no stage, their configs and kernel factories.
+
+When the tables have the form :func:`fovi_lab.graph.meta.build_meta` builds (``input_linear[n, c*K+k] =
+c*Nin + idx[n, k]``, ``weight_linear[n, c*K+k] = c*V + rf[n, k]``), both reductions fold into the GEMM's K loop::
+
+    dx[b, c, m]   = sum over (n, k) with idx[n,k] = m of  sum_o g[b, o, n] * W[o, c*V + rf[n,k]]
+    dW[o, c*V+v]  = sum over (n, k) with rf[n,k] = v, idx[n,k] < Nin of  sum_b g[b, o, n] * x[b, c, idx[n,k]]
+
+* dx (``dxn_*``): one CTA per (input node m, batch tile, Cin tile) walks m's reverse list and accumulates
+  ``g_n^T @ W_v`` over Cout chunks, from node-major ``gn [Nout*Op, Bx]`` and tap-major ``wr [V*Op, Cin_p]``.
+* dW (``dwn_*``): one CTA per (tap v, split s, o tile, c tile) walks v's list of (n, m) pairs (pads left out)
+  and accumulates ``g_n @ x_m^T`` over batch chunks; a split's fp32 partials are summed in a fixed order.
+* balanced segments (``dxs`` / ``dws``): the lists cut into segments of at most ``L`` tile GEMMs
+  (:func:`segment_table`), one CTA per segment, the segment partials summed in order by a SIMT finish.
+
+No stage and no atomics: both gradients are bitwise deterministic.
+"""
+
+# No `from __future__ import annotations`: Warp resolves kernel annotations (closure dtypes) at decoration.
+
+import os
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from fovi_lab.kernels.common import built_once, init_warp, wp
+
+
+# dx: name -> (tile_m = batch rows, tile_n = Cin columns, tile_k = Cout chunk, block_dim)
+DX_NM_CONFIG_SPECS: Dict[str, Tuple[int, int, int, int]] = {
+    "dxn_m16n16k64": (16, 16, 64, 64),
+    "dxn_m64n16k64": (64, 16, 64, 64),
+    "dxn_m16n64k64": (16, 64, 64, 128),
+    "dxn_m32n64k64": (32, 64, 64, 128),
+    "dxn_m64n64k64": (64, 64, 64, 128),
+    "dxn_m64n128k64": (64, 128, 64, 256),
+}
+# dW: name -> (tile_o = Cout rows, tile_c = Cin columns, tile_kb = batch chunk, block_dim)
+DW_NM_CONFIG_SPECS: Dict[str, Tuple[int, int, int, int]] = {
+    "dwn_o64c16k64": (64, 16, 64, 64),
+    "dwn_o64c64k16": (64, 64, 16, 128),
+    "dwn_o64c64k32": (64, 64, 32, 128),
+    "dwn_o64c32k64": (64, 32, 64, 128),
+    "dwn_o64c64k64": (64, 64, 64, 128),
+    "dwn_o128c64k64": (128, 64, 64, 256),
+}
+
+
+def nm_grad_kernel_names():
+    """Every ``(kind, name)`` of this module (``kind`` in {dxn, dxs, dwn, dws}: whole lists and balanced
+    segments, same tiles): what warmup compiles."""
+    return ([(k, n) for k in ("dxn", "dxs") for n in DX_NM_CONFIG_SPECS]
+            + [(k, n) for k in ("dwn", "dws") for n in DW_NM_CONFIG_SPECS])
+
+
+# One wave of CTAs on the H200 (132 SMs): below it a 64x64 dx tile leaves SMs idle.
+WAVE_CTAS = 128
+
+
+def select_dx_nm_config(batch: int, cin: int, nin: Optional[int] = None, segments: bool = False) -> str:
+    """dx tiles, fit to the H200 sweeps (run 3: every layer at B = 64, 128, 512; run 25: B = 16, 64, 512
+    with and without segments). B <= 16: 16x16 tiles, 1.3-2.6x faster than 16x64 on every layer in
+    run 25 (alexnet L1 0.22 against 0.58 ms). Above: 64x64 was the fastest or within 5% everywhere with
+    Cin >= 64 *unless* its whole-list grid ``Nin * ceil(B/64) * ceil(Cin/64)`` is under one wave (res18
+    layer3/4 at B = 64: Nin = 16), where 16x16 tiles ran 1.4-1.7x faster; with ``segments`` the grid
+    is the segments' and 64x64 stays (res18 layer3 B=64: 0.056 against 16x16 whole lists' 0.085 ms).
+    Cin < 16 (stems): 16-wide Cin tiles (the staged path is faster there anyway, see
+    ``knn_warp.grad_path``)."""
+    if cin <= 16:
+        return "dxn_m16n16k64" if batch <= 16 else "dxn_m64n16k64"
+    if batch <= 16:
+        return "dxn_m16n16k64"
+    if batch <= 32:
+        return "dxn_m32n64k64"
+    if not segments and nin is not None and nin * -(-batch // 64) * -(-cin // 64) < WAVE_CTAS:
+        return "dxn_m16n16k64"
+    return "dxn_m64n64k64"
+
+
+def select_dw_nm_config(cout: int, cin: int, batch: Optional[int] = None) -> str:
+    """dW tiles from the same sweep: 64x64 (o x c) was the fastest or within 3% on every layer with
+    Cin >= 64 (Cin = 96 included: its 32-wide tile tied); 128-wide o tiles were 10-60% slower. The
+    contraction runs over the batch, so at B <= 16 (B <= 32) a 64-deep batch chunk is 3/4 (1/2) zero
+    padding: there the 16-deep (32-deep) chunk."""
+    if cin <= 16:
+        return "dwn_o64c16k64"
+    if batch is not None and batch <= 16:
+        return "dwn_o64c64k16"
+    if batch is not None and batch <= 32:
+        return "dwn_o64c64k32"
+    return "dwn_o64c64k64"
+
+
+def _budget_bytes() -> int:
+    """Budget of the dW partial sums (``FOVI_KNN_FUSED_PARTIAL_MIB``, default 64 MiB)."""
+    try:
+        return int(float(os.environ.get("FOVI_KNN_FUSED_PARTIAL_MIB", "64")) * (1 << 20))
+    except ValueError:
+        raise ValueError("FOVI_KNN_FUSED_PARTIAL_MIB: expected a number of MiB") from None
+
+def _decorator(name: str, block_dim: int, mathdx: Optional[bool]):
+    opts = {"enable_backward": False, "fast_math": True, "block_dim": int(block_dim)}
+    if mathdx is not None:
+        opts["enable_mathdx_gemm"] = bool(mathdx)
+    return wp.kernel(enable_backward=False, module="unique", name=name, module_options=opts)
+
+
+def make_dx_nm_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, mathdx: Optional[bool] = None):
+    """dx kernel. Args: ``gn [Nout*Op, Bx]`` f16, ``wr [V*Op, Cin_p]`` f16, ``rowptr [Nin+1]``,
+    ``rn``/``rv [nnz]`` int32 (output node and tap of each reverse entry), ``dx [Nin, B, Cin]`` f32
+    (any strides), ``n_ochunks = Op/tile_k``, ``op``. Grid ``(Nin, ceil(B/tile_m), ceil(Cin/tile_n))``."""
+    init_warp()
+    TM, TN, TK = int(tile_m), int(tile_n), int(tile_k)
+
+    @_decorator(f"fovi_dxn_m{TM}n{TN}k{TK}b{block_dim}", block_dim, mathdx)
+    def dxn(gn: wp.array2d(dtype=wp.float16), wr: wp.array2d(dtype=wp.float16),
+            rowptr: wp.array1d(dtype=wp.int32), rn: wp.array1d(dtype=wp.int32), rv: wp.array1d(dtype=wp.int32),
+            dx: wp.array3d(dtype=wp.float32), n_ochunks: int, op: int):
+        m, bt, ct = wp.tid()
+        b0 = bt * TM
+        c0 = ct * TN
+        acc = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+        for j in range(rowptr[m], rowptr[m + 1]):
+            grow = rn[j] * op
+            wrow = rv[j] * op
+            for oc in range(n_ochunks):
+                w = wp.tile_load(wr, shape=(TK, TN), offset=(wrow + oc * TK, c0), storage="shared")
+                a = wp.tile_load(gn, shape=(TK, TM), offset=(grow + oc * TK, b0), storage="shared")
+                wp.tile_matmul(wp.tile_transpose(a), w, acc)
+        wp.tile_store(dx[m], acc, offset=(b0, c0))
+
+    dxn._fovi_tiles = ("dxn", TM, TN, TK, int(block_dim))
+    return dxn
+
+
+def make_dw_nm_kernel(tile_o: int, tile_c: int, tile_kb: int, block_dim: int, mathdx: Optional[bool] = None):
+    """dW kernel. Args: ``gn [Nout*Op, Bx]`` f16, ``xn [Nin*Cp, Bx]`` f16, ``vrowptr [V+1]``,
+    ``vn``/``vm [nnz]`` int32 (output node and input node of each entry of tap v's list),
+    ``part [S, V, Op, Cp]`` f32, ``n_bchunks = ceil(Bx/tile_kb)``, ``op``, ``cp``, ``nsplit = S``,
+    ``n_ct = Cp/tile_c``. Grid ``(V, S, (Op/tile_o) * n_ct)``."""
+    init_warp()
+    TO, TC, TKB = int(tile_o), int(tile_c), int(tile_kb)
+
+    @_decorator(f"fovi_dwn_o{TO}c{TC}k{TKB}b{block_dim}", block_dim, mathdx)
+    def dwn(gn: wp.array2d(dtype=wp.float16), xn: wp.array2d(dtype=wp.float16),
+            vrowptr: wp.array1d(dtype=wp.int32), vn: wp.array1d(dtype=wp.int32), vm: wp.array1d(dtype=wp.int32),
+            part: wp.array4d(dtype=wp.float32), n_bchunks: int, op: int, cp: int, nsplit: int, n_ct: int):
+        v, s, t = wp.tid()
+        o0 = (t // n_ct) * TO
+        c0 = (t % n_ct) * TC
+        acc = wp.tile_zeros(shape=(TO, TC), dtype=wp.float32)
+        for j in range(vrowptr[v] + s, vrowptr[v + 1], nsplit):
+            grow = vn[j] * op + o0
+            xrow = vm[j] * cp + c0
+            for bc in range(n_bchunks):
+                a = wp.tile_load(gn, shape=(TO, TKB), offset=(grow, bc * TKB), storage="shared")
+                xx = wp.tile_load(xn, shape=(TC, TKB), offset=(xrow, bc * TKB), storage="shared")
+                wp.tile_matmul(a, wp.tile_transpose(xx), acc)
+        wp.tile_store(part[s, v], acc, offset=(o0, c0))
+
+    dwn._fovi_tiles = ("dwn", TO, TC, TKB, int(block_dim))
+    return dwn
+
+
+# Balanced segments. A fused CTA walks one list (dx: an input node's readers; dW: a tap's pairs), so the
+# longest list sets the kernel's critical path: res18 layer2_0's dx lists hold 1-4 entries (mean 2.1),
+# and its fused dx ran at ~half the dense ceiling of the same tiles on the H200 (run 24). The "segment"
+# kernels below flatten every list into steps (one step = one tile GEMM: an (entry, Cout chunk) for dx,
+# an (entry, batch chunk) for dW), cut each list into contiguous segments of at most ``L`` steps and run
+# one CTA per (segment, output tile). Each segment writes an fp32 partial; a SIMT finish sums a list's
+# segments in segment order (fixed: bitwise deterministic) straight into dx / dW's own layout. Lists
+# without entries get no segment and a zero from the finish.
+
+def make_dx_seg_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, mathdx: Optional[bool] = None):
+    """dx over balanced segments. Args: ``gn``, ``wr``, ``rn``, ``rv`` as :func:`make_dx_nm_kernel`;
+    ``bounds [nseg+1]`` int32 (segment s covers steps ``bounds[s]..bounds[s+1]`` of the flattened
+    reverse lists, step ``t`` = entry ``t // n_ochunks``, Cout chunk ``t % n_ochunks``), ``part
+    [nseg, B, Cin]`` f32. Grid ``(nseg, ceil(B/tile_m), ceil(Cin/tile_n))``."""
+    init_warp()
+    TM, TN, TK = int(tile_m), int(tile_n), int(tile_k)
+
+    @_decorator(f"fovi_dxs_m{TM}n{TN}k{TK}b{block_dim}", block_dim, mathdx)
+    def dxs(gn: wp.array2d(dtype=wp.float16), wr: wp.array2d(dtype=wp.float16),
+            bounds: wp.array1d(dtype=wp.int32), rn: wp.array1d(dtype=wp.int32), rv: wp.array1d(dtype=wp.int32),
+            part: wp.array3d(dtype=wp.float32), n_ochunks: int, op: int):
+        s, bt, ct = wp.tid()
+        b0 = bt * TM
+        c0 = ct * TN
+        acc = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+        for t in range(bounds[s], bounds[s + 1]):
+            j = t // n_ochunks
+            oc = t - j * n_ochunks
+            w = wp.tile_load(wr, shape=(TK, TN), offset=(rv[j] * op + oc * TK, c0), storage="shared")
+            a = wp.tile_load(gn, shape=(TK, TM), offset=(rn[j] * op + oc * TK, b0), storage="shared")
+            wp.tile_matmul(wp.tile_transpose(a), w, acc)
+        wp.tile_store(part[s], acc, offset=(b0, c0))
+
+    dxs._fovi_tiles = ("dxs", TM, TN, TK, int(block_dim))
+    return dxs
+
+
+def make_dw_seg_kernel(tile_o: int, tile_c: int, tile_kb: int, block_dim: int, mathdx: Optional[bool] = None):
+    """dW over balanced segments. Args: ``gn``, ``xn``, ``vn``, ``vm`` as :func:`make_dw_nm_kernel`;
+    ``bounds [nseg+1]`` int32 (segment s covers steps ``bounds[s]..bounds[s+1]`` of the flattened tap
+    lists, step ``t`` = entry ``t // n_bchunks``, batch chunk ``t % n_bchunks``), ``part [nseg, Op, Cp]``
+    f32, ``n_ct = Cp/tile_c``. Grid ``(nseg, (Op/tile_o) * n_ct)``."""
+    init_warp()
+    TO, TC, TKB = int(tile_o), int(tile_c), int(tile_kb)
+
+    @_decorator(f"fovi_dws_o{TO}c{TC}k{TKB}b{block_dim}", block_dim, mathdx)
+    def dws(gn: wp.array2d(dtype=wp.float16), xn: wp.array2d(dtype=wp.float16),
+            bounds: wp.array1d(dtype=wp.int32), vn: wp.array1d(dtype=wp.int32), vm: wp.array1d(dtype=wp.int32),
+            part: wp.array3d(dtype=wp.float32), n_bchunks: int, op: int, cp: int, n_ct: int):
+        s, t = wp.tid()
+        o0 = (t // n_ct) * TO
+        c0 = (t % n_ct) * TC
+        acc = wp.tile_zeros(shape=(TO, TC), dtype=wp.float32)
+        for st in range(bounds[s], bounds[s + 1]):
+            j = st // n_bchunks
+            bc = st - j * n_bchunks
+            a = wp.tile_load(gn, shape=(TO, TKB), offset=(vn[j] * op + o0, bc * TKB), storage="shared")
+            xx = wp.tile_load(xn, shape=(TC, TKB), offset=(vm[j] * cp + c0, bc * TKB), storage="shared")
+            wp.tile_matmul(a, wp.tile_transpose(xx), acc)
+        wp.tile_store(part[s], acc, offset=(o0, c0))
+
+    dws._fovi_tiles = ("dws", TO, TC, TKB, int(block_dim))
+    return dws
+
+
+@built_once
+def seg_finish_kernel():
+    """``out[i, j, g] = sum_{s in segptr[g]..segptr[g+1]} part[s, i, j]`` (fp32, segment order; 0 for a
+    list without segments): the finish of both segment kernels, dx (``[B, Cin, Nin]`` from
+    ``part [nseg, B, Cin]``, g = input node) and dW (``[Cout, Cin, V]`` from ``part [nseg, Op, Cp]``,
+    g = tap). One thread per output, g fastest: coalesced stores into the gradient's own layout."""
+    @wp.kernel(enable_backward=False, module="unique")
+    def fovi_seg_finish(segptr: wp.array1d(dtype=wp.int32), part: wp.array3d(dtype=wp.float32),
+                        out: wp.array3d(dtype=wp.float32)):
+        i, j, g = wp.tid()
+        acc = float(0.0)
+        for s in range(segptr[g], segptr[g + 1]):
+            acc += part[s, i, j]
+        out[i, j, g] = acc
+    return fovi_seg_finish
+
+
+def segment_table(rowptr: torch.Tensor, steps_per_entry: int, seg_steps: int):
+    """Cut CSR lists into balanced segments.
+
+    Args:
+        rowptr: ``[G+1]`` int CSR row pointer (G lists: input nodes for dx, taps for dW).
+        steps_per_entry: tile GEMMs per entry (Cout chunks for dx, batch chunks for dW).
+        seg_steps: ``L``, the most steps one segment (one CTA) takes.
+
+    Returns:
+        ``(bounds [nseg+1], segptr [G+1], longest)`` int32 on rowptr's device: segment s covers the
+        flattened steps ``bounds[s]..bounds[s+1]``; list g owns segments ``segptr[g]..segptr[g+1]``
+        (``ceil(len_g * steps_per_entry / L)`` of them, contiguous, in step order); ``longest`` is the
+        most steps any segment takes.
+    """
+    if seg_steps < 1 or steps_per_entry < 1:
+        raise ValueError(f"seg_steps: expected >= 1 (and steps_per_entry >= 1), got {seg_steps}, {steps_per_entry}")
+    rp = rowptr.to(torch.int64)
+    steps = (rp[1:] - rp[:-1]) * steps_per_entry                       # [G]
+    nseg_g = (steps + seg_steps - 1) // seg_steps                      # 0 for an empty list
+    segptr = torch.zeros(rp.numel(), dtype=torch.int64, device=rp.device)
+    segptr[1:] = torch.cumsum(nseg_g, 0)
+    nseg = int(segptr[-1])
+    g = torch.repeat_interleave(torch.arange(steps.numel(), device=rp.device), nseg_g)
+    lo = rp[:-1][g] * steps_per_entry + (torch.arange(nseg, device=rp.device) - segptr[:-1][g]) * seg_steps
+    bounds = torch.cat([lo, rp[-1:] * steps_per_entry])
+    if nseg and int(bounds[-1]) >= 2 ** 31:
+        raise ValueError("segment_table: more than 2^31 steps; split the batch")
+    longest = int((bounds[1:] - bounds[:-1]).max()) if nseg else 0
+    return bounds.to(torch.int32).contiguous(), segptr.to(torch.int32).contiguous(), longest

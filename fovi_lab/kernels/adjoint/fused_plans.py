@@ -1,0 +1,538 @@
+"""The fused adjoints' per-device validation, operand layouts, plans, default rules and entry points.
+
+:func:`get_nm_grad_kernel` builds a config once and validates it once per device: a NaN-prefilled canary
+runs the production plan on a small layer and compares it with the PyTorch op.
+
+:func:`grad_input_nm` / :func:`grad_weight_nm` return None when their kernel cannot run (the caller falls
+back to the staged adjoints).
+"""
+
+# No `from __future__ import annotations`: Warp resolves kernel annotations (closure dtypes) at decoration.
+
+import os
+from typing import Optional, Tuple
+
+import torch
+
+from fovi_lab.graph.meta import TrainingMeta, pad_to, validate_meta
+from fovi_lab.ops.reference import check_grad_args
+from fovi_lab.kernels.common import (built_once, check_tensor, fast_launch, init_warp, nan_canary, warp_ct,
+                                     warp_device, wp)
+from fovi_lab.kernels.forward.configs import mathdx_default
+from fovi_lab.kernels.forward.plans import DIRECT_STORE_MAX_BYTES
+from fovi_lab.kernels.adjoint.fused import (DX_NM_CONFIG_SPECS, WAVE_CTAS, _budget_bytes, seg_finish_kernel,
+                                            segment_table, select_dw_nm_config, select_dx_nm_config)
+from fovi_lab.kernels.adjoint.fused_build import NmGradKernel, _VALIDATED, _aux, _build, _spec, reverse_lists, tap_lists
+
+
+def _canary_problem(device: str, b: int, cout: int, cin: int):
+    from fovi_lab.graph.meta import build_meta
+    g = torch.Generator().manual_seed(4321)
+    nin, nout, k, v = 7, 3, 5, 6
+    idx = torch.randint(0, nin + 1, (nout, k), generator=g)
+    idx[0, 0] = nin                                                   # at least one pad neighbour
+    rf = torch.randint(0, v, (nout, k), generator=g)
+    meta = build_meta(idx, rf, cin=cin, cout=cout, v=v, nin=nin, device=device)
+    x = torch.randn(b, cin, nin, generator=g).to(device=device, dtype=torch.float16)
+    w = (0.5 * torch.randn(cout, cin * v, generator=g)).to(device=device, dtype=torch.float16)
+    gy = torch.randn(b, cout, nout, generator=g).to(device=device, dtype=torch.float16)
+    return meta, x, w, gy
+
+
+def _canary(kind: str, name: str, kernel, device: str) -> Tuple[bool, str]:
+    """One NaN-prefilled launch on a problem of exactly one tile per axis, checked against torch_compact."""
+    from fovi_lab.ops.reference import CompactTorchOps
+    t = _spec(kind, name)
+    k = NmGradKernel(kind, name, kernel, t)
+    if kind in ("dxn", "dxs"):
+        meta, x, w, gy = _canary_problem(device, b=t[0], cout=t[2], cin=t[1])
+        plan = (_GradInputNmPlan(meta, gy, w, k, device, store="staged") if kind == "dxn" else
+                _GradInputNmPlan(meta, gy, w, None, device, seg=k, seg_steps=1))
+        ref = CompactTorchOps.grad_input(meta, gy.float(), w.float())
+    else:
+        meta, x, w, gy = _canary_problem(device, b=t[2], cout=t[0], cin=t[1])
+        plan = (_GradWeightNmPlan(meta, gy, x, k, device, nsplit=2) if kind == "dwn" else
+                _GradWeightNmPlan(meta, gy, x, None, device, seg=k, seg_steps=1))
+        ref = CompactTorchOps.grad_weight(meta, gy.float(), x.float())
+    ok, why = nan_canary(plan.launch, plan.out)
+    if not ok:
+        return ok, why
+    got = plan.finish()
+    err = float((got.float() - ref).abs().max())
+    if not err <= 2e-2 * max(1.0, float(ref.abs().max())):
+        return False, f"launch ran but the canary result is wrong (max abs error {err:.3g})"
+    return True, "ok"
+
+
+def get_nm_grad_kernel(kind: str, name: str, device) -> Optional[NmGradKernel]:
+    """The built, canary-validated kernel of ``(kind, name)`` on ``device``; None when unlaunchable."""
+    dev = str(device)
+    tiles = _spec(kind, name)
+
+    def build():
+        try:
+            kernel = _build(kind, name)
+        except Exception as exc:
+            return None, f"build failed: {type(exc).__name__}: {exc}"
+        ok, why = _canary(kind, name, kernel, dev)
+        return (NmGradKernel(kind, name, kernel, tiles) if ok else None), why
+
+    return _VALIDATED.get((kind, name, mathdx_default()), dev, build)
+
+
+def warm_nm_grad_kernel(kind: str, name: str, device: str):
+    """Build, compile and canary one kernel (a top-level function for spawned warm-up processes)."""
+    import time
+    t0 = time.perf_counter()
+    init_warp()
+    k = get_nm_grad_kernel(kind, name, device)
+    return k is not None, (_VALIDATED.why((kind, name, mathdx_default()), device) or "ok"), time.perf_counter() - t0
+
+
+def node_major(t: torch.Tensor, rows_pad: int, bx: int) -> torch.Tensor:
+    """``[B, R, N]`` -> ``[N*rows_pad, Bx]`` fp16 with ``out[n*rows_pad + r, b] = t[b, r, n]``, zero padded."""
+    b, r, n = t.shape
+    if rows_pad == r and bx == b:
+        return t.permute(2, 1, 0).contiguous().view(n * r, b)
+    out = torch.empty(n, rows_pad, bx, dtype=torch.float16, device=t.device)
+    out[:, :r, :b].copy_(t.permute(2, 1, 0))
+    if rows_pad > r:                                   # pads are contracted: they must be exact zeros
+        out[:, r:, :].zero_()
+    if bx > b:
+        out[:, :r, b:].zero_()
+    return out.view(n * rows_pad, bx)
+
+
+def _weight_tap_major_t(weight: torch.Tensor, cin: int, op: int, cinp: int) -> torch.Tensor:
+    """``wr[v*Op + o, c] = W[o, c*V + v]`` ``[V*Op, Cin_p]`` fp16, zero padded."""
+    cout, q = weight.shape
+    v = q // cin
+    src = weight.view(cout, cin, v).permute(2, 0, 1)
+    if op == cout and cinp == cin:
+        return src.contiguous().view(v * op, cinp)
+    wr = torch.zeros(v, op, cinp, dtype=torch.float16, device=weight.device)
+    wr[:, :cout, :cin] = src
+    return wr.view(v * op, cinp)
+
+
+_ct = warp_ct
+_launch = fast_launch
+
+
+# dx outputs up to the forward's direct-store size (DIRECT_STORE_MAX_BYTES) are stored straight into dx
+# (strided); larger ones through a contiguous buffer and one transposing copy.
+
+
+class _GradInputNmPlan:
+    """Operands and launches of one fused dx call; ``launch()`` then ``finish()`` -> dx.
+
+    ``k`` (kind ``dxn``): one CTA per (input node, batch tile, Cin tile) walks the node's whole reverse
+    list and stores into dx. ``seg`` (kind ``dxs``) with ``seg_steps`` = L: one CTA per (segment of at most
+    L steps, batch tile, Cin tile) into fp32 partials ``out [nseg, B, Cin]``, then the SIMT finish sums
+    each node's segments into dx; both launches are in ``launch()``."""
+
+    def __init__(self, meta, grad_y, weight, k: Optional[NmGradKernel], device: str, store: Optional[str] = None,
+                 gn: Optional[torch.Tensor] = None, seg: Optional[NmGradKernel] = None,
+                 seg_steps: Optional[int] = None):
+        kk = seg if seg is not None else k
+        tm, tn, tk, bd = kk.tiles
+        b = grad_y.shape[0]
+        self.k, self.device, self.block_dim = kk, device, bd
+        self.op = op = pad_to(meta.cout, tk)
+        bx = pad_to(b, 8)
+        self.gn = gn if gn is not None else node_major(grad_y, op, bx)
+        self.wr = _weight_tap_major_t(weight, meta.cin, op, pad_to(meta.cin, 8))
+        rowptr, rn, rv = reverse_lists(meta)
+        n_oc = op // tk
+        self.seg_steps = None
+        if seg is not None:
+            self.seg_steps = int(seg_steps)
+            bounds, segptr, self.longest = _segments(meta, "dx", rowptr, n_oc, self.seg_steps,
+                                                     partial_bytes=4 * b * meta.cin)
+            nseg = bounds.numel() - 1
+            self.dx = torch.empty(b, meta.cin, meta.nin, dtype=torch.float32, device=grad_y.device)
+            self.out = torch.empty(max(1, nseg), b, meta.cin, dtype=torch.float32, device=grad_y.device)
+            self.direct = True
+            self._keep = (rowptr, rn, rv, bounds, segptr)
+            self.dims = (nseg, -(-b // tm), -(-meta.cin // tn))
+            self.inputs = [_ct(self.gn), _ct(self.wr), _ct(bounds), _ct(rn), _ct(rv), _ct(self.out), n_oc, op]
+            self.fin_dims = (b, meta.cin, meta.nin)
+            self.fin_inputs = [_ct(segptr), _ct(self.out), _ct(self.dx)]
+            return
+        self._keep = (rowptr, rn, rv)
+        nbytes = 4 * b * meta.cin * meta.nin
+        store = store or ("direct" if nbytes <= DIRECT_STORE_MAX_BYTES else "staged")
+        # (no closures over self here: a plan -> lambda -> plan cycle would keep every buffer of the call
+        # alive until the cyclic garbage collector runs)
+        self.direct = store == "direct"
+        if self.direct:
+            self.dx = torch.empty(b, meta.cin, meta.nin, dtype=torch.float32, device=grad_y.device)
+            self.out = self.dx.permute(2, 0, 1)
+        else:
+            self.out = torch.empty(meta.nin, b, meta.cin, dtype=torch.float32, device=grad_y.device)
+        self.dims = (meta.nin, -(-b // tm), -(-meta.cin // tn))
+        self.inputs = [_ct(self.gn), _ct(self.wr), _ct(rowptr), _ct(rn), _ct(rv),
+                       _ct(self.out), n_oc, op]
+
+    def launch(self) -> None:
+        if self.dims[0]:
+            _launch(self.k.kernel, self.dims, self.inputs, self.block_dim, self.device)
+        if self.seg_steps is not None:
+            _launch(seg_finish_kernel(), self.fin_dims, self.fin_inputs, 256, self.device, tiled=False)
+
+    def finish(self) -> torch.Tensor:
+        return self.dx if self.direct else self.out.permute(1, 2, 0).contiguous()
+
+    def run(self) -> torch.Tensor:
+        self.launch()
+        return self.finish()
+
+
+def _segments(meta: TrainingMeta, which: str, rowptr: torch.Tensor, steps_per_entry: int, seg_steps: int,
+              partial_bytes: int = 0):
+    """:func:`segment_table` of one meta's lists, cached with the meta. ``partial_bytes``: the fp32 partial
+    of one segment; a table whose partials would exceed 4x the partial budget
+    (``FOVI_KNN_FUSED_PARTIAL_MIB``, 64 MiB by default) is refused with a clear error (the default rules
+    never ask for one; an explicit short ``seg_steps`` on a big layer could)."""
+    aux = _aux(meta)
+    key = ("nm_seg", which, int(steps_per_entry), int(seg_steps))
+    got = aux.get(key)
+    if got is None:
+        got = aux[key] = segment_table(rowptr, steps_per_entry, seg_steps)
+    nseg = got[0].numel() - 1
+    if partial_bytes and nseg * partial_bytes > 4 * _budget_bytes():
+        raise ValueError(
+            f"seg_steps: {seg_steps} steps per segment cut this layer's {which} lists into {nseg} segments, "
+            f"{nseg * partial_bytes / 2**20:.0f} MiB of fp32 partials, over 4x the partial budget "
+            f"({_budget_bytes() / 2**20:.0f} MiB, FOVI_KNN_FUSED_PARTIAL_MIB); use longer segments or "
+            f"seg_steps=None for the rule")
+    return got
+
+
+def _default_nsplit(meta: TrainingMeta, n_tiles: int, maxlen: int, device: str, part_bytes: int,
+                    batch: int = 0) -> int:
+    """How many ways to split each tap's list (H200 sweep: splitting 8-16 ways was fastest on every layer
+    with few taps x tiles, e.g. res18 layer1 dW 0.29 -> 0.08 ms at B=64 from 1 to 16 ways, and never
+    more than 10% slower elsewhere), bounded by the partial-sum budget (one ``[V, Cout, Cin]`` fp32
+    partial per split) and by the longest list. Unsplit when the lists are short (under 4 entries per
+    tap on average: res18 layer3/3_0/4_0) at B <= 128, where splitting bought nothing in the sweep and
+    each split costs a dW-sized partial. 1 on the CPU."""
+    if not device.startswith("cuda"):
+        return 1
+    if meta.nnz < 4 * meta.v and batch <= 128:
+        return 1
+    want = 16 if meta.v * n_tiles < WAVE_CTAS else 8
+    cap = max(1, _budget_bytes() // max(1, part_bytes))
+    s = max(1, min(want, cap, max(1, maxlen)))
+    return 1 << (s.bit_length() - 1)                  # a power of two
+
+
+class _GradWeightNmPlan:
+    """Operands and launches of one fused dW call; ``launch()`` then ``finish()`` -> dW.
+
+    ``k`` (kind ``dwn``): one CTA per (tap, split s of ``nsplit``, tile) walks every ``nsplit``-th entry
+    of the tap's list into partials ``out [S, V, Op, Cp]``. ``seg`` (kind ``dws``) with ``seg_steps`` = L:
+    one CTA per (segment of at most L steps, tile) into ``out [nseg, Op, Cp]``; ``finish()`` sums each
+    tap's segments into dW with one SIMT launch."""
+
+    def __init__(self, meta, grad_y, x, k: Optional[NmGradKernel], device: str, nsplit: Optional[int] = None,
+                 gn: Optional[torch.Tensor] = None, xn: Optional[torch.Tensor] = None,
+                 seg: Optional[NmGradKernel] = None, seg_steps: Optional[int] = None):
+        kk = seg if seg is not None else k
+        to, tc, tkb, bd = kk.tiles
+        b = grad_y.shape[0]
+        self.meta, self.k, self.device, self.block_dim = meta, kk, device, bd
+        self.op = op = pad_to(meta.cout, to)
+        self.cp = cp = pad_to(meta.cin, tc)
+        bx = pad_to(b, 8)
+        self.gn = gn if gn is not None else node_major(grad_y, op, bx)
+        self.xn = xn if xn is not None else node_major(x, cp, bx)
+        vrowptr, vn, vm, maxlen = tap_lists(meta)
+        n_ct = cp // tc
+        n_tiles = (op // to) * n_ct
+        n_bc = -(-bx // tkb)
+        self.seg_steps = None
+        if seg is not None:
+            self.seg_steps = int(seg_steps)
+            bounds, segptr, self.longest = _segments(meta, "dw", vrowptr, n_bc, self.seg_steps,
+                                                     partial_bytes=4 * op * cp)
+            nseg = bounds.numel() - 1
+            self.nsplit = nseg                     # partials written (reported by the benchmark)
+            self._keep = (vrowptr, vn, vm, bounds, segptr)
+            self.out = torch.empty(max(1, nseg), op, cp, dtype=torch.float32, device=grad_y.device)
+            self.dims = (nseg, n_tiles)
+            self.inputs = [_ct(self.gn), _ct(self.xn), _ct(bounds), _ct(vn), _ct(vm), _ct(self.out),
+                           n_bc, op, cp, n_ct]
+            self._segptr = segptr
+            return
+        self._keep = (vrowptr, vn, vm)
+        self.nsplit = s = int(nsplit) if nsplit is not None else _default_nsplit(
+            meta, n_tiles, maxlen, device, 4 * meta.v * op * cp, batch=b)
+        # contiguous [S, V, Op, Cp] partials: coalesced tile stores. (Storing straight into dW's own
+        # [Cout, Cin, V] order through a strided view saves the finishing copy but made the stores
+        # V-strided: 2-4x slower dW on the wide resnet layers on the H200, run 5.)
+        self.out = torch.empty(s, meta.v, op, cp, dtype=torch.float32, device=grad_y.device)
+        self.dims = (meta.v, s, n_tiles)
+        self.inputs = [_ct(self.gn), _ct(self.xn), _ct(vrowptr), _ct(vn), _ct(vm), _ct(self.out),
+                       n_bc, op, cp, s, n_ct]
+
+    def launch(self) -> None:
+        if self.dims[0]:
+            _launch(self.k.kernel, self.dims, self.inputs, self.block_dim, self.device)
+
+    def finish(self) -> torch.Tensor:
+        """``dW[o, c*V + v]`` = the fixed-order sum of tap v's partials (fp32).
+
+        Segments: one SIMT launch (:func:`seg_finish_kernel`). Splits: dW of
+        ``_FINISH_TILED_MIN_BYTES`` or more (alexnet L1-L4, res18 layer3/4_0): one tiled launch straight
+        into dW's layout (:func:`_dw_finish_kernel`), no ``[V, Op, Cp]`` temporary. On the H200 (runs 13
+        and 17) that cut the alexnet steps' peak by 12-21 MiB at the same GPU time. Smaller dW: PyTorch's
+        sum and transposing copy. The tile kernel was 5-14 % slower there (res18 layer1/2/2_0 with 8-16
+        partials), and the temporary is only 0.6-4.7 MB."""
+        m = self.meta
+        if self.seg_steps is not None:
+            dw = torch.empty(m.cout, m.cin, m.v, dtype=torch.float32, device=self.out.device)
+            _launch(seg_finish_kernel(), (m.cout, m.cin, m.v), [_ct(self._segptr), _ct(self.out), _ct(dw)],
+                    256, self.device, tiled=False)
+            return dw.view(m.cout, m.q)
+        if 4 * m.cout * m.q < _FINISH_TILED_MIN_BYTES:
+            part = self.out[0] if self.nsplit == 1 else self.out.sum(0)    # [V, Op, Cp]; fixed-order sum
+            return part[:, :m.cout, :m.cin].permute(1, 2, 0).reshape(m.cout, m.q).contiguous()
+        dw = torch.empty(m.cout, m.cin, m.v, dtype=torch.float32, device=self.out.device)
+        part = self.out.view(self.nsplit, m.v, -1)                              # [S, V, Op*Cp]
+        _launch(_dw_finish_kernel(), (m.cout, -(-m.v // _FIN_TV), -(-m.cin // _FIN_TC)),
+                [_ct(part), _ct(dw), self.nsplit, self.cp], _FIN_BLOCK, self.device)
+        return dw.view(m.cout, m.q)
+
+    def run(self) -> torch.Tensor:
+        self.launch()
+        return self.finish()
+
+
+#: dW size (fp32 bytes) from which the fused dW finishes with :func:`_dw_finish_kernel` (see
+#: ``_GradWeightNmPlan.finish``)
+_FINISH_TILED_MIN_BYTES = 8 << 20
+# tile of the dW finish: 32 taps x 32 input channels (one 128-byte row of the partials per tap)
+_FIN_TV, _FIN_TC, _FIN_BLOCK = 32, 32, 64
+
+
+@built_once
+def _dw_finish_kernel():
+    """Tile kernel ``dw[o, c, v] = sum_{s < S} part[s, v, o*Cp + c]`` (fp32, split order) over a
+    ``(Cout, ceil(V/32), ceil(Cin/32))`` grid: each CTA loads 32x32 ``(v, c)`` tiles of the partials
+    (rows of c, coalesced), sums them, transposes in shared memory and stores ``(c, v)`` rows of dW
+    (coalesced). Columns past Cin (channel padding, or the next o's run) land outside ``dw[o]`` and are
+    dropped by the bounds-checked store."""
+    TV, TC = _FIN_TV, _FIN_TC
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def fovi_dw_finish(part: wp.array3d(dtype=wp.float32), dw: wp.array3d(dtype=wp.float32), nsplit: int,
+                       cp: int):
+        o, vt, ct = wp.tid()
+        v0 = vt * TV
+        c0 = o * cp + ct * TC
+        acc = wp.tile_load(part[0], shape=(TV, TC), offset=(v0, c0), storage="shared")
+        for s in range(1, nsplit):
+            acc = wp.tile_map(wp.add, acc, wp.tile_load(part[s], shape=(TV, TC), offset=(v0, c0),
+                                                        storage="shared"))
+        wp.tile_store(dw[o], wp.tile_transpose(acc), offset=(ct * TC, v0))
+    return fovi_dw_finish
+
+def _check(meta, grad_y, weight=None, x=None):
+    # shapes against the layer; the reverse lists must agree with the tables (the kernels read only them)
+    validate_meta(meta)
+    check_tensor("grad_y", grad_y, dtype=torch.float16)     # the dtype first: the Warp kernels are fp16 only
+    check_grad_args(meta, grad_y, weight=weight, x=x)
+    check_tensor("grad_y", grad_y, dtype=torch.float16, dim=3, shape=(None, meta.cout, meta.nout))
+    if grad_y.shape[0] < 1:
+        raise ValueError("grad_y: batch must be >= 1")
+
+
+def _kernel(kind: str, config: Optional[str], default: str, device: str) -> Optional[NmGradKernel]:
+    if config is None:
+        return get_nm_grad_kernel(kind, default, device)
+    if not isinstance(config, str):
+        raise TypeError(f"config: expected a config name (str) or None, got {type(config).__name__}")
+    k = get_nm_grad_kernel(kind, config, device)
+    if k is None:
+        why = _VALIDATED.why((kind, config, mathdx_default()), device)
+        raise RuntimeError(f"config: Warp {kind} kernel {config!r} is not launchable on {device}: {why}")
+    return k
+
+
+def _seg_request(env: str, arg) -> Optional[object]:
+    """``seg_steps`` argument or ``env`` override: None/"auto" -> the default rule, 0/"off" -> whole lists,
+    an int >= 1 -> segments of that many steps."""
+    v = arg if arg is not None else (os.environ.get(env) or "auto")
+    if v in ("auto", None):
+        return "auto"
+    if v in ("off", 0, "0"):
+        return 0
+    try:
+        n = int(v)
+    except (TypeError, ValueError):
+        n = -1
+    if n < 1 or isinstance(v, bool):
+        raise ValueError(f"seg_steps: expected None, 'auto', 0/'off' or an int >= 1 (or {env} likewise), got {v!r}")
+    return n
+
+
+def list_stats(meta: TrainingMeta, which: str) -> Tuple[float, int, int, int]:
+    """``(mean, longest, total, non-empty)`` entry counts of the meta's reverse lists (``which="dx"``) or
+    tap lists (``"dw"``), computed once per meta on the host: the default rules run on every call,
+    also inside CUDA-graph capture, where reading a device tensor back would break the capture."""
+    aux = _aux(meta)
+    key = ("nm_list_stats", which)
+    got = aux.get(key)
+    if got is None:
+        rowptr = (reverse_lists(meta)[0] if which == "dx" else tap_lists(meta)[0]).to("cpu", torch.int64)
+        lens = rowptr[1:] - rowptr[:-1]
+        busy = lens[lens > 0]
+        got = aux[key] = ((float(busy.float().mean()), int(busy.max()), int(busy.sum()), int(busy.numel()))
+                          if busy.numel() else (0.0, 0, 0, 0))
+    return got
+
+
+#: The shortest longest-list (entries) for which uneven reverse lists call for dx segments.
+_DX_UNEVEN_MIN_ENTRIES = 3
+
+
+def default_dx_seg_steps(meta: TrainingMeta, batch: int, device: str) -> int:
+    """Segment length (steps) of the fused dx by default; 0: whole reverse lists.
+
+    The H200 sweep (run 25, ``data/fused_sweep_h200_run25.jsonl``) found segments faster where the
+    reverse lists are uneven (longest >= 1.5x the mean: the stride-2 layers res18 layer2_0/3_0, 1-4
+    readers per input node) or long while the whole-list grid is small (mean >= 12 steps and under 256
+    CTAs of 64x64 tiles, 1024 of 16x16: res18 layer2/3, alexnet L2): 1.1-1.9x there. Elsewhere whole
+    lists tied or won (alexnet L1/L3/L4, res18 layer1, every layer at B = 512, where the grid is big
+    and the partials are pure cost). A segment takes about a quarter of the mean list, in whole entries
+    (a multiple of the Cout chunks) and at least 4 steps: the best or within 7% in the sweep. 0 on the
+    CPU, for B > 128 and for the stems.
+
+    "Uneven" also needs a longest list of at least ``_DX_UNEVEN_MIN_ENTRIES`` = 3 entries: the sweep saw
+    segments pay on lists of 1-4 entries, never on a longest list of 2, where they save at most one entry
+    per CTA. That is res18 layer4_0 (11 reverse lists of one entry, one of two); the sweep measured whole
+    lists there 13% ahead of the best segments at B = 64 (on its tables of that time, all lists of one)."""
+    if not str(device).startswith("cuda") or batch > 128 or meta.cin <= 16:
+        return 0
+    tm, tn, tk, _ = DX_NM_CONFIG_SPECS[select_dx_nm_config(batch, meta.cin, meta.nin, segments=True)]
+    n_oc = pad_to(meta.cout, tk) // tk
+    mean, longest, _, _ = list_stats(meta, "dx")
+    if longest == 0:
+        return 0
+    mean_steps = mean * n_oc
+    grid = meta.nin * -(-batch // tm) * -(-meta.cin // tn)
+    small = 1024 if tm == 16 and tn == 16 else 256
+    uneven = longest >= 1.5 * mean and longest >= _DX_UNEVEN_MIN_ENTRIES
+    if not uneven and not (mean_steps >= 12 and grid < small):
+        return 0
+    return max(4, n_oc * max(1, int(round(mean_steps / (4 * n_oc)))))
+
+
+def _dw_seg_target_ctas(batch: int) -> int:
+    """CTAs the dW segments aim for: 512 at B <= 64, 1024 above (run 25: the fastest dW op, kernel and
+    finish, or within 5% on every res18 layer)."""
+    return 512 if batch <= 64 else 1024
+
+
+def default_dw_seg_steps(meta: TrainingMeta, batch: int, tiles, device: str, target: Optional[int] = None) -> int:
+    """Segment length (steps) of the fused dW by default; 0: the interleaved splits (:func:`_default_nsplit`).
+
+    Interleaved splits give each tap ``S`` CTAs whatever its list's length, so the longest tap sets the
+    time when there are few tap x tile CTAs (res18: 36 taps, 1-32 tiles; lists of 23-95 pairs in layer1)
+    or the lists are short (res18 layer3/3_0/4_0: under 4 pairs per tap on average, 24 of layer4_0's 36
+    taps empty; an interleaved CTA with no pair still stores a partial). Segments of ``L`` equal steps there ran 1.1-1.6x faster on the H200 (run 25: res18
+    layer1 B=512 0.27 against 0.38 ms, layer4_0 0.074 against 0.116). With many tap x tile CTAs (alexnet
+    L1-L4: 800-1300) the interleaved splits tied or won by up to 4 % with their cheaper finish, so they
+    stay. ``L`` aims at ``target`` CTAs (:func:`_dw_seg_target_ctas`), bounded by the partial-sum budget
+    (one ``[Op, Cp]`` fp32 partial per segment). 0 on the CPU and for the stems."""
+    if not str(device).startswith("cuda") or meta.cin <= 16:
+        return 0
+    to, tc = tiles[:2]
+    n_tiles = (pad_to(meta.cout, to) // to) * (pad_to(meta.cin, tc) // tc)
+    if meta.v * n_tiles >= 512 and meta.nnz >= 4 * meta.v:
+        return 0
+    return dw_seg_steps_for(meta, batch, tiles, target or _dw_seg_target_ctas(batch))
+
+
+def dw_seg_steps_for(meta: TrainingMeta, batch: int, tiles, target: int) -> int:
+    """The dW segment length that gives about ``target`` CTAs (all tiles), within the partial budget."""
+    to, tc, tkb, _ = tiles
+    op, cp = pad_to(meta.cout, to), pad_to(meta.cin, tc)
+    n_tiles = (op // to) * (cp // tc)
+    _, _, entries, busy = list_stats(meta, "dw")
+    n_bc = -(-pad_to(batch, 8) // tkb)
+    total = entries * n_bc
+    if total == 0:
+        return 1
+    want = max(1, int(target) // n_tiles)
+    cap = max(1, _budget_bytes() // (4 * op * cp) - busy)
+    return max(1, -(-total // min(want, cap)))
+
+
+def plan_grad_input_nm(meta, grad_y, weight, config=None, *, store=None, gn=None, seg_steps=None):
+    """The prepared fused dx call, or None when the (default) kernel cannot launch here.
+
+    ``seg_steps``: None (``FOVI_KNN_DX_SEG`` or the default rule :func:`default_dx_seg_steps`), 0 for
+    whole reverse lists, or the segment length in steps (kernel ``dxs``)."""
+    if config is not None and not isinstance(config, str):
+        raise TypeError(f"config: expected a config name (str) or None, got {type(config).__name__}")
+    _check(meta, grad_y, weight=weight)
+    check_tensor("weight", weight, dtype=torch.float16, dim=2, shape=(meta.cout, meta.q), device=grad_y.device,
+                 contiguous=True)
+    device = warp_device(grad_y)
+    meta = meta.to(grad_y.device)
+    req = _seg_request("FOVI_KNN_DX_SEG", seg_steps)
+    if req == "auto":
+        req = default_dx_seg_steps(meta, grad_y.shape[0], device)
+    name = config if config is not None else select_dx_nm_config(grad_y.shape[0], meta.cin, meta.nin,
+                                                                 segments=bool(req))
+    if req:
+        k = _kernel("dxs", config, name, device)
+        return None if k is None else _GradInputNmPlan(meta, grad_y, weight, None, device, gn=gn, seg=k,
+                                                       seg_steps=req)
+    k = _kernel("dxn", config, name, device)
+    return None if k is None else _GradInputNmPlan(meta, grad_y, weight, k, device, store=store, gn=gn)
+
+
+def plan_grad_weight_nm(meta, grad_y, x, config=None, *, nsplit=None, gn=None, xn=None, seg_steps=None):
+    """The prepared fused dW call, or None when the (default) kernel cannot launch here.
+
+    ``nsplit`` (an int) asks for the interleaved splits (kernel ``dwn``); otherwise ``seg_steps``: None
+    (``FOVI_KNN_DW_SEG`` or :func:`default_dw_seg_steps`), 0 for the interleaved splits, or the segment
+    length in steps (kernel ``dws``)."""
+    if config is not None and not isinstance(config, str):
+        raise TypeError(f"config: expected a config name (str) or None, got {type(config).__name__}")
+    _check(meta, grad_y, x=x)
+    check_tensor("x", x, dtype=torch.float16, dim=3, shape=(grad_y.shape[0], meta.cin, meta.nin),
+                 device=grad_y.device)
+    if nsplit is not None and (not isinstance(nsplit, int) or nsplit < 1):
+        raise ValueError(f"nsplit: expected a positive int or None, got {nsplit!r}")
+    device = warp_device(grad_y)
+    meta = meta.to(grad_y.device)
+    name = config if config is not None else select_dw_nm_config(meta.cout, meta.cin, grad_y.shape[0])
+    req = 0 if nsplit is not None else _seg_request("FOVI_KNN_DW_SEG", seg_steps)
+    if req == "auto":
+        req = default_dw_seg_steps(meta, grad_y.shape[0], _spec("dwn", name), device)
+    if req:
+        k = _kernel("dws", config, name, device)
+        return None if k is None else _GradWeightNmPlan(meta, grad_y, x, None, device, gn=gn, xn=xn, seg=k,
+                                                        seg_steps=req)
+    k = _kernel("dwn", config, name, device)
+    return None if k is None else _GradWeightNmPlan(meta, grad_y, x, k, device, nsplit=nsplit, gn=gn, xn=xn)
+
+
+def grad_input_nm(meta: TrainingMeta, grad_y: torch.Tensor, weight: torch.Tensor, config: Optional[str] = None, *,
+                  store: Optional[str] = None, seg_steps=None) -> Optional[torch.Tensor]:
+    """``dx [B, Cin, Nin]`` fp32 by the fused node-major kernel (one launch, no stage); None when the
+    default kernel cannot launch on this device (an explicit ``config`` that cannot raises)."""
+    plan = plan_grad_input_nm(meta, grad_y, weight, config, store=store, seg_steps=seg_steps)
+    return None if plan is None else plan.run()
+
+
+def grad_weight_nm(meta: TrainingMeta, grad_y: torch.Tensor, x: torch.Tensor, config: Optional[str] = None, *,
+                   nsplit: Optional[int] = None, seg_steps=None) -> Optional[torch.Tensor]:
+    """``dW [Cout, Q]`` fp32 by the fused per-tap kernel (one launch + a fixed-order sum of ``nsplit``
+    partials); None when the default kernel cannot launch on this device."""
+    plan = plan_grad_weight_nm(meta, grad_y, x, config, nsplit=nsplit, seg_steps=seg_steps)
+    return None if plan is None else plan.run()

@@ -1,0 +1,210 @@
+"""The forward entry points: :func:`run_uncached` (any tables) and :func:`run_cached` (inference from
+the effective-weight cache), with the per-signature call cache that keeps their host time down.
+
+On the eager path at small batch the host is the bottleneck (a compact layer is 0.03-0.1 ms of GPU work
+on an H200), so a call's checks, table analysis and config choice are cached per call signature.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from fovi_lab.graph.meta import pad_to
+from fovi_lab.kernels.common import check_tensor, warp_device
+from fovi_lab.kernels.forward.configs import FwdConfig, _CACHED_CONFIG_SPECS, MMA_FAMILIES, config_spec
+from fovi_lab.kernels.forward.build import VALIDATED, build_kernel, get_uncached_config, require_config
+from fovi_lab.kernels.forward.rules import _FALLBACK_CHAIN, select_config
+from fovi_lab.kernels.forward.plans import Plan, plan_cached, plan_dense, plan_uncached, store_mode
+from fovi_lab.kernels.forward.checks import analyse_tables, _check_bias, _check_table, _check_x, device_str
+
+
+def make_dense_ceiling(config: str, batch: int, cout: int, nout: int, kdim: int, device=None) -> Plan:
+    """A prepared dense tile-GEMM launch with ``config``'s tiles over ``Nout`` GEMMs of
+    ``[batch, kdim] @ [kdim, cout]`` (the compact GEMM sizes minus the gathers): for benchmarks."""
+    cfg = config_spec(config)
+    if cfg.family == "cached":
+        cfg = FwdConfig(cfg.name, "gather", cfg.tile_m, cfg.tile_n, cfg.tile_k, 1, cfg.block_dim)
+    kernel = build_kernel(cfg, dense=True)
+    return plan_dense(cfg, kernel, batch, cout, nout, kdim, device_str(device))
+
+# What a forward call validated, selected and derived from its arguments' shapes and tables (not from
+# their values), cached per call signature: on the eager path at small batch the host is the bottleneck
+# (one compact layer is 0.03-0.1 ms of GPU work on the H200), and the checks, table analysis and config
+# lookup cost more host time than the launch itself. The key holds every property those steps read
+# (shapes, dtypes, devices, the tables' identity, version and storage, the config and store requests,
+# the env switches, the validated-config generation); a hit re-checks the tables' weak references, so a
+# new table at a recycled address is never mistaken for the old one.
+_call_lock = threading.Lock()
+_CALLS: Dict[Tuple, Tuple] = {}
+_CALLS_MAX = 256
+
+
+def _call_key(x, weight, bias, il, wl, config, store) -> Optional[Tuple]:
+    """The signature of a forward call, or None when an argument is not a tensor (the slow path then
+    raises the argument's clear error)."""
+    T = torch.Tensor
+    if not (isinstance(x, T) and isinstance(weight, T) and isinstance(il, T) and isinstance(wl, T)
+            and (bias is None or isinstance(bias, T)) and (config is None or isinstance(config, str))
+            and (store is None or isinstance(store, str))):
+        return None
+    env = os.environ
+    return (x.shape, x.dtype, x.device, weight.shape, weight.dtype, weight.device,
+            None if bias is None else (bias.shape, bias.dtype, bias.device),
+            id(il), il._version, il.data_ptr(), il.shape, il.dtype, il.device, il.is_contiguous(),
+            id(wl), wl._version, wl.data_ptr(), wl.shape, wl.dtype, wl.device, wl.is_contiguous(),
+            config, store, env.get("FOVI_WARP_FWD_STORE"), env.get("FOVI_WARP_MATHDX"), env.get("FOVI_WARP_STEM_SIMT"),
+            env.get("FOVI_WARP_MMA"),
+            VALIDATED.generation)
+
+
+def prepare_uncached(x, weight, bias, input_linear, weight_linear, config=None, store=None) -> Plan:
+    key = _call_key(x, weight, bias, input_linear, weight_linear, config, store)
+    hit = _CALLS.get(key) if key is not None else None
+    if hit is not None and hit[0]() is input_linear and hit[1]() is weight_linear:
+        built, info, mode, dev, memo = hit[2:]
+        runner = memo.get("runner")
+        if runner is not None:
+            plan = runner(x, weight, bias)
+            plan.config = built.config.name
+            return plan
+    else:
+        built, info, mode, dev = resolve_uncached(x, weight, bias, input_linear, weight_linear, config, store)
+        memo = {}
+        if key is not None:
+            import weakref
+            with _call_lock:
+                if len(_CALLS) >= _CALLS_MAX:
+                    _CALLS.pop(next(iter(_CALLS)))
+                _CALLS[key] = (weakref.ref(input_linear), weakref.ref(weight_linear), built, info, mode, dev, memo)
+    plan = plan_uncached(built.config, built.kernel, x, weight, bias, input_linear, weight_linear, mode,
+                          info=info, dev=dev, memo=memo)
+    plan.config = built.config.name          # which kernel this call runs (tests, benchmarks)
+    return plan
+
+
+def resolve_uncached(x, weight, bias, input_linear, weight_linear, config=None, store=None):
+    """Validate a forward call and pick its kernel: ``(built, table info, store mode, Warp device)``."""
+    _check_x(x)
+    b, cin, nin = x.shape
+    check_tensor("weight", weight, dtype=torch.float16, dim=2, device=x.device)
+    cout, q = weight.shape
+    if q % cin:
+        raise ValueError(f"weight: expected shape [Cout, Q = Cin*V] with Q a multiple of Cin={cin}, "
+                         f"got {tuple(weight.shape)}")
+    _check_bias(bias, cout, x)
+    _check_table("input_linear", input_linear, x)
+    _check_table("weight_linear", weight_linear, x, nout=input_linear.shape[0])
+    if weight_linear.shape != input_linear.shape:
+        raise ValueError(f"weight_linear: expected shape {tuple(input_linear.shape)} (same as input_linear), "
+                         f"got {tuple(weight_linear.shape)}")
+    info = analyse_tables(input_linear, weight_linear, cin, nin, q)
+    dev = warp_device(x)
+    nout, p64 = input_linear.shape
+    if config is None:
+        name = select_config(b, cout, nout, p64, in_channels=cin, node_major=info.nm is not None,
+                                             q=q)
+        built = get_uncached_config(name, dev)
+        if built is None and config_spec(name).family in MMA_FAMILIES:     # e.g. a GPU before sm_80
+            built = get_uncached_config(select_config(
+                b, cout, nout, p64, in_channels=cin, node_major=info.nm is not None, mma=False), dev)
+        for alt in _FALLBACK_CHAIN:
+            if built is not None:
+                break
+            built = get_uncached_config(alt, dev)
+        if built is None:
+            raise RuntimeError(f"no Warp forward config is launchable on {dev}")
+    else:
+        if not isinstance(config, str):
+            raise TypeError(f"config: expected a config name or None, got {type(config).__name__}")
+        built = require_config(config, dev)
+        if built.config.family == "cached":
+            raise ValueError(f"config: {config!r} is a cached-path config (use run_cached)")
+        if built.config.family in ("nm", "nmp", "nms") and info.nm is None:
+            raise ValueError(f"config: {config!r} (node-major) needs index tables built as in spec §2.1 "
+                             f"(input_linear[n, c*K+k] = c*Nin + idx[n,k]); these are not")
+    return built, info, store_mode(store, 2 * b * cout * nout), dev
+
+
+def run_uncached(x, weight, bias, input_linear, weight_linear, config=None, store=None) -> torch.Tensor:
+    """Uncached fp16 forward: per-call weight gather (spec §2.5 ``warp_compact``/``warp_train``).
+
+    Args:
+        x: ``[B, Cin, Nin]`` fp16 (CPU or CUDA; any strides).
+        weight: ``[Cout, Q = Cin*V]`` fp16. bias: ``[Cout]`` float or None.
+        input_linear, weight_linear: ``[Nout, P64]`` int32 contiguous (spec §2.1).
+        config: a name from ``_UNCACHED_BATCH_CONFIG_SPECS`` to force a kernel (raises if it cannot
+            launch on this device), or None for :func:`select_config`.
+        store: ``"staged"`` / ``"direct"`` output path (default: ``FOVI_WARP_FWD_STORE``, else direct
+            for outputs up to 4 MiB and staged above).
+
+    Returns:
+        ``y [B, Cout, Nout]`` fp16, ``y[b,o,n] = bias[o] + sum_p xpad[b, il[n,p]] * W[o, wl[n,p]]``
+        (fp32 accumulation, bias added in fp32, one rounding to fp16).
+    """
+    plan = prepare_uncached(x, weight, bias, input_linear, weight_linear, config, store)
+    plan.launch()
+    return plan.finish()
+
+
+def select_cached_config(batch: int) -> str:
+    return "c_m16n32" if batch <= 16 else "c_m32n64"
+
+
+def prepare_cached(x, effective_weight, bias, input_linear, cout=None, config=None, store=None) -> Plan:
+    _check_x(x)
+    b, cin, nin = x.shape
+    check_tensor("effective_weight", effective_weight, dtype=torch.float16, dim=3, device=x.device,
+                 contiguous=True)
+    _check_table("input_linear", input_linear, x)
+    nout, p64 = input_linear.shape
+    if tuple(effective_weight.shape[:2]) != (nout, p64):
+        raise ValueError(f"effective_weight: expected shape [Nout={nout}, P64={p64}, Cout_pad], "
+                         f"got {tuple(effective_weight.shape)}")
+    cw = effective_weight.shape[2]
+    cout = cw if cout is None else int(cout)
+    if not 1 <= cout <= cw:
+        raise ValueError(f"cout: expected 1 <= cout <= effective_weight.shape[2]={cw}, got {cout}")
+    _check_bias(bias, cout, x)
+    analyse_tables(input_linear, None, cin, nin, None)
+    dev = warp_device(x)
+    name = config or select_cached_config(b)
+    built = require_config(name, dev)
+    if built.config.family != "cached":
+        raise ValueError(f"config: {name!r} is not a cached-path config ({', '.join(_CACHED_CONFIG_SPECS)})")
+    tn = built.config.tile_n
+    if cw % tn:
+        # Padded-cache rule (seed): tile loads of Weff[n] must not run past the buffer, so an unpadded
+        # cache is padded here -- a full copy of the cache on every call.
+        warnings.warn(f"effective_weight has Cout={cw} columns, not a multiple of the {tn}-wide output tile: "
+                      f"padding the cache on every call (a full copy). Pad the cache instead "
+                      f"(build_effective_weight(..., cout_multiple=64)) and pass cout={cout}.",
+                      RuntimeWarning, stacklevel=3)
+        padded = torch.zeros(nout, p64, pad_to(cw, tn), dtype=torch.float16, device=x.device)
+        padded[:, :, :cw] = effective_weight
+        effective_weight = padded
+    return plan_cached(built.config, built.kernel, x, effective_weight, bias, input_linear, cout,
+                        store_mode(store, 2 * b * cout * nout))
+
+
+def run_cached(x, effective_weight, bias, input_linear, cout=None, config=None, store=None) -> torch.Tensor:
+    """Cached-effective-weight fp16 forward (spec §2.4 ``warp_cached``): inference only.
+
+    Args:
+        x: ``[B, Cin, Nin]`` fp16. effective_weight: ``Weff [Nout, P64, Cout_pad]`` fp16 contiguous
+            (zero rows for p >= P, zero columns for o >= Cout).
+        bias: ``[cout]`` or None. input_linear: ``[Nout, P64]`` int32.
+        cout: the true output-channel count (default ``Weff.shape[2]``). Pass it when the cache is
+            padded to a tile multiple (recommended: 64). An unpadded cache whose width is not a tile
+            multiple is padded per call with a warning (a full copy each time: pad the cache).
+
+    Returns:
+        ``y [B, cout, Nout]`` fp16, ``y[b,o,n] = bias[o] + sum_p xpad[b, il[n,p]] * Weff[n,p,o]``.
+    """
+    plan = prepare_cached(x, effective_weight, bias, input_linear, cout, config, store)
+    plan.launch()
+    return plan.finish()

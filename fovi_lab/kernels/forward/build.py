@@ -1,0 +1,216 @@
+"""Build a forward config's kernel once, and validate it once per device with the NaN canary.
+
+:func:`get_config` is the one cache: a config name -> :class:`Built` (the config and the kernel that
+passed the canary on that device), or None with the reason remembered. The canary launches the
+production plan of the config on a one-CTA problem with the output NaN-prefilled: a launch that
+raises, leaves a NaN or differs from the fp32 oracle marks the config unlaunchable on that device.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from fovi_lab.kernels.common import ValidatedCache, init_warp, nan_canary, wp
+from fovi_lab.kernels.forward.configs import (FwdConfig, DENSE_FAMILIES, _EXPERIMENTAL_CONFIG_SPECS, MMA_FAMILIES,
+                                              _TEST_CONFIG_SPECS, _UNCACHED_BATCH_CONFIG_SPECS, mathdx_default,
+                                              mma_flags, mma_staged, config_spec, dense_kind)
+from fovi_lab.kernels.forward.tile import (make_cached_kernel, make_dense_kernel, make_densep_kernel,
+                                           make_gather_kernel, make_gp_kernel, make_i2c_kernel, make_nm_kernel,
+                                           make_nmp_kernel, make_nms_kernel)
+from fovi_lab.kernels.forward.simt import make_simt_kernel, make_simts_kernel, make_simtv_kernel
+from fovi_lab.kernels.forward.plans import plan_cached, plan_dense, plan_uncached
+from fovi_lab.kernels.forward.checks import device_str
+
+
+_build_lock = threading.Lock()
+_KERNELS: Dict[Tuple, object] = {}
+VALIDATED = ValidatedCache("Warp forward config")
+
+# Warp's CPU tile arena (WP_MAX_CPU_SHARED in warp/native/tile.h): a CPU launch whose tiles need
+# more aborts the whole process (an assert, not an exception), so the CPU canary refuses it first.
+_CPU_TILE_ARENA_BYTES = 256 * 1024
+
+
+def build_kernel(cfg: FwdConfig, mathdx: Optional[bool] = None, dense: bool = False):
+    """The Warp kernel of ``cfg`` (or of its dense ceiling), built once per (config, mathdx)."""
+    if mathdx is None:
+        mathdx = mathdx_default()
+    pipelined = cfg.family in ("nmp", "gp")
+    key = (cfg.family, cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx, dense)
+    if dense:     # configs of one dense kind share their ceiling kernel
+        key = ("dense",) + dense_kind(cfg) + (mathdx,)
+    with _build_lock:
+        k = _KERNELS.get(key)
+        if k is None:
+            if cfg.family in MMA_FAMILIES:
+                from fovi_lab.kernels.forward.mma import make_mma_kernel
+                split, w_native, x_t = mma_flags(cfg.family)
+                k = make_mma_kernel(cfg.tile_n // 16, cfg.tile_m // 8, cfg.block_dim, split=split and not dense,
+                                    dense=dense, w_native=w_native, x_t=x_t, k_steps=cfg.tile_k // 16,
+                                    stage=mma_staged(cfg.family) and not dense)
+            elif cfg.family in ("simt", "simtp", "simtw") or (dense and cfg.family in ("simts", "simtsw")):
+                k = make_simt_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, dense=dense,
+                                      prefetch=cfg.family == "simtp", wvec=cfg.family == "simtw")
+            elif cfg.family == "simtv":
+                k = make_simtv_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, dense=dense)
+            elif cfg.family in ("simts", "simtsw"):
+                k = make_simts_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim,
+                                       wvec=cfg.family == "simtsw")
+            elif dense and pipelined:
+                k = make_densep_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, mathdx)
+            elif dense:
+                k = make_dense_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx)
+            elif cfg.family == "gather":
+                k = make_gather_kernel(cfg.tile_m, cfg.tile_n, cfg.r, cfg.block_dim, mathdx)
+            elif cfg.family == "nm":
+                k = make_nm_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx)
+            elif cfg.family == "nmp":
+                k = make_nmp_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, mathdx)
+            elif cfg.family == "nms":
+                k = make_nms_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, mathdx)
+            elif cfg.family == "gp":
+                k = make_gp_kernel(cfg.tile_m, cfg.tile_n, cfg.block_dim, mathdx)
+            elif cfg.family == "cached":
+                k = make_cached_kernel(cfg.tile_m, cfg.tile_n, cfg.block_dim, mathdx)
+            elif cfg.family in ("i2c", "i2cg"):
+                k = make_i2c_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, cfg.family == "i2cg",
+                                     mathdx)
+            else:  # pragma: no cover - registry typo
+                raise ValueError(f"unknown kernel family {cfg.family!r}")
+            _KERNELS[key] = k
+        return k
+
+
+def _kernel_tile_bytes(kernel, block_dim: int, device: str) -> Optional[int]:
+    """Tile (shared) memory Warp computed for ``kernel`` at codegen (module meta), or None."""
+    try:
+        mexec = kernel.module.load(wp.get_device(device), block_dim)
+        vals = [int(v) for k, v in (getattr(mexec, "meta", None) or {}).items() if k.endswith("_smem_bytes")]
+        return max(vals) if vals else None
+    except Exception:  # pragma: no cover - private API moved; the launch itself is still checked
+        return None
+
+
+def _canary_problem(family: str, tile_m: int, tile_n: int, tile_k: int, r: int, device: str):
+    """A single-output-node problem that fills exactly one CTA: ``B = tile_m*r``, ``Cout = tile_n``."""
+    from fovi_lab.graph.meta import build_meta
+    g = torch.Generator().manual_seed(1234)
+    cin, nin, k, v = 3, 7, 5, 6
+    if family in ("i2c", "i2cg") and tile_k > 64:
+        k = 22                                                    # P64 = 128: one 128-deep step
+    idx = torch.randint(0, nin + 1, (1, k), generator=g)          # includes the pad token nin
+    rf = torch.randint(0, v, (1, k), generator=g)
+    meta = build_meta(idx, rf, cin=cin, cout=tile_n, v=v, nin=nin, device=device)
+    b = tile_m * r
+    x = torch.randn(b, cin, nin, generator=g).to(device=device, dtype=torch.float16)
+    w = (0.5 * torch.randn(tile_n, cin * v, generator=g)).to(device=device, dtype=torch.float16)
+    bias = torch.randn(tile_n, generator=g).to(device=device, dtype=torch.float16)
+    return meta, x, w, bias
+
+
+def canary(kernel, tile_m: int, tile_n: int, r: int, block_dim: int, device: str) -> Tuple[bool, str]:
+    """(ok, why) of one NaN-prefilled launch of ``kernel`` on a single-node problem (see
+    :func:`canary_launch_ok`); also checks the values against the fp32 oracle."""
+    from fovi_lab.ops.reference import oracle_forward
+    init_warp()
+    family, _, _, tile_k, _, _ = getattr(kernel, "_fovi_tiles", ("gather", tile_m, tile_n, 64, r, block_dim))
+    if device == "cpu":
+        need = _kernel_tile_bytes(kernel, block_dim, device)
+        if need is not None and need > _CPU_TILE_ARENA_BYTES:
+            return False, (f"its tiles need {need} bytes, over Warp's {_CPU_TILE_ARENA_BYTES}-byte CPU tile "
+                           f"arena (such a launch aborts the process, so it is not attempted)")
+    meta, x, w, bias = _canary_problem(family, tile_m, tile_n, tile_k, r, device)
+    b = x.shape[0]
+    cfg = FwdConfig("canary", family, tile_m, tile_n, tile_k, r, block_dim)
+    if family == "cached":
+        from fovi_lab.ops.reference import build_effective_weight
+        weff = build_effective_weight(meta, w, cout_multiple=tile_n)
+        plan = plan_cached(cfg, kernel, x, weff, bias, meta.input_linear, tile_n, store="staged")
+    elif family in DENSE_FAMILIES:
+        if family in ("simt_dense", "simtv_dense") or family.startswith("mma"):
+            cfg = FwdConfig("canary", family[:-len("_dense")], tile_m, tile_n, tile_k, r, block_dim)
+        plan = plan_dense(cfg, kernel, b, tile_n, 1, 64, device, seed=7)
+    else:
+        plan = plan_uncached(cfg, kernel, x, w, bias, meta.input_linear, meta.weight_linear, store="staged")
+    ok, why = nan_canary(plan.launch, plan.out)
+    if not ok or family in DENSE_FAMILIES:
+        return ok, why
+    y = plan.finish()
+    ref = oracle_forward(x.float().cpu(), w.float().cpu(), bias.float().cpu(), meta.idx, meta.rf_index, meta.v)
+    err = float((y.float().cpu() - ref).abs().max())
+    if not err <= 2e-2 * max(1.0, float(ref.abs().max())):
+        return False, f"launch ran but the canary output is wrong (max abs error {err:.3g})"
+    return True, "ok"
+
+
+def canary_launch_ok(kernel, tile_m: int, tile_n: int, r: int, block_dim: int, device) -> bool:
+    """Return True when ``kernel`` actually launches on ``device`` and writes correct values.
+
+    A launch over the per-CTA resource budget raises since Warp 1.15 but printed "invalid argument"
+    and returned normally before that, leaving the output untouched: so the single-node canary
+    output is NaN-prefilled and both a raise and a surviving NaN count as failure (spec §2.5). On the
+    CPU a kernel whose tile memory exceeds Warp's 256 KiB arena would abort the process, so it is
+    refused from the module's own shared-memory figure instead of launched.
+    """
+    return canary(kernel, tile_m, tile_n, r, block_dim, device_str(device))[0]
+
+
+@dataclass(frozen=True)
+class Built:
+    """A validated config: its spec and the kernel that passed the canary on a device."""
+    config: FwdConfig
+    kernel: object
+
+
+def get_config(name, device=None, mathdx: Optional[bool] = None) -> Optional[Built]:
+    """The :class:`Built` of a config on ``device`` (built once, canary-validated once per device), or None
+    when it cannot launch there (:data:`VALIDATED` remembers why).
+
+    ``name``: a registered config name, or a :class:`FwdConfig` of tiles nobody registered (the lab's
+    widgets build those through this same cache, keyed by the config itself).
+    """
+    cfg = name if isinstance(name, FwdConfig) else config_spec(name)
+    dev = device_str(device)
+    if mathdx is None:
+        mathdx = mathdx_default()
+
+    def build():
+        try:
+            kernel = build_kernel(cfg, mathdx)
+        except Exception as exc:  # codegen / compile failure
+            return None, f"build failed: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+        ok, why = canary(kernel, cfg.tile_m, cfg.tile_n, cfg.r, cfg.block_dim, dev)
+        return (Built(cfg, kernel) if ok else None), why
+
+    return VALIDATED.get(cache_key(name, mathdx), dev, build)
+
+
+def cache_key(name, mathdx: Optional[bool]):
+    """The :data:`VALIDATED` key of a config name (or unregistered :class:`FwdConfig`) at a MathDx setting."""
+    return name if mathdx is None else (name, mathdx)
+
+
+def get_uncached_config(name: str, device=None) -> Optional[Built]:
+    """Build (once) and canary-validate (once per device) an uncached config; None when unlaunchable.
+
+    A config that fails is remembered as None and reported once with a ``RuntimeWarning`` saying why.
+    """
+    if name not in _UNCACHED_BATCH_CONFIG_SPECS and name not in _EXPERIMENTAL_CONFIG_SPECS \
+            and name not in _TEST_CONFIG_SPECS:
+        config_spec(name)  # raises the unknown-config error
+        raise ValueError(f"config: {name!r} is a cached-path config; run_uncached takes one of "
+                         f"{', '.join(_UNCACHED_BATCH_CONFIG_SPECS)}")
+    return get_config(name, device)
+
+
+def require_config(name: str, device: str) -> Built:
+    built = get_uncached_config(name, device) if not name.startswith("c_") else get_config(name, device)
+    if built is None:
+        why = VALIDATED.why(cache_key(name, mathdx_default()), device)
+        raise RuntimeError(f"config: forward config {name!r} cannot be launched on {device} ({why}); "
+                           f"pick another config or leave config=None")
+    return built

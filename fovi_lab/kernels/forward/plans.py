@@ -1,0 +1,665 @@
+"""Plans: the operand layouts of one forward call, its launch, and the output's finish.
+
+A :class:`Plan` holds a prepared launch (``plan.launch()`` writes the kernel's output) and ``plan.finish()``
+(returns ``y [B, Cout, Nout]``): kept apart so a benchmark can time the kernel alone and the whole op.
+Outputs go straight into ``y`` (``store="direct"``, up to ``DIRECT_STORE_MAX_BYTES``) or through a
+contiguous buffer and one permute-copy (``store="staged"``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from fovi_lab.graph.meta import pad_to
+from fovi_lab.kernels.common import (as_rows64, built_once, capturing, fast_launch, warp_ct_vec, gather_rows_kernel,
+                                     gather_rows_pair_kernel, to_warp, warp_ct, warp_device, warp_stream, wp)
+from fovi_lab.kernels.forward.configs import FwdConfig, _GATHER_TILE_K, MMA_FAMILIES, mma_flags, mma_staged
+from fovi_lab.kernels.forward.simt import simtv_prep_kernel
+from fovi_lab.kernels.forward.checks import _TableInfo, analyse_tables, device_str
+
+
+_BIAS_CACHE: Dict[Tuple, Tuple] = {}
+
+
+def bias_operand(bias: Optional[torch.Tensor], cout: int, tile_n: int, device) -> torch.Tensor:
+    """(tensor, Warp view) of :func:`pad_bias_to_tiles`, cached per (bias object, ``_version``, width,
+    device): saves two small launches per call (most calls reuse the layer's bias, or have none)."""
+    import weakref
+    n = -(-cout // tile_n) * tile_n
+    key = (id(bias) if bias is not None else None, n, device)
+    hit = _BIAS_CACHE.get(key)
+    if bias is not None and capturing(bias):     # a CUDA graph must copy the bias it will see on replay
+        out = pad_bias_to_tiles(bias, cout, tile_n, device=device)
+        return out, warp_ct(out)
+    if hit is not None and (bias is None or (hit[0]() is bias and hit[1] == bias._version)):
+        return hit[2], hit[3]
+    out = pad_bias_to_tiles(bias, cout, tile_n, device=device)
+    if len(_BIAS_CACHE) > 256:
+        _BIAS_CACHE.clear()
+    ref = weakref.ref(bias) if bias is not None else None
+    _BIAS_CACHE[key] = (ref, None if bias is None else bias._version, out, warp_ct(out))
+    return out, _BIAS_CACHE[key][3]
+
+
+def pad_bias_to_tiles(bias: Optional[torch.Tensor], cout: int, tile_n: int, device=None) -> torch.Tensor:
+    """fp32 bias zero-padded to a multiple of ``tile_n`` (zeros when ``bias`` is None).
+
+    Warp >= 1.18 bounds-checks tile loads, but a full-width bias buffer keeps every tail tile load
+    in bounds whatever the Warp version (the seed's tile-overread doctrine) and costs nothing.
+    """
+    n = pad_to(cout, tile_n)
+    dev = bias.device if bias is not None else device
+    out = torch.zeros(n, dtype=torch.float32, device=dev)
+    if bias is not None:
+        out[:cout] = bias.to(torch.float32)
+    return out
+
+
+# Outputs up to this size are stored straight into y (one fewer allocation and launch: 5-24% faster
+# at <= 2 MB on the H200); larger ones through the contiguous staging buffer (equal or up to 10%
+# faster, e.g. the DINOv3 patch embed at B=512).
+DIRECT_STORE_MAX_BYTES = 4 << 20
+
+
+def store_mode(store: Optional[str], out_bytes: int = 0) -> str:
+    mode = store or os.environ.get("FOVI_WARP_FWD_STORE") or (
+        "direct" if out_bytes <= DIRECT_STORE_MAX_BYTES else "staged")
+    if mode not in ("staged", "direct"):
+        raise ValueError(f"store: expected 'staged' or 'direct', got {mode!r}")
+    return mode
+
+
+class Plan:
+    """Prepared operands of one forward call: ``launch()`` runs the kernel into ``out``,
+    ``finish()`` returns ``y [B, Cout, Nout]``."""
+
+    def __init__(self, launch, out, finish):
+        self.launch = launch
+        self.out = out
+        self.finish = finish
+
+
+def _output(b: int, cout: int, nout: int, device, store: str):
+    """(kernel view [Nout, B, Cout], finish) for the two store modes."""
+    if store == "direct":
+        y = torch.empty(b, cout, nout, dtype=torch.float16, device=device)
+        return y.permute(2, 0, 1), (lambda: y)
+    ys = torch.empty(nout, b, cout, dtype=torch.float16, device=device)
+    return ys, (lambda: ys.permute(1, 2, 0).contiguous())
+
+
+_launch_lock = threading.Lock()
+_LAUNCHES: Dict[Tuple, list] = {}
+
+
+def _launcher(kernel, dims, inputs, block_dim: int, device: str, tiled: bool = True):
+    """A closure launching ``kernel`` on torch's current stream of ``device`` (looked up per launch);
+    ``tiled=False``: a plain SIMT launch of ``dims`` threads (the ``simt`` family).
+
+    Launch overhead is host time, and at small batch the host is the bottleneck (one op is ~0.1 ms
+    of GPU work): so one recorded ``wp.Launch`` is kept per (kernel, device, grid) and only the
+    parameters that changed since its last use (new x / y buffers, ints) are re-packed
+    (:func:`_relaunch`).
+    """
+    key = (kernel, device, dims, block_dim, tiled)
+
+    def launch():
+        stream = warp_stream(device)
+        with _launch_lock:
+            ent = _LAUNCHES.get(key)
+            if ent is None and len(_LAUNCHES) > 512:
+                _LAUNCHES.clear()
+            _LAUNCHES[key] = _relaunch(ent, kernel, dims, inputs, block_dim, device, tiled, stream)
+    return launch
+
+
+def _relaunch(ent, kernel, dims, inputs, block_dim: int, device: str, tiled: bool, stream) -> list:
+    """Launch ``kernel`` with ``inputs`` through a recorded launch: ``ent = [wp.Launch, last inputs]`` or
+    None (recorded now). Only the parameters that changed since the last launch are re-set: array
+    descriptors (ctypes structures, :func:`~fovi_lab.kernels.common.warp_ct`) without re-packing. Returns
+    ``ent``. The caller holds the lock that keeps set-and-launch of one recorded launch together."""
+    if ent is None:
+        launch_fn = wp.launch_tiled if tiled else wp.launch
+        cmd = launch_fn(kernel, dim=dims, inputs=inputs, block_dim=block_dim, device=device, record_cmd=True)
+        ent = [cmd, list(inputs)]
+    else:
+        cmd, last = ent
+        for i, v in enumerate(inputs):
+            u = last[i]
+            if v is u:
+                continue
+            if isinstance(v, ctypes.Structure):         # a warp_ct descriptor: no re-packing
+                cmd.set_param_at_index_from_ctype(i, v)
+            elif isinstance(v, wp.array) or v != u:
+                cmd.set_param_at_index(i, v)
+            last[i] = v
+    cmd.launch(stream=stream)
+    return ent
+
+
+def plan_uncached(cfg: FwdConfig, kernel, x, weight, bias, il, wl, store: str,
+                   info: Optional[_TableInfo] = None, dev: Optional[str] = None, memo: Optional[dict] = None) -> Plan:
+    dev = dev or warp_device(x)
+    b, cin, nin = x.shape
+    cout, q = weight.shape
+    nout, p64 = il.shape
+    if cfg.family in _IN_PLACE_FAMILIES:
+        # x read and y written in place ([B, Cin*Nin] and [B, Cout, Nout]; ``store`` does not apply)
+        if info is None:
+            info = analyse_tables(il, wl, cin, nin, q)
+        runner = _SimtRunner(cfg, kernel, dev, info, b, cin, nin, cout, nout, il, wl)
+        if memo is not None:
+            memo["runner"] = runner
+        return runner(x, weight, bias)
+    out, finish = _output(b, cout, nout, x.device, store)
+    bias_p, bias_w = bias_operand(bias, cout, cfg.tile_n, x.device)
+    dims = (nout, -(-b // cfg.rows_per_cta), -(-cout // cfg.tile_n))
+    if info is None:
+        info = analyse_tables(il, wl, cin, nin, q)
+    if cfg.family in ("gather", "gp"):
+        xt = x.reshape(b, cin * nin).t().contiguous()          # [Cin*Nin, B]: batch rows contiguous
+        wt, wt_w = _weight_operand(weight, "t", 0, 0)           # [Q, Cout]
+        inputs = [warp_ct(xt), wt_w, info.wa(il), info.wa(wl), bias_w, warp_ct(out),
+                  p64 // _GATHER_TILE_K, b]
+        keep = (xt, wt, il, wl, bias_p)
+    elif cfg.family in ("nm", "nmp", "nms"):
+        if info.nm is None:
+            raise ValueError(f"config: {cfg.name!r} (node-major) needs index tables built as in spec §2.1 "
+                             f"(input_linear[n, c*K+k] = c*Nin + idx[n,k]); these are not")
+        cp = pad_to(cin, cfg.tile_k)
+        if cfg.family in ("nm", "nms"):
+            runner = _NmRunner(cfg, kernel, dims, dev, info, b, cin, nin, cout, nout, store)
+            if memo is not None:
+                memo["runner"] = runner
+            return runner(x, weight, bias, out, finish, bias_p, bias_w)
+        else:
+            idxc, rfc, cnt = info.compact()
+            # unchecked loads: every tile must lie inside the operands
+            bx, coutp = pad_to(b, cfg.tile_m), pad_to(cout, cfg.tile_n)
+            xn = _node_major_x(x, cp, bx)
+            wv, wv_w = _weight_operand(weight, "v", cin, cp, coutp)
+            inputs = [warp_ct(xn), wv_w, info.wa(idxc), info.wa(rfc), info.wa(cnt), bias_w,
+                      warp_ct(out), cp // cfg.tile_k, cp]
+            keep = (xn, wv, idxc, rfc, cnt, bias_p)
+    elif cfg.family in ("i2c", "i2cg"):
+        return _plan_i2c(cfg, kernel, x, weight, il, wl, out, finish, bias_p, bias_w, dev, info, memo)
+    elif cfg.family == "simtv":
+        bx, coutp = pad_to(b, cfg.tile_m), pad_to(cout, cfg.tile_n)
+        rows = cin * nin
+        xp = torch.empty(rows + 1, bx, dtype=torch.float32, device=x.device)      # [Cin*Nin + 1, Bx]
+        wpm = torch.empty(q, coutp, dtype=torch.float32, device=x.device)         # permuted W^T
+        x2 = x.reshape(b, rows)
+        n_x, n_og = (rows + 1) * (bx // 4), coutp // cfg.tile_n
+        prep_args = [warp_ct(x2), warp_ct(weight), warp_ct_vec(xp), warp_ct(wpm), n_x, cfg.tile_n, n_og]
+        inputs = [warp_ct_vec(xp), warp_ct_vec(wpm), info.wa(il), info.wa(wl), bias_w, warp_ct(out),
+                  pad_to(info.p_used, cfg.tile_k), n_og]
+        main = _launcher(kernel, dims, inputs, cfg.block_dim, dev, tiled=False)
+
+        def launch():
+            fast_launch(simtv_prep_kernel(), (n_x + q * coutp,), prep_args, 256, dev, tiled=False)
+            main()
+        plan = Plan(launch, out, finish)
+        plan._keep = (x2, weight, xp, wpm, il, wl, bias_p)
+        return plan
+    else:
+        raise ValueError(f"config: {cfg.name!r} is not an uncached config")
+    launch = _launcher(kernel, dims, inputs, cfg.block_dim, dev)
+    plan = Plan(launch, out, finish)
+    plan._keep = keep  # operands must outlive the launch
+    return plan
+
+
+# The simts split: about _SIMTS_THREADS threads in all (the H200 holds 132 x 2048 resident), but never fewer
+# than _SIMTS_MIN_STEPS loop steps per thread (each split adds a partial of B*Cout*Nout fp32 to write and sum).
+# Run 44 swept 8192 / 32768 / 131072: 8x8 blocks were best at 32768 (res18 layer3 at B = 16: 0.055 against
+# 0.072 ms at 131072), 4x8 blocks at 131072 (alexnet L2 at B = 1: 0.094 against 0.121 ms at 32768; the
+# small layers within 5 %). ``FOVI_WARP_SIMTS_THREADS`` (read at import) overrides both, for sweeps.
+_SIMTS_THREADS = 32768
+_SIMTS_THREADS_BY_BLOCK = {(4, 8): 131072}
+_SIMTS_THREADS_ENV = int(os.environ.get("FOVI_WARP_SIMTS_THREADS") or 0)
+_SIMTS_MIN_STEPS = 8
+
+
+def simts_split(threads: int, steps: int, block: Tuple[int, int] = (8, 8)) -> Tuple[int, int]:
+    """``(S, steps per split)`` for a simts launch of ``threads`` threads per split over ``steps`` loop
+    steps (``unroll`` p entries each) with ``block = (tile_b, tile_o)`` register blocks; every split gets
+    at least one step when there are any."""
+    if steps <= 0:
+        return 1, 0
+    target = _SIMTS_THREADS_ENV or _SIMTS_THREADS_BY_BLOCK.get(tuple(block), _SIMTS_THREADS)
+    s = max(1, min(-(-target // max(1, threads)), steps // _SIMTS_MIN_STEPS))
+    per = -(-steps // s)
+    return -(-steps // per), per
+
+
+# The families whose runner reads x and writes y in place (:class:`_SimtRunner`).
+_IN_PLACE_FAMILIES = ("simt", "simtp", "simtw", "simts", "simtsw") + MMA_FAMILIES
+
+# The mmas split: about _MMAS_WARPS warps in all (132 SMs x 16 resident warps of these ~128-register
+# threads would be 2112), never fewer than _MMAS_MIN_STEPS k-steps of 16 p entries per split.
+_MMAS_WARPS = int(os.environ.get("FOVI_WARP_MMAS_WARPS") or 2048)
+_MMAS_MIN_STEPS = 4
+
+
+def mmas_split(warps: int, steps: int) -> Tuple[int, int]:
+    """``(S, k-steps per split)`` for an mmas launch of ``warps`` warps per split over ``steps`` k-steps."""
+    if steps <= 0:
+        return 1, 0
+    s = max(1, min(-(-_MMAS_WARPS // max(1, warps)), steps // _MMAS_MIN_STEPS))
+    per = -(-steps // s)
+    return -(-steps // per), per
+
+
+class _SimtRunner:
+    """The SIMT forward of one call signature (families ``simt`` / ``simtp`` / ``simtw`` and the split
+    ``simts`` / ``simtsw``), memoised with it (:data:`_CALLS`), like :class:`_NmRunner`.
+
+    Why: these kernels read x and write y in place, so a call's device work is one or two launches, and at
+    B <= 16 its eager time is mostly host time (an op of 0.03-0.12 ms of GPU work took 0.08-0.19 ms per call
+    on the H200 machine). Everything a call derives from shapes and tables (grid, loop length, split, table
+    descriptors) is fixed here, and the runner owns its recorded launches, so a call only allocates y (and
+    the split's partials), looks up the cached W layout and bias, re-points the launches' array parameters
+    at this call's tensors and launches."""
+
+    def __init__(self, cfg: FwdConfig, kernel, dev: str, info: _TableInfo, b: int, cin: int, nin: int, cout: int,
+                 nout: int, il: torch.Tensor, wl: torch.Tensor):
+        tb, to, u = cfg.tile_m, cfg.tile_n, cfg.tile_k
+        self.kernel, self.dev, self.block_dim = kernel, dev, cfg.block_dim
+        self.b, self.rows, self.cout, self.nout, self.to = b, cin * nin, cout, nout, to
+        self.coutp = pad_to(cout, to)
+        self.wkind = "pv" if cfg.family in ("simtw", "simtsw") else "tp"
+        n_og, nbg = self.coutp // to, -(-b // tb)
+        p_len = pad_to(info.p_used, u)
+        self.xt = self.wnat = False
+        if cfg.family in MMA_FAMILIES:
+            # a warp per (node, batch block, channel block): the last grid dimension is (channel block, lane);
+            # the vectorised index loads need 8-byte aligned table rows
+            _, self.wnat, self.xt = mma_flags(cfg.family)
+            self.bx = pad_to(b, tb)
+            if il.data_ptr() % 16 or wl.data_ptr() % 16:
+                il, wl = il.clone(), wl.clone()
+                info = _TableInfo(nm=info.nm, nin=info.nin, p_used=info.p_used)
+            lanes, units = 32, nout * nbg * n_og
+        else:
+            lanes, units = 1, nout * nbg * n_og
+        self.tables = (il, wl)                       # kept alive with their descriptors
+        self.split = 0
+        if cfg.family in ("simts", "simtsw", "mmas", "mmasw"):
+            if cfg.family in ("mmas", "mmasw"):
+                self.split, per = mmas_split(units, p_len // u)
+            else:
+                self.split, per = simts_split(units, p_len // u, (tb, to))
+            self.dims = (self.split * nout, nbg, n_og * lanes)
+            self.tail = [p_len, per * u, n_og, nout]
+        elif mma_staged(cfg.family):                # a block = block_dim/32 consecutive nodes of one (bg, og)
+            self.dims = (nbg, n_og, pad_to(nout, cfg.block_dim // 32) * 32)
+            self.tail = [p_len, n_og]
+        else:
+            self.dims = (nout, nbg, n_og * lanes)
+            self.tail = [p_len, n_og]
+        self.il_c, self.wl_c = info.wa(il), info.wa(wl)
+        self._lock = threading.Lock()
+        self._main = self._red = None
+
+    def __call__(self, x, weight, bias) -> Plan:
+        x2 = x.reshape(self.b, self.rows)
+        if x2.stride(1) != 1:                        # rows are read with unit stride
+            x2 = x2.contiguous()
+        if self.xt:                                  # x^T [Cin*Nin, Bx] (tail columns never stored)
+            xt = torch.empty(self.rows, self.bx, dtype=torch.float16, device=x.device)
+            xt[:, :self.b].copy_(x2.t())
+            x2 = xt
+        y = torch.empty(self.b, self.cout, self.nout, dtype=torch.float16, device=x.device)
+        if self.wnat:                                # W read in place
+            wop = weight if weight.stride(1) == 1 else weight.contiguous()
+            w_c = warp_ct(wop)
+        else:
+            wop, w_c = _weight_operand(weight, self.wkind, 0, self.to, self.coutp)
+        bias_p, bias_c = bias_operand(bias, self.cout, self.to, x.device)
+        if self.split:
+            part = torch.empty(self.split * self.nout, self.b, self.cout, dtype=torch.float32, device=x.device)
+            part_c = warp_ct(part)
+            main_args = [warp_ct(x2), w_c, self.il_c, self.wl_c, part_c] + self.tail
+            red_args = [part_c, bias_c, warp_ct(y.permute(2, 0, 1)), self.split, self.nout]
+            keep = (x2, wop, bias_p, part)
+        else:
+            main_args = [warp_ct(x2), w_c, self.il_c, self.wl_c, bias_c, warp_ct(y)] + self.tail
+            red_args = None
+            keep = (x2, wop, bias_p)
+        plan = Plan(lambda: self._launch(main_args, red_args), y, lambda: y)
+        plan._keep = keep + self.tables
+        plan.split = self.split or None
+        return plan
+
+    def _launch(self, main_args, red_args) -> None:
+        stream = warp_stream(self.dev)
+        with self._lock:
+            self._main = _relaunch(self._main, self.kernel, self.dims, main_args, self.block_dim, self.dev, False,
+                                   stream)
+            if red_args is not None:
+                self._red = _relaunch(self._red, nms_reduce_kernel(), (self.nout, self.b, self.cout), red_args, 256,
+                                      self.dev, False, stream)
+
+
+class _NmRunner:
+    """The node-major (``nm`` / ``nms``) forward of one call signature, memoised with it (:data:`_CALLS`):
+    what the launch needs from shapes and tables alone is fixed here, so a call does only its per-value
+    work (the node-major copy of x, the weight layout lookup, the output, the descriptors, the launches).
+
+    ``nms``: the kernel writes ``S`` fp32 partials ``[S*Nout, B, Cout]``, then one SIMT launch
+    (:func:`nms_reduce_kernel`) sums them in a fixed order, adds the bias in fp32 and rounds once into
+    ``out``."""
+
+    def __init__(self, cfg: FwdConfig, kernel, dims, dev: str, info: _TableInfo, b: int, cin: int, nin: int,
+                 cout: int, nout: int, store: str):
+        idxn, rfn, k = info.nm
+        self.kernel, self.block_dim, self.dev, self.store = kernel, cfg.block_dim, dev, store
+        self.b, self.cin, self.cout, self.nout, self.tile_n = b, cin, cout, nout, cfg.tile_n
+        # channel runs padded to the K step; 16-byte batch and Cout rows for vectorised loads
+        self.cp, self.bx, self.coutp = pad_to(cin, cfg.tile_k), pad_to(b, 8), pad_to(cout, 8)
+        self.tables = (idxn, rfn)
+        self.split = _nms_split(dims, k) if cfg.family == "nms" else 0
+        self.dims = (self.split * nout, dims[1], dims[2]) if self.split else dims
+        self.consts = (info.wa(idxn), info.wa(rfn), k, self.cp // cfg.tile_k, self.cp, nin, b)
+
+    def __call__(self, x, weight, bias, out=None, finish=None, bias_p=None, bias_w=None) -> Plan:
+        xn = _node_major_x(x, self.cp, self.bx)                                    # [Nin*Cp, Bx]
+        wv, wv_w = _weight_operand(weight, "v", self.cin, self.cp, self.coutp)     # [V*Cp, Cout_p]
+        if bias_w is None:
+            bias_p, bias_w = bias_operand(bias, self.cout, self.tile_n, x.device)
+        if out is None:
+            out, finish = _output(self.b, self.cout, self.nout, x.device, self.store)
+        t0, t1, k, ksteps, cp, nin, b = self.consts
+        if not self.split:
+            inputs = [warp_ct(xn), wv_w, t0, t1, bias_w, warp_ct(out), k, ksteps, cp, nin, b]
+            plan = Plan(_launcher(self.kernel, self.dims, inputs, self.block_dim, self.dev), out, finish)
+            plan._keep = (xn, wv, bias_p) + self.tables  # operands must outlive the launch
+            return plan
+        s, nout, cout, dev = self.split, self.nout, self.cout, self.dev
+        part = torch.empty(s * nout, b, cout, dtype=torch.float32, device=x.device)
+        part_c = warp_ct(part)
+        kernel_launch = _launcher(self.kernel, self.dims, [warp_ct(xn), wv_w, t0, t1, part_c, k, ksteps, cp, nin,
+                                                           s, nout], self.block_dim, dev)
+        red_inputs = [part_c, bias_w, warp_ct(out), s, nout]
+
+        def launch():
+            kernel_launch()
+            fast_launch(nms_reduce_kernel(), (nout, b, cout), red_inputs, 256, dev, tiled=False)
+        plan = Plan(launch, out, finish)
+        plan._keep = (xn, wv, bias_p, part) + self.tables
+        return plan
+
+
+@built_once
+def nms_reduce_kernel():
+    """``out[n, b, o] = fp16(sum_{s < S} part[s*Nout + n, b, o] + bias[o])``, the sum in fp32 in split
+    order: the nms partials' fixed-order reduction, bias and single rounding in one SIMT launch (o fastest:
+    coalesced partial reads)."""
+    @wp.kernel(enable_backward=False, module="unique")
+    def fovi_nms_reduce(part: wp.array3d(dtype=wp.float32), bias: wp.array1d(dtype=wp.float32),
+                        out: wp.array3d(dtype=wp.float16), nsplit: int, nout: int):
+        n, b, o = wp.tid()
+        acc = part[n, b, o]
+        for s in range(1, nsplit):
+            acc += part[s * nout + n, b, o]
+        out[n, b, o] = wp.float16(acc + bias[o])
+    return fovi_nms_reduce
+
+
+# Budget of the i2c family's im2col staging buffer (``FOVI_WARP_I2C_MIB``): nodes are gathered and
+# multiplied in chunks that fit it (alexnet's stem at B=64 needs 47 MB for all 964 nodes, 379 MB at 512).
+_I2C_STAGE_MIB = 32
+
+
+def _i2c_stage_bytes() -> int:
+    env = os.environ.get("FOVI_WARP_I2C_MIB")
+    mib = float(env) if env else _I2C_STAGE_MIB
+    if not mib > 0:
+        raise ValueError(f"FOVI_WARP_I2C_MIB: expected a positive number of MiB, got {env!r}")
+    return int(mib * (1 << 20))
+
+
+def _i2c_gather_kind() -> str:
+    """How the i2c stage gathers rows (``FOVI_WARP_I2C_GATHER``): ``warp`` (a SIMT row copy of 8-byte
+    elements, :func:`~fovi_lab.kernels.common.gather_rows`) or ``torch`` (``index_select`` of 16-byte
+    elements)."""
+    how = os.environ.get("FOVI_WARP_I2C_GATHER") or "warp"
+    if how not in ("warp", "torch"):
+        raise ValueError(f"FOVI_WARP_I2C_GATHER: expected 'warp' or 'torch', got {how!r}")
+    return how
+
+
+def _as_rows16(t: torch.Tensor) -> torch.Tensor:
+    """An fp16 ``[rows, C]`` tensor (C a multiple of 8) viewed as ``[rows, C/8]`` 16-byte elements, so a
+    row gather copies 16 bytes per element instead of 2."""
+    return t.view(torch.complex128) if t.shape[1] % 8 == 0 else t
+
+
+@dataclass(frozen=True)
+class _I2cStatic:
+    """What an i2c call derives from its shapes and tables alone (memoised per call signature)."""
+    bx: int                     # batch padded to 8 (16-byte stage rows)
+    coutp: int                  # Cout padded to 8 (16-byte weff rows)
+    nc: int                     # nodes per chunk
+    chunks: tuple               # ((n0, cnt, launch dims), ...)
+
+
+def _i2c_static(cfg: FwdConfig, b: int, cout: int, nout: int, p64: int, budget: int) -> _I2cStatic:
+    if p64 % cfg.tile_k:
+        raise ValueError(f"config: {cfg.name!r} steps {cfg.tile_k} rows of P64 at a time, but P64={p64} is "
+                         f"not a multiple of {cfg.tile_k}; pick a k64 config or leave config=None")
+    bx = pad_to(b, 8)
+    nc = max(1, min(nout, budget // (p64 * bx * 2)))
+    chunks = tuple((n0, min(nc, nout - n0), (min(nc, nout - n0), -(-b // cfg.tile_m), -(-cout // cfg.tile_n)))
+                   for n0 in range(0, nout, nc))
+    return _I2cStatic(bx=bx, coutp=pad_to(cout, 8), nc=nc, chunks=chunks)
+
+
+def _plan_i2c(cfg: FwdConfig, kernel, x, weight, il, wl, out, finish, bias_p, bias_w, dev: str,
+              info: _TableInfo, memo: Optional[dict] = None) -> Plan:
+    """The i2c launch (see :func:`make_i2c_kernel`): per chunk of ``Nc`` nodes (``Nc*P64*Bx*2`` bytes
+    within ``FOVI_WARP_I2C_MIB``), one row gather into the stage, then one kernel launch. For ``i2c``
+    the weight rows of every node are gathered too (``Nout*P64*Cout_p*2`` bytes, rebuilt per call
+    because a training step changes W), in the same launch as the first chunk's x rows. All of it is
+    inside the timed launch. ``memo``: the call signature's memo (:data:`_CALLS`), for the chunk plan."""
+    b, cin, nin = x.shape
+    cout, q = weight.shape
+    nout, p64 = il.shape
+    budget, how = _i2c_stage_bytes(), _i2c_gather_kind()
+    st = memo.get(("i2c", how, budget)) if memo is not None else None
+    if st is None:
+        st = _i2c_static(cfg, b, cout, nout, p64, budget)
+        if memo is not None:
+            memo[("i2c", how, budget)] = st
+    bx, coutp, staged_w = st.bx, st.coutp, cfg.family == "i2c"
+    # [Cin*Nin + 1, Bx]: x^T, the zero pad row and zero batch columns, in one op
+    xp = torch.nn.functional.pad(x.reshape(b, cin * nin).t(), (0, bx - b, 0, 1))
+    at = torch.empty(st.nc * p64, bx, dtype=torch.float16, device=x.device)
+    if staged_w:
+        wtp, _ = _weight_operand(weight, "tp", 0, 0, coutp)     # [Q, Cout_p]
+        wop = torch.empty(nout * p64, coutp, dtype=torch.float16, device=x.device)
+    else:
+        wtp = None
+        wop, _ = _weight_operand(weight, "t", 0, 0)              # [Q, Cout], gathered by wl in the kernel
+    at_w, wop_w, out_w, wl_w = warp_ct(at), warp_ct(wop), warp_ct(out), info.wa(wl)
+    ksteps, bd = p64 // cfg.tile_k, cfg.block_dim
+
+    if how == "torch":
+        il_flat, xp16, at16 = il.view(-1), _as_rows16(xp), _as_rows16(at)
+        if staged_w:
+            wl_flat, wtp16, wop16 = wl.view(-1), _as_rows16(wtp), _as_rows16(wop)
+
+        def gathers(first, n0, cnt):
+            if first and staged_w:
+                torch.index_select(wtp16, 0, wl_flat, out=wop16)
+            torch.index_select(xp16, 0, il_flat[n0 * p64:(n0 + cnt) * p64], out=at16[:cnt * p64])
+    else:  # Warp row copies of 8-byte elements, recorded launches (host time matters here)
+        xp64, at64 = as_rows64(xp), as_rows64(at)
+        xp_c, at_c, il_c, arow = warp_ct(xp64), warp_ct(at64), info.wa(il, flat=True), at64.shape[1]
+        if staged_w:
+            wop64 = as_rows64(wop)
+            wtp_c, wop_c, wl_c, wn = warp_ct(as_rows64(wtp)), warp_ct(wop64), info.wa(wl, flat=True), wop64.numel()
+
+        def gathers(first, n0, cnt):
+            na = cnt * p64 * arow
+            if first and staged_w:     # W rows and chunk 0's x rows in one launch
+                fast_launch(gather_rows_pair_kernel(), (na + wn,),
+                            [xp_c, il_c, at_c, n0 * p64, na, wtp_c, wl_c, wop_c, 0], 256, dev, tiled=False)
+            else:
+                fast_launch(gather_rows_kernel(), (cnt * p64, arow), [xp_c, il_c, at_c, n0 * p64], 256, dev,
+                            tiled=False)
+
+    def launch():
+        for i, (n0, cnt, dims) in enumerate(st.chunks):
+            gathers(i == 0, n0, cnt)
+            fast_launch(kernel, dims, [at_w, wop_w, wl_w, bias_w, out_w, ksteps, p64, n0], bd, dev)
+    plan = Plan(launch, out, finish)
+    plan._keep = (xp, at, wop, wtp, il, wl, bias_p)
+    return plan
+
+
+def _nms_split(dims, k: int) -> int:
+    """Neighbour-loop split of the nms family: enough CTAs for ~2 waves on the H200 (256), at most K."""
+    grid = dims[0] * dims[1] * dims[2]
+    return int(max(1, min(k, -(-256 // max(1, grid)))))
+
+
+def _node_major_x(x: torch.Tensor, cp: int, bx: int) -> torch.Tensor:
+    """``xn[m*Cp + c, b] = x[b, c, m]`` as ``[Nin*Cp, Bx]`` fp16; channel and batch padding zeroed
+    (the channel pad is contracted against W's zero pad: it must not hold NaN)."""
+    b, cin, nin = x.shape
+    if cp == cin and bx == b:
+        return x.permute(2, 1, 0).contiguous().view(nin * cp, bx)
+    xn = torch.empty(nin, cp, bx, dtype=torch.float16, device=x.device)
+    xn[:, :cin, :b].copy_(x.permute(2, 1, 0))
+    if cp > cin:
+        xn[:, cin:, :].zero_()
+    if bx > b:
+        xn[:, :cin, b:].zero_()
+    return xn.view(nin * cp, bx)
+
+
+_wcache_lock = threading.Lock()
+_WCACHE: "Dict[Tuple, Tuple]" = {}
+_WCACHE_MAX = 64
+
+
+def weight_layout(weight: torch.Tensor, kind: str, cin: int, cp: int, coutp: int = 0) -> torch.Tensor:
+    """Weight operand of a kernel family, cached per (weight object, ``_version``, layout).
+
+    ``"t"``: ``W^T [Q, Cout]``; ``"tp"``: the same with ``coutp`` columns (zero padded); ``"pv"``: fp32
+    ``W^T`` with ``coutp`` columns permuted for ``tile_o = cp`` channel groups,
+    ``out[q, og*tile_o + j] = W^T[q, og + j*n_og]`` (``n_og = coutp/tile_o``; zero past Cout). ``"v"``:
+    tap-major ``wv[v*Cp + c, o] = W[o, c*V + v]``, ``[V*Cp, Cout_p]`` with zero channel/column padding
+    (``coutp`` columns, a multiple of 8 for 16-byte rows). Inference reuses the layout; a training
+    step's in-place update bumps ``_version`` and rebuilds it. Under CUDA-graph capture the layout is
+    always rebuilt (and not cached), so the graph replays the copy and sees the weight of each replay.
+    """
+    import weakref
+    key = (id(weight), kind, cp, coutp)
+    capture = capturing(weight)          # under CUDA-graph capture: rebuild, inside the graph, every replay
+    with _wcache_lock:
+        hit = None if capture else _WCACHE.get(key)
+    if hit is not None and hit[0]() is weight and hit[1] == weight._version:
+        return hit[2]
+    cout, q = weight.shape
+    # (unpadded layouts are one transposing copy; padded ones zero the buffer first)
+    if kind == "pv":
+        to, n_og = cp, coutp // cp
+        src = weight if coutp == cout else torch.cat([weight, weight.new_zeros(coutp - cout, q)])
+        out = torch.empty(q, n_og, to, dtype=torch.float32, device=weight.device)
+        out.copy_(src.view(to, n_og, q).permute(2, 1, 0))       # [q, og, j] = W[j*n_og + og, q]
+        out = out.view(q, coutp)
+    elif kind == "t" or (kind == "tp" and coutp == cout):
+        out = weight.t().contiguous()
+    elif kind == "tp":
+        out = torch.zeros(q, coutp, dtype=weight.dtype, device=weight.device)
+        out[:, :cout] = weight.t()
+    else:
+        v = q // cin
+        src = weight.view(cout, cin, v).permute(2, 1, 0)
+        if cp == cin and coutp == cout:
+            out = src.contiguous().view(v * cp, coutp)
+        else:
+            wv = torch.zeros(v, cp, coutp, dtype=weight.dtype, device=weight.device)
+            wv[:, :cin, :cout] = src
+            out = wv.view(v * cp, coutp)
+    if capture:
+        return out
+    with _wcache_lock:
+        if len(_WCACHE) >= _WCACHE_MAX:
+            _WCACHE.pop(next(iter(_WCACHE)))
+        def _drop(_ref, key=key, lock=_wcache_lock, cache=_WCACHE):  # a temporary weight frees its layout too
+            with lock:
+                if key in cache and cache[key][0] is _ref:
+                    del cache[key]
+        _WCACHE[key] = (weakref.ref(weight, _drop), weight._version, out, _weight_desc(kind, out))
+    return out
+
+
+def _weight_desc(kind: str, out: torch.Tensor):
+    """The Warp array descriptor of a weight layout (``"pv"``: fp32 ``vec4`` words)."""
+    return warp_ct_vec(out) if kind == "pv" else warp_ct(out)
+
+
+def _weight_operand(weight: torch.Tensor, kind: str, cin: int, cp: int, coutp: int = 0):
+    """(tensor, Warp view) of :func:`weight_layout` (the view is cached with the layout)."""
+    out = weight_layout(weight, kind, cin, cp, coutp)
+    with _wcache_lock:
+        ent = _WCACHE.get((id(weight), kind, cp, coutp))
+    if ent is not None and ent[2] is out:
+        return out, ent[3]
+    return out, _weight_desc(kind, out)
+
+
+def plan_cached(cfg: FwdConfig, kernel, x, weff, bias, il, cout: int, store: str) -> Plan:
+    dev = warp_device(x)
+    b, cin, nin = x.shape
+    nout, p64 = il.shape
+    out, finish = _output(b, cout, nout, x.device, store)
+    bias_p, bias_w = bias_operand(bias, cout, cfg.tile_n, x.device)
+    xt = x.reshape(b, cin * nin).t().contiguous()
+    dims = (nout, -(-b // cfg.tile_m), -(-cout // cfg.tile_n))
+    inputs = [warp_ct(xt), warp_ct(weff), warp_ct(il), bias_w, warp_ct(out), p64 // _GATHER_TILE_K, b]
+    plan = Plan(_launcher(kernel, dims, inputs, cfg.block_dim, dev), out, finish)
+    plan._keep = (xt, weff, il, bias_p)
+    return plan
+
+
+def plan_dense(cfg: FwdConfig, kernel, b: int, cout: int, nout: int, kdim: int, device, seed: int = 0,
+                store: str = "staged") -> Plan:
+    """Dense ceiling operands of the same GEMM sizes: ``at [Kd, Bx]``, ``w [Kd, Cout_p]`` (random)."""
+    dev_t = torch.device(device if device != "cpu" else "cpu")
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    kd = pad_to(kdim, cfg.tile_k)
+    # whole tiles: the pipelined ceiling loads unchecked
+    at = torch.randn(kd, pad_to(b, cfg.rows_per_cta), generator=g).to(dev_t, torch.float16)
+    w = (0.1 * torch.randn(kd, pad_to(cout, cfg.tile_n), generator=g)).to(dev_t, torch.float16)
+    out, finish = _output(b, cout, nout, dev_t, store)
+    bias_p, bias_w = bias_operand(None, cout, cfg.tile_n, dev_t)
+    dims = (nout, -(-b // cfg.rows_per_cta), -(-cout // cfg.tile_n))
+    inputs = [to_warp(at), to_warp(w), bias_w, to_warp(out), kd // cfg.tile_k, b]
+    simt = cfg.family in ("simt", "simtp", "simtv", "simts", "simtw", "simtsw") + MMA_FAMILIES
+    if simt:                                       # SIMT ceiling: all Kd rows, U per step; channel groups
+        inputs[4:] = [kd, pad_to(cout, cfg.tile_n) // cfg.tile_n]
+        if cfg.family in MMA_FAMILIES:              # warps: (node, batch block, channel block x lane)
+            _, w_native, x_t = mma_flags(cfg.family)
+            if not x_t:
+                at = at.t().contiguous()             # [Bx, Kd]: x rows, as the in-place kernels read them
+            if w_native:
+                w = w.t().contiguous()               # [Cout_p, Kd]: W's own layout
+            inputs[0:2] = [to_warp(at), to_warp(w)]
+            dims = (nout, dims[1], dims[2] * 32)
+        if cfg.family == "simtv":
+            at, w = at.float(), w.float()
+            inputs[0:2] = [warp_ct_vec(at), warp_ct_vec(w)]
+    plan = Plan(_launcher(kernel, dims, inputs, cfg.block_dim, device_str(device),
+                           tiled=not simt), out, finish)
+    plan._keep = (at, w, bias_p)
+    return plan

@@ -1,0 +1,133 @@
+"""Compile every Warp forward kernel (and the fused adjoint kernels ``warp_train`` runs) for this machine
+into Warp's kernel cache, in parallel processes.
+
+``python -m fovi_lab warmup [--jobs N] [--no-dense] [--no-grad] [--aot-arch 90]``
+
+Every forward config is its own Warp module, and on a GPU each module's MathDx (cuBLASDx) link takes
+~50 s. Warp's in-process ``max_workers`` did not help on the H200 machine (11 modules unfinished after
+550 s), separate processes did (6 modules in 54 s), so this spawns one process per module, ``--jobs``
+at a time (default: the CPU count), each building one kernel and loading it (compile or cache hit)
+for the local device. Later runs find every module in the cache (``~/.cache/warp/<version>`` or
+``WARP_CACHE_PATH``).
+
+``--aot-arch 90`` compiles the CUDA modules for that architecture *without a GPU* (Warp's bundled
+NVRTC) into the same cache layout, so a cache built on a CPU machine can be shipped to a GPU one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import sys
+import time
+from typing import List, Optional, Tuple
+
+__all__ = ["main", "forward_jobs", "grad_jobs"]
+
+
+def forward_jobs(dense: bool = True, experimental: bool = False) -> List[Tuple[str, bool]]:
+    """(config name, dense ceiling?) for every forward module: uncached, cached, dense ceilings."""
+    from fovi_lab.kernels import forward as F
+    names = F.uncached_config_names(experimental=experimental)
+    jobs = [(n, False) for n in names] + [(n, False) for n in F.cached_config_names()]
+    if dense:
+        seen = set()
+        for n in names:
+            key = F.dense_kind(F.config_spec(n))
+            if key not in seen:
+                seen.add(key)
+                jobs.append((n, True))
+    return jobs
+
+
+def grad_jobs() -> List[Tuple[str, bool]]:
+    """``("nm:<kind>:<name>", False)`` for every fused node-major adjoint kernel (what ``warp_train`` runs)."""
+    from fovi_lab.kernels.adjoint import nm_grad_kernel_names
+    return [(f"nm:{kind}:{name}", False) for kind, name in nm_grad_kernel_names()]
+
+
+def _compile_one(job) -> Tuple[str, bool, float, str]:
+    name, dense, device, aot_arch, mathdx = job
+    t0 = time.perf_counter()
+    try:
+        if mathdx is not None:
+            os.environ["FOVI_WARP_MATHDX"] = "1" if mathdx else "0"
+        from fovi_lab.kernels import forward as F
+        from fovi_lab.kernels.common import init_warp, wp
+        init_warp()
+        if name.startswith("nm:"):
+            from fovi_lab.kernels import adjoint as NM
+            from fovi_lab.kernels.adjoint import fused_build as adj_fused_build
+            _, kind, cname = name.split(":")
+            kernel = adj_fused_build._build(kind, cname)
+            block_dim = adj_fused_build._spec(kind, cname)[3]
+            if aot_arch:
+                module = kernel.module
+                module_dir = os.path.join(wp.config.kernel_cache_dir, module.get_module_identifier())
+                wp.compile_aot_module(module, arch=int(aot_arch), module_dir=module_dir)
+            elif str(device).startswith("cuda"):
+                NM.get_nm_grad_kernel(kind, cname, device)        # compile + canary
+            else:
+                kernel.module.load(wp.get_device(device), block_dim)
+            return name, dense, time.perf_counter() - t0, "ok"
+        cfg = F.config_spec(name)
+        if dense and cfg.family == "cached":
+            cfg = F.FwdConfig(cfg.name, "gather", cfg.tile_m, cfg.tile_n, cfg.tile_k, 1, cfg.block_dim)
+        kernel = F.build_kernel(cfg, dense=dense)
+        if aot_arch:
+            module = kernel.module
+            module_dir = os.path.join(wp.config.kernel_cache_dir, module.get_module_identifier())
+            wp.compile_aot_module(module, arch=int(aot_arch), module_dir=module_dir)
+        else:
+            kernel.module.load(wp.get_device(device), cfg.block_dim)
+        return name, dense, time.perf_counter() - t0, "ok"
+    except Exception as exc:  # noqa: BLE001 - report per module, keep going
+        return name, dense, time.perf_counter() - t0, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+
+
+def main(argv: Optional[list] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m fovi_lab warmup", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--no-dense", action="store_true", help="skip the dense-ceiling kernels (benchmark only)")
+    ap.add_argument("--device", default=None, help="cuda:0 / cpu (default: cuda:0 if present, else cpu)")
+    ap.add_argument("--aot-arch", type=int, default=None, help="compile CUDA modules for this sm without a GPU")
+    ap.add_argument("--only", nargs="*", default=None, help="config names to compile (default: all)")
+    ap.add_argument("--mathdx", choices=["on", "off"], default=None, help="force MathDx GEMM on/off")
+    ap.add_argument("--experimental", action="store_true", help="also the experimental (unselected) configs")
+    ap.add_argument("--no-grad", action="store_true", help="skip the fused adjoint kernels (forward only)")
+    args = ap.parse_args(argv)
+
+    device = args.device
+    if device is None and not args.aot_arch:
+        import torch
+        device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    mathdx = None if args.mathdx is None else args.mathdx == "on"
+    jobs = forward_jobs(dense=not args.no_dense, experimental=args.experimental)
+    if not args.no_grad:
+        jobs += grad_jobs()
+    jobs = [j for j in jobs if args.only is None or j[0] in args.only or j[0].split(":")[-1] in args.only]
+    where = f"sm_{args.aot_arch} (ahead of time)" if args.aot_arch else device
+    print(f"warmup: {len(jobs)} Warp modules (forward + fused adjoint) for {where}, {args.jobs} processes", flush=True)
+    t0 = time.perf_counter()
+    # spawn: fresh interpreters (no inherited CUDA context), true parallel compiles. For the long CUDA
+    # compiles, one module per process (maxtasksperchild=1): Warp reads kernel source from disk at
+    # codegen, so a long-lived worker compiles garbled source if the file is edited mid-run (seen);
+    # CPU modules compile in ~2 s, where re-importing torch per module would double the time.
+    long_compiles = bool(args.aot_arch) or not str(device).startswith("cpu")
+    ctx = mp.get_context("spawn")
+    failed = 0
+    with ctx.Pool(processes=max(1, min(args.jobs, len(jobs))),
+                  maxtasksperchild=1 if long_compiles else None) as pool:
+        work = [(n, d, device, args.aot_arch, mathdx) for n, d in jobs]
+        for i, (name, dense, dt, status) in enumerate(pool.imap_unordered(_compile_one, work), 1):
+            bar = "#" * (30 * i // len(jobs))
+            failed += status != "ok"
+            print(f"[{bar:<30s}] {i:>3d}/{len(jobs)} {name}{' (dense ceiling)' if dense else ''}: "
+                  f"{status} in {dt:.1f}s", flush=True)
+    print(f"warmup done in {time.perf_counter() - t0:.0f}s, {failed} failed", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,594 @@
+"""The silent-launch canary, taught: notebook 03's kernels, byte counts, figures and widget callback.
+
+A GPU thread block (a CTA) has a fixed resource budget. For Warp tile kernels the budget that bites is
+**shared memory**: Warp reserves shared memory for *every* tile expression in a kernel (live or not,
+taken or not), unrolls small constant-trip loops (<= 16 trips) so each unrolled copy of a tile
+expression reserves again, and, with ``enable_backward=True``, compiles an adjoint kernel that
+reserves twice the forward's own tiles (each tile paired with a gradient tile). When a launch asks
+for more than the device allows:
+
+* Warp < 1.15 printed ``CUDA error 1: invalid argument`` on stderr and *returned normally*, leaving
+  the output untouched: the silent-launch trap.
+* Warp >= 1.15 raises ``RuntimeError`` naming the byte shortfall (checked with 1.19 on an H200).
+* Warp's **CPU** device has its own budget: a fixed 256 KiB tile arena per block
+  (``WP_MAX_CPU_SHARED`` in ``warp/native/tile.h``); going over it fails a native assertion that ends
+  the *process* (no exception to catch). :func:`explore_config` never launches such a config.
+
+Everything here is ``parameters -> numbers -> plotly go.Figure`` so it runs headless and is tested:
+
+* :func:`estimate_smem` -- a bytes model of a tile-GEMM config (an **estimate**: it counts the tiles
+  the kernels here declare, the way Warp's codegen does; other kernels declare other tiles).
+* :func:`warp_smem_bytes` -- Warp's own count for a built kernel (the ``*_smem_bytes`` entry Warp's
+  codegen writes into the module's metadata; read on the CPU, no GPU needed).
+* :func:`make_tile_gemm_kernel` -- the demonstration kernel: ``C = A @ B`` by tiles, with ``r``
+  batch tiles sharing each B tile, and an optional ``forget_every`` that makes it skip storing some
+  output tiles (a stand-in for a launch that "succeeds" but writes nothing).
+* :func:`make_dead_tile_kernel`, :func:`make_unrolled_kernel` -- the same GEMM with a never-taken
+  branch holding tiles, or a constant-trip loop: Warp's count shows both reserve memory.
+* :func:`make_oversized_kernel` -- one shared tile bigger than an H200 block may have.
+* :func:`canary_check`, :func:`oversized_launch_demo`, :func:`validated_gemm` -- the canary in action.
+* :func:`budget_figure`, :func:`explore_config`, :func:`format_summary` -- the pictures and the widget.
+
+All kernels are built with ``enable_backward=False`` and ``enable_mathdx_gemm=False`` (a scalar tile
+GEMM that compiles in about a second: these kernels teach resource budgets, not speed).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+import warnings
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import plotly.graph_objects as go
+import torch
+
+from fovi_lab.kernels.common import ValidatedCache, init_warp, nan_canary, wp
+
+__all__ = [
+    "GPU_LIMITS", "CUDA_DEFAULT_SMEM", "CPU_TILE_ARENA_BYTES", "TILE_CHOICES", "R_CHOICES",
+    "BLOCK_DIM_CHOICES", "BUDGET_CONFIGS",
+    "estimate_smem", "warp_smem_bytes", "warp_smem_bytes_aot", "make_tile_gemm_kernel", "make_dead_tile_kernel",
+    "make_unrolled_kernel", "make_oversized_kernel", "run_tile_gemm", "canary_check",
+    "oversized_launch_demo", "validated_gemm", "GEMM_CACHE", "budget_figure", "explore_config",
+    "format_summary", "fmt_bytes", "error_class", "make_backward_on_kernel",
+]
+
+#: Per-block shared-memory limits the bar chart draws (bytes).
+GPU_LIMITS: Dict[str, int] = {
+    "CUDA default, no opt-in (48 KiB)": 48 * 1024,
+    "sm_89 opt-in (99 KiB)": 101376,
+    "H200 sm_90, as Warp 1.19 reported it": 231424,
+}
+CUDA_DEFAULT_SMEM = 48 * 1024
+#: Warp's CPU tile arena per block (``WP_MAX_CPU_SHARED`` in warp/native/tile.h, Warp 1.19).
+CPU_TILE_ARENA_BYTES = 256 * 1024
+
+TILE_CHOICES = (8, 16, 32, 64, 128, 256)
+R_CHOICES = (1, 2, 4)
+BLOCK_DIM_CHOICES = (32, 64, 128, 256, 512, 1024)
+
+#: Configs drawn by :func:`budget_figure`: (label, tile_m, tile_n, r, enable_backward).
+BUDGET_CONFIGS: Tuple[Tuple[str, int, int, int, bool], ...] = (
+    ("m16n32", 16, 32, 1, False),
+    ("m32n64", 32, 64, 1, False),
+    ("m64n64r1", 64, 64, 1, False),
+    ("m64n64r2", 64, 64, 2, False),
+    ("m64n128r2", 64, 128, 2, False),
+    ("m64n64r4", 64, 64, 4, False),
+    ("m128n128r2", 128, 128, 2, False),
+    ("m128n128r2 + backward", 128, 128, 2, True),
+    ("m128n128r4", 128, 128, 4, False),
+)
+
+_TILE_K = 64
+_F16, _F32, _I32 = 2, 4, 4
+
+
+def error_class(err: Optional[float]) -> str:
+    """A max abs error as a tolerance class (stable text for notebooks), not a raw float."""
+    if err is None:
+        return "nothing written"
+    if err != err:
+        return "NaN"
+    for tol in (1e-6, 1e-4, 1e-2):
+        if err < tol:
+            return f"< {tol:g}"
+    return "WRONG (>= 0.01)"
+
+
+def fmt_bytes(n: Optional[int]) -> str:
+    """``123456 -> '123456 B (120.6 KiB)'``; ``None -> 'n/a'``."""
+    if n is None:
+        return "n/a"
+    return f"{int(n)} B ({n / 1024:.1f} KiB)"
+
+
+# --------------------------------------------------------------------------------------------------
+# the bytes model
+# --------------------------------------------------------------------------------------------------
+
+def estimate_smem(tile_m: int, tile_n: int, r: int = 1, tile_k: int = _TILE_K, *, gather: bool = False,
+                  bias: bool = False, unroll: int = 1, enable_backward: bool = False) -> Dict:
+    """Estimate the shared memory one block of a tile-GEMM config reserves (bytes). An estimate.
+
+    Counts the tile expressions the kernels of this module (``gather=False``) or the package's
+    gather-family forward kernels (``gather=True, bias=True``) declare, as Warp's codegen does:
+
+    * ``a``: ``r`` fp16 A tiles ``tile_m x tile_k`` (one per batch tile sharing the B tile),
+    * ``b``: one fp16 B (weight) tile ``tile_k x tile_n``,
+    * ``acc``: ``r`` fp32 accumulators ``tile_m x tile_n``,
+    * ``index``: with ``gather``, two int32 index tiles of ``tile_k`` entries,
+    * ``bias``: with ``bias``, one fp32 tile of ``tile_n``.
+
+    ``unroll`` multiplies the loop-body tiles (a, b, index): a constant-trip loop of <= 16 trips is
+    unrolled and each copy reserves again. ``enable_backward`` adds the adjoint kernel's request
+    (``backward`` = twice the forward's own tiles); the forward launch's request is unchanged.
+    Alignment padding and MathDx scratch are not counted; compare with :func:`warp_smem_bytes`.
+    """
+    for name, v in (("tile_m", tile_m), ("tile_n", tile_n), ("r", r), ("tile_k", tile_k), ("unroll", unroll)):
+        if int(v) != v or v < 1:
+            raise ValueError(f"{name}: expected a positive integer, got {v!r}")
+    u = int(unroll)
+    parts = {
+        "a": u * r * tile_m * tile_k * _F16,
+        "b": u * tile_k * tile_n * _F16,
+        "acc": r * tile_m * tile_n * _F32,
+        "index": u * 2 * tile_k * _I32 if gather else 0,
+        "bias": tile_n * _F32 if bias else 0,
+    }
+    forward = sum(parts.values())
+    return {
+        "tile_m": int(tile_m), "tile_n": int(tile_n), "r": int(r), "tile_k": int(tile_k), "unroll": u,
+        "parts": parts, "forward": forward, "backward": 2 * forward if enable_backward else 0,
+        "enable_backward": bool(enable_backward),
+    }
+
+
+def _fits(nbytes: int) -> Dict[str, bool]:
+    return {name: nbytes <= limit for name, limit in GPU_LIMITS.items()}
+
+
+# --------------------------------------------------------------------------------------------------
+# kernels (small factories; tile shapes are compile-time constants, one module per config)
+# --------------------------------------------------------------------------------------------------
+
+def _options(block_dim: int) -> dict:
+    return {"block_dim": int(block_dim), "enable_backward": False, "enable_mathdx_gemm": False}
+
+
+def _check_config(tile_m, tile_n, r, block_dim) -> None:
+    if tile_m not in TILE_CHOICES or tile_n not in TILE_CHOICES:
+        raise ValueError(f"tile_m/tile_n: expected one of {TILE_CHOICES}, got {tile_m}/{tile_n}")
+    if r not in R_CHOICES:
+        raise ValueError(f"r: expected one of {R_CHOICES}, got {r}")
+    if block_dim not in BLOCK_DIM_CHOICES:
+        raise ValueError(f"block_dim: expected one of {BLOCK_DIM_CHOICES} (a multiple of the 32-thread "
+                         f"warp, at most 1024 threads per block), got {block_dim}")
+
+
+@functools.lru_cache(maxsize=None)
+def make_tile_gemm_kernel(tile_m: int, tile_n: int, r: int = 1, block_dim: int = 64, forget_every: int = 0):
+    """``C[M, N] (fp32) = A[M, K] (fp16) @ B[K, N] (fp16)`` by tiles; grid ``(ceil(M/(tile_m*r)), ceil(N/tile_n))``.
+
+    Each block loads one B tile per K step and multiplies it with ``r`` A tiles (``r``-way reuse,
+    ``r`` accumulators). With ``forget_every = F > 0`` the block whose ``(i + j) % F == F - 1``
+    skips its stores: a kernel that launches, returns normally and leaves part of C untouched.
+    """
+    _check_config(tile_m, tile_n, r, block_dim)
+    init_warp()
+    TM, TN, TK, R, F = int(tile_m), int(tile_n), _TILE_K, int(r), int(forget_every)
+
+    @wp.kernel(enable_backward=False, module="unique", module_options=_options(block_dim),
+               name=f"fovi_canary_gemm_m{TM}n{TN}r{R}b{block_dim}f{F}")
+    def kernel(a: wp.array2d(dtype=wp.float16), b: wp.array2d(dtype=wp.float16),
+               c: wp.array2d(dtype=wp.float32), k_tiles: int):
+        i, j = wp.tid()
+        m0 = i * (TM * R)
+        n0 = j * TN
+        acc0 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+        if wp.static(R >= 2):
+            acc1 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+        if wp.static(R >= 4):
+            acc2 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+            acc3 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+        for kt in range(k_tiles):  # runtime trip count: not unrolled
+            bt = wp.tile_load(b, shape=(TK, TN), offset=(kt * TK, n0), storage="shared")
+            a0 = wp.tile_load(a, shape=(TM, TK), offset=(m0, kt * TK), storage="shared")
+            wp.tile_matmul(a0, bt, acc0)
+            if wp.static(R >= 2):
+                a1 = wp.tile_load(a, shape=(TM, TK), offset=(m0 + TM, kt * TK), storage="shared")
+                wp.tile_matmul(a1, bt, acc1)
+            if wp.static(R >= 4):
+                a2 = wp.tile_load(a, shape=(TM, TK), offset=(m0 + 2 * TM, kt * TK), storage="shared")
+                wp.tile_matmul(a2, bt, acc2)
+                a3 = wp.tile_load(a, shape=(TM, TK), offset=(m0 + 3 * TM, kt * TK), storage="shared")
+                wp.tile_matmul(a3, bt, acc3)
+        write = True
+        if wp.static(F > 0):
+            write = (i + j) % F != F - 1  # the "forgotten" blocks
+        if write:
+            wp.tile_store(c, acc0, offset=(m0, n0))
+            if wp.static(R >= 2):
+                wp.tile_store(c, acc1, offset=(m0 + TM, n0))
+            if wp.static(R >= 4):
+                wp.tile_store(c, acc2, offset=(m0 + 2 * TM, n0))
+                wp.tile_store(c, acc3, offset=(m0 + 3 * TM, n0))
+
+    return kernel
+
+
+@functools.lru_cache(maxsize=None)
+def make_dead_tile_kernel(tile_m: int, tile_n: int, block_dim: int = 64):
+    """The r=1 GEMM plus a branch that is never taken at run time (``k_tiles < 0``) holding two more
+    tile loads. Warp reserves their shared memory anyway: a tile costs bytes where it is *written*."""
+    _check_config(tile_m, tile_n, 1, block_dim)
+    init_warp()
+    TM, TN, TK = int(tile_m), int(tile_n), _TILE_K
+
+    @wp.kernel(enable_backward=False, module="unique", module_options=_options(block_dim),
+               name=f"fovi_canary_dead_m{TM}n{TN}b{block_dim}")
+    def kernel(a: wp.array2d(dtype=wp.float16), b: wp.array2d(dtype=wp.float16),
+               c: wp.array2d(dtype=wp.float32), k_tiles: int):
+        i, j = wp.tid()
+        acc = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+        for kt in range(k_tiles):
+            bt = wp.tile_load(b, shape=(TK, TN), offset=(kt * TK, j * TN), storage="shared")
+            at = wp.tile_load(a, shape=(TM, TK), offset=(i * TM, kt * TK), storage="shared")
+            wp.tile_matmul(at, bt, acc)
+        if k_tiles < 0:  # never true: dead at run time, not at compile time
+            bt2 = wp.tile_load(b, shape=(TK, TN), offset=(0, j * TN), storage="shared")
+            at2 = wp.tile_load(a, shape=(TM, TK), offset=(i * TM, 0), storage="shared")
+            wp.tile_matmul(at2, bt2, acc)
+        wp.tile_store(c, acc, offset=(i * TM, j * TN))
+
+    return kernel
+
+
+@functools.lru_cache(maxsize=None)
+def make_unrolled_kernel(tile_m: int, tile_n: int, k_tiles: int, block_dim: int = 64):
+    """The r=1 GEMM with the K loop's trip count a compile-time constant ``k_tiles``: Warp unrolls
+    constant-trip loops of <= 16 trips, and every unrolled copy of the loop's tiles reserves again."""
+    _check_config(tile_m, tile_n, 1, block_dim)
+    init_warp()
+    TM, TN, TK, KT = int(tile_m), int(tile_n), _TILE_K, int(k_tiles)
+
+    @wp.kernel(enable_backward=False, module="unique", module_options=_options(block_dim),
+               name=f"fovi_canary_unrolled_m{TM}n{TN}k{KT}b{block_dim}")
+    def kernel(a: wp.array2d(dtype=wp.float16), b: wp.array2d(dtype=wp.float16),
+               c: wp.array2d(dtype=wp.float32), k_tiles: int):
+        i, j = wp.tid()
+        acc = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+        for kt in range(KT):  # constant trip count
+            bt = wp.tile_load(b, shape=(TK, TN), offset=(kt * TK, j * TN), storage="shared")
+            at = wp.tile_load(a, shape=(TM, TK), offset=(i * TM, kt * TK), storage="shared")
+            wp.tile_matmul(at, bt, acc)
+        wp.tile_store(c, acc, offset=(i * TM, j * TN))
+
+    return kernel
+
+
+@functools.lru_cache(maxsize=None)
+def make_backward_on_kernel(tile_m: int, tile_n: int, block_dim: int = 64):
+    """The one kernel here built with ``enable_backward=True`` (to show what that costs): the r=1
+    GEMM. Warp compiles a second, adjoint kernel whose request is twice the forward's own tiles.
+    Read both with ``warp_smem_bytes(kernel)`` and ``warp_smem_bytes(kernel, backward=True)``."""
+    _check_config(tile_m, tile_n, 1, block_dim)
+    init_warp()
+    TM, TN, TK = int(tile_m), int(tile_n), _TILE_K
+    opts = dict(_options(block_dim), enable_backward=True)
+
+    @wp.kernel(enable_backward=True, module="unique", module_options=opts,
+               name=f"fovi_canary_backward_on_m{TM}n{TN}b{block_dim}")
+    def kernel(a: wp.array2d(dtype=wp.float16), b: wp.array2d(dtype=wp.float16),
+               c: wp.array2d(dtype=wp.float32), k_tiles: int):
+        i, j = wp.tid()
+        acc = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+        for kt in range(k_tiles):
+            bt = wp.tile_load(b, shape=(TK, TN), offset=(kt * TK, j * TN), storage="shared")
+            at = wp.tile_load(a, shape=(TM, TK), offset=(i * TM, kt * TK), storage="shared")
+            wp.tile_matmul(at, bt, acc)
+        wp.tile_store(c, acc, offset=(i * TM, j * TN))
+
+    return kernel
+
+
+@functools.lru_cache(maxsize=None)
+def make_oversized_kernel(rows: int = 256, cols: int = 256, block_dim: int = 256):
+    """``y = 2 x`` through one fp32 shared tile of ``rows x cols`` (256 x 256 = 256 KiB: over an H200
+    block's budget; exactly the CPU arena, so never launch a bigger one on the CPU)."""
+    init_warp()
+    R, C = int(rows), int(cols)
+
+    @wp.kernel(enable_backward=False, module="unique", module_options=_options(block_dim),
+               name=f"fovi_canary_oversized_{R}x{C}b{block_dim}")
+    def kernel(x: wp.array2d(dtype=wp.float32), y: wp.array2d(dtype=wp.float32)):
+        t = wp.tile_load(x, shape=(R, C), storage="shared")
+        wp.tile_store(y, t + t)
+
+    return kernel
+
+
+def warp_smem_bytes(kernel, device: str = "cpu", backward: bool = False) -> Optional[int]:
+    """Warp's own count of the dynamic shared memory ``kernel``'s forward launch requests (bytes).
+
+    ``backward=True`` reads the adjoint kernel's request instead (``None`` unless the kernel was built
+    with ``enable_backward=True``).
+
+    Builds (or loads from Warp's kernel cache) the kernel's module on ``device`` and reads the
+    ``<kernel>_cuda_kernel_forward_smem_bytes`` entry Warp's codegen writes into the module metadata:
+    the number a CUDA launch asks the driver for. The CPU build writes the same entry, so no GPU is
+    needed. Uses Warp internals (``ModuleExec.meta``): returns ``None`` if they are not there.
+    """
+    init_warp()
+    try:
+        exec_ = kernel.module.load(device)
+        meta = getattr(exec_, "meta", None) or {}
+        which = "backward" if backward else "forward"
+        entries = {k: v for k, v in meta.items() if k.endswith(f"_{which}_smem_bytes")}
+        key = kernel.get_mangled_name() + f"_cuda_kernel_{which}_smem_bytes"
+        if key in entries:
+            return int(entries[key])
+        if len(entries) == 1:  # module="unique": one kernel per module
+            return int(next(iter(entries.values())))
+    except Exception:
+        return None
+    return None
+
+
+def warp_smem_bytes_aot(kernel, arch: int = 90) -> Optional[int]:
+    """Warp's count for a CUDA build of ``kernel`` for ``sm_{arch}``, compiled here without a GPU.
+
+    Ahead-of-time compiles the kernel's module with Warp's bundled NVRTC into a temporary folder and
+    reads the same metadata entry as :func:`warp_smem_bytes` (about a second per kernel without MathDx).
+    """
+    import json
+    import os
+    import tempfile
+
+    init_warp()
+    with tempfile.TemporaryDirectory() as d:
+        try:
+            wp.compile_aot_module(kernel.module, arch=int(arch), module_dir=d)
+        except Exception:
+            return None
+        for f in sorted(os.listdir(d)):
+            if f.endswith(".meta"):
+                with open(os.path.join(d, f)) as fh:
+                    meta = json.load(fh)
+                vals = [v for k, v in meta.items() if k.endswith("_forward_smem_bytes")]
+                if len(vals) == 1:
+                    return int(vals[0])
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
+# running the GEMM, the canary, the validated cache
+# --------------------------------------------------------------------------------------------------
+
+def _gemm_operands(m: int, n: int, k: int, device: str, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(m, k, generator=g).to(torch.float16)
+    b = torch.randn(k, n, generator=g).to(torch.float16)
+    dev = "cpu" if device == "cpu" else device
+    return a.to(dev), b.to(dev), torch.empty(m, n, dtype=torch.float32, device=dev)
+
+
+def run_tile_gemm(kernel, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile_m: int, tile_n: int,
+                  r: int, block_dim: int) -> None:
+    """Launch a :func:`make_tile_gemm_kernel` kernel over ``c`` (A, B fp16; K a multiple of 64)."""
+    m, k = a.shape
+    n = b.shape[1]
+    if k % _TILE_K:
+        raise ValueError(f"a: K must be a multiple of {_TILE_K}, got {k}")
+    device = "cpu" if a.device.type == "cpu" else f"cuda:{a.device.index or 0}"
+    grid = (math.ceil(m / (tile_m * r)), math.ceil(n / tile_n))
+    wp.launch_tiled(kernel, dim=grid, inputs=[wp.from_torch(a), wp.from_torch(b), wp.from_torch(c), k // _TILE_K],
+                    block_dim=block_dim, device=device)
+
+
+def canary_check(tile_m: int, tile_n: int, r: int = 1, block_dim: int = 64, device: str = "cpu",
+                 forget_every: int = 0, blocks: Tuple[int, int] = (1, 1), prefill: float = float("nan")) -> Dict:
+    """Build the GEMM for this config, launch it into a ``prefill``-ed output, report what happened.
+
+    With ``prefill = nan`` (the default) this is :func:`fovi_lab.kernels.common.nan_canary`. Returns
+    ``{"ok", "why", "untouched", "max_err", "compile_s", "run_s"}``: ``untouched`` = output elements
+    still equal to the prefill, ``max_err`` = max abs error of the written elements against a float64
+    reference of the same fp16 inputs (None if nothing was written).
+    """
+    init_warp()
+    t0 = time.perf_counter()
+    kernel = make_tile_gemm_kernel(tile_m, tile_n, r, block_dim, forget_every)
+    kernel.module.load(device)
+    compile_s = time.perf_counter() - t0
+    m, n = tile_m * r * blocks[0], tile_n * blocks[1]
+    a, b, c = _gemm_operands(m, n, 2 * _TILE_K, device)
+    launch = functools.partial(run_tile_gemm, kernel, a, b, c, tile_m, tile_n, r, block_dim)
+    t1 = time.perf_counter()
+    if math.isnan(prefill):
+        ok, why = nan_canary(launch, c)
+    else:  # the tempting alternative: prefill with a finite value (e.g. 0) and check isfinite
+        c.fill_(prefill)
+        launch()
+        wp.synchronize_device(device)
+        ok = bool(torch.isfinite(c).all())
+        why = "ok" if ok else "non-finite output"
+    run_s = time.perf_counter() - t1
+    ref = a.double().cpu() @ b.double().cpu()
+    out = c.double().cpu()
+    untouched = int(torch.isnan(out).sum()) if math.isnan(prefill) else int((out == prefill).sum())
+    written = torch.isfinite(out) if math.isnan(prefill) else torch.ones_like(out, dtype=torch.bool)
+    max_err = float((out - ref).abs()[written].max()) if bool(written.any()) else None
+    return {"ok": ok, "why": why, "untouched": untouched, "elements": out.numel(), "max_err": max_err,
+            "compile_s": compile_s, "run_s": run_s}
+
+
+def oversized_launch_demo(device: str, rows: int = 256, cols: int = 256, block_dim: int = 256) -> Dict:
+    """Launch :func:`make_oversized_kernel` on a CUDA ``device`` into a NaN-prefilled output.
+
+    Returns ``{"raised", "error", "first_line", "output_all_nan", "requested_bytes"}``. Meant for a GPU;
+    refuses the CPU (a tile over the CPU arena ends the process instead of raising).
+    """
+    if not str(device).startswith("cuda"):
+        raise ValueError("device: oversized_launch_demo needs a CUDA device; on the CPU an over-arena tile "
+                         "ends the process instead of raising")
+    init_warp()
+    kernel = make_oversized_kernel(rows, cols, block_dim)
+    x = torch.ones(rows, cols, dtype=torch.float32, device=device)
+    y = torch.full((rows, cols), float("nan"), dtype=torch.float32, device=device)
+    raised, error, first = False, None, ""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            wp.launch_tiled(kernel, dim=(1,), inputs=[wp.from_torch(x), wp.from_torch(y)], block_dim=block_dim,
+                            device=device)
+            wp.synchronize_device(device)
+        except RuntimeError as exc:
+            raised, error = True, type(exc).__name__
+            first = str(exc).strip().splitlines()[0]
+    torch.cuda.synchronize()
+    return {"raised": raised, "error": error, "first_line": first,
+            "output_all_nan": bool(torch.isnan(y).all()), "requested_bytes": rows * cols * 4}
+
+
+#: The demo's per-device validated cache: (tile_m, tile_n, r, block_dim, forget_every) -> kernel or None.
+GEMM_CACHE = ValidatedCache("demo tile-GEMM config")
+
+
+def validated_gemm(tile_m: int, tile_n: int, r: int = 1, block_dim: int = 64, device: str = "cpu",
+                   forget_every: int = 0, cache: Optional[ValidatedCache] = None, builds: Optional[list] = None):
+    """The kernel for this config on ``device``, validated once by the NaN canary; ``None`` if it failed.
+
+    ``builds`` (a list) gets one entry per actual build + canary run, to show the cache at work.
+    """
+    cache = GEMM_CACHE if cache is None else cache
+    key = (tile_m, tile_n, r, block_dim, forget_every)
+
+    def build():
+        if builds is not None:
+            builds.append(key)
+        res = canary_check(tile_m, tile_n, r, block_dim, device, forget_every, blocks=(2, 2))
+        if not res["ok"]:
+            return None, res["why"]
+        return make_tile_gemm_kernel(tile_m, tile_n, r, block_dim, forget_every), "ok"
+
+    return cache.get(key, device, build)
+
+
+# --------------------------------------------------------------------------------------------------
+# figures and the widget callback
+# --------------------------------------------------------------------------------------------------
+
+_PART_COLOURS = {"a": "#1f77b4", "b": "#ff7f0e", "acc": "#2ca02c", "index": "#9467bd", "bias": "#8c564b",
+                 "backward": "#d62728"}
+_PART_NAMES = {"a": "A tiles (fp16, r of them)", "b": "B tile (fp16)", "acc": "accumulators (fp32, r of them)",
+               "index": "index tiles (int32)", "bias": "bias tile (fp32)",
+               "backward": "adjoint kernel (enable_backward)"}
+_LIMIT_STYLES = ("dot", "dash", "solid")
+
+
+def budget_figure(configs: Sequence[Tuple[str, int, int, int, bool]] = BUDGET_CONFIGS, gather: bool = True,
+                  highlight: Optional[str] = None, height: int = 430) -> go.Figure:
+    """Stacked bars of :func:`estimate_smem` per config against the per-block limits (horizontal lines).
+
+    A config with ``enable_backward`` shows the adjoint kernel's request as its bar (2x own tiles).
+    """
+    labels = [c[0] for c in configs]
+    ests = [estimate_smem(tm, tn, r, gather=gather, bias=gather, enable_backward=eb) for _, tm, tn, r, eb in configs]
+    fig = go.Figure()
+    for part in ("a", "b", "acc", "index", "bias"):
+        ys = [0 if e["enable_backward"] else e["parts"][part] for e in ests]
+        if any(ys):
+            fig.add_bar(x=labels, y=ys, name=_PART_NAMES[part], marker_color=_PART_COLOURS[part])
+    if any(e["enable_backward"] for e in ests):
+        fig.add_bar(x=labels, y=[e["backward"] if e["enable_backward"] else 0 for e in ests],
+                    name=_PART_NAMES["backward"], marker_color=_PART_COLOURS["backward"], opacity=0.6)
+    for (name, limit), dash in zip(GPU_LIMITS.items(), _LIMIT_STYLES):
+        fig.add_hline(y=limit, line_dash=dash, line_color="black", line_width=1,
+                      annotation_text=f"{name}: {limit} B", annotation_position="top left",
+                      annotation_font_size=10)
+    if highlight is not None and highlight in labels:
+        i = labels.index(highlight)
+        e = ests[i]
+        fig.add_annotation(x=highlight, y=e["backward"] or e["forward"], text="your config", showarrow=True,
+                           arrowhead=2, ay=-30)
+    fig.update_layout(barmode="stack", height=height, margin=dict(l=60, r=20, t=50, b=60),
+                      title="Estimated shared memory per block (bytes) vs per-block limits",
+                      yaxis_title="bytes per block", legend=dict(orientation="h", y=-0.25, font_size=10))
+    return fig
+
+
+def format_summary(summary: Dict, timings: bool = True) -> str:
+    """Text for a summary dict of :func:`explore_config`; deterministic with ``timings=False``."""
+    if "message" in summary:
+        return summary["message"]
+    lines = [
+        f"config                m{summary['tile_m']}n{summary['tile_n']}r{summary['r']} block_dim {summary['block_dim']}",
+        f"estimate (forward)    {fmt_bytes(summary['estimate'])}",
+        f"Warp's own count      {fmt_bytes(summary['warp_count'])}",
+    ]
+    for name, ok in summary["fits"].items():
+        lines.append(f"  {'fits ' if ok else 'OVER '} {name} ({GPU_LIMITS[name]} B)")
+    lines.append(f"canary on this device: {summary['verdict']}")
+    if not timings:
+        return "\n".join(lines)
+    if summary.get("compile_s") is not None:
+        lines.append(f"build/load {summary['compile_s']:.2f} s")
+    if summary.get("run_s") is not None:
+        lines.append(f"canary launch {summary['run_s'] * 1e3:.1f} ms")
+    return "\n".join(lines)
+
+
+def explore_config(tile_m: int, tile_n: int, r: int, block_dim: int, device: str = "cpu",
+                   run_canary: bool = True) -> Tuple[Dict, go.Figure]:
+    """The widget callback: ``(tile_m, tile_n, r, block_dim) -> (summary, figure)``; never raises.
+
+    The summary holds the estimate, Warp's own count, which limits it fits, and (``run_canary``) the
+    canary verdict on ``device``. On the CPU a config whose count exceeds the 256 KiB CPU tile arena is
+    not launched (it would end the process). An invalid choice returns ``{"message": ...}`` and a
+    figure that says so.
+    """
+    try:
+        tile_m, tile_n, r, block_dim = int(tile_m), int(tile_n), int(r), int(block_dim)
+        _check_config(tile_m, tile_n, r, block_dim)
+    except (TypeError, ValueError) as exc:
+        msg = f"Invalid choice: {exc}"
+        fig = go.Figure()
+        fig.add_annotation(text=msg, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
+        fig.update_layout(height=200, xaxis_visible=False, yaxis_visible=False)
+        return {"message": msg}, fig
+    label = f"m{tile_m}n{tile_n}r{r} (yours)"
+    est = estimate_smem(tile_m, tile_n, r)
+    summary = {"tile_m": tile_m, "tile_n": tile_n, "r": r, "block_dim": block_dim, "estimate": est["forward"],
+               "device_kind": "CPU" if device == "cpu" else "GPU", "compile_s": None, "run_s": None}
+    t0 = time.perf_counter()
+    try:
+        count = warp_smem_bytes(make_tile_gemm_kernel(tile_m, tile_n, r, block_dim), device)
+        summary["compile_s"] = time.perf_counter() - t0
+    except Exception as exc:  # a compile error is a verdict too
+        count = None
+        summary["verdict"] = f"build failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        run_canary = False
+    summary["warp_count"] = count
+    nbytes = count if count is not None else est["forward"]
+    summary["fits"] = _fits(nbytes)
+    if run_canary:
+        if device == "cpu" and nbytes > CPU_TILE_ARENA_BYTES:
+            summary["verdict"] = (f"not launched: {nbytes} B is over Warp's {CPU_TILE_ARENA_BYTES} B CPU tile "
+                                  "arena, where a launch ends the process instead of raising")
+        else:
+            res = canary_check(tile_m, tile_n, r, block_dim, device)
+            summary["run_s"] = res["run_s"]
+            if res["ok"]:
+                summary["verdict"] = "launched and wrote every output element (canary passed)"
+            else:
+                summary["verdict"] = f"FAILED: {res['why']}"
+    elif "verdict" not in summary:
+        summary["verdict"] = "not run"
+    configs = [c for c in BUDGET_CONFIGS if not c[4]] + [(label, tile_m, tile_n, r, False)]
+    fig = budget_figure(configs, gather=False, highlight=label, height=380)
+    fig.update_layout(title=f"m{tile_m}n{tile_n}r{r}: estimated {est['forward']} B per block "
+                            f"(GEMM kernel, no index/bias tiles)")
+    return summary, fig

@@ -1,0 +1,326 @@
+"""What every notebook's cells share: set-up, devices, error classes, source display, figure helpers.
+
+Every lab function is ``parameters -> results dict -> plotly go.Figure`` (never a ``FigureWidget``), so the
+notebooks only wire widgets to them and the tests call them headless. Nothing in the lab defines a kernel:
+it runs the production kernels of :mod:`fovi_lab.kernels` and explains them.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+import plotly.graph_objects as go
+import torch
+from plotly.subplots import make_subplots
+
+from fovi_lab.bench.common import call_ms
+from fovi_lab.graph.layers import LAYERS, SYNTHETIC
+from fovi_lab.lab.problems import ORACLE_MAX_ELEMS
+
+
+#: Tile work (padded FLOPs of one launch) a widget run may ask of Warp's CPU device. Measured on a
+#: 2-core box: ~5-12 GFLOP/s for the gather kernel, so one launch stays well under a second.
+CPU_WORK_BUDGET = 1.5e9
+
+
+#: Choices the forward widget offers (anything else is refused with a message).
+FORWARD_CHOICES = {
+    "tile_m": (8, 16, 32, 64, 128),
+    "tile_n": (16, 32, 64, 96, 128, 256),
+    "r": (1, 2, 4),
+    "block_dim": (32, 64, 128, 256, 512),
+    "kernel": ("uncached", "cached"),
+    "rf": (None, "rf1", "rf2"),
+}
+_MAX_BATCH = 4096
+_MAX_COUT = 2048
+
+#: Layer names the widgets offer: the real fovi layers, then fovi's synthetic test shapes.
+LAYER_CHOICES: Tuple[str, ...] = tuple(LAYERS) + tuple(SYNTHETIC)
+
+COLOURS = {
+    "warp": "#1f77b4", "warp_best": "#17becf", "dense": "#9467bd", "torch": "#ff7f0e",
+    "cached": "#2ca02c", "fail": "#d62728", "grey": "#7f7f7f",
+}
+
+def default_device() -> str:
+    """``"cuda:0"`` when both Warp and torch see a GPU, else ``"cpu"`` (Warp's CPU device)."""
+    try:
+        import warp as wp
+        from fovi_lab.kernels.common import init_warp
+        init_warp()
+        if wp.is_cuda_available() and torch.cuda.is_available():
+            return "cuda:0"
+    except Exception:  # noqa: BLE001 - no Warp: the caller sees the CPU and a clear error later
+        pass
+    return "cpu"
+
+
+def setup(seed: int = 0) -> str:
+    """Quiet Warp logging, fix the seeds, return the device the kernels will run on."""
+    import random
+    from fovi_lab.kernels.common import init_warp
+    init_warp()
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    return default_device()
+
+
+def device_line(device: str) -> str:
+    """One line that says where kernels run, with no device name or version (nbval compares it)."""
+    if str(device).startswith("cuda"):
+        return "Kernels run on the GPU (tile GEMMs through cuBLASDx; timings are meaningful)."
+    return ("Kernels run on Warp's CPU device (no GPU here): results are checked for correctness, "
+            "timings are only relative.")
+
+
+def rel_error(a: torch.Tensor, ref: torch.Tensor, floor: float = 1.0) -> float:
+    """``max|a - ref| / max(floor, max|ref|)`` in fp64 (floor 1: an absolute error for O(1) outputs)."""
+    a = a.detach().to(torch.float64).cpu()
+    ref = ref.detach().to(torch.float64).cpu()
+    if a.shape != ref.shape:
+        raise ValueError(f"shapes differ: {tuple(a.shape)} vs {tuple(ref.shape)}")
+    if a.numel() == 0:
+        return 0.0
+    if not bool(torch.isfinite(a).all()):
+        return math.inf
+    scale = max(float(floor), float(ref.abs().max()))
+    return float((a - ref).abs().max()) / scale
+
+
+def tolerance_class(err: float) -> str:
+    """``err`` as its order of magnitude: ``"= 0 (bitwise)"``, ``"< 1e-3"``, ... (stable text)."""
+    if err is None or (isinstance(err, float) and math.isnan(err)):
+        return "not computed"
+    if math.isinf(err):
+        return "inf (non-finite output)"
+    if err == 0:
+        return "= 0 (bitwise)"
+    k = math.floor(math.log10(err)) + 1          # smallest power of ten strictly above err
+    k = max(k, -12)
+    return f"< 1e{k:+d}".replace("+", "") if k < 0 else f"< 1e{k}"
+
+
+def parity_line(what: str, err: float, tol: float, coarse: bool = False) -> str:
+    """``"PASS  <what>: max error < 1e-3 (tolerance 1e-2)"`` (or FAIL); no raw floats.
+
+    ``coarse=True`` states only that a passing error is below the tolerance (for fp64 checks, whose
+    last bits depend on the BLAS a machine uses: the text stays the same everywhere).
+    """
+    ok = err is not None and not math.isnan(err) and err <= tol
+    if coarse and ok:
+        return f"PASS  {what}: max error below {_sci(tol)}"
+    return f"{'PASS' if ok else 'FAIL'}  {what}: max error {tolerance_class(err)} (tolerance {_sci(tol)})"
+
+
+def _sci(x: float) -> str:
+    """``1e-2`` style for a power of ten, else 2 significant digits (``3e-3``)."""
+    m, e = f"{x:.0e}".split("e")
+    return f"{m}e{int(e)}"
+
+
+def show_source(fn: Callable, marks: Optional[Dict[str, str]] = None, width: int = 104) -> str:
+    """The source of ``fn`` (``inspect.getsource``, from the installed package) with numbered lines;
+    every line containing a ``marks`` pattern gets ``# <- [label]`` so prose can point at it.
+
+    Patterns that no longer occur are listed at the end (the prose would be stale).
+    """
+    marks = marks or {}
+    src = inspect.getsource(fn).rstrip("\n").split("\n")
+    out = []
+    for i, line in enumerate(src, 1):
+        labels = [lab for pat, lab in marks.items() if pat in line]
+        text = f"{i:3d}  {line}"
+        if labels:
+            text = f"{text:<{width}}# <- [{', '.join(labels)}]"
+        out.append(text.rstrip())
+    missing = missing_marks(fn, marks)
+    if missing:
+        out.append(f"(the text points at lines that are no longer here: {missing})")
+    return "\n".join(out)
+
+
+def missing_marks(fn: Callable, marks: Iterable[str]) -> List[str]:
+    """Patterns of ``marks`` that do not occur in ``fn``'s source."""
+    src = inspect.getsource(fn)
+    return [p for p in marks if p not in src]
+
+
+def format_result(result: dict, keys: Optional[Iterable[str]] = None, digits: int = 4) -> str:
+    """``key: value`` lines (floats rounded): stable text of a results dict for compared output."""
+    keys = list(result) if keys is None else list(keys)
+    lines = []
+    for key in keys:
+        val = result.get(key)
+        if isinstance(val, float):
+            val = round(val, digits)
+        lines.append(f"{key}: {val}")
+    return "\n".join(lines)
+
+
+def message_figure(message: str, height: int = 180) -> go.Figure:
+    """A figure that only shows ``message`` (what a plot says when there is nothing to plot)."""
+    fig = go.Figure()
+    fig.add_annotation(text=message, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
+                       font=dict(size=14, color=COLOURS["fail"]))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    fig.update_layout(height=height, margin=dict(l=10, r=10, t=30, b=10))
+    return fig
+
+
+def hline(x, y: float, name: str, colour: str, dash: str = "dash", showlegend: bool = True) -> go.Scatter:
+    """A horizontal reference line as a trace from ``x[0]`` to ``x[-1]`` (``add_hline`` annotations
+    misplace themselves on log axes and blow up the autorange)."""
+    return go.Scatter(x=[x[0], x[-1]], y=[round4(y), round4(y)], mode="lines", name=name, showlegend=showlegend,
+                      line=dict(color=colour, dash=dash, width=1.5), hoverinfo="name")
+
+
+def log_range(values, pad: float = 1.5):
+    """``[log10(min/pad), log10(max*pad)]`` over the positive values (for an explicit log-axis range)."""
+    v = [float(x) for x in values if x is not None and x > 0 and math.isfinite(float(x))]
+    if not v:
+        return None
+    return [math.log10(min(v) / pad), math.log10(max(v) * pad)]
+
+
+def batch_menu(batches: Sequence[int], per_b: int, default_b: int, y: float = 1.12) -> List[dict]:
+    """``updatemenus`` of a figure whose traces come in ``per_b``-long groups, one group per batch size:
+    one button per batch that shows that group only."""
+    buttons = []
+    for i, b in enumerate(batches):
+        vis = [False] * (per_b * len(batches))
+        vis[i * per_b:(i + 1) * per_b] = [True] * per_b
+        buttons.append(dict(label=f"B = {b}", method="update", args=[{"visible": vis}]))
+    return [dict(buttons=buttons, type="buttons", direction="right", x=1.0, xanchor="right", y=y,
+                 active=list(batches).index(default_b))]
+
+
+def round4(x):
+    """Round to 4 significant digits (small, stable figure JSON); None stays None."""
+    if x is None:
+        return None
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return None
+    if not math.isfinite(x) or x == 0:
+        return x if math.isfinite(x) else None
+    return float(f"{x:.4g}")
+
+
+def sync_device(device: str) -> None:
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def time_ms(fn: Callable[[], object], device: str, budget_s: float = 1.0, max_reps: int = 7) -> float:
+    """Median ms of ``fn()`` after one warm-up call; stops early when ``budget_s`` is spent (>= 1 rep)."""
+    fn()
+    sync_device(device)
+    times: List[float] = []
+    t_start = time.perf_counter()
+    while len(times) < max_reps:
+        times.append(call_ms(fn, device))
+        if time.perf_counter() - t_start > budget_s:
+            break
+    return float(np.median(times))
+
+
+def is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def check_explore_args(layer, batch, cout, rf) -> Optional[str]:
+    if layer not in LAYER_CHOICES:
+        return f"layer must be one of {', '.join(LAYER_CHOICES)}; got {layer!r}"
+    if not is_int(batch) or not 1 <= batch <= _MAX_BATCH:
+        return f"batch must be an integer in [1, {_MAX_BATCH}], got {batch!r}"
+    if cout is not None and (not is_int(cout) or not 1 <= cout <= _MAX_COUT):
+        return f"Cout must be an integer in [1, {_MAX_COUT}] (or None for the layer's own), got {cout!r}"
+    if rf not in FORWARD_CHOICES["rf"]:
+        return f"rf must be 'rf1', 'rf2' or None (the layer's network frame), got {rf!r}"
+    return None
+
+
+def clamp_shape(shape: dict, batch: int, work: Callable[[int, int], float], device: str,
+           budget: float, tile_rows: int = 1) -> Tuple[int, Optional[int], Optional[str]]:
+    """(batch, nodes or None, note): on the CPU, shrink the batch (not below one CTA's ``tile_rows``:
+    a smaller batch saves no tile work), then the output nodes, until ``work(batch, nodes)`` and the
+    oracle's memory fit. On a GPU nothing is clamped."""
+    if str(device).startswith("cuda"):
+        return batch, None, None
+    b, n = batch, shape["nout"]
+    elems = lambda bb, nn: bb * shape["cin"] * nn * max(shape["k"], shape["v"])  # noqa: E731
+    floor = max(1, min(batch, tile_rows))
+    while b > floor and work(b, n) > budget:
+        b = max(floor, b // 2)
+    while n > 1 and work(b, n) > budget:
+        n = max(1, n // 2)
+    while elems(b, n) > ORACLE_MAX_ELEMS and (b > 1 or n > 1):
+        if b > 1:
+            b = max(1, b // 2)
+        else:
+            n = max(1, n // 2)
+    if (b, n) == (batch, shape["nout"]):
+        return batch, None, None
+    parts = []
+    if b != batch:
+        parts.append(f"batch {batch} -> {b}")
+    if n != shape["nout"]:
+        parts.append(f"output nodes {shape['nout']} -> {n} (the first {n})")
+    note = (f"clamped for Warp's CPU device: {', '.join(parts)} "
+            f"(at most {budget / 1e9:.1f} GFLOP of tile work per launch)")
+    return b, (n if n != shape["nout"] else None), note
+
+
+@dataclass
+class RunLog:
+    """The runs of one widget, drawn as one figure (each run adds a bar)."""
+
+    runs: List[dict] = field(default_factory=list)
+    title: str = "runs so far"
+
+    def add(self, result: dict) -> None:
+        self.runs.append(result)
+
+    def figure(self, message: Optional[str] = None, height: int = 420) -> go.Figure:
+        """Top: compile (build + canary) time per run, s. Bottom: kernel run time vs the torch
+        reference on the same device, ms (log). Red bars: runs whose output failed the check."""
+        if not self.runs:
+            return message_figure(message or "no runs yet: press Run")
+        labels = [f"#{i + 1} {r['label']}" for i, r in enumerate(self.runs)]
+        fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08, row_heights=[0.35, 0.65],
+                            subplot_titles=("compile + canary (s); 0 = already built in this session",
+                                            "run time (ms, median)"))
+        fig.add_trace(go.Bar(x=labels, y=[round4(r.get("compile_s")) for r in self.runs], name="compile + canary",
+                             marker_color=COLOURS["grey"]), row=1, col=1)
+        colours = [COLOURS["warp"] if r.get("passed") else COLOURS["fail"] for r in self.runs]
+        fig.add_trace(go.Bar(x=labels, y=[round4(r.get("run_ms")) for r in self.runs], name="Warp kernel(s)",
+                             marker_color=colours), row=2, col=1)
+        fig.add_trace(go.Bar(x=labels, y=[round4(r.get("torch_ms")) for r in self.runs],
+                             name=self.runs[-1].get("torch_name", "torch reference"),
+                             marker_color=COLOURS["torch"]), row=2, col=1)
+        fig.update_yaxes(type="log", row=2, col=1)
+        fig.update_layout(barmode="group", height=height, margin=dict(l=10, r=10, t=60, b=10),
+                          title=message or self.title, legend=dict(orientation="h", y=-0.15))
+        return fig
+
+
+def fail_result(result: dict, log: Optional[RunLog], message: str) -> Tuple[dict, go.Figure]:
+    result.update(ok=False, passed=False, message=message)
+    fig = log.figure(message=message) if (log is not None and log.runs) else message_figure(message)
+    return result, fig
+
+
+def result_answer(result: dict, log: Optional[RunLog]) -> Tuple[dict, go.Figure]:
+    """Add a finished run to ``log`` (or to a fresh one) and return it with the log's figure."""
+    log = RunLog() if log is None else log
+    log.add(result)
+    return result, log.figure(message=result["message"])

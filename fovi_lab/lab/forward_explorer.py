@@ -1,0 +1,269 @@
+"""The forward widget's callbacks: rerun a production forward kernel on the current device, check it,
+time compile and run apart (sizes clamped on the CPU so a run takes seconds), and log the run.
+
+An invalid or unlaunchable choice returns ``ok=False`` and a message; nothing here raises for a widget value.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from typing import List, Optional, Sequence, Tuple
+
+import plotly.graph_objects as go
+import torch
+
+from fovi_lab.lab.common import (CPU_WORK_BUDGET, FORWARD_CHOICES, RunLog, COLOURS, result_answer,
+                                 check_explore_args, clamp_shape, fail_result, round4, sync_device, time_ms,
+                                 default_device, message_figure, parity_line, rel_error)
+from fovi_lab.lab.problems import make_meta, make_problem, reference_forward
+from fovi_lab.lab.traffic import shape_of, tile_smem_estimate, tile_traffic
+
+
+def registered_forward_config(kernel: str, tile_m: int, tile_n: int, r: int, block_dim: int) -> Optional[str]:
+    """The name :mod:`fovi_lab.kernels.forward.api` registers for these tiles (gather family for ``"uncached"``,
+    ``c_*`` for ``"cached"``), or None when the combination is not registered."""
+    from fovi_lab.kernels import forward as F
+    fam = "cached" if kernel == "cached" else "gather"
+    names = F.cached_config_names() if fam == "cached" else F.uncached_config_names("gather")
+    for name in names:
+        c = F.config_spec(name)
+        if (c.family, c.tile_m, c.tile_n, c.r, c.block_dim) == (fam, tile_m, tile_n, r, block_dim):
+            return name
+    return None
+
+
+def _forward_kernel(kernel: str, tile_m: int, tile_n: int, r: int, block_dim: int, device: str):
+    """``(name, config, kernel, ok, why, built_now)`` of the widget's tiles on ``device``.
+
+    Every kernel goes through the package's one build-and-canary cache
+    (:func:`fovi_lab.kernels.forward.get_config`): registered tiles by name, other tiles as an unregistered
+    :class:`~fovi_lab.kernels.forward.FwdConfig` of the same family.
+    """
+    from fovi_lab.kernels import forward as F
+    name = registered_forward_config(kernel, tile_m, tile_n, r, block_dim)
+    if name is None:
+        fam = "cached" if kernel == "cached" else "gather"
+        lab_name = (f"lab_c_m{tile_m}n{tile_n}b{block_dim}" if fam == "cached"
+                    else f"lab_m{tile_m}n{tile_n}r{r}b{block_dim}")
+        target = F.FwdConfig(lab_name, fam, tile_m, tile_n, 64, r, block_dim)
+    else:
+        target = name
+    key = F.cache_key(target, F.mathdx_default())
+    built_now = not F.VALIDATED.has(key, device)
+    with warnings.catch_warnings():          # the widget reports why a config cannot launch in its message
+        warnings.simplefilter("ignore", RuntimeWarning)
+        built = F.get_config(target, device)
+    why = "ok" if built is not None else F.VALIDATED.why(key, device)
+    cfg = built.config if built is not None else (F.config_spec(name) if name else target)
+    return cfg.name, cfg, (built.kernel if built is not None else None), built is not None, why, built_now
+
+
+def explore_forward(layer: str = "res18_layer1", batch: int = 64, cout: Optional[int] = None,
+                    tile_m: int = 32, tile_n: int = 64, r: int = 1, block_dim: int = 128,
+                    kernel: str = "uncached", rf: Optional[str] = None, device: Optional[str] = None,
+                    log: Optional[RunLog] = None, budget: float = CPU_WORK_BUDGET,
+                    seed: int = 0) -> Tuple[dict, go.Figure]:
+    """Run the real forward kernel with these tiles on ``layer`` and check it against the reference.
+
+    Args:
+        layer: a :data:`LAYER_CHOICES` name. batch, cout: B and Cout (None: the layer's Cout).
+        tile_m, tile_n, r, block_dim: the kernel's compile-time tiles (see :data:`FORWARD_CHOICES`);
+            ``r`` batch tiles share each gathered weight tile (the uncached kernel only).
+        kernel: ``"uncached"`` (the gather kernel, per-call weight gather) or ``"cached"`` (plain loads
+            from the inference cache ``Weff``).
+        device: ``"cpu"`` / ``"cuda:0"`` (default: :func:`default_device`). On the CPU the batch and
+            then the output nodes are clamped so one launch is at most ``budget`` FLOPs of tile work
+            (the result's ``clamp`` says so).
+        log: a :class:`RunLog`; a successful run is appended and the returned figure shows every run.
+
+    Returns:
+        ``(result, figure)``. ``result`` always has ``ok``, ``passed`` and ``message``; after a run also
+        ``config`` (the registered name or ``lab_*``), ``registered``, ``batch``, ``nodes``, ``clamp``,
+        ``err`` (max error over max(1, max|ref|)), ``tolerance``, ``parity`` (a PASS/FAIL line),
+        ``reference``, ``compile_s``, ``run_ms`` (kernel alone), ``torch_ms``, ``torch_name``,
+        ``gflops`` (useful FLOPs / kernel time) and the traffic model of the call. Invalid or
+        unlaunchable choices give ``ok=False`` and a message, never an exception.
+    """
+    from fovi_lab.kernels import forward as F
+    from fovi_lab.ops.reference import CompactTorchOps, build_effective_weight
+    result = {"ok": False, "passed": False, "layer": layer, "batch_requested": batch, "cout_requested": cout,
+              "tile_m": tile_m, "tile_n": tile_n, "r": r, "block_dim": block_dim, "kernel": kernel}
+    problem = check_explore_args(layer, batch, cout, rf)
+    for key, val in (("tile_m", tile_m), ("tile_n", tile_n), ("r", r), ("block_dim", block_dim), ("kernel", kernel)):
+        if problem is None and (val not in FORWARD_CHOICES[key] or isinstance(val, bool)):
+            problem = f"{key} must be one of {FORWARD_CHOICES[key]}, got {val!r}"
+    if problem is None and kernel == "cached" and r != 1:
+        problem = "the cached kernel has no weight-reuse loop: use r = 1 with kernel='cached'"
+    if problem is not None:
+        return fail_result(result, log, problem)
+    try:
+        device = device or default_device()
+        dev = "cpu" if device == "cpu" else F.device_str(device)
+        shape = shape_of(make_meta(layer, cout, rf))
+        cached = kernel == "cached"
+        smem = tile_smem_estimate(tile_m, tile_n, r, cached=cached)
+        limit = _tile_memory_limit(dev)
+        if smem > limit:
+            return fail_result(result, log, (f"unlaunchable: m{tile_m}n{tile_n}r{r} needs at least {smem // 1024} KiB of "
+                                       f"tile memory per CTA, over this device's {limit // 1024} KiB "
+                                       f"(not compiled; pick smaller tiles or a smaller r)"))
+        work = lambda bb, nn: tile_traffic(dict(shape, nout=nn), bb, tile_m, tile_n, r, cached)["padded_flops"]  # noqa: E731
+        b, nodes, note = clamp_shape(shape, batch, work, dev, budget, tile_rows=tile_m * r)
+        pb = make_problem(layer, b, cout, rf, seed=seed, device="cpu" if dev == "cpu" else dev, nodes=nodes)
+        meta = pb.meta
+        t0 = time.perf_counter()
+        name, cfg, kern, ok, why, built_now = _forward_kernel(kernel, tile_m, tile_n, r, block_dim, dev)
+        compile_s = time.perf_counter() - t0 if built_now else 0.0
+        result.update(config=name, registered=not name.startswith("lab_"), compile_s=compile_s)
+        if not ok:
+            return fail_result(result, log, f"unlaunchable on this device: {name} ({why})")
+        if cached:
+            weff = build_effective_weight(meta, pb.weight, cout_multiple=math.lcm(64, tile_n))
+            plan = F.plan_cached(cfg, kern, pb.x, weff, pb.bias, meta.input_linear, meta.cout, "staged")
+        else:
+            plan = F.plan_uncached(cfg, kern, pb.x, pb.weight, pb.bias, meta.input_linear, meta.weight_linear,
+                                    "staged")
+        plan.launch()
+        y = plan.finish()
+        sync_device(dev)
+        ref, ref_name = reference_forward(meta, pb.x, pb.weight, pb.bias)
+        err = rel_error(y, ref)
+        tol = 1e-2
+        run_ms = time_ms(plan.launch, dev)
+        xf = pb.x if dev != "cpu" else pb.x.float()
+        wf = pb.weight if dev != "cpu" else pb.weight.float()
+        bf = None if pb.bias is None else (pb.bias if dev != "cpu" else pb.bias.float())
+        torch_ms = time_ms(lambda: CompactTorchOps.forward(meta, xf, wf, bf), dev)
+        traffic = tile_traffic(shape_of(meta), b, tile_m, tile_n, r, cached)
+        label = f"{layer} B={b} {name}"
+        what = f"{'cached' if cached else 'uncached'} kernel {name} on {layer} (B={b}, Cout={meta.cout})"
+        result.update(
+            ok=True, passed=err <= tol, batch=b, nodes=meta.nout, cout=meta.cout, clamp=note, err=err,
+            tolerance=tol, parity=parity_line(what + f" vs the {ref_name}", err, tol), reference=ref_name,
+            run_ms=run_ms, torch_ms=torch_ms,
+            torch_name="torch_compact (fp32 on the CPU)" if dev == "cpu" else "torch_compact (fp16)",
+            gflops=traffic["flops"] / (run_ms * 1e6), ctas=traffic["ctas"], smem_estimate=smem,
+            w_bytes=traffic["w_bytes"], a_bytes=traffic["a_bytes"], padded_flops=traffic["padded_flops"],
+            label=label, device=dev,
+        )
+        result["message"] = result["parity"] + (f"  [{note}]" if note else "")
+        return result_answer(result, log)
+    except Exception as exc:  # noqa: BLE001 - the widget must answer with a message
+        return fail_result(result, log, f"could not run: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}")
+
+
+def _tile_memory_limit(device: str) -> int:
+    """Tile memory a CTA may reserve: Warp's 256 KiB CPU arena, or the GPU's opt-in shared memory."""
+    if str(device).startswith("cuda"):
+        try:
+            props = torch.cuda.get_device_properties(torch.device(device))
+            return int(getattr(props, "shared_memory_per_block_optin", 0) or 227 * 1024)
+        except Exception:  # noqa: BLE001
+            return 227 * 1024
+    return 256 * 1024
+
+
+def reuse_live(layer: str = "res18_layer1", batch: int = 64, tile_m: int = 32, tile_n: int = 64,
+               rs: Sequence[int] = (1, 2, 4), block_dim: int = 128, device: Optional[str] = None,
+               budget: float = CPU_WORK_BUDGET) -> List[dict]:
+    """Run the uncached kernel with ``r`` = each of ``rs`` (same tiles otherwise) on one shape:
+    every run's :func:`explore_forward` result, plus ``rel_time`` = its kernel time over r=1's."""
+    out = []
+    for r in rs:
+        res, _ = explore_forward(layer, batch, None, tile_m, tile_n, r, block_dim, "uncached", device=device,
+                                 budget=budget)
+        out.append(res)
+    base = next((x.get("run_ms") for x in out if x.get("r") == rs[0] and x.get("ok")), None)
+    for x in out:
+        x["rel_time"] = (x["run_ms"] / base) if (base and x.get("ok")) else None
+    return out
+
+
+def reuse_live_figure(rows: List[dict], height: int = 360) -> go.Figure:
+    """Kernel time relative to r=1 and the modelled weight-stream bytes relative to r=1, per r."""
+    ok = [x for x in rows if x.get("ok")]
+    if not ok:
+        return message_figure("no successful run to plot")
+    base_w = ok[0]["w_bytes"]
+    labels = [f"r={x['r']} ({x['config']})" for x in ok]
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=labels, y=[round4(x["rel_time"]) for x in ok], name="measured kernel time / r=1",
+                         marker_color=COLOURS["warp"]))
+    fig.add_trace(go.Bar(x=labels, y=[round4(x["w_bytes"] / base_w) for x in ok], name="modelled weight stream / r=1",
+                         marker_color=COLOURS["grey"]))
+    dev = ok[0].get("device", "cpu")
+    fig.update_layout(barmode="group", height=height, margin=dict(l=10, r=10, t=60, b=10),
+                      title=(f"{ok[0]['layer']}, B={ok[0]['batch']}, measured here on "
+                             f"{'the GPU' if str(dev).startswith('cuda') else 'the CPU (relative only)'}"),
+                      yaxis_title="relative to r = 1", legend=dict(orientation="h", y=-0.2))
+    fig.add_hline(y=1.0, line=dict(color="black", width=1, dash="dot"))
+    return fig
+
+
+def benchmark_forward(layers: Sequence[str] = ("res18_layer1", "alex_L1"), batch: int = 64,
+                      device: Optional[str] = None, reps: int = 20) -> Tuple[List[dict], go.Figure]:
+    """Time the Warp forward (heuristic config, whole op and kernel alone), Warp's dense tile-GEMM
+    ceiling for that config, the Warp cached kernel and the PyTorch baselines on ``device``.
+
+    Returns ``(rows, figure)``: one row per (layer, implementation) with ms, TFLOP/s and the max error
+    against the fp32 reference; the figure's title carries the device, Warp and torch versions. On a
+    GPU every new config is a MathDx compile (~50 s): ``python -m fovi_lab warmup`` fills the cache.
+    """
+    from fovi_lab.kernels import forward as F
+    from fovi_lab.bench.common import env_info
+    from fovi_lab.ops.reference import CompactTorchOps, build_effective_weight
+    device = device or default_device()
+    dev_t = torch.device(device)
+    rows: List[dict] = []
+    for name in layers:
+        pb = make_problem(name, batch, device=device)
+        meta = pb.meta
+        ref = CompactTorchOps.forward(meta, pb.x.float(), pb.weight.float(), pb.bias.float())
+        flops = 2.0 * batch * meta.p64 * meta.cout * meta.nout
+        cfg = F.select_config(batch, meta.cout, meta.nout, meta.p64, in_channels=meta.cin,
+                                              node_major=True, q=meta.q)
+
+        def add(impl, fn, config=None, check=True):
+            try:
+                y = fn()
+                err = rel_error(y, ref) if check else None
+                ms = time_ms(fn, device, budget_s=2.0, max_reps=reps)
+                rows.append({"layer": name, "B": batch, "impl": impl, "config": config, "ms": ms,
+                             "tflops": flops / (ms * 1e-3) / 1e12, "err": err})
+            except Exception as exc:  # noqa: BLE001 - record and go on
+                rows.append({"layer": name, "B": batch, "impl": impl, "config": config, "ms": None,
+                             "note": f"{type(exc).__name__}: {str(exc)[:200]}"})
+
+        plan = F.prepare_uncached(pb.x, pb.weight, pb.bias, meta.input_linear, meta.weight_linear, config=cfg)
+        add("warp_uncached", lambda: F.run_uncached(pb.x, pb.weight, pb.bias, meta.input_linear,
+                                                    meta.weight_linear, config=cfg), cfg)
+        add("warp_uncached_kernel", plan.launch, cfg, check=False)            # the kernel alone (checked above)
+        try:
+            dplan = F.make_dense_ceiling(cfg, batch, meta.cout, meta.nout, meta.p64, device)
+            add("warp_dense_ceiling", lambda: dplan.launch(), cfg, check=False)
+        except Exception as exc:  # noqa: BLE001
+            rows.append({"layer": name, "B": batch, "impl": "warp_dense_ceiling", "config": cfg, "ms": None,
+                         "note": str(exc)[:200]})
+        weff = build_effective_weight(meta, pb.weight, cout_multiple=64)
+        add("warp_cached", lambda: F.run_cached(pb.x, weff, pb.bias, meta.input_linear, cout=meta.cout), "default")
+        add("torch_compact", lambda: CompactTorchOps.forward(meta, pb.x, pb.weight, pb.bias))
+        try:
+            from fovi_lab.bench.forward import torch_baselines
+            for impl, fn in torch_baselines(meta, pb.weight, build_effective_weight(meta, pb.weight, 8)).items():
+                if impl != "torch_compact":
+                    add(impl, lambda fn=fn: fn(pb.x, pb.bias))
+        except ImportError:
+            pass
+    env = env_info(dev_t)
+    title = f"Forward at B = {batch}, measured now on {env['device']} · Warp {env['warp']} · torch {env['torch']}"
+    fig = go.Figure()
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    for impl in impls:
+        sel = [r for r in rows if r["impl"] == impl]
+        fig.add_trace(go.Bar(x=[r["layer"] for r in sel], y=[round4(r.get("ms")) for r in sel], name=impl,
+                             hovertext=[r.get("config") or "" for r in sel]))
+    fig.update_layout(barmode="group", title=title, yaxis_type="log", yaxis_title="ms", height=420,
+                      margin=dict(l=10, r=10, t=60, b=10), legend=dict(orientation="h", y=-0.2))
+    return rows, fig

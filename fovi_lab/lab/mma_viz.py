@@ -1,0 +1,464 @@
+"""Notebook 06: tensor cores by hand, the ``mma.sync`` forward kernels of :mod:`fovi_lab.kernels.forward.mma` (logic and
+figures).
+
+* :func:`fragment_figure`: which lane holds which element of the A, B and D fragments of one
+  ``mma.sync.m16n8k16`` (the layout the PTX ISA fixes), and how the kernel fills them.
+* :func:`lane_channels`: the channel permutation that makes a lane's W loads one vector load.
+* :func:`explore_mma`: run one mma config on a real layer's shape here, against the fp32 reference.
+* :func:`mma_rows` / :func:`mma_figure`: the recorded H200 runs: per layer and batch, the mma pick's whole op
+  replayed from a CUDA graph (runs 59-61), the session-8 pick (tile / SIMT kernels, runs 52-53) and the fastest
+  PyTorch forward (runs 59-61), replayed too, medians over the runs that measured them.
+* :func:`layout_rows`: what each operand layout bought: the same block with x in place or x^T, W^T or W in
+  place, replayed side by side.
+* :func:`depth_rows` / :func:`depth_figure` / :func:`register_rows`: what the loop depth bought (the same block
+  looping 1, 2 or 4 k-steps per iteration, replayed side by side in runs 59-63) and what it costs in registers
+  and resident warps (the sm_90 cubins).
+* :func:`stage_rows` / :func:`stage_figure`: what the staged store bought (the same block writing y directly or
+  through a shared tile, replayed side by side in run 63); :func:`ncu_rows`: the Nsight Compute profile that
+  pointed at the stores (run 62).
+* :func:`explore_mma_widget`: what the notebook's widget runs: one layer, batch and mma config here, the pick
+  for that shape, and the recorded replays of that layer.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import plotly.graph_objects as go
+
+from fovi_lab import lab as kl
+from fovi_lab.graph.layers import RECORDED_LAYERS, layer_meta
+
+__all__ = ["MMA_RUNS", "OLD_RULE_RUNS", "DEPTH_RUNS", "STAGE_RUNS", "LAYERS", "fragment_owner", "fragment_figure",
+           "lane_channels", "explore_mma", "mma_rows", "mma_figure", "layout_rows", "depth_rows", "depth_figure",
+           "register_rows", "stage_rows", "stage_figure", "ncu_rows", "explore_mma_widget", "mma_configs"]
+
+#: Session 10's runs that replayed every mma config (registered and experimental, loops of 1, 2 and 4 k-steps)
+#: beside the pick and PyTorch on every layer at B = 1/4/16/32/64/128/512: 59 (B = 1/16/64), 60 (B = 4/32/128/512),
+#: 61 (all seven, a second lease) and 63 (all seven, with the staged stores and the 1-/2-warp blocks). The mma
+#: kernels' source changed in session 10, so session 9's runs (52-56) no longer time today's kernels.
+MMA_RUNS = (59, 60, 61, 63)
+#: The run that timed the staged stores beside the direct ones.
+STAGE_RUNS = (63,)
+#: The runs that timed every loop depth of a block side by side.
+DEPTH_RUNS = MMA_RUNS
+#: The runs whose chosen config was session 8's pick (the tile / SIMT rules, ``FOVI_WARP_MMA=off`` today).
+OLD_RULE_RUNS = (52, 53)
+LAYERS = RECORDED_LAYERS
+
+
+def mma_configs() -> Tuple[str, ...]:
+    """The registered mma-family configs (the widget's choices)."""
+    from fovi_lab.kernels import forward as F
+    return tuple(n for n in F.uncached_config_names() if F.config_spec(n).family in F.MMA_FAMILIES)
+
+
+# ----------------------------------------------------------------------------------------------- fragments
+
+def fragment_owner(kind: str) -> List[List[Tuple[int, int]]]:
+    """``owner[row][col] = (lane, register)`` for the A (16 x 16), B (16 x 8, rows = k) or D (16 x 8) fragment
+    of ``mma.sync.aligned.m16n8k16`` with fp16 inputs and fp32 accumulators (PTX ISA, "matrix fragments for
+    mma.m16n8k16"), lane = 4*g + t."""
+    if kind == "A":
+        out = [[(0, 0)] * 16 for _ in range(16)]
+        for lane in range(32):
+            g, t = lane // 4, lane % 4
+            for reg, (row, col0) in enumerate(((g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8))):
+                for j in range(2):
+                    out[row][col0 + j] = (lane, reg)
+        return out
+    if kind == "B":
+        out = [[(0, 0)] * 8 for _ in range(16)]
+        for lane in range(32):
+            g, t = lane // 4, lane % 4
+            for reg, k0 in enumerate((2 * t, 2 * t + 8)):
+                for j in range(2):
+                    out[k0 + j][g] = (lane, reg)
+        return out
+    if kind == "D":
+        out = [[(0, 0)] * 8 for _ in range(16)]
+        for lane in range(32):
+            g, t = lane // 4, lane % 4
+            for e in range(4):
+                out[g + 8 * (e // 2)][2 * t + e % 2] = (lane, e)
+        return out
+    raise ValueError(f"kind: expected 'A', 'B' or 'D', got {kind!r}")
+
+
+def fragment_figure(height: int = 420) -> go.Figure:
+    """The three fragments side by side, each element coloured and labelled by the lane that holds it."""
+    from plotly.subplots import make_subplots
+    titles = ("A = gathered W rows: 16 channels x 16 p entries", "B = gathered x: 16 p entries x 8 batch rows",
+              "D = y^T accumulators (fp32): 16 channels x 8 batch rows")
+    fig = make_subplots(rows=1, cols=3, subplot_titles=titles, column_widths=[0.44, 0.28, 0.28],
+                        horizontal_spacing=0.06)
+    for col, kind in enumerate(("A", "B", "D"), start=1):
+        own = fragment_owner(kind)
+        z = [[lane for lane, _ in row] for row in own]
+        text = [[f"{lane}" for lane, _ in row] for row in own]
+        fig.add_trace(go.Heatmap(z=z, text=text, texttemplate="%{text}", colorscale="Turbo", zmin=0, zmax=31,
+                                 showscale=col == 3, colorbar=dict(title="lane"),
+                                 hovertemplate="row %{y}, col %{x}: lane %{z}<extra>" + kind + "</extra>"),
+                      row=1, col=col)
+        fig.update_yaxes(autorange="reversed", row=1, col=col, title_text="k" if kind == "B" else "row (channel)")
+        fig.update_xaxes(title_text="k (p entry)" if kind == "A" else "col (batch row)", row=1, col=col)
+    fig.update_layout(height=height, margin=dict(t=60, b=50),
+                      title=dict(text="mma.sync.m16n8k16: which of a warp's 32 lanes holds which element", x=0.01))
+    return fig
+
+
+def lane_channels(m_tiles: int, o0: int = 0) -> List[List[int]]:
+    """``channels[g]``: the 2*MT output channels lane group ``g`` (lanes 4g..4g+3) multiplies, in register order
+    (m-tile mi, then accumulator row half h): consecutive, so one vector load of a W^T row fetches them."""
+    from fovi_lab.kernels.forward.mma import mma_channel
+    return [[mma_channel(m_tiles, o0, g, mi, h) for mi in range(m_tiles) for h in range(2)] for g in range(8)]
+
+
+# ----------------------------------------------------------------------------------------------- run here
+
+def explore_mma(layer: str = "alex_L0", batch: int = 16, config: Optional[str] = None, nodes: Optional[int] = 48,
+                device=None) -> dict:
+    """One mma config on ``layer``'s shape (its first ``nodes`` output nodes; None: all) at ``batch``, on this
+    machine, NaN-prefilled, against the fp32 reference. ``config`` None: the pick for the full layer's shape."""
+    import time
+    import torch
+    from fovi_lab.kernels import forward as F
+    device = kl.default_device() if device is None else device
+    full = layer_meta(layer)
+    pick = F.select_config(batch, full.cout, full.nout, full.p64, in_channels=full.cin,
+                                           node_major=full.cin >= 32, q=full.q)
+    config = config or pick
+    pb = kl.make_problem(layer, batch=batch, device=device, nodes=nodes)
+    m = pb.meta
+    ref, ref_name = kl.reference_forward(m, pb.x, pb.weight, pb.bias)
+    plan = F.prepare_uncached(pb.x, pb.weight, pb.bias, m.input_linear, m.weight_linear, config=config)
+    plan.out.fill_(float("nan"))                     # every output entry must be written
+    t0 = time.perf_counter()
+    plan.launch()
+    y = plan.finish()
+    dt = (time.perf_counter() - t0) * 1e3
+    err = kl.rel_error(y.float().cpu(), ref.cpu())
+    return dict(layer=layer, B=batch, nodes=m.nout, config=config, pick=pick, err=err, ms=dt, device=device,
+                finite=bool(torch.isfinite(y).all()), split=getattr(plan, "split", None),
+                line=kl.parity_line(f"{config} on {layer} ({m.nout} nodes) B={batch} vs {ref_name}", err, 1e-2))
+
+
+# ----------------------------------------------------------------------------------------------- recorded
+
+def _by_shape(records: List[dict], runs: Sequence[int]) -> Dict[Tuple[str, int], List[dict]]:
+    out: Dict[Tuple[str, int], List[dict]] = {}
+    for r in records:
+        if r.get("run") in runs and r.get("ms") and r.get("layer") in LAYERS:
+            out.setdefault((r["layer"], r["B"]), []).append(r)
+    return out
+
+
+def _median_by(rs: List[dict], key, pred) -> Dict[str, float]:
+    per: Dict[str, List[float]] = {}
+    for r in rs:
+        if pred(r):
+            per.setdefault(key(r), []).append(r["ms"])
+    return {k: statistics.median(v) for k, v in per.items()}
+
+
+def _replayed(rs: List[dict]) -> Dict[str, float]:
+    """Per config, the median of its whole ops replayed from CUDA graphs among ``rs``."""
+    return _median_by(rs, lambda r: r["config"], lambda r: r["impl"] == "warp_uncached_graphed")
+
+
+def mma_rows(records: Optional[List[dict]] = None, batches: Sequence[int] = (1, 16, 64, 512)) -> List[dict]:
+    """Per layer and batch, medians of whole ops replayed from CUDA graphs: the mma pick (over
+    :data:`MMA_RUNS`), session 8's pick (the tile / SIMT rules, over :data:`OLD_RULE_RUNS`, where it was the
+    run's chosen config) and the fastest PyTorch forward (over :data:`MMA_RUNS`)."""
+    from fovi_lab.kernels import forward as F
+    records = kl.forward_records() if records is None else records
+    shapes = _by_shape(records, MMA_RUNS + OLD_RULE_RUNS)
+    rows = []
+    for layer in LAYERS:
+        for b in batches:
+            rs = shapes.get((layer, b), [])
+            shape = next((r for r in rs if r.get("cin") is not None and r.get("v") is not None), None)
+            if shape is None:
+                continue
+            args = (b, shape["cout"], shape["nout"], shape["p64"])
+            kw = dict(in_channels=shape["cin"], node_major=shape["cin"] >= 32, q=shape["cin"] * shape["v"])
+            pick = F.select_config(*args, **kw)
+            old = F.select_config(*args, mma=False, **kw)
+            now = [r for r in rs if r["run"] in MMA_RUNS]
+            warp = _replayed(now)
+            old_ms = _replayed([r for r in rs if r["run"] in OLD_RULE_RUNS]).get(old)
+            tmed = _median_by(now, lambda r: r["impl"], lambda r: str(r["impl"]).startswith("torch") and r.get("graphed"))
+            tbest = min(tmed, key=tmed.get) if tmed else None
+            ms = warp.get(pick)
+            rows.append(dict(layer=layer, B=b, pick=pick, ms=ms, old_config=old, old_ms=old_ms,
+                             torch_impl=tbest, torch_ms=tmed.get(tbest),
+                             vs_old=(old_ms / ms) if ms and old_ms else None,
+                             vs_torch=(tmed[tbest] / ms) if ms and tbest else None, records=rs))
+    return rows
+
+
+def mma_figure(rows: Optional[List[dict]] = None, height: int = 480) -> go.Figure:
+    """Grouped bars, one panel per batch: per layer the mma pick, session 8's pick and the fastest PyTorch
+    forward, whole ops replayed from CUDA graphs (ms, log scale)."""
+    from plotly.subplots import make_subplots
+    rows = mma_rows() if rows is None else rows
+    if not rows:
+        return kl.message_figure("no recorded mma runs (59-63) under data/")
+    batches = sorted({r["B"] for r in rows})
+    fig = make_subplots(rows=1, cols=len(batches), subplot_titles=[f"B = {b}" for b in batches], shared_yaxes=True)
+    for col, b in enumerate(batches, start=1):
+        rs = [r for r in rows if r["B"] == b]
+        xs = [r["layer"] for r in rs]
+        for key, cfg_key, name, colour in (("ms", "pick", "mma pick", "#2ca02c"),
+                                           ("old_ms", "old_config", "session 8's pick (tiles / SIMT)", "#1f77b4"),
+                                           ("torch_ms", "torch_impl", "fastest PyTorch", "#d62728")):
+            fig.add_trace(go.Bar(x=xs, y=[r[key] for r in rs], name=name, marker_color=colour, legendgroup=name,
+                                 showlegend=col == 1, customdata=[r.get(cfg_key) for r in rs],
+                                 hovertemplate="%{x}: %{y:.3f} ms (%{customdata})<extra>" + name + "</extra>"),
+                          row=1, col=col)
+        fig.update_xaxes(tickangle=-45, row=1, col=col)
+    fig.update_yaxes(type="log", title_text="ms per op, CUDA-graph replay (log)", row=1, col=1)
+    recs = [rec for r in rows for rec in r["records"]]
+    fig.update_layout(barmode="group", height=height,
+                      title=dict(text="Tensor cores by hand: the mma kernels against session 8's kernels and PyTorch "
+                                      "(whole op, replayed)<br><sub>" + kl.versions_title(recs)
+                                      + " · mma and PyTorch: runs 59-63, session 8: runs 52-53; medians</sub>",
+                                 x=0.01),
+                      legend=dict(orientation="h", y=-0.42), margin=dict(t=90, b=150))
+    return fig
+
+
+#: (layer, B, the baseline config, the config with the other layout): what x^T and W in place buy.
+LAYOUT_PAIRS = (
+    ("alex_L1", 64, "mma_o64b32", "mmat_o64b32"),
+    ("alex_L1", 512, "mma_o64b32", "mmat_o64b32"),
+    ("res18_layer1", 512, "mma_o64b32", "mmat_o64b32"),
+    ("res18_stem_rf2", 64, "mma_o64b16", "mmat_o64b16"),
+    ("res18_layer4_0", 16, "mmas_o32b16", "mmasw_o32b16"),
+    ("res18_layer3", 16, "mmas_o32b16", "mmasw_o32b16"),
+    ("alex_L4", 4, "mmas_o32b8", "mmasw_o32b8"),
+)
+
+
+def layout_rows(records: Optional[List[dict]] = None, pairs=LAYOUT_PAIRS) -> List[dict]:
+    """Per pair of :data:`LAYOUT_PAIRS`: both configs' whole ops replayed, medians over the runs that replayed
+    both (54 and 56: the x^T and W-in-place configs were registered from run 54)."""
+    records = kl.forward_records() if records is None else records
+    shapes = _by_shape(records, (54, 56))
+    rows = []
+    for layer, b, base, other in pairs:
+        med = _replayed(shapes.get((layer, b), []))
+        if base in med and other in med:
+            rows.append(dict(layer=layer, B=b, base=base, base_ms=med[base], other=other, other_ms=med[other],
+                             speedup=med[base] / med[other]))
+    return rows
+
+
+def explore_mma_widget(layer: str, batch: int, config: Optional[str] = None, device=None,
+                       budget: float = kl.CPU_WORK_BUDGET) -> Tuple[List[str], go.Figure]:
+    """One widget run: ``config`` (None: the pick) on ``layer`` at ``batch`` here, on the first 48 output nodes
+    on a CPU (all of them on a GPU), and the recorded replays of ``layer`` over B. Returns ``(lines, figure)``; a
+    choice outside the offered ones, or more work than ``budget`` on the CPU, gives a message line instead."""
+    lines: List[str] = []
+    if layer not in LAYERS:
+        lines.append(f"layer must be one of {LAYERS}, got {layer!r}")
+    if config is not None and config not in mma_configs():
+        lines.append(f"config must be one of {mma_configs()} or None (the pick), got {config!r}")
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 512:
+        lines.append(f"batch must be an integer in [1, 512], got {batch!r}")
+    rows = [r for r in mma_rows(batches=(1, 4, 16, 32, 64, 128, 512)) if r["layer"] == layer] \
+        if layer in LAYERS else []
+    fig = _layer_figure(layer, rows)
+    if lines:
+        return lines, fig
+    device = kl.default_device() if device is None else device
+    nodes = 48 if device == "cpu" else None
+    m = layer_meta(layer)
+    flops = 2.0 * batch * m.p64 * m.cout * (min(nodes, m.nout) if nodes else m.nout)
+    if device == "cpu" and flops > budget:
+        return [f"{layer} at B = {batch} on {nodes} nodes is {flops / 1e9:.1f} GFLOP: over this CPU's "
+                f"{budget / 1e9:.1f} GFLOP budget for one widget run; try a smaller batch"], fig
+    res = explore_mma(layer, batch=batch, config=config, nodes=nodes, device=device)
+    lines.append(res["line"])
+    lines.append(f"{res['config']}: {res['ms']:.1f} ms here ({device}), every output written: {res['finite']}"
+                 + (f", p loop split {res['split']} ways" if res["split"] else ""))
+    lines.append(f"the rule picks {res['pick']} for {layer} at B = {batch}")
+    return lines, fig
+
+
+def _layer_figure(layer: str, rows: List[dict], height: int = 320) -> go.Figure:
+    """The recorded replays of one layer over B: the mma pick, session 8's pick, PyTorch (log scale)."""
+    return kl.layer_replays_figure(
+        layer, rows, (("ms", "pick", "mma pick", "#2ca02c"),
+                      ("old_ms", "old_config", "session 8's pick", "#1f77b4"),
+                      ("torch_ms", "torch_impl", "fastest PyTorch", "#d62728")),
+        "runs 59-63 (session 8: 52-53)", f"no recorded mma runs for {layer!r} under data/", log=True, height=height)
+
+
+# ----------------------------------------------------------------------------------------------- loop depth
+
+#: (layer, B, the block's configs at 1, 2 and 4 k-steps per iteration, None where not built): what the loop
+#: depth buys on a few-hundred-warp grid, and where the deeper loop's registers cost a wave (alexnet L1 at B = 64).
+DEPTH_POINTS = (
+    ("alex_L2", 16, ("mmat_o64b16", "mmat_o64b16k32", "mmat_o64b16k64")),
+    ("res18_layer3", 128, ("mmat_o64b16", "mmat_o64b16k32", "mmat_o64b16k64")),
+    ("res18_layer1", 4, ("mma_o32b8", "mma_o32b8k32", "mma_o32b8k64")),
+    ("dinov3_patch", 16, ("mma_o32b8", "mma_o32b8k32", "mma_o32b8k64")),
+    ("alex_L0", 64, ("mmat_o96b32", "mmat_o96b32k32", None)),
+    ("alex_L1", 64, ("mmat_o96b32", "mmat_o96b32k32", None)),
+)
+
+
+def depth_rows(records: Optional[List[dict]] = None, points=DEPTH_POINTS) -> List[dict]:
+    """Per point of :data:`DEPTH_POINTS`: the whole op replayed at each loop depth, medians over
+    :data:`DEPTH_RUNS` (every depth timed side by side), the deepest loop's speedup over the 1-deep one, and the
+    records read (``records``: the figure's versions line)."""
+    records = kl.forward_records() if records is None else records
+    shapes = _by_shape(records, DEPTH_RUNS)
+    rows = []
+    for layer, b, configs in points:
+        rs = shapes.get((layer, b), [])
+        med = _replayed(rs)
+        ms = [med.get(c) if c else None for c in configs]
+        if ms[0] is None:
+            continue
+        best = min((m, 16 << i) for i, m in enumerate(ms) if m)
+        rows.append(dict(layer=layer, B=b, configs=configs, ms=ms, best_depth=best[1], speedup=ms[0] / best[0],
+                         records=rs))
+    return rows
+
+
+def depth_figure(rows: Optional[List[dict]] = None, height: int = 380) -> go.Figure:
+    """Grouped bars: per point, the same block looping 16, 32 and 64 p entries per iteration (µs, replayed)."""
+    rows = depth_rows() if rows is None else rows
+    if not rows:
+        return kl.message_figure("no recorded loop-depth runs (59-63) under data/")
+    xs = [f"{r['layer']} B={r['B']}<br>{r['configs'][0]}" for r in rows]
+    fig = go.Figure()
+    for i, (name, colour) in enumerate((("1 k-step (tile_k 16)", "#9ecae1"), ("2 k-steps (k32)", "#4292c6"),
+                                        ("4 k-steps (k64)", "#08519c"))):
+        fig.add_trace(go.Bar(x=xs, y=[(r["ms"][i] or 0) * 1e3 or None for r in rows], name=name,
+                             marker_color=colour, customdata=[r["configs"][i] for r in rows],
+                             hovertemplate="%{customdata}: %{y:.1f} µs<extra></extra>"))
+    fig.update_layout(barmode="group", height=height, yaxis_title="µs per op, CUDA-graph replay",
+                      title=dict(text="Loads in flight: the same block looping 1, 2 or 4 k-steps per iteration<br><sub>"
+                                      + kl.versions_title([rec for r in rows for rec in r["records"]])
+                                      + " · runs 59-63, medians</sub>", x=0.01),
+                      legend=dict(orientation="h", y=-0.3), margin=dict(t=80, b=120))
+    return fig
+
+
+def register_rows(path=None) -> List[dict]:
+    """The sm_90 cubins' registers per thread, spill bytes and resident warps per SM (128-thread blocks), from
+    ``data/logs/mma_registers_sm90_session10.txt`` (``tools/cubin_registers.py``): ``[]`` when absent."""
+    import os
+    path = os.path.join(kl.DATA_DIR, "logs", "mma_registers_sm90_session10.txt") if path is None else path
+    rows = []
+    try:
+        with open(path) as f:
+            for line in f:
+                parts = line.split()
+                if line.startswith("#") or len(parts) != 4:
+                    continue
+                rows.append(dict(kernel=parts[0], regs=int(parts[1]), local_bytes=int(parts[2]),
+                                 warps_per_sm=int(parts[3])))
+    except OSError:
+        return []
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------- staged store
+
+#: (layer, B, the block writing y directly, the same block writing it through a shared tile).
+STAGE_POINTS = (
+    ("res18_stem_rf2", 512, "mmat_o64b32", "mmato_o64b32b256"),
+    ("res18_stem_rf2", 64, "mmat_o64b32", "mmato_o64b32b256"),
+    ("res18_stem_rf2", 16, "mma_o64b16k32", "mmao_o64b16k32b256"),
+    ("alex_L0", 64, "mmat_o96b32k32", "mmato_o96b32k32"),
+    ("alex_L0", 16, "mma_o96b16", "mmao_o96b16"),
+    ("dinov3_patch", 512, "mmat_o64b32", "mmato_o64b32b256"),
+    ("dinov3_patch", 16, "mmat_o64b16k64", "mmato_o64b16k64"),
+    ("res18_layer1", 64, "mmat_o64b16k64", "mmato_o64b16k64"),
+    ("alex_L1", 512, "mmat_o64b32", "mmato_o64b32b256"),
+    ("alex_L2", 64, "mmat_o96b32k32", "mmato_o96b32k32"),
+    ("res18_layer4_0", 64, "mmat_o64b16k64", "mmato_o64b16k64"),
+)
+
+
+def stage_rows(records: Optional[List[dict]] = None, points=STAGE_POINTS) -> List[dict]:
+    """Per point of :data:`STAGE_POINTS`: both blocks' whole ops replayed, medians over :data:`STAGE_RUNS`, the
+    staged store's speedup, the output's share of the op's bytes (y against x, W and the tables), and the records
+    read (``records``)."""
+    records = kl.forward_records() if records is None else records
+    shapes = _by_shape(records, STAGE_RUNS)
+    rows = []
+    for layer, b, direct, staged in points:
+        rs = shapes.get((layer, b), [])
+        med = _replayed(rs)
+        if direct in med and staged in med:
+            shape = next((r for r in rs if r.get("nout")), {})
+            y_bytes = 2.0 * b * shape.get("cout", 0) * shape.get("nout", 0)
+            rows.append(dict(layer=layer, B=b, direct=direct, direct_ms=med[direct], staged=staged,
+                             staged_ms=med[staged], speedup=med[direct] / med[staged],
+                             y_share=(y_bytes / shape["bytes"]) if shape.get("bytes") else None, records=rs))
+    return rows
+
+
+def stage_figure(rows: Optional[List[dict]] = None, height: int = 380) -> go.Figure:
+    """Grouped bars: per point, the block writing y directly and through the shared tile (µs, replayed)."""
+    rows = stage_rows() if rows is None else rows
+    if not rows:
+        return kl.message_figure("no recorded staged-store run (63) under data/")
+    xs = [f"{r['layer']} B={r['B']}" for r in rows]
+    fig = go.Figure()
+    for key, cfg, name, colour in (("direct_ms", "direct", "each lane stores its own outputs", "#fdae6b"),
+                                   ("staged_ms", "staged", "staged through a shared tile", "#e6550d")):
+        fig.add_trace(go.Bar(x=xs, y=[r[key] * 1e3 for r in rows], name=name, marker_color=colour,
+                             customdata=[r[cfg] for r in rows],
+                             hovertemplate="%{customdata}: %{y:.1f} µs<extra></extra>"))
+    fig.update_layout(barmode="group", height=height, yaxis_title="µs per op, CUDA-graph replay", yaxis_type="log",
+                      title=dict(text="The staged store: y written in runs of adjacent nodes instead of one 2-byte "
+                                      "store per sector<br><sub>"
+                                      + kl.versions_title([rec for r in rows for rec in r["records"]])
+                                      + " · run 63</sub>", x=0.01),
+                      legend=dict(orientation="h", y=-0.3), margin=dict(t=80, b=120))
+    return fig
+
+
+#: The run-62 Nsight Compute metrics the notebook reads (summary lines ``section|metric  value unit``).
+NCU_METRICS = {
+    "Duration": "GPU Speed Of Light|Duration",
+    "L2 throughput %": "GPU Speed Of Light|L2 Cache Throughput",
+    "L1 throughput %": "GPU Speed Of Light|L1/TEX Cache Throughput",
+    "store requests": "Command line profi|l1tex__t_requests_pipe_lsu_mem_global_op_st.sum",
+    "store sectors": "Command line profi|l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum",
+    "load sectors": "Command line profi|l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum",
+    "tensor pipe %": "Command line profi|sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+    "warps per SM": "Occupancy|Achieved Active Warps Per SM",
+    "grid (blocks)": "Launch Statistics|Grid Size",
+}
+
+
+def ncu_rows(path=None, metrics=NCU_METRICS) -> List[dict]:
+    """Per profiled kernel of run 62 (``data/logs/ncu_h200_run62_summary.txt``, read from Nsight Compute's CSV by
+    ``tools/h200/session10_run62_ncu.sh``): the kernel name and the :data:`NCU_METRICS` values (floats; ``[]``
+    when the file is absent)."""
+    import os
+    import re
+    path = os.path.join(kl.DATA_DIR, "logs", "ncu_h200_run62_summary.txt") if path is None else path
+    rows: List[dict] = []
+    try:
+        lines = open(path).read().splitlines()
+    except OSError:
+        return rows
+    want = {v: k for k, v in metrics.items()}
+    for line in lines:
+        if line.startswith("("):
+            name = line.split("'")[3].split("_cuda")[0]
+            rows.append({"kernel": name.rsplit("_", 1)[0] if name.count("_") > 3 else name})
+        elif rows:
+            m = re.match(r"^(\S.*?)\s+([\d,.]+)(?:\s+\S+)?$", line.strip())   # "section|metric  value [unit]"
+            if m and m.group(1) in want:
+                rows[-1][want[m.group(1)]] = float(m.group(2).replace(",", ""))
+    return rows

@@ -1,0 +1,522 @@
+"""The recorded GPU results: load the JSON-lines records under ``data/`` and plot them (device, Warp
+and torch versions in each figure's title), or say that there are none.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import json
+import math
+import os
+from pathlib import Path
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from fovi_lab.graph.layers import LAYERS, RF_MULT, layer_name
+from fovi_lab.lab.common import LAYER_CHOICES, COLOURS, hline, log_range, round4, batch_menu, message_figure
+
+
+#: Repository ``data/`` folder (recorded GPU results).
+DATA_DIR = Path(__file__).resolve().parents[2] / "data"
+
+
+def layer_replays_figure(layer: str, rows: List[dict], series, runs: str, empty: str, log: bool = False,
+                         height: int = 320) -> go.Figure:
+    """Grouped bars of one layer's recorded replays over B (the widgets' side figures of notebooks 01 and 06).
+
+    ``rows``: one dict per batch with a ``B`` and ``records``; ``series``: ``(ms key, config key, name, colour)``
+    per bar group; ``runs``: the runs named in the subtitle; ``empty``: the message when there are no rows."""
+    if not rows:
+        return message_figure(empty)
+    fig = go.Figure()
+    for key, cfg_key, name, colour in series:
+        fig.add_trace(go.Bar(x=[f"B={r['B']}" for r in rows], y=[r[key] for r in rows], name=name,
+                             marker_color=colour, customdata=[r.get(cfg_key) for r in rows],
+                             hovertemplate="%{x}: %{y:.3f} ms (%{customdata})<extra>" + name + "</extra>"))
+    recs = [rec for r in rows for rec in r["records"]]
+    title = "ms per op, replayed (log)" if log else "ms per op, CUDA-graph replay"
+    fig.update_layout(barmode="group", height=height, yaxis=dict(type="log" if log else "linear", title=title),
+                      title=dict(text=f"{layer}: recorded replays<br><sub>{versions_title(recs)} · {runs}, "
+                                      "medians</sub>", x=0.01),
+                      margin=dict(t=70, b=40), legend=dict(orientation="h", y=-0.2))
+    return fig
+
+
+def figure_title(main: str, records: List[dict]) -> str:
+    """A figure title with the recording's device, Warp and torch versions on a second line."""
+    return f"{main}<br><sup>recorded on {versions_title(records)}</sup>"
+
+
+def load_records(data_dir=None, patterns: Sequence[str] = ("*.jsonl", "*.jsonl.gz")) -> List[dict]:
+    """Every JSON-lines record under ``data_dir`` (default: the repository's ``data/``) matching
+    ``patterns``, each tagged with ``_file``. ``.gz`` files are read through gzip (the big sweeps are stored
+    compressed). Unreadable lines are skipped; no folder means ``[]``.
+
+    A record measured on another reference frame than its layer's network frame is named as that variant
+    (``layer`` becomes e.g. ``"res18_stem_rf2"``, :func:`fovi_lab.graph.layers.layer_name`), so a name always means
+    one table."""
+    d = Path(data_dir) if data_dir is not None else DATA_DIR
+    paths = sorted({p for pat in patterns for p in glob.glob(str(d / pat))})
+    out: List[dict] = []
+    for p in paths:
+        try:
+            with (gzip.open(p, "rt") if p.endswith(".gz") else open(p)) as f:
+                for line in f:
+                    line = line.strip()
+                    if not line:
+                        continue
+                    try:
+                        r = json.loads(line)
+                    except ValueError:
+                        continue
+                    if isinstance(r, dict) and "impl" in r and "layer" in r:
+                        r["_file"] = os.path.basename(p)
+                        if r["layer"] in LAYERS and r.get("rf") in RF_MULT:
+                            r["layer"] = layer_name(r["layer"], r["rf"])
+                        out.append(r)
+        except OSError:
+            continue
+    return out
+
+
+def forward_records(data_dir=None, variants: bool = False) -> List[dict]:
+    """Forward records (:mod:`fovi_lab.bench.forward`): the ones without a backward ``mode``. Records
+    flagged ``note_run`` (development runs, non-default variants) only with ``variants=True``."""
+    return [r for r in load_records(data_dir) if "mode" not in r and (variants or not r.get("note_run"))]
+
+
+def backward_records(data_dir=None, mode: Optional[str] = None, variants: bool = False) -> List[dict]:
+    """Backward / train-step records (:mod:`fovi_lab.bench.backward`: they carry ``mode``); ``note_run``
+    records only with ``variants=True``."""
+    recs = [r for r in load_records(data_dir) if "mode" in r and (variants or not r.get("note_run"))]
+    return [r for r in recs if mode is None or r.get("mode") == mode]
+
+
+def versions_title(records: List[dict]) -> str:
+    """``"NVIDIA H200 · Warp 1.19.0 · torch 2.11.0+cu130 · 2026-11-29"`` (every distinct value)."""
+    if not records:
+        return "no recorded data"
+
+    def uniq(key, fmt=lambda v: v):
+        vals = sorted({fmt(r[key]) for r in records if r.get(key)})
+        return ", ".join(vals) if vals else "?"
+
+    dates = sorted({str(r["date"])[:10] for r in records if r.get("date")})
+    when = dates[0] if len(dates) == 1 else (f"{dates[0]} .. {dates[-1]}" if dates else "?")
+    return f"{uniq('device')} · Warp {uniq('warp')} · torch {uniq('torch')} · {when}"
+
+
+def record_runs(records: List[dict]) -> Dict[tuple, List[List[dict]]]:
+    """(layer, B, mode) -> that shape's runs, oldest first. A run is the records of one benchmark
+    invocation: same file and same ``date`` stamp. Figures never mix two runs of one shape (the config
+    chosen, the configs swept and the baselines of a row always come from one invocation)."""
+    groups: Dict[tuple, Dict[tuple, List[dict]]] = {}
+    for r in records:
+        key = (r.get("layer"), r.get("B"), r.get("mode"))
+        groups.setdefault(key, {}).setdefault((str(r.get("date", "")), r.get("_file", "")), []).append(r)
+    return {k: [v[rk] for rk in sorted(v)] for k, v in groups.items()}
+
+
+def latest_run_where(runs: List[List[dict]], pred: Callable[[List[dict]], bool]) -> Optional[List[dict]]:
+    """The most recent run that satisfies ``pred`` (None if none does)."""
+    for run in reversed(runs):
+        if pred(run):
+            return run
+    return None
+
+
+def _n_swept(run: List[dict]) -> int:
+    return len({r.get("config") for r in run if r.get("impl") == "warp_uncached" and r.get("ms_kernel")})
+
+
+def _sweep_run(runs: List[List[dict]]) -> Optional[List[dict]]:
+    """The latest run of a shape that timed several uncached configs (a ``--all-configs`` sweep)."""
+    return latest_run_where(runs, lambda run: _n_swept(run) >= 3)
+
+
+def _pick_run(runs: List[List[dict]]) -> Optional[List[dict]]:
+    """The latest run of a shape that timed the chosen config as a whole op (falls back to the latest run)."""
+    return (latest_run_where(runs, lambda run: any(r.get("impl") == "warp_uncached" and r.get("chosen") and r.get("ms")
+                                                for r in run)) or (runs[-1] if runs else None))
+
+
+def _sweep_records(records: List[dict]) -> List[dict]:
+    """The uncached-kernel records of every shape's latest sweep run."""
+    out: List[dict] = []
+    for key, runs in record_runs(records).items():
+        run = _sweep_run(runs)
+        if run is not None:
+            out += [r for r in run if r.get("impl") == "warp_uncached" and r.get("ms_kernel")]
+    return out
+
+
+def _latest_run(records: List[dict]) -> List[dict]:
+    """Per (layer, B, mode), the records of the most recent run only."""
+    return [r for runs in record_runs(records).values() for r in runs[-1]]
+
+
+def _latest(records: List[dict]) -> Dict[tuple, dict]:
+    """(layer, B, impl, config) -> one record of the most recent run of that shape (last one wins)."""
+    out: Dict[tuple, dict] = {}
+    for r in _latest_run(records):
+        out[(r.get("layer"), r.get("B"), r.get("impl"), r.get("config"))] = r
+    return out
+
+
+def layer_order(names: Iterable[str]) -> List[str]:
+    order = {n: i for i, n in enumerate(LAYER_CHOICES)}
+    return sorted(set(names), key=lambda n: (order.get(n, len(order)), n))
+
+
+def _forward_rows(records: List[dict]) -> Tuple[List[dict], List[dict]]:
+    """(rows of :func:`forward_table`, the records they were read from)."""
+    rows, used = [], []
+    for (layer, b, mode), runs in record_runs(records).items():
+        if layer == "gemm4096" or mode is not None:
+            continue
+        prim = _pick_run(runs) or []
+        sweep = _sweep_run(runs) or prim
+        used += prim + ([r for r in sweep if r not in prim] if sweep is not prim else [])
+        prim = [r for r in prim if not r.get("graphed")]      # CUDA-graph replays: fv/bench --graphs tables
+        unc = [r for r in prim if r.get("impl") == "warp_uncached"]
+        pick = next((r for r in unc if r.get("chosen") and r.get("ms")), None)
+        kern = [r for r in sweep if r.get("impl") == "warp_uncached" and r.get("ms_kernel")]
+        best = min(kern, key=lambda r: r["ms_kernel"]) if kern else None
+        torch_rows = [r for r in prim if str(r.get("impl")).startswith("torch") and r.get("ms")]
+        strongest = min(torch_rows, key=lambda r: r["ms"]) if torch_rows else None
+        cached = next((r for r in prim if r.get("impl") == "warp_cached" and r.get("ms")), None)
+        ceiling = next((r for r in prim if r.get("impl") == "warp_dense_ceiling" and r.get("ms")), None)
+        flops = next((r.get("flops") for r in prim + sweep if r.get("flops")), None)
+        nbytes = next((r.get("bytes") for r in prim + sweep if r.get("bytes")), None)
+        errs = [r.get("err") for r in prim + sweep
+                if str(r.get("impl")).startswith("warp") and r.get("err") is not None]
+        rows.append({
+            "layer": layer, "B": b, "flops": flops, "bytes": nbytes,
+            "pick_config": pick and pick.get("config"), "pick_ms": pick and pick.get("ms"),
+            "pick_kernel_ms": pick and pick.get("ms_kernel"),
+            "pick_dense_ms": (ceiling and ceiling.get("ms")) or (pick and pick.get("dense_ms")),
+            "best_config": best and best.get("config"), "best_kernel_ms": best and best.get("ms_kernel"),
+            "best_dense_ms": best and best.get("dense_ms"),
+            "torch_impl": strongest and strongest["impl"], "torch_ms": strongest and strongest["ms"],
+            "cached_ms": cached and cached["ms"], "cached_config": cached and cached.get("config"),
+            "max_err": max(errs) if errs else None,
+        })
+    order = {n: i for i, n in enumerate(layer_order(r["layer"] for r in rows))}
+    rows.sort(key=lambda r: (order[r["layer"]], r["B"]))
+    return rows, used
+
+
+def forward_table(records: List[dict]) -> List[dict]:
+    """One row per recorded (layer, B). From the latest run that timed the chosen config as a whole op:
+    the Warp pick (whole op and kernel alone), the dense tile-GEMM ceiling of its tiles, the strongest
+    PyTorch baseline (whole op), the Warp cached kernel. From the latest sweep of every config (if any):
+    the fastest Warp config (kernel alone) and its dense ceiling. Plus FLOPs, bytes, max recorded error."""
+    return _forward_rows(records)[0]
+
+
+def _gemm4096(records: List[dict]) -> dict:
+    """Warp's best dense tile GEMM and cuBLAS at 4096^3 (TFLOP/s), from the run that timed the most tile
+    configs on it (the latest such run); {} when none is recorded."""
+    runs = record_runs([r for r in records if r.get("layer") == "gemm4096" and r.get("tflops")])
+    best_run: List[dict] = []
+    for run_list in runs.values():
+        for run in run_list:
+            n = sum(r.get("impl") == "warp_dense_gemm" for r in run)
+            if n >= sum(r.get("impl") == "warp_dense_gemm" for r in best_run):
+                best_run = run
+    warp = [r for r in best_run if r["impl"] == "warp_dense_gemm"]
+    cub = [r for r in best_run if r["impl"] == "torch_matmul"]
+    out = {}
+    if warp:
+        w = max(warp, key=lambda r: r["tflops"])
+        out["warp_tflops"], out["warp_config"] = w["tflops"], w.get("config")
+    if cub:
+        out["cublas_tflops"] = max(r["tflops"] for r in cub)
+    return out
+
+
+def _tf(flops, ms):
+    return flops / (ms * 1e-3) / 1e12 if (flops and ms) else None
+
+
+def forward_recorded_figure(records: Optional[List[dict]] = None, batches: Optional[Sequence[int]] = None,
+                            height: int = 620) -> go.Figure:
+    """The recorded forward: per layer, ms (top, log) and TFLOP/s (bottom, log) of the Warp kernel with
+    the heuristic's config (whole op, and kernel alone), the dense tile-GEMM ceiling of the same tiles
+    (kernel alone), the strongest PyTorch baseline and the Warp cached kernel (whole ops). A dropdown picks B; the title carries
+    device, Warp and torch versions; dashed lines: Warp's dense 4096³ GEMM and cuBLAS."""
+    records = forward_records() if records is None else records
+    rows, used = _forward_rows(records)
+    if not rows:
+        return message_figure("no recorded forward data yet (run python -m fovi_lab bench forward on a GPU)")
+    all_b = sorted({r["B"] for r in rows})
+    batches = [b for b in (batches or all_b) if b in all_b] or all_b
+    series = (("pick_ms", "Warp, heuristic's config (whole op)", COLOURS["warp"]),
+              ("pick_kernel_ms", "Warp, same config (kernel alone)", COLOURS["warp_best"]),
+              ("pick_dense_ms", "Warp dense tile-GEMM ceiling, same tiles (kernel alone)", COLOURS["dense"]),
+              ("torch_ms", "strongest PyTorch (whole op)", COLOURS["torch"]),
+              ("cached_ms", "Warp cached Weff (whole op)", COLOURS["cached"]))
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.07,
+                        subplot_titles=("time per call (ms, lower is better)", "TFLOP/s (2·B·P64·Cout·Nout / time)"))
+    default_b = 512 if 512 in batches else batches[-1]
+    for b in batches:
+        sel = [r for r in rows if r["B"] == b]
+        x = [r["layer"] for r in sel]
+        for key, name, colour in series:
+            text = [(r.get("torch_impl") if key == "torch_ms" else
+                     r.get("cached_config") if key == "cached_ms" else r.get("pick_config")) or "" for r in sel]
+            for row, val in ((1, [round4(r[key]) for r in sel]), (2, [round4(_tf(r["flops"], r[key])) for r in sel])):
+                fig.add_trace(go.Bar(x=x, y=val, name=name, marker_color=colour, legendgroup=name,
+                                     showlegend=row == 1, visible=b == default_b, hovertext=text),
+                              row=row, col=1)
+    g = _gemm4096(records)
+    layers_x = layer_order(r["layer"] for r in rows)
+    n_lines = 0
+    if "warp_tflops" in g:
+        fig.add_trace(hline(layers_x, g["warp_tflops"], f"Warp dense tile GEMM 4096³ ({g['warp_tflops']:.0f} TFLOP/s)",
+                             COLOURS["dense"]), row=2, col=1)
+        n_lines += 1
+    if "cublas_tflops" in g:
+        fig.add_trace(hline(layers_x, g["cublas_tflops"], f"cuBLAS 4096³ ({g['cublas_tflops']:.0f} TFLOP/s)",
+                             COLOURS["torch"]), row=2, col=1)
+        n_lines += 1
+    per_b = 2 * len(series)
+    buttons = []
+    for i, b in enumerate(batches):
+        vis = [False] * (per_b * len(batches)) + [True] * n_lines
+        vis[i * per_b:(i + 1) * per_b] = [True] * per_b
+        buttons.append(dict(label=f"B = {b}", method="update", args=[{"visible": vis}]))
+    ms_vals = [r[k] for r in rows for k, _, _ in series if r.get(k)]
+    tf_vals = [_tf(r["flops"], r[k]) for r in rows for k, _, _ in series if r.get(k)]
+    tf_vals += [v for k, v in g.items() if k.endswith("tflops")]
+    fig.update_yaxes(type="log", row=1, col=1, title_text="ms", range=log_range(ms_vals))
+    fig.update_yaxes(type="log", row=2, col=1, title_text="TFLOP/s", range=log_range(tf_vals))
+    fig.update_layout(barmode="group", height=height, margin=dict(l=10, r=10, t=90, b=10),
+                      title=figure_title("Compact forward: time and throughput per layer", used),
+                      updatemenus=[dict(buttons=buttons, type="buttons", direction="right", x=1.0, xanchor="right",
+                                        y=1.1, active=batches.index(default_b))],
+                      legend=dict(orientation="h", y=-0.12))
+    return fig
+
+
+def roofline_figure(records: Optional[List[dict]] = None, batch: int = 512, hbm_tbps: float = 4.8,
+                    peak_tflops: float = 990.0, height: int = 460) -> go.Figure:
+    """Roofline of the recorded forward at ``batch``: x = FLOPs per byte of the fewest bytes the op must
+    move, y = TFLOP/s. The H200 roof (4.8 TB/s HBM, 990 TFLOP/s dense fp16, datasheet), Warp's dense
+    4096³ tile GEMM and cuBLAS as horizontal ceilings; points: the Warp kernel with the heuristic's config,
+    the dense ceiling of its tiles, the strongest PyTorch op."""
+    records = forward_records() if records is None else records
+    all_rows, used = _forward_rows(records)
+    rows = [r for r in all_rows if r["B"] == batch and r.get("flops") and r.get("bytes")]
+    if not rows:
+        return message_figure(f"no recorded forward data at B = {batch} yet")
+    ai = [r["flops"] / r["bytes"] for r in rows]
+    xs = np.logspace(math.log10(min(ai) / 4), math.log10(max(ai) * 4), 60)
+    roof = [min(peak_tflops, hbm_tbps * x) for x in xs]
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=[round4(v) for v in xs], y=[round4(v) for v in roof], mode="lines", name="H200 roofline (datasheet)",
+                             line=dict(color="black")))
+    g = _gemm4096(records)
+    xr = [round4(xs[0]), round4(xs[-1])]
+    if "cublas_tflops" in g:
+        fig.add_trace(hline(xr, g["cublas_tflops"], f"cuBLAS 4096³ ({g['cublas_tflops']:.0f})", COLOURS["torch"]))
+    if "warp_tflops" in g:
+        fig.add_trace(hline(xr, g["warp_tflops"], f"Warp tile GEMM 4096³ ({g['warp_tflops']:.0f})", COLOURS["dense"]))
+    for key, name, colour, sym in (("pick_kernel_ms", "Warp, heuristic's config (kernel)", COLOURS["warp_best"], "circle"),
+                                   ("pick_dense_ms", "Warp dense ceiling, same tiles", COLOURS["dense"], "diamond"),
+                                   ("torch_ms", "strongest PyTorch (op)", COLOURS["torch"], "square")):
+        fig.add_trace(go.Scatter(x=[round4(a) for a in ai], y=[round4(_tf(r["flops"], r[key])) for r in rows],
+                                 mode="markers+text", text=[r["layer"] if key == "pick_kernel_ms" else "" for r in rows],
+                                 textposition="top center", textfont=dict(size=9), name=name,
+                                 marker=dict(color=colour, size=9, symbol=sym)))
+    ys = [y for t in fig.data for y in t.y if y is not None]
+    fig.update_xaxes(type="log", title_text="arithmetic intensity (FLOP per byte the op must move)")
+    fig.update_yaxes(type="log", title_text="TFLOP/s", range=log_range(ys + [peak_tflops], pad=1.3))
+    fig.update_layout(height=height, margin=dict(l=10, r=10, t=60, b=10),
+                      title=figure_title(f"Roofline of the compact forward at B = {batch}", [r for r in used if r.get("B") == batch]),
+                      legend=dict(orientation="h", y=-0.2))
+    return fig
+
+
+#: (r=1, r=2[, r=4]) config triples that differ only in r, for the weight-reuse plot.
+REUSE_PAIRS = (("m32n64", "m32n64r2", "m32n64r4"), ("m64n64r1", "m64n64r2", None),
+               ("m64n64r1b256", "m64n64r2b256", None), ("m64n128r1", "m64n128r2", None),
+               ("nm_m64n64k64b256", "nm_m64n64k64r2", None), ("nm_m64n128k64", "nm_m64n128k64r2", None))
+
+
+def reuse_recorded_figure(records: Optional[List[dict]] = None, pairs=REUSE_PAIRS, height: int = 480) -> go.Figure:
+    """Recorded kernel time of each r=2 / r=4 config over its r=1 twin (same tiles and threads), per
+    layer; below 1 means weight reuse paid. A dropdown picks B."""
+    records = forward_records() if records is None else records
+    sweep = _sweep_records(records)
+    ms = {(r["layer"], r["B"], r.get("config")): r["ms_kernel"] for r in sweep}
+    if not ms:
+        return message_figure("no recorded forward sweep yet")
+    all_b = sorted({b for (_, b, _) in ms})
+    layers = layer_order(l for (l, _, _) in ms)
+    fig = go.Figure()
+    traces_per_b = 0
+    default_b = 512 if 512 in all_b else all_b[-1]
+    for b in all_b:
+        count = 0
+        for base, r2, r4 in pairs:
+            for cfg in (r2, r4):
+                if cfg is None:
+                    continue
+                ys = [round4(ms[(l, b, cfg)] / ms[(l, b, base)]) if (l, b, cfg) in ms and (l, b, base) in ms else None
+                      for l in layers]
+                fig.add_trace(go.Bar(x=layers, y=[None if y is None else round4(y - 1.0) for y in ys], base=1.0,
+                                     customdata=ys, hovertemplate="%{x}: %{customdata:.2f}x<extra>%{fullData.name}</extra>",
+                                     name=f"{cfg} / {base}", visible=b == default_b))
+                count += 1
+        traces_per_b = count
+    fig.add_hline(y=1.0, line=dict(color="black", width=1))
+    fig.update_layout(barmode="group", height=height, margin=dict(l=10, r=10, t=90, b=10),
+                      title=figure_title("Kernel time with r = 2 or 4 over r = 1 (below 1: reuse paid)", sweep),
+                      yaxis_title="time ratio to r = 1",
+                      updatemenus=batch_menu(all_b, traces_per_b, default_b),
+                      legend=dict(orientation="h", y=-0.25))
+    return fig
+
+
+def reuse_summary(records: Optional[List[dict]] = None, pairs=REUSE_PAIRS, faster_below: float = 0.97) -> List[dict]:
+    """Per reuse config (r = 2 / 4) over its r = 1 twin, across every swept shape: ``config``, ``base``,
+    ``shapes``, ``median``, ``best`` (lowest ratio) and ``faster`` (shapes with a ratio below
+    ``faster_below``)."""
+    records = forward_records() if records is None else records
+    ms = {(r["layer"], r["B"], r.get("config")): r["ms_kernel"] for r in _sweep_records(records)}
+    out = []
+    for base, r2, r4 in pairs:
+        for cfg in (c for c in (r2, r4) if c):
+            ratios = [ms[(l, b, cfg)] / t for (l, b, c), t in ms.items() if c == base and (l, b, cfg) in ms]
+            if ratios:
+                out.append({"config": cfg, "base": base, "shapes": len(ratios), "median": float(np.median(ratios)),
+                            "best": min(ratios), "faster": sum(x < faster_below for x in ratios)})
+    return out
+
+
+def heuristic_table(records: Optional[List[dict]] = None) -> List[dict]:
+    """For every recorded (layer, B): the config :func:`fovi_lab.kernels.forward.rules.select_config`
+    picks *now*, its recorded kernel time, the fastest recorded config and the ratio pick / fastest
+    (None where the pick was not part of the recorded sweep)."""
+    from fovi_lab.kernels import forward as F
+    records = forward_records() if records is None else records
+    shapes: Dict[tuple, dict] = {}
+    for r in _sweep_records(records):
+        shapes.setdefault((r["layer"], r["B"]), {})[r.get("config")] = r
+    rows = []
+    for (l, b), cfgs in shapes.items():
+        any_r = next(iter(cfgs.values()))
+        cin, cout, nout, p64 = (any_r.get(k) for k in ("cin", "cout", "nout", "p64"))
+        q = cin * any_r["v"] if cin and any_r.get("v") else None
+        try:
+            pick = F.select_config(b, cout, nout, p64, in_channels=cin, node_major=True, q=q)
+        except Exception as exc:  # noqa: BLE001
+            pick = f"error: {type(exc).__name__}"
+        best = min(cfgs.values(), key=lambda r: r["ms_kernel"])
+        pick_ms = cfgs[pick]["ms_kernel"] if pick in cfgs else None
+        rows.append({"layer": l, "B": b, "pick": pick, "pick_ms": pick_ms, "best": best["config"],
+                     "best_ms": best["ms_kernel"], "ratio": (pick_ms / best["ms_kernel"]) if pick_ms else None,
+                     "configs_recorded": len(cfgs)})
+    order = {n: i for i, n in enumerate(layer_order(r["layer"] for r in rows))}
+    rows.sort(key=lambda r: (order[r["layer"]], r["B"]))
+    return rows
+
+
+def heuristic_figure(records: Optional[List[dict]] = None, height: int = 460) -> go.Figure:
+    """Heat map over (layer, B) of the recorded kernel time of the heuristic's pick over the fastest
+    recorded config (1.00 = the heuristic found the best); the cell text names the pick."""
+    records = forward_records() if records is None else records
+    rows = heuristic_table(records)
+    if not rows:
+        return message_figure("no recorded forward sweep yet")
+    layers = layer_order(r["layer"] for r in rows)
+    bs = sorted({r["B"] for r in rows})
+    z, text = [], []
+    for l in layers:
+        zr, tr = [], []
+        for b in bs:
+            r = next((x for x in rows if x["layer"] == l and x["B"] == b), None)
+            zr.append(round4(r["ratio"]) if r and r["ratio"] else None)
+            tr.append(f"{r['pick']}<br>{r['ratio']:.2f}x" if r and r["ratio"] else (r["pick"] + "<br>not swept" if r else ""))
+        z.append(zr)
+        text.append(tr)
+    fig = go.Figure(go.Heatmap(z=z, x=[f"B={b}" for b in bs], y=layers, text=text, texttemplate="%{text}",
+                               textfont=dict(size=9), colorscale=[[0, "#f7fbff"], [1, "#d62728"]], zmin=1.0, zmax=2.0,
+                               colorbar=dict(title="pick / best")))
+    fig.update_yaxes(autorange="reversed")
+    fig.update_layout(height=height, margin=dict(l=10, r=10, t=60, b=10),
+                      title=figure_title("Kernel time of the heuristic's pick over the fastest recorded config",
+                                   _sweep_records(records)))
+    return fig
+
+
+def backward_recorded_figure(records: Optional[List[dict]] = None, mode: str = "backward",
+                             height: int = 520) -> go.Figure:
+    """Recorded backward (or train-step) ms per layer: Warp's default gi+gw pipeline, torch_compact's
+    explicit backward and torch autograd, with Warp's stage / reduction kernels alone; a dropdown
+    picks B. Says "no recorded data yet" when there is none."""
+    records = backward_records(mode=mode) if records is None else [r for r in records if r.get("mode") == mode]
+    warp_impl = "warp" if mode == "backward" else "warp_train"
+    main = [r for r in records if r.get("impl") in (warp_impl, "torch_compact") or
+            str(r.get("impl", "")).startswith("torch_autograd")]
+    main = [r for r in main if r.get("ms") and not r.get("graphed")]
+    if not main:
+        return message_figure(f"no recorded {mode} data yet (run python -m fovi_lab bench {mode.replace('_', '-')} "
+                              f"on a GPU)")
+    latest = _latest(main)
+    impls = sorted({k[2] for k in latest}, key=lambda s: (s != warp_impl, s != "torch_compact", s))
+    all_b = sorted({k[1] for k in latest})
+    layers = layer_order(k[0] for k in latest)
+    default_b = 512 if 512 in all_b else all_b[-1]
+    palette = {warp_impl: COLOURS["warp"], "torch_compact": COLOURS["torch"]}
+    fig = go.Figure()
+    per_b = len(impls) + 4
+    for b in all_b:
+        for impl in impls:
+            ys = [round4(latest[(l, b, impl, None)]["ms"]) if (l, b, impl, None) in latest else None for l in layers]
+            fig.add_trace(go.Bar(x=layers, y=ys, name=impl, marker_color=palette.get(impl), visible=b == default_b))
+        for key, name in (("gi_stage_ms", "Warp gi stage kernel"), ("dx_reduce_ms", "Warp dx reduction kernel"),
+                          ("gw_stage_ms", "Warp gw stage kernel"), ("dw_reduce_ms", "Warp dW reduction kernel")):
+            ys = [round4(latest[(l, b, warp_impl, None)].get(key)) if (l, b, warp_impl, None) in latest else None
+                  for l in layers]
+            fig.add_trace(go.Scatter(x=layers, y=ys, name=name, mode="markers", visible=b == default_b,
+                                     marker=dict(symbol="line-ew-open", size=14)))
+    fig.update_layout(barmode="group", height=height, margin=dict(l=10, r=10, t=90, b=10),
+                      title=figure_title(f"{mode.replace('_', ' ')} (dx and dW) per layer", _latest_run(main)),
+                      yaxis_type="log", yaxis_title="ms",
+                      updatemenus=batch_menu(all_b, per_b, default_b),
+                      legend=dict(orientation="h", y=-0.2))
+    return fig
+
+
+def gi_gw_sweep_figure(records: Optional[List[dict]] = None, batch: Optional[int] = None,
+                       height: int = 520) -> go.Figure:
+    """Recorded stage-kernel time of every gi / gw config per layer (the ``--sweep`` records), at ``batch``
+    (default: the largest recorded); "no recorded data yet" when there is none."""
+    records = backward_records() if records is None else records
+    sweep = [r for r in records if r.get("impl") in ("warp_gi", "warp_gw") and
+             (r.get("gi_stage_ms") or r.get("gw_stage_ms"))]
+    if not sweep:
+        return message_figure("no recorded gi/gw sweep yet (python -m fovi_lab bench backward --sweep on a GPU)")
+    bs = sorted({r["B"] for r in sweep})
+    b = batch if batch in bs else bs[-1]
+    sweep = [r for r in sweep if r["B"] == b and r.get("gw_finish", "csr") in (None, "csr")]
+    latest = _latest(sweep)
+    layers = layer_order(k[0] for k in latest)
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=("grad-input stage kernel (ms)", "grad-weight stage kernel (ms)"))
+    for row, impl, key in ((1, "warp_gi", "gi_stage_ms"), (2, "warp_gw", "gw_stage_ms")):
+        cfgs = sorted({k[3] for k in latest if k[2] == impl and k[3]})
+        for c in cfgs:
+            ys = [round4(latest[(l, b, impl, c)].get(key)) if (l, b, impl, c) in latest else None for l in layers]
+            fig.add_trace(go.Bar(x=layers, y=ys, name=c), row=row, col=1)
+        fig.update_yaxes(type="log", title_text="ms", row=row, col=1)
+    fig.update_layout(barmode="group", height=height, margin=dict(l=10, r=10, t=60, b=10),
+                      title=figure_title(f"gi / gw stage configs at B = {b}", _latest_run(sweep)),
+                      legend=dict(orientation="h", y=-0.2))
+    return fig

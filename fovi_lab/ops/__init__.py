@@ -1,0 +1,8 @@
+"""The ops layer: the operator's reference implementations and the machinery every backend plugs into.
+
+    reference  the fp32 oracle and the PyTorch ops (compact, binned, the effective-weight cache)
+    registry   backend name -> ops object; the Warp backends register themselves when imported
+    dispatch   ``backend="auto"``: a backend per shape, read from the recorded benchmarks
+    autograd   KNNConvFunction and the KNNConv module
+    graphs     CUDA-graph capture of a step (removes the per-call host work)
+"""

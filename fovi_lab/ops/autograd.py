@@ -1,0 +1,142 @@
+"""The autograd Function and the ``KNNConv`` module (spec §4), over the ops of :mod:`fovi_lab.ops.registry`.
+
+``KNNConvFunction.apply(x, weight, bias, meta, ops_name)`` runs ``ops.forward`` in the compute dtype
+(the CUDA autocast dtype when autocast is on and x is on CUDA, else ``x.dtype``) and, backward, the
+explicit adjoints; gradients are cast back to the dtypes of x / weight / bias (fp32 master weights
+under AMP keep fp32 grads), and the bias grad is an fp32 sum of ``grad_y`` over batch and nodes.
+The registry's names (``OPS_REGISTRY``, ``register_ops``, ``get_ops``) are re-exported here.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from fovi_lab.graph.meta import TrainingMeta, build_meta
+from fovi_lab.ops.reference import CompactTorchOps
+from fovi_lab.ops.registry import OPS_REGISTRY, get_ops, load_optional_backends, register_ops
+
+__all__ = [
+    "OPS_REGISTRY", "register_ops", "get_ops", "CompactTorchOps", "KNNConvFunction", "KNNConv",
+    "build_meta", "TrainingMeta", "select_backend",
+]
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    if x.is_cuda and torch.is_autocast_enabled("cuda"):
+        return torch.get_autocast_dtype("cuda")
+    return x.dtype
+
+
+class KNNConvFunction(torch.autograd.Function):
+    """``apply(x, weight, bias, meta, ops_name)`` -> ``y [B, Cout, Nout]`` with explicit adjoints."""
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cuda")
+    def forward(ctx, x, weight, bias, meta: TrainingMeta, ops_name: str):
+        ops = get_ops(ops_name)
+        cd = _compute_dtype(x)
+        with torch.autocast(device_type="cuda", enabled=False):
+            x_c = x.contiguous().to(cd)
+            w_c = weight.contiguous().to(cd)
+            b_c = None if bias is None else bias.contiguous().to(cd)
+            meta = meta.to(x.device)
+            y = ops.forward(meta, x_c, w_c, b_c)
+        ctx.save_for_backward(x_c, w_c)
+        ctx.meta, ctx.ops = meta, ops
+        ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)
+        return y
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cuda")
+    def backward(ctx, grad_y):
+        x_c, w_c = ctx.saved_tensors
+        meta, ops = ctx.meta, ctx.ops
+        x_dtype, w_dtype, b_dtype = ctx.dtypes
+        g = grad_y.contiguous().to(x_c.dtype)
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        dx = dw = db = None
+        if need_x and need_w and hasattr(ops, "backward_combined"):
+            dx, dw = ops.backward_combined(meta, g, x_c, w_c)
+        else:
+            if need_x:
+                dx = ops.grad_input(meta, g, w_c)
+            if need_w:
+                dw = ops.grad_weight(meta, g, x_c)
+        if dx is not None:
+            dx = dx.to(x_dtype)
+        if dw is not None:
+            dw = dw.to(w_dtype)
+        if need_b and b_dtype is not None:
+            db = grad_y.sum((0, 2), dtype=torch.promote_types(grad_y.dtype, torch.float32)).to(b_dtype)
+        return dx, dw, db, None, None
+
+
+def select_backend(backend: str, meta: TrainingMeta, x: torch.Tensor, training: Optional[bool] = None) -> str:
+    """Resolve a requested backend name to a registered one.
+
+    ``auto`` picks the fastest registered backend for this shape/batch/dtype/device and mode (training
+    or inference) from the recorded benchmarks when they cover the call (see :mod:`fovi_lab.ops.dispatch`),
+    else ``torch_compact``.
+    Any other name must be registered.
+    """
+    if backend == "auto":
+        try:
+            from fovi_lab.ops.dispatch import pick_backend
+        except ImportError:
+            return "torch_compact"
+        load_optional_backends()
+        choice = pick_backend(meta, x, training, candidates=tuple(OPS_REGISTRY))
+        return choice if choice is not None else "torch_compact"
+    get_ops(backend)  # raises with the known names
+    return backend
+
+
+class KNNConv(torch.nn.Module):
+    """A compact KNN convolution layer: ``y = KNNConvFunction(x, weight, bias, meta, backend)``.
+
+    Args:
+        idx: ``[Nout, K]`` neighbour ids, ``nin`` = pad. rf_index: ``[Nout, K]`` taps in [0, v).
+        nin, v: input node count and reference-grid taps. cin, cout: channels.
+        bias: learnable bias. backend: a registered ops name or ``"auto"`` (an unknown name raises
+            ``ValueError`` here, listing the registered ones).
+
+    Shapes: ``x [B, Cin, Nin] -> y [B, Cout, Nout]``. The index tables (meta) are built once per device
+    and never enter the state_dict. ``self.last_backend`` records the backend the last call used.
+    """
+
+    def __init__(self, idx, rf_index, *, nin: int, v: int, cin: int, cout: int, bias: bool = False,
+                 backend: str = "torch_compact"):
+        super().__init__()
+        self.meta = build_meta(idx, rf_index, cin=cin, cout=cout, v=v, nin=nin)
+        self.cin, self.cout, self.nin, self.nout, self.k, self.v = cin, cout, nin, self.meta.nout, self.meta.k, v
+        self.weight = torch.nn.Parameter(torch.empty(cout, cin * v))
+        self.bias = torch.nn.Parameter(torch.zeros(cout)) if bias else None
+        # Kaiming-normal over the *effective* fan-in (Cin*K taps actually read), like a conv.
+        torch.nn.init.normal_(self.weight, 0.0, math.sqrt(2.0 / (cin * self.k)))
+        if not isinstance(backend, str):
+            raise TypeError(f"backend: expected a backend name (str), got {type(backend).__name__}")
+        if backend != "auto":
+            try:
+                get_ops(backend)
+            except KeyError:
+                raise ValueError(f"backend: unknown backend {backend!r}; registered: {sorted(OPS_REGISTRY)} "
+                                 f"or 'auto'") from None
+        self.backend = backend
+        self.last_backend: Optional[str] = None
+
+    @classmethod
+    def from_graph(cls, graph, cin: int, cout: int, **kw) -> "KNNConv":
+        """Build from a :class:`fovi_lab.graph.geometry.KNNGraph` (uses its idx, rf_index, nin, v)."""
+        return cls(graph.idx, graph.rf_index, nin=graph.nin, v=graph.v, cin=cin, cout=cout, **kw)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        training = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
+        name = select_backend(self.backend, self.meta, x, training)
+        self.last_backend = name
+        return KNNConvFunction.apply(x, self.weight, self.bias, self.meta.to(x.device), name)
+
+    def extra_repr(self) -> str:
+        return (f"cin={self.cin}, cout={self.cout}, nin={self.nin}, nout={self.nout}, k={self.k}, "
+                f"v={self.v}, bias={self.bias is not None}, backend={self.backend!r}")

@@ -1,0 +1,111 @@
+"""The ``auto`` backend: pick the fastest registered backend from the recorded benchmarks.
+
+The benchmarks (``python -m fovi_lab bench forward`` / ``bench train-step``) append JSON lines under
+``data/`` with the device name, the layer shape (cin, cout, nin, nout, k, p64), the batch, the
+implementation and its median time. For a call ``(meta, x, training)`` :func:`pick_backend` looks for
+records of the same device name and the same layer shape, takes the recorded batch nearest to
+``B`` (in log2 distance, at most a factor 2 away), and returns the registered backend with the smallest
+time there:
+
+* training (grad enabled): ``mode == "train-step"`` records of ``warp_train``, ``torch_compact`` and
+  ``torch_binned`` (each backend's own forward and explicit adjoints);
+* inference: forward records of ``warp_uncached`` (the config the heuristic chose in that run, whole op;
+  sweeps also time the other configs' ops, marked ``chosen: false``, which are left out; backend
+  ``warp_compact``), ``torch_compact`` and ``torch_binned_mm`` (:func:`fovi_lab.ops.reference.binned_forward`,
+  the forward of backend ``torch_binned``).
+
+It returns None (the caller then uses ``torch_compact``) when x is not fp16 on CUDA (the Warp ops
+compute in fp16 only), when Warp is not importable, or when no record applies. When several runs
+recorded the same point, the newest one counts. Records are read once per process.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from functools import lru_cache
+from pathlib import Path
+from typing import Dict, Optional, Tuple
+
+import torch
+
+__all__ = ["pick_backend", "recorded_table", "DATA_DIR"]
+
+DATA_DIR = Path(__file__).resolve().parents[2] / "data"
+
+# recorded impl -> registered backend name, per mode
+_IMPL_TO_BACKEND = {
+    "forward": {"warp_uncached": "warp_compact", "torch_compact": "torch_compact",
+                "torch_binned_mm": "torch_binned"},       # torch_binned's forward is binned_forward itself
+    "train-step": {"warp_train": "warp_train", "torch_compact": "torch_compact", "torch_binned": "torch_binned"},
+}
+#: What a record must match: the layer's sizes and its taps V (a variant on another reference frame, such as
+#: ``res18_stem_rf2``, has the compact kernels' shape but not the binned backend's work, which grows with V).
+_SHAPE_KEYS = ("cin", "cout", "nin", "nout", "k", "p64", "v")
+_lock = threading.Lock()
+
+
+@lru_cache(maxsize=1)
+def recorded_table(data_dir: str = str(DATA_DIR)) -> Dict[Tuple, Dict[str, Tuple[str, float]]]:
+    """``{(device, mode, shape, B): {backend: (date, ms)}}`` from every ``data/*.jsonl`` record (the latest
+    per key), leaving out records flagged ``note_run`` (variants a backend does not run by default)."""
+    table: Dict[Tuple, Dict[str, Tuple[str, float]]] = {}
+    for path in sorted(Path(data_dir).glob("*.jsonl")):
+        with open(path) as fh:
+            for line in fh:
+                try:
+                    r = json.loads(line)
+                except ValueError:
+                    continue
+                if r.get("note_run"):      # a measured variant or development run, not what a backend runs
+                    continue
+                if r.get("impl") == "warp_uncached" and r.get("chosen") is False:
+                    continue               # a swept config (--op-all), not the one the backend would run
+                mode = r.get("mode") or "forward"
+                backend = _IMPL_TO_BACKEND.get(mode, {}).get(r.get("impl"))
+                if backend is None or not r.get("ms") or any(k not in r for k in _SHAPE_KEYS):
+                    continue
+                shape = tuple(int(r[k]) for k in _SHAPE_KEYS)
+                key = (r.get("device"), mode, shape, int(r["B"]))
+                prev = table.setdefault(key, {}).get(backend)
+                stamp = str(r.get("date", ""))
+                if prev is None or stamp >= prev[0]:
+                    table[key][backend] = (stamp, float(r["ms"]))
+    return table
+
+
+def _device_name(x: torch.Tensor) -> Optional[str]:
+    try:
+        return torch.cuda.get_device_name(x.device)
+    except Exception:
+        return None
+
+
+def pick_backend(meta, x: torch.Tensor, training: Optional[bool] = None, candidates=None) -> Optional[str]:
+    """Fastest recorded backend for this layer shape, batch, device and mode among ``candidates`` (default:
+    every registered backend), or None."""
+    if not x.is_cuda or x.dtype != torch.float16:
+        return None
+    if training is None:
+        training = torch.is_grad_enabled()
+    mode = "train-step" if training else "forward"
+    if candidates is None:
+        from fovi_lab.ops.registry import OPS_REGISTRY, load_optional_backends
+        load_optional_backends()
+        candidates = OPS_REGISTRY
+    shape = (meta.cin, meta.cout, meta.nin, meta.nout, meta.k, meta.p64, meta.v)
+    device = _device_name(x)
+    with _lock:
+        table = recorded_table()
+    b = x.shape[0]
+    best_b, best_d = None, None
+    for (dev, m, shp, rb) in table:
+        if dev == device and m == mode and shp == shape:
+            d = abs(math.log2(rb) - math.log2(b))
+            if d <= 1.0 and (best_d is None or d < best_d):
+                best_b, best_d = rb, d
+    if best_b is None:
+        return None
+    options = {be: ms for be, (_, ms) in table[(device, mode, shape, best_b)].items() if be in candidates}
+    return min(options, key=options.get) if options else None

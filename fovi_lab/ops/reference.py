@@ -1,0 +1,319 @@
+"""Reference implementations of the compact KNN convolution (spec §1.4, §2.3, §2.4, §3.2).
+
+* :func:`oracle_forward`: the fp32 (or fp64) definition, gather + one-hot binning + einsum, written
+  from the layer-level math and independent of the compact index tables.
+* :class:`CompactTorchOps` (``torch_compact``): the gather-GEMM in PyTorch, chunked over nodes under
+  a memory budget; forward plus both explicit adjoints. Works on CPU/GPU, fp32/fp16/bf16/fp64.
+* :func:`build_effective_weight`: the inference-only ``Weff[Nout, P64, Cout_pad]`` cache.
+* :func:`binned_forward` (``torch_binned_mm`` in the benchmarks): spec §1.4's binned form with the
+  compact tables, differentiable: bin the gathered inputs into the ``Q`` taps (``index_add``), then one
+  shared-weight matmul per image. :class:`BinnedTorchOps` (``torch_binned``) is the same with explicit
+  adjoints, a registered backend: the fastest PyTorch form for small layers at small batch.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Tuple
+
+import torch
+
+from fovi_lab.graph.meta import TrainingMeta, meta_aux, pad_to, validate_meta
+
+__all__ = [
+    "oracle_forward", "pad_flat_input", "grad_accum_dtype", "stage_budget_bytes", "node_chunk",
+    "CompactTorchOps", "build_effective_weight", "check_forward_args", "check_grad_args", "binned_forward", "batch_chunk",
+    "BinnedTorchOps",
+]
+
+
+def stage_budget_bytes() -> int:
+    """Stage/temporary memory budget: ``FOVI_KNN_STAGE_MIB`` MiB (default 512)."""
+    return int(float(os.environ.get("FOVI_KNN_STAGE_MIB", "512")) * (1 << 20))
+
+
+def node_chunk(meta: TrainingMeta, batch: int, itemsize: int, budget: int | None = None) -> int:
+    """Nodes per chunk: ``min(Nout, budget // ((P64*Cout + 2*B*P64) * itemsize))``, at least 1 (spec §3.4)."""
+    budget = stage_budget_bytes() if budget is None else budget
+    per_node = (meta.p64 * meta.cout + 2 * batch * meta.p64) * itemsize
+    return max(1, min(meta.nout, budget // max(1, per_node)))
+
+
+def grad_accum_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Gradients accumulate in fp32 (fp64 for fp64 inputs, so gradcheck sees exact adjoints)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def check_forward_args(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, bias) -> None:
+    """Raise a clear error when x / weight / bias do not match the meta (names the argument); the meta's
+    tables are checked once (:func:`fovi_lab.graph.meta.validate_meta`)."""
+    validate_meta(meta)
+    if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[1] != meta.cin or x.shape[2] != meta.nin:
+        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"x: expected shape [B, Cin={meta.cin}, Nin={meta.nin}], got {shape}")
+    if x.shape[0] < 1:
+        raise ValueError("x: batch must be >= 1")
+    if not isinstance(weight, torch.Tensor) or tuple(weight.shape) != (meta.cout, meta.q):
+        shape = tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__
+        raise ValueError(f"weight: expected shape [Cout={meta.cout}, Q=Cin*V={meta.q}], got {shape}")
+    if weight.device != x.device:
+        raise ValueError(f"weight: expected device {x.device} (same as x), got {weight.device}")
+    if weight.dtype != x.dtype:
+        raise TypeError(f"weight: expected dtype {x.dtype} (same as x), got {weight.dtype}")
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (meta.cout,):
+            shape = tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__
+            raise ValueError(f"bias: expected shape [Cout={meta.cout}] or None, got {shape}")
+        if bias.device != x.device:
+            raise ValueError(f"bias: expected device {x.device} (same as x), got {bias.device}")
+
+
+def _shape_of(t) -> object:
+    return tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+
+
+def check_grad_args(meta: TrainingMeta, grad_y: torch.Tensor, weight=None, x=None) -> None:
+    """Raise a clear error when grad_y / weight / x of an adjoint call do not match the meta (names the
+    argument): ``grad_y [B, Cout, Nout]``, ``weight [Cout, Q]``, ``x [B, Cin, Nin]``, one device and dtype."""
+    validate_meta(meta)
+    if not isinstance(grad_y, torch.Tensor) or grad_y.dim() != 3 or tuple(grad_y.shape[1:]) != (meta.cout, meta.nout):
+        raise ValueError(f"grad_y: expected shape [B, Cout={meta.cout}, Nout={meta.nout}], got {_shape_of(grad_y)}")
+    if grad_y.shape[0] < 1:
+        raise ValueError("grad_y: batch must be >= 1")
+    for name, t, shape in (("weight", weight, (meta.cout, meta.q)), ("x", x, (grad_y.shape[0], meta.cin, meta.nin))):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
+            want = "[Cout={}, Q=Cin*V={}]".format(*shape) if name == "weight" else \
+                "[B={} (as grad_y), Cin={}, Nin={}]".format(*shape)
+            raise ValueError(f"{name}: expected shape {want}, got {_shape_of(t)}")
+        if t.device != grad_y.device:
+            raise ValueError(f"{name}: expected device {grad_y.device} (same as grad_y), got {t.device}")
+        if t.dtype != grad_y.dtype:
+            raise TypeError(f"{name}: expected dtype {grad_y.dtype} (same as grad_y), got {t.dtype}")
+
+
+def oracle_forward(x: torch.Tensor, weight: torch.Tensor, bias, idx: torch.Tensor,
+                   rf_index: torch.Tensor, v: int, dtype=torch.float32) -> torch.Tensor:
+    """The operator's definition (spec §1.4), computed in ``dtype`` (fp32 by default).
+
+    Args:
+        x: ``[B, Cin, Nin]``. weight: ``[Cout, Cin*V]``. bias: ``[Cout]`` or None.
+        idx: ``[Nout, K]`` neighbour ids, ``Nin`` = pad. rf_index: ``[Nout, K]`` taps in [0, V).
+
+    Returns:
+        ``y[b, o, n] = bias[o] + sum_{c,k} xp[b, c, idx[n,k]] * W[o, c*V + rf[n,k]]`` as ``[B, Cout, Nout]``.
+    """
+    b, cin, nin = x.shape
+    cout = weight.shape[0]
+    idx = idx.to(x.device)
+    rf = rf_index.to(x.device)
+    xp = torch.cat([x.to(dtype), x.new_zeros(b, cin, 1, dtype=dtype)], dim=2)     # [B, Cin, Nin+1]
+    f = xp[:, :, idx]                                                              # [B, Cin, Nout, K]
+    onehot = torch.nn.functional.one_hot(rf, v).to(dtype)                          # [Nout, K, V]
+    g = torch.einsum("bcnk,nkv->bcnv", f, onehot)                                  # binning (collisions sum)
+    w = weight.to(dtype).view(cout, cin, v)
+    y = torch.einsum("bcnv,ocv->bon", g, w)
+    if bias is not None:
+        y = y + bias.to(dtype).view(1, cout, 1)
+    return y
+
+
+def pad_flat_input(x: torch.Tensor, meta: TrainingMeta) -> torch.Tensor:
+    """``[B, Cin, Nin]`` -> ``xpad[B, Cin*Nin + 1]`` with the trailing zero pad column (contiguous)."""
+    b = x.shape[0]
+    xpad = x.new_empty(b, meta.pad_column + 1)
+    xpad[:, :-1] = x.reshape(b, meta.pad_column)
+    xpad[:, -1] = 0
+    return xpad
+
+
+class CompactTorchOps:
+    """``torch_compact``: the compact gather-GEMM in PyTorch, chunked over output nodes.
+
+    forward: per node chunk, ``A = xpad[:, input_linear]`` viewed ``[nc, B, P64]``,
+    ``W_n = W^T[weight_linear]`` viewed ``[nc, P64, Cout]``, ``y[:, :, chunk] = bmm(A, W_n)``.
+    grad_input: ``dA = bmm(g_n, W_n^T)`` scattered by ``index_add_`` into ``dx_flat[B, Cin*Nin+1]``;
+    the pad column is dropped. grad_weight: ``dWeff = bmm(A^T, g_n)`` scattered into ``dW^T[Q, Cout]``.
+    On CUDA ``index_add_`` uses atomics, so the fp32 summation order (and the last bits) vary.
+    """
+
+    name = "torch_compact"
+
+    @staticmethod
+    def forward(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
+        check_forward_args(meta, x, weight, bias)
+        meta = meta.to(x.device)
+        b = x.shape[0]
+        xpad = pad_flat_input(x, meta)
+        wt = weight.t().contiguous()                                                # [Q, Cout]
+        y = x.new_empty(b, meta.cout, meta.nout)
+        nc = node_chunk(meta, b, x.element_size())
+        for n0 in range(0, meta.nout, nc):
+            n1 = min(meta.nout, n0 + nc)
+            sl = slice(n0 * meta.p64, n1 * meta.p64)
+            a = xpad.index_select(1, meta.input_linear_flat[sl]).view(b, n1 - n0, meta.p64).transpose(0, 1)
+            w = wt.index_select(0, meta.weight_linear_flat[sl]).view(n1 - n0, meta.p64, meta.cout)
+            y[:, :, n0:n1] = torch.bmm(a, w).permute(1, 2, 0)
+        if bias is not None:
+            y += bias.to(y.dtype).view(1, -1, 1)
+        return y
+
+    @staticmethod
+    def grad_input(meta: TrainingMeta, grad_y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        check_grad_args(meta, grad_y, weight=weight)
+        meta = meta.to(grad_y.device)
+        b = grad_y.shape[0]
+        wt = weight.t().contiguous()
+        acc = grad_accum_dtype(grad_y.dtype)
+        dx = torch.zeros(b, meta.pad_column + 1, dtype=acc, device=grad_y.device)
+        nc = node_chunk(meta, b, grad_y.element_size())
+        for n0 in range(0, meta.nout, nc):
+            n1 = min(meta.nout, n0 + nc)
+            sl = slice(n0 * meta.p64, n1 * meta.p64)
+            g = grad_y[:, :, n0:n1].permute(2, 0, 1)                                 # [nc, B, Cout]
+            w = wt.index_select(0, meta.weight_linear_flat[sl]).view(n1 - n0, meta.p64, meta.cout)
+            da = torch.bmm(g, w.transpose(1, 2))                                     # [nc, B, P64]
+            dx.index_add_(1, meta.input_linear_flat[sl], da.transpose(0, 1).reshape(b, -1).to(acc))
+        return dx[:, :-1].reshape(b, meta.cin, meta.nin)
+
+    @staticmethod
+    def grad_weight(meta: TrainingMeta, grad_y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        check_grad_args(meta, grad_y, x=x)
+        meta = meta.to(grad_y.device)
+        b = grad_y.shape[0]
+        xpad = pad_flat_input(x, meta)
+        acc = grad_accum_dtype(grad_y.dtype)
+        dwt = torch.zeros(meta.q, meta.cout, dtype=acc, device=grad_y.device)
+        nc = node_chunk(meta, b, grad_y.element_size())
+        for n0 in range(0, meta.nout, nc):
+            n1 = min(meta.nout, n0 + nc)
+            sl = slice(n0 * meta.p64, n1 * meta.p64)
+            at = xpad.index_select(1, meta.input_linear_flat[sl]).view(b, n1 - n0, meta.p64).permute(1, 2, 0)
+            g = grad_y[:, :, n0:n1].permute(2, 0, 1)                                 # [nc, B, Cout]
+            dweff = torch.bmm(at, g)                                                 # [nc, P64, Cout]
+            dwt.index_add_(0, meta.weight_linear_flat[sl], dweff.reshape(-1, meta.cout).to(acc))
+        return dwt.t().contiguous()
+
+
+def build_effective_weight(meta: TrainingMeta, weight: torch.Tensor, cout_multiple: int = 64) -> torch.Tensor:
+    """Inference cache ``Weff[Nout, P64, Cout_pad]`` (spec §2.4), in ``weight``'s dtype and device.
+
+    ``Weff[n, p, o] = W[o, weight_linear[n, p]]`` for ``p < P`` and ``o < Cout``; true zero rows for
+    ``p >= P`` (unlike ``weight_linear``'s row-0 pointer) and zero columns for ``o >= Cout``
+    (``Cout_pad`` = Cout rounded up to ``cout_multiple`` so tile loads never run past the buffer).
+    """
+    if tuple(weight.shape) != (meta.cout, meta.q):
+        raise ValueError(f"weight: expected shape [Cout={meta.cout}, Q={meta.q}], got {tuple(weight.shape)}")
+    meta = meta.to(weight.device)
+    cpad = pad_to(meta.cout, cout_multiple)
+    wt = torch.zeros(meta.q, cpad, dtype=weight.dtype, device=weight.device)
+    wt[:, :meta.cout] = weight.t()
+    weff = wt.index_select(0, meta.weight_linear_flat).view(meta.nout, meta.p64, cpad)
+    weff[:, meta.p:, :] = 0
+    return weff.contiguous()
+
+
+def _binned_index(meta: TrainingMeta) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(src, dst)`` int64 over the non-pad entries of the tables, in (n, p) order: input column
+    ``c*Nin + m`` and binned position ``q*Nout + n`` (cached with the meta)."""
+    aux = meta_aux(meta)
+    got = aux.get("binned_index")
+    if got is None:
+        il, wl = meta.input_linear_flat, meta.weight_linear_flat
+        keep = torch.nonzero(il != meta.pad_column).squeeze(1)
+        node = keep // meta.p64
+        got = aux["binned_index"] = (il[keep].contiguous(), (wl[keep] * meta.nout + node).contiguous())
+    return got
+
+
+def batch_chunk(meta: TrainingMeta, batch: int, itemsize: int, budget: int | None = None) -> int:
+    """Images per chunk of the binned form: its stage ``G`` (``Q*Nout``) and gathered values (``nnz*Cin``)
+    per image within the stage budget (:func:`stage_budget_bytes`), at least 1."""
+    budget = stage_budget_bytes() if budget is None else budget
+    per_image = (meta.q * meta.nout + meta.nnz * meta.cin) * itemsize
+    return max(1, min(batch, budget // max(1, per_image)))
+
+
+def _bin(meta: TrainingMeta, x_flat: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    """``G [b, Q, Nout]``: the gathered inputs summed into their taps (``index_add``: atomics on CUDA)."""
+    b = x_flat.shape[0]
+    vals = x_flat.index_select(1, src)                                               # [b, nnz*Cin]
+    return vals.new_zeros(b, meta.q * meta.nout).index_add(1, dst, vals).view(b, meta.q, meta.nout)
+
+
+def binned_forward(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
+    """``y [B, Cout, Nout]`` by binning (spec §1.4 with the compact tables), differentiable by autograd::
+
+        G[b, q, n] = sum_{p: weight_linear[n,p] = q, input_linear[n,p] != pad} x_flat[b, input_linear[n,p]]
+        y[b]       = W [Cout, Q] @ G[b] [Q, Nout]   (+ bias)
+
+    Same math as the compact GEMM (collisions sum in ``G`` instead of as repeated ``W_n`` rows; ``G`` is
+    rounded to the compute dtype once). ``index_add`` uses atomics on CUDA (so its last bits vary), and
+    its backward is a gather while the gather's backward is an ``index_add``. The batch is chunked so that
+    ``G`` stays within the stage budget (:func:`batch_chunk`; one chunk at the benchmarks' B <= 64).
+    The strongest PyTorch form for small layers at small batch, where the shared-weight matmul runs on
+    cuBLAS; it does ``Q / P64`` times the compact work (about 4 with rf2 tables, 1 with rf1).
+    """
+    check_forward_args(meta, x, weight, bias)
+    meta = meta.to(x.device)
+    b = x.shape[0]
+    src, dst = _binned_index(meta)
+    x_flat = x.reshape(b, -1)
+    bc = batch_chunk(meta, b, x.element_size())
+    ys = [torch.matmul(weight, _bin(meta, x_flat[b0:b0 + bc], src, dst)) for b0 in range(0, b, bc)]
+    y = ys[0] if len(ys) == 1 else torch.cat(ys)                                     # [B, Cout, Nout]
+    if bias is not None:
+        y = y + bias.to(y.dtype).view(1, -1, 1)
+    return y
+
+
+class BinnedTorchOps:
+    """Ops object ``torch_binned``: :func:`binned_forward` with explicit adjoints (registry, ``auto``).
+
+    forward: :func:`binned_forward`. grad_input: ``dG[b] = W^T g[b]`` (``matmul``), then each non-pad
+    entry ``(n, p)`` adds ``dG[b, weight_linear[n,p], n]`` into ``dx[b, input_linear[n,p]]`` (``index_add``
+    in fp32). grad_weight: ``G`` is binned again from x (it is not kept from the forward), then
+    ``dW = sum_b g[b] G[b]^T``, one contraction over images and nodes in the compute dtype (fp32
+    accumulation in cuBLAS), returned in fp32. Batch chunks keep ``G`` / ``dG`` within the stage budget.
+    On CUDA the ``index_add`` steps use atomics, so the last bits of dx (and of the forward's ``G``) vary
+    from run to run, as with ``torch_compact``.
+    """
+
+    name = "torch_binned"
+
+    @staticmethod
+    def forward(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
+        return binned_forward(meta, x, weight, bias)
+
+    @staticmethod
+    def _prepare(meta: TrainingMeta, grad_y: torch.Tensor, **operand):
+        """Checked arguments and what both adjoints need: (meta on g's device, B, src, dst, accumulation
+        dtype, batch chunk)."""
+        check_grad_args(meta, grad_y, **operand)
+        meta = meta.to(grad_y.device)
+        b = grad_y.shape[0]
+        return (meta, b, *_binned_index(meta), grad_accum_dtype(grad_y.dtype),
+                batch_chunk(meta, b, grad_y.element_size()))
+
+    @staticmethod
+    def grad_input(meta: TrainingMeta, grad_y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        meta, b, src, dst, acc, bc = BinnedTorchOps._prepare(meta, grad_y, weight=weight)
+        wt = weight.t()
+        dx = torch.zeros(b, meta.cin * meta.nin, dtype=acc, device=grad_y.device)
+        for b0 in range(0, b, bc):
+            dg = torch.matmul(wt, grad_y[b0:b0 + bc])                                 # [bc, Q, Nout]
+            vals = dg.reshape(dg.shape[0], -1).index_select(1, dst)                  # [bc, nnz*Cin]
+            dx[b0:b0 + bc].index_add_(1, src, vals.to(acc))
+        return dx.view(b, meta.cin, meta.nin)
+
+    @staticmethod
+    def grad_weight(meta: TrainingMeta, grad_y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        meta, b, src, dst, acc, bc = BinnedTorchOps._prepare(meta, grad_y, x=x)
+        x_flat = x.reshape(b, -1)
+        dw = None
+        for b0 in range(0, b, bc):
+            g = _bin(meta, x_flat[b0:b0 + bc], src, dst)                              # [bc, Q, Nout]
+            part = torch.einsum("bon,bqn->oq", grad_y[b0:b0 + bc], g).to(acc)        # [Cout, Q]
+            dw = part if dw is None else dw + part
+        return dw

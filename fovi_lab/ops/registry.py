@@ -1,0 +1,54 @@
+"""The ops registry: backend name -> ops object.
+
+An *ops* object is a class of static methods with a ``name``::
+
+    forward(meta, x, weight, bias)   -> y  [B, Cout, Nout]   (compute dtype; inputs contiguous)
+    grad_input(meta, grad_y, weight) -> dx [B, Cin, Nin]     fp32
+    grad_weight(meta, grad_y, x)     -> dW [Cout, Q]         fp32
+    backward_combined(meta, g, x, weight) -> (dx, dW)        optional, used when both are needed
+
+The PyTorch backends are registered here. Optional backends register themselves when their module is
+imported; :func:`load_optional_backends` imports the ones this package ships (by name, so the registry
+depends on none of them, and a machine without warp-lang keeps the PyTorch backends).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Dict
+
+from fovi_lab.ops.reference import BinnedTorchOps, CompactTorchOps
+
+__all__ = ["OPS_REGISTRY", "OPTIONAL_BACKEND_MODULES", "register_ops", "get_ops", "load_optional_backends"]
+
+OPS_REGISTRY: Dict[str, type] = {"torch_compact": CompactTorchOps, "torch_binned": BinnedTorchOps}
+
+#: Modules that register more backends when imported (the Warp ops: ``warp_compact``, ``warp_train``).
+OPTIONAL_BACKEND_MODULES = ("fovi_lab.knn_warp",)
+
+
+def register_ops(ops) -> None:
+    """Register a backend's ops object under ``ops.name`` (must expose name/forward/grad_input/grad_weight)."""
+    missing = [a for a in ("name", "forward", "grad_input", "grad_weight") if not hasattr(ops, a)]
+    if missing:
+        raise TypeError(f"ops: {ops!r} lacks {', '.join(missing)}")
+    OPS_REGISTRY[ops.name] = ops
+
+
+def load_optional_backends() -> None:
+    """Import :data:`OPTIONAL_BACKEND_MODULES` (each registers its ops); one that cannot import is skipped."""
+    for name in OPTIONAL_BACKEND_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+
+
+def get_ops(name: str):
+    """The ops object registered as ``name``; an unknown name raises listing the known ones."""
+    if name not in OPS_REGISTRY:
+        load_optional_backends()
+    try:
+        return OPS_REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"ops_name: unknown backend {name!r}; registered: {sorted(OPS_REGISTRY)}") from None

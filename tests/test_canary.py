@@ -1,0 +1,122 @@
+"""Headless tests of notebook 03's kernels, byte counts, canary demo and widget callback
+(fovi_lab.lab.canary), on Warp's CPU device."""
+
+import json
+import re
+import warnings
+from pathlib import Path
+
+import plotly.graph_objects as go
+import pytest
+
+from fovi_lab.lab import canary as cd
+from fovi_lab.kernels.common import ValidatedCache, wp
+
+
+def test_estimate_parts_and_validation():
+    e = cd.estimate_smem(64, 64, 2)
+    assert e["parts"] == {"a": 2 * 64 * 64 * 2, "b": 64 * 64 * 2, "acc": 2 * 64 * 64 * 4, "index": 0, "bias": 0}
+    assert e["forward"] == 57344 and e["backward"] == 0
+    g = cd.estimate_smem(64, 64, 4, gather=True, bias=True)
+    assert g["forward"] == 107264 > cd.GPU_LIMITS["sm_89 opt-in (99 KiB)"]  # why m64n64r4 left sm_89
+    assert cd.estimate_smem(16, 32, enable_backward=True)["backward"] == 2 * 8192
+    assert cd.estimate_smem(16, 32, unroll=4)["forward"] == 4 * (2048 + 4096) + 2048
+    for bad in (dict(tile_m=0, tile_n=8), dict(tile_m=8, tile_n=8, r=1.5)):
+        with pytest.raises(ValueError):
+            cd.estimate_smem(**bad)
+
+
+@pytest.mark.parametrize("tm,tn,r", [(16, 32, 1), (32, 64, 2), (64, 64, 4)])
+def test_estimate_matches_warps_own_count(tm, tn, r):
+    k = cd.make_tile_gemm_kernel(tm, tn, r, 128)
+    assert cd.warp_smem_bytes(k) == cd.estimate_smem(tm, tn, r)["forward"]
+    assert cd.make_tile_gemm_kernel(tm, tn, r, 128) is k  # factories are memoised: one module per config
+
+
+def test_dead_tiles_unrolled_loops_and_backward_all_cost_bytes():
+    base = cd.warp_smem_bytes(cd.make_tile_gemm_kernel(16, 32, 1, 64))
+    ab = 16 * 64 * 2 + 64 * 32 * 2
+    assert base == ab + 16 * 32 * 4
+    assert cd.warp_smem_bytes(cd.make_dead_tile_kernel(16, 32)) == base + ab
+    assert cd.warp_smem_bytes(cd.make_unrolled_kernel(16, 32, 4)) == 4 * ab + 16 * 32 * 4
+    assert cd.warp_smem_bytes(cd.make_unrolled_kernel(16, 32, 17)) == base
+    k = cd.make_backward_on_kernel(16, 32)
+    assert cd.warp_smem_bytes(k) == base and cd.warp_smem_bytes(k, backward=True) == 2 * base
+    assert cd.warp_smem_bytes(cd.make_tile_gemm_kernel(16, 32, 1, 64), backward=True) is None
+
+
+def test_cpu_arena_constant_matches_installed_warp():
+    header = (Path(wp.__file__).parent / "native" / "tile.h").read_text()
+    m = re.search(r"#define\s+WP_MAX_CPU_SHARED\s+(\d+)\s*\*\s*(\d+)", header)
+    assert m, "WP_MAX_CPU_SHARED not found in warp/native/tile.h: re-check the CPU arena"
+    assert int(m[1]) * int(m[2]) == cd.CPU_TILE_ARENA_BYTES
+
+
+@pytest.mark.parametrize("r", [1, 2, 4])
+def test_gemm_is_correct_and_passes_the_canary(r):
+    res = cd.canary_check(16, 32, r, 64, "cpu", blocks=(2, 2))
+    assert res["ok"] and res["why"] == "ok" and res["untouched"] == 0
+    assert res["max_err"] < 1e-4 and cd.error_class(res["max_err"]) == "< 0.0001"
+
+
+def test_forgetful_kernel_fails_nan_canary_but_fools_a_zero_prefill():
+    nan = cd.canary_check(16, 32, 1, 64, "cpu", forget_every=3, blocks=(2, 2))
+    assert not nan["ok"] and "silent launch failure" in nan["why"]
+    assert nan["untouched"] == 16 * 32  # one of the four blocks skipped its store
+    zero = cd.canary_check(16, 32, 1, 64, "cpu", forget_every=3, blocks=(2, 2), prefill=0.0)
+    assert zero["ok"]  # finite everywhere...
+    assert cd.error_class(zero["max_err"]).startswith("WRONG")  # ...and wrong
+
+
+def test_validated_cache_builds_once_and_remembers_failure():
+    cache, builds = ValidatedCache("test config"), []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        k1 = cd.validated_gemm(16, 32, cache=cache, builds=builds)
+        k2 = cd.validated_gemm(16, 32, cache=cache, builds=builds)
+        bad1 = cd.validated_gemm(16, 32, forget_every=3, cache=cache, builds=builds)
+        bad2 = cd.validated_gemm(16, 32, forget_every=3, cache=cache, builds=builds)
+    assert k1 is not None and k1 is k2 and bad1 is None and bad2 is None
+    assert len(builds) == 2
+    assert len(caught) == 1 and "not launchable on cpu" in str(caught[0].message)
+    assert "silent launch failure" in cache.why((16, 32, 1, 64, 3), "cpu")
+
+
+def test_oversized_demo_refuses_the_cpu():
+    with pytest.raises(ValueError, match="CUDA"):
+        cd.oversized_launch_demo("cpu")
+
+
+def test_budget_figure_is_small_and_deterministic():
+    fig = cd.budget_figure()
+    assert isinstance(fig, go.Figure) and not isinstance(fig, go.FigureWidget)
+    names = [t.name for t in fig.data]
+    assert names[:3] == ["A tiles (fp16, r of them)", "B tile (fp16)", "accumulators (fp32, r of them)"]
+    assert "adjoint kernel (enable_backward)" in names
+    assert len(fig.layout.shapes) == len(cd.GPU_LIMITS)
+    assert fig.to_json() == cd.budget_figure().to_json() and len(fig.to_json()) < 20_000
+
+
+def test_explore_config_fits_and_verdicts():
+    s, fig = cd.explore_config(64, 64, 4, 128, device="cpu")
+    assert s["estimate"] == s["warp_count"] == 106496
+    assert s["fits"] == {"CUDA default, no opt-in (48 KiB)": False, "sm_89 opt-in (99 KiB)": False,
+                         "H200 sm_90, as Warp 1.19 reported it": True}
+    assert "canary passed" in s["verdict"]
+    text = cd.format_summary(s, timings=False)
+    assert "106496 B" in text and " s" not in text.split("\n")[-1][-3:]
+    assert "build/load" in cd.format_summary(s) and "build/load" not in text
+    assert isinstance(fig, go.Figure) and "your config" in json.dumps(fig.to_plotly_json()["layout"])
+
+
+def test_explore_config_never_launches_over_the_cpu_arena():
+    s, _ = cd.explore_config(256, 256, 4, 256, device="cpu")
+    assert s["warp_count"] > cd.CPU_TILE_ARENA_BYTES
+    assert s["verdict"].startswith("not launched") and not any(s["fits"].values())
+
+
+@pytest.mark.parametrize("args", [(64, 64, 3, 128), (64, 64, 2, 100), (12, 64, 1, 128), ("x", 64, 1, 128)])
+def test_explore_config_invalid_is_a_message(args):
+    s, fig = cd.explore_config(*args, device="cpu")
+    assert s["message"].startswith("Invalid choice") and cd.format_summary(s) == s["message"]
+    assert isinstance(fig, go.Figure)
