@@ -68,276 +68,418 @@ def _stage_dtype(fp32_stage: bool):
     return wp.float32 if fp32_stage else wp.float16
 
 
-def _make_gi_kernel(tag: str, tile_p: int, tile_b: int, tile_o: int, fp32_stage: bool, *, grid3: bool,
-                    prefetch: bool = False, staged_operand: bool = False, block_dim: Optional[int] = None,
-                    module_options: Optional[dict] = None, module: Optional[str] = None):
-    """The one gi staging kernel; every gi config is one setting of its compile-time switches.
+def make_grad_input_stage2_kernel(tile_p: int, tile_b: int, fp32_stage: bool, *, tile_o: int = _GI_TILE_O,
+                                   block_dim: Optional[int] = None, module_options: Optional[dict] = None,
+                                   module: Optional[str] = None):
+    """v2 gi staging: one CTA per ``(n, b_tile)``, the P64 loop inside the CTA.
 
-    ``dA_stage[n, p, b] = sum_o W^T[weight_linear[n, p], o] * g_nob[n, o, b]`` (fp32 accumulate, then stored
-    fp16 or fp32), over ``o`` in ``tile_o`` chunks. Arguments ``(weight_linear [Nout, P64] i32, wt, g_nob
-    [Nout, Cout_pad, Bpad] f16, n_p_tiles = P64 // tile_p, n_o_tiles = Cout_pad // tile_o)``, output
-    ``da [Nout, P64, Bpad]``.
+    Launch ``wp.launch_tiled(k, dim=(Nout, Bpad // tile_b), block_dim=...)`` with inputs
+    ``(weight_linear [Nout, P64] i32, wt [Q, Cout_pad] f16, g_nob [Nout, Cout_pad, Bpad] f16,
+    n_p_tiles = P64 // tile_p, n_o_tiles = Cout_pad // tile_o)`` and output
+    ``dA_stage [Nout, P64, Bpad]`` (fp16 or fp32)::
 
-    * ``grid3=False`` (v2): grid ``(Nout, Bpad // tile_b)``, the p loop inside the CTA (amortises per-CTA
-      costs); ``grid3=True`` (v3): grid ``(Nout, P64 // tile_p, Bpad // tile_b)``, one p tile per CTA (enough
-      CTAs for layers with few nodes).
-    * ``staged_operand`` ("i"): ``wt`` is the per-call dense ``weff [Nout*P64, Cout_pad]`` (W's rows copied
-      once, :func:`fovi_lab.kernels.common.gather_rows`), plain-loaded at row ``n*P64 + p`` instead of
-      gathered from ``W^T [Q, Cout_pad]`` through ``weight_linear``: for the Cin = 3 stems.
-    * ``prefetch`` ("p"): the next step's W gather and g tile are issued into registers before the current
-      step's ``tile_matmul`` and copied into the shared operands after it (a software pipeline: Warp's tile
-      GEMM does not overlap loads with math inside a CTA). The last step re-loads itself.
+        dA_stage[n, p, b] = sum_o W^T[weight_linear[n, p], o] * g_nob[n, o, b]     (fp32 accumulate)
 
-    The order of the fp32 sums is the same in every setting (o chunks in order), so each is deterministic.
+    Keeping the P loop in the CTA amortises per-CTA fixed costs over P64/tile_p accumulator
+    rounds; the gathered W tile is directly the left operand (rows of W^T), so no transpose.
     """
     init_warp()
     sd = _stage_dtype(fp32_stage)
     opts = _kernel_options(block_dim, module_options)
-    GRID3, PREFETCH, STAGED = bool(grid3), bool(prefetch), bool(staged_operand)
+    tag = f"fovi_gi2_p{tile_p}b{tile_b}o{tile_o}_{'f32' if fp32_stage else 'f16'}"
 
     @_kernel_decorator(tag, opts, module)
-    def gi(weight_linear: wp.array2d(dtype=wp.int32), wt: wp.array2d(dtype=wp.float16),
-           g_nob: wp.array3d(dtype=wp.float16), n_p_tiles: int, n_o_tiles: int,
-           da: wp.array3d(dtype=sd)):
-        if wp.static(GRID3):
-            n, pt_lo, bt = wp.tid()
-            pt_hi = pt_lo + 1
-        else:
-            n, bt = wp.tid()
-            pt_lo = 0
-            pt_hi = n_p_tiles
+    def gi2(weight_linear: wp.array2d(dtype=wp.int32), wt: wp.array2d(dtype=wp.float16),
+            g_nob: wp.array3d(dtype=wp.float16), n_p_tiles: int, n_o_tiles: int,
+            da: wp.array3d(dtype=sd)):
+        n, bt = wp.tid()
         b_off = bt * tile_b
-        g_n = g_nob[n]
-        if wp.static(PREFETCH):
-            wl_n = weight_linear[n]
-            w_sh = wp.tile_zeros(shape=(tile_p, tile_o), dtype=wp.float16, storage="shared")
-            g_sh = wp.tile_zeros(shape=(tile_o, tile_b), dtype=wp.float16, storage="shared")
-            rows = wp.tile_load(wl_n, shape=tile_p, offset=pt_lo * tile_p, storage="shared")
-            w_r = wp.tile_load_indexed(wt, indices=rows, shape=(tile_p, tile_o), offset=(0, 0), axis=0)
-            g_r = wp.tile_load(g_n, shape=(tile_o, tile_b), offset=(0, b_off))
-            last = (pt_hi - pt_lo) * n_o_tiles - 1
-        for pt in range(pt_lo, pt_hi):
+        for pt in range(n_p_tiles):
             p_off = pt * tile_p
+            rows = wp.tile_load(weight_linear[n], shape=tile_p, offset=p_off)
             acc = wp.tile_zeros(shape=(tile_p, tile_b), dtype=wp.float32)
-            if wp.static(PREFETCH):
-                for ot in range(n_o_tiles):
-                    wp.tile_assign(w_sh, w_r)
-                    wp.tile_assign(g_sh, g_r)
-                    s1 = wp.min((pt - pt_lo) * n_o_tiles + ot + 1, last)
-                    pt1 = pt_lo + s1 // n_o_tiles
-                    ot1 = s1 - (pt1 - pt_lo) * n_o_tiles
-                    rows1 = wp.tile_load(wl_n, shape=tile_p, offset=pt1 * tile_p, storage="shared")
-                    w_r = wp.tile_load_indexed(wt, indices=rows1, shape=(tile_p, tile_o),
-                                               offset=(0, ot1 * tile_o), axis=0)
-                    g_r = wp.tile_load(g_n, shape=(tile_o, tile_b), offset=(ot1 * tile_o, b_off))
-                    wp.tile_matmul(w_sh, g_sh, acc)
-            else:
-                if wp.static(not STAGED):
-                    rows = wp.tile_load(weight_linear[n], shape=tile_p, offset=p_off)
-                for ot in range(n_o_tiles):
-                    o_off = ot * tile_o
-                    if wp.static(STAGED):
-                        w = wp.tile_load(wt, shape=(tile_p, tile_o), offset=(n * n_p_tiles * tile_p + p_off, o_off),
-                                         storage="shared")
-                    else:
-                        w = wp.tile_load_indexed(wt, indices=rows, shape=(tile_p, tile_o), offset=(0, o_off),
-                                                 axis=0, storage="shared")
-                    g = wp.tile_load(g_n, shape=(tile_o, tile_b), offset=(o_off, b_off), storage="shared")
-                    wp.tile_matmul(w, g, acc)
+            for ot in range(n_o_tiles):
+                o_off = ot * tile_o
+                w = wp.tile_load_indexed(wt, indices=rows, shape=(tile_p, tile_o), offset=(0, o_off),
+                                         axis=0, storage="shared")
+                g = wp.tile_load(g_nob[n], shape=(tile_o, tile_b), offset=(o_off, b_off), storage="shared")
+                wp.tile_matmul(w, g, acc)
             if wp.static(fp32_stage):
                 wp.tile_store(da[n], acc, offset=(p_off, b_off))
             else:
                 wp.tile_store(da[n], wp.tile_astype(acc, wp.float16), offset=(p_off, b_off))
 
-    return _tag(gi, fp32_stage)
-
-
-def _make_gw_kernel(tag: str, tile_p: int, tile_n: int, tile_kb: int, fp32_stage: bool, *, grid3: bool,
-                    pair: bool = False, prefetch: bool = False, staged_operand: bool = False,
-                    block_dim: Optional[int] = None, module_options: Optional[dict] = None,
-                    module: Optional[str] = None):
-    """The one gw staging kernel; every gw config is one setting of its compile-time switches.
-
-    ``dWeff[n, p, o] = sum_b xt[input_linear[n, p], b] * g_nbo[n, b, o]`` (fp32 accumulate), over ``b`` in
-    ``tile_kb`` chunks. Arguments ``(input_linear [nc, P64] i32, xt [Cin*Nin+1, Bpad] f16 (batch-contiguous,
-    so each gathered row is 128 contiguous bytes and the tile is ``A_n^T`` with no transpose), g_nbo
-    [nc, Bpad, Cout_pad] f16, n_p_tiles, n_b_tiles)``, output ``dweff [nc, P64, Cout_pad]``.
-
-    * ``grid3=False`` (v2): grid ``(nc, Cout_pad // tile_n)``, the p loop inside the CTA; ``grid3=True``
-      (v3): grid ``(nc, P64 // tile_p, Cout_pad // (tile_n * (2 if pair else 1)))``.
-    * ``pair`` (v4): each CTA computes two adjacent o tiles from each gathered x tile (half the x-gather
-      stream; ``g_nbo`` / ``dweff`` padded to ``2*tile_n`` columns).
-    * ``staged_operand`` ("i"): ``xt`` is the node chunk's dense rows ``at [nc*P64, Bpad]``, plain-loaded at
-      row ``n*P64 + p`` (the stems).
-    * ``prefetch`` ("p"): the next b step's gather and g tile in registers during the current MMA.
-    """
-    init_warp()
-    sd = _stage_dtype(fp32_stage)
-    opts = _kernel_options(block_dim, module_options)
-    GRID3, PAIR, PREFETCH, STAGED, TKB = bool(grid3), bool(pair), bool(prefetch), bool(staged_operand), int(tile_kb)
-    WIDE = tile_n * (2 if PAIR else 1)
-
-    @_kernel_decorator(tag, opts, module)
-    def gw(input_linear: wp.array2d(dtype=wp.int32), xt: wp.array2d(dtype=wp.float16),
-           g_nbo: wp.array3d(dtype=wp.float16), n_p_tiles: int, n_b_tiles: int,
-           dweff: wp.array3d(dtype=sd)):
-        if wp.static(GRID3):
-            n, pt_lo, ot = wp.tid()
-            pt_hi = pt_lo + 1
-        else:
-            n, ot = wp.tid()
-            pt_lo = 0
-            pt_hi = n_p_tiles
-        o0 = ot * WIDE
-        g_n = g_nbo[n]
-        for pt in range(pt_lo, pt_hi):
-            p_off = pt * tile_p
-            acc0 = wp.tile_zeros(shape=(tile_p, tile_n), dtype=wp.float32)
-            if wp.static(PAIR):
-                acc1 = wp.tile_zeros(shape=(tile_p, tile_n), dtype=wp.float32)
-            if wp.static(PREFETCH):
-                rows = wp.tile_load(input_linear[n], shape=tile_p, offset=p_off, storage="shared")
-                a_sh = wp.tile_zeros(shape=(tile_p, TKB), dtype=wp.float16, storage="shared")
-                g_sh = wp.tile_zeros(shape=(TKB, tile_n), dtype=wp.float16, storage="shared")
-                a_r = wp.tile_load_indexed(xt, indices=rows, shape=(tile_p, TKB), offset=(0, 0), axis=0)
-                g_r = wp.tile_load(g_n, shape=(TKB, tile_n), offset=(0, o0))
-                for bt in range(n_b_tiles):
-                    wp.tile_assign(a_sh, a_r)
-                    wp.tile_assign(g_sh, g_r)
-                    b1 = wp.min(bt + 1, n_b_tiles - 1) * TKB
-                    a_r = wp.tile_load_indexed(xt, indices=rows, shape=(tile_p, TKB), offset=(0, b1), axis=0)
-                    g_r = wp.tile_load(g_n, shape=(TKB, tile_n), offset=(b1, o0))
-                    wp.tile_matmul(a_sh, g_sh, acc0)
-            else:
-                if wp.static(not STAGED):
-                    rows = wp.tile_load(input_linear[n], shape=tile_p, offset=p_off)
-                for bt in range(n_b_tiles):
-                    b_off = bt * TKB
-                    if wp.static(STAGED):
-                        a = wp.tile_load(xt, shape=(tile_p, TKB), offset=(n * n_p_tiles * tile_p + p_off, b_off),
-                                         storage="shared")
-                    else:
-                        a = wp.tile_load_indexed(xt, indices=rows, shape=(tile_p, TKB), offset=(0, b_off),
-                                                 axis=0, storage="shared")
-                    g0 = wp.tile_load(g_n, shape=(TKB, tile_n), offset=(b_off, o0), storage="shared")
-                    wp.tile_matmul(a, g0, acc0)
-                    if wp.static(PAIR):
-                        g1 = wp.tile_load(g_n, shape=(TKB, tile_n), offset=(b_off, o0 + tile_n), storage="shared")
-                        wp.tile_matmul(a, g1, acc1)
-            if wp.static(fp32_stage):
-                wp.tile_store(dweff[n], acc0, offset=(p_off, o0))
-                if wp.static(PAIR):
-                    wp.tile_store(dweff[n], acc1, offset=(p_off, o0 + tile_n))
-            else:
-                wp.tile_store(dweff[n], wp.tile_astype(acc0, wp.float16), offset=(p_off, o0))
-                if wp.static(PAIR):
-                    wp.tile_store(dweff[n], wp.tile_astype(acc1, wp.float16), offset=(p_off, o0 + tile_n))
-
-    return _tag(gw, fp32_stage)
-
-
-def _f(fp32_stage: bool) -> str:
-    return "f32" if fp32_stage else "f16"
-
-
-# The seed's factories (and their v3 / prefetch / staged-operand siblings): settings of the two kernels above.
-
-def make_grad_input_stage2_kernel(tile_p: int, tile_b: int, fp32_stage: bool, *, tile_o: int = _GI_TILE_O,
-                                   block_dim: Optional[int] = None, module_options: Optional[dict] = None,
-                                   module: Optional[str] = None):
-    """v2 gi staging: one CTA per ``(n, b_tile)``, the P64 loop inside the CTA (see :func:`_make_gi_kernel`).
-
-    Launch ``wp.launch_tiled(k, dim=(Nout, Bpad // tile_b), block_dim=...)``; ``wt = W^T [Q, Cout_pad]``.
-    """
-    return _make_gi_kernel(f"fovi_gi2_p{tile_p}b{tile_b}o{tile_o}_{_f(fp32_stage)}", tile_p, tile_b, tile_o,
-                           fp32_stage, grid3=False, block_dim=block_dim, module_options=module_options,
-                           module=module)
+    return _tag(gi2, fp32_stage)
 
 
 def make_grad_input_stage3_kernel(tile_p: int, tile_b: int, fp32_stage: bool, *, tile_o: int = _GI_TILE_O,
                                    block_dim: Optional[int] = None, module_options: Optional[dict] = None,
                                    module: Optional[str] = None):
-    """v3 gi staging: a 3-D ``(n, p_tile, b_tile)`` grid, the o loop inside the CTA (small-Nout layers)."""
-    return _make_gi_kernel(f"fovi_gi3_p{tile_p}b{tile_b}o{tile_o}_{_f(fp32_stage)}", tile_p, tile_b, tile_o,
-                           fp32_stage, grid3=True, block_dim=block_dim, module_options=module_options,
-                           module=module)
+    """v3 gi staging: a 3-D ``(n, p_tile, b_tile)`` grid, the o loop inside the CTA.
 
+    Launch ``dim=(Nout, P64 // tile_p, Bpad // tile_b)``; same arguments as gi2 (``n_p_tiles`` unused).
+    gi2's ``(n, b_tile)`` grid has only ``Nout * B / tile_b`` CTAs, each walking all P64/tile_p tiles:
+    for small-Nout layers (alexnet L2-L4: 60 nodes, resnet layer3: 16) that is fewer CTAs than the GPU
+    has SMs. Here every output tile is its own CTA (the gw3 idea applied to dA).
+    """
+    init_warp()
+    sd = _stage_dtype(fp32_stage)
+    opts = _kernel_options(block_dim, module_options)
+    tag = f"fovi_gi3_p{tile_p}b{tile_b}o{tile_o}_{'f32' if fp32_stage else 'f16'}"
 
-def make_grad_input_stage2p_kernel(tile_p: int, tile_b: int, fp32_stage: bool, *, tile_o: int = _GI_TILE_O,
-                                    block_dim: Optional[int] = None, module_options: Optional[dict] = None,
-                                    module: Optional[str] = None):
-    """gi2 with a register prefetch of the next (p tile, o tile) step's W gather and g tile."""
-    return _make_gi_kernel(f"fovi_gi2p_p{tile_p}b{tile_b}o{tile_o}_{_f(fp32_stage)}", tile_p, tile_b, tile_o,
-                           fp32_stage, grid3=False, prefetch=True, block_dim=block_dim,
-                           module_options=module_options, module=module)
+    @_kernel_decorator(tag, opts, module)
+    def gi3(weight_linear: wp.array2d(dtype=wp.int32), wt: wp.array2d(dtype=wp.float16),
+            g_nob: wp.array3d(dtype=wp.float16), n_p_tiles: int, n_o_tiles: int,
+            da: wp.array3d(dtype=sd)):
+        n, pt, bt = wp.tid()
+        p_off = pt * tile_p
+        b_off = bt * tile_b
+        rows = wp.tile_load(weight_linear[n], shape=tile_p, offset=p_off)
+        acc = wp.tile_zeros(shape=(tile_p, tile_b), dtype=wp.float32)
+        for ot in range(n_o_tiles):
+            o_off = ot * tile_o
+            w = wp.tile_load_indexed(wt, indices=rows, shape=(tile_p, tile_o), offset=(0, o_off),
+                                     axis=0, storage="shared")
+            g = wp.tile_load(g_nob[n], shape=(tile_o, tile_b), offset=(o_off, b_off), storage="shared")
+            wp.tile_matmul(w, g, acc)
+        if wp.static(fp32_stage):
+            wp.tile_store(da[n], acc, offset=(p_off, b_off))
+        else:
+            wp.tile_store(da[n], wp.tile_astype(acc, wp.float16), offset=(p_off, b_off))
+
+    return _tag(gi3, fp32_stage)
 
 
 def make_grad_input_stage3p_kernel(tile_p: int, tile_b: int, fp32_stage: bool, *, tile_o: int = _GI_TILE_O,
                                     block_dim: Optional[int] = None, module_options: Optional[dict] = None,
                                     module: Optional[str] = None):
-    """gi3 with a register prefetch of the next o step's W gather and g tile."""
-    return _make_gi_kernel(f"fovi_gi3p_p{tile_p}b{tile_b}o{tile_o}_{_f(fp32_stage)}", tile_p, tile_b, tile_o,
-                           fp32_stage, grid3=True, prefetch=True, block_dim=block_dim,
-                           module_options=module_options, module=module)
+    """gi3 with a register prefetch of the next o step's W gather and g tile (see gi2p)."""
+    init_warp()
+    sd = _stage_dtype(fp32_stage)
+    opts = _kernel_options(block_dim, module_options)
+    tag = f"fovi_gi3p_p{tile_p}b{tile_b}o{tile_o}_{'f32' if fp32_stage else 'f16'}"
+
+    @_kernel_decorator(tag, opts, module)
+    def gi3p(weight_linear: wp.array2d(dtype=wp.int32), wt: wp.array2d(dtype=wp.float16),
+             g_nob: wp.array3d(dtype=wp.float16), n_p_tiles: int, n_o_tiles: int,
+             da: wp.array3d(dtype=sd)):
+        n, pt, bt = wp.tid()
+        p_off = pt * tile_p
+        b_off = bt * tile_b
+        g_n = g_nob[n]
+        rows = wp.tile_load(weight_linear[n], shape=tile_p, offset=p_off, storage="shared")
+        w_sh = wp.tile_zeros(shape=(tile_p, tile_o), dtype=wp.float16, storage="shared")
+        g_sh = wp.tile_zeros(shape=(tile_o, tile_b), dtype=wp.float16, storage="shared")
+        w_r = wp.tile_load_indexed(wt, indices=rows, shape=(tile_p, tile_o), offset=(0, 0), axis=0)
+        g_r = wp.tile_load(g_n, shape=(tile_o, tile_b), offset=(0, b_off))
+        acc = wp.tile_zeros(shape=(tile_p, tile_b), dtype=wp.float32)
+        for ot in range(n_o_tiles):
+            wp.tile_assign(w_sh, w_r)
+            wp.tile_assign(g_sh, g_r)
+            o1 = wp.min(ot + 1, n_o_tiles - 1) * tile_o
+            w_r = wp.tile_load_indexed(wt, indices=rows, shape=(tile_p, tile_o), offset=(0, o1), axis=0)
+            g_r = wp.tile_load(g_n, shape=(tile_o, tile_b), offset=(o1, b_off))
+            wp.tile_matmul(w_sh, g_sh, acc)
+        if wp.static(fp32_stage):
+            wp.tile_store(da[n], acc, offset=(p_off, b_off))
+        else:
+            wp.tile_store(da[n], wp.tile_astype(acc, wp.float16), offset=(p_off, b_off))
+
+    return _tag(gi3p, fp32_stage)
 
 
 def make_grad_weight_stage2_kernel(tile_p: int, tile_n: int, fp32_stage: bool, *, tile_b: int = _GW_TILE_B,
                                     block_dim: Optional[int] = None, module_options: Optional[dict] = None,
-                                    module: Optional[str] = None):
-    """v2 gw staging: one CTA per ``(n, o_tile)``, the P64 loop in the CTA (see :func:`_make_gw_kernel`)."""
-    return _make_gw_kernel(f"fovi_gw2_p{tile_p}n{tile_n}b{tile_b}_{_f(fp32_stage)}", tile_p, tile_n, tile_b,
-                           fp32_stage, grid3=False, block_dim=block_dim, module_options=module_options,
-                           module=module)
+                                   module: Optional[str] = None):
+    """v2 gw staging: one CTA per ``(n, o_tile)``, P64 loop in the CTA, transposed-x operand.
+
+    Launch ``dim=(nc, Cout_pad // tile_n)`` with inputs ``(input_linear [nc, P64] i32,
+    xt [Cin*Nin+1, Bpad] f16, g_nbo [nc, Bpad, Cout_pad] f16, n_p_tiles, n_b_tiles)`` and output
+    ``dWeff [nc, P64, Cout_pad]``::
+
+        dWeff[n, p, o] = sum_b xt[input_linear[n, p], b] * g_nbo[n, b, o]          (fp32 accumulate)
+
+    ``xt`` is batch-contiguous, so the indexed gather reads contiguous 128-byte rows and is
+    directly the ``A_n^T`` tile (no ``tile_transpose``).
+    """
+    init_warp()
+    sd = _stage_dtype(fp32_stage)
+    opts = _kernel_options(block_dim, module_options)
+    tag = f"fovi_gw2_p{tile_p}n{tile_n}b{tile_b}_{'f32' if fp32_stage else 'f16'}"
+
+    @_kernel_decorator(tag, opts, module)
+    def gw2(input_linear: wp.array2d(dtype=wp.int32), xt: wp.array2d(dtype=wp.float16),
+            g_nbo: wp.array3d(dtype=wp.float16), n_p_tiles: int, n_b_tiles: int,
+            dweff: wp.array3d(dtype=sd)):
+        n, ot = wp.tid()
+        o_off = ot * tile_n
+        for pt in range(n_p_tiles):
+            p_off = pt * tile_p
+            rows = wp.tile_load(input_linear[n], shape=tile_p, offset=p_off)
+            acc = wp.tile_zeros(shape=(tile_p, tile_n), dtype=wp.float32)
+            for bt in range(n_b_tiles):
+                b_off = bt * tile_b
+                a = wp.tile_load_indexed(xt, indices=rows, shape=(tile_p, tile_b), offset=(0, b_off),
+                                         axis=0, storage="shared")
+                g = wp.tile_load(g_nbo[n], shape=(tile_b, tile_n), offset=(b_off, o_off), storage="shared")
+                wp.tile_matmul(a, g, acc)
+            if wp.static(fp32_stage):
+                wp.tile_store(dweff[n], acc, offset=(p_off, o_off))
+            else:
+                wp.tile_store(dweff[n], wp.tile_astype(acc, wp.float16), offset=(p_off, o_off))
+
+    return _tag(gw2, fp32_stage)
 
 
 def make_grad_weight_stage3_kernel(tile_p: int, tile_n: int, fp32_stage: bool, *, tile_b: int = _GW_TILE_B,
                                     block_dim: Optional[int] = None, module_options: Optional[dict] = None,
-                                    module: Optional[str] = None):
-    """v3 gw staging: a 3-D ``(n, p_tile, o_tile)`` grid (more, smaller CTAs for small-Nout shapes)."""
-    return _make_gw_kernel(f"fovi_gw3_p{tile_p}n{tile_n}b{tile_b}_{_f(fp32_stage)}", tile_p, tile_n, tile_b,
-                           fp32_stage, grid3=True, block_dim=block_dim, module_options=module_options,
-                           module=module)
+                                   module: Optional[str] = None):
+    """v3 gw staging: a 3-D ``(n, p_tile, o_tile)`` grid with the v2 transposed-x operand.
+
+    Launch ``dim=(nc, P64 // tile_p, Cout_pad // tile_n)``; same arguments as v2 (``n_p_tiles`` is
+    unused). For small-Nout shapes the v2 ``(n, o_tile)`` grid under-occupies the GPU; this keeps
+    per-CTA work small but parallel (one accumulator, B/64 GEMM steps per CTA).
+    """
+    init_warp()
+    sd = _stage_dtype(fp32_stage)
+    opts = _kernel_options(block_dim, module_options)
+    tag = f"fovi_gw3_p{tile_p}n{tile_n}b{tile_b}_{'f32' if fp32_stage else 'f16'}"
+
+    @_kernel_decorator(tag, opts, module)
+    def gw3(input_linear: wp.array2d(dtype=wp.int32), xt: wp.array2d(dtype=wp.float16),
+            g_nbo: wp.array3d(dtype=wp.float16), n_p_tiles: int, n_b_tiles: int,
+            dweff: wp.array3d(dtype=sd)):
+        n, pt, ot = wp.tid()
+        p_off = pt * tile_p
+        o_off = ot * tile_n
+        rows = wp.tile_load(input_linear[n], shape=tile_p, offset=p_off)
+        acc = wp.tile_zeros(shape=(tile_p, tile_n), dtype=wp.float32)
+        for bt in range(n_b_tiles):
+            b_off = bt * tile_b
+            a = wp.tile_load_indexed(xt, indices=rows, shape=(tile_p, tile_b), offset=(0, b_off),
+                                     axis=0, storage="shared")
+            g = wp.tile_load(g_nbo[n], shape=(tile_b, tile_n), offset=(b_off, o_off), storage="shared")
+            wp.tile_matmul(a, g, acc)
+        if wp.static(fp32_stage):
+            wp.tile_store(dweff[n], acc, offset=(p_off, o_off))
+        else:
+            wp.tile_store(dweff[n], wp.tile_astype(acc, wp.float16), offset=(p_off, o_off))
+
+    return _tag(gw3, fp32_stage)
 
 
 def make_grad_weight_stage4_kernel(tile_p: int, tile_n: int, fp32_stage: bool, *, tile_b: int = _GW_TILE_B,
                                     block_dim: Optional[int] = None, module_options: Optional[dict] = None,
+                                   module: Optional[str] = None):
+    """v4 gw staging: v3's 3-D grid, but each CTA computes TWO adjacent o tiles.
+
+    Launch ``dim=(nc, P64 // tile_p, Cout_pad // (2*tile_n))``; ``g_nbo``/``dWeff`` must be padded to
+    a multiple of ``2*tile_n`` columns. Each gathered ``xt`` tile feeds both accumulators, halving
+    the x-gather stream (the forward's weight-reuse idea applied to the batch contraction).
+    """
+    init_warp()
+    sd = _stage_dtype(fp32_stage)
+    opts = _kernel_options(block_dim, module_options)
+    tag = f"fovi_gw4_p{tile_p}n{tile_n}b{tile_b}_{'f32' if fp32_stage else 'f16'}"
+
+    @_kernel_decorator(tag, opts, module)
+    def gw4(input_linear: wp.array2d(dtype=wp.int32), xt: wp.array2d(dtype=wp.float16),
+            g_nbo: wp.array3d(dtype=wp.float16), n_p_tiles: int, n_b_tiles: int,
+            dweff: wp.array3d(dtype=sd)):
+        n, pt, ot = wp.tid()
+        p_off = pt * tile_p
+        o0 = ot * (2 * tile_n)
+        o1 = o0 + tile_n
+        rows = wp.tile_load(input_linear[n], shape=tile_p, offset=p_off)
+        acc0 = wp.tile_zeros(shape=(tile_p, tile_n), dtype=wp.float32)
+        acc1 = wp.tile_zeros(shape=(tile_p, tile_n), dtype=wp.float32)
+        for bt in range(n_b_tiles):
+            b_off = bt * tile_b
+            a = wp.tile_load_indexed(xt, indices=rows, shape=(tile_p, tile_b), offset=(0, b_off),
+                                     axis=0, storage="shared")
+            g0 = wp.tile_load(g_nbo[n], shape=(tile_b, tile_n), offset=(b_off, o0), storage="shared")
+            wp.tile_matmul(a, g0, acc0)
+            g1 = wp.tile_load(g_nbo[n], shape=(tile_b, tile_n), offset=(b_off, o1), storage="shared")
+            wp.tile_matmul(a, g1, acc1)
+        if wp.static(fp32_stage):
+            wp.tile_store(dweff[n], acc0, offset=(p_off, o0))
+            wp.tile_store(dweff[n], acc1, offset=(p_off, o1))
+        else:
+            wp.tile_store(dweff[n], wp.tile_astype(acc0, wp.float16), offset=(p_off, o0))
+            wp.tile_store(dweff[n], wp.tile_astype(acc1, wp.float16), offset=(p_off, o1))
+
+    return _tag(gw4, fp32_stage)
+
+
+def make_grad_input_stage2p_kernel(tile_p: int, tile_b: int, fp32_stage: bool, *, tile_o: int = _GI_TILE_O,
+                                    block_dim: Optional[int] = None, module_options: Optional[dict] = None,
                                     module: Optional[str] = None):
-    """v4 gw staging: v3's grid, two adjacent o tiles per CTA (``dim=(nc, P64 // tile_p, Cout_pad // (2*tile_n))``)."""
-    return _make_gw_kernel(f"fovi_gw4_p{tile_p}n{tile_n}b{tile_b}_{_f(fp32_stage)}", tile_p, tile_n, tile_b,
-                           fp32_stage, grid3=True, pair=True, block_dim=block_dim, module_options=module_options,
-                           module=module)
+    """gi2 with a register prefetch (software pipelining): same arguments, grid and result as gi2.
+
+    Warp's tile GEMM does not overlap loads with math inside a CTA (load, sync, matmul, sync). Here
+    the next (p tile, o tile) step's W gather and g tile are issued into *registers* before the
+    current step's ``tile_matmul`` and copied into the shared operand tiles after it, so their
+    global-load latency hides behind the math (the forward's ``gp``/``nmp`` idea).
+    """
+    init_warp()
+    sd = _stage_dtype(fp32_stage)
+    opts = _kernel_options(block_dim, module_options)
+    tag = f"fovi_gi2p_p{tile_p}b{tile_b}o{tile_o}_{'f32' if fp32_stage else 'f16'}"
+
+    @_kernel_decorator(tag, opts, module)
+    def gi2p(weight_linear: wp.array2d(dtype=wp.int32), wt: wp.array2d(dtype=wp.float16),
+             g_nob: wp.array3d(dtype=wp.float16), n_p_tiles: int, n_o_tiles: int,
+             da: wp.array3d(dtype=sd)):
+        n, bt = wp.tid()
+        b_off = bt * tile_b
+        wl_n = weight_linear[n]
+        g_n = g_nob[n]
+        w_sh = wp.tile_zeros(shape=(tile_p, tile_o), dtype=wp.float16, storage="shared")
+        g_sh = wp.tile_zeros(shape=(tile_o, tile_b), dtype=wp.float16, storage="shared")
+        rows = wp.tile_load(wl_n, shape=tile_p, offset=0, storage="shared")
+        w_r = wp.tile_load_indexed(wt, indices=rows, shape=(tile_p, tile_o), offset=(0, 0), axis=0)
+        g_r = wp.tile_load(g_n, shape=(tile_o, tile_b), offset=(0, b_off))
+        n_steps = n_p_tiles * n_o_tiles
+        for pt in range(n_p_tiles):
+            acc = wp.tile_zeros(shape=(tile_p, tile_b), dtype=wp.float32)
+            for ot in range(n_o_tiles):
+                wp.tile_assign(w_sh, w_r)
+                wp.tile_assign(g_sh, g_r)
+                # prefetch the next step (the last step re-loads itself: unconditional loads keep
+                # the register consumers after the matmul)
+                s1 = wp.min(pt * n_o_tiles + ot + 1, n_steps - 1)
+                pt1 = s1 // n_o_tiles
+                ot1 = s1 - pt1 * n_o_tiles
+                rows1 = wp.tile_load(wl_n, shape=tile_p, offset=pt1 * tile_p, storage="shared")
+                w_r = wp.tile_load_indexed(wt, indices=rows1, shape=(tile_p, tile_o), offset=(0, ot1 * tile_o),
+                                           axis=0)
+                g_r = wp.tile_load(g_n, shape=(tile_o, tile_b), offset=(ot1 * tile_o, b_off))
+                wp.tile_matmul(w_sh, g_sh, acc)
+            if wp.static(fp32_stage):
+                wp.tile_store(da[n], acc, offset=(pt * tile_p, b_off))
+            else:
+                wp.tile_store(da[n], wp.tile_astype(acc, wp.float16), offset=(pt * tile_p, b_off))
+
+    return _tag(gi2p, fp32_stage)
 
 
 def make_grad_weight_stage3p_kernel(tile_p: int, tile_n: int, fp32_stage: bool, *, tile_b: int = _GW_TILE_B,
                                      block_dim: Optional[int] = None, module_options: Optional[dict] = None,
                                      module: Optional[str] = None):
-    """gw3 with a register prefetch of the next b step's ``xt`` gather and ``g`` tile."""
-    return _make_gw_kernel(f"fovi_gw3p_p{tile_p}n{tile_n}b{tile_b}_{_f(fp32_stage)}", tile_p, tile_n, tile_b,
-                           fp32_stage, grid3=True, prefetch=True, block_dim=block_dim,
-                           module_options=module_options, module=module)
+    """gw3 with a register prefetch of the next b step's ``xt`` gather and ``g`` tile (see gi2p)."""
+    init_warp()
+    sd = _stage_dtype(fp32_stage)
+    opts = _kernel_options(block_dim, module_options)
+    tag = f"fovi_gw3p_p{tile_p}n{tile_n}b{tile_b}_{'f32' if fp32_stage else 'f16'}"
+
+    @_kernel_decorator(tag, opts, module)
+    def gw3p(input_linear: wp.array2d(dtype=wp.int32), xt: wp.array2d(dtype=wp.float16),
+             g_nbo: wp.array3d(dtype=wp.float16), n_p_tiles: int, n_b_tiles: int,
+             dweff: wp.array3d(dtype=sd)):
+        n, pt, ot = wp.tid()
+        p_off = pt * tile_p
+        o_off = ot * tile_n
+        g_n = g_nbo[n]
+        rows = wp.tile_load(input_linear[n], shape=tile_p, offset=p_off, storage="shared")
+        a_sh = wp.tile_zeros(shape=(tile_p, tile_b), dtype=wp.float16, storage="shared")
+        g_sh = wp.tile_zeros(shape=(tile_b, tile_n), dtype=wp.float16, storage="shared")
+        a_r = wp.tile_load_indexed(xt, indices=rows, shape=(tile_p, tile_b), offset=(0, 0), axis=0)
+        g_r = wp.tile_load(g_n, shape=(tile_b, tile_n), offset=(0, o_off))
+        acc = wp.tile_zeros(shape=(tile_p, tile_n), dtype=wp.float32)
+        for bt in range(n_b_tiles):
+            wp.tile_assign(a_sh, a_r)
+            wp.tile_assign(g_sh, g_r)
+            b1 = wp.min(bt + 1, n_b_tiles - 1) * tile_b
+            a_r = wp.tile_load_indexed(xt, indices=rows, shape=(tile_p, tile_b), offset=(0, b1), axis=0)
+            g_r = wp.tile_load(g_n, shape=(tile_b, tile_n), offset=(b1, o_off))
+            wp.tile_matmul(a_sh, g_sh, acc)
+        if wp.static(fp32_stage):
+            wp.tile_store(dweff[n], acc, offset=(p_off, o_off))
+        else:
+            wp.tile_store(dweff[n], wp.tile_astype(acc, wp.float16), offset=(p_off, o_off))
+
+    return _tag(gw3p, fp32_stage)
 
 
 def make_grad_staged_operand_kernel(kind: str, version: str, tile_p: int, tile_wide: int, fp32_stage: bool, *,
                                      tile_o: int = _GI_TILE_O, block_dim: Optional[int] = None,
                                      module_options: Optional[dict] = None, module: Optional[str] = None,
                                      tile_kb: int = _GW_TILE_B):
-    """Staged-operand ("i") variants of gi2 / gi3 / gw3 for the Cin = 3 stems (``version`` "2i", "3i").
+    """Staged-operand ("i") variants of gi2 / gi3 / gw3 for the Cin = 3 stems.
 
-    There every neighbour contributes 3 contraction rows, so the gathered operand tile is a scalar,
-    bounds-checked ``tile_load_indexed`` that costs more than the tile GEMM. The plan copies those rows once
-    into a dense operand (gi: ``weff[n*P64 + p] = W^T[weight_linear[n, p]]`` per call; gw: ``at[nl*P64 + p]
-    = xt[input_linear[n0+nl, p]]`` per node chunk) and the kernel plain-loads it. Same grid and arguments
-    as the version it mirrors; the table argument is unused. gw's staged rows count against the stage
-    budget; gi's ``weff`` is ``Nout*P64*Cout_pad*2`` bytes whatever the batch.
+    There every neighbour contributes 3 contraction rows, so the gathered operand tile (rows of W^T for
+    gi, rows of x^T for gw) is a scalar, bounds-checked ``tile_load_indexed`` that costs more than
+    the tile GEMM. Here the plan copies those rows once into a dense operand (``weff[n*P64 + p] =
+    W^T[weight_linear[n, p]]`` per call for gi; ``at[nl*P64 + p] = xt[input_linear[n0+nl, p]]`` per
+    node chunk for gw, :func:`fovi_lab.kernels.common.gather_rows`) and the kernel plain-loads it
+    (vectorised). Same launch grid and argument list as the version it mirrors; the table argument is
+    unused, and the row of node ``n``'s tile ``p`` is ``n * n_p_tiles * tile_p + p``.
+
+    Memory: gw's staged rows count against the stage budget (they shrink the node chunk); gi's
+    ``weff`` is ``Nout*P64*Cout_pad*2`` bytes whatever the batch (alexnet L0: 95 MB), outside it.
     """
-    f = _f(fp32_stage)
+    init_warp()
+    sd = _stage_dtype(fp32_stage)
+    opts = _kernel_options(block_dim, module_options)
+    f = "f32" if fp32_stage else "f16"
     if kind == "gi":
-        return _make_gi_kernel(f"fovi_gi{version}_p{tile_p}b{tile_wide}o{tile_o}_{f}", tile_p, tile_wide, tile_o,
-                               fp32_stage, grid3=version == "3i", staged_operand=True, block_dim=block_dim,
-                               module_options=module_options, module=module)
-    return _make_gw_kernel(f"fovi_gw{version}_p{tile_p}n{tile_wide}b{int(tile_kb)}_{f}", tile_p, tile_wide,
-                           tile_kb, fp32_stage, grid3=True, staged_operand=True, block_dim=block_dim,
-                           module_options=module_options, module=module)
+        tile_b = tile_wide
+        tag = f"fovi_gi{version}_p{tile_p}b{tile_b}o{tile_o}_{f}"
+        GRID3 = version == "3i"
+
+        @_kernel_decorator(tag, opts, module)
+        def gi_i(weight_linear: wp.array2d(dtype=wp.int32), weff: wp.array2d(dtype=wp.float16),
+                 g_nob: wp.array3d(dtype=wp.float16), n_p_tiles: int, n_o_tiles: int,
+                 da: wp.array3d(dtype=sd)):
+            if wp.static(GRID3):
+                n, pt0, bt = wp.tid()
+                pt_lo = pt0
+                pt_hi = pt0 + 1
+            else:
+                n, bt = wp.tid()
+                pt_lo = 0
+                pt_hi = n_p_tiles
+            b_off = bt * tile_b
+            row0 = n * n_p_tiles * tile_p
+            for pt in range(pt_lo, pt_hi):
+                p_off = pt * tile_p
+                acc = wp.tile_zeros(shape=(tile_p, tile_b), dtype=wp.float32)
+                for ot in range(n_o_tiles):
+                    o_off = ot * tile_o
+                    w = wp.tile_load(weff, shape=(tile_p, tile_o), offset=(row0 + p_off, o_off), storage="shared")
+                    g = wp.tile_load(g_nob[n], shape=(tile_o, tile_b), offset=(o_off, b_off), storage="shared")
+                    wp.tile_matmul(w, g, acc)
+                if wp.static(fp32_stage):
+                    wp.tile_store(da[n], acc, offset=(p_off, b_off))
+                else:
+                    wp.tile_store(da[n], wp.tile_astype(acc, wp.float16), offset=(p_off, b_off))
+
+        return _tag(gi_i, fp32_stage)
+
+    tile_n = tile_wide
+    TKB = int(tile_kb)                   # batch rows contracted per MMA (gw's K)
+    tag = f"fovi_gw{version}_p{tile_p}n{tile_n}b{TKB}_{f}"
+
+    @_kernel_decorator(tag, opts, module)
+    def gw_i(input_linear: wp.array2d(dtype=wp.int32), at: wp.array2d(dtype=wp.float16),
+             g_nbo: wp.array3d(dtype=wp.float16), n_p_tiles: int, n_b_tiles: int,
+             dweff: wp.array3d(dtype=sd)):
+        n, pt, ot = wp.tid()
+        p_off = pt * tile_p
+        o_off = ot * tile_n
+        row = n * n_p_tiles * tile_p + p_off
+        acc = wp.tile_zeros(shape=(tile_p, tile_n), dtype=wp.float32)
+        for bt in range(n_b_tiles):
+            b_off = bt * TKB
+            a = wp.tile_load(at, shape=(tile_p, TKB), offset=(row, b_off), storage="shared")
+            g = wp.tile_load(g_nbo[n], shape=(TKB, tile_n), offset=(b_off, o_off), storage="shared")
+            wp.tile_matmul(a, g, acc)
+        if wp.static(fp32_stage):
+            wp.tile_store(dweff[n], acc, offset=(p_off, o_off))
+        else:
+            wp.tile_store(dweff[n], wp.tile_astype(acc, wp.float16), offset=(p_off, o_off))
+
+    return _tag(gw_i, fp32_stage)
 
 
 def make_dx_csr_kernel(fp32_stage: bool, *, module_options: Optional[dict] = None, module: Optional[str] = None):
