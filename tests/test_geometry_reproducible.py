@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 
 from fovi_lab.graph import geometry as geo
+from fovi_lab.graph import grid, knn
 from fovi_lab.graph.layers import LAYERS, graph_digests, layer_graph
 
 PINNED = json.loads((Path(__file__).with_name("graph_digests.json")).read_text())
@@ -42,7 +43,7 @@ def _dispatch_targets():
 
 
 def _clear_geometry_caches():
-    for fn in (geo._build_graph, geo._matched_grid_cached, geo._z_table, geo.matched_n_rings):
+    for fn in (geo._build_graph, grid._matched_grid_cached, grid._z_table, grid.matched_n_rings):
         fn.cache_clear()
 
 
@@ -95,8 +96,12 @@ def _noisy(real, names, rng, ulps):
 def test_digests_survive_last_bit_noise(seed, monkeypatch):
     # SIMD libraries differ from libm by a few ulps; 64 leaves a wide margin (the tables survive ~1000)
     rng = np.random.default_rng(seed)
-    monkeypatch.setattr(geo, "np", _noisy(np, ("sin", "cos", "exp", "log", "arctan2", "hypot", "sqrt"), rng, 64))
-    monkeypatch.setattr(geo, "math", _noisy(math, ("log", "exp", "sqrt"), rng, 64))
+    noisy_np = _noisy(np, ("sin", "cos", "exp", "log", "arctan2", "hypot", "sqrt"), rng, 64)
+    noisy_math = _noisy(math, ("log", "exp", "sqrt"), rng, 64)
+    for module in (grid, knn, geo):                  # every module of the graph that computes a coordinate
+        monkeypatch.setattr(module, "np", noisy_np)
+        if hasattr(module, "math"):
+            monkeypatch.setattr(module, "math", noisy_math)
     _clear_geometry_caches()
     try:
         noisy = dict(graph_digests())
@@ -151,11 +156,11 @@ def test_tap_tie_within_tolerance_takes_the_first_index():
 
 
 def test_snapped_ceil():
-    assert geo._ceil_snapped(np.array([7.0, 7 + 1e-13, 7 - 1e-13, 7 + 1e-6, 6.5])).tolist() == [7, 7, 7, 8, 7]
+    assert grid._ceil_snapped(np.array([7.0, 7 + 1e-13, 7 - 1e-13, 7 + 1e-6, 6.5])).tolist() == [7, 7, 7, 8, 7]
     # a ring count that lies a last bit above an integer is that integer on every machine
-    r = geo._radii_with_extra_ring(16.0, 0.5, 53)
-    ratio = geo._ring_count_ratio(r, 53)
-    assert np.array_equal(geo._ceil_snapped(ratio), geo._ceil_snapped(ratio * (1 + 4 * np.finfo(float).eps)))
+    r = grid._radii_with_extra_ring(16.0, 0.5, 53)
+    ratio = grid._ring_count_ratio(r, 53)
+    assert np.array_equal(grid._ceil_snapped(ratio), grid._ceil_snapped(ratio * (1 + 4 * np.finfo(float).eps)))
 
 
 def test_distinct_radii_do_not_split_a_ring():

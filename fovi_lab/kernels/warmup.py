@@ -47,7 +47,7 @@ def grad_jobs() -> List[Tuple[str, bool]]:
     return [(f"nm:{kind}:{name}", False) for kind, name in nm_grad_kernel_names()]
 
 
-def _compile_one(job) -> Tuple[str, bool, float, str]:
+def compile_one(job) -> Tuple[str, bool, float, str]:
     name, dense, device, aot_arch, mathdx = job
     t0 = time.perf_counter()
     try:
@@ -120,7 +120,7 @@ def main(argv: Optional[list] = None) -> int:
     with ctx.Pool(processes=max(1, min(args.jobs, len(jobs))),
                   maxtasksperchild=1 if long_compiles else None) as pool:
         work = [(n, d, device, args.aot_arch, mathdx) for n, d in jobs]
-        for i, (name, dense, dt, status) in enumerate(pool.imap_unordered(_compile_one, work), 1):
+        for i, (name, dense, dt, status) in enumerate(pool.imap_unordered(compile_one, work), 1):
             bar = "#" * (30 * i // len(jobs))
             failed += status != "ok"
             print(f"[{bar:<30s}] {i:>3d}/{len(jobs)} {name}{' (dense ceiling)' if dense else ''}: "

@@ -8,7 +8,7 @@ import sys
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from fovi_lab.bench.backward import torch_forwards
+from fovi_lab.bench.backward_impls import torch_forwards
 from fovi_lab.knn_warp import WarpTrainOps
 from fovi_lab.graph.layers import layer_meta
 from fovi_lab.kernels.common import init_warp

@@ -1,0 +1,106 @@
+"""The backward / train-step benchmark's printed lines and summary table (one row per layer, batch
+and path, against the best PyTorch backend of the same run).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import List
+
+
+def _fmt(v, spec="{:.3f}", none="-"):
+    return none if v is None or (isinstance(v, float) and math.isnan(v)) else spec.format(v)
+
+
+def _warp_line(head: str, r: dict) -> str:
+    line = (f"{head} {r['impl']} {r['ms']:.3f} ms ({_fmt(r.get('tflops'), '{:.1f}')} TFLOP/s, "
+            f"{_fmt(100 * (r.get('roofline_frac') or math.nan), '{:.1f}')}% roofline, peak "
+            f"{_fmt(r.get('peak_mib'), '{:.0f}')} MiB, det {r.get('deterministic')})")
+    if r.get("path") == "fused":
+        line += (f" dx kernel {_fmt(r.get('dxn_kernel_ms'))} ({r.get('dx_config')}, "
+                 f"{r.get('dx_kind')} seg {r.get('dx_seg_steps')}, "
+                 f"{_fmt(100 * (r.get('dx_frac_dense') or math.nan), '{:.0f}')}% dense) dW kernel "
+                 f"{_fmt(r.get('dwn_kernel_ms'))} ({r.get('dw_config')} {r.get('dw_kind')} x{r.get('dw_nsplit')} "
+                 f"seg {r.get('dw_seg_steps')}, finish {_fmt(r.get('dw_finish_ms'))}, "
+                 f"{_fmt(100 * (r.get('dw_frac_dense') or math.nan), '{:.0f}')}% dense)")
+    else:
+        line += (f" dx {_fmt(r.get('dx_ms'))} [stage {_fmt(r.get('gi_stage_ms'))} = "
+                 f"{_fmt(100 * (r.get('gi_frac_dense') or math.nan), '{:.0f}')}% dense, "
+                 f"reduce {_fmt(r.get('dx_reduce_ms'))} "
+                 f"{_fmt(r.get('dx_reduce_gbps'), '{:.0f}')} GB/s] dW {_fmt(r.get('dw_ms'))} [stage "
+                 f"{_fmt(r.get('gw_stage_ms'))} = {_fmt(100 * (r.get('gw_frac_dense') or math.nan), '{:.0f}')}% dense, "
+                 f"reduce {_fmt(r.get('dw_reduce_ms'))}]")
+    if r.get("strongest"):
+        line += f" | best torch {r['strongest']} -> x{r['speedup_vs_strongest']:.2f}"
+    if r.get("seed_ms"):
+        line += f" | seed {r['seed_ms']} ms -> x{r['speedup_vs_seed']:.2f}"
+    return line
+
+
+def _print_shape(recs: List[dict], mode: str) -> None:
+    if not recs:
+        return
+    head = f"{recs[0]['layer']:>15s} B={recs[0]['B']:<4d}"
+    base = "warp" if mode == "backward" else "warp_train"
+    warp_impls = (base, base + "_fused", base + "_staged")
+    torch_rows = sorted([r for r in recs if r["impl"].startswith("torch") and r.get("ms")], key=lambda r: r["ms"])
+    for impl in warp_impls:
+        wr = [r for r in recs if r["impl"] == impl]
+        if wr and wr[0].get("ms"):
+            print(_warp_line(head, wr[0]), flush=True)
+        elif wr:
+            print(f"{head} {impl}: {wr[0].get('note')}", flush=True)
+    for r in recs:
+        if r["impl"] in (base + "_graphed",) and r.get("ms"):
+            print(f"{head} {r['impl']} {r['ms']:.3f} ms (CUDA-graph replay) | best torch graphed "
+                  f"{r.get('strongest_graphed')} -> x{_fmt(r.get('speedup_vs_strongest_graphed'), '{:.2f}')}",
+                  flush=True)
+    for r in recs:
+        if r["impl"] == base and r.get("speedup_vs_strongest_pipelined"):
+            print(f"{head} {base} pipelined {r['pipelined_ms']:.3f} ms/call (back to back) | best torch pipelined "
+                  f"{r.get('strongest_pipelined')} -> x{r['speedup_vs_strongest_pipelined']:.2f}", flush=True)
+    for r in torch_rows:
+        print(f"{'':>22s}{r['impl']:<30s} {r['ms']:.3f} ms (pipelined {_fmt(r.get('pipelined_ms'))})  "
+              f"peak {_fmt(r.get('peak_mib'), '{:.0f}')} MiB", flush=True)
+    for r in recs:
+        if r["impl"] not in warp_impls and not r.get("ms") and r["impl"] not in ("warp_gi", "warp_gw"):
+            print(f"{'':>22s}{r['impl']:<30s} failed: {r.get('note')}", flush=True)
+    sweep = [r for r in recs if r["impl"] in ("warp_gi", "warp_gw")]
+    if sweep:
+        for which, key in (("warp_gi", "gi_stage_ms"), ("warp_gw", "gw_stage_ms")):
+            rows = sorted([r for r in sweep if r["impl"] == which and r.get(key)], key=lambda r: r[key])
+            if rows:
+                print(f"{'':>22s}{which} fastest stages: " + ", ".join(
+                    f"{r['config']}{'/' + r['gw_finish'] if r.get('gw_finish') else ''} {r[key]:.3f}"
+                    f" (op {_fmt(r.get('ms'))})" for r in rows[:4]), flush=True)
+        bad = [r for r in sweep if not r.get(key if r['impl'] == 'warp_gw' else 'gi_stage_ms') and r.get("note")]
+        for r in bad[:6]:
+            print(f"{'':>22s}{r['impl']} {r.get('config')}: {r.get('note')}", flush=True)
+
+
+def _summary(recs: List[dict], mode: str) -> None:
+    warp_impl = "warp" if mode == "backward" else "warp_train"
+    grows = [r for r in recs if r["impl"] == warp_impl + "_graphed" and r.get("ms")]
+    if grows:
+        print("\n CUDA-graph replay (no per-call host work), both sides:")
+        print(" layer            B   warp graphed  best torch graphed                   ms   speedup")
+        for r in grows:
+            sp = r.get("speedup_vs_strongest_graphed")
+            print(f" {r['layer']:<15s} {r['B']:>4d} {r['ms']:>12.3f}  {str(r.get('strongest_graphed')):<32s}"
+                  f"{(r['ms'] * sp if sp else math.nan):>8.3f}  x{(sp or math.nan):.2f}")
+    rows = [r for r in recs if r["impl"] in (warp_impl, warp_impl + "_fused", warp_impl + "_staged") and r.get("ms")]
+    if not rows:
+        return
+    print(f"\n (* = the warp_train backend's own path for that layer)")
+    print(f" layer            B    path            ms  TFLOP/s  peak MiB  best torch (ms, MiB)              "
+          f"speedup  mem frac  vs seed")
+    for r in rows:
+        tr = [t for t in recs if t["layer"] == r["layer"] and t["B"] == r["B"] and t["impl"] == r.get("strongest")]
+        tpk = tr[0].get("peak_mib") if tr else None
+        tms = tr[0]["ms"] if tr else None
+        tag = r.get("path", "-") + ("*" if r["impl"] == warp_impl else "")
+        print(f" {r['layer']:<15s} {r['B']:>4d} {tag:<8s} {r['ms']:>9.3f} {r['tflops']:>8.1f} "
+              f"{_fmt(r.get('peak_mib'), '{:>9.0f}')}"
+              f"  {str(r.get('strongest')):<26s} {_fmt(tms, '{:>7.3f}')} {_fmt(tpk, '{:>6.0f}')}"
+              f"  x{_fmt(r.get('speedup_vs_strongest'), '{:.2f}')}   {_fmt(r.get('peak_frac_of_strongest'), '{:.2f}')}"
+              f"     {('x%.2f' % r['speedup_vs_seed']) if r.get('speedup_vs_seed') else '-'}")
