@@ -1,5 +1,5 @@
-"""Headless tests of notebook 03's kernels, byte counts, canary demo and widget callback
-(fovi_lab.lab.canary), on Warp's CPU device."""
+"""Headless tests of notebook 03's byte counts, canary runs on the production gather kernel and widget
+callback (fovi_lab.lab.canary), on Warp's CPU device."""
 
 import json
 import re
@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 import pytest
 
 from fovi_lab.lab import canary as cd
-from fovi_lab.kernels.common import ValidatedCache, wp
+from fovi_lab.kernels.common import wp
 
 
 def test_estimate_parts_and_validation():
@@ -27,22 +27,25 @@ def test_estimate_parts_and_validation():
 
 
 @pytest.mark.parametrize("tm,tn,r", [(16, 32, 1), (32, 64, 2), (64, 64, 4)])
-def test_estimate_matches_warps_own_count(tm, tn, r):
-    k = cd.make_tile_gemm_kernel(tm, tn, r, 128)
-    assert cd.warp_smem_bytes(k) == cd.estimate_smem(tm, tn, r)["forward"]
-    assert cd.make_tile_gemm_kernel(tm, tn, r, 128) is k  # factories are memoised: one module per config
+def test_estimate_matches_warps_own_count_of_the_production_kernel(tm, tn, r):
+    from fovi_lab.kernels import forward as F
+    k = cd.gather_kernel(tm, tn, r, 128)
+    assert cd.warp_smem_bytes(k) == cd.estimate_smem(tm, tn, r, gather=True, bias=True)["forward"]
+    assert cd.gather_kernel(tm, tn, r, 128) is k        # the forward's build cache: one module per config
+    assert k is F.build_kernel(cd.gather_config(tm, tn, r, 128), mathdx=False)
 
 
 def test_dead_tiles_unrolled_loops_and_backward_all_cost_bytes():
-    base = cd.warp_smem_bytes(cd.make_tile_gemm_kernel(16, 32, 1, 64))
+    base = cd.warp_smem_bytes(cd.make_budget_experiment(16, 32))
     ab = 16 * 64 * 2 + 64 * 32 * 2
-    assert base == ab + 16 * 32 * 4
-    assert cd.warp_smem_bytes(cd.make_dead_tile_kernel(16, 32)) == base + ab
-    assert cd.warp_smem_bytes(cd.make_unrolled_kernel(16, 32, 4)) == 4 * ab + 16 * 32 * 4
-    assert cd.warp_smem_bytes(cd.make_unrolled_kernel(16, 32, 17)) == base
-    k = cd.make_backward_on_kernel(16, 32)
+    assert base == ab + 16 * 32 * 4 == cd.estimate_smem(16, 32)["forward"]
+    assert cd.warp_smem_bytes(cd.make_budget_experiment(16, 32, dead_branch=True)) == base + ab
+    assert cd.warp_smem_bytes(cd.make_budget_experiment(16, 32, unroll=4)) == 4 * ab + 16 * 32 * 4
+    assert cd.warp_smem_bytes(cd.make_budget_experiment(16, 32, unroll=17)) == base
+    k = cd.make_budget_experiment(16, 32, backward=True)
     assert cd.warp_smem_bytes(k) == base and cd.warp_smem_bytes(k, backward=True) == 2 * base
-    assert cd.warp_smem_bytes(cd.make_tile_gemm_kernel(16, 32, 1, 64), backward=True) is None
+    assert cd.warp_smem_bytes(cd.make_budget_experiment(16, 32), backward=True) is None
+    assert cd.warp_smem_bytes(cd.make_budget_experiment(16, 32, 256)) == base    # block_dim: same bytes
 
 
 def test_cpu_arena_constant_matches_installed_warp():
@@ -53,33 +56,33 @@ def test_cpu_arena_constant_matches_installed_warp():
 
 
 @pytest.mark.parametrize("r", [1, 2, 4])
-def test_gemm_is_correct_and_passes_the_canary(r):
-    res = cd.canary_check(16, 32, r, 64, "cpu", blocks=(2, 2))
+def test_the_production_kernel_passes_the_canary(r):
+    res = cd.canary_check(16, 32, r, 64, "cpu")
     assert res["ok"] and res["why"] == "ok" and res["untouched"] == 0
-    assert res["max_err"] < 1e-4 and cd.error_class(res["max_err"]) == "< 0.0001"
+    assert res["max_err"] < 1e-2 and cd.error_class(res["max_err"]) == "< 0.01"
 
 
-def test_forgetful_kernel_fails_nan_canary_but_fools_a_zero_prefill():
-    nan = cd.canary_check(16, 32, 1, 64, "cpu", forget_every=3, blocks=(2, 2))
+def test_a_launch_that_writes_nothing_fails_the_nan_canary_but_fools_a_zero_prefill():
+    nan = cd.canary_check(16, 32, 1, 64, "cpu", launch=False)
     assert not nan["ok"] and "silent launch failure" in nan["why"]
-    assert nan["untouched"] == 16 * 32  # one of the four blocks skipped its store
-    zero = cd.canary_check(16, 32, 1, 64, "cpu", forget_every=3, blocks=(2, 2), prefill=0.0)
-    assert zero["ok"]  # finite everywhere...
+    assert nan["untouched"] == nan["elements"] and nan["max_err"] is None
+    zero = cd.canary_check(16, 32, 1, 64, "cpu", launch=False, prefill=0.0)
+    assert zero["ok"]                                            # finite everywhere...
     assert cd.error_class(zero["max_err"]).startswith("WRONG")  # ...and wrong
 
 
-def test_validated_cache_builds_once_and_remembers_failure():
-    cache, builds = ValidatedCache("test config"), []
+def test_the_forward_cache_builds_once_and_remembers_failure():
+    from fovi_lab.kernels import forward as F
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        k1 = cd.validated_gemm(16, 32, cache=cache, builds=builds)
-        k2 = cd.validated_gemm(16, 32, cache=cache, builds=builds)
-        bad1 = cd.validated_gemm(16, 32, forget_every=3, cache=cache, builds=builds)
-        bad2 = cd.validated_gemm(16, 32, forget_every=3, cache=cache, builds=builds)
-    assert k1 is not None and k1 is k2 and bad1 is None and bad2 is None
-    assert len(builds) == 2
-    assert len(caught) == 1 and "not launchable on cpu" in str(caught[0].message)
-    assert "silent launch failure" in cache.why((16, 32, 1, 64, 3), "cpu")
+        k1, c1 = cd.validated_kernel(16, 32, 1, 64)
+        k2, c2 = cd.validated_kernel(16, 32, 1, 64)
+        bad1, d1 = cd.validated_kernel(128, 256, 4, 256)
+        bad2, d2 = cd.validated_kernel(128, 256, 4, 256)
+    assert k1 is not None and k1 is k2 and c2 and bad1 is None and bad2 is None and d2 and not d1
+    assert len([w for w in caught if "lab_m128n256r4b256" in str(w.message)]) == 1
+    why = F.VALIDATED.why(F.cache_key(cd.gather_config(128, 256, 4, 256), False), "cpu")
+    assert "CPU tile arena" in why
 
 
 def test_oversized_demo_refuses_the_cpu():
@@ -99,12 +102,12 @@ def test_budget_figure_is_small_and_deterministic():
 
 def test_explore_config_fits_and_verdicts():
     s, fig = cd.explore_config(64, 64, 4, 128, device="cpu")
-    assert s["estimate"] == s["warp_count"] == 106496
+    assert s["estimate"] == s["warp_count"] == 107264
     assert s["fits"] == {"CUDA default, no opt-in (48 KiB)": False, "sm_89 opt-in (99 KiB)": False,
                          "H200 sm_90, as Warp 1.19 reported it": True}
     assert "canary passed" in s["verdict"]
     text = cd.format_summary(s, timings=False)
-    assert "106496 B" in text and " s" not in text.split("\n")[-1][-3:]
+    assert "107264 B" in text and " s" not in text.split("\n")[-1][-3:]
     assert "build/load" in cd.format_summary(s) and "build/load" not in text
     assert isinstance(fig, go.Figure) and "your config" in json.dumps(fig.to_plotly_json()["layout"])
 

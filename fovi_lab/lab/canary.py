@@ -17,20 +17,22 @@ for more than the device allows:
 Everything here is ``parameters -> numbers -> plotly go.Figure`` so it runs headless and is tested:
 
 * :func:`estimate_smem` -- a bytes model of a tile-GEMM config (an **estimate**: it counts the tiles
-  the kernels here declare, the way Warp's codegen does; other kernels declare other tiles).
+  a kernel declares, the way Warp's codegen does; with ``gather=True, bias=True`` those of the package's
+  gather-family forward kernel).
 * :func:`warp_smem_bytes` -- Warp's own count for a built kernel (the ``*_smem_bytes`` entry Warp's
   codegen writes into the module's metadata; read on the CPU, no GPU needed).
-* :func:`make_tile_gemm_kernel` -- the demonstration kernel: ``C = A @ B`` by tiles, with ``r``
-  batch tiles sharing each B tile, and an optional ``forget_every`` that makes it skip storing some
-  output tiles (a stand-in for a launch that "succeeds" but writes nothing).
-* :func:`make_dead_tile_kernel`, :func:`make_unrolled_kernel` -- the same GEMM with a never-taken
-  branch holding tiles, or a constant-trip loop: Warp's count shows both reserve memory.
-* :func:`make_oversized_kernel` -- one shared tile bigger than an H200 block may have.
-* :func:`canary_check`, :func:`oversized_launch_demo`, :func:`validated_gemm` -- the canary in action.
+* :func:`gather_kernel` -- the production gather kernel (:func:`fovi_lab.kernels.forward.make_gather_kernel`)
+  for a tile config; :func:`canary_check` runs its production plan into a NaN-prefilled output, or stands
+  in for a launch that returns without writing.
+* :func:`make_budget_experiment` -- a small GEMM with one of Warp's counting rules switched on (a
+  never-taken branch, a constant-trip loop, ``enable_backward``); :func:`make_oversized_kernel` -- one
+  shared tile bigger than an H200 block may have.
+* :func:`validated_kernel`, :func:`oversized_launch_demo` -- the forward's build-and-canary cache, and an
+  over-budget launch on a GPU.
 * :func:`budget_figure`, :func:`explore_config`, :func:`format_summary` -- the pictures and the widget.
 
-All kernels are built with ``enable_backward=False`` and ``enable_mathdx_gemm=False`` (a scalar tile
-GEMM that compiles in about a second: these kernels teach resource budgets, not speed).
+Every kernel here is built with ``enable_mathdx_gemm=False`` (the scalar tile GEMM: it compiles in about a
+second, and reserves the same shared memory): these cells teach resource budgets, not speed.
 """
 
 from __future__ import annotations
@@ -39,21 +41,19 @@ import functools
 import math
 import time
 import warnings
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
-import numpy as np
 import plotly.graph_objects as go
 import torch
 
-from fovi_lab.kernels.common import ValidatedCache, init_warp, nan_canary, wp
+from fovi_lab.kernels.common import init_warp, nan_canary, wp
 
 __all__ = [
     "GPU_LIMITS", "CUDA_DEFAULT_SMEM", "CPU_TILE_ARENA_BYTES", "TILE_CHOICES", "R_CHOICES",
     "BLOCK_DIM_CHOICES", "BUDGET_CONFIGS",
-    "estimate_smem", "warp_smem_bytes", "warp_smem_bytes_aot", "make_tile_gemm_kernel", "make_dead_tile_kernel",
-    "make_unrolled_kernel", "make_oversized_kernel", "run_tile_gemm", "canary_check",
-    "oversized_launch_demo", "validated_gemm", "GEMM_CACHE", "budget_figure", "explore_config",
-    "format_summary", "fmt_bytes", "error_class", "make_backward_on_kernel",
+    "estimate_smem", "warp_smem_bytes", "warp_smem_bytes_aot", "gather_config", "gather_kernel",
+    "make_budget_experiment", "make_oversized_kernel", "canary_check", "oversized_launch_demo",
+    "validated_kernel", "budget_figure", "explore_config", "format_summary", "fmt_bytes", "error_class",
 ]
 
 #: Per-block shared-memory limits the bar chart draws (bytes).
@@ -152,12 +152,8 @@ def _fits(nbytes: int) -> Dict[str, bool]:
 
 
 # --------------------------------------------------------------------------------------------------
-# kernels (small factories; tile shapes are compile-time constants, one module per config)
+# kernels: the production gather kernel, and one small experiment kernel for Warp's counting rules
 # --------------------------------------------------------------------------------------------------
-
-def _options(block_dim: int) -> dict:
-    return {"block_dim": int(block_dim), "enable_backward": False, "enable_mathdx_gemm": False}
-
 
 def _check_config(tile_m, tile_n, r, block_dim) -> None:
     if tile_m not in TILE_CHOICES or tile_n not in TILE_CHOICES:
@@ -169,127 +165,59 @@ def _check_config(tile_m, tile_n, r, block_dim) -> None:
                          f"warp, at most 1024 threads per block), got {block_dim}")
 
 
-@functools.lru_cache(maxsize=None)
-def make_tile_gemm_kernel(tile_m: int, tile_n: int, r: int = 1, block_dim: int = 64, forget_every: int = 0):
-    """``C[M, N] (fp32) = A[M, K] (fp16) @ B[K, N] (fp16)`` by tiles; grid ``(ceil(M/(tile_m*r)), ceil(N/tile_n))``.
-
-    Each block loads one B tile per K step and multiplies it with ``r`` A tiles (``r``-way reuse,
-    ``r`` accumulators). With ``forget_every = F > 0`` the block whose ``(i + j) % F == F - 1``
-    skips its stores: a kernel that launches, returns normally and leaves part of C untouched.
-    """
+def gather_config(tile_m: int, tile_n: int, r: int = 1, block_dim: int = 64):
+    """The :class:`~fovi_lab.kernels.forward.FwdConfig` of the production gather kernel with these tiles
+    (registered or not: the forward's build cache takes either)."""
+    from fovi_lab.kernels import forward as F
     _check_config(tile_m, tile_n, r, block_dim)
-    init_warp()
-    TM, TN, TK, R, F = int(tile_m), int(tile_n), _TILE_K, int(r), int(forget_every)
+    return F.FwdConfig(f"lab_m{tile_m}n{tile_n}r{r}b{block_dim}", "gather", tile_m, tile_n, _TILE_K, r, block_dim)
 
-    @wp.kernel(enable_backward=False, module="unique", module_options=_options(block_dim),
-               name=f"fovi_canary_gemm_m{TM}n{TN}r{R}b{block_dim}f{F}")
-    def kernel(a: wp.array2d(dtype=wp.float16), b: wp.array2d(dtype=wp.float16),
-               c: wp.array2d(dtype=wp.float32), k_tiles: int):
-        i, j = wp.tid()
-        m0 = i * (TM * R)
-        n0 = j * TN
-        acc0 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
-        if wp.static(R >= 2):
-            acc1 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
-        if wp.static(R >= 4):
-            acc2 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
-            acc3 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
-        for kt in range(k_tiles):  # runtime trip count: not unrolled
-            bt = wp.tile_load(b, shape=(TK, TN), offset=(kt * TK, n0), storage="shared")
-            a0 = wp.tile_load(a, shape=(TM, TK), offset=(m0, kt * TK), storage="shared")
-            wp.tile_matmul(a0, bt, acc0)
-            if wp.static(R >= 2):
-                a1 = wp.tile_load(a, shape=(TM, TK), offset=(m0 + TM, kt * TK), storage="shared")
-                wp.tile_matmul(a1, bt, acc1)
-            if wp.static(R >= 4):
-                a2 = wp.tile_load(a, shape=(TM, TK), offset=(m0 + 2 * TM, kt * TK), storage="shared")
-                wp.tile_matmul(a2, bt, acc2)
-                a3 = wp.tile_load(a, shape=(TM, TK), offset=(m0 + 3 * TM, kt * TK), storage="shared")
-                wp.tile_matmul(a3, bt, acc3)
-        write = True
-        if wp.static(F > 0):
-            write = (i + j) % F != F - 1  # the "forgotten" blocks
-        if write:
-            wp.tile_store(c, acc0, offset=(m0, n0))
-            if wp.static(R >= 2):
-                wp.tile_store(c, acc1, offset=(m0 + TM, n0))
-            if wp.static(R >= 4):
-                wp.tile_store(c, acc2, offset=(m0 + 2 * TM, n0))
-                wp.tile_store(c, acc3, offset=(m0 + 3 * TM, n0))
 
-    return kernel
+def gather_kernel(tile_m: int, tile_n: int, r: int = 1, block_dim: int = 64):
+    """The production gather-family forward kernel (:func:`fovi_lab.kernels.forward.make_gather_kernel`) for
+    these tiles, built with the scalar tile GEMM (``mathdx=False``: it compiles in about a second; the shared
+    memory it reserves is the same)."""
+    from fovi_lab.kernels import forward as F
+    return F.build_kernel(gather_config(tile_m, tile_n, r, block_dim), mathdx=False)
 
 
 @functools.lru_cache(maxsize=None)
-def make_dead_tile_kernel(tile_m: int, tile_n: int, block_dim: int = 64):
-    """The r=1 GEMM plus a branch that is never taken at run time (``k_tiles < 0``) holding two more
-    tile loads. Warp reserves their shared memory anyway: a tile costs bytes where it is *written*."""
+def make_budget_experiment(tile_m: int, tile_n: int, block_dim: int = 64, *, dead_branch: bool = False,
+                           unroll: int = 0, backward: bool = False):
+    """A plain tile GEMM ``C[M, N] (fp32) = A[M, K] @ B[K, N]`` (fp16), built to isolate one of Warp's
+    shared-memory counting rules (the production kernels are not built this way):
+
+    * ``dead_branch``: a branch never taken at run time (``k_tiles < 0``) holds one more A and B tile;
+    * ``unroll = U > 0``: the K loop's trip count is the compile-time constant ``U`` (Warp unrolls constant
+      loops of at most 16 trips, and each copy's tiles reserve again);
+    * ``backward``: built with ``enable_backward=True`` (Warp compiles an adjoint kernel beside it).
+
+    With no switch on it is the baseline the other three are compared with.
+    """
     _check_config(tile_m, tile_n, 1, block_dim)
     init_warp()
-    TM, TN, TK = int(tile_m), int(tile_n), _TILE_K
+    TM, TN, TK, DEAD, KT = int(tile_m), int(tile_n), _TILE_K, bool(dead_branch), int(unroll)
+    opts = {"block_dim": int(block_dim), "enable_backward": bool(backward), "enable_mathdx_gemm": False}
+    name = f"fovi_budget_m{TM}n{TN}b{block_dim}{'_dead' if DEAD else ''}{f'_u{KT}' if KT else ''}{'_bwd' if backward else ''}"
 
-    @wp.kernel(enable_backward=False, module="unique", module_options=_options(block_dim),
-               name=f"fovi_canary_dead_m{TM}n{TN}b{block_dim}")
+    @wp.kernel(enable_backward=bool(backward), module="unique", module_options=opts, name=name)
     def kernel(a: wp.array2d(dtype=wp.float16), b: wp.array2d(dtype=wp.float16),
                c: wp.array2d(dtype=wp.float32), k_tiles: int):
         i, j = wp.tid()
         acc = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
-        for kt in range(k_tiles):
-            bt = wp.tile_load(b, shape=(TK, TN), offset=(kt * TK, j * TN), storage="shared")
-            at = wp.tile_load(a, shape=(TM, TK), offset=(i * TM, kt * TK), storage="shared")
-            wp.tile_matmul(at, bt, acc)
-        if k_tiles < 0:  # never true: dead at run time, not at compile time
-            bt2 = wp.tile_load(b, shape=(TK, TN), offset=(0, j * TN), storage="shared")
-            at2 = wp.tile_load(a, shape=(TM, TK), offset=(i * TM, 0), storage="shared")
-            wp.tile_matmul(at2, bt2, acc)
-        wp.tile_store(c, acc, offset=(i * TM, j * TN))
-
-    return kernel
-
-
-@functools.lru_cache(maxsize=None)
-def make_unrolled_kernel(tile_m: int, tile_n: int, k_tiles: int, block_dim: int = 64):
-    """The r=1 GEMM with the K loop's trip count a compile-time constant ``k_tiles``: Warp unrolls
-    constant-trip loops of <= 16 trips, and every unrolled copy of the loop's tiles reserves again."""
-    _check_config(tile_m, tile_n, 1, block_dim)
-    init_warp()
-    TM, TN, TK, KT = int(tile_m), int(tile_n), _TILE_K, int(k_tiles)
-
-    @wp.kernel(enable_backward=False, module="unique", module_options=_options(block_dim),
-               name=f"fovi_canary_unrolled_m{TM}n{TN}k{KT}b{block_dim}")
-    def kernel(a: wp.array2d(dtype=wp.float16), b: wp.array2d(dtype=wp.float16),
-               c: wp.array2d(dtype=wp.float32), k_tiles: int):
-        i, j = wp.tid()
-        acc = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
-        for kt in range(KT):  # constant trip count
-            bt = wp.tile_load(b, shape=(TK, TN), offset=(kt * TK, j * TN), storage="shared")
-            at = wp.tile_load(a, shape=(TM, TK), offset=(i * TM, kt * TK), storage="shared")
-            wp.tile_matmul(at, bt, acc)
-        wp.tile_store(c, acc, offset=(i * TM, j * TN))
-
-    return kernel
-
-
-@functools.lru_cache(maxsize=None)
-def make_backward_on_kernel(tile_m: int, tile_n: int, block_dim: int = 64):
-    """The one kernel here built with ``enable_backward=True`` (to show what that costs): the r=1
-    GEMM. Warp compiles a second, adjoint kernel whose request is twice the forward's own tiles.
-    Read both with ``warp_smem_bytes(kernel)`` and ``warp_smem_bytes(kernel, backward=True)``."""
-    _check_config(tile_m, tile_n, 1, block_dim)
-    init_warp()
-    TM, TN, TK = int(tile_m), int(tile_n), _TILE_K
-    opts = dict(_options(block_dim), enable_backward=True)
-
-    @wp.kernel(enable_backward=True, module="unique", module_options=opts,
-               name=f"fovi_canary_backward_on_m{TM}n{TN}b{block_dim}")
-    def kernel(a: wp.array2d(dtype=wp.float16), b: wp.array2d(dtype=wp.float16),
-               c: wp.array2d(dtype=wp.float32), k_tiles: int):
-        i, j = wp.tid()
-        acc = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
-        for kt in range(k_tiles):
-            bt = wp.tile_load(b, shape=(TK, TN), offset=(kt * TK, j * TN), storage="shared")
-            at = wp.tile_load(a, shape=(TM, TK), offset=(i * TM, kt * TK), storage="shared")
-            wp.tile_matmul(at, bt, acc)
+        if wp.static(KT > 0):
+            for kt in range(KT):  # a compile-time trip count
+                wp.tile_matmul(wp.tile_load(a, shape=(TM, TK), offset=(i * TM, kt * TK), storage="shared"),
+                               wp.tile_load(b, shape=(TK, TN), offset=(kt * TK, j * TN), storage="shared"), acc)
+        else:
+            for kt in range(k_tiles):  # a run-time trip count: not unrolled
+                wp.tile_matmul(wp.tile_load(a, shape=(TM, TK), offset=(i * TM, kt * TK), storage="shared"),
+                               wp.tile_load(b, shape=(TK, TN), offset=(kt * TK, j * TN), storage="shared"), acc)
+        if wp.static(DEAD):
+            if k_tiles < 0:  # never true: dead at run time, not at compile time
+                bt2 = wp.tile_load(b, shape=(TK, TN), offset=(0, j * TN), storage="shared")
+                at2 = wp.tile_load(a, shape=(TM, TK), offset=(i * TM, 0), storage="shared")
+                wp.tile_matmul(at2, bt2, acc)
         wp.tile_store(c, acc, offset=(i * TM, j * TN))
 
     return kernel
@@ -302,8 +230,8 @@ def make_oversized_kernel(rows: int = 256, cols: int = 256, block_dim: int = 256
     init_warp()
     R, C = int(rows), int(cols)
 
-    @wp.kernel(enable_backward=False, module="unique", module_options=_options(block_dim),
-               name=f"fovi_canary_oversized_{R}x{C}b{block_dim}")
+    @wp.kernel(enable_backward=False, module="unique", module_options={"block_dim": int(block_dim),
+               "enable_backward": False, "enable_mathdx_gemm": False}, name=f"fovi_canary_oversized_{R}x{C}b{block_dim}")
     def kernel(x: wp.array2d(dtype=wp.float32), y: wp.array2d(dtype=wp.float32)):
         t = wp.tile_load(x, shape=(R, C), storage="shared")
         wp.tile_store(y, t + t)
@@ -365,62 +293,54 @@ def warp_smem_bytes_aot(kernel, arch: int = 90) -> Optional[int]:
 
 
 # --------------------------------------------------------------------------------------------------
-# running the GEMM, the canary, the validated cache
+# the canary on the production kernel, and the production cache
 # --------------------------------------------------------------------------------------------------
 
-def _gemm_operands(m: int, n: int, k: int, device: str, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    a = torch.randn(m, k, generator=g).to(torch.float16)
-    b = torch.randn(k, n, generator=g).to(torch.float16)
-    dev = "cpu" if device == "cpu" else device
-    return a.to(dev), b.to(dev), torch.empty(m, n, dtype=torch.float32, device=dev)
-
-
-def run_tile_gemm(kernel, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tile_m: int, tile_n: int,
-                  r: int, block_dim: int) -> None:
-    """Launch a :func:`make_tile_gemm_kernel` kernel over ``c`` (A, B fp16; K a multiple of 64)."""
-    m, k = a.shape
-    n = b.shape[1]
-    if k % _TILE_K:
-        raise ValueError(f"a: K must be a multiple of {_TILE_K}, got {k}")
-    device = "cpu" if a.device.type == "cpu" else f"cuda:{a.device.index or 0}"
-    grid = (math.ceil(m / (tile_m * r)), math.ceil(n / tile_n))
-    wp.launch_tiled(kernel, dim=grid, inputs=[wp.from_torch(a), wp.from_torch(b), wp.from_torch(c), k // _TILE_K],
-                    block_dim=block_dim, device=device)
-
-
 def canary_check(tile_m: int, tile_n: int, r: int = 1, block_dim: int = 64, device: str = "cpu",
-                 forget_every: int = 0, blocks: Tuple[int, int] = (1, 1), prefill: float = float("nan")) -> Dict:
-    """Build the GEMM for this config, launch it into a ``prefill``-ed output, report what happened.
+                 launch: bool = True, prefill: float = float("nan")) -> Dict:
+    """Run the production gather kernel's plan on a small layer into a ``prefill``-ed output, report it.
 
-    With ``prefill = nan`` (the default) this is :func:`fovi_lab.kernels.common.nan_canary`. Returns
-    ``{"ok", "why", "untouched", "max_err", "compile_s", "run_s"}``: ``untouched`` = output elements
-    still equal to the prefill, ``max_err`` = max abs error of the written elements against a float64
-    reference of the same fp16 inputs (None if nothing was written).
+    The problem (the synthetic ``ODD`` layer, ``B = 2 * tile_m * r``, ``Cout = 2 * tile_n``) has two batch-tile
+    groups and two output-channel tiles per node. ``launch=False`` stands in for a launch that returns
+    without writing (what Warp < 1.15 did with an over-budget launch): the output is left as prefilled.
+    With ``prefill = nan`` (the default) the check is :func:`fovi_lab.kernels.common.nan_canary`; with a
+    finite prefill it is the tempting shortcut, ``isfinite`` of an output prefilled with that value.
+
+    Returns ``{"ok", "why", "untouched", "elements", "max_err", "compile_s", "run_s"}``: ``untouched`` =
+    output elements still equal to the prefill, ``max_err`` = max abs error of the whole output against the
+    fp32 oracle (None if nothing was written).
     """
+    from fovi_lab.kernels import forward as F
+    from fovi_lab.lab.problems import make_problem
+    from fovi_lab.ops.reference import oracle_forward
     init_warp()
+    cfg = gather_config(tile_m, tile_n, r, block_dim)
     t0 = time.perf_counter()
-    kernel = make_tile_gemm_kernel(tile_m, tile_n, r, block_dim, forget_every)
-    kernel.module.load(device)
+    kernel = gather_kernel(tile_m, tile_n, r, block_dim)
+    kernel.module.load(wp.get_device(device), block_dim)
     compile_s = time.perf_counter() - t0
-    m, n = tile_m * r * blocks[0], tile_n * blocks[1]
-    a, b, c = _gemm_operands(m, n, 2 * _TILE_K, device)
-    launch = functools.partial(run_tile_gemm, kernel, a, b, c, tile_m, tile_n, r, block_dim)
+    pb = make_problem("ODD", 2 * tile_m * r, cout=2 * tile_n, seed=0, device=device)
+    plan = F.plan_uncached(cfg, kernel, pb.x, pb.weight, pb.bias, pb.meta.input_linear, pb.meta.weight_linear,
+                           store="staged")
+    run = plan.launch if launch else (lambda: None)
     t1 = time.perf_counter()
     if math.isnan(prefill):
-        ok, why = nan_canary(launch, c)
-    else:  # the tempting alternative: prefill with a finite value (e.g. 0) and check isfinite
-        c.fill_(prefill)
-        launch()
+        ok, why = nan_canary(run, plan.out)
+    else:
+        plan.out.fill_(prefill)
+        run()
         wp.synchronize_device(device)
-        ok = bool(torch.isfinite(c).all())
+        ok = bool(torch.isfinite(plan.out).all())
         why = "ok" if ok else "non-finite output"
     run_s = time.perf_counter() - t1
-    ref = a.double().cpu() @ b.double().cpu()
-    out = c.double().cpu()
+    out = plan.out.double().cpu()
     untouched = int(torch.isnan(out).sum()) if math.isnan(prefill) else int((out == prefill).sum())
-    written = torch.isfinite(out) if math.isnan(prefill) else torch.ones_like(out, dtype=torch.bool)
-    max_err = float((out - ref).abs()[written].max()) if bool(written.any()) else None
+    written = untouched < out.numel() or not math.isnan(prefill)
+    max_err = None
+    if written:
+        ref = oracle_forward(pb.x.float().cpu(), pb.weight.float().cpu(), pb.bias.float().cpu(), pb.meta.idx.cpu(),
+                             pb.meta.rf_index.cpu(), pb.meta.v)
+        max_err = float((plan.finish().float().cpu() - ref).abs().max())
     return {"ok": ok, "why": why, "untouched": untouched, "elements": out.numel(), "max_err": max_err,
             "compile_s": compile_s, "run_s": run_s}
 
@@ -453,28 +373,14 @@ def oversized_launch_demo(device: str, rows: int = 256, cols: int = 256, block_d
             "output_all_nan": bool(torch.isnan(y).all()), "requested_bytes": rows * cols * 4}
 
 
-#: The demo's per-device validated cache: (tile_m, tile_n, r, block_dim, forget_every) -> kernel or None.
-GEMM_CACHE = ValidatedCache("demo tile-GEMM config")
-
-
-def validated_gemm(tile_m: int, tile_n: int, r: int = 1, block_dim: int = 64, device: str = "cpu",
-                   forget_every: int = 0, cache: Optional[ValidatedCache] = None, builds: Optional[list] = None):
-    """The kernel for this config on ``device``, validated once by the NaN canary; ``None`` if it failed.
-
-    ``builds`` (a list) gets one entry per actual build + canary run, to show the cache at work.
-    """
-    cache = GEMM_CACHE if cache is None else cache
-    key = (tile_m, tile_n, r, block_dim, forget_every)
-
-    def build():
-        if builds is not None:
-            builds.append(key)
-        res = canary_check(tile_m, tile_n, r, block_dim, device, forget_every, blocks=(2, 2))
-        if not res["ok"]:
-            return None, res["why"]
-        return make_tile_gemm_kernel(tile_m, tile_n, r, block_dim, forget_every), "ok"
-
-    return cache.get(key, device, build)
+def validated_kernel(tile_m: int, tile_n: int, r: int = 1, block_dim: int = 64, device: str = "cpu"):
+    """``(built, cached_before)``: the production gather kernel for these tiles from the forward's one
+    build-and-canary cache (:func:`fovi_lab.kernels.forward.get_config`, scalar tile GEMM), and whether that
+    cache had its verdict already. ``built`` is None when the canary refused it (the cache warns once why)."""
+    from fovi_lab.kernels import forward as F
+    cfg = gather_config(tile_m, tile_n, r, block_dim)
+    cached = F.VALIDATED.has(F.cache_key(cfg, False), device)
+    return F.get_config(cfg, device, mathdx=False), cached
 
 
 # --------------------------------------------------------------------------------------------------
@@ -560,12 +466,12 @@ def explore_config(tile_m: int, tile_n: int, r: int, block_dim: int, device: str
         fig.update_layout(height=200, xaxis_visible=False, yaxis_visible=False)
         return {"message": msg}, fig
     label = f"m{tile_m}n{tile_n}r{r} (yours)"
-    est = estimate_smem(tile_m, tile_n, r)
+    est = estimate_smem(tile_m, tile_n, r, gather=True, bias=True)
     summary = {"tile_m": tile_m, "tile_n": tile_n, "r": r, "block_dim": block_dim, "estimate": est["forward"],
                "device_kind": "CPU" if device == "cpu" else "GPU", "compile_s": None, "run_s": None}
     t0 = time.perf_counter()
     try:
-        count = warp_smem_bytes(make_tile_gemm_kernel(tile_m, tile_n, r, block_dim), device)
+        count = warp_smem_bytes(gather_kernel(tile_m, tile_n, r, block_dim), device)
         summary["compile_s"] = time.perf_counter() - t0
     except Exception as exc:  # a compile error is a verdict too
         count = None
@@ -588,7 +494,7 @@ def explore_config(tile_m: int, tile_n: int, r: int, block_dim: int, device: str
     elif "verdict" not in summary:
         summary["verdict"] = "not run"
     configs = [c for c in BUDGET_CONFIGS if not c[4]] + [(label, tile_m, tile_n, r, False)]
-    fig = budget_figure(configs, gather=False, highlight=label, height=380)
+    fig = budget_figure(configs, gather=True, highlight=label, height=380)
     fig.update_layout(title=f"m{tile_m}n{tile_n}r{r}: estimated {est['forward']} B per block "
-                            f"(GEMM kernel, no index/bias tiles)")
+                            f"(the production gather kernel)")
     return summary, fig

@@ -191,6 +191,9 @@ def get_config(name, device=None, mathdx: Optional[bool] = None) -> Optional[Bui
 
 def cache_key(name, mathdx: Optional[bool]):
     """The :data:`VALIDATED` key of a config name (or unregistered :class:`FwdConfig`) at a MathDx setting."""
+    if isinstance(name, FwdConfig):      # keyed by what the kernel is, and readable in the cache's warnings
+        c = name
+        name = f"{c.name} (unregistered {c.family} m{c.tile_m} n{c.tile_n} k{c.tile_k} r{c.r} b{c.block_dim})"
     return name if mathdx is None else (name, mathdx)
 
 
