@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 from typing import List
 
+from fovi_lab.bench.common import print_graphed
+
 
 def _fmt(v, spec="{:.3f}", none="-"):
     return none if v is None or (isinstance(v, float) and math.isnan(v)) else spec.format(v)
@@ -80,14 +82,7 @@ def _print_shape(recs: List[dict], mode: str) -> None:
 
 def _summary(recs: List[dict], mode: str) -> None:
     warp_impl = "warp" if mode == "backward" else "warp_train"
-    grows = [r for r in recs if r["impl"] == warp_impl + "_graphed" and r.get("ms")]
-    if grows:
-        print("\n CUDA-graph replay (no per-call host work), both sides:")
-        print(" layer            B   warp graphed  best torch graphed                   ms   speedup")
-        for r in grows:
-            sp = r.get("speedup_vs_strongest_graphed")
-            print(f" {r['layer']:<15s} {r['B']:>4d} {r['ms']:>12.3f}  {str(r.get('strongest_graphed')):<32s}"
-                  f"{(r['ms'] * sp if sp else math.nan):>8.3f}  x{(sp or math.nan):.2f}")
+    print_graphed(recs, warp_impl + "_graphed")
     rows = [r for r in recs if r["impl"] in (warp_impl, warp_impl + "_fused", warp_impl + "_staged") and r.get("ms")]
     if not rows:
         return

@@ -200,3 +200,17 @@ class Progress:
         w = len(str(self.total))
         print(f"[{self.done:>{w}}/{self.total}] {100 * self.done // self.total:3d}% {self.label} {what} "
               f"(elapsed {el:.0f}s, eta {eta:.0f}s)", file=self.stream, flush=True)
+
+
+def print_graphed(recs, impl: str) -> None:
+    """The summary lines of the ``impl`` records replayed from CUDA graphs against the strongest PyTorch
+    backend replayed the same way (records carry ``strongest_graphed`` and ``speedup_vs_strongest_graphed``)."""
+    rows = [r for r in recs if r["impl"] == impl and r.get("ms")]
+    if not rows:
+        return
+    print("\n CUDA-graph replay (no per-call host work), both sides:")
+    print(" layer            B   warp graphed  best torch graphed                   ms   speedup")
+    for r in rows:
+        sp = r.get("speedup_vs_strongest_graphed")
+        print(f" {r['layer']:<15s} {r['B']:>4d} {r['ms']:>12.3f}  {str(r.get('strongest_graphed')):<32s}"
+              f"{(r['ms'] * sp if sp else math.nan):>8.3f}  x{(sp or math.nan):.2f}")

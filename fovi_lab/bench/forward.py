@@ -42,7 +42,8 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from fovi_lab.bench.common import (Progress, Roofline, append_jsonl, compact_bytes, compact_flops, default_record_path,
-                     env_info, gbps, tflops, time_fn)
+                                   print_graphed,
+                                   env_info, gbps, tflops, time_fn)
 
 __all__ = ["main", "torch_baselines", "run_shape"]
 
@@ -460,14 +461,7 @@ def _summary(recs: List[dict]) -> None:
         print(f" {r['layer']:<15s} {r['B']:>4d} {r['ms']:>9.3f} {r['ms_kernel']:>7.3f} {r['tflops_kernel']:>8.1f} "
               f"{(100 * fd if fd else math.nan):>7.0f}  {r['strongest']:<18s}{r['ms'] * r['speedup_vs_strongest']:>7.3f}"
               f"  x{r['speedup_vs_strongest']:.2f}")
-    grows = [r for r in recs if r["impl"] == "warp_uncached_graphed" and r.get("ms")]
-    if grows:
-        print("\n CUDA-graph replay (no per-call host work), both sides:")
-        print(" layer            B   warp graphed  best torch graphed (ms)            speedup")
-        for r in grows:
-            sp = r.get("speedup_vs_strongest_graphed")
-            print(f" {r['layer']:<15s} {r['B']:>4d} {r['ms']:>12.3f}  {str(r.get('strongest_graphed')):<27s}"
-                  f"{(r['ms'] * sp if sp else math.nan):>7.3f}  x{(sp or math.nan):.2f}")
+    print_graphed(recs, "warp_uncached_graphed")
 
 
 if __name__ == "__main__":

@@ -37,21 +37,3 @@ from fovi_lab.kernels.adjoint.fused_plans import (default_dw_seg_steps, default_
                                                   get_nm_grad_kernel, grad_input_nm, grad_weight_nm, list_stats,
                                                   node_major, plan_grad_input_nm, plan_grad_weight_nm,
                                                   warm_nm_grad_kernel)
-
-__all__ = [
-    "WAVE_CTAS",
-    "all_grad_kernel_names", "CSR_KERNEL_SPECS", "DEFAULT_GI_CONFIG", "DEFAULT_GI_CONFIG_SMALL_B",
-    "DEFAULT_GW_CONFIG", "DEFAULT_GW_CONFIG_NARROW", "GRAD_INPUT_CONFIG_SPECS", "grad_stage_budget_bytes",
-    "GRAD_WEIGHT_CONFIG_SPECS", "select_gi_config", "select_gw_config", "stage_fp32_default",
-    "make_dw_csr_kernel", "make_dx_csr_kernel", "make_grad_input_stage2_kernel", "make_grad_input_stage2p_kernel",
-    "make_grad_input_stage3_kernel", "make_grad_input_stage3p_kernel", "make_grad_staged_operand_kernel",
-    "make_grad_weight_stage2_kernel", "make_grad_weight_stage3_kernel", "make_grad_weight_stage3p_kernel",
-    "make_grad_weight_stage4_kernel", "aot_compile_grad_kernels", "canary_csr_ok", "canary_grad_stage_ok",
-    "get_grad_kernel", "GRAD_KERNELS", "GradKernel", "normalize_device", "spec_of", "warm_grad_kernel",
-    "grad_input", "grad_weight", "pad_flat_input_fp16", "plan_grad_input", "plan_grad_weight", "weight_row_csr",
-    "DW_NM_CONFIG_SPECS", "DX_NM_CONFIG_SPECS", "make_dw_nm_kernel", "make_dw_seg_kernel", "make_dx_nm_kernel",
-    "make_dx_seg_kernel", "nm_grad_kernel_names", "seg_finish_kernel", "segment_table", "select_dw_nm_config",
-    "select_dx_nm_config", "NmGradKernel", "reverse_lists", "tap_lists", "default_dw_seg_steps",
-    "default_dx_seg_steps", "dw_seg_steps_for", "get_nm_grad_kernel", "grad_input_nm", "grad_weight_nm",
-    "list_stats", "node_major", "plan_grad_input_nm", "plan_grad_weight_nm", "warm_nm_grad_kernel"
-]

@@ -33,17 +33,3 @@ from fovi_lab.kernels.forward.plans import (bias_operand, DIRECT_STORE_MAX_BYTES
                                             simts_split, store_mode, weight_layout)
 from fovi_lab.kernels.forward.api import (make_dense_ceiling, prepare_cached, prepare_uncached, resolve_uncached,
                                           run_cached, run_uncached, select_cached_config)
-
-__all__ = [
-    "cached_config_names", "config_spec", "DENSE_FAMILIES", "dense_kind", "FORWARD", "FwdConfig",
-    "mathdx_default", "MMA_FAMILIES", "mma_flags", "mma_staged", "uncached_config_names", "make_cached_kernel",
-    "make_dense_kernel", "make_densep_kernel", "make_gather_kernel", "make_gp_kernel", "make_i2c_kernel",
-    "make_nm_kernel", "make_nmp_kernel", "make_nms_kernel", "make_uncached_kernel", "make_uncached_r2_kernel",
-    "make_uncached_r4_kernel", "make_simt_kernel", "make_simts_kernel", "make_simtv_kernel", "simt_step",
-    "simtv_prep_kernel", "build_kernel", "Built", "cache_key", "canary", "canary_launch_ok", "get_config",
-    "get_uncached_config", "require_config", "VALIDATED", "select_config", "select_i2c", "select_mma",
-    "select_simt", "select_simts", "SIMT_CONFIG", "analyse_tables", "device_str", "bias_operand",
-    "DIRECT_STORE_MAX_BYTES", "mmas_split", "nms_reduce_kernel", "pad_bias_to_tiles", "Plan", "plan_cached",
-    "plan_dense", "plan_uncached", "simts_split", "store_mode", "weight_layout", "make_dense_ceiling",
-    "prepare_cached", "prepare_uncached", "resolve_uncached", "run_cached", "run_uncached", "select_cached_config"
-]
