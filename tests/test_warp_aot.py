@@ -139,8 +139,11 @@ def test_forward_kernels_compile_aot_for_sm80_sm89_sm90(tmp_path):
     import multiprocessing as mp
     import os
 
+    # every block size a registered config uses (one shared module each), the largest first
+    block_dims = sorted({F.config_spec(n).block_dim for n in F.uncached_config_names() + F.cached_config_names()},
+                        reverse=True)
     jobs = [(64, 90, True, str(tmp_path / "mathdx"))]            # the longest first
-    jobs += [(bd, arch, False, str(tmp_path / f"b{bd}_sm{arch}")) for bd in (256, 128, 64) for arch in ARCHS]
+    jobs += [(bd, arch, False, str(tmp_path / f"b{bd}_sm{arch}")) for bd in block_dims for arch in ARCHS]
     t0 = time.perf_counter()
     with mp.get_context("spawn").Pool(processes=max(1, min(4, os.cpu_count() or 1))) as pool:
         results = pool.map(_aot_job, jobs, chunksize=1)
@@ -149,6 +152,6 @@ def test_forward_kernels_compile_aot_for_sm80_sm89_sm90(tmp_path):
         for p in paths:
             assert os.path.getsize(p) > 0 and f"sm{arch}" in os.path.basename(p), p
     n = len(F.uncached_config_names()) + len(F.cached_config_names())
-    print(f"\nAOT: {n} configs + dense ceilings, 3 block_dim modules x sm_80/89/90 (no MathDx, -O1) and one "
+    print(f"\nAOT: {n} configs + dense ceilings, {len(block_dims)} block_dim modules x sm_80/89/90 (no MathDx, -O1) and one "
           f"MathDx sm_90 build, {time.perf_counter() - t0:.0f}s wall: "
           + ", ".join(f"{'mathdx' if m else f'b{bd}'}/sm{a} {dt:.0f}s" for (bd, a, m, _), (_, dt) in zip(jobs, results)))
