@@ -21,11 +21,11 @@ from fovi_lab.lab.problems import make_meta, make_problem, ORACLE_MAX_ELEMS, Pro
 from fovi_lab.lab.traffic import (forward_counts, node_gemm, node_gemm_figure, shape_of, tile_smem_estimate,
                                   tile_traffic, traffic_figure, traffic_table)
 from fovi_lab.lab.forward_explorer import (benchmark_forward, explore_forward, registered_forward_config, reuse_live,
-                                           reuse_live_figure)
+                                           reuse_live_figure, run_checked)
 from fovi_lab.lab.adjoint_explorer import (adjoint_by_node_gemms, adjoint_grid, determinism_demo, explore_adjoint,
                                            H200_SMS, occupancy_figure, occupancy_table)
-from fovi_lab.lab.records import (backward_recorded_figure, backward_records, DATA_DIR, figure_title,
-                                  forward_recorded_figure, forward_records, forward_table, gi_gw_sweep_figure,
+from fovi_lab.lab.records import (backward_recorded_figure, backward_records, batch_panels_figure, DATA_DIR,
+                                  figure_title, forward_recorded_figure, forward_records, forward_table, gi_gw_sweep_figure,
                                   heuristic_figure, heuristic_table, latest_run_where, layer_order,
                                   layer_replays_figure, load_records, record_runs, REUSE_PAIRS, reuse_recorded_figure,
                                   reuse_summary, roofline_figure, versions_title)

@@ -154,6 +154,22 @@ def explore_forward(layer: str = "res18_layer1", batch: int = 64, cout: Optional
         return fail_result(result, log, f"could not run: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}")
 
 
+def run_checked(problem, config: str):
+    """Run the production plan of forward ``config`` once on ``problem`` (a :class:`~fovi_lab.lab.Problem`) into a
+    NaN-prefilled output (every entry must be written): ``(y, plan, ms, relative error, reference name)``,
+    against :func:`~fovi_lab.lab.reference_forward`; ``ms`` is the wall time of the launch and finish."""
+    from fovi_lab.kernels import forward as F
+    m = problem.meta
+    ref, ref_name = reference_forward(m, problem.x, problem.weight, problem.bias)
+    plan = F.prepare_uncached(problem.x, problem.weight, problem.bias, m.input_linear, m.weight_linear, config=config)
+    plan.out.fill_(float("nan"))
+    t0 = time.perf_counter()
+    plan.launch()
+    y = plan.finish()
+    ms = (time.perf_counter() - t0) * 1e3
+    return y, plan, ms, rel_error(y.float().cpu(), ref.cpu()), ref_name
+
+
 def _tile_memory_limit(device: str) -> int:
     """Tile memory a CTA may reserve: Warp's 256 KiB CPU arena, or the GPU's opt-in shared memory."""
     if str(device).startswith("cuda"):

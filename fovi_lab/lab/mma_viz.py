@@ -121,7 +121,6 @@ def explore_mma(layer: str = "alex_L0", batch: int = 16, config: Optional[str] =
                 device=None) -> dict:
     """One mma config on ``layer``'s shape (its first ``nodes`` output nodes; None: all) at ``batch``, on this
     machine, NaN-prefilled, against the fp32 reference. ``config`` None: the pick for the full layer's shape."""
-    import time
     import torch
     from fovi_lab.kernels import forward as F
     device = kl.default_device() if device is None else device
@@ -131,14 +130,7 @@ def explore_mma(layer: str = "alex_L0", batch: int = 16, config: Optional[str] =
     config = config or pick
     pb = kl.make_problem(layer, batch=batch, device=device, nodes=nodes)
     m = pb.meta
-    ref, ref_name = kl.reference_forward(m, pb.x, pb.weight, pb.bias)
-    plan = F.prepare_uncached(pb.x, pb.weight, pb.bias, m.input_linear, m.weight_linear, config=config)
-    plan.out.fill_(float("nan"))                     # every output entry must be written
-    t0 = time.perf_counter()
-    plan.launch()
-    y = plan.finish()
-    dt = (time.perf_counter() - t0) * 1e3
-    err = kl.rel_error(y.float().cpu(), ref.cpu())
+    y, plan, dt, err, ref_name = kl.run_checked(pb, config)
     return dict(layer=layer, B=batch, nodes=m.nout, config=config, pick=pick, err=err, ms=dt, device=device,
                 finite=bool(torch.isfinite(y).all()), split=getattr(plan, "split", None),
                 line=kl.parity_line(f"{config} on {layer} ({m.nout} nodes) B={batch} vs {ref_name}", err, 1e-2))
@@ -198,35 +190,21 @@ def mma_rows(records: Optional[List[dict]] = None, batches: Sequence[int] = (1, 
     return rows
 
 
+#: The recorded series of the mma figures: (ms key, config key, name, colour).
+_SERIES = (("ms", "pick", "mma pick", "#2ca02c"),
+           ("old_ms", "old_config", "session 8's pick (tiles / SIMT)", "#1f77b4"),
+           ("torch_ms", "torch_impl", "fastest PyTorch", "#d62728"))
+
+
 def mma_figure(rows: Optional[List[dict]] = None, height: int = 480) -> go.Figure:
     """Grouped bars, one panel per batch: per layer the mma pick, session 8's pick and the fastest PyTorch
     forward, whole ops replayed from CUDA graphs (ms, log scale)."""
-    from plotly.subplots import make_subplots
     rows = mma_rows() if rows is None else rows
     if not rows:
         return kl.message_figure("no recorded mma runs (59-63) under data/")
-    batches = sorted({r["B"] for r in rows})
-    fig = make_subplots(rows=1, cols=len(batches), subplot_titles=[f"B = {b}" for b in batches], shared_yaxes=True)
-    for col, b in enumerate(batches, start=1):
-        rs = [r for r in rows if r["B"] == b]
-        xs = [r["layer"] for r in rs]
-        for key, cfg_key, name, colour in (("ms", "pick", "mma pick", "#2ca02c"),
-                                           ("old_ms", "old_config", "session 8's pick (tiles / SIMT)", "#1f77b4"),
-                                           ("torch_ms", "torch_impl", "fastest PyTorch", "#d62728")):
-            fig.add_trace(go.Bar(x=xs, y=[r[key] for r in rs], name=name, marker_color=colour, legendgroup=name,
-                                 showlegend=col == 1, customdata=[r.get(cfg_key) for r in rs],
-                                 hovertemplate="%{x}: %{y:.3f} ms (%{customdata})<extra>" + name + "</extra>"),
-                          row=1, col=col)
-        fig.update_xaxes(tickangle=-45, row=1, col=col)
-    fig.update_yaxes(type="log", title_text="ms per op, CUDA-graph replay (log)", row=1, col=1)
-    recs = [rec for r in rows for rec in r["records"]]
-    fig.update_layout(barmode="group", height=height,
-                      title=dict(text="Tensor cores by hand: the mma kernels against session 8's kernels and PyTorch "
-                                      "(whole op, replayed)<br><sub>" + kl.versions_title(recs)
-                                      + " · mma and PyTorch: runs 59-63, session 8: runs 52-53; medians</sub>",
-                                 x=0.01),
-                      legend=dict(orientation="h", y=-0.42), margin=dict(t=90, b=150))
-    return fig
+    return kl.batch_panels_figure(rows, _SERIES, "Tensor cores by hand: the mma kernels against session 8's kernels "
+                                  "and PyTorch (whole op, replayed)",
+                                  "mma and PyTorch: runs 59-63, session 8: runs 52-53; medians", height=height)
 
 
 #: (layer, B, the baseline config, the config with the other layout): what x^T and W in place buy.
@@ -289,11 +267,8 @@ def explore_mma_widget(layer: str, batch: int, config: Optional[str] = None, dev
 
 def _layer_figure(layer: str, rows: List[dict], height: int = 320) -> go.Figure:
     """The recorded replays of one layer over B: the mma pick, session 8's pick, PyTorch (log scale)."""
-    return kl.layer_replays_figure(
-        layer, rows, (("ms", "pick", "mma pick", "#2ca02c"),
-                      ("old_ms", "old_config", "session 8's pick", "#1f77b4"),
-                      ("torch_ms", "torch_impl", "fastest PyTorch", "#d62728")),
-        "runs 59-63 (session 8: 52-53)", f"no recorded mma runs for {layer!r} under data/", log=True, height=height)
+    return kl.layer_replays_figure(layer, rows, _SERIES, "runs 59-63 (session 8: 52-53)",
+                                   f"no recorded mma runs for {layer!r} under data/", log=True, height=height)
 
 
 # ----------------------------------------------------------------------------------------------- loop depth

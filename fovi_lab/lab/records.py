@@ -520,3 +520,31 @@ def gi_gw_sweep_figure(records: Optional[List[dict]] = None, batch: Optional[int
                       title=figure_title(f"gi / gw stage configs at B = {b}", _latest_run(sweep)),
                       legend=dict(orientation="h", y=-0.2))
     return fig
+
+
+def batch_panels_figure(rows: List[dict], series: Sequence[Tuple[str, str, str, str]], title: str, subtitle: str,
+                        height: int = 460, outline_pick: bool = False):
+    """Recorded whole ops replayed from CUDA graphs, one panel per batch ``B``: per layer, a bar per series
+    ``(ms key, config key, name, colour)`` of ``rows`` (dicts with ``layer``, ``B``, ``records`` and those keys),
+    on a log axis, the config in the hover. ``outline_pick``: outline the bar whose config is the row's
+    ``pick``. The title carries the records' device and versions, then ``subtitle``."""
+    from plotly.subplots import make_subplots
+    batches = sorted({r["B"] for r in rows})
+    fig = make_subplots(rows=1, cols=len(batches), subplot_titles=[f"B = {b}" for b in batches], shared_yaxes=True)
+    for col, b in enumerate(batches, start=1):
+        rs = [r for r in rows if r["B"] == b]
+        xs = [r["layer"] for r in rs]
+        for key, cfg_key, name, colour in series:
+            bar = dict(x=xs, y=[r[key] for r in rs], name=name, marker_color=colour, legendgroup=name,
+                       showlegend=col == 1, customdata=[r.get(cfg_key) for r in rs],
+                       hovertemplate="%{x}: %{y:.3f} ms (%{customdata})<extra>" + name + "</extra>")
+            if outline_pick:
+                bar["marker_line"] = dict(width=[2.5 if r["pick"] == r.get(cfg_key) else 0 for r in rs], color="black")
+            fig.add_trace(go.Bar(**bar), row=1, col=col)
+        fig.update_xaxes(tickangle=-45, row=1, col=col)
+    fig.update_yaxes(type="log", title_text="ms per op, CUDA-graph replay (log)", row=1, col=1)
+    recs = [rec for r in rows for rec in r["records"]]
+    fig.update_layout(barmode="group", height=height,
+                      title=dict(text=f"{title}<br><sub>{versions_title(recs)} · {subtitle}</sub>", x=0.01),
+                      legend=dict(orientation="h", y=-0.42), margin=dict(t=90, b=150))
+    return fig

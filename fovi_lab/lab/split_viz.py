@@ -60,7 +60,6 @@ def thread_count(layer: str, batch: int) -> dict:
 def explore_split(layer: str = "res18_layer3", batch: int = 3, device=None, config: Optional[str] = None) -> dict:
     """The split SIMT forward on ``layer``'s real shape at ``batch``: the split it chose, parity against the
     fp32 reference, a bitwise repeat, and its run time here (``config``: default the heuristic's pick)."""
-    import time
     import torch
     from fovi_lab.kernels import forward as F
     device = kl.default_device() if device is None else device
@@ -68,14 +67,7 @@ def explore_split(layer: str = "res18_layer3", batch: int = 3, device=None, conf
     m = pb.meta
     config = config or F.select_config(batch, m.cout, m.nout, m.p64, in_channels=m.cin,
                                                        node_major=m.cin >= 32, mma=False)
-    ref, ref_name = kl.reference_forward(m, pb.x, pb.weight, pb.bias)
-    plan = F.prepare_uncached(pb.x, pb.weight, pb.bias, m.input_linear, m.weight_linear, config=config)
-    plan.out.fill_(float("nan"))                     # every output entry must be written
-    t0 = time.perf_counter()
-    plan.launch()
-    y = plan.finish()
-    dt = (time.perf_counter() - t0) * 1e3
-    err = kl.rel_error(y.float().cpu(), ref.cpu())
+    y, plan, dt, err, ref_name = kl.run_checked(pb, config)
     again = F.run_uncached(pb.x, pb.weight, pb.bias, m.input_linear, m.weight_linear, config=config)
     return dict(layer=layer, B=batch, config=config, split=getattr(plan, "split", None), err=err, ms=dt,
                 bitwise_repeat=bool(torch.equal(y, again)), device=device,
@@ -126,37 +118,22 @@ def split_rows(records: Optional[List[dict]] = None, batches: Sequence[int] = (1
     return rows
 
 
+#: The recorded series of the split figures: (ms key, config key, name, colour).
+_SERIES = (("split_ms", "split_config", "split SIMT (ss_*)", "#ff7f0e"),
+           ("other_ms", "other_config", "fastest other Warp forward", "#1f77b4"),
+           ("torch_ms", "torch_impl", "fastest PyTorch", "#d62728"))
+
+
 def split_figure(rows: Optional[List[dict]] = None, height: int = 460) -> go.Figure:
     """Grouped bars, one panel per batch: per layer the split kernel, the fastest other Warp forward and the
     fastest PyTorch forward, all whole ops replayed from CUDA graphs (ms, log scale); the heuristic's pick is
     outlined."""
-    from plotly.subplots import make_subplots
     rows = split_rows() if rows is None else rows
     if not rows:
         return kl.message_figure("no recorded split-SIMT runs (44-47) under data/")
-    batches = sorted({r["B"] for r in rows})
-    fig = make_subplots(rows=1, cols=len(batches), subplot_titles=[f"B = {b}" for b in batches], shared_yaxes=True)
-    for col, b in enumerate(batches, start=1):
-        rs = [r for r in rows if r["B"] == b]
-        xs = [r["layer"] for r in rs]
-        for key, cfg_key, name, colour in (("split_ms", "split_config", "split SIMT (ss_*)", "#ff7f0e"),
-                                           ("other_ms", "other_config", "fastest other Warp forward", "#1f77b4"),
-                                           ("torch_ms", "torch_impl", "fastest PyTorch", "#d62728")):
-            picked = [r["pick"] == r.get(cfg_key) for r in rs]
-            fig.add_trace(go.Bar(x=xs, y=[r[key] for r in rs], name=name, marker_color=colour, legendgroup=name,
-                                 showlegend=col == 1, customdata=[r.get(cfg_key) for r in rs],
-                                 marker_line=dict(width=[2.5 if p else 0 for p in picked], color="black"),
-                                 hovertemplate="%{x}: %{y:.3f} ms (%{customdata})<extra>" + name + "</extra>"),
-                          row=1, col=col)
-        fig.update_xaxes(tickangle=-45, row=1, col=col)
-    fig.update_yaxes(type="log", title_text="ms per op, CUDA-graph replay (log)", row=1, col=1)
-    recs = [rec for r in rows for rec in r["records"]]
-    fig.update_layout(barmode="group", height=height,
-                      title=dict(text="Too few threads: the split SIMT kernel against the tiles and PyTorch "
-                                      "(whole op, replayed; black outline = the heuristic's pick)<br><sub>"
-                                      + kl.versions_title(recs) + " · runs 45-47, medians</sub>", x=0.01),
-                      legend=dict(orientation="h", y=-0.42), margin=dict(t=90, b=150))
-    return fig
+    return kl.batch_panels_figure(rows, _SERIES, "Too few threads: the split SIMT kernel against the tiles and "
+                                  "PyTorch (whole op, replayed; black outline = the heuristic's pick)",
+                                  "runs 45-47, medians", height=height, outline_pick=True)
 
 
 def thread_sweep_rows(path=None) -> List[dict]:
@@ -215,8 +192,5 @@ def explore_split_widget(layer: str, batch: int, config: str = "ss_b8o8u4", devi
 
 def _layer_figure(layer: str, rows: List[dict], height: int = 320) -> go.Figure:
     """The recorded replays of one layer over B: split kernel, fastest other Warp forward, PyTorch."""
-    return kl.layer_replays_figure(
-        layer, rows, (("split_ms", "split_config", "split SIMT", "#ff7f0e"),
-                      ("other_ms", "other_config", "fastest other Warp forward", "#1f77b4"),
-                      ("torch_ms", "torch_impl", "fastest PyTorch", "#d62728")),
-        "runs 45-47", f"no recorded split-SIMT runs for {layer!r} under data/", height=height)
+    return kl.layer_replays_figure(layer, rows, _SERIES, "runs 45-47",
+                                   f"no recorded split-SIMT runs for {layer!r} under data/", height=height)
