@@ -16,7 +16,7 @@ from fovi_lab.lab.common import (batch_menu, check_explore_args, clamp_shape, CO
                                  default_device, device_line, fail_result, format_result, FORWARD_CHOICES, hline,
                                  is_int, LAYER_CHOICES, log_range, message_figure, missing_marks, parity_line,
                                  rel_error, result_answer, round4, RunLog, setup, show_source, sync_device, time_ms,
-                                 tolerance_class)
+                                 tolerance_class, widget_device)
 from fovi_lab.lab.problems import make_meta, make_problem, ORACLE_MAX_ELEMS, Problem, reference_forward, reference_grads
 from fovi_lab.lab.traffic import (forward_counts, node_gemm, node_gemm_figure, shape_of, tile_smem_estimate,
                                   tile_traffic, traffic_figure, traffic_table)

@@ -15,8 +15,8 @@ from plotly.subplots import make_subplots
 from fovi_lab.graph.layers import LAYERS
 from fovi_lab.graph.meta import TrainingMeta, pad_to
 from fovi_lab.lab.common import (CPU_WORK_BUDGET, RunLog, result_answer, check_explore_args,
-                                 clamp_shape, fail_result, hline, log_range, time_ms, default_device, parity_line,
-                                 rel_error, tolerance_class)
+                                 clamp_shape, fail_result, hline, log_range, time_ms, parity_line,
+                                 rel_error, tolerance_class, widget_device)
 from fovi_lab.lab.problems import Problem, make_meta, make_problem, reference_grads
 from fovi_lab.lab.traffic import shape_of
 
@@ -242,8 +242,7 @@ def explore_adjoint(layer: str = "res18_layer1", batch: int = 64, cout: Optional
     if problem is not None:
         return fail_result(result, log, problem)
     try:
-        device = device or default_device()
-        dev = "cpu" if device == "cpu" else wa.normalize_device(device)
+        dev = widget_device(device, wa.normalize_device)
         shape = shape_of(make_meta(layer, cout, rf))
         gis, gws = _adjoint_spec("gi", gi_config), _adjoint_spec("gw", gw_config)
 

@@ -61,6 +61,13 @@ def default_device() -> str:
     return "cpu"
 
 
+def widget_device(device: Optional[str], normalize: Callable[[str], str]) -> str:
+    """The device a widget run uses: ``device`` or :func:`default_device`, ``"cpu"`` as is, a CUDA device in the
+    form ``normalize`` gives (the key of the validated-kernel cache the run consults)."""
+    device = device or default_device()
+    return "cpu" if device == "cpu" else normalize(device)
+
+
 def setup(seed: int = 0) -> str:
     """Quiet Warp logging, fix the seeds, return the device the kernels will run on."""
     import random

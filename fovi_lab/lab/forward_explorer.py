@@ -16,7 +16,7 @@ import torch
 
 from fovi_lab.lab.common import (CPU_WORK_BUDGET, FORWARD_CHOICES, RunLog, COLOURS, result_answer,
                                  check_explore_args, clamp_shape, fail_result, round4, sync_device, time_ms,
-                                 default_device, message_figure, parity_line, rel_error)
+                                 default_device, message_figure, parity_line, rel_error, widget_device)
 from fovi_lab.lab.problems import make_meta, make_problem, reference_forward
 from fovi_lab.lab.traffic import shape_of, tile_smem_estimate, tile_traffic
 
@@ -99,8 +99,7 @@ def explore_forward(layer: str = "res18_layer1", batch: int = 64, cout: Optional
     if problem is not None:
         return fail_result(result, log, problem)
     try:
-        device = device or default_device()
-        dev = "cpu" if device == "cpu" else F.device_str(device)
+        dev = widget_device(device, F.device_str)
         shape = shape_of(make_meta(layer, cout, rf))
         cached = kernel == "cached"
         smem = tile_smem_estimate(tile_m, tile_n, r, cached=cached)

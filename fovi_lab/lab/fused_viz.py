@@ -107,6 +107,12 @@ def train_step_runs(records: Optional[List[dict]] = None,
     return out
 
 
+def _axes(runs: Dict[tuple, dict]):
+    """(batches, layers in table order, the batch shown first: 64 where recorded) of :func:`train_step_runs`."""
+    bs = sorted({b for _, b in runs})
+    return bs, kl.layer_order(l for l, _ in runs), 64 if 64 in bs else bs[0]
+
+
 def _fused_of(d: Dict[str, dict]) -> Optional[dict]:
     r = d.get("warp_train")
     if r is not None and r.get("path") == "fused":
@@ -126,9 +132,7 @@ def fused_vs_staged_figure(records: Optional[List[dict]] = None, height: int = 6
     if not runs:
         return kl.message_figure("no recorded train step with both adjoint paths yet "
                                  "(python -m fovi_lab bench train-step on a GPU)")
-    bs = sorted({b for _, b in runs})
-    layers = kl.layer_order(l for l, _ in runs)
-    default_b = 64 if 64 in bs else bs[0]
+    bs, layers, default_b = _axes(runs)
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
                         subplot_titles=("train step (ms, log)", "peak memory of one step (MiB, log)"))
     series = (("staged (seed design)", lambda d: d.get("warp_train_staged"), kl.COLOURS["grey"]),
@@ -161,9 +165,7 @@ def graphed_step_figure(records: Optional[List[dict]] = None, height: int = 460)
     if not runs:
         return kl.message_figure("no recorded CUDA-graph train step yet "
                                  "(python -m fovi_lab bench train-step --graphs on a GPU)")
-    bs = sorted({b for _, b in runs})
-    layers = kl.layer_order(l for l, _ in runs)
-    default_b = 64 if 64 in bs else bs[0]
+    bs, layers, default_b = _axes(runs)
     fig = go.Figure()
     per_b = 4
     for b in bs:

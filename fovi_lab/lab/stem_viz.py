@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 import plotly.graph_objects as go
-import torch
 
 from fovi_lab import lab as kl
 from fovi_lab.graph.layers import layer_meta
