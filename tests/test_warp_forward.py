@@ -454,7 +454,7 @@ def test_canary_counts_silent_nan_and_raising_launches_as_failures():
                        n_ptiles: int, batch: int):
         i, j, k = wp.tid()  # the "launch" returns normally and leaves the output as it was: the silent trap
 
-    writes_nothing._fovi_tiles = ("gather", 16, 32, 64, 1, 64)
+    writes_nothing.fovi_tiles = ("gather", 16, 32, 64, 1, 64)
     assert F.canary_launch_ok(writes_nothing, 16, 32, 1, 64, "cpu") is False
     ok, why = F.canary(writes_nothing, 16, 32, 1, 64, "cpu")
     assert "NaN" in why
@@ -463,7 +463,7 @@ def test_canary_counts_silent_nan_and_raising_launches_as_failures():
     def wrong_signature(a: wp.array(dtype=float)):
         pass
 
-    wrong_signature._fovi_tiles = ("gather", 16, 32, 64, 1, 64)
+    wrong_signature.fovi_tiles = ("gather", 16, 32, 64, 1, 64)
     ok, why = F.canary(wrong_signature, 16, 32, 1, 64, "cpu")
     assert not ok and "raised" in why
     good = F.build_kernel(F.config_spec("m16n32"))

@@ -129,7 +129,7 @@ def make_dx_nm_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, mat
                 wp.tile_matmul(wp.tile_transpose(a), w, acc)
         wp.tile_store(dx[m], acc, offset=(b0, c0))
 
-    dxn._fovi_tiles = ("dxn", TM, TN, TK, int(block_dim))
+    dxn.fovi_tiles = ("dxn", TM, TN, TK, int(block_dim))
     return dxn
 
 
@@ -158,7 +158,7 @@ def make_dw_nm_kernel(tile_o: int, tile_c: int, tile_kb: int, block_dim: int, ma
                 wp.tile_matmul(a, wp.tile_transpose(xx), acc)
         wp.tile_store(part[s, v], acc, offset=(o0, c0))
 
-    dwn._fovi_tiles = ("dwn", TO, TC, TKB, int(block_dim))
+    dwn.fovi_tiles = ("dwn", TO, TC, TKB, int(block_dim))
     return dwn
 
 
@@ -195,7 +195,7 @@ def make_dx_seg_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, ma
             wp.tile_matmul(wp.tile_transpose(a), w, acc)
         wp.tile_store(part[s], acc, offset=(b0, c0))
 
-    dxs._fovi_tiles = ("dxs", TM, TN, TK, int(block_dim))
+    dxs.fovi_tiles = ("dxs", TM, TN, TK, int(block_dim))
     return dxs
 
 
@@ -223,7 +223,7 @@ def make_dw_seg_kernel(tile_o: int, tile_c: int, tile_kb: int, block_dim: int, m
             wp.tile_matmul(a, wp.tile_transpose(xx), acc)
         wp.tile_store(part[s], acc, offset=(o0, c0))
 
-    dws._fovi_tiles = ("dws", TO, TC, TKB, int(block_dim))
+    dws.fovi_tiles = ("dws", TO, TC, TKB, int(block_dim))
     return dws
 
 

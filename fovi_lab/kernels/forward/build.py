@@ -117,7 +117,7 @@ def canary(kernel, tile_m: int, tile_n: int, r: int, block_dim: int, device: str
     :func:`canary_launch_ok`); also checks the values against the fp32 oracle."""
     from fovi_lab.ops.reference import oracle_forward
     init_warp()
-    family, _, _, tile_k, _, _ = getattr(kernel, "_fovi_tiles", ("gather", tile_m, tile_n, 64, r, block_dim))
+    family, _, _, tile_k, _, _ = getattr(kernel, "fovi_tiles", ("gather", tile_m, tile_n, 64, r, block_dim))
     if device == "cpu":
         need = _kernel_tile_bytes(kernel, block_dim, device)
         if need is not None and need > _CPU_TILE_ARENA_BYTES:

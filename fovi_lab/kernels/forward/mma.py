@@ -518,5 +518,5 @@ def make_mma_kernel(m_tiles: int, n_tiles: int, block_dim: int = 128, split: boo
                         if b < y.shape[0] and ch < y.shape[1]:
                             y[b, ch, n] = wp.float16(acc[(mi * NT + nj) * 4 + e] + bias[ch])
 
-    kernel._fovi_tiles = (fam + ("_dense" if dense else ""), BR, OC, MMA_K * KU, 1, int(block_dim))
+    kernel.fovi_tiles = (fam + ("_dense" if dense else ""), BR, OC, MMA_K * KU, 1, int(block_dim))
     return kernel

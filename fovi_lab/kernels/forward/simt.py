@@ -209,7 +209,7 @@ def make_simt_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, name
                         if o < y.shape[2]:
                             y[n, b0 + i, o] = wp.float16(acc[i, j] + bias[o])
 
-    kernel._fovi_tiles = ("simt_dense" if dense else "simtp" if PF else "simtw" if WV else "simt", TB, TO, U, 1,
+    kernel.fovi_tiles = ("simt_dense" if dense else "simtp" if PF else "simtw" if WV else "simt", TB, TO, U, 1,
                           int(block_dim))
     return kernel
 
@@ -265,7 +265,7 @@ def make_simts_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, nam
                     if o < part.shape[2]:
                         part[ns, b0 + i, o] = acc[i, j]
 
-    kernel._fovi_tiles = ("simtsw" if WV else "simts", TB, TO, U, 1, int(block_dim))
+    kernel.fovi_tiles = ("simtsw" if WV else "simts", TB, TO, U, 1, int(block_dim))
     return kernel
 
 
@@ -354,7 +354,7 @@ def make_simtv_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, nam
                         if o < y.shape[2]:
                             y[n, b0 + i, o] = wp.float16(acc[i, j] + bias[o])
 
-    kernel._fovi_tiles = ("simtv_dense" if dense else "simtv", TB, TO, U, 1, int(block_dim))
+    kernel.fovi_tiles = ("simtv_dense" if dense else "simtv", TB, TO, U, 1, int(block_dim))
     return kernel
 
 

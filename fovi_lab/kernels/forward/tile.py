@@ -86,7 +86,7 @@ def make_gather_kernel(tile_m: int, tile_n: int, r: int, block_dim: int, mathdx:
             wp.tile_store(y_n, wp.tile_astype(acc2 + bb, wp.float16), offset=(b0 + 2 * TM, o0))
             wp.tile_store(y_n, wp.tile_astype(acc3 + bb, wp.float16), offset=(b0 + 3 * TM, o0))
 
-    kernel._fovi_tiles = ("gather", TM, TN, TK, R, int(block_dim))
+    kernel.fovi_tiles = ("gather", TM, TN, TK, R, int(block_dim))
     return kernel
 
 
@@ -164,7 +164,7 @@ def make_nm_kernel(tile_m: int, tile_n: int, tile_k: int, r: int, block_dim: int
             wp.tile_store(y_n, wp.tile_astype(acc2 + bb, wp.float16), offset=(b0 + 2 * TM, o0))
             wp.tile_store(y_n, wp.tile_astype(acc3 + bb, wp.float16), offset=(b0 + 3 * TM, o0))
 
-    kernel._fovi_tiles = ("nm", TM, TN, TK, R, int(block_dim))
+    kernel.fovi_tiles = ("nm", TM, TN, TK, R, int(block_dim))
     return kernel
 
 
@@ -207,7 +207,7 @@ def make_nms_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, mathd
                     wp.tile_matmul(wp.tile_transpose(a), w, acc)
         wp.tile_store(part[ns], acc, offset=(b0, o0))
 
-    kernel._fovi_tiles = ("nms", TM, TN, TK, 1, int(block_dim))
+    kernel.fovi_tiles = ("nms", TM, TN, TK, 1, int(block_dim))
     return kernel
 
 
@@ -252,7 +252,7 @@ def make_i2c_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, w_gat
         bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=o0), shape=(TM, TN))
         wp.tile_store(y[n], wp.tile_astype(acc + bb, wp.float16), offset=(b0, o0))
 
-    kernel._fovi_tiles = ("i2cg" if WG else "i2c", TM, TN, TK, 1, int(block_dim))
+    kernel.fovi_tiles = ("i2cg" if WG else "i2c", TM, TN, TK, 1, int(block_dim))
     return kernel
 
 
@@ -285,7 +285,7 @@ def make_cached_kernel(tile_m: int, tile_n: int, block_dim: int = 128, mathdx: O
         bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=o0), shape=(TM, TN))
         wp.tile_store(y[n], wp.tile_astype(acc + bb, wp.float16), offset=(b0, o0))
 
-    kernel._fovi_tiles = ("cached", TM, TN, TK, 1, int(block_dim))
+    kernel.fovi_tiles = ("cached", TM, TN, TK, 1, int(block_dim))
     return kernel
 
 
@@ -338,7 +338,7 @@ def make_dense_kernel(tile_m: int, tile_n: int, tile_k: int, r: int, block_dim: 
             wp.tile_store(y_n, wp.tile_astype(acc2 + bb, wp.float16), offset=(b0 + 2 * TM, o0))
             wp.tile_store(y_n, wp.tile_astype(acc3 + bb, wp.float16), offset=(b0 + 3 * TM, o0))
 
-    kernel._fovi_tiles = ("dense", TM, TN, TK, R, int(block_dim))
+    kernel.fovi_tiles = ("dense", TM, TN, TK, R, int(block_dim))
     return kernel
 
 
@@ -389,7 +389,7 @@ def make_nmp_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, mathd
         bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=o0), shape=(TM, TN))
         wp.tile_store(y[n], wp.tile_astype(acc + bb, wp.float16), offset=(b0, o0))
 
-    kernel._fovi_tiles = ("nmp", TM, TN, TK, 1, int(block_dim))
+    kernel.fovi_tiles = ("nmp", TM, TN, TK, 1, int(block_dim))
     return kernel
 
 
@@ -431,7 +431,7 @@ def make_gp_kernel(tile_m: int, tile_n: int, block_dim: int, mathdx: Optional[bo
         bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=o0), shape=(TM, TN))
         wp.tile_store(y[n], wp.tile_astype(acc + bb, wp.float16), offset=(b0, o0))
 
-    kernel._fovi_tiles = ("gp", TM, TN, TK, 1, int(block_dim))
+    kernel.fovi_tiles = ("gp", TM, TN, TK, 1, int(block_dim))
     return kernel
 
 def make_densep_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, mathdx: Optional[bool] = None,
@@ -465,5 +465,5 @@ def make_densep_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, ma
         bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=o0), shape=(TM, TN))
         wp.tile_store(y[n], wp.tile_astype(acc + bb, wp.float16), offset=(b0, o0))
 
-    kernel._fovi_tiles = ("densep", TM, TN, TK, 1, int(block_dim))
+    kernel.fovi_tiles = ("densep", TM, TN, TK, 1, int(block_dim))
     return kernel
