@@ -192,7 +192,7 @@ def mma_rows(records: Optional[List[dict]] = None, batches: Sequence[int] = (1, 
 
 #: The recorded series of the mma figures: (ms key, config key, name, colour).
 _SERIES = (("ms", "pick", "mma pick", "#2ca02c"),
-           ("old_ms", "old_config", "session 8's pick (tiles / SIMT)", "#1f77b4"),
+           ("old_ms", "old_config", "the tile / SIMT rule's pick", "#1f77b4"),
            ("torch_ms", "torch_impl", "fastest PyTorch", "#d62728"))
 
 
@@ -202,9 +202,9 @@ def mma_figure(rows: Optional[List[dict]] = None, height: int = 480) -> go.Figur
     rows = mma_rows() if rows is None else rows
     if not rows:
         return kl.message_figure("no recorded mma runs (59-63) under data/")
-    return kl.batch_panels_figure(rows, _SERIES, "Tensor cores by hand: the mma kernels against session 8's kernels "
-                                  "and PyTorch (whole op, replayed)",
-                                  "mma and PyTorch: runs 59-63, session 8: runs 52-53; medians", height=height)
+    return kl.batch_panels_figure(rows, _SERIES, "Tensor cores by hand: the mma kernels against the tile / SIMT "
+                                  "kernels and PyTorch (whole op, replayed)",
+                                  "medians of the recorded replays (MMA_RUNS, OLD_RULE_RUNS)", height=height)
 
 
 #: (layer, B, the baseline config, the config with the other layout): what x^T and W in place buy.
@@ -266,8 +266,8 @@ def explore_mma_widget(layer: str, batch: int, config: Optional[str] = None, dev
 
 
 def _layer_figure(layer: str, rows: List[dict], height: int = 320) -> go.Figure:
-    """The recorded replays of one layer over B: the mma pick, session 8's pick, PyTorch (log scale)."""
-    return kl.layer_replays_figure(layer, rows, _SERIES, "runs 59-63 (session 8: 52-53)",
+    """The recorded replays of one layer over B: the mma pick, the tile / SIMT rule's pick, PyTorch (log scale)."""
+    return kl.layer_replays_figure(layer, rows, _SERIES, "recorded replays (MMA_RUNS, OLD_RULE_RUNS)",
                                    f"no recorded mma runs for {layer!r} under data/", log=True, height=height)
 
 

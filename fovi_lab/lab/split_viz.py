@@ -133,7 +133,7 @@ def split_figure(rows: Optional[List[dict]] = None, height: int = 460) -> go.Fig
         return kl.message_figure("no recorded split-SIMT runs (44-47) under data/")
     return kl.batch_panels_figure(rows, _SERIES, "Too few threads: the split SIMT kernel against the tiles and "
                                   "PyTorch (whole op, replayed; black outline = the heuristic's pick)",
-                                  "runs 45-47, medians", height=height, outline_pick=True)
+                                  "medians of the recorded replays (SPLIT_RUNS)", height=height, outline_pick=True)
 
 
 def thread_sweep_rows(path=None) -> List[dict]:
@@ -192,5 +192,5 @@ def explore_split_widget(layer: str, batch: int, config: str = "ss_b8o8u4", devi
 
 def _layer_figure(layer: str, rows: List[dict], height: int = 320) -> go.Figure:
     """The recorded replays of one layer over B: split kernel, fastest other Warp forward, PyTorch."""
-    return kl.layer_replays_figure(layer, rows, _SERIES, "runs 45-47",
+    return kl.layer_replays_figure(layer, rows, _SERIES, "recorded replays (SPLIT_RUNS)",
                                    f"no recorded split-SIMT runs for {layer!r} under data/", height=height)

@@ -33,8 +33,8 @@ def select_config(batch: int, out_channels: int, out_nodes: int, p_padded: int,
         in_channels: Cin (needed to consider the node-major family).
         node_major: whether the tables have the spec §2.1 structure (node-major kernels usable).
         q: W's column count Cin*V (the mma rule reads W in place when the nodes reuse W's columns little).
-        mma: consider the tensor-core ``mma.sync`` kernels (:func:`select_mma`; sm_80+). Since session 9
-            (runs 52-56) they are the pick on every shape; ``mma=False`` (or ``FOVI_WARP_MMA=off``, or a
+        mma: consider the tensor-core ``mma.sync`` kernels (:func:`select_mma`; sm_80+). They are the
+            pick on every recorded shape; ``mma=False`` (or ``FOVI_WARP_MMA=off``, or a
             device where they cannot launch) gives the tile / SIMT rules below.
 
     The fit without the mma kernels, in words:
