@@ -42,3 +42,20 @@ def test_ci_runs_the_readme_commands():
     ci = (ROOT / ".ci" / "run").read_text()
     for cmd in ('python -m pip install torch==2.13.0 -e ".[lab,test]"', "python -m pytest --nbval"):
         assert cmd in readme and cmd in ci, cmd
+
+
+def test_the_wheel_carries_the_tables(tmp_path):
+    """The config, layer and figure tables are package data (``*.toml`` beside their modules): a wheel built from
+    this tree holds every one of them, so a non-editable install reads the same tables."""
+    import subprocess
+    import sys
+    import zipfile
+    tables = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "fovi_lab").rglob("*.toml"))
+    assert "fovi_lab/kernels/forward/configs.toml" in tables and "fovi_lab/graph/layers.toml" in tables
+    import importlib.util
+    isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "-q", "-w", str(tmp_path)]
+                   + isolation, check=True, capture_output=True)
+    (wheel,) = tmp_path.glob("fovi_lab-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert [t for t in tables if t not in names] == []

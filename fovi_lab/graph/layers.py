@@ -35,6 +35,8 @@ the spec quotes 1.6 % for the partitioning embed. Use it for kernel shapes, not 
 
 from __future__ import annotations
 
+import os
+import tomllib
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Optional, Tuple
@@ -90,41 +92,14 @@ class LayerSpec:
     rf: str = "rf2"
 
 
-def _spec(*args, **kw) -> LayerSpec:
-    return LayerSpec(*args, **kw)
+def _load_layers() -> "OrderedDict[str, LayerSpec]":
+    """The layer table ``layers.toml`` (package data beside this module), in its order."""
+    with open(os.path.join(os.path.dirname(__file__), "layers.toml"), "rb") as f:
+        return OrderedDict((name, LayerSpec(name=name, **fields)) for name, fields in tomllib.load(f).items())
 
 
-LAYERS: "OrderedDict[str, LayerSpec]" = OrderedDict((s.name, s) for s in [
-    _spec("alex_L0", 3, 96, 0.5, 1, 2, 121, False,
-          "fovi-alexnet a=0.5 conv0, the stem: 4085 retinal samples -> 964 nodes (stride 2)",
-          spec_pad_pct=4.7),
-    _spec("alex_L1", 96, 256, 0.5, 4, 4, 25, False,
-          "fovi-alexnet conv1, after the max-pool 964 -> 230", spec_pad_pct=8.6),
-    _spec("alex_L2", 256, 384, 0.5, 8, 8, 9, False,
-          "fovi-alexnet conv2, after the max-pool 230 -> 60", spec_pad_pct=11.3),
-    _spec("alex_L3", 384, 384, 0.5, 8, 8, 9, False, "fovi-alexnet conv3", spec_pad_pct=11.3),
-    _spec("alex_L4", 384, 256, 0.5, 8, 8, 9, False,
-          "fovi-alexnet conv4 (then max-pool 60 -> 16, avg-pool 16 -> 1)", spec_pad_pct=11.3),
-    _spec("res18_stem", 3, 64, 0.5, 1, 2, 49, False,
-          "fovi-resnet18 a=0.5 stem conv: 4085 -> 964 (stride 2), on the rf1 frame (V = 49)",
-          spec_pad_pct=3.2, rf="rf1"),
-    _spec("res18_layer1", 64, 64, 0.5, 4, 4, 9, False,
-          "fovi-resnet18 layer1 convs (x4), after the max-pool 964 -> 230", spec_pad_pct=3.8),
-    _spec("res18_layer2_0", 64, 128, 0.5, 4, 8, 9, False,
-          "fovi-resnet18 layer2.0.conv1: 230 -> 60 (stride 2)", spec_pad_pct=9.3),
-    _spec("res18_layer2", 128, 128, 0.5, 8, 8, 9, False,
-          "fovi-resnet18 layer2, remaining convs (x3)", spec_pad_pct=11.3),
-    _spec("res18_layer3_0", 128, 256, 0.5, 8, 16, 9, False,
-          "fovi-resnet18 layer3.0.conv1: 60 -> 16 (stride 2)", spec_pad_pct=20.8),
-    _spec("res18_layer3", 256, 256, 0.5, 16, 16, 9, False,
-          "fovi-resnet18 layer3, remaining convs (x3)", spec_pad_pct=22.2),
-    _spec("res18_layer4_0", 256, 512, 0.5, 16, 32, 9, False,
-          "fovi-resnet18 layer4.0.conv1: 16 -> 2 (stride 2)", spec_pad_pct=27.8),
-    _spec("dinov3_patch", 3, 384, 2.79, 1, 8, 101, True,
-          "fovi-dinov3 S+ patch embed, a=2.79: ~3976 -> 64 tokens, 16x16 kernel "
-          "(approximation: Euclidean KNN with K=101, see module docstring)",
-          ref_side=16, spec_pad_pct=1.6),
-])
+#: name -> :class:`LayerSpec` of every real layer (the variants ``<layer>_<rf>`` are not listed).
+LAYERS: "OrderedDict[str, LayerSpec]" = _load_layers()
 
 
 def _mult(rf: str) -> float:

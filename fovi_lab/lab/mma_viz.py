@@ -22,7 +22,9 @@ figures).
 
 from __future__ import annotations
 
+import os
 import statistics
+import tomllib
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import plotly.graph_objects as go
@@ -207,16 +209,14 @@ def mma_figure(rows: Optional[List[dict]] = None, height: int = 480) -> go.Figur
                                   "medians of the recorded replays (MMA_RUNS, OLD_RULE_RUNS)", height=height)
 
 
+def _points(table: str) -> Tuple[tuple, ...]:
+    """One table of ``mma_points.toml`` (package data beside this module), as tuples."""
+    with open(os.path.join(os.path.dirname(__file__), "mma_points.toml"), "rb") as f:
+        return tuple(tuple(row) for row in tomllib.load(f)[table])
+
+
 #: (layer, B, the baseline config, the config with the other layout): what x^T and W in place buy.
-LAYOUT_PAIRS = (
-    ("alex_L1", 64, "mma_o64b32", "mmat_o64b32"),
-    ("alex_L1", 512, "mma_o64b32", "mmat_o64b32"),
-    ("res18_layer1", 512, "mma_o64b32", "mmat_o64b32"),
-    ("res18_stem_rf2", 64, "mma_o64b16", "mmat_o64b16"),
-    ("res18_layer4_0", 16, "mmas_o32b16", "mmasw_o32b16"),
-    ("res18_layer3", 16, "mmas_o32b16", "mmasw_o32b16"),
-    ("alex_L4", 4, "mmas_o32b8", "mmasw_o32b8"),
-)
+LAYOUT_PAIRS = _points("layout_pairs")
 
 
 def layout_rows(records: Optional[List[dict]] = None, pairs=LAYOUT_PAIRS) -> List[dict]:
@@ -304,24 +304,33 @@ def depth_rows(records: Optional[List[dict]] = None, points=DEPTH_POINTS) -> Lis
     return rows
 
 
+def _bars_figure(rows: List[dict], empty: str, xs, series, title: str, height: int, log: bool = False) -> go.Figure:
+    """Grouped bars of ``series(rows)`` (``(name, colour, µs per x, config per x)``) over ``xs(rows)``, replayed µs
+    per op, the subtitle naming the versions of the records the ``rows`` read; the ``empty`` message without rows."""
+    if not rows:
+        return kl.message_figure(empty)
+    xs, series = xs(rows), series(rows)
+    fig = go.Figure()
+    for name, colour, ys, configs in series:
+        fig.add_trace(go.Bar(x=xs, y=ys, name=name, marker_color=colour, customdata=configs,
+                             hovertemplate="%{customdata}: %{y:.1f} µs<extra></extra>"))
+    fig.update_layout(barmode="group", height=height, yaxis_title="µs per op, CUDA-graph replay",
+                      yaxis_type="log" if log else None,
+                      title=dict(text=f"{title}<br><sub>" + kl.versions_title([rec for r in rows for rec in r["records"]])
+                                 + " · medians of the recorded replays</sub>", x=0.01),
+                      legend=dict(orientation="h", y=-0.3), margin=dict(t=80, b=120))
+    return fig
+
+
 def depth_figure(rows: Optional[List[dict]] = None, height: int = 380) -> go.Figure:
     """Grouped bars: per point, the same block looping 16, 32 and 64 p entries per iteration (µs, replayed)."""
     rows = depth_rows() if rows is None else rows
-    if not rows:
-        return kl.message_figure("no recorded loop-depth runs (59-63) under data/")
-    xs = [f"{r['layer']} B={r['B']}<br>{r['configs'][0]}" for r in rows]
-    fig = go.Figure()
-    for i, (name, colour) in enumerate((("1 k-step (tile_k 16)", "#9ecae1"), ("2 k-steps (k32)", "#4292c6"),
-                                        ("4 k-steps (k64)", "#08519c"))):
-        fig.add_trace(go.Bar(x=xs, y=[(r["ms"][i] or 0) * 1e3 or None for r in rows], name=name,
-                             marker_color=colour, customdata=[r["configs"][i] for r in rows],
-                             hovertemplate="%{customdata}: %{y:.1f} µs<extra></extra>"))
-    fig.update_layout(barmode="group", height=height, yaxis_title="µs per op, CUDA-graph replay",
-                      title=dict(text="Loads in flight: the same block looping 1, 2 or 4 k-steps per iteration<br><sub>"
-                                      + kl.versions_title([rec for r in rows for rec in r["records"]])
-                                      + " · runs 59-63, medians</sub>", x=0.01),
-                      legend=dict(orientation="h", y=-0.3), margin=dict(t=80, b=120))
-    return fig
+    depths = (("1 k-step (tile_k 16)", "#9ecae1"), ("2 k-steps (k32)", "#4292c6"), ("4 k-steps (k64)", "#08519c"))
+    return _bars_figure(rows, "no recorded loop-depth replays under data/",
+                        lambda rs: [f"{r['layer']} B={r['B']}<br>{r['configs'][0]}" for r in rs],
+                        lambda rs: [(name, colour, [(r["ms"][i] or 0) * 1e3 or None for r in rs],
+                                     [r["configs"][i] for r in rs]) for i, (name, colour) in enumerate(depths)],
+                        "Loads in flight: the same block looping 1, 2 or 4 k-steps per iteration", height=height)
 
 
 def register_rows(path=None) -> List[dict]:
@@ -346,19 +355,7 @@ def register_rows(path=None) -> List[dict]:
 # ----------------------------------------------------------------------------------------------- staged store
 
 #: (layer, B, the block writing y directly, the same block writing it through a shared tile).
-STAGE_POINTS = (
-    ("res18_stem_rf2", 512, "mmat_o64b32", "mmato_o64b32b256"),
-    ("res18_stem_rf2", 64, "mmat_o64b32", "mmato_o64b32b256"),
-    ("res18_stem_rf2", 16, "mma_o64b16k32", "mmao_o64b16k32b256"),
-    ("alex_L0", 64, "mmat_o96b32k32", "mmato_o96b32k32"),
-    ("alex_L0", 16, "mma_o96b16", "mmao_o96b16"),
-    ("dinov3_patch", 512, "mmat_o64b32", "mmato_o64b32b256"),
-    ("dinov3_patch", 16, "mmat_o64b16k64", "mmato_o64b16k64"),
-    ("res18_layer1", 64, "mmat_o64b16k64", "mmato_o64b16k64"),
-    ("alex_L1", 512, "mmat_o64b32", "mmato_o64b32b256"),
-    ("alex_L2", 64, "mmat_o96b32k32", "mmato_o96b32k32"),
-    ("res18_layer4_0", 64, "mmat_o64b16k64", "mmato_o64b16k64"),
-)
+STAGE_POINTS = _points("stage_points")
 
 
 def stage_rows(records: Optional[List[dict]] = None, points=STAGE_POINTS) -> List[dict]:
@@ -383,22 +380,14 @@ def stage_rows(records: Optional[List[dict]] = None, points=STAGE_POINTS) -> Lis
 def stage_figure(rows: Optional[List[dict]] = None, height: int = 380) -> go.Figure:
     """Grouped bars: per point, the block writing y directly and through the shared tile (µs, replayed)."""
     rows = stage_rows() if rows is None else rows
-    if not rows:
-        return kl.message_figure("no recorded staged-store run (63) under data/")
-    xs = [f"{r['layer']} B={r['B']}" for r in rows]
-    fig = go.Figure()
-    for key, cfg, name, colour in (("direct_ms", "direct", "each lane stores its own outputs", "#fdae6b"),
-                                   ("staged_ms", "staged", "staged through a shared tile", "#e6550d")):
-        fig.add_trace(go.Bar(x=xs, y=[r[key] * 1e3 for r in rows], name=name, marker_color=colour,
-                             customdata=[r[cfg] for r in rows],
-                             hovertemplate="%{customdata}: %{y:.1f} µs<extra></extra>"))
-    fig.update_layout(barmode="group", height=height, yaxis_title="µs per op, CUDA-graph replay", yaxis_type="log",
-                      title=dict(text="The staged store: y written in runs of adjacent nodes instead of one 2-byte "
-                                      "store per sector<br><sub>"
-                                      + kl.versions_title([rec for r in rows for rec in r["records"]])
-                                      + " · run 63</sub>", x=0.01),
-                      legend=dict(orientation="h", y=-0.3), margin=dict(t=80, b=120))
-    return fig
+    stores = (("direct_ms", "direct", "each lane stores its own outputs", "#fdae6b"),
+              ("staged_ms", "staged", "staged through a shared tile", "#e6550d"))
+    return _bars_figure(rows, "no recorded staged-store replays under data/",
+                        lambda rs: [f"{r['layer']} B={r['B']}" for r in rs],
+                        lambda rs: [(name, colour, [r[key] * 1e3 for r in rs], [r[cfg] for r in rs])
+                                    for key, cfg, name, colour in stores],
+                        "The staged store: y written in runs of adjacent nodes instead of one 2-byte store per sector",
+                        height=height, log=True)
 
 
 #: The run-62 Nsight Compute metrics the notebook reads (summary lines ``section|metric  value unit``).

@@ -1,4 +1,4 @@
-"""Side by side: the records of tools/h200/ab_kernels.sh's two sides, per (layer, B, implementation).
+"""Side by side: the records of tools/h200/ab_kernels.sh's two sides, per (layer, B, implementation, config).
 
     python tools/h200/ab_compare.py ab_base.jsonl ab_new.jsonl [--fields ms gi_stage_ms gw_stage_ms ms_kernel]
 
@@ -18,7 +18,7 @@ def load(path):
     out = defaultdict(list)
     for line in open(path):
         r = json.loads(line)
-        out[(r.get("layer"), r.get("B"), r.get("impl"))].append(r)
+        out[(r.get("layer"), r.get("B"), r.get("impl"), r.get("config"))].append(r)
     return out
 
 

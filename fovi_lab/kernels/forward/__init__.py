@@ -22,8 +22,8 @@ from fovi_lab.kernels.forward.tile import (make_cached_kernel, make_dense_kernel
                                            make_gather_kernel, make_gp_kernel, make_i2c_kernel, make_nm_kernel,
                                            make_nmp_kernel, make_nms_kernel, make_uncached_kernel,
                                            make_uncached_r2_kernel, make_uncached_r4_kernel)
-from fovi_lab.kernels.forward.simt import (make_simt_kernel, make_simts_kernel, make_simtv_kernel, simt_step,
-                                           simtv_prep_kernel)
+from fovi_lab.kernels.forward.simt import (make_simt_kernel, make_simts_kernel, make_simtv_kernel, simt_dense_step,
+                                           simt_step, simt_store, simtv_prep_kernel, simtv_step)
 from fovi_lab.kernels.forward.build import (build_kernel, Built, cache_key, canary, canary_launch_ok, get_config,
                                             get_uncached_config, require_config, VALIDATED)
 from fovi_lab.kernels.forward.rules import select_config, select_i2c, select_mma, select_simt, select_simts, SIMT_CONFIG

@@ -35,6 +35,7 @@ The families (the prefix of a config's name):
 from __future__ import annotations
 
 import os
+import tomllib
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
@@ -71,237 +72,24 @@ class FwdConfig:
         return self.tile_m * self.r
 
 
-# name -> (family, tile_m, tile_n, tile_k, r, block_dim)
-_UNCACHED_BATCH_CONFIG_SPECS: Dict[str, Tuple[str, int, int, int, int, int]] = {
-    # gather family (seed names; tile_k = 64 = one p tile)
-    "m16n32": ("gather", 16, 32, 64, 1, 64),
-    "m16n64": ("gather", 16, 64, 64, 1, 128),
-    "m32n64": ("gather", 32, 64, 64, 1, 128),
-    "m64n64r1": ("gather", 64, 64, 64, 1, 128),
-    "m64n64r1b256": ("gather", 64, 64, 64, 1, 256),
-    "m64n64r2": ("gather", 64, 64, 64, 2, 128),
-    "m64n64r2b256": ("gather", 64, 64, 64, 2, 256),
-    "m64n128r1": ("gather", 64, 128, 64, 1, 256),
-    "m64n128r2": ("gather", 64, 128, 64, 2, 256),
-    "m32n64r2": ("gather", 32, 64, 64, 2, 128),
-    "m32n64r4": ("gather", 32, 64, 64, 4, 128),
-    "m32n128r2": ("gather", 32, 128, 64, 2, 256),
-    # 96-wide output tiles: Cout = 96 (alexnet stem) without a ragged tile
-    "m64n96b256": ("gather", 64, 96, 64, 1, 256),
-    "m128n96b256": ("gather", 128, 96, 64, 1, 256),
-    # node-major family
-    "nm_m16n32k64": ("nm", 16, 32, 64, 1, 64),
-    "nm_m16n64k32": ("nm", 16, 64, 32, 1, 128),
-    "nm_m16n64k64": ("nm", 16, 64, 64, 1, 128),
-    "nm_m32n64k64": ("nm", 32, 64, 64, 1, 128),
-    "nm_m64n64k64": ("nm", 64, 64, 64, 1, 128),
-    "nm_m64n64k64b256": ("nm", 64, 64, 64, 1, 256),
-    "nm_m64n64k64r2": ("nm", 64, 64, 64, 2, 256),
-    "nm_m64n128k64": ("nm", 64, 128, 64, 1, 256),
-    "nm_m64n128k64r2": ("nm", 64, 128, 64, 2, 256),
-    "nm_m128n128k64": ("nm", 128, 128, 64, 1, 256),
-    "nm_m64n64k32": ("nm", 64, 64, 32, 1, 128),
-    "nm_m64n128k32": ("nm", 64, 128, 32, 1, 256),
-    "nm_m32n64k32r4": ("nm", 32, 64, 32, 4, 128),
-    "nm_m64n64k128": ("nm", 64, 64, 128, 1, 128),
-    "nm_m64n128k128": ("nm", 64, 128, 128, 1, 256),
-    # node-major with the neighbour loop split across CTAs (layers with few output nodes)
-    "nms_m16n32k64": ("nms", 16, 32, 64, 1, 64),
-    "nms_m64n64k64": ("nms", 64, 64, 64, 1, 128),
-    # im2col stage + plain-load tile GEMM, for the Cin = 3 stems and the DINOv3 patch embed ("i2c": W
-    # staged too, one Weff gather per call; "i2cg": W gathered in the kernel)
-    "i2c_m16n64k64": ("i2c", 16, 64, 64, 1, 64),
-    "i2c_m32n64k64": ("i2c", 32, 64, 64, 1, 128),
-    "i2c_m64n64k64": ("i2c", 64, 64, 64, 1, 128),
-    "i2c_m64n64k128": ("i2c", 64, 64, 128, 1, 128),
-    "i2c_m16n96k64": ("i2c", 16, 96, 64, 1, 128),
-    "i2c_m64n96k64": ("i2c", 64, 96, 64, 1, 128),
-    "i2c_m64n96k128": ("i2c", 64, 96, 128, 1, 128),
-    "i2c_m128n96k64": ("i2c", 128, 96, 64, 1, 256),
-    "i2c_m64n128k64": ("i2c", 64, 128, 64, 1, 256),
-    "i2c_m128n128k64": ("i2c", 128, 128, 64, 1, 256),
-    "i2cg_m64n64k64": ("i2cg", 64, 64, 64, 1, 256),
-    "i2cg_m64n96k64": ("i2cg", 64, 96, 64, 1, 256),
-    "i2cg_m64n128k64": ("i2cg", 64, 128, 64, 1, 256),
-    # SIMT register-blocked kernel (no tile GEMM, no staging): each thread owns a tile_m x tile_n block
-    # of (batch, output channel) in fp32 registers, for the stems at small batch
-    "sd_b4o4u1": ("simt", 4, 4, 1, 1, 128),
-    "sd_b4o4u4": ("simt", 4, 4, 4, 1, 128),
-    "sd_b4o8u2": ("simt", 4, 8, 2, 1, 128),
-    "sd_b8o4u2": ("simt", 8, 4, 2, 1, 128),
-    "sd_b8o8u1": ("simt", 8, 8, 1, 1, 128),
-    "sd_b8o8u2": ("simt", 8, 8, 2, 1, 128),
-    "sd_b8o8u4": ("simt", 8, 8, 4, 1, 128),
-    "sd_b16o4u2": ("simt", 16, 4, 2, 1, 128),
-    "sd_b16o8u2": ("simt", 16, 8, 2, 1, 128),
-    "sd_b8o8u8": ("simt", 8, 8, 8, 1, 128),
-    "sd_b16o8u4": ("simt", 16, 8, 4, 1, 128),
-    "sd_b8o4u4": ("simt", 8, 4, 4, 1, 128),
-    "sd_b8o8u4b64": ("simt", 8, 8, 4, 1, 64),
-    # 4x4 blocks with the next step's indices prefetched: the B <= 4 pick (run 42)
-    "sdp_b4o4u4": ("simtp", 4, 4, 4, 1, 128),
-    # the same register blocks over fp32 operands read as 16-byte vec4s (x^T and a channel-permuted W^T):
-    # no fp16 -> fp32 conversions and 1/4 of the load instructions
-    "sv_b4o4u4": ("simtv", 4, 4, 4, 1, 128),
-    "sv_b4o8u4": ("simtv", 4, 8, 4, 1, 128),
-    "sv_b8o4u4": ("simtv", 8, 4, 4, 1, 128),
-    "sv_b8o8u2": ("simtv", 8, 8, 2, 1, 128),
-    "sv_b8o8u4": ("simtv", 8, 8, 4, 1, 128),
-    "sv_b8o8u8": ("simtv", 8, 8, 8, 1, 128),
-    "sv_b16o8u2": ("simtv", 16, 8, 2, 1, 128),
-    "sv_b8o16u2": ("simtv", 8, 16, 2, 1, 128),
-    "sv_b8o8u4b64": ("simtv", 8, 8, 4, 1, 64),
-    # the fp16 SIMT loop with the p range split across threads (fp32 partials, then a fixed-order sum):
-    # every layer at B <= 4, the few-node layers up to B = 32 (runs 44-46)
-    "ss_b4o8u4": ("simts", 4, 8, 4, 1, 128),
-    "ss_b8o8u4": ("simts", 8, 8, 4, 1, 128),
-    # tensor cores by hand (fovi_lab.kernels.forward.mma): one warp per (node, 8*NT batch rows, 16*MT channels), PTX
-    # mma.sync.m16n8k16 on fragments each lane gathers itself; x read and y written in place, no stage.
-    # tile_m = batch rows per warp, tile_n = channels per warp, tile_k = 16 p entries per step.
-    "mma_o64b8": ("mma", 8, 64, 16, 1, 128),
-    "mma_o64b16": ("mma", 16, 64, 16, 1, 128),
-    "mma_o96b16": ("mma", 16, 96, 16, 1, 128),
-    # the same with the p range split S ways (fp32 partials, then the fixed-order nms reduction)
-    "mmas_o32b8": ("mmas", 8, 32, 16, 1, 128),
-    "mmas_o64b8": ("mmas", 8, 64, 16, 1, 128),
-    "mmas_o32b16": ("mmas", 16, 32, 16, 1, 128),
-    "mmas_o64b16": ("mmas", 16, 64, 16, 1, 128),
-    # W read in place ([Cout, Q], no per-call W^T layout: training steps and graph replays)
-    "mmasw_o32b8": ("mmasw", 8, 32, 16, 1, 128),
-    "mmasw_o32b16": ("mmasw", 16, 32, 16, 1, 128),
-    "mmasw_o64b8": ("mmasw", 8, 64, 16, 1, 128),
-    "mmasw_o64b16": ("mmasw", 16, 64, 16, 1, 128),
-    # x^T per call (batch rows adjacent: one vector load per p entry), for large batches
-    "mmat_o64b32": ("mmat", 32, 64, 16, 1, 128),
-    "mmat_o96b32": ("mmat", 32, 96, 16, 1, 128),
-    # loops of 2 (k32) or 4 (k64) k-steps per iteration: every load of an iteration issued before its MMAs
-    "mma_o32b8k32": ("mma", 8, 32, 32, 1, 128),
-    "mma_o96b16k32": ("mma", 16, 96, 32, 1, 128),
-    "mma_o64b16k32": ("mma", 16, 64, 32, 1, 128),
-    "mmat_o96b32k32": ("mmat", 32, 96, 32, 1, 128),
-    # the staged store (mmao / mmato: a block's warps are consecutive nodes and write y through a shared tile,
-    # runs of block_dim/32 adjacent outputs instead of one 2-byte store per 32-byte sector), and the picks in
-    # 1- and 2-warp blocks (b32 / b64: grids of a few hundred warps spread over all 132 SMs); run 63
-    "mma_o32b8k64b64": ("mma", 8, 32, 64, 1, 64),
-    "mmao_o64b16k32": ("mmao", 16, 64, 32, 1, 128),
-    "mmao_o64b16k32b256": ("mmao", 16, 64, 32, 1, 256),
-    "mmao_o96b16": ("mmao", 16, 96, 16, 1, 128),
-    "mmasw_o32b16b64": ("mmasw", 16, 32, 16, 1, 64),
-    "mmat_o64b16k64b32": ("mmat", 16, 64, 64, 1, 32),
-    "mmato_o64b16k64": ("mmato", 16, 64, 64, 1, 128),
-    "mmato_o64b32": ("mmato", 32, 64, 16, 1, 128),
-    "mmato_o64b32b256": ("mmato", 32, 64, 16, 1, 256),
-    "mmato_o96b32": ("mmato", 32, 96, 16, 1, 128),
-    "mmato_o96b32k32": ("mmato", 32, 96, 32, 1, 128),
-}
+def _load_tables() -> Dict[str, Dict[str, Tuple[str, int, int, int, int, int]]]:
+    """The tables of ``configs.toml`` (package data beside this module): section -> name -> spec tuple."""
+    with open(os.path.join(os.path.dirname(__file__), "configs.toml"), "rb") as f:
+        raw = tomllib.load(f)
+    return {section: {name: (str(spec[0]), *(int(v) for v in spec[1:])) for name, spec in table.items()}
+            for section, table in raw.items()}
 
-# Measured and never the fastest on the H200 sweep (kept runnable by name for benchmarks, but not
-# compiled by warmup, not swept by default, not selected): register-prefetch ("pipelined") kernels,
-# 512-thread gathers, 16x96 gathers.
-_EXPERIMENTAL_CONFIG_SPECS: Dict[str, Tuple[str, int, int, int, int, int]] = {
-    "m16n96": ("gather", 16, 96, 64, 1, 128),
-    "m64n64b512": ("gather", 64, 64, 64, 1, 512),
-    "m64n96b512": ("gather", 64, 96, 64, 1, 512),
-    "nmp_m16n64k64": ("nmp", 16, 64, 64, 1, 128),
-    "nmp_m32n64k64": ("nmp", 32, 64, 64, 1, 128),
-    "nmp_m64n64k64": ("nmp", 64, 64, 64, 1, 128),
-    "nmp_m64n128k64": ("nmp", 64, 128, 64, 1, 256),
-    "nmp_m64n64k32": ("nmp", 64, 64, 32, 1, 128),
-    "nmp_m64n128k32": ("nmp", 64, 128, 32, 1, 256),
-    "nmp_m128n128k64": ("nmp", 128, 128, 64, 1, 256),
-    # node-major tiles that only the fused adjoints use (their dense ceilings: 16x16 dx tiles, 16-deep
-    # dW batch chunks)
-    "nm_m16n16k64": ("nm", 16, 16, 64, 1, 64),
-    "nm_m64n64k16": ("nm", 64, 64, 16, 1, 128),
-    # the fp16 SIMT kernel with the next step's indices prefetched, 8-wide blocks (run 42: within 5 % of
-    # sd_* at B = 1-32, never faster: with 8x8 blocks the index -> operand round trip is not the bound)
-    "sdp_b8o8u4": ("simtp", 8, 8, 4, 1, 128),
-    "sdp_b4o8u4": ("simtp", 4, 8, 4, 1, 128),
-    "sdp_b8o8u2": ("simtp", 8, 8, 2, 1, 128),
-    # the fp16 SIMT loops with W read as fp32 vec4 words of a cached, channel-permuted W^T (x still in place).
-    # Run 47: never faster than the fp16 W^T loads (sw_b8o8u4 0.129 against sd_b8o8u4 0.124 ms replayed on
-    # alexnet's stem at B = 16; ssw_* 0-25 % slower than ss_*): the W loads and their conversions are not what
-    # bounds these loops.
-    "sw_b8o8u4": ("simtw", 8, 8, 4, 1, 128),
-    "sw_b8o8u2": ("simtw", 8, 8, 2, 1, 128),
-    "sw_b4o8u4": ("simtw", 4, 8, 4, 1, 128),
-    "sw_b8o16u2": ("simtw", 8, 16, 2, 1, 128),
-    "ssw_b8o8u4": ("simtsw", 8, 8, 4, 1, 128),
-    "ssw_b4o8u4": ("simtsw", 4, 8, 4, 1, 128),
-    # split SIMT blocks that were never the fastest (run 44: within 5-15 % of ss_b4o8u4 / ss_b8o8u4 at best)
-    "ss_b4o4u4": ("simts", 4, 4, 4, 1, 128),
-    "ss_b16o8u2": ("simts", 16, 8, 2, 1, 128),
-    # registered in session 9, not picked by session 10's rule (runs 59-63): kept runnable for sweeps and teaching
-    "mma_o32b16": ("mma", 16, 32, 16, 1, 128),
-    "mma_o32b32": ("mma", 32, 32, 16, 1, 128),
-    "mma_o32b8": ("mma", 8, 32, 16, 1, 128),
-    "mma_o32b8k64": ("mma", 8, 32, 64, 1, 128),
-    "mma_o48b16": ("mma", 16, 48, 16, 1, 128),
-    "mma_o64b32": ("mma", 32, 64, 16, 1, 128),
-    "mmas_o64b32": ("mmas", 32, 64, 16, 1, 128),
-    "mmat_o64b16": ("mmat", 16, 64, 16, 1, 128),
-    "mmat_o64b16k64": ("mmat", 16, 64, 64, 1, 128),
-    "mmat_o96b16": ("mmat", 16, 96, 16, 1, 128),
-    "mmaw_o64b16": ("mmaw", 16, 64, 16, 1, 128),
-    # more mma register blocks, for sweeps
-    "mma_o128b16": ("mma", 16, 128, 16, 1, 128),
-    "mma_o96b32": ("mma", 32, 96, 16, 1, 128),
-    "mma_o64b16b64": ("mma", 16, 64, 16, 1, 64),
-    "mma_o64b16b256": ("mma", 16, 64, 16, 1, 256),
-    "mmas_o96b16": ("mmas", 16, 96, 16, 1, 128),
-    "mmas_o128b16": ("mmas", 16, 128, 16, 1, 128),
-    # mma loops of 2 (k32) or 4 (k64) k-steps per iteration: every load of the iteration issued before its
-    # MMAs (session 10, run 59 sweep)
-    "mma_o64b8k32": ("mma", 8, 64, 32, 1, 128),
-    "mma_o32b16k32": ("mma", 16, 32, 32, 1, 128),
-    "mma_o64b32k32": ("mma", 32, 64, 32, 1, 128),
-    "mma_o32b16k64": ("mma", 16, 32, 64, 1, 128),
-    "mmas_o32b8k32": ("mmas", 8, 32, 32, 1, 128),
-    "mmas_o32b8k64": ("mmas", 8, 32, 64, 1, 128),
-    "mmas_o64b8k32": ("mmas", 8, 64, 32, 1, 128),
-    "mmas_o32b16k32": ("mmas", 16, 32, 32, 1, 128),
-    "mmas_o64b16k32": ("mmas", 16, 64, 32, 1, 128),
-    "mmasw_o32b8k32": ("mmasw", 8, 32, 32, 1, 128),
-    "mmasw_o32b16k32": ("mmasw", 16, 32, 32, 1, 128),
-    "mmasw_o64b16k32": ("mmasw", 16, 64, 32, 1, 128),
-    "mmasw_o32b8k64": ("mmasw", 8, 32, 64, 1, 128),
-    "mmaw_o64b16k32": ("mmaw", 16, 64, 32, 1, 128),
-    "mmat_o64b16k32": ("mmat", 16, 64, 32, 1, 128),
-    "mmat_o64b32k32": ("mmat", 32, 64, 32, 1, 128),
-    "mmat_o96b16k32": ("mmat", 16, 96, 32, 1, 128),
-    # the picks with 2-warp (b64) and 1-warp (b32) blocks: a grid of a few hundred warps in 4-warp blocks leaves
-    # SMs idle (run 62: res18 layer3 at B = 64 ran 64 blocks on the 132 SMs); session 10, run 63
-    "mmat_o64b16k64b64": ("mmat", 16, 64, 64, 1, 64),
-    "mmat_o96b32k32b64": ("mmat", 32, 96, 32, 1, 64),
-    "mmat_o96b32b64": ("mmat", 32, 96, 16, 1, 64),
-    "mma_o32b8k32b64": ("mma", 8, 32, 32, 1, 64),
-    "mmas_o32b8b64": ("mmas", 8, 32, 16, 1, 64),
-    "mmas_o64b8b64": ("mmas", 8, 64, 16, 1, 64),
-    "mma_o96b16b64": ("mma", 16, 96, 16, 1, 64),
-    # the staged store (mmao / mmato: a block's warps are consecutive nodes and write y through a shared tile,
-    # runs of block_dim/32 adjacent outputs instead of one 2-byte store per sector); session 10, run 63
-    "mmato_o64b16": ("mmato", 16, 64, 16, 1, 128),
-    "mmao_o64b32": ("mmao", 32, 64, 16, 1, 128),
-    "mmao_o32b8k32": ("mmao", 8, 32, 32, 1, 128),
-    # gather with register prefetch
-    "gp_m16n32": ("gp", 16, 32, 64, 1, 64),
-    "gp_m32n64": ("gp", 32, 64, 64, 1, 128),
-    "gp_m64n64": ("gp", 64, 64, 64, 1, 128),
-    "gp_m64n128": ("gp", 64, 128, 64, 1, 256),
-}
 
-_CACHED_CONFIG_SPECS: Dict[str, Tuple[str, int, int, int, int, int]] = {
-    "c_m16n32": ("cached", 16, 32, 64, 1, 64),
-    "c_m32n64": ("cached", 32, 64, 64, 1, 128),
-    "c_m64n64": ("cached", 64, 64, 64, 1, 128),
-}
+_TABLES = _load_tables()
 
-# Configs that exist only to exercise the canary (never selected, never in warmup).
-# test_oversized: 4 accumulators of 256x256 fp32 (1 MiB of tiles) exceed both a GPU CTA's shared memory
-# (227 KiB on sm_90) and Warp's 256 KiB CPU tile arena.
-_TEST_CONFIG_SPECS: Dict[str, Tuple[str, int, int, int, int, int]] = {
-    "test_oversized": ("gather", 256, 256, 64, 4, 64),
-}
+#: name -> (family, tile_m, tile_n, tile_k, r, block_dim): the configs the rules select and warmup builds.
+_UNCACHED_BATCH_CONFIG_SPECS: Dict[str, Tuple[str, int, int, int, int, int]] = _TABLES["registered"]
+#: Runnable by name for benchmarks and notebooks, never selected (measured, never the fastest on the H200).
+_EXPERIMENTAL_CONFIG_SPECS: Dict[str, Tuple[str, int, int, int, int, int]] = _TABLES["experimental"]
+#: Inference from the effective-weight cache.
+_CACHED_CONFIG_SPECS: Dict[str, Tuple[str, int, int, int, int, int]] = _TABLES["cached"]
+#: Configs that exist only to exercise the canary (never selected, never in warmup).
+_TEST_CONFIG_SPECS: Dict[str, Tuple[str, int, int, int, int, int]] = _TABLES["canary"]
 
 
 def config_spec(name: str) -> FwdConfig:

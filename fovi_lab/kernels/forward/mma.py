@@ -286,7 +286,7 @@ def mma_snippet(mt: int, nt: int, dense: bool, w_native: bool = False, x_t: bool
 
 
 def _native(key: Tuple, build):
-    """The native function of ``key``, built once by ``build(vec_acc)`` (``vec_acc``: the vector of a lane's
+    """The device function of ``key``, built once by ``build(vec_acc)`` (``vec_acc``: the vector of a lane's
     ``4*MT*NT`` accumulators, ``key[1:3] = (MT, NT)``)."""
     with _lock:
         fn = _STEPS.get(key)
@@ -334,12 +334,7 @@ def store_snippet(mt: int, nt: int, x_t: bool, nb: int) -> str:
     oc, br = 16 * mt, 8 * nt
     rs = br + 2                      # tile row stride (halves): +2 spreads a lane group's rows over the banks
     bs, ns = (nt, 1) if x_t else (1, 8)
-    return f"""
-    const int g = lane >> 2;
-    const int t = lane & 3;
-    const int nbat = y.shape[0], nc = y.shape[1], nn = y.shape[2];
-    char* yb = (char*)y.data;
-    const size_t s0 = (size_t)y.strides[0], s1 = (size_t)y.strides[1], s2 = (size_t)y.strides[2];
+    return f"""{_store_header((0, 1, 2))}
 #if defined(__CUDA_ARCH__)
     __shared__ unsigned short tile[{nb * oc * rs}];
     const int nl = threadIdx.x >> 5;                  // this warp's node within the block's {nb}
@@ -357,20 +352,94 @@ def store_snippet(mt: int, nt: int, x_t: bool, nb: int) -> str:
         const int b = r % {br}, ch = r / {br};
         const int bb = b0 + b, cc = o0 + ch, n2 = n0 + l;
         if (bb < nbat && cc < nc && n2 < nn)
-            *(unsigned short*)(yb + bb * s0 + cc * s1 + n2 * s2) = tile[(l * {oc} + ch) * {rs} + b];
+            *(unsigned short*)(yb + bb * sb + cc * sc + n2 * sn) = tile[(l * {oc} + ch) * {rs} + b];
     }}
     __syncthreads();                                   // the tile is reused by the block's next grid-stride step
 #else
-    for (int mi = 0; mi < {mt}; ++mi)
-        for (int nj = 0; nj < {nt}; ++nj)
-            for (int e = 0; e < 4; ++e) {{
-                const int ch = g * {2 * mt} + 2 * mi + (e >> 1);
-                const int bb = b0 + (2 * t + (e & 1)) * {bs} + nj * {ns}, cc = o0 + ch;
-                if (n < nn && bb < nbat && cc < nc)
-                    *(wp::half*)(yb + bb * s0 + cc * s1 + n * s2) = wp::float_to_half(acc[(mi * {nt} + nj) * 4 + e] + bias[cc]);
-            }}
+{_direct_loop(mt, nt, x_t, False)}
 #endif
 """
+
+
+def _store_header(dims: Tuple[int, int, int]) -> str:
+    """The lane's fragment coordinates and the output's batch / channel / node extents and byte strides (``dims``:
+    which axis of ``y`` is the batch, the channel and the node)."""
+    bd, cd, nd = dims
+    return f"""
+    const int g = lane >> 2;
+    const int t = lane & 3;
+    const int nbat = y.shape[{bd}], nc = y.shape[{cd}], nn = y.shape[{nd}];
+    char* yb = (char*)y.data;
+    const size_t sb = (size_t)y.strides[{bd}], sc = (size_t)y.strides[{cd}], sn = (size_t)y.strides[{nd}];"""
+
+
+def _direct_loop(mt: int, nt: int, x_t: bool, fp32: bool) -> str:
+    """Each lane stores its own ``4*mt*nt`` accumulators, guarded by the output's extents: element ``e`` of
+    fragment ``(mi, nj)`` is channel ``o0 + 2*mt*g + 2*mi + e/2`` and batch row ``b0 + (2t + e%2)*bs + nj*ns``
+    (``bs, ns = nt, 1`` for x^T's adjacent rows, ``1, 8`` otherwise). fp16 outputs get the bias added in fp32 and
+    one rounding; fp32 partials (the split p loop) are stored as they are."""
+    bs, ns = (nt, 1) if x_t else (1, 8)
+    value = "acc[k]" if fp32 else "wp::float_to_half(acc[k] + bias[cc])"
+    return f"""    for (int mi = 0; mi < {mt}; ++mi)
+        for (int nj = 0; nj < {nt}; ++nj)
+            for (int e = 0; e < 4; ++e) {{
+                const int k = (mi * {nt} + nj) * 4 + e;
+                const int cc = o0 + g * {2 * mt} + 2 * mi + (e >> 1);
+                const int bb = b0 + (2 * t + (e & 1)) * {bs} + nj * {ns};
+                if (n < nn && bb < nbat && cc < nc)
+                    *({'float' if fp32 else 'wp::half'}*)(yb + bb * sb + cc * sc + n * sn) = {value};
+            }}"""
+
+
+def direct_store_snippet(mt: int, nt: int, x_t: bool, dims: Tuple[int, int, int] = (0, 1, 2),
+                         fp32: bool = False) -> str:
+    """The store of the unstaged blocks: each lane writes its own accumulators into ``y`` (``dims``: the batch,
+    channel and node axes of ``y``; ``(0, 1, 2)`` for the op's ``y [B, Cout, Nout]``, ``(1, 2, 0)`` for the dense
+    ceiling's ``[Nout, B, Cout]`` and the split loop's fp32 ``part [S*Nout, B, Cout]``). The same code on the GPU
+    and on Warp's CPU device."""
+    return _store_header(dims) + "\n" + _direct_loop(mt, nt, x_t, fp32) + "\n"
+
+
+def _mma_partial_store(mt: int, nt: int, x_t: bool):
+    """The native store of the split p loop's fp32 partials ``part [S*Nout, B, Cout]`` (built once)."""
+    def build(vec_acc):
+        @wp.func_native(direct_store_snippet(mt, nt, x_t, (1, 2, 0), fp32=True))
+        def store(y: wp.array3d(dtype=wp.float32), acc: vec_acc, b0: int, o0: int, n: int, lane: int): ...
+        return store
+    return _native(("partial", mt, nt, x_t), build)
+
+
+def mma_direct_store(mt: int, nt: int, x_t: bool, nodes_first: bool = False):
+    """The store of the unstaged, unsplit blocks as an inlined Warp function (built once per block shape and
+    layout): each lane writes its own ``4*mt*nt`` accumulators, the bias added in fp32 and one rounding to fp16,
+    guarded by y's shape. Element ``e`` of fragment ``(mi, nj)`` is channel ``o0 + 2*mt*g + 2*mi + e/2`` (the
+    fragment's row permutation undone) and batch row ``b0 + (2t + e%2)*BS + nj*NS`` (``BS, NS = nt, 1`` for
+    x^T's adjacent rows, ``1, 8`` for x in place); ``y`` is the op's ``[B, Cout, Nout]``, or ``[Nout, B, Cout]``
+    (``nodes_first``: the dense ceiling's)."""
+    MT, NT, NF = int(mt), int(nt), bool(nodes_first)
+    BS, NS = (NT, 1) if x_t else (1, 8)
+
+    def build(vec_acc):
+        def store(y: wp.array3d(dtype=wp.float16), bias: wp.array1d(dtype=wp.float32), acc: None, b0: int, o0: int,
+                  n: int, lane: int):
+            g = lane // 4
+            t2 = (lane % 4) * 2
+            for mi in range(MT):
+                for nj in range(NT):
+                    for e in range(4):
+                        ch = o0 + g * (2 * MT) + 2 * mi + e // 2
+                        b = b0 + (t2 + e % 2) * BS + nj * NS
+                        if wp.static(NF):
+                            if b < y.shape[1] and ch < y.shape[2]:
+                                y[n, b, ch] = wp.float16(acc[(mi * NT + nj) * 4 + e] + bias[ch])
+                        else:
+                            if b < y.shape[0] and ch < y.shape[1]:
+                                y[b, ch, n] = wp.float16(acc[(mi * NT + nj) * 4 + e] + bias[ch])
+
+        store.__annotations__["acc"] = vec_acc      # an object: Warp evaluates only string annotations
+        return wp.func(name=f"fovi_mma_store_m{MT}n{NT}{'t' if x_t else ''}{'_nbo' if NF else ''}",
+                       inline=True)(store)
+    return _native(("direct", MT, NT, bool(x_t), NF), build)
 
 
 def _mma_store(mt: int, nt: int, x_t: bool, nb: int):
@@ -438,11 +507,15 @@ def make_mma_kernel(m_tiles: int, n_tiles: int, block_dim: int = 128, split: boo
         raise ValueError("mma kernel: the staged store is for unsplit, gathered kernels")
     steps = _mma_steps(MT, NT, dense, WN, XT, KU)
     OC, BR = 16 * MT, 8 * NT
-    # batch row of accumulator column n (= 2t + e%2) in n-tile nj: b0 + n*BS + nj*NS
-    BS, NS = (NT, 1) if XT else (1, 8)
     fam = "mma" + ("s" if split else "") + ("w" if WN else "") + ("t" if XT else "") + ("o" if ST else "")
     kname = f"fovi_fwd_{fam}{'_dense' if dense else ''}_m{MT}n{NT}{f'k{16 * KU}' if KU > 1 else ''}b{block_dim}"
 
+    if ST:
+        store = _mma_store(MT, NT, XT, int(block_dim) // 32)
+    elif split:                             # fp32 partials [S*Nout, B, Cout]
+        store = _mma_partial_store(MT, NT, XT)
+    else:                                   # the dense ceiling writes [Nout, B, Cout]; the op's y is [B, Cout, Nout]
+        store = mma_direct_store(MT, NT, XT, nodes_first=dense)
     if dense:
         @_decorator(kname, block_dim)
         def kernel(xd: wp.array2d(dtype=wp.float16), wd: wp.array2d(dtype=wp.float16),
@@ -452,15 +525,7 @@ def make_mma_kernel(m_tiles: int, n_tiles: int, block_dim: int = 128, split: boo
             b0 = bg * BR
             o0 = (tl // 32) * OC
             acc = steps(xd, wd, lane, b0, o0, 0, kd)
-            g = lane // 4
-            t2 = (lane % 4) * 2
-            for mi in range(MT):
-                for nj in range(NT):
-                    for e in range(4):
-                        ch = o0 + g * (2 * MT) + 2 * mi + e // 2
-                        b = b0 + (t2 + e % 2) * BS + nj * NS
-                        if b < y.shape[1] and ch < y.shape[2]:
-                            y[n, b, ch] = wp.float16(acc[(mi * NT + nj) * 4 + e] + bias[ch])
+            store(y, bias, acc, b0, o0, n, lane)
     elif split:
         @_decorator(kname, block_dim)
         def kernel(x: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16),
@@ -473,50 +538,27 @@ def make_mma_kernel(m_tiles: int, n_tiles: int, block_dim: int = 128, split: boo
             b0 = bg * BR
             o0 = (tl // 32) * OC
             acc = steps(x, wt, il, wl, n, lane, b0, o0, p_lo, wp.min(p_lo + p_chunk, p_len))
-            g = lane // 4
-            t2 = (lane % 4) * 2
-            for mi in range(MT):
-                for nj in range(NT):
-                    for e in range(4):
-                        ch = o0 + g * (2 * MT) + 2 * mi + e // 2
-                        b = b0 + (t2 + e % 2) * BS + nj * NS
-                        if b < part.shape[1] and ch < part.shape[2]:
-                            part[ns, b, ch] = acc[(mi * NT + nj) * 4 + e]
-    elif ST:
-        store = _mma_store(MT, NT, XT, int(block_dim) // 32)
-
-        @_decorator(kname, block_dim)
-        def kernel(x: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16),
-                   il: wp.array2d(dtype=wp.int32), wl: wp.array2d(dtype=wp.int32),
-                   bias: wp.array1d(dtype=wp.float32), y: wp.array3d(dtype=wp.float16), p_len: int, n_og: int):
-            bg, og, tl = wp.tid()
-            lane = tl % 32
-            n = tl // 32
-            nout = y.shape[2]
-            b0 = bg * BR
-            o0 = og * OC
-            p_hi = wp.where(n < nout, p_len, 0)           # the block's padding warps: no loads, no stores
-            acc = steps(x, wt, il, wl, wp.min(n, nout - 1), lane, b0, o0, 0, p_hi)
-            store(y, bias, acc, b0, o0, n, lane)
+            store(part, acc, b0, o0, ns, lane)
     else:
         @_decorator(kname, block_dim)
         def kernel(x: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16),
                    il: wp.array2d(dtype=wp.int32), wl: wp.array2d(dtype=wp.int32),
                    bias: wp.array1d(dtype=wp.float32), y: wp.array3d(dtype=wp.float16), p_len: int, n_og: int):
-            n, bg, tl = wp.tid()
+            i, j, tl = wp.tid()
             lane = tl % 32
-            b0 = bg * BR
-            o0 = (tl // 32) * OC
-            acc = steps(x, wt, il, wl, n, lane, b0, o0, 0, p_len)
-            g = lane // 4
-            t2 = (lane % 4) * 2
-            for mi in range(MT):
-                for nj in range(NT):
-                    for e in range(4):
-                        ch = o0 + g * (2 * MT) + 2 * mi + e // 2
-                        b = b0 + (t2 + e % 2) * BS + nj * NS
-                        if b < y.shape[0] and ch < y.shape[1]:
-                            y[b, ch, n] = wp.float16(acc[(mi * NT + nj) * 4 + e] + bias[ch])
+            if wp.static(ST):     # grid (batch block, channel block, node*32): a block's warps are consecutive nodes
+                nout = y.shape[2]
+                n = tl // 32
+                b0 = i * BR
+                o0 = j * OC
+                p_hi = wp.where(n < nout, p_len, 0)       # the block's padding warps: no loads, no stores
+                acc = steps(x, wt, il, wl, wp.min(n, nout - 1), lane, b0, o0, 0, p_hi)
+            else:                 # grid (node, batch block, channel block*32)
+                n = i
+                b0 = j * BR
+                o0 = (tl // 32) * OC
+                acc = steps(x, wt, il, wl, n, lane, b0, o0, 0, p_len)
+            store(y, bias, acc, b0, o0, n, lane)
 
     kernel.fovi_tiles = (fam + ("_dense" if dense else ""), BR, OC, MMA_K * KU, 1, int(block_dim))
     return kernel

@@ -14,22 +14,24 @@ from fovi_lab.kernels import common as _wc
 from fovi_lab.kernels.common import built_once, init_warp, wp
 
 
-def _simt_decorator(name: str, block_dim: int, w_vec4: bool = False):
+def _simt_decorator(name: str, block_dim: int, w_vec4: bool = False, vec4_args: Tuple[str, ...] = ()):
     """A SIMT kernel has no tile expression: no MathDx link, so it compiles in seconds (not ~50 s).
     ``w_vec4``: the kernel's ``wt`` parameter is declared ``array2d(vec4)`` instead of its source's fp16 (the
-    vec4-W variants share their body with the fp16 ones)."""
+    vec4-W variants share their body with the fp16 ones); ``vec4_args``: the same for the parameters named."""
+    vec4_args = tuple(vec4_args) + (("wt",) if w_vec4 else ())
     if _wc.SHARED_KERNEL_MODULE is not None:
         deco = wp.kernel(enable_backward=False, module=_wc.SHARED_KERNEL_MODULE, name=name)
     else:
         deco = wp.kernel(enable_backward=False, module="unique", name=name,
                          module_options={"enable_backward": False, "fast_math": True, "block_dim": int(block_dim)})
-    if not w_vec4:
+    if not vec4_args:
         return deco
 
-    def with_vec4_w(fn):
-        fn.__annotations__["wt"] = wp.array2d(dtype=wp.vec4)     # an object: Warp evaluates only strings
+    def with_vec4_args(fn):
+        for arg in vec4_args:
+            fn.__annotations__[arg] = wp.array2d(dtype=wp.vec4)  # an object: Warp evaluates only strings
         return deco(fn)
-    return with_vec4_w
+    return with_vec4_args
 
 
 _step_lock = threading.Lock()
@@ -85,6 +87,128 @@ def simt_step(tile_b: int, tile_o: int, wvec: bool = False):
         return step
 
 
+def simt_store(tile_b: int, tile_o: int, nodes_first: bool):
+    """The epilogue of the SIMT register blocks as an inlined Warp function, built once per block shape and
+    layout: a thread's ``tile_b x tile_o`` fp32 accumulators plus the bias (in fp32, one rounding to fp16) into
+    ``y``, guarded by ``y``'s shape (the batch and Cout tails)::
+
+        y[b0 + i, og + j*n_og, n] = fp16(acc[i, j] + bias[og + j*n_og])     (the op's y [B, Cout, Nout])
+        y[n, b0 + i, og + j*n_og] = ...                                     (nodes_first: [Nout, B, Cout])
+    """
+    TB, TO, NF = int(tile_b), int(tile_o), bool(nodes_first)
+    key = ("store", TB, TO, NF)
+    with _step_lock:
+        fn = _STEPS.get(key)
+        if fn is not None:
+            return fn
+        init_warp()
+        mat_bo = wp.types.matrix(shape=(TB, TO), dtype=wp.float32)
+
+        def store(y: wp.array3d(dtype=wp.float16), acc: None, bias: wp.array1d(dtype=wp.float32), n: int,
+                  b0: int, og: int, n_og: int):
+            if wp.static(NF):
+                nb = y.shape[1]
+                nc = y.shape[2]
+            else:
+                nb = y.shape[0]
+                nc = y.shape[1]
+            for i in range(TB):
+                if b0 + i < nb:
+                    for j in range(TO):
+                        o = og + j * n_og
+                        if o < nc:
+                            if wp.static(NF):
+                                y[n, b0 + i, o] = wp.float16(acc[i, j] + bias[o])
+                            else:
+                                y[b0 + i, o, n] = wp.float16(acc[i, j] + bias[o])
+
+        store.__annotations__["acc"] = mat_bo       # an object: Warp evaluates only string annotations
+        store = _STEPS[key] = wp.func(name=f"fovi_simt_store_b{TB}o{TO}{'_nbo' if NF else ''}", inline=True)(store)
+        return store
+
+
+def _cached_func(key: Tuple, build):
+    """The Warp function of ``key``, built once (``build()``)."""
+    with _step_lock:
+        fn = _STEPS.get(key)
+        if fn is None:
+            init_warp()
+            fn = _STEPS[key] = build()
+        return fn
+
+
+def simt_dense_step(tile_b: int, tile_o: int):
+    """One k entry of the fp16 SIMT ceiling: ``outer(at[r, b0 + i] for i < tile_b, w[q, og + j*n_og] for j < tile_o)``
+    with ``b0 = bg*tile_b`` over the dense operands ``at [Kd, Bx]``, ``w [Kd, Cout_p]`` (``r = q = k``)."""
+    TB, TO = int(tile_b), int(tile_o)
+
+    def build():
+        vec_b = wp.types.vector(length=TB, dtype=wp.float32)
+        vec_o = wp.types.vector(length=TO, dtype=wp.float32)
+
+        @wp.func(name=f"fovi_simt_dense_step_b{TB}o{TO}", inline=True)
+        def step(at: wp.array2d(dtype=wp.float16), w: wp.array2d(dtype=wp.float16), r: int, q: int, bg: int,
+                 og: int, n_og: int):
+            xv = vec_b()
+            wv = vec_o()
+            for i in range(TB):
+                xv[i] = wp.float32(at[r, bg * TB + i])
+            for j in range(TO):
+                wv[j] = wp.float32(w[q, og + j * n_og])
+            return wp.outer(xv, wv)
+        return step
+    return _cached_func(("dense_step", TB, TO), build)
+
+
+def simtv_step(tile_b: int, tile_o: int):
+    """One p entry of the ``simtv`` loops: the thread's ``tile_b/4`` vec4 words of the fp32 x^T row ``r`` and
+    ``tile_o/4`` of the channel-permuted W^T row ``q``, their outer product (``n_og`` unused: the permutation
+    already made the thread's channels adjacent)."""
+    TB, TO = int(tile_b), int(tile_o)
+    TB4, TO4 = TB // 4, TO // 4
+
+    def build():
+        vec_b = wp.types.vector(length=TB, dtype=wp.float32)
+        vec_o = wp.types.vector(length=TO, dtype=wp.float32)
+
+        @wp.func(name=f"fovi_simtv_step_b{TB}o{TO}", inline=True)
+        def step(xp: wp.array2d(dtype=wp.vec4), wt: wp.array2d(dtype=wp.vec4), r: int, q: int, bg: int, og: int,
+                 n_og: int):
+            xv = vec_b()
+            wv = vec_o()
+            for k in range(TB4):
+                x4 = xp[r, bg * TB4 + k]
+                for i in range(4):
+                    xv[k * 4 + i] = x4[i]
+            for k in range(TO4):
+                w4 = wt[q, og * TO4 + k]
+                for i in range(4):
+                    wv[k * 4 + i] = w4[i]
+            return wp.outer(xv, wv)
+        return step
+    return _cached_func(("simtv_step", TB, TO), build)
+
+
+def _simt_dense_kernel(kname: str, tile_b: int, tile_o: int, unroll: int, block_dim: int, step, vec4: bool):
+    """The SIMT ceiling of a register block: its loop over dense operands ``at [Kd, Bx]``, ``w [Kd, Cout_p]``
+    shared by every node (no index loads), ``step`` per k entry, output ``[Nout, B, Cout]`` (``vec4``: fp32
+    operands read as vec4 words, the ``simtv`` layout; else fp16)."""
+    TB, TO, U = int(tile_b), int(tile_o), int(unroll)
+    mat_bo = wp.types.matrix(shape=(TB, TO), dtype=wp.float32)
+    store = simt_store(TB, TO, nodes_first=True)
+
+    @_simt_decorator(kname, block_dim, vec4_args=("at", "w") if vec4 else ())
+    def kernel(at: wp.array2d(dtype=wp.float16), w: wp.array2d(dtype=wp.float16), bias: wp.array1d(dtype=wp.float32),
+               y: wp.array3d(dtype=wp.float16), kd: int, n_og: int):
+        n, bg, og = wp.tid()
+        acc = mat_bo()
+        for p0 in range(0, kd, U):
+            for u in range(U):
+                acc += step(at, w, p0 + u, p0 + u, bg, og, n_og)
+        store(y, acc, bias, n, bg * TB, og, n_og)
+    return kernel
+
+
 def make_simt_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, name: Optional[str] = None,
                       dense: bool = False, prefetch: bool = False, wvec: bool = False):
     """SIMT register-blocked kernel ("simt", ``sd_b8o8u4``-style): no tile GEMM, no staging, no layout copy
@@ -133,42 +257,11 @@ def make_simt_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, name
     kname = name or (f"fovi_fwd_simt{'p' if PF else 'w' if WV else ''}{'_dense' if dense else ''}"
                      f"_b{TB}o{TO}u{U}b{block_dim}")
     vec_u = wp.types.vector(length=U, dtype=wp.int32)
-    vec_b = wp.types.vector(length=TB, dtype=wp.float32)
-    vec_o = wp.types.vector(length=TO, dtype=wp.float32)
     mat_bo = wp.types.matrix(shape=(TB, TO), dtype=wp.float32)
 
     step = None if dense else simt_step(TB, TO, WV)     # one p entry (shared with make_simts_kernel)
-    if PF:
-        @_simt_decorator(kname, block_dim)
-        def kernel(x: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16),
-                   il: wp.array2d(dtype=wp.int32), wl: wp.array2d(dtype=wp.int32),
-                   bias: wp.array1d(dtype=wp.float32), y: wp.array3d(dtype=wp.float16), p_len: int, n_og: int):
-            n, bg, og = wp.tid()
-            b0 = bg * TB
-            bmax = x.shape[0] - 1
-            acc = mat_bo()
-            last = il.shape[1] - U             # the next step's indices are read from inside the table
-            rn = vec_u()
-            qn = vec_u()
-            for u in range(U):
-                rn[u] = il[n, u]
-                qn[u] = wl[n, u]
-            for p0 in range(0, p_len, U):
-                rc = rn
-                qc = qn
-                pn = wp.min(p0 + U, last)
-                for u in range(U):             # next step's indices: in flight while this step computes
-                    rn[u] = il[n, pn + u]
-                    qn[u] = wl[n, pn + u]
-                for u in range(U):
-                    acc += step(x, wt, rc[u], qc[u], b0, bmax, og, n_og)
-            for i in range(TB):                    # guarded by y's shape: batch and Cout tails
-                if b0 + i < y.shape[0]:
-                    for j in range(TO):
-                        o = og + j * n_og
-                        if o < y.shape[1]:
-                            y[b0 + i, o, n] = wp.float16(acc[i, j] + bias[o])
-    elif not dense:
+    store = simt_store(TB, TO, nodes_first=dense)       # the dense ceiling writes [Nout, B, Cout]
+    if not dense:
         @_simt_decorator(kname, block_dim, w_vec4=WV)
         def kernel(x: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16),
                    il: wp.array2d(dtype=wp.int32), wl: wp.array2d(dtype=wp.int32),
@@ -177,37 +270,29 @@ def make_simt_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, name
             b0 = bg * TB
             bmax = x.shape[0] - 1
             acc = mat_bo()
-            for p0 in range(0, p_len, U):
-                for u in range(U):             # constant trip counts: unrolled, registers only
-                    acc += step(x, wt, il[n, p0 + u], wl[n, p0 + u], b0, bmax, og, n_og)
-            for i in range(TB):                    # guarded by y's shape: batch and Cout tails
-                if b0 + i < y.shape[0]:
-                    for j in range(TO):
-                        o = og + j * n_og
-                        if o < y.shape[1]:
-                            y[b0 + i, o, n] = wp.float16(acc[i, j] + bias[o])
-    else:
-        @_simt_decorator(kname, block_dim)
-        def kernel(at: wp.array2d(dtype=wp.float16), w: wp.array2d(dtype=wp.float16),
-                   bias: wp.array1d(dtype=wp.float32), y: wp.array3d(dtype=wp.float16), kd: int, n_og: int):
-            n, bg, og = wp.tid()
-            b0 = bg * TB
-            acc = mat_bo()
-            for p0 in range(0, kd, U):
+            if wp.static(PF):
+                last = il.shape[1] - U         # the next step's indices are read from inside the table
+                rn = vec_u()
+                qn = vec_u()
                 for u in range(U):
-                    xv = vec_b()
-                    wv = vec_o()
-                    for i in range(TB):
-                        xv[i] = wp.float32(at[p0 + u, b0 + i])
-                    for j in range(TO):
-                        wv[j] = wp.float32(w[p0 + u, og + j * n_og])
-                    acc += wp.outer(xv, wv)
-            for i in range(TB):
-                if b0 + i < y.shape[1]:
-                    for j in range(TO):
-                        o = og + j * n_og
-                        if o < y.shape[2]:
-                            y[n, b0 + i, o] = wp.float16(acc[i, j] + bias[o])
+                    rn[u] = il[n, u]
+                    qn[u] = wl[n, u]
+                for p0 in range(0, p_len, U):
+                    rc = rn
+                    qc = qn
+                    pn = wp.min(p0 + U, last)
+                    for u in range(U):         # next step's indices: in flight while this step computes
+                        rn[u] = il[n, pn + u]
+                        qn[u] = wl[n, pn + u]
+                    for u in range(U):
+                        acc += step(x, wt, rc[u], qc[u], b0, bmax, og, n_og)
+            else:
+                for p0 in range(0, p_len, U):
+                    for u in range(U):         # constant trip counts: unrolled, registers only
+                        acc += step(x, wt, il[n, p0 + u], wl[n, p0 + u], b0, bmax, og, n_og)
+            store(y, acc, bias, n, b0, og, n_og)
+    else:
+        kernel = _simt_dense_kernel(kname, TB, TO, U, block_dim, simt_dense_step(TB, TO), vec4=False)
 
     kernel.fovi_tiles = ("simt_dense" if dense else "simtp" if PF else "simtw" if WV else "simt", TB, TO, U, 1,
                           int(block_dim))
@@ -292,11 +377,10 @@ def make_simtv_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, nam
     TB, TO, U = int(tile_b), int(tile_o), int(unroll)
     if TB % 4 or TO % 4:
         raise ValueError(f"simtv: tile_b={TB} and tile_o={TO} must be multiples of 4 (vec4 loads)")
-    TB4, TO4 = TB // 4, TO // 4
     kname = name or f"fovi_fwd_simtv{'_dense' if dense else ''}_b{TB}o{TO}u{U}b{block_dim}"
-    vec_b = wp.types.vector(length=TB, dtype=wp.float32)
-    vec_o = wp.types.vector(length=TO, dtype=wp.float32)
     mat_bo = wp.types.matrix(shape=(TB, TO), dtype=wp.float32)
+    step = simtv_step(TB, TO)
+    store = simt_store(TB, TO, nodes_first=True)        # y [Nout, B, Cout]
 
     if not dense:
         @_simt_decorator(kname, block_dim)
@@ -308,51 +392,10 @@ def make_simtv_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, nam
             acc = mat_bo()
             for p0 in range(0, p_len, U):
                 for u in range(U):             # constant trip counts: unrolled, registers only
-                    r = il[n, p0 + u]
-                    q = wl[n, p0 + u]
-                    xv = vec_b()
-                    wv = vec_o()
-                    for k in range(TB4):
-                        x4 = xp[r, bg * TB4 + k]
-                        for i in range(4):
-                            xv[k * 4 + i] = x4[i]
-                    for k in range(TO4):
-                        w4 = wt[q, og * TO4 + k]
-                        for i in range(4):
-                            wv[k * 4 + i] = w4[i]
-                    acc += wp.outer(xv, wv)
-            for i in range(TB):                    # guarded by y's shape: batch and Cout tails
-                if b0 + i < y.shape[1]:
-                    for j in range(TO):
-                        o = og + j * n_og
-                        if o < y.shape[2]:
-                            y[n, b0 + i, o] = wp.float16(acc[i, j] + bias[o])
+                    acc += step(xp, wt, il[n, p0 + u], wl[n, p0 + u], bg, og, n_og)
+            store(y, acc, bias, n, b0, og, n_og)
     else:
-        @_simt_decorator(kname, block_dim)
-        def kernel(at: wp.array2d(dtype=wp.vec4), w: wp.array2d(dtype=wp.vec4),
-                   bias: wp.array1d(dtype=wp.float32), y: wp.array3d(dtype=wp.float16), kd: int, n_og: int):
-            n, bg, og = wp.tid()
-            b0 = bg * TB
-            acc = mat_bo()
-            for p0 in range(0, kd, U):
-                for u in range(U):
-                    xv = vec_b()
-                    wv = vec_o()
-                    for k in range(TB4):
-                        x4 = at[p0 + u, bg * TB4 + k]
-                        for i in range(4):
-                            xv[k * 4 + i] = x4[i]
-                    for k in range(TO4):
-                        w4 = w[p0 + u, og * TO4 + k]
-                        for i in range(4):
-                            wv[k * 4 + i] = w4[i]
-                    acc += wp.outer(xv, wv)
-            for i in range(TB):
-                if b0 + i < y.shape[1]:
-                    for j in range(TO):
-                        o = og + j * n_og
-                        if o < y.shape[2]:
-                            y[n, b0 + i, o] = wp.float16(acc[i, j] + bias[o])
+        kernel = _simt_dense_kernel(kname, TB, TO, U, block_dim, step, vec4=True)
 
     kernel.fovi_tiles = ("simtv_dense" if dense else "simtv", TB, TO, U, 1, int(block_dim))
     return kernel
