@@ -1,10 +1,11 @@
-"""Command line: ``python -m fovi_lab {demo, bench, warmup}``.
+"""Command line: ``python -m fovi_lab {demo, bench, warmup, report}``.
 
     python -m fovi_lab demo                  # every backend on a real fovi layer, checked and timed
     python -m fovi_lab bench forward         # forward benchmark (records JSON lines under data/)
     python -m fovi_lab bench backward        # adjoint benchmark
     python -m fovi_lab bench train-step      # forward + both grads
     python -m fovi_lab warmup                # compile every Warp config for this device, in parallel
+    python -m fovi_lab report                # docs/results.md and the README's table from the records
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ def main(argv=None) -> int:
             return run(rest[1:]) or 0
         from fovi_lab.bench.backward import main as run
         return run(rest) or 0
+    if cmd == "report":
+        from fovi_lab.bench.report import main as run
+        return run(rest)
     if cmd == "warmup":
         from fovi_lab.kernels.warmup import main as run
         return run(rest) or 0

@@ -1,7 +1,7 @@
 """The main job, headless: one real fovi layer through every registered backend, checked and timed.
 
 ``python -m fovi_lab demo [--layer res18_layer1] [--batch 8] [--rf rf1|rf2]`` builds the layer's foveated
-KNN graph (spec §5, §6), runs every backend in ``OPS_REGISTRY`` on the best available device (CUDA if
+KNN graph (docs/operator.md §5, §6), runs every backend in ``OPS_REGISTRY`` on the best available device (CUDA if
 present, else CPU; Warp's CPU device runs the Warp kernels there), checks the forward output and, for
 train-capable backends, both gradients against autograd of the fp64 oracle, and prints one row per
 backend: device, dtype, max errors, tolerance verdict and median times. New backends appear here by
@@ -82,7 +82,7 @@ def run_demo(layer: str = "res18_layer1", batch: int = 8, rf: Optional[str] = No
              backends: Optional[List[str]] = None, log=print) -> List[DemoRow]:
     """Run every registered backend on one real layer; returns one :class:`DemoRow` per backend.
 
-    Tolerance (spec §5): each of y, dx, dW within 3x the error of autograd through the oracle computed
+    Tolerance (docs/operator.md §5): each of y, dx, dW within 3x the error of autograd through the oracle computed
     in the same dtype, + 2e-3; errors are max-abs against autograd of the fp64 oracle. ``log`` gets a line
     per phase (graph, then per backend: reference, first call, adjoints, timing), each with its time.
 
@@ -139,7 +139,7 @@ def run_demo(layer: str = "res18_layer1", batch: int = 8, rf: Optional[str] = No
         y64 = oracle_forward(x64, w64, None if b is None else b.double().cpu(), graph.idx, graph.rf_index,
                              meta.v, dtype=torch.float64)
         dx64, dw64 = torch.autograd.grad(y64, (x64, w64), gy.double().cpu())
-        if dtype not in ref_err_cache:  # same-dtype autograd of the oracle sets the bar (spec §5)
+        if dtype not in ref_err_cache:  # same-dtype autograd of the oracle sets the bar (docs/operator.md §5)
             xr = x.cpu().requires_grad_()
             wr = w.cpu().requires_grad_()
             yr = oracle_forward(xr, wr, None if b is None else b.cpu(), graph.idx, graph.rf_index, meta.v,

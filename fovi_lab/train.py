@@ -1,7 +1,7 @@
 """A small foveated KNN-conv network trained on real images (scikit-learn's bundled digits).
 
 The images are sampled through a foveated retina (nearest-neighbour ``grid_sample`` at the points of
-an isotropic ring grid around a fixation, spec §1.1), then go through two strided KNN convolutions,
+an isotropic ring grid around a fixation, docs/operator.md §1.1), then go through two strided KNN convolutions,
 a global average over nodes and a linear classifier::
 
     image [B,1,H,W] --retina--> x [B, 1, N0] --KNNConv s2--> [B, C1, N1] --KNNConv s2--> [B, C2, N2]

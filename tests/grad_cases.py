@@ -1,4 +1,4 @@
-"""Shared cases of the adjoint tests (staged and fused): the spec §5 criterion on synthetic shapes.
+"""Shared cases of the adjoint tests (staged and fused): the accuracy criterion of docs/operator.md §5 on synthetic shapes.
 
 Each gradient must lie within 3x the fp16 torch_compact error + 2e-3 of torch autograd through the fp32
 oracle, both measured on the same fp16-rounded inputs.

@@ -1,4 +1,4 @@
-"""Registry, KNNConvFunction and KNNConv (spec §4)."""
+"""Registry, KNNConvFunction and KNNConv (docs/operator.md §4)."""
 
 import pytest
 import torch

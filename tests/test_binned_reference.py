@@ -1,5 +1,5 @@
 """The binned PyTorch baseline (fovi_lab.ops.reference.binned_forward, ``torch_binned_mm`` in the benchmarks):
-spec §1.4's "bin by one-hot, then one matmul" with the compact tables, against the fp32 oracle and the
+docs/operator.md §1.4's "bin by one-hot, then one matmul" with the compact tables, against the fp32 oracle and the
 torch_compact gradients, on irregular shapes (collisions, heavy padding, Nout not a tile multiple)."""
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from fovi_lab.lab import binning_viz as bv
 
 def test_tap_ratio_rows_follow_the_spec_table():
     rows = {(r["layer"], r["rf"]): r for r in bv.tap_ratio_rows(("alex_L0", "res18_layer1", "dinov3_patch"))}
-    # spec §5: alexnet L0 Q = 1452 (rf2) / 363 (rf1) against P64 = 384; res18 layer1 2304 / 576 against 576
+    # docs/operator.md §5: alexnet L0 Q = 1452 (rf2) / 363 (rf1) against P64 = 384; res18 layer1 2304 / 576 against 576
     assert (rows["alex_L0", "rf2"]["q"], rows["alex_L0", "rf1"]["q"], rows["alex_L0", "rf2"]["p64"]) == (1452, 363, 384)
     assert rows["res18_layer1", "rf2"]["ratio"] == 4.0 and rows["res18_layer1", "rf1"]["ratio"] == 1.0
     for r in rows.values():

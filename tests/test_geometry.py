@@ -1,4 +1,4 @@
-"""Geometry of the foveated KNN graphs (spec §1.2, §1.3, §6): counts, pads, taps, collisions."""
+"""Geometry of the foveated KNN graphs (docs/operator.md §1.2, §1.3, §6): counts, pads, taps, collisions."""
 
 import math
 
@@ -82,7 +82,7 @@ def stem_rf2():
 
 
 def test_stem_pad_fraction(stem_rf1):
-    # spec §6: 4.66 % (a=0.5) and 5.12 % (a=1)
+    # docs/operator.md §6: 4.66 % (a=0.5) and 5.12 % (a=1)
     assert stem_rf1.pad_fraction == pytest.approx(0.0466, abs=5e-4)
     g1 = foveated_knn_graph(a=1.0, k=121, out_stride=2)
     assert g1.pad_fraction == pytest.approx(0.0512, abs=5e-4)
@@ -90,7 +90,7 @@ def test_stem_pad_fraction(stem_rf1):
 
 def test_collision_rates(stem_rf1, stem_rf2):
     assert (stem_rf1.v, stem_rf2.v) == (121, 484)
-    # spec: rf1 ~22-26 %, the verified recipe 26.4 % for the stem; rf2 ~0
+    # docs/operator.md §1.3, §6.5: rf1 ~22-26 %, 26.4 % on this stem; rf2 ~0
     assert stem_rf1.collision_rate == pytest.approx(0.264, abs=0.005)
     assert stem_rf2.collision_rate < 0.005
     # with V == K, every collision leaves exactly one tap empty

@@ -57,7 +57,7 @@ def test_warp_train_through_autograd_matches_the_oracle(name):
     b64 = b.detach().half().double().requires_grad_()
     y64 = oracle_forward(x64, w64, b64, idx, rf, meta.v, dtype=torch.float64)
     dx64, dw64, db64 = torch.autograd.grad(y64, (x64, w64, b64), gy.double())
-    # criterion (spec §5): within 3x the same-dtype torch reference's error + 2e-3
+    # criterion (docs/operator.md §5): within 3x the same-dtype torch reference's error + 2e-3
     xr, wr = x.detach().clone().requires_grad_(), w.detach().half().requires_grad_()
     yr = KNNConvFunction.apply(xr, wr, b.detach().half(), meta, "torch_compact")
     dxr, dwr = torch.autograd.grad(yr, (xr, wr), gy)

@@ -1,4 +1,4 @@
-"""The fovi layer table (spec §5) regenerated from geometry: shapes and pad shares."""
+"""The fovi layer table (docs/operator.md §5) regenerated from geometry: shapes and pad shares."""
 
 import pytest
 import torch
@@ -6,7 +6,7 @@ import torch
 from fovi_lab.graph import layers
 from fovi_lab.graph.layers import LAYERS, layer_graph, layer_meta, layer_shape, synthetic_meta
 
-# spec §5: name -> (cin, cout, nin, nout, k, v_rf2, v_rf1, p, p64, pad %)
+# docs/operator.md §5: name -> (cin, cout, nin, nout, k, v_rf2, v_rf1, p, p64, pad %)
 SPEC = {
     "alex_L0": (3, 96, 4085, 964, 121, 484, 121, 363, 384, 4.7),
     "alex_L1": (96, 256, 230, 230, 25, 100, 25, 2400, 2432, 8.6),

@@ -1,4 +1,4 @@
-"""The index tables and the reverse CSR (spec §2.1, §3.1)."""
+"""The index tables and the reverse CSR (docs/operator.md §2.1, §3.1)."""
 
 import pytest
 import torch

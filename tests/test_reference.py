@@ -1,4 +1,4 @@
-"""torch_compact and the effective-weight cache against the fp32 oracle and torch autograd (spec §2-§3)."""
+"""torch_compact and the effective-weight cache against the fp32 oracle and torch autograd (docs/operator.md §2-§3)."""
 
 import pytest
 import torch

@@ -1,6 +1,6 @@
-"""Warp adjoint kernels (fovi_lab.kernels.adjoint.staged) on Warp's CPU device (spec §3, §3.3).
+"""Warp adjoint kernels (fovi_lab.kernels.adjoint.staged) on Warp's CPU device (docs/operator.md §3, §3.3).
 
-Criterion (spec §5): each gradient is within 3x the fp16 torch_compact error + 2e-3, both errors
+Criterion (docs/operator.md §5): each gradient is within 3x the fp16 torch_compact error + 2e-3, both errors
 measured against torch autograd of the fp32 oracle on the same fp16-rounded inputs. Every buffer the
 module allocates uninitialised is pre-filled with NaN (``_EMPTY_FILL``), so an unwritten stage entry
 poisons the result.

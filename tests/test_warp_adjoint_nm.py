@@ -1,6 +1,6 @@
 """Fused node-major adjoint kernels (fovi_lab.kernels.adjoint.fused) on Warp's CPU device.
 
-Same criterion as the staged kernels (spec §5): each gradient within 3x the fp16 torch_compact error
+Same criterion as the staged kernels (docs/operator.md §5): each gradient within 3x the fp16 torch_compact error
 + 2e-3 of torch autograd through the fp32 oracle, on the same fp16-rounded inputs. Outputs are
 pre-filled with NaN before the launch, so an entry the kernel does not write fails the test.
 """
@@ -200,7 +200,7 @@ def test_segment_requests(monkeypatch):
 
 
 def test_only_pad_neighbours_give_exact_zeros():
-    """Input nodes nobody reads get dx = 0; taps only pads fall into get dW = 0 (spec §3)."""
+    """Input nodes nobody reads get dx = 0; taps only pads fall into get dW = 0 (docs/operator.md §3)."""
     nin, v, cin, cout = 6, 4, 3, 5
     idx = torch.tensor([[0, 6, 6], [1, 6, 0]])          # nodes 2..5 unread, tap 3 only on pads
     rf = torch.tensor([[0, 3, 3], [1, 3, 2]])

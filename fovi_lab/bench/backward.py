@@ -43,8 +43,9 @@ memory is ``torch.cuda.max_memory_allocated`` during one call minus what was all
 backward, three for a train step); bytes the fewest each op must move. Fractions of the roofline use
 the H200 datasheet ceilings (:class:`fovi_lab.bench.common.Roofline`). A train step bumps the
 weight's version first (as the optimizer's in-place update does), so no backend reuses a weight layout
-cached from the previous step (records carry ``weight_version_bumped``). The seed's own H200 train-step
-numbers (notes/warp-facts.md, one run each) are printed beside ours where the shape matches.
+cached from the previous step (records carry ``weight_version_bumped``). The fovi library's own Warp
+train step, as measured on an H200 outside this repository (one run each), is printed beside ours where
+the shape matches.
 
 Suggested H200 runs (each fits one 10-minute call; the MathDx precompile is ~1 min per round of
 ``--jobs`` modules)::
@@ -82,10 +83,10 @@ from fovi_lab.bench.backward_report import _fmt, _print_shape, _summary
 
 __all__ = ["main", "SEED_TRAIN_STEP_MS", "run_shape", "precompile"]
 
-#: The seed's (upstream fovi) Warp train step on the H200, ms (notes/warp-facts.md; one run each).
+#: The fovi library's own Warp train step on an H200, ms (measured outside this repository; one run each).
 SEED_TRAIN_STEP_MS = {("res18_layer1", 64): 1.09, ("res18_layer1", 512): 3.60, ("alex_L1", 64): 9.68,
                       ("alex_L1", 512): 53.1, ("alex_L0", 64): 3.40, ("alex_L0", 512): 18.3}
-#: Same notes: torch explicit-backward train step and its peak memory (GiB), for orientation.
+#: The same measurements' PyTorch explicit-backward train step and its peak memory (GiB), for orientation.
 NOTES_TORCH_TRAIN_STEP = {("res18_layer1", 64): (0.52, 0.13), ("res18_layer1", 512): (1.25, 0.58),
                           ("alex_L1", 64): (2.89, 1.23), ("alex_L1", 512): (6.17, 2.53),
                           ("alex_L0", 64): (1.40, 0.37), ("alex_L0", 512): (3.77, 1.60)}

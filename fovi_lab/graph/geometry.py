@@ -1,4 +1,4 @@
-"""Foveated grids, the cortical sensor manifold, KNN and kernel taps (spec §1.1-§1.3, §6).
+"""Foveated grids, the cortical sensor manifold, KNN and kernel taps (docs/operator.md §1.1-§1.3, §6).
 
 This module and its two helpers regenerate, with numpy and scipy only, the graphs that fovi's KNN convolution layers
 run on. A layer is a bipartite graph from ``Nin`` input nodes to ``Nout`` output nodes, each output
@@ -111,7 +111,7 @@ __all__ = [
 
 @dataclass(eq=False)
 class KNNGraph:
-    """One KNN-conv layer's graph: nodes, neighbours, taps (spec §1).
+    """One KNN-conv layer's graph: nodes, neighbours, taps (docs/operator.md §1).
 
     Attributes:
         fov, a, res, in_stride, out_stride, ref_frame_mult, sample_cortex: the build parameters.
@@ -352,7 +352,7 @@ def _build_graph(fov: float, a: float, res: int, in_stride: float, out_stride: f
 def foveated_knn_graph(fov: float = 16.0, a: float = 0.5, res: int = 64, in_stride: float = 1,
                        out_stride: float = 1, k: int = 9, ref_frame_mult: float = 1.0,
                        sample_cortex: bool = True, ref_side: Optional[int] = None) -> KNNGraph:
-    """Build (or fetch from the cache) one layer's foveated KNN graph (spec §1, §6).
+    """Build (or fetch from the cache) one layer's foveated KNN graph (docs/operator.md §1, §6).
 
     Args:
         fov: FoV diameter (degrees). a: magnification parameter (model values 0.5, 1, 2.79, 60.94).

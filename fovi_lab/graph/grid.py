@@ -12,13 +12,13 @@ import numpy as np
 from scipy.integrate import cumulative_trapezoid
 
 
-#: The sensor-manifold gain ``k`` of ``M(t) = k/(t + a)`` (spec §6.2).
+#: The sensor-manifold gain ``k`` of ``M(t) = k/(t + a)`` (docs/operator.md §6.2).
 CORTEX_K = 10.0
 
-#: Normalisation epsilon of the per-node min-max stretch (spec §1.3 step 4).
+#: Normalisation epsilon of the per-node min-max stretch (docs/operator.md §1.3 step 4).
 _MINMAX_EPS = 1e-6
 
-#: Eccentricity mesh step (degrees) of the z(r) integral (spec §6.2).
+#: Eccentricity mesh step (degrees) of the z(r) integral (docs/operator.md §6.2).
 _Z_MESH_STEP = 1e-4
 
 #: Relative tolerance of every discrete decision the geometry makes (ring point counts, the pad
@@ -69,7 +69,7 @@ def _integer_gap(x) -> np.ndarray:
 
 
 def ring_radii(fov: float, a: float, n_rings: int) -> Tuple[np.ndarray, np.ndarray]:
-    """Ring radii and points per ring of the isotropic foveated grid (spec §6.1).
+    """Ring radii and points per ring of the isotropic foveated grid (docs/operator.md §6.1).
 
     Args:
         fov: field-of-view diameter in degrees (``rmax = fov/2``).
@@ -116,7 +116,7 @@ def grid_size(fov: float, a: float, n_rings: int) -> int:
 
 
 def isotropic_grid(fov: float, a: float, n_rings: int) -> np.ndarray:
-    """The isotropic foveated grid in normalised visual coordinates (spec §6.1).
+    """The isotropic foveated grid in normalised visual coordinates (docs/operator.md §6.1).
 
     Args:
         fov, a, n_rings: as :func:`ring_radii`.
@@ -134,7 +134,7 @@ def isotropic_grid(fov: float, a: float, n_rings: int) -> np.ndarray:
 
 @functools.lru_cache(maxsize=256)
 def matched_n_rings(fov: float, a: float, target_points: int) -> int:
-    """The **largest** ring count ``R`` with ``N(R) <= target_points`` (spec §6.1, §6.3).
+    """The **largest** ring count ``R`` with ``N(R) <= target_points`` (docs/operator.md §6.1, §6.3).
 
     ``N(R)`` is not monotone in principle, so every ``R`` up to the first one whose centre-ring
     count alone would already exceed the target is examined (a few hundred cheap evaluations).
@@ -184,7 +184,7 @@ def _z_table(fov: float, a: float, k: float) -> Tuple[np.ndarray, np.ndarray]:
 
 
 def cortical_coords(xy: np.ndarray, fov: float, a: float, k: float = CORTEX_K) -> np.ndarray:
-    """Points on the 3-D sensor manifold (spec §6.2).
+    """Points on the 3-D sensor manifold (docs/operator.md §6.2).
 
     Args:
         xy: ``[N, 2]`` normalised visual coordinates (``|xy| = 1`` is the FoV edge; the padding
@@ -237,7 +237,7 @@ def _pad_band_counts(u: np.ndarray) -> Tuple[float, float, float]:
 
 
 def pad_candidates(in_xy: np.ndarray) -> np.ndarray:
-    """The padding band outside the FoV (spec §6.4, fovi quirk included).
+    """The padding band outside the FoV (docs/operator.md §6.4, fovi quirk included).
 
     With ``u`` = the distinct normalised radii of ``in_xy`` (:func:`distinct_radii`) and
     ``d = u[-1] - u[-2]``, the extra radii are ``u[-1] + d + i d`` for ``i < ceil(0.5/d)`` (what

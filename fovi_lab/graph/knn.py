@@ -70,7 +70,7 @@ def knn_candidates(queries: np.ndarray, candidates: np.ndarray, k: int) -> np.nd
     return np.ascontiguousarray(np.take_along_axis(ids, order, 1)[:, :k])
 
 def ref_side_for(k: int, ref_frame_mult: float = 1.0) -> int:
-    """Reference-grid side ``s = ceil(ref_frame_mult * sqrt(K))`` (``V = s²``; spec §1.3 step 5).
+    """Reference-grid side ``s = ceil(ref_frame_mult * sqrt(K))`` (``V = s²``; docs/operator.md §1.3 step 5).
 
     ``rf1`` (mult 1) gives ``V >= K`` (``V == K`` for square K), ``rf2`` (mult 2) ``V ~ 4K``.
     A product within 1e-9 of an integer is rounded first so that ``2*sqrt(9)`` is 6, not 7.
@@ -91,7 +91,7 @@ def reference_grid(side: int) -> np.ndarray:
 
 def local_offsets(out_xy: np.ndarray, out_cort: np.ndarray, cand_xy: np.ndarray,
                   cand_cort: np.ndarray, cand_idx: np.ndarray, sample_cortex: bool = True) -> np.ndarray:
-    """Per-node normalised neighbour offsets ``u`` (spec §1.3 steps 1-4).
+    """Per-node normalised neighbour offsets ``u`` (docs/operator.md §1.3 steps 1-4).
 
     Args:
         out_xy, out_cort: ``[Nout, 2]`` / ``[Nout, 3]`` output-node visual / cortical coordinates.

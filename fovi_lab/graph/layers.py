@@ -1,4 +1,4 @@
-"""The real fovi layer shapes as data (spec §5).
+"""The real fovi layer shapes as data (docs/operator.md §5).
 
 Every KNN-conv layer of fovi's foveated AlexNet, ResNet-18 and DINOv3 patch embed is, for the
 kernels, a handful of integers (Cin, Cout, Nin, Nout, K, V) plus two index tables. This module
@@ -24,7 +24,7 @@ is the ResNet-18 stem on the doubled frame (``V = 196``), ``alex_L1_rf1`` AlexNe
 
 **DINOv3 patch embed (approximation).** fovi's ``KNNPartitioningPatchEmbedding`` (S+, a = 2.79,
 Cout 384, bias) takes K from a partition of the input nodes (the largest cell) with a geodesic
-neighbour ranking; spec §5 quotes K ~ 101 and 64 output nodes. Here it is modelled as a plain
+neighbour ranking; docs/operator.md §5 lists K = 101 and 64 output nodes. Here it is modelled as a plain
 cortical-Euclidean KNN layer with K = 101, an output grid matched to 8x8 = 64 points (stride 8,
 which gives exactly 64 nodes for a = 2.79; the input grid has 3976) and an explicit reference
 side 16 (V = 256, the 16x16 patch kernel) whatever ``rf`` says. Shapes (Cin, Cout, Nin, Nout, K,
@@ -74,7 +74,7 @@ class LayerSpec:
         bias: whether the layer has a bias.
         description: where the layer sits in its model.
         ref_side: explicit reference-grid side (overrides ``rf``), or None.
-        spec_pad_pct: the pad share quoted in spec §5 (percent), for comparison.
+        spec_pad_pct: the reference model's pad share (percent, docs/operator.md §5), for comparison.
         rf: the reference frame the network builds the layer with (``"rf1"`` or ``"rf2"``).
     """
 

@@ -1,4 +1,4 @@
-"""Index tables of the compact KNN convolution (spec §2.1, §3.1).
+"""Index tables of the compact KNN convolution (docs/operator.md §2.1, §3.1).
 
 A KNN-conv layer is fully described, for the kernels, by two integer tables of shape
 ``[Nout, K]``:
@@ -67,7 +67,7 @@ def pad_to(n: int, multiple: int) -> int:
 
 @dataclass
 class TrainingMeta:
-    """Everything a compact backend needs about one layer's graph (spec §3.1).
+    """Everything a compact backend needs about one layer's graph (docs/operator.md §3.1).
 
     Attributes:
         cin, cout, nin, nout, k, v: layer sizes.
@@ -141,7 +141,7 @@ def _as_int_table(name: str, t, nout_k=None) -> torch.Tensor:
 
 
 def build_meta(idx, rf_index, *, cin: int, cout: int, v: int, nin: int, device=None) -> TrainingMeta:
-    """Build the compact-operator meta of one layer (spec §2.1, §3.1).
+    """Build the compact-operator meta of one layer (docs/operator.md §2.1, §3.1).
 
     Args:
         idx: ``[Nout, K]`` integer neighbour ids in ``[0, nin]``; ``nin`` is the pad token.
@@ -259,7 +259,7 @@ def validate_meta(meta) -> None:
     aux["validated"] = True
 
 
-# (cin, cout, nin, nout, k, v, pads) from fovi's tests (spec §5): 19 p-tiles / Cout below one
+# (cin, cout, nin, nout, k, v, pads) from fovi's tests (docs/operator.md §5): 19 p-tiles / Cout below one
 # tile / heavy padding.
 SYNTHETIC_SHAPES = {
     "MAIN": (48, 96, 128, 40, 25, 100, 37),

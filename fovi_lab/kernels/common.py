@@ -1,7 +1,7 @@
 """Shared Warp plumbing for the compact KNN kernels: devices, torch interop, the NaN canary and the
 per-device validated-config cache.
 
-Why a canary at all (spec §2.5, notes/warp-facts.md): before Warp 1.15 a launch over the per-block
+Why a canary at all (docs/operator.md §2.5): before Warp 1.15 a launch over the per-block
 resource budget printed ``CUDA error 1: invalid argument`` and *returned normally*, leaving the output
 untouched. Since 1.15 such a launch raises ``RuntimeError``. We keep a NaN-prefilled canary launch
 anyway (defence in depth: a config that launches but writes nothing or garbage, other Warp versions,

@@ -27,7 +27,7 @@ H200_SMS = 132
 
 def adjoint_by_node_gemms(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, grad_y: torch.Tensor,
                           dtype=torch.float64) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``(dx, dW)`` written out as per-node GEMMs plus scatters (spec §3), in ``dtype`` on the CPU:
+    """``(dx, dW)`` written out as per-node GEMMs plus scatters (docs/operator.md §3), in ``dtype`` on the CPU:
     ``dA_n = g_n W_n^T`` scattered through ``input_linear`` (pad column dropped), ``dWeff_n = A_n^T g_n``
     scattered through ``weight_linear``. A readable loop, not a fast one."""
     from fovi_lab.ops.reference import pad_flat_input

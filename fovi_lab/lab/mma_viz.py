@@ -336,7 +336,6 @@ def depth_figure(rows: Optional[List[dict]] = None, height: int = 380) -> go.Fig
 def register_rows(path=None) -> List[dict]:
     """The sm_90 cubins' registers per thread, spill bytes and resident warps per SM (128-thread blocks), from
     ``data/logs/mma_registers_sm90_session10.txt`` (``tools/cubin_registers.py``): ``[]`` when absent."""
-    import os
     path = os.path.join(kl.DATA_DIR, "logs", "mma_registers_sm90_session10.txt") if path is None else path
     rows = []
     try:
@@ -390,7 +389,7 @@ def stage_figure(rows: Optional[List[dict]] = None, height: int = 380) -> go.Fig
                         height=height, log=True)
 
 
-#: The run-62 Nsight Compute metrics the notebook reads (summary lines ``section|metric  value unit``).
+#: The Nsight Compute metrics the notebook reads (summary lines ``section|metric  value unit``).
 NCU_METRICS = {
     "Duration": "GPU Speed Of Light|Duration",
     "L2 throughput %": "GPU Speed Of Light|L2 Cache Throughput",
@@ -405,9 +404,9 @@ NCU_METRICS = {
 
 
 def ncu_rows(path=None, metrics=NCU_METRICS) -> List[dict]:
-    """Per profiled kernel of run 62 (``data/logs/ncu_h200_run62_summary.txt``, read from Nsight Compute's CSV by
-    ``tools/h200/session10_run62_ncu.sh``): the kernel name and the :data:`NCU_METRICS` values (floats; ``[]``
-    when the file is absent)."""
+    """Per profiled kernel (``data/logs/ncu_h200_run62_summary.txt``, a summary of Nsight Compute's CSV from
+    ``bash tools/h200/run.sh ncu``): the kernel name and the :data:`NCU_METRICS` values (floats; ``[]`` when the
+    file is absent)."""
     import os
     import re
     path = os.path.join(kl.DATA_DIR, "logs", "ncu_h200_run62_summary.txt") if path is None else path

@@ -124,7 +124,7 @@ def traffic_figure(shape: dict, batch: int, tiles=((16, 32), (32, 64), (64, 64),
     return fig
 
 def node_gemm(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, node: int) -> dict:
-    """Output node ``node`` as one small GEMM (spec §2.2), in fp64 on the CPU.
+    """Output node ``node`` as one small GEMM (docs/operator.md §2.2), in fp64 on the CPU.
 
     ``A_n = xpad[:, input_linear[n]]`` ``[B, P64]`` (pad entries read the zero column),
     ``W_n = W^T[weight_linear[n]]`` ``[P64, Cout]``, ``y_n = A_n @ W_n`` ``[B, Cout]`` (no bias).

@@ -1,4 +1,4 @@
-"""The autograd Function and the ``KNNConv`` module (spec §4), over the ops of :mod:`fovi_lab.ops.registry`.
+"""The autograd Function and the ``KNNConv`` module (docs/operator.md §4), over the ops of :mod:`fovi_lab.ops.registry`.
 
 ``KNNConvFunction.apply(x, weight, bias, meta, ops_name)`` runs ``ops.forward`` in the compute dtype
 (the CUDA autocast dtype when autocast is on and x is on CUDA, else ``x.dtype``) and, backward, the

@@ -1,11 +1,11 @@
-"""Reference implementations of the compact KNN convolution (spec §1.4, §2.3, §2.4, §3.2).
+"""Reference implementations of the compact KNN convolution (docs/operator.md §1.4, §2.3, §2.4, §3.2).
 
 * :func:`oracle_forward`: the fp32 (or fp64) definition, gather + one-hot binning + einsum, written
   from the layer-level math and independent of the compact index tables.
 * :class:`CompactTorchOps` (``torch_compact``): the gather-GEMM in PyTorch, chunked over nodes under
   a memory budget; forward plus both explicit adjoints. Works on CPU/GPU, fp32/fp16/bf16/fp64.
 * :func:`build_effective_weight`: the inference-only ``Weff[Nout, P64, Cout_pad]`` cache.
-* :func:`binned_forward` (``torch_binned_mm`` in the benchmarks): spec §1.4's binned form with the
+* :func:`binned_forward` (``torch_binned_mm`` in the benchmarks): docs/operator.md §1.4's binned form with the
   compact tables, differentiable: bin the gathered inputs into the ``Q`` taps (``index_add``), then one
   shared-weight matmul per image. :class:`BinnedTorchOps` (``torch_binned``) is the same with explicit
   adjoints, a registered backend: the fastest PyTorch form for small layers at small batch.
@@ -33,7 +33,7 @@ def stage_budget_bytes() -> int:
 
 
 def node_chunk(meta: TrainingMeta, batch: int, itemsize: int, budget: int | None = None) -> int:
-    """Nodes per chunk: ``min(Nout, budget // ((P64*Cout + 2*B*P64) * itemsize))``, at least 1 (spec §3.4)."""
+    """Nodes per chunk: ``min(Nout, budget // ((P64*Cout + 2*B*P64) * itemsize))``, at least 1 (docs/operator.md §3.4)."""
     budget = stage_budget_bytes() if budget is None else budget
     per_node = (meta.p64 * meta.cout + 2 * batch * meta.p64) * itemsize
     return max(1, min(meta.nout, budget // max(1, per_node)))
@@ -95,7 +95,7 @@ def check_grad_args(meta: TrainingMeta, grad_y: torch.Tensor, weight=None, x=Non
 
 def oracle_forward(x: torch.Tensor, weight: torch.Tensor, bias, idx: torch.Tensor,
                    rf_index: torch.Tensor, v: int, dtype=torch.float32) -> torch.Tensor:
-    """The operator's definition (spec §1.4), computed in ``dtype`` (fp32 by default).
+    """The operator's definition (docs/operator.md §1.4), computed in ``dtype`` (fp32 by default).
 
     Args:
         x: ``[B, Cin, Nin]``. weight: ``[Cout, Cin*V]``. bias: ``[Cout]`` or None.
@@ -197,7 +197,7 @@ class CompactTorchOps:
 
 
 def build_effective_weight(meta: TrainingMeta, weight: torch.Tensor, cout_multiple: int = 64) -> torch.Tensor:
-    """Inference cache ``Weff[Nout, P64, Cout_pad]`` (spec §2.4), in ``weight``'s dtype and device.
+    """Inference cache ``Weff[Nout, P64, Cout_pad]`` (docs/operator.md §2.4), in ``weight``'s dtype and device.
 
     ``Weff[n, p, o] = W[o, weight_linear[n, p]]`` for ``p < P`` and ``o < Cout``; true zero rows for
     ``p >= P`` (unlike ``weight_linear``'s row-0 pointer) and zero columns for ``o >= Cout``
@@ -243,7 +243,7 @@ def _bin(meta: TrainingMeta, x_flat: torch.Tensor, src: torch.Tensor, dst: torch
 
 
 def binned_forward(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
-    """``y [B, Cout, Nout]`` by binning (spec §1.4 with the compact tables), differentiable by autograd::
+    """``y [B, Cout, Nout]`` by binning (docs/operator.md §1.4 with the compact tables), differentiable by autograd::
 
         G[b, q, n] = sum_{p: weight_linear[n,p] = q, input_linear[n,p] != pad} x_flat[b, input_linear[n,p]]
         y[b]       = W [Cout, Q] @ G[b] [Q, Nout]   (+ bias)

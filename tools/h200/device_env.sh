@@ -1,7 +1,11 @@
-# Sourced by the session-8 device scripts: strict mode, the Warp install of prepare-warp.sh on PYTHONPATH, the
-# sm_90 kernel cache carried in .device/s6 unpacked once per lease, and t0 for the scripts' elapsed-time lines.
+# Sourced by tools/h200/run.sh on the GPU machine: strict mode, the Warp install of the three set-up runs on
+# PYTHONPATH, and a prebuilt sm_90 kernel cache (.device/cache/wpcache.txz, built here with
+# `WARP_CACHE_PATH=/tmp/wpc/wpcache python -m fovi_lab warmup --aot-arch 90` and packed with tar -cJf) unpacked once
+# per machine when it was carried.
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-[ -d /tmp/wpc/wpcache ] || { mkdir -p /tmp/wpc && tar -C /tmp/wpc -xJf .device/s6/wpcache.txz; }
-export WARP_CACHE_PATH=/tmp/wpc/wpcache
+if [ -f .device/cache/wpcache.txz ] && [ ! -d /tmp/wpc/wpcache ]; then
+  mkdir -p /tmp/wpc && tar -C /tmp/wpc -xJf .device/cache/wpcache.txz
+fi
+[ -d /tmp/wpc/wpcache ] && export WARP_CACHE_PATH=/tmp/wpc/wpcache
 t0=$(date +%s)

@@ -91,7 +91,7 @@ def weight_row_csr(meta: TrainingMeta):
     """Reverse index over weight rows: ``(w_rowptr [Q+1] i32, w_col [nnz_w] i32)`` (cached per meta).
 
     Row ``q`` lists, ascending, every flat ``j = n*P64 + p`` with ``weight_linear[n, p] = q`` whose input
-    is *not* the pad column (pad entries carry exactly-zero dWeff, spec §3, so leaving them out is exact).
+    is *not* the pad column (pad entries carry exactly-zero dWeff, docs/operator.md §3, so leaving them out is exact).
     """
     aux = _meta_aux(meta)
     got = aux.get("w_csr")

@@ -125,18 +125,18 @@ def resolve_uncached(x, weight, bias, input_linear, weight_linear, config=None, 
         if built.config.family == "cached":
             raise ValueError(f"config: {config!r} is a cached-path config (use run_cached)")
         if built.config.family in ("nm", "nmp", "nms") and info.nm is None:
-            raise ValueError(f"config: {config!r} (node-major) needs index tables built as in spec §2.1 "
+            raise ValueError(f"config: {config!r} (node-major) needs index tables built as in docs/operator.md §2.1 "
                              f"(input_linear[n, c*K+k] = c*Nin + idx[n,k]); these are not")
     return built, info, store_mode(store, 2 * b * cout * nout), dev
 
 
 def run_uncached(x, weight, bias, input_linear, weight_linear, config=None, store=None) -> torch.Tensor:
-    """Uncached fp16 forward: per-call weight gather (spec §2.5 ``warp_compact``/``warp_train``).
+    """Uncached fp16 forward: per-call weight gather (docs/operator.md §2.5 ``warp_compact``/``warp_train``).
 
     Args:
         x: ``[B, Cin, Nin]`` fp16 (CPU or CUDA; any strides).
         weight: ``[Cout, Q = Cin*V]`` fp16. bias: ``[Cout]`` float or None.
-        input_linear, weight_linear: ``[Nout, P64]`` int32 contiguous (spec §2.1).
+        input_linear, weight_linear: ``[Nout, P64]`` int32 contiguous (docs/operator.md §2.1).
         config: a name from ``_UNCACHED_BATCH_CONFIG_SPECS`` to force a kernel (raises if it cannot
             launch on this device), or None for :func:`select_config`.
         store: ``"staged"`` / ``"direct"`` output path (default: ``FOVI_WARP_FWD_STORE``, else direct
@@ -192,7 +192,7 @@ def prepare_cached(x, effective_weight, bias, input_linear, cout=None, config=No
 
 
 def run_cached(x, effective_weight, bias, input_linear, cout=None, config=None, store=None) -> torch.Tensor:
-    """Cached-effective-weight fp16 forward (spec §2.4 ``warp_cached``): inference only.
+    """Cached-effective-weight fp16 forward (docs/operator.md §2.4 ``warp_cached``): inference only.
 
     Args:
         x: ``[B, Cin, Nin]`` fp16. effective_weight: ``Weff [Nout, P64, Cout_pad]`` fp16 contiguous

@@ -152,7 +152,7 @@ def canary_launch_ok(kernel, tile_m: int, tile_n: int, r: int, block_dim: int, d
 
     A launch over the per-CTA resource budget raises since Warp 1.15 but printed "invalid argument"
     and returned normally before that, leaving the output untouched: so the single-node canary
-    output is NaN-prefilled and both a raise and a surviving NaN count as failure (spec §2.5). On the
+    output is NaN-prefilled and both a raise and a surviving NaN count as failure (docs/operator.md §2.5). On the
     CPU a kernel whose tile memory exceeds Warp's 256 KiB arena would abort the process, so it is
     refused from the module's own shared-memory figure instead of launched.
     """

@@ -58,7 +58,7 @@ def _check_bias(bias, cout: int, x: torch.Tensor) -> None:
 @dataclass
 class _TableInfo:
     """Per-table facts: node-major tables ``(idx [Nout,K] i32 (nin = pad), rf [Nout,K] i32, K)`` when the
-    tables have the spec §2.1 structure (else None), and, built on first use, the same lists compacted
+    tables have the docs/operator.md §2.1 structure (else None), and, built on first use, the same lists compacted
     per node (real neighbours first) with their counts, for the pipelined node-major kernels.
     ``p_used``: one past the last column of ``input_linear`` that holds a real entry in some row (the
     SIMT kernel's loop length: the P64 fillers after it are skipped)."""
@@ -142,7 +142,7 @@ def analyse_tables(il: torch.Tensor, wl: Optional[torch.Tensor], cin: int, nin: 
 
 
 def _derive_node_major(il: torch.Tensor, wl: torch.Tensor, cin: int, nin: int, v: int):
-    """``(idx [Nout,K], rf [Nout,K], K)`` int32 when the tables have the spec §2.1 structure, else None.
+    """``(idx [Nout,K], rf [Nout,K], K)`` int32 when the tables have the docs/operator.md §2.1 structure, else None.
 
     ``K`` is read off the first column whose weight id lies in channel 1's block; the tables are then
     rebuilt from (idx, rf) and compared exactly, so a table of any other layout is never mistaken

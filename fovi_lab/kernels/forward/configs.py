@@ -50,7 +50,7 @@ class FwdConfig:
 
     Attributes:
         name: registry name (``m64n64r2b256``, ``nm_m64n128k64``, ...).
-        family: ``"gather"`` (any tables), ``"nm"`` / ``"nms"`` (node-major, spec §2.1 tables), ``"i2c"`` /
+        family: ``"gather"`` (any tables), ``"nm"`` / ``"nms"`` (node-major, docs/operator.md §2.1 tables), ``"i2c"`` /
             ``"i2cg"`` (im2col stage), ``"simt"`` / ``"simtp"`` / ``"simtv"`` / ``"simts"`` (SIMT register
             blocks; ``simts`` splits the p loop) or ``"cached"`` (and the experimental ``"nmp"`` / ``"gp"``).
         tile_m, tile_n, tile_k: batch rows, output channels, contraction depth of one tile GEMM (``simt``:

@@ -9,7 +9,7 @@ padding. A ``@wp.func_native`` snippet can issue PTX ``mma.sync.aligned.m16n8k16
 registers that each lane fills with its own gathered loads: no shared memory, no stage, no layout copy
 of x or y, and a plain NVRTC compile (seconds).
 
-The operator (spec §2.2), transposed so that the *channels* are the MMA's M side::
+The operator (docs/operator.md §2.2), transposed so that the *channels* are the MMA's M side::
 
     y[b, o, n]^T = bias[o] + sum_p  W[o, wl[n, p]] * xpad[b, il[n, p]]
                    (A = gathered W rows, M = channels)   (B = gathered x, N = batch rows)

@@ -170,7 +170,7 @@ def plan_uncached(cfg: FwdConfig, kernel, x, weight, bias, il, wl, store: str,
         keep = (xt, wt, il, wl, bias_p)
     elif cfg.family in ("nm", "nmp", "nms"):
         if info.nm is None:
-            raise ValueError(f"config: {cfg.name!r} (node-major) needs index tables built as in spec §2.1 "
+            raise ValueError(f"config: {cfg.name!r} (node-major) needs index tables built as in docs/operator.md §2.1 "
                              f"(input_linear[n, c*K+k] = c*Nin + idx[n,k]); these are not")
         cp = pad_to(cin, cfg.tile_k)
         if cfg.family in ("nm", "nms"):

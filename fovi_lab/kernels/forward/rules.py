@@ -31,7 +31,7 @@ def select_config(batch: int, out_channels: int, out_nodes: int, p_padded: int,
         batch, out_channels, out_nodes, p_padded: B, Cout, Nout, P64 of the call (P64 / Cin estimates
             K, the neighbour-loop length, which decides the nms split).
         in_channels: Cin (needed to consider the node-major family).
-        node_major: whether the tables have the spec §2.1 structure (node-major kernels usable).
+        node_major: whether the tables have the docs/operator.md §2.1 structure (node-major kernels usable).
         q: W's column count Cin*V (the mma rule reads W in place when the nodes reuse W's columns little).
         mma: consider the tensor-core ``mma.sync`` kernels (:func:`select_mma`; sm_80+). They are the
             pick on every recorded shape; ``mma=False`` (or ``FOVI_WARP_MMA=off``, or a

@@ -1,0 +1,37 @@
+"""The docs the code points at exist: every ``docs/operator.md §N`` reference in the tree names a section of it."""
+
+import re
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+REF = re.compile(r"docs/operator\.md §(\d+(?:\.\d+)?)")
+
+
+def _sections():
+    return {m.group(1) for m in re.finditer(r"^#{2,3} (\d+(?:\.\d+)?) ", (ROOT / "docs" / "operator.md").read_text(),
+                                            re.M)}
+
+
+def test_operator_doc_has_its_sections():
+    assert {"1", "1.3", "2.1", "3.1", "4", "5", "6.5"} <= _sections()
+
+
+def test_every_operator_reference_names_a_section():
+    files = subprocess.run(["git", "ls-files", "fovi_lab", "tests", "notebooks", "tools", "README.md"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.split()
+    sections, bad, seen = _sections(), [], 0
+    for f in files:
+        for m in REF.finditer((ROOT / f).read_text(errors="replace")):
+            seen += 1
+            if m.group(1) not in sections:
+                bad.append(f"{f}: §{m.group(1)}")
+    assert seen > 50 and bad == []
+
+
+def test_readme_is_a_user_guide_of_at_most_250_lines():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 250
+    for section in ("## Set up", "## Open the lab", "## Using the ops", "## Results", "## Notebooks", "## Tests",
+                    "## Package map"):
+        assert section in text, section

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# One runner for the work the records under data/ come from, on a lent GPU machine (after the Warp set-up runs of
+# tools/h200/README.md). Every job writes under $OUT; every benchmark record carries device, versions and date, and
+# the forward ones the tag given here (FOVI_TAG, default the job's name).
+#
+#   bash tools/h200/run.sh forward   [bench args]  # the forward benchmark as a user runs it: the rule's pick eager
+#                                                   # and replayed, its dense ceiling, every PyTorch baseline
+#   bash tools/h200/run.sh sweep     [bench args]  # every registered forward config on every layer (--all-configs)
+#   bash tools/h200/run.sh train-step [bench args] # forward + dx + dW, eager and replayed, every PyTorch baseline
+#   bash tools/h200/run.sh backward  [bench args]  # the adjoint benchmark (staged and fused)
+#   bash tools/h200/run.sh parity                  # warmup, then tests/test_gpu_parity.py (junit XML under $OUT)
+#   bash tools/h200/run.sh ncu TARGETS...          # Nsight Compute on layer:B:config[:dense] targets
+#   bash tools/h200/run.sh notebooks               # every notebook with its gpu cells (tools/h200/run_notebooks.sh)
+#
+# FOVI_TIMEOUT (seconds, default 560) bounds each job inside the device's 10-minute call.
+set -uo pipefail
+job="${1:?usage: run.sh forward|sweep|train-step|backward|parity|ncu|notebooks [args]}"; shift
+source "$(dirname "$0")/device_env.sh"
+limit="${FOVI_TIMEOUT:-560}"
+tag="${FOVI_TAG:-$job}"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+git log -1 --format='tree at %h (%cs)' 2>/dev/null || true
+case "$job" in
+  forward)
+    timeout "$limit" python3 -m fovi_lab.bench.forward --graphs --no-cached --reps 20 --warmup 3 \
+      --batches 1 4 16 32 64 128 512 --time-budget-s $(( limit - 30 )) --tag "$tag" --out "$OUT/forward.jsonl" "$@" ;;
+  sweep)
+    timeout "$limit" python3 -m fovi_lab.bench.forward --all-configs --op-all --graphs --no-compile --no-cached \
+      --time-budget-s $(( limit - 30 )) --tag "$tag" --out "$OUT/forward_sweep.jsonl" "$@" ;;
+  train-step)
+    timeout "$limit" python3 -m fovi_lab.bench.backward train-step --graphs --time-budget-s $(( limit - 30 )) \
+      --out "$OUT/train_step.jsonl" "$@" ;;
+  backward)
+    timeout "$limit" python3 -m fovi_lab.bench.backward backward --time-budget-s $(( limit - 30 )) \
+      --out "$OUT/backward.jsonl" "$@" ;;
+  parity)
+    python3 -m fovi_lab warmup --no-dense --experimental --mathdx off --jobs 16 > "$OUT/warmup.log" 2>&1
+    tail -1 "$OUT/warmup.log"
+    FOVI_WARP_MATHDX=0 timeout "$limit" python3 -m pytest -o addopts="" -p no:cacheprovider -q \
+      tests/test_gpu_parity.py --junitxml="$OUT/parity.xml" "$@" 2>&1 | tail -3 ;;
+  ncu)
+    timeout "$limit" ncu --nvtx --nvtx-include "profile/" -k regex:fovi_fwd --section SpeedOfLight \
+      --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis --section LaunchStats \
+      --metrics l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum,l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
+      --csv --page details python3 tools/h200/ncu_targets.py "$@" > "$OUT/ncu.csv" 2> "$OUT/ncu.err"
+    tail -3 "$OUT/ncu.err" ;;
+  notebooks)
+    bash tools/h200/run_notebooks.sh ;;
+  *)
+    echo "unknown job $job" >&2; exit 2 ;;
+esac
+echo "$job done in $(( $(date +%s) - t0 )) s"
