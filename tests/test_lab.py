@@ -534,3 +534,16 @@ def test_flagged_variant_runs_stay_out_of_the_figures(tmp_path):
     assert sorted(r["ms"] for r in kl.forward_records(tmp_path, variants=True)) == [0.5, 1.0]
     assert [r["ms"] for r in kl.backward_records(tmp_path, mode="train-step")] == [2.0]
     assert len(kl.backward_records(tmp_path, variants=True)) == 2
+
+
+def test_the_reuse_figure_reads_the_sweep_that_timed_its_pairs():
+    """Notebook 02, section 4: each r = 2 / 4 config over its r = 1 twin comes from the latest run that timed both
+    (a later sweep of other configs does not empty the figure); every pair has recorded shapes."""
+    import math
+    from fovi_lab import lab as kl
+    recs = kl.forward_records()
+    rows = kl.reuse_summary(recs)
+    assert len(rows) == sum(1 for pair in kl.REUSE_PAIRS for c in pair[1:] if c) and all(r["shapes"] > 0 for r in rows)
+    fig = kl.reuse_recorded_figure(recs)
+    assert fig.data and all(any(isinstance(v, float) and math.isfinite(v) for v in t.y if v is not None)
+                            for t in fig.data)

@@ -209,6 +209,28 @@ def batch_menu(batches: Sequence[int], per_b: int, default_b: int, y: float = 1.
                  active=list(batches).index(default_b))]
 
 
+def _has_data(trace) -> bool:
+    vals = [v for k in ("y", "x", "z", "values") for v in (getattr(trace, k, None) or ())]
+    return any(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in vals)
+
+
+def drop_empty_traces(fig: go.Figure) -> go.Figure:
+    """``fig`` without the traces that hold no finite number (a series a batch has no record of), the
+    ``visible`` lists of its buttons remapped to the traces that stay."""
+    keep = [i for i, t in enumerate(fig.data) if _has_data(t)]
+    if len(keep) == len(fig.data):
+        return fig
+    fig.data = [fig.data[i] for i in keep]
+    for menu in fig.layout.updatemenus or ():
+        for button in menu.buttons or ():
+            args = list(button.args or ())
+            if args and isinstance(args[0], dict) and isinstance(args[0].get("visible"), (list, tuple)):
+                vis = list(args[0]["visible"])
+                args[0] = dict(args[0], visible=[vis[i] for i in keep if i < len(vis)])
+                button.args = args
+    return fig
+
+
 def round4(x):
     """Round to 4 significant digits (small, stable figure JSON); None stays None."""
     if x is None:

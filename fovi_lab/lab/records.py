@@ -17,7 +17,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from fovi_lab.graph.layers import LAYERS, RF_MULT, layer_name
-from fovi_lab.lab.common import LAYER_CHOICES, COLOURS, hline, log_range, round4, batch_menu, message_figure
+from fovi_lab.lab.common import (LAYER_CHOICES, COLOURS, drop_empty_traces, hline, log_range, round4, batch_menu,
+                                 message_figure)
 
 
 #: Repository ``data/`` folder (recorded GPU results).
@@ -300,7 +301,7 @@ def forward_recorded_figure(records: Optional[List[dict]] = None, batches: Optio
                       updatemenus=[dict(buttons=buttons, type="buttons", direction="right", x=1.0, xanchor="right",
                                         y=1.1, active=batches.index(default_b))],
                       legend=dict(orientation="h", y=-0.12))
-    return fig
+    return drop_empty_traces(fig)
 
 
 def roofline_figure(records: Optional[List[dict]] = None, batch: int = 512, hbm_tbps: float = 4.8,
@@ -348,12 +349,32 @@ REUSE_PAIRS = (("m32n64", "m32n64r2", "m32n64r4"), ("m64n64r1", "m64n64r2", None
                ("nm_m64n64k64b256", "nm_m64n64k64r2", None), ("nm_m64n128k64", "nm_m64n128k64r2", None))
 
 
+def _pair_kernel_ms(records: List[dict], pairs) -> Tuple[Dict[tuple, float], List[dict]]:
+    """``(layer, B, config) -> ms_kernel`` for every config of ``pairs`` (``(r1, r2, r4)`` twins) and the records
+    read: per shape and pair, the latest run that timed the r = 1 config and its twins side by side (a later sweep
+    of other configs does not hide an earlier one of these)."""
+    ms: Dict[tuple, float] = {}
+    read: List[dict] = []
+    for (layer, b, _), runs in record_runs(records).items():
+        for pair in pairs:
+            cfgs = [c for c in pair if c]
+            run = latest_run_where(runs, lambda rs: {c for c in cfgs} <= {r.get("config") for r in rs
+                                                                        if r.get("impl") == "warp_uncached"
+                                                                        and r.get("ms_kernel")})
+            if run is None:
+                continue
+            for r in run:
+                if r.get("impl") == "warp_uncached" and r.get("ms_kernel") and r.get("config") in cfgs:
+                    ms[(layer, b, r["config"])] = r["ms_kernel"]
+                    read.append(r)
+    return ms, read
+
+
 def reuse_recorded_figure(records: Optional[List[dict]] = None, pairs=REUSE_PAIRS, height: int = 480) -> go.Figure:
     """Recorded kernel time of each r=2 / r=4 config over its r=1 twin (same tiles and threads), per
     layer; below 1 means weight reuse paid. A dropdown picks B."""
     records = forward_records() if records is None else records
-    sweep = _sweep_records(records)
-    ms = {(r["layer"], r["B"], r.get("config")): r["ms_kernel"] for r in sweep}
+    ms, sweep = _pair_kernel_ms(records, pairs)
     if not ms:
         return message_figure("no recorded forward sweep yet")
     all_b = sorted({b for (_, b, _) in ms})
@@ -388,7 +409,7 @@ def reuse_summary(records: Optional[List[dict]] = None, pairs=REUSE_PAIRS, faste
     ``shapes``, ``median``, ``best`` (lowest ratio) and ``faster`` (shapes with a ratio below
     ``faster_below``)."""
     records = forward_records() if records is None else records
-    ms = {(r["layer"], r["B"], r.get("config")): r["ms_kernel"] for r in _sweep_records(records)}
+    ms, _ = _pair_kernel_ms(records, pairs)
     out = []
     for base, r2, r4 in pairs:
         for cfg in (c for c in (r2, r4) if c):
@@ -491,7 +512,7 @@ def backward_recorded_figure(records: Optional[List[dict]] = None, mode: str = "
                       yaxis_type="log", yaxis_title="ms",
                       updatemenus=batch_menu(all_b, per_b, default_b),
                       legend=dict(orientation="h", y=-0.2))
-    return fig
+    return drop_empty_traces(fig)
 
 
 def gi_gw_sweep_figure(records: Optional[List[dict]] = None, batch: Optional[int] = None,

@@ -141,13 +141,14 @@ def _cout96(cout: Optional[int]) -> bool:
 
 # Below this many input channels (the Cin = 3 stems) the staged-operand ("i") gi/gw kernels are the
 # defaults once the stage is big enough: a gathered operand tile there is scalar loads of 3-row
-# neighbour runs. Their GPU time is lower on every stem shape measured (H200 run 10, CUDA-graph replay:
+# neighbour runs. Their GPU time is lower on every stem shape measured (H200, CUDA-graph replay,
+# data/train-step_h200_run10_stems-i2c.jsonl:
 # alexnet L0 B=64 1.79 -> 1.32 ms, res18 stem 0.64 -> 0.52), but they add a row copy, a buffer and ~0.3 ms
-# of host work per eager step: session 4 set the threshold at 16M staged elements (B * Nout * P64) from
-# eager steps. Where the 96-wide Cout tiles apply (Cout = 96, alexnet's stem: the staged kernels also drop
-# the 96 -> 128 padding of the gathered ones), staging wins earlier: run 31 (session 6) measured alexnet
+# of host work per eager step, so the threshold is 16M staged elements (B * Nout * P64), read from eager
+# steps (data/train-step_h200_run14_stem-stage-variants.jsonl). Where the 96-wide Cout tiles apply (Cout = 96, alexnet's stem: the staged kernels also drop
+# the 96 -> 128 padding of the gathered ones), staging wins earlier: the H200 measured alexnet
 # L0 at B = 16 (5.9M) faster staged in every measure (per call 0.99 against 1.46 ms, pipelined 0.86
-# against 1.34, replayed 0.83 against 1.31), hence 4M there; the res18 stem at B = 16 (3.0M) and the
+# against 1.34, replayed 0.83 against 1.31; data/train-step_h200_run31_stems-staged-b16.jsonl), hence 4M there; the res18 stem at B = 16 (3.0M) and the
 # DINOv3 patch embed (0.3M at B = 16, 1.3M at 64) stayed slower staged per call and pipelined.
 _STAGED_OPERAND_MAX_CIN = 16
 _STAGED_OPERAND_MIN_WORK = 16 << 20
@@ -176,7 +177,7 @@ def select_gi_config(batch: int, nout: Optional[int] = None, device=None, cin: O
         return env
     small = batch <= 64
     if _staged_operand(cin, batch, nout, p64, cout):
-        # B > 64: gi2i with an fp32 stage (run 29, alexnet L0 B=512: the whole grad_input 1.93 ms against
+        # B > 64: gi2i with an fp32 stage (H200, alexnet L0 B=512: the whole grad_input 1.93 ms against
         # 2.20 for gi3i_..._f32, and 2.44 against 2.86 with 64-wide Cout tiles)
         name = "gi2i_p64b64" if small else "gi2i_p64b64_f32"
         if _cout96(cout):
@@ -203,7 +204,7 @@ def select_gw_config(cout: int, cin: Optional[int] = None, batch: Optional[int] 
             name = "gw3i_p64n96k16" if batch <= 16 else "gw3i_p64n96"
         else:
             name = name.replace("gw3_", "gw3i_")
-        if batch > 64:   # fp32 stage (run 29, alexnet L0 B=512: grad_weight 1.66 ms against 2.04 with fp16;
+        if batch > 64:   # fp32 stage (H200, alexnet L0 B=512: grad_weight 1.66 ms against 2.04 with fp16;
             name += "_f32"   # a tie at B = 64, where the fp16 stage keeps the peak lower)
     return name
 

@@ -58,9 +58,9 @@ WAVE_CTAS = 128
 
 
 def select_dx_nm_config(batch: int, cin: int, nin: Optional[int] = None, segments: bool = False) -> str:
-    """dx tiles, fit to the H200 sweeps (run 3: every layer at B = 64, 128, 512; run 25: B = 16, 64, 512
-    with and without segments). B <= 16: 16x16 tiles, 1.3-2.6x faster than 16x64 on every layer in
-    run 25 (alexnet L1 0.22 against 0.58 ms). Above: 64x64 was the fastest or within 5% everywhere with
+    """dx tiles, fit to the H200 sweeps (every layer at B = 64, 128, 512, data/train-step_h200_run3_fused-sweep.jsonl;
+    B = 16, 64, 512 with and without segments, data/fused_sweep_h200_run25.jsonl). B <= 16: 16x16 tiles, 1.3-2.6x faster than 16x64 on every layer
+    (alexnet L1 0.22 against 0.58 ms). Above: 64x64 was the fastest or within 5% everywhere with
     Cin >= 64 *unless* its whole-list grid ``Nin * ceil(B/64) * ceil(Cin/64)`` is under one wave (res18
     layer3/4 at B = 64: Nin = 16), where 16x16 tiles ran 1.4-1.7x faster; with ``segments`` the grid
     is the segments' and 64x64 stays (res18 layer3 B=64: 0.056 against 16x16 whole lists' 0.085 ms).
@@ -164,7 +164,7 @@ def make_dw_nm_kernel(tile_o: int, tile_c: int, tile_kb: int, block_dim: int, ma
 
 # Balanced segments. A fused CTA walks one list (dx: an input node's readers; dW: a tap's pairs), so the
 # longest list sets the kernel's critical path: res18 layer2_0's dx lists hold 1-4 entries (mean 2.1),
-# and its fused dx ran at ~half the dense ceiling of the same tiles on the H200 (run 24). The "segment"
+# and its fused dx ran at ~half the dense ceiling of the same tiles on the H200. The "segment"
 # kernels below flatten every list into steps (one step = one tile GEMM: an (entry, Cout chunk) for dx,
 # an (entry, batch chunk) for dW), cut each list into contiguous segments of at most ``L`` steps and run
 # one CTA per (segment, output tile). Each segment writes an fp32 partial; a SIMT finish sums a list's

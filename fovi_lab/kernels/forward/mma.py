@@ -40,7 +40,7 @@ The loop walks ``k_steps`` k-steps (``tile_k = 16*k_steps``: 16, 32 or 64 p entr
 iteration's indices were loaded during the previous one, then every W and x load of its ``k_steps`` steps is
 issued before the first of its ``k_steps*MT*NT`` MMAs. So an iteration waits on one memory round trip for
 ``k_steps`` steps' operands: these kernels are latency-bound, and a 4-deep loop keeps 4x the bytes in flight per
-warp, for 2-4x the operand registers (run 59: 1.05-1.36x where grids are a few hundred warps; where the
+warp, for 2-4x the operand registers (1.05-1.36x on the H200 where grids are a few hundred warps; where the
 extra registers cost a wave of residency, the 1-deep loop stays ahead; ``_select_mma`` says where).
 
 On Warp's CPU device the same kernels run with the snippet's C++ branch: each lane computes its own D
@@ -325,7 +325,7 @@ def _build_steps(vec_acc, src: str, dense: bool):
 def store_snippet(mt: int, nt: int, x_t: bool, nb: int) -> str:
     """The staged store of an unsplit block (``stage=True``): ``y [B, Cout, Nout]`` is contiguous only along the
     nodes, and one warp owns one node, so a lane's own stores hit a different 32-byte sector each (32 sectors per
-    store instruction; run 62: 31M store sectors for 63 MB of output on resnet's stem at B = 512, the L2 at 75 %).
+    store instruction; Nsight Compute on the H200: 31M store sectors for 63 MB of output on resnet's stem at B = 512, the L2 at 75 %).
     Here the ``nb`` warps of a block, ``nb`` consecutive nodes of one (batch block, channel block), put their
     accumulators (bias added in fp32, one rounding) into a shared tile ``[nb][channel][row]``, and the block
     writes it out with the nodes fastest: runs of ``nb`` adjacent outputs, 4-8x fewer sectors.

@@ -92,8 +92,8 @@ def _mma_env() -> str:
 
 
 # The tensor-core kernels (fovi_lab.kernels.forward.mma) and how their operand layouts, block, loop depth, store and split
-# are chosen, read from the replayed whole ops of the H200 sweeps of session 10 (runs 59-63,
-# data/forward_sweep_h200_session10.jsonl.gz: 90 mma configs on every layer at B = 1/4/16/32/64/128/512). Each
+# are chosen, read from the replayed whole ops of the H200 sweeps
+# (data/forward_sweep_h200_session10.jsonl.gz: 90 mma configs on every layer at B = 1/4/16/32/64/128/512). Each
 # warp walks its node's p loop waiting on gathered loads, so what decides is how many loads are in flight (batch
 # tiles per warp, k-steps per loop iteration: tile_k = 16/32/64, warps per k-step) and what each load and store
 # costs. In order:
@@ -106,17 +106,17 @@ def _mma_env() -> str:
 #   - else in 1-warp blocks with direct stores (mmat_o64b16k64b32): alexnet L1 at B <= 16, L2-L4 at B = 16-32 (L4
 #     to 64), res18
 #     layer3/3_0 at B = 64-128, layer4_0 at B = 512. Long loops make the stores a small part; on few nodes 4-warp
-#     blocks leave SMs idle (run 62: 64 blocks on 132 SMs). 1.2-1.9x over the 1-deep loop (runs 59-63).
+#     blocks leave SMs idle (64 blocks on 132 SMs). 1.2-1.9x over the 1-deep loop.
 # * Otherwise x^T (mmat) from B = 32 when the 32-row grid has >= 320 warps on long loops (>= 64 k-steps), or >= 512
 #   warps on loops of >= 32 k-steps or with Cout <= 96 (the CNN stems); at B = 16 on long loops with >= 512 warps;
 #   from B = 64 on layers with >= _MMA_STAGE_MIN_NODES nodes and >= 512 warps (DINOv3). 32-row blocks; 96
 #   channels when Cout is a multiple of 96 or where 96 x 32 blocks give >= 1024 warps (alexnet L1 from B = 64).
 #   - Staged stores (mmato) when Nout >= 16 and the loop is short or the staged grid has >= _MMA_STAGE_MIN_BLOCKS
-#     4-warp blocks (not alexnet L2/L3 at B = 64: 120 blocks): 1.1-2.7x (run 63). In 8-node blocks
+#     4-warp blocks (not alexnet L2/L3 at B = 64: 120 blocks): 1.1-2.7x. In 8-node blocks
 #     (mmato_o64b32b256) on the stems (Nout >= 512) and at B >= 512.
 #   - 96 x 32 blocks loop 2 k-steps deep (k32) unless that turns one wave into two: 210 registers leave 8
 #     resident warps per SM against 12 at k16's 168, so a grid of 1056-1584 warps (alexnet L1 at B = 64) fills
-#     the 132 SMs once at k16 and 1.3 times at k32 (1.25x slower, run 59).
+#     the 132 SMs once at k16 and 1.3 times at k32 (1.25x slower).
 # * Shallow grids of 10-200 32 x 8 warps per k-step at B <= 32 (res18 layer1 and the stem at B <= 4, layer2_0 at
 #   B = 16, DINOv3 at B <= 4): 32 x 8 blocks, unsplit, 2 k-steps deep, or 4 deep in 2-warp blocks on loops of
 #   >= 20 k-steps at B <= 8 (1.03-1.25x).
@@ -213,14 +213,14 @@ def select_mma(batch: int, out_channels: int, out_nodes: int, p_padded: int, q: 
 
 
 # The SIMT kernels for stem-like calls (Cin < 32), and where they win, from the H200 sweep
-# (data/forward_sweep_h200.jsonl, runs 35-43). The metric that decides is the whole op replayed from a CUDA
+# (data/forward_sweep_h200.jsonl). The metric that decides is the whole op replayed from a CUDA
 # graph (GPU time with every layout copy, no host gaps): the vec4 family's kernel time includes its prep
 # launch and the host gap before the main launch, the fp16 family's does not.
 # * B <= 16: the fp16 kernels (x read and y written in place, W^T cached between calls; one launch):
 #   ``sd_b8o8u4``, best or within 5 % of the best replayed op on both CNN stems at B = 16. Reading x in place
-#   instead of a padded x^T copy (run 43) changed the replayed op by -4 to +3 % and saved the copy's launch
-#   on the eager path. (At B <= 4 ``sdp_b4o4u4``, 4x4 blocks with the indices prefetched, was the pick of
-#   runs 42-43; from run 46 the split kernel below takes B <= 4.)
+#   instead of a padded x^T copy changed the replayed op by -4 to +3 % and saved the copy's launch
+#   on the eager path. (At B <= 4 the split kernel below takes over from ``sdp_b4o4u4``, 4x4 blocks with the
+#   indices prefetched.)
 # * B = 32-128: the vec4 kernels (fp32 operands, 16-byte loads): 1.3-1.5x faster than the fp16 one;
 #   ``sv_b8o8u8`` on alexnet's stem (Cout = 96), ``sv_b16o8u2`` on resnet's (Cout = 64: only 8 channel
 #   groups, so 16 batch rows per thread keep the FMAs per load high).
@@ -249,8 +249,8 @@ def _simt_fits(batch: int, out_channels: int, out_nodes: int) -> bool:
     return batch <= 64 or (batch <= 128 and out_channels <= 64)
 
 
-# The split SIMT kernel (simts) and where it wins, from the H200 sweeps (runs 44-47, replayed whole ops; the
-# medians of runs 45-47 are in notebook 01, section 8c, and runs 48-49 re-measured the final picks):
+# The split SIMT kernel (simts) and where it wins, from the H200 sweeps (data/forward_sweep_h200.jsonl, replayed
+# whole ops; their medians are in notebook 01, section 8c):
 # * B <= 4, every layer: it beat the 16x32 node-major tiles by 1.3-2.4x (res18 layer1-4 and alexnet L1-L4 at
 #   B = 1 and 4), the DINOv3 patch embed's i2c tiles by 1.8-1.9x, and on the stems the unsplit SIMT kernels
 #   (``sdp_b4o4u4``, the pick before) by 1.3-1.5x on alexnet's (0.050 against 0.074 ms at B = 1) and
@@ -259,12 +259,12 @@ def _simt_fits(batch: int, out_channels: int, out_nodes: int) -> bool:
 #   layers with much work per image (alexnet's stem and L1-L4: Nout*Cout*P64 = 35-143 M, 1.4-1.6x faster
 #   than 8x8), 8x8 blocks on the small ones (resnet's stem and layer1-4, DINOv3: 2-12 M, up to 12 % faster).
 # * B <= 32 on layers with at most 16 output nodes (res18 layer3/3_0/4_0): ``ss_b8o8u4``, 1.05-1.17x the
-#   nms/nm tiles replayed except res18 layer3_0 at B = 32 (0.92x, one run), and the fastest eager op at
+#   nms/nm tiles replayed except res18 layer3_0 at B = 32 (0.92x, measured once), and the fastest eager op at
 #   B = 16. On every larger grid the 16x32 tiles were 1.3-2.3x faster at B = 16, and they keep it.
 # * Not taken: the DINOv3 patch embed at B = 16. Its eager call is 0.04-0.09 ms faster with ``ss_b8o8u4``
-#   (0.11-0.15 against 0.16-0.24 ms, runs 44-45: one kernel and a small reduction instead of the i2c stage,
+#   (0.11-0.15 against 0.16-0.24 ms: one kernel and a small reduction instead of the i2c stage,
 #   its weight gather and the GEMM), but its replayed op is 8-18 % slower (0.054-0.059 against 0.048-0.050
-#   ms), and the rules here are read from replays, where lease-to-lease host noise does not enter.
+#   ms), and the rules here are read from replays, where the host noise between machines does not enter.
 _SIMTS_CONFIG = "ss_b8o8u4"
 _SIMTS_WIDE_CONFIG = "ss_b4o8u4"   # B <= 4 on layers with much work per image
 _SIMTS_WIDE_WORK = 1 << 25         # Nout*Cout*P64 from which 4x8 blocks win at B <= 4
@@ -287,22 +287,22 @@ def _simts_fits(batch: int, out_channels: int, out_nodes: int, in_channels: Opti
 
 
 def select_simts(batch: int, out_channels: int, out_nodes: int, p_padded: int) -> str:
-    """The split SIMT config for a call that :func:`_simts_fits` (runs 44-45, see above)."""
+    """The split SIMT config for a call that :func:`_simts_fits` (see above)."""
     if batch <= _SIMTS_MAX_BATCH and out_nodes * out_channels * p_padded >= _SIMTS_WIDE_WORK:
         return _SIMTS_WIDE_CONFIG
     return _SIMTS_CONFIG
 
 
 def select_simt(batch: int, out_channels: int) -> str:
-    """The SIMT kernel for a stem-like call that :func:`_simt_fits` (runs 35-43, see above)."""
+    """The SIMT kernel for a stem-like call that :func:`_simt_fits` (see above)."""
     if batch <= 16:          # (B <= 4 takes the split kernel first, :func:`_simts_fits`)
         return SIMT_CONFIG
     return "sv_b16o8u2" if out_channels <= 64 else "sv_b8o8u8"
 
 
 def select_i2c(batch: int, out_channels: int, p_padded: int) -> str:
-    """The i2c config for a stem-like call (Cin < 32), fit on the H200 sweep (run 10 of
-    data/forward_sweep_h200.jsonl): at B <= 16, 16 batch rows and 64-wide output tiles (96-wide only
+    """The i2c config for a stem-like call (Cin < 32), fit on the H200 sweep
+    (data/forward_sweep_h200.jsonl): at B <= 16, 16 batch rows and 64-wide output tiles (96-wide only
     when 64 would leave a ragged tile: alexnet's Cout = 96); above, 64x96 tiles whenever 96 divides
     Cout (alexnet 96, DINOv3 384: 5-25 % faster than 64- or 128-wide ones), else 64x64, with a
     128-deep K step when P64 allows it (fewer syncs per FLOP)."""
@@ -313,7 +313,7 @@ def select_i2c(batch: int, out_channels: int, p_padded: int) -> str:
 
 
 # The node-major neighbour loop is split across CTAs (nms family) when the 16x32 grid has at most this
-# many CTAs *and* each CTA would run at least _NMS_MIN_STEPS sequential tile GEMMs (H200 sweep run 6:
+# many CTAs *and* each CTA would run at least _NMS_MIN_STEPS sequential tile GEMMs (the H200 sweep:
 # res18 layer4_0 at B <= 128 and layer3 at B = 16 gain 10-20%; res18 layer3_0 with 18 steps loses).
 _NMS_MAX_CTAS = 256
 _NMS_MIN_STEPS = 32
