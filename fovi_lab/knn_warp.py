@@ -72,7 +72,7 @@ class WarpCompactOps:
         raise NotImplementedError("warp_compact is forward-only; use the 'warp_train' backend to train")
 
 
-#: Below this many input channels the staged adjoints win on the H200 (data/train-step_h200.jsonl: the
+#: Below this many input channels the staged adjoints win on the H200 (fovi_lab/records/h200/train_step.jsonl.gz: the
 #: Cin = 3 stems ran 2-3x slower fused, because a 16-wide Cin tile is 13/16 padding and every reverse
 #: entry is a tiny GEMM; every layer with Cin >= 64 ran faster fused).
 FUSED_MIN_CIN = 16

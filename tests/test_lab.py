@@ -492,8 +492,8 @@ def test_backward_loaders_and_figures(tmp_path):
     assert {"warp", "torch_compact", "torch_autograd_gather_bmm", "Warp gi stage kernel"} <= names
     assert len(fig.layout.updatemenus[0].buttons) == 2
     ts = kl.backward_recorded_figure(recs, mode="train-step")
-    assert _is_fig(ts) and {t.name for t in ts.data} == {"warp_train"} | {
-        "Warp gi stage kernel", "Warp dx reduction kernel", "Warp gw stage kernel", "Warp dW reduction kernel"}
+    # these train-step records carry no per-kernel times, so the kernel markers (empty series) are left out
+    assert _is_fig(ts) and {t.name for t in ts.data} == {"warp_train"}
     sw = kl.gi_gw_sweep_figure(recs)
     assert _is_fig(sw) and {t.name for t in sw.data} == {"gi2_p64b128", "gi3_p64b128", "gw3_p64n128"}
     assert "B = 512" in sw.layout.title.text

@@ -44,18 +44,47 @@ def test_ci_runs_the_readme_commands():
         assert cmd in readme and cmd in ci, cmd
 
 
-def test_the_wheel_carries_the_tables(tmp_path):
-    """The config, layer and figure tables are package data (``*.toml`` beside their modules): a wheel built from
-    this tree holds every one of them, so a non-editable install reads the same tables."""
+def _wheel(tmp_path):
+    import importlib.util
     import subprocess
     import sys
-    import zipfile
-    tables = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "fovi_lab").rglob("*.toml"))
-    assert "fovi_lab/kernels/forward/configs.toml" in tables and "fovi_lab/graph/layers.toml" in tables
-    import importlib.util
     isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
     subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "-q", "-w", str(tmp_path)]
                    + isolation, check=True, capture_output=True)
     (wheel,) = tmp_path.glob("fovi_lab-*.whl")
+    return wheel
+
+
+def test_the_wheel_carries_the_tables_and_records(tmp_path):
+    """The config, layer and figure tables and the benchmark records are package data: a wheel built from this tree
+    holds every one of them, and an install of it (not editable, outside the checkout) finds the records: ``auto``'s
+    table of the H200 and the figures' sweeps come from inside the installed package."""
+    import subprocess
+    import sys
+    import zipfile
+    data = sorted(str(p.relative_to(ROOT)) for pat in ("*.toml", "records/*/*") for p in (ROOT / "fovi_lab").rglob(pat)
+                  if p.is_file())
+    assert "fovi_lab/kernels/forward/configs.toml" in data and "fovi_lab/records/h200/forward.jsonl.gz" in data
+    wheel = _wheel(tmp_path / "dist")
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert [t for t in tables if t not in names] == []
+    assert [t for t in data if t not in names] == []
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
+                   check=True, capture_output=True)
+    probe = (
+        "import fovi_lab, fovi_lab.ops.records as R, fovi_lab.ops.dispatch as D\n"
+        f"assert fovi_lab.__file__.startswith({str(site)!r}), fovi_lab.__file__\n"
+        "assert not R.LOCAL_DIR.exists(), R.LOCAL_DIR\n"
+        "t = D.recorded_table()\n"
+        "h200 = [k for k in t if k[0] == 'NVIDIA H200']\n"
+        "assert {k[1] for k in h200} == {'forward', 'train-step'}, len(h200)\n"
+        "from fovi_lab.graph.layers import layer_meta\n"
+        "m = layer_meta('res18_layer1')\n"
+        "shape = (m.cin, m.cout, m.nin, m.nout, m.k, m.p64, m.v)\n"
+        "assert any(k[2] == shape and k[3] == 64 for k in h200)\n"
+        "print(len(h200))\n")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin",
+                                                                          "HOME": str(tmp_path)},
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert int(out.stdout.split()[-1]) > 100

@@ -2,7 +2,7 @@
 (no CUDA toolkit needed), and what they allow: resident warps per SM at 128-thread blocks.
 
     WARP_CACHE_PATH=/tmp/wpc/wpcache python -m fovi_lab warmup --aot-arch 90 --no-grad --experimental --only ...
-    python tools/cubin_registers.py /tmp/wpc/wpcache/1.19.0 > data/logs/mma_registers_sm90_session10.txt
+    python tools/cubin_registers.py /tmp/wpc/wpcache/1.19.0 > fovi_lab/records/h200/logs/mma_registers_sm90.txt
 
 The register count is the ``EIATTR_REGCOUNT`` attribute of the cubin's ``.nv.info`` section; spills would show
 as ``.nv.local.*`` sections. Resident warps: 64K registers per SM, allocated per warp in units of 256

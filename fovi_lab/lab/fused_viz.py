@@ -224,17 +224,21 @@ def list_length_table(layers: Sequence[str] = ("res18_layer1", "res18_layer2_0",
 
 
 def segments_sweep_figure(batch: int = 64, path: Optional[str] = None, height: int = 520) -> go.Figure:
-    """The recorded fused sweep (run 25, ``data/fused_sweep_h200_run25.jsonl``): per layer at ``batch``, the
+    """The recorded fused sweep (source ``fused_sweep_h200_run25.jsonl`` of the shipped ``fused_sweep`` records, or the
+    JSON-lines file ``path``): per layer at ``batch``, the
     fastest whole-list dx (``dxn``) against the fastest dx in segments (``dxs``), and the fastest dW with
     interleaved splits (``dwn``) against the fastest in segments (``dws``), kernels alone (ms, log axis);
     the hover text names the tiles and the split or segment length."""
     import json
     from pathlib import Path
-    p = Path(path) if path else kl.DATA_DIR / "fused_sweep_h200_run25.jsonl"
-    if not p.exists():
-        return kl.message_figure(f"no recorded fused sweep at {p} (python -m fovi_lab.bench.backward backward "
+    if path:
+        p = Path(path)
+        recs = [json.loads(line) for line in p.read_text().splitlines() if line.strip()] if p.exists() else []
+    else:
+        recs = kl.source_records("fused_sweep_h200_run25.jsonl")
+    if not recs:
+        return kl.message_figure("no recorded fused sweep (python -m fovi_lab.bench.backward backward "
                                  "--sweep-fused --fused-only on a GPU)")
-    recs = [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
     recs = [r for r in recs if r.get("ms") and r.get("B") == batch]
     if not recs:
         return kl.message_figure(f"the recorded sweep has no B = {batch}")

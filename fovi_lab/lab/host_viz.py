@@ -5,7 +5,7 @@ kernel, measured here and recorded on the H200.
   call of a signature (argument checks, table analysis, config choice, operands) against a repeated one
   (the call cache of :func:`fovi_lab.kernels.forward.api.prepare_uncached` skips the first three).
 * :func:`host_probe_runs` / :func:`host_probe_figure`: the recorded H200 host probes
-  (``data/logs/host_probe_h200*.json``, written by ``tools/h200/host_probe.py``). Per shape and probe,
+  (``fovi_lab/records/h200/logs/host_probe_*.json``, written by ``tools/h200/host_probe.py``). Per shape and probe,
   the host time to issue one forward and one train step (no synchronisation), with the step's CUDA-graph
   replay (its GPU time) beside it.
 """
@@ -27,11 +27,11 @@ __all__ = ["host_cost", "host_probe_runs", "host_probe_figure", "PROBE_LABELS"]
 
 #: recorded probe file -> what the code was doing then
 PROBE_LABELS = {
-    "host_probe_h200.json": "session 2 (before)",
-    "host_probe_h200_run12.json": "run 12 (call cache)",
-    "host_probe_h200_run13.json": "run 13 (all trims)",
-    "host_probe_h200_run22.json": "run 22 (same code, another lease)",
-    "host_probe_h200_run24.json": "run 24 (same code, another lease)",
+    "host_probe_before.json": "before the host-path work",
+    "host_probe_call_cache.json": "the call cache",
+    "host_probe_trimmed.json": "every trim",
+    "host_probe_trimmed_repeat_a.json": "same code, another machine",
+    "host_probe_trimmed_repeat_b.json": "same code, a third machine",
 }
 
 
@@ -71,7 +71,7 @@ def host_cost(shape: str = "MAIN", batch: int = 8, reps: int = 200, device=None)
 
 def host_probe_runs(log_dir=None) -> List[dict]:
     """Every recorded host probe (oldest first): ``{label, file, device, warp, torch, results}``."""
-    d = Path(log_dir) if log_dir is not None else kl.DATA_DIR / "logs"
+    d = Path(log_dir) if log_dir is not None else kl.LOGS_DIR
     runs = []
     for name, label in PROBE_LABELS.items():
         p = d / name

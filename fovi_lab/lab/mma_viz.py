@@ -335,8 +335,8 @@ def depth_figure(rows: Optional[List[dict]] = None, height: int = 380) -> go.Fig
 
 def register_rows(path=None) -> List[dict]:
     """The sm_90 cubins' registers per thread, spill bytes and resident warps per SM (128-thread blocks), from
-    ``data/logs/mma_registers_sm90_session10.txt`` (``tools/cubin_registers.py``): ``[]`` when absent."""
-    path = os.path.join(kl.DATA_DIR, "logs", "mma_registers_sm90_session10.txt") if path is None else path
+    the shipped ``logs/mma_registers_sm90.txt`` (``tools/cubin_registers.py``): ``[]`` when absent."""
+    path = kl.LOGS_DIR / "mma_registers_sm90.txt" if path is None else path
     rows = []
     try:
         with open(path) as f:
@@ -404,12 +404,11 @@ NCU_METRICS = {
 
 
 def ncu_rows(path=None, metrics=NCU_METRICS) -> List[dict]:
-    """Per profiled kernel (``data/logs/ncu_h200_run62_summary.txt``, a summary of Nsight Compute's CSV from
+    """Per profiled kernel (the shipped ``logs/ncu_mma_picks_summary.txt``, a summary of Nsight Compute's CSV from
     ``bash tools/h200/run.sh ncu``): the kernel name and the :data:`NCU_METRICS` values (floats; ``[]`` when the
     file is absent)."""
-    import os
     import re
-    path = os.path.join(kl.DATA_DIR, "logs", "ncu_h200_run62_summary.txt") if path is None else path
+    path = kl.LOGS_DIR / "ncu_mma_picks_summary.txt" if path is None else path
     rows: List[dict] = []
     try:
         lines = open(path).read().splitlines()

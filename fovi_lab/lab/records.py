@@ -1,14 +1,12 @@
-"""The recorded GPU results: load the JSON-lines records under ``data/`` and plot them (device, Warp
-and torch versions in each figure's title), or say that there are none.
+"""The recorded GPU results: load the benchmark records (the shipped ones in ``fovi_lab/records/``, and a checkout's
+``data/``) and plot them (device, Warp and torch versions in each figure's title), or say that there are none.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import glob
-import gzip
-import json
 import math
-import os
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -17,12 +15,15 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from fovi_lab.graph.layers import LAYERS, RF_MULT, layer_name
+from fovi_lab.ops.records import LOCAL_DIR, RECORDS_DIR, iter_records, read_file
 from fovi_lab.lab.common import (LAYER_CHOICES, COLOURS, drop_empty_traces, hline, log_range, round4, batch_menu,
                                  message_figure)
 
 
-#: Repository ``data/`` folder (recorded GPU results).
-DATA_DIR = Path(__file__).resolve().parents[2] / "data"
+#: A checkout's own records (``data/``); the shipped ones are under :data:`RECORDS_DIR`.
+DATA_DIR = LOCAL_DIR
+#: The shipped logs the figures read (host probes, Nsight Compute summary, cubin registers).
+LOGS_DIR = RECORDS_DIR / "h200" / "logs"
 
 
 def layer_replays_figure(layer: str, rows: List[dict], series, runs: str, empty: str, log: bool = False,
@@ -53,35 +54,33 @@ def figure_title(main: str, records: List[dict]) -> str:
 
 
 def load_records(data_dir=None, patterns: Sequence[str] = ("*.jsonl", "*.jsonl.gz")) -> List[dict]:
-    """Every JSON-lines record under ``data_dir`` (default: the repository's ``data/``) matching
-    ``patterns``, each tagged with ``_file``. ``.gz`` files are read through gzip (the big sweeps are stored
-    compressed). Unreadable lines are skipped; no folder means ``[]``.
+    """Every benchmark record whose source file matches one of ``patterns``: the shipped records and a checkout's
+    ``data/`` (:func:`fovi_lab.ops.records.iter_records`), or the files of ``data_dir`` matching ``patterns``. Each
+    is tagged ``_file`` with its source file (one benchmark run writes one source). ``.gz`` files are read through
+    gzip. Unreadable lines are skipped; no folder means ``[]``.
 
     A record measured on another reference frame than its layer's network frame is named as that variant
     (``layer`` becomes e.g. ``"res18_stem_rf2"``, :func:`fovi_lab.graph.layers.layer_name`), so a name always means
     one table."""
-    d = Path(data_dir) if data_dir is not None else DATA_DIR
-    paths = sorted({p for pat in patterns for p in glob.glob(str(d / pat))})
+    if data_dir is None:
+        recs = (r for r in iter_records() if any(fnmatch.fnmatch(r["source"], pat) for pat in patterns))
+    else:
+        d = Path(data_dir)
+        paths = sorted({p for pat in patterns for p in glob.glob(str(d / pat))})
+        recs = (r for p in paths for r in read_file(Path(p)))
     out: List[dict] = []
-    for p in paths:
-        try:
-            with (gzip.open(p, "rt") if p.endswith(".gz") else open(p)) as f:
-                for line in f:
-                    line = line.strip()
-                    if not line:
-                        continue
-                    try:
-                        r = json.loads(line)
-                    except ValueError:
-                        continue
-                    if isinstance(r, dict) and "impl" in r and "layer" in r:
-                        r["_file"] = os.path.basename(p)
-                        if r["layer"] in LAYERS and r.get("rf") in RF_MULT:
-                            r["layer"] = layer_name(r["layer"], r["rf"])
-                        out.append(r)
-        except OSError:
-            continue
+    for r in recs:
+        if "impl" in r and "layer" in r:
+            r["_file"] = r["source"]
+            if r["layer"] in LAYERS and r.get("rf") in RF_MULT:
+                r["layer"] = layer_name(r["layer"], r["rf"])
+            out.append(r)
     return out
+
+
+def source_records(source: str) -> List[dict]:
+    """Every record (benchmark or not) that one source file wrote, as recorded."""
+    return list(iter_records(sources={source}))
 
 
 def forward_records(data_dir=None, variants: bool = False) -> List[dict]:
@@ -350,23 +349,28 @@ REUSE_PAIRS = (("m32n64", "m32n64r2", "m32n64r4"), ("m64n64r1", "m64n64r2", None
 
 
 def _pair_kernel_ms(records: List[dict], pairs) -> Tuple[Dict[tuple, float], List[dict]]:
-    """``(layer, B, config) -> ms_kernel`` for every config of ``pairs`` (``(r1, r2, r4)`` twins) and the records
-    read: per shape and pair, the latest run that timed the r = 1 config and its twins side by side (a later sweep
-    of other configs does not hide an earlier one of these)."""
+    """``(layer, B, config) -> ms_kernel`` for the configs of ``pairs`` (``(r1, r2, r4)`` twins) and the records
+    read: per shape and twin, the latest run that timed the r = 1 config and that twin side by side (a later sweep of
+    other configs does not hide an earlier one of these). The ``(layer, B, r1)`` entry is the r = 1 time of the run
+    the twin's came from; a twin whose run differs from another twin's keeps its own base under
+    ``(layer, B, (r1, twin))``."""
     ms: Dict[tuple, float] = {}
     read: List[dict] = []
     for (layer, b, _), runs in record_runs(records).items():
-        for pair in pairs:
-            cfgs = [c for c in pair if c]
-            run = latest_run_where(runs, lambda rs: {c for c in cfgs} <= {r.get("config") for r in rs
-                                                                        if r.get("impl") == "warp_uncached"
-                                                                        and r.get("ms_kernel")})
-            if run is None:
-                continue
-            for r in run:
-                if r.get("impl") == "warp_uncached" and r.get("ms_kernel") and r.get("config") in cfgs:
-                    ms[(layer, b, r["config"])] = r["ms_kernel"]
-                    read.append(r)
+        for base, *twins in pairs:
+            for cfg in (c for c in twins if c):
+                def timed(rs, cfgs=(base, cfg)):
+                    have = {r.get("config") for r in rs if r.get("impl") == "warp_uncached" and r.get("ms_kernel")}
+                    return set(cfgs) <= have
+                run = latest_run_where(runs, timed)
+                if run is None:
+                    continue
+                got = {r["config"]: r for r in run if r.get("impl") == "warp_uncached" and r.get("ms_kernel")
+                       and r.get("config") in (base, cfg)}
+                ms[(layer, b, cfg)] = got[cfg]["ms_kernel"]
+                ms[(layer, b, (base, cfg))] = got[base]["ms_kernel"]
+                ms.setdefault((layer, b, base), got[base]["ms_kernel"])
+                read += [got[base], got[cfg]]
     return ms, read
 
 
@@ -388,7 +392,7 @@ def reuse_recorded_figure(records: Optional[List[dict]] = None, pairs=REUSE_PAIR
             for cfg in (r2, r4):
                 if cfg is None:
                     continue
-                ys = [round4(ms[(l, b, cfg)] / ms[(l, b, base)]) if (l, b, cfg) in ms and (l, b, base) in ms else None
+                ys = [round4(ms[(l, b, cfg)] / ms[(l, b, (base, cfg))]) if (l, b, cfg) in ms else None
                       for l in layers]
                 fig.add_trace(go.Bar(x=layers, y=[None if y is None else round4(y - 1.0) for y in ys], base=1.0,
                                      customdata=ys, hovertemplate="%{x}: %{customdata:.2f}x<extra>%{fullData.name}</extra>",
@@ -413,7 +417,7 @@ def reuse_summary(records: Optional[List[dict]] = None, pairs=REUSE_PAIRS, faste
     out = []
     for base, r2, r4 in pairs:
         for cfg in (c for c in (r2, r4) if c):
-            ratios = [ms[(l, b, cfg)] / t for (l, b, c), t in ms.items() if c == base and (l, b, cfg) in ms]
+            ratios = [t / ms[(l, b, (base, cfg))] for (l, b, c), t in ms.items() if c == cfg]
             if ratios:
                 out.append({"config": cfg, "base": base, "shapes": len(ratios), "median": float(np.median(ratios)),
                             "best": min(ratios), "faster": sum(x < faster_below for x in ratios)})

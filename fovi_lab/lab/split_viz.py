@@ -137,15 +137,20 @@ def split_figure(rows: Optional[List[dict]] = None, height: int = 460) -> go.Fig
 
 
 def thread_sweep_rows(path=None) -> List[dict]:
-    """Run 44's thread-target sweep: per layer, batch and split config, the whole op replayed at 8192, 32768
-    and 131072 threads (the 32768 column is run 44's main process in the forward sweep file)."""
-    from fovi_lab.bench.common import REPO_ROOT
-    path = REPO_ROOT / "data" / "forward_h200_run44_simts-threads.jsonl" if path is None else path
-    try:
-        extra = [json.loads(line) for line in open(path)]
-    except OSError:
+    """The split kernel's thread-target sweep: per layer, batch and split config, the whole op replayed at 8192,
+    32768 and 131072 threads (source ``forward_h200_run44_simts-threads.jsonl``, or the JSON-lines file ``path``;
+    the 32768 column is the same run's main process, in the forward sweep)."""
+    if path is None:
+        extra = kl.source_records("forward_h200_run44_simts-threads.jsonl")
+    else:
+        try:
+            extra = [json.loads(line) for line in open(path)]
+        except OSError:
+            return []
+    if not extra:
         return []
-    main = [r for r in kl.forward_records() if r.get("run") == 44]
+    run = extra[0].get("run")
+    main = [r for r in kl.forward_records() if r.get("run") == run and r.get("source") != extra[0].get("source")]
     table = {}
     for r in extra + main:
         if r.get("impl") != "warp_uncached_graphed" or not r.get("ms") or not str(r.get("config", "")).startswith("ss_"):

@@ -21,7 +21,6 @@ recorded the same point, the newest one counts. Records are read once per proces
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 from functools import lru_cache
@@ -30,9 +29,11 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
+from fovi_lab.ops.records import LOCAL_DIR, iter_records, read_file
+
 __all__ = ["pick_backend", "recorded_table", "DATA_DIR"]
 
-DATA_DIR = Path(__file__).resolve().parents[2] / "data"
+DATA_DIR = LOCAL_DIR        # where a checkout's benchmarks write (the shipped records: fovi_lab/records/)
 
 # recorded impl -> registered backend name, per mode
 _IMPL_TO_BACKEND = {
@@ -46,32 +47,35 @@ _SHAPE_KEYS = ("cin", "cout", "nin", "nout", "k", "p64", "v")
 _lock = threading.Lock()
 
 
-@lru_cache(maxsize=1)
-def recorded_table(data_dir: str = str(DATA_DIR)) -> Dict[Tuple, Dict[str, Tuple[str, float]]]:
-    """``{(device, mode, shape, B): {backend: (date, ms)}}`` from every ``data/*.jsonl`` record (the latest
-    per key), leaving out records flagged ``note_run`` (variants a backend does not run by default)."""
-    table: Dict[Tuple, Dict[str, Tuple[str, float]]] = {}
+def _records(data_dir: Optional[str]):
+    if data_dir is None:
+        yield from iter_records(auto=True)
+        return
     for path in sorted(Path(data_dir).glob("*.jsonl")):
-        with open(path) as fh:
-            for line in fh:
-                try:
-                    r = json.loads(line)
-                except ValueError:
-                    continue
-                if r.get("note_run"):      # a measured variant or development run, not what a backend runs
-                    continue
-                if r.get("impl") == "warp_uncached" and r.get("chosen") is False:
-                    continue               # a swept config (--op-all), not the one the backend would run
-                mode = r.get("mode") or "forward"
-                backend = _IMPL_TO_BACKEND.get(mode, {}).get(r.get("impl"))
-                if backend is None or not r.get("ms") or any(k not in r for k in _SHAPE_KEYS):
-                    continue
-                shape = tuple(int(r[k]) for k in _SHAPE_KEYS)
-                key = (r.get("device"), mode, shape, int(r["B"]))
-                prev = table.setdefault(key, {}).get(backend)
-                stamp = str(r.get("date", ""))
-                if prev is None or stamp >= prev[0]:
-                    table[key][backend] = (stamp, float(r["ms"]))
+        yield from read_file(path)
+
+
+@lru_cache(maxsize=1)
+def recorded_table(data_dir: Optional[str] = None) -> Dict[Tuple, Dict[str, Tuple[str, float]]]:
+    """``{(device, mode, shape, B): {backend: (date, ms)}}`` from the records (the latest per key): the shipped
+    ones and a checkout's ``data/*.jsonl`` (:func:`fovi_lab.ops.records.iter_records`), or every ``*.jsonl`` of
+    ``data_dir``; records flagged ``note_run`` (variants a backend does not run by default) are left out."""
+    table: Dict[Tuple, Dict[str, Tuple[str, float]]] = {}
+    for r in _records(data_dir):
+        if r.get("note_run"):      # a measured variant or development run, not what a backend runs
+            continue
+        if r.get("impl") == "warp_uncached" and r.get("chosen") is False:
+            continue               # a swept config (--op-all), not the one the backend would run
+        mode = r.get("mode") or "forward"
+        backend = _IMPL_TO_BACKEND.get(mode, {}).get(r.get("impl"))
+        if backend is None or not r.get("ms") or any(k not in r for k in _SHAPE_KEYS):
+            continue
+        shape = tuple(int(r[k]) for k in _SHAPE_KEYS)
+        key = (r.get("device"), mode, shape, int(r["B"]))
+        prev = table.setdefault(key, {}).get(backend)
+        stamp = str(r.get("date", ""))
+        if prev is None or stamp >= prev[0]:
+            table[key][backend] = (stamp, float(r["ms"]))
     return table
 
 

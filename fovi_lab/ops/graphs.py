@@ -2,9 +2,9 @@
 
 At small batch a compact layer is ~0.03-0.1 ms of GPU work, while issuing it from Python costs as much
 or more: argument checks, operand layouts, torch allocations and the Warp launches took ~0.15 ms per
-forward and ~0.5 ms per train step on the H200 machine's host (``data/logs/host_probe_h200.json``), and
+forward and ~0.5 ms per train step on the H200 machine's host (``fovi_lab/records/h200/logs/host_probe_before.json``), and
 still 0.05-0.07 ms and 0.28-0.40 ms after the host path was trimmed (res18 layer1,
-``data/logs/host_probe_h200_run13.json``). A CUDA graph records the kernels once and replays them with
+``fovi_lab/records/h200/logs/host_probe_trimmed.json``). A CUDA graph records the kernels once and replays them with
 one launch, so the step costs its GPU time. Weight and bias layouts that the eager path caches per
 tensor version are rebuilt inside a capture, so a graph replays them from the current weights (checked
 on the H200: replay after an in-place weight update matches eager).

@@ -286,7 +286,7 @@ class _GradWeightNmPlan:
         Segments: one SIMT launch (:func:`seg_finish_kernel`). Splits: dW of
         ``_FINISH_TILED_MIN_BYTES`` or more (alexnet L1-L4, res18 layer3/4_0): one tiled launch straight
         into dW's layout (:func:`_dw_finish_kernel`), no ``[V, Op, Cp]`` temporary. On the H200
-        (data/train-step_h200_run17_dw-finish-tiled.jsonl) that cut the alexnet steps' peak by 12-21 MiB at the same GPU time. Smaller dW: PyTorch's
+        (fovi_lab/records/h200/train_step.jsonl.gz, source train-step_h200_run17_dw-finish-tiled.jsonl) that cut the alexnet steps' peak by 12-21 MiB at the same GPU time. Smaller dW: PyTorch's
         sum and transposing copy. The tile kernel was 5-14 % slower there (res18 layer1/2/2_0 with 8-16
         partials), and the temporary is only 0.6-4.7 MB."""
         m = self.meta
@@ -400,7 +400,7 @@ _DX_UNEVEN_MIN_ENTRIES = 3
 def default_dx_seg_steps(meta: TrainingMeta, batch: int, device: str) -> int:
     """Segment length (steps) of the fused dx by default; 0: whole reverse lists.
 
-    The H200 sweep (``data/fused_sweep_h200_run25.jsonl``) found segments faster where the
+    The H200 sweep (``fovi_lab/records/h200/fused_sweep.jsonl.gz, source fused_sweep_h200_run25.jsonl``) found segments faster where the
     reverse lists are uneven (longest >= 1.5x the mean: the stride-2 layers res18 layer2_0/3_0, 1-4
     readers per input node) or long while the whole-list grid is small (mean >= 12 steps and under 256
     CTAs of 64x64 tiles, 1024 of 16x16: res18 layer2/3, alexnet L2): 1.1-1.9x there. Elsewhere whole

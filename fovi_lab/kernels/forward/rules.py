@@ -25,7 +25,7 @@ _NM_MIN_CTAS_M64 = 96
 def select_config(batch: int, out_channels: int, out_nodes: int, p_padded: int,
                                   in_channels: Optional[int] = None, node_major: bool = False,
                                   mma: bool = True, q: Optional[int] = None) -> str:
-    """Pick an uncached config name for one call (refit on the H200 sweep, data/forward_sweep_h200.jsonl).
+    """Pick an uncached config name for one call (refit on the H200 sweep, fovi_lab/records/h200/forward_sweep.jsonl.gz).
 
     Args:
         batch, out_channels, out_nodes, p_padded: B, Cout, Nout, P64 of the call (P64 / Cin estimates
@@ -93,7 +93,7 @@ def _mma_env() -> str:
 
 # The tensor-core kernels (fovi_lab.kernels.forward.mma) and how their operand layouts, block, loop depth, store and split
 # are chosen, read from the replayed whole ops of the H200 sweeps
-# (data/forward_sweep_h200_session10.jsonl.gz: 90 mma configs on every layer at B = 1/4/16/32/64/128/512). Each
+# (fovi_lab/records/h200/mma_sweep.jsonl.gz: 90 mma configs on every layer at B = 1/4/16/32/64/128/512). Each
 # warp walks its node's p loop waiting on gathered loads, so what decides is how many loads are in flight (batch
 # tiles per warp, k-steps per loop iteration: tile_k = 16/32/64, warps per k-step) and what each load and store
 # costs. In order:
@@ -213,7 +213,7 @@ def select_mma(batch: int, out_channels: int, out_nodes: int, p_padded: int, q: 
 
 
 # The SIMT kernels for stem-like calls (Cin < 32), and where they win, from the H200 sweep
-# (data/forward_sweep_h200.jsonl). The metric that decides is the whole op replayed from a CUDA
+# (fovi_lab/records/h200/forward_sweep.jsonl.gz). The metric that decides is the whole op replayed from a CUDA
 # graph (GPU time with every layout copy, no host gaps): the vec4 family's kernel time includes its prep
 # launch and the host gap before the main launch, the fp16 family's does not.
 # * B <= 16: the fp16 kernels (x read and y written in place, W^T cached between calls; one launch):
@@ -249,7 +249,7 @@ def _simt_fits(batch: int, out_channels: int, out_nodes: int) -> bool:
     return batch <= 64 or (batch <= 128 and out_channels <= 64)
 
 
-# The split SIMT kernel (simts) and where it wins, from the H200 sweeps (data/forward_sweep_h200.jsonl, replayed
+# The split SIMT kernel (simts) and where it wins, from the H200 sweeps (fovi_lab/records/h200/forward_sweep.jsonl.gz, replayed
 # whole ops; their medians are in notebook 01, section 8c):
 # * B <= 4, every layer: it beat the 16x32 node-major tiles by 1.3-2.4x (res18 layer1-4 and alexnet L1-L4 at
 #   B = 1 and 4), the DINOv3 patch embed's i2c tiles by 1.8-1.9x, and on the stems the unsplit SIMT kernels
@@ -302,7 +302,7 @@ def select_simt(batch: int, out_channels: int) -> str:
 
 def select_i2c(batch: int, out_channels: int, p_padded: int) -> str:
     """The i2c config for a stem-like call (Cin < 32), fit on the H200 sweep
-    (data/forward_sweep_h200.jsonl): at B <= 16, 16 batch rows and 64-wide output tiles (96-wide only
+    (fovi_lab/records/h200/forward_sweep.jsonl.gz): at B <= 16, 16 batch rows and 64-wide output tiles (96-wide only
     when 64 would leave a ragged tile: alexnet's Cout = 96); above, 64x96 tiles whenever 96 divides
     Cout (alexnet 96, DINOv3 384: 5-25 % faster than 64- or 128-wide ones), else 64x64, with a
     128-deep K step when P64 allows it (fewer syncs per FLOP)."""

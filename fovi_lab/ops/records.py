@@ -1,0 +1,80 @@
+"""The benchmark records this package ships, and the ones a checkout adds: where they are and how to read them.
+
+Shipped records (package data, so a wheel install has them): ``fovi_lab/records/<device>/<kind>.jsonl.gz``, one JSON
+object per line, kinds ``forward``, ``forward_sweep``, ``mma_sweep``, ``train_step``, ``backward``, ``fused_sweep``,
+``compile_latency``, listed with their sources in ``manifest.json`` beside them. Every record carries its provenance in
+fields: ``device``, ``warp``, ``torch``, ``cuda``, ``python``, ``date`` (the start of the benchmark run that wrote it)
+and ``source`` (the record file that run wrote). New runs of ``python -m fovi_lab bench ...`` append to
+``data/<kind>_<device>.jsonl`` in a checkout; :func:`iter_records` reads those too.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional
+
+__all__ = ["RECORDS_DIR", "LOCAL_DIR", "record_files", "read_file", "iter_records", "manifest"]
+
+#: The shipped records.
+RECORDS_DIR = Path(__file__).resolve().parents[1] / "records"
+#: Where the benchmarks write in a checkout (absent in a wheel install).
+LOCAL_DIR = Path(__file__).resolve().parents[2] / "data"
+
+
+def manifest(device_dir: Path) -> Dict:
+    """The ``manifest.json`` of one device's records (``{}`` when there is none)."""
+    try:
+        return json.loads((device_dir / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def record_files() -> List[Path]:
+    """The shipped record files (every device), then the checkout's own ``data/*.jsonl`` / ``*.jsonl.gz``."""
+    shipped = sorted(RECORDS_DIR.glob("*/*.jsonl.gz"))
+    local = sorted(list(LOCAL_DIR.glob("*.jsonl")) + list(LOCAL_DIR.glob("*.jsonl.gz"))) if LOCAL_DIR.is_dir() else []
+    return shipped + local
+
+
+def read_file(path: Path) -> Iterator[dict]:
+    """The records of one file (gzip when it ends in ``.gz``); a record without ``source`` gets the file's name.
+    Lines that are not JSON objects are skipped."""
+    path = Path(path)
+    try:
+        fh = gzip.open(path, "rt") if path.name.endswith(".gz") else open(path)
+    except OSError:
+        return
+    with fh:
+        for line in fh:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(r, dict):
+                r.setdefault("source", path.name)
+                yield r
+
+
+def iter_records(auto: bool = False, sources: Optional[set] = None) -> Iterator[dict]:
+    """Every record of :func:`record_files`. ``auto``: only the sources the ``auto`` backend reads (the manifest's
+    ``read_by_auto``; a checkout's plain ``.jsonl`` files). ``sources``: only records of these source files."""
+    skip: Dict[Path, set] = {}
+    for path in record_files():
+        if auto and path.parent.parent == RECORDS_DIR and path.parent not in skip:
+            skip[path.parent] = {s["source"] for f in manifest(path.parent).get("files", {}).values()
+                                 for s in f.get("sources", []) if not s.get("read_by_auto", True)}
+        if auto and path.parent != LOCAL_DIR and path.parent not in skip:
+            skip[path.parent] = set()
+        if auto and path.parent == LOCAL_DIR and path.name.endswith(".gz"):
+            continue
+        for r in read_file(path):
+            if sources is not None and r["source"] not in sources:
+                continue
+            if auto and r["source"] in skip.get(path.parent, ()):
+                continue
+            yield r
