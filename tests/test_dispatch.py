@@ -1,4 +1,5 @@
-"""The auto backend reads the recorded benchmarks (data/*.jsonl) and picks the fastest registered backend."""
+"""The auto backend reads the recorded benchmarks (the shipped records and a checkout's data/) and picks the fastest
+registered backend."""
 
 import json
 

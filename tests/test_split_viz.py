@@ -1,5 +1,5 @@
 """Notebook 01 section 8c logic (fovi_lab.lab.split_viz): the thread arithmetic, the CPU run of the split kernel,
-and the readers of the recorded H200 runs 44-47."""
+and the readers of the recorded H200 split-kernel sweeps."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def test_explore_split_passes_on_the_cpu():
 
 
 def test_split_rows_read_the_recorded_runs():
-    """Runs 45-47: every layer has the split kernel, another Warp forward and PyTorch replayed at B = 1/4/16;
+    """The split-kernel sweeps: every layer has the split kernel, another Warp forward and PyTorch replayed at B = 1/4/16;
     where the heuristic picks the split kernel it is within 10 % of the fastest other Warp forward or faster
     (the rule's metric), and where it does not, the other forward is faster. The figure has 3 panels."""
     rows = sv.split_rows()

@@ -26,7 +26,7 @@ def test_explore_stem_passes_on_the_cpu():
 
 
 def test_simt_rows_read_the_recorded_sweep():
-    """Runs 35-40: every stem shape has the SIMT and i2c whole ops replayed; where the heuristic picks a
+    """The SIMT sweeps: every stem shape has the SIMT and i2c whole ops replayed; where the heuristic picks a
     SIMT kernel on a CNN stem it is within 10 % of the faster of the fp16 / vec4 / i2c replays (the metric
     of the rule), and the figure has one panel per stem."""
     rows = sv.simt_rows()

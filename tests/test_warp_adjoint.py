@@ -140,7 +140,7 @@ def test_default_config_selection(monkeypatch):
     assert wa.select_gi_config(64, nout=964, device="cuda:0") == "gi2_p64b64"
     assert wa.select_gi_config(512, nout=964, device="cuda:0") == big
     assert wa.select_gw_config(64) == "gw3_p64n64" and wa.select_gw_config(96) == "gw3_p64n128"
-    # the Cin = 3 stems: staged-operand kernels once B*Nout*P64 >= 16M (H200 run 10: alexnet L0 train step
+    # the Cin = 3 stems: staged-operand kernels once B*Nout*P64 >= 16M (H200: alexnet L0 train step
     # 1.60 ms at B=64, 2.1x the seed; below, the extra host work of the row copies outweighed the GPU saving)
     assert wa.select_gi_config(64, nout=964, device="cuda:0", cin=3, p64=384) == "gi2i_p64b64"       # alex L0
     assert wa.select_gi_config(512, nout=964, device="cuda:0", cin=3, p64=384) == "gi2i_p64b64_f32"
@@ -149,7 +149,7 @@ def test_default_config_selection(monkeypatch):
     assert wa.select_gi_config(512, nout=964, device="cuda:0", cin=3, p64=192) == "gi2i_p64b64_f32"
     # Cout = 96 (alexnet's stem): 96-wide Cout tiles, no 96 -> 128 padding
     assert wa.select_gi_config(64, nout=964, device="cuda:0", cin=3, p64=384, cout=96) == "gi2i_p64b64o96"
-    # ... and staged from 4M staged elements (run 31: alexnet L0 at B = 16 is faster staged, 5.9M)
+    # ... and staged from 4M staged elements (H200: alexnet L0 at B = 16 is faster staged, 5.9M)
     assert wa.select_gi_config(16, nout=964, device="cuda:0", cin=3, p64=384, cout=96) == "gi2i_p64b16o96"
     assert wa.select_gw_config(96, cin=3, batch=16, nout=964, p64=384) == "gw3i_p64n96k16"
     assert wa.select_gi_config(16, nout=964, device="cuda:0", cin=3, p64=192, cout=64) == "gi2_p64b64"  # res18 stem

@@ -127,7 +127,7 @@ def test_segment_table_covers_every_step_once():
 
 def test_segment_rules_and_requests(monkeypatch):
     """The default rules on the real layers: dx segments only where the reverse lists are uneven or long
-    on a small grid (fit to the H200 sweep, run 25), dW segments on the res18 layers only; every dW
+    on a small grid (fit to the H200 fused sweep), dW segments on the res18 layers only; every dW
     segment table within the partial budget."""
     from fovi_lab.graph.layers import layer_meta
     monkeypatch.delenv("FOVI_KNN_DX_SEG", raising=False)
@@ -154,14 +154,11 @@ def test_segment_rules_and_requests(monkeypatch):
 def test_recorded_sweep_supports_the_dx_rule():
     """On every shape of the recorded H200 sweep at B >= 64, the default dx (tiles, segment length) is
     within 10% of the fastest measured option when the sweep measured it."""
-    import json
     from collections import defaultdict
-    from pathlib import Path
     from fovi_lab.graph.layers import layer_meta
-    path = Path(__file__).resolve().parents[1] / "data" / "fused_sweep_h200_run25.jsonl"
+    from fovi_lab.ops.records import iter_records
     by = defaultdict(list)
-    for line in path.read_text().splitlines():
-        r = json.loads(line)
+    for r in iter_records(sources={"fused_sweep_h200_run25.jsonl"}):
         if r.get("ms") and r["impl"] in ("warp_dxn", "warp_dxs"):
             by[(r["layer"], r["B"])].append(r)
     checked = 0
@@ -280,7 +277,7 @@ def test_config_selection_and_bad_inputs():
     assert nm.select_dx_nm_config(64, 3) == "dxn_m64n16k64"
     assert nm.select_dx_nm_config(64, 64, nin=230) == "dxn_m64n64k64"
     assert nm.select_dx_nm_config(64, 256, nin=16) == "dxn_m16n16k64"      # under one wave of 64x64 CTAs
-    assert nm.select_dx_nm_config(16, 96) == "dxn_m16n16k64"                # B <= 16: 16x16 (run 25)
+    assert nm.select_dx_nm_config(16, 96) == "dxn_m16n16k64"                # B <= 16: 16x16 (the fused sweep)
     assert nm.select_dx_nm_config(32, 96) == "dxn_m32n64k64"
     assert nm.select_dw_nm_config(96, 3) == "dwn_o64c16k64"
     assert nm.select_dw_nm_config(256, 96) == "dwn_o64c64k64"
@@ -336,7 +333,7 @@ def test_every_fused_kernel_compiles_aot_without_mathdx(tmp_path):
 
 def test_default_rules_read_no_device_tensor_after_the_first_call(monkeypatch):
     """The rules run on every call, also while a CUDA graph is being captured, where reading a device
-    tensor back (``int(t)``, ``t.item()``) invalidates the capture (run 26 caught that on the H200): after
+    tensor back (``int(t)``, ``t.item()``) invalidates the capture (a train-step benchmark caught that on the H200): after
     the first call they must answer from host-side caches alone."""
     from fovi_lab.graph.layers import layer_meta
     meta = layer_meta("res18_layer2_0")

@@ -13,7 +13,6 @@ import statistics
 import math
 import os
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
@@ -26,23 +25,21 @@ from fovi_lab.kernels.forward import rules as fwd_rules
 from fovi_lab.graph.meta import SYNTHETIC_SHAPES, build_meta, synthetic_graph
 from fovi_lab.ops.reference import build_effective_weight, oracle_forward
 from fovi_lab.kernels.common import init_warp, wp
+from fovi_lab.ops.records import RECORDS_DIR, read_file
 
 SHAPES = ("MAIN", "ODD", "PAD_HEAVY")
 BATCHES = (1, 17, 64, 129)
-SWEEP = Path(__file__).resolve().parents[1] / "data" / "forward_sweep_h200.jsonl"
-# session 10's sweeps (runs 59-61: the mma loops of 1, 2 and 4 k-steps per iteration), stored compressed
-SWEEP10 = SWEEP.with_name("forward_sweep_h200_session10.jsonl.gz")
-# The mma kernels' source changed in session 10 (the k-step loop; run 61's A/B against session 9's source moved
-# the k16 configs by -9 % to +20 %), so the rule's mma picks are judged on the records of that source only.
-MMA_SOURCE_SESSION = 10
+# The shipped H200 sweeps: every registered config on the layer table, and the mma sweep (the mma loops of 1, 2 and 4
+# k-steps per iteration). The mma kernels' source changed between the two (the k-step loop; an A/B of the two sources
+# moved the k16 configs by -9 % to +20 %), so the rule's mma picks are judged on the mma sweep's records only.
+SWEEP = RECORDS_DIR / "h200" / "forward_sweep.jsonl.gz"
+MMA_SWEEP = RECORDS_DIR / "h200" / "mma_sweep.jsonl.gz"
 
 
-def _sweep_lines():
-    import gzip
-    yield from SWEEP.read_text().splitlines()
-    if SWEEP10.exists():
-        with gzip.open(SWEEP10, "rt") as f:
-            yield from f
+def _sweep_lines(mma_only: bool = False):
+    for path in ((MMA_SWEEP,) if mma_only else (SWEEP, MMA_SWEEP)):
+        for r in read_file(path):
+            yield json.dumps(r)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -213,7 +210,7 @@ def test_simts_split_covers_the_loop():
 @pytest.mark.parametrize("config", ("sd_b8o8u4", "ss_b8o8u4", "ss_b4o8u4", "sv_b8o8u4"))
 def test_simt_dense_ceilings_compute_the_dense_gemm(config):
     """A SIMT config's dense ceiling (the benchmark's "% of dense") runs its register blocks over dense
-    operands: every node's output is ``at^T @ w`` (runs 44-46 launched the split family's ceiling with the
+    operands: every node's output is ``at^T @ w`` (a benchmark once launched the split family's ceiling with the
     tiled signature and recorded nonsense fractions; this pins the launch)."""
     plan = F.make_dense_ceiling(config, 9, 20, 3, 40, "cpu")
     plan.out.fill_(float("nan"))
@@ -561,41 +558,40 @@ def _sweep_kernel_times():
     return {key: ({c: statistics.median(v) for c, v in per.items()}, r) for key, (per, r) in samples.items()}
 
 
-def _sweep_runs(impl: str = "warp_uncached", field: str = "ms_kernel", min_session: int = 0):
+def _sweep_runs(impl: str = "warp_uncached", field: str = "ms_kernel", mma_only: bool = False):
     """{(layer, B): [{config: ms} per recorded run]}: one dict per benchmark process (its ``date``
-    stamp), so configs are compared as they were timed, side by side on one lease. ``impl`` /
+    stamp), so configs are compared as they were timed, side by side on one machine. ``impl`` /
     ``field``: ``warp_uncached`` / ``ms_kernel`` (the kernel alone) or ``warp_uncached_graphed`` / ``ms``
-    (the whole op replayed from a CUDA graph); ``min_session``: only the runs of that session on."""
+    (the whole op replayed from a CUDA graph); ``mma_only``: only the runs of the mma sweep."""
     runs = {}
-    for line in _sweep_lines():
+    for line in _sweep_lines(mma_only):
         r = json.loads(line)
-        if r.get("impl") != impl or not r.get(field) or r.get("session", 0) < min_session:
+        if r.get("impl") != impl or not r.get(field):
             continue
         runs.setdefault((r["layer"], r["B"]), {}).setdefault(r.get("date"), {})[r["config"]] = r[field]
     return {key: list(per.values()) for key, per in runs.items()}
 
 
-@pytest.mark.skipif(not SWEEP.exists(), reason="no recorded H200 sweep")
 def test_heuristic_matches_sweep():
     """On every recorded shape, the heuristic's pick is within 10% of the best config measured beside it.
 
     Within a run: per recorded run that timed the pick, its time over the fastest config of that run, the
-    median over those runs must be <= 1.10 (leases differ by 5-15 % on the ~0.05-0.1 ms stem kernels, more
+    median over those runs must be <= 1.10 (machines differ by 5-15 % on the ~0.05-0.1 ms stem kernels, more
     than good configs differ). Across runs: against the per-config medians of every run, <= 1.25, so a
-    config measured only on another lease cannot be much faster than the pick either.
+    config measured only on another machine cannot be much faster than the pick either.
 
     The metric is the whole op replayed from a CUDA graph where runs replayed the pick beside other configs
-    (runs 35-45: the SIMT rules were read from these), else the kernel alone. A plan of two launches (the
+    (the SIMT sweeps: the SIMT rules were read from these), else the kernel alone. A plan of two launches (the
     split SIMT kernel and its reduction, the i2c stage and GEMM, the vec4 prep and kernel) has the host gap
     between its launches inside its "kernel alone" time: ``sv_b16o8u2`` on resnet's stem at B = 32 took
-    0.064-0.090 ms on three leases, and ``ss_b4o8u4`` read 18 % slower than the 16x32 tiles on res18 layer1
+    0.064-0.090 ms on three machines, and ``ss_b4o8u4`` read 18 % slower than the 16x32 tiles on res18 layer1
     at B = 1 while its replayed op was 1.35x faster. An mma pick is judged on the runs of the current mma
-    source (session 10: runs 59-61, ``MMA_SOURCE_SESSION``), which timed every mma config side by side.
+    source (the mma sweep, ``MMA_SWEEP``), which timed every mma config side by side.
     """
     shapes = _sweep_kernel_times()
     kernel_runs = _sweep_runs()
     all_replay_runs = _sweep_runs("warp_uncached_graphed", "ms")
-    mma_replay_runs = _sweep_runs("warp_uncached_graphed", "ms", min_session=MMA_SOURCE_SESSION)
+    mma_replay_runs = _sweep_runs("warp_uncached_graphed", "ms", mma_only=True)
     assert len(shapes) >= 52, "the sweep should cover the layer table x B in {16, 64, 128, 512}"
     bad = []
     for (layer, b), (_, r) in sorted(shapes.items()):
@@ -624,7 +620,7 @@ def test_heuristic_matches_sweep():
 
 
 def test_mma_selection_rules(monkeypatch):
-    """The mma rule on the layer table (runs 59-63): the deep x^T loop (staged stores where the loop is short and
+    """The mma rule on the layer table (the mma sweep): the deep x^T loop (staged stores where the loop is short and
     the layer has nodes to fill the blocks, else 1-warp blocks), x^T with staged stores at larger batch (8-node
     blocks on the stems and at B = 512), 96 x 32 blocks two k-steps deep except where that spills one wave into
     two, unsplit 32 x 8 blocks on shallow grids at small batch, the split on few-node layers and long loops at

@@ -9,10 +9,10 @@ dense GEMM per image. Its work is ``Q/P64`` times the compact work: about 1 with
 * :func:`tap_ratio_rows`: ``P64``, ``Q`` and their ratio per layer, for rf1 and rf2.
 * :func:`measure_here`: on this machine, the binned PyTorch forward, ``torch_compact`` and the Warp compact
   forward on a small stem with V = K and with V = 4K, each checked against the fp32 oracle.
-* :func:`recorded_rows` / :func:`binning_figure`: the H200 runs 20 (rf2) and 21 (rf1) on the stems: the
-  Warp compact forward, ``torch_binned_mm`` and the strongest other PyTorch forward, replayed from CUDA
-  graphs (GPU time; the eager times of those leases are in the records too).
-* :func:`warp_binned_rows`: run 18, a Warp binned forward (branch ``exp/binned-stems``, never on main)
+* :func:`recorded_rows` / :func:`binning_figure`: the H200 benchmarks of the stems on rf2 and on rf1
+  (:data:`RUN_FILES`): the Warp compact forward, ``torch_binned_mm`` and the strongest other PyTorch forward,
+  replayed from CUDA graphs (GPU time; the eager times of those runs are in the records too).
+* :func:`warp_binned_rows`: a Warp binned forward (branch ``exp/binned-stems``, never on main)
   against the Warp compact (``i2c``) kernels on the rf2 stems.
 """
 
@@ -32,7 +32,7 @@ __all__ = ["STEMS", "RUN_FILES", "tap_ratio_rows", "measure_here", "recorded_row
 
 STEMS = ("alex_L0", "res18_stem", "dinov3_patch")
 
-#: rf -> the recorded forward run of the stems (H200, session 5)
+#: rf -> the record source of the stems' forward benchmark on that frame (H200)
 RUN_FILES = {"rf2": "forward_h200_run20_torch-binned.jsonl", "rf1": "forward_h200_run21_rf1-stems.jsonl"}
 WARP_BINNED_FILE = "forward_h200_run18_binned-stems.jsonl"
 
@@ -143,7 +143,7 @@ def binning_figure(rows: Optional[List[dict]] = None, height: int = 460) -> go.F
 
 
 def warp_binned_rows(data_dir=None) -> List[dict]:
-    """Run 18 (branch ``exp/binned-stems``): per rf2 stem and B, the fastest Warp binned forward kernel
+    """The Warp binned forward (branch ``exp/binned-stems``, source :data:`WARP_BINNED_FILE`): per rf2 stem and B, the fastest Warp binned forward kernel
     (``bin_*`` configs: the bin SIMT pass plus the dense GEMM), its GEMM alone on a pre-binned stage with
     the compact ``P64`` depth, and the fastest compact ``i2c`` kernel, all kernel times in ms."""
     recs = [r for r in kl.load_records(data_dir, patterns=(WARP_BINNED_FILE,)) if r.get("impl") == "warp_uncached"]

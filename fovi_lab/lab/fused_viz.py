@@ -5,7 +5,7 @@
 * :func:`explore_fused`: run both fused kernels on this machine, check them against torch autograd of
   the fp32 oracle and against the staged kernels, and check that a second run is bitwise identical.
 * :func:`list_length_table`, :func:`segments_sweep_figure`: why one list can set a fused kernel's time,
-  and the recorded H200 sweep of whole lists against balanced segments (run 25).
+  and the recorded H200 sweep of whole lists against balanced segments.
 * :func:`fused_vs_staged_figure`, :func:`graphed_step_figure`: the recorded H200 train steps.
 """
 
@@ -160,7 +160,7 @@ def fused_vs_staged_figure(records: Optional[List[dict]] = None, height: int = 6
 def graphed_step_figure(records: Optional[List[dict]] = None, height: int = 460) -> go.Figure:
     """Recorded train step replayed from a CUDA graph (no per-call host work) against the fastest
     PyTorch step replayed the same way, per layer; eager ``warp_train`` as markers (one call at a time,
-    and back to back: ``pipelined_ms``, recorded since session 6); dropdown for B."""
+    and back to back: ``pipelined_ms``, where recorded); dropdown for B."""
     runs = train_step_runs(records, need=("warp_train", "warp_train_graphed"))
     if not runs:
         return kl.message_figure("no recorded CUDA-graph train step yet "

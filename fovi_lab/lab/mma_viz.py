@@ -5,17 +5,17 @@ figures).
   ``mma.sync.m16n8k16`` (the layout the PTX ISA fixes), and how the kernel fills them.
 * :func:`lane_channels`: the channel permutation that makes a lane's W loads one vector load.
 * :func:`explore_mma`: run one mma config on a real layer's shape here, against the fp32 reference.
-* :func:`mma_rows` / :func:`mma_figure`: the recorded H200 runs: per layer and batch, the mma pick's whole op
-  replayed from a CUDA graph (runs 59-61), the session-8 pick (tile / SIMT kernels, runs 52-53) and the fastest
-  PyTorch forward (runs 59-61), replayed too, medians over the runs that measured them.
+* :func:`mma_rows` / :func:`mma_figure`: the recorded H200 sweeps: per layer and batch, the mma pick's whole op
+  replayed from a CUDA graph (:data:`MMA_RUNS`), the tile / SIMT rules' pick (:data:`OLD_RULE_RUNS`) and the fastest
+  PyTorch forward, replayed too, medians over the runs that measured them.
 * :func:`layout_rows`: what each operand layout bought: the same block with x in place or x^T, W^T or W in
   place, replayed side by side.
 * :func:`depth_rows` / :func:`depth_figure` / :func:`register_rows`: what the loop depth bought (the same block
-  looping 1, 2 or 4 k-steps per iteration, replayed side by side in runs 59-63) and what it costs in registers
+  looping 1, 2 or 4 k-steps per iteration, replayed side by side, :data:`DEPTH_RUNS`) and what it costs in registers
   and resident warps (the sm_90 cubins).
 * :func:`stage_rows` / :func:`stage_figure`: what the staged store bought (the same block writing y directly or
-  through a shared tile, replayed side by side in run 63); :func:`ncu_rows`: the Nsight Compute profile that
-  pointed at the stores (run 62).
+  through a shared tile, replayed side by side, :data:`STAGE_RUNS`); :func:`ncu_rows`: the Nsight Compute profile
+  that pointed at the stores.
 * :func:`explore_mma_widget`: what the notebook's widget runs: one layer, batch and mma config here, the pick
   for that shape, and the recorded replays of that layer.
 """
@@ -36,17 +36,19 @@ __all__ = ["MMA_RUNS", "OLD_RULE_RUNS", "DEPTH_RUNS", "STAGE_RUNS", "LAYERS", "f
            "lane_channels", "explore_mma", "mma_rows", "mma_figure", "layout_rows", "depth_rows", "depth_figure",
            "register_rows", "stage_rows", "stage_figure", "ncu_rows", "explore_mma_widget", "mma_configs"]
 
-#: Session 10's runs that replayed every mma config (registered and experimental, loops of 1, 2 and 4 k-steps)
-#: beside the pick and PyTorch on every layer at B = 1/4/16/32/64/128/512: 59 (B = 1/16/64), 60 (B = 4/32/128/512),
-#: 61 (all seven, a second lease) and 63 (all seven, with the staged stores and the 1-/2-warp blocks). The mma
-#: kernels' source changed in session 10, so session 9's runs (52-56) no longer time today's kernels.
+#: The ``run`` ids, in ``fovi_lab/records/h200/mma_sweep.jsonl.gz``, of the sweeps that replayed every mma config
+#: (registered and experimental, loops of 1, 2 and 4 k-steps) beside the pick and PyTorch on every layer at
+#: B = 1/4/16/32/64/128/512: B = 1/16/64, B = 4/32/128/512, all seven on a second machine, and all seven with the
+#: staged stores and the 1-/2-warp blocks. Earlier mma records time an older source of these kernels.
 MMA_RUNS = (59, 60, 61, 63)
-#: The run that timed the staged stores beside the direct ones.
+#: The sweep that timed the staged stores beside the direct ones.
 STAGE_RUNS = (63,)
-#: The runs that timed every loop depth of a block side by side.
+#: The sweeps that timed every loop depth of a block side by side.
 DEPTH_RUNS = MMA_RUNS
-#: The runs whose chosen config was session 8's pick (the tile / SIMT rules, ``FOVI_WARP_MMA=off`` today).
+#: The sweeps (``forward_sweep.jsonl.gz``) whose chosen config was the tile / SIMT rules' pick (``FOVI_WARP_MMA=off`` today).
 OLD_RULE_RUNS = (52, 53)
+#: The sweeps that replayed the x^T and W-in-place layouts beside x in place and W^T (from the first one that had them).
+LAYOUT_RUNS = (54, 56)
 LAYERS = RECORDED_LAYERS
 
 
@@ -163,7 +165,7 @@ def _replayed(rs: List[dict]) -> Dict[str, float]:
 
 def mma_rows(records: Optional[List[dict]] = None, batches: Sequence[int] = (1, 16, 64, 512)) -> List[dict]:
     """Per layer and batch, medians of whole ops replayed from CUDA graphs: the mma pick (over
-    :data:`MMA_RUNS`), session 8's pick (the tile / SIMT rules, over :data:`OLD_RULE_RUNS`, where it was the
+    :data:`MMA_RUNS`), the tile / SIMT rules' pick (over :data:`OLD_RULE_RUNS`, where it was the
     run's chosen config) and the fastest PyTorch forward (over :data:`MMA_RUNS`)."""
     from fovi_lab.kernels import forward as F
     records = kl.forward_records() if records is None else records
@@ -199,11 +201,11 @@ _SERIES = (("ms", "pick", "mma pick", "#2ca02c"),
 
 
 def mma_figure(rows: Optional[List[dict]] = None, height: int = 480) -> go.Figure:
-    """Grouped bars, one panel per batch: per layer the mma pick, session 8's pick and the fastest PyTorch
+    """Grouped bars, one panel per batch: per layer the mma pick, the tile / SIMT rules' pick and the fastest PyTorch
     forward, whole ops replayed from CUDA graphs (ms, log scale)."""
     rows = mma_rows() if rows is None else rows
     if not rows:
-        return kl.message_figure("no recorded mma runs (59-63) under data/")
+        return kl.message_figure("no recorded mma sweep in the records")
     return kl.batch_panels_figure(rows, _SERIES, "Tensor cores by hand: the mma kernels against the tile / SIMT "
                                   "kernels and PyTorch (whole op, replayed)",
                                   "medians of the recorded replays (MMA_RUNS, OLD_RULE_RUNS)", height=height)
@@ -221,9 +223,9 @@ LAYOUT_PAIRS = _points("layout_pairs")
 
 def layout_rows(records: Optional[List[dict]] = None, pairs=LAYOUT_PAIRS) -> List[dict]:
     """Per pair of :data:`LAYOUT_PAIRS`: both configs' whole ops replayed, medians over the runs that replayed
-    both (54 and 56: the x^T and W-in-place configs were registered from run 54)."""
+    both (:data:`LAYOUT_RUNS`)."""
     records = kl.forward_records() if records is None else records
-    shapes = _by_shape(records, (54, 56))
+    shapes = _by_shape(records, LAYOUT_RUNS)
     rows = []
     for layer, b, base, other in pairs:
         med = _replayed(shapes.get((layer, b), []))

@@ -1,15 +1,15 @@
 """Notebook 01, section 8c: the split SIMT forward (``simts``) for grids with too few threads (logic and
 figures).
 
-* :func:`thread_count`: how many threads a layer's unsplit SIMT launch has, and the split session 8's rule
-  picks (the tile / SIMT rule, ``FOVI_WARP_MMA=off`` since session 9: the default picks are now the
-  tensor-core kernels of :mod:`fovi_lab.lab.mma_viz`, notebook 06).
+* :func:`thread_count`: how many threads a layer's unsplit SIMT launch has, and the split the tile / SIMT rule
+  picks (``FOVI_WARP_MMA=off``: the default picks are the tensor-core kernels of :mod:`fovi_lab.lab.mma_viz`,
+  notebook 06).
 * :func:`explore_split`: run the split kernel on a real layer shape on this machine, checked against the fp32
   reference, with a bitwise repeat (its partials are summed in a fixed order).
-* :func:`split_rows` / :func:`split_figure`: the recorded H200 runs (44-47): per layer and batch, the split
+* :func:`split_rows` / :func:`split_figure`: the recorded H200 sweeps (:data:`SPLIT_RUNS`): per layer and batch, the split
   kernel's whole op replayed from a CUDA graph, the fastest other Warp forward measured beside it, and the
   fastest PyTorch forward, replayed too.
-* :func:`thread_sweep_rows`: the split's thread target swept (run 44: 8192 / 32768 / 131072 threads).
+* :func:`thread_sweep_rows`: the split's thread target swept (8192 / 32768 / 131072 threads).
 * :func:`explore_split_widget`: what the notebook's widget runs: one layer, batch and split config here,
   its thread arithmetic, and the recorded H200 replays of that layer beside it.
 """
@@ -28,9 +28,9 @@ from fovi_lab.graph.layers import layer_meta
 __all__ = ["SPLIT_RUNS", "LAYERS", "SPLIT_CONFIGS", "thread_count", "explore_split", "split_rows", "split_figure",
            "thread_sweep_rows", "explore_split_widget"]
 
-#: Runs that replayed the split kernels beside the other Warp forwards and PyTorch (session 8): 45 (the rule's
-#: shapes, beside the 16x32 node-major tiles and nms), 46 (the stems at B = 1/4; every default pick), 47 (the
-#: split kernels beside their vec4-W variants).
+#: The ``run`` ids, in ``fovi_lab/records/h200/forward_sweep.jsonl.gz``, of the sweeps that replayed the split kernels
+#: beside the other Warp forwards and PyTorch: the rule's shapes beside the 16x32 node-major tiles and nms, the
+#: stems at B = 1/4 with every default pick, and the split kernels beside their vec4-W variants.
 SPLIT_RUNS = (45, 46, 47)
 LAYERS = ("res18_layer1", "res18_layer2", "res18_layer3_0", "res18_layer3", "res18_layer4_0", "alex_L2",
           "alex_L1", "dinov3_patch", "res18_stem_rf2", "alex_L0")
@@ -41,12 +41,12 @@ SPLIT_CONFIGS = ("ss_b8o8u4", "ss_b4o8u4")
 
 def thread_count(layer: str, batch: int) -> dict:
     """Threads of the unsplit 8x8-block SIMT launch of ``layer`` at ``batch`` (``Nout * ceil(B/8) * Cout/8``),
-    the config session 8's rule picks, and, for a split pick, its split ``S`` and the threads it launches."""
+    the config the tile / SIMT rule picks, and, for a split pick, its split ``S`` and the threads it launches."""
     from fovi_lab.kernels import forward as F
     from fovi_lab.graph.meta import pad_to
     m = layer_meta(layer)
     pick = F.select_config(batch, m.cout, m.nout, m.p64, in_channels=m.cin, node_major=m.cin >= 32,
-                                           mma=False)            # session 8's rule (this section's context)
+                                           mma=False)            # the tile / SIMT rule (this section's context)
     cfg = F.config_spec(pick)
     out = dict(layer=layer, B=batch, nout=m.nout, cout=m.cout, p64=m.p64, pick=pick,
                unsplit_threads=m.nout * -(-batch // 8) * pad_to(m.cout, 8) // 8, split=None, threads=None)
@@ -91,7 +91,7 @@ def split_rows(records: Optional[List[dict]] = None, batches: Sequence[int] = (1
                 continue
             pick = F.select_config(b, shape["cout"], shape["nout"], shape["p64"],
                                                    in_channels=shape["cin"], node_major=shape["cin"] >= 32,
-                                                   mma=False)   # session 8's rule, the one these runs read
+                                                   mma=False)   # the tile / SIMT rule, the one these sweeps read
 
             split_cfg = pick if F.config_spec(pick).family in _SPLIT_FAMILIES else F.select_simts(
                 b, shape["cout"], shape["nout"], shape["p64"])
@@ -130,7 +130,7 @@ def split_figure(rows: Optional[List[dict]] = None, height: int = 460) -> go.Fig
     outlined."""
     rows = split_rows() if rows is None else rows
     if not rows:
-        return kl.message_figure("no recorded split-SIMT runs (44-47) under data/")
+        return kl.message_figure("no recorded split-SIMT sweep in the records")
     return kl.batch_panels_figure(rows, _SERIES, "Too few threads: the split SIMT kernel against the tiles and "
                                   "PyTorch (whole op, replayed; black outline = the heuristic's pick)",
                                   "medians of the recorded replays (SPLIT_RUNS)", height=height, outline_pick=True)

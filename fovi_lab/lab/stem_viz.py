@@ -8,7 +8,7 @@
   and the strongest PyTorch forward of the same run).
 * :func:`stem_train_rows`: the recorded train steps before (gathered operands) and after (staged ones).
 * :func:`simt_rows` / :func:`simt_figure`: the SIMT register-blocked forward against the i2c tiles and the
-  strongest PyTorch forward, per stem and batch (H200 runs 35-37).
+  strongest PyTorch forward, per stem and batch (the H200 SIMT sweeps, :data:`SIMT_RUNS`).
 """
 
 from __future__ import annotations
@@ -156,9 +156,9 @@ def stem_forward_figure(rows: Optional[List[dict]] = None, height: int = 430) ->
     return fig
 
 
-#: The two runs that :func:`stem_train_rows` compares by default: session 2's final train step (gathered
-#: operand tiles) and session 3's run 10 (staged operands), both taken before the host-path work of
-#: session 4, so the eager columns compare like with like.
+#: The two record sources that :func:`stem_train_rows` compares by default: the final train step with gathered
+#: operand tiles and the first with staged operands, both taken before the host path was trimmed, so the eager
+#: columns compare like with like.
 STEM_TRAIN_FILES = ("train-step_h200_run7_final.jsonl", "train-step_h200_run10_stems-i2c.jsonl")
 
 
@@ -206,9 +206,9 @@ def stem_train_rows(records: Optional[List[dict]] = None, layers: Sequence[str] 
     return rows
 
 
-#: The SIMT sweep runs (session 7): the SIMT configs and the i2c pick on the stems, B = 1..128, every
-#: config's whole op timed eagerly and replayed from a CUDA graph (runs 35-36: the fp16 ``sd_*`` kernels;
-#: runs 38 and 40: the vec4 ``sv_*`` ones beside ``sd_b8o8u4``).
+#: The ``run`` ids, in ``fovi_lab/records/h200/forward_sweep.jsonl.gz``, of the SIMT sweeps: the SIMT configs and the
+#: i2c pick on the stems, B = 1..128, every config's whole op timed eagerly and replayed from a CUDA graph (the
+#: first two: the fp16 ``sd_*`` kernels; the last two: the vec4 ``sv_*`` ones beside ``sd_b8o8u4``).
 SIMT_RUNS = (35, 36, 38, 40)
 
 
@@ -238,7 +238,7 @@ def simt_rows(records: Optional[List[dict]] = None) -> List[dict]:
             torch_graphed = min((r["ms"] for r in rs if str(r["impl"]).startswith("torch") and r.get("graphed")),
                                 default=None)
             pick = F.select_config(b, r0["cout"], r0["nout"], r0["p64"], in_channels=r0["cin"],
-                                                   mma=False)    # session 8's rule, the one these runs read
+                                                   mma=False)    # the tile / SIMT rule, the one these sweeps read
             rows.append(dict(
                 layer=layer, B=b, fp16_config=fp16, vec_config=vec, i2c_config=i2c, pick=pick,
                 fp16_ms=med(fp16), vec_ms=med(vec), i2c_ms=med(i2c),
@@ -253,7 +253,7 @@ def simt_figure(rows: Optional[List[dict]] = None, height: int = 440) -> go.Figu
     from plotly.subplots import make_subplots
     rows = simt_rows() if rows is None else rows
     if not rows:
-        return kl.message_figure("no recorded SIMT sweep (runs 35-40) under data/")
+        return kl.message_figure("no recorded SIMT sweep in the records")
     layers = [l for l in STEMS if any(r["layer"] == l for r in rows)]
     fig = make_subplots(rows=1, cols=len(layers), subplot_titles=layers, shared_yaxes=True)
     for col, layer in enumerate(layers, start=1):
@@ -271,6 +271,6 @@ def simt_figure(rows: Optional[List[dict]] = None, height: int = 440) -> go.Figu
     recs = [rec for r in rows for rec in r["records"]]
     fig.update_layout(height=height, title=dict(text="Stems below one tensor-core tile: SIMT register blocks "
                                                 "against the i2c tiles (whole op, replayed)<br><sub>"
-                                                + kl.versions_title(recs) + " · runs 35-40, medians</sub>", x=0.01),
+                                                + kl.versions_title(recs) + " · medians of the SIMT sweeps</sub>", x=0.01),
                       legend=dict(orientation="h", y=-0.25), margin=dict(t=90, b=100))
     return fig
