@@ -60,18 +60,22 @@ def read_file(path: Path) -> Iterator[dict]:
                 yield r
 
 
+def _not_read_by_auto(device_dir: Path) -> set:
+    """The sources a device's manifest marks as not read by ``auto`` (sweeps of kernels that changed since)."""
+    return {s["source"] for f in manifest(device_dir).get("files", {}).values() for s in f.get("sources", [])
+            if not s.get("read_by_auto", True)}
+
+
 def iter_records(auto: bool = False, sources: Optional[set] = None) -> Iterator[dict]:
     """Every record of :func:`record_files`. ``auto``: only the sources the ``auto`` backend reads (the manifest's
     ``read_by_auto``; a checkout's plain ``.jsonl`` files). ``sources``: only records of these source files."""
     skip: Dict[Path, set] = {}
     for path in record_files():
-        if auto and path.parent.parent == RECORDS_DIR and path.parent not in skip:
-            skip[path.parent] = {s["source"] for f in manifest(path.parent).get("files", {}).values()
-                                 for s in f.get("sources", []) if not s.get("read_by_auto", True)}
-        if auto and path.parent != LOCAL_DIR and path.parent not in skip:
-            skip[path.parent] = set()
-        if auto and path.parent == LOCAL_DIR and path.name.endswith(".gz"):
+        local = path.parent == LOCAL_DIR
+        if auto and local and path.name.endswith(".gz"):
             continue
+        if auto and not local and path.parent not in skip:
+            skip[path.parent] = _not_read_by_auto(path.parent)
         for r in read_file(path):
             if sources is not None and r["source"] not in sources:
                 continue
