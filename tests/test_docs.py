@@ -41,9 +41,9 @@ def test_readme_is_a_user_guide_of_at_most_250_lines():
 HISTORY = re.compile(r"\bsession \d|\bruns? \d|\blease", re.I)
 #: Records (data) keep their provenance fields, which may name the run that wrote them.
 DATA_PREFIXES = ("data/", "fovi_lab/records/")
-#: Files still to be rewritten (notebooks 01 and 04 are split and rewritten next); each must still need it, so the
+#: Files still to be rewritten (notebook 04 is rewritten next); each must still need it, so the
 #: list can only shrink.
-PENDING = {"notebooks/01_compact_forward.ipynb", "notebooks/04_adjoint_staging.ipynb"}
+PENDING = {"notebooks/04_adjoint_staging.ipynb"}
 
 
 def _tracked_text():

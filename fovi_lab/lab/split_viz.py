@@ -1,4 +1,4 @@
-"""Notebook 01, section 8c: the split SIMT forward (``simts``) for grids with too few threads (logic and
+"""Notebook 07, section 3: the split SIMT forward (``simts``) for grids with too few threads (logic and
 figures).
 
 * :func:`thread_count`: how many threads a layer's unsplit SIMT launch has, and the split the tile / SIMT rule

@@ -250,7 +250,7 @@ def _simt_fits(batch: int, out_channels: int, out_nodes: int) -> bool:
 
 
 # The split SIMT kernel (simts) and where it wins, from the H200 sweeps (fovi_lab/records/h200/forward_sweep.jsonl.gz, replayed
-# whole ops; their medians are in notebook 01, section 8c):
+# whole ops; their medians are in notebook 07, section 3):
 # * B <= 4, every layer: it beat the 16x32 node-major tiles by 1.3-2.4x (res18 layer1-4 and alexnet L1-L4 at
 #   B = 1 and 4), the DINOv3 patch embed's i2c tiles by 1.8-1.9x, and on the stems the unsplit SIMT kernels
 #   (``sdp_b4o4u4``, the pick before) by 1.3-1.5x on alexnet's (0.050 against 0.074 ms at B = 1) and
