@@ -14,7 +14,7 @@ The package's folders are its layers, bottom up (no module imports a layer above
     graph/     geometry (grids, KNN, taps), the real layer table, the index tables (``build_meta``)
     ops/       the reference ops, the backend registry and ``auto``, autograd (``KNNConv``), CUDA graphs
     kernels/   the Warp kernels: ``forward/``, ``adjoint/``, their plumbing and per-device validation
-    knn_warp   the Warp backends (``warp_compact``, ``warp_train``) and the seed's API names
+    knn_warp   the Warp backends (``warp_compact``, ``warp_train``) and every name of fovi's own ``knn_warp`` module
     bench/     the benchmarks that write the records under ``data/``; ``train``: a small foveated network
     lab/       what the notebooks run (widget callbacks, models, recorded figures)
     demo, cli  ``python -m fovi_lab {demo, bench, warmup}``

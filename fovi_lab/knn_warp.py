@@ -23,7 +23,7 @@ from fovi_lab.graph.meta import TrainingMeta, pad_to
 from fovi_lab.ops.reference import check_forward_args
 from fovi_lab.kernels.adjoint import (grad_input, grad_input_nm, grad_weight, grad_weight_nm,  # noqa: F401
                                       node_major, plan_grad_input_nm, plan_grad_weight_nm)
-# The seed's private names for the staged adjoints' factories, canary and cache (kept importable)
+# fovi's private names for the staged adjoints' factories, canary and cache (kept importable)
 from fovi_lab.kernels.adjoint import (canary_grad_stage_ok as _canary_grad_stage_ok,  # noqa: F401
                                       get_grad_kernel as _get_grad_kernel,
                                       make_grad_input_stage2_kernel as _make_grad_input_stage2_kernel,
@@ -33,7 +33,7 @@ from fovi_lab.kernels.adjoint import (canary_grad_stage_ok as _canary_grad_stage
                                       pad_flat_input_fp16 as _pad_flat_input_fp16)
 from fovi_lab.kernels.forward import run_cached, run_uncached  # noqa: F401  (re-exported seed API)
 from fovi_lab.kernels.forward.configs import _UNCACHED_BATCH_CONFIG_SPECS  # noqa: F401
-# The seed's private names for the forward's factories, canary, config lookup and rule (kept importable)
+# fovi's private names for the forward's factories, canary, config lookup and rule (kept importable)
 from fovi_lab.kernels.forward import (make_cached_kernel as _make_cached_kernel,  # noqa: F401
                                       make_uncached_kernel as _make_uncached_kernel,
                                       make_uncached_r2_kernel as _make_uncached_r2_kernel,
@@ -81,7 +81,7 @@ FUSED_MIN_CIN = 16
 def grad_path(meta: Optional[TrainingMeta] = None) -> str:
     """Adjoint path of ``warp_train`` for a layer: ``"fused"`` (the node-major kernels of
     :mod:`fovi_lab.kernels.adjoint.fused`: one launch per gradient, no stage) when ``Cin >= FUSED_MIN_CIN``,
-    else ``"staged"`` (the seed's stage + reverse-index kernels of :mod:`fovi_lab.kernels.adjoint.staged`).
+    else ``"staged"`` (fovi's stage + reverse-index design, the kernels of :mod:`fovi_lab.kernels.adjoint.staged`).
     ``FOVI_KNN_GRAD_PATH=fused|staged|auto`` overrides (``auto``: this rule)."""
     path = os.environ.get("FOVI_KNN_GRAD_PATH") or "auto"
     if path not in ("fused", "staged", "auto"):

@@ -41,9 +41,6 @@ def test_readme_is_a_user_guide_of_at_most_250_lines():
 HISTORY = re.compile(r"\bsession \d|\bruns? \d|\blease", re.I)
 #: Records (data) keep their provenance fields, which may name the run that wrote them.
 DATA_PREFIXES = ("data/", "fovi_lab/records/")
-#: Files still to be rewritten (notebook 04 is rewritten next); each must still need it, so the
-#: list can only shrink.
-PENDING = {"notebooks/04_adjoint_staging.ipynb"}
 
 
 def _tracked_text():
@@ -63,8 +60,7 @@ def test_no_lab_history_in_tracked_text():
         found = [m.group(0) for m in HISTORY.finditer(text)]
         if found:
             hits[f] = found
-    assert {f: h[:3] for f, h in hits.items() if f not in PENDING} == {}
-    assert PENDING <= set(hits), f"clean now, drop from PENDING: {sorted(PENDING - set(hits))}"
+    assert {f: h[:3] for f, h in hits.items()} == {}
 
 
 def test_the_history_check_finds_its_words():

@@ -239,7 +239,7 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
         if seed:
             r.update(seed_ms=seed, speedup_vs_seed=seed / t_ms)
 
-    # ---- Warp, staged (the seed's stage + reverse-index pipelines, default configs)
+    # ---- Warp, staged (fovi's stage + reverse-index pipelines, default configs)
     staged_impl = "warp_staged" if mode == "backward" else "warp_train_staged"
 
     def warp_staged():

@@ -166,7 +166,7 @@ def stem_train_rows(records: Optional[List[dict]] = None, layers: Sequence[str] 
                     files: Optional[Sequence[str]] = STEM_TRAIN_FILES) -> List[dict]:
     """Per stem and batch, the latest recorded train step (``warp_train_staged``) whose adjoints gathered
     their operand tiles in the GEMM loop, and the latest whose operands were staged ("i" configs): ms
-    (eager, and replayed from a CUDA graph when recorded), peak MiB, configs, with the seed's time and
+    (eager, and replayed from a CUDA graph when recorded), peak MiB, configs, with the fovi library's own time and
     the strongest PyTorch step of the later run. ``files``: only records from these data files (when
     ``records`` is None; default :data:`STEM_TRAIN_FILES`; None: every file). Records that carry a
     ``note_run`` (development runs: other gathers, other stage dtypes) are left out."""
