@@ -145,10 +145,12 @@ def _cout96(cout: Optional[int]) -> bool:
 # fovi_lab/records/h200/train_step.jsonl.gz, source train-step_h200_run10_stems-i2c.jsonl:
 # alexnet L0 B=64 1.79 -> 1.32 ms, res18 stem 0.64 -> 0.52), but they add a row copy, a buffer and ~0.3 ms
 # of host work per eager step, so the threshold is 16M staged elements (B * Nout * P64), read from eager
-# steps (fovi_lab/records/h200/train_step.jsonl.gz, source train-step_h200_run14_stem-stage-variants.jsonl). Where the 96-wide Cout tiles apply (Cout = 96, alexnet's stem: the staged kernels also drop
-# the 96 -> 128 padding of the gathered ones), staging wins earlier: the H200 measured alexnet
+# steps (fovi_lab/records/h200/train_step.jsonl.gz, source train-step_h200_run14_stem-stage-variants.jsonl).
+# Where the 96-wide Cout tiles apply (Cout = 96, alexnet's stem: the staged kernels also drop the 96 -> 128
+# padding of the gathered ones), staging wins earlier: the H200 measured alexnet
 # L0 at B = 16 (5.9M) faster staged in every measure (per call 0.99 against 1.46 ms, pipelined 0.86
-# against 1.34, replayed 0.83 against 1.31; fovi_lab/records/h200/train_step.jsonl.gz, source train-step_h200_run31_stems-staged-b16.jsonl), hence 4M there; the res18 stem at B = 16 (3.0M) and the
+# against 1.34, replayed 0.83 against 1.31; fovi_lab/records/h200/train_step.jsonl.gz, source
+# train-step_h200_run31_stems-staged-b16.jsonl), hence 4M there; the res18 stem at B = 16 (3.0M) and the
 # DINOv3 patch embed (0.3M at B = 16, 1.3M at 64) stayed slower staged per call and pipelined.
 _STAGED_OPERAND_MAX_CIN = 16
 _STAGED_OPERAND_MIN_WORK = 16 << 20

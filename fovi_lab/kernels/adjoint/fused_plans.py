@@ -286,9 +286,10 @@ class _GradWeightNmPlan:
         Segments: one SIMT launch (:func:`seg_finish_kernel`). Splits: dW of
         ``_FINISH_TILED_MIN_BYTES`` or more (alexnet L1-L4, res18 layer3/4_0): one tiled launch straight
         into dW's layout (:func:`_dw_finish_kernel`), no ``[V, Op, Cp]`` temporary. On the H200
-        (fovi_lab/records/h200/train_step.jsonl.gz, source train-step_h200_run17_dw-finish-tiled.jsonl) that cut the alexnet steps' peak by 12-21 MiB at the same GPU time. Smaller dW: PyTorch's
-        sum and transposing copy. The tile kernel was 5-14 % slower there (res18 layer1/2/2_0 with 8-16
-        partials), and the temporary is only 0.6-4.7 MB."""
+        (fovi_lab/records/h200/train_step.jsonl.gz, source train-step_h200_run17_dw-finish-tiled.jsonl) that cut
+        the alexnet steps' peak by 12-21 MiB at the same GPU time. Smaller dW: PyTorch's sum and transposing copy.
+        The tile kernel was 5-14 % slower there (res18 layer1/2/2_0 with 8-16 partials), and the temporary is only
+        0.6-4.7 MB."""
         m = self.meta
         if self.seg_steps is not None:
             dw = torch.empty(m.cout, m.cin, m.v, dtype=torch.float32, device=self.out.device)
@@ -400,8 +401,8 @@ _DX_UNEVEN_MIN_ENTRIES = 3
 def default_dx_seg_steps(meta: TrainingMeta, batch: int, device: str) -> int:
     """Segment length (steps) of the fused dx by default; 0: whole reverse lists.
 
-    The H200 sweep (``fovi_lab/records/h200/fused_sweep.jsonl.gz, source fused_sweep_h200_run25.jsonl``) found segments faster where the
-    reverse lists are uneven (longest >= 1.5x the mean: the stride-2 layers res18 layer2_0/3_0, 1-4
+    The H200 sweep (``fovi_lab/records/h200/fused_sweep.jsonl.gz``) found segments faster where the reverse lists
+    are uneven (longest >= 1.5x the mean: the stride-2 layers res18 layer2_0/3_0, 1-4
     readers per input node) or long while the whole-list grid is small (mean >= 12 steps and under 256
     CTAs of 64x64 tiles, 1024 of 16x16: res18 layer2/3, alexnet L2): 1.1-1.9x there. Elsewhere whole
     lists tied or won (alexnet L1/L3/L4, res18 layer1, every layer at B = 512, where the grid is big
@@ -441,9 +442,9 @@ def default_dw_seg_steps(meta: TrainingMeta, batch: int, tiles, device: str, tar
     Interleaved splits give each tap ``S`` CTAs whatever its list's length, so the longest tap sets the
     time when there are few tap x tile CTAs (res18: 36 taps, 1-32 tiles; lists of 23-95 pairs in layer1)
     or the lists are short (res18 layer3/3_0/4_0: under 4 pairs per tap on average, 24 of layer4_0's 36
-    taps empty; an interleaved CTA with no pair still stores a partial). Segments of ``L`` equal steps there ran 1.1-1.6x faster on the H200 (res18
-    layer1 B=512 0.27 against 0.38 ms, layer4_0 0.074 against 0.116). With many tap x tile CTAs (alexnet
-    L1-L4: 800-1300) the interleaved splits tied or won by up to 4 % with their cheaper finish, so they
+    taps empty; an interleaved CTA with no pair still stores a partial). Segments of ``L`` equal steps there ran
+    1.1-1.6x faster on the H200 (res18 layer1 B=512 0.27 against 0.38 ms, layer4_0 0.074 against 0.116). With many
+    tap x tile CTAs (alexnet L1-L4: 800-1300) the interleaved splits tied or won by up to 4 % with their cheaper finish, so they
     stay. ``L`` aims at ``target`` CTAs (:func:`_dw_seg_target_ctas`), bounded by the partial-sum budget
     (one ``[Op, Cp]`` fp32 partial per segment). 0 on the CPU and for the stems."""
     if not str(device).startswith("cuda") or meta.cin <= 16:

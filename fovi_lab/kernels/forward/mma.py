@@ -325,7 +325,8 @@ def _build_steps(vec_acc, src: str, dense: bool):
 def store_snippet(mt: int, nt: int, x_t: bool, nb: int) -> str:
     """The staged store of an unsplit block (``stage=True``): ``y [B, Cout, Nout]`` is contiguous only along the
     nodes, and one warp owns one node, so a lane's own stores hit a different 32-byte sector each (32 sectors per
-    store instruction; Nsight Compute on the H200: 31M store sectors for 63 MB of output on resnet's stem at B = 512, the L2 at 75 %).
+    store instruction; Nsight Compute on the H200: 31M store sectors for 63 MB of output on resnet's stem at
+    B = 512, the L2 at 75 %).
     Here the ``nb`` warps of a block, ``nb`` consecutive nodes of one (batch block, channel block), put their
     accumulators (bias added in fp32, one rounding) into a shared tile ``[nb][channel][row]``, and the block
     writes it out with the nodes fastest: runs of ``nb`` adjacent outputs, 4-8x fewer sectors.

@@ -238,8 +238,8 @@ def make_simt_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, name
 
     ``prefetch=True`` ("simtp", ``sdp_*``): the next step's ``unroll`` index pairs are loaded before this
     step's operands, so each step waits on one memory round trip (operands) instead of two (indices, then
-    the operands they point at). Measured on the H200 (fovi_lab/records/h200/forward_sweep.jsonl.gz): with 4x4 blocks (twice the index loads per FMA of
-    8x8) it is the fastest forward at B <= 4 (resnet's stem 0.036 against 0.042 ms for ``sd_b8o8u4``);
+    the operands they point at). Measured on the H200 (fovi_lab/records/h200/forward_sweep.jsonl.gz): with 4x4
+    blocks (twice the index loads per FMA of 8x8) it is the fastest forward at B <= 4 (resnet's stem 0.036 against 0.042 ms for ``sd_b8o8u4``);
     with 8x8 blocks within 5 % of the plain loop, so those stay experimental.
 
     ``dense=True``: the same loop over dense operands ``at [Kd, Bx]``, ``w [Kd, Cout_p]`` shared by every
