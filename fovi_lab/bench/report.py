@@ -1,7 +1,8 @@
 """The results table, generated from the benchmark records: ``python -m fovi_lab report``.
 
 For every (layer, batch) it takes the newest benchmark run that timed our op and at least one PyTorch baseline on
-that shape (a run is the records one source file holds, so both sides of a row come from one run on one machine),
+that shape (a run is the records one benchmark process wrote: one source file, one start date; so both sides of a
+row come from one run on one machine),
 and reports, for the forward and for the train step (forward + dx + dW):
 
 * ours: the Warp op the rules picked (forward ``warp_uncached`` with ``chosen``, train step ``warp_train``),
@@ -37,27 +38,25 @@ _OURS = {"forward": ("warp_uncached", "warp_uncached_graphed"), "train-step": ("
 
 
 def load_runs(data_dir: Optional[Path] = None) -> List[Tuple[str, List[dict]]]:
-    """``[(run label, records)]``, oldest run first: one entry per source file (one benchmark run) of the shipped
-    records and a checkout's ``data/`` (or of the ``*.jsonl`` files of ``data_dir``), labelled with the record file
-    that holds it and the run's date. Records of variants a backend does not run by default (``note_run``) and
+    """``[(run label, records)]``, oldest run first: one entry per benchmark run (one source file and start date) of
+    the shipped records and a checkout's ``data/`` (or of the ``*.jsonl`` files of ``data_dir``), labelled with the
+    record file that holds it and the run's date. Records of variants a backend does not run by default (``note_run``) and
     configs swept beside the pick (``chosen: false``) are left out."""
     if data_dir is None:
         paths = record_files()
     else:
         paths = sorted(Path(data_dir).glob("*.jsonl"))
-    groups: Dict[Tuple[str, str], List[dict]] = {}
+    groups: Dict[Tuple[str, str, str], List[dict]] = {}
     for path in paths:
         where = (f"fovi_lab/{path.relative_to(RECORDS_DIR.parent)}" if path.is_relative_to(RECORDS_DIR.parent)
                  else f"data/{path.name}")
         for r in read_file(path):
             if r.get("note_run") or r.get("chosen") is False or not r.get("ms") or "layer" not in r:
                 continue
-            groups.setdefault((where, r["source"]), []).append(r)
-    runs = []
-    for (where, _), recs in groups.items():
-        date = max(str(r.get("date", "")) for r in recs)
-        runs.append((date, where, f"{where}, run of {date[:16].replace('T', ' ')}", recs))
-    return [(label, recs) for _, _, label, recs in sorted(runs, key=lambda t: (t[0], t[1]))]
+            # a run: the records one benchmark process wrote (one source file, one start date)
+            groups.setdefault((str(r.get("date", "")), where, r["source"]), []).append(r)
+    return [(f"{where}, run of {date[:16].replace('T', ' ')}", recs)
+            for (date, where, _), recs in sorted(groups.items(), key=lambda kv: kv[0])]
 
 
 def _fastest_torch(recs: Iterable[dict], graphed: bool) -> Optional[dict]:
