@@ -156,9 +156,9 @@ def test_recorded_sweep_supports_the_dx_rule():
     within 10% of the fastest measured option when the sweep measured it."""
     from collections import defaultdict
     from fovi_lab.graph.layers import layer_meta
-    from fovi_lab.ops.records import iter_records
+    from fovi_lab.ops.records import RECORDS_DIR, read_file
     by = defaultdict(list)
-    for r in iter_records(sources={"fused_sweep_h200_run25.jsonl"}):
+    for r in read_file(RECORDS_DIR / "h200" / "fused_sweep.jsonl.gz"):
         if r.get("ms") and r["impl"] in ("warp_dxn", "warp_dxs"):
             by[(r["layer"], r["B"])].append(r)
     checked = 0

@@ -224,8 +224,7 @@ def list_length_table(layers: Sequence[str] = ("res18_layer1", "res18_layer2_0",
 
 
 def segments_sweep_figure(batch: int = 64, path: Optional[str] = None, height: int = 520) -> go.Figure:
-    """The recorded fused sweep (source ``fused_sweep_h200_run25.jsonl`` of the shipped ``fused_sweep`` records, or the
-    JSON-lines file ``path``): per layer at ``batch``, the
+    """The recorded fused sweep (the shipped ``fused_sweep`` records, or the JSON-lines file ``path``): per layer at ``batch``, the
     fastest whole-list dx (``dxn``) against the fastest dx in segments (``dxs``), and the fastest dW with
     interleaved splits (``dwn``) against the fastest in segments (``dws``), kernels alone (ms, log axis);
     the hover text names the tiles and the split or segment length."""
@@ -235,7 +234,7 @@ def segments_sweep_figure(batch: int = 64, path: Optional[str] = None, height: i
         p = Path(path)
         recs = [json.loads(line) for line in p.read_text().splitlines() if line.strip()] if p.exists() else []
     else:
-        recs = kl.source_records("fused_sweep_h200_run25.jsonl")
+        recs = kl.kind_records("fused_sweep")
     if not recs:
         return kl.message_figure("no recorded fused sweep (python -m fovi_lab.bench.backward backward "
                                  "--sweep-fused --fused-only on a GPU)")

@@ -78,9 +78,9 @@ def load_records(data_dir=None, patterns: Sequence[str] = ("*.jsonl", "*.jsonl.g
     return out
 
 
-def source_records(source: str) -> List[dict]:
-    """Every record (benchmark or not) that one source file wrote, as recorded."""
-    return list(iter_records(sources={source}))
+def kind_records(kind: str) -> List[dict]:
+    """Every shipped record of one kind (``fovi_lab/records/<device>/<kind>.jsonl.gz``), as recorded."""
+    return [r for path in sorted(RECORDS_DIR.glob(f"*/{kind}.jsonl.gz")) for r in read_file(path)]
 
 
 def forward_records(data_dir=None, variants: bool = False) -> List[dict]:

@@ -138,10 +138,10 @@ def split_figure(rows: Optional[List[dict]] = None, height: int = 460) -> go.Fig
 
 def thread_sweep_rows(path=None) -> List[dict]:
     """The split kernel's thread-target sweep: per layer, batch and split config, the whole op replayed at 8192,
-    32768 and 131072 threads (source ``forward_h200_run44_simts-threads.jsonl``, or the JSON-lines file ``path``;
-    the 32768 column is the same run's main process, in the forward sweep)."""
+    32768 and 131072 threads (the records that carry ``simts_threads``, or the JSON-lines file ``path``; the 32768
+    column is the same run's main process, in the forward sweep)."""
     if path is None:
-        extra = kl.source_records("forward_h200_run44_simts-threads.jsonl")
+        extra = [r for r in kl.load_records() if r.get("simts_threads")]
     else:
         try:
             extra = [json.loads(line) for line in open(path)]

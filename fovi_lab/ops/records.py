@@ -13,7 +13,7 @@ from __future__ import annotations
 import gzip
 import json
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional
+from typing import Dict, Iterator, List
 
 __all__ = ["RECORDS_DIR", "LOCAL_DIR", "record_files", "read_file", "iter_records", "manifest"]
 
@@ -66,9 +66,9 @@ def _not_read_by_auto(device_dir: Path) -> set:
             if not s.get("read_by_auto", True)}
 
 
-def iter_records(auto: bool = False, sources: Optional[set] = None) -> Iterator[dict]:
+def iter_records(auto: bool = False) -> Iterator[dict]:
     """Every record of :func:`record_files`. ``auto``: only the sources the ``auto`` backend reads (the manifest's
-    ``read_by_auto``; a checkout's plain ``.jsonl`` files). ``sources``: only records of these source files."""
+    ``read_by_auto``; a checkout's plain ``.jsonl`` files)."""
     skip: Dict[Path, set] = {}
     for path in record_files():
         local = path.parent == LOCAL_DIR
@@ -77,8 +77,6 @@ def iter_records(auto: bool = False, sources: Optional[set] = None) -> Iterator[
         if auto and not local and path.parent not in skip:
             skip[path.parent] = _not_read_by_auto(path.parent)
         for r in read_file(path):
-            if sources is not None and r["source"] not in sources:
-                continue
             if auto and r["source"] in skip.get(path.parent, ()):
                 continue
             yield r

@@ -142,15 +142,15 @@ def _cout96(cout: Optional[int]) -> bool:
 # Below this many input channels (the Cin = 3 stems) the staged-operand ("i") gi/gw kernels are the
 # defaults once the stage is big enough: a gathered operand tile there is scalar loads of 3-row
 # neighbour runs. Their GPU time is lower on every stem shape measured (H200, CUDA-graph replay,
-# fovi_lab/records/h200/train_step.jsonl.gz, source train-step_h200_run10_stems-i2c.jsonl:
+# fovi_lab/records/h200/train_step.jsonl.gz, the stems' i2c train steps of 2026-11-29:
 # alexnet L0 B=64 1.79 -> 1.32 ms, res18 stem 0.64 -> 0.52), but they add a row copy, a buffer and ~0.3 ms
 # of host work per eager step, so the threshold is 16M staged elements (B * Nout * P64), read from eager
-# steps (fovi_lab/records/h200/train_step.jsonl.gz, source train-step_h200_run14_stem-stage-variants.jsonl).
+# steps (fovi_lab/records/h200/train_step.jsonl.gz, the stem stage variants of 2026-11-29).
 # Where the 96-wide Cout tiles apply (Cout = 96, alexnet's stem: the staged kernels also drop the 96 -> 128
 # padding of the gathered ones), staging wins earlier: the H200 measured alexnet
 # L0 at B = 16 (5.9M) faster staged in every measure (per call 0.99 against 1.46 ms, pipelined 0.86
-# against 1.34, replayed 0.83 against 1.31; fovi_lab/records/h200/train_step.jsonl.gz, source
-# train-step_h200_run31_stems-staged-b16.jsonl), hence 4M there; the res18 stem at B = 16 (3.0M) and the
+# against 1.34, replayed 0.83 against 1.31; fovi_lab/records/h200/train_step.jsonl.gz, the staged stems at B = 16
+# of 2026-11-30), hence 4M there; the res18 stem at B = 16 (3.0M) and the
 # DINOv3 patch embed (0.3M at B = 16, 1.3M at 64) stayed slower staged per call and pipelined.
 _STAGED_OPERAND_MAX_CIN = 16
 _STAGED_OPERAND_MIN_WORK = 16 << 20

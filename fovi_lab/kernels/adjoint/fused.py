@@ -59,7 +59,7 @@ WAVE_CTAS = 128
 
 def select_dx_nm_config(batch: int, cin: int, nin: Optional[int] = None, segments: bool = False) -> str:
     """dx tiles, fit to the H200 sweeps (every layer at B = 64, 128, 512: fovi_lab/records/h200/train_step.jsonl.gz,
-    source train-step_h200_run3_fused-sweep.jsonl; B = 16, 64, 512 with and without segments:
+    the fused sweep of 2026-11-29; B = 16, 64, 512 with and without segments:
     fovi_lab/records/h200/fused_sweep.jsonl.gz). B <= 16: 16x16 tiles, 1.3-2.6x faster than 16x64 on every layer
     (alexnet L1 0.22 against 0.58 ms). Above: 64x64 was the fastest or within 5% everywhere with
     Cin >= 64 *unless* its whole-list grid ``Nin * ceil(B/64) * ceil(Cin/64)`` is under one wave (res18

@@ -286,7 +286,7 @@ class _GradWeightNmPlan:
         Segments: one SIMT launch (:func:`seg_finish_kernel`). Splits: dW of
         ``_FINISH_TILED_MIN_BYTES`` or more (alexnet L1-L4, res18 layer3/4_0): one tiled launch straight
         into dW's layout (:func:`_dw_finish_kernel`), no ``[V, Op, Cp]`` temporary. On the H200
-        (fovi_lab/records/h200/train_step.jsonl.gz, source train-step_h200_run17_dw-finish-tiled.jsonl) that cut
+        (fovi_lab/records/h200/train_step.jsonl.gz, the tiled dW finish of 2026-11-29) that cut
         the alexnet steps' peak by 12-21 MiB at the same GPU time. Smaller dW: PyTorch's sum and transposing copy.
         The tile kernel was 5-14 % slower there (res18 layer1/2/2_0 with 8-16 partials), and the temporary is only
         0.6-4.7 MB."""

@@ -217,7 +217,7 @@ def plan_uncached(cfg: FwdConfig, kernel, x, weight, bias, il, wl, store: str,
 
 # The simts split: about _SIMTS_THREADS threads in all (the H200 holds 132 x 2048 resident), but never fewer
 # than _SIMTS_MIN_STEPS loop steps per thread (each split adds a partial of B*Cout*Nout fp32 to write and sum).
-# The H200 sweep (fovi_lab/records/h200/forward.jsonl.gz, source forward_h200_run44_simts-threads.jsonl) tried
+# The H200 sweep (fovi_lab/records/h200/forward.jsonl.gz, the records with ``simts_threads``) tried
 # 8192 / 32768 / 131072: 8x8 blocks were best at 32768 (res18 layer3 at B = 16: 0.055 against 0.072 ms at
 # 131072), 4x8 blocks at 131072 (alexnet L2 at B = 1: 0.094 against 0.121 ms at 32768; the small layers within
 # 5 %). ``FOVI_WARP_SIMTS_THREADS`` (read at import) overrides both, for sweeps.
