@@ -123,3 +123,14 @@ def test_explore_config_invalid_is_a_message(args):
     s, fig = cd.explore_config(*args, device="cpu")
     assert s["message"].startswith("Invalid choice") and cd.format_summary(s) == s["message"]
     assert isinstance(fig, go.Figure)
+
+
+def test_limits_and_budget_tables_print_the_figure_s_numbers():
+    lim = cd.limits_table().splitlines()
+    assert len(lim) == len(cd.GPU_LIMITS) + 2
+    assert "231424   226.0" in cd.limits_table() and "262144   256.0" in lim[-1]
+    rows = {line.split("  ")[0].strip(): line for line in cd.budget_table().splitlines()[1:]}
+    assert set(rows) == {c[0] for c in cd.BUDGET_CONFIGS}
+    assert "107264   104.8  H200 sm_90" in rows["m64n64r4"]          # over sm_89, fits an H200 block
+    assert "362496   354.0  no GPU" in rows["m128n128r2 + backward"]  # the adjoint kernel's request
+    assert rows["m16n32"].endswith("CUDA default, sm_89 opt-in, H200 sm_90")

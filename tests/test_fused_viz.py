@@ -60,3 +60,45 @@ def test_widget_callback_runs_clamps_and_refuses():
         kw.update(bad)
         res, fig = fv.explore_fused_run(**kw)
         assert not res["ok"] and res["message"] and isinstance(fig, go.Figure), bad
+
+
+def test_record_tables_print_the_bars():
+    recs = [_rec("res18_layer1", 64, "warp_train", 0.4, path="fused", peak_mib=10, dx_frac_dense=0.7,
+                 dw_frac_dense=0.9),
+            _rec("res18_layer1", 64, "warp_train_staged", 0.9, path="staged", peak_mib=20),
+            _rec("res18_layer1", 64, "torch_compact", 0.6, peak_mib=50),
+            _rec("res18_layer1", 64, "torch_compact_graphed", 0.3, graphed=True),
+            _rec("res18_layer1", 64, "warp_train_graphed", 0.2, graphed=True, pipelined_ms=0.35)]
+    row = fv.train_step_table(records=recs).splitlines()[1].split()
+    # B, layer, path, staged, fused, staged/fused, PyTorch, its ms, PyTorch/warp, peak ratio, dx %, dW %
+    assert row == ["64", "res18_layer1", "fused", "0.900", "0.400", "2.25", "compact", "0.600", "1.50", "0.20",
+                   "70", "90"]
+    g = fv.graphed_step_table(records=recs).splitlines()[1].split()
+    assert g == ["64", "res18_layer1", "0.200", "compact", "0.300", "1.50", "0.400", "-"]
+    assert fv.train_step_table(batches=(16,), records=recs).count("\n") == 0      # the header only
+    assert "no recorded" in fv.train_step_table(records=[]) and "no recorded" in fv.graphed_step_table(records=[])
+
+
+def test_segments_sweep_table_names_the_fastest_of_each_kind(tmp_path):
+    base = dict(layer="res18_layer3", B=64, mode="backward")
+    recs = [dict(base, impl="warp_dxn", config="dxn_m16n16k64", ms=0.085),
+            dict(base, impl="warp_dxn", config="dxn_m64n64k64", ms=0.2),
+            dict(base, impl="warp_dxs", config="dxn_m64n64k64", ms=0.056, seg_steps=4),
+            dict(base, impl="warp_dwn", config="dwn_o64c64k64", ms=0.059, nsplit=1),
+            dict(base, impl="warp_dws", config="dwn_o64c64k64", ms=0.050, seg_steps=2)]
+    p = tmp_path / "sweep.jsonl"
+    p.write_text("\n".join(json.dumps(r) for r in recs))
+    lines = fv.segments_sweep_table(batches=(64,), path=str(p)).splitlines()
+    assert lines[1].split() == ["64", "res18_layer3", "0.085", "m16n16k64", "0.056", "m64n64k64", "L=4",
+                                "0.059", "o64c64k64", "x1", "0.050", "o64c64k64", "L=2"]
+    assert fv.segments_sweep_table(path=str(tmp_path / "none.jsonl")) == "no recorded fused sweep"
+
+
+def test_staged_step_table_sets_the_staged_step_beside_the_fovi_library_s():
+    step = [_rec("res18_layer1", 64, i, ms, **kw) for i, ms, kw in (
+        ("warp_train", 0.45, dict(path="fused")), ("warp_train_staged", 0.52, dict(deterministic=True)),
+        ("torch_autograd_gather_bmm", 0.58, {}), ("torch_compact", 0.64, {}))]
+    lines = fv.staged_step_table(step).splitlines()
+    # layer, B, staged ms, the fovi library's ms (SEED_TRAIN_STEP_MS), the fastest eager PyTorch step, bitwise
+    assert [l.split() for l in lines[1:]] == [["res18_layer1", "64", "0.520", "1.09", "autograd", "gather_bmm",
+                                                "0.580", "yes"]]

@@ -39,3 +39,12 @@ def test_the_repository_probes_load():
     runs = hv.host_probe_runs()
     assert [r["file"] for r in runs] == list(hv.PROBE_LABELS)        # every labelled probe is recorded
     assert all("res18_layer1 B=16" in r["results"] for r in runs)
+
+
+def test_probe_rows_flatten_the_recorded_probes():
+    rows = hv.host_probe_rows()
+    runs = hv.host_probe_runs()
+    assert len(rows) == len(runs) * len({r["shape"] for r in rows})
+    for r in rows:
+        assert r["fwd_ms"] > 0 and r["step_ms"] > 0
+        assert r["replay_ms"] is None or r["host_over_gpu"] == r["step_ms"] / r["replay_ms"]

@@ -547,3 +547,58 @@ def test_the_reuse_figure_reads_the_sweep_that_timed_its_pairs():
     fig = kl.reuse_recorded_figure(recs)
     assert fig.data and all(any(isinstance(v, float) and math.isfinite(v) for v in t.y if v is not None)
                             for t in fig.data)
+
+
+def test_tile_kernel_table_and_the_printed_lines(tmp_path):
+    """Notebook 01, section 7: the tile kernels' fastest config with its dense ceiling and the strongest PyTorch op of
+    the same run, the cached kernel against the uncached pick of the run that timed it; the lines print a dash where
+    a record has no value, and a ``cached`` column only where some row has one."""
+    from fovi_lab.lab import records as R
+    _write(tmp_path / "forward_sweep_h200.jsonl", _fwd_records())
+    recs = kl.forward_records(tmp_path)
+    rows = R.tile_kernel_table(recs)
+    assert len(rows) == 1
+    r = rows[0]
+    assert (r["config"], r["kernel_ms"], r["dense_ms"], r["op_ms"]) == ("nm_m64n64k64r2", 0.25, 0.26, None)
+    assert (r["torch_impl"], r["torch_ms"]) == ("torch_cached_bmm", 0.27)
+    assert (r["cached_ms"], r["cached_vs_config"], r["cached_vs_ms"]) == (0.75, "nm_m64n64k64", 0.43)
+    lines = R.tile_kernel_lines(rows, batches=(512,))
+    assert "2026-11-29" in lines[0] and lines[2].split()[3:7] == ["nm_m64n64k64r2", "0.250", "0.260", "0.96"]
+    assert lines[2].split()[-1] == "-"                                  # no whole-op time: no op/torch ratio
+    assert lines[-1].split()[-1] == "1.74"                              # cached 0.75 / uncached 0.43
+    assert len(R.tile_kernel_lines(rows, batches=(16,))) == 2           # no row at B = 16: title and header
+    with_cached = R.forward_lines(kl.forward_table(recs), batches=(512,), records=recs)
+    assert "2026-11-29" in with_cached[0] and with_cached[1].split()[-1] == "cached"
+    assert with_cached[2].split()[-2:] == ["0.63", "0.750"]             # torch 0.27 / op 0.43, cached 0.75
+    _write(tmp_path / "forward_sweep_h200.jsonl", [x for x in _fwd_records() if x.get("impl") != "warp_cached"])
+    recs = kl.forward_records(tmp_path)
+    assert "cached" not in R.forward_lines(kl.forward_table(recs), batches=(512,))[0]
+    assert R.tile_kernel_table(recs)[0]["cached_ms"] is None and len(R.tile_kernel_lines(R.tile_kernel_table(recs))) == 3
+    assert R.gemm_ceilings(recs) == {"warp_tflops": 40.5, "warp_config": "nm_m64n64k128", "cublas_tflops": 720.0}
+
+
+def test_h200_roof_is_the_benchmarks_datasheet_roof():
+    from fovi_lab.bench.common import Roofline
+    from fovi_lab.lab.traffic import h200_roof
+    roof = h200_roof()
+    assert (roof["tflops"], roof["hbm_tbps"]) == (Roofline.H200_FP16_TFLOPS, Roofline.H200_HBM_TBPS)
+    assert roof["ridge"] == pytest.approx(roof["tflops"] / roof["hbm_tbps"])
+
+
+def test_adjoint_record_tables():
+    from fovi_lab.lab import adjoint_explorer as ae
+    assert ae.short_impl("torch_autograd_gather_bmm_graphed") == "autograd gather_bmm"
+    assert ae.short_impl("torch_binned") == "binned"
+    common = dict(date="2026-01-01T00:00:00", _file="x", device="GPU", warp="1", torch="2")
+    sweep = [dict(common, layer="alex_L1", B=512, mode="backward", impl="warp_gi", config=c, ms=ms, gi_stage_ms=s,
+                  gi_frac_dense=f, dx_reduce_gbps=g) for c, ms, s, f, g in (
+        ("gi3_p64b128_f32", 8.313, 1.897, 0.7852, 2286.0), ("gi2p_p64b128", 15.748, 3.749, None, 1203.0))]
+    sweep.append(dict(common, layer="alex_L1", B=512, mode="backward", impl="warp_gw", config="gw3_p64n128",
+                      ms=8.019, gw_stage_ms=6.774, gw_frac_dense=0.735, dw_reduce_gbps=1264.7, gw_finish="csr"))
+    lines = ae.gi_gw_sweep_table("alex_L1", 512, sweep).splitlines()
+    assert lines[0].startswith("alex_L1, B = 512, GPU")
+    assert [l.split() for l in lines[2:]] == [["gi2p_p64b128", "15.748", "3.749", "-", "1203"],
+                                              ["gi3_p64b128_f32", "8.313", "1.897", "79", "2286"],
+                                              ["gw3_p64n128", "8.019", "6.774", "74", "1265"]]
+    assert len(ae.gi_gw_sweep_table("alex_L1", 512, sweep, only=("gw",)).splitlines()) == 3
+    assert ae.gi_gw_sweep_table("alex_L1", 64, sweep).startswith("no recorded")

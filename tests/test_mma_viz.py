@@ -89,3 +89,19 @@ def test_loop_depth_and_staged_store_readers():
         assert round(stem["store sectors"] / stem["store requests"]) == 32
         assert round(dense["store sectors"] / dense["store requests"]) == 16
         assert stem["L2 throughput %"] > dense["L2 throughput %"]
+
+
+def test_summary_sizes_and_dense_ceilings():
+    """The per-batch summary counts what the rows say; the operand sizes are the tables' shape arithmetic; the
+    dense-ceiling rows come from one benchmark run each."""
+    rows = mv.mma_rows()
+    for s in mv.mma_summary(rows):
+        rs = [r for r in rows if r["B"] == s["B"]]
+        assert s["layers"] == len(rs) and s["faster"] + len(s["losses"]) == len(rs)
+        assert s["vs_torch"][0] == min(r["vs_torch"] for r in rs)
+    assert all(r["tflops"] > 0 for r in rows)
+    m = mv.layer_meta("res18_layer4_0")
+    mb = mv.operand_mb("res18_layer4_0", 16)
+    assert mb["wt"] == pytest.approx(2e-6 * m.q * m.cout) and mb["y"] == pytest.approx(2e-6 * 16 * m.cout * m.nout)
+    for r in mv.dense_ceiling_rows():
+        assert r["dense_ms"] > 0 and r["torch_impl"].startswith("torch") and r["torch_ms"] > 0

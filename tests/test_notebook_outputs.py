@@ -9,6 +9,7 @@ test reads the stored outputs for them.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -91,3 +92,82 @@ def test_the_figure_check_finds_an_empty_trace():
     assert empty_traces({"data": [{"type": "bar", "name": "a", "y": [None, None]},
                                   {"type": "bar", "name": "b", "y": [1.0, None]}]}) == ["a"]
     assert empty_traces({"data": [{"type": "scatter", "y": {"dtype": "f8", "bdata": "AAAA"}}]}) == []
+
+
+# A quoted measurement is a number with a unit of time, rate, size, ratio or share. "96 × 121" (a shape) is
+# not one: a "×" or "x" followed by a number is a product.
+_UNITS = r"ms|µs|us|ns|s|TFLOP/s|GFLOP/s|GB/s|TB/s|%|GiB|MiB|KiB|KB|MB|GB|x(?!\s*\d)|×(?!\s*\d)"
+_NUM = r"\d+(?:,\d{3})*(?:\.\d+)?"
+# a quote, or a range of two ("1.1-3.5x", "0.68–0.72 ms"): both ends are quotes
+_QUOTED = re.compile(r"(?<![\w.§–-])(" + _NUM + r")(?:\s?[-–]\s?(" + _NUM + r"))?\s?(" + _UNITS + r")(?![\w/])")
+_PRINTED = re.compile(r"(?<![\w.])\d+(?:,\d{3})*(?:\.\d+)?")
+
+
+def _decimals(s: str) -> int:
+    return len(s.split(".")[1]) if "." in s else 0
+
+
+def _compared_numbers(nb: dict) -> list[tuple[float, int]]:
+    """The numbers (value, decimals) in the text outputs nbval compares: code cells not tagged
+    ``nbval-ignore-output`` (their output depends on the machine) or ``gpu`` (skipped without a GPU)."""
+    nums = []
+    for cell in nb["cells"]:
+        tags = cell.get("metadata", {}).get("tags", [])
+        if cell["cell_type"] != "code" or "nbval-ignore-output" in tags or "gpu" in tags:
+            continue
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream" and out.get("name") == "stderr":
+                continue
+            text = out.get("text") or out.get("data", {}).get("text/plain") or ""
+            text = "".join(text) if isinstance(text, list) else text
+            nums += [(float(m.group(0).replace(",", "")), _decimals(m.group(0)))
+                     for m in _PRINTED.finditer(text)]
+    return nums
+
+
+def unprinted_quotes(nb: dict) -> list[tuple[int, str]]:
+    """The measurements that a notebook's prose quotes and no compared output prints: (cell, quote). A quote
+    is printed when some compared output prints a number with at least as many decimals that rounds to it."""
+    printed = _compared_numbers(nb)
+    bad = []
+    for i, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] != "markdown":
+            continue
+        for m in _QUOTED.finditer("".join(cell["source"])):
+            for q in filter(None, m.group(1, 2)):
+                value, dec = float(q.replace(",", "")), _decimals(q)
+                if not any(d >= dec and abs(round(v, dec) - value) < 1e-9 for v, d in printed):
+                    bad.append((i, m.group(0)))
+                    break
+    return bad
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_quoted_number_is_printed(path):
+    """Prose quotes a measurement only through a cell that prints it and that nbval compares: a number typed
+    into the text goes stale the day the records change, and nothing would notice."""
+    assert unprinted_quotes(json.loads(path.read_text())) == []
+
+
+def test_the_quote_check_reads_units_and_rounding():
+    def nb(md, out, tags=()):
+        return {"cells": [{"cell_type": "markdown", "source": md},
+                          {"cell_type": "code", "metadata": {"tags": list(tags)},
+                           "outputs": [{"output_type": "stream", "name": "stdout", "text": out}]}]}
+    assert unprinted_quotes(nb("it takes 0.42 ms, 1.3× the base", "0.4213 ms  ratio 1.27")) == []
+    assert unprinted_quotes(nb("it takes 0.43 ms", "0.4213 ms")) == [(0, "0.43 ms")]
+    assert unprinted_quotes(nb("it takes 0.42 ms", "0.4213 ms", ["nbval-ignore-output"])) == [(0, "0.42 ms")]
+    assert unprinted_quotes(nb("a 96 × 121 tile, 16 KB, 7 %", "16 KB  7.0")) == []
+    assert unprinted_quotes(nb("12.5 %", "12")) == [(0, "12.5 %")]
+    assert unprinted_quotes(nb("1.1-3.5x and 0.68–0.72 ms", "1.1 3.5 0.68")) == [(0, "0.68–0.72 ms")]
+
+
+_MAX_WORDS = 3000
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_prose_fits_one_idea(path):
+    """At most ~3,000 words of prose per notebook: one idea, not a lab diary."""
+    words = sum(len("".join(c["source"]).split()) for c in json.loads(path.read_text())["cells"]
+                if c["cell_type"] == "markdown")
+    assert words <= _MAX_WORDS, f"{path.name}: {words} words of prose (at most {_MAX_WORDS})"

@@ -56,3 +56,14 @@ def test_explore_split_widget_runs_and_refuses_clearly():
     lines, fig = sv.explore_split_widget("res18_layer3", 0, "ss_b16o8u2", device="cpu")
     assert any("batch must be" in line for line in lines) and any("config must be" in line for line in lines)
     assert "no recorded" in sv.explore_split_widget("nope", 1)[1].layout.annotations[0].text
+
+
+def test_partial_traffic_and_vec4_w_rows():
+    t = sv.thread_count("res18_layer3", 16)
+    p = sv.partial_traffic("res18_layer3", 16, hbm_tbps=4.0)
+    assert p["split"] == t["split"] and p["mb"] == 4e-6 * t["split"] * 16 * t["cout"] * t["nout"]
+    assert p["us"] == 2 * p["mb"] / 4.0
+    assert sv.partial_traffic("alex_L0", 16)["mb"] == 0           # the rule does not split there
+    rows = sv.vec4_w_rows()
+    assert rows and [r["ratio"] for r in rows] == sorted(r["ratio"] for r in rows)
+    assert all(r["config"].split("_", 1)[1] == r["base"].split("_", 1)[1] for r in rows)

@@ -41,3 +41,11 @@ def test_simt_rows_read_the_recorded_sweep():
     fig = sv.simt_figure(rows)
     assert isinstance(fig, go.Figure) and len(fig.data) == 4 * len(sv.STEMS)
     assert "no recorded" in sv.simt_figure([]).layout.annotations[0].text
+
+
+def test_stem_forward_rows_carry_the_ceiling_rate():
+    rows = sv.stem_forward_rows()
+    assert rows
+    for r in rows:
+        rec = next(x for x in r["records"] if x.get("config") == r["i2c_config"] and x.get("flops"))
+        assert r["i2c_dense_tflops"] == rec["flops"] / r["i2c_dense_ms"] / 1e9

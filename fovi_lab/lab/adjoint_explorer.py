@@ -1,5 +1,6 @@
 """The adjoint widgets' callbacks: the staged adjoints by node GEMMs, their determinism, the grid and
-occupancy of each stage, and a rerun of a production gi / gw kernel on the current device.
+occupancy of each stage, and a rerun of a production gi / gw kernel on the current device; and the recorded
+gi / gw sweep as text (:func:`gi_gw_sweep_table`).
 """
 
 from __future__ import annotations
@@ -306,3 +307,42 @@ def explore_adjoint(layer: str = "res18_layer1", batch: int = 64, cout: Optional
         return result_answer(result, log)
     except Exception as exc:  # noqa: BLE001 - the widget must answer with a message
         return fail_result(result, log, f"could not run: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}")
+
+
+# ------------------------------------------------------------------------------------- recorded tables
+
+def short_impl(impl: str) -> str:
+    """A recorded PyTorch impl as table text: ``torch_autograd_gather_bmm_graphed`` -> ``autograd gather_bmm``,
+    ``torch_binned`` -> ``binned``."""
+    s = impl[:-len("_graphed")] if impl.endswith("_graphed") else impl
+    return s.replace("torch_autograd_", "autograd ").replace("torch_", "")
+
+
+def gi_gw_sweep_table(layer: str, batch: int, records: Optional[List[dict]] = None,
+                      only: Optional[Sequence[str]] = None) -> str:
+    """The recorded gi / gw sweep of one layer and batch as text (the latest sweep run of that shape, the records
+    :func:`fovi_lab.lab.records.gi_gw_sweep_figure` draws, reverse-CSR dW finish): per config the whole backward
+    (ms), the stage kernel alone (ms), the stage as a share of Warp's dense tile GEMM with its tiles (%, ``-`` where
+    none was timed) and its reduction's stream rate (GB/s). ``only``: keep the configs starting with one of these."""
+    from fovi_lab.lab.records import backward_records, record_runs, versions_title
+    records = backward_records() if records is None else records
+    sweep = [r for r in records if r.get("impl") in ("warp_gi", "warp_gw") and r.get("B") == batch
+             and r.get("layer") == layer and (r.get("gi_stage_ms") or r.get("gw_stage_ms"))
+             and r.get("gw_finish", "csr") in (None, "csr")]
+    runs = record_runs(sweep).get((layer, batch, "backward"))
+    if not runs:
+        return f"no recorded gi/gw sweep of {layer} at B = {batch}"
+    latest = {}
+    for r in runs[-1]:
+        latest[(r["impl"], r["config"])] = r
+    lines = [f"{layer}, B = {batch}, {versions_title(runs[-1])}",
+             f"{'config':>20s} {'backward ms':>12s} {'stage ms':>9s} {'% of dense':>11s} {'reduction GB/s':>15s}"]
+    for (impl, cfg), r in sorted(latest.items()):
+        if only and not cfg.startswith(tuple(only)):
+            continue
+        kind = impl[len("warp_"):]
+        frac = r.get(f"{kind}_frac_dense")
+        gbps = r.get("dx_reduce_gbps" if kind == "gi" else "dw_reduce_gbps")
+        lines.append(f"{cfg:>20s} {r['ms']:12.3f} {r[f'{kind}_stage_ms']:9.3f} "
+                     f"{f'{100 * frac:.0f}' if frac else '-':>11s} {f'{gbps:.0f}' if gbps else '-':>15s}")
+    return "\n".join(lines)

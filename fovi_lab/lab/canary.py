@@ -53,7 +53,8 @@ __all__ = [
     "BLOCK_DIM_CHOICES", "BUDGET_CONFIGS",
     "estimate_smem", "warp_smem_bytes", "warp_smem_bytes_aot", "gather_config", "gather_kernel",
     "make_budget_experiment", "make_oversized_kernel", "canary_check", "oversized_launch_demo",
-    "validated_kernel", "budget_figure", "explore_config", "format_summary", "fmt_bytes", "error_class",
+    "validated_kernel", "budget_figure", "budget_table", "limits_table", "explore_config", "format_summary",
+    "fmt_bytes", "error_class",
 ]
 
 #: Per-block shared-memory limits the bar chart draws (bytes).
@@ -424,6 +425,30 @@ def budget_figure(configs: Sequence[Tuple[str, int, int, int, bool]] = BUDGET_CO
                       title="Estimated shared memory per block (bytes) vs per-block limits",
                       yaxis_title="bytes per block", legend=dict(orientation="h", y=-0.25, font_size=10))
     return fig
+
+
+def limits_table() -> str:
+    """The per-block shared-memory limits :func:`budget_figure` draws, plus Warp's CPU tile arena: one line
+    each, in bytes and KiB (deterministic text for a compared notebook cell)."""
+    rows = list(GPU_LIMITS.items()) + [("Warp's CPU tile arena (WP_MAX_CPU_SHARED)", CPU_TILE_ARENA_BYTES)]
+    width = max(len(name) for name, _ in rows)
+    lines = [f"{'per-block limit':<{width}}  {'bytes':>7}  {'KiB':>6}"]
+    lines += [f"{name:<{width}}  {limit:>7}  {limit / 1024:>6.1f}" for name, limit in rows]
+    return "\n".join(lines)
+
+
+def budget_table(configs: Sequence[Tuple[str, int, int, int, bool]] = BUDGET_CONFIGS, gather: bool = True) -> str:
+    """The bars of :func:`budget_figure` as text: per config, the estimated request in bytes and KiB (the
+    adjoint kernel's for an ``enable_backward`` row) and the limits of :data:`GPU_LIMITS` it fits."""
+    width = max(len(c[0]) for c in configs)
+    short = {name: name.split(",")[0].split(" (")[0] for name in GPU_LIMITS}
+    lines = [f"{'config':<{width}}  {'bytes':>7}  {'KiB':>6}  fits"]
+    for label, tm, tn, r, eb in configs:
+        e = estimate_smem(tm, tn, r, gather=gather, bias=gather, enable_backward=eb)
+        nbytes = e["backward"] if eb else e["forward"]
+        fits = [short[name] for name, ok in _fits(nbytes).items() if ok]
+        lines.append(f"{label:<{width}}  {nbytes:>7}  {nbytes / 1024:>6.1f}  {', '.join(fits) or 'no GPU'}")
+    return "\n".join(lines)
 
 
 def format_summary(summary: Dict, timings: bool = True) -> str:

@@ -6,7 +6,9 @@
   the fp32 oracle and against the staged kernels, and check that a second run is bitwise identical.
 * :func:`list_length_table`, :func:`segments_sweep_figure`: why one list can set a fused kernel's time,
   and the recorded H200 sweep of whole lists against balanced segments.
-* :func:`fused_vs_staged_figure`, :func:`graphed_step_figure`: the recorded H200 train steps.
+* :func:`fused_vs_staged_figure`, :func:`graphed_step_figure`: the recorded H200 train steps, and as text
+  :func:`staged_step_table` (section 6), :func:`train_step_table`, :func:`graphed_step_table` and
+  :func:`segments_sweep_table`.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ import torch
 from plotly.subplots import make_subplots
 
 from fovi_lab import lab as kl
+from fovi_lab.lab.adjoint_explorer import short_impl
 from fovi_lab.graph.layers import layer_meta
 
 __all__ = ["stage_bytes_table", "explore_fused", "explore_fused_run", "train_step_runs", "fused_vs_staged_figure",
-           "graphed_step_figure", "list_length_table", "segments_sweep_figure"]
+           "graphed_step_figure", "list_length_table", "segments_sweep_figure", "staged_step_table", "train_step_table",
+           "graphed_step_table", "segments_sweep_table"]
 
 _MIB = 1 << 20
 
@@ -193,6 +197,82 @@ def graphed_step_figure(records: Optional[List[dict]] = None, height: int = 460)
     return fig
 
 
+def _ms(r: Optional[dict], key: str = "ms") -> str:
+    return f"{r[key]:.3f}" if r and r.get(key) else "-"
+
+
+def _pct(v: Optional[float]) -> str:
+    return f"{100 * v:.0f}" if v else "-"
+
+
+def staged_step_table(records: Optional[List[dict]] = None) -> str:
+    """The staged pipelines' recorded train step (``warp_train_staged``: forward + gi/gw stages + reductions) on the
+    shapes the fovi library's own Warp step was timed on (:data:`fovi_lab.bench.backward.SEED_TRAIN_STEP_MS`), with
+    the fastest eager PyTorch step of the same run, one line per (layer, B). The runs are those of
+    :func:`train_step_runs` (the latest that timed both adjoint paths)."""
+    from fovi_lab.bench.backward import SEED_TRAIN_STEP_MS
+    runs = train_step_runs(records)
+    lines = [f"{'layer':14s} {'B':>4s} {'staged ms':>10s} {'fovi lib ms':>12s} {'fastest PyTorch':>22s} {'ms':>7s} "
+             f"{'bitwise repeatable':>19s}"]
+    for (layer, b), seed in sorted(SEED_TRAIN_STEP_MS.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        d = runs.get((layer, b))
+        if not d:
+            continue
+        st, t = d["warp_train_staged"], _best_torch(d, False)
+        lines.append(f"{layer:14s} {b:4d} {st['ms']:10.3f} {seed:12.2f} {short_impl(t['impl']):>22s} {t['ms']:7.3f} "
+                     f"{'yes' if st.get('deterministic') else 'no':>19s}")
+    return "\n".join(lines)
+
+
+def train_step_table(batches: Sequence[int] = (16, 64, 512), records: Optional[List[dict]] = None) -> str:
+    """The bars of :func:`fused_vs_staged_figure` as text, one line per (B, layer) of :func:`train_step_runs`: the
+    path ``warp_train`` took, the staged and fused steps (ms) and staged / fused, the fastest eager PyTorch step
+    (ms) and PyTorch / warp_train (above 1: Warp is faster), warp_train's peak memory over that PyTorch step's, and
+    each fused kernel alone as a share of Warp's dense tile GEMM with its tiles and grid (%)."""
+    runs = train_step_runs(records)
+    if not runs:
+        return "no recorded train step with both adjoint paths yet"
+    bs, layers, _ = _axes(runs)
+    lines = [f"{'B':>3s} {'layer':14s} {'path':6s} {'staged':>7s} {'fused':>7s} {'st/fu':>5s} {'fastest PyTorch':>21s} "
+             f"{'ms':>7s} {'PyT/warp':>8s} {'peak':>5s} {'dx%':>4s} {'dW%':>4s}"]
+    for b in (x for x in bs if x in batches):
+        for l in layers:
+            d = runs.get((l, b))
+            if d is None:
+                continue
+            st, fu, t, w = d.get("warp_train_staged"), _fused_of(d), _best_torch(d, False), d["warp_train"]
+            ratio = f"{st['ms'] / fu['ms']:.2f}" if st and fu else "-"
+            vs = f"{t['ms'] / w['ms']:.2f}" if t else "-"
+            peak = f"{w['peak_mib'] / t['peak_mib']:.2f}" if t and w.get("peak_mib") and t.get("peak_mib") else "-"
+            lines.append(f"{b:3d} {l:14s} {w.get('path') or '-':6s} {_ms(st):>7s} {_ms(fu):>7s} {ratio:>5s} "
+                         f"{short_impl(t['impl']) if t else '-':>21s} {_ms(t):>7s} {vs:>8s} {peak:>5s} "
+                         f"{_pct(fu.get('dx_frac_dense') if fu else None):>4s} "
+                         f"{_pct(fu.get('dw_frac_dense') if fu else None):>4s}")
+    return "\n".join(lines)
+
+
+def graphed_step_table(batches: Sequence[int] = (16, 64, 512), records: Optional[List[dict]] = None) -> str:
+    """The bars and markers of :func:`graphed_step_figure` as text, one line per (B, layer): warp_train replayed
+    from a CUDA graph, the fastest PyTorch step replayed the same way and PyTorch / Warp (above 1: Warp is
+    faster), and warp_train eager, one call at a time and back to back (ms)."""
+    runs = train_step_runs(records, need=("warp_train", "warp_train_graphed"))
+    if not runs:
+        return "no recorded CUDA-graph train step yet"
+    bs, layers, _ = _axes(runs)
+    lines = [f"{'B':>3s} {'layer':14s} {'Warp graph':>10s} {'fastest PyTorch graph':>22s} {'ms':>7s} {'PyT/warp':>8s} "
+             f"{'eager call':>10s} {'back to back':>12s}"]
+    for b in (x for x in bs if x in batches):
+        for l in layers:
+            d = runs.get((l, b))
+            if d is None:
+                continue
+            w, t, e = d["warp_train_graphed"], _best_torch(d, True), d["warp_train"]
+            vs = f"{t['ms'] / w['ms']:.2f}" if t else "-"
+            lines.append(f"{b:3d} {l:14s} {_ms(w):>10s} {short_impl(t['impl']) if t else '-':>22s} {_ms(t):>7s} "
+                         f"{vs:>8s} {_ms(e):>10s} {_ms(e, 'pipelined_ms'):>12s}")
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------------------------- segments
 
 def _plan_label(plan) -> str:
@@ -223,18 +303,55 @@ def list_length_table(layers: Sequence[str] = ("res18_layer1", "res18_layer2_0",
     return rows
 
 
+def _fused_sweep_records(path: Optional[str] = None) -> List[dict]:
+    """The recorded fused sweep: the shipped ``fused_sweep`` records, or the JSON-lines file ``path``."""
+    import json
+    from pathlib import Path
+    if path:
+        p = Path(path)
+        return [json.loads(line) for line in p.read_text().splitlines() if line.strip()] if p.exists() else []
+    return kl.kind_records("fused_sweep")
+
+
+def _fastest(recs: List[dict], layer: str, impl: str) -> Optional[dict]:
+    rows = [r for r in recs if r["layer"] == layer and r["impl"] == impl]
+    return min(rows, key=lambda r: r["ms"]) if rows else None
+
+
+def segments_sweep_table(batches: Sequence[int] = (16, 64, 512), path: Optional[str] = None) -> str:
+    """The bars of :func:`segments_sweep_figure` as text, one line per (B, layer): the fastest whole-list dx
+    (``dxn``), dx in segments (``dxs``, with its segment length L), dW with interleaved splits (``dwn``, with its
+    split) and dW in segments (``dws``), kernels alone (ms), each with its tiles."""
+    recs = [r for r in _fused_sweep_records(path) if r.get("ms")]
+    if not recs:
+        return "no recorded fused sweep"
+    lines = [f"{'B':>3s} {'layer':14s} {'dx whole lists':>16s} {'dx segments':>21s} {'dW splits':>20s} "
+             f"{'dW segments':>21s}"]
+
+    def cell(r, extra):
+        return f"{r['ms']:.3f} {r['config'].split('_', 1)[1]}{extra(r)}" if r else "-"
+
+    def seg(r):
+        return f" L={r['seg_steps']}"
+
+    def split(r):
+        return f" x{r.get('nsplit') or 1}"
+
+    for b in batches:
+        rb = [r for r in recs if r.get("B") == b]
+        for l in kl.layer_order(r["layer"] for r in rb):
+            dxn, dxs, dwn, dws = (_fastest(rb, l, i) for i in ("warp_dxn", "warp_dxs", "warp_dwn", "warp_dws"))
+            lines.append(f"{b:3d} {l:14s} {cell(dxn, lambda r: ''):>16s} {cell(dxs, seg):>21s} "
+                         f"{cell(dwn, split):>20s} {cell(dws, seg):>21s}")
+    return "\n".join(lines)
+
+
 def segments_sweep_figure(batch: int = 64, path: Optional[str] = None, height: int = 520) -> go.Figure:
     """The recorded fused sweep (the shipped ``fused_sweep`` records, or the JSON-lines file ``path``): per layer at ``batch``, the
     fastest whole-list dx (``dxn``) against the fastest dx in segments (``dxs``), and the fastest dW with
     interleaved splits (``dwn``) against the fastest in segments (``dws``), kernels alone (ms, log axis);
     the hover text names the tiles and the split or segment length."""
-    import json
-    from pathlib import Path
-    if path:
-        p = Path(path)
-        recs = [json.loads(line) for line in p.read_text().splitlines() if line.strip()] if p.exists() else []
-    else:
-        recs = kl.kind_records("fused_sweep")
+    recs = _fused_sweep_records(path)
     if not recs:
         return kl.message_figure("no recorded fused sweep (python -m fovi_lab.bench.backward backward "
                                  "--sweep-fused --fused-only on a GPU)")
@@ -248,10 +365,7 @@ def segments_sweep_figure(batch: int = 64, path: Optional[str] = None, height: i
               ("dw", "warp_dwn", "interleaved splits", kl.COLOURS["grey"], 2), ("dw", "warp_dws", "segments",
                                                                                   kl.COLOURS["warp"], 2))
     for what, impl, name, colour, col in series:
-        best = []
-        for l in layers:
-            rows = [r for r in recs if r["layer"] == l and r["impl"] == impl]
-            best.append(min(rows, key=lambda r: r["ms"]) if rows else None)
+        best = [_fastest(recs, l, impl) for l in layers]
         hover = [f"{r['config']} " + (f"L={r['seg_steps']}" if r.get("seg_steps") else f"x{r.get('nsplit') or 1}")
                  + (f", {100 * r['frac_dense']:.0f}% of the dense ceiling" if r.get("frac_dense") else "")
                  if r else "" for r in best]

@@ -23,7 +23,7 @@ from plotly.subplots import make_subplots
 
 from fovi_lab import lab as kl
 
-__all__ = ["host_cost", "host_probe_runs", "host_probe_figure", "PROBE_LABELS"]
+__all__ = ["host_cost", "host_probe_runs", "host_probe_rows", "host_probe_figure", "PROBE_LABELS"]
 
 #: recorded probe file -> what the code was doing then
 PROBE_LABELS = {
@@ -84,6 +84,26 @@ def host_probe_runs(log_dir=None) -> List[dict]:
         runs.append(dict(label=label, file=name, device=doc.get("device"), warp=doc.get("warp"),
                          torch=doc.get("torch"), date=doc.get("date"), results=doc.get("results", {})))
     return runs
+
+
+def host_probe_rows(log_dir=None) -> List[dict]:
+    """The recorded host probes as one row per (probe, shape), for the shapes every probe measured (the figure's):
+    ``label``, ``shape``, the host ms to issue one forward (``fwd_ms``) and one train step (``step_ms``), the step
+    replayed from a CUDA graph (``replay_ms``: its GPU time, None where not recorded) and ``step_ms / replay_ms``
+    (``host_over_gpu``: above 1, the eager step is host-bound)."""
+    runs = host_probe_runs(log_dir)
+    if not runs:
+        return []
+    shapes = [s for s in runs[0]["results"] if all(s in r["results"] for r in runs)]
+    rows = []
+    for r in runs:
+        for s in shapes:
+            res = r["results"][s]
+            replay = res.get("graph", {}).get("replay_ms")
+            step = res["step"]["host_issue_ms"]
+            rows.append(dict(label=r["label"], shape=s, fwd_ms=res["fwd"]["host_issue_ms"], step_ms=step,
+                             replay_ms=replay, host_over_gpu=(step / replay) if replay else None))
+    return rows
 
 
 def host_probe_figure(log_dir=None, height: int = 480) -> go.Figure:

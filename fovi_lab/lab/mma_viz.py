@@ -34,7 +34,8 @@ from fovi_lab.graph.layers import RECORDED_LAYERS, layer_meta
 
 __all__ = ["MMA_RUNS", "OLD_RULE_RUNS", "DEPTH_RUNS", "STAGE_RUNS", "LAYERS", "fragment_owner", "fragment_figure",
            "lane_channels", "explore_mma", "mma_rows", "mma_figure", "layout_rows", "depth_rows", "depth_figure",
-           "register_rows", "stage_rows", "stage_figure", "ncu_rows", "explore_mma_widget", "mma_configs"]
+           "register_rows", "stage_rows", "stage_figure", "ncu_rows", "explore_mma_widget", "mma_configs",
+           "mma_summary", "operand_mb", "dense_ceiling_rows"]
 
 #: The ``run`` ids, in ``fovi_lab/records/h200/mma_sweep.jsonl.gz``, of the sweeps that replayed every mma config
 #: (registered and experimental, loops of 1, 2 and 4 k-steps) beside the pick and PyTorch on every layer at
@@ -165,8 +166,9 @@ def _replayed(rs: List[dict]) -> Dict[str, float]:
 
 def mma_rows(records: Optional[List[dict]] = None, batches: Sequence[int] = (1, 16, 64, 512)) -> List[dict]:
     """Per layer and batch, medians of whole ops replayed from CUDA graphs: the mma pick (over
-    :data:`MMA_RUNS`), the tile / SIMT rules' pick (over :data:`OLD_RULE_RUNS`, where it was the
-    run's chosen config) and the fastest PyTorch forward (over :data:`MMA_RUNS`)."""
+    :data:`MMA_RUNS`; ``tflops``: the compact GEMM's ``2*B*P64*Cout*Nout`` FLOPs over its time), the tile / SIMT
+    rules' pick (over :data:`OLD_RULE_RUNS`, where it was the run's chosen config) and the fastest PyTorch forward
+    (over :data:`MMA_RUNS`)."""
     from fovi_lab.kernels import forward as F
     records = kl.forward_records() if records is None else records
     shapes = _by_shape(records, MMA_RUNS + OLD_RULE_RUNS)
@@ -187,10 +189,61 @@ def mma_rows(records: Optional[List[dict]] = None, batches: Sequence[int] = (1, 
             tmed = _median_by(now, lambda r: r["impl"], lambda r: str(r["impl"]).startswith("torch") and r.get("graphed"))
             tbest = min(tmed, key=tmed.get) if tmed else None
             ms = warp.get(pick)
+            flops = 2.0 * b * shape["p64"] * shape["cout"] * shape["nout"]     # the compact GEMM's work
             rows.append(dict(layer=layer, B=b, pick=pick, ms=ms, old_config=old, old_ms=old_ms,
-                             torch_impl=tbest, torch_ms=tmed.get(tbest),
+                             torch_impl=tbest, torch_ms=tmed.get(tbest), tflops=(flops / ms / 1e9) if ms else None,
                              vs_old=(old_ms / ms) if ms and old_ms else None,
                              vs_torch=(tmed[tbest] / ms) if ms and tbest else None, records=rs))
+    return rows
+
+
+def mma_summary(rows: Optional[List[dict]] = None) -> List[dict]:
+    """Per batch of :func:`mma_rows`: how many layers were recorded (``layers``) and on how many the pick beat the
+    fastest PyTorch forward (``faster``), the range of the pick's speedup over PyTorch (``vs_torch``) and over the
+    tile / SIMT rules' pick (``vs_old``) as ``(min, max)``, and the layers where PyTorch won (``losses``)."""
+    rows = mma_rows() if rows is None else rows
+    out = []
+    for b in sorted({r["B"] for r in rows}):
+        rs = [r for r in rows if r["B"] == b]
+        vt = [r["vs_torch"] for r in rs if r["vs_torch"]]
+        vo = [r["vs_old"] for r in rs if r["vs_old"]]
+        out.append(dict(B=b, layers=len(rs), faster=sum(v > 1 for v in vt),
+                        vs_torch=(min(vt), max(vt)) if vt else None, vs_old=(min(vo), max(vo)) if vo else None,
+                        losses=[r["layer"] for r in rs if r["vs_torch"] and r["vs_torch"] <= 1]))
+    return out
+
+
+def operand_mb(layer: str, batch: int) -> dict:
+    """The sizes (10^6 bytes, fp16) of one forward's operands on ``layer`` at ``batch``, from its tables' shape:
+    ``x [B, Cin*Nin]``, the per-call ``W^T [Q, Cout]`` layout, the weight rows the nodes read
+    (``Nout * P64 * Cout``, repeats counted), and ``y [B, Cout, Nout]``."""
+    m = layer_meta(layer)
+    return dict(layer=layer, B=batch, x=2e-6 * batch * m.cin * m.nin, wt=2e-6 * m.q * m.cout,
+                node_rows=2e-6 * m.nout * m.p64 * m.cout, y=2e-6 * batch * m.cout * m.nout)
+
+
+#: (layer, B) where PyTorch's batched GEMM on cached effective weights beat the pick at B = 64.
+CEILING_POINTS = (("res18_layer3", 64), ("res18_layer3_0", 64))
+
+
+def dense_ceiling_rows(records: Optional[List[dict]] = None, points=CEILING_POINTS) -> List[dict]:
+    """Per point, from the latest benchmark run that timed it (``python -m fovi_lab bench forward``): the chosen
+    config, its loop over dense operands (``warp_dense_ceiling``: no gathers), the op replayed from a CUDA graph,
+    and the fastest PyTorch forward replayed in the same run."""
+    records = kl.forward_records() if records is None else records
+    runs = kl.record_runs([r for r in records if r.get("layer") in {p[0] for p in points}])
+    rows = []
+    for layer, b in points:
+        run = kl.latest_run_where(runs.get((layer, b, None), []),
+                                  lambda run: any(r.get("impl") == "warp_dense_ceiling" and r.get("ms") for r in run))
+        if run is None:
+            continue
+        dense = next(r for r in run if r.get("impl") == "warp_dense_ceiling" and r.get("ms"))
+        graphed = next((r["ms"] for r in run if r.get("impl") == "warp_uncached_graphed" and r.get("ms")), None)
+        torch_rows = [r for r in run if str(r.get("impl")).startswith("torch") and r.get("graphed") and r.get("ms")]
+        t = min(torch_rows, key=lambda r: r["ms"]) if torch_rows else None
+        rows.append(dict(layer=layer, B=b, config=dense.get("config"), dense_ms=dense["ms"], ms=graphed,
+                         torch_impl=t and t["impl"], torch_ms=t and t["ms"], date=str(dense.get("date", ""))[:10]))
     return rows
 
 

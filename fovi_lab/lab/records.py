@@ -573,3 +573,141 @@ def batch_panels_figure(rows: List[dict], series: Sequence[Tuple[str, str, str, 
                       title=dict(text=f"{title}<br><sub>{versions_title(recs)} · {subtitle}</sub>", x=0.01),
                       legend=dict(orientation="h", y=-0.42), margin=dict(t=90, b=150))
     return fig
+
+
+def gemm_ceilings(records: Optional[List[dict]] = None) -> dict:
+    """The recorded dense 4096³ GEMM ceilings (TFLOP/s): ``warp_tflops`` (Warp's best tile GEMM config, named in
+    ``warp_config``) and ``cublas_tflops`` (``torch.matmul``), from the run that timed the most tile configs on it;
+    ``{}`` when none is recorded."""
+    return _gemm4096(forward_records() if records is None else records)
+
+
+#: The tile-kernel families notebook 01 teaches: the gather kernel (``m*``), node-major (``nm_*``) and node-major
+#: with the neighbour loop split across CTAs (``nms_*``).
+TILE_FAMILIES = ("gather", "nm", "nms")
+
+
+def _family(rec: dict) -> Optional[str]:
+    """A record's kernel family: its ``family`` field, else the registered config's (None when unknown)."""
+    if rec.get("family"):
+        return rec["family"]
+    from fovi_lab.kernels import forward as F
+    try:
+        return F.config_spec(rec.get("config")).family
+    except Exception:  # noqa: BLE001 - a config no longer registered
+        return None
+
+
+def tile_kernel_table(records: Optional[List[dict]] = None, families: Sequence[str] = TILE_FAMILIES) -> List[dict]:
+    """One row per recorded (layer, B) for the tile kernels of ``families``, each part read from one run.
+
+    From the run that timed the most configs of ``families`` (the latest of equals): the fastest of them,
+    kernel alone (``config``, ``kernel_ms``), the dense tile-GEMM ceiling of its tiles recorded beside it
+    (``dense_ms``: the same tile loop on dense operands), its whole op (``op_ms``), ``tflops`` (kernel alone),
+    the strongest eager PyTorch op of that run (``torch_impl``, ``torch_ms``) and the run's ``records``.
+    From the latest run that timed the cached kernel (None where none did): ``cached_ms``, ``cached_config``,
+    and that run's chosen uncached config as a whole op (``cached_vs_config``, ``cached_vs_ms``); its records
+    are in ``cached_records``. Plus ``cin``."""
+    records = forward_records() if records is None else records
+    fams = set(families)
+    rows = []
+    for (layer, b, mode), runs in record_runs(records).items():
+        if layer == "gemm4096" or mode is not None:
+            continue
+
+        def tiles(run):
+            return [r for r in run if r.get("impl") == "warp_uncached" and r.get("ms_kernel")
+                    and not r.get("graphed") and _family(r) in fams]
+
+        best_run = None
+        for run in runs:                                           # oldest first: ">=" keeps the latest of equals
+            if tiles(run) and (best_run is None or len(tiles(run)) >= len(tiles(best_run))):
+                best_run = run
+        if best_run is None:
+            continue
+        best = min(tiles(best_run), key=lambda r: r["ms_kernel"])
+        torch_rows = [r for r in best_run if str(r.get("impl")).startswith("torch") and r.get("ms")
+                      and not r.get("graphed")]
+        strongest = min(torch_rows, key=lambda r: r["ms"]) if torch_rows else None
+        cached_run = latest_run_where(runs, lambda run: any(r.get("impl") == "warp_cached" and r.get("ms")
+                                                            for r in run))
+        cached = vs = None
+        if cached_run is not None:
+            cached = next(r for r in cached_run if r.get("impl") == "warp_cached" and r.get("ms"))
+            vs = next((r for r in cached_run if r.get("impl") == "warp_uncached" and r.get("chosen") and r.get("ms")
+                       and not r.get("graphed")), None)
+        rows.append({
+            "layer": layer, "B": b, "cin": best.get("cin"), "config": best.get("config"),
+            "kernel_ms": best["ms_kernel"], "dense_ms": best.get("dense_ms"), "op_ms": best.get("ms"),
+            "tflops": _tf(best.get("flops"), best["ms_kernel"]),
+            "torch_impl": strongest and strongest["impl"], "torch_ms": strongest and strongest["ms"],
+            "records": best_run,
+            "cached_ms": cached and cached["ms"], "cached_config": cached and cached.get("config"),
+            "cached_vs_config": vs and vs.get("config"), "cached_vs_ms": vs and vs.get("ms"),
+            "cached_records": cached_run or [],
+        })
+    order = {n: i for i, n in enumerate(layer_order(r["layer"] for r in rows))}
+    rows.sort(key=lambda r: (order[r["layer"]], r["B"]))
+    return rows
+
+
+def _ratio(a, b) -> Optional[float]:
+    return a / b if (a and b) else None
+
+
+def _f(v, spec: str, width: int) -> str:
+    """``v`` formatted with ``spec``, or a dash where there is no value (right-aligned to ``width``)."""
+    return format(v, spec).rjust(width) if v is not None else "-".rjust(width)
+
+
+def forward_lines(rows: List[dict], batches: Sequence[int] = (16, 512),
+                  records: Optional[List[dict]] = None) -> List[str]:
+    """Text lines of :func:`forward_table` rows at ``batches``, one per row, 3 decimals (ms): the heuristic's
+    config as a whole op and kernel alone, the dense ceiling of its tiles, the kernel's TFLOP/s, the strongest
+    PyTorch op and PyTorch's time over Warp's op (above 1: Warp faster). A ``cached`` column only when some
+    row records the cached kernel. ``records`` (those ``rows`` were read from): a first line with the device,
+    versions and dates of the runs behind the printed rows."""
+    sel = [r for r in rows if r["B"] in batches and r.get("pick_ms") and r.get("torch_ms")]
+    with_cached = any(r.get("cached_ms") for r in sel)
+    out = []
+    if records is not None:
+        out.append("recorded on " + versions_title([r for r in _forward_rows(records)[1] if r.get("B") in batches]))
+    head = (f"{'B':>3s}  {'layer':15s} {'config':18s} {'op':>6s} {'kernel':>6s} {'ceil':>6s} {'TFLOP/s':>7s}  "
+            f"{'strongest PyTorch':17s} {'ms':>6s} {'torch/op':>8s}" + (f" {'cached':>6s}" if with_cached else ""))
+    out.append(head)
+    for r in sel:
+        out.append(f"{r['B']:3d}  {r['layer']:15s} {str(r['pick_config']):18s} {_f(r['pick_ms'], '.3f', 6)} "
+                   f"{_f(r['pick_kernel_ms'], '.3f', 6)} {_f(r['pick_dense_ms'], '.3f', 6)} "
+                   f"{_f(_tf(r['flops'], r['pick_kernel_ms']), '.1f', 7)}  {str(r['torch_impl']):17s} "
+                   f"{_f(r['torch_ms'], '.3f', 6)} {_f(_ratio(r['torch_ms'], r['pick_ms']), '.2f', 8)}"
+                   + (f" {_f(r.get('cached_ms'), '.3f', 6)}" if with_cached else ""))
+    return out
+
+
+def tile_kernel_lines(rows: List[dict], batches: Sequence[int] = (16, 512)) -> List[str]:
+    """Text lines of :func:`tile_kernel_table` rows at ``batches``: per row the fastest tile config (kernel
+    alone), its dense ceiling and their ratio (kernel / ceiling), TFLOP/s, its whole op, the strongest PyTorch op
+    of the same run and Warp's op over it (above 1: PyTorch faster); then, where a run timed it, the cached kernel
+    against that run's chosen uncached op (cached / uncached: below 1, caching paid)."""
+    sel = [r for r in rows if r["B"] in batches]
+    out = ["tile kernels, the run that timed the most of them: " + versions_title([x for r in sel for x in r["records"]]),
+           f"{'B':>3s}  {'layer':15s} {'Cin':>3s} {'tile config':15s} {'kernel':>6s} {'ceil':>6s} {'k/ceil':>6s} "
+           f"{'TFLOP/s':>7s} {'op':>6s}  {'strongest PyTorch':17s} {'ms':>6s} {'op/torch':>8s}"]
+    for r in sel:
+        out.append(f"{r['B']:3d}  {r['layer']:15s} {_f(r['cin'], 'd', 3)} {str(r['config']):15s} "
+                   f"{_f(r['kernel_ms'], '.3f', 6)} {_f(r['dense_ms'], '.3f', 6)} "
+                   f"{_f(_ratio(r['kernel_ms'], r['dense_ms']), '.2f', 6)} {_f(r['tflops'], '.1f', 7)} "
+                   f"{_f(r['op_ms'], '.3f', 6)}  {str(r['torch_impl']):17s} {_f(r['torch_ms'], '.3f', 6)} "
+                   f"{_f(_ratio(r['op_ms'], r['torch_ms']), '.2f', 8)}")
+    cached = [r for r in sel if r.get("cached_ms")]
+    if cached:
+        out.append("")
+        out.append("cached kernel, the latest run that timed it: "
+                   + versions_title([x for r in cached for x in r["cached_records"]]))
+        out.append(f"{'B':>3s}  {'layer':15s} {'Cin':>3s} {'cached':9s} {'ms':>6s}  {'uncached pick':15s} {'ms':>6s} "
+                   f"{'cached/uncached':>15s}")
+        for r in cached:
+            out.append(f"{r['B']:3d}  {r['layer']:15s} {_f(r['cin'], 'd', 3)} {str(r['cached_config']):9s} "
+                       f"{_f(r['cached_ms'], '.3f', 6)}  {str(r['cached_vs_config']):15s} "
+                       f"{_f(r['cached_vs_ms'], '.3f', 6)} {_f(_ratio(r['cached_ms'], r['cached_vs_ms']), '.2f', 15)}")
+    return out

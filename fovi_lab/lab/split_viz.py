@@ -25,8 +25,8 @@ import plotly.graph_objects as go
 from fovi_lab import lab as kl
 from fovi_lab.graph.layers import layer_meta
 
-__all__ = ["SPLIT_RUNS", "LAYERS", "SPLIT_CONFIGS", "thread_count", "explore_split", "split_rows", "split_figure",
-           "thread_sweep_rows", "explore_split_widget"]
+__all__ = ["SPLIT_RUNS", "LAYERS", "SPLIT_CONFIGS", "thread_count", "partial_traffic", "explore_split", "split_rows",
+           "split_figure", "thread_sweep_rows", "vec4_w_rows", "explore_split_widget"]
 
 #: The ``run`` ids, in ``fovi_lab/records/h200/forward_sweep.jsonl.gz``, of the sweeps that replayed the split kernels
 #: beside the other Warp forwards and PyTorch: the rule's shapes beside the 16x32 node-major tiles and nms, the
@@ -55,6 +55,19 @@ def thread_count(layer: str, batch: int) -> dict:
         s, _ = F.simts_split(per_split, pad_to(m.p64, cfg.tile_k) // cfg.tile_k, (cfg.tile_m, cfg.tile_n))
         out.update(split=s, threads=s * per_split)
     return out
+
+
+def partial_traffic(layer: str, batch: int, hbm_tbps: Optional[float] = None) -> dict:
+    """What the tile / SIMT rule's split of ``layer`` at ``batch`` costs in partials: ``S * B * Cout * Nout`` fp32
+    (``mb``, 10^6 bytes) and the microseconds (``us``) of HBM time to write them and read them back once each at
+    ``hbm_tbps`` (default: the H200 datasheet's, :class:`fovi_lab.bench.common.Roofline`), if none stays in L2.
+    ``split`` is None (and both sizes 0) where the rule does not split."""
+    from fovi_lab.bench.common import Roofline
+    hbm_tbps = Roofline.H200_HBM_TBPS if hbm_tbps is None else hbm_tbps
+    t = thread_count(layer, batch)
+    nbytes = 4.0 * (t["split"] or 0) * batch * t["cout"] * t["nout"]
+    return dict(layer=layer, B=batch, split=t["split"], mb=nbytes / 1e6, hbm_tbps=hbm_tbps,
+                us=2 * nbytes / (hbm_tbps * 1e12) * 1e6)
 
 
 def explore_split(layer: str = "res18_layer3", batch: int = 3, device=None, config: Optional[str] = None) -> dict:
@@ -159,6 +172,27 @@ def thread_sweep_rows(path=None) -> List[dict]:
         table.setdefault((r["layer"], r["B"], r["config"]), {})[t] = r["ms"]
     return [dict(layer=k[0], B=k[1], config=k[2], ms_by_threads=dict(sorted(v.items())))
             for k, v in sorted(table.items()) if len(v) > 1]
+
+
+def vec4_w_rows(records: Optional[List[dict]] = None) -> List[dict]:
+    """The experimental vec4-W variants against the kernels they vary, per recorded shape: every (run, layer, B)
+    that replayed both ``ssw_X`` and ``ss_X`` (or ``sw_X`` and ``sd_X``) from CUDA graphs, with the medians of
+    both and ``ratio`` = variant / base (above 1: the variant is slower), sorted by ratio."""
+    records = kl.forward_records(variants=True) if records is None else records
+    per: dict = {}
+    for r in records:
+        c = str(r.get("config", ""))
+        if r.get("impl") == "warp_uncached_graphed" and r.get("ms") and c.split("_")[0] in ("ss", "ssw", "sd", "sw"):
+            per.setdefault((r.get("run"), r["layer"], r["B"], c), []).append(r["ms"])
+    bases = {"ssw": "ss", "sw": "sd"}
+    rows = []
+    for (run, layer, b, c), v in per.items():
+        fam, rest = c.split("_", 1)
+        base = (run, layer, b, f"{bases[fam]}_{rest}") if fam in bases else None
+        if base in per:
+            ms, base_ms = statistics.median(v), statistics.median(per[base])
+            rows.append(dict(layer=layer, B=b, config=c, base=base[3], ms=ms, base_ms=base_ms, ratio=ms / base_ms))
+    return sorted(rows, key=lambda r: (r["ratio"], r["layer"], r["B"], r["config"]))
 
 
 def explore_split_widget(layer: str, batch: int, config: str = "ss_b8o8u4", device=None,

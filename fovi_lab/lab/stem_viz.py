@@ -109,7 +109,8 @@ def _sweep_runs_with_i2c(records: List[dict]):
 def stem_forward_rows(records: Optional[List[dict]] = None) -> List[dict]:
     """Per recorded stem shape, from its latest sweep with i2c configs: the gather family's fastest kernel,
     the heuristic's i2c config (kernel alone: the row gathers included) and the dense tile-GEMM ceiling of
-    its tiles, the fastest i2c config, and the strongest PyTorch forward (whole op) of the same run."""
+    its tiles (ms, and TFLOP/s of the layer's compact work: ``i2c_dense_tflops``), the fastest i2c config, and
+    the strongest PyTorch forward (whole op) of the same run."""
     from fovi_lab.kernels import forward as F
     records = kl.forward_records() if records is None else records
     rows = []
@@ -127,6 +128,8 @@ def stem_forward_rows(records: Optional[List[dict]] = None) -> List[dict]:
         t = min(torch_rows, key=lambda r: r["ms"]) if torch_rows else None
         rows.append(dict(layer=layer, B=b, gather_config=g and g["config"], gather_ms=g and g["ms_kernel"],
                          i2c_config=pick, i2c_ms=p and p["ms_kernel"], i2c_dense_ms=p and p.get("dense_ms"),
+                         i2c_dense_tflops=(p["flops"] / p["dense_ms"] / 1e9) if p and p.get("flops") and p.get("dense_ms")
+                         else None,
                          i2c_frac_dense=p and p.get("frac_dense"), best_i2c=bi and bi["config"],
                          best_i2c_ms=bi and bi["ms_kernel"], torch_impl=t and t["impl"], torch_ms=t and t["ms"],
                          speedup_vs_gather=(g["ms_kernel"] / p["ms_kernel"]) if (g and p) else None,

@@ -181,3 +181,12 @@ def node_gemm_figure(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, 
     fig.update_yaxes(title_text="b", row=1, col=1)
     fig.update_layout(height=height, margin=dict(l=10, r=10, t=50, b=10), legend=dict(orientation="h", y=-0.25))
     return fig
+
+
+def h200_roof() -> dict:
+    """The H200 datasheet roof that section 3 and the roofline figure read (:class:`fovi_lab.bench.common.Roofline`):
+    ``tflops`` (dense fp16 tensor-core peak), ``hbm_tbps`` (HBM bandwidth) and ``ridge``, their ratio in FLOPs per
+    byte: to its right an ideal kernel is compute-bound, to its left memory-bound."""
+    from fovi_lab.bench.common import Roofline
+    tflops, tbps = Roofline.H200_FP16_TFLOPS, Roofline.H200_HBM_TBPS
+    return {"tflops": tflops, "hbm_tbps": tbps, "ridge": tflops / tbps}
