@@ -1,9 +1,11 @@
-"""Command line: ``python -m fovi_lab {demo, bench, warmup, report}``.
+"""Command line: ``python -m fovi_lab {demo, bench, tune, train, warmup, report}``.
 
     python -m fovi_lab demo                  # every backend on a real fovi layer, checked and timed
     python -m fovi_lab bench forward         # forward benchmark (records JSON lines under data/)
     python -m fovi_lab bench backward        # adjoint benchmark
     python -m fovi_lab bench train-step      # forward + both grads
+    python -m fovi_lab tune                  # time the candidates on this device, cache the fastest (auto reads it)
+    python -m fovi_lab train                 # train the foveated digits network (torchrun: DDP)
     python -m fovi_lab warmup                # compile every Warp config for this device, in parallel
     python -m fovi_lab report                # docs/results.md and the README's table from the records
 """
@@ -31,6 +33,12 @@ def main(argv=None) -> int:
             return run(rest[1:]) or 0
         from fovi_lab.bench.backward import main as run
         return run(rest) or 0
+    if cmd == "tune":
+        from fovi_lab.bench.tune import main as run
+        return run(rest)
+    if cmd == "train":
+        from fovi_lab.train import main as run
+        return run(rest)
     if cmd == "report":
         from fovi_lab.bench.report import main as run
         return run(rest)

@@ -21,6 +21,7 @@ import torch
 from fovi_lab.ops.registry import register_ops
 from fovi_lab.graph.meta import TrainingMeta, pad_to
 from fovi_lab.ops.reference import check_forward_args
+from fovi_lab.ops.tune_cache import tuned_forward_config
 from fovi_lab.kernels.adjoint import (grad_input, grad_input_nm, grad_weight, grad_weight_nm,  # noqa: F401
                                       node_major, plan_grad_input_nm, plan_grad_weight_nm)
 # fovi's private names for the staged adjoints' factories, canary and cache (kept importable)
@@ -53,7 +54,8 @@ def _forward(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, bias) ->
     # run_uncached sees only the tables, so it cannot tell an x of another layer: check against the meta
     check_forward_args(meta, x, weight, bias)
     meta = meta.to(x.device)
-    return run_uncached(x, weight, bias, meta.input_linear, meta.weight_linear)
+    # the config tuned on this device for this problem (python -m fovi_lab tune), else the rule's
+    return run_uncached(x, weight, bias, meta.input_linear, meta.weight_linear, config=tuned_forward_config(meta, x))
 
 
 class WarpCompactOps:

@@ -11,10 +11,20 @@ Every KNN convolution runs through :class:`fovi_lab.ops.autograd.KNNConvFunction
 named by the caller (``torch_compact``, ``warp_train``, ...). The Warp ops compute in fp16, so for them
 the features entering each convolution are cast to fp16 and its output back to fp32; the parameters
 stay fp32 (fp32 master weights, fp32 gradients), as under AMP.
+
+Data parallel: when ``torch.distributed`` is initialised, :func:`train_digits` wraps the network in
+``DistributedDataParallel`` and each of the ``W`` processes takes its ``batch / W`` slice of the same global
+batch, so the averaged gradient is the one-process gradient of the whole batch (exactly so with
+``norm="group"``; batch norm normalises over each process's slice unless converted to ``SyncBatchNorm``,
+which :func:`main` does on CUDA). ``python -m fovi_lab train`` is the entry point, under ``torchrun`` too.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
@@ -26,7 +36,7 @@ import torch.nn.functional as F
 from fovi_lab.graph.geometry import foveated_knn_graph
 from fovi_lab.ops.autograd import KNNConv, get_ops
 
-__all__ = ["load_digits_tensors", "FoveatedDigitsNet", "TrainResult", "train_digits"]
+__all__ = ["load_digits_tensors", "FoveatedDigitsNet", "TrainResult", "train_digits", "main"]
 
 
 def load_digits_tensors(size: int = 32, seed: int = 0, test_fraction: float = 0.25):
@@ -52,11 +62,15 @@ class FoveatedDigitsNet(torch.nn.Module):
     Args:
         backend: ops name for every KNN convolution. res: retina resolution budget (res**2 points).
         a: CMF parameter (smaller = stronger foveation). k: neighbours per node. channels: (C1, C2).
+        norm: ``"batch"`` (BatchNorm1d over batch and nodes) or ``"group"`` (GroupNorm with 4 groups: per
+            image, so a data-parallel step equals the one-process step exactly).
     """
 
     def __init__(self, backend: str = "torch_compact", res: int = 32, a: float = 0.5, k: int = 9,
-                 channels=(16, 32), ref_frame_mult: float = 2.0, fov: float = 16.0):
+                 channels=(16, 32), ref_frame_mult: float = 2.0, fov: float = 16.0, norm: str = "batch"):
         super().__init__()
+        if norm not in ("batch", "group"):
+            raise ValueError(f"norm: expected 'batch' or 'group', got {norm!r}")
         self.backend = backend
         ops = get_ops(backend)
         dtypes = getattr(ops, "compute_dtypes", (torch.float32,))
@@ -72,8 +86,9 @@ class FoveatedDigitsNet(torch.nn.Module):
         c1, c2 = channels
         self.conv1 = KNNConv.from_graph(g1, 1, c1, bias=True, backend=backend)
         self.conv2 = KNNConv.from_graph(g2, c1, c2, bias=True, backend=backend)
-        self.norm1 = torch.nn.BatchNorm1d(c1)
-        self.norm2 = torch.nn.BatchNorm1d(c2)
+        make_norm = torch.nn.BatchNorm1d if norm == "batch" else (lambda c: torch.nn.GroupNorm(4, c))
+        self.norm1 = make_norm(c1)
+        self.norm2 = make_norm(c2)
         self.head = torch.nn.Linear(c2, 10)
 
     def sample(self, images: torch.Tensor, fixation: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -101,40 +116,66 @@ class TrainResult:
     loss: List[float] = field(default_factory=list)
     test_accuracy: float = float("nan")
     seconds: float = 0.0
+    world_size: int = 1
 
     def as_dict(self) -> Dict:
         return {"backend": self.backend, "device": self.device, "steps": self.steps, "loss": self.loss,
-                "test_accuracy": self.test_accuracy, "seconds": self.seconds}
+                "test_accuracy": self.test_accuracy, "seconds": self.seconds, "world_size": self.world_size}
+
+
+def _world():
+    """(rank, world size) of the initialised process group, else (0, 1)."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
 
 
 def train_digits(backend: str = "torch_compact", steps: int = 30, batch: int = 64, lr: float = 1e-2,
-                 device=None, seed: int = 0, log_every: int = 5, jitter: float = 0.05, log=None) -> TrainResult:
+                 device=None, seed: int = 0, log_every: int = 5, jitter: float = 0.05, log=None,
+                 norm: str = "batch", model: Optional[torch.nn.Module] = None) -> TrainResult:
     """Train :class:`FoveatedDigitsNet` for ``steps`` Adam steps; returns the loss curve and test accuracy.
 
-    Fixations are jittered by up to ``jitter`` (normalised units) per image during training.
+    Fixations are jittered by up to ``jitter`` (normalised units) per image during training. ``batch`` is
+    the global batch: under ``torch.distributed`` each process trains a ``DistributedDataParallel`` copy
+    on its ``batch / world_size`` slice (the logged loss is the mean over processes). ``model`` replaces
+    the default network (built on ``device`` from ``backend`` and ``norm``).
     """
+    rank, world = _world()
+    if batch % world:
+        raise ValueError(f"batch: the global batch ({batch}) must split evenly over {world} processes")
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch.manual_seed(seed)
     xtr, ytr, xte, yte = load_digits_tensors(seed=seed)
-    model = FoveatedDigitsNet(backend=backend).to(device)
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    gen = torch.Generator().manual_seed(seed)
-    res = TrainResult(backend, str(device))
+    model = (model if model is not None else FoveatedDigitsNet(backend=backend, norm=norm)).to(device)
+    net = model
+    if world > 1:
+        net = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
+    opt = torch.optim.Adam(net.parameters(), lr=lr)
+    gen = torch.Generator().manual_seed(seed)     # every process draws the same global batch
+    res = TrainResult(backend, str(device), world_size=world)
+    shard = slice(rank * (batch // world), (rank + 1) * (batch // world))
     t0 = time.perf_counter()
-    model.train()
+    net.train()
     for step in range(1, steps + 1):
-        i = torch.randint(0, len(ytr), (batch,), generator=gen)
-        fix = (torch.rand(batch, 2, generator=gen) * 2 - 1) * jitter
-        logits = model(xtr[i].to(device), fix.to(device))
+        i = torch.randint(0, len(ytr), (batch,), generator=gen)[shard]
+        fix = ((torch.rand(batch, 2, generator=gen) * 2 - 1) * jitter)[shard]
+        logits = net(xtr[i].to(device), fix.to(device))
         loss = F.cross_entropy(logits, ytr[i].to(device))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         if step % log_every == 0 or step == 1 or step == steps:
+            value = loss.detach()
+            if world > 1:
+                value = value.clone()
+                torch.distributed.all_reduce(value)
+                value /= world
             res.steps.append(step)
-            res.loss.append(loss.item())
+            res.loss.append(value.item())
             if log:
-                log(f"[{backend}] step {step}/{steps} loss {loss.item():.3f}")
+                log(f"[{backend}] step {step}/{steps} loss {res.loss[-1]:.3f}")
     model.eval()
     with torch.no_grad():
         correct = 0
@@ -143,3 +184,53 @@ def train_digits(backend: str = "torch_compact", steps: int = 30, batch: int = 6
     res.test_accuracy = correct / len(yte)
     res.seconds = time.perf_counter() - t0
     return res
+
+
+def main(argv=None) -> int:
+    """``python -m fovi_lab train``: train the foveated digits network; under ``torchrun`` with DDP.
+
+    One process: ``python -m fovi_lab train --backend warp_train --steps 300``. N processes on one host:
+    ``torchrun --nproc-per-node N -m fovi_lab train ...`` (NCCL on GPUs, one per process; gloo on CPUs).
+    Prints the loss curve and the test accuracy (rank 0); ``--out`` writes them as JSON.
+    """
+    ap = argparse.ArgumentParser(prog="python -m fovi_lab train", description=main.__doc__.split("\n")[0])
+    ap.add_argument("--backend", default="torch_compact", help="ops name of every KNN convolution")
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--batch", type=int, default=256, help="global batch (split over the processes)")
+    ap.add_argument("--lr", type=float, default=1e-2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--norm", choices=("batch", "group"), default="batch")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
+    ap.add_argument("--out", default=None, help="write the result as JSON here (rank 0)")
+    args = ap.parse_args(argv)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    kind = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(kind)
+    if world > 1:
+        if kind == "cuda":
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(device)
+        torch.distributed.init_process_group("nccl" if kind == "cuda" else "gloo")
+    rank, world = _world()
+    try:
+        torch.manual_seed(args.seed)
+        model = FoveatedDigitsNet(backend=args.backend, norm=args.norm)
+        if world > 1 and kind == "cuda" and args.norm == "batch":
+            model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        say = (lambda m: print(m, flush=True)) if rank == 0 else None
+        res = train_digits(args.backend, steps=args.steps, batch=args.batch, lr=args.lr, device=device,
+                           seed=args.seed, log_every=max(1, args.steps // 10), log=say, model=model)
+        if rank == 0:
+            print(f"{args.backend} on {world} x {device.type}: {args.steps} steps in {res.seconds:.1f} s, "
+                  f"final loss {res.loss[-1]:.3f}, test accuracy {res.test_accuracy:.1%}")
+            if args.out:
+                with open(args.out, "w") as f:
+                    json.dump(res.as_dict(), f, indent=1)
+    finally:
+        if world > 1:
+            torch.distributed.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,6 +1,6 @@
 """The autograd Function and the ``KNNConv`` module (docs/operator.md §4), over the ops of :mod:`fovi_lab.ops.registry`.
 
-``KNNConvFunction.apply(x, weight, bias, meta, ops_name)`` runs ``ops.forward`` in the compute dtype
+``KNNConvFunction.apply(x, weight, bias, meta, ops_name)`` (eager) runs ``ops.forward`` in the compute dtype
 (the CUDA autocast dtype when autocast is on and x is on CUDA, else ``x.dtype``) and, backward, the
 explicit adjoints; gradients are cast back to the dtypes of x / weight / bias (fp32 master weights
 under AMP keep fp32 grads), and the bias grad is an fp32 sum of ``grad_y`` over batch and nodes.
@@ -15,8 +15,10 @@ from typing import Optional
 import torch
 
 from fovi_lab.graph.meta import TrainingMeta, build_meta
+from fovi_lab.ops.dispatch import select_backend
+from fovi_lab.ops.library import knn_conv, register_layer
 from fovi_lab.ops.reference import CompactTorchOps
-from fovi_lab.ops.registry import OPS_REGISTRY, get_ops, load_optional_backends, register_ops
+from fovi_lab.ops.registry import OPS_REGISTRY, get_ops, register_ops
 
 __all__ = [
     "OPS_REGISTRY", "register_ops", "get_ops", "CompactTorchOps", "KNNConvFunction", "KNNConv",
@@ -73,26 +75,6 @@ class KNNConvFunction(torch.autograd.Function):
         return dx, dw, db, None, None
 
 
-def select_backend(backend: str, meta: TrainingMeta, x: torch.Tensor, training: Optional[bool] = None) -> str:
-    """Resolve a requested backend name to a registered one.
-
-    ``auto`` picks the fastest registered backend for this shape/batch/dtype/device and mode (training
-    or inference) from the recorded benchmarks when they cover the call (see :mod:`fovi_lab.ops.dispatch`),
-    else ``torch_compact``.
-    Any other name must be registered.
-    """
-    if backend == "auto":
-        try:
-            from fovi_lab.ops.dispatch import pick_backend
-        except ImportError:
-            return "torch_compact"
-        load_optional_backends()
-        choice = pick_backend(meta, x, training, candidates=tuple(OPS_REGISTRY))
-        return choice if choice is not None else "torch_compact"
-    get_ops(backend)  # raises with the known names
-    return backend
-
-
 class KNNConv(torch.nn.Module):
     """A compact KNN convolution layer: ``y = KNNConvFunction(x, weight, bias, meta, backend)``.
 
@@ -103,7 +85,11 @@ class KNNConv(torch.nn.Module):
             ``ValueError`` here, listing the registered ones).
 
     Shapes: ``x [B, Cin, Nin] -> y [B, Cout, Nout]``. The index tables (meta) are built once per device
-    and never enter the state_dict. ``self.last_backend`` records the backend the last call used.
+    and never enter the state_dict. ``self.last_backend`` records the backend the last eager call used.
+
+    Eager calls run :class:`KNNConvFunction` (the lighter host path); under ``torch.compile`` the layer is
+    the custom op ``torch.ops.fovi_lab.knn_conv`` (:mod:`fovi_lab.ops.library`), which Dynamo keeps whole,
+    so ``torch.compile(model, fullgraph=True)`` needs no graph break; ``"auto"`` is resolved when the op runs.
     """
 
     def __init__(self, idx, rf_index, *, nin: int, v: int, cin: int, cout: int, bias: bool = False,
@@ -125,6 +111,7 @@ class KNNConv(torch.nn.Module):
                                  f"or 'auto'") from None
         self.backend = backend
         self.last_backend: Optional[str] = None
+        self._op_layer = register_layer(self.meta)     # the handle the custom ops know this layer's tables by
 
     @classmethod
     def from_graph(cls, graph, cin: int, cout: int, **kw) -> "KNNConv":
@@ -133,6 +120,8 @@ class KNNConv(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         training = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
+        if torch.compiler.is_compiling():
+            return knn_conv(x, self.weight, self.bias, self._op_layer, self.backend, _compute_dtype(x), training)
         name = select_backend(self.backend, self.meta, x, training)
         self.last_backend = name
         return KNNConvFunction.apply(x, self.weight, self.bias, self.meta.to(x.device), name)

@@ -30,8 +30,9 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from fovi_lab.ops.records import LOCAL_DIR, iter_records, read_file
+from fovi_lab.ops.tune_cache import tuned_choice
 
-__all__ = ["pick_backend", "recorded_table", "DATA_DIR"]
+__all__ = ["pick_backend", "recorded_table", "select_backend", "DATA_DIR"]
 
 DATA_DIR = LOCAL_DIR        # where a checkout's benchmarks write (the shipped records: fovi_lab/records/)
 
@@ -113,3 +114,23 @@ def pick_backend(meta, x: torch.Tensor, training: Optional[bool] = None, candida
         return None
     options = {be: ms for be, (_, ms) in table[(device, mode, shape, best_b)].items() if be in candidates}
     return min(options, key=options.get) if options else None
+
+
+def select_backend(backend: str, meta, x: torch.Tensor, training: Optional[bool] = None) -> str:
+    """Resolve a requested backend name to a registered one.
+
+    ``auto`` picks, for this shape/batch/dtype/device and mode (training or inference): the backend tuned on
+    this device (:mod:`fovi_lab.ops.tune_cache`, ``python -m fovi_lab tune``), else the fastest registered
+    backend in the recorded benchmarks when they cover the call (:func:`pick_backend`), else
+    ``torch_compact``. Any other name must be registered (an unknown one raises, listing the known names).
+    """
+    from fovi_lab.ops.registry import OPS_REGISTRY, get_ops, load_optional_backends
+    if backend == "auto":
+        load_optional_backends()
+        tuned = tuned_choice(meta, x, torch.is_grad_enabled() if training is None else training)
+        if tuned is not None and tuned[0] in OPS_REGISTRY:
+            return tuned[0]
+        choice = pick_backend(meta, x, training, candidates=tuple(OPS_REGISTRY))
+        return choice if choice is not None else "torch_compact"
+    get_ops(backend)
+    return backend

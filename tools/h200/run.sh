@@ -10,7 +10,7 @@
 #   bash tools/h200/run.sh backward  [bench args]  # the adjoint benchmark (staged and fused)
 #   bash tools/h200/run.sh parity                  # warmup, then tests/test_gpu_parity.py (junit XML under $OUT)
 #   bash tools/h200/run.sh ncu TARGETS...          # Nsight Compute on layer:B:config[:dense] targets
-#   bash tools/h200/run.sh notebooks               # every notebook with its gpu cells (tools/h200/run_notebooks.sh)
+#   bash tools/h200/run.sh notebooks [nb ...]      # notebooks with their gpu cells (tools/h200/run_notebooks.sh)
 #
 # FOVI_TIMEOUT (seconds, default 560) bounds each job inside the device's 10-minute call.
 set -uo pipefail
@@ -45,7 +45,7 @@ case "$job" in
       --csv --page details python3 tools/h200/ncu_targets.py "$@" > "$OUT/ncu.csv" 2> "$OUT/ncu.err"
     tail -3 "$OUT/ncu.err" ;;
   notebooks)
-    bash tools/h200/run_notebooks.sh ;;
+    bash tools/h200/run_notebooks.sh "$@" ;;
   *)
     echo "unknown job $job" >&2; exit 2 ;;
 esac

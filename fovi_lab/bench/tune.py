@@ -1,0 +1,275 @@
+"""Autotune on the user's device: time each candidate of a problem, keep the fastest correct one.
+
+    python -m fovi_lab tune [--layers res18_layer1 alex_L1 | all] [--batches 16 64] [--modes forward train-step]
+    python -m fovi_lab tune --show          # the cache: path, and every entry with its timings
+    python -m fovi_lab tune --clear         # delete the cache file (the recorded rule answers again)
+
+The candidates of a forward problem are the Warp forward with the config the rule picks
+(:func:`fovi_lab.kernels.forward.rules.select_config`), the Warp forward with the configs that ran fastest on
+that shape in the shipped sweeps (any device; at most ``--recorded`` of them), ``torch_compact`` and
+``torch_binned``; of a train-step problem, ``warp_train``, ``torch_compact`` and ``torch_binned`` (forward and
+both gradients). Each candidate runs once and is checked against the fp32 oracle with the accuracy criterion of
+docs/operator.md §5 before it is timed (median of ``--reps`` calls, CUDA events on a GPU); one that fails or
+cannot launch is listed with why, never picked. The winner goes into the cache of
+:mod:`fovi_lab.ops.tune_cache` with every candidate's time and what the untuned ``auto`` would have run (``rule``),
+so each entry shows whether tuning changed anything.
+
+Under ``torch.distributed`` rank 0 tunes and broadcasts the entries; every rank keeps them and rank 0 writes the
+file, so the ranks of one job run the same kernels. When the cache file is first written on a device that the
+shipped records cover (an H200), the records' picks for that device are written with it (``"source": "records"``),
+so the file shows what ``auto`` runs before any tuning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import math
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from fovi_lab.bench.common import time_fn
+from fovi_lab.graph.layers import LAYERS, layer_meta
+from fovi_lab.ops import tune_cache
+from fovi_lab.ops.dispatch import pick_backend, recorded_table
+from fovi_lab.ops.records import iter_records
+from fovi_lab.ops.reference import CompactTorchOps, oracle_forward
+from fovi_lab.ops.registry import OPS_REGISTRY, get_ops, load_optional_backends
+
+__all__ = ["candidates", "tune_problem", "tune", "seed_entries", "main"]
+
+Candidate = Tuple[str, Optional[str]]         # (backend, Warp forward config or None: the backend's own choice)
+_SHAPE_KEYS = ("cin", "cout", "nin", "nout", "k", "p64", "v")
+
+
+def _shape(meta) -> tuple:
+    return tuple(int(getattr(meta, a)) for a in _SHAPE_KEYS)
+
+
+def recorded_configs(meta, batch: int, limit: int = 3) -> List[str]:
+    """The Warp forward configs that ran fastest on this layer shape in the shipped sweeps, at the recorded
+    batch nearest to ``batch`` (log2 distance at most 1), fastest first."""
+    best: Dict[str, float] = {}
+    near = None
+    shape = _shape(meta)
+    rows = []
+    for r in iter_records(auto=True):
+        if r.get("impl") != "warp_uncached" or not r.get("config") or not r.get("ms") \
+                or any(k not in r for k in _SHAPE_KEYS) or tuple(int(r[k]) for k in _SHAPE_KEYS) != shape:
+            continue
+        rows.append(r)
+        d = abs(math.log2(int(r["B"])) - math.log2(batch))
+        if d <= 1 and (near is None or d < near[0]):
+            near = (d, int(r["B"]))
+    if near is None:
+        return []
+    for r in rows:
+        if int(r["B"]) == near[1]:
+            best[r["config"]] = min(best.get(r["config"], math.inf), float(r["ms"]))
+    return sorted(best, key=best.get)[:limit]
+
+
+def _rule_config(meta, x, w) -> Optional[str]:
+    from fovi_lab.kernels.forward.api import prepare_uncached
+    return prepare_uncached(x, w, None, meta.input_linear, meta.weight_linear).config
+
+
+def candidates(meta, batch: int, mode: str, x=None, w=None, recorded: int = 3) -> List[Candidate]:
+    """The candidates of a problem (see the module docstring); the first Warp one is the rule's."""
+    load_optional_backends()
+    torch_ones = [(b, None) for b in ("torch_compact", "torch_binned") if b in OPS_REGISTRY]
+    if mode == "train-step":
+        return ([("warp_train", None)] if "warp_train" in OPS_REGISTRY else []) + torch_ones
+    if "warp_compact" not in OPS_REGISTRY:
+        return torch_ones
+    rule = _rule_config(meta, x, w)
+    return [("warp_compact", rule)] + [("warp_compact", c) for c in recorded_configs(meta, batch, recorded)
+                                       if c != rule] + torch_ones
+
+
+def _inputs(meta, batch: int, dtype, device, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, meta.cin, meta.nin, generator=gen)
+    w = torch.randn(meta.cout, meta.q, generator=gen) / math.sqrt(meta.p)
+    g = torch.randn(batch, meta.cout, meta.nout, generator=gen)
+    return [t.to(device=device, dtype=dtype) for t in (x, w, g)]
+
+
+def _runner(cand: Candidate, meta, mode, x, w, g):
+    backend, config = cand
+    if backend == "warp_compact" and config is not None:
+        from fovi_lab.kernels.forward.api import run_uncached
+
+        def fwd():
+            return run_uncached(x, w, None, meta.input_linear, meta.weight_linear, config=config)
+    else:
+        ops = get_ops(backend)
+
+        def fwd():
+            return ops.forward(meta, x, w, None)
+    if mode == "forward":
+        return lambda: (fwd(),)
+    ops = get_ops(backend)
+    if hasattr(ops, "backward_combined"):
+        return lambda: (fwd(),) + tuple(ops.backward_combined(meta, g, x, w))
+    return lambda: (fwd(), ops.grad_input(meta, g, w), ops.grad_weight(meta, g, x))
+
+
+def _check(outs, meta, mode, x, w, g) -> Optional[str]:
+    """Why a candidate's outputs fail the accuracy criterion (docs/operator.md §5), or None."""
+    xf = x.float().requires_grad_(mode != "forward")
+    wf = w.float().requires_grad_(mode != "forward")
+    y = oracle_forward(xf, wf, None, meta.idx, meta.rf_index, meta.v)
+    refs = [y.detach()]
+    torch_outs = [CompactTorchOps.forward(meta, x, w, None).float()]
+    if mode != "forward":
+        refs += list(torch.autograd.grad(y, (xf, wf), g.float()))
+        torch_outs += [CompactTorchOps.grad_input(meta, g, w), CompactTorchOps.grad_weight(meta, g, x)]
+    for name, got, want, tref in zip(("y", "dx", "dW"), outs, refs, torch_outs):
+        got = got.float()
+        if got.shape != want.shape or not torch.isfinite(got).all():
+            return f"{name}: shape {tuple(got.shape)} or non-finite entries"
+        err, tol = (got - want).abs().max().item(), 3 * (tref.float() - want).abs().max().item() + 2e-3
+        if err > tol:
+            return f"{name}: max error {err:.3g} > {tol:.3g}"
+    return None
+
+
+def _rule(meta, x, mode, rule_config) -> Candidate:
+    """What ``auto`` runs without a tuned entry: the recorded pick, else torch_compact (the rule's config)."""
+    backend = pick_backend(meta, x, mode == "train-step", candidates=tuple(OPS_REGISTRY)) or "torch_compact"
+    return backend, (rule_config if backend == "warp_compact" else None)
+
+
+def _label(c: Candidate) -> str:
+    return c[0] if c[1] is None else f"{c[0]}:{c[1]}"
+
+
+def tune_problem(meta, batch: int, mode: str, device, dtype=torch.float16, reps: int = 20,
+                 recorded: int = 3) -> Tuple[str, dict]:
+    """(entry key, entry) of one problem: every candidate checked and timed on ``device``."""
+    device = torch.device(device)
+    meta = meta.to(device)
+    x, w, g = _inputs(meta, batch, dtype, device)
+    cands = candidates(meta, batch, mode, x, w, recorded)
+    rule_cfg = next((c for b, c in cands if b == "warp_compact"), None)
+    times: Dict[str, float] = {}
+    refused: Dict[str, str] = {}
+    for cand in cands:
+        label = _label(cand)
+        try:
+            fn = _runner(cand, meta, mode, x, w, g)
+            why = _check(fn(), meta, mode, x, w, g)
+        except Exception as e:                       # unlaunchable here, or a backend that refuses the dtype
+            why = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        if why is not None:
+            refused[label] = why
+            continue
+        times[label] = time_fn(fn, device, warmup=2, reps=reps).ms
+    if not times:
+        raise RuntimeError(f"no candidate ran correctly for {tune_cache.problem_key(meta, batch, dtype, mode)} "
+                           f"on {device}: {refused}")
+    winner = min(times, key=times.get)
+    backend, _, config = winner.partition(":")
+    rule = _label(_rule(meta, x, mode, rule_cfg))
+    entry = {"backend": backend, "config": config or None, "ms": times[winner], "candidates": times,
+             "refused": refused, "rule": rule, "rule_ms": times.get(rule), "reps": reps, "source": "tuned",
+             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    key = tune_cache.entry_key(tune_cache.setup_key(device), tune_cache.problem_key(meta, batch, dtype, mode))
+    return key, entry
+
+
+def seed_entries(device) -> Dict[str, dict]:
+    """The shipped records' picks for this device's name, as cache entries (``"source": "records"``)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return {}
+    name, setup = torch.cuda.get_device_name(device), tune_cache.setup_key(device)
+    out = {}
+    for (dev, mode, shape, b), backends in recorded_table().items():
+        if dev != name:
+            continue
+        options = {be: ms for be, (_, ms) in backends.items() if be in OPS_REGISTRY}
+        if not options:
+            continue
+        best = min(options, key=options.get)
+        problem = "/".join((mode, "float16", "x".join(map(str, shape)), f"B{b}"))
+        out[tune_cache.entry_key(setup, problem)] = {"backend": best, "config": None, "ms": options[best],
+                                                     "source": "records", "candidates": options}
+    return out
+
+
+def tune(problems: Sequence[Tuple[object, int, str]], device, dtype=torch.float16, reps: int = 20,
+         recorded: int = 3, log=print) -> Dict[str, dict]:
+    """Tune ``[(meta, batch, mode), ...]`` and store the winners (see the module docstring for DDP)."""
+    dist = torch.distributed
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() \
+        else (0, 1)
+    entries: Dict[str, dict] = {}
+    if rank == 0:
+        if not tune_cache.cache_path().is_file():
+            entries.update(seed_entries(device))
+        for meta, batch, mode in problems:
+            key, entry = tune_problem(meta, batch, mode, device, dtype, reps, recorded)
+            entries[key] = entry
+            if log:
+                log(_line(key, entry))
+    if world > 1:
+        box = [entries]
+        dist.broadcast_object_list(box, src=0)
+        entries = box[0]
+    tune_cache.store(entries, write=(rank == 0))
+    return entries
+
+
+def _line(key: str, e: dict) -> str:
+    problem = key.split("|", 1)[1]
+    pick = e["backend"] + (f":{e['config']}" if e.get("config") else "")
+    rule = e.get("rule")
+    vs = f"rule {rule} {e['rule_ms']:.3f} ms" if e.get("rule_ms") else f"rule {rule} (not timed)"
+    return f"{problem:<48s} {pick:<34s} {e['ms']:.3f} ms   {vs}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m fovi_lab tune", description=__doc__.split("\n")[0])
+    ap.add_argument("--layers", nargs="+", default=["res18_layer1"], help="layer names, or 'all'")
+    ap.add_argument("--batches", nargs="+", type=int, default=[16, 64])
+    ap.add_argument("--modes", nargs="+", choices=("forward", "train-step"), default=["forward", "train-step"])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--recorded", type=int, default=3, help="recorded configs to try beside the rule's")
+    ap.add_argument("--show", action="store_true", help="print the cache and exit")
+    ap.add_argument("--clear", action="store_true", help="delete the cache file and exit")
+    ap.add_argument("--out", default=None, help="also append the new entries here as JSON lines")
+    args = ap.parse_args(argv)
+    path = tune_cache.cache_path()
+    if args.clear:
+        existed = path.is_file()
+        path.unlink(missing_ok=True)
+        print(f"{'deleted' if existed else 'no cache at'} {path}")
+        return 0
+    if args.show:
+        entries = tune_cache.load()
+        print(f"{path}: {len(entries)} entries")
+        for key, e in sorted(entries.items()):
+            print(f"  {key}\n    -> {e['backend']}{':' + e['config'] if e.get('config') else ''} "
+                  f"{e.get('ms', float('nan')):.3f} ms ({e.get('source')}); candidates {e.get('candidates')}")
+        return 0
+    names = list(LAYERS) if args.layers == ["all"] else args.layers
+    unknown = [n for n in names if n not in LAYERS]
+    if unknown:
+        ap.error(f"--layers: unknown {unknown}; known: {list(LAYERS)} or 'all'")
+    if any(b < 1 for b in args.batches):
+        ap.error("--batches: every batch must be >= 1")
+    problems = [(layer_meta(n), b, m) for n in names for b in args.batches for m in args.modes]
+    entries = tune(problems, args.device, reps=args.reps, recorded=args.recorded)
+    print(f"{len(entries)} entries written to {path}")
+    if args.out:
+        from fovi_lab.bench.common import append_jsonl, env_info
+        append_jsonl(args.out, [dict(env_info(args.device), kind="tune", key=k, **e) for k, e in entries.items()])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,87 @@
+"""The ops in ordinary PyTorch GPU code (skipped without a CUDA device): side streams, the tensor's own device,
+argument devices, and ``torch.compile`` with Inductor on the GPU.
+
+* On a side stream (``with torch.cuda.stream(s)``) a train step's outputs and gradients are bitwise those of
+  the default stream, and no torch op in the Warp host path synchronises (``set_sync_debug_mode("error")``
+  raises on one) once the first call has compiled and checked its kernels.
+* With two devices, a ``cuda:1`` layer runs on ``cuda:1`` while ``cuda:0`` is current, and equals ``cuda:0``.
+* x, weight and the tables on different devices give an error naming the argument.
+* ``torch.compile(fullgraph=True)`` with Inductor equals eager.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fovi_lab.graph.layers import layer_meta
+from fovi_lab.ops.autograd import KNNConv
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+LAYER = "res18_layer1"
+
+
+def _conv(device, backend="warp_train"):
+    meta = layer_meta(LAYER)
+    torch.manual_seed(0)
+    conv = KNNConv(meta.idx, meta.rf_index, nin=meta.nin, v=meta.v, cin=meta.cin, cout=meta.cout, bias=True,
+                   backend=backend).to(device).half()
+    x = torch.randn(8, meta.cin, meta.nin, device=device, dtype=torch.float16)
+    return conv, x.requires_grad_()
+
+
+def _step(conv, x, net=None):
+    """y, dx, dW, db of one step through ``net`` (default: the layer alone), loss = mean(y^2)."""
+    x.grad = None
+    conv.zero_grad()
+    y = (net or conv)(x)
+    y.float().square().mean().backward()
+    return [y.detach().clone(), x.grad.clone(), conv.weight.grad.clone(), conv.bias.grad.clone()]
+
+
+def test_side_stream_equals_default_stream_without_a_sync():
+    conv, x = _conv("cuda:0")
+    want = _step(conv, x)                            # compiles, runs the canaries, checks the tables
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.cuda.stream(side):
+            got = _step(conv, x)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(want, got))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_second_device_while_the_first_is_current():
+    conv0, x0 = _conv("cuda:0")
+    want = _step(conv0, x0)
+    conv1, x1 = _conv("cuda:1")
+    with torch.cuda.device(0):
+        got = _step(conv1, x1.detach().copy_(x0.detach()).requires_grad_())
+    assert all(g.device == torch.device("cuda:1") for g in got)
+    assert all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(want, got))
+
+
+def test_arguments_on_two_devices_name_the_argument():
+    conv, x = _conv("cuda:0")
+    ops = torch.ops.fovi_lab
+    with pytest.raises(ValueError, match="weight: expected device cuda:0"):
+        ops.knn_conv(x.detach(), conv.weight.detach().cpu(), None, conv._op_layer, "warp_train",
+                     torch.float16, False)
+    with pytest.raises(ValueError, match="bias: expected device cuda:0"):
+        ops.knn_conv(x.detach(), conv.weight.detach(), conv.bias.detach().cpu(), conv._op_layer, "warp_train",
+                     torch.float16, False)
+
+
+def test_compile_inductor_on_the_gpu_equals_eager():
+    torch._dynamo.reset()
+    conv, x = _conv("cuda:0")
+    net = torch.nn.Sequential(conv, torch.nn.ReLU())
+    want = _step(conv, x, net)
+    got = _step(conv, x, torch.compile(net, fullgraph=True))
+    for a, b in zip(want, got):
+        torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-3)

@@ -1,0 +1,97 @@
+"""The autotune cache and tuner on the CPU: written, read back, keyed by problem and setup (a version change
+misses), read by ``auto`` and by the Warp forward, bad candidates refused, a malformed file named."""
+
+import json
+
+import pytest
+import torch
+
+from fovi_lab.graph.layers import synthetic_meta
+from fovi_lab.ops import tune_cache
+from fovi_lab.ops.dispatch import select_backend
+
+pytest.importorskip("warp")
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    path = tmp_path / "tune.json"
+    monkeypatch.setenv("FOVI_TUNE_CACHE", str(path))
+    tune_cache.reload()
+    yield path
+    monkeypatch.delenv("FOVI_TUNE_CACHE")
+    tune_cache.reload()
+
+
+def _problem(batch=5):
+    meta = synthetic_meta("ODD")
+    return meta, torch.randn(batch, meta.cin, meta.nin).half(), torch.randn(meta.cout, meta.q).half()
+
+
+def _entry(backend, config=None):
+    return {"backend": backend, "config": config, "ms": 1.0, "candidates": {}, "source": "tuned"}
+
+
+def test_written_read_back_and_keyed(cache):
+    meta, x, _ = _problem()
+    setup = tune_cache.setup_key(x.device)
+    key = tune_cache.entry_key(setup, tune_cache.problem_key(meta, 5, torch.float16, "forward"))
+    tune_cache.store({key: _entry("torch_binned")})
+    assert json.loads(cache.read_text())["entries"][key]["backend"] == "torch_binned"
+    tune_cache.reload()
+    assert tune_cache.tuned_choice(meta, x, training=False) == ("torch_binned", None)
+    assert tune_cache.tuned_choice(meta, x, training=True) is None            # another mode
+    assert tune_cache.tuned_choice(meta, x[:4], training=False) is None       # another batch
+    assert select_backend("auto", meta, x, training=False) == "torch_binned"  # auto reads it first
+    assert select_backend("auto", meta, x, training=True) == "torch_compact"  # no entry, no record on a CPU
+
+
+def test_a_version_change_misses(cache, monkeypatch):
+    meta, x, _ = _problem()
+    key = tune_cache.entry_key(tune_cache.setup_key(x.device), tune_cache.problem_key(meta, 5, torch.float16, "forward"))
+    tune_cache.store({key: _entry("torch_binned")})
+    monkeypatch.setitem(tune_cache._SETUPS, str(x.device), "cpu/cpu/warp 9.9.9/torch 2.13.0+cpu")
+    assert tune_cache.tuned_choice(meta, x, training=False) is None
+
+
+def test_the_warp_forward_runs_the_tuned_config(cache, monkeypatch):
+    import fovi_lab.knn_warp as kw
+    from fovi_lab.kernels.forward.api import prepare_uncached
+    meta, x, w = _problem()
+    rule = prepare_uncached(x, w, None, meta.input_linear, meta.weight_linear).config
+    other = "m16n32" if rule != "m16n32" else "m32n64"
+    key = tune_cache.entry_key(tune_cache.setup_key(x.device), tune_cache.problem_key(meta, 5, torch.float16, "forward"))
+    tune_cache.store({key: _entry("warp_compact", other)})
+    seen = []
+    real = kw.run_uncached
+    monkeypatch.setattr(kw, "run_uncached", lambda *a, config=None, **k: seen.append(config) or real(*a, config=config, **k))
+    y = kw.WarpCompactOps.forward(meta, x, w, None)
+    assert seen == [other]
+    assert torch.equal(y, real(x, w, None, meta.input_linear, meta.weight_linear, config=other))
+
+
+def test_tune_refuses_bad_candidates_and_picks_a_timed_one(cache, monkeypatch):
+    from fovi_lab.bench import tune
+    real = tune.candidates
+    monkeypatch.setattr(tune, "candidates", lambda *a, **k: real(*a, **k) + [("warp_compact", "no_such_config")])
+    meta, _, _ = _problem()
+    entries = tune.tune([(meta, 5, "forward"), (meta, 5, "train-step")], "cpu", reps=2, log=None)
+    assert len(entries) == 2
+    for key, e in entries.items():
+        label = e["backend"] + (f":{e['config']}" if e["config"] else "")
+        assert label in e["candidates"] and e["ms"] == min(e["candidates"].values())
+        assert e["rule"] == "torch_compact" and e["rule_ms"] == e["candidates"]["torch_compact"]
+    fwd = next(e for k, e in entries.items() if "|forward/" in k)
+    assert "warp_compact:no_such_config" in fwd["refused"]
+    assert tune_cache.reload() == entries                                     # and written
+
+
+def test_a_malformed_cache_is_named(cache):
+    cache.write_text("{not json")
+    with pytest.raises(ValueError, match="tune cache .* is not JSON"):
+        tune_cache.reload()
+    cache.write_text(json.dumps({"format": 0, "entries": {}}))
+    with pytest.raises(ValueError, match="not a format-1 cache"):
+        tune_cache.reload()
+    cache.unlink()
+    assert tune_cache.reload() == {}
