@@ -24,6 +24,9 @@ import sys
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Tuple
 
+from functools import lru_cache
+
+from fovi_lab.graph.layers import LAYERS, layer_name, layer_shape
 from fovi_lab.ops.records import RECORDS_DIR, read_file, record_files
 
 __all__ = ["load_runs", "result_rows", "results_markdown", "readme_table", "update_readme", "main",
@@ -65,13 +68,28 @@ def _fastest_torch(recs: Iterable[dict], graphed: bool) -> Optional[dict]:
     return min(cands, key=lambda r: r["ms"]) if cands else None
 
 
+@lru_cache(maxsize=None)
+def _name_on_frame(name: str, v: int) -> str:
+    for rf in ("rf1", "rf2"):
+        if layer_shape(name, rf)["v"] == v:
+            return layer_name(name, rf)
+    return name
+
+
+def row_layer(r: dict) -> str:
+    """The layer a record measured, named by its frame: a record of a layer's other reference frame (its taps
+    ``v`` say which) is named as that variant, e.g. the ResNet-18 stem's rf2 records ``res18_stem_rf2``."""
+    name, v = r["layer"], r.get("v")
+    return _name_on_frame(name, int(v)) if v is not None and name in LAYERS else name
+
+
 def result_rows(runs: List[Tuple[str, List[dict]]]) -> List[dict]:
     """One row per (mode, layer, B): the newest run that timed our op and a PyTorch baseline on that shape."""
     best: Dict[Tuple[str, str, int], Tuple[str, List[dict]]] = {}
     for name, recs in runs:                               # oldest first: a newer run replaces an older one
         by_shape: Dict[Tuple[str, str, int], List[dict]] = {}
         for r in recs:
-            by_shape.setdefault((r.get("mode") or "forward", r["layer"], int(r["B"])), []).append(r)
+            by_shape.setdefault((r.get("mode") or "forward", row_layer(r), int(r["B"])), []).append(r)
         for key, rs in by_shape.items():
             if key[0] not in _OURS:
                 continue
