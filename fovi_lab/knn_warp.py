@@ -22,8 +22,9 @@ from fovi_lab.ops.registry import register_ops
 from fovi_lab.graph.meta import TrainingMeta, pad_to
 from fovi_lab.ops.reference import check_forward_args
 from fovi_lab.ops.tune_cache import tuned_forward_config
-from fovi_lab.kernels.adjoint import (grad_input, grad_input_nm, grad_weight, grad_weight_nm,  # noqa: F401
-                                      node_major, plan_grad_input_nm, plan_grad_weight_nm)
+from fovi_lab.kernels.adjoint import (grad_input_nm, grad_weight_nm, node_major,  # noqa: F401
+                                      plan_grad_input_nm, plan_grad_weight_nm)
+from fovi_lab.kernels.adjoint import grad_input as staged_grad_input, grad_weight as staged_grad_weight
 # fovi's private names for the staged adjoints' factories, canary and cache (kept importable)
 from fovi_lab.kernels.adjoint import (canary_grad_stage_ok as _canary_grad_stage_ok,  # noqa: F401
                                       get_grad_kernel as _get_grad_kernel,
@@ -120,18 +121,18 @@ class WarpTrainOps:
 
     @staticmethod
     def grad_input(meta, grad_y, weight):
-        return _fused_or_staged("dx", grad_input_nm, grad_input, meta, grad_y, weight)
+        return _fused_or_staged("dx", grad_input_nm, staged_grad_input, meta, grad_y, weight)
 
     @staticmethod
     def grad_weight(meta, grad_y, x):
-        return _fused_or_staged("dW", grad_weight_nm, grad_weight, meta, grad_y, x)
+        return _fused_or_staged("dW", grad_weight_nm, staged_grad_weight, meta, grad_y, x)
 
     @staticmethod
     def backward_combined(meta, grad_y, x, weight):
         """``(dx, dW)``; the fused path lays out ``grad_y`` node-major once for both kernels."""
         meta = meta.to(grad_y.device)
         if grad_path(meta) != "fused":
-            return grad_input(meta, grad_y, weight), grad_weight(meta, grad_y, x)
+            return staged_grad_input(meta, grad_y, weight), staged_grad_weight(meta, grad_y, x)
         pw = plan_grad_weight_nm(meta, grad_y, x)
         # dx contracts Cout in 64-row chunks: share g's node-major copy when the Cout padding agrees
         share = pw is not None and pw.op == pad_to(meta.cout, 64)
@@ -139,6 +140,30 @@ class WarpTrainOps:
         dx = px.run() if px is not None else WarpTrainOps.grad_input(meta, grad_y, weight)
         dw = pw.run() if pw is not None else WarpTrainOps.grad_weight(meta, grad_y, x)
         return dx, dw
+
+
+def grad_input(meta: TrainingMeta, grad_y: torch.Tensor, weight: torch.Tensor, config: Optional[str] = None,
+               **staged_options) -> torch.Tensor:
+    """``dx [B, Cin, Nin]`` fp32, deterministic (fovi's public name; docs/operator.md §4).
+
+    With no ``config`` and no staged options: the path ``warp_train`` takes for this layer (:func:`grad_path`:
+    the fused node-major kernel where the layer takes it and it launches here, else the staged kernels).
+    A ``config`` (a ``GRAD_INPUT_CONFIG_SPECS`` name) or staged options (``stage_fp32``, ``dx_direct``): the
+    staged kernels (:func:`fovi_lab.kernels.adjoint.grad_input`), as fovi's own library runs them.
+    """
+    if config is None and not staged_options:
+        return WarpTrainOps.grad_input(meta, grad_y, weight)
+    return staged_grad_input(meta, grad_y, weight, config, **staged_options)
+
+
+def grad_weight(meta: TrainingMeta, grad_y: torch.Tensor, x: torch.Tensor, config: Optional[str] = None,
+                **staged_options) -> torch.Tensor:
+    """``dW [Cout, Q]`` fp32, deterministic (fovi's public name; docs/operator.md §4): as :func:`grad_input`, the
+    path ``warp_train`` takes without a ``config`` or staged options (``stage_fp32``, ``finish``), else the staged
+    kernels (:func:`fovi_lab.kernels.adjoint.grad_weight`)."""
+    if config is None and not staged_options:
+        return WarpTrainOps.grad_weight(meta, grad_y, x)
+    return staged_grad_weight(meta, grad_y, x, config, **staged_options)
 
 
 def _register_ops(ops) -> None:

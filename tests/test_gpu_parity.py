@@ -7,7 +7,7 @@ GPU machine runs on the real layers of :data:`fovi_lab.graph.layers.LAYERS`, at 
   the fp32 oracle;
 * ``warp_train``'s dx and dW (fused or staged, as it selects) against autograd through the fp32 oracle,
   and bitwise equal when run twice;
-* the seed's public ``grad_input`` / ``grad_weight`` (the staged kernels, default configs) likewise.
+* the staged kernels (``fovi_lab.kernels.adjoint.grad_input`` / ``grad_weight``, default configs) likewise.
 
 The criterion is the project's: within 3x the error of ``torch_compact`` in fp16 on the same fp16 inputs,
 plus 2e-3. Every Warp output buffer is written by the kernels (the tests of the CPU device prefill them
@@ -84,7 +84,7 @@ def test_gpu_warp_train_grads_bitwise_repeatable(layer, b):
 @pytest.mark.parametrize("b", (17, 64))
 @pytest.mark.parametrize("layer", list(LAYERS))
 def test_gpu_staged_grads(layer, b):
-    from fovi_lab.knn_warp import grad_input, grad_weight
+    from fovi_lab.kernels.adjoint import grad_input, grad_weight
     meta, x, w, _, g, _, dx, dw, errs = _case(layer, b)
     got_dx, got_dw = grad_input(meta, g, w), grad_weight(meta, g, x)
     _within(got_dx, dx, errs[1], f"{layer} B={b} staged dx")

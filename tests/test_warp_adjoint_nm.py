@@ -347,3 +347,18 @@ def test_default_rules_read_no_device_tensor_after_the_first_call(monkeypatch):
     got = (nm.default_dx_seg_steps(meta, 64, "cuda:0"), nm.default_dw_seg_steps(meta, 64, tiles, "cuda:0"))
     monkeypatch.undo()
     assert got == want and all(want)
+
+
+def test_the_public_adjoints_take_warp_train_s_path(monkeypatch):
+    """fovi's public ``grad_input`` / ``grad_weight`` run what ``warp_train`` runs (fused here, Cin >= 16), bitwise;
+    with a staged config or staged options they run the staged kernels."""
+    from fovi_lab import knn_warp
+    from fovi_lab.kernels.adjoint import grad_input as staged_gi, grad_weight as staged_gw
+    meta, x, w, g, dx_o, dw_o, e_dx, e_dw = _case("MAIN", 17)
+    monkeypatch.delenv("FOVI_KNN_GRAD_PATH", raising=False)
+    assert knn_warp.grad_path(meta) == "fused"
+    assert torch.equal(knn_warp.grad_input(meta, g, w), knn_warp.WarpTrainOps.grad_input(meta, g, w))
+    assert torch.equal(knn_warp.grad_weight(meta, g, x), knn_warp.WarpTrainOps.grad_weight(meta, g, x))
+    assert torch.equal(knn_warp.grad_input(meta, g, w), nm.grad_input_nm(meta, g, w))
+    assert torch.equal(knn_warp.grad_input(meta, g, w, stage_fp32=True), staged_gi(meta, g, w, stage_fp32=True))
+    assert torch.equal(knn_warp.grad_weight(meta, g, x, "gw3_p64n64"), staged_gw(meta, g, x, "gw3_p64n64"))
