@@ -30,6 +30,8 @@ mode ``train-step`` (forward + both gradients):
       per-stage numbers above; ``warp_train_fused``: the fused path forced where the rule picks staged;
     * ``torch_compact`` / ``torch_binned``: the registered PyTorch backends, forward + explicit backward;
     * ``torch_autograd_*``: the PyTorch forward + ``torch.autograd.grad``.
+    * ``torch_explicit_tgather`` (both modes; ``_compiled`` with ``--compile-steps``): the hand-written PyTorch step of
+      :func:`fovi_lab.bench.backward_impls.torch_steps` (x^T layout, bmm + fp32 ``index_add_`` adjoints).
 (In ``backward`` mode the same Warp records are named ``warp``, ``warp_staged``, ``warp_fused``.)
 ``--sweep`` (either mode) also measures every gi/gw config (v2/v2p, v2/v3/v3p/v4, tile sizes, fp16
 and fp32 staging; gw also with the ``index_add`` finish) on each shape, op and kernels alone;
@@ -76,7 +78,7 @@ from fovi_lab.bench.common import (Progress, Roofline, append_jsonl, compact_byt
                                    default_record_path, env_info, pipelined_ms, tflops, time_fn)
 from fovi_lab.bench.backward_impls import (_DenseCache, _MIB, _dw_plan_steps, _dx_plan_steps, _frame, _fused_records,
                                            _peak_mib, _warp_pipeline_records, backward_bytes, fused_ceiling,
-                                           torch_forwards)
+                                           torch_forwards, torch_steps)
 from fovi_lab.bench.precompile import _jobs_for, _sweep_names, precompile
 from fovi_lab.bench.backward_report import _fmt, _print_shape, _summary
 
@@ -215,6 +217,37 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
             if graphs and mode == "train-step":
                 graphed(impl, fn)
         guarded(impl, autograd)
+
+    for name, step in torch_steps(meta).items():
+        impl = f"torch_{name}"
+
+        def explicit(step=step, impl=impl):
+            if mode == "backward":
+                fn = lambda: step(x, w, g)[1:]  # noqa: E731  (the forward's gathers are part of this form)
+            else:
+                def fn():
+                    new_version(w)
+                    return step(x, w, g)
+            r1, r2 = fn(), fn()
+            det = bool(torch.equal(r1[-2], r2[-2]) and torch.equal(r1[-1], r2[-1]))
+            err_dx = float((r1[-2].float() - ref[0]).abs().max()) / max(1e-12, float(ref[0].abs().max()))
+            err_dw = float((r1[-1].float() - ref[1]).abs().max()) / max(1e-12, float(ref[1].abs().max()))
+            del r1, r2
+            t = tm(fn)
+            rec(impl, t.ms, reps=t.reps, peak_mib=_peak_mib(fn, device), deterministic=det, err_dx=err_dx,
+                err_dw=err_dw, pipelined_ms=pipe(fn),
+                note="forward gathers included" if mode == "backward" else None)
+            if graphs and mode == "train-step":
+                graphed(impl, fn)
+            if getattr(args, "compile_steps", False) and mode == "train-step":
+                cstep = torch.compile(step, fullgraph=True)
+                cfn = lambda: (new_version(w), cstep(x, w, g))[1]  # noqa: E731
+                dx, dw = cfn()[1:]
+                tc = tm(cfn)
+                rec(impl + "_compiled", tc.ms, reps=tc.reps, compiled=True, pipelined_ms=pipe(cfn),
+                    err_dx=float((dx.float() - ref[0]).abs().max()) / max(1e-12, float(ref[0].abs().max())),
+                    err_dw=float((dw.float() - ref[1]).abs().max()) / max(1e-12, float(ref[1].abs().max())))
+        guarded(impl, explicit)
 
     torch_ms = {r["impl"]: r["ms"] for r in recs if r.get("ms") and not r.get("graphed")}
     strongest = min(torch_ms, key=torch_ms.get) if torch_ms else None
@@ -412,6 +445,8 @@ def main(argv=None) -> int:
                     help="with --sweep-fused: time only the fused sweep (no baselines, no other Warp paths)")
     ap.add_argument("--gi-configs", nargs="*", default=None, help="restrict the sweep's gi configs")
     ap.add_argument("--gw-configs", nargs="*", default=None, help="restrict the sweep's gw configs")
+    ap.add_argument("--compile-steps", action="store_true",
+                    help="also time torch.compile of the hand-written PyTorch steps (train-step; slow to compile)")
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1), help="precompile processes")
