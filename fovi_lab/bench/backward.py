@@ -171,6 +171,23 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
     ref = (CompactTorchOps.grad_input(meta, g.float(), w.float()),
            CompactTorchOps.grad_weight(meta, g.float(), x.float()))
 
+    def rel_err(out, i):
+        """max |out - ref| / max |ref| against the fp32 reference dx (i = 0) or dW (i = 1)."""
+        return float((out.float() - ref[i]).abs().max()) / max(1e-12, float(ref[i].abs().max()))
+
+    def measure(impl, fn, replay, **kw):
+        """Two calls (bitwise equal?), the error of the last two outputs (dx, dW) against the fp32 reference,
+        the time one call at a time and back to back, peak memory: one record; ``replay``: also from a graph."""
+        r1, r2 = fn(), fn()
+        det = bool(torch.equal(r1[-2], r2[-2]) and torch.equal(r1[-1], r2[-1]))
+        err_dx, err_dw = rel_err(r1[-2], 0), rel_err(r1[-1], 1)
+        del r1, r2
+        t = tm(fn)
+        rec(impl, t.ms, reps=t.reps, peak_mib=_peak_mib(fn, device), deterministic=det, err_dx=err_dx,
+            err_dw=err_dw, pipelined_ms=pipe(fn), **kw)
+        if replay:
+            graphed(impl, fn)
+
     # ---- PyTorch: the registered PyTorch backends (explicit adjoints), then autograd through the forwards
     def torch_backend(impl, ops):
         if mode == "backward":
@@ -180,17 +197,7 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
                 new_version(w)
                 y = ops.forward(meta, x, w, None)
                 return y, ops.grad_input(meta, g, w), ops.grad_weight(meta, g, x)
-        r1 = fn()
-        r2 = fn()
-        det = bool(torch.equal(r1[-2], r2[-2]) and torch.equal(r1[-1], r2[-1]))
-        err_dx = float((r1[-2].float() - ref[0]).abs().max()) / max(1e-12, float(ref[0].abs().max()))
-        err_dw = float((r1[-1].float() - ref[1]).abs().max()) / max(1e-12, float(ref[1].abs().max()))
-        del r1, r2
-        t = tm(fn)
-        rec(impl, t.ms, reps=t.reps, peak_mib=_peak_mib(fn, device), deterministic=det, err_dx=err_dx,
-            err_dw=err_dw, pipelined_ms=pipe(fn))
-        if graphs:
-            graphed(impl, fn)
+        measure(impl, fn, replay=graphs)
     for impl, ops in (("torch_compact", CompactTorchOps), ("torch_binned", BinnedTorchOps)):
         guarded(impl, lambda impl=impl, ops=ops: torch_backend(impl, ops))
 
@@ -228,25 +235,11 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
                 def fn():
                     new_version(w)
                     return step(x, w, g)
-            r1, r2 = fn(), fn()
-            det = bool(torch.equal(r1[-2], r2[-2]) and torch.equal(r1[-1], r2[-1]))
-            err_dx = float((r1[-2].float() - ref[0]).abs().max()) / max(1e-12, float(ref[0].abs().max()))
-            err_dw = float((r1[-1].float() - ref[1]).abs().max()) / max(1e-12, float(ref[1].abs().max()))
-            del r1, r2
-            t = tm(fn)
-            rec(impl, t.ms, reps=t.reps, peak_mib=_peak_mib(fn, device), deterministic=det, err_dx=err_dx,
-                err_dw=err_dw, pipelined_ms=pipe(fn),
-                note="forward gathers included" if mode == "backward" else None)
-            if graphs and mode == "train-step":
-                graphed(impl, fn)
+            measure(impl, fn, replay=graphs and mode == "train-step",
+                    note="forward gathers included" if mode == "backward" else None)
             if getattr(args, "compile_steps", False) and mode == "train-step":
                 cstep = torch.compile(step, fullgraph=True)
-                cfn = lambda: (new_version(w), cstep(x, w, g))[1]  # noqa: E731
-                dx, dw = cfn()[1:]
-                tc = tm(cfn)
-                rec(impl + "_compiled", tc.ms, reps=tc.reps, compiled=True, pipelined_ms=pipe(cfn),
-                    err_dx=float((dx.float() - ref[0]).abs().max()) / max(1e-12, float(ref[0].abs().max())),
-                    err_dw=float((dw.float() - ref[1]).abs().max()) / max(1e-12, float(ref[1].abs().max())))
+                measure(impl + "_compiled", lambda: (new_version(w), cstep(x, w, g))[1], replay=False, compiled=True)
         guarded(impl, explicit)
 
     torch_ms = {r["impl"]: r["ms"] for r in recs if r.get("ms") and not r.get("graphed")}

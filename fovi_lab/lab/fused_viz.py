@@ -224,53 +224,48 @@ def staged_step_table(records: Optional[List[dict]] = None) -> str:
     return "\n".join(lines)
 
 
+def _step_table(runs: dict, batches: Sequence[int], empty: str, header: str, row) -> str:
+    """A text table of recorded train-step runs: ``header``, then ``row(b, layer, run)`` for every run at
+    ``batches``, batch-major, in the figures' layer order (``empty`` where nothing is recorded)."""
+    if not runs:
+        return empty
+    bs, layers, _ = _axes(runs)
+    return "\n".join([header] + [row(b, l, runs[(l, b)]) for b in bs if b in batches for l in layers
+                                  if (l, b) in runs])
+
+
 def train_step_table(batches: Sequence[int] = (16, 64, 512), records: Optional[List[dict]] = None) -> str:
     """The bars of :func:`fused_vs_staged_figure` as text, one line per (B, layer) of :func:`train_step_runs`: the
     path ``warp_train`` took, the staged and fused steps (ms) and staged / fused, the fastest eager PyTorch step
     (ms) and PyTorch / warp_train (above 1: Warp is faster), warp_train's peak memory over that PyTorch step's, and
     each fused kernel alone as a share of Warp's dense tile GEMM with its tiles and grid (%)."""
-    runs = train_step_runs(records)
-    if not runs:
-        return "no recorded train step with both adjoint paths yet"
-    bs, layers, _ = _axes(runs)
-    lines = [f"{'B':>3s} {'layer':14s} {'path':6s} {'staged':>7s} {'fused':>7s} {'st/fu':>5s} {'fastest PyTorch':>21s} "
-             f"{'ms':>7s} {'PyT/warp':>8s} {'peak':>5s} {'dx%':>4s} {'dW%':>4s}"]
-    for b in (x for x in bs if x in batches):
-        for l in layers:
-            d = runs.get((l, b))
-            if d is None:
-                continue
-            st, fu, t, w = d.get("warp_train_staged"), _fused_of(d), _best_torch(d, False), d["warp_train"]
-            ratio = f"{st['ms'] / fu['ms']:.2f}" if st and fu else "-"
-            vs = f"{t['ms'] / w['ms']:.2f}" if t else "-"
-            peak = f"{w['peak_mib'] / t['peak_mib']:.2f}" if t and w.get("peak_mib") and t.get("peak_mib") else "-"
-            lines.append(f"{b:3d} {l:14s} {w.get('path') or '-':6s} {_ms(st):>7s} {_ms(fu):>7s} {ratio:>5s} "
-                         f"{short_impl(t['impl']) if t else '-':>21s} {_ms(t):>7s} {vs:>8s} {peak:>5s} "
-                         f"{_pct(fu.get('dx_frac_dense') if fu else None):>4s} "
-                         f"{_pct(fu.get('dw_frac_dense') if fu else None):>4s}")
-    return "\n".join(lines)
+    def row(b, l, d):
+        st, fu, t, w = d.get("warp_train_staged"), _fused_of(d), _best_torch(d, False), d["warp_train"]
+        ratio = f"{st['ms'] / fu['ms']:.2f}" if st and fu else "-"
+        vs = f"{t['ms'] / w['ms']:.2f}" if t else "-"
+        peak = f"{w['peak_mib'] / t['peak_mib']:.2f}" if t and w.get("peak_mib") and t.get("peak_mib") else "-"
+        return (f"{b:3d} {l:14s} {w.get('path') or '-':6s} {_ms(st):>7s} {_ms(fu):>7s} {ratio:>5s} "
+                f"{short_impl(t['impl']) if t else '-':>21s} {_ms(t):>7s} {vs:>8s} {peak:>5s} "
+                f"{_pct(fu.get('dx_frac_dense') if fu else None):>4s} "
+                f"{_pct(fu.get('dw_frac_dense') if fu else None):>4s}")
+    return _step_table(train_step_runs(records), batches, "no recorded train step with both adjoint paths yet",
+                       f"{'B':>3s} {'layer':14s} {'path':6s} {'staged':>7s} {'fused':>7s} {'st/fu':>5s} "
+                       f"{'fastest PyTorch':>21s} {'ms':>7s} {'PyT/warp':>8s} {'peak':>5s} {'dx%':>4s} {'dW%':>4s}", row)
 
 
 def graphed_step_table(batches: Sequence[int] = (16, 64, 512), records: Optional[List[dict]] = None) -> str:
     """The bars and markers of :func:`graphed_step_figure` as text, one line per (B, layer): warp_train replayed
     from a CUDA graph, the fastest PyTorch step replayed the same way and PyTorch / Warp (above 1: Warp is
     faster), and warp_train eager, one call at a time and back to back (ms)."""
-    runs = train_step_runs(records, need=("warp_train", "warp_train_graphed"))
-    if not runs:
-        return "no recorded CUDA-graph train step yet"
-    bs, layers, _ = _axes(runs)
-    lines = [f"{'B':>3s} {'layer':14s} {'Warp graph':>10s} {'fastest PyTorch graph':>22s} {'ms':>7s} {'PyT/warp':>8s} "
-             f"{'eager call':>10s} {'back to back':>12s}"]
-    for b in (x for x in bs if x in batches):
-        for l in layers:
-            d = runs.get((l, b))
-            if d is None:
-                continue
-            w, t, e = d["warp_train_graphed"], _best_torch(d, True), d["warp_train"]
-            vs = f"{t['ms'] / w['ms']:.2f}" if t else "-"
-            lines.append(f"{b:3d} {l:14s} {_ms(w):>10s} {short_impl(t['impl']) if t else '-':>22s} {_ms(t):>7s} "
-                         f"{vs:>8s} {_ms(e):>10s} {_ms(e, 'pipelined_ms'):>12s}")
-    return "\n".join(lines)
+    def row(b, l, d):
+        w, t, e = d["warp_train_graphed"], _best_torch(d, True), d["warp_train"]
+        vs = f"{t['ms'] / w['ms']:.2f}" if t else "-"
+        return (f"{b:3d} {l:14s} {_ms(w):>10s} {short_impl(t['impl']) if t else '-':>22s} {_ms(t):>7s} "
+                f"{vs:>8s} {_ms(e):>10s} {_ms(e, 'pipelined_ms'):>12s}")
+    return _step_table(train_step_runs(records, need=("warp_train", "warp_train_graphed")), batches,
+                       "no recorded CUDA-graph train step yet",
+                       f"{'B':>3s} {'layer':14s} {'Warp graph':>10s} {'fastest PyTorch graph':>22s} {'ms':>7s} "
+                       f"{'PyT/warp':>8s} {'eager call':>10s} {'back to back':>12s}", row)
 
 
 # ------------------------------------------------------------------------------------- segments

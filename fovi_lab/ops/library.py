@@ -87,34 +87,37 @@ def _knn_conv_fake(x, weight, bias, layer, backend, compute_dtype, training):
     return x.new_empty((x.shape[0], weight.shape[0], layer_meta(layer).nout), dtype=compute_dtype)
 
 
+def _adjoint(which: str, grad_y: torch.Tensor, operand: torch.Tensor, layer: int, backend: str,
+             compute_dtype: torch.dtype) -> torch.Tensor:
+    """One adjoint (``which``: ``"grad_input"`` with the weight, ``"grad_weight"`` with x) in fp32, contiguous."""
+    g = _cast(grad_y, compute_dtype)
+    meta, ops = _ops(layer, backend, g, True)
+    return getattr(ops, which)(meta, g, _cast(operand, compute_dtype)).float().contiguous()
+
+
+def _grad_like(grad_y: torch.Tensor, layer: int, which: str) -> torch.Tensor:
+    """An empty fp32 gradient of the layer's x (``"dx"``: ``[B, Cin, Nin]``) or weight (``"dW"``: ``[Cout, Q]``)."""
+    meta = layer_meta(layer)
+    shape = (grad_y.shape[0], meta.cin, meta.nin) if which == "dx" else (meta.cout, meta.q)
+    return grad_y.new_empty(shape, dtype=torch.float32)
+
+
 @torch.library.custom_op("fovi_lab::knn_conv_grad_input", mutates_args=())
 def knn_conv_grad_input(grad_y: torch.Tensor, weight: torch.Tensor, layer: int, backend: str,
                         compute_dtype: torch.dtype) -> torch.Tensor:
     """``dx [B, Cin, Nin]`` fp32 from ``grad_y [B, Cout, Nout]`` and ``weight [Cout, Q]``."""
-    g = _cast(grad_y, compute_dtype)
-    meta, ops = _ops(layer, backend, g, True)
-    return ops.grad_input(meta, g, _cast(weight, compute_dtype)).float().contiguous()
-
-
-@knn_conv_grad_input.register_fake
-def _knn_conv_grad_input_fake(grad_y, weight, layer, backend, compute_dtype):
-    meta = layer_meta(layer)
-    return grad_y.new_empty((grad_y.shape[0], meta.cin, meta.nin), dtype=torch.float32)
+    return _adjoint("grad_input", grad_y, weight, layer, backend, compute_dtype)
 
 
 @torch.library.custom_op("fovi_lab::knn_conv_grad_weight", mutates_args=())
 def knn_conv_grad_weight(grad_y: torch.Tensor, x: torch.Tensor, layer: int, backend: str,
                          compute_dtype: torch.dtype) -> torch.Tensor:
     """``dW [Cout, Q]`` fp32 from ``grad_y [B, Cout, Nout]`` and ``x [B, Cin, Nin]``."""
-    g = _cast(grad_y, compute_dtype)
-    meta, ops = _ops(layer, backend, g, True)
-    return ops.grad_weight(meta, g, _cast(x, compute_dtype)).float().contiguous()
+    return _adjoint("grad_weight", grad_y, x, layer, backend, compute_dtype)
 
 
-@knn_conv_grad_weight.register_fake
-def _knn_conv_grad_weight_fake(grad_y, x, layer, backend, compute_dtype):
-    meta = layer_meta(layer)
-    return grad_y.new_empty((meta.cout, meta.q), dtype=torch.float32)
+knn_conv_grad_input.register_fake(lambda grad_y, weight, layer, backend, compute_dtype: _grad_like(grad_y, layer, "dx"))
+knn_conv_grad_weight.register_fake(lambda grad_y, x, layer, backend, compute_dtype: _grad_like(grad_y, layer, "dW"))
 
 
 @torch.library.custom_op("fovi_lab::knn_conv_backward", mutates_args=())
@@ -133,9 +136,7 @@ def knn_conv_backward(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tenso
 
 @knn_conv_backward.register_fake
 def _knn_conv_backward_fake(grad_y, x, weight, layer, backend, compute_dtype):
-    meta = layer_meta(layer)
-    return (grad_y.new_empty((grad_y.shape[0], meta.cin, meta.nin), dtype=torch.float32),
-            grad_y.new_empty((meta.cout, meta.q), dtype=torch.float32))
+    return _grad_like(grad_y, layer, "dx"), _grad_like(grad_y, layer, "dW")
 
 
 def _setup_context(ctx, inputs, output):
