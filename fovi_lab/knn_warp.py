@@ -6,8 +6,8 @@ gradients are explicit adjoint kernels, registered with the :mod:`fovi_lab.ops.r
 as ``warp_train``. ``warp_compact`` is the forward-only ops object (its gradients raise and point to
 ``warp_train``).
 
-Importing this module registers both ops objects. All Warp ops compute in fp16 (``compute_dtypes``)
-and reject other dtypes with an error naming the argument.
+Importing this module registers both ops objects. ``warp_train`` computes in fp16, ``warp_compact`` in fp16 or
+bf16 (the tensor-core kernels; ``compute_dtypes``); other dtypes are refused with an error naming the argument.
 """
 
 from __future__ import annotations
@@ -60,10 +60,11 @@ def _forward(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, bias) ->
 
 
 class WarpCompactOps:
-    """Forward-only ops object (registry name ``warp_compact``): the uncached Warp forward."""
+    """Forward-only ops object (registry name ``warp_compact``): the uncached Warp forward, in fp16 or, on the
+    tensor-core kernels, in bf16."""
 
     name = "warp_compact"
-    compute_dtypes = (torch.float16,)
+    compute_dtypes = (torch.float16, torch.bfloat16)
     forward = staticmethod(_forward)
 
     @staticmethod
@@ -117,7 +118,13 @@ class WarpTrainOps:
 
     name = "warp_train"
     compute_dtypes = (torch.float16,)
-    forward = staticmethod(_forward)
+
+    @staticmethod
+    def forward(meta, x, weight, bias):
+        if isinstance(x, torch.Tensor) and x.dtype != torch.float16:
+            raise TypeError(f"x: warp_train computes in torch.float16 (its adjoint kernels have no bf16 form yet), "
+                            f"got {x.dtype}; bf16 inference runs on warp_compact, bf16 training on torch_compact")
+        return _forward(meta, x, weight, bias)
 
     @staticmethod
     def grad_input(meta, grad_y, weight):

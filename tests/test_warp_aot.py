@@ -6,7 +6,7 @@ CTA's resources (the runtime NaN canary checks that per device).
 
 Every config is built for sm_90 (the GPU this project runs on); for sm_80 and sm_89, the first config of each
 family and block size, and for the tensor-core ``mma`` kernels (inline PTX ``mma.sync``, sm_80+) one config
-per distinct load code (``_MMA_REPRESENTATIVES``): ~3-8 s of NVRTC each at -O1.
+per distinct load code (``_MMA_REPRESENTATIVES``, each also as its bf16 kernel): ~3-8 s of NVRTC each at -O1.
 
 CI time (2 cores, measured): the scalar-GEMM path (``enable_mathdx_gemm=False``) takes ~2.5 s per kernel
 at -O3, so the forward kernels are grouped into one module per block_dim (one NVRTC run each), built
@@ -93,6 +93,9 @@ def _forward_kernels_by_block_dim(module_prefix: str, every_config: bool = True)
                 ku = cfg.tile_k // 16
                 make_mma_kernel(mt, nt, cfg.block_dim, split=split, w_native=w_native, x_t=x_t, k_steps=ku,
                                 stage=F.mma_staged(cfg.family))
+                if name in _MMA_REPRESENTATIVES:              # the bf16 kernels: same code but the MMA's type
+                    make_mma_kernel(mt, nt, cfg.block_dim, split=split, w_native=w_native, x_t=x_t, k_steps=ku,
+                                    stage=F.mma_staged(cfg.family), bf16=True)
                 if not split:                                 # the split ones share their unsplit ceiling
                     make_mma_kernel(mt, nt, cfg.block_dim, dense=True, w_native=w_native, x_t=x_t, k_steps=ku)
                 continue

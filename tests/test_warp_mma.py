@@ -208,3 +208,56 @@ def test_mma_layout_dense_ceilings_compute_the_dense_gemm(config):
     # the staged store shares its loop's ceiling (the dense kernel writes [Nout, B, Cout], no store to stage)
     assert F.dense_kind(F.config_spec("mmato_o64b32")) == F.dense_kind(F.config_spec("mmat_o64b32"))
     assert F.dense_kind(F.config_spec("mmao_o96b16")) == F.dense_kind(F.config_spec("mma_o96b16"))
+
+
+# ---- bf16: the same kernels with bf16 operands (mma.sync ... .bf16.bf16 on a GPU; the C++ branch here)
+
+_BF16_CONFIGS = ("mma_o32b8", "mma_o64b16", "mma_o96b16k32", "mmas_o32b8", "mmasw_o32b8", "mmat_o64b32",
+                 "mmat_o64b16k64b32", "mmao_o96b16", "mmato_o64b16k64", "mmaw_o64b16", None)
+
+
+def _bf16_case(shape, b, seed=5):
+    from fovi_lab.graph.layers import synthetic_meta
+    meta = synthetic_meta(shape)
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(b, meta.cin, meta.nin, generator=gen).bfloat16()
+    w = (torch.randn(meta.cout, meta.q, generator=gen) / math.sqrt(meta.cin * meta.k)).bfloat16()
+    bias = torch.randn(meta.cout, generator=gen)
+    return meta, x, w, bias
+
+
+@pytest.mark.parametrize("config", _BF16_CONFIGS, ids=lambda c: c or "rule")
+@pytest.mark.parametrize("shape, b", (("MAIN", 17), ("ODD", 1), ("PAD_HEAVY", 9)))
+def test_bf16_mma_kernels_match_the_oracle(config, shape, b):
+    """Every entry of the NaN-prefilled bf16 output is written and within one bf16 rounding (2^-8 relative)
+    of the fp32 oracle on the same bf16 inputs; the rule (config None) picks an mma config for bf16."""
+    meta, x, w, bias = _bf16_case(shape, b)
+    plan = F.prepare_uncached(x, w, bias, meta.input_linear, meta.weight_linear, config=config)
+    assert F.config_spec(plan.config).family in F.MMA_FAMILIES
+    plan.out.fill_(float("nan"))
+    plan.launch()
+    y = plan.finish()
+    assert y.dtype == torch.bfloat16 and y.shape == (b, meta.cout, meta.nout)
+    ref = oracle_forward(x.float(), w.float(), bias, meta.idx, meta.rf_index, meta.v)
+    assert torch.isfinite(y.float()).all(), "an output entry the kernel did not write"
+    err = (y.float() - ref).abs()
+    assert (err <= 2 ** -8 * ref.abs() + 1e-3).all(), float(err.max())
+
+
+def test_bf16_is_refused_where_no_bf16_kernel_exists():
+    meta, x, w, bias = _bf16_case("ODD", 3)
+    with pytest.raises(ValueError, match="config: 'm16n32' has no bf16 kernel"):
+        F.run_uncached(x, w, bias, meta.input_linear, meta.weight_linear, config="m16n32")
+    with pytest.raises(TypeError, match="weight: expected dtype torch.bfloat16"):
+        F.run_uncached(x, w.half(), bias, meta.input_linear, meta.weight_linear)
+    with pytest.raises(TypeError, match="x: expected dtype torch.float16 or torch.bfloat16, got torch.float32"):
+        F.run_uncached(x.float(), w.float(), bias, meta.input_linear, meta.weight_linear)
+    with pytest.raises(TypeError, match="x: expected dtype torch.float16, got torch.bfloat16"):
+        F.run_cached(x, torch.zeros(meta.nout, meta.p64, 64, dtype=torch.float16), None, meta.input_linear)
+
+
+def test_the_bf16_and_fp16_kernels_of_a_config_are_validated_apart():
+    from fovi_lab.kernels.forward.build import get_uncached_config
+    a, b = get_uncached_config("mma_o32b8", "cpu"), get_uncached_config("mma_o32b8", "cpu", bf16=True)
+    assert a is not None and b is not None and a.kernel is not b.kernel
+    assert (a.kernel.fovi_dtype, b.kernel.fovi_dtype) == ("float16", "bfloat16")

@@ -18,7 +18,7 @@ from fovi_lab.graph.meta import pad_to
 from fovi_lab.kernels.common import check_tensor, warp_device
 from fovi_lab.kernels.forward.configs import FwdConfig, _CACHED_CONFIG_SPECS, MMA_FAMILIES, config_spec
 from fovi_lab.kernels.forward.build import VALIDATED, build_kernel, get_uncached_config, require_config
-from fovi_lab.kernels.forward.rules import _FALLBACK_CHAIN, select_config
+from fovi_lab.kernels.forward.rules import _FALLBACK_CHAIN, select_config, select_mma
 from fovi_lab.kernels.forward.plans import Plan, plan_cached, plan_dense, plan_uncached, store_mode
 from fovi_lab.kernels.forward.checks import analyse_tables, _check_bias, _check_table, _check_x, device_str
 
@@ -89,9 +89,10 @@ def prepare_uncached(x, weight, bias, input_linear, weight_linear, config=None, 
 
 def resolve_uncached(x, weight, bias, input_linear, weight_linear, config=None, store=None):
     """Validate a forward call and pick its kernel: ``(built, table info, store mode, Warp device)``."""
-    _check_x(x)
+    _check_x(x, (torch.float16, torch.bfloat16))
+    bf16 = x.dtype == torch.bfloat16
     b, cin, nin = x.shape
-    check_tensor("weight", weight, dtype=torch.float16, dim=2, device=x.device)
+    check_tensor("weight", weight, dtype=x.dtype, dim=2, device=x.device)
     cout, q = weight.shape
     if q % cin:
         raise ValueError(f"weight: expected shape [Cout, Q = Cin*V] with Q a multiple of Cin={cin}, "
@@ -105,7 +106,13 @@ def resolve_uncached(x, weight, bias, input_linear, weight_linear, config=None, 
     info = analyse_tables(input_linear, weight_linear, cin, nin, q)
     dev = warp_device(x)
     nout, p64 = input_linear.shape
-    if config is None:
+    if config is None and bf16:             # bf16: the tensor-core kernels alone (no fallback family has a bf16 kernel)
+        name = select_mma(b, cout, nout, p64, q)
+        built = get_uncached_config(name, dev, bf16=True)
+        if built is None:
+            raise RuntimeError(f"x: bf16 runs on the tensor-core (mma) kernels, and {name!r} cannot launch on {dev} "
+                               f"(they need sm_80 or newer); use fp16 or a PyTorch backend")
+    elif config is None:
         name = select_config(b, cout, nout, p64, in_channels=cin, node_major=info.nm is not None,
                                              q=q)
         built = get_uncached_config(name, dev)
@@ -121,7 +128,9 @@ def resolve_uncached(x, weight, bias, input_linear, weight_linear, config=None, 
     else:
         if not isinstance(config, str):
             raise TypeError(f"config: expected a config name or None, got {type(config).__name__}")
-        built = require_config(config, dev)
+        if bf16 and config_spec(config).family not in MMA_FAMILIES:
+            raise ValueError(f"config: {config!r} has no bf16 kernel; bf16 runs on the tensor-core (mma) configs")
+        built = require_config(config, dev, bf16=bf16)
         if built.config.family == "cached":
             raise ValueError(f"config: {config!r} is a cached-path config (use run_cached)")
         if built.config.family in ("nm", "nmp", "nms") and info.nm is None:
@@ -134,8 +143,8 @@ def run_uncached(x, weight, bias, input_linear, weight_linear, config=None, stor
     """Uncached fp16 forward: per-call weight gather (docs/operator.md §2.5 ``warp_compact``/``warp_train``).
 
     Args:
-        x: ``[B, Cin, Nin]`` fp16 (CPU or CUDA; any strides).
-        weight: ``[Cout, Q = Cin*V]`` fp16. bias: ``[Cout]`` float or None.
+        x: ``[B, Cin, Nin]`` fp16, or bf16 (the tensor-core configs only), CPU or CUDA, any strides.
+        weight: ``[Cout, Q = Cin*V]``, x's dtype. bias: ``[Cout]`` float or None.
         input_linear, weight_linear: ``[Nout, P64]`` int32 contiguous (docs/operator.md §2.1).
         config: a name from ``_UNCACHED_BATCH_CONFIG_SPECS`` to force a kernel (raises if it cannot
             launch on this device), or None for :func:`select_config`.
@@ -143,8 +152,8 @@ def run_uncached(x, weight, bias, input_linear, weight_linear, config=None, stor
             for outputs up to 4 MiB and staged above).
 
     Returns:
-        ``y [B, Cout, Nout]`` fp16, ``y[b,o,n] = bias[o] + sum_p xpad[b, il[n,p]] * W[o, wl[n,p]]``
-        (fp32 accumulation, bias added in fp32, one rounding to fp16).
+        ``y [B, Cout, Nout]`` in x's dtype, ``y[b,o,n] = bias[o] + sum_p xpad[b, il[n,p]] * W[o, wl[n,p]]``
+        (fp32 accumulation, bias added in fp32, one rounding to x's dtype).
     """
     plan = prepare_uncached(x, weight, bias, input_linear, weight_linear, config, store)
     plan.launch()

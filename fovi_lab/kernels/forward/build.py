@@ -35,12 +35,18 @@ VALIDATED = ValidatedCache("Warp forward config")
 _CPU_TILE_ARENA_BYTES = 256 * 1024
 
 
-def build_kernel(cfg: FwdConfig, mathdx: Optional[bool] = None, dense: bool = False):
-    """The Warp kernel of ``cfg`` (or of its dense ceiling), built once per (config, mathdx)."""
+def build_kernel(cfg: FwdConfig, mathdx: Optional[bool] = None, dense: bool = False, bf16: bool = False):
+    """The Warp kernel of ``cfg`` (or of its dense ceiling), built once per (config, mathdx, element type).
+
+    ``bf16``: the kernel for bf16 operands; only the tensor-core (mma) families have one (a ValueError says so
+    for any other config)."""
     if mathdx is None:
         mathdx = mathdx_default()
+    if bf16 and (cfg.family not in MMA_FAMILIES or dense):
+        raise ValueError(f"config: {cfg.name!r} ({cfg.family}{' dense ceiling' if dense else ''}) has no bf16 "
+                         f"kernel; bf16 runs on the tensor-core (mma) configs")
     pipelined = cfg.family in ("nmp", "gp")
-    key = (cfg.family, cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx, dense)
+    key = (cfg.family, cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx, dense, bool(bf16))
     if dense:     # configs of one dense kind share their ceiling kernel
         key = ("dense",) + dense_kind(cfg) + (mathdx,)
     with _build_lock:
@@ -51,7 +57,7 @@ def build_kernel(cfg: FwdConfig, mathdx: Optional[bool] = None, dense: bool = Fa
                 split, w_native, x_t = mma_flags(cfg.family)
                 k = make_mma_kernel(cfg.tile_n // 16, cfg.tile_m // 8, cfg.block_dim, split=split and not dense,
                                     dense=dense, w_native=w_native, x_t=x_t, k_steps=cfg.tile_k // 16,
-                                    stage=mma_staged(cfg.family) and not dense)
+                                    stage=mma_staged(cfg.family) and not dense, bf16=bf16)
             elif cfg.family in ("simt", "simtp", "simtw") or (dense and cfg.family in ("simts", "simtsw")):
                 k = make_simt_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, dense=dense,
                                       prefetch=cfg.family == "simtp", wvec=cfg.family == "simtw")
@@ -95,7 +101,8 @@ def _kernel_tile_bytes(kernel, block_dim: int, device: str) -> Optional[int]:
         return None
 
 
-def _canary_problem(family: str, tile_m: int, tile_n: int, tile_k: int, r: int, device: str):
+def _canary_problem(family: str, tile_m: int, tile_n: int, tile_k: int, r: int, device: str,
+                    dtype: torch.dtype = torch.float16):
     """A single-output-node problem that fills exactly one CTA: ``B = tile_m*r``, ``Cout = tile_n``."""
     from fovi_lab.graph.meta import build_meta
     g = torch.Generator().manual_seed(1234)
@@ -106,9 +113,9 @@ def _canary_problem(family: str, tile_m: int, tile_n: int, tile_k: int, r: int, 
     rf = torch.randint(0, v, (1, k), generator=g)
     meta = build_meta(idx, rf, cin=cin, cout=tile_n, v=v, nin=nin, device=device)
     b = tile_m * r
-    x = torch.randn(b, cin, nin, generator=g).to(device=device, dtype=torch.float16)
-    w = (0.5 * torch.randn(tile_n, cin * v, generator=g)).to(device=device, dtype=torch.float16)
-    bias = torch.randn(tile_n, generator=g).to(device=device, dtype=torch.float16)
+    x = torch.randn(b, cin, nin, generator=g).to(device=device, dtype=dtype)
+    w = (0.5 * torch.randn(tile_n, cin * v, generator=g)).to(device=device, dtype=dtype)
+    bias = torch.randn(tile_n, generator=g).to(device=device, dtype=dtype)
     return meta, x, w, bias
 
 
@@ -123,7 +130,8 @@ def canary(kernel, tile_m: int, tile_n: int, r: int, block_dim: int, device: str
         if need is not None and need > _CPU_TILE_ARENA_BYTES:
             return False, (f"its tiles need {need} bytes, over Warp's {_CPU_TILE_ARENA_BYTES}-byte CPU tile "
                            f"arena (such a launch aborts the process, so it is not attempted)")
-    meta, x, w, bias = _canary_problem(family, tile_m, tile_n, tile_k, r, device)
+    dtype = getattr(torch, getattr(kernel, "fovi_dtype", "float16"))
+    meta, x, w, bias = _canary_problem(family, tile_m, tile_n, tile_k, r, device, dtype)
     b = x.shape[0]
     cfg = FwdConfig("canary", family, tile_m, tile_n, tile_k, r, block_dim)
     if family == "cached":
@@ -142,7 +150,8 @@ def canary(kernel, tile_m: int, tile_n: int, r: int, block_dim: int, device: str
     y = plan.finish()
     ref = oracle_forward(x.float().cpu(), w.float().cpu(), bias.float().cpu(), meta.idx, meta.rf_index, meta.v)
     err = float((y.float().cpu() - ref).abs().max())
-    if not err <= 2e-2 * max(1.0, float(ref.abs().max())):
+    tol = 2e-2 if dtype == torch.float16 else 4e-2          # one rounding of y: 2^-11 (fp16) or 2^-8 (bf16) relative
+    if not err <= tol * max(1.0, float(ref.abs().max())):
         return False, f"launch ran but the canary output is wrong (max abs error {err:.3g})"
     return True, "ok"
 
@@ -166,12 +175,13 @@ class Built:
     kernel: object
 
 
-def get_config(name, device=None, mathdx: Optional[bool] = None) -> Optional[Built]:
+def get_config(name, device=None, mathdx: Optional[bool] = None, bf16: bool = False) -> Optional[Built]:
     """The :class:`Built` of a config on ``device`` (built once, canary-validated once per device), or None
     when it cannot launch there (:data:`VALIDATED` remembers why).
 
     ``name``: a registered config name, or a :class:`FwdConfig` of tiles nobody registered (the lab's
-    widgets build those through this same cache, keyed by the config itself).
+    widgets build those through this same cache, keyed by the config itself). ``bf16``: the config's bf16
+    kernel (mma families only), validated separately.
     """
     cfg = name if isinstance(name, FwdConfig) else config_spec(name)
     dev = device_str(device)
@@ -180,24 +190,29 @@ def get_config(name, device=None, mathdx: Optional[bool] = None) -> Optional[Bui
 
     def build():
         try:
-            kernel = build_kernel(cfg, mathdx)
+            kernel = build_kernel(cfg, mathdx, bf16=bf16)
+        except ValueError:
+            raise                      # a config with no such kernel: the caller's error, not the device's
         except Exception as exc:  # codegen / compile failure
             return None, f"build failed: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
         ok, why = canary(kernel, cfg.tile_m, cfg.tile_n, cfg.r, cfg.block_dim, dev)
         return (Built(cfg, kernel) if ok else None), why
 
-    return VALIDATED.get(cache_key(name, mathdx), dev, build)
+    return VALIDATED.get(cache_key(name, mathdx, bf16), dev, build)
 
 
-def cache_key(name, mathdx: Optional[bool]):
-    """The :data:`VALIDATED` key of a config name (or unregistered :class:`FwdConfig`) at a MathDx setting."""
+def cache_key(name, mathdx: Optional[bool], bf16: bool = False):
+    """The :data:`VALIDATED` key of a config name (or unregistered :class:`FwdConfig`) at a MathDx setting
+    (and ``" (bf16)"`` on the name of a bf16 kernel)."""
     if isinstance(name, FwdConfig):      # keyed by what the kernel is, and readable in the cache's warnings
         c = name
         name = f"{c.name} (unregistered {c.family} m{c.tile_m} n{c.tile_n} k{c.tile_k} r{c.r} b{c.block_dim})"
+    if bf16:
+        name = f"{name} (bf16)"
     return name if mathdx is None else (name, mathdx)
 
 
-def get_uncached_config(name: str, device=None) -> Optional[Built]:
+def get_uncached_config(name: str, device=None, bf16: bool = False) -> Optional[Built]:
     """Build (once) and canary-validate (once per device) an uncached config; None when unlaunchable.
 
     A config that fails is remembered as None and reported once with a ``RuntimeWarning`` saying why.
@@ -207,13 +222,13 @@ def get_uncached_config(name: str, device=None) -> Optional[Built]:
         config_spec(name)  # raises the unknown-config error
         raise ValueError(f"config: {name!r} is a cached-path config; run_uncached takes one of "
                          f"{', '.join(_UNCACHED_BATCH_CONFIG_SPECS)}")
-    return get_config(name, device)
+    return get_config(name, device, bf16=bf16)
 
 
-def require_config(name: str, device: str) -> Built:
-    built = get_uncached_config(name, device) if not name.startswith("c_") else get_config(name, device)
+def require_config(name: str, device: str, bf16: bool = False) -> Built:
+    built = get_uncached_config(name, device, bf16) if not name.startswith("c_") else get_config(name, device)
     if built is None:
-        why = VALIDATED.why(cache_key(name, mathdx_default()), device)
+        why = VALIDATED.why(cache_key(name, mathdx_default(), bf16), device)
         raise RuntimeError(f"config: forward config {name!r} cannot be launched on {device} ({why}); "
                            f"pick another config or leave config=None")
     return built

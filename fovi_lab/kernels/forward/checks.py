@@ -28,8 +28,10 @@ def device_str(device) -> str:
     return s
 
 
-def _check_x(x) -> None:
-    check_tensor("x", x, dtype=torch.float16)
+def _check_x(x, dtypes=(torch.float16,)) -> None:
+    if isinstance(x, torch.Tensor) and x.dtype not in dtypes:
+        raise TypeError(f"x: expected dtype {' or '.join(map(str, dtypes))}, got {x.dtype}")
+    check_tensor("x", x)
     if x.dim() != 3:
         raise ValueError(f"x: expected shape [B, Cin, Nin], got {tuple(x.shape)}")
     if x.shape[0] < 1 or x.shape[1] < 1 or x.shape[2] < 1:

@@ -53,6 +53,10 @@ the tile / SIMT rule instead.
 
 ``dense=True`` builds the same loop, with the same operand layouts, over dense operands (no index loads,
 output ``[Nout, B, Cout]``): the ceiling of these register blocks without the gathers.
+
+``bf16=True`` builds every kernel for bf16 x, W and y: bf16 fills the fragments with 16-bit elements in the same
+layout as fp16, so only the MMA's operand type (``.bf16.bf16``), the CPU branch's conversions and the final
+rounding change. They are the forward's only bf16 kernels (the tile and SIMT families have none).
 """
 
 # (no "from __future__ import annotations": Warp needs the stubs' annotations as objects)
@@ -112,7 +116,13 @@ def _x_pair_loads(nt: int, u: int, j: int) -> str:
     return f"            {{ const {vt} va = {ld(ra)}; const {vt} vb = {ld(rb)}; {body} }}"
 
 
-def mma_snippet(mt: int, nt: int, dense: bool, w_native: bool = False, x_t: bool = False, ku: int = 1) -> str:
+#: (PTX operand type, C++ element type, C++ element -> float) of the fp16 and the bf16 kernels: both fill the
+#: m16n8k16 fragments with 16-bit elements in the same layout, so only the MMA's type and the CPU branch differ.
+_ELEM = {False: ("f16", "wp::float16", "wp::half_to_float"), True: ("bf16", "wp::bfloat16", "wp::bfloat16_to_float")}
+
+
+def mma_snippet(mt: int, nt: int, dense: bool, w_native: bool = False, x_t: bool = False, ku: int = 1,
+                bf16: bool = False) -> str:
     """The native body: ``acc`` over p in ``[p_lo, p_hi)`` for one lane, returned as a vector of
     ``4*MT*NT`` floats (index ``(mi*NT + nj)*4 + e``).
 
@@ -125,8 +135,9 @@ def mma_snippet(mt: int, nt: int, dense: bool, w_native: bool = False, x_t: bool
 
     ``ku`` k-steps of 16 p entries make one loop iteration: all their operand loads are issued before their
     ``ku*MT*NT`` MMAs, so a warp has ``ku`` steps' loads in flight per memory round trip (``p_lo`` and ``p_hi``
-    are multiples of ``16*ku``)."""
+    are multiples of ``16*ku``). ``bf16``: x and W are bf16 (the same fragments; the MMA reads them as bf16)."""
     acc, ks = 4 * mt * nt, 16 * ku
+    ptx_t, elem, to_float = _ELEM[bool(bf16)]
     if dense:       # dense ceiling: p entry k reads x column k and W^T row k
         gpu_idx = f"""
         int rk[{ku}][4], qk[{ku}][4];
@@ -180,21 +191,21 @@ def mma_snippet(mt: int, nt: int, dense: bool, w_native: bool = False, x_t: bool
             for (int mi = 0; mi < {mt}; ++mi)
                 wf[u][kk][mi] = (unsigned int)__ldg(wrow[mi][0] + qk[u][kk])
                               | ((unsigned int)__ldg(wrow[mi][1] + qk[u][kk]) << 16);"""
-        cpu_w = """const int chc = ch < cmax ? ch : cmax;
-                        const float wv = wp::half_to_float(((const wp::float16*)(wb + (size_t)chc * ws))[q]);"""
+        cpu_w = f"""const int chc = ch < cmax ? ch : cmax;
+                        const float wv = {to_float}(((const {elem}*)(wb + (size_t)chc * ws))[q]);"""
         cpu_w_setup = "const int cmax = wt.shape[0] - 1;"
     else:
         w_setup = f"\n    const size_t wcol = (size_t)(o0 + g * {2 * mt}) * 2;"
         w_load = f"""            const char* wr = wb + (size_t)qk[u][kk] * ws + wcol;
 {_w_loads(mt)}"""
-        cpu_w = "const float wv = wp::half_to_float(((const wp::float16*)(wb + (size_t)q * ws))[ch]);"
+        cpu_w = f"const float wv = {to_float}(((const {elem}*)(wb + (size_t)q * ws))[ch]);"
         cpu_w_setup = ""
     if x_t:
         x_setup = f"\n    const size_t xcol = (size_t)(b0 + g * {nt}) * 2;"
         x_load = "\n".join("        " + _x_pair_loads(nt, "u", j).strip() for j in (0, 1))
         ncols = "x.shape[0]"
         cpu_x = f"""const int b = b0 + (2 * t + (e & 1)) * {nt} + nj;
-                        const float xv = r < ncols ? wp::half_to_float(((const wp::float16*)(xb0 + (size_t)r * xs))[b]) : 0.0f;"""
+                        const float xv = r < ncols ? {to_float}(((const {elem}*)(xb0 + (size_t)r * xs))[b]) : 0.0f;"""
     else:
         x_setup = f"""
     const unsigned short* xr[{nt}];
@@ -212,9 +223,9 @@ def mma_snippet(mt: int, nt: int, dense: bool, w_native: bool = False, x_t: bool
                              | ((rb < ncols ? (unsigned int)__ldg(xr[nj] + rb) : 0u) << 16);
             }}"""
         ncols = "x.shape[1]"
-        cpu_x = """int b = b0 + nj * 8 + 2 * t + (e & 1);
+        cpu_x = f"""int b = b0 + nj * 8 + 2 * t + (e & 1);
                         b = b < bmax ? b : bmax;
-                        const float xv = r < ncols ? wp::half_to_float(((const wp::float16*)(xb0 + (size_t)b * xs))[r]) : 0.0f;"""
+                        const float xv = r < ncols ? {to_float}(((const {elem}*)(xb0 + (size_t)b * xs))[r]) : 0.0f;"""
     return f"""
     const int g = lane >> 2;
     const int t = lane & 3;
@@ -253,7 +264,7 @@ def mma_snippet(mt: int, nt: int, dense: bool, w_native: bool = False, x_t: bool
                 for (int nj = 0; nj < {nt}; ++nj) {{
                     float* c = d + (mi * {nt} + nj) * 4;
                     asm volatile(
-                        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                        "mma.sync.aligned.m16n8k16.row.col.f32.{ptx_t}.{ptx_t}.f32 "
                         "{{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, {{%0,%1,%2,%3}};\\n"
                         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(xf[u][nj][0]), "r"(xf[u][nj][1]));
@@ -296,14 +307,20 @@ def _native(key: Tuple, build):
         return fn
 
 
-def _mma_steps(mt: int, nt: int, dense: bool = False, w_native: bool = False, x_t: bool = False, ku: int = 1):
-    """The native function running one lane's p loop (built once per block shape, operand layouts and k-steps
-    per iteration)."""
-    return _native(("steps", mt, nt, dense, w_native, x_t, ku), lambda vec_acc: _build_steps(
-        vec_acc, mma_snippet(mt, nt, dense, w_native, x_t, ku), dense))
+def _elem(bf16: bool):
+    """The Warp element type of the operands (and of y) of the fp16 or the bf16 kernels."""
+    return wp.bfloat16 if bf16 else wp.float16
 
 
-def _build_steps(vec_acc, src: str, dense: bool):
+def _mma_steps(mt: int, nt: int, dense: bool = False, w_native: bool = False, x_t: bool = False, ku: int = 1,
+               bf16: bool = False):
+    """The native function running one lane's p loop (built once per block shape, operand layouts, k-steps
+    per iteration and element type)."""
+    return _native(("steps", mt, nt, dense, w_native, x_t, ku, bf16), lambda vec_acc: _build_steps(
+        vec_acc, mma_snippet(mt, nt, dense, w_native, x_t, ku, bf16), dense, _elem(bf16)))
+
+
+def _build_steps(vec_acc, src: str, dense: bool, et):
     """The p-loop native function of a generated snippet (dense: the ceiling's, without the tables)."""
     # (Warp recognises a native function by its literal ``@wp.func_native(...)`` decorator; the return
     # annotation resolves through this frame's locals)
@@ -312,17 +329,17 @@ def _build_steps(vec_acc, src: str, dense: bool):
             "const int* wlr", "// const int* wlr")
 
         @wp.func_native(src)
-        def steps(x: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16), lane: int, b0: int,
+        def steps(x: wp.array2d(dtype=et), wt: wp.array2d(dtype=et), lane: int, b0: int,
                   o0: int, p_lo: int, p_hi: int) -> vec_acc: ...
     else:
         @wp.func_native(src)
-        def steps(x: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16),
+        def steps(x: wp.array2d(dtype=et), wt: wp.array2d(dtype=et),
                   il: wp.array2d(dtype=wp.int32), wl: wp.array2d(dtype=wp.int32), n: int, lane: int,
                   b0: int, o0: int, p_lo: int, p_hi: int) -> vec_acc: ...
     return steps
 
 
-def store_snippet(mt: int, nt: int, x_t: bool, nb: int) -> str:
+def store_snippet(mt: int, nt: int, x_t: bool, nb: int, bf16: bool = False) -> str:
     """The staged store of an unsplit block (``stage=True``): ``y [B, Cout, Nout]`` is contiguous only along the
     nodes, and one warp owns one node, so a lane's own stores hit a different 32-byte sector each (32 sectors per
     store instruction; Nsight Compute on the H200: 31M store sectors for 63 MB of output on resnet's stem at
@@ -331,8 +348,10 @@ def store_snippet(mt: int, nt: int, x_t: bool, nb: int) -> str:
     accumulators (bias added in fp32, one rounding) into a shared tile ``[nb][channel][row]``, and the block
     writes it out with the nodes fastest: runs of ``nb`` adjacent outputs, 4-8x fewer sectors.
 
-    On Warp's CPU device (no shared memory across a block's threads there) each lane stores its own elements."""
+    On Warp's CPU device (no shared memory across a block's threads there) each lane stores its own elements.
+    ``bf16``: y is bf16 (the same 16-bit tile)."""
     oc, br = 16 * mt, 8 * nt
+    to_bits = "wp::float_to_bfloat16" if bf16 else "wp::float_to_half"
     rs = br + 2                      # tile row stride (halves): +2 spreads a lane group's rows over the banks
     bs, ns = (nt, 1) if x_t else (1, 8)
     return f"""{_store_header((0, 1, 2))}
@@ -345,7 +364,7 @@ def store_snippet(mt: int, nt: int, x_t: bool, nb: int) -> str:
             for (int e = 0; e < 4; ++e) {{
                 const int ch = g * {2 * mt} + 2 * mi + (e >> 1);
                 const int b = (2 * t + (e & 1)) * {bs} + nj * {ns};
-                tile[(nl * {oc} + ch) * {rs} + b] = wp::float_to_half(acc[(mi * {nt} + nj) * 4 + e] + bias[o0 + ch]).u;
+                tile[(nl * {oc} + ch) * {rs} + b] = {to_bits}(acc[(mi * {nt} + nj) * 4 + e] + bias[o0 + ch]).u;
             }}
     __syncthreads();
     for (int i = threadIdx.x; i < {nb * oc * br}; i += blockDim.x) {{   // nodes fastest: runs of {nb} outputs
@@ -357,7 +376,7 @@ def store_snippet(mt: int, nt: int, x_t: bool, nb: int) -> str:
     }}
     __syncthreads();                                   // the tile is reused by the block's next grid-stride step
 #else
-{_direct_loop(mt, nt, x_t, False)}
+{_direct_loop(mt, nt, x_t, False, bf16)}
 #endif
 """
 
@@ -374,13 +393,14 @@ def _store_header(dims: Tuple[int, int, int]) -> str:
     const size_t sb = (size_t)y.strides[{bd}], sc = (size_t)y.strides[{cd}], sn = (size_t)y.strides[{nd}];"""
 
 
-def _direct_loop(mt: int, nt: int, x_t: bool, fp32: bool) -> str:
+def _direct_loop(mt: int, nt: int, x_t: bool, fp32: bool, bf16: bool = False) -> str:
     """Each lane stores its own ``4*mt*nt`` accumulators, guarded by the output's extents: element ``e`` of
     fragment ``(mi, nj)`` is channel ``o0 + 2*mt*g + 2*mi + e/2`` and batch row ``b0 + (2t + e%2)*bs + nj*ns``
     (``bs, ns = nt, 1`` for x^T's adjacent rows, ``1, 8`` otherwise). fp16 outputs get the bias added in fp32 and
-    one rounding; fp32 partials (the split p loop) are stored as they are."""
+    one rounding (to bf16 where ``bf16``); fp32 partials (the split p loop) are stored as they are."""
     bs, ns = (nt, 1) if x_t else (1, 8)
-    value = "acc[k]" if fp32 else "wp::float_to_half(acc[k] + bias[cc])"
+    et, to = ("wp::bfloat16", "wp::float_to_bfloat16") if bf16 else ("wp::half", "wp::float_to_half")
+    value = "acc[k]" if fp32 else f"{to}(acc[k] + bias[cc])"
     return f"""    for (int mi = 0; mi < {mt}; ++mi)
         for (int nj = 0; nj < {nt}; ++nj)
             for (int e = 0; e < 4; ++e) {{
@@ -388,7 +408,7 @@ def _direct_loop(mt: int, nt: int, x_t: bool, fp32: bool) -> str:
                 const int cc = o0 + g * {2 * mt} + 2 * mi + (e >> 1);
                 const int bb = b0 + (2 * t + (e & 1)) * {bs} + nj * {ns};
                 if (n < nn && bb < nbat && cc < nc)
-                    *({'float' if fp32 else 'wp::half'}*)(yb + bb * sb + cc * sc + n * sn) = {value};
+                    *({'float' if fp32 else et}*)(yb + bb * sb + cc * sc + n * sn) = {value};
             }}"""
 
 
@@ -410,18 +430,19 @@ def _mma_partial_store(mt: int, nt: int, x_t: bool):
     return _native(("partial", mt, nt, x_t), build)
 
 
-def mma_direct_store(mt: int, nt: int, x_t: bool, nodes_first: bool = False):
+def mma_direct_store(mt: int, nt: int, x_t: bool, nodes_first: bool = False, bf16: bool = False):
     """The store of the unstaged, unsplit blocks as an inlined Warp function (built once per block shape and
     layout): each lane writes its own ``4*mt*nt`` accumulators, the bias added in fp32 and one rounding to fp16,
     guarded by y's shape. Element ``e`` of fragment ``(mi, nj)`` is channel ``o0 + 2*mt*g + 2*mi + e/2`` (the
     fragment's row permutation undone) and batch row ``b0 + (2t + e%2)*BS + nj*NS`` (``BS, NS = nt, 1`` for
     x^T's adjacent rows, ``1, 8`` for x in place); ``y`` is the op's ``[B, Cout, Nout]``, or ``[Nout, B, Cout]``
-    (``nodes_first``: the dense ceiling's)."""
-    MT, NT, NF = int(mt), int(nt), bool(nodes_first)
+    (``nodes_first``: the dense ceiling's); ``bf16``: y is bf16."""
+    MT, NT, NF, BF = int(mt), int(nt), bool(nodes_first), bool(bf16)
+    et = _elem(BF)
     BS, NS = (NT, 1) if x_t else (1, 8)
 
     def build(vec_acc):
-        def store(y: wp.array3d(dtype=wp.float16), bias: wp.array1d(dtype=wp.float32), acc: None, b0: int, o0: int,
+        def store(y: wp.array3d(dtype=et), bias: wp.array1d(dtype=wp.float32), acc: None, b0: int, o0: int,
                   n: int, lane: int):
             g = lane // 4
             t2 = (lane % 4) * 2
@@ -432,25 +453,27 @@ def mma_direct_store(mt: int, nt: int, x_t: bool, nodes_first: bool = False):
                         b = b0 + (t2 + e % 2) * BS + nj * NS
                         if wp.static(NF):
                             if b < y.shape[1] and ch < y.shape[2]:
-                                y[n, b, ch] = wp.float16(acc[(mi * NT + nj) * 4 + e] + bias[ch])
+                                y[n, b, ch] = et(acc[(mi * NT + nj) * 4 + e] + bias[ch])
                         else:
                             if b < y.shape[0] and ch < y.shape[1]:
-                                y[b, ch, n] = wp.float16(acc[(mi * NT + nj) * 4 + e] + bias[ch])
+                                y[b, ch, n] = et(acc[(mi * NT + nj) * 4 + e] + bias[ch])
 
         store.__annotations__["acc"] = vec_acc      # an object: Warp evaluates only string annotations
-        return wp.func(name=f"fovi_mma_store_m{MT}n{NT}{'t' if x_t else ''}{'_nbo' if NF else ''}",
+        return wp.func(name=f"fovi_mma_store_m{MT}n{NT}{'t' if x_t else ''}{'_nbo' if NF else ''}{'_bf16' if BF else ''}",
                        inline=True)(store)
-    return _native(("direct", MT, NT, bool(x_t), NF), build)
+    return _native(("direct", MT, NT, bool(x_t), NF, BF), build)
 
 
-def _mma_store(mt: int, nt: int, x_t: bool, nb: int):
-    """The native staged store of a block shape, layout and node count per block (built once)."""
+def _mma_store(mt: int, nt: int, x_t: bool, nb: int, bf16: bool = False):
+    """The native staged store of a block shape, layout, node count per block and element type (built once)."""
+    et = _elem(bf16)
+
     def build(vec_acc):
-        @wp.func_native(store_snippet(mt, nt, x_t, nb))
-        def store(y: wp.array3d(dtype=wp.float16), bias: wp.array1d(dtype=wp.float32), acc: vec_acc, b0: int,
+        @wp.func_native(store_snippet(mt, nt, x_t, nb, bf16))
+        def store(y: wp.array3d(dtype=et), bias: wp.array1d(dtype=wp.float32), acc: vec_acc, b0: int,
                   o0: int, n: int, lane: int): ...
         return store
-    return _native(("store", mt, nt, x_t, nb), build)
+    return _native(("store", mt, nt, x_t, nb, bool(bf16)), build)
 
 
 def _decorator(name: str, block_dim: int):
@@ -461,7 +484,8 @@ def _decorator(name: str, block_dim: int):
 
 
 def make_mma_kernel(m_tiles: int, n_tiles: int, block_dim: int = 128, split: bool = False, dense: bool = False,
-                    w_native: bool = False, x_t: bool = False, k_steps: int = 1, stage: bool = False):
+                    w_native: bool = False, x_t: bool = False, k_steps: int = 1, stage: bool = False,
+                    bf16: bool = False):
     """The ``mma`` kernel with ``m_tiles`` 16-channel tiles and ``n_tiles`` 8-row batch tiles per warp, walking
     the p loop ``k_steps`` k-steps (``16*k_steps`` p entries) per iteration.
 
@@ -492,6 +516,9 @@ def make_mma_kernel(m_tiles: int, n_tiles: int, block_dim: int = 128, split: boo
     ``k_steps`` > 1 issues the loads of that many k-steps before their MMAs: twice (four times) the loads in
     flight per warp for 2x (4x) the operand registers. ``p_len`` and ``p_chunk`` (and ``kd``) must then be
     multiples of ``16*k_steps``; the tables' P64 columns always hold ``p_len`` rounded up to 64.
+
+    ``bf16=True``: x, W (and y) are bf16 instead of fp16 (``mma.sync ... .bf16.bf16``, fp32 accumulation, the bias
+    added in fp32, one rounding to bf16); the kernel's name ends in ``_bf16``.
     """
     init_warp()
     MT, NT = int(m_tiles), int(n_tiles)
@@ -506,21 +533,24 @@ def make_mma_kernel(m_tiles: int, n_tiles: int, block_dim: int = 128, split: boo
     WN, XT, ST = bool(w_native), bool(x_t), bool(stage) and not dense and not split
     if stage and (split or dense):
         raise ValueError("mma kernel: the staged store is for unsplit, gathered kernels")
-    steps = _mma_steps(MT, NT, dense, WN, XT, KU)
+    BF = bool(bf16)
+    et = _elem(BF)
+    steps = _mma_steps(MT, NT, dense, WN, XT, KU, BF)
     OC, BR = 16 * MT, 8 * NT
     fam = "mma" + ("s" if split else "") + ("w" if WN else "") + ("t" if XT else "") + ("o" if ST else "")
-    kname = f"fovi_fwd_{fam}{'_dense' if dense else ''}_m{MT}n{NT}{f'k{16 * KU}' if KU > 1 else ''}b{block_dim}"
+    kname = (f"fovi_fwd_{fam}{'_dense' if dense else ''}_m{MT}n{NT}{f'k{16 * KU}' if KU > 1 else ''}b{block_dim}"
+             f"{'_bf16' if BF else ''}")
 
     if ST:
-        store = _mma_store(MT, NT, XT, int(block_dim) // 32)
+        store = _mma_store(MT, NT, XT, int(block_dim) // 32, BF)
     elif split:                             # fp32 partials [S*Nout, B, Cout]
         store = _mma_partial_store(MT, NT, XT)
     else:                                   # the dense ceiling writes [Nout, B, Cout]; the op's y is [B, Cout, Nout]
-        store = mma_direct_store(MT, NT, XT, nodes_first=dense)
+        store = mma_direct_store(MT, NT, XT, nodes_first=dense, bf16=BF)
     if dense:
         @_decorator(kname, block_dim)
-        def kernel(xd: wp.array2d(dtype=wp.float16), wd: wp.array2d(dtype=wp.float16),
-                   bias: wp.array1d(dtype=wp.float32), y: wp.array3d(dtype=wp.float16), kd: int, n_og: int):
+        def kernel(xd: wp.array2d(dtype=et), wd: wp.array2d(dtype=et),
+                   bias: wp.array1d(dtype=wp.float32), y: wp.array3d(dtype=et), kd: int, n_og: int):
             n, bg, tl = wp.tid()
             lane = tl % 32
             b0 = bg * BR
@@ -529,7 +559,7 @@ def make_mma_kernel(m_tiles: int, n_tiles: int, block_dim: int = 128, split: boo
             store(y, bias, acc, b0, o0, n, lane)
     elif split:
         @_decorator(kname, block_dim)
-        def kernel(x: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16),
+        def kernel(x: wp.array2d(dtype=et), wt: wp.array2d(dtype=et),
                    il: wp.array2d(dtype=wp.int32), wl: wp.array2d(dtype=wp.int32),
                    part: wp.array3d(dtype=wp.float32), p_len: int, p_chunk: int, n_og: int, nout: int):
             ns, bg, tl = wp.tid()
@@ -542,9 +572,9 @@ def make_mma_kernel(m_tiles: int, n_tiles: int, block_dim: int = 128, split: boo
             store(part, acc, b0, o0, ns, lane)
     else:
         @_decorator(kname, block_dim)
-        def kernel(x: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16),
+        def kernel(x: wp.array2d(dtype=et), wt: wp.array2d(dtype=et),
                    il: wp.array2d(dtype=wp.int32), wl: wp.array2d(dtype=wp.int32),
-                   bias: wp.array1d(dtype=wp.float32), y: wp.array3d(dtype=wp.float16), p_len: int, n_og: int):
+                   bias: wp.array1d(dtype=wp.float32), y: wp.array3d(dtype=et), p_len: int, n_og: int):
             i, j, tl = wp.tid()
             lane = tl % 32
             if wp.static(ST):     # grid (batch block, channel block, node*32): a block's warps are consecutive nodes
@@ -562,4 +592,5 @@ def make_mma_kernel(m_tiles: int, n_tiles: int, block_dim: int = 128, split: boo
             store(y, bias, acc, b0, o0, n, lane)
 
     kernel.fovi_tiles = (fam + ("_dense" if dense else ""), BR, OC, MMA_K * KU, 1, int(block_dim))
+    kernel.fovi_dtype = "bfloat16" if BF else "float16"
     return kernel

@@ -313,10 +313,10 @@ class _SimtRunner:
         if x2.stride(1) != 1:                        # rows are read with unit stride
             x2 = x2.contiguous()
         if self.xt:                                  # x^T [Cin*Nin, Bx] (tail columns never stored)
-            xt = torch.empty(self.rows, self.bx, dtype=torch.float16, device=x.device)
+            xt = torch.empty(self.rows, self.bx, dtype=x.dtype, device=x.device)
             xt[:, :self.b].copy_(x2.t())
             x2 = xt
-        y = torch.empty(self.b, self.cout, self.nout, dtype=torch.float16, device=x.device)
+        y = torch.empty(self.b, self.cout, self.nout, dtype=x.dtype, device=x.device)
         if self.wnat:                                # W read in place
             wop = weight if weight.stride(1) == 1 else weight.contiguous()
             w_c = warp_ct(wop)
@@ -344,7 +344,9 @@ class _SimtRunner:
             self._main = _relaunch(self._main, self.kernel, self.dims, main_args, self.block_dim, self.dev, False,
                                    stream)
             if red_args is not None:
-                self._red = _relaunch(self._red, nms_reduce_kernel(), (self.nout, self.b, self.cout), red_args, 256,
+                red = nms_reduce_bf16_kernel() if getattr(self.kernel, "fovi_dtype", "") == "bfloat16" \
+                    else nms_reduce_kernel()
+                self._red = _relaunch(self._red, red, (self.nout, self.b, self.cout), red_args, 256,
                                       self.dev, False, stream)
 
 
@@ -397,20 +399,31 @@ class _NmRunner:
         return plan
 
 
+def _make_nms_reduce(et, name: str):
+    def reduce(part: wp.array3d(dtype=wp.float32), bias: wp.array1d(dtype=wp.float32),
+               out: wp.array3d(dtype=et), nsplit: int, nout: int):
+        n, b, o = wp.tid()
+        acc = part[n, b, o]
+        for s in range(1, nsplit):
+            acc += part[s * nout + n, b, o]
+        out[n, b, o] = et(acc + bias[o])
+    reduce.__annotations__["out"] = wp.array3d(dtype=et)      # an object: this module's annotations are strings
+    reduce.__name__ = name
+    return wp.kernel(enable_backward=False, module="unique")(reduce)
+
+
 @built_once
 def nms_reduce_kernel():
     """``out[n, b, o] = fp16(sum_{s < S} part[s*Nout + n, b, o] + bias[o])``, the sum in fp32 in split
     order: the nms partials' fixed-order reduction, bias and single rounding in one SIMT launch (o fastest:
     coalesced partial reads)."""
-    @wp.kernel(enable_backward=False, module="unique")
-    def fovi_nms_reduce(part: wp.array3d(dtype=wp.float32), bias: wp.array1d(dtype=wp.float32),
-                        out: wp.array3d(dtype=wp.float16), nsplit: int, nout: int):
-        n, b, o = wp.tid()
-        acc = part[n, b, o]
-        for s in range(1, nsplit):
-            acc += part[s * nout + n, b, o]
-        out[n, b, o] = wp.float16(acc + bias[o])
-    return fovi_nms_reduce
+    return _make_nms_reduce(wp.float16, "fovi_nms_reduce")
+
+
+@built_once
+def nms_reduce_bf16_kernel():
+    """:func:`nms_reduce_kernel` rounding to bf16 (the split bf16 mma kernels' reduction)."""
+    return _make_nms_reduce(wp.bfloat16, "fovi_nms_reduce_bf16")
 
 
 # Budget of the i2c family's im2col staging buffer (``FOVI_WARP_I2C_MIB``): nodes are gathered and
