@@ -21,7 +21,7 @@ import torch
 from fovi_lab.ops.registry import register_ops
 from fovi_lab.graph.meta import TrainingMeta, pad_to
 from fovi_lab.ops.reference import check_forward_args
-from fovi_lab.ops.tune_cache import tuned_forward_config
+from fovi_lab.ops.tune_cache import cache_path as tune_cache_path, tuned_forward_config
 from fovi_lab.kernels.adjoint import (grad_input_nm, grad_weight_nm, node_major,  # noqa: F401
                                       plan_grad_input_nm, plan_grad_weight_nm)
 from fovi_lab.kernels.adjoint import grad_input as staged_grad_input, grad_weight as staged_grad_weight
@@ -56,7 +56,19 @@ def _forward(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, bias) ->
     check_forward_args(meta, x, weight, bias)
     meta = meta.to(x.device)
     # the config tuned on this device for this problem (python -m fovi_lab tune), else the rule's
-    return run_uncached(x, weight, bias, meta.input_linear, meta.weight_linear, config=tuned_forward_config(meta, x))
+    config = tuned_forward_config(meta, x)
+    if config is not None and config not in _STALE_TUNED:
+        try:
+            return run_uncached(x, weight, bias, meta.input_linear, meta.weight_linear, config=config)
+        except (ValueError, RuntimeError) as exc:       # renamed, or no longer launchable, since the tune
+            _STALE_TUNED.add(config)
+            warnings.warn(f"the tuned forward config {config!r} of the tune cache {tune_cache_path()} does not run "
+                          f"here ({exc}); running the rule's pick (tune again, or delete the cache)",
+                          RuntimeWarning, stacklevel=3)
+    return run_uncached(x, weight, bias, meta.input_linear, meta.weight_linear)
+
+
+_STALE_TUNED: set = set()
 
 
 class WarpCompactOps:

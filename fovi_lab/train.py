@@ -228,6 +228,7 @@ def main(argv=None) -> int:
                     json.dump(res.as_dict(), f, indent=1)
     finally:
         if world > 1:
+            torch.distributed.barrier()          # no rank tears gloo down while another still talks
             torch.distributed.destroy_process_group()
     return 0
 

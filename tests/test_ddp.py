@@ -49,6 +49,7 @@ def _worker(rank, store, out, backend):
             torch.save({"grads": grads, "loss": [r.loss for r in runs], "world": [r.world_size for r in runs],
                         "params": params}, out)
     finally:
+        dist.barrier()          # no rank tears gloo down while another still talks
         dist.destroy_process_group()
 
 
@@ -87,6 +88,7 @@ def _tune_worker(rank, store, out):
         entries = tune([(synthetic_meta("ODD"), 4, "train-step")], "cpu", reps=1, log=None)
         torch.save({"entries": entries, "memory": dict(tune_cache.load())}, f"{out}.{rank}")
     finally:
+        dist.barrier()          # no rank tears gloo down while another still talks
         dist.destroy_process_group()
 
 

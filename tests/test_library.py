@@ -102,3 +102,61 @@ def test_layer_handles():
     gc.collect()
     with pytest.raises(ValueError, match=f"layer: no KNN layer is registered under handle {h}"):
         library.layer_meta(h)
+
+
+def test_a_copied_or_unpickled_layer_registers_its_own_tables():
+    """The handle is per process and per meta: a deepcopy (then the original dropped) and a pickle round trip
+    each register their meta anew, and compile to the same output as their own eager call."""
+    import copy
+    import io
+    m1 = _layer("ODD")
+    conv = KNNConv(m1.idx, m1.rf_index, nin=m1.nin, v=m1.v, cin=m1.cin, cout=m1.cout)
+    x = torch.randn(2, m1.cin, m1.nin)
+    clone = copy.deepcopy(conv)
+    buf = io.BytesIO()
+    torch.save(conv, buf)
+    del conv
+    gc.collect()
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    for layer in (clone, loaded):
+        assert library.layer_meta(layer._op_layer) is layer.meta
+        torch._dynamo.reset()
+        torch.testing.assert_close(torch.compile(layer, fullgraph=True, backend="aot_eager")(x), layer(x))
+    assert clone._op_layer != loaded._op_layer
+
+
+def test_the_compiled_graph_holds_the_custom_op_and_fp64_stays_fp64():
+    """What Dynamo traces is the op itself (no graph break, no inlined Python), and an fp64 layer's gradients
+    under compile are fp64 and equal eager's."""
+    seen = []
+
+    def inspect(gm, inputs):
+        seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    torch._dynamo.reset()
+    net, m1 = _net("torch_compact", torch.float64)
+    x = torch.randn(2, m1.cin, m1.nin, dtype=torch.float64, requires_grad=True)
+    eager = _step(net, x)
+    compiled = _step(torch.compile(net, fullgraph=True, backend=inspect), x)
+    assert sum("fovi_lab.knn_conv" in t for t in seen) == 2, seen
+    compiled_aot = _step(torch.compile(net, fullgraph=True, backend="aot_eager"), x)
+    for e, c, a in zip(eager, compiled, compiled_aot):
+        assert a.dtype == torch.float64
+        torch.testing.assert_close(c, e, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
+
+
+def test_the_fakes_check_shapes_and_an_unknown_backend_is_named():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    meta = _layer()
+    layer = library.register_layer(meta)
+    with FakeTensorMode():
+        x = torch.empty(2, meta.cin + 1, meta.nin)
+        w = torch.empty(meta.cout, meta.q)
+        with pytest.raises(Exception, match=r"x: expected shape \[B, Cin="):
+            OPS.knn_conv(x, w, None, layer, "torch_compact", torch.float32, False)
+    with pytest.raises(ValueError, match="backend: unknown backend 'no_such'"):
+        OPS.knn_conv(torch.randn(2, meta.cin, meta.nin), torch.randn(meta.cout, meta.q), None, layer, "no_such",
+                     torch.float32, False)

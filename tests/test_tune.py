@@ -19,7 +19,7 @@ def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("FOVI_TUNE_CACHE", str(path))
     tune_cache.reload()
     yield path
-    monkeypatch.delenv("FOVI_TUNE_CACHE")
+    monkeypatch.undo()                       # back to the session's empty cache (conftest), then forget this one
     tune_cache.reload()
 
 
@@ -44,14 +44,22 @@ def test_written_read_back_and_keyed(cache):
     assert tune_cache.tuned_choice(meta, x[:4], training=False) is None       # another batch
     assert select_backend("auto", meta, x, training=False) == "torch_binned"  # auto reads it first
     assert select_backend("auto", meta, x, training=True) == "torch_compact"  # no entry, no record on a CPU
+    # under autocast eager and compiled calls resolve with the compute dtype, not x's
+    assert select_backend("auto", meta, x.float(), training=False) == "torch_compact"
+    assert select_backend("auto", meta, x.float(), training=False, dtype=torch.float16) == "torch_binned"
 
 
 def test_a_version_change_misses(cache, monkeypatch):
     meta, x, _ = _problem()
     key = tune_cache.entry_key(tune_cache.setup_key(x.device), tune_cache.problem_key(meta, 5, torch.float16, "forward"))
     tune_cache.store({key: _entry("torch_binned")})
-    monkeypatch.setitem(tune_cache._SETUPS, str(x.device), "cpu/cpu/warp 9.9.9/torch 2.13.0+cpu")
+    assert tune_cache.tuned_choice(meta, x, training=False) == ("torch_binned", None)
+    monkeypatch.setenv("FOVI_WARP_MMA", "off")                               # a switch that changes the kernels
     assert tune_cache.tuned_choice(meta, x, training=False) is None
+    monkeypatch.delenv("FOVI_WARP_MMA")
+    monkeypatch.setattr(tune_cache, "_SETUPS", {})
+    monkeypatch.setattr(tune_cache, "_versions", lambda: "fovi-lab 9.9/warp 9.9.9/torch 2.13.0+cpu")
+    assert tune_cache.tuned_choice(meta, x, training=False) is None          # another release
 
 
 def test_the_warp_forward_runs_the_tuned_config(cache, monkeypatch):
@@ -86,12 +94,29 @@ def test_tune_refuses_bad_candidates_and_picks_a_timed_one(cache, monkeypatch):
     assert tune_cache.reload() == entries                                     # and written
 
 
+def test_a_tuned_config_that_no_longer_runs_warns_once_and_the_rule_runs(cache):
+    import fovi_lab.knn_warp as kw
+    meta, x, w = _problem(batch=6)
+    key = tune_cache.entry_key(tune_cache.setup_key(x.device), tune_cache.problem_key(meta, 6, torch.float16, "forward"))
+    tune_cache.store({key: _entry("warp_compact", "a_config_of_another_release")})
+    with pytest.warns(RuntimeWarning, match="tuned forward config 'a_config_of_another_release'.*rule's pick"):
+        y = kw.WarpCompactOps.forward(meta, x, w, None)
+    assert torch.equal(y, kw.run_uncached(x, w, None, meta.input_linear, meta.weight_linear))
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        kw.WarpCompactOps.forward(meta, x, w, None)                    # once: no second warning
+
+
 def test_a_malformed_cache_is_named(cache):
     cache.write_text("{not json")
     with pytest.raises(ValueError, match="tune cache .* is not JSON"):
         tune_cache.reload()
     cache.write_text(json.dumps({"format": 0, "entries": {}}))
     with pytest.raises(ValueError, match="not a format-1 cache"):
+        tune_cache.reload()
+    cache.write_text(json.dumps({"format": 1, "entries": {"k": {"config": None}}}))
+    with pytest.raises(ValueError, match="entry 'k' needs a 'backend' name"):
         tune_cache.reload()
     cache.unlink()
     assert tune_cache.reload() == {}

@@ -8,16 +8,19 @@ The candidates of a forward problem are the Warp forward with the config the rul
 (:func:`fovi_lab.kernels.forward.rules.select_config`), the Warp forward with the configs that ran fastest on
 that shape in the shipped sweeps (any device; at most ``--recorded`` of them), ``torch_compact`` and
 ``torch_binned``; of a train-step problem, ``warp_train``, ``torch_compact`` and ``torch_binned`` (forward and
-both gradients). Each candidate runs once and is checked against the fp32 oracle with the accuracy criterion of
-docs/operator.md §5 before it is timed (median of ``--reps`` calls, CUDA events on a GPU); one that fails or
-cannot launch is listed with why, never picked. The winner goes into the cache of
+both gradients). Each candidate runs once and is checked against the fp32 oracle before it is timed (median of
+``--reps`` calls, CUDA events on a GPU): every output within 3x the error of ``torch_compact`` on the same
+inputs plus 2e-3, the adjoints' criterion of docs/operator.md §5, here applied to y too. One that fails or cannot
+launch is listed with why, never picked. While it tunes, the Warp forward ignores earlier tuned configs (the
+rule's kernel is what a candidate times). The winner goes into the cache of
 :mod:`fovi_lab.ops.tune_cache` with every candidate's time and what the untuned ``auto`` would have run (``rule``),
 so each entry shows whether tuning changed anything.
 
-Under ``torch.distributed`` rank 0 tunes and broadcasts the entries; every rank keeps them and rank 0 writes the
-file, so the ranks of one job run the same kernels. When the cache file is first written on a device that the
-shipped records cover (an H200), the records' picks for that device are written with it (``"source": "records"``),
-so the file shows what ``auto`` runs before any tuning.
+Under ``torch.distributed`` (a process group the caller initialised; ``python -m fovi_lab tune`` does so under
+``torchrun``) rank 0 tunes and broadcasts the entries, or its error; every rank keeps them and rank 0 writes the
+file, so the ranks of one job run the same kernels. ``--show`` lists the cache and, on a device the shipped
+records cover (an H200), what ``auto`` runs there untuned (the records' picks; they are not copied into the cache,
+so a newer package's records are never shadowed by an old copy).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import math
+import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -37,7 +41,7 @@ from fovi_lab.ops.records import iter_records
 from fovi_lab.ops.reference import CompactTorchOps, oracle_forward
 from fovi_lab.ops.registry import OPS_REGISTRY, get_ops, load_optional_backends
 
-__all__ = ["candidates", "tune_problem", "tune", "seed_entries", "main"]
+__all__ = ["candidates", "tune_problem", "tune", "recorded_picks", "main"]
 
 Candidate = Tuple[str, Optional[str]]         # (backend, Warp forward config or None: the backend's own choice)
 _SHAPE_KEYS = ("cin", "cout", "nin", "nout", "k", "p64", "v")
@@ -146,16 +150,8 @@ def _label(c: Candidate) -> str:
     return c[0] if c[1] is None else f"{c[0]}:{c[1]}"
 
 
-def tune_problem(meta, batch: int, mode: str, device, dtype=torch.float16, reps: int = 20,
-                 recorded: int = 3) -> Tuple[str, dict]:
-    """(entry key, entry) of one problem: every candidate checked and timed on ``device``."""
-    device = torch.device(device)
-    meta = meta.to(device)
-    x, w, g = _inputs(meta, batch, dtype, device)
-    cands = candidates(meta, batch, mode, x, w, recorded)
-    rule_cfg = next((c for b, c in cands if b == "warp_compact"), None)
-    times: Dict[str, float] = {}
-    refused: Dict[str, str] = {}
+def _time_candidates(cands, meta, mode, x, w, g, device, reps, times: Dict[str, float], refused: Dict[str, str]):
+    """Check each candidate against the oracle, then time it: ``times[label]`` (ms) or ``refused[label]`` (why)."""
     for cand in cands:
         label = _label(cand)
         try:
@@ -167,6 +163,20 @@ def tune_problem(meta, batch: int, mode: str, device, dtype=torch.float16, reps:
             refused[label] = why
             continue
         times[label] = time_fn(fn, device, warmup=2, reps=reps).ms
+
+
+def tune_problem(meta, batch: int, mode: str, device, dtype=torch.float16, reps: int = 20,
+                 recorded: int = 3) -> Tuple[str, dict]:
+    """(entry key, entry) of one problem: every candidate checked and timed on ``device``."""
+    device = torch.device(device)
+    meta = meta.to(device)
+    x, w, g = _inputs(meta, batch, dtype, device)
+    cands = candidates(meta, batch, mode, x, w, recorded)
+    rule_cfg = next((c for b, c in cands if b == "warp_compact"), None)
+    times: Dict[str, float] = {}
+    refused: Dict[str, str] = {}
+    with tune_cache.bypass():
+        _time_candidates(cands, meta, mode, x, w, g, device, reps, times, refused)
     if not times:
         raise RuntimeError(f"no candidate ran correctly for {tune_cache.problem_key(meta, batch, dtype, mode)} "
                            f"on {device}: {refused}")
@@ -180,23 +190,20 @@ def tune_problem(meta, batch: int, mode: str, device, dtype=torch.float16, reps:
     return key, entry
 
 
-def seed_entries(device) -> Dict[str, dict]:
-    """The shipped records' picks for this device's name, as cache entries (``"source": "records"``)."""
+def recorded_picks(device) -> Dict[str, dict]:
+    """What ``auto`` runs untuned on this device's name, from the shipped records: ``{entry key: {backend, ms,
+    candidates}}`` (for ``--show``; never written into the cache)."""
     device = torch.device(device)
     if device.type != "cuda":
         return {}
     name, setup = torch.cuda.get_device_name(device), tune_cache.setup_key(device)
     out = {}
     for (dev, mode, shape, b), backends in recorded_table().items():
-        if dev != name:
-            continue
         options = {be: ms for be, (_, ms) in backends.items() if be in OPS_REGISTRY}
-        if not options:
-            continue
-        best = min(options, key=options.get)
-        problem = "/".join((mode, "float16", "x".join(map(str, shape)), f"B{b}"))
-        out[tune_cache.entry_key(setup, problem)] = {"backend": best, "config": None, "ms": options[best],
-                                                     "source": "records", "candidates": options}
+        if dev == name and options:
+            best = min(options, key=options.get)
+            problem = "/".join((mode, "float16", "x".join(map(str, shape)), f"B{b}"))
+            out[tune_cache.entry_key(setup, problem)] = {"backend": best, "ms": options[best], "candidates": options}
     return out
 
 
@@ -207,18 +214,24 @@ def tune(problems: Sequence[Tuple[object, int, str]], device, dtype=torch.float1
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() \
         else (0, 1)
     entries: Dict[str, dict] = {}
+    error = None
     if rank == 0:
-        if not tune_cache.cache_path().is_file():
-            entries.update(seed_entries(device))
-        for meta, batch, mode in problems:
-            key, entry = tune_problem(meta, batch, mode, device, dtype, reps, recorded)
-            entries[key] = entry
-            if log:
-                log(_line(key, entry))
+        try:
+            for meta, batch, mode in problems:
+                key, entry = tune_problem(meta, batch, mode, device, dtype, reps, recorded)
+                entries[key] = entry
+                if log:
+                    log(_line(key, entry))
+        except Exception as exc:  # noqa: BLE001 - every rank must leave the broadcast, and raise
+            error = f"{type(exc).__name__}: {exc}"
+            if world == 1:
+                raise
     if world > 1:
-        box = [entries]
+        box = [(entries, error)]
         dist.broadcast_object_list(box, src=0)
-        entries = box[0]
+        entries, error = box[0]
+        if error is not None:
+            raise RuntimeError(f"tuning on rank 0 failed: {error}")
     tune_cache.store(entries, write=(rank == 0))
     return entries
 
@@ -255,6 +268,11 @@ def main(argv=None) -> int:
         for key, e in sorted(entries.items()):
             print(f"  {key}\n    -> {e['backend']}{':' + e['config'] if e.get('config') else ''} "
                   f"{e.get('ms', float('nan')):.3f} ms ({e.get('source')}); candidates {e.get('candidates')}")
+        picks = {k: e for k, e in recorded_picks(args.device).items() if k not in entries}
+        if picks:
+            print(f"untuned, auto runs the shipped records' picks for this device ({len(picks)} problems):")
+            for key, e in sorted(picks.items()):
+                print(f"  {key.split('|', 1)[1]} -> {e['backend']} {e['ms']:.3f} ms (recorded)")
         return 0
     names = list(LAYERS) if args.layers == ["all"] else args.layers
     unknown = [n for n in names if n not in LAYERS]
@@ -263,7 +281,19 @@ def main(argv=None) -> int:
     if any(b < 1 for b in args.batches):
         ap.error("--batches: every batch must be >= 1")
     problems = [(layer_meta(n), b, m) for n in names for b in args.batches for m in args.modes]
-    entries = tune(problems, args.device, reps=args.reps, recorded=args.recorded)
+    device = torch.device(args.device)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:                         # under torchrun: one tune on rank 0, shared with every rank
+        if device.type == "cuda":
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(device)
+        torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    try:
+        entries = tune(problems, device, reps=args.reps, recorded=args.recorded)
+    finally:
+        if world > 1:
+            torch.distributed.barrier()          # no rank tears gloo down while another still talks
+            torch.distributed.destroy_process_group()
     print(f"{len(entries)} entries written to {path}")
     if args.out:
         from fovi_lab.bench.common import append_jsonl, env_info

@@ -111,7 +111,22 @@ class KNNConv(torch.nn.Module):
                                  f"or 'auto'") from None
         self.backend = backend
         self.last_backend: Optional[str] = None
-        self._op_layer = register_layer(self.meta)     # the handle the custom ops know this layer's tables by
+
+    # The custom ops know a layer's tables by a handle to its meta (fovi_lab.ops.library), valid in this process
+    # only: setting the meta, a copy (deepcopy) and an unpickled layer (torch.load, another process) register
+    # theirs anew, so a handle never outlives its meta or names another layer's tables.
+    @property
+    def meta(self) -> TrainingMeta:
+        return self._meta
+
+    @meta.setter
+    def meta(self, meta: TrainingMeta) -> None:
+        self._meta = meta
+        self._op_layer = register_layer(meta)
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self._op_layer = register_layer(self._meta)
 
     @classmethod
     def from_graph(cls, graph, cin: int, cout: int, **kw) -> "KNNConv":
@@ -122,7 +137,7 @@ class KNNConv(torch.nn.Module):
         training = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
         if torch.compiler.is_compiling():
             return knn_conv(x, self.weight, self.bias, self._op_layer, self.backend, _compute_dtype(x), training)
-        name = select_backend(self.backend, self.meta, x, training)
+        name = select_backend(self.backend, self.meta, x, training, dtype=_compute_dtype(x))
         self.last_backend = name
         return KNNConvFunction.apply(x, self.weight, self.bias, self.meta.to(x.device), name)
 

@@ -87,10 +87,12 @@ def _device_name(x: torch.Tensor) -> Optional[str]:
         return None
 
 
-def pick_backend(meta, x: torch.Tensor, training: Optional[bool] = None, candidates=None) -> Optional[str]:
+def pick_backend(meta, x: torch.Tensor, training: Optional[bool] = None, candidates=None,
+                 dtype: Optional[torch.dtype] = None) -> Optional[str]:
     """Fastest recorded backend for this layer shape, batch, device and mode among ``candidates`` (default:
-    every registered backend), or None."""
-    if not x.is_cuda or x.dtype != torch.float16:
+    every registered backend), or None. ``dtype``: the dtype the op will compute in (default ``x.dtype``; under
+    autocast, the autocast dtype)."""
+    if not x.is_cuda or (dtype or x.dtype) != torch.float16:
         return None
     if training is None:
         training = torch.is_grad_enabled()
@@ -116,21 +118,24 @@ def pick_backend(meta, x: torch.Tensor, training: Optional[bool] = None, candida
     return min(options, key=options.get) if options else None
 
 
-def select_backend(backend: str, meta, x: torch.Tensor, training: Optional[bool] = None) -> str:
+def select_backend(backend: str, meta, x: torch.Tensor, training: Optional[bool] = None,
+                   dtype: Optional[torch.dtype] = None) -> str:
     """Resolve a requested backend name to a registered one.
 
     ``auto`` picks, for this shape/batch/dtype/device and mode (training or inference): the backend tuned on
     this device (:mod:`fovi_lab.ops.tune_cache`, ``python -m fovi_lab tune``), else the fastest registered
     backend in the recorded benchmarks when they cover the call (:func:`pick_backend`), else
     ``torch_compact``. Any other name must be registered (an unknown one raises, listing the known names).
+    ``dtype``: the dtype the op computes in (default ``x.dtype``): eager and compiled calls under autocast pass
+    the autocast dtype, so both resolve ``auto`` alike.
     """
     from fovi_lab.ops.registry import OPS_REGISTRY, get_ops, load_optional_backends
     if backend == "auto":
         load_optional_backends()
-        tuned = tuned_choice(meta, x, torch.is_grad_enabled() if training is None else training)
+        tuned = tuned_choice(meta, x, torch.is_grad_enabled() if training is None else training, dtype)
         if tuned is not None and tuned[0] in OPS_REGISTRY:
             return tuned[0]
-        choice = pick_backend(meta, x, training, candidates=tuple(OPS_REGISTRY))
+        choice = pick_backend(meta, x, training, candidates=tuple(OPS_REGISTRY), dtype=dtype)
         return choice if choice is not None else "torch_compact"
     get_ops(backend)
     return backend

@@ -1,9 +1,11 @@
 """The operator as PyTorch custom ops (``torch.library``), so ``torch.compile`` sees it whole (docs/operator.md §4).
 
     torch.ops.fovi_lab.knn_conv(x, weight, bias, layer, backend, compute_dtype, training)  -> y  [B, Cout, Nout]
-    torch.ops.fovi_lab.knn_conv_grad_input(grad_y, weight, layer, backend, compute_dtype)  -> dx [B, Cin, Nin]  fp32
-    torch.ops.fovi_lab.knn_conv_grad_weight(grad_y, x, layer, backend, compute_dtype)      -> dW [Cout, Q]      fp32
-    torch.ops.fovi_lab.knn_conv_backward(grad_y, x, weight, layer, backend, compute_dtype) -> (dx, dW)         fp32
+    torch.ops.fovi_lab.knn_conv_grad_input(grad_y, weight, layer, backend, compute_dtype)  -> dx [B, Cin, Nin]
+    torch.ops.fovi_lab.knn_conv_grad_weight(grad_y, x, layer, backend, compute_dtype)      -> dW [Cout, Q]
+    torch.ops.fovi_lab.knn_conv_backward(grad_y, x, weight, layer, backend, compute_dtype) -> (dx, dW)
+
+(the gradients in fp32, or in the compute dtype where it is wider: fp64 stays fp64)
 
 Each op casts its tensor inputs to ``compute_dtype`` (the dtype the kernels run in: fp16 for the Warp
 backends, or the autocast dtype) and calls the registered ops object (:mod:`fovi_lab.ops.registry`), so
@@ -17,7 +19,7 @@ resolves it when it runs (:func:`fovi_lab.ops.dispatch.select_backend`), with ``
 gradients will be asked for, and its backward resolves it again the same way.
 
 The autograd formula (``register_autograd``) saves the inputs as given, casts them again in the backward,
-and returns each gradient in its input's dtype straight from the fp32 adjoint (fp32 master weights under
+and returns each gradient in its input's dtype straight from the fp32 (or fp64) adjoint (fp32 master weights under
 AMP keep fp32 gradients, never rounded through fp16). The bias gradient is the fp32 sum of ``grad_y`` over
 batch and nodes.
 """
@@ -65,11 +67,27 @@ def layer_meta(layer: int) -> TrainingMeta:
 
 def _ops(layer: int, backend: str, x: torch.Tensor, training: bool):
     meta = layer_meta(layer).to(x.device)
-    return meta, get_ops(select_backend(backend, meta, x, training))
+    try:
+        return meta, get_ops(select_backend(backend, meta, x, training))
+    except KeyError as exc:
+        raise ValueError(f"backend: {exc.args[0].split(': ', 1)[-1]}") from None
 
 
 def _cast(t: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[torch.Tensor]:
     return None if t is None else t.contiguous().to(dtype)
+
+
+def _grad_dtype(compute_dtype: torch.dtype) -> torch.dtype:
+    """The adjoints' dtype: fp32, or the compute dtype where it is wider (fp64 stays fp64)."""
+    return torch.promote_types(compute_dtype, torch.float32)
+
+
+def _check_shapes(x: torch.Tensor, weight: torch.Tensor, meta) -> None:
+    """The fake's shape checks (the real op's are the backends'), naming the argument."""
+    torch._check(x.dim() == 3 and x.shape[1] == meta.cin and x.shape[2] == meta.nin,
+                 lambda: f"x: expected shape [B, Cin={meta.cin}, Nin={meta.nin}], got {tuple(x.shape)}")
+    torch._check(weight.dim() == 2 and weight.shape[0] == meta.cout and weight.shape[1] == meta.q,
+                 lambda: f"weight: expected shape [Cout={meta.cout}, Q={meta.q}], got {tuple(weight.shape)}")
 
 
 @torch.library.custom_op("fovi_lab::knn_conv", mutates_args=())
@@ -84,46 +102,53 @@ def knn_conv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]
 
 @knn_conv.register_fake
 def _knn_conv_fake(x, weight, bias, layer, backend, compute_dtype, training):
-    return x.new_empty((x.shape[0], weight.shape[0], layer_meta(layer).nout), dtype=compute_dtype)
+    meta = layer_meta(layer)
+    _check_shapes(x, weight, meta)
+    return x.new_empty((x.shape[0], meta.cout, meta.nout), dtype=compute_dtype)
 
 
 def _adjoint(which: str, grad_y: torch.Tensor, operand: torch.Tensor, layer: int, backend: str,
              compute_dtype: torch.dtype) -> torch.Tensor:
-    """One adjoint (``which``: ``"grad_input"`` with the weight, ``"grad_weight"`` with x) in fp32, contiguous."""
+    """One adjoint (``which``: ``"grad_input"`` with the weight, ``"grad_weight"`` with x), contiguous, in
+    :func:`_grad_dtype`."""
     g = _cast(grad_y, compute_dtype)
     meta, ops = _ops(layer, backend, g, True)
-    return getattr(ops, which)(meta, g, _cast(operand, compute_dtype)).float().contiguous()
+    return getattr(ops, which)(meta, g, _cast(operand, compute_dtype)).to(_grad_dtype(compute_dtype)).contiguous()
 
 
-def _grad_like(grad_y: torch.Tensor, layer: int, which: str) -> torch.Tensor:
-    """An empty fp32 gradient of the layer's x (``"dx"``: ``[B, Cin, Nin]``) or weight (``"dW"``: ``[Cout, Q]``)."""
+def _grad_like(grad_y: torch.Tensor, layer: int, which: str, compute_dtype: torch.dtype) -> torch.Tensor:
+    """An empty gradient of the layer's x (``"dx"``: ``[B, Cin, Nin]``) or weight (``"dW"``: ``[Cout, Q]``)."""
     meta = layer_meta(layer)
+    torch._check(grad_y.dim() == 3 and grad_y.shape[1] == meta.cout and grad_y.shape[2] == meta.nout,
+                 lambda: f"grad_y: expected shape [B, Cout={meta.cout}, Nout={meta.nout}], got {tuple(grad_y.shape)}")
     shape = (grad_y.shape[0], meta.cin, meta.nin) if which == "dx" else (meta.cout, meta.q)
-    return grad_y.new_empty(shape, dtype=torch.float32)
+    return grad_y.new_empty(shape, dtype=_grad_dtype(compute_dtype))
 
 
 @torch.library.custom_op("fovi_lab::knn_conv_grad_input", mutates_args=())
 def knn_conv_grad_input(grad_y: torch.Tensor, weight: torch.Tensor, layer: int, backend: str,
                         compute_dtype: torch.dtype) -> torch.Tensor:
-    """``dx [B, Cin, Nin]`` fp32 from ``grad_y [B, Cout, Nout]`` and ``weight [Cout, Q]``."""
+    """``dx [B, Cin, Nin]`` from ``grad_y [B, Cout, Nout]`` and ``weight [Cout, Q]``."""
     return _adjoint("grad_input", grad_y, weight, layer, backend, compute_dtype)
 
 
 @torch.library.custom_op("fovi_lab::knn_conv_grad_weight", mutates_args=())
 def knn_conv_grad_weight(grad_y: torch.Tensor, x: torch.Tensor, layer: int, backend: str,
                          compute_dtype: torch.dtype) -> torch.Tensor:
-    """``dW [Cout, Q]`` fp32 from ``grad_y [B, Cout, Nout]`` and ``x [B, Cin, Nin]``."""
+    """``dW [Cout, Q]`` from ``grad_y [B, Cout, Nout]`` and ``x [B, Cin, Nin]``."""
     return _adjoint("grad_weight", grad_y, x, layer, backend, compute_dtype)
 
 
-knn_conv_grad_input.register_fake(lambda grad_y, weight, layer, backend, compute_dtype: _grad_like(grad_y, layer, "dx"))
-knn_conv_grad_weight.register_fake(lambda grad_y, x, layer, backend, compute_dtype: _grad_like(grad_y, layer, "dW"))
+knn_conv_grad_input.register_fake(
+    lambda grad_y, weight, layer, backend, compute_dtype: _grad_like(grad_y, layer, "dx", compute_dtype))
+knn_conv_grad_weight.register_fake(
+    lambda grad_y, x, layer, backend, compute_dtype: _grad_like(grad_y, layer, "dW", compute_dtype))
 
 
 @torch.library.custom_op("fovi_lab::knn_conv_backward", mutates_args=())
 def knn_conv_backward(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, layer: int, backend: str,
                       compute_dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``(dx, dW)`` fp32: both adjoints, through the backend's combined path where it has one."""
+    """``(dx, dW)``: both adjoints, through the backend's combined path where it has one."""
     g = _cast(grad_y, compute_dtype)
     meta, ops = _ops(layer, backend, g, True)
     x_c, w_c = _cast(x, compute_dtype), _cast(weight, compute_dtype)
@@ -131,12 +156,13 @@ def knn_conv_backward(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tenso
         dx, dw = ops.backward_combined(meta, g, x_c, w_c)
     else:
         dx, dw = ops.grad_input(meta, g, w_c), ops.grad_weight(meta, g, x_c)
-    return dx.float().contiguous(), dw.float().contiguous()   # (torch_compact's dx is a view of its pad)
+    gd = _grad_dtype(compute_dtype)
+    return dx.to(gd).contiguous(), dw.to(gd).contiguous()   # (torch_compact's dx is a view of its pad)
 
 
 @knn_conv_backward.register_fake
 def _knn_conv_backward_fake(grad_y, x, weight, layer, backend, compute_dtype):
-    return _grad_like(grad_y, layer, "dx"), _grad_like(grad_y, layer, "dW")
+    return _grad_like(grad_y, layer, "dx", compute_dtype), _grad_like(grad_y, layer, "dW", compute_dtype)
 
 
 def _setup_context(ctx, inputs, output):

@@ -2,21 +2,24 @@
 
 A *problem* is a layer shape ``(cin, cout, nin, nout, k, p64, v)``, a batch ``B``, a dtype and a mode
 (``"forward"``: inference, ``"train-step"``: forward + both gradients); a *setup* is the device's name and
-compute capability and the Warp and PyTorch versions. ``python -m fovi_lab tune`` (:mod:`fovi_lab.bench.tune`)
-times the candidates of a problem on the user's device and stores the winner here; ``backend="auto"`` reads
-it before the recorded rule (:func:`fovi_lab.ops.dispatch.select_backend`), and the Warp forward runs the
-tuned config (:func:`tuned_forward_config`). A setup or version change misses every entry, so the rule
-answers again until the next tune.
+compute capability, the fovi-lab, Warp and PyTorch versions and the switches that change which kernels exist
+(``FOVI_WARP_MATHDX``, ``FOVI_WARP_MMA``, ``FOVI_WARP_STEM_SIMT``, ``FOVI_WARP_FWD_STORE``).
+``python -m fovi_lab tune`` (:mod:`fovi_lab.bench.tune`) times the candidates of a problem on the user's device
+and stores the winner here; ``backend="auto"`` reads it before the recorded rule
+(:func:`fovi_lab.ops.dispatch.select_backend`), and the Warp forward runs the tuned config
+(:func:`tuned_forward_config`). A change of setup misses every entry, so the rule answers again until the next
+tune; a tuned config that no longer resolves is reported once and the rule's pick runs.
 
 The cache is one JSON file, readable and deletable: ``$FOVI_TUNE_CACHE``, else
 ``$XDG_CACHE_HOME/fovi_lab/tune.json`` (``~/.cache/fovi_lab/tune.json``). It is read once per process
-(:func:`reload` reads it again) and written whole, atomically.
+(:func:`reload` reads it again) and written whole, atomically, under a file lock (several processes may tune).
 
     {"format": 1, "entries": {"<setup>|<problem>": {"backend", "config", "ms", "candidates", "date", ...}}}
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -27,12 +30,15 @@ from typing import Dict, Optional, Tuple
 import torch
 
 __all__ = ["cache_path", "setup_key", "problem_key", "entry_key", "load", "reload", "lookup", "store",
-           "tuned_choice", "tuned_forward_config", "FORMAT"]
+           "tuned_choice", "tuned_forward_config", "bypass", "FORMAT"]
 
 FORMAT = 1
-_lock = threading.Lock()
+_ENV_SWITCHES = ("FOVI_WARP_MATHDX", "FOVI_WARP_MMA", "FOVI_WARP_STEM_SIMT", "FOVI_WARP_FWD_STORE")
+_lock = threading.RLock()
 _ENTRIES: Optional[Dict[str, dict]] = None
 _SETUPS: Dict[str, str] = {}
+_forward_memo: Dict[tuple, Optional[str]] = {}
+_bypass = threading.local()
 
 
 def cache_path() -> Path:
@@ -44,10 +50,27 @@ def cache_path() -> Path:
     return Path(base) / "fovi_lab" / "tune.json"
 
 
+def _versions() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        fv = version("fovi-lab")
+    except PackageNotFoundError:
+        fv = None
+    try:
+        import warp
+        wv = warp.config.version
+    except ImportError:
+        wv = None
+    switches = ",".join(f"{k}={os.environ[k]}" for k in _ENV_SWITCHES if k in os.environ)
+    return f"fovi-lab {fv}/warp {wv}/torch {torch.__version__}" + (f"/{switches}" if switches else "")
+
+
 def setup_key(device) -> str:
-    """``"<device name>/<sm_XY or cpu>/warp <version>/torch <version>"`` for a torch device (cached)."""
+    """``"<device name>/<sm_XY or cpu>/fovi-lab <v>/warp <v>/torch <v>[/<switches>]"`` for a torch device."""
     device = torch.device(device)
-    key = str(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    key = (str(device), tuple(os.environ.get(k) for k in _ENV_SWITCHES))
     hit = _SETUPS.get(key)
     if hit is None:
         if device.type == "cuda":
@@ -55,12 +78,7 @@ def setup_key(device) -> str:
             name, arch = torch.cuda.get_device_name(device), f"sm_{major}{minor}"
         else:
             name, arch = device.type, device.type
-        try:
-            import warp
-            wv = warp.config.version
-        except ImportError:
-            wv = None
-        hit = _SETUPS[key] = f"{name}/{arch}/warp {wv}/torch {torch.__version__}"
+        hit = _SETUPS[key] = f"{name}/{arch}/{_versions()}"
     return hit
 
 
@@ -95,6 +113,11 @@ def _read(path: Path) -> Dict[str, dict]:
         raise ValueError(f"the tune cache {path} is not JSON ({e}); delete it or set FOVI_TUNE_CACHE") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("entries"), dict):
         raise ValueError(f"the tune cache {path} is not a format-{FORMAT} cache; delete it to tune again")
+    for key, e in doc["entries"].items():
+        if not isinstance(e, dict) or not isinstance(e.get("backend"), str) \
+                or not isinstance(e.get("config"), (str, type(None))):
+            raise ValueError(f"the tune cache {path}: entry {key!r} needs a 'backend' name and a 'config' "
+                             f"(a name or null); fix or delete it")
     return doc["entries"]
 
 
@@ -103,7 +126,7 @@ def reload() -> Dict[str, dict]:
     global _ENTRIES
     with _lock:
         _ENTRIES = None
-    _forward_memo.clear()
+        _forward_memo.clear()
     return load()
 
 
@@ -111,52 +134,88 @@ def lookup(setup: str, problem: str) -> Optional[dict]:
     return load().get(entry_key(setup, problem))
 
 
+@contextlib.contextmanager
+def _file_lock(path: Path):
+    """An exclusive lock on ``<path>.lock`` (POSIX ``flock``; elsewhere only this process's lock)."""
+    try:
+        import fcntl
+    except ImportError:                      # pragma: no cover - not POSIX
+        yield
+        return
+    with open(path.with_name(path.name + ".lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def store(entries: Dict[str, dict], write: bool = True) -> Path:
-    """Add ``{entry key: entry}`` to the cache (in memory, and in the file when ``write``); returns the path."""
+    """Add ``{entry key: entry}`` to the cache (in memory, and in the file when ``write``: re-read, updated and
+    replaced under the file lock, so concurrent tuners keep each other's entries); returns the path."""
+    global _ENTRIES
     path = cache_path()
     with _lock:
-        current = _read(path) if write else {}
-        mem = _ENTRIES if _ENTRIES is not None else _read(path)
-        current.update(entries)
+        mem = dict(load())
         mem.update(entries)
-        globals()["_ENTRIES"] = mem
         if write:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tune-", suffix=".json")
-            with os.fdopen(fd, "w") as f:
-                json.dump({"format": FORMAT, "entries": current}, f, indent=1, sort_keys=True)
-            os.replace(tmp, path)
-    _forward_memo.clear()
+            with _file_lock(path):
+                current = _read(path)
+                current.update(entries)
+                fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tune-", suffix=".json")
+                try:
+                    with os.fdopen(fd, "w") as f:
+                        json.dump({"format": FORMAT, "entries": current}, f, indent=1, sort_keys=True)
+                    umask = os.umask(0)
+                    os.umask(umask)
+                    os.chmod(tmp, 0o666 & ~umask)          # (mkstemp makes it 0600)
+                    os.replace(tmp, path)
+                except BaseException:
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp)
+                    raise
+            mem.update(current)
+        _ENTRIES = mem
+        _forward_memo.clear()
     return path
 
 
-def tuned_choice(meta, x: torch.Tensor, training: bool) -> Optional[Tuple[str, Optional[str]]]:
-    """``(backend, forward config or None)`` tuned for this call's problem on its device, or None."""
+@contextlib.contextmanager
+def bypass():
+    """Within this block, in this thread, :func:`tuned_forward_config` answers None: what the tuner times is the
+    rule's kernel, not an earlier tune's."""
+    prev = getattr(_bypass, "on", False)
+    _bypass.on = True
+    try:
+        yield
+    finally:
+        _bypass.on = prev
+
+
+def tuned_choice(meta, x: torch.Tensor, training: bool,
+                 dtype: Optional[torch.dtype] = None) -> Optional[Tuple[str, Optional[str]]]:
+    """``(backend, forward config or None)`` tuned for this call's problem on its device, or None. ``dtype``: the
+    dtype the op computes in (default ``x.dtype``)."""
     entries = load()
     if not entries:
         return None
     mode = "train-step" if training else "forward"
-    hit = entries.get(entry_key(setup_key(x.device), problem_key(meta, x.shape[0], x.dtype, mode)))
+    hit = entries.get(entry_key(setup_key(x.device), problem_key(meta, x.shape[0], dtype or x.dtype, mode)))
     return None if hit is None else (hit["backend"], hit.get("config"))
 
 
-_forward_memo: Dict[tuple, Optional[str]] = {}
-
-
 def tuned_forward_config(meta, x: torch.Tensor) -> Optional[str]:
-    """The Warp forward config tuned for this call (any mode whose winner ran the Warp forward), or None:
+    """The Warp forward config tuned for this forward problem (its winner ran the Warp forward), or None:
     one dict lookup per call after the first (an empty cache costs one check)."""
-    if not load():
+    if not load() or getattr(_bypass, "on", False):
         return None
-    key = (x.device, x.dtype, x.shape[0], meta.cin, meta.cout, meta.nin, meta.nout, meta.k, meta.p64, meta.v)
-    if key in _forward_memo:
-        return _forward_memo[key]
-    config = None
     setup = setup_key(x.device)
-    for mode in ("forward", "train-step"):
-        hit = load().get(entry_key(setup, problem_key(meta, x.shape[0], x.dtype, mode)))
-        if hit is not None and hit.get("config"):
-            config = hit["config"]
-            break
-    _forward_memo[key] = config
+    key = (setup, x.dtype, x.shape[0], meta.cin, meta.cout, meta.nin, meta.nout, meta.k, meta.p64, meta.v)
+    with _lock:
+        if key in _forward_memo:
+            return _forward_memo[key]
+        hit = load().get(entry_key(setup, problem_key(meta, x.shape[0], x.dtype, "forward")))
+        config = hit.get("config") if hit is not None and hit.get("backend") == "warp_compact" else None
+        _forward_memo[key] = config
     return config
