@@ -6,8 +6,9 @@ gradients are explicit adjoint kernels, registered with the :mod:`fovi_lab.ops.r
 as ``warp_train``. ``warp_compact`` is the forward-only ops object (its gradients raise and point to
 ``warp_train``).
 
-Importing this module registers both ops objects. ``warp_train`` computes in fp16, ``warp_compact`` in fp16 or
-bf16 (the tensor-core kernels; ``compute_dtypes``); other dtypes are refused with an error naming the argument.
+Importing this module registers both ops objects. Both compute in fp16 or bf16 (``compute_dtypes``; a bf16
+forward runs on the tensor-core kernels, bf16 gradients on the fused adjoints' bf16 form); other dtypes are
+refused with an error naming the argument.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 
 from fovi_lab.ops.registry import register_ops
 from fovi_lab.graph.meta import TrainingMeta, pad_to
-from fovi_lab.ops.reference import check_forward_args
+from fovi_lab.ops.reference import CompactTorchOps, check_forward_args
 from fovi_lab.ops.tune_cache import cache_path as tune_cache_path, tuned_forward_config
 from fovi_lab.kernels.adjoint import (grad_input_nm, grad_weight_nm, node_major,  # noqa: F401
                                       plan_grad_input_nm, plan_grad_weight_nm)
@@ -109,34 +110,38 @@ def grad_path(meta: Optional[TrainingMeta] = None) -> str:
 
 def _fused_or_staged(which: str, fused, staged, meta, grad_y, operand):
     """The fused kernel's gradient where the layer takes the fused path and it can launch, else the staged
-    kernel's (with a warning when the fused one could not launch here)."""
+    kernel's (with a warning when the fused one could not launch here).
+
+    bf16 always takes the fused path (the staged kernels are fp16 only; on the Cin < 16 stems the fused
+    kernels are slower, not wrong), and falls back to torch_compact in bf16 with a warning."""
     meta = meta.to(grad_y.device)
-    if grad_path(meta) == "fused":
+    bf16 = isinstance(grad_y, torch.Tensor) and grad_y.dtype == torch.bfloat16
+    if bf16 or grad_path(meta) == "fused":
         out = fused(meta, grad_y, operand)
         if out is not None:
             return out
+        if bf16:
+            warnings.warn(f"the fused Warp bf16 {which} kernel cannot launch on this device; using torch_compact",
+                          RuntimeWarning, stacklevel=4)
+            ref = CompactTorchOps.grad_input if which == "dx" else CompactTorchOps.grad_weight
+            return ref(meta, grad_y, operand).float()
         warnings.warn(f"the fused Warp {which} kernel cannot launch on this device; using the staged kernels",
                       RuntimeWarning, stacklevel=4)
     return staged(meta, grad_y, operand)
 
 
 class WarpTrainOps:
-    """Train-capable Warp ops (``warp_train``): fp16 compute, fp32 deterministic gradients.
+    """Train-capable Warp ops (``warp_train``): fp16 or bf16 compute, fp32 deterministic gradients.
 
-    Gradients run the fused node-major kernels or the staged ones per layer (see :func:`grad_path`).
+    Gradients run the fused node-major kernels or the staged ones per layer (see :func:`grad_path`); bf16
+    runs the forward on the tensor-core kernels and both gradients on the fused kernels' bf16 form.
     When a fused kernel cannot launch here the staged kernels take over, and when those cannot either,
     ``torch_compact``; each fallback warns.
     """
 
     name = "warp_train"
-    compute_dtypes = (torch.float16,)
-
-    @staticmethod
-    def forward(meta, x, weight, bias):
-        if isinstance(x, torch.Tensor) and x.dtype != torch.float16:
-            raise TypeError(f"x: warp_train computes in torch.float16 (its adjoint kernels have no bf16 form yet), "
-                            f"got {x.dtype}; bf16 inference runs on warp_compact, bf16 training on torch_compact")
-        return _forward(meta, x, weight, bias)
+    compute_dtypes = (torch.float16, torch.bfloat16)
+    forward = staticmethod(_forward)
 
     @staticmethod
     def grad_input(meta, grad_y, weight):
@@ -150,7 +155,7 @@ class WarpTrainOps:
     def backward_combined(meta, grad_y, x, weight):
         """``(dx, dW)``; the fused path lays out ``grad_y`` node-major once for both kernels."""
         meta = meta.to(grad_y.device)
-        if grad_path(meta) != "fused":
+        if grad_path(meta) != "fused" and grad_y.dtype != torch.bfloat16:
             return staged_grad_input(meta, grad_y, weight), staged_grad_weight(meta, grad_y, x)
         pw = plan_grad_weight_nm(meta, grad_y, x)
         # dx contracts Cout in 64-row chunks: share g's node-major copy when the Cout padding agrees

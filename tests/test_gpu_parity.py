@@ -7,10 +7,12 @@ GPU machine runs on the real layers of :data:`fovi_lab.graph.layers.LAYERS`, at 
   the fp32 oracle;
 * ``warp_train``'s dx and dW (fused or staged, as it selects) against autograd through the fp32 oracle,
   and bitwise equal when run twice;
-* the staged kernels (``fovi_lab.kernels.adjoint.grad_input`` / ``grad_weight``, default configs) likewise.
+* the staged kernels (``fovi_lab.kernels.adjoint.grad_input`` / ``grad_weight``, default configs) likewise;
+* in bf16 at B = 17 and 64: ``warp_compact``'s forward (the tensor-core kernels) and ``warp_train``'s dx and dW
+  (the fused adjoints' bf16 form, on every layer), bitwise repeatable.
 
-The criterion is the project's: within 3x the error of ``torch_compact`` in fp16 on the same fp16 inputs,
-plus 2e-3. Every Warp output buffer is written by the kernels (the tests of the CPU device prefill them
+The criterion is the project's: within 3x the error of ``torch_compact`` in the same dtype on the same rounded
+inputs, plus 2e-3. Every Warp output buffer is written by the kernels (the tests of the CPU device prefill them
 with NaN); a non-finite entry fails here too.
 """
 
@@ -33,16 +35,16 @@ BATCHES = (1, 17, 64)
 _CASES = {}
 
 
-def _case(layer: str, b: int):
-    """(meta, x, w, bias, g, y_ref, dx_ref, dw_ref, errors of torch_compact fp16), on DEVICE, memoised."""
-    key = (layer, b)
+def _case(layer: str, b: int, dtype=torch.float16):
+    """(meta, x, w, bias, g, y_ref, dx_ref, dw_ref, errors of torch_compact in ``dtype``), on DEVICE, memoised."""
+    key = (layer, b, dtype)
     if key not in _CASES:
         meta = layer_meta(layer, device=DEVICE)
         gen = torch.Generator().manual_seed(b)
-        x = torch.randn(b, meta.cin, meta.nin, generator=gen).half().to(DEVICE)
-        w = (torch.randn(meta.cout, meta.q, generator=gen) / (meta.cin * meta.k) ** 0.5).half().to(DEVICE)
-        bias = torch.randn(meta.cout, generator=gen).half().to(DEVICE)
-        g = torch.randn(b, meta.cout, meta.nout, generator=gen).half().to(DEVICE)
+        x = torch.randn(b, meta.cin, meta.nin, generator=gen).to(DEVICE, dtype)
+        w = (torch.randn(meta.cout, meta.q, generator=gen) / (meta.cin * meta.k) ** 0.5).to(DEVICE, dtype)
+        bias = torch.randn(meta.cout, generator=gen).to(DEVICE, dtype)
+        g = torch.randn(b, meta.cout, meta.nout, generator=gen).to(DEVICE, dtype)
         xf, wf = x.float().requires_grad_(), w.float().requires_grad_()
         y = oracle_forward(xf, wf, bias.float(), meta.idx, meta.rf_index, meta.v)
         dx, dw = torch.autograd.grad(y, (xf, wf), g.float())
@@ -57,7 +59,7 @@ def _within(got, want, ref_err, what):
     assert got.shape == want.shape, (what, tuple(got.shape), tuple(want.shape))
     assert torch.isfinite(got).all(), f"{what}: non-finite entries"
     err = (got.float() - want).abs().max().item()
-    assert err <= 3 * ref_err + 2e-3, f"{what}: max err {err:.3g} > 3 x torch fp16 err {ref_err:.3g} + 2e-3"
+    assert err <= 3 * ref_err + 2e-3, f"{what}: max err {err:.3g} > 3 x torch_compact's err {ref_err:.3g} + 2e-3"
 
 
 @pytest.mark.parametrize("b", BATCHES)
@@ -90,3 +92,18 @@ def test_gpu_staged_grads(layer, b):
     _within(got_dx, dx, errs[1], f"{layer} B={b} staged dx")
     _within(got_dw, dw, errs[2], f"{layer} B={b} staged dW")
     assert torch.equal(got_dx, grad_input(meta, g, w)) and torch.equal(got_dw, grad_weight(meta, g, x))
+
+
+@pytest.mark.parametrize("b", (17, 64))
+@pytest.mark.parametrize("layer", list(LAYERS))
+def test_gpu_bf16_forward_and_grads(layer, b):
+    from fovi_lab.knn_warp import WarpCompactOps, WarpTrainOps
+    meta, x, w, bias, g, y, dx, dw, errs = _case(layer, b, torch.bfloat16)
+    got_y = WarpCompactOps.forward(meta, x, w, bias)
+    assert got_y.dtype == torch.bfloat16
+    _within(got_y, y, errs[0], f"{layer} B={b} bf16 forward")
+    got = WarpTrainOps.backward_combined(meta, g, x, w)
+    again = WarpTrainOps.backward_combined(meta, g, x, w)
+    _within(got[0], dx, errs[1], f"{layer} B={b} bf16 dx")
+    _within(got[1], dw, errs[2], f"{layer} B={b} bf16 dW")
+    assert torch.equal(got[0], again[0]) and torch.equal(got[1], again[1]), f"{layer} B={b}: not bitwise repeatable"

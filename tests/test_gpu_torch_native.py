@@ -5,8 +5,10 @@ argument devices, and ``torch.compile`` with Inductor on the GPU.
   the default stream, and no torch op in the Warp host path synchronises (``set_sync_debug_mode("error")``
   raises on one) once the first call has compiled and checked its kernels.
 * With two devices, a ``cuda:1`` layer runs on ``cuda:1`` while ``cuda:0`` is current, and equals ``cuda:0``.
-* x, weight and the tables on different devices give an error naming the argument.
+* x, weight, bias and the index tables on different devices give an error naming the argument.
 * ``torch.compile(fullgraph=True)`` with Inductor equals eager.
+* A bf16 train step under autocast (fp32 master weights) captured in a CUDA graph replays bitwise what it ran
+  eagerly, after an in-place weight update as an optimiser makes.
 """
 
 from __future__ import annotations
@@ -75,6 +77,12 @@ def test_arguments_on_two_devices_name_the_argument():
     with pytest.raises(ValueError, match="bias: expected device cuda:0"):
         ops.knn_conv(x.detach(), conv.weight.detach(), conv.bias.detach().cpu(), conv._op_layer, "warp_train",
                      torch.float16, False)
+    from fovi_lab.kernels.forward import run_uncached
+    meta = conv.meta.to("cuda:0")
+    with pytest.raises(ValueError, match="input_linear: expected device cuda:0"):
+        run_uncached(x.detach(), conv.weight.detach(), None, meta.input_linear.cpu(), meta.weight_linear)
+    with pytest.raises(ValueError, match="weight_linear: expected device cuda:0"):
+        run_uncached(x.detach(), conv.weight.detach(), None, meta.input_linear, meta.weight_linear.cpu())
 
 
 def test_compile_inductor_on_the_gpu_equals_eager():
@@ -85,3 +93,28 @@ def test_compile_inductor_on_the_gpu_equals_eager():
     got = _step(conv, x, torch.compile(net, fullgraph=True))
     for a, b in zip(want, got):
         torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-3)
+
+
+def test_bf16_autocast_step_replays_from_a_cuda_graph():
+    from fovi_lab.ops.graphs import capture
+    meta = layer_meta(LAYER)
+    torch.manual_seed(0)
+    conv = KNNConv(meta.idx, meta.rf_index, nin=meta.nin, v=meta.v, cin=meta.cin, cout=meta.cout, bias=True,
+                   backend="warp_train").to("cuda:0")                     # fp32 master weights
+    x = torch.randn(16, meta.cin, meta.nin, device="cuda:0").requires_grad_()
+
+    def step():
+        x.grad = None
+        conv.weight.grad = conv.bias.grad = None
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = conv(x)
+        y.float().square().mean().backward()
+        return y, x.grad, conv.weight.grad, conv.bias.grad
+
+    cap = capture(step)
+    with torch.no_grad():
+        conv.weight.mul_(0.5)                                            # the optimiser's in-place update
+    got = [t.clone() for t in cap.replay()]
+    want = [t.clone() for t in step()]
+    assert got[0].dtype == torch.bfloat16 and got[2].dtype == torch.float32
+    assert all(torch.equal(a, b) for a, b in zip(got, want))

@@ -87,7 +87,14 @@ def test_tune_refuses_bad_candidates_and_picks_a_timed_one(cache, monkeypatch):
     assert len(entries) == 2
     for key, e in entries.items():
         label = e["backend"] + (f":{e['config']}" if e["config"] else "")
-        assert label in e["candidates"] and e["ms"] == min(e["candidates"].values())
+        assert label in e["candidates"] and e["ms"] == e["candidates"][label]
+        best = min(e["candidates"], key=e["candidates"].get)
+        if best == e["rule"]:
+            assert label == best and e["ab"] is None
+        else:                           # the one-pass winner is kept only if it wins the interleaved rounds by 2 %
+            ab = e["ab"]
+            assert ab["pick"] == best and ab["rounds"] == tune.AB_ROUNDS
+            assert label == (best if ab["pick_ms"] < 0.98 * ab["rule_ms"] else e["rule"])
         assert e["rule"] == "torch_compact" and e["rule_ms"] == e["candidates"]["torch_compact"]
     fwd = next(e for k, e in entries.items() if "|forward/" in k)
     assert "warp_compact:no_such_config" in fwd["refused"]
@@ -120,3 +127,29 @@ def test_a_malformed_cache_is_named(cache):
         tune_cache.reload()
     cache.unlink()
     assert tune_cache.reload() == {}
+
+
+def test_bf16_is_tuned_apart_and_warp_train_is_a_bf16_candidate(cache):
+    from fovi_lab.bench import tune
+    meta, x, _ = _problem()
+    entries = tune.tune([(meta, 5, "train-step")], "cpu", torch.bfloat16, reps=1, log=None)
+    (key, e), = entries.items()
+    assert key.endswith(tune_cache.problem_key(meta, 5, torch.bfloat16, "train-step"))
+    assert "warp_train" in e["candidates"], e.get("refused")                   # checked against the oracle, timed
+    assert tune_cache.tuned_choice(meta, x, training=True) is None             # fp16 x: another problem
+    assert tune_cache.tuned_choice(meta, x.bfloat16(), training=True) == (e["backend"], None)
+
+
+@pytest.mark.parametrize("ab,kept", [((0.5, 1.0), "torch_binned"), ((0.99, 1.0), "torch_compact")])
+def test_a_one_pass_win_over_the_rule_must_hold_in_interleaved_rounds(cache, monkeypatch, ab, kept):
+    from fovi_lab.bench import tune
+
+    def one_pass(cands, meta, mode, x, w, g, device, reps, times, refused):
+        times.update({"torch_compact": 2.0, "torch_binned": 1.0})            # the rule (torch_compact) loses
+
+    monkeypatch.setattr(tune, "_time_candidates", one_pass)
+    monkeypatch.setattr(tune, "_interleaved", lambda fa, fb, device, reps: ab)
+    meta, _, _ = _problem()
+    _, e = tune.tune_problem(meta, 5, "forward", "cpu", reps=1)
+    assert e["ab"] == {"pick": "torch_binned", "pick_ms": ab[0], "rule_ms": ab[1], "rounds": tune.AB_ROUNDS}
+    assert e["backend"] == kept and e["rule"] == "torch_compact"

@@ -11,7 +11,9 @@ that shape in the shipped sweeps (any device; at most ``--recorded`` of them), `
 both gradients). Each candidate runs once and is checked against the fp32 oracle before it is timed (median of
 ``--reps`` calls, CUDA events on a GPU): every output within 3x the error of ``torch_compact`` on the same
 inputs plus 2e-3, the adjoints' criterion of docs/operator.md §5, here applied to y too. One that fails or cannot
-launch is listed with why, never picked. While it tunes, the Warp forward ignores earlier tuned configs (the
+launch is listed with why, never picked. When the fastest is not what the rule runs, the two are timed again in
+``AB_ROUNDS`` = 5 alternating rounds, and the pick is kept only if it beats the rule there by more than
+``AB_MARGIN`` = 2 % (entry field ``ab``); else the rule's choice is kept, so tuning never swaps in a noise win. While it tunes, the Warp forward ignores earlier tuned configs (the
 rule's kernel is what a candidate times). The winner goes into the cache of
 :mod:`fovi_lab.ops.tune_cache` with every candidate's time and what the untuned ``auto`` would have run (``rule``),
 so each entry shows whether tuning changed anything.
@@ -29,6 +31,7 @@ import argparse
 import datetime as _dt
 import math
 import os
+import statistics
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -165,6 +168,24 @@ def _time_candidates(cands, meta, mode, x, w, g, device, reps, times: Dict[str, 
         times[label] = time_fn(fn, device, warmup=2, reps=reps).ms
 
 
+#: interleaved rounds of the pick against the rule, and the margin by which the pick must win them
+AB_ROUNDS, AB_MARGIN = 5, 0.02
+
+
+def _parse(label: str) -> Candidate:
+    backend, _, config = label.partition(":")
+    return backend, config or None
+
+
+def _interleaved(fa, fb, device, reps: int, rounds: int = AB_ROUNDS) -> Tuple[float, float]:
+    """Medians over ``rounds`` alternating timings of ``fa`` and ``fb`` (ms): drift hits both alike."""
+    ta, tb = [], []
+    for _ in range(rounds):
+        ta.append(time_fn(fa, device, warmup=1, reps=reps).ms)
+        tb.append(time_fn(fb, device, warmup=1, reps=reps).ms)
+    return statistics.median(ta), statistics.median(tb)
+
+
 def tune_problem(meta, batch: int, mode: str, device, dtype=torch.float16, reps: int = 20,
                  recorded: int = 3) -> Tuple[str, dict]:
     """(entry key, entry) of one problem: every candidate checked and timed on ``device``."""
@@ -181,10 +202,20 @@ def tune_problem(meta, batch: int, mode: str, device, dtype=torch.float16, reps:
         raise RuntimeError(f"no candidate ran correctly for {tune_cache.problem_key(meta, batch, dtype, mode)} "
                            f"on {device}: {refused}")
     winner = min(times, key=times.get)
-    backend, _, config = winner.partition(":")
     rule = _label(_rule(meta, x, mode, rule_cfg))
+    ab = None
+    if winner != rule and rule in times:
+        # confirm a win over the rule with interleaved timings: one pass over the candidates is as noisy as
+        # the margins it finds; keep the rule unless the pick beats it by more than AB_MARGIN
+        with tune_cache.bypass():
+            pick_ms, rule_ms = _interleaved(_runner(_parse(winner), meta, mode, x, w, g),
+                                            _runner(_parse(rule), meta, mode, x, w, g), device, reps)
+        ab = {"pick": winner, "pick_ms": pick_ms, "rule_ms": rule_ms, "rounds": AB_ROUNDS}
+        if not pick_ms < (1.0 - AB_MARGIN) * rule_ms:
+            winner = rule
+    backend, _, config = winner.partition(":")
     entry = {"backend": backend, "config": config or None, "ms": times[winner], "candidates": times,
-             "refused": refused, "rule": rule, "rule_ms": times.get(rule), "reps": reps, "source": "tuned",
+             "refused": refused, "rule": rule, "rule_ms": times.get(rule), "ab": ab, "reps": reps, "source": "tuned",
              "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
     key = tune_cache.entry_key(tune_cache.setup_key(device), tune_cache.problem_key(meta, batch, dtype, mode))
     return key, entry
@@ -250,6 +281,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", nargs="+", type=int, default=[16, 64])
     ap.add_argument("--modes", nargs="+", choices=("forward", "train-step"), default=["forward", "train-step"])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16", help="the compute dtype to tune for")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--recorded", type=int, default=3, help="recorded configs to try beside the rule's")
     ap.add_argument("--show", action="store_true", help="print the cache and exit")
@@ -289,7 +321,8 @@ def main(argv=None) -> int:
             torch.cuda.set_device(device)
         torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
     try:
-        entries = tune(problems, device, reps=args.reps, recorded=args.recorded)
+        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
+        entries = tune(problems, device, dtype, reps=args.reps, recorded=args.recorded)
     finally:
         if world > 1:
             torch.distributed.barrier()          # no rank tears gloo down while another still talks

@@ -1,7 +1,9 @@
 """Compile every Warp forward kernel (and the fused adjoint kernels ``warp_train`` runs) for this machine
 into Warp's kernel cache, in parallel processes.
 
-``python -m fovi_lab warmup [--jobs N] [--no-dense] [--no-grad] [--aot-arch 90]``
+``python -m fovi_lab warmup [--jobs N] [--no-dense] [--no-grad] [--bf16] [--aot-arch 90]``
+
+``--bf16`` adds the bf16 kernels: those of the tensor-core forward configs and of the fused adjoints.
 
 Every forward config is its own Warp module, and on a GPU each module's MathDx (cuBLASDx) link takes
 ~50 s. Warp's in-process ``max_workers`` did not help on the H200 machine (11 modules unfinished after
@@ -41,10 +43,20 @@ def forward_jobs(dense: bool = True, experimental: bool = False) -> List[Tuple[s
     return jobs
 
 
-def grad_jobs() -> List[Tuple[str, bool]]:
-    """``("nm:<kind>:<name>", False)`` for every fused node-major adjoint kernel (what ``warp_train`` runs)."""
+def grad_jobs(bf16: bool = False) -> List[Tuple[str, bool]]:
+    """``("nm:<kind>:<name>", False)`` for every fused node-major adjoint kernel (what ``warp_train`` runs), and
+    with ``bf16`` their bf16 forms (``"nm:<kind>:<name>:bf16"``)."""
     from fovi_lab.kernels.adjoint import nm_grad_kernel_names
-    return [(f"nm:{kind}:{name}", False) for kind, name in nm_grad_kernel_names()]
+    names = nm_grad_kernel_names()
+    return ([(f"nm:{kind}:{name}", False) for kind, name in names]
+            + [(f"nm:{kind}:{name}:bf16", False) for kind, name in names if bf16])
+
+
+def bf16_forward_jobs(experimental: bool = False) -> List[Tuple[str, bool]]:
+    """``("<name>:bf16", False)`` for every tensor-core forward config (the forward's only bf16 kernels)."""
+    from fovi_lab.kernels import forward as F
+    return [(f"{n}:bf16", False) for n in F.uncached_config_names(experimental=experimental)
+            if F.config_spec(n).family in F.MMA_FAMILIES]
 
 
 def compile_one(job) -> Tuple[str, bool, float, str]:
@@ -59,22 +71,24 @@ def compile_one(job) -> Tuple[str, bool, float, str]:
         if name.startswith("nm:"):
             from fovi_lab.kernels import adjoint as NM
             from fovi_lab.kernels.adjoint import fused_build as adj_fused_build
-            _, kind, cname = name.split(":")
-            kernel = adj_fused_build._build(kind, cname)
+            _, kind, cname, *dt = name.split(":")
+            bf16 = dt == ["bf16"]
+            kernel = adj_fused_build._build(kind, cname, bf16)
             block_dim = adj_fused_build._spec(kind, cname)[3]
             if aot_arch:
                 module = kernel.module
                 module_dir = os.path.join(wp.config.kernel_cache_dir, module.get_module_identifier())
                 wp.compile_aot_module(module, arch=int(aot_arch), module_dir=module_dir)
             elif str(device).startswith("cuda"):
-                NM.get_nm_grad_kernel(kind, cname, device)        # compile + canary
+                NM.get_nm_grad_kernel(kind, cname, device, bf16)  # compile + canary
             else:
                 kernel.module.load(wp.get_device(device), block_dim)
             return name, dense, time.perf_counter() - t0, "ok"
-        cfg = F.config_spec(name)
+        cname, *dt = name.split(":")
+        cfg = F.config_spec(cname)
         if dense and cfg.family == "cached":
             cfg = F.FwdConfig(cfg.name, "gather", cfg.tile_m, cfg.tile_n, cfg.tile_k, 1, cfg.block_dim)
-        kernel = F.build_kernel(cfg, dense=dense)
+        kernel = F.build_kernel(cfg, dense=dense, bf16=dt == ["bf16"])
         if aot_arch:
             module = kernel.module
             module_dir = os.path.join(wp.config.kernel_cache_dir, module.get_module_identifier())
@@ -96,6 +110,7 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--mathdx", choices=["on", "off"], default=None, help="force MathDx GEMM on/off")
     ap.add_argument("--experimental", action="store_true", help="also the experimental (unselected) configs")
     ap.add_argument("--no-grad", action="store_true", help="skip the fused adjoint kernels (forward only)")
+    ap.add_argument("--bf16", action="store_true", help="also the bf16 kernels (tensor-core forward, fused adjoints)")
     args = ap.parse_args(argv)
 
     device = args.device
@@ -104,9 +119,14 @@ def main(argv: Optional[list] = None) -> int:
         device = "cuda:0" if torch.cuda.is_available() else "cpu"
     mathdx = None if args.mathdx is None else args.mathdx == "on"
     jobs = forward_jobs(dense=not args.no_dense, experimental=args.experimental)
+    if args.bf16:
+        jobs += bf16_forward_jobs(experimental=args.experimental)
     if not args.no_grad:
-        jobs += grad_jobs()
-    jobs = [j for j in jobs if args.only is None or j[0] in args.only or j[0].split(":")[-1] in args.only]
+        jobs += grad_jobs(bf16=args.bf16)
+    def named(job: str) -> bool:          # "--only m16n32 dxn_m16n16k64" selects both dtypes of each
+        parts = [p for p in job.split(":") if p not in ("nm", "bf16")]
+        return job in args.only or parts[-1] in args.only
+    jobs = [j for j in jobs if args.only is None or named(j[0])]
     where = f"sm_{args.aot_arch} (ahead of time)" if args.aot_arch else device
     print(f"warmup: {len(jobs)} Warp modules (forward + fused adjoint) for {where}, {args.jobs} processes", flush=True)
     t0 = time.perf_counter()

@@ -1,7 +1,7 @@
 """The autograd Function and the ``KNNConv`` module (docs/operator.md §4), over the ops of :mod:`fovi_lab.ops.registry`.
 
 ``KNNConvFunction.apply(x, weight, bias, meta, ops_name)`` (eager) runs ``ops.forward`` in the compute dtype
-(the CUDA autocast dtype when autocast is on and x is on CUDA, else ``x.dtype``) and, backward, the
+(the autocast dtype when autocast is on for x's device type, CUDA or CPU, else ``x.dtype``) and, backward, the
 explicit adjoints; gradients are cast back to the dtypes of x / weight / bias (fp32 master weights
 under AMP keep fp32 grads), and the bias grad is an fp32 sum of ``grad_y`` over batch and nodes.
 The registry's names (``OPS_REGISTRY``, ``register_ops``, ``get_ops``) are re-exported here.
@@ -26,8 +26,11 @@ __all__ = [
 ]
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
-    if x.is_cuda and torch.is_autocast_enabled("cuda"):
-        return torch.get_autocast_dtype("cuda")
+    """The dtype the op computes in: the autocast dtype of x's device type (CUDA or CPU) when autocast is on
+    there (the op is a GEMM, autocast's lower-precision list), else ``x.dtype``."""
+    dev = x.device.type
+    if dev in ("cuda", "cpu") and torch.is_autocast_enabled(dev):
+        return torch.get_autocast_dtype(dev)
     return x.dtype
 
 
@@ -39,7 +42,7 @@ class KNNConvFunction(torch.autograd.Function):
     def forward(ctx, x, weight, bias, meta: TrainingMeta, ops_name: str):
         ops = get_ops(ops_name)
         cd = _compute_dtype(x)
-        with torch.autocast(device_type="cuda", enabled=False):
+        with torch.autocast(device_type=x.device.type, enabled=False):
             x_c = x.contiguous().to(cd)
             w_c = weight.contiguous().to(cd)
             b_c = None if bias is None else bias.contiguous().to(cd)
@@ -59,13 +62,14 @@ class KNNConvFunction(torch.autograd.Function):
         g = grad_y.contiguous().to(x_c.dtype)
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         dx = dw = db = None
-        if need_x and need_w and hasattr(ops, "backward_combined"):
-            dx, dw = ops.backward_combined(meta, g, x_c, w_c)
-        else:
-            if need_x:
-                dx = ops.grad_input(meta, g, w_c)
-            if need_w:
-                dw = ops.grad_weight(meta, g, x_c)
+        with torch.autocast(device_type=g.device.type, enabled=False):    # the adjoints accumulate in fp32
+            if need_x and need_w and hasattr(ops, "backward_combined"):
+                dx, dw = ops.backward_combined(meta, g, x_c, w_c)
+            else:
+                if need_x:
+                    dx = ops.grad_input(meta, g, w_c)
+                if need_w:
+                    dw = ops.grad_weight(meta, g, x_c)
         if dx is not None:
             dx = dx.to(x_dtype)
         if dw is not None:

@@ -14,8 +14,9 @@ time there:
   ``warp_compact``), ``torch_compact`` and ``torch_binned_mm`` (:func:`fovi_lab.ops.reference.binned_forward`,
   the forward of backend ``torch_binned``).
 
-It returns None (the caller then uses ``torch_compact``) when x is not fp16 on CUDA (the Warp ops
-compute in fp16 only), when Warp is not importable, or when no record applies. When several runs
+It returns None (the caller then uses ``torch_compact``) when the compute dtype is not fp16 on CUDA (the
+records are fp16 runs; bf16 ``auto`` takes ``torch_compact`` unless tuned, ``python -m fovi_lab tune --dtype bf16``),
+when Warp is not importable, or when no record applies. When several runs
 recorded the same point, the newest one counts. Records are read once per process.
 """
 

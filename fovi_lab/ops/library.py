@@ -77,6 +77,12 @@ def _cast(t: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[torch.Tenso
     return None if t is None else t.contiguous().to(dtype)
 
 
+def _autocast_off(t: torch.Tensor):
+    """Autocast off for t's device type inside an op: the op has cast its inputs to the compute dtype, and the
+    backends' fp32 accumulations must stay fp32."""
+    return torch.autocast(device_type=t.device.type, enabled=False)
+
+
 def _grad_dtype(compute_dtype: torch.dtype) -> torch.dtype:
     """The adjoints' dtype: fp32, or the compute dtype where it is wider (fp64 stays fp64)."""
     return torch.promote_types(compute_dtype, torch.float32)
@@ -94,9 +100,10 @@ def _check_shapes(x: torch.Tensor, weight: torch.Tensor, meta) -> None:
 def knn_conv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], layer: int, backend: str,
              compute_dtype: torch.dtype, training: bool) -> torch.Tensor:
     """``y [B, Cout, Nout]`` in ``compute_dtype``: the layer's forward on the backend (``"auto"`` resolved here)."""
-    x_c = _cast(x, compute_dtype)
-    meta, ops = _ops(layer, backend, x_c, training)
-    y = ops.forward(meta, x_c, _cast(weight, compute_dtype), _cast(bias, compute_dtype))
+    with _autocast_off(x):
+        x_c = _cast(x, compute_dtype)
+        meta, ops = _ops(layer, backend, x_c, training)
+        y = ops.forward(meta, x_c, _cast(weight, compute_dtype), _cast(bias, compute_dtype))
     return y.contiguous()           # the fake promises a contiguous y
 
 
@@ -111,9 +118,11 @@ def _adjoint(which: str, grad_y: torch.Tensor, operand: torch.Tensor, layer: int
              compute_dtype: torch.dtype) -> torch.Tensor:
     """One adjoint (``which``: ``"grad_input"`` with the weight, ``"grad_weight"`` with x), contiguous, in
     :func:`_grad_dtype`."""
-    g = _cast(grad_y, compute_dtype)
-    meta, ops = _ops(layer, backend, g, True)
-    return getattr(ops, which)(meta, g, _cast(operand, compute_dtype)).to(_grad_dtype(compute_dtype)).contiguous()
+    with _autocast_off(grad_y):
+        g = _cast(grad_y, compute_dtype)
+        meta, ops = _ops(layer, backend, g, True)
+        out = getattr(ops, which)(meta, g, _cast(operand, compute_dtype))
+    return out.to(_grad_dtype(compute_dtype)).contiguous()
 
 
 def _grad_like(grad_y: torch.Tensor, layer: int, which: str, compute_dtype: torch.dtype) -> torch.Tensor:
@@ -149,13 +158,14 @@ knn_conv_grad_weight.register_fake(
 def knn_conv_backward(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, layer: int, backend: str,
                       compute_dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(dx, dW)``: both adjoints, through the backend's combined path where it has one."""
-    g = _cast(grad_y, compute_dtype)
-    meta, ops = _ops(layer, backend, g, True)
-    x_c, w_c = _cast(x, compute_dtype), _cast(weight, compute_dtype)
-    if hasattr(ops, "backward_combined"):
-        dx, dw = ops.backward_combined(meta, g, x_c, w_c)
-    else:
-        dx, dw = ops.grad_input(meta, g, w_c), ops.grad_weight(meta, g, x_c)
+    with _autocast_off(grad_y):
+        g = _cast(grad_y, compute_dtype)
+        meta, ops = _ops(layer, backend, g, True)
+        x_c, w_c = _cast(x, compute_dtype), _cast(weight, compute_dtype)
+        if hasattr(ops, "backward_combined"):
+            dx, dw = ops.backward_combined(meta, g, x_c, w_c)
+        else:
+            dx, dw = ops.grad_input(meta, g, w_c), ops.grad_weight(meta, g, x_c)
     gd = _grad_dtype(compute_dtype)
     return dx.to(gd).contiguous(), dw.to(gd).contiguous()   # (torch_compact's dx is a view of its pad)
 

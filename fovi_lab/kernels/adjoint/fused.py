@@ -13,7 +13,8 @@ c*Nin + idx[n, k]``, ``weight_linear[n, c*K+k] = c*V + rf[n, k]``), both reducti
 * balanced segments (``dxs`` / ``dws``): the lists cut into segments of at most ``L`` tile GEMMs
   (:func:`segment_table`), one CTA per segment, the segment partials summed in order by a SIMT finish.
 
-No stage and no atomics: both gradients are bitwise deterministic.
+No stage and no atomics: both gradients are bitwise deterministic. Every kernel has an fp16 and a bf16 form
+(``bf16=True``: bf16 gn / wr / xn, the same tiles and fp32 accumulation).
 """
 
 # No `from __future__ import annotations`: Warp resolves kernel annotations (closure dtypes) at decoration.
@@ -99,6 +100,12 @@ def _budget_bytes() -> int:
     except ValueError:
         raise ValueError("FOVI_KNN_FUSED_PARTIAL_MIB: expected a number of MiB") from None
 
+def _elem(bf16: bool):
+    """(Warp element type, kernel-name suffix) of the fp16 or the bf16 kernels: bf16 tiles go through the same
+    tile GEMM (fp32 accumulation); only the operand type changes."""
+    return (wp.bfloat16, "_bf16") if bf16 else (wp.float16, "")
+
+
 def _decorator(name: str, block_dim: int, mathdx: Optional[bool]):
     opts = {"enable_backward": False, "fast_math": True, "block_dim": int(block_dim)}
     if mathdx is not None:
@@ -106,15 +113,17 @@ def _decorator(name: str, block_dim: int, mathdx: Optional[bool]):
     return wp.kernel(enable_backward=False, module="unique", name=name, module_options=opts)
 
 
-def make_dx_nm_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, mathdx: Optional[bool] = None):
-    """dx kernel. Args: ``gn [Nout*Op, Bx]`` f16, ``wr [V*Op, Cin_p]`` f16, ``rowptr [Nin+1]``,
+def make_dx_nm_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, mathdx: Optional[bool] = None,
+                      bf16: bool = False):
+    """dx kernel. Args: ``gn [Nout*Op, Bx]`` f16 (bf16 where ``bf16``), ``wr [V*Op, Cin_p]`` likewise, ``rowptr [Nin+1]``,
     ``rn``/``rv [nnz]`` int32 (output node and tap of each reverse entry), ``dx [Nin, B, Cin]`` f32
     (any strides), ``n_ochunks = Op/tile_k``, ``op``. Grid ``(Nin, ceil(B/tile_m), ceil(Cin/tile_n))``."""
     init_warp()
     TM, TN, TK = int(tile_m), int(tile_n), int(tile_k)
+    DT, sfx = _elem(bf16)
 
-    @_decorator(f"fovi_dxn_m{TM}n{TN}k{TK}b{block_dim}", block_dim, mathdx)
-    def dxn(gn: wp.array2d(dtype=wp.float16), wr: wp.array2d(dtype=wp.float16),
+    @_decorator(f"fovi_dxn_m{TM}n{TN}k{TK}b{block_dim}{sfx}", block_dim, mathdx)
+    def dxn(gn: wp.array2d(dtype=DT), wr: wp.array2d(dtype=DT),
             rowptr: wp.array1d(dtype=wp.int32), rn: wp.array1d(dtype=wp.int32), rv: wp.array1d(dtype=wp.int32),
             dx: wp.array3d(dtype=wp.float32), n_ochunks: int, op: int):
         m, bt, ct = wp.tid()
@@ -130,20 +139,23 @@ def make_dx_nm_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, mat
                 wp.tile_matmul(wp.tile_transpose(a), w, acc)
         wp.tile_store(dx[m], acc, offset=(b0, c0))
 
+    dxn.fovi_dtype = 'bfloat16' if bf16 else 'float16'
     dxn.fovi_tiles = ("dxn", TM, TN, TK, int(block_dim))
     return dxn
 
 
-def make_dw_nm_kernel(tile_o: int, tile_c: int, tile_kb: int, block_dim: int, mathdx: Optional[bool] = None):
-    """dW kernel. Args: ``gn [Nout*Op, Bx]`` f16, ``xn [Nin*Cp, Bx]`` f16, ``vrowptr [V+1]``,
+def make_dw_nm_kernel(tile_o: int, tile_c: int, tile_kb: int, block_dim: int, mathdx: Optional[bool] = None,
+                      bf16: bool = False):
+    """dW kernel. Args: ``gn [Nout*Op, Bx]`` f16 (bf16 where ``bf16``), ``xn [Nin*Cp, Bx]`` likewise, ``vrowptr [V+1]``,
     ``vn``/``vm [nnz]`` int32 (output node and input node of each entry of tap v's list),
     ``part [S, V, Op, Cp]`` f32, ``n_bchunks = ceil(Bx/tile_kb)``, ``op``, ``cp``, ``nsplit = S``,
     ``n_ct = Cp/tile_c``. Grid ``(V, S, (Op/tile_o) * n_ct)``."""
     init_warp()
     TO, TC, TKB = int(tile_o), int(tile_c), int(tile_kb)
+    DT, sfx = _elem(bf16)
 
-    @_decorator(f"fovi_dwn_o{TO}c{TC}k{TKB}b{block_dim}", block_dim, mathdx)
-    def dwn(gn: wp.array2d(dtype=wp.float16), xn: wp.array2d(dtype=wp.float16),
+    @_decorator(f"fovi_dwn_o{TO}c{TC}k{TKB}b{block_dim}{sfx}", block_dim, mathdx)
+    def dwn(gn: wp.array2d(dtype=DT), xn: wp.array2d(dtype=DT),
             vrowptr: wp.array1d(dtype=wp.int32), vn: wp.array1d(dtype=wp.int32), vm: wp.array1d(dtype=wp.int32),
             part: wp.array4d(dtype=wp.float32), n_bchunks: int, op: int, cp: int, nsplit: int, n_ct: int):
         v, s, t = wp.tid()
@@ -159,6 +171,7 @@ def make_dw_nm_kernel(tile_o: int, tile_c: int, tile_kb: int, block_dim: int, ma
                 wp.tile_matmul(a, wp.tile_transpose(xx), acc)
         wp.tile_store(part[s, v], acc, offset=(o0, c0))
 
+    dwn.fovi_dtype = 'bfloat16' if bf16 else 'float16'
     dwn.fovi_tiles = ("dwn", TO, TC, TKB, int(block_dim))
     return dwn
 
@@ -172,16 +185,18 @@ def make_dw_nm_kernel(tile_o: int, tile_c: int, tile_kb: int, block_dim: int, ma
 # segments in segment order (fixed: bitwise deterministic) straight into dx / dW's own layout. Lists
 # without entries get no segment and a zero from the finish.
 
-def make_dx_seg_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, mathdx: Optional[bool] = None):
+def make_dx_seg_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, mathdx: Optional[bool] = None,
+                      bf16: bool = False):
     """dx over balanced segments. Args: ``gn``, ``wr``, ``rn``, ``rv`` as :func:`make_dx_nm_kernel`;
     ``bounds [nseg+1]`` int32 (segment s covers steps ``bounds[s]..bounds[s+1]`` of the flattened
     reverse lists, step ``t`` = entry ``t // n_ochunks``, Cout chunk ``t % n_ochunks``), ``part
     [nseg, B, Cin]`` f32. Grid ``(nseg, ceil(B/tile_m), ceil(Cin/tile_n))``."""
     init_warp()
     TM, TN, TK = int(tile_m), int(tile_n), int(tile_k)
+    DT, sfx = _elem(bf16)
 
-    @_decorator(f"fovi_dxs_m{TM}n{TN}k{TK}b{block_dim}", block_dim, mathdx)
-    def dxs(gn: wp.array2d(dtype=wp.float16), wr: wp.array2d(dtype=wp.float16),
+    @_decorator(f"fovi_dxs_m{TM}n{TN}k{TK}b{block_dim}{sfx}", block_dim, mathdx)
+    def dxs(gn: wp.array2d(dtype=DT), wr: wp.array2d(dtype=DT),
             bounds: wp.array1d(dtype=wp.int32), rn: wp.array1d(dtype=wp.int32), rv: wp.array1d(dtype=wp.int32),
             part: wp.array3d(dtype=wp.float32), n_ochunks: int, op: int):
         s, bt, ct = wp.tid()
@@ -196,20 +211,23 @@ def make_dx_seg_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, ma
             wp.tile_matmul(wp.tile_transpose(a), w, acc)
         wp.tile_store(part[s], acc, offset=(b0, c0))
 
+    dxs.fovi_dtype = 'bfloat16' if bf16 else 'float16'
     dxs.fovi_tiles = ("dxs", TM, TN, TK, int(block_dim))
     return dxs
 
 
-def make_dw_seg_kernel(tile_o: int, tile_c: int, tile_kb: int, block_dim: int, mathdx: Optional[bool] = None):
+def make_dw_seg_kernel(tile_o: int, tile_c: int, tile_kb: int, block_dim: int, mathdx: Optional[bool] = None,
+                      bf16: bool = False):
     """dW over balanced segments. Args: ``gn``, ``xn``, ``vn``, ``vm`` as :func:`make_dw_nm_kernel`;
     ``bounds [nseg+1]`` int32 (segment s covers steps ``bounds[s]..bounds[s+1]`` of the flattened tap
     lists, step ``t`` = entry ``t // n_bchunks``, batch chunk ``t % n_bchunks``), ``part [nseg, Op, Cp]``
     f32, ``n_ct = Cp/tile_c``. Grid ``(nseg, (Op/tile_o) * n_ct)``."""
     init_warp()
     TO, TC, TKB = int(tile_o), int(tile_c), int(tile_kb)
+    DT, sfx = _elem(bf16)
 
-    @_decorator(f"fovi_dws_o{TO}c{TC}k{TKB}b{block_dim}", block_dim, mathdx)
-    def dws(gn: wp.array2d(dtype=wp.float16), xn: wp.array2d(dtype=wp.float16),
+    @_decorator(f"fovi_dws_o{TO}c{TC}k{TKB}b{block_dim}{sfx}", block_dim, mathdx)
+    def dws(gn: wp.array2d(dtype=DT), xn: wp.array2d(dtype=DT),
             bounds: wp.array1d(dtype=wp.int32), vn: wp.array1d(dtype=wp.int32), vm: wp.array1d(dtype=wp.int32),
             part: wp.array3d(dtype=wp.float32), n_bchunks: int, op: int, cp: int, n_ct: int):
         s, t = wp.tid()
@@ -224,6 +242,7 @@ def make_dw_seg_kernel(tile_o: int, tile_c: int, tile_kb: int, block_dim: int, m
             wp.tile_matmul(a, wp.tile_transpose(xx), acc)
         wp.tile_store(part[s], acc, offset=(o0, c0))
 
+    dws.fovi_dtype = 'bfloat16' if bf16 else 'float16'
     dws.fovi_tiles = ("dws", TO, TC, TKB, int(block_dim))
     return dws
 

@@ -25,7 +25,7 @@ class NmGradKernel:
 
 
 _build_lock = threading.Lock()
-_KERNELS: Dict[Tuple[str, str, Optional[bool]], object] = {}
+_KERNELS: Dict[Tuple[str, str, Optional[bool], bool], object] = {}
 _VALIDATED = ValidatedCache("Warp node-major grad kernel")
 
 
@@ -44,14 +44,20 @@ def _spec(kind: str, name: str) -> Tuple[int, int, int, int]:
     return table[name]
 
 
-def _build(kind: str, name: str):
+def validated_key(kind: str, name: str, bf16: bool = False):
+    """The per-device validation key of one kernel: ``(kind, name, mathdx)``, the name marked ``" (bf16)"`` for
+    a bf16 kernel (validated apart from its fp16 twin)."""
+    return (kind, f"{name} (bf16)" if bf16 else name, mathdx_default())
+
+
+def _build(kind: str, name: str, bf16: bool = False):
     mathdx = mathdx_default()
-    key = (kind, name, mathdx)
+    key = (kind, name, mathdx, bool(bf16))
     with _build_lock:
         k = _KERNELS.get(key)
         if k is None:
             tiles = _spec(kind, name)
-            k = _kinds()[kind][1](*tiles, mathdx=mathdx)
+            k = _kinds()[kind][1](*tiles, mathdx=mathdx, bf16=bool(bf16))
             _KERNELS[key] = k
         return k
 

@@ -18,14 +18,14 @@ from fovi_lab.graph.meta import TrainingMeta, pad_to, validate_meta
 from fovi_lab.ops.reference import check_grad_args
 from fovi_lab.kernels.common import (built_once, check_tensor, fast_launch, init_warp, nan_canary, warp_ct,
                                      warp_device, wp)
-from fovi_lab.kernels.forward.configs import mathdx_default
 from fovi_lab.kernels.forward.plans import DIRECT_STORE_MAX_BYTES
 from fovi_lab.kernels.adjoint.fused import (DX_NM_CONFIG_SPECS, WAVE_CTAS, _budget_bytes, seg_finish_kernel,
                                             segment_table, select_dw_nm_config, select_dx_nm_config)
-from fovi_lab.kernels.adjoint.fused_build import NmGradKernel, _VALIDATED, _aux, _build, _spec, reverse_lists, tap_lists
+from fovi_lab.kernels.adjoint.fused_build import (NmGradKernel, _VALIDATED, _aux, _build, _spec, reverse_lists,
+                                                  tap_lists, validated_key)
 
 
-def _canary_problem(device: str, b: int, cout: int, cin: int):
+def _canary_problem(device: str, b: int, cout: int, cin: int, dtype: torch.dtype = torch.float16):
     from fovi_lab.graph.meta import build_meta
     g = torch.Generator().manual_seed(4321)
     nin, nout, k, v = 7, 3, 5, 6
@@ -33,24 +33,26 @@ def _canary_problem(device: str, b: int, cout: int, cin: int):
     idx[0, 0] = nin                                                   # at least one pad neighbour
     rf = torch.randint(0, v, (nout, k), generator=g)
     meta = build_meta(idx, rf, cin=cin, cout=cout, v=v, nin=nin, device=device)
-    x = torch.randn(b, cin, nin, generator=g).to(device=device, dtype=torch.float16)
-    w = (0.5 * torch.randn(cout, cin * v, generator=g)).to(device=device, dtype=torch.float16)
-    gy = torch.randn(b, cout, nout, generator=g).to(device=device, dtype=torch.float16)
+    x = torch.randn(b, cin, nin, generator=g).to(device=device, dtype=dtype)
+    w = (0.5 * torch.randn(cout, cin * v, generator=g)).to(device=device, dtype=dtype)
+    gy = torch.randn(b, cout, nout, generator=g).to(device=device, dtype=dtype)
     return meta, x, w, gy
 
 
-def _canary(kind: str, name: str, kernel, device: str) -> Tuple[bool, str]:
-    """One NaN-prefilled launch on a problem of exactly one tile per axis, checked against torch_compact."""
+def _canary(kind: str, name: str, kernel, device: str, bf16: bool = False) -> Tuple[bool, str]:
+    """One NaN-prefilled launch on a problem of exactly one tile per axis, checked against torch_compact in
+    fp32 on the same rounded operands."""
     from fovi_lab.ops.reference import CompactTorchOps
     t = _spec(kind, name)
     k = NmGradKernel(kind, name, kernel, t)
+    dt = torch.bfloat16 if bf16 else torch.float16
     if kind in ("dxn", "dxs"):
-        meta, x, w, gy = _canary_problem(device, b=t[0], cout=t[2], cin=t[1])
+        meta, x, w, gy = _canary_problem(device, b=t[0], cout=t[2], cin=t[1], dtype=dt)
         plan = (_GradInputNmPlan(meta, gy, w, k, device, store="staged") if kind == "dxn" else
                 _GradInputNmPlan(meta, gy, w, None, device, seg=k, seg_steps=1))
         ref = CompactTorchOps.grad_input(meta, gy.float(), w.float())
     else:
-        meta, x, w, gy = _canary_problem(device, b=t[2], cout=t[0], cin=t[1])
+        meta, x, w, gy = _canary_problem(device, b=t[2], cout=t[0], cin=t[1], dtype=dt)
         plan = (_GradWeightNmPlan(meta, gy, x, k, device, nsplit=2) if kind == "dwn" else
                 _GradWeightNmPlan(meta, gy, x, None, device, seg=k, seg_steps=1))
         ref = CompactTorchOps.grad_weight(meta, gy.float(), x.float())
@@ -64,37 +66,38 @@ def _canary(kind: str, name: str, kernel, device: str) -> Tuple[bool, str]:
     return True, "ok"
 
 
-def get_nm_grad_kernel(kind: str, name: str, device) -> Optional[NmGradKernel]:
-    """The built, canary-validated kernel of ``(kind, name)`` on ``device``; None when unlaunchable."""
+def get_nm_grad_kernel(kind: str, name: str, device, bf16: bool = False) -> Optional[NmGradKernel]:
+    """The built, canary-validated kernel of ``(kind, name)`` on ``device`` (its bf16 form where ``bf16``,
+    validated apart); None when unlaunchable."""
     dev = str(device)
     tiles = _spec(kind, name)
 
     def build():
         try:
-            kernel = _build(kind, name)
+            kernel = _build(kind, name, bf16)
         except Exception as exc:
             return None, f"build failed: {type(exc).__name__}: {exc}"
-        ok, why = _canary(kind, name, kernel, dev)
+        ok, why = _canary(kind, name, kernel, dev, bf16)
         return (NmGradKernel(kind, name, kernel, tiles) if ok else None), why
 
-    return _VALIDATED.get((kind, name, mathdx_default()), dev, build)
+    return _VALIDATED.get(validated_key(kind, name, bf16), dev, build)
 
 
-def warm_nm_grad_kernel(kind: str, name: str, device: str):
+def warm_nm_grad_kernel(kind: str, name: str, device: str, bf16: bool = False):
     """Build, compile and canary one kernel (a top-level function for spawned warm-up processes)."""
     import time
     t0 = time.perf_counter()
     init_warp()
-    k = get_nm_grad_kernel(kind, name, device)
-    return k is not None, (_VALIDATED.why((kind, name, mathdx_default()), device) or "ok"), time.perf_counter() - t0
+    k = get_nm_grad_kernel(kind, name, device, bf16)
+    return k is not None, (_VALIDATED.why(validated_key(kind, name, bf16), device) or "ok"), time.perf_counter() - t0
 
 
 def node_major(t: torch.Tensor, rows_pad: int, bx: int) -> torch.Tensor:
-    """``[B, R, N]`` -> ``[N*rows_pad, Bx]`` fp16 with ``out[n*rows_pad + r, b] = t[b, r, n]``, zero padded."""
+    """``[B, R, N]`` -> ``[N*rows_pad, Bx]`` (t's dtype) with ``out[n*rows_pad + r, b] = t[b, r, n]``, zero padded."""
     b, r, n = t.shape
     if rows_pad == r and bx == b:
         return t.permute(2, 1, 0).contiguous().view(n * r, b)
-    out = torch.empty(n, rows_pad, bx, dtype=torch.float16, device=t.device)
+    out = torch.empty(n, rows_pad, bx, dtype=t.dtype, device=t.device)
     out[:, :r, :b].copy_(t.permute(2, 1, 0))
     if rows_pad > r:                                   # pads are contracted: they must be exact zeros
         out[:, r:, :].zero_()
@@ -104,13 +107,13 @@ def node_major(t: torch.Tensor, rows_pad: int, bx: int) -> torch.Tensor:
 
 
 def _weight_tap_major_t(weight: torch.Tensor, cin: int, op: int, cinp: int) -> torch.Tensor:
-    """``wr[v*Op + o, c] = W[o, c*V + v]`` ``[V*Op, Cin_p]`` fp16, zero padded."""
+    """``wr[v*Op + o, c] = W[o, c*V + v]`` ``[V*Op, Cin_p]`` (the weight's dtype), zero padded."""
     cout, q = weight.shape
     v = q // cin
     src = weight.view(cout, cin, v).permute(2, 0, 1)
     if op == cout and cinp == cin:
         return src.contiguous().view(v * op, cinp)
-    wr = torch.zeros(v, op, cinp, dtype=torch.float16, device=weight.device)
+    wr = torch.zeros(v, op, cinp, dtype=weight.dtype, device=weight.device)
     wr[:, :cout, :cin] = src
     return wr.view(v * op, cinp)
 
@@ -342,21 +345,23 @@ def _dw_finish_kernel():
 def _check(meta, grad_y, weight=None, x=None):
     # shapes against the layer; the reverse lists must agree with the tables (the kernels read only them)
     validate_meta(meta)
-    check_tensor("grad_y", grad_y, dtype=torch.float16)     # the dtype first: the Warp kernels are fp16 only
+    check_tensor("grad_y", grad_y)                          # the dtype first: the kernels are fp16 or bf16
+    if grad_y.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"grad_y: expected dtype torch.float16 or torch.bfloat16, got {grad_y.dtype}")
     check_grad_args(meta, grad_y, weight=weight, x=x)
-    check_tensor("grad_y", grad_y, dtype=torch.float16, dim=3, shape=(None, meta.cout, meta.nout))
+    check_tensor("grad_y", grad_y, dtype=grad_y.dtype, dim=3, shape=(None, meta.cout, meta.nout))
     if grad_y.shape[0] < 1:
         raise ValueError("grad_y: batch must be >= 1")
 
 
-def _kernel(kind: str, config: Optional[str], default: str, device: str) -> Optional[NmGradKernel]:
+def _kernel(kind: str, config: Optional[str], default: str, device: str, bf16: bool = False) -> Optional[NmGradKernel]:
     if config is None:
-        return get_nm_grad_kernel(kind, default, device)
+        return get_nm_grad_kernel(kind, default, device, bf16)
     if not isinstance(config, str):
         raise TypeError(f"config: expected a config name (str) or None, got {type(config).__name__}")
-    k = get_nm_grad_kernel(kind, config, device)
+    k = get_nm_grad_kernel(kind, config, device, bf16)
     if k is None:
-        why = _VALIDATED.why((kind, config, mathdx_default()), device)
+        why = _VALIDATED.why(validated_key(kind, config, bf16), device)
         raise RuntimeError(f"config: Warp {kind} kernel {config!r} is not launchable on {device}: {why}")
     return k
 
@@ -479,9 +484,10 @@ def plan_grad_input_nm(meta, grad_y, weight, config=None, *, store=None, gn=None
     if config is not None and not isinstance(config, str):
         raise TypeError(f"config: expected a config name (str) or None, got {type(config).__name__}")
     _check(meta, grad_y, weight=weight)
-    check_tensor("weight", weight, dtype=torch.float16, dim=2, shape=(meta.cout, meta.q), device=grad_y.device,
+    check_tensor("weight", weight, dtype=grad_y.dtype, dim=2, shape=(meta.cout, meta.q), device=grad_y.device,
                  contiguous=True)
     device = warp_device(grad_y)
+    bf16 = grad_y.dtype == torch.bfloat16
     meta = meta.to(grad_y.device)
     req = _seg_request("FOVI_KNN_DX_SEG", seg_steps)
     if req == "auto":
@@ -489,10 +495,10 @@ def plan_grad_input_nm(meta, grad_y, weight, config=None, *, store=None, gn=None
     name = config if config is not None else select_dx_nm_config(grad_y.shape[0], meta.cin, meta.nin,
                                                                  segments=bool(req))
     if req:
-        k = _kernel("dxs", config, name, device)
+        k = _kernel("dxs", config, name, device, bf16)
         return None if k is None else _GradInputNmPlan(meta, grad_y, weight, None, device, gn=gn, seg=k,
                                                        seg_steps=req)
-    k = _kernel("dxn", config, name, device)
+    k = _kernel("dxn", config, name, device, bf16)
     return None if k is None else _GradInputNmPlan(meta, grad_y, weight, k, device, store=store, gn=gn)
 
 
@@ -505,21 +511,22 @@ def plan_grad_weight_nm(meta, grad_y, x, config=None, *, nsplit=None, gn=None, x
     if config is not None and not isinstance(config, str):
         raise TypeError(f"config: expected a config name (str) or None, got {type(config).__name__}")
     _check(meta, grad_y, x=x)
-    check_tensor("x", x, dtype=torch.float16, dim=3, shape=(grad_y.shape[0], meta.cin, meta.nin),
+    check_tensor("x", x, dtype=grad_y.dtype, dim=3, shape=(grad_y.shape[0], meta.cin, meta.nin),
                  device=grad_y.device)
     if nsplit is not None and (not isinstance(nsplit, int) or nsplit < 1):
         raise ValueError(f"nsplit: expected a positive int or None, got {nsplit!r}")
     device = warp_device(grad_y)
+    bf16 = grad_y.dtype == torch.bfloat16
     meta = meta.to(grad_y.device)
     name = config if config is not None else select_dw_nm_config(meta.cout, meta.cin, grad_y.shape[0])
     req = 0 if nsplit is not None else _seg_request("FOVI_KNN_DW_SEG", seg_steps)
     if req == "auto":
         req = default_dw_seg_steps(meta, grad_y.shape[0], _spec("dwn", name), device)
     if req:
-        k = _kernel("dws", config, name, device)
+        k = _kernel("dws", config, name, device, bf16)
         return None if k is None else _GradWeightNmPlan(meta, grad_y, x, None, device, gn=gn, xn=xn, seg=k,
                                                         seg_steps=req)
-    k = _kernel("dwn", config, name, device)
+    k = _kernel("dwn", config, name, device, bf16)
     return None if k is None else _GradWeightNmPlan(meta, grad_y, x, k, device, nsplit=nsplit, gn=gn, xn=xn)
 
 
