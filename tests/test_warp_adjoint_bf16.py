@@ -51,34 +51,28 @@ def _run_nan_prefilled(plan):
     return plan.finish()
 
 
-@pytest.mark.parametrize("config", list(nm.DX_NM_CONFIG_SPECS))
-def test_bf16_dx_every_config(config):
-    """Whole reverse lists (dxn, both stores) and balanced segments (dxs) of every dx config, ODD shape."""
-    meta, x, w, g, dx_o, _ = _case("ODD", 17)
-    for store in ("direct", "staged"):
-        plan = nm.plan_grad_input_nm(meta, g, w, config, store=store)
+_EVERY = ([("dx", c) for c in nm.DX_NM_CONFIG_SPECS] + [("dw", c) for c in nm.DW_NM_CONFIG_SPECS])
+
+
+@pytest.mark.parametrize("which,config", _EVERY)
+def test_bf16_every_fused_config(which, config):
+    """Every dx config over whole reverse lists (dxn, both stores) and every dW config over interleaved splits
+    (dwn, 1 and 3 partials), then each over balanced segments (dxs / dws), ODD shape, NaN-prefilled."""
+    meta, x, w, g, dx_o, dw_o = _case("ODD", 17)
+    if which == "dx":
+        want, op, plan_of, run = dx_o, w, nm.plan_grad_input_nm, nm.grad_input_nm
+        plans = [plan_of(meta, g, w, config, store=s) for s in ("direct", "staged")]
+    else:
+        want, op, plan_of, run = dw_o, x, nm.plan_grad_weight_nm, nm.grad_weight_nm
+        plans = [plan_of(meta, g, x, config, nsplit=n) for n in (1, 3)]
+    for plan in plans:
         assert plan.k.kernel.fovi_dtype == "bfloat16" and plan.gn.dtype == torch.bfloat16
-        _assert_fp32_exact(_run_nan_prefilled(plan), dx_o, f"{config} {store}")
-    plan = nm.plan_grad_input_nm(meta, g, w, config, seg_steps=2)
-    assert plan.k.kind == "dxs"
+        _assert_fp32_exact(_run_nan_prefilled(plan), want, f"{config} whole lists")
+    plan = plan_of(meta, g, op, config, seg_steps=3)
+    assert plan.k.kind == ("dxs" if which == "dx" else "dws")
     got = _run_nan_prefilled(plan)
-    _assert_fp32_exact(got, dx_o, f"{config} seg2")
-    assert torch.equal(got, nm.grad_input_nm(meta, g, w, config, seg_steps=2))
-
-
-@pytest.mark.parametrize("config", list(nm.DW_NM_CONFIG_SPECS))
-def test_bf16_dw_every_config(config):
-    """Interleaved splits (dwn, 1 and 3 partials) and balanced segments (dws) of every dW config."""
-    meta, x, w, g, _, dw_o = _case("ODD", 17)
-    for nsplit in (1, 3):
-        plan = nm.plan_grad_weight_nm(meta, g, x, config, nsplit=nsplit)
-        assert plan.k.kernel.fovi_dtype == "bfloat16" and plan.xn.dtype == torch.bfloat16
-        _assert_fp32_exact(_run_nan_prefilled(plan), dw_o, f"{config} x{nsplit}")
-    plan = nm.plan_grad_weight_nm(meta, g, x, config, seg_steps=3)
-    assert plan.k.kind == "dws"
-    got = _run_nan_prefilled(plan)
-    _assert_fp32_exact(got, dw_o, f"{config} seg3")
-    assert torch.equal(got, nm.grad_weight_nm(meta, g, x, config, seg_steps=3))
+    _assert_fp32_exact(got, want, f"{config} seg3")
+    assert torch.equal(got, run(meta, g, op, config, seg_steps=3))
 
 
 @pytest.mark.parametrize("shape,b", [("MAIN", 130), ("PAD_HEAVY", 5), ("ODD", 1)])
