@@ -95,14 +95,17 @@ class WarpCompactOps:
 FUSED_MIN_CIN = 16
 
 
-def grad_path(meta: Optional[TrainingMeta] = None) -> str:
+def grad_path(meta: Optional[TrainingMeta] = None, dtype: Optional[torch.dtype] = None) -> str:
     """Adjoint path of ``warp_train`` for a layer: ``"fused"`` (the node-major kernels of
     :mod:`fovi_lab.kernels.adjoint.fused`: one launch per gradient, no stage) when ``Cin >= FUSED_MIN_CIN``,
     else ``"staged"`` (fovi's stage + reverse-index design, the kernels of :mod:`fovi_lab.kernels.adjoint.staged`).
-    ``FOVI_KNN_GRAD_PATH=fused|staged|auto`` overrides (``auto``: this rule)."""
+    ``FOVI_KNN_GRAD_PATH=fused|staged|auto`` overrides (``auto``: this rule). ``dtype`` bf16: always
+    ``"fused"`` (the staged kernels are fp16 only; on the Cin < 16 stems the fused ones are slower, not wrong)."""
     path = os.environ.get("FOVI_KNN_GRAD_PATH") or "auto"
     if path not in ("fused", "staged", "auto"):
         raise ValueError(f"FOVI_KNN_GRAD_PATH: expected 'fused', 'staged' or 'auto', got {path!r}")
+    if dtype == torch.bfloat16:
+        return "fused"
     if path == "auto":
         return "fused" if meta is None or meta.cin >= FUSED_MIN_CIN else "staged"
     return path
@@ -110,17 +113,14 @@ def grad_path(meta: Optional[TrainingMeta] = None) -> str:
 
 def _fused_or_staged(which: str, fused, staged, meta, grad_y, operand):
     """The fused kernel's gradient where the layer takes the fused path and it can launch, else the staged
-    kernel's (with a warning when the fused one could not launch here).
-
-    bf16 always takes the fused path (the staged kernels are fp16 only; on the Cin < 16 stems the fused
-    kernels are slower, not wrong), and falls back to torch_compact in bf16 with a warning."""
+    kernel's (with a warning when the fused one could not launch here). bf16 always takes the fused path
+    (:func:`grad_path`) and falls back to torch_compact with a warning."""
     meta = meta.to(grad_y.device)
-    bf16 = isinstance(grad_y, torch.Tensor) and grad_y.dtype == torch.bfloat16
-    if bf16 or grad_path(meta) == "fused":
+    if grad_path(meta, grad_y.dtype) == "fused":
         out = fused(meta, grad_y, operand)
         if out is not None:
             return out
-        if bf16:
+        if grad_y.dtype == torch.bfloat16:
             warnings.warn(f"the fused Warp bf16 {which} kernel cannot launch on this device; using torch_compact",
                           RuntimeWarning, stacklevel=4)
             ref = CompactTorchOps.grad_input if which == "dx" else CompactTorchOps.grad_weight
@@ -155,7 +155,7 @@ class WarpTrainOps:
     def backward_combined(meta, grad_y, x, weight):
         """``(dx, dW)``; the fused path lays out ``grad_y`` node-major once for both kernels."""
         meta = meta.to(grad_y.device)
-        if grad_path(meta) != "fused" and grad_y.dtype != torch.bfloat16:
+        if grad_path(meta, grad_y.dtype) != "fused":
             return staged_grad_input(meta, grad_y, weight), staged_grad_weight(meta, grad_y, x)
         pw = plan_grad_weight_nm(meta, grad_y, x)
         # dx contracts Cout in 64-row chunks: share g's node-major copy when the Cout padding agrees

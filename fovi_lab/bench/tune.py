@@ -13,8 +13,8 @@ both gradients). Each candidate runs once and is checked against the fp32 oracle
 inputs plus 2e-3, the adjoints' criterion of docs/operator.md §5, here applied to y too. One that fails or cannot
 launch is listed with why, never picked. When the fastest is not what the rule runs, the two are timed again in
 ``AB_ROUNDS`` = 5 alternating rounds, and the pick is kept only if it beats the rule there by more than
-``AB_MARGIN`` = 2 % (entry field ``ab``); else the rule's choice is kept, so tuning never swaps in a noise win. While it tunes, the Warp forward ignores earlier tuned configs (the
-rule's kernel is what a candidate times). The winner goes into the cache of
+``AB_MARGIN`` = 2 % (entry field ``ab``); else the rule's choice is kept, so tuning never swaps in a noise
+win. While it tunes, the Warp forward ignores earlier tuned configs (the rule's kernel is what a candidate times). The winner goes into the cache of
 :mod:`fovi_lab.ops.tune_cache` with every candidate's time and what the untuned ``auto`` would have run (``rule``),
 so each entry shows whether tuning changed anything.
 
@@ -213,8 +213,8 @@ def tune_problem(meta, batch: int, mode: str, device, dtype=torch.float16, reps:
         ab = {"pick": winner, "pick_ms": pick_ms, "rule_ms": rule_ms, "rounds": AB_ROUNDS}
         if not pick_ms < (1.0 - AB_MARGIN) * rule_ms:
             winner = rule
-    backend, _, config = winner.partition(":")
-    entry = {"backend": backend, "config": config or None, "ms": times[winner], "candidates": times,
+    backend, config = _parse(winner)
+    entry = {"backend": backend, "config": config, "ms": times[winner], "candidates": times,
              "refused": refused, "rule": rule, "rule_ms": times.get(rule), "ab": ab, "reps": reps, "source": "tuned",
              "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
     key = tune_cache.entry_key(tune_cache.setup_key(device), tune_cache.problem_key(meta, batch, dtype, mode))
