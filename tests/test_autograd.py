@@ -45,6 +45,16 @@ def test_registry():
     with pytest.raises(TypeError, match="lacks"):
         register_ops(object())
 
+
+def test_unknown_backend_names_a_backend_module_that_did_not_import(monkeypatch):
+    """A backend whose module cannot import (warp-lang missing) is named as such, not just as unknown."""
+    from fovi_lab.ops import registry
+    monkeypatch.setattr(registry, "OPTIONAL_BACKEND_MODULES", ("fovi_lab.no_such_backend_module",))
+    monkeypatch.setattr(registry, "_IMPORT_ERRORS", {})
+    with pytest.raises(KeyError, match=r"unknown backend 'warp_x'.*fovi_lab.no_such_backend_module did not import: "
+                                       r"ModuleNotFoundError"):
+        get_ops("warp_x")
+
     class Doubling(CompactTorchOps):
         name = "test_doubling"
 

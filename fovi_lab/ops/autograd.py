@@ -110,9 +110,9 @@ class KNNConv(torch.nn.Module):
         if backend != "auto":
             try:
                 get_ops(backend)
-            except KeyError:
-                raise ValueError(f"backend: unknown backend {backend!r}; registered: {sorted(OPS_REGISTRY)} "
-                                 f"or 'auto'") from None
+            except KeyError as exc:
+                why = exc.args[0].split("; registered: ", 1)[-1]      # the registered names, and any import error
+                raise ValueError(f"backend: unknown backend {backend!r}; registered: {why} or 'auto'") from None
         self.backend = backend
         self.last_backend: Optional[str] = None
 

@@ -26,6 +26,8 @@ OPS_REGISTRY: Dict[str, type] = {"torch_compact": CompactTorchOps, "torch_binned
 #: Modules that register more backends when imported (the Warp ops: ``warp_compact``, ``warp_train``).
 OPTIONAL_BACKEND_MODULES = ("fovi_lab.knn_warp",)
 
+_IMPORT_ERRORS: Dict[str, str] = {}     # module -> why it did not import (named in get_ops's error)
+
 
 def register_ops(ops) -> None:
     """Register a backend's ops object under ``ops.name`` (must expose name/forward/grad_input/grad_weight)."""
@@ -40,8 +42,8 @@ def load_optional_backends() -> None:
     for name in OPTIONAL_BACKEND_MODULES:
         try:
             importlib.import_module(name)
-        except ImportError:
-            pass
+        except ImportError as exc:
+            _IMPORT_ERRORS[name] = f"{type(exc).__name__}: {exc}"
 
 
 def get_ops(name: str):
@@ -51,4 +53,5 @@ def get_ops(name: str):
     try:
         return OPS_REGISTRY[name]
     except KeyError:
-        raise KeyError(f"ops_name: unknown backend {name!r}; registered: {sorted(OPS_REGISTRY)}") from None
+        why = "".join(f" ({m} did not import: {e})" for m, e in _IMPORT_ERRORS.items())
+        raise KeyError(f"ops_name: unknown backend {name!r}; registered: {sorted(OPS_REGISTRY)}{why}") from None
