@@ -21,7 +21,7 @@ import torch
 
 from fovi_lab.ops.registry import register_ops
 from fovi_lab.graph.meta import TrainingMeta, pad_to
-from fovi_lab.ops.reference import CompactTorchOps, check_forward_args
+from fovi_lab.ops.reference import CompactTorchOps, check_forward_args  # noqa: F401  (CompactTorchOps: importable here, as before)
 from fovi_lab.ops.tune_cache import cache_path as tune_cache_path, tuned_forward_config
 from fovi_lab.kernels.adjoint import (grad_input_nm, grad_weight_nm, node_major,  # noqa: F401
                                       plan_grad_input_nm, plan_grad_weight_nm)
@@ -99,13 +99,11 @@ def grad_path(meta: Optional[TrainingMeta] = None, dtype: Optional[torch.dtype] 
     """Adjoint path of ``warp_train`` for a layer: ``"fused"`` (the node-major kernels of
     :mod:`fovi_lab.kernels.adjoint.fused`: one launch per gradient, no stage) when ``Cin >= FUSED_MIN_CIN``,
     else ``"staged"`` (fovi's stage + reverse-index design, the kernels of :mod:`fovi_lab.kernels.adjoint.staged`).
-    ``FOVI_KNN_GRAD_PATH=fused|staged|auto`` overrides (``auto``: this rule). ``dtype`` bf16: always
-    ``"fused"`` (the staged kernels are fp16 only; on the Cin < 16 stems the fused ones are slower, not wrong)."""
+    ``FOVI_KNN_GRAD_PATH=fused|staged|auto`` overrides (``auto``: this rule). Both families have an fp16 and a
+    bf16 form, so ``dtype`` (the gradients' compute dtype) does not change the path."""
     path = os.environ.get("FOVI_KNN_GRAD_PATH") or "auto"
     if path not in ("fused", "staged", "auto"):
         raise ValueError(f"FOVI_KNN_GRAD_PATH: expected 'fused', 'staged' or 'auto', got {path!r}")
-    if dtype == torch.bfloat16:
-        return "fused"
     if path == "auto":
         return "fused" if meta is None or meta.cin >= FUSED_MIN_CIN else "staged"
     return path
@@ -113,18 +111,13 @@ def grad_path(meta: Optional[TrainingMeta] = None, dtype: Optional[torch.dtype] 
 
 def _fused_or_staged(which: str, fused, staged, meta, grad_y, operand):
     """The fused kernel's gradient where the layer takes the fused path and it can launch, else the staged
-    kernel's (with a warning when the fused one could not launch here). bf16 always takes the fused path
-    (:func:`grad_path`) and falls back to torch_compact with a warning."""
+    kernel's (with a warning when the fused one could not launch here; the staged ones fall back to
+    torch_compact, warning, when they cannot launch either)."""
     meta = meta.to(grad_y.device)
     if grad_path(meta, grad_y.dtype) == "fused":
         out = fused(meta, grad_y, operand)
         if out is not None:
             return out
-        if grad_y.dtype == torch.bfloat16:
-            warnings.warn(f"the fused Warp bf16 {which} kernel cannot launch on this device; using torch_compact",
-                          RuntimeWarning, stacklevel=4)
-            ref = CompactTorchOps.grad_input if which == "dx" else CompactTorchOps.grad_weight
-            return ref(meta, grad_y, operand).float()
         warnings.warn(f"the fused Warp {which} kernel cannot launch on this device; using the staged kernels",
                       RuntimeWarning, stacklevel=4)
     return staged(meta, grad_y, operand)
@@ -133,8 +126,8 @@ def _fused_or_staged(which: str, fused, staged, meta, grad_y, operand):
 class WarpTrainOps:
     """Train-capable Warp ops (``warp_train``): fp16 or bf16 compute, fp32 deterministic gradients.
 
-    Gradients run the fused node-major kernels or the staged ones per layer (see :func:`grad_path`); bf16
-    runs the forward on the tensor-core kernels and both gradients on the fused kernels' bf16 form.
+    Gradients run the fused node-major kernels or the staged ones per layer (see :func:`grad_path`), each in
+    the compute dtype's form; bf16 runs the forward on the tensor-core kernels.
     When a fused kernel cannot launch here the staged kernels take over, and when those cannot either,
     ``torch_compact``; each fallback warns.
     """

@@ -1,4 +1,5 @@
-"""bf16 training on Warp's CPU device: the fused adjoints' bf16 kernels and ``warp_train`` under autocast.
+"""bf16 training on Warp's CPU device: the fused and the staged adjoints' bf16 kernels, and ``warp_train`` under
+autocast.
 
 Criterion (docs/operator.md §5): the kernels multiply bf16 operands (a product of two bf16 values is exact in
 fp32) and accumulate in fp32, so each gradient must equal the fp32 oracle's, evaluated on the same
@@ -75,10 +76,37 @@ def test_bf16_every_fused_config(which, config):
     assert torch.equal(got, run(meta, g, op, config, seg_steps=3))
 
 
+_EVERY_STAGED = ([("gi", c) for c in nm.GRAD_INPUT_CONFIG_SPECS] + [("gw", c) for c in nm.GRAD_WEIGHT_CONFIG_SPECS])
+
+
+@pytest.mark.parametrize("kind,config", _EVERY_STAGED)
+def test_bf16_every_staged_config(kind, config, monkeypatch):
+    """Every staged config's bf16 form (``<config>_bf16``: bf16 GEMM operands, fp32 stage, the fp32 reverse-list
+    reductions), on the ODD shape and the pad-heavy stem-like one (Cin = 9), stage buffers NaN-prefilled;
+    asked for by the base name with bf16 operands, the bf16 form runs, and repeats bit for bit."""
+    from fovi_lab.kernels.adjoint import staged_plans
+    monkeypatch.setattr(staged_plans, "_EMPTY_FILL", float("nan"))
+    for shape, b in (("ODD", 17), ("PAD_HEAVY", 5)):
+        meta, x, w, g, dx_o, dw_o = _case(shape, b)
+        if kind == "gi":
+            plan, why = nm.plan_grad_input(meta, g, w, config)
+            want, run, op = dx_o, nm.grad_input, w
+        else:
+            plan, why = nm.plan_grad_weight(meta, g, x, config)
+            want, run, op = dw_o, nm.grad_weight, x
+        assert why is None and plan.stage_k.name == config + "_bf16" and plan.stage_k.kernel.fovi_bf16
+        assert plan.stage_k.fp32_stage and plan.stage_buf.dtype == torch.float32
+        got = plan.run()
+        _assert_fp32_exact(got, want, f"{config}_bf16 {shape} B={b}")
+        assert torch.equal(got, run(meta, g, op, config))
+
+
 @pytest.mark.parametrize("shape,b", [("MAIN", 130), ("PAD_HEAVY", 5), ("ODD", 1)])
 def test_bf16_warp_train_adjoints(shape, b):
-    """warp_train's own path in bf16 (default configs, fused on every layer: the stems too, as the staged
-    kernels are fp16 only: PAD_HEAVY has Cin = 9), separate and combined, bitwise repeatable."""
+    """warp_train's own path in bf16 (default configs: fused where Cin >= 16, the staged kernels' bf16 form on
+    PAD_HEAVY, Cin = 9, as in fp16), separate and combined, bitwise repeatable."""
+    from fovi_lab.knn_warp import grad_path
+    assert grad_path(_case(shape, b)[0], torch.bfloat16) == ("staged" if shape == "PAD_HEAVY" else "fused")
     from fovi_lab.knn_warp import WarpTrainOps
     meta, x, w, g, dx_o, dw_o = _case(shape, b)
     dx, dw = WarpTrainOps.backward_combined(meta, g, x, w)
@@ -102,15 +130,20 @@ def test_bf16_fp16_kernels_are_validated_apart_and_mixed_dtypes_refused():
         nm.plan_grad_weight_nm(meta, g, x.half())
     with pytest.raises(TypeError, match="grad_y: expected dtype torch.float16 or torch.bfloat16, got torch.float32"):
         nm.plan_grad_input_nm(meta, g.float(), w)
-    # the staged kernels have no bf16 form: a staged config asked for by name says so
-    from fovi_lab import knn_warp
-    with pytest.raises(TypeError, match="grad_y: expected dtype torch.float16"):
-        knn_warp.grad_input(meta, g, w, config=next(iter(nm.GRAD_INPUT_CONFIG_SPECS)))
+    # the staged kernels too: their bf16 and fp16 forms are validated apart, mixed dtypes are refused
+    cfg = next(iter(nm.GRAD_INPUT_CONFIG_SPECS))
+    s16, sbf = nm.get_grad_kernel("gi", cfg, "cpu"), nm.get_grad_kernel("gi", cfg + "_bf16", "cpu")
+    assert s16 is not None and sbf is not None and s16.kernel is not sbf.kernel
+    assert (s16.kernel.fovi_bf16, sbf.kernel.fovi_bf16, sbf.fp32_stage) == (False, True, True)
+    with pytest.raises(TypeError, match=r"weight: expected dtype torch.bfloat16 \(same as grad_y\), got torch.float16"):
+        nm.grad_input(meta, g, w.half(), cfg)
+    with pytest.raises(TypeError, match="grad_y: expected dtype torch.float16 or torch.bfloat16, got torch.float32"):
+        nm.grad_weight(meta, g.float(), x, next(iter(nm.GRAD_WEIGHT_CONFIG_SPECS)))
 
 
 def test_autocast_bf16_trains_through_warp_train():
     """A fp32 layer under ``torch.autocast("cpu", dtype=torch.bfloat16)``: the forward runs in bf16 on the
-    tensor-core kernels' CPU branch, the gradients on the fused bf16 adjoints, and come back in fp32 (the
+    tensor-core kernels' CPU branch, the gradients on the bf16 adjoints (fused: Cin = 17), and come back in fp32 (the
     master weights' dtype) equal to the oracle on the bf16-rounded operands; two steps are bitwise equal."""
     cin, cout, nin, nout, k, v, pads = SYNTHETIC_SHAPES["ODD"]
     idx, rf = synthetic_graph(nin, nout, k, v, pads, seed=1)

@@ -73,7 +73,8 @@ def test_every_adjoint_kernel_compiles_aot_without_mathdx(tmp_path):
     # fp32-staging variants differ from their fp16 twins only in the final store (no tile_astype):
     # every kernel for the newest arch in the list, the fp16-staged ones and the reductions for the others
     newest = max(ARCHS)
-    # the older archs: one fp16-staged kernel of each (kind, version, block size), and every reduction (the
+    # the older archs: one fp16-staged kernel of each (kind, version, block size, operand dtype), and every
+    # reduction (the
     # configs of one version are one kernel body with other tile constants)
     older, seen = [], set()
     for k, n in names:
@@ -81,7 +82,7 @@ def test_every_adjoint_kernel_compiles_aot_without_mathdx(tmp_path):
             older.append((k, n))
         elif not n.endswith("_f32"):
             spec = wa.spec_of(k, n)
-            key = (k, str(spec["version"]), spec["block_dim"])
+            key = (k, str(spec["version"]), spec["block_dim"], n.endswith("_bf16"))   # bf16: other element types
             if key not in seen:
                 seen.add(key)
                 older.append((k, n))

@@ -121,7 +121,10 @@ def check_tensor(name: str, t, *, dtype=None, dim=None, device=None, contiguous=
     """Raise a clear error naming ``name`` when ``t`` is not what a kernel needs."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if dtype is not None and t.dtype != dtype:
+    if dtype is not None and isinstance(dtype, tuple):        # one of several dtypes
+        if t.dtype not in dtype:
+            raise TypeError(f"{name}: expected dtype {' or '.join(map(str, dtype))}, got {t.dtype}")
+    elif dtype is not None and t.dtype != dtype:
         raise TypeError(f"{name}: expected dtype {dtype}, got {t.dtype}")
     if dim is not None and t.dim() != dim:
         raise ValueError(f"{name}: expected a {dim}-D tensor, got shape {tuple(t.shape)}")

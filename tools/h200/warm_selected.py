@@ -42,7 +42,8 @@ def selected_jobs(layers, batches, device: str, all_mma: bool) -> list:
         jobs += [("fwd", n, False, device)] + ([("fwd", n + ":bf16", False, device)] if mma else [])
     for kind, n in sorted(nm):
         jobs += [("fwd", f"nm:{kind}:{n}", False, device), ("fwd", f"nm:{kind}:{n}:bf16", False, device)]
-    jobs += [("grad", kind, n, device) for kind, n in sorted(staged)]
+    from fovi_lab.kernels.adjoint.configs import _split_name
+    jobs += [("grad", kind, m, device) for kind, n in sorted(staged) for m in (n, _split_name(n)[0] + "_bf16")]
     if staged:
         jobs += [("grad", "csr", n, device) for n in A.CSR_KERNEL_SPECS]
     return jobs

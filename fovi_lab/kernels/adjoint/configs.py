@@ -84,6 +84,7 @@ DEFAULT_GW_CONFIG = "gw3_p64n128"          # the seed's default
 DEFAULT_GW_CONFIG_NARROW = "gw3_p64n64"    # Cout <= 64: a 128-wide o tile would be >= half padding
 
 _F32_SUFFIX = "_f32"
+_BF16_SUFFIX = "_bf16"      # bf16 operands (and fp32 staging: the bf16 kernels stage in fp32 only)
 _MODULE_OPTIONS = {"fast_math": True}
 
 
@@ -100,19 +101,26 @@ def stage_fp32_default() -> bool:
 
 
 def _split_name(name: str) -> Tuple[str, bool]:
-    """``'gi2_p64b128_f32'`` -> ``('gi2_p64b128', True)``."""
-    if name.endswith(_F32_SUFFIX):
-        return name[: -len(_F32_SUFFIX)], True
+    """``'gi2_p64b128_f32'`` -> ``('gi2_p64b128', True)``: the base config and whether it stages in fp32
+    (``'gi2_p64b128_bf16'``, the bf16 form, does too)."""
+    for suffix in (_F32_SUFFIX, _BF16_SUFFIX):
+        if name.endswith(suffix):
+            return name[: -len(suffix)], True
     return name, False
+
+
+def is_bf16_name(name: str) -> bool:
+    """Whether a staged kernel name is a bf16 form (``<base>_bf16``)."""
+    return name.endswith(_BF16_SUFFIX)
 
 
 def all_grad_kernel_names():
     """Every ``(kind, name)`` that :func:`get_grad_kernel` knows (for warm-up and sweeps)."""
     out = []
     for base in GRAD_INPUT_CONFIG_SPECS:
-        out += [("gi", base), ("gi", base + _F32_SUFFIX)]
+        out += [("gi", base), ("gi", base + _F32_SUFFIX), ("gi", base + _BF16_SUFFIX)]
     for base in GRAD_WEIGHT_CONFIG_SPECS:
-        out += [("gw", base), ("gw", base + _F32_SUFFIX)]
+        out += [("gw", base), ("gw", base + _F32_SUFFIX), ("gw", base + _BF16_SUFFIX)]
     out += [("csr", name) for name in CSR_KERNEL_SPECS]
     return out
 

@@ -11,7 +11,8 @@ grad_weight, per node::
     dW[o, q]       = sum over the (n, p) with weight_linear[n, p] = q of dWeff[n, p, o]
 
 The reductions walk the meta's reverse CSR lists in a fixed order (no atomics), so dx and dW are bitwise
-repeatable. Every stage entry the reduction reads is written by the GEMM (the pad column p >= P is never
+repeatable. Operands are fp16, or bf16 (``bf16=True``, config names ``<base>_bf16``: bf16 kernels stage in fp32);
+the GEMMs accumulate in fp32 either way. Every stage entry the reduction reads is written by the GEMM (the pad column p >= P is never
 listed), and outputs are prefilled with NaN in the tests so an unwritten entry shows.
 """
 
@@ -21,8 +22,9 @@ import os
 from typing import Optional
 
 from fovi_lab.kernels.common import init_warp, wp
-from fovi_lab.kernels.adjoint.configs import (CSR_KERNEL_SPECS, _F32_SUFFIX, _GI_TILE_O, GRAD_INPUT_CONFIG_SPECS,
-                                              GRAD_WEIGHT_CONFIG_SPECS, _GW_TILE_B, _MODULE_OPTIONS, _split_name)
+from fovi_lab.kernels.adjoint.configs import (_BF16_SUFFIX, CSR_KERNEL_SPECS, _F32_SUFFIX, _GI_TILE_O,
+                                              GRAD_INPUT_CONFIG_SPECS, GRAD_WEIGHT_CONFIG_SPECS, _GW_TILE_B,
+                                              _MODULE_OPTIONS, _split_name, is_bf16_name)
 
 
 def _mathdx_env() -> Optional[bool]:
@@ -35,7 +37,8 @@ def _mathdx_env() -> Optional[bool]:
 
 
 def _kernel_options(block_dim: Optional[int], module_options: Optional[dict]) -> dict:
-    opts = dict(_MODULE_OPTIONS)
+    # no backward pass in the module: these kernels have none, and tile_matmul takes bf16 tiles only without one
+    opts = dict(_MODULE_OPTIONS, enable_backward=False)
     mathdx = _mathdx_env()
     if mathdx is not None:
         opts["enable_mathdx_gemm"] = mathdx
@@ -58,9 +61,10 @@ def _kernel_decorator(tag: str, opts: dict, module: Optional[str]):
     return wp.kernel(enable_backward=False, module=module, name=tag)
 
 
-def _tag(kernel, fp32_stage: bool):
-    # Remember the stage dtype on the kernel (the canaries need it; the signature is fixed by the seed).
+def _tag(kernel, fp32_stage: bool, bf16: bool = False):
+    # Remember the stage and operand dtypes on the kernel (the canaries need them; the signature is fixed by the seed).
     kernel.fovi_fp32_stage = bool(fp32_stage)
+    kernel.fovi_bf16 = bool(bf16)
     return kernel
 
 
@@ -68,9 +72,17 @@ def _stage_dtype(fp32_stage: bool):
     return wp.float32 if fp32_stage else wp.float16
 
 
+def _elem(bf16: bool, fp32_stage: bool):
+    """The operands' element type: fp16, or bf16 (``bf16=True``), whose kernels stage in fp32 only: a bf16 stage
+    would round each staged product sum to 8 mantissa bits before the reduction adds them."""
+    if bf16 and not fp32_stage:
+        raise ValueError("bf16: the bf16 staged kernels stage in fp32 (fp32_stage=True)")
+    return wp.bfloat16 if bf16 else wp.float16
+
+
 def make_grad_input_stage2_kernel(tile_p: int, tile_b: int, fp32_stage: bool, *, tile_o: int = _GI_TILE_O,
                                    block_dim: Optional[int] = None, module_options: Optional[dict] = None,
-                                   module: Optional[str] = None):
+                                   module: Optional[str] = None, bf16: bool = False):
     """v2 gi staging: one CTA per ``(n, b_tile)``, the P64 loop inside the CTA.
 
     Launch ``wp.launch_tiled(k, dim=(Nout, Bpad // tile_b), block_dim=...)`` with inputs
@@ -85,12 +97,13 @@ def make_grad_input_stage2_kernel(tile_p: int, tile_b: int, fp32_stage: bool, *,
     """
     init_warp()
     sd = _stage_dtype(fp32_stage)
+    et = _elem(bf16, fp32_stage)
     opts = _kernel_options(block_dim, module_options)
-    tag = f"fovi_gi2_p{tile_p}b{tile_b}o{tile_o}_{'f32' if fp32_stage else 'f16'}"
+    tag = f"fovi_gi2_p{tile_p}b{tile_b}o{tile_o}_{'f32' if fp32_stage else 'f16'}" + ("_bf16" if bf16 else "")
 
     @_kernel_decorator(tag, opts, module)
-    def gi2(weight_linear: wp.array2d(dtype=wp.int32), wt: wp.array2d(dtype=wp.float16),
-            g_nob: wp.array3d(dtype=wp.float16), n_p_tiles: int, n_o_tiles: int,
+    def gi2(weight_linear: wp.array2d(dtype=wp.int32), wt: wp.array2d(dtype=et),
+            g_nob: wp.array3d(dtype=et), n_p_tiles: int, n_o_tiles: int,
             da: wp.array3d(dtype=sd)):
         n, bt = wp.tid()
         b_off = bt * tile_b
@@ -109,12 +122,12 @@ def make_grad_input_stage2_kernel(tile_p: int, tile_b: int, fp32_stage: bool, *,
             else:
                 wp.tile_store(da[n], wp.tile_astype(acc, wp.float16), offset=(p_off, b_off))
 
-    return _tag(gi2, fp32_stage)
+    return _tag(gi2, fp32_stage, bf16)
 
 
 def make_grad_input_stage3_kernel(tile_p: int, tile_b: int, fp32_stage: bool, *, tile_o: int = _GI_TILE_O,
                                    block_dim: Optional[int] = None, module_options: Optional[dict] = None,
-                                   module: Optional[str] = None):
+                                   module: Optional[str] = None, bf16: bool = False):
     """v3 gi staging: a 3-D ``(n, p_tile, b_tile)`` grid, the o loop inside the CTA.
 
     Launch ``dim=(Nout, P64 // tile_p, Bpad // tile_b)``; same arguments as gi2 (``n_p_tiles`` unused).
@@ -124,12 +137,13 @@ def make_grad_input_stage3_kernel(tile_p: int, tile_b: int, fp32_stage: bool, *,
     """
     init_warp()
     sd = _stage_dtype(fp32_stage)
+    et = _elem(bf16, fp32_stage)
     opts = _kernel_options(block_dim, module_options)
-    tag = f"fovi_gi3_p{tile_p}b{tile_b}o{tile_o}_{'f32' if fp32_stage else 'f16'}"
+    tag = f"fovi_gi3_p{tile_p}b{tile_b}o{tile_o}_{'f32' if fp32_stage else 'f16'}" + ("_bf16" if bf16 else "")
 
     @_kernel_decorator(tag, opts, module)
-    def gi3(weight_linear: wp.array2d(dtype=wp.int32), wt: wp.array2d(dtype=wp.float16),
-            g_nob: wp.array3d(dtype=wp.float16), n_p_tiles: int, n_o_tiles: int,
+    def gi3(weight_linear: wp.array2d(dtype=wp.int32), wt: wp.array2d(dtype=et),
+            g_nob: wp.array3d(dtype=et), n_p_tiles: int, n_o_tiles: int,
             da: wp.array3d(dtype=sd)):
         n, pt, bt = wp.tid()
         p_off = pt * tile_p
@@ -147,29 +161,30 @@ def make_grad_input_stage3_kernel(tile_p: int, tile_b: int, fp32_stage: bool, *,
         else:
             wp.tile_store(da[n], wp.tile_astype(acc, wp.float16), offset=(p_off, b_off))
 
-    return _tag(gi3, fp32_stage)
+    return _tag(gi3, fp32_stage, bf16)
 
 
 def make_grad_input_stage3p_kernel(tile_p: int, tile_b: int, fp32_stage: bool, *, tile_o: int = _GI_TILE_O,
                                     block_dim: Optional[int] = None, module_options: Optional[dict] = None,
-                                    module: Optional[str] = None):
+                                    module: Optional[str] = None, bf16: bool = False):
     """gi3 with a register prefetch of the next o step's W gather and g tile (see gi2p)."""
     init_warp()
     sd = _stage_dtype(fp32_stage)
+    et = _elem(bf16, fp32_stage)
     opts = _kernel_options(block_dim, module_options)
-    tag = f"fovi_gi3p_p{tile_p}b{tile_b}o{tile_o}_{'f32' if fp32_stage else 'f16'}"
+    tag = f"fovi_gi3p_p{tile_p}b{tile_b}o{tile_o}_{'f32' if fp32_stage else 'f16'}" + ("_bf16" if bf16 else "")
 
     @_kernel_decorator(tag, opts, module)
-    def gi3p(weight_linear: wp.array2d(dtype=wp.int32), wt: wp.array2d(dtype=wp.float16),
-             g_nob: wp.array3d(dtype=wp.float16), n_p_tiles: int, n_o_tiles: int,
+    def gi3p(weight_linear: wp.array2d(dtype=wp.int32), wt: wp.array2d(dtype=et),
+             g_nob: wp.array3d(dtype=et), n_p_tiles: int, n_o_tiles: int,
              da: wp.array3d(dtype=sd)):
         n, pt, bt = wp.tid()
         p_off = pt * tile_p
         b_off = bt * tile_b
         g_n = g_nob[n]
         rows = wp.tile_load(weight_linear[n], shape=tile_p, offset=p_off, storage="shared")
-        w_sh = wp.tile_zeros(shape=(tile_p, tile_o), dtype=wp.float16, storage="shared")
-        g_sh = wp.tile_zeros(shape=(tile_o, tile_b), dtype=wp.float16, storage="shared")
+        w_sh = wp.tile_zeros(shape=(tile_p, tile_o), dtype=et, storage="shared")
+        g_sh = wp.tile_zeros(shape=(tile_o, tile_b), dtype=et, storage="shared")
         w_r = wp.tile_load_indexed(wt, indices=rows, shape=(tile_p, tile_o), offset=(0, 0), axis=0)
         g_r = wp.tile_load(g_n, shape=(tile_o, tile_b), offset=(0, b_off))
         acc = wp.tile_zeros(shape=(tile_p, tile_b), dtype=wp.float32)
@@ -185,12 +200,12 @@ def make_grad_input_stage3p_kernel(tile_p: int, tile_b: int, fp32_stage: bool, *
         else:
             wp.tile_store(da[n], wp.tile_astype(acc, wp.float16), offset=(p_off, b_off))
 
-    return _tag(gi3p, fp32_stage)
+    return _tag(gi3p, fp32_stage, bf16)
 
 
 def make_grad_weight_stage2_kernel(tile_p: int, tile_n: int, fp32_stage: bool, *, tile_b: int = _GW_TILE_B,
                                     block_dim: Optional[int] = None, module_options: Optional[dict] = None,
-                                   module: Optional[str] = None):
+                                   module: Optional[str] = None, bf16: bool = False):
     """v2 gw staging: one CTA per ``(n, o_tile)``, P64 loop in the CTA, transposed-x operand.
 
     Launch ``dim=(nc, Cout_pad // tile_n)`` with inputs ``(input_linear [nc, P64] i32,
@@ -204,12 +219,13 @@ def make_grad_weight_stage2_kernel(tile_p: int, tile_n: int, fp32_stage: bool, *
     """
     init_warp()
     sd = _stage_dtype(fp32_stage)
+    et = _elem(bf16, fp32_stage)
     opts = _kernel_options(block_dim, module_options)
-    tag = f"fovi_gw2_p{tile_p}n{tile_n}b{tile_b}_{'f32' if fp32_stage else 'f16'}"
+    tag = f"fovi_gw2_p{tile_p}n{tile_n}b{tile_b}_{'f32' if fp32_stage else 'f16'}" + ("_bf16" if bf16 else "")
 
     @_kernel_decorator(tag, opts, module)
-    def gw2(input_linear: wp.array2d(dtype=wp.int32), xt: wp.array2d(dtype=wp.float16),
-            g_nbo: wp.array3d(dtype=wp.float16), n_p_tiles: int, n_b_tiles: int,
+    def gw2(input_linear: wp.array2d(dtype=wp.int32), xt: wp.array2d(dtype=et),
+            g_nbo: wp.array3d(dtype=et), n_p_tiles: int, n_b_tiles: int,
             dweff: wp.array3d(dtype=sd)):
         n, ot = wp.tid()
         o_off = ot * tile_n
@@ -228,12 +244,12 @@ def make_grad_weight_stage2_kernel(tile_p: int, tile_n: int, fp32_stage: bool, *
             else:
                 wp.tile_store(dweff[n], wp.tile_astype(acc, wp.float16), offset=(p_off, o_off))
 
-    return _tag(gw2, fp32_stage)
+    return _tag(gw2, fp32_stage, bf16)
 
 
 def make_grad_weight_stage3_kernel(tile_p: int, tile_n: int, fp32_stage: bool, *, tile_b: int = _GW_TILE_B,
                                     block_dim: Optional[int] = None, module_options: Optional[dict] = None,
-                                   module: Optional[str] = None):
+                                   module: Optional[str] = None, bf16: bool = False):
     """v3 gw staging: a 3-D ``(n, p_tile, o_tile)`` grid with the v2 transposed-x operand.
 
     Launch ``dim=(nc, P64 // tile_p, Cout_pad // tile_n)``; same arguments as v2 (``n_p_tiles`` is
@@ -242,12 +258,13 @@ def make_grad_weight_stage3_kernel(tile_p: int, tile_n: int, fp32_stage: bool, *
     """
     init_warp()
     sd = _stage_dtype(fp32_stage)
+    et = _elem(bf16, fp32_stage)
     opts = _kernel_options(block_dim, module_options)
-    tag = f"fovi_gw3_p{tile_p}n{tile_n}b{tile_b}_{'f32' if fp32_stage else 'f16'}"
+    tag = f"fovi_gw3_p{tile_p}n{tile_n}b{tile_b}_{'f32' if fp32_stage else 'f16'}" + ("_bf16" if bf16 else "")
 
     @_kernel_decorator(tag, opts, module)
-    def gw3(input_linear: wp.array2d(dtype=wp.int32), xt: wp.array2d(dtype=wp.float16),
-            g_nbo: wp.array3d(dtype=wp.float16), n_p_tiles: int, n_b_tiles: int,
+    def gw3(input_linear: wp.array2d(dtype=wp.int32), xt: wp.array2d(dtype=et),
+            g_nbo: wp.array3d(dtype=et), n_p_tiles: int, n_b_tiles: int,
             dweff: wp.array3d(dtype=sd)):
         n, pt, ot = wp.tid()
         p_off = pt * tile_p
@@ -265,12 +282,12 @@ def make_grad_weight_stage3_kernel(tile_p: int, tile_n: int, fp32_stage: bool, *
         else:
             wp.tile_store(dweff[n], wp.tile_astype(acc, wp.float16), offset=(p_off, o_off))
 
-    return _tag(gw3, fp32_stage)
+    return _tag(gw3, fp32_stage, bf16)
 
 
 def make_grad_weight_stage4_kernel(tile_p: int, tile_n: int, fp32_stage: bool, *, tile_b: int = _GW_TILE_B,
                                     block_dim: Optional[int] = None, module_options: Optional[dict] = None,
-                                   module: Optional[str] = None):
+                                   module: Optional[str] = None, bf16: bool = False):
     """v4 gw staging: v3's 3-D grid, but each CTA computes TWO adjacent o tiles.
 
     Launch ``dim=(nc, P64 // tile_p, Cout_pad // (2*tile_n))``; ``g_nbo``/``dWeff`` must be padded to
@@ -279,12 +296,13 @@ def make_grad_weight_stage4_kernel(tile_p: int, tile_n: int, fp32_stage: bool, *
     """
     init_warp()
     sd = _stage_dtype(fp32_stage)
+    et = _elem(bf16, fp32_stage)
     opts = _kernel_options(block_dim, module_options)
-    tag = f"fovi_gw4_p{tile_p}n{tile_n}b{tile_b}_{'f32' if fp32_stage else 'f16'}"
+    tag = f"fovi_gw4_p{tile_p}n{tile_n}b{tile_b}_{'f32' if fp32_stage else 'f16'}" + ("_bf16" if bf16 else "")
 
     @_kernel_decorator(tag, opts, module)
-    def gw4(input_linear: wp.array2d(dtype=wp.int32), xt: wp.array2d(dtype=wp.float16),
-            g_nbo: wp.array3d(dtype=wp.float16), n_p_tiles: int, n_b_tiles: int,
+    def gw4(input_linear: wp.array2d(dtype=wp.int32), xt: wp.array2d(dtype=et),
+            g_nbo: wp.array3d(dtype=et), n_p_tiles: int, n_b_tiles: int,
             dweff: wp.array3d(dtype=sd)):
         n, pt, ot = wp.tid()
         p_off = pt * tile_p
@@ -308,12 +326,12 @@ def make_grad_weight_stage4_kernel(tile_p: int, tile_n: int, fp32_stage: bool, *
             wp.tile_store(dweff[n], wp.tile_astype(acc0, wp.float16), offset=(p_off, o0))
             wp.tile_store(dweff[n], wp.tile_astype(acc1, wp.float16), offset=(p_off, o1))
 
-    return _tag(gw4, fp32_stage)
+    return _tag(gw4, fp32_stage, bf16)
 
 
 def make_grad_input_stage2p_kernel(tile_p: int, tile_b: int, fp32_stage: bool, *, tile_o: int = _GI_TILE_O,
                                     block_dim: Optional[int] = None, module_options: Optional[dict] = None,
-                                    module: Optional[str] = None):
+                                    module: Optional[str] = None, bf16: bool = False):
     """gi2 with a register prefetch (software pipelining): same arguments, grid and result as gi2.
 
     Warp's tile GEMM does not overlap loads with math inside a CTA (load, sync, matmul, sync). Here
@@ -323,19 +341,20 @@ def make_grad_input_stage2p_kernel(tile_p: int, tile_b: int, fp32_stage: bool, *
     """
     init_warp()
     sd = _stage_dtype(fp32_stage)
+    et = _elem(bf16, fp32_stage)
     opts = _kernel_options(block_dim, module_options)
-    tag = f"fovi_gi2p_p{tile_p}b{tile_b}o{tile_o}_{'f32' if fp32_stage else 'f16'}"
+    tag = f"fovi_gi2p_p{tile_p}b{tile_b}o{tile_o}_{'f32' if fp32_stage else 'f16'}" + ("_bf16" if bf16 else "")
 
     @_kernel_decorator(tag, opts, module)
-    def gi2p(weight_linear: wp.array2d(dtype=wp.int32), wt: wp.array2d(dtype=wp.float16),
-             g_nob: wp.array3d(dtype=wp.float16), n_p_tiles: int, n_o_tiles: int,
+    def gi2p(weight_linear: wp.array2d(dtype=wp.int32), wt: wp.array2d(dtype=et),
+             g_nob: wp.array3d(dtype=et), n_p_tiles: int, n_o_tiles: int,
              da: wp.array3d(dtype=sd)):
         n, bt = wp.tid()
         b_off = bt * tile_b
         wl_n = weight_linear[n]
         g_n = g_nob[n]
-        w_sh = wp.tile_zeros(shape=(tile_p, tile_o), dtype=wp.float16, storage="shared")
-        g_sh = wp.tile_zeros(shape=(tile_o, tile_b), dtype=wp.float16, storage="shared")
+        w_sh = wp.tile_zeros(shape=(tile_p, tile_o), dtype=et, storage="shared")
+        g_sh = wp.tile_zeros(shape=(tile_o, tile_b), dtype=et, storage="shared")
         rows = wp.tile_load(wl_n, shape=tile_p, offset=0, storage="shared")
         w_r = wp.tile_load_indexed(wt, indices=rows, shape=(tile_p, tile_o), offset=(0, 0), axis=0)
         g_r = wp.tile_load(g_n, shape=(tile_o, tile_b), offset=(0, b_off))
@@ -360,29 +379,30 @@ def make_grad_input_stage2p_kernel(tile_p: int, tile_b: int, fp32_stage: bool, *
             else:
                 wp.tile_store(da[n], wp.tile_astype(acc, wp.float16), offset=(pt * tile_p, b_off))
 
-    return _tag(gi2p, fp32_stage)
+    return _tag(gi2p, fp32_stage, bf16)
 
 
 def make_grad_weight_stage3p_kernel(tile_p: int, tile_n: int, fp32_stage: bool, *, tile_b: int = _GW_TILE_B,
                                      block_dim: Optional[int] = None, module_options: Optional[dict] = None,
-                                     module: Optional[str] = None):
+                                     module: Optional[str] = None, bf16: bool = False):
     """gw3 with a register prefetch of the next b step's ``xt`` gather and ``g`` tile (see gi2p)."""
     init_warp()
     sd = _stage_dtype(fp32_stage)
+    et = _elem(bf16, fp32_stage)
     opts = _kernel_options(block_dim, module_options)
-    tag = f"fovi_gw3p_p{tile_p}n{tile_n}b{tile_b}_{'f32' if fp32_stage else 'f16'}"
+    tag = f"fovi_gw3p_p{tile_p}n{tile_n}b{tile_b}_{'f32' if fp32_stage else 'f16'}" + ("_bf16" if bf16 else "")
 
     @_kernel_decorator(tag, opts, module)
-    def gw3p(input_linear: wp.array2d(dtype=wp.int32), xt: wp.array2d(dtype=wp.float16),
-             g_nbo: wp.array3d(dtype=wp.float16), n_p_tiles: int, n_b_tiles: int,
+    def gw3p(input_linear: wp.array2d(dtype=wp.int32), xt: wp.array2d(dtype=et),
+             g_nbo: wp.array3d(dtype=et), n_p_tiles: int, n_b_tiles: int,
              dweff: wp.array3d(dtype=sd)):
         n, pt, ot = wp.tid()
         p_off = pt * tile_p
         o_off = ot * tile_n
         g_n = g_nbo[n]
         rows = wp.tile_load(input_linear[n], shape=tile_p, offset=p_off, storage="shared")
-        a_sh = wp.tile_zeros(shape=(tile_p, tile_b), dtype=wp.float16, storage="shared")
-        g_sh = wp.tile_zeros(shape=(tile_b, tile_n), dtype=wp.float16, storage="shared")
+        a_sh = wp.tile_zeros(shape=(tile_p, tile_b), dtype=et, storage="shared")
+        g_sh = wp.tile_zeros(shape=(tile_b, tile_n), dtype=et, storage="shared")
         a_r = wp.tile_load_indexed(xt, indices=rows, shape=(tile_p, tile_b), offset=(0, 0), axis=0)
         g_r = wp.tile_load(g_n, shape=(tile_b, tile_n), offset=(0, o_off))
         acc = wp.tile_zeros(shape=(tile_p, tile_n), dtype=wp.float32)
@@ -398,13 +418,13 @@ def make_grad_weight_stage3p_kernel(tile_p: int, tile_n: int, fp32_stage: bool, 
         else:
             wp.tile_store(dweff[n], wp.tile_astype(acc, wp.float16), offset=(p_off, o_off))
 
-    return _tag(gw3p, fp32_stage)
+    return _tag(gw3p, fp32_stage, bf16)
 
 
 def make_grad_staged_operand_kernel(kind: str, version: str, tile_p: int, tile_wide: int, fp32_stage: bool, *,
                                      tile_o: int = _GI_TILE_O, block_dim: Optional[int] = None,
                                      module_options: Optional[dict] = None, module: Optional[str] = None,
-                                     tile_kb: int = _GW_TILE_B):
+                                     tile_kb: int = _GW_TILE_B, bf16: bool = False):
     """Staged-operand ("i") variants of gi2 / gi3 / gw3 for the Cin = 3 stems.
 
     There every neighbour contributes 3 contraction rows, so the gathered operand tile (rows of W^T for
@@ -420,16 +440,17 @@ def make_grad_staged_operand_kernel(kind: str, version: str, tile_p: int, tile_w
     """
     init_warp()
     sd = _stage_dtype(fp32_stage)
+    et = _elem(bf16, fp32_stage)
     opts = _kernel_options(block_dim, module_options)
     f = "f32" if fp32_stage else "f16"
     if kind == "gi":
         tile_b = tile_wide
-        tag = f"fovi_gi{version}_p{tile_p}b{tile_b}o{tile_o}_{f}"
+        tag = f"fovi_gi{version}_p{tile_p}b{tile_b}o{tile_o}_{f}" + ("_bf16" if bf16 else "")
         GRID3 = version == "3i"
 
         @_kernel_decorator(tag, opts, module)
-        def gi_i(weight_linear: wp.array2d(dtype=wp.int32), weff: wp.array2d(dtype=wp.float16),
-                 g_nob: wp.array3d(dtype=wp.float16), n_p_tiles: int, n_o_tiles: int,
+        def gi_i(weight_linear: wp.array2d(dtype=wp.int32), weff: wp.array2d(dtype=et),
+                 g_nob: wp.array3d(dtype=et), n_p_tiles: int, n_o_tiles: int,
                  da: wp.array3d(dtype=sd)):
             if wp.static(GRID3):
                 n, pt0, bt = wp.tid()
@@ -454,15 +475,15 @@ def make_grad_staged_operand_kernel(kind: str, version: str, tile_p: int, tile_w
                 else:
                     wp.tile_store(da[n], wp.tile_astype(acc, wp.float16), offset=(p_off, b_off))
 
-        return _tag(gi_i, fp32_stage)
+        return _tag(gi_i, fp32_stage, bf16)
 
     tile_n = tile_wide
     TKB = int(tile_kb)                   # batch rows contracted per MMA (gw's K)
-    tag = f"fovi_gw{version}_p{tile_p}n{tile_n}b{TKB}_{f}"
+    tag = f"fovi_gw{version}_p{tile_p}n{tile_n}b{TKB}_{f}" + ("_bf16" if bf16 else "")
 
     @_kernel_decorator(tag, opts, module)
-    def gw_i(input_linear: wp.array2d(dtype=wp.int32), at: wp.array2d(dtype=wp.float16),
-             g_nbo: wp.array3d(dtype=wp.float16), n_p_tiles: int, n_b_tiles: int,
+    def gw_i(input_linear: wp.array2d(dtype=wp.int32), at: wp.array2d(dtype=et),
+             g_nbo: wp.array3d(dtype=et), n_p_tiles: int, n_b_tiles: int,
              dweff: wp.array3d(dtype=sd)):
         n, pt, ot = wp.tid()
         p_off = pt * tile_p
@@ -479,7 +500,7 @@ def make_grad_staged_operand_kernel(kind: str, version: str, tile_p: int, tile_w
         else:
             wp.tile_store(dweff[n], wp.tile_astype(acc, wp.float16), offset=(p_off, o_off))
 
-    return _tag(gw_i, fp32_stage)
+    return _tag(gw_i, fp32_stage, bf16)
 
 
 def make_dx_csr_kernel(fp32_stage: bool, *, module_options: Optional[dict] = None, module: Optional[str] = None):
@@ -644,25 +665,26 @@ def _build_kernel(kind: str, name: str, module_options: Optional[dict] = None, m
         factory = make_dx_csr_kernel if spec["target"] == "dx" else make_dw_csr_kernel
         return factory(spec["fp32_stage"], module_options=module_options, module=module), spec, spec["fp32_stage"]
     base, fp32 = _split_name(name)
+    bf16 = is_bf16_name(name)
     table = {"gi": GRAD_INPUT_CONFIG_SPECS, "gw": GRAD_WEIGHT_CONFIG_SPECS}.get(kind)
     if table is None:
         raise ValueError(f"kind: expected 'gi', 'gw' or 'csr', got {kind!r}")
     if base not in table:
         raise KeyError(f"config: unknown {kind} config {name!r}; known: {sorted(table)} "
-                       f"(append {_F32_SUFFIX!r} for fp32 staging)")
+                       f"(append {_F32_SUFFIX!r} for fp32 staging, {_BF16_SUFFIX!r} for bf16)")
     spec = table[base]
     if str(spec["version"]).endswith("i"):
         wide = spec["tile_b"] if kind == "gi" else spec["tile_n"]
         kernel = make_grad_staged_operand_kernel(kind, spec["version"], spec["tile_p"], wide, fp32,
                                                   tile_o=spec.get("tile_o", _GI_TILE_O), block_dim=spec["block_dim"],
                                                   module_options=module_options, module=module,
-                                                  tile_kb=spec.get("tile_kb", _GW_TILE_B))
+                                                  tile_kb=spec.get("tile_kb", _GW_TILE_B), bf16=bf16)
         return kernel, spec, fp32
     factory = _STAGE_FACTORIES[(kind, spec["version"])]
     if kind == "gi":
         kernel = factory(spec["tile_p"], spec["tile_b"], fp32, tile_o=spec["tile_o"],
-                         block_dim=spec["block_dim"], module_options=module_options, module=module)
+                         block_dim=spec["block_dim"], module_options=module_options, module=module, bf16=bf16)
     else:
         kernel = factory(spec["tile_p"], spec["tile_n"], fp32, block_dim=spec["block_dim"],
-                         module_options=module_options, module=module)
+                         module_options=module_options, module=module, bf16=bf16)
     return kernel, spec, fp32

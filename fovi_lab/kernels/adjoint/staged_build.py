@@ -15,8 +15,9 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from fovi_lab.kernels.common import ValidatedCache, init_warp, nan_canary, to_warp, torch_stream, wp
-from fovi_lab.kernels.adjoint.configs import (CSR_KERNEL_SPECS, _F32_SUFFIX, _GI_TILE_O, GRAD_INPUT_CONFIG_SPECS,
-                                              GRAD_WEIGHT_CONFIG_SPECS, _GW_TILE_B, _MODULE_OPTIONS, _split_name)
+from fovi_lab.kernels.adjoint.configs import (_BF16_SUFFIX, CSR_KERNEL_SPECS, _F32_SUFFIX, _GI_TILE_O,
+                                              GRAD_INPUT_CONFIG_SPECS, GRAD_WEIGHT_CONFIG_SPECS, _GW_TILE_B,
+                                              _MODULE_OPTIONS, _split_name)
 from fovi_lab.kernels.adjoint.staged import _build_kernel
 
 
@@ -78,6 +79,9 @@ def _canary_grad_stage(kernel, tile_p, tile_wide, block_dim, version, weight_ope
             out_shape = (1, p64, cpad)
             spec = dict(version=version, tile_p=tile_p, tile_n=tile_wide, tile_kb=tile_kb, block_dim=block_dim)
             kind = "gw"
+        et = torch.bfloat16 if getattr(kernel, "fovi_bf16", False) else torch.float16
+        operand, g = operand.to(et), g.to(et)           # the kernel's operand dtype (want is of the fp16 values:
+        want = operand.float()[table[0].long()] @ g[0].float()      # recomputed from the rounded ones)
         if str(version).endswith("i"):            # staged-operand kernels read the rows pre-gathered
             operand = operand[table[0].long()].contiguous()
         fp32 = _kernel_stage_is_fp32(kernel)
@@ -199,7 +203,7 @@ def get_grad_kernel(kind: str, name: str, device) -> Optional[GradKernel]:
             raise ValueError(f"kind: expected 'gi', 'gw' or 'csr', got {kind!r}")
         if _split_name(name)[0] not in table:
             raise KeyError(f"config: unknown {kind} config {name!r}; known: {sorted(table)} "
-                           f"(append {_F32_SUFFIX!r} for fp32 staging)")
+                           f"(append {_F32_SUFFIX!r} for fp32 staging, {_BF16_SUFFIX!r} for bf16)")
 
     def build():
         try:

@@ -15,7 +15,7 @@ import torch
 from fovi_lab.graph.meta import TrainingMeta, meta_aux, pad_to, validate_meta
 from fovi_lab.ops.reference import CompactTorchOps, check_grad_args
 from fovi_lab.kernels.common import check_tensor, fast_launch, gather_rows, warp_ct, warp_device
-from fovi_lab.kernels.adjoint.configs import (_F32_SUFFIX, _GW_TILE_B, select_gi_config, select_gw_config,
+from fovi_lab.kernels.adjoint.configs import (_BF16_SUFFIX, _F32_SUFFIX, _GW_TILE_B, select_gi_config, select_gw_config,
                                               _split_name, stage_fp32_default, grad_stage_budget_bytes)
 from fovi_lab.kernels.adjoint.staged_build import GradKernel, GRAD_KERNELS, get_grad_kernel, _stage_dims
 
@@ -112,22 +112,23 @@ def weight_row_csr(meta: TrainingMeta):
     return got
 
 _MAX_STAGE_ELEMS = 2**31 - 1    # keep every stage index in int32 range
+_STAGED_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def _check_common(meta: TrainingMeta, grad_y: torch.Tensor, weight=None, x=None) -> None:
     # shapes against the layer, and a table or reverse list that disagrees with idx / rf_index is refused
     validate_meta(meta)
-    check_tensor("grad_y", grad_y, dtype=torch.float16)     # the dtype first: the Warp kernels are fp16 only
+    check_tensor("grad_y", grad_y, dtype=_STAGED_DTYPES)     # the dtype first: the Warp kernels are fp16 or bf16
     check_grad_args(meta, grad_y, weight=weight, x=x)
-    check_tensor("grad_y", grad_y, dtype=torch.float16, dim=3, shape=(None, meta.cout, meta.nout), contiguous=True)
+    check_tensor("grad_y", grad_y, dtype=grad_y.dtype, dim=3, shape=(None, meta.cout, meta.nout), contiguous=True)
     if grad_y.shape[0] < 1:
         raise ValueError("grad_y: batch must be >= 1")
     if grad_y.device.type not in ("cpu", "cuda"):
         raise ValueError(f"grad_y: expected a cpu or cuda tensor, got device {grad_y.device}")
 
 
-def _resolve(kind: str, config: Optional[str], default: str, fp32_stage: Optional[bool]):
-    """-> (kernel name, explicit?)."""
+def _resolve(kind: str, config: Optional[str], default: str, fp32_stage: Optional[bool], bf16: bool = False):
+    """-> (kernel name, explicit?). bf16 operands take the config's bf16 form (``<base>_bf16``, fp32 staging)."""
     fp32 = stage_fp32_default() if fp32_stage is None else bool(fp32_stage)
     if config is None:
         name = default
@@ -138,7 +139,9 @@ def _resolve(kind: str, config: Optional[str], default: str, fp32_stage: Optiona
         name = config
         explicit = True
     base, named_fp32 = _split_name(name)
-    if named_fp32 or fp32:
+    if bf16:
+        name = base + _BF16_SUFFIX
+    elif named_fp32 or fp32:
         name = base + _F32_SUFFIX
     return name, explicit
 
@@ -162,6 +165,13 @@ def _kernels_or_fallback(kind: str, name: str, explicit: bool, device: str, fini
     if explicit:
         raise RuntimeError(f"config: Warp {bad[0]} kernel {bad[1]!r} is not launchable on {device}: {why}")
     return None, None, f"Warp {bad[0]} kernel {bad[1]!r} is not launchable on {device} ({why})"
+
+
+def _same_dtype(stage: GradKernel, grad_y: torch.Tensor) -> None:
+    """The kernels read array descriptors, unchecked: a kernel's operand dtype must be the call's."""
+    if bool(getattr(stage.kernel, "fovi_bf16", False)) != (grad_y.dtype == torch.bfloat16):
+        raise ValueError(f"config: {stage.name!r} is a {'bf16' if stage.kernel.fovi_bf16 else 'fp16'} kernel; "
+                         f"the operands are {grad_y.dtype} (name the bf16 form with the suffix {_BF16_SUFFIX!r})")
 
 
 def _warn_fallback(why: str):
@@ -215,7 +225,7 @@ class _GradInputPlan:
         self.cpad = pad_to(meta.cout, spec["tile_o"])
         self.wt = _padded_weight_t(weight, self.cpad)                           # [Q, Cout_pad]
         if str(spec["version"]).endswith("i"):                                 # stems: W rows staged once
-            weff = _empty((meta.nout * meta.p64, self.cpad), torch.float16, grad_y.device)
+            weff = _empty((meta.nout * meta.p64, self.cpad), self.wt.dtype, grad_y.device)
             gather_rows(self.wt, meta.weight_linear.view(-1), weff)
             self.wt = weff                                                     # [Nout*P64, Cout_pad]
         rowptr, rev_row = _decoded_reverse_csr(meta)
@@ -303,7 +313,7 @@ class _GradWeightPlan:
                                   _MAX_STAGE_ELEMS // (meta.p64 * self.cpad),
                                   _MAX_STAGE_ELEMS // (meta.p64 * self.bpad) if self.staged_x else meta.nout))
         if self.staged_x:
-            self.at = _empty((nc * meta.p64, self.bpad), torch.float16, grad_y.device)
+            self.at = _empty((nc * meta.p64, self.bpad), x.dtype, grad_y.device)
         self.chunks = [(n0, min(meta.nout, n0 + nc)) for n0 in range(0, meta.nout, nc)]
         sdt = torch.float32 if stage.fp32_stage else torch.float16
         self.stage_buf = _empty((nc * meta.p64 * self.cpad,), sdt, grad_y.device)
@@ -372,11 +382,11 @@ class _GradWeightPlan:
 def plan_grad_input(meta, grad_y, weight, config=None, *, stage_fp32=None, dx_direct=False):
     """Validate, pick kernels; returns a :class:`_GradInputPlan` or ``(None, why)`` for the fallback."""
     _check_common(meta, grad_y, weight=weight)
-    check_tensor("weight", weight, dtype=torch.float16, dim=2, shape=(meta.cout, meta.q),
+    check_tensor("weight", weight, dtype=grad_y.dtype, dim=2, shape=(meta.cout, meta.q),
                  device=grad_y.device, contiguous=True)
     name, explicit = _resolve("gi", config, select_gi_config(grad_y.shape[0], meta.nout, grad_y.device, meta.cin,
                                                                 meta.p64, meta.cout),
-                              stage_fp32)
+                              stage_fp32, grad_y.dtype == torch.bfloat16)
     try:
         device = warp_device(grad_y)
     except ImportError as exc:
@@ -384,19 +394,21 @@ def plan_grad_input(meta, grad_y, weight, config=None, *, stage_fp32=None, dx_di
     stage, red, why = _kernels_or_fallback("gi", name, explicit, device)
     if stage is None:
         return None, why
+    _same_dtype(stage, grad_y)
     return _GradInputPlan(meta.to(grad_y.device), grad_y, weight, stage, red, device, dx_direct), None
 
 
 def plan_grad_weight(meta, grad_y, x, config=None, *, stage_fp32=None, finish=None):
     """Validate, pick kernels; returns a :class:`_GradWeightPlan` or ``(None, why)`` for the fallback."""
     _check_common(meta, grad_y, x=x)
-    check_tensor("x", x, dtype=torch.float16, dim=3, shape=(grad_y.shape[0], meta.cin, meta.nin),
+    check_tensor("x", x, dtype=grad_y.dtype, dim=3, shape=(grad_y.shape[0], meta.cin, meta.nin),
                  device=grad_y.device, contiguous=True)
     finish = (os.environ.get("FOVI_KNN_GW_FINISH") or "csr") if finish is None else finish
     if finish not in ("csr", "index_add"):
         raise ValueError(f"finish: expected 'csr' or 'index_add', got {finish!r}")
     name, explicit = _resolve("gw", config, select_gw_config(meta.cout, meta.cin, grad_y.shape[0], meta.nout,
-                                                                      meta.p64), stage_fp32)
+                                                                      meta.p64), stage_fp32,
+                              grad_y.dtype == torch.bfloat16)
     try:
         device = warp_device(grad_y)
     except ImportError as exc:
@@ -404,6 +416,7 @@ def plan_grad_weight(meta, grad_y, x, config=None, *, stage_fp32=None, finish=No
     stage, red, why = _kernels_or_fallback("gw", name, explicit, device, finish)
     if stage is None:
         return None, why
+    _same_dtype(stage, grad_y)
     return _GradWeightPlan(meta.to(grad_y.device), grad_y, x, stage, red, device, finish), None
 
 
@@ -413,9 +426,10 @@ def grad_input(meta: TrainingMeta, grad_y: torch.Tensor, weight: torch.Tensor, c
 
     Args:
         meta: the layer's :class:`TrainingMeta` (moved to grad_y's device; needs the real reverse CSR).
-        grad_y: ``[B, Cout, Nout]`` fp16, contiguous.
-        weight: ``[Cout, Q]`` fp16, contiguous, same device.
-        config: a ``GRAD_INPUT_CONFIG_SPECS`` name (``_f32`` suffix: fp32 staging); None picks by
+        grad_y: ``[B, Cout, Nout]`` fp16 or bf16, contiguous.
+        weight: ``[Cout, Q]`` in grad_y's dtype, contiguous, same device.
+        config: a ``GRAD_INPUT_CONFIG_SPECS`` name (``_f32`` suffix: fp32 staging; bf16 operands run its
+            ``_bf16`` form, which stages in fp32); None picks by
             batch (:func:`select_gi_config`) and falls back to torch_compact with a warning when that
             kernel cannot launch; an explicit config that cannot launch raises ``RuntimeError``.
         stage_fp32: stage dA in fp32 (None: ``FOVI_KNN_GRAD_STAGE_FP32``).
@@ -444,8 +458,8 @@ def grad_weight(meta: TrainingMeta, grad_y: torch.Tensor, x: torch.Tensor, confi
 
     Args:
         meta: the layer's :class:`TrainingMeta`.
-        grad_y: ``[B, Cout, Nout]`` fp16, contiguous.
-        x: ``[B, Cin, Nin]`` fp16, contiguous, same device (the forward's compute-dtype input).
+        grad_y: ``[B, Cout, Nout]`` fp16 or bf16, contiguous.
+        x: ``[B, Cin, Nin]`` in grad_y's dtype, contiguous, same device (the forward's compute-dtype input).
         config: a ``GRAD_WEIGHT_CONFIG_SPECS`` name (``_f32`` suffix: fp32 staging); None picks by
             Cout (:func:`select_gw_config`), with the same fallback rules as :func:`grad_input`.
         stage_fp32: stage dWeff in fp32 (None: ``FOVI_KNN_GRAD_STAGE_FP32``).
