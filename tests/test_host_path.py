@@ -157,6 +157,20 @@ def test_value_caches_step_aside_under_graph_capture(monkeypatch):
     assert F.weight_layout(w, "t", 0, 0) is first            # the cached entry was left alone
 
 
+def test_a_temporary_bias_frees_its_cached_operand():
+    """Under autocast every call casts the bias anew: each cast copy's padded operand must go with it, not pile
+    up in the cache (nor, under a CUDA-graph pool, outlive the graph's tensors)."""
+    import gc
+    import weakref
+    before = len(fwd_plans._BIAS_CACHE)
+    tmp = torch.randn(8).half()
+    out = weakref.ref(F.bias_operand(tmp, 8, 32, tmp.device)[0])
+    assert len(fwd_plans._BIAS_CACHE) == before + 1 and out() is not None
+    del tmp
+    gc.collect()
+    assert len(fwd_plans._BIAS_CACHE) == before and out() is None
+
+
 def test_i2c_chunk_plan_follows_the_budget(monkeypatch):
     meta, x, w, idx, rf, v = _problem(STEM, b=9)
     for mib in ("0.02", "0.05", "32"):

@@ -330,7 +330,10 @@ def main(argv=None) -> int:
     print(f"{len(entries)} entries written to {path}")
     if args.out:
         from fovi_lab.bench.common import append_jsonl, env_info
-        append_jsonl(args.out, [dict(env_info(args.device), kind="tune", key=k, **e) for k, e in entries.items()])
+        import sys
+        words = sys.argv[1:] if argv is None else list(argv)
+        prov = dict(commit=os.environ.get("FOVI_COMMIT"), command="python -m fovi_lab tune " + " ".join(words))
+        append_jsonl(args.out, [dict(env_info(args.device), kind="tune", key=k, **prov, **e) for k, e in entries.items()])
     return 0
 
 

@@ -42,7 +42,11 @@ def bias_operand(bias: Optional[torch.Tensor], cout: int, tile_n: int, device) -
     out = pad_bias_to_tiles(bias, cout, tile_n, device=device)
     if len(_BIAS_CACHE) > 256:
         _BIAS_CACHE.clear()
-    ref = weakref.ref(bias) if bias is not None else None
+
+    def _drop(_ref, key=key, cache=_BIAS_CACHE):    # a temporary bias (e.g. autocast's cast copy) frees its entry
+        if key in cache and cache[key][0] is _ref:
+            del cache[key]
+    ref = weakref.ref(bias, _drop) if bias is not None else None
     _BIAS_CACHE[key] = (ref, None if bias is None else bias._version, out, warp_ct(out))
     return out, _BIAS_CACHE[key][3]
 
