@@ -9,6 +9,7 @@ argument devices, and ``torch.compile`` with Inductor on the GPU.
 * ``torch.compile(fullgraph=True)`` with Inductor equals eager.
 * A bf16 train step under autocast (fp32 master weights) captured in a CUDA graph replays bitwise what it ran
   eagerly, after an in-place weight update as an optimiser makes.
+* ``torch.compile(mode="reduce-overhead")`` after ``fovi_lab.ops.graphs.prepare`` equals eager.
 """
 
 from __future__ import annotations
@@ -118,3 +119,21 @@ def test_bf16_autocast_step_replays_from_a_cuda_graph():
     want = [t.clone() for t in step()]
     assert got[0].dtype == torch.bfloat16 and got[2].dtype == torch.float32
     assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_reduce_overhead_after_prepare_equals_eager():
+    """``torch.compile(mode="reduce-overhead")`` (Inductor's CUDA graphs) of a layer + ReLU after
+    :func:`fovi_lab.ops.graphs.prepare`: it compiles (no table is built inside the graphs' pool), and every
+    replayed step equals the eager step."""
+    from fovi_lab.ops.graphs import prepare
+    torch._dynamo.reset()
+    conv, x = _conv("cuda:0")
+    net = torch.nn.Sequential(conv, torch.nn.ReLU())
+    want = _step(conv, x, net)
+    prepare(net, x)
+    compiled = torch.compile(net, mode="reduce-overhead", fullgraph=True)
+    for _ in range(3):                     # warm-up, recording, replays
+        torch.compiler.cudagraph_mark_step_begin()
+        got = _step(conv, x, compiled)
+    for a, b in zip(want, got):
+        torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-3)

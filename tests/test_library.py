@@ -160,3 +160,26 @@ def test_the_fakes_check_shapes_and_an_unknown_backend_is_named():
     with pytest.raises(ValueError, match="backend: unknown backend 'no_such'"):
         OPS.knn_conv(torch.randn(2, meta.cin, meta.nin), torch.randn(meta.cout, meta.q), None, layer, "no_such",
                      torch.float32, False)
+
+
+def test_prepare_builds_every_table_before_a_graph_and_keeps_the_gradients():
+    """``fovi_lab.ops.graphs.prepare`` (before ``torch.compile(mode="reduce-overhead")``): one eager forward and
+    backward, after which a call of the same signature builds nothing new (no meta moved, no derived table, no
+    call plan: nothing a CUDA-graph pool would hold), and the parameters' gradients are as they were."""
+    from fovi_lab.graph import meta as meta_mod
+    from fovi_lab.kernels.forward import api
+    from fovi_lab.ops.graphs import prepare
+    net, m1 = _net("warp_train", torch.float16)
+    x = torch.randn(3, m1.cin, m1.nin, dtype=torch.float16, generator=torch.Generator().manual_seed(4))
+    x.requires_grad_()
+    l1 = net[0]
+    l1.weight.grad = marker = torch.full_like(l1.weight, 7.0)
+    prepare(net, x)
+    assert l1.weight.grad is marker and net[2].weight.grad is None and x.grad is not None
+
+    def state():
+        aux = {k: sorted(map(str, e[1])) for k, e in meta_mod._AUX.items() if e[0]() is not None}
+        return len(api._CALLS), aux
+    before = state()
+    _step(net, x)
+    assert state() == before
