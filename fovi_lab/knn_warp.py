@@ -109,6 +109,27 @@ def grad_path(meta: Optional[TrainingMeta] = None, dtype: Optional[torch.dtype] 
     return path
 
 
+def dx_path() -> str:
+    """``"mma"`` when ``FOVI_KNN_DX_PATH=mma``: ``warp_train``'s dx on the tensor-core forward of the transposed
+    layer (:mod:`fovi_lab.kernels.adjoint.mma_dx`; not yet a rule's pick, so opt-in), else ``"auto"``
+    (:func:`grad_path`'s kernels)."""
+    path = os.environ.get("FOVI_KNN_DX_PATH") or "auto"
+    if path not in ("mma", "auto"):
+        raise ValueError(f"FOVI_KNN_DX_PATH: expected 'mma' or 'auto', got {path!r}")
+    return path
+
+
+def _dx_mma(meta, grad_y, weight):
+    """The tensor-core dx, or None (with a warning) where its kernel cannot launch here."""
+    from fovi_lab.kernels.adjoint.mma_dx import grad_input_mma
+    try:
+        return grad_input_mma(meta, grad_y, weight)
+    except RuntimeError as exc:
+        warnings.warn(f"the tensor-core dx cannot run here ({exc}); using the {grad_path(meta)} kernels",
+                      RuntimeWarning, stacklevel=3)
+        return None
+
+
 def _fused_or_staged(which: str, fused, staged, meta, grad_y, operand):
     """The fused kernel's gradient where the layer takes the fused path and it can launch, else the staged
     kernel's (with a warning when the fused one could not launch here; the staged ones fall back to
@@ -138,6 +159,10 @@ class WarpTrainOps:
 
     @staticmethod
     def grad_input(meta, grad_y, weight):
+        if dx_path() == "mma":
+            dx = _dx_mma(meta, grad_y, weight)
+            if dx is not None:
+                return dx
         return _fused_or_staged("dx", grad_input_nm, staged_grad_input, meta, grad_y, weight)
 
     @staticmethod
@@ -148,6 +173,8 @@ class WarpTrainOps:
     def backward_combined(meta, grad_y, x, weight):
         """``(dx, dW)``; the fused path lays out ``grad_y`` node-major once for both kernels."""
         meta = meta.to(grad_y.device)
+        if dx_path() == "mma":
+            return WarpTrainOps.grad_input(meta, grad_y, weight), WarpTrainOps.grad_weight(meta, grad_y, x)
         if grad_path(meta, grad_y.dtype) != "fused":
             return staged_grad_input(meta, grad_y, weight), staged_grad_weight(meta, grad_y, x)
         pw = plan_grad_weight_nm(meta, grad_y, x)

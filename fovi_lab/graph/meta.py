@@ -33,7 +33,8 @@ from typing import Dict
 import numpy as np
 import torch
 
-__all__ = ["TrainingMeta", "build_meta", "validate_meta", "pad_to", "synthetic_graph", "SYNTHETIC_SHAPES", "meta_aux"]
+__all__ = ["TrainingMeta", "build_meta", "validate_meta", "transposed_meta", "pad_to", "synthetic_graph",
+           "SYNTHETIC_SHAPES", "meta_aux"]
 
 
 _AUX_LOCK = threading.Lock()
@@ -204,6 +205,37 @@ def build_meta(idx, rf_index, *, cin: int, cout: int, v: int, nin: int, device=N
     )
     meta_aux(meta)["validated"] = True
     return meta if device is None else meta.to(device)
+
+
+def transposed_meta(meta: TrainingMeta) -> TrainingMeta:
+    """The transposed layer, whose forward is ``meta``'s input gradient (built once per meta, on its device).
+
+    Its output nodes are ``meta``'s input nodes, its inputs ``meta``'s outputs: node ``m`` lists the entries
+    ``(n, k)`` with ``idx[n, k] = m`` in reverse-list order (ascending ``k*Nout + n``), each with the tap
+    ``rf_index[n, k]``, padded with the pad token ``Nout`` to the largest in-degree. Channels swap (Cin' = Cout,
+    Cout' = Cin, V' = V), so with ``W'[c, o*V + t] = W[o, c*V + t]``::
+
+        dx[b, c, m] = sum_{(n, k): idx[n, k] = m} sum_o g[b, o, n] W[o, c*V + rf[n, k]]
+                    = forward'(g, W')[b, c, m]
+
+    An input node no output reads has only pads (its dx is 0).
+    """
+    aux = meta_aux(meta)
+    got = aux.get("transposed")
+    if got is None:
+        rowptr, col = meta.rev_rowptr.cpu().long(), meta.rev_col.cpu().long()
+        counts = rowptr[1:] - rowptr[:-1]
+        kt = max(1, int(counts.max()) if counts.numel() else 1)
+        node = torch.repeat_interleave(torch.arange(meta.nin), counts)           # the input node of each entry
+        slot = torch.arange(col.numel()) - rowptr[:-1][node]                     # its place in the node's list
+        n, k = col % meta.nout, col // meta.nout
+        idx_t = torch.full((meta.nin, kt), meta.nout, dtype=torch.int64)
+        rf_t = torch.zeros((meta.nin, kt), dtype=torch.int64)
+        idx_t[node, slot] = n
+        rf_t[node, slot] = meta.rf_index.cpu()[n, k].long()
+        got = aux["transposed"] = build_meta(idx_t, rf_t, cin=meta.cout, cout=meta.cin, v=meta.v, nin=meta.nout,
+                                             device=meta.device)
+    return got
 
 
 _TABLE_FIELDS = ("input_linear", "weight_linear", "input_linear_flat", "weight_linear_flat", "rev_rowptr",

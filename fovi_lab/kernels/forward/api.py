@@ -44,7 +44,7 @@ _CALLS: Dict[Tuple, Tuple] = {}
 _CALLS_MAX = 256
 
 
-def _call_key(x, weight, bias, il, wl, config, store) -> Optional[Tuple]:
+def _call_key(x, weight, bias, il, wl, config, store, out_dtype=None) -> Optional[Tuple]:
     """The signature of a forward call, or None when an argument is not a tensor (the slow path then
     raises the argument's clear error)."""
     T = torch.Tensor
@@ -57,23 +57,24 @@ def _call_key(x, weight, bias, il, wl, config, store) -> Optional[Tuple]:
             None if bias is None else (bias.shape, bias.dtype, bias.device),
             id(il), il._version, il.data_ptr(), il.shape, il.dtype, il.device, il.is_contiguous(),
             id(wl), wl._version, wl.data_ptr(), wl.shape, wl.dtype, wl.device, wl.is_contiguous(),
-            config, store, env.get("FOVI_WARP_FWD_STORE"), env.get("FOVI_WARP_MATHDX"), env.get("FOVI_WARP_STEM_SIMT"),
+            config, store, out_dtype, env.get("FOVI_WARP_FWD_STORE"), env.get("FOVI_WARP_MATHDX"), env.get("FOVI_WARP_STEM_SIMT"),
             env.get("FOVI_WARP_MMA"),
             VALIDATED.generation)
 
 
-def prepare_uncached(x, weight, bias, input_linear, weight_linear, config=None, store=None) -> Plan:
-    key = _call_key(x, weight, bias, input_linear, weight_linear, config, store)
+def prepare_uncached(x, weight, bias, input_linear, weight_linear, config=None, store=None, out_dtype=None) -> Plan:
+    key = _call_key(x, weight, bias, input_linear, weight_linear, config, store, out_dtype)
     hit = _CALLS.get(key) if key is not None else None
     if hit is not None and hit[0]() is input_linear and hit[1]() is weight_linear:
         built, info, mode, dev, memo = hit[2:]
         runner = memo.get("runner")
         if runner is not None:
-            plan = runner(x, weight, bias)
+            plan = runner(x, weight, bias, out_dtype)
             plan.config = built.config.name
             return plan
     else:
-        built, info, mode, dev = resolve_uncached(x, weight, bias, input_linear, weight_linear, config, store)
+        built, info, mode, dev = resolve_uncached(x, weight, bias, input_linear, weight_linear, config, store,
+                                                  out_dtype)
         memo = {}
         if key is not None:
             import weakref
@@ -82,13 +83,15 @@ def prepare_uncached(x, weight, bias, input_linear, weight_linear, config=None, 
                     _CALLS.pop(next(iter(_CALLS)))
                 _CALLS[key] = (weakref.ref(input_linear), weakref.ref(weight_linear), built, info, mode, dev, memo)
     plan = plan_uncached(built.config, built.kernel, x, weight, bias, input_linear, weight_linear, mode,
-                          info=info, dev=dev, memo=memo)
+                          info=info, dev=dev, memo=memo, out_dtype=out_dtype)
     plan.config = built.config.name          # which kernel this call runs (tests, benchmarks)
     return plan
 
 
-def resolve_uncached(x, weight, bias, input_linear, weight_linear, config=None, store=None):
-    """Validate a forward call and pick its kernel: ``(built, table info, store mode, Warp device)``."""
+def resolve_uncached(x, weight, bias, input_linear, weight_linear, config=None, store=None, out_dtype=None):
+    """Validate a forward call and pick its kernel: ``(built, table info, store mode, Warp device)``.
+    ``out_dtype`` torch.float32: an fp32 y, which only the split tensor-core configs give (``mmas`` / ``mmasw``:
+    their fp32 partials summed in a fixed order, never rounded); with no config, :func:`select_mma_split`."""
     _check_x(x, (torch.float16, torch.bfloat16))
     bf16 = x.dtype == torch.bfloat16
     b, cin, nin = x.shape
@@ -106,6 +109,14 @@ def resolve_uncached(x, weight, bias, input_linear, weight_linear, config=None, 
     info = analyse_tables(input_linear, weight_linear, cin, nin, q)
     dev = warp_device(x)
     nout, p64 = input_linear.shape
+    if out_dtype not in (None, x.dtype, torch.float32):
+        raise ValueError(f"out_dtype: expected None (x's dtype) or torch.float32, got {out_dtype}")
+    f32_out = out_dtype == torch.float32 and x.dtype != torch.float32
+    if config is None and f32_out:
+        config = select_mma_split(b, cout)
+    if f32_out and config_spec(config).family not in _SPLIT_MMA_FAMILIES:
+        raise ValueError(f"config: an fp32 output needs a split tensor-core config ({', '.join(_SPLIT_MMA_FAMILIES)}), "
+                         f"got {config!r}")
     if config is None and bf16:             # bf16: the tensor-core kernels alone (no fallback family has a bf16 kernel)
         name = select_mma(b, cout, nout, p64, q)
         built = get_uncached_config(name, dev, bf16=True)
@@ -139,7 +150,17 @@ def resolve_uncached(x, weight, bias, input_linear, weight_linear, config=None, 
     return built, info, store_mode(store, 2 * b * cout * nout), dev
 
 
-def run_uncached(x, weight, bias, input_linear, weight_linear, config=None, store=None) -> torch.Tensor:
+_SPLIT_MMA_FAMILIES = ("mmas", "mmasw")
+
+
+def select_mma_split(batch: int, cout: int) -> str:
+    """A split tensor-core config for an fp32 output: 64-channel blocks from Cout = 64, 16-row batch blocks from
+    B = 16 (not yet fit to sweeps: a starting rule)."""
+    return f"mmas_o{64 if cout >= 64 else 32}b{16 if batch >= 16 else 8}"
+
+
+def run_uncached(x, weight, bias, input_linear, weight_linear, config=None, store=None,
+                 out_dtype=None) -> torch.Tensor:
     """Uncached fp16 forward: per-call weight gather (docs/operator.md §2.5 ``warp_compact``/``warp_train``).
 
     Args:
@@ -150,12 +171,14 @@ def run_uncached(x, weight, bias, input_linear, weight_linear, config=None, stor
             launch on this device), or None for :func:`select_config`.
         store: ``"staged"`` / ``"direct"`` output path (default: ``FOVI_WARP_FWD_STORE``, else direct
             for outputs up to 4 MiB and staged above).
+        out_dtype: None (x's dtype), or torch.float32 from fp16 / bf16 operands: y unrounded, on a split
+            tensor-core config (:func:`resolve_uncached`).
 
     Returns:
         ``y [B, Cout, Nout]`` in x's dtype, ``y[b,o,n] = bias[o] + sum_p xpad[b, il[n,p]] * W[o, wl[n,p]]``
         (fp32 accumulation, bias added in fp32, one rounding to x's dtype).
     """
-    plan = prepare_uncached(x, weight, bias, input_linear, weight_linear, config, store)
+    plan = prepare_uncached(x, weight, bias, input_linear, weight_linear, config, store, out_dtype)
     plan.launch()
     return plan.finish()
 

@@ -148,7 +148,8 @@ def _relaunch(ent, kernel, dims, inputs, block_dim: int, device: str, tiled: boo
 
 
 def plan_uncached(cfg: FwdConfig, kernel, x, weight, bias, il, wl, store: str,
-                   info: Optional[_TableInfo] = None, dev: Optional[str] = None, memo: Optional[dict] = None) -> Plan:
+                   info: Optional[_TableInfo] = None, dev: Optional[str] = None, memo: Optional[dict] = None,
+                   out_dtype=None) -> Plan:
     dev = dev or warp_device(x)
     b, cin, nin = x.shape
     cout, q = weight.shape
@@ -160,7 +161,10 @@ def plan_uncached(cfg: FwdConfig, kernel, x, weight, bias, il, wl, store: str,
         runner = _SimtRunner(cfg, kernel, dev, info, b, cin, nin, cout, nout, il, wl)
         if memo is not None:
             memo["runner"] = runner
-        return runner(x, weight, bias)
+        return runner(x, weight, bias, out_dtype)
+    if out_dtype not in (None, x.dtype):
+        raise ValueError(f"out_dtype: {out_dtype} output needs a split tensor-core config (mmas / mmasw), "
+                         f"got {cfg.name!r}")
     out, finish = _output(b, cout, nout, x.device, store)
     bias_p, bias_w = bias_operand(bias, cout, cfg.tile_n, x.device)
     dims = (nout, -(-b // cfg.rows_per_cta), -(-cout // cfg.tile_n))
@@ -310,9 +314,12 @@ class _SimtRunner:
             self.tail = [p_len, n_og]
         self.il_c, self.wl_c = info.wa(il), info.wa(wl)
         self._lock = threading.Lock()
-        self._main = self._red = None
+        self._main = None
+        self._red = {}              # the recorded reduce launch per output dtype (fp32: True)
 
-    def __call__(self, x, weight, bias) -> Plan:
+    def __call__(self, x, weight, bias, out_dtype=None) -> Plan:
+        """``out_dtype`` torch.float32 (the split families only): y in fp32, straight from the fp32 partials'
+        fixed-order sum (the tensor-core dx of :mod:`fovi_lab.kernels.adjoint.mma_dx`); default x's dtype."""
         x2 = x.reshape(self.b, self.rows)
         if x2.stride(1) != 1:                        # rows are read with unit stride
             x2 = x2.contiguous()
@@ -320,7 +327,9 @@ class _SimtRunner:
             xt = torch.empty(self.rows, self.bx, dtype=x.dtype, device=x.device)
             xt[:, :self.b].copy_(x2.t())
             x2 = xt
-        y = torch.empty(self.b, self.cout, self.nout, dtype=x.dtype, device=x.device)
+        if out_dtype not in (None, x.dtype) and not (out_dtype == torch.float32 and self.split):
+            raise ValueError(f"out_dtype: {out_dtype} output needs a split tensor-core config (mmas / mmasw)")
+        y = torch.empty(self.b, self.cout, self.nout, dtype=out_dtype or x.dtype, device=x.device)
         if self.wnat:                                # W read in place
             wop = weight if weight.stride(1) == 1 else weight.contiguous()
             w_c = warp_ct(wop)
@@ -337,21 +346,22 @@ class _SimtRunner:
             main_args = [warp_ct(x2), w_c, self.il_c, self.wl_c, bias_c, warp_ct(y)] + self.tail
             red_args = None
             keep = (x2, wop, bias_p)
-        plan = Plan(lambda: self._launch(main_args, red_args), y, lambda: y)
+        f32 = y.dtype == torch.float32
+        plan = Plan(lambda: self._launch(main_args, red_args, f32), y, lambda: y)
         plan._keep = keep + self.tables
         plan.split = self.split or None
         return plan
 
-    def _launch(self, main_args, red_args) -> None:
+    def _launch(self, main_args, red_args, f32: bool = False) -> None:
         stream = warp_stream(self.dev)
         with self._lock:
             self._main = _relaunch(self._main, self.kernel, self.dims, main_args, self.block_dim, self.dev, False,
                                    stream)
             if red_args is not None:
-                red = nms_reduce_bf16_kernel() if getattr(self.kernel, "fovi_dtype", "") == "bfloat16" \
-                    else nms_reduce_kernel()
-                self._red = _relaunch(self._red, red, (self.nout, self.b, self.cout), red_args, 256,
-                                      self.dev, False, stream)
+                red = (nms_reduce_f32_kernel() if f32 else nms_reduce_bf16_kernel()
+                       if getattr(self.kernel, "fovi_dtype", "") == "bfloat16" else nms_reduce_kernel())
+                self._red[f32] = _relaunch(self._red.get(f32), red, (self.nout, self.b, self.cout), red_args, 256,
+                                           self.dev, False, stream)
 
 
 class _NmRunner:
@@ -428,6 +438,12 @@ def nms_reduce_kernel():
 def nms_reduce_bf16_kernel():
     """:func:`nms_reduce_kernel` rounding to bf16 (the split bf16 mma kernels' reduction)."""
     return _make_nms_reduce(wp.bfloat16, "fovi_nms_reduce_bf16")
+
+
+@built_once
+def nms_reduce_f32_kernel():
+    """:func:`nms_reduce_kernel` with an fp32 output (no rounding): the tensor-core dx's finish."""
+    return _make_nms_reduce(wp.float32, "fovi_nms_reduce_f32")
 
 
 # Budget of the i2c family's im2col staging buffer (``FOVI_WARP_I2C_MIB``): nodes are gathered and

@@ -1,0 +1,64 @@
+"""dx on tensor cores: the input gradient is the forward of the transposed layer.
+
+Every term of ``dx[b, c, m]`` pairs an entry ``(n, k)`` of input node ``m``'s reverse list with an output
+channel ``o``::
+
+    dx[b, c, m] = sum_{(n, k): idx[n, k] = m} sum_o g[b, o, n] W[o, c*V + rf[n, k]]
+
+which is the compact forward of a layer whose output nodes are the input nodes, whose neighbour lists are
+the reverse lists and whose channels swap (:func:`fovi_lab.graph.meta.transposed_meta`), on ``grad_y`` with
+the weight ``W'[c, o*V + t] = W[o, c*V + t]``. So the hand-written ``mma.sync`` forward kernels compute dx as
+they compute y: fp16 (or bf16) products, fp32 accumulation, no atomics. The split configs (``mmas`` /
+``mmasw``) write fp32 partials and sum them in a fixed order, and here that sum is the output, never rounded
+to fp16: dx is fp32 and bitwise repeatable. The cost is the reverse lists' padding to the largest
+in-degree (:func:`padding`).
+
+Not yet the rule's pick: ``warp_train`` runs it for dx when ``FOVI_KNN_DX_PATH=mma`` (H200 sweeps against
+the fused and staged adjoints are to decide where it wins).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from fovi_lab.graph.meta import TrainingMeta, transposed_meta, validate_meta
+from fovi_lab.kernels.common import check_tensor
+from fovi_lab.ops.reference import check_grad_args
+
+__all__ = ["grad_input_mma", "transposed_weight", "padding"]
+
+
+def transposed_weight(weight: torch.Tensor, meta: TrainingMeta) -> torch.Tensor:
+    """``W' [Cin, Cout*V]`` with ``W'[c, o*V + t] = W[o, c*V + t]`` (contiguous, weight's dtype)."""
+    return weight.view(meta.cout, meta.cin, meta.v).transpose(0, 1).reshape(meta.cin, meta.cout * meta.v)
+
+
+def padding(meta: TrainingMeta) -> float:
+    """The transposed layer's reverse-list padding: slots (Nin * largest in-degree) over real entries."""
+    t = transposed_meta(meta)
+    real = int(meta.rev_rowptr[-1])
+    return t.nout * t.k / max(1, real)
+
+
+def grad_input_mma(meta: TrainingMeta, grad_y: torch.Tensor, weight: torch.Tensor,
+                   config: Optional[str] = None) -> torch.Tensor:
+    """``dx [B, Cin, Nin]`` fp32 on the tensor-core forward of the transposed layer.
+
+    Args:
+        meta: the layer's :class:`TrainingMeta`.
+        grad_y: ``[B, Cout, Nout]`` fp16 or bf16, contiguous.
+        weight: ``[Cout, Q]`` in grad_y's dtype.
+        config: a split tensor-core forward config (``mmas_*`` / ``mmasw_*``) for the transposed layer; None:
+            :func:`fovi_lab.kernels.forward.api.select_mma_split` for (B, Cin).
+    """
+    from fovi_lab.kernels.forward.api import run_uncached
+    validate_meta(meta)
+    check_tensor("grad_y", grad_y, dtype=(torch.float16, torch.bfloat16))
+    check_grad_args(meta, grad_y, weight=weight)
+    meta = meta.to(grad_y.device)
+    mt = transposed_meta(meta)
+    wt = transposed_weight(weight, meta)            # one copy of W per call (Cout*Q elements: small beside g)
+    g = grad_y if grad_y.is_contiguous() else grad_y.contiguous()
+    return run_uncached(g, wt, None, mt.input_linear, mt.weight_linear, config=config, out_dtype=torch.float32)
