@@ -109,23 +109,25 @@ def grad_path(meta: Optional[TrainingMeta] = None, dtype: Optional[torch.dtype] 
     return path
 
 
-def dx_path() -> str:
-    """``"mma"`` when ``FOVI_KNN_DX_PATH=mma``: ``warp_train``'s dx on the tensor-core forward of the transposed
-    layer (:mod:`fovi_lab.kernels.adjoint.mma_dx`; not yet a rule's pick, so opt-in), else ``"auto"``
-    (:func:`grad_path`'s kernels)."""
-    path = os.environ.get("FOVI_KNN_DX_PATH") or "auto"
+def mma_path(which: str) -> str:
+    """``"mma"`` when ``FOVI_KNN_DX_PATH=mma`` (``which="dx"``) / ``FOVI_KNN_DW_PATH=mma`` (``"dW"``): that gradient of
+    ``warp_train`` on the tensor-core forward of a derived layer (:mod:`fovi_lab.kernels.adjoint.as_forward`; not
+    yet a rule's pick, so opt-in), else ``"auto"`` (:func:`grad_path`'s kernels)."""
+    var = "FOVI_KNN_DX_PATH" if which == "dx" else "FOVI_KNN_DW_PATH"
+    path = os.environ.get(var) or "auto"
     if path not in ("mma", "auto"):
-        raise ValueError(f"FOVI_KNN_DX_PATH: expected 'mma' or 'auto', got {path!r}")
+        raise ValueError(f"{var}: expected 'mma' or 'auto', got {path!r}")
     return path
 
 
-def _dx_mma(meta, grad_y, weight):
-    """The tensor-core dx, or None (with a warning) where its kernel cannot launch here."""
-    from fovi_lab.kernels.adjoint.mma_dx import grad_input_mma
+def _on_mma(which: str, meta, grad_y, operand):
+    """The tensor-core gradient, or None (with a warning) where its kernel cannot launch here."""
+    from fovi_lab.kernels.adjoint import as_forward
+    fn = as_forward.grad_input_mma if which == "dx" else as_forward.grad_weight_mma
     try:
-        return grad_input_mma(meta, grad_y, weight)
+        return fn(meta, grad_y, operand)
     except RuntimeError as exc:
-        warnings.warn(f"the tensor-core dx cannot run here ({exc}); using the {grad_path(meta)} kernels",
+        warnings.warn(f"the tensor-core {which} cannot run here ({exc}); using the {grad_path(meta)} kernels",
                       RuntimeWarning, stacklevel=3)
         return None
 
@@ -159,21 +161,25 @@ class WarpTrainOps:
 
     @staticmethod
     def grad_input(meta, grad_y, weight):
-        if dx_path() == "mma":
-            dx = _dx_mma(meta, grad_y, weight)
+        if mma_path("dx") == "mma":
+            dx = _on_mma("dx", meta, grad_y, weight)
             if dx is not None:
                 return dx
         return _fused_or_staged("dx", grad_input_nm, staged_grad_input, meta, grad_y, weight)
 
     @staticmethod
     def grad_weight(meta, grad_y, x):
+        if mma_path("dW") == "mma":
+            dw = _on_mma("dW", meta, grad_y, x)
+            if dw is not None:
+                return dw
         return _fused_or_staged("dW", grad_weight_nm, staged_grad_weight, meta, grad_y, x)
 
     @staticmethod
     def backward_combined(meta, grad_y, x, weight):
         """``(dx, dW)``; the fused path lays out ``grad_y`` node-major once for both kernels."""
         meta = meta.to(grad_y.device)
-        if dx_path() == "mma":
+        if "mma" in (mma_path("dx"), mma_path("dW")):
             return WarpTrainOps.grad_input(meta, grad_y, weight), WarpTrainOps.grad_weight(meta, grad_y, x)
         if grad_path(meta, grad_y.dtype) != "fused":
             return staged_grad_input(meta, grad_y, weight), staged_grad_weight(meta, grad_y, x)

@@ -9,7 +9,9 @@ GPU machine runs on the real layers of :data:`fovi_lab.graph.layers.LAYERS`, at 
   and bitwise equal when run twice;
 * the staged kernels (``fovi_lab.kernels.adjoint.grad_input`` / ``grad_weight``, default configs) likewise;
 * in bf16 at B = 17 and 64: ``warp_compact``'s forward (the tensor-core kernels) and ``warp_train``'s dx and dW
-  (the fused adjoints' bf16 form, on every layer), bitwise repeatable.
+  (the bf16 form of the adjoints the layer takes), bitwise repeatable;
+* the tensor-core adjoints (``fovi_lab.kernels.adjoint.as_forward``: dx and dW as forwards of derived layers) at
+  B = 17 and 64, in fp16 and bf16, bitwise repeatable.
 
 The criterion is the project's: within 3x the error of ``torch_compact`` in the same dtype on the same rounded
 inputs, plus 2e-3. Every Warp output buffer is written by the kernels (the tests of the CPU device prefill them
@@ -107,3 +109,15 @@ def test_gpu_bf16_forward_and_grads(layer, b):
     _within(got[0], dx, errs[1], f"{layer} B={b} bf16 dx")
     _within(got[1], dw, errs[2], f"{layer} B={b} bf16 dW")
     assert torch.equal(got[0], again[0]) and torch.equal(got[1], again[1]), f"{layer} B={b}: not bitwise repeatable"
+
+
+@pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16), ids=("fp16", "bf16"))
+@pytest.mark.parametrize("b", (17, 64))
+@pytest.mark.parametrize("layer", list(LAYERS))
+def test_gpu_tensor_core_adjoints(layer, b, dtype):
+    from fovi_lab.kernels.adjoint.as_forward import grad_input_mma, grad_weight_mma
+    meta, x, w, bias, g, y, dx, dw, errs = _case(layer, b, dtype)
+    got_dx, got_dw = grad_input_mma(meta, g, w), grad_weight_mma(meta, g, x)
+    _within(got_dx, dx, errs[1], f"{layer} B={b} {dtype} tensor-core dx")
+    _within(got_dw, dw, errs[2], f"{layer} B={b} {dtype} tensor-core dW")
+    assert torch.equal(got_dx, grad_input_mma(meta, g, w)) and torch.equal(got_dw, grad_weight_mma(meta, g, x))

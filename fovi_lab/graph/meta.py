@@ -25,6 +25,7 @@ grad-input reduction gather instead of scatter, so it is deterministic without a
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from dataclasses import dataclass, field, replace
@@ -33,7 +34,7 @@ from typing import Dict
 import numpy as np
 import torch
 
-__all__ = ["TrainingMeta", "build_meta", "validate_meta", "transposed_meta", "pad_to", "synthetic_graph",
+__all__ = ["TrainingMeta", "build_meta", "validate_meta", "transposed_meta", "tap_meta", "pad_to", "synthetic_graph",
            "SYNTHETIC_SHAPES", "meta_aux"]
 
 
@@ -235,6 +236,52 @@ def transposed_meta(meta: TrainingMeta) -> TrainingMeta:
         rf_t[node, slot] = meta.rf_index.cpu()[n, k].long()
         got = aux["transposed"] = build_meta(idx_t, rf_t, cin=meta.cout, cout=meta.cin, v=meta.v, nin=meta.nout,
                                              device=meta.device)
+    return got
+
+
+_TAP_METAS_KEPT = 4      # tap layers kept per meta (one per batch size; each holds V x pad64(B*K') index pairs)
+
+
+def tap_meta(meta: TrainingMeta, batch: int) -> TrainingMeta:
+    """The tap layer of ``meta`` at batch ``batch``, whose forward is ``meta``'s weight gradient.
+
+    ``dW[o, c*V + t] = sum_b sum_{(n, k): rf[n, k] = t} g[b, o, n] x[b, c, idx[n, k]]`` is one GEMM per tap over
+    the pairs (b, entry), which is the compact forward of a layer whose output nodes are the taps: with the
+    batch rows ``c`` (Cin of them), input channels ``b`` (B), inputs ``x'[c, b, m] = x[b, c, m]`` (Nin nodes)
+    and the weight ``W'[o, b*Nout + n] = g[b, o, n]`` (V' = Nout "taps", one per output node), tap ``t`` lists
+    its real entries ``(n, k)`` in ascending ``n*K + k``: ``idx'[t, j] = idx[n, k]``, ``rf'[t, j] = n``, padded
+    with the pad token ``Nin`` to the longest list. Then ``forward'(x', W')[c, o, t] = dW[o, c*V + t]``.
+    A tap no entry uses has only pads (its dW is 0). Built once per (meta, batch), on the meta's device.
+    """
+    aux = meta_aux(meta)
+    cache = aux.setdefault("tap_metas", {})
+    got = cache.get(int(batch))
+    if got is None:
+        longest = int(torch.bincount(meta.rf_index[meta.idx < meta.nin].cpu(), minlength=meta.v).max())
+        table_bytes = 24 * meta.v * pad_to(int(batch) * max(1, longest), 64)    # two int32 and two int64 tables
+        limit = int(os.environ.get("FOVI_KNN_TAP_TABLE_MIB", "512")) << 20
+        if table_bytes > limit:
+            raise RuntimeError(f"tap layer: its index tables at batch {batch} would take {table_bytes >> 20} MiB "
+                               f"(V={meta.v} taps x B*{longest} entries), over FOVI_KNN_TAP_TABLE_MIB={limit >> 20}")
+        idx, rf = meta.idx.cpu().long(), meta.rf_index.cpu().long()
+        flat_idx, flat_rf = idx.reshape(-1), rf.reshape(-1)
+        real = torch.nonzero(flat_idx < meta.nin).squeeze(1)                     # ascending n*K + k
+        taps = flat_rf[real]
+        order = torch.sort(taps, stable=True).indices
+        entry, tap = real[order], taps[order]
+        counts = torch.bincount(taps, minlength=meta.v)
+        kt = max(1, int(counts.max()) if counts.numel() else 1)
+        start = torch.zeros(meta.v + 1, dtype=torch.int64)
+        start[1:] = torch.cumsum(counts, 0)
+        slot = torch.arange(entry.numel()) - start[:-1][tap]
+        idx_t = torch.full((meta.v, kt), meta.nin, dtype=torch.int64)
+        rf_t = torch.zeros((meta.v, kt), dtype=torch.int64)
+        idx_t[tap, slot] = flat_idx[entry]
+        rf_t[tap, slot] = entry // meta.k                                       # the output node n
+        got = build_meta(idx_t, rf_t, cin=int(batch), cout=meta.cout, v=meta.nout, nin=meta.nin, device=meta.device)
+        if len(cache) >= _TAP_METAS_KEPT:
+            cache.pop(next(iter(cache)))
+        cache[int(batch)] = got
     return got
 
 

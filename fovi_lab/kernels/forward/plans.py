@@ -319,7 +319,7 @@ class _SimtRunner:
 
     def __call__(self, x, weight, bias, out_dtype=None) -> Plan:
         """``out_dtype`` torch.float32 (the split families only): y in fp32, straight from the fp32 partials'
-        fixed-order sum (the tensor-core dx of :mod:`fovi_lab.kernels.adjoint.mma_dx`); default x's dtype."""
+        fixed-order sum (the tensor-core dx of :mod:`fovi_lab.kernels.adjoint.as_forward`); default x's dtype."""
         x2 = x.reshape(self.b, self.rows)
         if x2.stride(1) != 1:                        # rows are read with unit stride
             x2 = x2.contiguous()

@@ -1,0 +1,133 @@
+"""The adjoints on tensor cores (``fovi_lab.kernels.adjoint.as_forward``): dx as the forward of the transposed layer,
+dW as the forward of the tap layer, on Warp's CPU device (the mma kernels' CPU branch).
+
+Criterion as for the fused bf16 adjoints (docs/operator.md §5): fp16 / bf16 products are exact in fp32 and the
+kernels accumulate in fp32, so dx and dW must equal the fp32 oracle's on the same rounded operands up to fp32 summation
+order, within ``1e-4 * (1 + max |oracle|)``; one rounding to fp16 (2^-11 relative) would exceed it. Both are fp32,
+written whole (an input node no output reads, a tap no entry uses: exact zeros) and bitwise repeatable.
+"""
+
+import pytest
+import torch
+
+from fovi_lab.graph.meta import SYNTHETIC_SHAPES, build_meta, synthetic_graph, tap_meta, transposed_meta
+from fovi_lab.kernels import forward as F
+from fovi_lab.kernels.adjoint.as_forward import grad_input_mma, grad_weight_mma, transposed_weight
+from fovi_lab.ops.reference import oracle_forward
+
+SPLIT = [c for c in F.uncached_config_names() if F.config_spec(c).family in ("mmas", "mmasw")]
+_CASES = {}
+
+
+def _case(name, b, dtype, seed=3):
+    key = (name, b, dtype, seed)
+    if key not in _CASES:
+        cin, cout, nin, nout, k, v, pads = SYNTHETIC_SHAPES[name]
+        idx, rf = synthetic_graph(nin, nout, k, v, pads, seed=seed)
+        meta = build_meta(idx, rf, cin=cin, cout=cout, v=v, nin=nin)
+        gen = torch.Generator().manual_seed(seed + 5)
+        w = (torch.randn(cout, cin * v, generator=gen) / (cin * k) ** 0.5).to(dtype)
+        g = torch.randn(b, cout, nout, generator=gen).to(dtype)
+        x = torch.randn(b, cin, nin, generator=gen).to(dtype)
+        xf, wf = x.float().requires_grad_(), w.float().requires_grad_()
+        y = oracle_forward(xf, wf, None, meta.idx, meta.rf_index, v)
+        dx_o, dw_o = torch.autograd.grad(y, (xf, wf), g.float())
+        _CASES[key] = (meta, w, g, dx_o, x, dw_o)
+    return _CASES[key]
+
+
+def _assert_fp32_exact(got, want, what):
+    assert got.dtype == torch.float32 and got.shape == want.shape, (what, got.dtype, got.shape)
+    assert torch.isfinite(got).all(), what
+    err, tol = float((got - want).abs().max()), 1e-4 * (1.0 + float(want.abs().max()))
+    assert err <= tol, f"{what}: max err {err:.3g} > {tol:.3g}"
+
+
+def test_the_tap_layer_lists_every_real_entry_once_under_its_tap():
+    meta, _, _, _, _, _ = _case("PAD_HEAVY", 1, torch.float16)
+    t = tap_meta(meta, 5)
+    assert (t.cin, t.cout, t.nin, t.nout, t.v) == (5, meta.cout, meta.nin, meta.v, meta.nout)
+    got = sorted((tap, int(n), int(m)) for tap in range(meta.v) for m, n in zip(t.idx[tap], t.rf_index[tap])
+                 if m < meta.nin)
+    want = sorted((int(meta.rf_index[n, k]), n, int(meta.idx[n, k])) for n in range(meta.nout) for k in range(meta.k)
+                  if meta.idx[n, k] < meta.nin)
+    assert got == want and tap_meta(meta, 5) is t
+
+
+def test_the_transposed_layer_lists_every_entry_once_with_its_tap():
+    meta, _, _, _, _, _ = _case("PAD_HEAVY", 1, torch.float16)
+    t = transposed_meta(meta)
+    assert (t.cin, t.cout, t.nin, t.nout, t.v) == (meta.cout, meta.cin, meta.nout, meta.nin, meta.v)
+    real = [(int(n), int(m), int(r)) for m in range(meta.nin) for n, r in zip(t.idx[m], t.rf_index[m]) if n < meta.nout]
+    want = sorted((n, int(meta.idx[n, k]), int(meta.rf_index[n, k])) for n in range(meta.nout) for k in range(meta.k)
+                  if meta.idx[n, k] < meta.nin)
+    assert sorted(real) == want
+    assert transposed_meta(meta) is t                       # built once per meta
+
+
+@pytest.mark.parametrize("config", SPLIT)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_every_split_config_gives_dx_and_dw_in_fp32(config, dtype):
+    for name, b in (("ODD", 17), ("PAD_HEAVY", 5), ("MAIN", 3)):
+        meta, w, g, dx_o, x, dw_o = _case(name, b, dtype)
+        dx = grad_input_mma(meta, g, w, config)
+        _assert_fp32_exact(dx, dx_o, f"dx {config} {name} B={b}")
+        assert torch.equal(dx, grad_input_mma(meta, g, w, config)), "dx not bitwise repeatable"
+        dw = grad_weight_mma(meta, g, x, config)
+        _assert_fp32_exact(dw, dw_o, f"dW {config} {name} B={b}")
+        assert torch.equal(dw, grad_weight_mma(meta, g, x, config)), "dW not bitwise repeatable"
+
+
+def test_unread_nodes_and_unused_taps_get_exact_zeros_and_warp_train_opts_in(monkeypatch):
+    from fovi_lab.knn_warp import WarpTrainOps
+    meta, w, g, dx_o, x, dw_o = _case("PAD_HEAVY", 5, torch.float16)
+    unread = (meta.rev_rowptr[1:] == meta.rev_rowptr[:-1]).nonzero().squeeze(1)
+    dx, dw = grad_input_mma(meta, g, w), grad_weight_mma(meta, g, x)
+    assert unread.numel() and torch.equal(dx[:, :, unread], torch.zeros_like(dx[:, :, unread]))
+    wide = build_meta(meta.idx, meta.rf_index, cin=meta.cin, cout=meta.cout, v=meta.v + 3, nin=meta.nin)   # 3 unused taps
+    dw_wide = grad_weight_mma(wide, g, x).view(meta.cout, meta.cin, meta.v + 3)
+    assert torch.equal(dw_wide[:, :, meta.v:], torch.zeros_like(dw_wide[:, :, meta.v:]))
+    assert torch.equal(dw_wide[:, :, :meta.v], dw.view(meta.cout, meta.cin, meta.v))
+    fused = WarpTrainOps.backward_combined(meta, g, x, w)
+    monkeypatch.setenv("FOVI_KNN_DX_PATH", "mma")
+    got = WarpTrainOps.backward_combined(meta, g, x, w)
+    assert torch.equal(got[0], dx) and torch.equal(WarpTrainOps.grad_input(meta, g, w), dx)
+    assert torch.equal(got[1], fused[1])                       # dW stays on the layer's kernels
+    monkeypatch.setenv("FOVI_KNN_DW_PATH", "mma")
+    got = WarpTrainOps.backward_combined(meta, g, x, w)
+    assert torch.equal(got[1], dw) and torch.equal(WarpTrainOps.grad_weight(meta, g, x), dw)
+    monkeypatch.setenv("FOVI_KNN_DX_PATH", "nope")
+    with pytest.raises(ValueError, match="FOVI_KNN_DX_PATH: expected 'mma' or 'auto', got 'nope'"):
+        WarpTrainOps.grad_input(meta, g, w)
+
+
+def test_a_tap_layer_over_its_table_budget_is_refused_and_warp_train_falls_back(monkeypatch):
+    from fovi_lab.knn_warp import WarpTrainOps
+    meta, w, g, dx_o, x, dw_o = _case("MAIN", 2, torch.float16)      # a batch no other test built the tap layer of
+    monkeypatch.setenv("FOVI_KNN_TAP_TABLE_MIB", "0")
+    with pytest.raises(RuntimeError, match=r"tap layer: its index tables at batch 2 would take .* over "
+                                           r"FOVI_KNN_TAP_TABLE_MIB=0"):
+        grad_weight_mma(meta, g, x)
+    monkeypatch.setenv("FOVI_KNN_DW_PATH", "mma")
+    with pytest.warns(RuntimeWarning, match="the tensor-core dW cannot run here"):
+        dw = WarpTrainOps.grad_weight(meta, g, x)
+    _assert_fp32_exact(dw, dw_o, "dW after the fallback")
+
+
+def test_bad_requests_are_refused_with_the_argument_named():
+    meta, w, g, _, x, _ = _case("ODD", 17, torch.float16)
+    with pytest.raises(ValueError, match=r"config: an fp32 output needs a split tensor-core config .*'mma_o64b16'"):
+        grad_input_mma(meta, g, w, "mma_o64b16")
+    with pytest.raises(TypeError, match="grad_y: expected dtype torch.float16 or torch.bfloat16, got torch.float32"):
+        grad_input_mma(meta, g.float(), w)
+    with pytest.raises(TypeError, match=r"weight: expected dtype torch.float16 \(same as grad_y\)"):
+        grad_input_mma(meta, g, w.bfloat16())
+    with pytest.raises(ValueError, match=r"grad_y: expected shape \[B, Cout=7, Nout=33\]"):
+        grad_input_mma(meta, g[:, :3], w)
+    with pytest.raises(TypeError, match=r"x: expected dtype torch.float16 \(same as grad_y\)"):
+        grad_weight_mma(meta, g, x.float())
+    with pytest.raises(ValueError, match=r"x: expected shape"):
+        grad_weight_mma(meta, g, x[:2])
+    t = transposed_meta(meta)
+    with pytest.raises(ValueError, match="out_dtype: expected None .* or torch.float32, got torch.float64"):
+        F.run_uncached(g, transposed_weight(w, meta), None, t.input_linear, t.weight_linear, out_dtype=torch.float64)
