@@ -12,38 +12,18 @@ bitwise repeatable.
 import pytest
 import torch
 
-from fovi_lab.graph.meta import SYNTHETIC_SHAPES, build_meta, synthetic_graph
+from fovi_lab.graph.meta import SYNTHETIC_SHAPES, synthetic_graph
 from fovi_lab.kernels import adjoint as nm
 from fovi_lab.ops.autograd import KNNConv
 from fovi_lab.ops.reference import oracle_forward
-
-_CASES = {}
-
+from grad_cases import assert_fp32_exact, grad_case
 
 def _case(name, b, seed=3):
     """(meta, x, w, g) in bf16 and the oracle's (dx, dW) in fp32 on those same bf16 values."""
-    key = (name, b, seed)
-    if key not in _CASES:
-        cin, cout, nin, nout, k, v, pads = SYNTHETIC_SHAPES[name]
-        idx, rf = synthetic_graph(nin, nout, k, v, pads, seed=seed)
-        meta = build_meta(idx, rf, cin=cin, cout=cout, v=v, nin=nin)
-        gen = torch.Generator().manual_seed(seed + 19)
-        x = torch.randn(b, cin, nin, generator=gen).bfloat16()
-        w = (torch.randn(cout, cin * v, generator=gen) / (cin * k) ** 0.5).bfloat16()
-        g = torch.randn(b, cout, nout, generator=gen).bfloat16()
-        xf, wf = x.float().requires_grad_(), w.float().requires_grad_()
-        y = oracle_forward(xf, wf, None, meta.idx, meta.rf_index, v)
-        dx_o, dw_o = torch.autograd.grad(y, (xf, wf), g.float())
-        _CASES[key] = (meta, x, w, g, dx_o, dw_o)
-    return _CASES[key]
+    return grad_case(name, b, seed=seed, data_seed=19, dtype=torch.bfloat16)[:6]
 
 
-def _assert_fp32_exact(got, want, what):
-    assert got.dtype == torch.float32 and got.shape == want.shape, (what, got.dtype, got.shape)
-    assert torch.isfinite(got).all(), f"{what}: non-finite entries (an entry the kernels did not write?)"
-    err = float((got - want).abs().max())
-    tol = 1e-4 * (1.0 + float(want.abs().max()))
-    assert err <= tol, f"{what}: max err {err:.3g} > {tol:.3g} (fp32 accumulation of exact bf16 products)"
+_assert_fp32_exact = assert_fp32_exact
 
 
 def _run_nan_prefilled(plan):

@@ -10,37 +10,21 @@ written whole (an input node no output reads, a tap no entry uses: exact zeros) 
 import pytest
 import torch
 
-from fovi_lab.graph.meta import SYNTHETIC_SHAPES, build_meta, synthetic_graph, tap_meta, transposed_meta
+from fovi_lab.graph.meta import build_meta, tap_meta, transposed_meta
 from fovi_lab.kernels import forward as F
 from fovi_lab.kernels.adjoint.as_forward import grad_input_mma, grad_weight_mma, transposed_weight
-from fovi_lab.ops.reference import oracle_forward
+from grad_cases import assert_fp32_exact, grad_case
 
 SPLIT = [c for c in F.uncached_config_names() if F.config_spec(c).family in ("mmas", "mmasw")]
-_CASES = {}
 
 
 def _case(name, b, dtype, seed=3):
-    key = (name, b, dtype, seed)
-    if key not in _CASES:
-        cin, cout, nin, nout, k, v, pads = SYNTHETIC_SHAPES[name]
-        idx, rf = synthetic_graph(nin, nout, k, v, pads, seed=seed)
-        meta = build_meta(idx, rf, cin=cin, cout=cout, v=v, nin=nin)
-        gen = torch.Generator().manual_seed(seed + 5)
-        w = (torch.randn(cout, cin * v, generator=gen) / (cin * k) ** 0.5).to(dtype)
-        g = torch.randn(b, cout, nout, generator=gen).to(dtype)
-        x = torch.randn(b, cin, nin, generator=gen).to(dtype)
-        xf, wf = x.float().requires_grad_(), w.float().requires_grad_()
-        y = oracle_forward(xf, wf, None, meta.idx, meta.rf_index, v)
-        dx_o, dw_o = torch.autograd.grad(y, (xf, wf), g.float())
-        _CASES[key] = (meta, w, g, dx_o, x, dw_o)
-    return _CASES[key]
+    """(meta, w, g, dx_oracle, x, dW_oracle), operands rounded to ``dtype``, the oracle on the rounded values."""
+    meta, x, w, g, dx_o, dw_o = grad_case(name, b, seed=seed, data_seed=5, dtype=dtype)[:6]
+    return meta, w, g, dx_o, x, dw_o
 
 
-def _assert_fp32_exact(got, want, what):
-    assert got.dtype == torch.float32 and got.shape == want.shape, (what, got.dtype, got.shape)
-    assert torch.isfinite(got).all(), what
-    err, tol = float((got - want).abs().max()), 1e-4 * (1.0 + float(want.abs().max()))
-    assert err <= tol, f"{what}: max err {err:.3g} > {tol:.3g}"
+_assert_fp32_exact = assert_fp32_exact
 
 
 def test_the_tap_layer_lists_every_real_entry_once_under_its_tap():

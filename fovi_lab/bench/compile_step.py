@@ -31,7 +31,7 @@ from fovi_lab.graph.layers import layer_meta
 from fovi_lab.ops.autograd import KNNConv
 from fovi_lab.train import FoveatedDigitsNet, load_digits_tensors
 
-__all__ = ["LayerStack", "bench_compile", "main"]
+__all__ = ["LayerStack", "bench_compile", "train_step", "main"]
 
 STACK_LAYERS = ("alex_L2", "alex_L3", "alex_L4")
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -70,6 +70,22 @@ def _problem(net: str, backend: str, batch: int, device, dtype):
     return (lambda: LayerStack(STACK_LAYERS, backend, dtype)), x, (lambda out: out.square().mean())
 
 
+def train_step(make, inputs, loss_of, device, compiled: bool):
+    """``(model, step)``: a fresh model (seed 0) on ``device`` and its Adam train step, through
+    ``torch.compile(model, fullgraph=True)`` where ``compiled``."""
+    torch.manual_seed(0)
+    model = make().to(device)
+    fn = torch.compile(model, fullgraph=True) if compiled else model
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def step():
+        loss = loss_of(fn(inputs))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return fn, step
+
+
 def bench_compile(backend: str, batch: int = 256, device="cuda", reps: int = 50, net: str = "digits",
                   dtype: str = "fp16") -> list:
     """The eager and the compiled record of ``backend``'s train step (see the module docstring)."""
@@ -78,17 +94,7 @@ def bench_compile(backend: str, batch: int = 256, device="cuda", reps: int = 50,
     out = []
     outs = {}
     for mode in ("eager", "compiled"):
-        torch.manual_seed(0)
-        model = make().to(device)
-        fn = torch.compile(model, fullgraph=True) if mode == "compiled" else model
-        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-
-        def step():
-            loss = loss_of(fn(inputs))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-
+        fn, step = train_step(make, inputs, loss_of, device, mode == "compiled")
         t0 = time.perf_counter()
         outs[mode] = fn(inputs).detach().float()    # the training graph's forward (no-grad would compile, and on
         step()                                       # the GPU run, the inference kernels: another graph)

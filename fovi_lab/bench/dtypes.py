@@ -51,6 +51,16 @@ def _oracle(meta, x, w, g):
     return y.detach(), dx, dw
 
 
+def checked_operands(meta, batch: int, dtype, device):
+    """``(x, w, g, refs, tols)``: the operands in ``dtype``, the fp32 oracle's (y, dx, dW) on them and each output's
+    tolerance (3x torch_compact's error in that dtype + 2e-3)."""
+    x, w, g = _operands(meta, batch, dtype, device)
+    refs = _oracle(meta, x, w, g)
+    t_ref = (CompactTorchOps.forward(meta, x, w, None), CompactTorchOps.grad_input(meta, g, w),
+             CompactTorchOps.grad_weight(meta, g, x))
+    return x, w, g, refs, [3 * float((t.float() - r).abs().max()) + 2e-3 for t, r in zip(t_ref, refs)]
+
+
 def _error(outs, refs, tols) -> Optional[str]:
     for name, got, want, tol in zip(("y", "dx", "dW"), outs, refs, tols):
         got = got.float()
@@ -94,11 +104,7 @@ def bench_layer(layer: str, batch: int, device, reps: int = 20, graphs: bool = T
     flops = compact_flops(batch, meta.p64, meta.cout, meta.nout)
     out = []
     for dname, dtype in DTYPES.items():
-        x, w, g = _operands(meta, batch, dtype, device)
-        refs = _oracle(meta, x, w, g)
-        t_ref = (CompactTorchOps.forward(meta, x, w, None), CompactTorchOps.grad_input(meta, g, w),
-                 CompactTorchOps.grad_weight(meta, g, x))
-        tols = [3 * float((t.float() - r).abs().max()) + 2e-3 for t, r in zip(t_ref, refs)]
+        x, w, g, refs, tols = checked_operands(meta, batch, dtype, device)
         for mode, impls in _impls(meta, x, w, g).items():
             n_out = 1 if mode == "forward" else 3
             mode_flops = flops * (1 if mode == "forward" else 3)

@@ -16,9 +16,8 @@ import sys
 import torch
 
 from fovi_lab.bench.common import append_jsonl, env_info, time_fn
-from fovi_lab.bench.dtypes import DTYPES, _error, _impls, _operands, _oracle
+from fovi_lab.bench.dtypes import DTYPES, _error, _impls, checked_operands
 from fovi_lab.graph.layers import layer_meta
-from fovi_lab.ops.reference import CompactTorchOps
 
 
 def main() -> int:
@@ -39,11 +38,7 @@ def main() -> int:
         meta = layer_meta(layer).to(dev)
         fns = {}
         for dname, dtype in DTYPES.items():
-            x, w, g = _operands(meta, b, dtype, dev)
-            refs = _oracle(meta, x, w, g)
-            t_ref = (CompactTorchOps.forward(meta, x, w, None), CompactTorchOps.grad_input(meta, g, w),
-                     CompactTorchOps.grad_weight(meta, g, x))
-            tols = [3 * float((t.float() - r).abs().max()) + 2e-3 for t, r in zip(t_ref, refs)]
+            x, w, g, refs, tols = checked_operands(meta, b, dtype, dev)
             for mode, impls in _impls(meta, x, w, g).items():
                 n = 1 if mode == "forward" else 3
                 for impl, fn in impls.items():

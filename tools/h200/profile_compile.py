@@ -12,7 +12,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from fovi_lab.bench.compile_step import DTYPES, _problem
+from fovi_lab.bench.compile_step import DTYPES, _problem, train_step
 
 
 def main() -> int:
@@ -28,16 +28,7 @@ def main() -> int:
     for backend in args.backends:
         make, inputs, loss_of = _problem(args.net, backend, args.batch, dev, DTYPES[args.dtype])
         for mode in ("eager", "compiled"):
-            torch.manual_seed(0)
-            model = make().to(dev)
-            fn = torch.compile(model, fullgraph=True) if mode == "compiled" else model
-            opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-
-            def step():
-                loss = loss_of(fn(inputs))
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
+            _, step = train_step(make, inputs, loss_of, dev, mode == "compiled")
             for _ in range(5):
                 step()
             torch.cuda.synchronize()

@@ -1,0 +1,28 @@
+"""The benchmarks that only a GPU times still run end to end on the CPU, and write the records they promise."""
+
+import json
+
+import pytest
+
+pytest.importorskip("warp")
+
+
+def test_dtype_bench_runs_and_checks_every_implementation(tmp_path):
+    from fovi_lab.bench import dtypes
+    out = tmp_path / "d.jsonl"
+    assert dtypes.main(["--layers", "res18_layer4_0", "--batches", "2", "--reps", "1", "--no-graphs",
+                        "--device", "cpu", "--out", str(out)]) == 0
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {r["dtype"] for r in recs} == {"fp16", "bf16"} and {r["mode"] for r in recs} == {"forward", "train-step"}
+    warp = [r for r in recs if r["impl"] in ("warp_compact", "warp_train")]
+    assert len(warp) == 4 and all(r["note"] is None and r["ms"] > 0 for r in warp), warp
+
+
+def test_compile_bench_runs_eager_and_compiled(tmp_path):
+    from fovi_lab.bench import compile_step
+    out = tmp_path / "c.jsonl"
+    assert compile_step.main(["--net", "digits", "--backends", "torch_compact", "--batch", "8", "--reps", "2",
+                              "--device", "cpu", "--out", str(out)]) == 0
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["mode"] for r in recs] == ["eager", "compiled"] and all(r["ms"] > 0 for r in recs)
+    assert recs[1]["compile_s"] > 0 and recs[0]["max_out_diff"] < 1e-4
