@@ -91,6 +91,8 @@ def prepare(model: torch.nn.Module, *inputs) -> None:
     model: same batch size, dtypes and autocast context (the plans are per call signature)."""
     params = [p for p in model.parameters() if p.requires_grad]
     saved = [p.grad for p in params]
+    for p in params:                     # backward would add into an existing grad in place
+        p.grad = None
     try:
         out = model(*inputs)
         outs = [t for t in (out if isinstance(out, (tuple, list)) else (out,))
