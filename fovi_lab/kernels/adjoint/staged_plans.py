@@ -15,7 +15,8 @@ import torch
 from fovi_lab.graph.meta import TrainingMeta, meta_aux, pad_to, validate_meta
 from fovi_lab.ops.reference import CompactTorchOps, check_grad_args
 from fovi_lab.kernels.common import check_tensor, fast_launch, gather_rows, warp_ct, warp_device
-from fovi_lab.kernels.adjoint.configs import (_BF16_SUFFIX, _F32_SUFFIX, _GW_TILE_B, select_gi_config, select_gw_config,
+from fovi_lab.kernels.adjoint.configs import (_BF16_SUFFIX, _F32_SUFFIX, _GW_TILE_B, select_gi_config,
+                                              select_gw_config,
                                               _split_name, stage_fp32_default, grad_stage_budget_bytes)
 from fovi_lab.kernels.adjoint.staged_build import GradKernel, GRAD_KERNELS, get_grad_kernel, _stage_dims
 
@@ -120,7 +121,7 @@ def _check_common(meta: TrainingMeta, grad_y: torch.Tensor, weight=None, x=None)
     validate_meta(meta)
     check_tensor("grad_y", grad_y, dtype=_STAGED_DTYPES)     # the dtype first: the Warp kernels are fp16 or bf16
     check_grad_args(meta, grad_y, weight=weight, x=x)
-    check_tensor("grad_y", grad_y, dtype=grad_y.dtype, dim=3, shape=(None, meta.cout, meta.nout), contiguous=True)
+    check_tensor("grad_y", grad_y, dim=3, shape=(None, meta.cout, meta.nout), contiguous=True)
     if grad_y.shape[0] < 1:
         raise ValueError("grad_y: batch must be >= 1")
     if grad_y.device.type not in ("cpu", "cuda"):

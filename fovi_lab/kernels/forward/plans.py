@@ -161,10 +161,7 @@ def plan_uncached(cfg: FwdConfig, kernel, x, weight, bias, il, wl, store: str,
         runner = _SimtRunner(cfg, kernel, dev, info, b, cin, nin, cout, nout, il, wl)
         if memo is not None:
             memo["runner"] = runner
-        return runner(x, weight, bias, out_dtype)
-    if out_dtype not in (None, x.dtype):
-        raise ValueError(f"out_dtype: {out_dtype} output needs a split tensor-core config (mmas / mmasw), "
-                         f"got {cfg.name!r}")
+        return runner(x, weight, bias, out_dtype)       # (resolve_uncached allows out_dtype on split configs only)
     out, finish = _output(b, cout, nout, x.device, store)
     bias_p, bias_w = bias_operand(bias, cout, cfg.tile_n, x.device)
     dims = (nout, -(-b // cfg.rows_per_cta), -(-cout // cfg.tile_n))
