@@ -6,6 +6,7 @@
     python -m fovi_lab bench train-step      # forward + both grads
     python -m fovi_lab bench dtypes          # bf16 beside fp16, each beside PyTorch in the same dtype
     python -m fovi_lab bench compile         # torch.compile beside eager: the digits network, a stack of fovi layers
+    python -m fovi_lab bench adjoints        # tensor-core adjoints beside the fused / staged ones and PyTorch
     python -m fovi_lab tune                  # time the candidates on this device, cache the fastest (auto reads it)
     python -m fovi_lab train                 # train the foveated digits network (torchrun: DDP)
     python -m fovi_lab warmup                # compile every Warp config for this device, in parallel
@@ -27,8 +28,8 @@ def main(argv=None) -> int:
         from fovi_lab.demo import main as run
         return run(rest)
     if cmd == "bench":
-        if not rest or rest[0] not in ("forward", "backward", "train-step", "dtypes", "compile"):
-            print("usage: python -m fovi_lab bench {forward,backward,train-step,dtypes,compile} [options]",
+        if not rest or rest[0] not in ("forward", "backward", "train-step", "dtypes", "compile", "adjoints"):
+            print("usage: python -m fovi_lab bench {forward,backward,train-step,dtypes,compile,adjoints} [options]",
                   file=sys.stderr)
             return 2
         if rest[0] == "forward":
@@ -36,6 +37,9 @@ def main(argv=None) -> int:
             return run(rest[1:]) or 0
         if rest[0] == "dtypes":
             from fovi_lab.bench.dtypes import main as run
+            return run(rest[1:]) or 0
+        if rest[0] == "adjoints":
+            from fovi_lab.bench.adjoints import main as run
             return run(rest[1:]) or 0
         if rest[0] == "compile":
             from fovi_lab.bench.compile_step import main as run

@@ -26,3 +26,24 @@ def test_compile_bench_runs_eager_and_compiled(tmp_path):
     recs = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["mode"] for r in recs] == ["eager", "compiled"] and all(r["ms"] > 0 for r in recs)
     assert recs[1]["compile_s"] > 0 and recs[0]["max_out_diff"] < 1e-4
+
+
+def test_adjoint_paths_bench_checks_and_times_every_candidate(tmp_path):
+    from fovi_lab.bench import adjoints
+    out = tmp_path / "a.jsonl"
+    assert adjoints.main(["--layers", "res18_layer4_0", "--batches", "3", "--rounds", "1", "--reps", "1",
+                          "--device", "cpu", "--out", str(out)]) == 0
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    grads = [r for r in recs if r["what"] in ("dx", "dW")]
+    assert len(grads) == 2 * (2 + len(adjoints.split_configs()))
+    assert all(r["note"] is None and r["ms"] > 0 and r["bitwise"] for r in grads), grads
+    steps = {r["impl"]: r for r in recs if r["what"] == "step"}
+    assert {"warp_train", "warp_train_mma", "warp_train_best", "torch_compact"} <= set(steps)
+    assert all(r["note"] is None and r["ms"] > 0 for r in steps.values()), steps
+
+
+def test_adjoint_paths_bench_refuses_a_path_switch(monkeypatch):
+    from fovi_lab.bench import adjoints
+    monkeypatch.setenv("FOVI_KNN_DX_PATH", "mma")
+    with pytest.raises(SystemExit):
+        adjoints.main(["--layers", "res18_layer4_0", "--batches", "3", "--device", "cpu"])

@@ -1,6 +1,7 @@
 """Compile, in parallel processes, exactly the Warp modules the rules pick for some layers and batches (fp16 and
 bf16): the forward's config, the fused adjoints (whole lists and segments) and, on the stems, the staged
-adjoints; with ``--all-mma`` every tensor-core forward config too (what ``tune`` times). A benchmark run then
+adjoints; with ``--all-mma`` every tensor-core forward config too (what ``tune`` times), with ``--mma-split`` the split ones
+(what ``bench adjoints`` times). A benchmark run then
 compiles nothing; the full ``warmup`` builds ~180 modules, most of which a given run never launches.
 
     python tools/h200/warm_selected.py [--layers ...] [--batches 1 16 64] [--all-mma] [--jobs 16]
@@ -14,7 +15,7 @@ from fovi_lab.bench.precompile import precompile
 from fovi_lab.graph.layers import LAYERS, layer_meta
 
 
-def selected_jobs(layers, batches, device: str, all_mma: bool) -> list:
+def selected_jobs(layers, batches, device: str, all_mma: bool, mma_split: bool = False) -> list:
     from fovi_lab.kernels import adjoint as A
     from fovi_lab.kernels import forward as F
     from fovi_lab.knn_warp import FUSED_MIN_CIN
@@ -34,6 +35,9 @@ def selected_jobs(layers, batches, device: str, all_mma: bool) -> list:
                 sfx = "_f32" if A.stage_fp32_default() else ""
                 staged.add(("gi", A.select_gi_config(b, meta.nout, device, meta.cin, meta.p64, meta.cout) + sfx))
                 staged.add(("gw", A.select_gw_config(meta.cout, meta.cin, b, meta.nout, meta.p64) + sfx))
+    if mma_split:
+        from fovi_lab.bench.adjoints import split_configs
+        fwd |= set(split_configs())
     if all_mma:
         fwd |= {n for n in F.uncached_config_names() if F.config_spec(n).family in F.MMA_FAMILIES}
     jobs = []
@@ -54,11 +58,12 @@ def main() -> int:
     ap.add_argument("--layers", nargs="+", default=list(LAYERS))
     ap.add_argument("--batches", nargs="+", type=int, default=[1, 16, 64])
     ap.add_argument("--all-mma", action="store_true")
+    ap.add_argument("--mma-split", action="store_true", help="every split tensor-core config (the adjoints')")
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--jobs", type=int, default=16)
     ap.add_argument("--list", action="store_true", help="print the jobs and exit")
     args = ap.parse_args()
-    jobs = selected_jobs(args.layers, args.batches, args.device, args.all_mma)
+    jobs = selected_jobs(args.layers, args.batches, args.device, args.all_mma, args.mma_split)
     if args.list:
         print("\n".join(map(str, jobs)))
         return 0

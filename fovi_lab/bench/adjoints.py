@@ -1,0 +1,193 @@
+"""The tensor-core adjoints beside the fused / staged ones and PyTorch's fastest step, in one run.
+
+For each layer and batch (fp16 operands, the fp32 oracle's gradients checked first, within the tolerances of
+``bench dtypes``), this times
+
+- ``dx``: ``warp_train``'s rule path (fused node-major or staged, :func:`fovi_lab.knn_warp.grad_path`) and the
+  tensor-core forward of the transposed layer under every split config;
+- ``dW``: the rule path and the tap layer's forward under every split config;
+- the train step (y, dx, dW): ``warp_train`` on its rule, on the default tensor-core picks
+  (``FOVI_KNN_DX_PATH=mma FOVI_KNN_DW_PATH=mma``), on the fastest of each gradient measured here, and every
+  PyTorch step of ``bench dtypes``; eager (median over interleaved rounds) and replayed from a CUDA graph.
+
+Each kernel's gradient is also computed twice and compared bit for bit. Records (``kind = "adjoint_paths"``)
+carry ``what`` (dx, dW, step), ``impl``, ``ms`` / ``ms_graph``, ``tflops`` (useful FLOPs: ``2 B P64 Cout Nout``
+per gradient), ``bitwise`` and ``note`` (why a candidate did not run).
+
+    python -m fovi_lab bench adjoints [--layers ...] [--batches 16 64 512] [--rounds 3] [--reps 20] [--out F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from typing import Callable, Dict, List
+
+import torch
+
+from fovi_lab.bench.backward_impls import torch_steps
+from fovi_lab.bench.common import append_jsonl, compact_flops, env_info, time_fn
+from fovi_lab.bench.dtypes import _error, checked_operands
+from fovi_lab.graph.layers import LAYERS, layer_meta
+
+_SWITCHES = ("FOVI_KNN_DX_PATH", "FOVI_KNN_DW_PATH", "FOVI_KNN_GRAD_PATH")
+
+
+def split_configs() -> List[str]:
+    """The split tensor-core forward configs (fp32 output): the candidates for both adjoints."""
+    from fovi_lab.kernels import forward as F
+    return [n for n in F.uncached_config_names() if F.config_spec(n).family in ("mmas", "mmasw")]
+
+
+def _candidates(meta, x, w, g) -> Dict[str, Dict[str, Callable[[], torch.Tensor]]]:
+    from fovi_lab.kernels.adjoint.as_forward import grad_input_mma, grad_weight_mma
+    from fovi_lab.knn_warp import WarpTrainOps, grad_path
+    rule = grad_path(meta)
+    dx = {f"warp_{rule}": lambda: WarpTrainOps.grad_input(meta, g, w),
+          "mma_default": lambda: grad_input_mma(meta, g, w)}
+    dw = {f"warp_{rule}": lambda: WarpTrainOps.grad_weight(meta, g, x),
+          "mma_default": lambda: grad_weight_mma(meta, g, x)}
+    for c in split_configs():
+        dx[f"mma:{c}"] = (lambda c: lambda: grad_input_mma(meta, g, w, c))(c)
+        dw[f"mma:{c}"] = (lambda c: lambda: grad_weight_mma(meta, g, x, c))(c)
+    return {"dx": dx, "dW": dw}
+
+
+def _usable(fn, ref, tol) -> tuple:
+    """``(note, bitwise)``: note None when ``fn`` runs and matches the oracle; bitwise: two calls equal."""
+    try:
+        a = fn()
+        why = _error((a,), (ref,), (tol,))
+        if why is not None:
+            return why, None
+        return None, bool(torch.equal(a, fn()))
+    except Exception as exc:  # a config that cannot launch here, a table over its budget: recorded, not fatal
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}", None
+
+
+def bench_shape(layer: str, batch: int, device, rounds: int, reps: int, graphs: bool) -> List[dict]:
+    from fovi_lab.knn_warp import WarpTrainOps
+    from fovi_lab.ops.graphs import capture
+    from fovi_lab.ops.reference import CompactTorchOps
+    meta = layer_meta(layer).to(device)
+    flops = compact_flops(batch, meta.p64, meta.cout, meta.nout)
+    x, w, g, refs, tols = checked_operands(meta, batch, torch.float16, device)
+    recs, fns = [], {}
+    for what, cands in _candidates(meta, x, w, g).items():
+        i = 1 if what == "dx" else 2
+        for impl, fn in cands.items():
+            note, bitwise = _usable(fn, refs[i], tols[i])
+            rec = dict(kind="adjoint_paths", layer=layer, B=batch, dtype="fp16", what=what, impl=impl,
+                       flops=flops, ms=None, ms_graph=None, tflops=None, bitwise=bitwise, note=note)
+            recs.append(rec)
+            if note is None:
+                fns[(what, impl)] = (fn, rec)
+    times = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, (fn, _rec) in fns.items():
+            times[k].append(time_fn(fn, device, warmup=2, reps=reps).ms)
+    for k, (fn, rec) in fns.items():
+        rec["ms"] = statistics.median(times[k])
+        rec["tflops"] = flops / rec["ms"] * 1e-9
+    best = {what: min((rec for (wh, _), (_, rec) in fns.items() if wh == what), key=lambda r: r["ms"],
+                      default=None) for what in ("dx", "dW")}
+
+    def bump(step):
+        def run():
+            torch.autograd.graph.increment_version(w)       # a new weight every step, as an optimiser's
+            return step()
+        return run
+    fwd = lambda: WarpTrainOps.forward(meta, x, w, None)                      # noqa: E731
+    steps = {"warp_train": lambda: (fwd(),) + tuple(WarpTrainOps.backward_combined(meta, g, x, w)),
+             "torch_compact": lambda: (CompactTorchOps.forward(meta, x, w, None),
+                                       CompactTorchOps.grad_input(meta, g, w), CompactTorchOps.grad_weight(meta, g, x))}
+    cands = _candidates(meta, x, w, g)
+    if ("dx", "mma_default") in fns and ("dW", "mma_default") in fns:
+        steps["warp_train_mma"] = lambda: (fwd(), cands["dx"]["mma_default"](), cands["dW"]["mma_default"]())
+    if best["dx"] is not None and best["dW"] is not None:
+        bx, bw = cands["dx"][best["dx"]["impl"]], cands["dW"][best["dW"]["impl"]]
+        steps["warp_train_best"] = lambda: (fwd(), bx(), bw())
+    for name, fn in torch_steps(meta).items():
+        steps[name] = (lambda f: lambda: f(x, w, g))(fn)
+    step_fns = {}
+    for impl, step in steps.items():
+        step = bump(step)
+        rec = dict(kind="adjoint_paths", layer=layer, B=batch, dtype="fp16", what="step", impl=impl,
+                   flops=3 * flops, ms=None, ms_graph=None, tflops=None, bitwise=None, note=None,
+                   dx_impl=best["dx"]["impl"] if impl == "warp_train_best" else None,
+                   dw_impl=best["dW"]["impl"] if impl == "warp_train_best" else None)
+        try:
+            rec["note"] = _error(step(), refs, tols)
+        except Exception as exc:
+            rec["note"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+        recs.append(rec)
+        if rec["note"] is None:
+            step_fns[impl] = (step, rec)
+    times = {k: [] for k in step_fns}
+    for _ in range(rounds):
+        for k, (fn, _rec) in step_fns.items():
+            times[k].append(time_fn(fn, device, warmup=2, reps=reps).ms)
+    for k, (fn, rec) in step_fns.items():
+        rec["ms"] = statistics.median(times[k])
+        rec["tflops"] = 3 * flops / rec["ms"] * 1e-9
+        if graphs and torch.device(device).type == "cuda":
+            try:
+                cap = capture(fn)
+                rec["ms_graph"] = time_fn(cap.replay, device, warmup=2, reps=reps).ms
+                del cap
+            except Exception as exc:
+                rec["note"] = f"capture: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+    return recs
+
+
+def summary(recs: List[dict]) -> str:
+    """One line per shape: each gradient's rule time against its fastest tensor-core config, and the steps."""
+    ok = [r for r in recs if r["ms"] is not None]
+    layer, b = recs[0]["layer"], recs[0]["B"]
+    parts = [f"{layer:<15s} B={b:<4d}"]
+    for what in ("dx", "dW"):
+        rule = [r for r in ok if r["what"] == what and r["impl"].startswith("warp_")]
+        mma = sorted((r for r in ok if r["what"] == what and r["impl"].startswith("mma")), key=lambda r: r["ms"])
+        if rule and mma:
+            parts.append(f"{what} {rule[0]['impl'][5:]} {rule[0]['ms']:.3f} / mma {mma[0]['ms']:.3f} ms "
+                         f"({mma[0]['impl']}, {rule[0]['ms'] / mma[0]['ms']:.2f}x)")
+    step = {r["impl"]: r for r in ok if r["what"] == "step"}
+    theirs = [r for k, r in step.items() if not k.startswith("warp_")]
+    for key, label in (("ms", "eager"), ("ms_graph", "replayed")):
+        pt = min((r[key] for r in theirs if r[key] is not None), default=None)
+        ours = {k: r[key] for k, r in step.items() if k.startswith("warp_") and r[key] is not None}
+        if pt and ours:
+            parts.append(f"step {label}: " + " ".join(f"{k[5:] or 'rule'} {v:.3f}" for k, v in ours.items())
+                         + f" | PyTorch {pt:.3f} ms")
+    return "  ".join(parts)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m fovi_lab bench adjoints", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--layers", nargs="+", default=list(LAYERS))
+    ap.add_argument("--batches", nargs="+", type=int, default=[16, 64, 512])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--no-graphs", action="store_true")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    for var in _SWITCHES:            # the rule path must be the rule's: no switch may redirect it
+        if os.environ.get(var):
+            ap.error(f"unset {var} (the benchmark times every path itself)")
+    device = torch.device(args.device)
+    env = dict(env_info(device), commit=os.environ.get("FOVI_COMMIT"),
+               command="python -m fovi_lab bench adjoints " + " ".join(argv if argv is not None else sys.argv[1:]))
+    for layer in args.layers:
+        for b in args.batches:
+            recs = [dict(env, **r) for r in bench_shape(layer, b, device, args.rounds, args.reps, not args.no_graphs)]
+            print(summary(recs), flush=True)
+            if args.out:
+                append_jsonl(args.out, recs)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
