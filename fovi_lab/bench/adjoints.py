@@ -67,6 +67,11 @@ def _usable(fn, ref, tol) -> tuple:
         return f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}", None
 
 
+def _log(msg: str) -> None:
+    if os.environ.get("FOVI_BENCH_VERBOSE"):
+        print("# " + msg, file=sys.stderr, flush=True)
+
+
 def bench_shape(layer: str, batch: int, device, rounds: int, reps: int, graphs: bool) -> List[dict]:
     from fovi_lab.knn_warp import WarpTrainOps
     from fovi_lab.ops.graphs import capture
@@ -79,6 +84,7 @@ def bench_shape(layer: str, batch: int, device, rounds: int, reps: int, graphs: 
         i = 1 if what == "dx" else 2
         for impl, fn in cands.items():
             note, bitwise = _usable(fn, refs[i], tols[i])
+            _log(f"{layer} B={batch} {what} {impl}: {note or 'ok'}")
             rec = dict(kind="adjoint_paths", layer=layer, B=batch, dtype="fp16", what=what, impl=impl,
                        flops=flops, ms=None, ms_graph=None, tflops=None, bitwise=bitwise, note=note)
             recs.append(rec)
