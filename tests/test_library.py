@@ -176,6 +176,10 @@ def test_prepare_builds_every_table_before_a_graph_and_keeps_the_gradients():
     l1.weight.grad = marker = torch.full_like(l1.weight, 7.0)
     prepare(net, x)
     assert l1.weight.grad is marker and bool((marker == 7.0).all()) and net[2].weight.grad is None
+    bn = torch.nn.BatchNorm1d(m1.cin).train()              # [B, C, N] in: a training step would move its statistics
+    kept = {k: v.clone() for k, v in bn.state_dict().items()}
+    prepare(bn, x.float())
+    assert all(torch.equal(v, bn.state_dict()[k]) for k, v in kept.items()), "prepare moved BatchNorm's statistics"
 
     def state():
         aux = {k: sorted(map(str, e[1])) for k, e in meta_mod._AUX.items() if e[0]() is not None}

@@ -89,7 +89,7 @@ def test_a_tap_layer_over_its_table_budget_is_refused_and_warp_train_falls_back(
     from fovi_lab.knn_warp import WarpTrainOps
     meta, w, g, dx_o, x, dw_o = _case("MAIN", 2, torch.float16)      # a batch no other test built the tap layer of
     monkeypatch.setenv("FOVI_KNN_TAP_TABLE_MIB", "0")
-    with pytest.raises(RuntimeError, match=r"tap layer: its index tables at batch 2 would take .* over "
+    with pytest.raises(RuntimeError, match=r"tap layer at batch 2: its index tables would take .* over "
                                            r"FOVI_KNN_TAP_TABLE_MIB=0"):
         grad_weight_mma(meta, g, x)
     monkeypatch.setenv("FOVI_KNN_DW_PATH", "mma")
@@ -115,3 +115,32 @@ def test_bad_requests_are_refused_with_the_argument_named():
     t = transposed_meta(meta)
     with pytest.raises(ValueError, match="out_dtype: expected None .* or torch.float32, got torch.float64"):
         F.run_uncached(g, transposed_weight(w, meta), None, t.input_linear, t.weight_linear, out_dtype=torch.float64)
+
+
+def test_an_evicted_tap_layer_leaves_the_forward_call_cache_with_it():
+    from fovi_lab.graph import meta as M
+    from fovi_lab.kernels.forward import api
+    base = _case("ODD", 1, torch.float16)[0]
+    meta = build_meta(base.idx, base.rf_index, cin=base.cin, cout=base.cout, v=base.v, nin=base.nin)  # no tap layers yet
+    first = None
+    for b in range(1, M._TAP_METAS_KEPT + 2):                    # one more batch than the cache keeps
+        _, _, g, _, x, _ = _case("ODD", b, torch.float16)
+        grad_weight_mma(meta, g, x, SPLIT[0])
+        first = first or tap_meta(meta, 1)
+        held = [v for v in api._CALLS.values() if v[0]() is first.input_linear]
+        assert held if b <= M._TAP_METAS_KEPT else not held, f"B={b}: the first tap layer's call entries"
+    assert 1 not in M.meta_aux(meta)["tap_metas"]
+
+
+def test_a_bad_table_budget_is_named_and_the_transposed_layer_has_one_too(monkeypatch):
+    base, w, g, _, x, _ = _case("ODD", 2, torch.float16)
+    meta = build_meta(base.idx, base.rf_index, cin=base.cin, cout=base.cout, v=base.v, nin=base.nin)  # nothing derived yet
+    for bad in ("lots", "-1"):
+        monkeypatch.setenv("FOVI_KNN_TAP_TABLE_MIB", bad)
+        with pytest.raises(ValueError, match="FOVI_KNN_TAP_TABLE_MIB: expected"):
+            grad_weight_mma(meta, g, x)
+    monkeypatch.setenv("FOVI_KNN_TAP_TABLE_MIB", "0")
+    with pytest.raises(RuntimeError, match=r"transposed layer: its index tables would take .* largest in-degree"):
+        grad_input_mma(meta, g, w)
+    monkeypatch.delenv("FOVI_KNN_TAP_TABLE_MIB")
+    assert_fp32_exact(grad_input_mma(meta, g, w), _case("ODD", 2, torch.float16)[3], "dx once the budget allows it")

@@ -29,7 +29,7 @@ import os
 import threading
 import weakref
 from dataclasses import dataclass, field, replace
-from typing import Dict
+from typing import Callable, Dict, List
 
 import numpy as np
 import torch
@@ -208,6 +208,35 @@ def build_meta(idx, rf_index, *, cin: int, cout: int, v: int, nin: int, device=N
     return meta if device is None else meta.to(device)
 
 
+_RELEASE_HOOKS: List[Callable[[TrainingMeta], None]] = []
+
+
+def on_derived_meta_released(hook: Callable[[TrainingMeta], None]) -> None:
+    """Call ``hook(meta)`` when a derived layer (a tap layer) leaves its cache, so that caches keyed on its
+    tables (the forward's per-call plans) drop it too and its tables are freed."""
+    _RELEASE_HOOKS.append(hook)
+
+
+def derived_table_limit() -> int:
+    """The byte budget for one derived layer's index tables: ``FOVI_KNN_TAP_TABLE_MIB`` (default 512 MiB)."""
+    raw = os.environ.get("FOVI_KNN_TAP_TABLE_MIB", "512")
+    try:
+        mib = int(raw)
+    except ValueError:
+        raise ValueError(f"FOVI_KNN_TAP_TABLE_MIB: expected a whole number of MiB, got {raw!r}") from None
+    if mib < 0:
+        raise ValueError(f"FOVI_KNN_TAP_TABLE_MIB: expected a number of MiB >= 0, got {mib}")
+    return mib << 20
+
+
+def _check_table_budget(what: str, rows: int, slots: int, detail: str) -> None:
+    table_bytes = 24 * rows * pad_to(slots, 64)                 # two int32 and two int64 tables
+    limit = derived_table_limit()
+    if table_bytes > limit:
+        raise RuntimeError(f"{what}: its index tables would take {table_bytes >> 20} MiB ({detail}), "
+                           f"over FOVI_KNN_TAP_TABLE_MIB={limit >> 20}")
+
+
 def transposed_meta(meta: TrainingMeta) -> TrainingMeta:
     """The transposed layer, whose forward is ``meta``'s input gradient (built once per meta, on its device).
 
@@ -227,6 +256,8 @@ def transposed_meta(meta: TrainingMeta) -> TrainingMeta:
         rowptr, col = meta.rev_rowptr.cpu().long(), meta.rev_col.cpu().long()
         counts = rowptr[1:] - rowptr[:-1]
         kt = max(1, int(counts.max()) if counts.numel() else 1)
+        _check_table_budget("transposed layer", meta.nin, meta.cout * kt,
+                            f"Nin={meta.nin} nodes x Cout={meta.cout} x largest in-degree {kt}")
         node = torch.repeat_interleave(torch.arange(meta.nin), counts)           # the input node of each entry
         slot = torch.arange(col.numel()) - rowptr[:-1][node]                     # its place in the node's list
         n, k = col % meta.nout, col // meta.nout
@@ -258,11 +289,8 @@ def tap_meta(meta: TrainingMeta, batch: int) -> TrainingMeta:
     got = cache.get(int(batch))
     if got is None:
         longest = int(torch.bincount(meta.rf_index[meta.idx < meta.nin].cpu(), minlength=meta.v).max())
-        table_bytes = 24 * meta.v * pad_to(int(batch) * max(1, longest), 64)    # two int32 and two int64 tables
-        limit = int(os.environ.get("FOVI_KNN_TAP_TABLE_MIB", "512")) << 20
-        if table_bytes > limit:
-            raise RuntimeError(f"tap layer: its index tables at batch {batch} would take {table_bytes >> 20} MiB "
-                               f"(V={meta.v} taps x B*{longest} entries), over FOVI_KNN_TAP_TABLE_MIB={limit >> 20}")
+        _check_table_budget(f"tap layer at batch {batch}", meta.v, int(batch) * max(1, longest),
+                            f"V={meta.v} taps x B*{longest} entries")
         idx, rf = meta.idx.cpu().long(), meta.rf_index.cpu().long()
         flat_idx, flat_rf = idx.reshape(-1), rf.reshape(-1)
         real = torch.nonzero(flat_idx < meta.nin).squeeze(1)                     # ascending n*K + k
@@ -280,7 +308,9 @@ def tap_meta(meta: TrainingMeta, batch: int) -> TrainingMeta:
         rf_t[tap, slot] = entry // meta.k                                       # the output node n
         got = build_meta(idx_t, rf_t, cin=int(batch), cout=meta.cout, v=meta.nout, nin=meta.nin, device=meta.device)
         if len(cache) >= _TAP_METAS_KEPT:
-            cache.pop(next(iter(cache)))
+            gone = cache.pop(next(iter(cache)))
+            for hook in _RELEASE_HOOKS:
+                hook(gone)
         cache[int(batch)] = got
     return got
 

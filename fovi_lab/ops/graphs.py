@@ -88,9 +88,11 @@ def prepare(model: torch.nn.Module, *inputs) -> None:
     """One eager forward and backward of ``model(*inputs)``, leaving the parameters' gradients as they were: it
     builds every per-layer table and kernel plan outside any CUDA-graph pool, before
     ``torch.compile(model, mode="reduce-overhead")`` (see the module docstring). Call it as training calls the
-    model: same batch size, dtypes and autocast context (the plans are per call signature)."""
+    model: same batch size, dtypes and autocast context (the plans are per call signature). The buffers
+    (BatchNorm's running statistics and batch count) are restored too: the call is not a training step."""
     params = [p for p in model.parameters() if p.requires_grad]
     saved = [p.grad for p in params]
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
     for p in params:                     # backward would add into an existing grad in place
         p.grad = None
     try:
@@ -102,3 +104,6 @@ def prepare(model: torch.nn.Module, *inputs) -> None:
     finally:
         for p, g in zip(params, saved):
             p.grad = g
+        with torch.no_grad():
+            for b, kept in buffers:
+                b.copy_(kept)

@@ -42,6 +42,7 @@ def load_optional_backends() -> None:
     for name in OPTIONAL_BACKEND_MODULES:
         try:
             importlib.import_module(name)
+            _IMPORT_ERRORS.pop(name, None)          # an earlier failure is no longer the reason
         except ImportError as exc:
             _IMPORT_ERRORS[name] = f"{type(exc).__name__}: {exc}"
 

@@ -14,7 +14,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from fovi_lab.graph.meta import pad_to
+from fovi_lab.graph.meta import on_derived_meta_released, pad_to
 from fovi_lab.kernels.common import check_tensor, warp_device
 from fovi_lab.kernels.forward.configs import FwdConfig, _CACHED_CONFIG_SPECS, MMA_FAMILIES, config_spec
 from fovi_lab.kernels.forward.build import VALIDATED, build_kernel, get_uncached_config, require_config
@@ -42,6 +42,17 @@ def make_dense_ceiling(config: str, batch: int, cout: int, nout: int, kdim: int,
 _call_lock = threading.Lock()
 _CALLS: Dict[Tuple, Tuple] = {}
 _CALLS_MAX = 256
+
+
+def _forget_tables(meta) -> None:
+    """Drop the call signatures on ``meta``'s tables (and any whose tables are gone): their plans hold
+    the tables' derived copies, which would otherwise outlive a derived layer evicted from its cache."""
+    with _call_lock:
+        for key in [k for k, v in _CALLS.items() if v[0]() is None or v[0]() is meta.input_linear]:
+            del _CALLS[key]
+
+
+on_derived_meta_released(_forget_tables)
 
 
 def _call_key(x, weight, bias, il, wl, config, store, out_dtype=None) -> Optional[Tuple]:
