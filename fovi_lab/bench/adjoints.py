@@ -124,6 +124,7 @@ def bench_shape(layer: str, batch: int, device, rounds: int, reps: int, graphs: 
                    flops=3 * flops, ms=None, ms_graph=None, tflops=None, bitwise=None, note=None,
                    dx_impl=best["dx"]["impl"] if impl == "warp_train_best" else None,
                    dw_impl=best["dW"]["impl"] if impl == "warp_train_best" else None)
+        _log(f"{layer} B={batch} step {impl}: checking")
         try:
             rec["note"] = _error(step(), refs, tols)
         except Exception as exc:
@@ -138,11 +139,13 @@ def bench_shape(layer: str, batch: int, device, rounds: int, reps: int, graphs: 
     for k, (fn, rec) in step_fns.items():
         rec["ms"] = statistics.median(times[k])
         rec["tflops"] = 3 * flops / rec["ms"] * 1e-9
+        _log(f"{layer} B={batch} step {k}: {rec['ms']:.3f} ms eager")
         if graphs and torch.device(device).type == "cuda":
             try:
                 cap = capture(fn)
                 rec["ms_graph"] = time_fn(cap.replay, device, warmup=2, reps=reps).ms
                 del cap
+                _log(f"{layer} B={batch} step {k}: {rec['ms_graph']:.3f} ms replayed")
             except Exception as exc:
                 rec["note"] = f"capture: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
     return recs
