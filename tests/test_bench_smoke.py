@@ -47,3 +47,16 @@ def test_adjoint_paths_bench_refuses_a_path_switch(monkeypatch):
     monkeypatch.setenv("FOVI_KNN_DX_PATH", "mma")
     with pytest.raises(SystemExit):
         adjoints.main(["--layers", "res18_layer4_0", "--batches", "3", "--device", "cpu"])
+
+
+def test_adjoint_paths_bench_isolates_a_shape_and_records_one_that_overruns(tmp_path, capsys):
+    from fovi_lab.bench import adjoints
+    out = tmp_path / "a.jsonl"
+    args = ["--layers", "res18_layer4_0", "--batches", "3", "--rounds", "1", "--reps", "1", "--device", "cpu",
+            "--no-graphs", "--out", str(out)]
+    assert adjoints.main(args + ["--shape-timeout", "0.2"]) == 0          # far too short: stopped, recorded
+    (rec,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rec["what"] == "shape" and rec["B"] == 3 and rec["note"].startswith("stopped after 0.2 s"), rec
+    assert adjoints.main(args + ["--shape-timeout", "600"]) == 0          # in time: the child's records
+    recs = [json.loads(line) for line in out.read_text().splitlines()][1:]
+    assert {r["what"] for r in recs} == {"dx", "dW", "step"} and "dx fused" in capsys.readouterr().out

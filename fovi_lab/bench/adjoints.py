@@ -15,6 +15,7 @@ carry ``what`` (dx, dW, step), ``impl``, ``ms`` / ``ms_graph``, ``tflops`` (usef
 per gradient), ``bitwise`` and ``note`` (why a candidate did not run).
 
     python -m fovi_lab bench adjoints [--layers ...] [--batches 16 64 512] [--rounds 3] [--reps 20] [--out F]
+                                      [--shape-timeout S]
 """
 
 from __future__ import annotations
@@ -182,6 +183,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-graphs", action="store_true")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--shape-timeout", type=float, default=None, metavar="S",
+                    help="run each (layer, batch) in its own process, stopped after S seconds: a kernel that "
+                         "hangs costs its shape (recorded with a note), not the sweep")
     args = ap.parse_args(argv)
     for var in _SWITCHES:            # the rule path must be the rule's: no switch may redirect it
         if os.environ.get(var):
@@ -191,11 +195,40 @@ def main(argv=None) -> int:
                command="python -m fovi_lab bench adjoints " + " ".join(argv if argv is not None else sys.argv[1:]))
     for layer in args.layers:
         for b in args.batches:
+            if args.shape_timeout:
+                _isolated(layer, b, args, env)
+                continue
             recs = [dict(env, **r) for r in bench_shape(layer, b, device, args.rounds, args.reps, not args.no_graphs)]
             print(summary(recs), flush=True)
             if args.out:
                 append_jsonl(args.out, recs)
     return 0
+
+
+def _isolated(layer: str, batch: int, args, env: dict) -> None:
+    """One shape in a child process (same options, no ``--shape-timeout``); past the timeout it is killed and a
+    record with ``what = "shape"`` and the last candidate it had checked (its verbose log) stands for it."""
+    import subprocess
+    cmd = [sys.executable, "-m", "fovi_lab", "bench", "adjoints", "--layers", layer, "--batches", str(batch),
+           "--rounds", str(args.rounds), "--reps", str(args.reps), "--device", args.device]
+    cmd += ["--no-graphs"] * args.no_graphs + (["--out", args.out] if args.out else [])
+    child_env = dict(os.environ, FOVI_BENCH_VERBOSE="1")
+    try:
+        done = subprocess.run(cmd, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              timeout=args.shape_timeout)
+        sys.stdout.write(done.stdout)
+        if done.returncode:
+            why = f"exit status {done.returncode}: {(done.stderr.strip().splitlines() or [''])[-1][:200]}"
+        else:
+            return
+    except subprocess.TimeoutExpired as exc:
+        log = (exc.stderr or b"").decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        last = [ln[2:] for ln in log.splitlines() if ln.startswith("# ")]
+        why = f"stopped after {args.shape_timeout:g} s; last checked: {last[-1] if last else 'none'}"
+    print(f"{layer:<15s} B={batch:<4d}  {why}", flush=True)
+    if args.out:
+        append_jsonl(args.out, [dict(env, kind="adjoint_paths", layer=layer, B=batch, dtype="fp16", what="shape",
+                                     impl=None, ms=None, ms_graph=None, tflops=None, bitwise=None, note=why)])
 
 
 if __name__ == "__main__":
