@@ -20,8 +20,11 @@ dW is a GEMM per tap over the pairs (batch row, entry of that tap), the forward 
 the batch, inputs ``x'[c, b, m] = x[b, c, m]`` and weight ``W'[o, b*Nout + n] = g[b, o, n]``; its fp32 output
 ``[Cin, Cout, V]`` is dW's. Its lists are the taps' entry lists, padded to the longest.
 
-Not yet the rule's pick: ``warp_train`` runs them when ``FOVI_KNN_DX_PATH=mma`` / ``FOVI_KNN_DW_PATH=mma``
-(H200 sweeps against the fused and staged adjoints are to decide where each wins).
+Not the rule's pick: ``warp_train`` runs them when ``FOVI_KNN_DX_PATH=mma`` / ``FOVI_KNN_DW_PATH=mma``. On the H200
+(``python -m fovi_lab bench adjoints``, records in ``data/h200/adjoint_paths.jsonl``) the fastest split config beat
+the rule's kernel on dx at B = 16 on the 5 layers measured (1.18-1.90x) and at B = 64 on 3 of 4, but lost at
+B = 512 on the ResNet layers (0.66-0.86x); on dW it won 6 of 14 shapes (0.63-1.66x); in the replayed step their
+per-call copies (``W'``, ``x'``, the partials' sum) often cost what the kernels saved.
 """
 
 from __future__ import annotations
