@@ -57,6 +57,7 @@ def test_adjoint_paths_bench_isolates_a_shape_and_records_one_that_overruns(tmp_
     assert adjoints.main(args + ["--shape-timeout", "0.2"]) == 0          # far too short: stopped, recorded
     (rec,) = [json.loads(line) for line in out.read_text().splitlines()]
     assert rec["what"] == "shape" and rec["B"] == 3 and rec["note"].startswith("stopped after 0.2 s"), rec
+    assert rec["stack"] and rec["stack"][0].startswith("File "), rec      # where the child was, from its faulthandler
     assert adjoints.main(args + ["--shape-timeout", "600"]) == 0          # in time: the child's records
     recs = [json.loads(line) for line in out.read_text().splitlines()][1:]
     assert {r["what"] for r in recs} == {"dx", "dW", "step"} and "dx fused" in capsys.readouterr().out

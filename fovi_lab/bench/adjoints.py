@@ -206,29 +206,38 @@ def main(argv=None) -> int:
 
 
 def _isolated(layer: str, batch: int, args, env: dict) -> None:
-    """One shape in a child process (same options, no ``--shape-timeout``); past the timeout it is killed and a
-    record with ``what = "shape"`` and the last candidate it had checked (its verbose log) stands for it."""
+    """One shape in a child process (same options, no ``--shape-timeout``). Past the timeout the child gets
+    SIGABRT (its faulthandler prints the Python stack) and a record with ``what = "shape"`` stands for it: the
+    last candidate it had checked (its verbose log) in ``note``, the innermost frames in ``stack``."""
+    import signal
     import subprocess
     cmd = [sys.executable, "-m", "fovi_lab", "bench", "adjoints", "--layers", layer, "--batches", str(batch),
            "--rounds", str(args.rounds), "--reps", str(args.reps), "--device", args.device]
     cmd += ["--no-graphs"] * args.no_graphs + (["--out", args.out] if args.out else [])
-    child_env = dict(os.environ, FOVI_BENCH_VERBOSE="1")
+    child = subprocess.Popen(cmd, env=dict(os.environ, FOVI_BENCH_VERBOSE="1", PYTHONFAULTHANDLER="1"),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stack = None
     try:
-        done = subprocess.run(cmd, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              timeout=args.shape_timeout)
-        sys.stdout.write(done.stdout)
-        if done.returncode:
-            why = f"exit status {done.returncode}: {(done.stderr.strip().splitlines() or [''])[-1][:200]}"
-        else:
+        out, err = child.communicate(timeout=args.shape_timeout)
+        sys.stdout.write(out)
+        if not child.returncode:
             return
-    except subprocess.TimeoutExpired as exc:
-        log = (exc.stderr or b"").decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
-        last = [ln[2:] for ln in log.splitlines() if ln.startswith("# ")]
+        why = f"exit status {child.returncode}: {(err.strip().splitlines() or [''])[-1][:200]}"
+    except subprocess.TimeoutExpired:
+        child.send_signal(signal.SIGABRT)
+        try:
+            out, err = child.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            out, err = child.communicate()
+        last = [ln[2:] for ln in err.splitlines() if ln.startswith("# ")]
+        stack = [ln.strip() for ln in err.splitlines() if ln.strip().startswith("File ")][:8]
         why = f"stopped after {args.shape_timeout:g} s; last checked: {last[-1] if last else 'none'}"
     print(f"{layer:<15s} B={batch:<4d}  {why}", flush=True)
     if args.out:
         append_jsonl(args.out, [dict(env, kind="adjoint_paths", layer=layer, B=batch, dtype="fp16", what="shape",
-                                     impl=None, ms=None, ms_graph=None, tflops=None, bitwise=None, note=why)])
+                                     impl=None, ms=None, ms_graph=None, tflops=None, bitwise=None, note=why,
+                                     stack=stack)])
 
 
 if __name__ == "__main__":
