@@ -73,6 +73,18 @@ def _log(msg: str) -> None:
         print("# " + msg, file=sys.stderr, flush=True)
 
 
+def _time_interleaved(fns: dict, device, rounds: int, reps: int, flops: float) -> None:
+    """``rec["ms"]`` (median over ``rounds`` interleaved rounds, so drift hits every candidate alike) and
+    ``rec["tflops"]`` for each ``(fn, rec)`` of ``fns``."""
+    times = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, (fn, _rec) in fns.items():
+            times[k].append(time_fn(fn, device, warmup=2, reps=reps).ms)
+    for k, (_fn, rec) in fns.items():
+        rec["ms"] = statistics.median(times[k])
+        rec["tflops"] = flops / rec["ms"] * 1e-9
+
+
 def bench_shape(layer: str, batch: int, device, rounds: int, reps: int, graphs: bool) -> List[dict]:
     from fovi_lab.knn_warp import WarpTrainOps
     from fovi_lab.ops.graphs import capture
@@ -91,13 +103,7 @@ def bench_shape(layer: str, batch: int, device, rounds: int, reps: int, graphs: 
             recs.append(rec)
             if note is None:
                 fns[(what, impl)] = (fn, rec)
-    times = {k: [] for k in fns}
-    for _ in range(rounds):
-        for k, (fn, _rec) in fns.items():
-            times[k].append(time_fn(fn, device, warmup=2, reps=reps).ms)
-    for k, (fn, rec) in fns.items():
-        rec["ms"] = statistics.median(times[k])
-        rec["tflops"] = flops / rec["ms"] * 1e-9
+    _time_interleaved(fns, device, rounds, reps, flops)
     best = {what: min((rec for (wh, _), (_, rec) in fns.items() if wh == what), key=lambda r: r["ms"],
                       default=None) for what in ("dx", "dW")}
 
@@ -133,13 +139,8 @@ def bench_shape(layer: str, batch: int, device, rounds: int, reps: int, graphs: 
         recs.append(rec)
         if rec["note"] is None:
             step_fns[impl] = (step, rec)
-    times = {k: [] for k in step_fns}
-    for _ in range(rounds):
-        for k, (fn, _rec) in step_fns.items():
-            times[k].append(time_fn(fn, device, warmup=2, reps=reps).ms)
+    _time_interleaved(step_fns, device, rounds, reps, 3 * flops)
     for k, (fn, rec) in step_fns.items():
-        rec["ms"] = statistics.median(times[k])
-        rec["tflops"] = 3 * flops / rec["ms"] * 1e-9
         _log(f"{layer} B={batch} step {k}: {rec['ms']:.3f} ms eager")
         if graphs and torch.device(device).type == "cuda":
             try:
