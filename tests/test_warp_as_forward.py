@@ -120,6 +120,7 @@ def test_bad_requests_are_refused_with_the_argument_named():
 def test_an_evicted_tap_layer_leaves_the_forward_call_cache_with_it():
     from fovi_lab.graph import meta as M
     from fovi_lab.kernels.forward import api
+    from fovi_lab.ops import graphs
     base = _case("ODD", 1, torch.float16)[0]
     meta = build_meta(base.idx, base.rf_index, cin=base.cin, cout=base.cout, v=base.v, nin=base.nin)  # no tap layers yet
     first = None
@@ -129,7 +130,11 @@ def test_an_evicted_tap_layer_leaves_the_forward_call_cache_with_it():
         first = first or tap_meta(meta, 1)
         held = [v for v in api._CALLS.values() if v[0]() is first.input_linear]
         assert held if b <= M._TAP_METAS_KEPT else not held, f"B={b}: the first tap layer's call entries"
+        if b == 1:                               # what a CUDA graph captured now would hold (ops.graphs.capture)
+            kept = [provider() for provider in graphs._KEEPERS]
     assert 1 not in M.meta_aux(meta)["tap_metas"]
+    assert any(v[0]() is first.input_linear for entries in kept for v in entries), \
+        "a graph captured before the eviction no longer holds the tables its kernels read"
 
 
 def test_a_bad_table_budget_is_named_and_the_transposed_layer_has_one_too(monkeypatch):

@@ -30,20 +30,31 @@ refused 30 tensors (``data/h200/compile_step.jsonl``, kind ``reduce_overhead_pro
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 import torch
 
-__all__ = ["CapturedStep", "capture", "prepare"]
+__all__ = ["CapturedStep", "capture", "prepare", "keep_alive_while_captured"]
+
+_KEEPERS: List[Callable[[], object]] = []
+
+
+def keep_alive_while_captured(provider: Callable[[], object]) -> None:
+    """Register ``provider()``: what a backend holds that a captured graph's kernels may read (index tables and
+    their derived copies, built before capture outside the graph's pool). :func:`capture` calls it after each
+    capture and the :class:`CapturedStep` holds the result, so evicting a backend cache never frees memory a
+    replay still reads."""
+    _KEEPERS.append(provider)
 
 
 class CapturedStep:
     """A captured callable: :meth:`replay` re-runs its kernels; :attr:`outputs` are the static results."""
 
-    def __init__(self, graph: "torch.cuda.CUDAGraph", outputs, pool=None):
+    def __init__(self, graph: "torch.cuda.CUDAGraph", outputs, pool=None, kept=()):
         self.graph = graph
         self.outputs = outputs
         self.pool = pool
+        self._kept = kept                # what the backends' caches held at capture (keep_alive_while_captured)
 
     def replay(self):
         """Run the captured kernels again (on torch's current stream); returns :attr:`outputs`."""
@@ -81,7 +92,7 @@ def capture(fn: Callable[[], object], *, warmup: int = 3, device: Optional[torch
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         outputs = fn()
-    return CapturedStep(graph, outputs)
+    return CapturedStep(graph, outputs, kept=tuple(provider() for provider in _KEEPERS))
 
 
 def prepare(model: torch.nn.Module, *inputs) -> None:
