@@ -15,8 +15,8 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from fovi_lab.graph.meta import on_derived_meta_released, pad_to
-from fovi_lab.kernels.common import check_tensor, warp_device
 from fovi_lab.ops.graphs import keep_alive_while_captured
+from fovi_lab.kernels.common import check_tensor, warp_device
 from fovi_lab.kernels.forward.configs import FwdConfig, _CACHED_CONFIG_SPECS, MMA_FAMILIES, config_spec
 from fovi_lab.kernels.forward.build import VALIDATED, build_kernel, get_uncached_config, require_config
 from fovi_lab.kernels.forward.rules import _FALLBACK_CHAIN, select_config, select_mma
