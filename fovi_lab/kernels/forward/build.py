@@ -52,7 +52,10 @@ def build_kernel(cfg: FwdConfig, mathdx: Optional[bool] = None, dense: bool = Fa
     with _build_lock:
         k = _KERNELS.get(key)
         if k is None:
-            if cfg.family in MMA_FAMILIES:
+            if cfg.family == "mmap":
+                from fovi_lab.kernels.forward.mma_pipe import make_mma_pipe_kernel
+                k = make_mma_pipe_kernel(cfg.tile_n, cfg.tile_m, cfg.tile_k, cfg.r, cfg.block_dim, dense=dense)
+            elif cfg.family in MMA_FAMILIES:
                 from fovi_lab.kernels.forward.mma import make_mma_kernel
                 split, w_native, x_t = mma_flags(cfg.family)
                 k = make_mma_kernel(cfg.tile_n // 16, cfg.tile_m // 8, cfg.block_dim, split=split and not dense,
@@ -112,7 +115,7 @@ def _canary_problem(family: str, tile_m: int, tile_n: int, tile_k: int, r: int, 
     idx = torch.randint(0, nin + 1, (1, k), generator=g)          # includes the pad token nin
     rf = torch.randint(0, v, (1, k), generator=g)
     meta = build_meta(idx, rf, cin=cin, cout=tile_n, v=v, nin=nin, device=device)
-    b = tile_m * r
+    b = tile_m if family == "mmap" else tile_m * r     # (mmap: r is the pipeline's stage count)
     x = torch.randn(b, cin, nin, generator=g).to(device=device, dtype=dtype)
     w = (0.5 * torch.randn(tile_n, cin * v, generator=g)).to(device=device, dtype=dtype)
     bias = torch.randn(tile_n, generator=g).to(device=device, dtype=dtype)

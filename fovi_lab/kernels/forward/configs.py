@@ -28,6 +28,9 @@ The families (the prefix of a config's name):
   :mod:`fovi_lab.kernels.forward.mma`): hand-issued ``mma.sync.m16n8k16`` tensor-core MMAs on fragments each
   lane gathers itself. ``s``: p loop split; ``w``: W read in place; ``t``: x^T per call; ``o``: y stored
   through a shared tile; ``k32``/``k64``: 2 or 4 k-steps per iteration.
+* ``mmap`` (``mmap_o128b128k16s4``, :mod:`fovi_lab.kernels.forward.mma_pipe`): a CTA per (node, batch block,
+  channel block), both operands' gathered rows copied into shared stages by ``cp.async`` (``r`` stages in
+  flight), ``ldmatrix`` fragments, ``mma.sync``: for large batches.
 * ``cached`` (``c_m32n64``): inference from the effective-weight cache ``Weff[n] [P64, Cout_pad]``.
 * dense ceilings (benchmarks only): the same loop over dense operands of the same GEMM sizes.
 """
@@ -55,7 +58,7 @@ class FwdConfig:
             blocks; ``simts`` splits the p loop) or ``"cached"`` (and the experimental ``"nmp"`` / ``"gp"``).
         tile_m, tile_n, tile_k: batch rows, output channels, contraction depth of one tile GEMM (``simt``:
             a thread's batch rows and output channels, and the p entries per loop step).
-        r: batch tiles per CTA sharing each weight tile (1, 2 or 4).
+        r: batch tiles per CTA sharing each weight tile (1, 2 or 4); ``mmap``: the pipeline's shared stages.
         block_dim: threads per CTA.
     """
 
@@ -69,7 +72,7 @@ class FwdConfig:
 
     @property
     def rows_per_cta(self) -> int:
-        return self.tile_m * self.r
+        return self.tile_m if self.family == "mmap" else self.tile_m * self.r
 
 
 def _load_tables() -> Dict[str, Dict[str, Tuple[str, int, int, int, int, int]]]:
@@ -154,9 +157,12 @@ def dense_kind(cfg: FwdConfig) -> Tuple:
         fam = fam[:-1] if fam.endswith("o") else fam        # the staged store shares its loop's ceiling
     elif fam in ("nmp", "gp"):
         fam = "pipelined"
+    elif fam == "mmap":
+        pass
     elif fam != "simtv":
         fam = "tile"
     return (fam, cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim)
 
 
-DENSE_FAMILIES = ("dense", "densep", "simt_dense", "simtv_dense", "mma_dense", "mmaw_dense", "mmat_dense")
+DENSE_FAMILIES = ("dense", "densep", "simt_dense", "simtv_dense", "mma_dense", "mmaw_dense", "mmat_dense",
+                  "mmap_dense")

@@ -245,7 +245,7 @@ def simts_split(threads: int, steps: int, block: Tuple[int, int] = (8, 8)) -> Tu
 
 
 # The families whose runner reads x and writes y in place (:class:`_SimtRunner`).
-_IN_PLACE_FAMILIES = ("simt", "simtp", "simtw", "simts", "simtsw") + MMA_FAMILIES
+_IN_PLACE_FAMILIES = ("simt", "simtp", "simtw", "simts", "simtsw", "mmap") + MMA_FAMILIES
 
 # The mmas split: about _MMAS_WARPS warps in all (132 SMs x 16 resident warps of these ~128-register
 # threads would be 2112), never fewer than _MMAS_MIN_STEPS k-steps of 16 p entries per split.
@@ -292,6 +292,11 @@ class _SimtRunner:
                 il, wl = il.clone(), wl.clone()
                 info = _TableInfo(nm=info.nm, nin=info.nin, p_used=info.p_used)
             lanes, units = 32, nout * nbg * n_og
+        elif cfg.family == "mmap":
+            # a CTA per (node, batch block, channel block): the last grid dimension is (channel block, thread);
+            # x^T [Cin*Nin, Bx] per call, W^T [Q, Cout_p] zero padded (cached per weight version)
+            self.xt, self.bx = True, pad_to(b, tb)
+            lanes, units = cfg.block_dim, nout * nbg * n_og
         else:
             lanes, units = 1, nout * nbg * n_og
         self.tables = (il, wl)                       # kept alive with their descriptors
@@ -676,7 +681,7 @@ def plan_dense(cfg: FwdConfig, kernel, b: int, cout: int, nout: int, kdim: int, 
     bias_p, bias_w = bias_operand(None, cout, cfg.tile_n, dev_t)
     dims = (nout, -(-b // cfg.rows_per_cta), -(-cout // cfg.tile_n))
     inputs = [to_warp(at), to_warp(w), bias_w, to_warp(out), kd // cfg.tile_k, b]
-    simt = cfg.family in ("simt", "simtp", "simtv", "simts", "simtw", "simtsw") + MMA_FAMILIES
+    simt = cfg.family in ("simt", "simtp", "simtv", "simts", "simtw", "simtsw", "mmap") + MMA_FAMILIES
     if simt:                                       # SIMT ceiling: all Kd rows, U per step; channel groups
         inputs[4:] = [kd, pad_to(cout, cfg.tile_n) // cfg.tile_n]
         if cfg.family in MMA_FAMILIES:              # warps: (node, batch block, channel block x lane)
@@ -687,6 +692,8 @@ def plan_dense(cfg: FwdConfig, kernel, b: int, cout: int, nout: int, kdim: int, 
                 w = w.t().contiguous()               # [Cout_p, Kd]: W's own layout
             inputs[0:2] = [to_warp(at), to_warp(w)]
             dims = (nout, dims[1], dims[2] * 32)
+        if cfg.family == "mmap":                    # CTAs: (node, batch block, channel block x thread)
+            dims = (nout, dims[1], dims[2] * cfg.block_dim)
         if cfg.family == "simtv":
             at, w = at.float(), w.float()
             inputs[0:2] = [warp_ct_vec(at), warp_ct_vec(w)]

@@ -1,0 +1,115 @@
+"""The pipelined tensor-core forward (``mmap``, :mod:`fovi_lab.kernels.forward.mma_pipe`).
+
+On the CPU (CI) each thread runs the snippet's C++ branch: its own accumulator elements with the same warp grid,
+lane mapping, pad select, loop bounds and guarded stores as the GPU branch. That checks everything but the
+cp.async / ldmatrix / mma.sync packing, which :func:`test_gpu_every_mmap_config_on_real_layers` checks on a GPU
+(skipped without one); ``tests/test_warp_aot.py`` compiles the PTX for sm_80/89/90.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fovi_lab.kernels import forward as F
+from fovi_lab.kernels.forward.mma_pipe import PIPE_SMEM_LIMIT, pipe_layout
+from fovi_lab.graph.meta import build_meta
+from fovi_lab.ops.reference import oracle_forward
+
+from test_warp_forward import case, _run_prefilled
+from test_warp_mma import _cuda
+
+_PIPE = [n for n in F.uncached_config_names(experimental=True) if F.config_spec(n).family == "mmap"]
+
+
+def test_there_are_pipelined_configs_of_both_block_sizes():
+    assert {F.config_spec(n).block_dim for n in _PIPE} == {128, 256}
+
+
+@pytest.mark.parametrize("shape, b", (("ODD", 17), ("MAIN", 6), ("PAD_HEAVY", 130)))
+@pytest.mark.parametrize("config", _PIPE)
+def test_mmap_configs_match_the_oracle(config, shape, b):
+    """Batch tails against 64/128/256-row blocks (B = 130: a whole block and a 2-row one), Cout inside one
+    64..256-channel block (the tail channels never stored), heavy padding, NaN-prefilled output."""
+    c = case(shape, b)
+    c.check(_run_prefilled(c, config), f"{config} on {shape} B={b}")
+
+
+def test_mmap_pad_rows_read_an_exact_zero_and_all_pad_gives_the_bias():
+    """A pad index selects +0 without reading x (an inf where a clamped pad index would point stays out), and a
+    node whose every entry is a pad gets exactly its bias."""
+    g = torch.Generator().manual_seed(3)
+    cin, nin, nout, k, v = 3, 30, 11, 7, 12
+    idx = torch.randint(0, nin - 1, (nout, k), generator=g)
+    idx[:, -2:] = nin
+    idx[4] = nin                                     # node 4: pads only
+    rf = torch.randint(0, v, (nout, k), generator=g)
+    meta = build_meta(idx, rf, cin=cin, cout=10, v=v, nin=nin)
+    x = torch.randn(6, cin, nin, generator=g).half()
+    w = torch.randn(10, cin * v, generator=g).half()
+    bias = torch.randn(10, generator=g).half()
+    ref = oracle_forward(x, w, bias, idx, rf, v)
+    x[:, cin - 1, nin - 1] = float("inf")
+    for config in ("mmap_o64b64k32s4", "mmap_o128b256k16s3b256"):
+        y = F.run_uncached(x, w, bias, meta.input_linear, meta.weight_linear, config=config)
+        assert bool(torch.isfinite(y).all()), config
+        assert float((y.float() - ref).abs().max()) < 2e-2, config
+        assert torch.equal(y[:, :, 4], bias.view(1, -1).expand(6, 10)), config
+
+
+def test_mmap_dense_ceiling_computes_the_dense_gemm():
+    """The ceiling (the same pipeline over dense operands, p entry k = row k of both): every node's output is
+    ``xd^T @ wd``."""
+    plan = F.make_dense_ceiling("mmap_o64b64k32s4", 9, 20, 3, 40, "cpu")
+    plan.out.fill_(float("nan"))
+    plan.launch()
+    y = plan.finish()                                              # [B, Cout, Nout]
+    xd, w = plan._keep[0].float(), plan._keep[1].float()          # [Kd, Bx], [Kd, Cout_p]
+    ref = (xd.t() @ w)[:9, :20]
+    for n in range(3):
+        assert torch.allclose(y[:, :, n].float(), ref, atol=2e-2, rtol=1e-2), n
+
+
+def test_pipe_layout_names_what_cannot_be_built():
+    assert pipe_layout(128, 128, 16, 4, 128) == (2, 2, 4, 8)
+    assert pipe_layout(128, 256, 16, 3, 256) == (2, 4, 4, 8)
+    with pytest.raises(ValueError, match="shared memory"):
+        pipe_layout(128, 128, 32, 3, 128)                         # 48 KiB of stages + Warp's own 512 bytes
+    assert 3 * 32 * 256 * 2 > PIPE_SMEM_LIMIT
+    with pytest.raises(ValueError, match="block_dim=96"):
+        pipe_layout(64, 64, 32, 4, 96)
+    with pytest.raises(ValueError, match="multiples of 64"):
+        pipe_layout(96, 64, 32, 4, 128)
+    with pytest.raises(ValueError, match="tile_k=8"):
+        pipe_layout(64, 64, 8, 4, 128)
+    with pytest.raises(ValueError, match="divide"):
+        pipe_layout(64, 64, 16, 4, 256)                           # 128 copies of each operand for 256 threads
+
+
+@pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU (cp.async, ldmatrix and mma.sync run only there)")
+@pytest.mark.parametrize("layer", ("alex_L1", "alex_L3", "res18_layer1", "res18_layer3", "res18_layer4_0"))
+def test_gpu_every_mmap_config_on_real_layers(layer):
+    """On a GPU: every mmap config on a real layer at B = 1, 130 and 512, NaN-prefilled, within 3x the fp16
+    torch reference's error + 2e-3 of the fp32 oracle, and bitwise repeatable."""
+    from fovi_lab.graph.layers import layer_meta
+    meta = layer_meta(layer, "rf2", device="cuda")
+    g = torch.Generator().manual_seed(11)
+    for b in (1, 130, 512):
+        x = torch.randn(b, meta.cin, meta.nin, generator=g).half().cuda()
+        w = (torch.randn(meta.cout, meta.q, generator=g) / math.sqrt(meta.p)).half().cuda()
+        bias = torch.randn(meta.cout, generator=g).half().cuda()
+        ref = oracle_forward(x, w, bias, meta.idx, meta.rf_index, meta.v)
+        ref16 = oracle_forward(x, w, bias, meta.idx, meta.rf_index, meta.v, dtype=torch.float16)
+        tol = 3 * float((ref16.float() - ref).abs().max()) + 2e-3
+        for config in _PIPE:
+            plan = F.prepare_uncached(x, w, bias, meta.input_linear, meta.weight_linear, config=config)
+            plan.out.fill_(float("nan"))
+            plan.launch()
+            y = plan.finish()
+            assert bool(torch.isfinite(y).all()), f"{config} {layer} B={b}: unwritten outputs"
+            err = float((y.float() - ref).abs().max())
+            assert err <= tol, f"{config} {layer} B={b}: max abs error {err:.3g} > {tol:.3g}"
+            y2 = F.run_uncached(x, w, bias, meta.input_linear, meta.weight_linear, config=config)
+            assert torch.equal(y, y2), f"{config} {layer} B={b}: not bitwise repeatable"
