@@ -21,7 +21,7 @@ from fovi_lab.ops.reference import oracle_forward
 from test_warp_forward import case, _run_prefilled
 from test_warp_mma import _cuda
 
-_PIPE = [n for n in F.uncached_config_names(experimental=True) if F.config_spec(n).family == "mmap"]
+_PIPE = [n for n in F.uncached_config_names(experimental=True) if F.config_spec(n).family in F.PIPE_FAMILIES]
 
 
 def test_there_are_pipelined_configs_of_both_block_sizes():
@@ -113,3 +113,70 @@ def test_gpu_every_mmap_config_on_real_layers(layer):
             assert err <= tol, f"{config} {layer} B={b}: max abs error {err:.3g} > {tol:.3g}"
             y2 = F.run_uncached(x, w, bias, meta.input_linear, meta.weight_linear, config=config)
             assert torch.equal(y, y2), f"{config} {layer} B={b}: not bitwise repeatable"
+
+
+def _pipe_module(arch: int, block_dim: int):
+    """The pipelined kernels of one block size in one module (every config for sm_90, the first for sm_80 / 89).
+
+    Their own module, not the shared one of ``tests/test_warp_aot.py``: ptxas counts every static ``__shared__``
+    array of a module's native functions against each of its kernels (the staged mma stores' tiles would push
+    the stages past 48 KiB), which one module per kernel, as the package builds them, does not."""
+    from fovi_lab.kernels import common as wc
+    from fovi_lab.kernels.common import init_warp, wp
+    from fovi_lab.kernels.forward.mma_pipe import make_mma_pipe_kernel
+    init_warp()
+    names = [n for n in _PIPE if F.config_spec(n).block_dim == block_dim]
+    mod = f"fovi_fwd_aot_pipe_sm{arch}_b{block_dim}"
+    wc.SHARED_KERNEL_MODULE = mod
+    try:
+        for n in names if arch == 90 else names[:1]:
+            c = F.config_spec(n)
+            split = c.family == "mmaps"
+            make_mma_pipe_kernel(c.tile_n, c.tile_m, c.tile_k, c.r, c.block_dim, split=split)
+            if not split:
+                make_mma_pipe_kernel(c.tile_n, c.tile_m, c.tile_k, c.r, c.block_dim, dense=True)
+    finally:
+        wc.SHARED_KERNEL_MODULE = None
+    m = wp.get_module(mod)
+    m.options.update({"block_dim": block_dim, "enable_backward": False, "fast_math": True, "optimization_level": 1})
+    return m
+
+
+@pytest.mark.parametrize("arch", (80, 89, 90))
+def test_mmap_kernels_compile_aot(tmp_path, arch):
+    """The cp.async / ldmatrix / mma.sync PTX compiles for sm_80/89/90 with Warp's bundled NVRTC (no GPU), and
+    every stage layout fits a CTA's static shared memory there."""
+    import os
+    from fovi_lab.kernels.common import wp
+    for bd in (128, 256):
+        paths = wp.compile_aot_module(_pipe_module(arch, bd), arch=arch, module_dir=str(tmp_path / f"b{bd}"))
+        assert paths and all(os.path.getsize(p) > 0 for p in paths), (arch, bd)
+
+
+def test_pipe_split_covers_the_loop():
+    for ctas in (1, 16, 264, 10 ** 4):
+        for steps in (1, 7, 8, 19, 144):
+            s, per = F.pipe_split(ctas, steps)
+            assert s >= 1 and per >= 1 and (s - 1) * per < steps <= s * per, (ctas, steps, s, per)
+    assert F.pipe_split(32, 144) == (9, 16)          # res18 layer4_0 at B = 512 in 128 x 128 blocks: 9 x 32 CTAs
+    assert F.pipe_split(10 ** 4, 144) == (1, 144)
+
+
+def test_mmaps_splits_the_loop_and_is_deterministic():
+    """A real split (S > 1) of a long p range: the fixed-order sum matches the oracle and is bitwise the same on
+    every call."""
+    g = torch.Generator().manual_seed(5)
+    cin, nin, nout, k, v = 16, 50, 3, 40, 9
+    idx = torch.randint(0, nin + 1, (nout, k), generator=g)
+    rf = torch.randint(0, v, (nout, k), generator=g)
+    meta = build_meta(idx, rf, cin=cin, cout=20, v=v, nin=nin)
+    x = torch.randn(5, cin, nin, generator=g).half()
+    w = (0.1 * torch.randn(20, cin * v, generator=g)).half()
+    bias = torch.randn(20, generator=g).half()
+    ref = oracle_forward(x, w, bias, idx, rf, v)
+    il, wl = meta.input_linear, meta.weight_linear
+    plan = F.prepare_uncached(x, w, bias, il, wl, config="mmaps_o64b64k32s4")
+    assert plan.split > 1
+    y0 = F.run_uncached(x, w, bias, il, wl, config="mmaps_o64b64k32s4")
+    assert float((y0.float() - ref).abs().max()) < 2e-2
+    assert torch.equal(F.run_uncached(x, w, bias, il, wl, config="mmaps_o64b64k32s4"), y0)

@@ -23,6 +23,9 @@ Per (layer, B), all in one process and on identical inputs:
   (:func:`fovi_lab.ops.reference.binned_forward`: bin the gathered inputs into the Q taps, then one
   shared-weight cuBLAS matmul per image; the strongest form for the stems at small batch).
   The strongest baseline of a shape is the fastest of these.
+* ``cublas_dense_bmm`` (CUDA): ``torch.bmm`` of the same GEMMs on dense operands, ``[Nout, B, P64] @ [Nout, P64,
+  Cout]``: what cuBLAS reaches on these sizes without any gather (not a baseline: it computes something else).
+  Each Warp kernel's ``frac_cublas_dense`` is its time over this one.
 
 FLOPs are ``2*B*P64*Cout*Nout``; bytes the fewest the op must move (x, W, tables, bias, y once).
 Each row prints ms, TFLOP/s, GB/s, the fraction of the H200 roofline (4.8 TB/s HBM, 990 TFLOP/s dense
@@ -232,7 +235,11 @@ def run_shape(layer: str, meta, b: int, configs: List[str], chosen: str, device:
                 rec("torch_compile", t.ms, err=err_of(y), reps=t.reps, note="compile of torch_tgather_bmm")
         if compiled.note:
             rec("torch_compile", None, note=compiled.note)
-    torch_ms = {r["impl"]: r["ms"] for r in recs if r["ms"] and not r.get("graphed")}
+    cublas_ms = _cublas_dense(meta, b, device, tm) if device.type == "cuda" else None
+    if cublas_ms:
+        rec("cublas_dense_bmm", cublas_ms, note="torch.bmm of the same GEMMs on dense operands (no gathers): "
+            "[Nout, B, P64] @ [Nout, P64, Cout], not a baseline")
+    torch_ms = {r["impl"]: r["ms"] for r in recs if r["ms"] and not r.get("graphed") and r["impl"].startswith("torch")}
     uncached_torch = {k: v for k, v in torch_ms.items() if k != "torch_cached_bmm"}
     strongest = min(torch_ms, key=torch_ms.get) if torch_ms else None
     strongest_unc = min(uncached_torch, key=uncached_torch.get) if uncached_torch else None
@@ -267,7 +274,8 @@ def run_shape(layer: str, meta, b: int, configs: List[str], chosen: str, device:
         plans[name] = dict(config=name, family=cfg.family, chosen=name == chosen, ms_kernel=t_k.ms,
                            tflops_kernel=tflops(flops, t_k.ms), err=err_of(y), dense_ms=d_ms,
                            dense_tflops=tflops(flops, d_ms) if d_ms else None,
-                           frac_dense=(d_ms / t_k.ms) if d_ms else None)
+                           frac_dense=(d_ms / t_k.ms) if d_ms else None,
+                           frac_cublas_dense=(cublas_ms / t_k.ms) if cublas_ms else None)
         del plan
     best_of_family: Dict[str, str] = {}
     for name, info in plans.items():
@@ -321,6 +329,20 @@ def run_shape(layer: str, meta, b: int, configs: List[str], chosen: str, device:
     return recs
 
 
+def _cublas_dense(meta, b: int, device: torch.device, tm) -> Optional[float]:
+    """cuBLAS on the operator's GEMMs without the gathers: ``torch.bmm`` of ``[Nout, B, P64] @ [Nout, P64, Cout]``
+    on dense fp16 operands (the same FLOPs as the op), ms; None when the operands do not fit."""
+    try:
+        a = torch.randn(meta.nout, b, meta.p64, device=device, dtype=torch.float16)
+        wd = torch.randn(meta.nout, meta.p64, meta.cout, device=device, dtype=torch.float16)
+        ms = tm(lambda: torch.bmm(a, wd)).ms
+        del a, wd
+        return ms
+    except torch.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        return None
+
+
 def _print_shape(recs: List[dict], chosen: str) -> None:
     by = {(r["impl"], r.get("config")): r for r in recs}
     torch_rows = [r for r in recs if r["impl"].startswith("torch") and r["ms"] and not r.get("graphed")]
@@ -333,7 +355,8 @@ def _print_shape(recs: List[dict], chosen: str) -> None:
     dense = c.get("dense_ms")
     print(f"{head} warp[{chosen}] {c['ms']:.3f} ms (kernel {c['ms_kernel']:.3f}, {c['tflops_kernel']:.1f} TFLOP/s, "
           f"{100 * c['roofline_frac']:.1f}% roofline, "
-          f"{('%.0f%% of dense %.3f ms' % (100 * c['frac_dense'], dense)) if dense else 'no dense'}) | "
+          f"{('%.0f%% of dense %.3f ms' % (100 * c['frac_dense'], dense)) if dense else 'no dense'}"
+          f"{(', %.0f%% of cuBLAS dense' % (100 * c['frac_cublas_dense'])) if c.get('frac_cublas_dense') else ''}) | "
           + (f"best torch {best_t['impl']} {best_t['ms']:.3f} ms -> x{c['speedup_vs_strongest']:.2f}"
              if best_t and c.get("speedup_vs_strongest") else "no torch baseline")
           + f" | err {c['err']:.1e}", flush=True)
@@ -341,6 +364,9 @@ def _print_shape(recs: List[dict], chosen: str) -> None:
     if len(ks) > 1:
         top = sorted(ks, key=lambda r: r["ms_kernel"])[:3]
         print(" " * 22 + "fastest kernels: " + ", ".join(f"{r['config']} {r['ms_kernel']:.3f}" for r in top), flush=True)
+    cb = by.get(("cublas_dense_bmm", None))
+    if cb and cb.get("ms"):
+        print(" " * 22 + f"cuBLAS dense bmm of the same GEMMs {cb['ms']:.3f} ms ({cb['tflops']:.0f} TFLOP/s)", flush=True)
 
 
 def _gemm4096(device, configs, env, args) -> List[dict]:

@@ -1,6 +1,7 @@
 """The forward kernels of the compact KNN convolution, and their public API.
 
     configs  FwdConfig, the registered configs (``FORWARD``) and the kernel families
+    mma_pipe the tensor-core kernels through a cp.async shared-memory pipeline (``mmap`` / ``mmaps``)
     tile     tile-GEMM kernel factories (gather, node-major, i2c, cached, dense ceilings)
     simt     SIMT kernel factories (register blocks, no tile GEMM)
     mma      the hand-written ``mma.sync`` tensor-core kernels
@@ -17,7 +18,7 @@ weight_linear, config=name)``, then ``plan.launch()`` and ``y = plan.finish()``.
 
 from fovi_lab.kernels.forward.configs import (cached_config_names, config_spec, DENSE_FAMILIES, dense_kind, FORWARD,
                                               FwdConfig, mathdx_default, MMA_FAMILIES, mma_flags, mma_staged,
-                                              uncached_config_names)
+                                              PIPE_FAMILIES, uncached_config_names)
 from fovi_lab.kernels.forward.tile import (make_cached_kernel, make_dense_kernel, make_densep_kernel,
                                            make_gather_kernel, make_gp_kernel, make_i2c_kernel, make_nm_kernel,
                                            make_nmp_kernel, make_nms_kernel, make_uncached_kernel,
@@ -29,7 +30,7 @@ from fovi_lab.kernels.forward.build import (build_kernel, Built, cache_key, cana
 from fovi_lab.kernels.forward.rules import select_config, select_i2c, select_mma, select_simt, select_simts, SIMT_CONFIG
 from fovi_lab.kernels.forward.checks import analyse_tables, device_str
 from fovi_lab.kernels.forward.plans import (bias_operand, DIRECT_STORE_MAX_BYTES, mmas_split, nms_reduce_kernel,
-                                            pad_bias_to_tiles, Plan, plan_cached, plan_dense, plan_uncached,
+                                            pad_bias_to_tiles, pipe_split, Plan, plan_cached, plan_dense, plan_uncached,
                                             simts_split, store_mode, weight_layout)
 from fovi_lab.kernels.forward.api import (make_dense_ceiling, prepare_cached, prepare_uncached, resolve_uncached,
                                           run_cached, run_uncached, select_cached_config)

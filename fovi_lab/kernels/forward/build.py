@@ -17,7 +17,7 @@ import torch
 from fovi_lab.kernels.common import ValidatedCache, init_warp, nan_canary, wp
 from fovi_lab.kernels.forward.configs import (FwdConfig, DENSE_FAMILIES, _EXPERIMENTAL_CONFIG_SPECS, MMA_FAMILIES,
                                               _TEST_CONFIG_SPECS, _UNCACHED_BATCH_CONFIG_SPECS, mathdx_default,
-                                              mma_flags, mma_staged, config_spec, dense_kind)
+                                              mma_flags, mma_staged, config_spec, dense_kind, PIPE_FAMILIES)
 from fovi_lab.kernels.forward.tile import (make_cached_kernel, make_dense_kernel, make_densep_kernel,
                                            make_gather_kernel, make_gp_kernel, make_i2c_kernel, make_nm_kernel,
                                            make_nmp_kernel, make_nms_kernel)
@@ -52,9 +52,10 @@ def build_kernel(cfg: FwdConfig, mathdx: Optional[bool] = None, dense: bool = Fa
     with _build_lock:
         k = _KERNELS.get(key)
         if k is None:
-            if cfg.family == "mmap":
+            if cfg.family in PIPE_FAMILIES:
                 from fovi_lab.kernels.forward.mma_pipe import make_mma_pipe_kernel
-                k = make_mma_pipe_kernel(cfg.tile_n, cfg.tile_m, cfg.tile_k, cfg.r, cfg.block_dim, dense=dense)
+                k = make_mma_pipe_kernel(cfg.tile_n, cfg.tile_m, cfg.tile_k, cfg.r, cfg.block_dim, dense=dense,
+                                         split=cfg.family == "mmaps" and not dense)
             elif cfg.family in MMA_FAMILIES:
                 from fovi_lab.kernels.forward.mma import make_mma_kernel
                 split, w_native, x_t = mma_flags(cfg.family)
@@ -115,7 +116,7 @@ def _canary_problem(family: str, tile_m: int, tile_n: int, tile_k: int, r: int, 
     idx = torch.randint(0, nin + 1, (1, k), generator=g)          # includes the pad token nin
     rf = torch.randint(0, v, (1, k), generator=g)
     meta = build_meta(idx, rf, cin=cin, cout=tile_n, v=v, nin=nin, device=device)
-    b = tile_m if family == "mmap" else tile_m * r     # (mmap: r is the pipeline's stage count)
+    b = tile_m if family in PIPE_FAMILIES else tile_m * r     # (mmap: r is the pipeline's stage count)
     x = torch.randn(b, cin, nin, generator=g).to(device=device, dtype=dtype)
     w = (0.5 * torch.randn(tile_n, cin * v, generator=g)).to(device=device, dtype=dtype)
     bias = torch.randn(tile_n, generator=g).to(device=device, dtype=dtype)

@@ -30,7 +30,8 @@ The families (the prefix of a config's name):
   through a shared tile; ``k32``/``k64``: 2 or 4 k-steps per iteration.
 * ``mmap`` (``mmap_o128b128k16s4``, :mod:`fovi_lab.kernels.forward.mma_pipe`): a CTA per (node, batch block,
   channel block), both operands' gathered rows copied into shared stages by ``cp.async`` (``r`` stages in
-  flight), ``ldmatrix`` fragments, ``mma.sync``: for large batches.
+  flight), ``ldmatrix`` fragments, ``mma.sync``: for large batches. ``mmaps``: the p range split into fp32
+  partials (few-node layers), summed in a fixed order.
 * ``cached`` (``c_m32n64``): inference from the effective-weight cache ``Weff[n] [P64, Cout_pad]``.
 * dense ceilings (benchmarks only): the same loop over dense operands of the same GEMM sizes.
 """
@@ -72,7 +73,7 @@ class FwdConfig:
 
     @property
     def rows_per_cta(self) -> int:
-        return self.tile_m if self.family == "mmap" else self.tile_m * self.r
+        return self.tile_m if self.family in PIPE_FAMILIES else self.tile_m * self.r
 
 
 def _load_tables() -> Dict[str, Dict[str, Tuple[str, int, int, int, int, int]]]:
@@ -135,6 +136,10 @@ def mathdx_default() -> Optional[bool]:
 MMA_FAMILIES = ("mma", "mmas", "mmaw", "mmasw", "mmat", "mmao", "mmato")
 
 
+# The pipelined tensor-core families (fovi_lab.kernels.forward.mma_pipe): "mmap", and "mmaps" with the p range split.
+PIPE_FAMILIES = ("mmap", "mmaps")
+
+
 def mma_flags(family: str) -> Tuple[bool, bool, bool]:
     """(split, W in place, x^T) of an mma family name."""
     tail = family[3:]
@@ -157,8 +162,8 @@ def dense_kind(cfg: FwdConfig) -> Tuple:
         fam = fam[:-1] if fam.endswith("o") else fam        # the staged store shares its loop's ceiling
     elif fam in ("nmp", "gp"):
         fam = "pipelined"
-    elif fam == "mmap":
-        pass
+    elif fam in PIPE_FAMILIES:
+        fam = "mmap"                                        # the split loop shares its unsplit ceiling
     elif fam != "simtv":
         fam = "tile"
     return (fam, cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim)

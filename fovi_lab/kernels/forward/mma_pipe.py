@@ -259,6 +259,36 @@ def _pipe_steps(bm: int, bn: int, bk: int, stages: int, threads: int, dense: boo
         return steps
 
 
+def _pipe_partial_store(bm: int, bn: int, bk: int, stages: int, threads: int):
+    """The split loop's store: each thread's fp32 accumulators into ``part [S*Nout, B, Cout]`` (row ``ns`` =
+    split * Nout + node) as they are, guarded by B and Cout (the same element mapping as :func:`_pipe_store`)."""
+    key = ("partial", bm, bn, bk, stages, threads)
+    with _lock:
+        fn = _BUILT.get(key)
+        if fn is not None:
+            return fn
+        init_warp()
+        WM, _, MT, NT = pipe_layout(bm, bn, bk, stages, threads)
+        vec_acc = wp.types.vector(length=4 * MT * NT, dtype=wp.float32)
+
+        def store(part: wp.array3d(dtype=wp.float32), acc: None, thr: int, b0: int, o0: int, ns: int):
+            warp = thr // 32
+            lane = thr % 32
+            c0 = o0 + (warp % WM) * (16 * MT) + lane // 4
+            r0 = b0 + (warp // WM) * (8 * NT) + (lane % 4) * 2
+            for mi in range(MT):
+                for nj in range(NT):
+                    for e in range(4):
+                        ch = c0 + mi * 16 + (e // 2) * 8
+                        b = r0 + nj * 8 + e % 2
+                        if b < part.shape[1] and ch < part.shape[2]:
+                            part[ns, b, ch] = acc[(mi * NT + nj) * 4 + e]
+
+        store.__annotations__["acc"] = vec_acc
+        fn = _BUILT[key] = wp.func(name=f"fovi_pipe_partial_store_m{MT}n{NT}w{WM}", inline=True)(store)
+        return fn
+
+
 def _pipe_store(bm: int, bn: int, bk: int, stages: int, threads: int, nodes_first: bool):
     """Each thread's store of its accumulators, the bias added in fp32 and one rounding to fp16, guarded by y's
     batch and channel extents: element ``e`` of fragment ``(mi, nj)`` of warp ``(wm, wn)``, lane ``(g, t)`` is
@@ -305,7 +335,7 @@ def _decorator(name: str, block_dim: int):
 
 
 def make_mma_pipe_kernel(channels: int, rows: int, tile_k: int, stages: int, block_dim: int = 128,
-                         dense: bool = False):
+                         dense: bool = False, split: bool = False):
     """The ``mmap`` kernel: a CTA of ``block_dim`` threads per (node, ``rows`` batch rows, ``channels``
     output channels), ``stages`` shared-memory stages of ``tile_k`` p entries (see the module docstring).
 
@@ -315,15 +345,40 @@ def make_mma_pipe_kernel(channels: int, rows: int, tile_k: int, stages: int, blo
     past B are read, never stored), ``wt = W^T [Q, Cout_p]`` fp16 (zero columns past Cout), ``il, wl [Nout, P64]``
     int32, ``bias [Cout_p]`` fp32, ``y [B, Cout, Nout]`` fp16, ``p_len`` (a multiple of ``tile_k``), ``n_og``.
 
+    ``split=True`` (``mmaps``, for layers with few nodes, whose grid would not fill the GPU): the p range in ``S``
+    contiguous chunks, ``dim=(S*Nout, ...)``, fp32 partials ``part [S*Nout, B, Cout]`` instead of bias and y, then
+    ``p_len``, ``p_chunk`` (a multiple of ``tile_k``), ``n_og``, ``nout``; the nms reduction sums them in a fixed
+    order, adds the bias and rounds once (deterministic).
+
     ``dense=True``: the ceiling, ``xd [Kd, Bx]``, ``wd [Kd, Cout_p]``, ``bias``, ``y [Nout, B, Cout]``, ``kd``,
     ``n_og``.
     """
     init_warp()
     BM, BN, BK, S, T = int(channels), int(rows), int(tile_k), int(stages), int(block_dim)
     pipe_layout(BM, BN, BK, S, T)                  # raises on a shape that cannot be built
+    if split and dense:
+        raise ValueError("mmap kernel: a split kernel shares its unsplit ceiling (dense=True, split=False)")
     steps = _pipe_steps(BM, BN, BK, S, T, bool(dense))
+    fam = "mmaps" if split else "mmap"
+    kname = f"fovi_fwd_{fam}{'_dense' if dense else ''}_o{BM}b{BN}k{BK}s{S}b{T}"
+    if split:
+        pstore = _pipe_partial_store(BM, BN, BK, S, T)
+
+        @_decorator(kname, T)
+        def kernel(x: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16),
+                   il: wp.array2d(dtype=wp.int32), wl: wp.array2d(dtype=wp.int32),
+                   part: wp.array3d(dtype=wp.float32), p_len: int, p_chunk: int, n_og: int, nout: int):
+            ns, bg, tl = wp.tid()
+            thr = tl % T
+            b0 = bg * BN
+            o0 = (tl // T) * BM
+            p_lo = (ns // nout) * p_chunk
+            acc = steps(x, wt, il, wl, thr, b0, o0, ns % nout, p_lo, wp.min(p_lo + p_chunk, p_len))
+            pstore(part, acc, thr, b0, o0, ns)
+        kernel.fovi_tiles = (fam, BN, BM, BK, S, T)
+        kernel.fovi_dtype = "float16"
+        return kernel
     store = _pipe_store(BM, BN, BK, S, T, bool(dense))
-    kname = f"fovi_fwd_mmap{'_dense' if dense else ''}_o{BM}b{BN}k{BK}s{S}b{T}"
     if dense:
         @_decorator(kname, T)
         def kernel(xd: wp.array2d(dtype=wp.float16), wd: wp.array2d(dtype=wp.float16),
@@ -345,6 +400,6 @@ def make_mma_pipe_kernel(channels: int, rows: int, tile_k: int, stages: int, blo
             o0 = (tl // T) * BM
             acc = steps(x, wt, il, wl, thr, b0, o0, n, 0, p_len)
             store(y, bias, acc, thr, b0, o0, n)
-    kernel.fovi_tiles = ("mmap" + ("_dense" if dense else ""), BN, BM, BK, S, T)
+    kernel.fovi_tiles = (fam + ("_dense" if dense else ""), BN, BM, BK, S, T)
     kernel.fovi_dtype = "float16"
     return kernel

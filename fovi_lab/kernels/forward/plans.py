@@ -19,7 +19,8 @@ import torch
 from fovi_lab.graph.meta import pad_to
 from fovi_lab.kernels.common import (as_rows64, built_once, capturing, fast_launch, warp_ct_vec, gather_rows_kernel,
                                      gather_rows_pair_kernel, to_warp, warp_ct, warp_device, warp_stream, wp)
-from fovi_lab.kernels.forward.configs import FwdConfig, _GATHER_TILE_K, MMA_FAMILIES, mma_flags, mma_staged
+from fovi_lab.kernels.forward.configs import (FwdConfig, _GATHER_TILE_K, MMA_FAMILIES, mma_flags, mma_staged,
+                                              PIPE_FAMILIES)
 from fovi_lab.kernels.forward.simt import simtv_prep_kernel
 from fovi_lab.kernels.forward.checks import _TableInfo, analyse_tables, device_str
 
@@ -245,7 +246,7 @@ def simts_split(threads: int, steps: int, block: Tuple[int, int] = (8, 8)) -> Tu
 
 
 # The families whose runner reads x and writes y in place (:class:`_SimtRunner`).
-_IN_PLACE_FAMILIES = ("simt", "simtp", "simtw", "simts", "simtsw", "mmap") + MMA_FAMILIES
+_IN_PLACE_FAMILIES = ("simt", "simtp", "simtw", "simts", "simtsw") + MMA_FAMILIES + PIPE_FAMILIES
 
 # The mmas split: about _MMAS_WARPS warps in all (132 SMs x 16 resident warps of these ~128-register
 # threads would be 2112), never fewer than _MMAS_MIN_STEPS k-steps of 16 p entries per split.
@@ -258,6 +259,21 @@ def mmas_split(warps: int, steps: int) -> Tuple[int, int]:
     if steps <= 0:
         return 1, 0
     s = max(1, min(-(-_MMAS_WARPS // max(1, warps)), steps // _MMAS_MIN_STEPS))
+    per = -(-steps // s)
+    return -(-steps // per), per
+
+
+# The mmaps split: about _PIPE_CTAS CTAs in all (132 SMs x 2 resident CTAs of 128 threads at ~200 registers),
+# never fewer than _PIPE_MIN_STEPS stages of tile_k p entries per split (the pipeline's prologue is S-1 of them).
+_PIPE_CTAS = int(os.environ.get("FOVI_WARP_MMAPS_CTAS") or 264)
+_PIPE_MIN_STEPS = 8
+
+
+def pipe_split(ctas: int, steps: int) -> Tuple[int, int]:
+    """``(S, stages per split)`` for an mmaps launch of ``ctas`` CTAs per split over ``steps`` stages."""
+    if steps <= 0:
+        return 1, 0
+    s = max(1, min(-(-_PIPE_CTAS // max(1, ctas)), steps // _PIPE_MIN_STEPS))
     per = -(-steps // s)
     return -(-steps // per), per
 
@@ -292,7 +308,7 @@ class _SimtRunner:
                 il, wl = il.clone(), wl.clone()
                 info = _TableInfo(nm=info.nm, nin=info.nin, p_used=info.p_used)
             lanes, units = 32, nout * nbg * n_og
-        elif cfg.family == "mmap":
+        elif cfg.family in PIPE_FAMILIES:
             # a CTA per (node, batch block, channel block): the last grid dimension is (channel block, thread);
             # x^T [Cin*Nin, Bx] per call, W^T [Q, Cout_p] zero padded (cached per weight version)
             self.xt, self.bx = True, pad_to(b, tb)
@@ -301,8 +317,10 @@ class _SimtRunner:
             lanes, units = 1, nout * nbg * n_og
         self.tables = (il, wl)                       # kept alive with their descriptors
         self.split = 0
-        if cfg.family in ("simts", "simtsw", "mmas", "mmasw"):
-            if cfg.family in ("mmas", "mmasw"):
+        if cfg.family in ("simts", "simtsw", "mmas", "mmasw", "mmaps"):
+            if cfg.family == "mmaps":
+                self.split, per = pipe_split(units, p_len // u)
+            elif cfg.family in ("mmas", "mmasw"):
                 self.split, per = mmas_split(units, p_len // u)
             else:
                 self.split, per = simts_split(units, p_len // u, (tb, to))
@@ -681,7 +699,7 @@ def plan_dense(cfg: FwdConfig, kernel, b: int, cout: int, nout: int, kdim: int, 
     bias_p, bias_w = bias_operand(None, cout, cfg.tile_n, dev_t)
     dims = (nout, -(-b // cfg.rows_per_cta), -(-cout // cfg.tile_n))
     inputs = [to_warp(at), to_warp(w), bias_w, to_warp(out), kd // cfg.tile_k, b]
-    simt = cfg.family in ("simt", "simtp", "simtv", "simts", "simtw", "simtsw", "mmap") + MMA_FAMILIES
+    simt = cfg.family in ("simt", "simtp", "simtv", "simts", "simtw", "simtsw") + MMA_FAMILIES + PIPE_FAMILIES
     if simt:                                       # SIMT ceiling: all Kd rows, U per step; channel groups
         inputs[4:] = [kd, pad_to(cout, cfg.tile_n) // cfg.tile_n]
         if cfg.family in MMA_FAMILIES:              # warps: (node, batch block, channel block x lane)
@@ -692,7 +710,7 @@ def plan_dense(cfg: FwdConfig, kernel, b: int, cout: int, nout: int, kdim: int, 
                 w = w.t().contiguous()               # [Cout_p, Kd]: W's own layout
             inputs[0:2] = [to_warp(at), to_warp(w)]
             dims = (nout, dims[1], dims[2] * 32)
-        if cfg.family == "mmap":                    # CTAs: (node, batch block, channel block x thread)
+        if cfg.family in PIPE_FAMILIES:             # CTAs: (node, batch block, channel block x thread)
             dims = (nout, dims[1], dims[2] * cfg.block_dim)
         if cfg.family == "simtv":
             at, w = at.float(), w.float()
