@@ -336,7 +336,6 @@ def _cublas_dense(meta, b: int, device: torch.device, tm) -> Optional[float]:
         a = torch.randn(meta.nout, b, meta.p64, device=device, dtype=torch.float16)
         wd = torch.randn(meta.nout, meta.p64, meta.cout, device=device, dtype=torch.float16)
         ms = tm(lambda: torch.bmm(a, wd)).ms
-        del a, wd
         return ms
     except torch.OutOfMemoryError:
         torch.cuda.empty_cache()
