@@ -634,20 +634,26 @@ def test_mma_selection_rules(monkeypatch):
     assert sel(64, 96, 964, 384, in_channels=3, q=1452) == "mmato_o96b32k32"
     assert sel(4, 256, 230, 2432, in_channels=96, q=9600, **nm) == "mmat_o64b16k64b32"    # alexnet L1
     assert sel(16, 256, 230, 2432, in_channels=96, q=9600, **nm) == "mmat_o64b16k64b32"
-    assert sel(64, 256, 230, 2432, in_channels=96, q=9600, **nm) == "mmato_o96b32"         # 1380 warps: k16
-    assert sel(512, 256, 230, 2432, in_channels=96, q=9600, **nm) == "mmato_o64b32b256"
+    assert sel(64, 256, 230, 2432, in_channels=96, q=9600, **nm) == "mmap_o128b64k32s3"    # the pipeline: 460 CTAs
+    assert sel(64, 256, 230, 2432, in_channels=96, q=9600, pipe=False, **nm) == "mmato_o96b32"   # 1380 warps: k16
+    assert sel(512, 256, 230, 2432, in_channels=96, q=9600, **nm) == "mmap_o64b128k32s3"
+    assert sel(512, 256, 230, 2432, in_channels=96, q=9600, pipe=False, **nm) == "mmato_o64b32b256"
     assert sel(1, 384, 60, 2304, in_channels=256, q=9216, **nm) == "mmas_o64b8"            # alexnet L2
     assert sel(16, 384, 60, 2304, in_channels=256, q=9216, **nm) == "mmat_o64b16k64b32"
-    assert sel(64, 384, 60, 2304, in_channels=256, q=9216, **nm) == "mmat_o96b32k32"       # 120 staged blocks
-    assert sel(128, 384, 60, 2304, in_channels=256, q=9216, **nm) == "mmato_o96b32k32"
+    assert sel(64, 384, 60, 2304, in_channels=256, q=9216, **nm) == "mmaps_o128b64k32s3"   # 180 CTAs: split
+    assert sel(128, 384, 60, 2304, in_channels=256, q=9216, **nm) == "mmap_o128b64k32s3"
+    assert sel(64, 384, 60, 2304, in_channels=256, q=9216, pipe=False, **nm) == "mmat_o96b32k32"   # 120 staged blocks
+    assert sel(128, 384, 60, 2304, in_channels=256, q=9216, pipe=False, **nm) == "mmato_o96b32k32"
     assert sel(1, 64, 230, 576, in_channels=64, q=2304, **nm) == "mma_o32b8k64b64"         # res18 layer1
     assert sel(16, 64, 230, 576, in_channels=64, q=2304, **nm) == "mmato_o64b16k64"
     assert sel(512, 64, 230, 576, in_channels=64, q=2304, **nm) == "mmato_o64b32b256"
     assert sel(16, 128, 60, 576, in_channels=64, q=2304, **nm) == "mma_o32b8k32"           # res18 layer2_0
     assert sel(16, 256, 16, 2304, in_channels=256, q=9216, **nm) == "mmasw_o32b16"         # res18 layer3
-    assert sel(64, 256, 16, 2304, in_channels=256, q=9216, **nm) == "mmat_o64b16k64b32"
+    assert sel(64, 256, 16, 2304, in_channels=256, q=9216, **nm) == "mmaps_o128b64k32s3"
+    assert sel(512, 256, 16, 2304, in_channels=256, q=9216, **nm) == "mmap_o64b128k32s3"
+    assert sel(64, 256, 16, 2304, in_channels=256, q=9216, pipe=False, **nm) == "mmat_o64b16k64b32"
     assert sel(16, 512, 2, 2304, in_channels=256, q=9216, **nm) == "mmasw_o32b16b64"       # res18 layer4_0
-    assert sel(512, 512, 2, 2304, in_channels=256, q=9216, **nm) == "mmat_o64b16k64b32"
+    assert sel(512, 512, 2, 2304, in_channels=256, q=9216, **nm) == "mmat_o64b16k64b32"   # 2 nodes: no pipeline
     assert sel(16, 256, 16, 2304, in_channels=256, **nm) == "mmas_o32b8"                   # Q unknown: W^T
     assert sel(16, 384, 64, 320, in_channels=3, q=768) == "mmato_o64b16k64"                # DINOv3
     assert sel(64, 384, 64, 320, in_channels=3, q=768) == "mmato_o96b32k32"
@@ -676,6 +682,9 @@ def test_mma_selection_rules(monkeypatch):
 def config_name_ok(name: str) -> str:
     """Every mma config's name spells its block: ``<family>_o<channels>b<rows>[k<tile_k>][b<block_dim>]``."""
     cfg = F.config_spec(name)
+    if cfg.family in F.PIPE_FAMILIES:
+        bd = f"b{cfg.block_dim}" if cfg.block_dim != 128 else ""
+        assert name == f"{cfg.family}_o{cfg.tile_n}b{cfg.tile_m}k{cfg.tile_k}s{cfg.r}{bd}", name
     if cfg.family in F.MMA_FAMILIES:
         k = f"k{cfg.tile_k}" if cfg.tile_k != 16 else ""
         bd = f"b{cfg.block_dim}" if cfg.block_dim != 128 else ""

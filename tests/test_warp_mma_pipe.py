@@ -180,3 +180,53 @@ def test_mmaps_splits_the_loop_and_is_deterministic():
     y0 = F.run_uncached(x, w, bias, il, wl, config="mmaps_o64b64k32s4")
     assert float((y0.float() - ref).abs().max()) < 2e-2
     assert torch.equal(F.run_uncached(x, w, bias, il, wl, config="mmaps_o64b64k32s4"), y0)
+
+
+def test_a_pipelined_pick_that_cannot_launch_falls_back_to_the_register_kernels(monkeypatch):
+    """Where the rule picks a pipelined config but it fails its canary on the device, the call runs the register
+    mma rule's pick (and the tile / SIMT rule's only if that fails too)."""
+    from fovi_lab.kernels.forward import api as fwd_api
+    g = torch.Generator().manual_seed(2)
+    cin, nin, nout, k, v = 64, 50, 16, 40, 9
+    idx = torch.randint(0, nin + 1, (nout, k), generator=g)
+    rf = torch.randint(0, v, (nout, k), generator=g)
+    meta = build_meta(idx, rf, cin=cin, cout=256, v=v, nin=nin)
+    x = torch.randn(64, cin, nin, generator=g).half()
+    w = (0.05 * torch.randn(256, cin * v, generator=g)).half()
+    il, wl = meta.input_linear, meta.weight_linear
+    assert F.select_config(64, 256, nout, meta.p64, in_channels=cin, q=cin * v) == "mmaps_o128b64k32s3"
+    real = F.get_uncached_config
+    monkeypatch.setattr(fwd_api, "get_uncached_config",
+                        lambda name, dev=None: None if F.config_spec(name).family in F.PIPE_FAMILIES else real(name, dev))
+    fwd_api._CALLS.clear()
+    try:
+        plan = F.prepare_uncached(x, w, None, il, wl)
+        assert F.config_spec(plan.config).family in F.MMA_FAMILIES
+    finally:
+        fwd_api._CALLS.clear()
+
+
+def test_mmaps_gives_the_tensor_core_adjoints_in_fp32_bitwise():
+    """The split pipeline's fp32 output (the fixed-order sum, never rounded) is what the tensor-core adjoints
+    need: dx on the transposed layer, dW on the tap layer, against the fp32 reference, repeatable bit for bit."""
+    from fovi_lab.kernels.adjoint.as_forward import grad_input_mma, grad_weight_mma
+    from fovi_lab.ops.reference import CompactTorchOps
+    g = torch.Generator().manual_seed(1)
+    cin, nin, nout, k, v, cout, b = 8, 40, 12, 9, 7, 20, 5
+    idx = torch.randint(0, nin + 1, (nout, k), generator=g)
+    rf = torch.randint(0, v, (nout, k), generator=g)
+    meta = build_meta(idx, rf, cin=cin, cout=cout, v=v, nin=nin)
+    x = torch.randn(b, cin, nin, generator=g).half()
+    w = torch.randn(cout, cin * v, generator=g).half()
+    gy = torch.randn(b, cout, nout, generator=g).half()
+    dx_ref = CompactTorchOps.grad_input(meta, gy.float(), w.float())
+    dw_ref = CompactTorchOps.grad_weight(meta, gy.float(), x.float())
+    dx = grad_input_mma(meta, gy, w, "mmaps_o128b64k32s3")
+    dw = grad_weight_mma(meta, gy, x, "mmaps_o128b64k32s3")
+    assert dx.dtype == dw.dtype == torch.float32
+    assert float((dx - dx_ref).abs().max()) < 1e-4 * float(dx_ref.abs().max())
+    assert float((dw - dw_ref).abs().max()) < 1e-4 * float(dw_ref.abs().max())
+    assert torch.equal(dx, grad_input_mma(meta, gy, w, "mmaps_o128b64k32s3"))
+    assert torch.equal(dw, grad_weight_mma(meta, gy, x, "mmaps_o128b64k32s3"))
+    with pytest.raises(ValueError, match="fp32 output"):
+        grad_input_mma(meta, gy, w, "mmap_o128b64k32s3")          # unsplit: no fp32 partials

@@ -11,7 +11,7 @@ which is the compact forward of a layer whose output nodes are the input nodes, 
 the reverse lists and whose channels swap (:func:`fovi_lab.graph.meta.transposed_meta`), on ``grad_y`` with
 the weight ``W'[c, o*V + t] = W[o, c*V + t]``. So the hand-written ``mma.sync`` forward kernels compute dx as
 they compute y: fp16 (or bf16) products, fp32 accumulation, no atomics. The split configs (``mmas`` /
-``mmasw``) write fp32 partials and sum them in a fixed order, and here that sum is the output, never rounded
+``mmasw`` / ``mmaps``, fp16 only) write fp32 partials and sum them in a fixed order, and here that sum is the output, never rounded
 to fp16: dx is fp32 and bitwise repeatable. The cost is the reverse lists' padding to the largest
 in-degree (:func:`padding`).
 
@@ -66,7 +66,7 @@ def grad_input_mma(meta: TrainingMeta, grad_y: torch.Tensor, weight: torch.Tenso
         meta: the layer's :class:`TrainingMeta`.
         grad_y: ``[B, Cout, Nout]`` fp16 or bf16, contiguous.
         weight: ``[Cout, Q]`` in grad_y's dtype.
-        config: a split tensor-core forward config (``mmas_*`` / ``mmasw_*``) for the transposed layer; None:
+        config: a split tensor-core forward config (``mmas_*`` / ``mmasw_*`` / ``mmaps_*``) for the transposed layer; None:
             :func:`fovi_lab.kernels.forward.api.select_mma_split` for (B, Cin).
     """
     from fovi_lab.kernels.forward.api import run_uncached

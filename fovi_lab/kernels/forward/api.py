@@ -17,7 +17,7 @@ import torch
 from fovi_lab.graph.meta import on_derived_meta_released, pad_to
 from fovi_lab.ops.graphs import keep_alive_while_captured
 from fovi_lab.kernels.common import check_tensor, warp_device
-from fovi_lab.kernels.forward.configs import FwdConfig, _CACHED_CONFIG_SPECS, MMA_FAMILIES, config_spec
+from fovi_lab.kernels.forward.configs import FwdConfig, _CACHED_CONFIG_SPECS, MMA_FAMILIES, PIPE_FAMILIES, config_spec
 from fovi_lab.kernels.forward.build import VALIDATED, build_kernel, get_uncached_config, require_config
 from fovi_lab.kernels.forward.rules import _FALLBACK_CHAIN, select_config, select_mma
 from fovi_lab.kernels.forward.plans import Plan, plan_cached, plan_dense, plan_uncached, store_mode
@@ -103,8 +103,8 @@ def prepare_uncached(x, weight, bias, input_linear, weight_linear, config=None, 
 
 def resolve_uncached(x, weight, bias, input_linear, weight_linear, config=None, store=None, out_dtype=None):
     """Validate a forward call and pick its kernel: ``(built, table info, store mode, Warp device)``.
-    ``out_dtype`` torch.float32: an fp32 y, which only the split tensor-core configs give (``mmas`` / ``mmasw``:
-    their fp32 partials summed in a fixed order, never rounded); with no config, :func:`select_mma_split`."""
+    ``out_dtype`` torch.float32: an fp32 y, which only the split tensor-core configs give (``mmas`` / ``mmasw`` /
+    ``mmaps``: their fp32 partials summed in a fixed order, never rounded); with no config, :func:`select_mma_split`."""
     _check_x(x, (torch.float16, torch.bfloat16))
     bf16 = x.dtype == torch.bfloat16
     b, cin, nin = x.shape
@@ -140,6 +140,10 @@ def resolve_uncached(x, weight, bias, input_linear, weight_linear, config=None, 
         name = select_config(b, cout, nout, p64, in_channels=cin, node_major=info.nm is not None,
                                              q=q)
         built = get_uncached_config(name, dev)
+        if built is None and config_spec(name).family in PIPE_FAMILIES:    # the register mma kernels next
+            name = select_config(b, cout, nout, p64, in_channels=cin, node_major=info.nm is not None, q=q,
+                                 pipe=False)
+            built = get_uncached_config(name, dev)
         if built is None and config_spec(name).family in MMA_FAMILIES:     # e.g. a GPU before sm_80
             built = get_uncached_config(select_config(
                 b, cout, nout, p64, in_channels=cin, node_major=info.nm is not None, mma=False), dev)
@@ -163,7 +167,7 @@ def resolve_uncached(x, weight, bias, input_linear, weight_linear, config=None, 
     return built, info, store_mode(store, 2 * b * cout * nout), dev
 
 
-_SPLIT_MMA_FAMILIES = ("mmas", "mmasw")
+_SPLIT_MMA_FAMILIES = ("mmas", "mmasw", "mmaps")
 
 
 def select_mma_split(batch: int, cout: int) -> str:

@@ -24,7 +24,7 @@ _NM_MIN_CTAS_M64 = 96
 
 def select_config(batch: int, out_channels: int, out_nodes: int, p_padded: int,
                                   in_channels: Optional[int] = None, node_major: bool = False,
-                                  mma: bool = True, q: Optional[int] = None) -> str:
+                                  mma: bool = True, q: Optional[int] = None, pipe: bool = True) -> str:
     """Pick an uncached config name for one call (refit on the H200 sweep, fovi_lab/records/h200/forward_sweep.jsonl.gz).
 
     Args:
@@ -33,6 +33,7 @@ def select_config(batch: int, out_channels: int, out_nodes: int, p_padded: int,
         in_channels: Cin (needed to consider the node-major family).
         node_major: whether the tables have the docs/operator.md §2.1 structure (node-major kernels usable).
         q: W's column count Cin*V (the mma rule reads W in place when the nodes reuse W's columns little).
+        pipe: consider the pipelined tensor-core kernels (:func:`select_pipe`; the register ones otherwise).
         mma: consider the tensor-core ``mma.sync`` kernels (:func:`select_mma`; sm_80+). They are the
             pick on every recorded shape; ``mma=False`` (or ``FOVI_WARP_MMA=off``, or a
             device where they cannot launch) gives the tile / SIMT rules below.
@@ -55,7 +56,7 @@ def select_config(batch: int, out_channels: int, out_nodes: int, p_padded: int,
       padding (fewer, fuller CTAs win on small grids such as the DINOv3 patch embed's 64 nodes).
     """
     if mma and _mma_env() == "auto":
-        return select_mma(batch, out_channels, out_nodes, p_padded, q)
+        return select_mma(batch, out_channels, out_nodes, p_padded, q, pipe=pipe)
     if _simts_fits(batch, out_channels, out_nodes, in_channels):
         return select_simts(batch, out_channels, out_nodes, p_padded)
     nm = node_major and in_channels is not None and in_channels >= _NM_MIN_CIN
@@ -148,8 +149,42 @@ _MMAW_MAX_REUSE = 4
 _MMAW_MAX_BATCH_REUSE = 128
 
 
-def select_mma(batch: int, out_channels: int, out_nodes: int, p_padded: int, q: Optional[int] = None) -> str:
-    """The mma config of a call (see the rules above); ``q``: W's columns (Cin*V), for the W-in-place rule."""
+# The pipelined tensor-core kernels (fovi_lab.kernels.forward.mma_pipe), from the H200 run of data/h200/forward_pipe.jsonl
+# (kernel times, B = 64 and 512, against the register kernels' picks in the same run): where each node's GEMM is
+# large (Cout >= 256, P64 >= 2048) and there are nodes to spread (>= 16), the cp.async stages win every layer:
+# alexnet L1-L4 at B = 512 by 1.45-1.64x (alexnet L1: 0.763 against 1.103 ms, 192 TFLOP/s), at B = 64 by 1.31-1.73x;
+# resnet layer3 by 1.29x at B = 512 and 1.33x at B = 64. Where Cout or P is smaller (resnet layer1/2, the DINOv3
+# patch embed) the 64 x 32 register blocks stay ahead (res18 layer1 at B = 512: 0.103 against 0.152 ms), and
+# with 2 nodes (resnet layer4_0) the op lost at B = 64. At B >= 256, 128-row x 64-channel CTAs (the best block on
+# all five 512-row shapes); below, 64-row x 128-channel CTAs, split along p (fp32 partials, fixed-order sum) when
+# the unsplit grid is under _PIPE_SPLIT_CTAS CTAs (alexnet L2-L4 and resnet layer3 at B = 64: 60 or 16 nodes).
+# B = 128 / 256 are not measured yet: the boundaries there are interpolated.
+_PIPE_MIN_BATCH = 64
+_PIPE_MIN_COUT = 256
+_PIPE_MIN_P64 = 2048
+_PIPE_MIN_NODES = 16
+_PIPE_WIDE_BATCH = 256
+_PIPE_SPLIT_CTAS = 264
+
+
+def select_pipe(batch: int, out_channels: int, out_nodes: int, p_padded: int) -> Optional[str]:
+    """The pipelined (``mmap`` / ``mmaps``) config of a call, or None where the register kernels are faster."""
+    if (batch < _PIPE_MIN_BATCH or out_channels < _PIPE_MIN_COUT or p_padded < _PIPE_MIN_P64
+            or out_nodes < _PIPE_MIN_NODES):
+        return None
+    if batch >= _PIPE_WIDE_BATCH:
+        return "mmap_o64b128k32s3"
+    ctas = out_nodes * -(-batch // 64) * -(-out_channels // 128)
+    return "mmaps_o128b64k32s3" if ctas < _PIPE_SPLIT_CTAS else "mmap_o128b64k32s3"
+
+
+def select_mma(batch: int, out_channels: int, out_nodes: int, p_padded: int, q: Optional[int] = None,
+               pipe: bool = True) -> str:
+    """The mma config of a call (see the rules above); ``q``: W's columns (Cin*V), for the W-in-place rule;
+    ``pipe``: consider the pipelined kernels first (:func:`select_pipe`)."""
+    picked = select_pipe(batch, out_channels, out_nodes, p_padded) if pipe else None
+    if picked is not None:
+        return picked
     steps = max(1, p_padded // 16)
     cdiv = lambda a, b: -(-a // b)  # noqa: E731
     cout, nout = out_channels, out_nodes
