@@ -597,6 +597,16 @@ def test_heuristic_matches_sweep():
     for (layer, b), (_, r) in sorted(shapes.items()):
         pick = F.select_config(b, r["cout"], r["nout"], r["p64"], in_channels=r["cin"],
                                                node_major=True, q=r["cin"] * r["v"])
+        if F.config_spec(pick).family in F.PIPE_FAMILIES:
+            # judged on the pipelined kernels' own side-by-side run (data/h200/forward_pipe.jsonl, tag "mmap"),
+            # and the register rule's pick (what the pipeline replaced) on the package sweep as before
+            pipe = _pipe_kernel_times().get((layer, b))
+            if pipe is not None:
+                if pick not in pipe or pipe[pick] > 1.05 * min(pipe.values()):
+                    bad.append(f"{layer} B={b}: pipelined pick {pick} not within 5 % of the fastest kernel "
+                               f"{min(pipe, key=pipe.get)} in data/h200/forward_pipe.jsonl")
+            pick = F.select_config(b, r["cout"], r["nout"], r["p64"], in_channels=r["cin"],
+                                   node_major=True, q=r["cin"] * r["v"], pipe=False)
         mma = F.config_spec(pick).family in F.MMA_FAMILIES
         replay_runs = mma_replay_runs if mma else all_replay_runs
         replayed = [run for run in replay_runs.get((layer, b), []) if pick in run and len(run) > 1]
@@ -617,6 +627,20 @@ def test_heuristic_matches_sweep():
             bad.append(f"{layer} B={b}: pick {pick} {got:.4f} ms {metric} (within its runs "
                        f"x{statistics.median(within):.2f}) vs best {best} {times[best]:.4f} ms")
     assert not bad, "\n".join(bad)
+
+
+def _pipe_kernel_times():
+    """(layer, B) -> config -> kernel ms of the pipelined kernels' side-by-side H200 run (tag "mmap")."""
+    import json
+    import os
+    path = os.path.join(os.path.dirname(__file__), "..", "data", "h200", "forward_pipe.jsonl")
+    out = {}
+    with open(path) as f:
+        for line in f:
+            r = json.loads(line)
+            if r.get("tag") == "mmap" and r["impl"] == "warp_uncached" and r.get("ms_kernel"):
+                out.setdefault((r["layer"], r["B"]), {})[r["config"]] = r["ms_kernel"]
+    return out
 
 
 def test_mma_selection_rules(monkeypatch):

@@ -38,7 +38,10 @@ __all__ = ["TrainingMeta", "build_meta", "validate_meta", "transposed_meta", "ta
            "SYNTHETIC_SHAPES", "meta_aux"]
 
 
-_AUX_LOCK = threading.Lock()
+# Re-entrant: a weak-reference callback (``_drop``) can run inside the locked region on the same thread, when an
+# allocation there starts the cyclic garbage collector and it frees another meta (a plain Lock deadlocked the
+# H200 benchmark that way, intermittently: the stack ended in ``_drop`` under ``meta_aux``).
+_AUX_LOCK = threading.RLock()
 _AUX: Dict[int, tuple] = {}
 
 

@@ -98,7 +98,7 @@ class _TableInfo:
         return self._compact
 
 
-_table_lock = threading.Lock()
+_table_lock = threading.RLock()      # re-entrant: the weak-reference callbacks below may run under it (a GC pass)
 _TABLES: Dict[Tuple, Tuple] = {}
 
 

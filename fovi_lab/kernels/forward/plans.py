@@ -599,7 +599,7 @@ def _node_major_x(x: torch.Tensor, cp: int, bx: int) -> torch.Tensor:
     return xn.view(nin * cp, bx)
 
 
-_wcache_lock = threading.Lock()
+_wcache_lock = threading.RLock()     # re-entrant: the weak-reference callbacks below may run under it (a GC pass)
 _WCACHE: "Dict[Tuple, Tuple]" = {}
 _WCACHE_MAX = 64
 
