@@ -46,12 +46,8 @@ CTA shape without gathers, written ``[Nout, B, Cout]``.
 import threading
 from typing import Dict, Tuple
 
-from fovi_lab.kernels import common as _wc
 from fovi_lab.kernels.common import init_warp, wp
-
-def _indent(code: str, n: int) -> str:
-    return "\n".join(" " * n + ln if ln.strip() else ln for ln in code.splitlines())
-
+from fovi_lab.kernels.forward.mma import _decorator, _indent
 
 __all__ = ["make_mma_pipe_kernel", "pipe_layout", "PIPE_SMEM_LIMIT"]
 
@@ -61,6 +57,16 @@ PIPE_SMEM_LIMIT = 48 * 1024 - 512
 
 _lock = threading.Lock()
 _BUILT: Dict[Tuple, object] = {}
+
+
+def _built(key: Tuple, make):
+    """``make()`` once per ``key`` (the native functions and stores of one CTA shape)."""
+    with _lock:
+        fn = _BUILT.get(key)
+        if fn is None:
+            init_warp()
+            fn = _BUILT[key] = make()
+        return fn
 
 
 def pipe_layout(bm: int, bn: int, bk: int, stages: int, threads: int) -> Tuple[int, int, int, int]:
@@ -235,12 +241,7 @@ if (({kt}) + 1 < kt_n) {{
 
 def _pipe_steps(bm: int, bn: int, bk: int, stages: int, threads: int, dense: bool):
     """The native function of one CTA shape (built once)."""
-    key = ("steps", bm, bn, bk, stages, threads, dense)
-    with _lock:
-        fn = _BUILT.get(key)
-        if fn is not None:
-            return fn
-        init_warp()
+    def make():
         _, _, mt, nt = pipe_layout(bm, bn, bk, stages, threads)
         vec_acc = wp.types.vector(length=4 * mt * nt, dtype=wp.float32)
         src = pipe_snippet(bm, bn, bk, stages, threads, dense)
@@ -255,19 +256,14 @@ def _pipe_steps(bm: int, bn: int, bk: int, stages: int, threads: int, dense: boo
             def steps(x: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16),
                       il: wp.array2d(dtype=wp.int32), wl: wp.array2d(dtype=wp.int32), thr: int, b0: int,
                       o0: int, n: int, p_lo: int, p_hi: int) -> vec_acc: ...
-        _BUILT[key] = steps
         return steps
+    return _built(("steps", bm, bn, bk, stages, threads, dense), make)
 
 
 def _pipe_partial_store(bm: int, bn: int, bk: int, stages: int, threads: int):
     """The split loop's store: each thread's fp32 accumulators into ``part [S*Nout, B, Cout]`` (row ``ns`` =
     split * Nout + node) as they are, guarded by B and Cout (the same element mapping as :func:`_pipe_store`)."""
-    key = ("partial", bm, bn, bk, stages, threads)
-    with _lock:
-        fn = _BUILT.get(key)
-        if fn is not None:
-            return fn
-        init_warp()
+    def make():
         WM, _, MT, NT = pipe_layout(bm, bn, bk, stages, threads)
         vec_acc = wp.types.vector(length=4 * MT * NT, dtype=wp.float32)
 
@@ -285,8 +281,8 @@ def _pipe_partial_store(bm: int, bn: int, bk: int, stages: int, threads: int):
                             part[ns, b, ch] = acc[(mi * NT + nj) * 4 + e]
 
         store.__annotations__["acc"] = vec_acc
-        fn = _BUILT[key] = wp.func(name=f"fovi_pipe_partial_store_m{MT}n{NT}w{WM}", inline=True)(store)
-        return fn
+        return wp.func(name=f"fovi_pipe_partial_store_m{MT}n{NT}w{WM}", inline=True)(store)
+    return _built(("partial", bm, bn, bk, stages, threads), make)
 
 
 def _pipe_store(bm: int, bn: int, bk: int, stages: int, threads: int, nodes_first: bool):
@@ -294,12 +290,7 @@ def _pipe_store(bm: int, bn: int, bk: int, stages: int, threads: int, nodes_firs
     batch and channel extents: element ``e`` of fragment ``(mi, nj)`` of warp ``(wm, wn)``, lane ``(g, t)`` is
     channel ``o0 + 16*MT*wm + 16*mi + g + 8*(e // 2)`` and batch row ``b0 + 8*NT*wn + 8*nj + 2*t + e % 2``.
     ``y`` is the op's ``[B, Cout, Nout]`` or, ``nodes_first``, the dense ceiling's ``[Nout, B, Cout]``."""
-    key = ("store", bm, bn, bk, stages, threads, nodes_first)
-    with _lock:
-        fn = _BUILT.get(key)
-        if fn is not None:
-            return fn
-        init_warp()
+    def make():
         WM, _, MT, NT = pipe_layout(bm, bn, bk, stages, threads)
         NF = bool(nodes_first)
         vec_acc = wp.types.vector(length=4 * MT * NT, dtype=wp.float32)
@@ -323,15 +314,8 @@ def _pipe_store(bm: int, bn: int, bk: int, stages: int, threads: int, nodes_firs
                                 y[b, ch, n] = wp.float16(acc[(mi * NT + nj) * 4 + e] + bias[ch])
 
         store.__annotations__["acc"] = vec_acc      # an object: Warp evaluates only string annotations
-        fn = _BUILT[key] = wp.func(name=f"fovi_pipe_store_m{MT}n{NT}w{WM}{'_nbo' if NF else ''}", inline=True)(store)
-        return fn
-
-
-def _decorator(name: str, block_dim: int):
-    if _wc.SHARED_KERNEL_MODULE is not None:      # the AOT tests put several kernels in one module
-        return wp.kernel(enable_backward=False, module=_wc.SHARED_KERNEL_MODULE, name=name)
-    return wp.kernel(enable_backward=False, module="unique", name=name,
-                     module_options={"enable_backward": False, "fast_math": True, "block_dim": int(block_dim)})
+        return wp.func(name=f"fovi_pipe_store_m{MT}n{NT}w{WM}{'_nbo' if NF else ''}", inline=True)(store)
+    return _built(("store", bm, bn, bk, stages, threads, bool(nodes_first)), make)
 
 
 def make_mma_pipe_kernel(channels: int, rows: int, tile_k: int, stages: int, block_dim: int = 128,
