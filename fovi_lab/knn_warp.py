@@ -48,7 +48,7 @@ from fovi_lab.kernels.forward import (make_cached_kernel as _make_cached_kernel,
 
 __all__ = [
     "run_uncached", "run_cached", "grad_input", "grad_weight", "WarpCompactOps", "WarpTrainOps",
-    "_register_ops",
+    "grad_input_kernels", "grad_weight_kernels", "_register_ops",
 ]
 
 
@@ -110,25 +110,42 @@ def grad_path(meta: Optional[TrainingMeta] = None, dtype: Optional[torch.dtype] 
 
 
 def mma_path(which: str) -> str:
-    """``"mma"`` when ``FOVI_KNN_DX_PATH=mma`` (``which="dx"``) / ``FOVI_KNN_DW_PATH=mma`` (``"dW"``): that gradient of
-    ``warp_train`` on the tensor-core forward of a derived layer (:mod:`fovi_lab.kernels.adjoint.as_forward`; not
-    yet a rule's pick, so opt-in), else ``"auto"`` (:func:`grad_path`'s kernels)."""
+    """``FOVI_KNN_DX_PATH`` (``which="dx"``) / ``FOVI_KNN_DW_PATH`` (``"dW"``): ``"mma"`` (that gradient of
+    ``warp_train`` on the tensor-core forward of a derived layer, :mod:`fovi_lab.kernels.adjoint.as_forward`),
+    ``"off"`` (:func:`grad_path`'s fused / staged kernels) or ``"auto"`` (the default: the tensor cores where
+    :func:`fovi_lab.kernels.adjoint.as_forward.select_grad_mma` picks them)."""
     var = "FOVI_KNN_DX_PATH" if which == "dx" else "FOVI_KNN_DW_PATH"
     path = os.environ.get(var) or "auto"
-    if path not in ("mma", "auto"):
-        raise ValueError(f"{var}: expected 'mma' or 'auto', got {path!r}")
+    if path not in ("mma", "off", "auto"):
+        raise ValueError(f"{var}: expected 'mma', 'off' or 'auto', got {path!r}")
     return path
 
 
+def _mma_choice(which: str, meta: TrainingMeta, grad_y: torch.Tensor):
+    """``(on tensor cores?, config)`` for one gradient: forced by :func:`mma_path`, else the rule's pick
+    (config None under ``mma``: the split configs' default rule)."""
+    from fovi_lab.kernels.adjoint.as_forward import select_grad_mma
+    path = mma_path(which)
+    if path == "off":
+        return False, None
+    config = select_grad_mma(meta, grad_y.shape[0], grad_y.dtype)
+    return path == "mma" or config is not None, config
+
+
 def _on_mma(which: str, meta, grad_y, operand):
-    """The tensor-core gradient, or None (with a warning) where its kernel cannot launch here."""
+    """The tensor-core gradient, or None where it is not the pick or its kernel cannot launch here (a warning
+    when a switch asked for it: under the rule the fused / staged kernels simply take over)."""
     from fovi_lab.kernels.adjoint import as_forward
+    on, config = _mma_choice(which, meta, grad_y)
+    if not on:
+        return None
     fn = as_forward.grad_input_mma if which == "dx" else as_forward.grad_weight_mma
     try:
-        return fn(meta, grad_y, operand)
+        return fn(meta, grad_y, operand, config)
     except RuntimeError as exc:
-        warnings.warn(f"the tensor-core {which} cannot run here ({exc}); using the {grad_path(meta)} kernels",
-                      RuntimeWarning, stacklevel=3)
+        if mma_path(which) == "mma":
+            warnings.warn(f"the tensor-core {which} cannot run here ({exc}); using the {grad_path(meta)} kernels",
+                          RuntimeWarning, stacklevel=3)
         return None
 
 
@@ -146,13 +163,26 @@ def _fused_or_staged(which: str, fused, staged, meta, grad_y, operand):
     return staged(meta, grad_y, operand)
 
 
+def grad_input_kernels(meta: TrainingMeta, grad_y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``dx`` on :func:`grad_path`'s fused / staged kernels, never the tensor cores (what the rule compares)."""
+    return _fused_or_staged("dx", grad_input_nm, staged_grad_input, meta, grad_y, weight)
+
+
+def grad_weight_kernels(meta: TrainingMeta, grad_y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``dW`` on :func:`grad_path`'s fused / staged kernels, never the tensor cores."""
+    return _fused_or_staged("dW", grad_weight_nm, staged_grad_weight, meta, grad_y, x)
+
+
 class WarpTrainOps:
     """Train-capable Warp ops (``warp_train``): fp16 or bf16 compute, fp32 deterministic gradients.
 
-    Gradients run the fused node-major kernels or the staged ones per layer (see :func:`grad_path`), each in
-    the compute dtype's form; bf16 runs the forward on the tensor-core kernels.
+    Each gradient runs on tensor cores where the rule picks them (fp16 calls of at least 6 GFLOP on layers with
+    Cin >= 16: :func:`fovi_lab.kernels.adjoint.as_forward.select_grad_mma`; :func:`mma_path` overrides), else on
+    the fused node-major kernels or the staged ones per layer (see :func:`grad_path`), each in the compute
+    dtype's form; bf16 runs the forward on the tensor-core kernels. Every path is deterministic.
     When a fused kernel cannot launch here the staged kernels take over, and when those cannot either,
-    ``torch_compact``; each fallback warns.
+    ``torch_compact``; each fallback warns (a tensor-core pick of the rule that cannot run here gives way to
+    the fused / staged kernels quietly).
     """
 
     name = "warp_train"
@@ -161,25 +191,21 @@ class WarpTrainOps:
 
     @staticmethod
     def grad_input(meta, grad_y, weight):
-        if mma_path("dx") == "mma":
-            dx = _on_mma("dx", meta, grad_y, weight)
-            if dx is not None:
-                return dx
-        return _fused_or_staged("dx", grad_input_nm, staged_grad_input, meta, grad_y, weight)
+        meta = meta.to(grad_y.device)
+        dx = _on_mma("dx", meta, grad_y, weight)
+        return dx if dx is not None else grad_input_kernels(meta, grad_y, weight)
 
     @staticmethod
     def grad_weight(meta, grad_y, x):
-        if mma_path("dW") == "mma":
-            dw = _on_mma("dW", meta, grad_y, x)
-            if dw is not None:
-                return dw
-        return _fused_or_staged("dW", grad_weight_nm, staged_grad_weight, meta, grad_y, x)
+        meta = meta.to(grad_y.device)
+        dw = _on_mma("dW", meta, grad_y, x)
+        return dw if dw is not None else grad_weight_kernels(meta, grad_y, x)
 
     @staticmethod
     def backward_combined(meta, grad_y, x, weight):
         """``(dx, dW)``; the fused path lays out ``grad_y`` node-major once for both kernels."""
         meta = meta.to(grad_y.device)
-        if "mma" in (mma_path("dx"), mma_path("dW")):
+        if _mma_choice("dx", meta, grad_y)[0] or _mma_choice("dW", meta, grad_y)[0]:
             return WarpTrainOps.grad_input(meta, grad_y, weight), WarpTrainOps.grad_weight(meta, grad_y, x)
         if grad_path(meta, grad_y.dtype) != "fused":
             return staged_grad_input(meta, grad_y, weight), staged_grad_weight(meta, grad_y, x)
@@ -196,8 +222,9 @@ def grad_input(meta: TrainingMeta, grad_y: torch.Tensor, weight: torch.Tensor, c
                **staged_options) -> torch.Tensor:
     """``dx [B, Cin, Nin]`` fp32, deterministic (fovi's public name; docs/operator.md §4).
 
-    With no ``config`` and no staged options: the path ``warp_train`` takes for this layer (:func:`grad_path`:
-    the fused node-major kernel where the layer takes it and it launches here, else the staged kernels).
+    With no ``config`` and no staged options: the path ``warp_train`` takes for this call (the tensor cores where
+    :func:`mma_path`'s rule picks them, else :func:`grad_path`: the fused node-major kernel where the layer takes
+    it and it launches here, else the staged kernels).
     A ``config`` (a ``GRAD_INPUT_CONFIG_SPECS`` name) or staged options (``stage_fp32``, ``dx_direct``): the
     staged kernels (:func:`fovi_lab.kernels.adjoint.grad_input`), as fovi's own library runs them.
     """

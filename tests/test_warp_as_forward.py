@@ -81,8 +81,65 @@ def test_unread_nodes_and_unused_taps_get_exact_zeros_and_warp_train_opts_in(mon
     got = WarpTrainOps.backward_combined(meta, g, x, w)
     assert torch.equal(got[1], dw) and torch.equal(WarpTrainOps.grad_weight(meta, g, x), dw)
     monkeypatch.setenv("FOVI_KNN_DX_PATH", "nope")
-    with pytest.raises(ValueError, match="FOVI_KNN_DX_PATH: expected 'mma' or 'auto', got 'nope'"):
+    with pytest.raises(ValueError, match="FOVI_KNN_DX_PATH: expected 'mma', 'off' or 'auto', got 'nope'"):
         WarpTrainOps.grad_input(meta, g, w)
+
+
+def test_the_rule_takes_the_tensor_cores_on_large_gemms_only():
+    """select_grad_mma on the real layers: the pipelined split config from 6 GFLOP of useful work with Cin >= 16
+    and list padding within 2.5x; the fused / staged kernels elsewhere, and always in bf16."""
+    from fovi_lab.graph.layers import layer_meta
+    from fovi_lab.kernels.adjoint import as_forward as AF
+    sel = AF.select_grad_mma
+    assert AF.MMA_GRAD_CONFIG in F.uncached_config_names() and F.config_spec(AF.MMA_GRAD_CONFIG).family == "mmaps"
+    l1, l2, r3, r40, dino = (layer_meta(n) for n in ("alex_L1", "alex_L2", "res18_layer3", "res18_layer4_0",
+                                                      "dinov3_patch"))
+    assert sel(l1, 64) == sel(l2, 64) == sel(l2, 512) == sel(r3, 512) == AF.MMA_GRAD_CONFIG
+    assert sel(l1, 16) is None and sel(r3, 64) is None            # 4.6 and 1.2 GFLOP
+    assert sel(r40, 512) is None                                  # 2.4 GFLOP on 2 output nodes
+    assert sel(dino, 512) is None                                 # Cin = 3: the staged kernels
+    assert sel(l1, 64, torch.bfloat16) is None                    # the split configs are fp16 only
+    for meta in (l2, r40, dino):            # the rule's padding, read without building the derived layers
+        assert AF.list_paddings(meta) == pytest.approx((AF.padding(meta), AF.tap_padding(meta)), rel=1e-12)
+    assert max(AF.list_paddings(r40)) > AF.MMA_GRAD_MAX_PADDING
+
+
+def test_warp_train_follows_the_rule_and_the_switches(monkeypatch):
+    """With the rule's thresholds opened to this small case, warp_train's dx and dW (alone and combined) are the
+    tensor-core ones, bitwise; FOVI_KNN_D*_PATH=off gives the fused kernels back; a rule pick that cannot run
+    (a tap table over its budget) falls back to them without a warning (nothing was asked for by name)."""
+    import warnings
+    from fovi_lab.kernels.adjoint import as_forward as AF
+    from fovi_lab.knn_warp import WarpTrainOps, grad_input_kernels, grad_weight_kernels
+    meta, w, g, dx_o, x, dw_o = _case("MAIN", 4, torch.float16)
+    fused = grad_input_kernels(meta, g, w), grad_weight_kernels(meta, g, x)
+    assert torch.equal(WarpTrainOps.grad_input(meta, g, w), fused[0])       # below the threshold: the kernels
+    monkeypatch.setattr(AF, "MMA_GRAD_MIN_GFLOP", 0.0)
+    assert 2.5 < AF.padding(meta) < 3.0 and AF.select_grad_mma(meta, 4) is None     # over the padding guard
+    monkeypatch.setattr(AF, "MMA_GRAD_MAX_PADDING", 3.0)
+    assert AF.select_grad_mma(meta, 4) == AF.MMA_GRAD_CONFIG
+    dx = grad_input_mma(meta, g, w, AF.MMA_GRAD_CONFIG)
+    dw = grad_weight_mma(meta, g, x, AF.MMA_GRAD_CONFIG)
+    _assert_fp32_exact(dx, dx_o, "dx under the rule")
+    _assert_fp32_exact(dw, dw_o, "dW under the rule")
+    got = WarpTrainOps.backward_combined(meta, g, x, w)
+    assert torch.equal(got[0], dx) and torch.equal(got[1], dw)
+    assert torch.equal(WarpTrainOps.grad_input(meta, g, w), dx) and torch.equal(WarpTrainOps.grad_weight(meta, g, x), dw)
+    assert not torch.equal(dx, fused[0])                 # a different summation order: the path really changed
+    monkeypatch.setenv("FOVI_KNN_DX_PATH", "off")
+    got = WarpTrainOps.backward_combined(meta, g, x, w)
+    assert torch.equal(got[0], fused[0]) and torch.equal(got[1], dw)
+    monkeypatch.setenv("FOVI_KNN_DW_PATH", "off")
+    assert torch.equal(WarpTrainOps.backward_combined(meta, g, x, w)[1], fused[1])
+    monkeypatch.delenv("FOVI_KNN_DX_PATH")
+    monkeypatch.delenv("FOVI_KNN_DW_PATH")
+    meta7, _, g7, _, x7, dw7_o = _case("MAIN", 7, torch.float16)     # a batch no other test built the tap layer of
+    monkeypatch.setenv("FOVI_KNN_TAP_TABLE_MIB", "0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dw7 = WarpTrainOps.grad_weight(meta7, g7, x7)
+    assert torch.equal(dw7, grad_weight_kernels(meta7, g7, x7))
+    _assert_fp32_exact(dw7, dw7_o, "dW after the rule's fallback")
 
 
 def test_a_tap_layer_over_its_table_budget_is_refused_and_warp_train_falls_back(monkeypatch):

@@ -3,10 +3,11 @@
 For each layer and batch (fp16 operands, the fp32 oracle's gradients checked first, within the tolerances of
 ``bench dtypes``), this times
 
-- ``dx``: ``warp_train``'s rule path (fused node-major or staged, :func:`fovi_lab.knn_warp.grad_path`) and the
-  tensor-core forward of the transposed layer under every split config;
-- ``dW``: the rule path and the tap layer's forward under every split config;
-- the train step (y, dx, dW): ``warp_train`` on its rule, on the default tensor-core picks
+- ``dx``: the fused node-major or staged kernels (:func:`fovi_lab.knn_warp.grad_path`) and the tensor-core
+  forward of the transposed layer under its default config (``mma_default``: the rule's where it takes the
+  tensor cores) and every split config;
+- ``dW``: the same for the tap layer's forward;
+- the train step (y, dx, dW): ``warp_train`` on its rule, on the tensor cores for both gradients
   (``FOVI_KNN_DX_PATH=mma FOVI_KNN_DW_PATH=mma``), on the fastest of each gradient measured here, and every
   PyTorch step of ``bench dtypes``; eager (median over interleaved rounds) and replayed from a CUDA graph.
 
@@ -44,11 +45,11 @@ def split_configs() -> List[str]:
 
 def _candidates(meta, x, w, g) -> Dict[str, Dict[str, Callable[[], torch.Tensor]]]:
     from fovi_lab.kernels.adjoint.as_forward import grad_input_mma, grad_weight_mma
-    from fovi_lab.knn_warp import WarpTrainOps, grad_path
-    rule = grad_path(meta)
-    dx = {f"warp_{rule}": lambda: WarpTrainOps.grad_input(meta, g, w),
+    from fovi_lab.knn_warp import grad_input_kernels, grad_path, grad_weight_kernels
+    kernels = grad_path(meta)
+    dx = {f"warp_{kernels}": lambda: grad_input_kernels(meta, g, w),
           "mma_default": lambda: grad_input_mma(meta, g, w)}
-    dw = {f"warp_{rule}": lambda: WarpTrainOps.grad_weight(meta, g, x),
+    dw = {f"warp_{kernels}": lambda: grad_weight_kernels(meta, g, x),
           "mma_default": lambda: grad_weight_mma(meta, g, x)}
     for c in split_configs():
         dx[f"mma:{c}"] = (lambda c: lambda: grad_input_mma(meta, g, w, c))(c)

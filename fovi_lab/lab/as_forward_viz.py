@@ -1,18 +1,26 @@
-"""Notebook 04, the adjoints as forwards: a check of both tensor-core adjoints against the oracle, and what the
-derived layers pay in padding on the real layers (:mod:`fovi_lab.kernels.adjoint.as_forward`)."""
+"""Notebook 04, the adjoints as forwards: a check of both tensor-core adjoints against the oracle, what the
+derived layers pay in padding on the real layers, and what the H200 recorded for them beside the fused / staged
+kernels, with the rule read from it (:mod:`fovi_lab.kernels.adjoint.as_forward`)."""
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
+
+import plotly.graph_objects as go
 
 import torch
 
 from fovi_lab import lab as kl
 from fovi_lab.graph.layers import LAYERS, layer_meta
 from fovi_lab.graph.meta import SYNTHETIC_SHAPES, build_meta, synthetic_graph, tap_meta, transposed_meta
+from fovi_lab.ops.records import read_file
 from fovi_lab.ops.reference import oracle_forward
 
-__all__ = ["check", "padding_rows", "padding_table"]
+__all__ = ["check", "padding_rows", "padding_table", "ADJOINT_RECORDS", "recorded_rows", "recorded_table",
+           "recorded_summary", "recorded_figure"]
+
+#: The checkout's records of ``python -m fovi_lab bench adjoints`` on the H200 (absent from a wheel install).
+ADJOINT_RECORDS = kl.DATA_DIR / "h200" / "adjoint_paths.jsonl"
 
 
 def check(shape: str = "ODD", batch: int = 17, dtype=torch.float16, device=None, seed: int = 3) -> List[str]:
@@ -59,3 +67,95 @@ def padding_table(layers: Optional[Sequence[str]] = None) -> str:
     head = f"{'layer':15s} {'Nin':>5s} {'max in':>6s} {'dx slots/real':>13s}   {'V':>4s} {'max tap':>7s} {'dW slots/real':>13s}"
     return "\n".join([head] + [f"{r['layer']:15s} {r['nin']:5d} {r['in_degree_max']:6d} {r['dx_padding']:13.2f}   "
                                f"{r['v']:4d} {r['tap_max']:7d} {r['dw_padding']:13.2f}" for r in padding_rows(layers)])
+
+
+def _latest(records: List[dict]) -> Dict[tuple, dict]:
+    """(layer, B, what, impl) -> the latest timed record (by date)."""
+    out: Dict[tuple, dict] = {}
+    for r in records:
+        if r.get("kind") == "adjoint_paths" and r.get("ms") and r.get("what") in ("dx", "dW", "step"):
+            key = (r["layer"], r["B"], r["what"], r["impl"])
+            if key not in out or str(r.get("date", "")) >= str(out[key].get("date", "")):
+                out[key] = r
+    return out
+
+
+def recorded_rows(records: Optional[List[dict]] = None) -> List[dict]:
+    """Per recorded (layer, B) that timed the rule's tensor-core config: its useful GFLOP, dx and dW on the fused /
+    staged kernels (``*_kernels``) and on :data:`~fovi_lab.kernels.adjoint.as_forward.MMA_GRAD_CONFIG`
+    (``*_mma``), ms of the latest record of each, and whether :func:`select_grad_mma` takes the tensor cores
+    there (``rule``)."""
+    from fovi_lab.kernels.adjoint.as_forward import MMA_GRAD_CONFIG, select_grad_mma
+    if records is None:
+        records = list(read_file(ADJOINT_RECORDS)) if ADJOINT_RECORDS.is_file() else []
+    latest = _latest(records)
+    rows = []
+    order = {name: i for i, name in enumerate(LAYERS)}
+    for layer, b in sorted({(k[0], k[1]) for k in latest if k[0] in order}, key=lambda lb: (order[lb[0]], lb[1])):
+        row = dict(layer=layer, B=b, records=[])
+        for what in ("dx", "dW"):
+            kern = [r for k, r in latest.items() if k[:3] == (layer, b, what) and k[3] in ("warp_fused", "warp_staged")]
+            mma = latest.get((layer, b, what, "mma:" + MMA_GRAD_CONFIG))
+            row[what + "_kernels"] = kern[0]["ms"] if kern else None
+            row[what + "_mma"] = mma["ms"] if mma else None
+            row["records"] += kern[:1] + ([mma] if mma else [])
+        if None in (row["dx_kernels"], row["dx_mma"], row["dW_kernels"], row["dW_mma"]):
+            continue
+        meta = layer_meta(layer)
+        row["gflop"] = 2e-9 * b * meta.p64 * meta.cout * meta.nout
+        row["rule"] = select_grad_mma(meta, b) is not None
+        rows.append(row)
+    return rows
+
+
+def recorded_table(rows: Optional[List[dict]] = None) -> str:
+    """:func:`recorded_rows` as text: per gradient the kernels' ms, the tensor cores' ms and their speedup."""
+    rows = recorded_rows() if rows is None else rows
+    if not rows:
+        return f"no records of bench adjoints at {ADJOINT_RECORDS}"
+    head = (f"{'layer':15s} {'B':>4s} {'GFLOP':>6s} | {'dx kernels':>10s} {'mma':>6s} {'':>6s} | {'dW kernels':>10s} "
+            f"{'mma':>6s} {'':>6s} | rule")
+    lines = [head]
+    for r in rows:
+        lines.append(f"{r['layer']:15s} {r['B']:4d} {r['gflop']:6.2f} | {r['dx_kernels']:10.3f} {r['dx_mma']:6.3f} "
+                     f"{r['dx_kernels'] / r['dx_mma']:5.2f}x | {r['dW_kernels']:10.3f} {r['dW_mma']:6.3f} "
+                     f"{r['dW_kernels'] / r['dW_mma']:5.2f}x | {'tensor cores' if r['rule'] else 'kernels'}")
+    return "\n".join(lines)
+
+
+def recorded_summary(rows: Optional[List[dict]] = None) -> List[str]:
+    """Lines: the tensor cores' speedup range per gradient where the rule takes them and where it does not."""
+    rows = recorded_rows() if rows is None else rows
+    lines = []
+    for label, part in (("where the rule takes the tensor cores", [r for r in rows if r["rule"]]),
+                        ("where it keeps the fused / staged kernels", [r for r in rows if not r["rule"]])):
+        if not part:
+            continue
+        sp = {w: [r[w + "_kernels"] / r[w + "_mma"] for r in part] for w in ("dx", "dW")}
+        lines.append(f"{label} ({len(part)} shapes): dx {min(sp['dx']):.2f}-{max(sp['dx']):.2f}x, "
+                     f"dW {min(sp['dW']):.2f}-{max(sp['dW']):.2f}x")
+    return lines
+
+
+def recorded_figure(rows: Optional[List[dict]] = None, height: int = 420) -> go.Figure:
+    """Speedup of the tensor-core config over the fused / staged kernels, per gradient, against the call's useful
+    work (log x), with the rule's threshold marked: the picture the rule was read from."""
+    from fovi_lab.kernels.adjoint.as_forward import MMA_GRAD_CONFIG, MMA_GRAD_MIN_GFLOP
+    rows = recorded_rows() if rows is None else rows
+    if not rows:
+        return kl.message_figure(f"no records of bench adjoints at {ADJOINT_RECORDS}")
+    fig = go.Figure()
+    for what, colour in (("dx", "#2ca02c"), ("dW", "#1f77b4")):
+        fig.add_trace(go.Scatter(x=[r["gflop"] for r in rows], y=[r[what + "_kernels"] / r[what + "_mma"] for r in rows],
+                                 mode="markers", name=what, marker=dict(color=colour, size=9),
+                                 text=[f"{r['layer']} B={r['B']}" for r in rows],
+                                 hovertemplate="%{text}: %{y:.2f}x at %{x:.2f} GFLOP<extra>" + what + "</extra>"))
+    fig.add_hline(y=1.0, line_dash="dot", line_color="grey")
+    fig.add_vline(x=MMA_GRAD_MIN_GFLOP, line_dash="dash", line_color="#d62728",
+                  annotation_text=f"rule: tensor cores from {MMA_GRAD_MIN_GFLOP:g} GFLOP")
+    fig.update_layout(height=height, xaxis=dict(type="log", title="useful work of one gradient, 2·B·P64·Cout·Nout (GFLOP)"),
+                      yaxis=dict(title=f"{MMA_GRAD_CONFIG} speedup over the fused / staged kernels"),
+                      title=dict(text="The adjoints on tensor cores against the fused / staged kernels (one call, back to back)"
+                                      f"<br><sub>{kl.versions_title([rec for r in rows for rec in r['records']])}</sub>", x=0.01),
+                      margin=dict(t=70, b=50))
+    return fig

@@ -165,7 +165,9 @@ def _replayed(rs: List[dict]) -> Dict[str, float]:
 
 
 def mma_rows(records: Optional[List[dict]] = None, batches: Sequence[int] = (1, 16, 64, 512)) -> List[dict]:
-    """Per layer and batch, medians of whole ops replayed from CUDA graphs: the mma pick (over
+    """Per layer and batch, medians of whole ops replayed from CUDA graphs: the register mma rule's pick
+    (``select_config(..., pipe=False)``: the kernels this notebook builds; the pipelined ones that the rule takes
+    on the large-GEMM layers from B = 64 were timed in their own run, ``data/h200/forward_pipe.jsonl``) (over
     :data:`MMA_RUNS`; ``tflops``: the compact GEMM's ``2*B*P64*Cout*Nout`` FLOPs over its time), the tile / SIMT
     rules' pick (over :data:`OLD_RULE_RUNS`, where it was the run's chosen config) and the fastest PyTorch forward
     (over :data:`MMA_RUNS`)."""
@@ -181,7 +183,7 @@ def mma_rows(records: Optional[List[dict]] = None, batches: Sequence[int] = (1, 
                 continue
             args = (b, shape["cout"], shape["nout"], shape["p64"])
             kw = dict(in_channels=shape["cin"], node_major=shape["cin"] >= 32, q=shape["cin"] * shape["v"])
-            pick = F.select_config(*args, **kw)
+            pick = F.select_config(*args, pipe=False, **kw)      # the register kernels: what MMA_RUNS timed
             old = F.select_config(*args, mma=False, **kw)
             now = [r for r in rs if r["run"] in MMA_RUNS]
             warp = _replayed(now)

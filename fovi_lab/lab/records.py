@@ -426,8 +426,10 @@ def reuse_summary(records: Optional[List[dict]] = None, pairs=REUSE_PAIRS, faste
 
 def heuristic_table(records: Optional[List[dict]] = None) -> List[dict]:
     """For every recorded (layer, B): the config :func:`fovi_lab.kernels.forward.rules.select_config`
-    picks *now*, its recorded kernel time, the fastest recorded config and the ratio pick / fastest
-    (None where the pick was not part of the recorded sweep)."""
+    picks *now* among the kernels the sweep timed (``pipe=False``: the pipelined tensor-core kernels, which the rule
+    takes on the large-GEMM layers from B = 64, were timed in their own side-by-side run,
+    ``data/h200/forward_pipe.jsonl``), its recorded kernel time, the fastest recorded config and the ratio
+    pick / fastest (None where the pick was not part of the recorded sweep)."""
     from fovi_lab.kernels import forward as F
     records = forward_records() if records is None else records
     shapes: Dict[tuple, dict] = {}
@@ -439,7 +441,7 @@ def heuristic_table(records: Optional[List[dict]] = None) -> List[dict]:
         cin, cout, nout, p64 = (any_r.get(k) for k in ("cin", "cout", "nout", "p64"))
         q = cin * any_r["v"] if cin and any_r.get("v") else None
         try:
-            pick = F.select_config(b, cout, nout, p64, in_channels=cin, node_major=True, q=q)
+            pick = F.select_config(b, cout, nout, p64, in_channels=cin, node_major=True, q=q, pipe=False)
         except Exception as exc:  # noqa: BLE001
             pick = f"error: {type(exc).__name__}"
         best = min(cfgs.values(), key=lambda r: r["ms_kernel"])

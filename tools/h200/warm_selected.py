@@ -1,6 +1,6 @@
 """Compile, in parallel processes, exactly the Warp modules the rules pick for some layers and batches (fp16 and
-bf16): the forward's config, the fused adjoints (whole lists and segments) and, on the stems, the staged
-adjoints; with ``--all-mma`` every tensor-core forward config too (what ``tune`` times), with ``--mma-split`` the split ones
+bf16): the forward's config, the fused adjoints (whole lists and segments), the tensor-core adjoints where the
+rule takes them and, on the stems, the staged adjoints; with ``--all-mma`` every tensor-core forward config too (what ``tune`` times), with ``--mma-split`` the split ones
 (what ``bench adjoints`` times). A benchmark run then
 compiles nothing; the full ``warmup`` builds ~180 modules, most of which a given run never launches.
 
@@ -18,6 +18,7 @@ from fovi_lab.graph.layers import LAYERS, layer_meta
 def selected_jobs(layers, batches, device: str, all_mma: bool, mma_split: bool = False) -> list:
     from fovi_lab.kernels import adjoint as A
     from fovi_lab.kernels import forward as F
+    from fovi_lab.kernels.adjoint.as_forward import select_grad_mma
     from fovi_lab.knn_warp import FUSED_MIN_CIN
     fwd, nm, staged = set(), set(), set()
     for name in layers:
@@ -29,6 +30,9 @@ def selected_jobs(layers, batches, device: str, all_mma: bool, mma_split: bool =
             for seg in (False, True):
                 dx = A.select_dx_nm_config(b, meta.cin, meta.nin, segments=seg)
                 nm |= {("dxn", dx), ("dxs", dx)}
+            grad_mma = select_grad_mma(meta, b)               # the rule's tensor-core adjoints
+            if grad_mma is not None:
+                fwd.add(grad_mma)
             dw = A.select_dw_nm_config(meta.cout, meta.cin, b)
             nm |= {("dwn", dw), ("dws", dw)}
             if meta.cin < FUSED_MIN_CIN:

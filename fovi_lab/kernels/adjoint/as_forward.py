@@ -20,11 +20,15 @@ dW is a GEMM per tap over the pairs (batch row, entry of that tap), the forward 
 the batch, inputs ``x'[c, b, m] = x[b, c, m]`` and weight ``W'[o, b*Nout + n] = g[b, o, n]``; its fp32 output
 ``[Cin, Cout, V]`` is dW's. Its lists are the taps' entry lists, padded to the longest.
 
-Not the rule's pick: ``warp_train`` runs them when ``FOVI_KNN_DX_PATH=mma`` / ``FOVI_KNN_DW_PATH=mma``. On the H200
-(``python -m fovi_lab bench adjoints``, records in ``data/h200/adjoint_paths.jsonl``) the fastest split config beat
-the rule's kernel on dx at B = 16 on the 5 layers measured (1.18-1.90x) and at B = 64 on 3 of 4, but lost at
-B = 512 on the ResNet layers (0.66-0.86x); on dW it won 6 of 14 shapes (0.63-1.66x); in the replayed step their
-per-call copies (``W'``, ``x'``, the partials' sum) often cost what the kernels saved.
+The rule (:func:`select_grad_mma`, read from the H200 sweep of ``python -m fovi_lab bench adjoints``, records
+in ``data/h200/adjoint_paths.jsonl``): both gradients run on the pipelined split config
+(:data:`MMA_GRAD_CONFIG`) where the call's useful work, ``2 B P64 Cout Nout`` FLOPs, is at least
+:data:`MMA_GRAD_MIN_GFLOP`, the layer has at least :data:`MMA_GRAD_MIN_CIN` input channels and neither derived
+layer pads its lists more than :data:`MMA_GRAD_MAX_PADDING`-fold; everywhere else the fused (or, on the stems,
+staged) kernels. On the shapes measured at or above that work (AlexNet L1-L4 at B = 64 and 512, ResNet-18's
+layers 1, 2 and 3 at B = 512) the split config ran dx 1.14-4.40x and dW 1.19-3.03x faster than the fused kernels;
+below it the outcome went either way (0.61-1.44x on ResNet-18's layers 2.0, 3.0 and 4.0 at B = 512). ``FOVI_KNN_DX_PATH`` / ``FOVI_KNN_DW_PATH``
+(``mma``, ``off``, ``auto``) override the rule per gradient.
 """
 
 from __future__ import annotations
@@ -33,11 +37,26 @@ from typing import Optional
 
 import torch
 
-from fovi_lab.graph.meta import TrainingMeta, tap_meta, transposed_meta, validate_meta
+from fovi_lab.graph.meta import TrainingMeta, meta_aux, tap_meta, transposed_meta, validate_meta
 from fovi_lab.kernels.common import check_tensor
 from fovi_lab.ops.reference import check_grad_args
 
-__all__ = ["grad_input_mma", "grad_weight_mma", "transposed_weight", "padding", "tap_padding"]
+__all__ = ["grad_input_mma", "grad_weight_mma", "transposed_weight", "padding", "tap_padding", "list_paddings",
+           "select_grad_mma",
+           "MMA_GRAD_CONFIG", "MMA_GRAD_MIN_GFLOP", "MMA_GRAD_MIN_CIN", "MMA_GRAD_MAX_PADDING"]
+
+#: The config both tensor-core gradients run under the rule: the pipelined loop with the p range split
+#: (``cp.async`` stages, fp32 partials summed in a fixed order), 128 channels x 64 batch rows per CTA.
+MMA_GRAD_CONFIG = "mmaps_o128b64k32s3"
+#: Useful work (``2 B P64 Cout Nout``, 10^9 FLOPs) from which the rule runs the gradients on tensor cores: the
+#: smallest measured shape above it (AlexNet L2/L4 at B = 64, 6.8 GFLOP) ran dx 1.5-1.7x and dW 1.2-1.3x faster
+#: than the fused kernels; below it (ResNet-18's layers 2.0 and 3.0 at B = 512, 4.5-4.8 GFLOP) they tied or lost.
+MMA_GRAD_MIN_GFLOP = 6.0
+#: The stems (Cin = 3) keep the staged kernels: their transposed layer has 3 output channels in a 128-wide tile.
+MMA_GRAD_MIN_CIN = 16
+#: The most list padding (slots over real entries) of either derived layer the rule accepts: the measured
+#: winners padded 1.23-2.25-fold; beyond that, padding slots are most of the tensor-core work.
+MMA_GRAD_MAX_PADDING = 2.5
 
 
 def transposed_weight(weight: torch.Tensor, meta: TrainingMeta) -> torch.Tensor:
@@ -58,6 +77,31 @@ def tap_padding(meta: TrainingMeta) -> float:
     return t.nout * t.k / max(1, int((meta.idx < meta.nin).sum()))
 
 
+def select_grad_mma(meta: TrainingMeta, batch: int, dtype: torch.dtype = torch.float16) -> Optional[str]:
+    """The tensor-core config both gradients of ``meta`` at ``batch`` run under the rule, or None where the
+    fused / staged kernels are its pick (see the module docstring; the split configs are fp16 only)."""
+    if dtype != torch.float16 or meta.cin < MMA_GRAD_MIN_CIN:
+        return None
+    if 2.0 * batch * meta.p64 * meta.cout * meta.nout < MMA_GRAD_MIN_GFLOP * 1e9:
+        return None
+    aux = meta_aux(meta)
+    pad = aux.get("grad_mma_padding")
+    if pad is None:            # once per meta (it reads the tables back to the host)
+        pad = aux["grad_mma_padding"] = max(list_paddings(meta))
+    return MMA_GRAD_CONFIG if pad <= MMA_GRAD_MAX_PADDING else None
+
+
+def list_paddings(meta: TrainingMeta) -> tuple:
+    """``(padding(meta), tap_padding(meta))`` from ``meta``'s own tables, without building the derived layers
+    (which may be over their table budget): Nin x the largest in-degree, and V x the longest tap list, over the
+    real entries."""
+    real = meta.idx < meta.nin
+    n_real = max(1, int(real.sum()))
+    in_degree = torch.bincount(meta.idx[real].flatten().long(), minlength=meta.nin)
+    tap_count = torch.bincount(meta.rf_index[real].flatten().long(), minlength=meta.v)
+    return (meta.nin * int(in_degree.max()) / n_real, meta.v * int(tap_count.max()) / n_real)
+
+
 def grad_input_mma(meta: TrainingMeta, grad_y: torch.Tensor, weight: torch.Tensor,
                    config: Optional[str] = None) -> torch.Tensor:
     """``dx [B, Cin, Nin]`` fp32 on the tensor-core forward of the transposed layer.
@@ -67,13 +111,14 @@ def grad_input_mma(meta: TrainingMeta, grad_y: torch.Tensor, weight: torch.Tenso
         grad_y: ``[B, Cout, Nout]`` fp16 or bf16, contiguous.
         weight: ``[Cout, Q]`` in grad_y's dtype.
         config: a split tensor-core forward config (``mmas_*`` / ``mmasw_*`` / ``mmaps_*``) for the transposed layer; None:
-            :func:`fovi_lab.kernels.forward.api.select_mma_split` for (B, Cin).
+            :func:`select_grad_mma`'s, else :func:`fovi_lab.kernels.forward.api.select_mma_split` for (B, Cin).
     """
     from fovi_lab.kernels.forward.api import run_uncached
     validate_meta(meta)
     check_tensor("grad_y", grad_y, dtype=(torch.float16, torch.bfloat16))
     check_grad_args(meta, grad_y, weight=weight)
     meta = meta.to(grad_y.device)
+    config = config or select_grad_mma(meta, grad_y.shape[0], grad_y.dtype)
     mt = transposed_meta(meta)
     wt = transposed_weight(weight, meta)            # one copy of W per call (Cout*Q elements: small beside g)
     g = grad_y if grad_y.is_contiguous() else grad_y.contiguous()
@@ -87,8 +132,8 @@ def grad_weight_mma(meta: TrainingMeta, grad_y: torch.Tensor, x: torch.Tensor,
     Args:
         meta: the layer's :class:`TrainingMeta`.
         grad_y: ``[B, Cout, Nout]`` fp16 or bf16. x: ``[B, Cin, Nin]`` in grad_y's dtype.
-        config: a split tensor-core forward config for the tap layer; None: ``select_mma_split(Cin, Cout)``
-            (the tap layer's batch rows are the input channels).
+        config: a split tensor-core forward config for the tap layer; None: :func:`select_grad_mma`'s, else
+            ``select_mma_split(Cin, Cout)`` (the tap layer's batch rows are the input channels).
     """
     from fovi_lab.kernels.forward.api import run_uncached
     validate_meta(meta)
@@ -96,6 +141,7 @@ def grad_weight_mma(meta: TrainingMeta, grad_y: torch.Tensor, x: torch.Tensor,
     check_grad_args(meta, grad_y, x=x)
     meta = meta.to(grad_y.device)
     b = grad_y.shape[0]
+    config = config or select_grad_mma(meta, b, grad_y.dtype)
     mt = tap_meta(meta, b)
     xt = x.permute(1, 0, 2).contiguous()                                  # x' [Cin, B, Nin]
     gt = grad_y.permute(1, 0, 2).reshape(meta.cout, b * meta.nout)       # W' [Cout, B*Nout]
