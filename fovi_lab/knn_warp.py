@@ -48,7 +48,7 @@ from fovi_lab.kernels.forward import (make_cached_kernel as _make_cached_kernel,
 
 __all__ = [
     "run_uncached", "run_cached", "grad_input", "grad_weight", "WarpCompactOps", "WarpTrainOps",
-    "grad_input_kernels", "grad_weight_kernels", "_register_ops",
+    "grad_input_kernels", "grad_weight_kernels", "grad_paths", "_register_ops",
 ]
 
 
@@ -130,6 +130,15 @@ def _mma_choice(which: str, meta: TrainingMeta, grad_y: torch.Tensor):
         return False, None
     config = select_grad_mma(meta, grad_y.shape[0], grad_y.dtype)
     return path == "mma" or config is not None, config
+
+
+def grad_paths(meta: TrainingMeta, batch: int, dtype: torch.dtype = torch.float16) -> tuple:
+    """``(dx path, dW path)`` of a ``warp_train`` call at ``batch`` in ``dtype``: ``"mma"`` (tensor cores, by
+    :func:`mma_path`'s switch or rule) or :func:`grad_path`'s ``"fused"`` / ``"staged"`` (before any fallback)."""
+    from fovi_lab.kernels.adjoint.as_forward import select_grad_mma
+    rule = select_grad_mma(meta, batch, dtype) is not None
+    kernels = grad_path(meta, dtype)
+    return tuple("mma" if mma_path(w) == "mma" or (mma_path(w) == "auto" and rule) else kernels for w in ("dx", "dW"))
 
 
 def _on_mma(which: str, meta, grad_y, operand):

@@ -287,9 +287,10 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
         finish_warp_record(r, t.ms)
     guarded(staged_impl, warp_staged)
 
-    # ---- Warp, the warp_train backend as a user gets it (path per layer: knn_warp.grad_path), and the
-    #      fused path forced where the rule picks the staged one (the evidence for the rule)
-    from fovi_lab.knn_warp import grad_path
+    # ---- Warp, the warp_train backend as a user gets it (path per call: the tensor cores where
+    #      as_forward.select_grad_mma picks them, else knn_warp.grad_path), and the fused path forced where the
+    #      rule picks the staged one (the evidence for the rule)
+    from fovi_lab.knn_warp import grad_path, grad_paths
     warp_impl = "warp" if mode == "backward" else "warp_train"
 
     def warp_backend(impl, force=None):
@@ -298,7 +299,8 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
         if force:
             os.environ["FOVI_KNN_GRAD_PATH"] = force
         try:
-            path = grad_path(meta)
+            dx_path, dw_path = grad_paths(meta, b, g.dtype)
+            path = dx_path if dx_path == dw_path else f"dx {dx_path}, dW {dw_path}"
             info = _fused_records(meta, x, w, g, device, tm, dense, ref) if path == "fused" else {}
             if mode == "backward":
                 fn = lambda: WarpTrainOps.backward_combined(meta, g, x, w)  # noqa: E731

@@ -25,7 +25,7 @@ def _warp_line(head: str, r: dict) -> str:
                  f"{_fmt(r.get('dwn_kernel_ms'))} ({r.get('dw_config')} {r.get('dw_kind')} x{r.get('dw_nsplit')} "
                  f"seg {r.get('dw_seg_steps')}, finish {_fmt(r.get('dw_finish_ms'))}, "
                  f"{_fmt(100 * (r.get('dw_frac_dense') or math.nan), '{:.0f}')}% dense)")
-    else:
+    elif r.get("path") == "staged":
         line += (f" dx {_fmt(r.get('dx_ms'))} [stage {_fmt(r.get('gi_stage_ms'))} = "
                  f"{_fmt(100 * (r.get('gi_frac_dense') or math.nan), '{:.0f}')}% dense, "
                  f"reduce {_fmt(r.get('dx_reduce_ms'))} "
