@@ -230,3 +230,21 @@ def test_mmaps_gives_the_tensor_core_adjoints_in_fp32_bitwise():
     assert torch.equal(dw, grad_weight_mma(meta, gy, x, "mmaps_o128b64k32s3"))
     with pytest.raises(ValueError, match="fp32 output"):
         grad_input_mma(meta, gy, w, "mmap_o128b64k32s3")          # unsplit: no fp32 partials
+
+
+def test_bf16_runs_the_register_kernels_where_fp16_takes_the_pipeline(monkeypatch):
+    """The pipelined kernels have no bf16 form: a bf16 call on a shape where the fp16 rule picks one gets the
+    register tensor-core rule's config (what is built is recorded here, nothing is compiled)."""
+    from fovi_lab.graph.layers import layer_meta
+    from fovi_lab.kernels.forward import api
+    meta = layer_meta("alex_L2")
+    fp16_pick = F.select_config(64, meta.cout, meta.nout, meta.p64, in_channels=meta.cin, node_major=True, q=meta.q)
+    assert F.config_spec(fp16_pick).family in F.PIPE_FAMILIES
+    asked = []
+    monkeypatch.setattr(api, "get_uncached_config", lambda name, dev, bf16=False: asked.append((name, bf16)))
+    x = torch.zeros(64, meta.cin, meta.nin, dtype=torch.bfloat16)
+    w = torch.zeros(meta.cout, meta.q, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="bf16 runs on the tensor-core"):
+        api.resolve_uncached(x, w, None, meta.input_linear, meta.weight_linear)
+    assert asked == [(F.select_mma(64, meta.cout, meta.nout, meta.p64, meta.q, pipe=False), True)]
+    assert F.config_spec(asked[0][0]).family in F.MMA_FAMILIES

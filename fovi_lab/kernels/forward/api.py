@@ -130,8 +130,8 @@ def resolve_uncached(x, weight, bias, input_linear, weight_linear, config=None, 
     if f32_out and config_spec(config).family not in _SPLIT_MMA_FAMILIES:
         raise ValueError(f"config: an fp32 output needs a split tensor-core config ({', '.join(_SPLIT_MMA_FAMILIES)}), "
                          f"got {config!r}")
-    if config is None and bf16:             # bf16: the tensor-core kernels alone (no fallback family has a bf16 kernel)
-        name = select_mma(b, cout, nout, p64, q)
+    if config is None and bf16:             # bf16: the register tensor-core kernels alone (no other family has a bf16 kernel)
+        name = select_mma(b, cout, nout, p64, q, pipe=False)
         built = get_uncached_config(name, dev, bf16=True)
         if built is None:
             raise RuntimeError(f"x: bf16 runs on the tensor-core (mma) kernels, and {name!r} cannot launch on {dev} "
