@@ -94,7 +94,9 @@ def explore_fused(shape: str = "PAD_HEAVY", batch: int = 40, device=None) -> dic
 def train_step_runs(records: Optional[List[dict]] = None,
                     need: Sequence[str] = ("warp_train", "warp_train_staged")) -> Dict[tuple, dict]:
     """``(layer, B) -> {impl: record}`` from the most recent recorded train-step run of each shape that
-    measured every impl in ``need`` (default: both paths, the staged one next to the backend's own)."""
+    measured every impl in ``need`` (default: both paths, the staged one next to the backend's own) with
+    ``warp_train`` on these kernels: runs where it took the tensor-core adjoints (``path`` ``"mma"``, notebook 09)
+    are left out."""
     records = kl.backward_records(mode="train-step") if records is None else records
     runs: Dict[tuple, Dict[tuple, Dict[str, dict]]] = {}
     for r in records:
@@ -105,7 +107,8 @@ def train_step_runs(records: Optional[List[dict]] = None,
         runs.setdefault(key, {}).setdefault(run, {})[r["impl"]] = r
     out = {}
     for key, by_run in runs.items():
-        ok = [rk for rk, d in by_run.items() if all(n in d for n in need)]
+        ok = [rk for rk, d in by_run.items() if all(n in d for n in need)
+              and "mma" not in str(d.get("warp_train", {}).get("path", ""))]
         if ok:
             out[key] = by_run[max(ok)]
     return out

@@ -229,15 +229,18 @@ CEILING_POINTS = (("res18_layer3", 64), ("res18_layer3_0", 64))
 
 
 def dense_ceiling_rows(records: Optional[List[dict]] = None, points=CEILING_POINTS) -> List[dict]:
-    """Per point, from the latest benchmark run that timed it (``python -m fovi_lab bench forward``): the chosen
-    config, its loop over dense operands (``warp_dense_ceiling``: no gathers), the op replayed from a CUDA graph,
+    """Per point, from the latest benchmark run that timed it with a register mma kernel as the pick
+    (``python -m fovi_lab bench forward``): the chosen config, its loop over dense operands (``warp_dense_ceiling``: no gathers), the op replayed from a CUDA graph,
     and the fastest PyTorch forward replayed in the same run."""
+    from fovi_lab.kernels import forward as F
     records = kl.forward_records() if records is None else records
     runs = kl.record_runs([r for r in records if r.get("layer") in {p[0] for p in points}])
     rows = []
     for layer, b in points:
-        run = kl.latest_run_where(runs.get((layer, b, None), []),
-                                  lambda run: any(r.get("impl") == "warp_dense_ceiling" and r.get("ms") for r in run))
+        run = kl.latest_run_where(runs.get((layer, b, None), []),      # a run whose pick was a register kernel
+                                  lambda run: any(r.get("impl") == "warp_dense_ceiling" and r.get("ms")
+                                                  and r.get("config") and F.config_spec(r["config"]).family in F.MMA_FAMILIES
+                                                  for r in run))
         if run is None:
             continue
         dense = next(r for r in run if r.get("impl") == "warp_dense_ceiling" and r.get("ms"))

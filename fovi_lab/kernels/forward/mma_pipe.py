@@ -49,7 +49,7 @@ from typing import Dict, Tuple
 from fovi_lab.kernels.common import init_warp, wp
 from fovi_lab.kernels.forward.mma import _decorator, _indent
 
-__all__ = ["make_mma_pipe_kernel", "pipe_layout", "PIPE_SMEM_LIMIT"]
+__all__ = ["make_mma_pipe_kernel", "pipe_layout", "pipe_snippet", "PIPE_SMEM_LIMIT"]
 
 #: Static shared memory the stages may take: a CTA may declare 48 KiB without a dynamic opt-in, and every Warp
 #: kernel declares 512 bytes of its own (ptxas: 0xc200 bytes for 48 KiB of stages).
