@@ -14,7 +14,7 @@ The lab uses only public names of the layers below it, and nothing outside ``fov
 
 from fovi_lab.lab.common import (batch_menu, check_explore_args, clamp_shape, COLOURS, CPU_WORK_BUDGET,
                                  default_device, device_line, fail_result, format_result, FORWARD_CHOICES, hline,
-                                 is_int, LAYER_CHOICES, log_range, message_figure, missing_marks, parity_line,
+                                 is_int, LAYER_CHOICES, layer_kernel_widget, log_range, message_figure, missing_marks, parity_line,
                                  rel_error, result_answer, round4, RunLog, setup, show_source, sync_device, time_ms,
                                  tolerance_class, widget_device)
 from fovi_lab.lab.problems import make_meta, make_problem, ORACLE_MAX_ELEMS, Problem, reference_forward, reference_grads

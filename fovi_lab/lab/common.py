@@ -353,3 +353,37 @@ def result_answer(result: dict, log: Optional[RunLog]) -> Tuple[dict, go.Figure]
     log = RunLog() if log is None else log
     log.add(result)
     return result, log.figure(message=result["message"])
+
+
+def layer_kernel_widget(layer: str, batch: int, config: Optional[str], *, layers: Sequence[str],
+                        configs: Sequence[str], run: Callable[..., dict], figure: go.Figure, cpu_nodes: int,
+                        device: Optional[str] = None, budget: float = CPU_WORK_BUDGET,
+                        none_is_pick: bool = False) -> Tuple[List[str], go.Figure]:
+    """The shared flow of the kernel widgets (notebooks 06 and 08): refuse a layer, config or batch outside the
+    offered ones, or more than ``budget`` FLOPs of work on a CPU, each with a message line; else
+    ``run(layer, batch=, config=, nodes=, device=)`` (a dict with ``line``, ``config``, ``ms``, ``finite``,
+    ``split`` and ``pick``) on the layer's first ``cpu_nodes`` output nodes on a CPU (all on a GPU). Returns
+    ``(lines, figure)``, ``figure`` being the layer's recorded runs."""
+    from fovi_lab.graph.layers import layer_meta
+    lines: List[str] = []
+    if layer not in layers:
+        lines.append(f"layer must be one of {tuple(layers)}, got {layer!r}")
+    if not (config is None and none_is_pick) and config not in configs:
+        lines.append(f"config must be one of {tuple(configs)}" + (" or None (the pick)" if none_is_pick else "")
+                     + f", got {config!r}")
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 512:
+        lines.append(f"batch must be an integer in [1, 512], got {batch!r}")
+    if lines:
+        return lines, figure
+    device = default_device() if device is None else device
+    nodes = cpu_nodes if device == "cpu" else None
+    m = layer_meta(layer)
+    flops = 2.0 * batch * m.p64 * m.cout * (min(nodes, m.nout) if nodes else m.nout)
+    if device == "cpu" and flops > budget:
+        return [f"{layer} at B = {batch} on {nodes} nodes is {flops / 1e9:.1f} GFLOP: over this CPU's "
+                f"{budget / 1e9:.1f} GFLOP budget for one widget run; try a smaller batch"], figure
+    res = run(layer, batch=batch, config=config, nodes=nodes, device=device)
+    return [res["line"],
+            f"{res['config']}: {res['ms']:.1f} ms here ({device}), every output written: {res['finite']}"
+            + (f", p range split {res['split']} ways" if res["split"] else ""),
+            f"the rule picks {res['pick']} for {layer} at B = {batch}"], figure

@@ -298,31 +298,11 @@ def explore_mma_widget(layer: str, batch: int, config: Optional[str] = None, dev
     """One widget run: ``config`` (None: the pick) on ``layer`` at ``batch`` here, on the first 48 output nodes
     on a CPU (all of them on a GPU), and the recorded replays of ``layer`` over B. Returns ``(lines, figure)``; a
     choice outside the offered ones, or more work than ``budget`` on the CPU, gives a message line instead."""
-    lines: List[str] = []
-    if layer not in LAYERS:
-        lines.append(f"layer must be one of {LAYERS}, got {layer!r}")
-    if config is not None and config not in mma_configs():
-        lines.append(f"config must be one of {mma_configs()} or None (the pick), got {config!r}")
-    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 512:
-        lines.append(f"batch must be an integer in [1, 512], got {batch!r}")
     rows = [r for r in mma_rows(batches=(1, 4, 16, 32, 64, 128, 512)) if r["layer"] == layer] \
         if layer in LAYERS else []
-    fig = _layer_figure(layer, rows)
-    if lines:
-        return lines, fig
-    device = kl.default_device() if device is None else device
-    nodes = 48 if device == "cpu" else None
-    m = layer_meta(layer)
-    flops = 2.0 * batch * m.p64 * m.cout * (min(nodes, m.nout) if nodes else m.nout)
-    if device == "cpu" and flops > budget:
-        return [f"{layer} at B = {batch} on {nodes} nodes is {flops / 1e9:.1f} GFLOP: over this CPU's "
-                f"{budget / 1e9:.1f} GFLOP budget for one widget run; try a smaller batch"], fig
-    res = explore_mma(layer, batch=batch, config=config, nodes=nodes, device=device)
-    lines.append(res["line"])
-    lines.append(f"{res['config']}: {res['ms']:.1f} ms here ({device}), every output written: {res['finite']}"
-                 + (f", p loop split {res['split']} ways" if res["split"] else ""))
-    lines.append(f"the rule picks {res['pick']} for {layer} at B = {batch}")
-    return lines, fig
+    return kl.layer_kernel_widget(layer, batch, config, layers=LAYERS, configs=mma_configs(), run=explore_mma,
+                                  figure=_layer_figure(layer, rows), cpu_nodes=48, device=device, budget=budget,
+                                  none_is_pick=True)
 
 
 def _layer_figure(layer: str, rows: List[dict], height: int = 320) -> go.Figure:

@@ -195,30 +195,9 @@ def explore_pipe_widget(layer: str, batch: int, config: str, device=None,
     """One widget run: ``config`` on ``layer`` at ``batch`` here (its first 8 output nodes on a CPU, all of them on
     a GPU), and the recorded TFLOP/s of that layer at B = 64 and 512. Returns ``(lines, figure)``; a choice outside
     the offered ones, or more work than ``budget`` on the CPU, gives a message line instead."""
-    lines: List[str] = []
-    if layer not in RECORDED_LAYERS:
-        lines.append(f"layer must be one of {tuple(RECORDED_LAYERS)}, got {layer!r}")
-    if config not in pipe_configs():
-        lines.append(f"config must be one of {tuple(pipe_configs())}, got {config!r}")
-    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 512:
-        lines.append(f"batch must be an integer in [1, 512], got {batch!r}")
     rows = [r for r in recorded_rows() if r["layer"] == layer]
-    fig = _layer_figure(layer, rows)
-    if lines:
-        return lines, fig
-    device = kl.default_device() if device is None else device
-    nodes = 8 if device == "cpu" else None
-    m = layer_meta(layer)
-    flops = 2.0 * batch * m.p64 * m.cout * (min(nodes, m.nout) if nodes else m.nout)
-    if device == "cpu" and flops > budget:
-        return [f"{layer} at B = {batch} on {nodes} nodes is {flops / 1e9:.1f} GFLOP: over this CPU's "
-                f"{budget / 1e9:.1f} GFLOP budget for one widget run; try a smaller batch"], fig
-    res = explore_pipe(layer, batch=batch, config=config, nodes=nodes, device=device)
-    lines.append(res["line"])
-    lines.append(f"{config}: {res['ms']:.1f} ms here ({device}), every output written: {res['finite']}"
-                 + (f", p range split {res['split']} ways" if res["split"] else ""))
-    lines.append(f"the rule picks {res['pick']} for {layer} at B = {batch}")
-    return lines, fig
+    return kl.layer_kernel_widget(layer, batch, config, layers=LAYERS, configs=pipe_configs(), run=explore_pipe,
+                                  figure=_layer_figure(layer, rows), cpu_nodes=8, device=device, budget=budget)
 
 
 def _layer_figure(layer: str, rows: List[dict], height: int = 320) -> go.Figure:
