@@ -121,31 +121,29 @@ def mma_path(which: str) -> str:
     return path
 
 
-def _mma_choice(which: str, meta: TrainingMeta, grad_y: torch.Tensor):
+def _mma_choice(which: str, meta: TrainingMeta, batch: int, dtype: torch.dtype):
     """``(on tensor cores?, config)`` for one gradient: forced by :func:`mma_path`, else the rule's pick
     (config None under ``mma``: the split configs' default rule)."""
     from fovi_lab.kernels.adjoint.as_forward import select_grad_mma
     path = mma_path(which)
     if path == "off":
         return False, None
-    config = select_grad_mma(meta, grad_y.shape[0], grad_y.dtype)
+    config = select_grad_mma(meta, batch, dtype)
     return path == "mma" or config is not None, config
 
 
 def grad_paths(meta: TrainingMeta, batch: int, dtype: torch.dtype = torch.float16) -> tuple:
     """``(dx path, dW path)`` of a ``warp_train`` call at ``batch`` in ``dtype``: ``"mma"`` (tensor cores, by
     :func:`mma_path`'s switch or rule) or :func:`grad_path`'s ``"fused"`` / ``"staged"`` (before any fallback)."""
-    from fovi_lab.kernels.adjoint.as_forward import select_grad_mma
-    rule = select_grad_mma(meta, batch, dtype) is not None
     kernels = grad_path(meta, dtype)
-    return tuple("mma" if mma_path(w) == "mma" or (mma_path(w) == "auto" and rule) else kernels for w in ("dx", "dW"))
+    return tuple("mma" if _mma_choice(w, meta, batch, dtype)[0] else kernels for w in ("dx", "dW"))
 
 
 def _on_mma(which: str, meta, grad_y, operand):
     """The tensor-core gradient, or None where it is not the pick or its kernel cannot launch here (a warning
     when a switch asked for it: under the rule the fused / staged kernels simply take over)."""
     from fovi_lab.kernels.adjoint import as_forward
-    on, config = _mma_choice(which, meta, grad_y)
+    on, config = _mma_choice(which, meta, grad_y.shape[0], grad_y.dtype)
     if not on:
         return None
     fn = as_forward.grad_input_mma if which == "dx" else as_forward.grad_weight_mma
@@ -214,7 +212,7 @@ class WarpTrainOps:
     def backward_combined(meta, grad_y, x, weight):
         """``(dx, dW)``; the fused path lays out ``grad_y`` node-major once for both kernels."""
         meta = meta.to(grad_y.device)
-        if _mma_choice("dx", meta, grad_y)[0] or _mma_choice("dW", meta, grad_y)[0]:
+        if "mma" in grad_paths(meta, grad_y.shape[0], grad_y.dtype):
             return WarpTrainOps.grad_input(meta, grad_y, weight), WarpTrainOps.grad_weight(meta, grad_y, x)
         if grad_path(meta, grad_y.dtype) != "fused":
             return staged_grad_input(meta, grad_y, weight), staged_grad_weight(meta, grad_y, x)

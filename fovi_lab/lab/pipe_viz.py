@@ -108,18 +108,10 @@ def explore_pipe(layer: str = "alex_L1", batch: int = 16, config: str = "mmap_o6
     """One pipelined config on ``layer``'s shape (its first ``nodes`` output nodes; None: all) at ``batch``, on
     this machine, into a NaN-prefilled output, against the fp32 reference; and the rule's pick for the full
     layer at that batch."""
-    import torch
-    from fovi_lab.kernels import forward as F
+    from fovi_lab.lab.mma_viz import explore_mma
     if config not in pipe_configs():
         raise ValueError(f"config must be one of {pipe_configs()}, got {config!r}")
-    device = kl.default_device() if device is None else device
-    full = layer_meta(layer)
-    pick = F.select_config(batch, full.cout, full.nout, full.p64, in_channels=full.cin, node_major=True, q=full.q)
-    pb = kl.make_problem(layer, batch=batch, device=device, nodes=nodes)
-    y, plan, dt, err, ref_name = kl.run_checked(pb, config)
-    return dict(layer=layer, B=batch, nodes=pb.meta.nout, config=config, pick=pick, err=err, ms=dt, device=device,
-                finite=bool(torch.isfinite(y).all()), split=getattr(plan, "split", None),
-                line=kl.parity_line(f"{config} on {layer} ({pb.meta.nout} nodes) B={batch} vs {ref_name}", err, 1e-2))
+    return explore_mma(layer, batch=batch, config=config, nodes=nodes, device=device)
 
 
 def _records() -> List[dict]:
