@@ -48,14 +48,31 @@ from fovi_lab.kernels.forward import (make_cached_kernel as _make_cached_kernel,
 
 __all__ = [
     "run_uncached", "run_cached", "grad_input", "grad_weight", "WarpCompactOps", "WarpTrainOps",
-    "grad_input_kernels", "grad_weight_kernels", "grad_paths", "_register_ops",
+    "grad_input_kernels", "grad_weight_kernels", "grad_paths", "forward_path", "_register_ops",
 ]
+
+
+def forward_path(meta: TrainingMeta, batch: int, dtype: torch.dtype = torch.float16) -> str:
+    """The forward path of a ``warp_compact`` / ``warp_train`` call: ``"binned"`` (bin the inputs by weight column,
+    then one shared-weight tensor-core GEMM: :mod:`fovi_lab.kernels.forward.binned`) or ``"compact"`` (a GEMM per
+    output node: every other forward kernel). ``FOVI_KNN_FWD_PATH=binned|compact|auto`` overrides; ``auto`` (the
+    default) is :func:`fovi_lab.kernels.forward.binned.select_binned`'s rule."""
+    from fovi_lab.kernels.forward.binned import select_binned
+    path = os.environ.get("FOVI_KNN_FWD_PATH") or "auto"
+    if path not in ("binned", "compact", "auto"):
+        raise ValueError(f"FOVI_KNN_FWD_PATH: expected 'binned', 'compact' or 'auto', got {path!r}")
+    if path == "auto":
+        return "binned" if select_binned(meta, batch, dtype) else "compact"
+    return path
 
 
 def _forward(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
     # run_uncached sees only the tables, so it cannot tell an x of another layer: check against the meta
     check_forward_args(meta, x, weight, bias)
     meta = meta.to(x.device)
+    if forward_path(meta, x.shape[0], x.dtype) == "binned":
+        from fovi_lab.kernels.forward.binned import run_binned, select_binned
+        return run_binned(meta, x, weight, bias, config=select_binned(meta, x.shape[0], x.dtype))
     # the config tuned on this device for this problem (python -m fovi_lab tune), else the rule's
     config = tuned_forward_config(meta, x)
     if config is not None and config not in _STALE_TUNED:

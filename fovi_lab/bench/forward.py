@@ -15,6 +15,8 @@ Per (layer, B), all in one process and on identical inputs:
 * ``warp_dense_ceiling``: the same tile config with plain loads of dense operands of the same GEMM
   sizes (``Nout`` GEMMs ``[B, P64] @ [P64, Cout]``, no gathers): Warp's tile-GEMM ceiling for it.
 * ``warp_cached``: :func:`run_cached` on a padded effective-weight cache (inference only).
+* ``warp_binned`` (``--binned``): :func:`fovi_lab.kernels.forward.binned.run_binned`, the binned form on the
+  tensor cores (bin the inputs by weight column, one shared-weight GEMM), per GEMM config.
 * PyTorch: ``torch_gather_bmm`` (gather A = xpad[:, input_linear] and W_n = W^T[weight_linear], bmm),
   ``torch_tgather_bmm`` (gather rows of x^T, so each gathered row is a contiguous batch run, then bmm),
   ``torch_cached_bmm`` (effective-weight cache, gather + bmm), ``torch_compile`` (torch.compile of
@@ -325,8 +327,45 @@ def run_shape(layer: str, meta, b: int, configs: List[str], chosen: str, device:
         except (RuntimeError, ValueError) as exc:
             rec("warp_cached", None, note=str(exc)[:300])
         del weff64
+    if getattr(args, "binned", False):
+        _binned_records(meta, x, w, bias, rec, tm, err_of, graphed, graphs, torch_ms, strongest,
+                        getattr(args, "binned_configs", None))
     del weff
     return recs
+
+
+#: The one-node GEMM configs ``--binned`` measures besides the rule's pick: split register blocks (one node
+#: gives a grid of B*Nout / rows x Cout / channels warps, too few without a split at small B), W in place, x^T,
+#: and the pipelined split.
+BINNED_CANDIDATES = ("mmas_o64b16", "mmas_o32b16", "mmas_o64b8", "mmasw_o32b16", "mmat_o64b32", "mmato_o64b32",
+                     "mmaps_o128b64k32s3")
+
+
+def _binned_records(meta, x, w, bias, rec, tm, err_of, graphed, graphs, torch_ms, strongest, configs) -> None:
+    """``warp_binned``: :func:`fovi_lab.kernels.forward.binned.run_binned` (bin, one-node GEMM, transpose) as
+    the whole op, per GEMM config (``None``: the forward rule's pick for the one-node layer); the fastest one
+    also replayed (``warp_binned_graphed``)."""
+    from fovi_lab.kernels.forward.binned import binned_flops, run_binned
+    b = x.shape[0]
+    best = None
+    for name in [None] + list(configs or BINNED_CANDIDATES):
+        try:
+            y = run_binned(meta, x, w, bias, config=name)
+            t = tm(lambda name=name: run_binned(meta, x, w, bias, config=name))
+        except (RuntimeError, ValueError) as exc:
+            rec("warp_binned", None, config=name or "rule", note=str(exc)[:300])
+            continue
+        r = rec("warp_binned", t.ms, config=name or "rule", err=err_of(y), reps=t.reps,
+                binned_flops=binned_flops(meta, b))
+        if strongest:
+            r.update(speedup_vs_strongest=torch_ms[strongest] / t.ms, strongest=strongest)
+        if best is None or t.ms < best[1]:
+            best = (name, t.ms)
+    if best is not None:
+        print(f"  warp_binned {b=}: best {best[0] or 'rule'} {best[1]:.3f} ms"
+              + (f" (strongest torch {strongest} {torch_ms[strongest]:.3f} ms)" if strongest else ""), flush=True)
+    if graphs and best is not None:
+        graphed("warp_binned", lambda: run_binned(meta, x, w, bias, config=best[0]), config=best[0] or "rule")
 
 
 def _cublas_dense(meta, b: int, device: torch.device, tm) -> Optional[float]:
@@ -420,6 +459,10 @@ def main(argv=None) -> int:
     ap.add_argument("--tag", default=None, help="a label stamped into every record (e.g. an env setting)")
     ap.add_argument("--compile-budget-s", type=float, default=90.0)
     ap.add_argument("--no-cached", dest="cached", action="store_false", help="skip warp_cached")
+    ap.add_argument("--binned", action="store_true", help="also time the binned tensor-core forward "
+                    "(warp_binned: bin by weight column, one shared-weight GEMM) per one-node GEMM config")
+    ap.add_argument("--binned-configs", nargs="*", default=None,
+                    help="the one-node GEMM configs --binned measures (default: BINNED_CANDIDATES)")
     ap.add_argument("--store-compare", action="store_true", help="also time the direct (strided) output store")
     ap.add_argument("--graphs", action="store_true",
                     help="also time the chosen Warp op and every PyTorch baseline replayed from a CUDA graph")

@@ -34,7 +34,7 @@ __all__ = ["cache_path", "setup_key", "problem_key", "entry_key", "load", "reloa
 
 FORMAT = 1
 _ENV_SWITCHES = ("FOVI_WARP_MATHDX", "FOVI_WARP_MMA", "FOVI_WARP_STEM_SIMT", "FOVI_WARP_FWD_STORE", "FOVI_KNN_GRAD_PATH",
-                 "FOVI_KNN_DX_PATH", "FOVI_KNN_DW_PATH")
+                 "FOVI_KNN_DX_PATH", "FOVI_KNN_DW_PATH", "FOVI_KNN_FWD_PATH")
 _lock = threading.RLock()
 _ENTRIES: Optional[Dict[str, dict]] = None
 _SETUPS: Dict[str, str] = {}
