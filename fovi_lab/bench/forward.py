@@ -343,11 +343,16 @@ BINNED_CANDIDATES = ("mmas_o64b16", "mmas_o32b16", "mmas_o64b8", "mmasw_o32b16",
 
 def _binned_records(meta, x, w, bias, rec, tm, err_of, graphed, graphs, torch_ms, strongest, configs) -> None:
     """``warp_binned``: :func:`fovi_lab.kernels.forward.binned.run_binned` (bin, one-node GEMM, transpose) as
-    the whole op, per GEMM config (``None``: the forward rule's pick for the one-node layer); the fastest one
-    also replayed (``warp_binned_graphed``)."""
-    from fovi_lab.kernels.forward.binned import binned_flops, run_binned
+    the whole op, per GEMM config (``None``: the forward rule's pick for the one-node layer), with the bin pass
+    (``bin_ms``) and the GEMM (``gemm_ms``, ``gemm_tflops`` of the binned FLOPs) timed alone; the fastest op also
+    replayed (``warp_binned_graphed``)."""
+    from fovi_lab.kernels.forward.api import run_uncached
+    from fovi_lab.kernels.forward.binned import bin_inputs, binned_flops, one_node_tables, run_binned
     b = x.shape[0]
     best = None
+    bin_ms = tm(lambda: bin_inputs(meta, x)).ms                    # the bin pass alone
+    g1 = bin_inputs(meta, x).view(b * meta.nout, 1, meta.q)
+    il1, wl1 = one_node_tables(meta)
     for name in [None] + list(configs or BINNED_CANDIDATES):
         try:
             y = run_binned(meta, x, w, bias, config=name)
@@ -355,8 +360,10 @@ def _binned_records(meta, x, w, bias, rec, tm, err_of, graphed, graphs, torch_ms
         except (RuntimeError, ValueError) as exc:
             rec("warp_binned", None, config=name or "rule", note=str(exc)[:300])
             continue
-        r = rec("warp_binned", t.ms, config=name or "rule", err=err_of(y), reps=t.reps,
-                binned_flops=binned_flops(meta, b))
+        gemm_ms = tm(lambda name=name: run_uncached(g1, w, bias, il1, wl1, config=name)).ms   # the GEMM alone
+        r = rec("warp_binned", t.ms, config=name or "rule", err=err_of(y), reps=t.reps, bin_ms=bin_ms,
+                gemm_ms=gemm_ms, binned_flops=binned_flops(meta, b),
+                gemm_tflops=tflops(binned_flops(meta, b), gemm_ms))
         if strongest:
             r.update(speedup_vs_strongest=torch_ms[strongest] / t.ms, strongest=strongest)
         if best is None or t.ms < best[1]:

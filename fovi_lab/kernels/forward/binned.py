@@ -14,7 +14,7 @@ the compact form is bound by its weight reads: small batches.
 
 Two launches and a transpose, all deterministic:
 
-1. :func:`bin_kernel` (SIMT, one thread per ``(row, q)``): ``G`` in the compute dtype. Each thread follows the
+1. :func:`bin_kernel` (SIMT, one thread per ``(n, q)`` looping over the images): ``G`` in the compute dtype. Each thread follows the
    chain of entries ``(n, p)`` that land in its column in p order (:func:`binned_tables`; most chains have
    one entry, the collisions of the tables two or more), sums them in fp32 and rounds once. No atomics, no
    zero fill: every element of ``G`` is written.
@@ -88,29 +88,37 @@ def one_node_tables(meta: TrainingMeta) -> Tuple[torch.Tensor, torch.Tensor]:
 
 def _make_bin_kernel(et, name: str):
     def fovi_bin(x: wp.array2d(dtype=et), il: wp.array2d(dtype=wp.int32), first: wp.array2d(dtype=wp.int32),
-                 nxt: wp.array2d(dtype=wp.int32), nout: int, g: wp.array2d(dtype=et)):
-        r, q = wp.tid()
-        b = r // nout
-        n = r - b * nout
+                 nxt: wp.array2d(dtype=wp.int32), nout: int, batch: int, g: wp.array2d(dtype=et)):
+        n, q = wp.tid()
         p = first[n, q]
-        acc = float(0.0)
-        while p >= 0:                  # the entries of (n, q) in p order: a fixed-order fp32 sum
-            acc += float(x[b, il[n, p]])
-            p = nxt[n, p]
-        g[r, q] = et(acc)
+        if p < 0:                      # no entry of node n on column q
+            for b in range(batch):
+                g[b * nout + n, q] = et(0.0)
+            return
+        c0 = il[n, p]                  # the chain's head, read once for every image
+        p1 = nxt[n, p]
+        for b in range(batch):
+            acc = float(x[b, c0])
+            p2 = p1
+            while p2 >= 0:             # collisions: the rest of (n, q)'s entries in p order (fixed-order fp32 sum)
+                acc += float(x[b, il[n, p2]])
+                p2 = nxt[n, p2]
+            g[b * nout + n, q] = et(acc)
     for arg in ("x", "g"):             # objects, not strings: this module's annotations are postponed
         fovi_bin.__annotations__[arg] = wp.array2d(dtype=et)
     for arg in ("il", "first", "nxt"):
         fovi_bin.__annotations__[arg] = wp.array2d(dtype=wp.int32)
     fovi_bin.__annotations__["nout"] = int
+    fovi_bin.__annotations__["batch"] = int
     fovi_bin.__name__ = name
     return wp.kernel(enable_backward=False, module="unique")(fovi_bin)
 
 
 @built_once
 def bin_kernel():
-    """``G[b*Nout + n, q]`` (fp16) of the module docstring: one thread per element, q fastest (coalesced
-    stores and ``first`` reads), each summing its chain of entries in p order in fp32."""
+    """``G[b*Nout + n, q]`` (fp16) of the module docstring: one thread per ``(n, q)``, q fastest (coalesced
+    stores and ``first`` reads), looping over the images so that the chain's indices are read once per thread;
+    each element sums its chain of entries in p order in fp32."""
     return _make_bin_kernel(wp.float16, "fovi_bin_fp16")
 
 
@@ -136,8 +144,8 @@ def bin_inputs(meta: TrainingMeta, x: torch.Tensor) -> torch.Tensor:
     if g.numel():
         kernel = bin_bf16_kernel() if x.dtype == torch.bfloat16 else bin_kernel()
         # x is read through input_linear, whose pad entries are never followed (first/next skip them)
-        fast_launch(kernel, (b * meta.nout, meta.q),
-                    [warp_ct(x2), warp_ct(meta.input_linear), warp_ct(first), warp_ct(nxt), meta.nout, warp_ct(g)],
+        fast_launch(kernel, (meta.nout, meta.q),
+                    [warp_ct(x2), warp_ct(meta.input_linear), warp_ct(first), warp_ct(nxt), meta.nout, b, warp_ct(g)],
                     256, warp_device(x), tiled=False)
     return g
 
