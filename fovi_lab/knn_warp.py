@@ -53,17 +53,16 @@ __all__ = [
 
 
 def forward_path(meta: TrainingMeta, batch: int, dtype: torch.dtype = torch.float16) -> str:
-    """The forward path of a ``warp_compact`` / ``warp_train`` call: ``"binned"`` (bin the inputs by weight column,
-    then one shared-weight tensor-core GEMM: :mod:`fovi_lab.kernels.forward.binned`) or ``"compact"`` (a GEMM per
-    output node: every other forward kernel). ``FOVI_KNN_FWD_PATH=binned|compact|auto`` overrides; ``auto`` (the
-    default) is :func:`fovi_lab.kernels.forward.binned.select_binned`'s rule."""
-    from fovi_lab.kernels.forward.binned import select_binned
+    """The forward path of a ``warp_compact`` / ``warp_train`` call: ``"compact"`` (a GEMM per output node: the
+    forward kernels' rule) unless ``FOVI_KNN_FWD_PATH=binned`` asks for the binned form (bin the inputs by weight
+    column, then one shared-weight tensor-core GEMM: :mod:`fovi_lab.kernels.forward.binned`). ``auto`` (the
+    default) is ``compact``: on the H200, replayed, the binned form lost to PyTorch's fastest forward at every B from
+    1 to 16 on all 13 layers but the ResNet-18 stem, and to the compact kernels but for 5-16 % gains on three AlexNet
+    layers at B = 1 (data/h200/forward_binned.jsonl)."""
     path = os.environ.get("FOVI_KNN_FWD_PATH") or "auto"
     if path not in ("binned", "compact", "auto"):
         raise ValueError(f"FOVI_KNN_FWD_PATH: expected 'binned', 'compact' or 'auto', got {path!r}")
-    if path == "auto":
-        return "binned" if select_binned(meta, batch, dtype) else "compact"
-    return path
+    return "binned" if path == "binned" else "compact"
 
 
 def _forward(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
@@ -71,8 +70,8 @@ def _forward(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, bias) ->
     check_forward_args(meta, x, weight, bias)
     meta = meta.to(x.device)
     if forward_path(meta, x.shape[0], x.dtype) == "binned":
-        from fovi_lab.kernels.forward.binned import run_binned, select_binned
-        return run_binned(meta, x, weight, bias, config=select_binned(meta, x.shape[0], x.dtype))
+        from fovi_lab.kernels.forward.binned import run_binned
+        return run_binned(meta, x, weight, bias)
     # the config tuned on this device for this problem (python -m fovi_lab tune), else the rule's
     config = tuned_forward_config(meta, x)
     if config is not None and config not in _STALE_TUNED:

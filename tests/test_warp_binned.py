@@ -108,3 +108,28 @@ def test_binned_forward_rejects_an_unknown_config():
     meta, x, w, bias = _problem("ODD", 1)
     with pytest.raises(ValueError, match="config"):
         BN.run_binned(meta, x, w, bias, config="no_such_config")
+
+
+def test_the_forward_path_switch(monkeypatch):
+    from fovi_lab.knn_warp import WarpCompactOps, forward_path
+    meta, x, w, bias = _problem("ODD", 2)
+    monkeypatch.delenv("FOVI_KNN_FWD_PATH", raising=False)
+    assert forward_path(meta, 1) == "compact"                 # the default: the compact kernels
+    monkeypatch.setenv("FOVI_KNN_FWD_PATH", "binned")
+    assert forward_path(meta, 1) == "binned"
+    assert torch.equal(WarpCompactOps.forward(meta, x, w, bias), BN.run_binned(meta, x, w, bias))
+    monkeypatch.setenv("FOVI_KNN_FWD_PATH", "compact")
+    _assert_forward(WarpCompactOps.forward(meta, x, w, bias), meta, x, w, bias)
+    monkeypatch.setenv("FOVI_KNN_FWD_PATH", "sideways")
+    with pytest.raises(ValueError, match="FOVI_KNN_FWD_PATH"):
+        forward_path(meta, 1)
+
+
+def test_the_binned_path_checks_its_arguments_at_the_door(monkeypatch):
+    from fovi_lab.knn_warp import WarpCompactOps
+    meta, x, w, bias = _problem("ODD", 2)
+    monkeypatch.setenv("FOVI_KNN_FWD_PATH", "binned")
+    with pytest.raises(ValueError, match="weight"):
+        WarpCompactOps.forward(meta, x, w[:, :-1], bias)
+    with pytest.raises(ValueError, match="x"):
+        WarpCompactOps.forward(meta, x[:, :1], w, bias)

@@ -26,6 +26,17 @@ Two launches and a transpose, all deterministic:
 ``G`` is rounded to the compute dtype once per element; an element with a collision (two entries of one node
 on the same weight column) rounds its sum where the compact form rounds nothing, so the binned y can differ
 from the compact one in the last bits, within the forward's tolerance of the fp32 oracle.
+
+Measured (one H200, fp16, ``python -m fovi_lab bench forward --binned --graphs``, data/h200/forward_binned.jsonl):
+replayed from CUDA graphs, the binned op was slower than PyTorch's fastest forward on every measured shape but the
+ResNet-18 stem, and slower than the compact kernels everywhere but AlexNet L1, L2 and L4 at B = 1, where it saved
+5-16 % (L2: 0.052 against 0.062 ms) and still took 1.8-1.9x PyTorch's binned form, whose GEMM is cuBLAS's
+(0.029 ms). At B = 16 the op ran AlexNet L1's
+18.1 GFLOP binned GEMM in 0.470 ms replayed (39 TFLOP/s with the bin pass) against 0.098 ms for the compact
+kernels' 4.6 GFLOP: 4x the work at a lower rate. The mma kernels are built for many small per-node GEMMs, not
+one ``B*Nout x Q x Cout`` GEMM; a dense-GEMM kernel of cuBLAS's class is what this form would need.
+So :func:`fovi_lab.knn_warp.forward_path` runs the compact kernels unless ``FOVI_KNN_FWD_PATH=binned`` asks for
+this form.
 """
 
 from __future__ import annotations
@@ -38,7 +49,7 @@ import warp as wp
 from fovi_lab.graph.meta import TrainingMeta, meta_aux, pad_to
 from fovi_lab.kernels.common import built_once, fast_launch, warp_ct, warp_device
 
-__all__ = ["binned_tables", "one_node_tables", "bin_inputs", "run_binned", "select_binned", "binned_flops", "bin_kernel",
+__all__ = ["binned_tables", "one_node_tables", "bin_inputs", "run_binned", "binned_flops", "bin_kernel",
            "bin_bf16_kernel"]
 
 
@@ -176,8 +187,3 @@ def run_binned(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, bias: 
     y1 = run_uncached(g.view(b * meta.nout, 1, meta.q), weight, bias, il1, wl1, config=config)  # [B*Nout, Cout, 1]
     return y1.view(b, meta.nout, meta.cout).transpose(1, 2).contiguous()
 
-
-def select_binned(meta: TrainingMeta, batch: int, dtype: torch.dtype = torch.float16) -> Optional[str]:
-    """The one-node GEMM config the binned path runs for ``meta`` at ``batch`` under the rule, or None where the
-    compact kernels are the pick (see the module docstring)."""
-    return None
