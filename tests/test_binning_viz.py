@@ -22,8 +22,8 @@ def test_tap_ratio_rows_follow_the_spec_table():
 
 def test_measure_here_checks_every_forward_against_the_oracle():
     rows = bv.measure_here(batch=3, reps=1, device="cpu")
-    assert len(rows) == 6
-    assert {r["impl"] for r in rows} == {"torch_binned_mm", "torch_compact", "warp (compact)"}
+    assert len(rows) == 8
+    assert {r["impl"] for r in rows} == {"torch_binned_mm", "torch_compact", "warp (compact)", "warp (binned)"}
     for r in rows:
         assert r["ms"] > 0 and r["err"] < 2e-2, r
     assert {r["q"] for r in rows} == {75, 300} and {r["p64"] for r in rows} == {128}
@@ -57,3 +57,12 @@ def test_warp_binned_rows_pair_each_shape():
         assert r["bin"] > 0 and r["i2c"] > 0 and math.isclose(r["bin_over_i2c"], r["bin"] / r["i2c"])
         assert r["bin_config"].startswith("bin_") and r["i2c_config"].startswith("i2c")
         assert r["q"] > r["p64"]                      # rf2: the binned contraction is the longer one
+
+
+def test_tensor_core_binned_rows_read_the_h200_runs():
+    rows = bv.tensor_core_binned_rows()
+    assert len(rows) == 13 and {r["B"] for r in rows} == {1}        # every layer at B = 1
+    for r in rows:
+        assert r["binned"] > 0 and r["compact"] > 0 and r["torch"] > 0 and r["commit"]
+        assert abs(r["binned_over_compact"] - r["binned"] / r["compact"]) < 1e-12
+    assert bv.tensor_core_binned_rows(records=[]) == []

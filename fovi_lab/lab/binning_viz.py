@@ -14,6 +14,9 @@ dense GEMM per image. Its work is ``Q/P64`` times the compact work: about 1 with
   replayed from CUDA graphs (GPU time; the eager times of those runs are in the records too).
 * :func:`warp_binned_rows`: a Warp binned forward (branch ``exp/binned-stems``, never on main)
   against the Warp compact (``i2c``) kernels on the rf2 stems.
+* :func:`tensor_core_binned_rows`: :mod:`fovi_lab.kernels.forward.binned` (the binned form on the tensor-core
+  kernels, ``FOVI_KNN_FWD_PATH=binned``) against the compact kernels and PyTorch's fastest forward, replayed, on
+  the H200 (:data:`TC_BINNED_RECORDS`).
 """
 
 from __future__ import annotations
@@ -27,14 +30,16 @@ from plotly.subplots import make_subplots
 
 from fovi_lab import lab as kl
 
-__all__ = ["STEMS", "RUN_FILES", "tap_ratio_rows", "measure_here", "recorded_rows", "binning_figure",
-           "warp_binned_rows"]
+__all__ = ["STEMS", "RUN_FILES", "TC_BINNED_RECORDS", "tap_ratio_rows", "measure_here", "recorded_rows",
+           "binning_figure", "warp_binned_rows", "tensor_core_binned_rows"]
 
 STEMS = ("alex_L0", "res18_stem", "dinov3_patch")
 
 #: rf -> the record source of the stems' forward benchmark on that frame (H200)
 RUN_FILES = {"rf2": "forward_h200_run20_torch-binned.jsonl", "rf1": "forward_h200_run21_rf1-stems.jsonl"}
 WARP_BINNED_FILE = "forward_h200_run18_binned-stems.jsonl"
+#: The H200 runs of ``python -m fovi_lab bench forward --binned --graphs`` (records carry their commit and command)
+TC_BINNED_RECORDS = kl.DATA_DIR / "h200" / "forward_binned.jsonl"
 
 
 def tap_ratio_rows(layers=None) -> List[dict]:
@@ -55,6 +60,7 @@ def measure_here(batch: int = 8, reps: int = 5, device=None, seed: int = 0) -> L
     on this machine: best of ``reps`` calls each, and the max abs error of each against the fp32 oracle."""
     from fovi_lab.kernels import forward as F
     from fovi_lab.graph.meta import build_meta, synthetic_graph
+    from fovi_lab.kernels.forward.binned import run_binned
     from fovi_lab.ops.reference import CompactTorchOps, binned_forward, oracle_forward
 
     device = torch.device(device or kl.default_device())
@@ -71,6 +77,7 @@ def measure_here(batch: int = 8, reps: int = 5, device=None, seed: int = 0) -> L
             "torch_binned_mm": lambda: binned_forward(meta, x, w),
             "torch_compact": lambda: CompactTorchOps.forward(meta, x, w, None),
             "warp (compact)": lambda: F.run_uncached(x, w, None, meta.input_linear, meta.weight_linear),
+            "warp (binned)": lambda: run_binned(meta, x, w),
         }
         for name, fn in fns.items():
             y = fn()
@@ -172,3 +179,35 @@ def _stem_index(name) -> int:
     except KeyError:
         return len(STEMS)
     return STEMS.index(base) if base in STEMS else len(STEMS)
+
+
+def tensor_core_binned_rows(records: Optional[List[dict]] = None, batches=(1,)) -> List[dict]:
+    """Per layer and B in ``batches``, from the latest run that measured it (:data:`TC_BINNED_RECORDS`): the binned
+    op on the tensor cores, the compact kernels' op and PyTorch's fastest forward, each replayed from a CUDA graph
+    (ms), the ratios, and the run's commit."""
+    from fovi_lab.graph.layers import LAYERS
+    from fovi_lab.ops.records import read_file
+    if records is None:
+        records = list(read_file(TC_BINNED_RECORDS)) if TC_BINNED_RECORDS.is_file() else []
+    runs: Dict[tuple, Dict[str, List[dict]]] = {}
+    for r in records:
+        if r.get("graphed") and r.get("ms") and r.get("B") in batches:
+            runs.setdefault((r["layer"], r["B"]), {}).setdefault(r.get("date", ""), []).append(r)
+    rows = []
+    for layer in LAYERS:
+        for b in batches:
+            by_date = runs.get((layer, b))
+            if not by_date:
+                continue
+            rs = by_date[max(by_date)]
+            binned = [r for r in rs if r["impl"] == "warp_binned_graphed"]
+            compact = [r for r in rs if r["impl"] == "warp_uncached_graphed"]
+            torch_rs = [r for r in rs if r["impl"].startswith("torch")]
+            if not (binned and compact and torch_rs):
+                continue
+            best = min(torch_rs, key=lambda r: r["ms"])
+            rows.append(dict(layer=layer, B=b, binned=binned[0]["ms"], binned_config=binned[0].get("config"),
+                             compact=compact[0]["ms"], torch=best["ms"], torch_impl=best["impl"][:-len("_graphed")],
+                             binned_over_compact=binned[0]["ms"] / compact[0]["ms"],
+                             binned_over_torch=binned[0]["ms"] / best["ms"], commit=binned[0].get("commit")))
+    return rows
