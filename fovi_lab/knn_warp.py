@@ -52,7 +52,7 @@ __all__ = [
 ]
 
 
-def forward_path(meta: TrainingMeta, batch: int, dtype: torch.dtype = torch.float16) -> str:
+def forward_path() -> str:
     """The forward path of a ``warp_compact`` / ``warp_train`` call: ``"compact"`` (a GEMM per output node: the
     forward kernels' rule) unless ``FOVI_KNN_FWD_PATH=binned`` asks for the binned form (bin the inputs by weight
     column, then one shared-weight tensor-core GEMM: :mod:`fovi_lab.kernels.forward.binned`). ``auto`` (the
@@ -69,7 +69,7 @@ def _forward(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, bias) ->
     # run_uncached sees only the tables, so it cannot tell an x of another layer: check against the meta
     check_forward_args(meta, x, weight, bias)
     meta = meta.to(x.device)
-    if forward_path(meta, x.shape[0], x.dtype) == "binned":
+    if forward_path() == "binned":
         from fovi_lab.kernels.forward.binned import run_binned
         return run_binned(meta, x, weight, bias)
     # the config tuned on this device for this problem (python -m fovi_lab tune), else the rule's

@@ -114,15 +114,15 @@ def test_the_forward_path_switch(monkeypatch):
     from fovi_lab.knn_warp import WarpCompactOps, forward_path
     meta, x, w, bias = _problem("ODD", 2)
     monkeypatch.delenv("FOVI_KNN_FWD_PATH", raising=False)
-    assert forward_path(meta, 1) == "compact"                 # the default: the compact kernels
+    assert forward_path() == "compact"                 # the default: the compact kernels
     monkeypatch.setenv("FOVI_KNN_FWD_PATH", "binned")
-    assert forward_path(meta, 1) == "binned"
+    assert forward_path() == "binned"
     assert torch.equal(WarpCompactOps.forward(meta, x, w, bias), BN.run_binned(meta, x, w, bias))
     monkeypatch.setenv("FOVI_KNN_FWD_PATH", "compact")
     _assert_forward(WarpCompactOps.forward(meta, x, w, bias), meta, x, w, bias)
     monkeypatch.setenv("FOVI_KNN_FWD_PATH", "sideways")
     with pytest.raises(ValueError, match="FOVI_KNN_FWD_PATH"):
-        forward_path(meta, 1)
+        forward_path()
 
 
 def test_the_binned_path_checks_its_arguments_at_the_door(monkeypatch):

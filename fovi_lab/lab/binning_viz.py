@@ -56,8 +56,9 @@ def tap_ratio_rows(layers=None) -> List[dict]:
 
 
 def measure_here(batch: int = 8, reps: int = 5, device=None, seed: int = 0) -> List[dict]:
-    """Time the three forwards on a small stem (Cin = 3, K = 25, Nout = 150) with ``V = K`` and ``V = 4K``
-    on this machine: best of ``reps`` calls each, and the max abs error of each against the fp32 oracle."""
+    """Time the four forwards (PyTorch binned and compact, Warp compact and binned) on a small stem (Cin = 3,
+    K = 25, Nout = 150) with ``V = K`` and ``V = 4K`` on this machine: best of ``reps`` calls each, and the max
+    abs error of each against the fp32 oracle."""
     from fovi_lab.kernels import forward as F
     from fovi_lab.graph.meta import build_meta, synthetic_graph
     from fovi_lab.kernels.forward.binned import run_binned

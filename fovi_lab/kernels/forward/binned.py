@@ -31,8 +31,7 @@ Measured (one H200, fp16, ``python -m fovi_lab bench forward --binned --graphs``
 replayed from CUDA graphs, the binned op was slower than PyTorch's fastest forward on every measured shape but the
 ResNet-18 stem, and slower than the compact kernels everywhere but AlexNet L1, L2 and L4 at B = 1, where it saved
 5-16 % (L2: 0.052 against 0.062 ms) and still took 1.8-1.9x PyTorch's binned form, whose GEMM is cuBLAS's
-(0.029 ms). At B = 16 the op ran AlexNet L1's
-18.1 GFLOP binned GEMM in 0.470 ms replayed (39 TFLOP/s with the bin pass) against 0.098 ms for the compact
+(0.029 ms). At B = 16 the op ran AlexNet L1's 18.1 GFLOP binned GEMM in 0.470 ms replayed (39 TFLOP/s with the bin pass) against 0.098 ms for the compact
 kernels' 4.6 GFLOP: 4x the work at a lower rate. The mma kernels are built for many small per-node GEMMs, not
 one ``B*Nout x Q x Cout`` GEMM; a dense-GEMM kernel of cuBLAS's class is what this form would need.
 So :func:`fovi_lab.knn_warp.forward_path` runs the compact kernels unless ``FOVI_KNN_FWD_PATH=binned`` asks for
