@@ -630,16 +630,18 @@ def test_heuristic_matches_sweep():
 
 
 def _pipe_kernel_times():
-    """(layer, B) -> config -> kernel ms of the pipelined kernels' side-by-side H200 run (tag "mmap")."""
-    import json
-    import os
-    path = os.path.join(os.path.dirname(__file__), "..", "data", "h200", "forward_pipe.jsonl")
+    """(layer, B) -> config -> kernel ms of the pipelined kernels' side-by-side H200 runs: the first (tag "mmap",
+    B = 64 / 512), then the second (data/h200/forward_pipe_batches.jsonl.gz, B = 64-512 on eight layers), whose
+    (layer, B) replace the first's."""
+    from fovi_lab.ops.records import read_file
+    h200 = os.path.join(os.path.dirname(__file__), "..", "data", "h200")
     out = {}
-    with open(path) as f:
-        for line in f:
-            r = json.loads(line)
-            if r.get("tag") == "mmap" and r["impl"] == "warp_uncached" and r.get("ms_kernel"):
-                out.setdefault((r["layer"], r["B"]), {})[r["config"]] = r["ms_kernel"]
+    for name, tag in (("forward_pipe.jsonl", "mmap"), ("forward_pipe_batches.jsonl.gz", "pipe-mid")):
+        run = {}
+        for r in read_file(os.path.join(h200, name)):
+            if r.get("tag") == tag and r["impl"] == "warp_uncached" and r.get("ms_kernel"):
+                run.setdefault((r["layer"], r["B"]), {})[r["config"]] = r["ms_kernel"]
+        out.update(run)
     return out
 
 
@@ -677,7 +679,11 @@ def test_mma_selection_rules(monkeypatch):
     assert sel(512, 256, 16, 2304, in_channels=256, q=9216, **nm) == "mmap_o64b128k32s3"
     assert sel(64, 256, 16, 2304, in_channels=256, q=9216, pipe=False, **nm) == "mmat_o64b16k64b32"
     assert sel(16, 512, 2, 2304, in_channels=256, q=9216, **nm) == "mmasw_o32b16b64"       # res18 layer4_0
-    assert sel(512, 512, 2, 2304, in_channels=256, q=9216, **nm) == "mmat_o64b16k64b32"   # 2 nodes: no pipeline
+    assert sel(64, 512, 2, 2304, in_channels=256, q=9216, **nm) == "mmaps_o128b64k32s3"   # 2 nodes: always split
+    assert sel(512, 512, 2, 2304, in_channels=256, q=9216, **nm) == "mmaps_o128b64k32s3"
+    assert sel(512, 512, 2, 2304, in_channels=256, q=9216, pipe=False, **nm) == "mmat_o64b16k64b32"
+    assert sel(64, 256, 16, 1152, in_channels=128, q=1152, **nm) == "mmaps_o128b64k32s3"   # res18 layer3_0
+    assert sel(512, 256, 16, 1152, in_channels=128, q=1152, **nm) == "mmap_o64b128k32s3"
     assert sel(16, 256, 16, 2304, in_channels=256, **nm) == "mmas_o32b8"                   # Q unknown: W^T
     assert sel(16, 384, 64, 320, in_channels=3, q=768) == "mmato_o64b16k64"                # DINOv3
     assert sel(64, 384, 64, 320, in_channels=3, q=768) == "mmato_o96b32k32"

@@ -78,22 +78,32 @@ def profile_target(layer: str, b: int, reps: int, forward_only: bool) -> str:
 
 
 def transpose_probe(reps: int = 20) -> str:
-    """GPU time of the x -> x^T layout copy (``x [B, R]`` fp16 to ``[R, B]``) as the forward does it."""
-    out = ["=== x^T copy: torch copy_ of the transposed view"]
-    for b, r in ((512, 96 * 964), (512, 256 * 230), (512, 384 * 60), (64, 256 * 230), (512, 256 * 16)):
-        x = torch.randn(b, r, device="cuda", dtype=torch.float16)
-        xt = torch.empty(r, b, device="cuda", dtype=torch.float16)
+    """GPU time of the x -> x^T layout copy (``x [B, R]`` fp16 to ``[R, B]``): PyTorch's strided copy against
+    :func:`fovi_lab.kernels.layout.transpose_into`, both checked equal."""
+    from fovi_lab.kernels.layout import transpose_into
+
+    def timed(fn):
         for _ in range(3):
-            xt.copy_(x.t())
+            fn()
         torch.cuda.synchronize()
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         e0.record()
         for _ in range(reps):
-            xt.copy_(x.t())
+            fn()
         e1.record()
         torch.cuda.synchronize()
-        ms = e0.elapsed_time(e1) / reps
-        out.append(f"B={b} R={r}: {ms:.4f} ms, {2 * x.numel() * 2 / ms / 1e9:.0f} GB/s")
+        return e0.elapsed_time(e1) / reps
+
+    out = ["=== x^T copy [B, R] -> [R, B] fp16: PyTorch's copy_ of the transposed view vs the layout kernel"]
+    for b, r in ((512, 96 * 964), (512, 256 * 230), (512, 256 * 60), (64, 256 * 60), (512, 256 * 16), (16, 96 * 964)):
+        x = torch.randn(b, r, device="cuda", dtype=torch.float16)
+        xt = torch.empty(r, b, device="cuda", dtype=torch.float16)
+        xt2 = torch.empty(r, b, device="cuda", dtype=torch.float16)
+        t_torch = timed(lambda: xt.copy_(x.t()))
+        t_ours = timed(lambda: transpose_into(x, xt2))
+        gb = 2 * x.numel() * 2 / 1e9
+        out.append(f"B={b} R={r}: torch {t_torch:.4f} ms ({gb / t_torch * 1e3:.0f} GB/s), layout kernel {t_ours:.4f} ms "
+                   f"({gb / t_ours * 1e3:.0f} GB/s), equal {torch.equal(xt, xt2)}")
     return "\n".join(out)
 
 

@@ -19,6 +19,7 @@ from fovi_lab.ops.reference import check_grad_args
 from fovi_lab.kernels.common import (built_once, check_tensor, fast_launch, init_warp, nan_canary, warp_ct,
                                      warp_device, wp)
 from fovi_lab.kernels.forward.plans import DIRECT_STORE_MAX_BYTES
+from fovi_lab.kernels.layout import swap_axes_into
 from fovi_lab.kernels.adjoint.fused import (DX_NM_CONFIG_SPECS, WAVE_CTAS, _budget_bytes, seg_finish_kernel,
                                             segment_table, select_dw_nm_config, select_dx_nm_config)
 from fovi_lab.kernels.adjoint.fused_build import (NmGradKernel, _VALIDATED, _aux, _build, _spec, reverse_lists,
@@ -95,27 +96,17 @@ def warm_nm_grad_kernel(kind: str, name: str, device: str, bf16: bool = False):
 def node_major(t: torch.Tensor, rows_pad: int, bx: int) -> torch.Tensor:
     """``[B, R, N]`` -> ``[N*rows_pad, Bx]`` (t's dtype) with ``out[n*rows_pad + r, b] = t[b, r, n]``, zero padded."""
     b, r, n = t.shape
-    if rows_pad == r and bx == b:
-        return t.permute(2, 1, 0).contiguous().view(n * r, b)
     out = torch.empty(n, rows_pad, bx, dtype=t.dtype, device=t.device)
-    out[:, :r, :b].copy_(t.permute(2, 1, 0))
-    if rows_pad > r:                                   # pads are contracted: they must be exact zeros
-        out[:, r:, :].zero_()
-    if bx > b:
-        out[:, :r, b:].zero_()
-    return out.view(n * rows_pad, bx)
+    return swap_axes_into(t, out).view(n * rows_pad, bx)  # pads are contracted: swap_axes_into zeroes them
 
 
 def _weight_tap_major_t(weight: torch.Tensor, cin: int, op: int, cinp: int) -> torch.Tensor:
     """``wr[v*Op + o, c] = W[o, c*V + v]`` ``[V*Op, Cin_p]`` (the weight's dtype), zero padded."""
     cout, q = weight.shape
     v = q // cin
-    src = weight.view(cout, cin, v).permute(2, 0, 1)
-    if op == cout and cinp == cin:
-        return src.contiguous().view(v * op, cinp)
-    wr = torch.zeros(v, op, cinp, dtype=weight.dtype, device=weight.device)
-    wr[:, :cout, :cin] = src
-    return wr.view(v * op, cinp)
+    wr = torch.empty(v, op, cinp, dtype=weight.dtype, device=weight.device)
+    # wr[v, o, c] = W3[o, c, v]: the axes (c, v) of W3 [c, o, v] swapped around o
+    return swap_axes_into(weight.view(cout, cin, v).permute(1, 0, 2), wr).view(v * op, cinp)
 
 
 _ct = warp_ct
@@ -184,7 +175,12 @@ class _GradInputNmPlan:
             _launch(seg_finish_kernel(), self.fin_dims, self.fin_inputs, 256, self.device, tiled=False)
 
     def finish(self) -> torch.Tensor:
-        return self.dx if self.direct else self.out.permute(1, 2, 0).contiguous()
+        if self.direct:
+            return self.dx
+        n, b, c = self.out.shape                       # out [Nin, B, Cin] -> dx [B, Cin, Nin]
+        dx = torch.empty(b, c, n, dtype=self.out.dtype, device=self.out.device)
+        swap_axes_into(self.out, dx.permute(1, 0, 2))
+        return dx
 
     def run(self) -> torch.Tensor:
         self.launch()

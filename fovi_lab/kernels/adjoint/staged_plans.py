@@ -15,6 +15,7 @@ import torch
 from fovi_lab.graph.meta import TrainingMeta, meta_aux, pad_to, validate_meta
 from fovi_lab.ops.reference import CompactTorchOps, check_grad_args
 from fovi_lab.kernels.common import check_tensor, fast_launch, gather_rows, warp_ct, warp_device
+from fovi_lab.kernels.layout import swap_axes_into, transpose_into
 from fovi_lab.kernels.adjoint.configs import (_BF16_SUFFIX, _F32_SUFFIX, _GW_TILE_B, select_gi_config,
                                               select_gw_config,
                                               _split_name, stage_fp32_default, grad_stage_budget_bytes)
@@ -47,21 +48,13 @@ def _transposed_padded_input(x: torch.Tensor, meta: TrainingMeta, bpad: int) -> 
     """``xt[Cin*Nin + 1, Bpad]``: ``xt[r, b] = xpad[b, r]``; zero pad row and zero batch padding."""
     b = x.shape[0]
     xt = _empty((meta.pad_column + 1, bpad), x.dtype, x.device)
-    xt[:-1, :b] = x.reshape(b, meta.pad_column).t()
-    xt[-1].zero_()
-    if bpad > b:
-        xt[:, b:].zero_()
-    return xt
+    return transpose_into(x.reshape(b, meta.pad_column), xt)          # (the pad row and columns: zeros)
 
 
 def _padded_weight_t(weight: torch.Tensor, cpad: int) -> torch.Tensor:
     """``W^T`` as ``[Q, Cout_pad]`` fp16, zero columns for ``o >= Cout`` (contiguous)."""
     cout, q = weight.shape
-    wt = _empty((q, cpad), weight.dtype, weight.device)
-    wt[:, :cout] = weight.t()
-    if cpad > cout:
-        wt[:, cout:].zero_()
-    return wt
+    return transpose_into(weight, _empty((q, cpad), weight.dtype, weight.device))
 
 
 _meta_aux = meta_aux      # per-meta cache of derived tables (fovi_lab.graph.meta.meta_aux)
@@ -255,8 +248,7 @@ class _GradInputPlan:
     def prepare(self, i: int) -> None:
         meta, (b0, b1, bcp) = self.meta, self.chunks[i]
         bc = b1 - b0
-        g_nob = self.grad_y.new_zeros(meta.nout, self.cpad, bcp)             # zero pads: Cout and batch
-        g_nob[:, :meta.cout, :bc] = self.grad_y[b0:b1].permute(2, 1, 0)
+        g_nob = swap_axes_into(self.grad_y[b0:b1], self.grad_y.new_empty(meta.nout, self.cpad, bcp))  # zero pads
         da = self.stage_buf[: meta.nout * meta.p64 * bcp].view(meta.nout, meta.p64, bcp)
         if self.dx_direct:
             out = self.dx[b0:b1].permute(1, 2, 0)                              # [Cin, Nin, bc] strided view

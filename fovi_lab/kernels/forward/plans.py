@@ -22,6 +22,7 @@ from fovi_lab.kernels.common import (as_rows64, built_once, capturing, fast_laun
 from fovi_lab.kernels.forward.configs import (FwdConfig, _GATHER_TILE_K, MMA_FAMILIES, mma_flags, mma_staged,
                                               PIPE_FAMILIES)
 from fovi_lab.kernels.forward.simt import simtv_prep_kernel
+from fovi_lab.kernels.layout import swap_axes_into, transpose, transpose_into
 from fovi_lab.kernels.forward.checks import _TableInfo, analyse_tables, device_str
 
 
@@ -169,7 +170,7 @@ def plan_uncached(cfg: FwdConfig, kernel, x, weight, bias, il, wl, store: str,
     if info is None:
         info = analyse_tables(il, wl, cin, nin, q)
     if cfg.family in ("gather", "gp"):
-        xt = x.reshape(b, cin * nin).t().contiguous()          # [Cin*Nin, B]: batch rows contiguous
+        xt = transpose(x.reshape(b, cin * nin))                # [Cin*Nin, B]: batch rows contiguous
         wt, wt_w = _weight_operand(weight, "t", 0, 0)           # [Q, Cout]
         inputs = [warp_ct(xt), wt_w, info.wa(il), info.wa(wl), bias_w, warp_ct(out),
                   p64 // _GATHER_TILE_K, b]
@@ -344,9 +345,7 @@ class _SimtRunner:
         if x2.stride(1) != 1:                        # rows are read with unit stride
             x2 = x2.contiguous()
         if self.xt:                                  # x^T [Cin*Nin, Bx] (tail columns never stored)
-            xt = torch.empty(self.rows, self.bx, dtype=x.dtype, device=x.device)
-            xt[:, :self.b].copy_(x2.t())
-            x2 = xt
+            x2 = transpose_into(x2, torch.empty(self.rows, self.bx, dtype=x.dtype, device=x.device))
         if out_dtype not in (None, x.dtype) and not (out_dtype == torch.float32 and self.split):
             raise ValueError(f"out_dtype: {out_dtype} output needs a split tensor-core config (mmas / mmasw)")
         y = torch.empty(self.b, self.cout, self.nout, dtype=out_dtype or x.dtype, device=x.device)
@@ -588,6 +587,8 @@ def _node_major_x(x: torch.Tensor, cp: int, bx: int) -> torch.Tensor:
     """``xn[m*Cp + c, b] = x[b, c, m]`` as ``[Nin*Cp, Bx]`` fp16; channel and batch padding zeroed
     (the channel pad is contracted against W's zero pad: it must not hold NaN)."""
     b, cin, nin = x.shape
+    if x.dtype == torch.float16:
+        return swap_axes_into(x, torch.empty(nin, cp, bx, dtype=x.dtype, device=x.device)).view(nin * cp, bx)
     if cp == cin and bx == b:
         return x.permute(2, 1, 0).contiguous().view(nin * cp, bx)
     xn = torch.empty(nin, cp, bx, dtype=torch.float16, device=x.device)
@@ -623,27 +624,20 @@ def weight_layout(weight: torch.Tensor, kind: str, cin: int, cp: int, coutp: int
     if hit is not None and hit[0]() is weight and hit[1] == weight._version:
         return hit[2]
     cout, q = weight.shape
-    # (unpadded layouts are one transposing copy; padded ones zero the buffer first)
+    # (one layout copy through shared memory, zero pads included: fovi_lab.kernels.layout)
     if kind == "pv":
         to, n_og = cp, coutp // cp
         src = weight if coutp == cout else torch.cat([weight, weight.new_zeros(coutp - cout, q)])
         out = torch.empty(q, n_og, to, dtype=torch.float32, device=weight.device)
         out.copy_(src.view(to, n_og, q).permute(2, 1, 0))       # [q, og, j] = W[j*n_og + og, q]
         out = out.view(q, coutp)
-    elif kind == "t" or (kind == "tp" and coutp == cout):
-        out = weight.t().contiguous()
-    elif kind == "tp":
-        out = torch.zeros(q, coutp, dtype=weight.dtype, device=weight.device)
-        out[:, :cout] = weight.t()
+    elif kind == "t" or kind == "tp":
+        out = transpose_into(weight, torch.empty(q, coutp if kind == "tp" else cout, dtype=weight.dtype,
+                                                 device=weight.device))
     else:
         v = q // cin
-        src = weight.view(cout, cin, v).permute(2, 1, 0)
-        if cp == cin and coutp == cout:
-            out = src.contiguous().view(v * cp, coutp)
-        else:
-            wv = torch.zeros(v, cp, coutp, dtype=weight.dtype, device=weight.device)
-            wv[:, :cin, :cout] = src
-            out = wv.view(v * cp, coutp)
+        wv = torch.empty(v, cp, coutp, dtype=weight.dtype, device=weight.device)
+        out = swap_axes_into(weight.view(cout, cin, v), wv).view(v * cp, coutp)   # wv[v, c, o] = W[o, c*V + v]
     if capture:
         return out
     with _wcache_lock:
@@ -678,7 +672,7 @@ def plan_cached(cfg: FwdConfig, kernel, x, weff, bias, il, cout: int, store: str
     nout, p64 = il.shape
     out, finish = _output(b, cout, nout, x.device, store)
     bias_p, bias_w = bias_operand(bias, cout, cfg.tile_n, x.device)
-    xt = x.reshape(b, cin * nin).t().contiguous()
+    xt = transpose(x.reshape(b, cin * nin))
     dims = (nout, -(-b // cfg.tile_m), -(-cout // cfg.tile_n))
     inputs = [warp_ct(xt), warp_ct(weff), warp_ct(il), bias_w, warp_ct(out), p64 // _GATHER_TILE_K, b]
     plan = Plan(_launcher(kernel, dims, inputs, cfg.block_dim, dev), out, finish)

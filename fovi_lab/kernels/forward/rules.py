@@ -154,14 +154,22 @@ _MMAW_MAX_BATCH_REUSE = 128
 # large (Cout >= 256, P64 >= 2048) and there are nodes to spread (>= 16), the cp.async stages win every layer:
 # alexnet L1-L4 at B = 512 by 1.45-1.64x (alexnet L1: 0.763 against 1.103 ms, 192 TFLOP/s), at B = 64 by 1.31-1.73x;
 # resnet layer3 by 1.29x at B = 512 and 1.33x at B = 64. Where Cout or P is smaller (resnet layer1/2, the DINOv3
-# patch embed) the 64 x 32 register blocks stay ahead (res18 layer1 at B = 512: 0.103 against 0.152 ms), and
-# with 2 nodes (resnet layer4_0) the op lost at B = 64. At B >= 256, 128-row x 64-channel CTAs (the best block on
+# patch embed) the 64 x 32 register blocks stay ahead (res18 layer1 at B = 512: 0.103 against 0.152 ms). At B >= 256, 128-row x 64-channel CTAs (the best block on
 # all five 512-row shapes); below, 64-row x 128-channel CTAs, split along p (fp32 partials, fixed-order sum) when
 # the unsplit grid is under _PIPE_SPLIT_CTAS CTAs (alexnet L2-L4 and resnet layer3 at B = 64: 60 or 16 nodes).
-# B = 128 / 256 are not measured yet: the boundaries there are interpolated.
+# A second run (data/h200/forward_pipe_batches.jsonl.gz: the four pipelined configs beside the rule's pick on eight
+# layers at B = 64, 128, 256, 512, kernel times) measured B = 128 / 256 (the boundaries above held: the pick was
+# within 1 % of the fastest pipelined kernel on alexnet L2-L4, within 4 % on resnet layer3: 0.055 against 0.053 ms
+# at B = 256) and the few-node layers:
+# * resnet layer3_0 (16 nodes, P64 = 1152): the pipelined kernels beat the register picks at every B, 0.034 against
+#   0.037 ms at B = 64, 0.039 against 0.061 at B = 256 (the split below B = 256, as on layer3), so the P64 floor
+#   is 1024;
+# * resnet layer4_0 (2 nodes): the split kernel won at every B, 0.035-0.040 ms against 0.047-0.062 for the
+#   register picks, and unsplit CTAs lost (0.046-0.052: 16-64 CTAs on 132 SMs): under _PIPE_MIN_NODES nodes the
+#   p loop is always split.
 _PIPE_MIN_BATCH = 64
 _PIPE_MIN_COUT = 256
-_PIPE_MIN_P64 = 2048
+_PIPE_MIN_P64 = 1024
 _PIPE_MIN_NODES = 16
 _PIPE_WIDE_BATCH = 256
 _PIPE_SPLIT_CTAS = 264
@@ -169,9 +177,10 @@ _PIPE_SPLIT_CTAS = 264
 
 def select_pipe(batch: int, out_channels: int, out_nodes: int, p_padded: int) -> Optional[str]:
     """The pipelined (``mmap`` / ``mmaps``) config of a call, or None where the register kernels are faster."""
-    if (batch < _PIPE_MIN_BATCH or out_channels < _PIPE_MIN_COUT or p_padded < _PIPE_MIN_P64
-            or out_nodes < _PIPE_MIN_NODES):
+    if batch < _PIPE_MIN_BATCH or out_channels < _PIPE_MIN_COUT or p_padded < _PIPE_MIN_P64:
         return None
+    if out_nodes < _PIPE_MIN_NODES:
+        return "mmaps_o128b64k32s3"
     if batch >= _PIPE_WIDE_BATCH:
         return "mmap_o64b128k32s3"
     ctas = out_nodes * -(-batch // 64) * -(-out_channels // 128)
