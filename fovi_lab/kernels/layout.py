@@ -139,31 +139,33 @@ def _kernel32():
     return _make_kernel(4)
 
 
-_INT_VIEW = {2: torch.int16, 4: torch.int32}
-
-
-def _vec_ok(src: torch.Tensor, out: torch.Tensor) -> bool:
+def _vec_ok(src: torch.Tensor, out: torch.Tensor, es: int) -> bool:
     """Whether 4-byte accesses are safe: unit stride along both contiguous axes and 4-byte aligned rows."""
-    es = src.element_size()
-    if src.stride(2) != 1 or out.stride(2) != 1:
+    ss, os_ = src.stride(), out.stride()
+    if ss[2] != 1 or os_[2] != 1:
         return False
-    starts = (src.data_ptr(), out.data_ptr(), *(s * es for s in src.stride()[:2]), *(s * es for s in out.stride()[:2]))
-    return all(v % 4 == 0 for v in starts)
+    return es == 4 or not ((src.data_ptr() | out.data_ptr()) & 3 or (ss[0] | ss[1] | os_[0] | os_[1]) & 1)
 
 
-def _launch(src: torch.Tensor, out: torch.Tensor) -> None:
-    es = src.element_size()
-    w = tile_width(es)
-    s, d = src.view(_INT_VIEW[es]), out.view(_INT_VIEW[es])
+def _launch(src: torch.Tensor, out: torch.Tensor, es: int, device: str) -> None:
+    # (the kernels declare int16 / int32 arrays; warp_ct's descriptors carry only pointer, shape and byte strides,
+    # so the fp16 / bf16 / fp32 tensors are passed as they are: the kernel moves their bits)
+    w = 64 if es == 2 else 32
     cd, rd, ad = out.shape
-    dims = (-(-ad // w), rd, -(-cd // w) * LAYOUT_BLOCK)
     kernel = _kernel16() if es == 2 else _kernel32()
-    fast_launch(kernel, dims, [warp_ct(s), warp_ct(d), int(_vec_ok(src, out))], LAYOUT_BLOCK, warp_device(src),
-                tiled=False)
+    fast_launch(kernel, (-(-ad // w), rd, -(-cd // w) * LAYOUT_BLOCK),
+                [warp_ct(src), warp_ct(out), int(_vec_ok(src, out, es))], LAYOUT_BLOCK, device, tiled=False)
 
 
 _ok_lock = threading.Lock()
 _OK: Dict[Tuple[str, int], bool] = {}
+
+
+def _device_str(t: torch.Tensor) -> str:
+    d = t.device
+    if d.type == "cuda":
+        return f"cuda:{d.index if d.index is not None else torch.cuda.current_device()}"
+    return warp_device(t)
 
 
 def layout_ok(device: torch.device, element_size: int) -> bool:
@@ -171,10 +173,11 @@ def layout_ok(device: torch.device, element_size: int) -> bool:
     odd extents, zero-padded extents, NaN-prefilled outputs, both the 4-byte and the element-by-element path, against
     PyTorch's copy). A failure warns once and the copies there use PyTorch's."""
     dev = torch.device(device)
-    key = (str(dev), int(element_size))
-    with _ok_lock:
-        if key in _OK:
-            return _OK[key]
+    probe = torch.empty(0, device=dev)
+    key = (_device_str(probe), int(element_size))
+    got = _OK.get(key)
+    if got is not None:
+        return got
     dtype = torch.float16 if element_size == 2 else torch.float32
     g = torch.Generator().manual_seed(0)
     try:
@@ -184,7 +187,7 @@ def layout_ok(device: torch.device, element_size: int) -> bool:
         for src in (base[:37, 1:4, :130], base[:37, 1:4, 1:130]):
             a, r, c = src.shape
             out = torch.full((c + 3, r + 1, a + 3), float("nan"), dtype=dtype, device=dev)
-            _launch(src, out)
+            _launch(src, out, element_size, key[0])
             want = torch.zeros_like(out)
             want[:c, :r, :a] = src.permute(2, 1, 0)
             ok = ok and bool(torch.equal(out, want))
@@ -215,18 +218,20 @@ def swap_axes_into(src: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
                          f"outer axes swapped ({c}, {r}, {a})")
     if out.dtype != src.dtype or out.device != src.device:
         raise ValueError(f"swap_axes_into: out is {out.dtype} on {out.device}, src {src.dtype} on {src.device}")
+    if cd == 0 or rd == 0 or ad == 0:
+        return out
     es = src.element_size()
-    if out.numel() == 0:
-        return out
-    small = min(a, c) < _MIN_SWAP_EXTENT or es not in _INT_VIEW
-    key = (str(src.device), es)
-    unchecked = key not in _OK and src.is_cuda and torch.cuda.is_current_stream_capturing()
-    if small or unchecked or not layout_ok(src.device, es):
-        if (cd, rd, ad) != (c, r, a):
-            out.zero_()
-        out[:c, :r, :a].copy_(src.permute(2, 1, 0))
-        return out
-    _launch(src, out)
+    if a >= _MIN_SWAP_EXTENT and c >= _MIN_SWAP_EXTENT and es in (2, 4):
+        dev = _device_str(src)
+        ok = _OK.get((dev, es))
+        if ok is None and not (src.is_cuda and torch.cuda.is_current_stream_capturing()):
+            ok = layout_ok(src.device, es)
+        if ok:
+            _launch(src, out, es, dev)
+            return out
+    if (cd, rd, ad) != (c, r, a):
+        out.zero_()
+    out[:c, :r, :a].copy_(src.permute(2, 1, 0))
     return out
 
 
@@ -248,5 +253,4 @@ def transpose_into(src: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     zero): :func:`swap_axes_into` with R = 1."""
     if src.dim() != 2 or out.dim() != 2:
         raise ValueError(f"transpose_into: expected 2-D src and out, got {tuple(src.shape)} and {tuple(out.shape)}")
-    swap_axes_into(src.unsqueeze(1), out.unsqueeze(1))
-    return out
+    return swap_axes_into(src.unsqueeze(1), out.unsqueeze(1)).squeeze(1)

@@ -78,32 +78,49 @@ def profile_target(layer: str, b: int, reps: int, forward_only: bool) -> str:
 
 
 def transpose_probe(reps: int = 20) -> str:
-    """GPU time of the x -> x^T layout copy (``x [B, R]`` fp16 to ``[R, B]``): PyTorch's strided copy against
-    :func:`fovi_lab.kernels.layout.transpose_into`, both checked equal."""
-    from fovi_lab.kernels.layout import transpose_into
+    """GPU time of the layout copies a step makes, replayed from a CUDA graph of ``reps`` copies (no host time):
+    PyTorch's strided copy against :func:`fovi_lab.kernels.layout.swap_axes_into`, both checked equal."""
+    from fovi_lab.kernels.layout import swap_axes_into
 
-    def timed(fn):
-        for _ in range(3):
+    def replayed(fn):
+        fn()
+        torch.cuda.synchronize()
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
             fn()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=s):
+                for _ in range(reps):
+                    fn()
+        torch.cuda.synchronize()
+        g.replay()
         torch.cuda.synchronize()
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         e0.record()
-        for _ in range(reps):
-            fn()
+        for _ in range(5):
+            g.replay()
         e1.record()
         torch.cuda.synchronize()
-        return e0.elapsed_time(e1) / reps
+        return e0.elapsed_time(e1) / (5 * reps)
 
-    out = ["=== x^T copy [B, R] -> [R, B] fp16: PyTorch's copy_ of the transposed view vs the layout kernel"]
-    for b, r in ((512, 96 * 964), (512, 256 * 230), (512, 256 * 60), (64, 256 * 60), (512, 256 * 16), (16, 96 * 964)):
-        x = torch.randn(b, r, device="cuda", dtype=torch.float16)
-        xt = torch.empty(r, b, device="cuda", dtype=torch.float16)
-        xt2 = torch.empty(r, b, device="cuda", dtype=torch.float16)
-        t_torch = timed(lambda: xt.copy_(x.t()))
-        t_ours = timed(lambda: transpose_into(x, xt2))
-        gb = 2 * x.numel() * 2 / 1e9
-        out.append(f"B={b} R={r}: torch {t_torch:.4f} ms ({gb / t_torch * 1e3:.0f} GB/s), layout kernel {t_ours:.4f} ms "
-                   f"({gb / t_ours * 1e3:.0f} GB/s), equal {torch.equal(xt, xt2)}")
+    out = ["=== layout copies src [A, R, C] -> [C, R, A], replayed (GPU time per copy): PyTorch's copy_ vs the kernel"]
+    cases = [((512, 1, 4096), torch.float16), ((512, 1, 7680), torch.float16), ((512, 1, 14720), torch.float16),
+             ((512, 1, 58880), torch.float16), ((512, 1, 92544), torch.float16), ((64, 1, 92544), torch.float16),
+             ((16, 1, 92544), torch.float16), ((64, 1, 15360), torch.float16), ((512, 1, 2304), torch.float16),
+             ((384, 1, 3456), torch.float16), ((512, 256, 16), torch.float16), ((512, 128, 60), torch.float16),
+             ((512, 64, 230), torch.float16), ((16, 384, 60), torch.float16), ((64, 256, 60), torch.float16),
+             ((16, 512, 256), torch.float32), ((60, 512, 128), torch.float32)]
+    for shape, dtype in cases:
+        src = torch.randn(*shape, device="cuda").to(dtype)
+        a, r, c = shape
+        o1 = torch.empty(c, r, a, device="cuda", dtype=dtype)
+        o2 = torch.empty(c, r, a, device="cuda", dtype=dtype)
+        t_torch = replayed(lambda: o1.copy_(src.permute(2, 1, 0)))
+        t_ours = replayed(lambda: swap_axes_into(src, o2))
+        mb = 2 * src.numel() * src.element_size() / 1e6
+        out.append(f"{str(list(shape)):18s} {str(dtype)[6:]:8s} {mb / 2:7.1f} MB: torch {t_torch * 1e3:7.1f} us "
+                   f"({mb / t_torch / 1e3:5.2f} TB/s), kernel {t_ours * 1e3:7.1f} us ({mb / t_ours / 1e3:5.2f} TB/s), "
+                   f"x{t_torch / t_ours:.2f}, equal {torch.equal(o1, o2)}")
     return "\n".join(out)
 
 
