@@ -1,0 +1,62 @@
+"""Ship benchmark records with the package: append a run's records to ``fovi_lab/records/<device>/<kind>.jsonl.gz``
+under a source name, and count them in that directory's ``manifest.json``.
+
+    python tools/ship_records.py data/h200/train_step_b512.jsonl.gz --kind train_step --source train_step_h200_b512.jsonl
+
+Every record keeps its own fields (device, versions, date, commit, command); ``source`` is set to the name given.
+A source already in the file is replaced, so shipping a run again does not duplicate it. Then regenerate the
+results table: ``python -m fovi_lab report``.
+"""
+
+import argparse
+import gzip
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fovi_lab.ops.records import RECORDS_DIR, read_file  # noqa: E402
+
+
+def ship(path: Path, kind: str, source: str, device_dir: str = "h200") -> int:
+    """Append ``path``'s records to ``<kind>.jsonl.gz`` as ``source``; returns how many were shipped."""
+    ddir = RECORDS_DIR / device_dir
+    target = ddir / f"{kind}.jsonl.gz"
+    kept = [r for r in read_file(target) if r.get("source") != source] if target.exists() else []
+    new = []
+    for r in read_file(path):
+        r["source"] = source
+        new.append(r)
+    if not new:
+        raise SystemExit(f"{path}: no records")
+    with gzip.open(target, "wt") as f:
+        for r in kept + new:
+            f.write(json.dumps(r, sort_keys=True) + "\n")
+    mpath = ddir / "manifest.json"
+    man = json.loads(mpath.read_text())
+    entry = man["files"].setdefault(target.name, {"devices": [], "kind": kind, "records": 0, "sources": []})
+    entry["sources"] = [s for s in entry["sources"] if s["source"] != source]
+    entry["sources"].append({"dates": sorted({str(r.get("date", ""))[:10] for r in new}), "read_by_auto": True,
+                             "records": len(new), "source": source})
+    entry["sources"].sort(key=lambda s: s["source"])
+    entry["records"] = len(kept) + len(new)
+    entry["devices"] = sorted(set(entry["devices"]) | {r["device"] for r in new if r.get("device")})
+    mpath.write_text(json.dumps(man, indent=1, sort_keys=True) + "\n")
+    return len(new)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("path", type=Path)
+    ap.add_argument("--kind", required=True, help="the shipped file: forward, train_step, backward, ...")
+    ap.add_argument("--source", required=True, help="the run's source name in the shipped file")
+    ap.add_argument("--device-dir", default="h200")
+    args = ap.parse_args()
+    n = ship(args.path, args.kind, args.source, args.device_dir)
+    print(f"shipped {n} records of {args.path} as {args.source} into {args.device_dir}/{args.kind}.jsonl.gz")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
