@@ -19,8 +19,8 @@ def _want(src, out_shape):
 @pytest.mark.parametrize("shape, pad", [
     ((70, 1, 130), (0, 0, 0)),       # a 2-D transpose, ragged tiles on both axes
     ((64, 3, 64), (1, 2, 5)),        # exact tiles, padded on every axis
-    ((17, 2, 200), (0, 0, 3)),       # one ragged a tile
-    ((100, 4, 33), (8, 0, 0)),
+    ((49, 2, 200), (0, 0, 3)),       # one ragged a tile
+    ((100, 4, 50), (8, 0, 0)),
 ])
 def test_swap_axes_into_matches_the_permute_and_zeroes_the_pads(dtype, shape, pad):
     g = torch.Generator().manual_seed(sum(shape))
@@ -35,7 +35,7 @@ def test_swap_axes_into_matches_the_permute_and_zeroes_the_pads(dtype, shape, pa
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_strided_and_misaligned_operands_take_the_element_path_and_stay_exact(dtype):
     g = torch.Generator().manual_seed(3)
-    base = torch.randn(40, 3, 181, generator=g).to(dtype)
+    base = torch.randn(60, 3, 181, generator=g).to(dtype)
     for src in (base[:, :, ::2],            # stride 2 along c
                 base[:, 1:, 1:],            # rows start one element in: not 4-byte aligned for 16-bit data
                 base.permute(2, 1, 0)[:50].permute(2, 1, 0)):   # a transposed view
@@ -43,16 +43,16 @@ def test_strided_and_misaligned_operands_take_the_element_path_and_stay_exact(dt
         L.swap_axes_into(src, out)
         assert torch.equal(out, _want(src, out.shape))
     # a strided destination: dx [B, Cin, Nin] written through its [Cin, B, Nin] view
-    src = torch.randn(33, 5, 20, generator=g).to(dtype)              # [Nin, B, Cin]
-    dx = torch.full((5, 20, 33), float("nan"), dtype=dtype)
+    src = torch.randn(60, 5, 64, generator=g).to(dtype)              # [Nin, B, Cin]
+    dx = torch.full((5, 64, 60), float("nan"), dtype=dtype)
     L.swap_axes_into(src, dx.permute(1, 0, 2))
     assert torch.equal(dx, src.permute(1, 2, 0))
 
 
 def test_bits_are_copied_as_they_are():
     # inf, -0.0 and NaN payloads survive: the kernel moves 16- or 32-bit words, it does not convert
-    src = torch.tensor([float("inf"), -0.0, float("nan"), 1.5, -2.0] * 20, dtype=torch.float16).view(20, 1, 5)
-    src = src.expand(20, 1, 5).contiguous().repeat(1, 1, 8)          # [20, 1, 40]
+    src = torch.tensor([float("inf"), -0.0, float("nan"), 1.5, -2.0] * 50, dtype=torch.float16).view(50, 1, 5)
+    src = src.repeat(1, 1, 13)                                       # [50, 1, 65]
     out = L.swap_axes(src)
     assert torch.equal(out.view(torch.int16), src.permute(2, 1, 0).contiguous().view(torch.int16))
 
@@ -60,19 +60,24 @@ def test_bits_are_copied_as_they_are():
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_transpose_helpers(dtype):
     g = torch.Generator().manual_seed(5)
-    x = torch.randn(37, 300, generator=g).to(dtype)
+    x = torch.randn(50, 300, generator=g).to(dtype)
     assert torch.equal(L.transpose(x), x.t())
-    xt = torch.full((301, 48), float("nan"), dtype=dtype)            # a pad row and batch columns
+    xt = torch.full((301, 56), float("nan"), dtype=dtype)            # a pad row and batch columns
     L.transpose_into(x, xt)
-    assert torch.equal(xt[:300, :37], x.t())
-    assert not xt[300].any() and not xt[:, 37:].any()
+    assert torch.equal(xt[:300, :50], x.t())
+    assert not xt[300].any() and not xt[:, 50:].any()
 
 
-def test_small_extents_use_pytorchs_copy_with_the_same_result():
+def test_small_extents_use_pytorchs_copy_with_the_same_result(monkeypatch):
+    launched = []
+    real = L._launch
+    monkeypatch.setattr(L, "_launch", lambda *a: (launched.append(a[0].shape), real(*a)))
     src = torch.randn(600, 7, 2).half()                              # 2 along c: below the tile's worth
     out = torch.full((3, 7, 601), float("nan"), dtype=torch.float16)
     L.swap_axes_into(src, out)
-    assert torch.equal(out, _want(src, out.shape))
+    assert torch.equal(out, _want(src, out.shape)) and not launched
+    L.swap_axes_into(torch.randn(48, 2, 48).half(), torch.empty(48, 2, 48).half())   # from 48 on both: the kernel
+    assert launched == [(48, 2, 48)]
 
 
 def test_the_device_check_passes_on_the_cpu():

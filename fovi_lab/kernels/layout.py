@@ -6,9 +6,11 @@ The kernels read their operands in the layout their loads want: x^T ``[Cin*Nin, 
     out[c, r, a] = src[a, r, c]         src [A, R, C] -> out [C', R', A'] (C' >= C, R' >= R, A' >= A; the rest 0)
 
 (a 2-D transpose is R = 1). PyTorch does such a copy with its generic strided kernel: one of the two sides is read
-or written a 2-byte element per 32-byte sector, and on the H200 it moved 490-730 GB/s (x [512, 92544] fp16 to
-x^T: 0.292 ms; ``tools/h200/profile_step.py --transpose``), a fifth of HBM bandwidth. In a train step those copies
-took 15-35 % of the GPU time on every layer profiled.
+or written a 2-byte element per 32-byte sector, and on the H200 it moved 0.35-1.16 TB/s on the copies profiled
+(x [512, 92544] fp16 to x^T: 0.65 TB/s, 0.291 ms replayed; ``tools/h200/profile_step.py --transpose``), a seventh
+of HBM bandwidth; in the six train steps profiled there (four layers at B = 512, two at B = 16) its strided copies
+took 14-35 % of the GPU time. With this kernel the same copy took 0.098 ms, and the train step at B = 512, replayed,
+was 1.07-1.20x faster on all 13 layers (data/h200/train_step_b512.jsonl.gz against data/h200/train_step.jsonl).
 
 :func:`swap_axes_into` stages a ``W x W`` tile through shared memory instead (``W`` = 64 16-bit or 32 32-bit
 elements: 128 bytes along each tile row), so both sides are whole 128-byte lines:
@@ -43,8 +45,11 @@ __all__ = ["swap_axes_into", "swap_axes", "transpose", "transpose_into", "layout
 
 #: Threads per CTA (8 warps), one ``W x W`` tile each.
 LAYOUT_BLOCK = 256
-#: Below this many elements along either swapped axis the tile is mostly empty: PyTorch's copy is used.
-_MIN_SWAP_EXTENT = 16
+#: Below this many elements along either swapped axis the tile is mostly empty and PyTorch's copy is used. Replayed on
+#: the H200 (tools/h200/profile_step.py --transpose, 17 copies of a step's shapes) the kernel took 0.27-0.72x
+#: PyTorch's time on the 13 with both axes at 60 or more, and 0.92-2.16x on the 4 with one axis at 16 (x^T at
+#: B = 16: 11.0 against 5.1 us); nothing between was measured.
+_MIN_SWAP_EXTENT = 48
 
 
 def tile_width(element_size: int) -> int:
@@ -207,7 +212,7 @@ def swap_axes_into(src: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     ``A' >= A``; every other element of ``out`` is set to zero. Any strides, 2- or 4-byte dtypes (``out`` of
     ``src``'s dtype, on its device); a recorded launch on torch's current stream. Returns ``out``.
 
-    PyTorch's strided copy does it where the kernel is not worth it (an extent below 16 along a swapped axis), on a
+    PyTorch's strided copy does it where the kernel is not worth it (an extent below 48 along a swapped axis), on a
     device where the once-per-device check failed, and under CUDA-graph capture before that check ran."""
     if src.dim() != 3 or out.dim() != 3:
         raise ValueError(f"swap_axes_into: expected 3-D src and out, got {tuple(src.shape)} and {tuple(out.shape)}")

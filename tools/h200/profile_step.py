@@ -9,6 +9,8 @@ per kernel name: calls, total and mean GPU time; with ``--forward`` the forward 
 forward against the transposed gather + bmm). Prints the configs the rules pick and writes
 ``$OUT/profile_<layer>_<B>[_fwd].txt``."""
 import argparse
+import datetime
+import json
 import os
 
 import torch
@@ -104,6 +106,7 @@ def transpose_probe(reps: int = 20) -> str:
         return e0.elapsed_time(e1) / (5 * reps)
 
     out = ["=== layout copies src [A, R, C] -> [C, R, A], replayed (GPU time per copy): PyTorch's copy_ vs the kernel"]
+    records = []
     cases = [((512, 1, 4096), torch.float16), ((512, 1, 7680), torch.float16), ((512, 1, 14720), torch.float16),
              ((512, 1, 58880), torch.float16), ((512, 1, 92544), torch.float16), ((64, 1, 92544), torch.float16),
              ((16, 1, 92544), torch.float16), ((64, 1, 15360), torch.float16), ((512, 1, 2304), torch.float16),
@@ -118,10 +121,27 @@ def transpose_probe(reps: int = 20) -> str:
         t_torch = replayed(lambda: o1.copy_(src.permute(2, 1, 0)))
         t_ours = replayed(lambda: swap_axes_into(src, o2))
         mb = 2 * src.numel() * src.element_size() / 1e6
+        records.append(dict(kind="layout_copy", shape=list(shape), dtype=str(dtype)[6:], mb=mb / 2, torch_us=t_torch * 1e3,
+                            kernel_us=t_ours * 1e3, equal=torch.equal(o1, o2), reps=reps, **_provenance()))
         out.append(f"{str(list(shape)):18s} {str(dtype)[6:]:8s} {mb / 2:7.1f} MB: torch {t_torch * 1e3:7.1f} us "
                    f"({mb / t_torch / 1e3:5.2f} TB/s), kernel {t_ours * 1e3:7.1f} us ({mb / t_ours / 1e3:5.2f} TB/s), "
                    f"x{t_torch / t_ours:.2f}, equal {torch.equal(o1, o2)}")
+    with open(os.path.join(os.environ.get("OUT", "."), "layout_copies.jsonl"), "w") as f:
+        for r in records:
+            f.write(json.dumps(r, sort_keys=True) + "\n")
     return "\n".join(out)
+
+
+def _provenance() -> dict:
+    """device, versions, date and commit of a record (the commit from ``FOVI_COMMIT``: the device has no git)."""
+    import platform
+    import warp as wp
+    return dict(device=torch.cuda.get_device_name(), warp=wp.config.version, torch=torch.__version__,
+                cuda=torch.version.cuda, python=platform.python_version(), commit=os.environ.get("FOVI_COMMIT"),
+                date=_START, command="python tools/h200/profile_step.py ... --transpose")
+
+
+_START = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 def main():
@@ -129,9 +149,14 @@ def main():
     ap.add_argument("targets", nargs="+", help="layer:B")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--forward", action="store_true", help="the forward op alone")
-    ap.add_argument("--transpose", action="store_true", help="also time the x^T layout copy")
+    ap.add_argument("--transpose", action="store_true", help="also time the layout copies")
+    ap.add_argument("--grad-mma", action="store_true",
+                    help="both gradients on the rule's tensor-core config whatever the work and padding")
     args = ap.parse_args()
     init_warp()
+    if args.grad_mma:
+        from fovi_lab.kernels.adjoint import as_forward
+        as_forward.MMA_GRAD_MIN_GFLOP, as_forward.MMA_GRAD_MAX_PADDING = 0.0, float("inf")
     texts = []
     for t in args.targets:
         layer, b = t.split(":")
