@@ -362,21 +362,3 @@ def test_the_public_adjoints_take_warp_train_s_path(monkeypatch):
     assert torch.equal(knn_warp.grad_input(meta, g, w), nm.grad_input_nm(meta, g, w))
     assert torch.equal(knn_warp.grad_input(meta, g, w, stage_fp32=True), staged_gi(meta, g, w, stage_fp32=True))
     assert torch.equal(knn_warp.grad_weight(meta, g, x, "gw3_p64n64"), staged_gw(meta, g, x, "gw3_p64n64"))
-
-
-def test_seg_finish_rows_kernel_is_bitwise_the_list_fastest_one():
-    """dW's finish reads partial rows with the list slowest; its sums must be the other launch order's, bit for bit
-    (the same segment-order fp32 sum per output), with empty lists giving 0."""
-    from fovi_lab.kernels.common import fast_launch, warp_ct
-    g = torch.Generator().manual_seed(7)
-    segptr = torch.tensor([0, 3, 3, 4, 9, 11], dtype=torch.int32)         # 5 lists, one empty
-    part = torch.randn(11, 7, 40, generator=g) * torch.logspace(-3, 3, 40)  # magnitudes where the order shows
-    outs = []
-    for kernel, dims in ((nm.seg_finish_kernel(), (7, 40, 5)), (nm.seg_finish_rows_kernel(), (5, 7, 40))):
-        out = torch.full((7, 40, 5), float("nan"))
-        fast_launch(kernel, dims, [warp_ct(segptr), warp_ct(part), warp_ct(out)], 256, "cpu", tiled=False)
-        outs.append(out)
-    assert torch.equal(outs[0], outs[1])
-    assert not outs[1][:, :, 1].any()
-    want = torch.stack([part[a:b].sum(0) for a, b in zip(segptr[:-1].tolist(), segptr[1:].tolist())], -1)
-    assert torch.allclose(outs[1], want, rtol=1e-5, atol=1e-5)

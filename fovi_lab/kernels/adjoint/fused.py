@@ -264,24 +264,6 @@ def seg_finish_kernel():
     return fovi_seg_finish
 
 
-@built_once
-def seg_finish_rows_kernel():
-    """:func:`seg_finish_kernel` with the list ``g`` slowest: a warp reads 32 adjacent ``j`` of one partial row
-    (128 bytes) instead of 32 lists' rows (a 4-byte word per 32-byte sector), and stores into the gradient's layout
-    with a stride of G words, which the L2 merges while the output fits in it (dW: ``[Cout, Cin, V]``, at most a
-    few MB). Launch over ``(G, I, J)``. The same segment-order sum per output, so the result is bit for bit the
-    other kernel's."""
-    @wp.kernel(enable_backward=False, module="unique")
-    def fovi_seg_finish_rows(segptr: wp.array1d(dtype=wp.int32), part: wp.array3d(dtype=wp.float32),
-                             out: wp.array3d(dtype=wp.float32)):
-        g, i, j = wp.tid()
-        acc = float(0.0)
-        for s in range(segptr[g], segptr[g + 1]):
-            acc += part[s, i, j]
-        out[i, j, g] = acc
-    return fovi_seg_finish_rows
-
-
 def segment_table(rowptr: torch.Tensor, steps_per_entry: int, seg_steps: int):
     """Cut CSR lists into balanced segments.
 

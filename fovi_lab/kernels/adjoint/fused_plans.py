@@ -21,7 +21,6 @@ from fovi_lab.kernels.common import (built_once, check_tensor, fast_launch, init
 from fovi_lab.kernels.forward.plans import DIRECT_STORE_MAX_BYTES
 from fovi_lab.kernels.layout import swap_axes_into
 from fovi_lab.kernels.adjoint.fused import (DX_NM_CONFIG_SPECS, WAVE_CTAS, _budget_bytes, seg_finish_kernel,
-                                            seg_finish_rows_kernel,
                                             segment_table, select_dw_nm_config, select_dx_nm_config)
 from fovi_lab.kernels.adjoint.fused_build import (NmGradKernel, _VALIDATED, _aux, _build, _spec, reverse_lists,
                                                   tap_lists, validated_key)
@@ -283,7 +282,7 @@ class _GradWeightNmPlan:
     def finish(self) -> torch.Tensor:
         """``dW[o, c*V + v]`` = the fixed-order sum of tap v's partials (fp32).
 
-        Segments: one SIMT launch (:func:`seg_finish_rows_kernel`). Splits: dW of
+        Segments: one SIMT launch (:func:`seg_finish_kernel`). Splits: dW of
         ``_FINISH_TILED_MIN_BYTES`` or more (alexnet L1-L4, res18 layer3/4_0): one tiled launch straight
         into dW's layout (:func:`_dw_finish_kernel`), no ``[V, Op, Cp]`` temporary. On the H200
         (fovi_lab/records/h200/train_step.jsonl.gz, the tiled dW finish of 2026-11-29) that cut
@@ -293,7 +292,7 @@ class _GradWeightNmPlan:
         m = self.meta
         if self.seg_steps is not None:
             dw = torch.empty(m.cout, m.cin, m.v, dtype=torch.float32, device=self.out.device)
-            _launch(seg_finish_rows_kernel(), (m.v, m.cout, m.cin), [_ct(self._segptr), _ct(self.out), _ct(dw)],
+            _launch(seg_finish_kernel(), (m.cout, m.cin, m.v), [_ct(self._segptr), _ct(self.out), _ct(dw)],
                     256, self.device, tiled=False)
             return dw.view(m.cout, m.q)
         if 4 * m.cout * m.q < _FINISH_TILED_MIN_BYTES:
