@@ -41,7 +41,8 @@ import torch
 
 from fovi_lab.kernels.common import built_once, fast_launch, warp_ct, warp_device, wp
 
-__all__ = ["swap_axes_into", "swap_axes", "transpose", "transpose_into", "layout_ok", "LAYOUT_BLOCK", "tile_width"]
+__all__ = ["swap_axes_into", "swap_axes", "transpose", "transpose_into", "layout_ok", "layout_snippet", "LAYOUT_BLOCK",
+           "tile_width"]
 
 #: Threads per CTA (8 warps), one ``W x W`` tile each.
 LAYOUT_BLOCK = 256
@@ -59,7 +60,10 @@ def tile_width(element_size: int) -> int:
     return 128 // element_size
 
 
-def _snippet(es: int) -> str:
+def layout_snippet(element_size: int) -> str:
+    """The native snippet of the layout kernel for ``element_size``-byte elements (2 or 4): the CUDA branch (the
+    tile through shared memory) and the C++ branch Warp's CPU device runs."""
+    es = element_size
     w = tile_width(es)
     e = 4 // es                       # elements per 4-byte word
     stype = "unsigned short" if es == 2 else "unsigned int"
@@ -118,7 +122,7 @@ def _snippet(es: int) -> str:
 
 def _make_kernel(es: int):
     et = wp.int16 if es == 2 else wp.int32
-    src_code = _snippet(es)
+    src_code = layout_snippet(es)
 
     # (Warp recognises a native function by its literal ``@wp.func_native(...)`` decorator)
     @wp.func_native(src_code)

@@ -122,7 +122,8 @@ def transpose_probe(reps: int = 20) -> str:
         t_ours = replayed(lambda: swap_axes_into(src, o2))
         mb = 2 * src.numel() * src.element_size() / 1e6
         records.append(dict(kind="layout_copy", shape=list(shape), dtype=str(dtype)[6:], mb=mb / 2, torch_us=t_torch * 1e3,
-                            kernel_us=t_ours * 1e3, equal=torch.equal(o1, o2), reps=reps, **_provenance()))
+                            kernel_us=t_ours * 1e3, equal=torch.equal(o1, o2), reps=reps, dispatch="rule",
+                            **_provenance()))
         out.append(f"{str(list(shape)):18s} {str(dtype)[6:]:8s} {mb / 2:7.1f} MB: torch {t_torch * 1e3:7.1f} us "
                    f"({mb / t_torch / 1e3:5.2f} TB/s), kernel {t_ours * 1e3:7.1f} us ({mb / t_ours / 1e3:5.2f} TB/s), "
                    f"x{t_torch / t_ours:.2f}, equal {torch.equal(o1, o2)}")
