@@ -58,7 +58,7 @@ def forward_path() -> str:
     column, then one shared-weight tensor-core GEMM: :mod:`fovi_lab.kernels.forward.binned`). ``auto`` (the
     default) is ``compact``: on the H200, replayed, the binned form lost to PyTorch's fastest forward at every B from
     1 to 16 on all 13 layers but the ResNet-18 stem, and to the compact kernels but for 5-16 % gains on three AlexNet
-    layers at B = 1 (data/h200/forward_binned.jsonl)."""
+    layers at B = 1 (data/h200/forward_binned.jsonl.gz)."""
     path = os.environ.get("FOVI_KNN_FWD_PATH") or "auto"
     if path not in ("binned", "compact", "auto"):
         raise ValueError(f"FOVI_KNN_FWD_PATH: expected 'binned', 'compact' or 'auto', got {path!r}")

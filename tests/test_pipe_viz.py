@@ -40,7 +40,7 @@ def test_a_pipelined_config_matches_the_reference_here():
 
 def test_recorded_rows_read_the_side_by_side_run():
     rows = pv.recorded_rows()
-    assert rows, "data/h200/forward_pipe.jsonl holds the pipelined kernels' run"
+    assert rows, "data/h200/forward_pipe.jsonl.gz holds the pipelined kernels' run"
     for r in rows:
         assert F.config_spec(r["pipe"]).family in F.PIPE_FAMILIES
         assert F.config_spec(r["reg"]).family in F.MMA_FAMILIES

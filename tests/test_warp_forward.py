@@ -598,13 +598,13 @@ def test_heuristic_matches_sweep():
         pick = F.select_config(b, r["cout"], r["nout"], r["p64"], in_channels=r["cin"],
                                                node_major=True, q=r["cin"] * r["v"])
         if F.config_spec(pick).family in F.PIPE_FAMILIES:
-            # judged on the pipelined kernels' own side-by-side run (data/h200/forward_pipe.jsonl, tag "mmap"),
+            # judged on the pipelined kernels' own side-by-side run (data/h200/forward_pipe.jsonl.gz, tag "mmap"),
             # and the register rule's pick (what the pipeline replaced) on the package sweep as before
             pipe = _pipe_kernel_times().get((layer, b))
             if pipe is not None:
                 if pick not in pipe or pipe[pick] > 1.05 * min(pipe.values()):
                     bad.append(f"{layer} B={b}: pipelined pick {pick} not within 5 % of the fastest kernel "
-                               f"{min(pipe, key=pipe.get)} in data/h200/forward_pipe.jsonl")
+                               f"{min(pipe, key=pipe.get)} in data/h200/forward_pipe.jsonl.gz")
             pick = F.select_config(b, r["cout"], r["nout"], r["p64"], in_channels=r["cin"],
                                    node_major=True, q=r["cin"] * r["v"], pipe=False)
         mma = F.config_spec(pick).family in F.MMA_FAMILIES
@@ -636,7 +636,7 @@ def _pipe_kernel_times():
     from fovi_lab.ops.records import read_file
     h200 = os.path.join(os.path.dirname(__file__), "..", "data", "h200")
     out = {}
-    for name, tag in (("forward_pipe.jsonl", "mmap"), ("forward_pipe_batches.jsonl.gz", "pipe-mid")):
+    for name, tag in (("forward_pipe.jsonl.gz", "mmap"), ("forward_pipe_batches.jsonl.gz", "pipe-mid")):
         run = {}
         for r in read_file(os.path.join(h200, name)):
             if r.get("tag") == tag and r["impl"] == "warp_uncached" and r.get("ms_kernel"):

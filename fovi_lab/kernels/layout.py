@@ -6,8 +6,9 @@ The kernels read their operands in the layout their loads want: x^T ``[Cin*Nin, 
     out[c, r, a] = src[a, r, c]         src [A, R, C] -> out [C', R', A'] (C' >= C, R' >= R, A' >= A; the rest 0)
 
 (a 2-D transpose is R = 1). PyTorch does such a copy with its generic strided kernel: one of the two sides is read
-or written a 2-byte element per 32-byte sector, and on the H200 it moved 0.35-1.16 TB/s on the copies profiled
-(x [512, 92544] fp16 to x^T: 0.65 TB/s, 0.291 ms replayed; ``tools/h200/profile_step.py --transpose``), a seventh
+or written a 2-byte element per 32-byte sector, and on the H200 it moved 0.33-1.18 TB/s on the copies profiled
+(x [512, 92544] fp16 to x^T: 0.65 TB/s, 0.291 ms replayed; ``tools/h200/profile_step.py --transpose``,
+data/h200/layout_copies.jsonl), a seventh
 of HBM bandwidth; in the six train steps profiled there (four layers at B = 512, two at B = 16) its strided copies
 took 14-35 % of the GPU time. With this kernel the same copy took 0.098 ms, and the train step at B = 512, replayed,
 was 1.07-1.20x faster on all 13 layers (data/h200/train_step_b512.jsonl.gz against data/h200/train_step.jsonl).
@@ -27,8 +28,8 @@ axes have unit stride and every row starts 4-byte aligned, element by element ot
 
 On Warp's CPU device the snippet's C++ branch has each thread copy its own elements of the tile directly (the same
 tile mapping and zero fill, no shared memory). Before use on a device the kernel is checked once against PyTorch's
-copy on odd extents with a NaN-prefilled output (:func:`layout_ok`); where that fails, or under CUDA-graph capture
-before that check ran, the copy falls back to PyTorch's.
+copy on odd extents with a NaN-prefilled output (:func:`layout_ok`); where that fails, under CUDA-graph capture
+before that check ran, and for a swapped axis under 48 elements (:data:`_MIN_SWAP_EXTENT`), the copy is PyTorch's.
 """
 
 # (no "from __future__ import annotations": Warp needs the stubs' annotations as objects)

@@ -39,7 +39,7 @@ STEMS = ("alex_L0", "res18_stem", "dinov3_patch")
 RUN_FILES = {"rf2": "forward_h200_run20_torch-binned.jsonl", "rf1": "forward_h200_run21_rf1-stems.jsonl"}
 WARP_BINNED_FILE = "forward_h200_run18_binned-stems.jsonl"
 #: The H200 runs of ``python -m fovi_lab bench forward --binned --graphs`` (records carry their commit and command)
-TC_BINNED_RECORDS = kl.DATA_DIR / "h200" / "forward_binned.jsonl"
+TC_BINNED_RECORDS = kl.DATA_DIR / "h200" / "forward_binned.jsonl.gz"
 
 
 def tap_ratio_rows(layers=None) -> List[dict]:

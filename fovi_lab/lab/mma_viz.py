@@ -167,7 +167,7 @@ def _replayed(rs: List[dict]) -> Dict[str, float]:
 def mma_rows(records: Optional[List[dict]] = None, batches: Sequence[int] = (1, 16, 64, 512)) -> List[dict]:
     """Per layer and batch, medians of whole ops replayed from CUDA graphs: the register mma rule's pick
     (``select_config(..., pipe=False)``: the kernels this notebook builds; the pipelined ones that the rule takes
-    on the large-GEMM layers from B = 64 were timed in their own run, ``data/h200/forward_pipe.jsonl``) (over
+    on the large-GEMM layers from B = 64 were timed in their own run, ``data/h200/forward_pipe.jsonl.gz``) (over
     :data:`MMA_RUNS`; ``tflops``: the compact GEMM's ``2*B*P64*Cout*Nout`` FLOPs over its time), the tile / SIMT
     rules' pick (over :data:`OLD_RULE_RUNS`, where it was the run's chosen config) and the fastest PyTorch forward
     (over :data:`MMA_RUNS`)."""

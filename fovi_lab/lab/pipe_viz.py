@@ -7,7 +7,7 @@
 * :func:`explore_pipe`: run one pipelined config on a real layer's shape here, against the fp32 reference.
 * :func:`recorded_rows` / :func:`recorded_table` / :func:`recorded_figure`: the H200 run that timed every
   pipelined config beside the register kernels' pick, their dense ceilings and cuBLAS on the same GEMMs
-  (``data/h200/forward_pipe.jsonl``, tag ``"mmap"``).
+  (``data/h200/forward_pipe.jsonl.gz``, tag ``"mmap"``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ __all__ = ["PIPE_RECORDS", "LAYERS", "pipe_configs", "stage_rows", "stage_table"
            "recorded_figure"]
 
 #: The checkout's record of the pipelined kernels' side-by-side H200 run (absent from a wheel install).
-PIPE_RECORDS = kl.DATA_DIR / "h200" / "forward_pipe.jsonl"
+PIPE_RECORDS = kl.DATA_DIR / "h200" / "forward_pipe.jsonl.gz"
 #: The layers with recorded H200 runs (the widget's choices).
 LAYERS = RECORDED_LAYERS
 
@@ -177,7 +177,7 @@ def recorded_figure(rows: Optional[List[dict]] = None, batch: int = 512, height:
     recs = [rec for r in rows for rec in r["records"]]
     fig.update_layout(barmode="group", height=height, yaxis=dict(title="TFLOP/s (kernel time)"),
                       title=dict(text=f"The pipelined tensor-core forward at B = {batch}<br><sub>"
-                                      f"{kl.versions_title(recs)} · data/h200/forward_pipe.jsonl</sub>", x=0.01),
+                                      f"{kl.versions_title(recs)} · data/h200/forward_pipe.jsonl.gz</sub>", x=0.01),
                       margin=dict(t=70, b=40), legend=dict(orientation="h", y=-0.2))
     return fig
 

@@ -428,7 +428,7 @@ def heuristic_table(records: Optional[List[dict]] = None) -> List[dict]:
     """For every recorded (layer, B): the config :func:`fovi_lab.kernels.forward.rules.select_config`
     picks *now* among the kernels the sweep timed (``pipe=False``: the pipelined tensor-core kernels, which the rule
     takes on the large-GEMM layers from B = 64, were timed in their own side-by-side run,
-    ``data/h200/forward_pipe.jsonl``), its recorded kernel time, the fastest recorded config and the ratio
+    ``data/h200/forward_pipe.jsonl.gz``), its recorded kernel time, the fastest recorded config and the ratio
     pick / fastest (None where the pick was not part of the recorded sweep)."""
     from fovi_lab.kernels import forward as F
     records = forward_records() if records is None else records

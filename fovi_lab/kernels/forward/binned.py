@@ -27,7 +27,7 @@ Two launches and a transpose, all deterministic:
 on the same weight column) rounds its sum where the compact form rounds nothing, so the binned y can differ
 from the compact one in the last bits, within the forward's tolerance of the fp32 oracle.
 
-Measured (one H200, fp16, ``python -m fovi_lab bench forward --binned --graphs``, data/h200/forward_binned.jsonl):
+Measured (one H200, fp16, ``python -m fovi_lab bench forward --binned --graphs``, data/h200/forward_binned.jsonl.gz):
 replayed from CUDA graphs, the binned op was slower than PyTorch's fastest forward on every measured shape but the
 ResNet-18 stem, and slower than the compact kernels everywhere but AlexNet L1, L2 and L4 at B = 1, where it saved
 5-16 % (L2: 0.052 against 0.062 ms) and still took 1.8-1.9x PyTorch's binned form, whose GEMM is cuBLAS's

@@ -149,7 +149,7 @@ _MMAW_MAX_REUSE = 4
 _MMAW_MAX_BATCH_REUSE = 128
 
 
-# The pipelined tensor-core kernels (fovi_lab.kernels.forward.mma_pipe), from the H200 run of data/h200/forward_pipe.jsonl
+# The pipelined tensor-core kernels (fovi_lab.kernels.forward.mma_pipe), from the H200 run of data/h200/forward_pipe.jsonl.gz
 # (kernel times, B = 64 and 512, against the register kernels' picks in the same run): where each node's GEMM is
 # large (Cout >= 256, P64 >= 2048) and there are nodes to spread (>= 16), the cp.async stages win every layer:
 # alexnet L1-L4 at B = 512 by 1.45-1.64x (alexnet L1: 0.763 against 1.103 ms, 192 TFLOP/s), at B = 64 by 1.31-1.73x;
