@@ -76,8 +76,9 @@ def test_small_extents_use_pytorchs_copy_with_the_same_result(monkeypatch):
     out = torch.full((3, 7, 601), float("nan"), dtype=torch.float16)
     L.swap_axes_into(src, out)
     assert torch.equal(out, _want(src, out.shape)) and not launched
-    L.swap_axes_into(torch.randn(48, 2, 48).half(), torch.empty(48, 2, 48).half())   # from 48 on both: the kernel
-    assert launched == [(48, 2, 48)]
+    L.swap_axes_into(torch.randn(20, 2, 40).half(), torch.empty(40, 2, 20).half())   # 20 along a: still PyTorch
+    L.swap_axes_into(torch.randn(36, 2, 40).half(), torch.empty(40, 2, 36).half())   # from 32 on both: the kernel
+    assert launched == [(36, 2, 40)]
 
 
 def test_the_device_check_passes_on_the_cpu():

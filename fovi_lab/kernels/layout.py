@@ -29,7 +29,7 @@ axes have unit stride and every row starts 4-byte aligned, element by element ot
 On Warp's CPU device the snippet's C++ branch has each thread copy its own elements of the tile directly (the same
 tile mapping and zero fill, no shared memory). Before use on a device the kernel is checked once against PyTorch's
 copy on odd extents with a NaN-prefilled output (:func:`layout_ok`); where that fails, under CUDA-graph capture
-before that check ran, and for a swapped axis under 48 elements (:data:`_MIN_SWAP_EXTENT`), the copy is PyTorch's.
+before that check ran, and for a swapped axis under 32 elements (:data:`_MIN_SWAP_EXTENT`), the copy is PyTorch's.
 """
 
 # (no "from __future__ import annotations": Warp needs the stubs' annotations as objects)
@@ -50,8 +50,10 @@ LAYOUT_BLOCK = 256
 #: Below this many elements along either swapped axis the tile is mostly empty and PyTorch's copy is used. Replayed on
 #: the H200 (tools/h200/profile_step.py --transpose, 17 copies of a step's shapes) the kernel took 0.27-0.72x
 #: PyTorch's time on the 13 with both axes at 60 or more, and 0.92-2.16x on the 4 with one axis at 16 (x^T at
-#: B = 16: 11.0 against 5.1 us); nothing between was measured.
-_MIN_SWAP_EXTENT = 48
+#: B = 16: 11.0 against 5.1 us). No copy between was timed alone; the train steps at B = 64 and 512 that ran
+#: 1.07-1.20x faster with the kernel (data/h200/train_step_b512.jsonl.gz, train_step_b64.jsonl.gz) sent the rf2
+#: layers' tap-major W (36 taps) through it.
+_MIN_SWAP_EXTENT = 32
 
 
 def tile_width(element_size: int) -> int:
@@ -217,7 +219,7 @@ def swap_axes_into(src: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     ``A' >= A``; every other element of ``out`` is set to zero. Any strides, 2- or 4-byte dtypes (``out`` of
     ``src``'s dtype, on its device); a recorded launch on torch's current stream. Returns ``out``.
 
-    PyTorch's strided copy does it where the kernel is not worth it (an extent below 48 along a swapped axis), on a
+    PyTorch's strided copy does it where the kernel is not worth it (an extent below 32 along a swapped axis), on a
     device where the once-per-device check failed, and under CUDA-graph capture before that check ran."""
     if src.dim() != 3 or out.dim() != 3:
         raise ValueError(f"swap_axes_into: expected 3-D src and out, got {tuple(src.shape)} and {tuple(out.shape)}")
