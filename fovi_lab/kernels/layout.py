@@ -40,7 +40,7 @@ from typing import Dict, Tuple
 
 import torch
 
-from fovi_lab.kernels.common import built_once, fast_launch, warp_ct, warp_device, wp
+from fovi_lab.kernels.common import built_once, fast_launch, warp_ct, wp
 
 __all__ = ["swap_axes_into", "swap_axes", "transpose", "transpose_into", "layout_ok", "layout_snippet", "LAYOUT_BLOCK",
            "tile_width"]
@@ -162,7 +162,7 @@ def _vec_ok(src: torch.Tensor, out: torch.Tensor, es: int) -> bool:
 def _launch(src: torch.Tensor, out: torch.Tensor, es: int, device: str) -> None:
     # (the kernels declare int16 / int32 arrays; warp_ct's descriptors carry only pointer, shape and byte strides,
     # so the fp16 / bf16 / fp32 tensors are passed as they are: the kernel moves their bits)
-    w = 64 if es == 2 else 32
+    w = tile_width(es)
     cd, rd, ad = out.shape
     kernel = _kernel16() if es == 2 else _kernel32()
     fast_launch(kernel, (-(-ad // w), rd, -(-cd // w) * LAYOUT_BLOCK),
@@ -173,11 +173,13 @@ _ok_lock = threading.Lock()
 _OK: Dict[Tuple[str, int], bool] = {}
 
 
-def _device_str(t: torch.Tensor) -> str:
-    d = t.device
+def _device_str(d: torch.device) -> str:
+    """The Warp device string of a torch device (``"cpu"`` or ``"cuda:i"``), without building a tensor."""
     if d.type == "cuda":
         return f"cuda:{d.index if d.index is not None else torch.cuda.current_device()}"
-    return warp_device(t)
+    if d.type == "cpu":
+        return "cpu"
+    raise ValueError(f"tensor on unsupported device {d}; Warp kernels run on cpu or cuda")
 
 
 def layout_ok(device: torch.device, element_size: int) -> bool:
@@ -185,8 +187,7 @@ def layout_ok(device: torch.device, element_size: int) -> bool:
     odd extents, zero-padded extents, NaN-prefilled outputs, both the 4-byte and the element-by-element path, against
     PyTorch's copy). A failure warns once and the copies there use PyTorch's."""
     dev = torch.device(device)
-    probe = torch.empty(0, device=dev)
-    key = (_device_str(probe), int(element_size))
+    key = (_device_str(dev), int(element_size))
     got = _OK.get(key)
     if got is not None:
         return got
@@ -234,7 +235,7 @@ def swap_axes_into(src: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         return out
     es = src.element_size()
     if a >= _MIN_SWAP_EXTENT and c >= _MIN_SWAP_EXTENT and es in (2, 4):
-        dev = _device_str(src)
+        dev = _device_str(src.device)
         ok = _OK.get((dev, es))
         if ok is None and not (src.is_cuda and torch.cuda.is_current_stream_capturing()):
             ok = layout_ok(src.device, es)
