@@ -5,7 +5,7 @@ captured too).
 
 For each ``layer:B`` target: the CUDA kernels of ``reps`` warp_train steps (forward + backward_combined, the
 weight's version bumped each step) and of the same steps of torch autograd through the transposed gather + bmm,
-per kernel name: calls, total and mean GPU time; with ``--forward`` the forward op alone (``warp_train``'s
+per kernel name: calls, total and mean GPU time (``--baseline binned_mm``: PyTorch's binned form instead); with ``--forward`` the forward op alone (``warp_train``'s
 forward against the transposed gather + bmm). Prints the configs the rules pick and writes
 ``$OUT/profile_<layer>_<B>[_fwd].txt``."""
 import argparse
@@ -41,7 +41,7 @@ def _profile(name, fn, reps):
     return "\n".join(lines)
 
 
-def profile_target(layer: str, b: int, reps: int, forward_only: bool) -> str:
+def profile_target(layer: str, b: int, reps: int, forward_only: bool, baseline: str = "tgather_bmm") -> str:
     from fovi_lab.kernels import forward as F
     from fovi_lab.kernels.adjoint.as_forward import select_grad_mma
     from fovi_lab.knn_warp import grad_paths
@@ -62,7 +62,7 @@ def profile_target(layer: str, b: int, reps: int, forward_only: bool) -> str:
         if not forward_only:
             WarpTrainOps.backward_combined(meta, gy, x, w)
 
-    fwd = torch_forwards(meta)["tgather_bmm"]
+    fwd = torch_forwards(meta)[baseline]
     xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
 
     def torch_step():
@@ -73,7 +73,7 @@ def profile_target(layer: str, b: int, reps: int, forward_only: bool) -> str:
             torch.autograd.grad(fwd(xr, wr), (xr, wr), gy)
 
     out = [head]
-    for name, fn in (("warp_train", warp_step), ("torch_tgather_bmm", torch_step)):
+    for name, fn in (("warp_train", warp_step), (f"torch_{baseline}", torch_step)):
         out.append(f"--- {name}, {reps} {'forwards' if forward_only else 'steps'}")
         out.append(_profile(name, fn, reps))
     return "\n".join(out)
@@ -153,6 +153,8 @@ def main():
     ap.add_argument("--transpose", action="store_true", help="also time the layout copies")
     ap.add_argument("--grad-mma", action="store_true",
                     help="both gradients on the rule's tensor-core config whatever the work and padding")
+    ap.add_argument("--baseline", default="tgather_bmm", choices=("tgather_bmm", "gather_bmm", "binned_mm"),
+                    help="the PyTorch autograd forward profiled beside warp_train")
     args = ap.parse_args()
     init_warp()
     if args.grad_mma:
@@ -161,7 +163,7 @@ def main():
     texts = []
     for t in args.targets:
         layer, b = t.split(":")
-        text = profile_target(layer, int(b), args.reps, args.forward)
+        text = profile_target(layer, int(b), args.reps, args.forward, args.baseline)
         print(text, flush=True)
         texts.append(text)
         with open(os.path.join(os.environ.get("OUT", "."),
