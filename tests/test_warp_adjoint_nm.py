@@ -77,7 +77,7 @@ def test_default_configs_main_pad_heavy(shape, b):
 @pytest.mark.parametrize("b", [1, 17, 130])
 @pytest.mark.parametrize("config", DX_NAMES)
 def test_dx_segments_every_config(config, b):
-    """Balanced segments (kernel dxs + the SIMT finish): segments of 1, 2 and 5 steps, NaN-prefilled
+    """Balanced segments (kernel dxs + the segment finish): segments of 1, 2 and 5 steps, NaN-prefilled
     partials, against the oracle; bitwise repeatable."""
     meta, x, w, g, dx_o, _, e_dx, _ = _case("ODD", b)
     for seg in (1, 2, 5):
@@ -105,6 +105,43 @@ def test_segments_main_pad_heavy(shape):
     meta, x, w, g, dx_o, dw_o, e_dx, e_dw = _case(shape, 17)
     _assert_within(_run_nan_prefilled(nm.plan_grad_input_nm(meta, g, w, seg_steps=3)), dx_o, e_dx, f"dx {shape}")
     _assert_within(_run_nan_prefilled(nm.plan_grad_weight_nm(meta, g, x, seg_steps=3)), dw_o, e_dw, f"dW {shape}")
+
+
+@pytest.mark.parametrize("shape,b", [("ODD", 1), ("ODD", 130), ("PAD_HEAVY", 17)])
+def test_tiled_segment_finish_is_the_simt_finish_bitwise(monkeypatch, shape, b):
+    """The shared-memory-tile finish (the default) against the SIMT one on the same partials: dx and dW
+    bitwise equal, NaN-prefilled outputs, every shape's segment lengths."""
+    meta, x, w, g, _, _, _, _ = _case(shape, b)
+    for seg in (1, 3):
+        got = {}
+        for mode in ("simt", "tiled"):
+            monkeypatch.setenv("FOVI_KNN_SEG_FINISH", mode)
+            pi = nm.plan_grad_input_nm(meta, g, w, seg_steps=seg)
+            pw = nm.plan_grad_weight_nm(meta, g, x, seg_steps=seg)
+            pi.launch()
+            pi.dx.fill_(float("nan"))                  # the finish alone fills dx
+            adj_fused_plans._launch_seg_finish(*pi.fin_inputs, pi.dx, pi.device)
+            got[mode] = (pi.dx.clone(), _run_nan_prefilled(pw))
+        for a, t in zip(got["simt"], got["tiled"]):
+            assert not torch.isnan(t).any() and torch.equal(a, t), f"{shape} B={b} seg{seg}"
+
+
+def test_seg_finish_check_and_mode(monkeypatch):
+    assert adj_fused_plans.seg_finish_ok("cpu") is True
+    monkeypatch.setenv("FOVI_KNN_SEG_FINISH", "fast")
+    meta, x, w, g, _, _, _, _ = _case("ODD", 3)
+    with pytest.raises(ValueError, match="FOVI_KNN_SEG_FINISH"):
+        nm.grad_weight_nm(meta, g, x, seg_steps=2)
+    # a failed check warns once and keeps the SIMT finish (the result is unchanged)
+    monkeypatch.setenv("FOVI_KNN_SEG_FINISH", "tiled")
+    monkeypatch.setattr(adj_fused_plans, "_SEG_FINISH_OK", {})
+    monkeypatch.setattr(adj_fused_plans, "seg_finish_tiled_kernel", lambda: (_ for _ in ()).throw(RuntimeError("x")))
+    with pytest.warns(RuntimeWarning, match="tiled segment finish"):
+        assert adj_fused_plans.seg_finish_ok("cpu") is False
+    monkeypatch.setenv("FOVI_KNN_SEG_FINISH", "simt")
+    want = nm.grad_weight_nm(meta, g, x, seg_steps=2)
+    monkeypatch.setenv("FOVI_KNN_SEG_FINISH", "tiled")
+    assert torch.equal(nm.grad_weight_nm(meta, g, x, seg_steps=2), want)
 
 
 def test_segment_table_covers_every_step_once():

@@ -30,8 +30,8 @@ from fovi_lab.kernels.adjoint.staged_plans import (grad_input, grad_weight, pad_
                                                    plan_grad_weight, weight_row_csr)
 from fovi_lab.kernels.adjoint.fused import (WAVE_CTAS, DW_NM_CONFIG_SPECS, DX_NM_CONFIG_SPECS, make_dw_nm_kernel,
                                             make_dw_seg_kernel, make_dx_nm_kernel, make_dx_seg_kernel,
-                                            nm_grad_kernel_names, seg_finish_kernel, segment_table,
-                                            select_dw_nm_config, select_dx_nm_config)
+                                            nm_grad_kernel_names, seg_finish_kernel, seg_finish_tiled_kernel,
+                                            segment_table, select_dw_nm_config, select_dx_nm_config)
 from fovi_lab.kernels.adjoint.fused_build import NmGradKernel, reverse_lists, tap_lists
 from fovi_lab.kernels.adjoint.fused_plans import (default_dw_seg_steps, default_dx_seg_steps, dw_seg_steps_for,
                                                   get_nm_grad_kernel, grad_input_nm, grad_weight_nm, list_stats,

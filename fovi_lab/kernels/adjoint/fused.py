@@ -11,7 +11,8 @@ c*Nin + idx[n, k]``, ``weight_linear[n, c*K+k] = c*V + rf[n, k]``), both reducti
 * dW (``dwn_*``): one CTA per (tap v, split s, o tile, c tile) walks v's list of (n, m) pairs (pads left out)
   and accumulates ``g_n @ x_m^T`` over batch chunks; a split's fp32 partials are summed in a fixed order.
 * balanced segments (``dxs`` / ``dws``): the lists cut into segments of at most ``L`` tile GEMMs
-  (:func:`segment_table`), one CTA per segment, the segment partials summed in order by a SIMT finish.
+  (:func:`segment_table`), one CTA per segment, the segment partials summed in order by a finish that
+  reads and writes through a shared-memory tile (:func:`seg_finish_tiled_kernel`).
 
 No stage and no atomics: both gradients are bitwise deterministic. Every kernel has an fp16 and a bf16 form
 (``bf16=True``: bf16 gn / wr / xn, the same tiles and fp32 accumulation).
@@ -262,6 +263,77 @@ def seg_finish_kernel():
             acc += part[s, i, j]
         out[i, j, g] = acc
     return fovi_seg_finish
+
+
+#: Threads per CTA of the tiled segment finish (8 warps, one 32 x 32 tile each).
+SEG_FINISH_BLOCK = 256
+
+
+def seg_finish_snippet() -> str:
+    """The native snippet of :func:`seg_finish_tiled_kernel`: for one ``i`` and a 32 x 32 tile of ``(g, j)``, warp
+    ``w`` sums lists ``g = g0 + w, g0 + w + 8, ...`` with each lane on one ``j`` (a 128-byte row of ``part`` per
+    segment), parks the sums in shared memory, then writes rows ``j`` of ``out[i]`` with each lane on one ``g``
+    (128-byte rows of the output). A tile row is padded to 33 words, so the column reads hit 32 distinct banks. The
+    C++ branch (Warp's CPU device) has each thread store its own sums directly."""
+    return """
+    const int T = 32, TS = 33;
+    const int G = out.shape[2], J = out.shape[1];
+    const size_t ps0 = (size_t)part.strides[0], ps2 = (size_t)part.strides[2];
+    const size_t os1 = (size_t)out.strides[1], os2 = (size_t)out.strides[2];
+    const int* sp = (const int*)segptr.data;
+    const char* pb = (const char*)part.data + (size_t)i * (size_t)part.strides[1];
+    char* ob = (char*)out.data + (size_t)i * (size_t)out.strides[0];
+#if defined(__CUDA_ARCH__)
+    __shared__ float s[T * TS];
+    const int lane = threadIdx.x & 31, wy = threadIdx.x >> 5;
+    for (int k = 0; k < T / 8; ++k) {                 // sums: list g, lanes along j (coalesced partial rows)
+        const int gl = wy + 8 * k, g = g0 + gl, j = j0 + lane;
+        float acc = 0.0f;
+        if (g < G && j < J)
+            for (int q = sp[g]; q < sp[g + 1]; ++q) acc += *(const float*)(pb + (size_t)q * ps0 + (size_t)j * ps2);
+        s[gl * TS + lane] = acc;
+    }
+    __syncthreads();
+    for (int k = 0; k < T / 8; ++k) {                 // stores: row j of out[i], lanes along g
+        const int jl = wy + 8 * k, j = j0 + jl, g = g0 + lane;
+        if (j < J && g < G) *(float*)(ob + (size_t)j * os1 + (size_t)g * os2) = s[lane * TS + jl];
+    }
+    __syncthreads();                                  // the tile is reused by the block's next grid-stride step
+#else
+    const int lane = tid & 31, wy = (tid >> 5) & 7;
+    for (int k = 0; k < T / 8; ++k) {
+        const int g = g0 + wy + 8 * k, j = j0 + lane;
+        if (g >= G || j >= J) continue;
+        float acc = 0.0f;
+        for (int q = sp[g]; q < sp[g + 1]; ++q) acc += *(const float*)(pb + (size_t)q * ps0 + (size_t)j * ps2);
+        *(float*)(ob + (size_t)j * os1 + (size_t)g * os2) = acc;
+    }
+#endif
+"""
+
+
+@built_once
+def seg_finish_tiled_kernel():
+    """:func:`seg_finish_kernel`'s sums through a 32 x 32 shared-memory tile (:func:`seg_finish_snippet`): the
+    partial rows are read and the output rows written 128 bytes at a time, where the SIMT finish reads one
+    partial element per 32-byte sector. The same fp32 sums in the same order: bitwise the same output. Grid
+    ``(I, ceil(G/32), ceil(J/32) * SEG_FINISH_BLOCK)``, block :data:`SEG_FINISH_BLOCK`."""
+    @wp.func_native(seg_finish_snippet())
+    def seg_finish_tile(segptr: wp.array1d(dtype=wp.int32), part: wp.array3d(dtype=wp.float32),
+                        out: wp.array3d(dtype=wp.float32), i: int, g0: int, j0: int, tid: int): ...
+
+    @wp.kernel(enable_backward=False, module="unique", name="fovi_seg_finish_tiled")
+    def kernel(segptr: wp.array1d(dtype=wp.int32), part: wp.array3d(dtype=wp.float32),
+               out: wp.array3d(dtype=wp.float32)):
+        i, gt, tl = wp.tid()
+        seg_finish_tile(segptr, part, out, i, gt * 32, (tl // SEG_FINISH_BLOCK) * 32, tl % SEG_FINISH_BLOCK)
+    return kernel
+
+
+def seg_finish_tiled_dims(out_shape) -> Tuple[int, int, int]:
+    """The launch grid of :func:`seg_finish_tiled_kernel` for an output ``[I, J, G]``."""
+    i, j, g = out_shape
+    return (int(i), -(-int(g) // 32), -(-int(j) // 32) * SEG_FINISH_BLOCK)
 
 
 def segment_table(rowptr: torch.Tensor, steps_per_entry: int, seg_steps: int):

@@ -10,6 +10,7 @@ back to the staged adjoints).
 # No `from __future__ import annotations`: Warp resolves kernel annotations (closure dtypes) at decoration.
 
 import os
+import warnings
 from typing import Optional, Tuple
 
 import torch
@@ -20,7 +21,8 @@ from fovi_lab.kernels.common import (built_once, check_tensor, fast_launch, init
                                      warp_device, wp)
 from fovi_lab.kernels.forward.plans import DIRECT_STORE_MAX_BYTES
 from fovi_lab.kernels.layout import swap_axes_into
-from fovi_lab.kernels.adjoint.fused import (DX_NM_CONFIG_SPECS, WAVE_CTAS, _budget_bytes, seg_finish_kernel,
+from fovi_lab.kernels.adjoint.fused import (DX_NM_CONFIG_SPECS, SEG_FINISH_BLOCK, WAVE_CTAS, _budget_bytes,
+                                            seg_finish_kernel, seg_finish_tiled_dims, seg_finish_tiled_kernel,
                                             segment_table, select_dw_nm_config, select_dx_nm_config)
 from fovi_lab.kernels.adjoint.fused_build import (NmGradKernel, _VALIDATED, _aux, _build, _spec, reverse_lists,
                                                   tap_lists, validated_key)
@@ -112,6 +114,66 @@ def _weight_tap_major_t(weight: torch.Tensor, cin: int, op: int, cinp: int) -> t
 _ct = warp_ct
 _launch = fast_launch
 
+_SEG_FINISH_OK: dict = {}
+
+
+def _seg_finish_mode() -> str:
+    """``FOVI_KNN_SEG_FINISH``: ``tiled`` (the default: :func:`seg_finish_tiled_kernel` where its check passed) or
+    ``simt`` (:func:`seg_finish_kernel` everywhere, for A/B runs)."""
+    mode = (os.environ.get("FOVI_KNN_SEG_FINISH") or "tiled").lower()
+    if mode not in ("tiled", "simt"):
+        raise ValueError(f"FOVI_KNN_SEG_FINISH: expected 'tiled' or 'simt', got {mode!r}")
+    return mode
+
+
+def seg_finish_ok(device: str) -> bool:
+    """Whether the tiled segment finish gives bitwise the SIMT finish's output on ``device`` (checked once: odd
+    extents, padded partials, empty lists and NaN-prefilled outputs). A failure warns once and the segment
+    finishes there stay SIMT."""
+    got = _SEG_FINISH_OK.get(device)
+    if got is not None:
+        return got
+    g = torch.Generator().manual_seed(0)
+    try:
+        lens = torch.randint(0, 4, (45,), generator=g)
+        lens[3] = lens[40] = 0                                       # empty lists: zeros
+        segptr = torch.zeros(46, dtype=torch.int32)
+        segptr[1:] = torch.cumsum(lens, 0)
+        part = torch.randn(max(1, int(segptr[-1])), 7, 70, generator=g).to(device)   # [nseg, I' = 7, J' = 70]
+        outs = []
+        for kernel, dims in ((seg_finish_kernel(), (5, 67, 45)),
+                             (seg_finish_tiled_kernel(), seg_finish_tiled_dims((5, 67, 45)))):
+            out = torch.full((5, 67, 45), float("nan"), device=device)
+            segd = segptr.to(device)
+            _launch(kernel, dims, [_ct(segd), _ct(part), _ct(out)], SEG_FINISH_BLOCK, device, tiled=False)
+            outs.append(out)
+        ok = bool(torch.equal(outs[0], outs[1])) and not bool(torch.isnan(outs[1]).any())
+        why = "" if ok else "its output differs from the SIMT finish's"
+    except Exception as exc:                                         # a build or launch failure
+        ok, why = False, f"{type(exc).__name__}: {exc}"
+    if not ok:
+        warnings.warn(f"the tiled segment finish does not run correctly on {device} ({why}); the fused adjoints' "
+                      f"segment finishes there stay SIMT", RuntimeWarning, stacklevel=3)
+    _SEG_FINISH_OK[device] = ok
+    return ok
+
+
+def _launch_seg_finish(segptr, part, out: torch.Tensor, device: str) -> None:
+    """``out[i, j, g] = sum_{s in segptr[g]..segptr[g+1]} part[s, i, j]`` (fp32, segment order): the tiled finish
+    where :func:`seg_finish_ok` passed (PyTorch's stream is not capturing before that check ran), else the SIMT one.
+    ``segptr`` / ``part``: Warp descriptors (:func:`warp_ct`)."""
+    tiled = _seg_finish_mode() == "tiled"
+    if tiled:
+        ok = _SEG_FINISH_OK.get(device)
+        if ok is None and not (device.startswith("cuda") and torch.cuda.is_current_stream_capturing()):
+            ok = seg_finish_ok(device)
+        tiled = bool(ok)
+    if tiled:
+        _launch(seg_finish_tiled_kernel(), seg_finish_tiled_dims(out.shape), [segptr, part, _ct(out)],
+                SEG_FINISH_BLOCK, device, tiled=False)
+    else:
+        _launch(seg_finish_kernel(), tuple(out.shape), [segptr, part, _ct(out)], 256, device, tiled=False)
+
 
 # dx outputs up to the forward's direct-store size (DIRECT_STORE_MAX_BYTES) are stored straight into dx
 # (strided); larger ones through a contiguous buffer and one transposing copy.
@@ -150,8 +212,7 @@ class _GradInputNmPlan:
             self._keep = (rowptr, rn, rv, bounds, segptr)
             self.dims = (nseg, -(-b // tm), -(-meta.cin // tn))
             self.inputs = [_ct(self.gn), _ct(self.wr), _ct(bounds), _ct(rn), _ct(rv), _ct(self.out), n_oc, op]
-            self.fin_dims = (b, meta.cin, meta.nin)
-            self.fin_inputs = [_ct(segptr), _ct(self.out), _ct(self.dx)]
+            self.fin_inputs = [_ct(segptr), _ct(self.out)]
             return
         self._keep = (rowptr, rn, rv)
         nbytes = 4 * b * meta.cin * meta.nin
@@ -172,7 +233,7 @@ class _GradInputNmPlan:
         if self.dims[0]:
             _launch(self.k.kernel, self.dims, self.inputs, self.block_dim, self.device)
         if self.seg_steps is not None:
-            _launch(seg_finish_kernel(), self.fin_dims, self.fin_inputs, 256, self.device, tiled=False)
+            _launch_seg_finish(*self.fin_inputs, self.dx, self.device)
 
     def finish(self) -> torch.Tensor:
         if self.direct:
@@ -282,7 +343,7 @@ class _GradWeightNmPlan:
     def finish(self) -> torch.Tensor:
         """``dW[o, c*V + v]`` = the fixed-order sum of tap v's partials (fp32).
 
-        Segments: one SIMT launch (:func:`seg_finish_kernel`). Splits: dW of
+        Segments: one launch (:func:`_launch_seg_finish`: the tiled finish, or the SIMT one). Splits: dW of
         ``_FINISH_TILED_MIN_BYTES`` or more (alexnet L1-L4, res18 layer3/4_0): one tiled launch straight
         into dW's layout (:func:`_dw_finish_kernel`), no ``[V, Op, Cp]`` temporary. On the H200
         (fovi_lab/records/h200/train_step.jsonl.gz, the tiled dW finish of 2026-11-29) that cut
@@ -292,8 +353,7 @@ class _GradWeightNmPlan:
         m = self.meta
         if self.seg_steps is not None:
             dw = torch.empty(m.cout, m.cin, m.v, dtype=torch.float32, device=self.out.device)
-            _launch(seg_finish_kernel(), (m.cout, m.cin, m.v), [_ct(self._segptr), _ct(self.out), _ct(dw)],
-                    256, self.device, tiled=False)
+            _launch_seg_finish(_ct(self._segptr), _ct(self.out), dw, self.device)
             return dw.view(m.cout, m.q)
         if 4 * m.cout * m.q < _FINISH_TILED_MIN_BYTES:
             part = self.out[0] if self.nsplit == 1 else self.out.sum(0)    # [V, Op, Cp]; fixed-order sum
