@@ -52,17 +52,24 @@ def test_dw_every_config_odd(config, b):
         _assert_within(_run_nan_prefilled(plan), dw_o, e_dw, f"{config} x{nsplit} B={b}")
 
 
-@pytest.mark.parametrize("tiled", [False, True], ids=["torch_finish", "tiled_finish"])
+@pytest.mark.parametrize("finish", ["torch", "tiled", "native"])
 @pytest.mark.parametrize("config", DW_NAMES)
-def test_dw_finish_paths(monkeypatch, config, tiled):
-    """Both dW finishes (PyTorch's sum + transposing copy below ``_FINISH_TILED_MIN_BYTES``, the tiled
-    kernel above): every dW config, 1 and 3 partials, NaN-prefilled partials, bitwise repeatable."""
-    monkeypatch.setattr(adj_fused_plans, "_FINISH_TILED_MIN_BYTES", 0 if tiled else 1 << 40)
+def test_dw_finish_paths(monkeypatch, config, finish):
+    """Every dW finish of the splits (``FOVI_KNN_FINISH=warp``: PyTorch's sum + transposing copy below
+    ``_FINISH_TILED_MIN_BYTES``, the Warp-tile kernel above; ``native``: the shared-memory tile kernel at every
+    size): every dW config, 1 and 3 partials, NaN-prefilled partials, bitwise repeatable; the native finish gives
+    the Warp-tile kernel's sums bitwise."""
+    monkeypatch.setenv("FOVI_KNN_FINISH", "native" if finish == "native" else "warp")
+    monkeypatch.setattr(adj_fused_plans, "_FINISH_TILED_MIN_BYTES", 1 << 40 if finish == "torch" else 0)
     meta, x, w, g, _, dw_o, _, e_dw = _case("PAD_HEAVY", 17)
     for nsplit in (1, 3):
         got = _run_nan_prefilled(nm.plan_grad_weight_nm(meta, g, x, config, nsplit=nsplit))
-        _assert_within(got, dw_o, e_dw, f"{config} x{nsplit} {'tiled' if tiled else 'torch'} finish")
+        _assert_within(got, dw_o, e_dw, f"{config} x{nsplit} {finish} finish")
         assert torch.equal(got, nm.grad_weight_nm(meta, g, x, config, nsplit=nsplit))
+        if finish == "native":
+            monkeypatch.setenv("FOVI_KNN_FINISH", "warp")
+            assert torch.equal(got, nm.grad_weight_nm(meta, g, x, config, nsplit=nsplit))
+            monkeypatch.setenv("FOVI_KNN_FINISH", "native")
 
 
 @pytest.mark.parametrize("shape", ["MAIN", "PAD_HEAVY"])
@@ -114,34 +121,34 @@ def test_tiled_segment_finish_is_the_simt_finish_bitwise(monkeypatch, shape, b):
     meta, x, w, g, _, _, _, _ = _case(shape, b)
     for seg in (1, 3):
         got = {}
-        for mode in ("simt", "tiled"):
-            monkeypatch.setenv("FOVI_KNN_SEG_FINISH", mode)
+        for mode in ("warp", "native"):
+            monkeypatch.setenv("FOVI_KNN_FINISH", mode)
             pi = nm.plan_grad_input_nm(meta, g, w, seg_steps=seg)
             pw = nm.plan_grad_weight_nm(meta, g, x, seg_steps=seg)
             pi.launch()
             pi.dx.fill_(float("nan"))                  # the finish alone fills dx
             adj_fused_plans._launch_seg_finish(*pi.fin_inputs, pi.dx, pi.device)
             got[mode] = (pi.dx.clone(), _run_nan_prefilled(pw))
-        for a, t in zip(got["simt"], got["tiled"]):
+        for a, t in zip(got["warp"], got["native"]):
             assert not torch.isnan(t).any() and torch.equal(a, t), f"{shape} B={b} seg{seg}"
 
 
 def test_seg_finish_check_and_mode(monkeypatch):
     assert adj_fused_plans.seg_finish_ok("cpu") is True
-    monkeypatch.setenv("FOVI_KNN_SEG_FINISH", "fast")
+    monkeypatch.setenv("FOVI_KNN_FINISH", "fast")
     meta, x, w, g, _, _, _, _ = _case("ODD", 3)
-    with pytest.raises(ValueError, match="FOVI_KNN_SEG_FINISH"):
+    with pytest.raises(ValueError, match="FOVI_KNN_FINISH"):
         nm.grad_weight_nm(meta, g, x, seg_steps=2)
     # a failed check warns once and keeps the SIMT finish (the result is unchanged)
-    monkeypatch.setenv("FOVI_KNN_SEG_FINISH", "tiled")
+    monkeypatch.setenv("FOVI_KNN_FINISH", "native")
     monkeypatch.setattr(adj_fused_plans, "_SEG_FINISH_OK", {})
     monkeypatch.setattr(adj_fused_plans, "seg_finish_tiled_kernel", lambda: (_ for _ in ()).throw(RuntimeError("x")))
-    with pytest.warns(RuntimeWarning, match="tiled segment finish"):
+    with pytest.warns(RuntimeWarning, match="tiled partial-sum finish"):
         assert adj_fused_plans.seg_finish_ok("cpu") is False
-    monkeypatch.setenv("FOVI_KNN_SEG_FINISH", "simt")
-    want = nm.grad_weight_nm(meta, g, x, seg_steps=2)
-    monkeypatch.setenv("FOVI_KNN_SEG_FINISH", "tiled")
-    assert torch.equal(nm.grad_weight_nm(meta, g, x, seg_steps=2), want)
+    monkeypatch.setenv("FOVI_KNN_FINISH", "warp")
+    want = [nm.grad_weight_nm(meta, g, x, seg_steps=s) for s in (2, 0)]
+    monkeypatch.setenv("FOVI_KNN_FINISH", "native")
+    assert all(torch.equal(nm.grad_weight_nm(meta, g, x, seg_steps=s), w_) for s, w_ in zip((2, 0), want))
 
 
 def test_segment_table_covers_every_step_once():

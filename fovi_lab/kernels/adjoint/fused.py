@@ -272,9 +272,11 @@ SEG_FINISH_BLOCK = 256
 def seg_finish_snippet() -> str:
     """The native snippet of :func:`seg_finish_tiled_kernel`: for one ``i`` and a 32 x 32 tile of ``(g, j)``, warp
     ``w`` sums lists ``g = g0 + w, g0 + w + 8, ...`` with each lane on one ``j`` (a 128-byte row of ``part`` per
-    segment), parks the sums in shared memory, then writes rows ``j`` of ``out[i]`` with each lane on one ``g``
-    (128-byte rows of the output). A tile row is padded to 33 words, so the column reads hit 32 distinct banks. The
-    C++ branch (Warp's CPU device) has each thread store its own sums directly."""
+    partial), parks the sums in shared memory, then writes rows ``j`` of ``out[i]`` with each lane on one ``g``
+    (128-byte rows of the output). A tile row is padded to 33 words, so the column reads hit 32 distinct banks. List
+    ``g``'s partials are ``segptr[g] .. segptr[g+1] - 1`` (segments), or with ``nsplit > 0`` the ``nsplit``
+    partials ``g, G + g, 2G + g, ...`` (splits: ``part`` is ``[S, G, I', J']`` seen as ``[S*G, I', J']``). The C++
+    branch (Warp's CPU device) has each thread store its own sums directly."""
     return """
     const int T = 32, TS = 33;
     const int G = out.shape[2], J = out.shape[1];
@@ -289,8 +291,10 @@ def seg_finish_snippet() -> str:
     for (int k = 0; k < T / 8; ++k) {                 // sums: list g, lanes along j (coalesced partial rows)
         const int gl = wy + 8 * k, g = g0 + gl, j = j0 + lane;
         float acc = 0.0f;
-        if (g < G && j < J)
-            for (int q = sp[g]; q < sp[g + 1]; ++q) acc += *(const float*)(pb + (size_t)q * ps0 + (size_t)j * ps2);
+        if (g < G && j < J) {
+            const int q0 = nsplit > 0 ? g : sp[g], q1 = nsplit > 0 ? g + nsplit * G : sp[g + 1], dq = nsplit > 0 ? G : 1;
+            for (int q = q0; q < q1; q += dq) acc += *(const float*)(pb + (size_t)q * ps0 + (size_t)j * ps2);
+        }
         s[gl * TS + lane] = acc;
     }
     __syncthreads();
@@ -305,7 +309,8 @@ def seg_finish_snippet() -> str:
         const int g = g0 + wy + 8 * k, j = j0 + lane;
         if (g >= G || j >= J) continue;
         float acc = 0.0f;
-        for (int q = sp[g]; q < sp[g + 1]; ++q) acc += *(const float*)(pb + (size_t)q * ps0 + (size_t)j * ps2);
+        const int q0 = nsplit > 0 ? g : sp[g], q1 = nsplit > 0 ? g + nsplit * G : sp[g + 1], dq = nsplit > 0 ? G : 1;
+        for (int q = q0; q < q1; q += dq) acc += *(const float*)(pb + (size_t)q * ps0 + (size_t)j * ps2);
         *(float*)(ob + (size_t)j * os1 + (size_t)g * os2) = acc;
     }
 #endif
@@ -314,19 +319,20 @@ def seg_finish_snippet() -> str:
 
 @built_once
 def seg_finish_tiled_kernel():
-    """:func:`seg_finish_kernel`'s sums through a 32 x 32 shared-memory tile (:func:`seg_finish_snippet`): the
-    partial rows are read and the output rows written 128 bytes at a time, where the SIMT finish reads one
-    partial element per 32-byte sector. The same fp32 sums in the same order: bitwise the same output. Grid
-    ``(I, ceil(G/32), ceil(J/32) * SEG_FINISH_BLOCK)``, block :data:`SEG_FINISH_BLOCK`."""
+    """``out[i, j, g]`` = the fixed-order fp32 sum of list g's partials ``part[q, i, j]`` (segments by ``segptr``,
+    or ``nsplit`` interleaved splits) through a 32 x 32 shared-memory tile (:func:`seg_finish_snippet`): the
+    partial rows are read and the output rows written 128 bytes at a time, where :func:`seg_finish_kernel` reads
+    one partial element per 32-byte sector. The same sums in the same order as that kernel (segments): bitwise the
+    same output. Grid ``(I, ceil(G/32), ceil(J/32) * SEG_FINISH_BLOCK)``, block :data:`SEG_FINISH_BLOCK`."""
     @wp.func_native(seg_finish_snippet())
     def seg_finish_tile(segptr: wp.array1d(dtype=wp.int32), part: wp.array3d(dtype=wp.float32),
-                        out: wp.array3d(dtype=wp.float32), i: int, g0: int, j0: int, tid: int): ...
+                        out: wp.array3d(dtype=wp.float32), nsplit: int, i: int, g0: int, j0: int, tid: int): ...
 
     @wp.kernel(enable_backward=False, module="unique", name="fovi_seg_finish_tiled")
     def kernel(segptr: wp.array1d(dtype=wp.int32), part: wp.array3d(dtype=wp.float32),
-               out: wp.array3d(dtype=wp.float32)):
+               out: wp.array3d(dtype=wp.float32), nsplit: int):
         i, gt, tl = wp.tid()
-        seg_finish_tile(segptr, part, out, i, gt * 32, (tl // SEG_FINISH_BLOCK) * 32, tl % SEG_FINISH_BLOCK)
+        seg_finish_tile(segptr, part, out, nsplit, i, gt * 32, (tl // SEG_FINISH_BLOCK) * 32, tl % SEG_FINISH_BLOCK)
     return kernel
 
 

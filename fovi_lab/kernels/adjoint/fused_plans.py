@@ -117,19 +117,21 @@ _launch = fast_launch
 _SEG_FINISH_OK: dict = {}
 
 
-def _seg_finish_mode() -> str:
-    """``FOVI_KNN_SEG_FINISH``: ``tiled`` (the default: :func:`seg_finish_tiled_kernel` where its check passed) or
-    ``simt`` (:func:`seg_finish_kernel` everywhere, for A/B runs)."""
-    mode = (os.environ.get("FOVI_KNN_SEG_FINISH") or "tiled").lower()
-    if mode not in ("tiled", "simt"):
-        raise ValueError(f"FOVI_KNN_SEG_FINISH: expected 'tiled' or 'simt', got {mode!r}")
+def _finish_mode() -> str:
+    """``FOVI_KNN_FINISH``: ``native`` (the default: the fused adjoints' partial sums through
+    :func:`seg_finish_tiled_kernel` where its check passed) or ``warp`` (:func:`seg_finish_kernel` for segments and
+    :func:`_dw_finish_kernel` / PyTorch's sum for dW's splits, for A/B runs)."""
+    mode = (os.environ.get("FOVI_KNN_FINISH") or "native").lower()
+    if mode not in ("native", "warp"):
+        raise ValueError(f"FOVI_KNN_FINISH: expected 'native' or 'warp', got {mode!r}")
     return mode
 
 
 def seg_finish_ok(device: str) -> bool:
-    """Whether the tiled segment finish gives bitwise the SIMT finish's output on ``device`` (checked once: odd
-    extents, padded partials, empty lists and NaN-prefilled outputs). A failure warns once and the segment
-    finishes there stay SIMT."""
+    """Whether :func:`seg_finish_tiled_kernel` sums correctly on ``device`` (checked once, NaN-prefilled outputs,
+    odd extents and padded partials): segments bitwise equal to :func:`seg_finish_kernel` (empty lists included),
+    splits bitwise equal to PyTorch's sums in split order. A failure warns once and the finishes there stay with
+    :func:`seg_finish_kernel` and :func:`_dw_finish_kernel`."""
     got = _SEG_FINISH_OK.get(device)
     if got is not None:
         return got
@@ -139,37 +141,59 @@ def seg_finish_ok(device: str) -> bool:
         lens[3] = lens[40] = 0                                       # empty lists: zeros
         segptr = torch.zeros(46, dtype=torch.int32)
         segptr[1:] = torch.cumsum(lens, 0)
+        segd = segptr.to(device)
         part = torch.randn(max(1, int(segptr[-1])), 7, 70, generator=g).to(device)   # [nseg, I' = 7, J' = 70]
         outs = []
-        for kernel, dims in ((seg_finish_kernel(), (5, 67, 45)),
-                             (seg_finish_tiled_kernel(), seg_finish_tiled_dims((5, 67, 45)))):
+        for kernel, dims, extra in ((seg_finish_kernel(), (5, 67, 45), []),
+                                    (seg_finish_tiled_kernel(), seg_finish_tiled_dims((5, 67, 45)), [0])):
             out = torch.full((5, 67, 45), float("nan"), device=device)
-            segd = segptr.to(device)
-            _launch(kernel, dims, [_ct(segd), _ct(part), _ct(out)], SEG_FINISH_BLOCK, device, tiled=False)
+            _launch(kernel, dims, [_ct(segd), _ct(part), _ct(out)] + extra, SEG_FINISH_BLOCK, device, tiled=False)
             outs.append(out)
         ok = bool(torch.equal(outs[0], outs[1])) and not bool(torch.isnan(outs[1]).any())
-        why = "" if ok else "its output differs from the SIMT finish's"
+        split = torch.randn(3, 45, 7, 70, generator=g).to(device)                  # [S, G, I', J']
+        want = ((split[0] + split[1]) + split[2])[:, :5, :67].permute(1, 2, 0)
+        out = torch.full((5, 67, 45), float("nan"), device=device)
+        _launch(seg_finish_tiled_kernel(), seg_finish_tiled_dims(out.shape),
+                [_ct(segd), _ct(split.view(3 * 45, 7, 70)), _ct(out), 3], SEG_FINISH_BLOCK, device, tiled=False)
+        ok = ok and bool(torch.equal(out, want))
+        why = "" if ok else "its sums differ from the reference's"
     except Exception as exc:                                         # a build or launch failure
         ok, why = False, f"{type(exc).__name__}: {exc}"
     if not ok:
-        warnings.warn(f"the tiled segment finish does not run correctly on {device} ({why}); the fused adjoints' "
-                      f"segment finishes there stay SIMT", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"the tiled partial-sum finish does not run correctly on {device} ({why}); the fused adjoints' "
+                      f"finishes there use the SIMT and Warp-tile kernels", RuntimeWarning, stacklevel=3)
     _SEG_FINISH_OK[device] = ok
     return ok
 
 
-def _launch_seg_finish(segptr, part, out: torch.Tensor, device: str) -> None:
-    """``out[i, j, g] = sum_{s in segptr[g]..segptr[g+1]} part[s, i, j]`` (fp32, segment order): the tiled finish
-    where :func:`seg_finish_ok` passed (PyTorch's stream is not capturing before that check ran), else the SIMT one.
-    ``segptr`` / ``part``: Warp descriptors (:func:`warp_ct`)."""
-    tiled = _seg_finish_mode() == "tiled"
-    if tiled:
-        ok = _SEG_FINISH_OK.get(device)
-        if ok is None and not (device.startswith("cuda") and torch.cuda.is_current_stream_capturing()):
-            ok = seg_finish_ok(device)
-        tiled = bool(ok)
-    if tiled:
-        _launch(seg_finish_tiled_kernel(), seg_finish_tiled_dims(out.shape), [segptr, part, _ct(out)],
+def _native_finish(device: str) -> bool:
+    """Whether this call's finish runs :func:`seg_finish_tiled_kernel` (:func:`_finish_mode`, its check; under
+    CUDA-graph capture before the check ran: no)."""
+    if _finish_mode() != "native":
+        return False
+    ok = _SEG_FINISH_OK.get(device)
+    if ok is None and not (device.startswith("cuda") and torch.cuda.is_current_stream_capturing()):
+        ok = seg_finish_ok(device)
+    return bool(ok)
+
+
+_NO_SEGPTR: dict = {}
+
+
+def _no_segptr(device: torch.device) -> torch.Tensor:
+    """A one-element int32 tensor on ``device``: the ``segptr`` argument of a split finish, which never reads it."""
+    got = _NO_SEGPTR.get(device)
+    if got is None:
+        got = _NO_SEGPTR[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    return got
+
+
+def _launch_seg_finish(segptr, part, out: torch.Tensor, device: str, nsplit: int = 0) -> None:
+    """``out[i, j, g]`` = the fixed-order fp32 sum of list g's partials: ``part[s, i, j]`` for s in
+    ``segptr[g]..segptr[g+1]`` (segments), or with ``nsplit`` > 0 ``part[s*G + g, i, j]`` for s < nsplit (splits;
+    only where :func:`_native_finish`). ``segptr`` / ``part``: Warp descriptors (:func:`warp_ct`)."""
+    if nsplit or _native_finish(device):
+        _launch(seg_finish_tiled_kernel(), seg_finish_tiled_dims(out.shape), [segptr, part, _ct(out), int(nsplit)],
                 SEG_FINISH_BLOCK, device, tiled=False)
     else:
         _launch(seg_finish_kernel(), tuple(out.shape), [segptr, part, _ct(out)], 256, device, tiled=False)
@@ -354,6 +378,11 @@ class _GradWeightNmPlan:
         if self.seg_steps is not None:
             dw = torch.empty(m.cout, m.cin, m.v, dtype=torch.float32, device=self.out.device)
             _launch_seg_finish(_ct(self._segptr), _ct(self.out), dw, self.device)
+            return dw.view(m.cout, m.q)
+        if _native_finish(self.device):
+            dw = torch.empty(m.cout, m.cin, m.v, dtype=torch.float32, device=self.out.device)
+            _launch_seg_finish(_ct(_no_segptr(self.out.device)), _ct(self.out.view(self.nsplit * m.v, *self.out.shape[2:])), dw,
+                               self.device, nsplit=self.nsplit)
             return dw.view(m.cout, m.q)
         if 4 * m.cout * m.q < _FINISH_TILED_MIN_BYTES:
             part = self.out[0] if self.nsplit == 1 else self.out.sum(0)    # [V, Op, Cp]; fixed-order sum
