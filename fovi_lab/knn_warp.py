@@ -199,8 +199,8 @@ def grad_weight_kernels(meta: TrainingMeta, grad_y: torch.Tensor, x: torch.Tenso
 class WarpTrainOps:
     """Train-capable Warp ops (``warp_train``): fp16 or bf16 compute, fp32 deterministic gradients.
 
-    Each gradient runs on tensor cores where the rule picks them (fp16 calls of at least 6 GFLOP on layers with
-    Cin >= 16: :func:`fovi_lab.kernels.adjoint.as_forward.select_grad_mma`; :func:`mma_path` overrides), else on
+    Each gradient runs on tensor cores where the rule picks them (fp16 calls of at least 1 GFLOP at B >= 16 on layers
+    with Cin >= 16: :func:`fovi_lab.kernels.adjoint.as_forward.select_grad_mma`; :func:`mma_path` overrides), else on
     the fused node-major kernels or the staged ones per layer (see :func:`grad_path`), each in the compute
     dtype's form; bf16 runs the forward on the tensor-core kernels. Every path is deterministic.
     When a fused kernel cannot launch here the staged kernels take over, and when those cannot either,

@@ -375,6 +375,19 @@ def test_every_fused_kernel_compiles_aot_without_mathdx(tmp_path):
             assert files and all(f".sm{arch}." in f.name and f.stat().st_size > 0 for f in files), (name, arch, files)
 
 
+def test_tiled_finish_compiles_aot(tmp_path):
+    """The tiled finish's CUDA branch (its shared-memory tile) compiles with no GPU for every AOT arch."""
+    import os
+    from pathlib import Path
+    from fovi_lab.kernels.common import wp
+    archs = [int(a) for a in os.environ.get("FOVI_TEST_AOT_ARCHS", "80,89,90").split(",") if a.strip()]
+    kernel = adj_fused.seg_finish_tiled_kernel()
+    for arch in archs:
+        files = [Path(f) for f in wp.compile_aot_module(kernel.module, arch=arch, module_dir=str(tmp_path / f"sm{arch}"))
+                 or []]
+        assert files and all(f".sm{arch}." in f.name and f.stat().st_size > 0 for f in files), (arch, files)
+
+
 def test_default_rules_read_no_device_tensor_after_the_first_call(monkeypatch):
     """The rules run on every call, also while a CUDA graph is being captured, where reading a device
     tensor back (``int(t)``, ``t.item()``) invalidates the capture (a train-step benchmark caught that on the H200): after

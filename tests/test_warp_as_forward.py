@@ -86,17 +86,21 @@ def test_unread_nodes_and_unused_taps_get_exact_zeros_and_warp_train_opts_in(mon
 
 
 def test_the_rule_takes_the_tensor_cores_on_large_gemms_only():
-    """select_grad_mma on the real layers: the pipelined split config from 6 GFLOP of useful work with Cin >= 16
-    and list padding within 2.5x; the fused / staged kernels elsewhere, and always in bf16."""
+    """select_grad_mma on the real layers: the pipelined split config from 1 GFLOP of useful work at B >= 16 with
+    Cin >= 16 and list padding within 3x; the fused / staged kernels elsewhere, and always in bf16."""
     from fovi_lab.graph.layers import layer_meta
     from fovi_lab.kernels.adjoint import as_forward as AF
     sel = AF.select_grad_mma
     assert AF.MMA_GRAD_CONFIG in F.uncached_config_names() and F.config_spec(AF.MMA_GRAD_CONFIG).family == "mmaps"
     l1, l2, r3, r40, dino = (layer_meta(n) for n in ("alex_L1", "alex_L2", "res18_layer3", "res18_layer4_0",
                                                       "dinov3_patch"))
+    r1, r30 = layer_meta("res18_layer1"), layer_meta("res18_layer3_0")
     assert sel(l1, 64) == sel(l2, 64) == sel(l2, 512) == sel(r3, 512) == AF.MMA_GRAD_CONFIG
-    assert sel(l1, 16) is None and sel(r3, 64) is None            # 4.6 and 1.2 GFLOP
-    assert sel(r40, 512) is None                                  # 2.4 GFLOP on 2 output nodes
+    assert sel(l1, 16) == sel(l2, 16) == sel(r3, 64) == sel(r1, 64) == AF.MMA_GRAD_CONFIG   # 4.6, 1.7, 1.2, 1.1 GFLOP
+    assert sel(r30, 512) == AF.MMA_GRAD_CONFIG                    # 4.8 GFLOP, tap layer padded 2.84-fold
+    assert sel(r1, 16) is None and sel(r3, 16) is None and sel(r30, 64) is None   # 0.27, 0.30, 0.60 GFLOP
+    assert sel(l1, 8) is None                                     # 2.3 GFLOP, under the smallest measured batch
+    assert sel(r40, 512) is None                                  # 2.4 GFLOP on 2 output nodes, padded 5.5-fold
     assert sel(dino, 512) is None                                 # Cin = 3: the staged kernels
     assert sel(l1, 64, torch.bfloat16) is None                    # the split configs are fp16 only
     for meta in (l2, r40, dino):            # the rule's padding, read without building the derived layers
@@ -115,6 +119,9 @@ def test_warp_train_follows_the_rule_and_the_switches(monkeypatch):
     fused = grad_input_kernels(meta, g, w), grad_weight_kernels(meta, g, x)
     assert torch.equal(WarpTrainOps.grad_input(meta, g, w), fused[0])       # below the threshold: the kernels
     monkeypatch.setattr(AF, "MMA_GRAD_MIN_GFLOP", 0.0)
+    assert AF.select_grad_mma(meta, 4) is None                                      # under the smallest batch
+    monkeypatch.setattr(AF, "MMA_GRAD_MIN_BATCH", 1)
+    monkeypatch.setattr(AF, "MMA_GRAD_MAX_PADDING", 2.5)
     assert 2.5 < AF.padding(meta) < 3.0 and AF.select_grad_mma(meta, 4) is None     # over the padding guard
     monkeypatch.setattr(AF, "MMA_GRAD_MAX_PADDING", 3.0)
     assert AF.select_grad_mma(meta, 4) == AF.MMA_GRAD_CONFIG

@@ -1,6 +1,7 @@
-"""Notebook 04, the adjoints as forwards: a check of both tensor-core adjoints against the oracle, what the
+"""Notebook 09, the adjoints as forwards: a check of both tensor-core adjoints against the oracle, what the
 derived layers pay in padding on the real layers, and what the H200 recorded for them beside the fused / staged
-kernels, with the rule read from it (:mod:`fovi_lab.kernels.adjoint.as_forward`)."""
+kernels (each gradient alone, and the whole train step with both forced onto the tensor cores), with the rule read
+from it (:mod:`fovi_lab.kernels.adjoint.as_forward`)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from fovi_lab.ops.records import read_file
 from fovi_lab.ops.reference import oracle_forward
 
 __all__ = ["check", "padding_rows", "padding_table", "ADJOINT_RECORDS", "recorded_rows", "recorded_table",
-           "recorded_summary", "recorded_figure"]
+           "recorded_summary", "recorded_figure", "STEP_RULE_RECORDS", "step_rule_rows", "step_rule_table",
+           "step_rule_figure"]
 
 #: The checkout's records of ``python -m fovi_lab bench adjoints`` on the H200 (absent from a wheel install).
 ADJOINT_RECORDS = kl.DATA_DIR / "h200" / "adjoint_paths.jsonl"
@@ -156,6 +158,85 @@ def recorded_figure(rows: Optional[List[dict]] = None, height: int = 420) -> go.
     fig.update_layout(height=height, xaxis=dict(type="log", title="useful work of one gradient, 2·B·P64·Cout·Nout (GFLOP)"),
                       yaxis=dict(title=f"{MMA_GRAD_CONFIG} speedup over the fused / staged kernels"),
                       title=dict(text="The adjoints on tensor cores against the fused / staged kernels (one call, back to back)"
+                                      f"<br><sub>{kl.versions_title([rec for r in rows for rec in r['records']])}</sub>", x=0.01),
+                      margin=dict(t=70, b=50))
+    return fig
+
+
+#: The checkout's train steps replayed from CUDA graphs with both gradients forced onto the tensor cores beside the
+#: rule of the time (``variant`` = ``forced`` / ``rule``), what the current rule was read from.
+STEP_RULE_RECORDS = kl.DATA_DIR / "h200" / "grad_mma_rule.jsonl.gz"
+
+
+def _when(record: dict) -> float:
+    """A record's ``date`` as seconds since the epoch (0 when it has none)."""
+    import datetime
+    try:
+        return datetime.datetime.fromisoformat(str(record.get("date"))).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def step_rule_rows(records: Optional[List[dict]] = None) -> List[dict]:
+    """Per (layer, B) of :data:`STEP_RULE_RECORDS`: the replayed ``warp_train`` step with both gradients forced onto
+    :data:`~fovi_lab.kernels.adjoint.as_forward.MMA_GRAD_CONFIG` (``forced_ms``) and under the rule of that run
+    (``rule_ms``), the rule record taken from the forced one's build, nearest in time; the useful GFLOP of one
+    gradient, the speedup of the forced step, and whether the current :func:`select_grad_mma` takes the tensor
+    cores (``now``)."""
+    from fovi_lab.kernels.adjoint.as_forward import select_grad_mma
+    if records is None:
+        records = list(read_file(STEP_RULE_RECORDS)) if STEP_RULE_RECORDS.is_file() else []
+    steps = [r for r in records if r.get("impl") == "warp_train_graphed" and r.get("ms") and r.get("variant")]
+    order = {name: i for i, name in enumerate(LAYERS)}
+    rows: Dict[tuple, dict] = {}
+    for f in (r for r in steps if r["variant"] == "forced"):
+        same = [r for r in steps if r["variant"] == "rule" and r.get("commit") == f.get("commit")
+                and (r["layer"], r["B"]) == (f["layer"], f["B"])]
+        if not same or f["layer"] not in order:
+            continue
+        rule = min(same, key=lambda r: abs(_when(r) - _when(f)))
+        meta = layer_meta(f["layer"])
+        row = dict(layer=f["layer"], B=f["B"], gflop=2e-9 * f["B"] * meta.p64 * meta.cout * meta.nout,
+                   rule_ms=rule["ms"], forced_ms=f["ms"], speedup=rule["ms"] / f["ms"],
+                   now=select_grad_mma(meta, f["B"]) is not None, records=[rule, f])
+        key = (f["layer"], f["B"])
+        if key not in rows or _when(f) > _when(rows[key]["records"][1]):
+            rows[key] = row                                   # the newest pair of a shape
+    return sorted(rows.values(), key=lambda r: (order[r["layer"]], r["B"]))
+
+
+def step_rule_table(rows: Optional[List[dict]] = None) -> str:
+    """:func:`step_rule_rows` as text, by useful work."""
+    rows = step_rule_rows() if rows is None else rows
+    if not rows:
+        return f"no forced-gradient train steps at {STEP_RULE_RECORDS}"
+    lines = [f"{'layer':15s} {'B':>4s} {'GFLOP':>6s} | {'rule then':>9s} {'forced':>7s} {'speedup':>7s} | rule now"]
+    for r in sorted(rows, key=lambda r: r["gflop"]):
+        lines.append(f"{r['layer']:15s} {r['B']:4d} {r['gflop']:6.2f} | {r['rule_ms']:9.3f} {r['forced_ms']:7.3f} "
+                     f"{r['speedup']:6.2f}x | {'tensor cores' if r['now'] else 'kernels'}")
+    return "\n".join(lines)
+
+
+def step_rule_figure(rows: Optional[List[dict]] = None, height: int = 400) -> go.Figure:
+    """The forced step's speedup against the useful work of one gradient (log x), coloured by the current rule's
+    pick, with its threshold marked."""
+    from fovi_lab.kernels.adjoint.as_forward import MMA_GRAD_MIN_GFLOP
+    rows = step_rule_rows() if rows is None else rows
+    if not rows:
+        return kl.message_figure(f"no forced-gradient train steps at {STEP_RULE_RECORDS}")
+    fig = go.Figure()
+    for label, now, colour in (("rule: tensor cores", True, "#2ca02c"), ("rule: fused / staged kernels", False, "#7f7f7f")):
+        part = [r for r in rows if r["now"] == now]
+        fig.add_trace(go.Scatter(x=[r["gflop"] for r in part], y=[r["speedup"] for r in part], mode="markers",
+                                 name=label, marker=dict(color=colour, size=10),
+                                 text=[f"{r['layer']} B={r['B']}" for r in part],
+                                 hovertemplate="%{text}: %{y:.2f}x at %{x:.2f} GFLOP<extra></extra>"))
+    fig.add_hline(y=1.0, line_dash="dot", line_color="grey")
+    fig.add_vline(x=MMA_GRAD_MIN_GFLOP, line_dash="dash", line_color="#d62728",
+                  annotation_text=f"rule: from {MMA_GRAD_MIN_GFLOP:g} GFLOP")
+    fig.update_layout(height=height, xaxis=dict(type="log", title="useful work of one gradient, 2·B·P64·Cout·Nout (GFLOP)"),
+                      yaxis=dict(title="train step, forced tensor cores: speedup over the rule of the run"),
+                      title=dict(text="Train steps replayed from CUDA graphs, both gradients forced onto the tensor cores"
                                       f"<br><sub>{kl.versions_title([rec for r in rows for rec in r['records']])}</sub>", x=0.01),
                       margin=dict(t=70, b=50))
     return fig

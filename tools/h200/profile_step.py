@@ -152,7 +152,7 @@ def main():
     ap.add_argument("--forward", action="store_true", help="the forward op alone")
     ap.add_argument("--transpose", action="store_true", help="also time the layout copies")
     ap.add_argument("--grad-mma", action="store_true",
-                    help="both gradients on the rule's tensor-core config whatever the work and padding")
+                    help="both gradients on the rule's tensor-core config whatever the work, batch and padding")
     ap.add_argument("--baseline", default="tgather_bmm", choices=("tgather_bmm", "gather_bmm", "binned_mm"),
                     help="the PyTorch autograd forward profiled beside warp_train")
     args = ap.parse_args()
@@ -160,6 +160,7 @@ def main():
     if args.grad_mma:
         from fovi_lab.kernels.adjoint import as_forward
         as_forward.MMA_GRAD_MIN_GFLOP, as_forward.MMA_GRAD_MAX_PADDING = 0.0, float("inf")
+        as_forward.MMA_GRAD_MIN_BATCH = 1
     texts = []
     for t in args.targets:
         layer, b = t.split(":")

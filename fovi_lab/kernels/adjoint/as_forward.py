@@ -20,14 +20,20 @@ dW is a GEMM per tap over the pairs (batch row, entry of that tap), the forward 
 the batch, inputs ``x'[c, b, m] = x[b, c, m]`` and weight ``W'[o, b*Nout + n] = g[b, o, n]``; its fp32 output
 ``[Cin, Cout, V]`` is dW's. Its lists are the taps' entry lists, padded to the longest.
 
-The rule (:func:`select_grad_mma`, read from the H200 sweep of ``python -m fovi_lab bench adjoints``, records
-in ``data/h200/adjoint_paths.jsonl``): both gradients run on the pipelined split config
-(:data:`MMA_GRAD_CONFIG`) where the call's useful work, ``2 B P64 Cout Nout`` FLOPs, is at least
-:data:`MMA_GRAD_MIN_GFLOP`, the layer has at least :data:`MMA_GRAD_MIN_CIN` input channels and neither derived
-layer pads its lists more than :data:`MMA_GRAD_MAX_PADDING`-fold; everywhere else the fused (or, on the stems,
-staged) kernels. On the shapes measured at or above that work (AlexNet L1-L4 at B = 64 and 512, ResNet-18's
-layers 1, 2 and 3 at B = 512) the split config ran dx 1.14-4.40x and dW 1.19-3.03x faster than the fused kernels;
-below it the outcome went either way (0.61-1.44x on ResNet-18's layers 2.0, 3.0 and 4.0 at B = 512). ``FOVI_KNN_DX_PATH`` / ``FOVI_KNN_DW_PATH``
+The rule (:func:`select_grad_mma`): both gradients run on the pipelined split config (:data:`MMA_GRAD_CONFIG`)
+where the call's useful work, ``2 B P64 Cout Nout`` FLOPs, is at least :data:`MMA_GRAD_MIN_GFLOP`, the batch at
+least :data:`MMA_GRAD_MIN_BATCH`, the layer has at least :data:`MMA_GRAD_MIN_CIN` input channels and neither
+derived layer pads its lists more than :data:`MMA_GRAD_MAX_PADDING`-fold; everywhere else the fused (or, on the
+stems, staged) kernels. It is read from train steps replayed from CUDA graphs on the H200, the rule of the time
+beside both gradients forced onto the config, each pair from one build on one machine (data/h200/grad_mma_rule.jsonl.gz,
+field ``variant``): from 1.09 to 4.8 GFLOP the tensor cores ran the step 1.04-1.68x faster (AlexNet L1-L4 at
+B = 16, ResNet-18 layers 1, 2 and 3 at B = 64, layers 2.0 and 3.0 at B = 512; AlexNet L1 at B = 16: 0.360 against
+0.606 ms); from 0.14 to 0.6 GFLOP they were 0.73-1.04x (ResNet-18 layers 1, 2, 2.0, 3 and 3.0 at B = 16, 2.0 and
+3.0 at B = 64); on layer 4.0 (two output nodes, its tap layer padded 5.5-fold) they lost at every batch (0.74x at
+B = 64, 0.89x at B = 512). The earlier sweep of ``python -m fovi_lab bench adjoints``
+(data/h200/adjoint_paths.jsonl) had the config 1.14-4.40x (dx) and 1.19-3.03x (dW) faster than the fused kernels
+from 6.8 GFLOP up.
+``FOVI_KNN_DX_PATH`` / ``FOVI_KNN_DW_PATH``
 (``mma``, ``off``, ``auto``) override the rule per gradient.
 """
 
@@ -43,20 +49,23 @@ from fovi_lab.ops.reference import check_grad_args
 
 __all__ = ["grad_input_mma", "grad_weight_mma", "transposed_weight", "padding", "tap_padding", "list_paddings",
            "select_grad_mma",
-           "MMA_GRAD_CONFIG", "MMA_GRAD_MIN_GFLOP", "MMA_GRAD_MIN_CIN", "MMA_GRAD_MAX_PADDING"]
+           "MMA_GRAD_CONFIG", "MMA_GRAD_MIN_GFLOP", "MMA_GRAD_MIN_BATCH", "MMA_GRAD_MIN_CIN", "MMA_GRAD_MAX_PADDING"]
 
 #: The config both tensor-core gradients run under the rule: the pipelined loop with the p range split
 #: (``cp.async`` stages, fp32 partials summed in a fixed order), 128 channels x 64 batch rows per CTA.
 MMA_GRAD_CONFIG = "mmaps_o128b64k32s3"
 #: Useful work (``2 B P64 Cout Nout``, 10^9 FLOPs) from which the rule runs the gradients on tensor cores: the
-#: smallest measured shape above it (AlexNet L2/L4 at B = 64, 6.8 GFLOP) ran dx 1.5-1.7x and dW 1.2-1.3x faster
-#: than the fused kernels; below it (ResNet-18's layers 2.0 and 3.0 at B = 512, 4.5-4.8 GFLOP) they tied or lost.
-MMA_GRAD_MIN_GFLOP = 6.0
+#: smallest measured winner was ResNet-18 layer 1 at B = 64 (1.09 GFLOP, step 1.22x faster); the largest measured
+#: non-winner below it ResNet-18 layer 3.0 at B = 64 (0.60 GFLOP, 0.92x).
+MMA_GRAD_MIN_GFLOP = 1.0
+#: The smallest batch the rule sends to the tensor cores: the config's CTAs take 64 batch rows, and no step below
+#: B = 16 was measured with them.
+MMA_GRAD_MIN_BATCH = 16
 #: The stems (Cin = 3) keep the staged kernels: their transposed layer has 3 output channels in a 128-wide tile.
 MMA_GRAD_MIN_CIN = 16
 #: The most list padding (slots over real entries) of either derived layer the rule accepts: the measured
-#: winners padded 1.23-2.25-fold; beyond that, padding slots are most of the tensor-core work.
-MMA_GRAD_MAX_PADDING = 2.5
+#: winners padded up to 2.84-fold (ResNet-18 layer 3.0's tap layer); layer 4.0's tap layer, 5.54-fold, lost.
+MMA_GRAD_MAX_PADDING = 3.0
 
 
 def transposed_weight(weight: torch.Tensor, meta: TrainingMeta) -> torch.Tensor:
@@ -80,7 +89,7 @@ def tap_padding(meta: TrainingMeta) -> float:
 def select_grad_mma(meta: TrainingMeta, batch: int, dtype: torch.dtype = torch.float16) -> Optional[str]:
     """The tensor-core config both gradients of ``meta`` at ``batch`` run under the rule, or None where the
     fused / staged kernels are its pick (see the module docstring; the split configs are fp16 only)."""
-    if dtype != torch.float16 or meta.cin < MMA_GRAD_MIN_CIN:
+    if dtype != torch.float16 or meta.cin < MMA_GRAD_MIN_CIN or batch < MMA_GRAD_MIN_BATCH:
         return None
     if 2.0 * batch * meta.p64 * meta.cout * meta.nout < MMA_GRAD_MIN_GFLOP * 1e9:
         return None

@@ -271,8 +271,8 @@ SEG_FINISH_BLOCK = 256
 
 def seg_finish_snippet() -> str:
     """The native snippet of :func:`seg_finish_tiled_kernel`: for one ``i`` and a 32 x 32 tile of ``(g, j)``, warp
-    ``w`` sums lists ``g = g0 + w, g0 + w + 8, ...`` with each lane on one ``j`` (a 128-byte row of ``part`` per
-    partial), parks the sums in shared memory, then writes rows ``j`` of ``out[i]`` with each lane on one ``g``
+    ``w`` sums lists ``g = g0 + w, g0 + w + 8, ...`` (the four together, for loads in flight) with each lane on one
+    ``j`` (a 128-byte row of ``part`` per partial), parks the sums in shared memory, then writes rows ``j`` of ``out[i]`` with each lane on one ``g``
     (128-byte rows of the output). A tile row is padded to 33 words, so the column reads hit 32 distinct banks. List
     ``g``'s partials are ``segptr[g] .. segptr[g+1] - 1`` (segments), or with ``nsplit > 0`` the ``nsplit``
     partials ``g, G + g, 2G + g, ...`` (splits: ``part`` is ``[S, G, I', J']`` seen as ``[S*G, I', J']``). The C++
@@ -288,19 +288,35 @@ def seg_finish_snippet() -> str:
 #if defined(__CUDA_ARCH__)
     __shared__ float s[T * TS];
     const int lane = threadIdx.x & 31, wy = threadIdx.x >> 5;
-    for (int k = 0; k < T / 8; ++k) {                 // sums: list g, lanes along j (coalesced partial rows)
-        const int gl = wy + 8 * k, g = g0 + gl, j = j0 + lane;
-        float acc = 0.0f;
-        if (g < G && j < J) {
-            const int q0 = nsplit > 0 ? g : sp[g], q1 = nsplit > 0 ? g + nsplit * G : sp[g + 1], dq = nsplit > 0 ? G : 1;
-            for (int q = q0; q < q1; q += dq) acc += *(const float*)(pb + (size_t)q * ps0 + (size_t)j * ps2);
-        }
-        s[gl * TS + lane] = acc;
+    // sums: lists g = g0 + wy + 8k (k < 4) with lanes along j (coalesced partial rows); the four lists advance
+    // together, so each lane keeps four independent loads in flight; each list is still summed in its own order
+    const int j = j0 + lane, dq = nsplit > 0 ? G : 1;
+    float acc[T / 8];
+    int q[T / 8], qe[T / 8];
+    #pragma unroll
+    for (int k = 0; k < T / 8; ++k) {
+        const int g = g0 + wy + 8 * k;
+        const bool on = g < G && j < J;
+        q[k] = on ? (nsplit > 0 ? g : sp[g]) : 0;
+        qe[k] = on ? (nsplit > 0 ? g + nsplit * G : sp[g + 1]) : 0;
+        acc[k] = 0.0f;
     }
+    for (bool more = true; more;) {
+        more = false;
+        #pragma unroll
+        for (int k = 0; k < T / 8; ++k)
+            if (q[k] < qe[k]) {
+                acc[k] += *(const float*)(pb + (size_t)q[k] * ps0 + (size_t)j * ps2);
+                q[k] += dq;
+                more = true;
+            }
+    }
+    #pragma unroll
+    for (int k = 0; k < T / 8; ++k) s[(wy + 8 * k) * TS + lane] = acc[k];
     __syncthreads();
     for (int k = 0; k < T / 8; ++k) {                 // stores: row j of out[i], lanes along g
-        const int jl = wy + 8 * k, j = j0 + jl, g = g0 + lane;
-        if (j < J && g < G) *(float*)(ob + (size_t)j * os1 + (size_t)g * os2) = s[lane * TS + jl];
+        const int jl = wy + 8 * k, jr = j0 + jl, g = g0 + lane;
+        if (jr < J && g < G) *(float*)(ob + (size_t)jr * os1 + (size_t)g * os2) = s[lane * TS + jl];
     }
     __syncthreads();                                  // the tile is reused by the block's next grid-stride step
 #else
