@@ -26,7 +26,7 @@ from fovi_lab.graph.layers import layer_meta
 
 __all__ = ["stage_bytes_table", "explore_fused", "explore_fused_run", "train_step_runs", "fused_vs_staged_figure",
            "graphed_step_figure", "list_length_table", "segments_sweep_figure", "staged_step_table", "train_step_table",
-           "graphed_step_table", "segments_sweep_table"]
+           "graphed_step_table", "segments_sweep_table", "FINISH_RECORDS", "finish_ab_table"]
 
 _MIB = 1 << 20
 
@@ -461,3 +461,30 @@ def explore_fused_run(layer: str = "res18_layer1", batch: int = 64, cout: Option
         return kl.result_answer(result, log)
     except Exception as exc:  # noqa: BLE001 - the widget must answer with a message
         return kl.fail_result(result, log, f"could not run: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}")
+
+
+# ------------------------------------------------------------------------------------- the finish
+
+#: The checkout's train steps replayed with each finish of the segment / split partials (``finish`` = ``warp``:
+#: the SIMT and Warp-tile kernels; ``native``: the shared-memory tile, :func:`seg_finish_tiled_kernel`).
+FINISH_RECORDS = kl.DATA_DIR / "h200" / "finish_ab.jsonl.gz"
+
+
+def finish_ab_table(records: Optional[List[dict]] = None) -> str:
+    """Per (layer, B) of :data:`FINISH_RECORDS`: ``warp_train`` replayed from a CUDA graph with each finish (ms) and
+    the ratio (above 1: the shared-memory finish is faster)."""
+    from fovi_lab.ops.records import read_file
+    if records is None:
+        records = list(read_file(FINISH_RECORDS)) if FINISH_RECORDS.is_file() else []
+    got: Dict[tuple, Dict[str, float]] = {}
+    for r in records:
+        if r.get("impl") == "warp_train_graphed" and r.get("ms") and r.get("finish"):
+            got.setdefault((r["layer"], r["B"]), {})[r["finish"]] = r["ms"]
+    rows = [(k, v) for k, v in got.items() if "warp" in v and "native" in v]
+    if not rows:
+        return f"no finish A/B records at {FINISH_RECORDS}"
+    order = {n: i for i, n in enumerate(kl.layer_order(k[0] for k, _ in rows))}
+    lines = [f"{'layer':15s} {'B':>4s} {'SIMT / Warp-tile finish':>23s} {'shared-memory finish':>20s} {'ratio':>6s}"]
+    for (layer, b), v in sorted(rows, key=lambda kv: (order[kv[0][0]], kv[0][1])):
+        lines.append(f"{layer:15s} {b:4d} {v['warp']:23.3f} {v['native']:20.3f} {v['warp'] / v['native']:5.2f}x")
+    return "\n".join(lines)

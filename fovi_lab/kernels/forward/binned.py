@@ -34,8 +34,13 @@ ResNet-18 stem, and slower than the compact kernels everywhere but AlexNet L1, L
 (0.029 ms). At B = 16 the op ran AlexNet L1's 18.1 GFLOP binned GEMM in 0.470 ms replayed (39 TFLOP/s with the bin pass) against 0.098 ms for the compact
 kernels' 4.6 GFLOP: 4x the work at a lower rate. The mma kernels are built for many small per-node GEMMs, not
 one ``B*Nout x Q x Cout`` GEMM; a dense-GEMM kernel of cuBLAS's class is what this form would need.
-So :func:`fovi_lab.knn_warp.forward_path` runs the compact kernels unless ``FOVI_KNN_FWD_PATH=binned`` asks for
-this form.
+Replayed per GEMM config (data/h200/forward_binned_replayed.jsonl.gz), the pipelined split config gave the fastest
+binned op at B = 1 on AlexNet L1-L3, 0.042-0.064 ms against 0.044-0.074 for the compact kernels, and still
+0.60-0.69x PyTorch's binned form (0.029-0.045 ms); in a profile of AlexNet L2 at B = 1 cuBLAS's split-K GEMM took
+7.9 us where the one-node GEMM of the rule's pick (a split config with W in place) took 29.7
+(tools/h200/profile_step.py --forward --baseline binned_mm). At B = 4 the compact
+kernels were faster everywhere. So :func:`fovi_lab.knn_warp.forward_path` runs the compact kernels unless
+``FOVI_KNN_FWD_PATH=binned`` asks for this form.
 """
 
 from __future__ import annotations
