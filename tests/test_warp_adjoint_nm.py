@@ -133,6 +133,27 @@ def test_tiled_segment_finish_is_the_simt_finish_bitwise(monkeypatch, shape, b):
             assert not torch.isnan(t).any() and torch.equal(a, t), f"{shape} B={b} seg{seg}"
 
 
+def test_tiled_finish_of_64_lists_is_the_simt_finish_bitwise(monkeypatch):
+    """The 64-list tiles (36 taps and 60 input nodes, as on the rf2 layers): dx and dW through the tiled finish
+    equal the SIMT finish's bitwise, segments and dW's splits, NaN-prefilled."""
+    from fovi_lab.graph.meta import synthetic_graph
+    idx, rf = synthetic_graph(60, 20, 9, 36, 5, seed=1)
+    meta = build_meta(idx, rf, cin=16, cout=24, v=36, nin=60)
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(5, 16, 60, generator=gen).half()
+    w = (0.1 * torch.randn(24, 16 * 36, generator=gen)).half()
+    g = torch.randn(5, 24, 20, generator=gen).half()
+    assert adj_fused.seg_finish_lists(meta.v) == adj_fused.seg_finish_lists(meta.nin) == 64
+    got = {}
+    for mode in ("warp", "native"):
+        monkeypatch.setenv("FOVI_KNN_FINISH", mode)
+        monkeypatch.setattr(adj_fused_plans, "_FINISH_TILED_MIN_BYTES", 0)    # warp: the Warp-tile split finish
+        got[mode] = [nm.grad_input_nm(meta, g, w, seg_steps=1), nm.grad_weight_nm(meta, g, x, seg_steps=2),
+                     _run_nan_prefilled(nm.plan_grad_weight_nm(meta, g, x, nsplit=3))]
+    for a, t in zip(got["warp"], got["native"]):
+        assert not torch.isnan(t).any() and torch.equal(a, t)
+
+
 def test_seg_finish_check_and_mode(monkeypatch):
     assert adj_fused_plans.seg_finish_ok("cpu") is True
     monkeypatch.setenv("FOVI_KNN_FINISH", "fast")
@@ -142,7 +163,8 @@ def test_seg_finish_check_and_mode(monkeypatch):
     # a failed check warns once and keeps the SIMT finish (the result is unchanged)
     monkeypatch.setenv("FOVI_KNN_FINISH", "native")
     monkeypatch.setattr(adj_fused_plans, "_SEG_FINISH_OK", {})
-    monkeypatch.setattr(adj_fused_plans, "seg_finish_tiled_kernel", lambda: (_ for _ in ()).throw(RuntimeError("x")))
+    monkeypatch.setattr(adj_fused_plans, "seg_finish_tiled_kernel",
+                        lambda lists=32: (_ for _ in ()).throw(RuntimeError("x")))
     with pytest.warns(RuntimeWarning, match="tiled partial-sum finish"):
         assert adj_fused_plans.seg_finish_ok("cpu") is False
     monkeypatch.setenv("FOVI_KNN_FINISH", "warp")
@@ -376,16 +398,21 @@ def test_every_fused_kernel_compiles_aot_without_mathdx(tmp_path):
 
 
 def test_tiled_finish_compiles_aot(tmp_path):
-    """The tiled finish's CUDA branch (its shared-memory tile) compiles with no GPU for every AOT arch."""
+    """The tiled finish's CUDA branch (its shared-memory tile, 32 and 64 lists) compiles with no GPU for every AOT
+    arch; the tile size follows the list count."""
     import os
     from pathlib import Path
     from fovi_lab.kernels.common import wp
     archs = [int(a) for a in os.environ.get("FOVI_TEST_AOT_ARCHS", "80,89,90").split(",") if a.strip()]
-    kernel = adj_fused.seg_finish_tiled_kernel()
-    for arch in archs:
-        files = [Path(f) for f in wp.compile_aot_module(kernel.module, arch=arch, module_dir=str(tmp_path / f"sm{arch}"))
-                 or []]
-        assert files and all(f".sm{arch}." in f.name and f.stat().st_size > 0 for f in files), (arch, files)
+    for lists in (32, 64):
+        kernel = adj_fused.seg_finish_tiled_kernel(lists)
+        for arch in archs:
+            out = tmp_path / f"l{lists}_sm{arch}"
+            files = [Path(f) for f in wp.compile_aot_module(kernel.module, arch=arch, module_dir=str(out)) or []]
+            assert files and all(f".sm{arch}." in f.name and f.stat().st_size > 0 for f in files), (lists, arch, files)
+    assert [adj_fused.seg_finish_lists(g) for g in (16, 32, 33, 36, 64, 65, 230)] == [32, 32, 64, 64, 64, 32, 32]
+    with pytest.raises(ValueError, match="32 or 64"):
+        adj_fused.seg_finish_tiled_kernel(48)
 
 
 def test_default_rules_read_no_device_tensor_after_the_first_call(monkeypatch):

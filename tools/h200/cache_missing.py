@@ -27,7 +27,7 @@ def _targets():
     out += [("nm", f"{k}:{n}", False) for k, n in N.nm_grad_kernel_names()]
     out += [("grad", f"{k}:{n}", False) for k, n in A.all_grad_kernel_names()]
     out += [("simt", n, False) for n in ("gather_rows", "gather_rows_pair", "nms_reduce", "dw_finish",
-                                         "seg_finish", "seg_finish_tiled")]
+                                         "seg_finish", "seg_finish_tiled32", "seg_finish_tiled64")]
     return out
 
 
@@ -53,7 +53,8 @@ def _kernel(t):
         return adj_staged._build_kernel(kind, n)[0]
     return {"gather_rows": C.gather_rows_kernel, "gather_rows_pair": C.gather_rows_pair_kernel,
             "nms_reduce": F.nms_reduce_kernel, "dw_finish": adj_fused_plans._dw_finish_kernel,
-            "seg_finish": N.seg_finish_kernel, "seg_finish_tiled": N.seg_finish_tiled_kernel}[name]()
+            "seg_finish": N.seg_finish_kernel, "seg_finish_tiled32": lambda: N.seg_finish_tiled_kernel(32),
+            "seg_finish_tiled64": lambda: N.seg_finish_tiled_kernel(64)}[name]()
 
 
 def _have(k):

@@ -273,16 +273,20 @@ def seg_finish_kernel():
 SEG_FINISH_BLOCK = 256
 
 
-def seg_finish_snippet() -> str:
-    """The native snippet of :func:`seg_finish_tiled_kernel`: for one ``i`` and a 32 x 32 tile of ``(g, j)``, warp
-    ``w`` sums lists ``g = g0 + w, g0 + w + 8, ...`` (the four together, for loads in flight) with each lane on one
-    ``j`` (a 128-byte row of ``part`` per partial), parks the sums in shared memory, then writes rows ``j`` of ``out[i]`` with each lane on one ``g``
-    (128-byte rows of the output). A tile row is padded to 33 words, so the column reads hit 32 distinct banks. List
+def seg_finish_snippet(lists: int = 32) -> str:
+    """The native snippet of :func:`seg_finish_tiled_kernel` for tiles of ``lists`` (32 or 64) lists: for one ``i``
+    and a tile of ``lists`` x 32 of ``(g, j)``, warp ``w`` sums lists ``g = g0 + w, g0 + w + 8, ...`` (all of them
+    together, for loads in flight) with each lane on one ``j`` (a 128-byte row of ``part`` per partial), parks the
+    sums in shared memory, then writes rows ``j`` of ``out[i]`` with each lane on one ``g`` (128-byte rows of the
+    output; with 64 lists a warp writes a whole row of up to 64 in two stores, so no output sector is left half
+    written for another CTA). A tile row is padded to 33 words, so the column reads hit 32 distinct banks. List
     ``g``'s partials are ``segptr[g] .. segptr[g+1] - 1`` (segments), or with ``nsplit > 0`` the ``nsplit``
     partials ``g, G + g, 2G + g, ...`` (splits: ``part`` is ``[S, G, I', J']`` seen as ``[S*G, I', J']``). The C++
     branch (Warp's CPU device) has each thread store its own sums directly."""
-    return """
-    const int T = 32, TS = 33;
+    if lists not in (32, 64):
+        raise ValueError(f"seg finish: tiles of {lists} lists, expected 32 or 64")
+    return f"""
+    const int T = 32, TG = {lists}, TS = 33, KL = TG / 8;
     const int G = out.shape[2], J = out.shape[1];
     const size_t ps0 = (size_t)part.strides[0], ps2 = (size_t)part.strides[2];
     const size_t os1 = (size_t)out.strides[1], os2 = (size_t)out.strides[2];
@@ -290,76 +294,102 @@ def seg_finish_snippet() -> str:
     const char* pb = (const char*)part.data + (size_t)i * (size_t)part.strides[1];
     char* ob = (char*)out.data + (size_t)i * (size_t)out.strides[0];
 #if defined(__CUDA_ARCH__)
-    __shared__ float s[T * TS];
+    __shared__ float s[TG * TS];
     const int lane = threadIdx.x & 31, wy = threadIdx.x >> 5;
-    // sums: lists g = g0 + wy + 8k (k < 4) with lanes along j (coalesced partial rows); the four lists advance
-    // together, so each lane keeps four independent loads in flight; each list is still summed in its own order
+    // sums: lists g = g0 + wy + 8k (k < KL) with lanes along j (coalesced partial rows); the lists advance
+    // together, so each lane keeps KL independent loads in flight; each list is still summed in its own order
     const int j = j0 + lane, dq = nsplit > 0 ? G : 1;
-    float acc[T / 8];
-    int q[T / 8], qe[T / 8];
+    float acc[KL];
+    int q[KL], qe[KL];
     #pragma unroll
-    for (int k = 0; k < T / 8; ++k) {
+    for (int k = 0; k < KL; ++k) {{
         const int g = g0 + wy + 8 * k;
         const bool on = g < G && j < J;
         q[k] = on ? (nsplit > 0 ? g : sp[g]) : 0;
         qe[k] = on ? (nsplit > 0 ? g + nsplit * G : sp[g + 1]) : 0;
         acc[k] = 0.0f;
-    }
-    for (bool more = true; more;) {
+    }}
+    for (bool more = true; more;) {{
         more = false;
         #pragma unroll
-        for (int k = 0; k < T / 8; ++k)
-            if (q[k] < qe[k]) {
+        for (int k = 0; k < KL; ++k)
+            if (q[k] < qe[k]) {{
                 acc[k] += *(const float*)(pb + (size_t)q[k] * ps0 + (size_t)j * ps2);
                 q[k] += dq;
                 more = true;
-            }
-    }
+            }}
+    }}
     #pragma unroll
-    for (int k = 0; k < T / 8; ++k) s[(wy + 8 * k) * TS + lane] = acc[k];
+    for (int k = 0; k < KL; ++k) s[(wy + 8 * k) * TS + lane] = acc[k];
     __syncthreads();
-    for (int k = 0; k < T / 8; ++k) {                 // stores: row j of out[i], lanes along g
-        const int jl = wy + 8 * k, jr = j0 + jl, g = g0 + lane;
-        if (jr < J && g < G) *(float*)(ob + (size_t)jr * os1 + (size_t)g * os2) = s[lane * TS + jl];
-    }
+    for (int r = 0; r < T / 8; ++r) {{                 // stores: row j of out[i], lanes along g
+        const int jl = wy + 8 * r, jr = j0 + jl;
+        if (jr >= J) continue;
+        #pragma unroll
+        for (int h = 0; h < TG / 32; ++h) {{
+            const int gl = lane + 32 * h, g = g0 + gl;
+            if (g < G) *(float*)(ob + (size_t)jr * os1 + (size_t)g * os2) = s[gl * TS + jl];
+        }}
+    }}
     __syncthreads();                                  // the tile is reused by the block's next grid-stride step
 #else
     const int lane = tid & 31, wy = (tid >> 5) & 7;
-    for (int k = 0; k < T / 8; ++k) {
+    for (int k = 0; k < KL; ++k) {{
         const int g = g0 + wy + 8 * k, j = j0 + lane;
         if (g >= G || j >= J) continue;
         float acc = 0.0f;
         const int q0 = nsplit > 0 ? g : sp[g], q1 = nsplit > 0 ? g + nsplit * G : sp[g + 1], dq = nsplit > 0 ? G : 1;
         for (int q = q0; q < q1; q += dq) acc += *(const float*)(pb + (size_t)q * ps0 + (size_t)j * ps2);
         *(float*)(ob + (size_t)j * os1 + (size_t)g * os2) = acc;
-    }
+    }}
 #endif
 """
 
 
-@built_once
-def seg_finish_tiled_kernel():
-    """``out[i, j, g]`` = the fixed-order fp32 sum of list g's partials ``part[q, i, j]`` (segments by ``segptr``,
-    or ``nsplit`` interleaved splits) through a 32 x 32 shared-memory tile (:func:`seg_finish_snippet`): the
-    partial rows are read and the output rows written 128 bytes at a time, where :func:`seg_finish_kernel` reads
-    one partial element per 32-byte sector. The same sums in the same order as that kernel (segments): bitwise the
-    same output. Grid ``(I, ceil(G/32), ceil(J/32) * SEG_FINISH_BLOCK)``, block :data:`SEG_FINISH_BLOCK`."""
-    @wp.func_native(seg_finish_snippet())
+def _make_seg_finish_tiled(lists: int):
+    @wp.func_native(seg_finish_snippet(lists))
     def seg_finish_tile(segptr: wp.array1d(dtype=wp.int32), part: wp.array3d(dtype=wp.float32),
                         out: wp.array3d(dtype=wp.float32), nsplit: int, i: int, g0: int, j0: int, tid: int): ...
 
-    @wp.kernel(enable_backward=False, module="unique", name="fovi_seg_finish_tiled")
+    @wp.kernel(enable_backward=False, module="unique", name=f"fovi_seg_finish_tiled{lists}")
     def kernel(segptr: wp.array1d(dtype=wp.int32), part: wp.array3d(dtype=wp.float32),
                out: wp.array3d(dtype=wp.float32), nsplit: int):
         i, gt, tl = wp.tid()
-        seg_finish_tile(segptr, part, out, nsplit, i, gt * 32, (tl // SEG_FINISH_BLOCK) * 32, tl % SEG_FINISH_BLOCK)
+        seg_finish_tile(segptr, part, out, nsplit, i, gt * lists, (tl // SEG_FINISH_BLOCK) * 32, tl % SEG_FINISH_BLOCK)
     return kernel
 
 
-def seg_finish_tiled_dims(out_shape) -> Tuple[int, int, int]:
-    """The launch grid of :func:`seg_finish_tiled_kernel` for an output ``[I, J, G]``."""
+@built_once
+def _seg_finish_tiled32():
+    return _make_seg_finish_tiled(32)
+
+
+@built_once
+def _seg_finish_tiled64():
+    return _make_seg_finish_tiled(64)
+
+
+def seg_finish_lists(g: int) -> int:
+    """Lists per tile of the tiled finish for ``g`` lists: 64 where that covers them all in one tile (33-64: the
+    rf2 layers' 36 taps, 60-node dx lists), so every output row is written by one warp; 32 otherwise."""
+    return 64 if 32 < int(g) <= 64 else 32
+
+
+def seg_finish_tiled_kernel(lists: int = 32):
+    """``out[i, j, g]`` = the fixed-order fp32 sum of list g's partials ``part[q, i, j]`` (segments by ``segptr``,
+    or ``nsplit`` interleaved splits) through a shared-memory tile of ``lists`` (32 or 64) lists x 32 columns
+    (:func:`seg_finish_snippet`): the partial rows are read and the output rows written 128 bytes at a time, where
+    :func:`seg_finish_kernel` reads one partial element per 32-byte sector. The same sums in the same order as that
+    kernel (segments): bitwise the same output. Grid :func:`seg_finish_tiled_dims`, block :data:`SEG_FINISH_BLOCK`."""
+    if lists not in (32, 64):
+        raise ValueError(f"seg finish: tiles of {lists} lists, expected 32 or 64")
+    return _seg_finish_tiled32() if lists == 32 else _seg_finish_tiled64()
+
+
+def seg_finish_tiled_dims(out_shape, lists: int = 32) -> Tuple[int, int, int]:
+    """The launch grid of :func:`seg_finish_tiled_kernel` (tiles of ``lists`` lists) for an output ``[I, J, G]``."""
     i, j, g = out_shape
-    return (int(i), -(-int(g) // 32), -(-int(j) // 32) * SEG_FINISH_BLOCK)
+    return (int(i), -(-int(g) // int(lists)), -(-int(j) // 32) * SEG_FINISH_BLOCK)
 
 
 def segment_table(rowptr: torch.Tensor, steps_per_entry: int, seg_steps: int):

@@ -22,7 +22,8 @@ from fovi_lab.kernels.common import (built_once, check_tensor, fast_launch, init
 from fovi_lab.kernels.forward.plans import DIRECT_STORE_MAX_BYTES
 from fovi_lab.kernels.layout import swap_axes_into
 from fovi_lab.kernels.adjoint.fused import (DX_NM_CONFIG_SPECS, SEG_FINISH_BLOCK, WAVE_CTAS, _budget_bytes,
-                                            seg_finish_kernel, seg_finish_tiled_dims, seg_finish_tiled_kernel,
+                                            seg_finish_kernel, seg_finish_lists, seg_finish_tiled_dims,
+                                            seg_finish_tiled_kernel,
                                             segment_table, select_dw_nm_config, select_dx_nm_config)
 from fovi_lab.kernels.adjoint.fused_build import (NmGradKernel, _VALIDATED, _aux, _build, _spec, reverse_lists,
                                                   tap_lists, validated_key)
@@ -137,25 +138,30 @@ def seg_finish_ok(device: str) -> bool:
         return got
     g = torch.Generator().manual_seed(0)
     try:
-        lens = torch.randint(0, 4, (45,), generator=g)
-        lens[3] = lens[40] = 0                                       # empty lists: zeros
-        segptr = torch.zeros(46, dtype=torch.int32)
-        segptr[1:] = torch.cumsum(lens, 0)
-        segd = segptr.to(device)
-        part = torch.randn(max(1, int(segptr[-1])), 7, 70, generator=g).to(device)   # [nseg, I' = 7, J' = 70]
-        outs = []
-        for kernel, dims, extra in ((seg_finish_kernel(), (5, 67, 45), []),
-                                    (seg_finish_tiled_kernel(), seg_finish_tiled_dims((5, 67, 45)), [0])):
-            out = torch.full((5, 67, 45), float("nan"), device=device)
-            _launch(kernel, dims, [_ct(segd), _ct(part), _ct(out)] + extra, SEG_FINISH_BLOCK, device, tiled=False)
-            outs.append(out)
-        ok = bool(torch.equal(outs[0], outs[1])) and not bool(torch.isnan(outs[1]).any())
-        split = torch.randn(3, 45, 7, 70, generator=g).to(device)                  # [S, G, I', J']
-        want = ((split[0] + split[1]) + split[2])[:, :5, :67].permute(1, 2, 0)
-        out = torch.full((5, 67, 45), float("nan"), device=device)
-        _launch(seg_finish_tiled_kernel(), seg_finish_tiled_dims(out.shape),
-                [_ct(segd), _ct(split.view(3 * 45, 7, 70)), _ct(out), 3], SEG_FINISH_BLOCK, device, tiled=False)
-        ok = ok and bool(torch.equal(out, want))
+        ok = True
+        for n_lists, lists in ((45, 64), (45, 32), (20, 32)):          # both tile sizes, a partial last tile
+            lens = torch.randint(0, 4, (n_lists,), generator=g)
+            lens[3] = lens[-5] = 0                                     # empty lists: zeros
+            segptr = torch.zeros(n_lists + 1, dtype=torch.int32)
+            segptr[1:] = torch.cumsum(lens, 0)
+            segd = segptr.to(device)
+            part = torch.randn(max(1, int(segptr[-1])), 7, 70, generator=g).to(device)   # [nseg, I' = 7, J' = 70]
+            shape = (5, 67, n_lists)
+            outs = []
+            for kernel, dims, extra in ((seg_finish_kernel(), shape, []),
+                                        (seg_finish_tiled_kernel(lists), seg_finish_tiled_dims(shape, lists), [0])):
+                out = torch.full(shape, float("nan"), device=device)
+                _launch(kernel, dims, [_ct(segd), _ct(part), _ct(out)] + extra, SEG_FINISH_BLOCK, device,
+                        tiled=False)
+                outs.append(out)
+            ok = ok and bool(torch.equal(outs[0], outs[1])) and not bool(torch.isnan(outs[1]).any())
+            split = torch.randn(3, n_lists, 7, 70, generator=g).to(device)             # [S, G, I', J']
+            want = ((split[0] + split[1]) + split[2])[:, :5, :67].permute(1, 2, 0)
+            out = torch.full(shape, float("nan"), device=device)
+            _launch(seg_finish_tiled_kernel(lists), seg_finish_tiled_dims(shape, lists),
+                    [_ct(segd), _ct(split.view(3 * n_lists, 7, 70)), _ct(out), 3], SEG_FINISH_BLOCK, device,
+                    tiled=False)
+            ok = ok and bool(torch.equal(out, want))
         why = "" if ok else "its sums differ from the reference's"
     except Exception as exc:                                         # a build or launch failure
         ok, why = False, f"{type(exc).__name__}: {exc}"
@@ -193,8 +199,9 @@ def _launch_seg_finish(segptr, part, out: torch.Tensor, device: str, nsplit: int
     ``segptr[g]..segptr[g+1]`` (segments), or with ``nsplit`` > 0 ``part[s*G + g, i, j]`` for s < nsplit (splits;
     only where :func:`_native_finish`). ``segptr`` / ``part``: Warp descriptors (:func:`warp_ct`)."""
     if nsplit or _native_finish(device):
-        _launch(seg_finish_tiled_kernel(), seg_finish_tiled_dims(out.shape), [segptr, part, _ct(out), int(nsplit)],
-                SEG_FINISH_BLOCK, device, tiled=False)
+        lists = seg_finish_lists(out.shape[2])
+        _launch(seg_finish_tiled_kernel(lists), seg_finish_tiled_dims(out.shape, lists),
+                [segptr, part, _ct(out), int(nsplit)], SEG_FINISH_BLOCK, device, tiled=False)
     else:
         _launch(seg_finish_kernel(), tuple(out.shape), [segptr, part, _ct(out)], 256, device, tiled=False)
 
