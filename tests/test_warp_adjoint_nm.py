@@ -143,7 +143,8 @@ def test_tiled_finish_of_64_lists_is_the_simt_finish_bitwise(monkeypatch):
     x = torch.randn(5, 16, 60, generator=gen).half()
     w = (0.1 * torch.randn(24, 16 * 36, generator=gen)).half()
     g = torch.randn(5, 24, 20, generator=gen).half()
-    assert adj_fused.seg_finish_lists(meta.v) == adj_fused.seg_finish_lists(meta.nin) == 64
+    monkeypatch.setattr(adj_fused, "SEG_FINISH_64_MIN_CTAS", 1)              # this small case: 64-list tiles
+    assert adj_fused.seg_finish_lists((24, 16, meta.v)) == adj_fused.seg_finish_lists((5, 16, meta.nin)) == 64
     got = {}
     for mode in ("warp", "native"):
         monkeypatch.setenv("FOVI_KNN_FINISH", mode)
@@ -410,7 +411,8 @@ def test_tiled_finish_compiles_aot(tmp_path):
             out = tmp_path / f"l{lists}_sm{arch}"
             files = [Path(f) for f in wp.compile_aot_module(kernel.module, arch=arch, module_dir=str(out)) or []]
             assert files and all(f".sm{arch}." in f.name and f.stat().st_size > 0 for f in files), (lists, arch, files)
-    assert [adj_fused.seg_finish_lists(g) for g in (16, 32, 33, 36, 64, 65, 230)] == [32, 32, 64, 64, 64, 32, 32]
+    assert [adj_fused.seg_finish_lists((512, 256, g)) for g in (16, 32, 33, 36, 64, 65, 230)] == [32, 32, 64, 64, 64, 32, 32]
+    assert adj_fused.seg_finish_lists((64, 64, 36)) == 32                     # 128 CTAs: the 32-list tile
     with pytest.raises(ValueError, match="32 or 64"):
         adj_fused.seg_finish_tiled_kernel(48)
 

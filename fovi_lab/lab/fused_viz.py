@@ -471,20 +471,26 @@ FINISH_RECORDS = kl.DATA_DIR / "h200" / "finish_ab.jsonl.gz"
 
 
 def finish_ab_table(records: Optional[List[dict]] = None) -> str:
-    """Per (layer, B) of :data:`FINISH_RECORDS`: ``warp_train`` replayed from a CUDA graph with each finish (ms) and
-    the ratio (above 1: the shared-memory finish is faster)."""
+    """Per (layer, B) of :data:`FINISH_RECORDS`, from the newest build that timed both finishes there:
+    ``warp_train`` replayed from a CUDA graph with each (ms), the ratio (above 1: the shared-memory finish is
+    faster) and that build's commit."""
     from fovi_lab.ops.records import read_file
     if records is None:
         records = list(read_file(FINISH_RECORDS)) if FINISH_RECORDS.is_file() else []
-    got: Dict[tuple, Dict[str, float]] = {}
+    got: Dict[tuple, Dict[str, dict]] = {}
     for r in records:
         if r.get("impl") == "warp_train_graphed" and r.get("ms") and r.get("finish"):
-            got.setdefault((r["layer"], r["B"]), {})[r["finish"]] = r["ms"]
-    rows = [(k, v) for k, v in got.items() if "warp" in v and "native" in v]
-    if not rows:
+            got.setdefault((r["layer"], r["B"], r.get("commit")), {})[r["finish"]] = r
+    newest: Dict[tuple, tuple] = {}
+    for (layer, b, commit), v in got.items():
+        if "warp" in v and "native" in v:
+            when = str(v["native"].get("date", ""))
+            if (layer, b) not in newest or when > newest[(layer, b)][0]:
+                newest[(layer, b)] = (when, commit, v["warp"]["ms"], v["native"]["ms"])
+    if not newest:
         return f"no finish A/B records at {FINISH_RECORDS}"
-    order = {n: i for i, n in enumerate(kl.layer_order(k[0] for k, _ in rows))}
-    lines = [f"{'layer':15s} {'B':>4s} {'SIMT / Warp-tile finish':>23s} {'shared-memory finish':>20s} {'ratio':>6s}"]
-    for (layer, b), v in sorted(rows, key=lambda kv: (order[kv[0][0]], kv[0][1])):
-        lines.append(f"{layer:15s} {b:4d} {v['warp']:23.3f} {v['native']:20.3f} {v['warp'] / v['native']:5.2f}x")
+    order = {n: i for i, n in enumerate(kl.layer_order(k[0] for k in newest))}
+    lines = [f"{'layer':15s} {'B':>4s} {'SIMT / Warp-tile finish':>23s} {'shared-memory finish':>20s} {'ratio':>6s}  build"]
+    for (layer, b), (_, commit, w, n) in sorted(newest.items(), key=lambda kv: (order[kv[0][0]], kv[0][1])):
+        lines.append(f"{layer:15s} {b:4d} {w:23.3f} {n:20.3f} {w / n:5.2f}x  {commit}")
     return "\n".join(lines)

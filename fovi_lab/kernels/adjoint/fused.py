@@ -12,11 +12,9 @@ c*Nin + idx[n, k]``, ``weight_linear[n, c*K+k] = c*V + rf[n, k]``), both reducti
   and accumulates ``g_n @ x_m^T`` over batch chunks; a split's fp32 partials are summed in a fixed order.
 * balanced segments (``dxs`` / ``dws``): the lists cut into segments of at most ``L`` tile GEMMs
   (:func:`segment_table`), one CTA per segment, the segment partials summed in order by a finish that
-  reads and writes through a shared-memory tile (:func:`seg_finish_tiled_kernel`). On the H200 (torch.profiler over ten
-  steps with each finish, one build, data/h200/profiles/finish_kernels_*.txt) it took 28.2 against 42.7 us for the SIMT
-  finish on ResNet-18 layer 4.0 at B = 16 (a ``[512, 256, 36]`` dW from 13 segments) and 9.2 against 10.6 us on
-  layer 1; the replayed steps of six ResNet layers ran 0.93-1.15x with it before its four lists' loads overlapped
-  (data/h200/finish_ab.jsonl.gz).
+  reads and writes through a shared-memory tile (:func:`seg_finish_tiled_kernel`, tiles of 32 or 64 lists: :func:`seg_finish_lists`). On the H200,
+  replayed, the train steps of ResNet-18 layers 4.0, 3.0 and 3 ran 1.01-1.16x faster with it than with the SIMT
+  finish in one run (data/h200/finish_ab.jsonl.gz; layer 4.0 at B = 16: 0.105 against 0.122 ms).
 
 No stage and no atomics: both gradients are bitwise deterministic. Every kernel has an fp16 and a bf16 form
 (``bf16=True``: bf16 gn / wr / xn, the same tiles and fp32 accumulation).
@@ -369,10 +367,19 @@ def _seg_finish_tiled64():
     return _make_seg_finish_tiled(64)
 
 
-def seg_finish_lists(g: int) -> int:
-    """Lists per tile of the tiled finish for ``g`` lists: 64 where that covers them all in one tile (33-64: the
-    rf2 layers' 36 taps, 60-node dx lists), so every output row is written by one warp; 32 otherwise."""
-    return 64 if 32 < int(g) <= 64 else 32
+#: The fewest CTAs (output rows ``I`` x 32-column tiles) for which the tiled finish takes 64-list tiles.
+SEG_FINISH_64_MIN_CTAS = 1024
+
+
+def seg_finish_lists(out_shape) -> int:
+    """Lists per tile of the tiled finish for an output ``[I, J, G]``: 64 where one tile covers every list
+    (33-64: the rf2 layers' 36 taps) and the grid keeps at least :data:`SEG_FINISH_64_MIN_CTAS` CTAs, so each
+    output row is written by one warp; 32 otherwise. On the H200 (torch.profiler, one run per build,
+    data/h200/profiles/finish_kernels*.txt) the 64-list tile took 26.4 us against 42.7 for the SIMT finish on
+    ResNet-18 layer 4.0's dW at B = 16 (4096 CTAs) and 16.0 against 25.7 on layer 3's (2048), but 16.1 against
+    10.4 on layer 1's (128 CTAs, long lists), where the 32-list tile had taken 9.2."""
+    i, j, g = (int(v) for v in out_shape)
+    return 64 if 32 < g <= 64 and i * -(-j // 32) >= SEG_FINISH_64_MIN_CTAS else 32
 
 
 def seg_finish_tiled_kernel(lists: int = 32):

@@ -199,7 +199,7 @@ def _launch_seg_finish(segptr, part, out: torch.Tensor, device: str, nsplit: int
     ``segptr[g]..segptr[g+1]`` (segments), or with ``nsplit`` > 0 ``part[s*G + g, i, j]`` for s < nsplit (splits;
     only where :func:`_native_finish`). ``segptr`` / ``part``: Warp descriptors (:func:`warp_ct`)."""
     if nsplit or _native_finish(device):
-        lists = seg_finish_lists(out.shape[2])
+        lists = seg_finish_lists(out.shape)
         _launch(seg_finish_tiled_kernel(lists), seg_finish_tiled_dims(out.shape, lists),
                 [segptr, part, _ct(out), int(nsplit)], SEG_FINISH_BLOCK, device, tiled=False)
     else:
