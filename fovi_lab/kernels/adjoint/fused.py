@@ -184,7 +184,7 @@ def make_dw_nm_kernel(tile_o: int, tile_c: int, tile_kb: int, block_dim: int, ma
 # and its fused dx ran at ~half the dense ceiling of the same tiles on the H200. The "segment"
 # kernels below flatten every list into steps (one step = one tile GEMM: an (entry, Cout chunk) for dx,
 # an (entry, batch chunk) for dW), cut each list into contiguous segments of at most ``L`` steps and run
-# one CTA per (segment, output tile). Each segment writes an fp32 partial; a SIMT finish sums a list's
+# one CTA per (segment, output tile). Each segment writes an fp32 partial; the finish sums a list's
 # segments in segment order (fixed: bitwise deterministic) straight into dx / dW's own layout. Lists
 # without entries get no segment and a zero from the finish.
 

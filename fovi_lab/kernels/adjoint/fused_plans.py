@@ -215,8 +215,8 @@ class _GradInputNmPlan:
 
     ``k`` (kind ``dxn``): one CTA per (input node, batch tile, Cin tile) walks the node's whole reverse
     list and stores into dx. ``seg`` (kind ``dxs``) with ``seg_steps`` = L: one CTA per (segment of at most
-    L steps, batch tile, Cin tile) into fp32 partials ``out [nseg, B, Cin]``, then the SIMT finish sums
-    each node's segments into dx; both launches are in ``launch()``."""
+    L steps, batch tile, Cin tile) into fp32 partials ``out [nseg, B, Cin]``, then the finish
+    (:func:`_launch_seg_finish`) sums each node's segments into dx; both launches are in ``launch()``."""
 
     def __init__(self, meta, grad_y, weight, k: Optional[NmGradKernel], device: str, store: Optional[str] = None,
                  gn: Optional[torch.Tensor] = None, seg: Optional[NmGradKernel] = None,
