@@ -20,6 +20,7 @@ from typing import Optional
 import torch
 
 from fovi_lab.ops.registry import register_ops
+from fovi_lab.ops.replay import replayed
 from fovi_lab.graph.meta import TrainingMeta, pad_to
 from fovi_lab.ops.reference import CompactTorchOps, check_forward_args  # noqa: F401  (CompactTorchOps: importable here, as before)
 from fovi_lab.ops.tune_cache import cache_path as tune_cache_path, tuned_forward_config
@@ -69,6 +70,10 @@ def _forward(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, bias) ->
     # run_uncached sees only the tables, so it cannot tell an x of another layer: check against the meta
     check_forward_args(meta, x, weight, bias)
     meta = meta.to(x.device)
+    return replayed("forward", meta, lambda x, w, b: _forward_direct(meta, x, w, b), x, weight, bias)
+
+
+def _forward_direct(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
     if forward_path() == "binned":
         from fovi_lab.kernels.forward.binned import run_binned
         return run_binned(meta, x, weight, bias)
@@ -215,30 +220,44 @@ class WarpTrainOps:
     @staticmethod
     def grad_input(meta, grad_y, weight):
         meta = meta.to(grad_y.device)
-        dx = _on_mma("dx", meta, grad_y, weight)
-        return dx if dx is not None else grad_input_kernels(meta, grad_y, weight)
+        return replayed("grad_input", meta, lambda g, w: _grad_input_direct(meta, g, w),
+                        grad_y, weight)
 
     @staticmethod
     def grad_weight(meta, grad_y, x):
         meta = meta.to(grad_y.device)
-        dw = _on_mma("dW", meta, grad_y, x)
-        return dw if dw is not None else grad_weight_kernels(meta, grad_y, x)
+        return replayed("grad_weight", meta, lambda g, x: _grad_weight_direct(meta, g, x),
+                        grad_y, x)
 
     @staticmethod
     def backward_combined(meta, grad_y, x, weight):
         """``(dx, dW)``; the fused path lays out ``grad_y`` node-major once for both kernels."""
         meta = meta.to(grad_y.device)
-        if "mma" in grad_paths(meta, grad_y.shape[0], grad_y.dtype):
-            return WarpTrainOps.grad_input(meta, grad_y, weight), WarpTrainOps.grad_weight(meta, grad_y, x)
-        if grad_path(meta, grad_y.dtype) != "fused":
-            return staged_grad_input(meta, grad_y, weight), staged_grad_weight(meta, grad_y, x)
-        pw = plan_grad_weight_nm(meta, grad_y, x)
-        # dx contracts Cout in 64-row chunks: share g's node-major copy when the Cout padding agrees
-        share = pw is not None and pw.op == pad_to(meta.cout, 64)
-        px = plan_grad_input_nm(meta, grad_y, weight, gn=pw.gn if share else None)
-        dx = px.run() if px is not None else WarpTrainOps.grad_input(meta, grad_y, weight)
-        dw = pw.run() if pw is not None else WarpTrainOps.grad_weight(meta, grad_y, x)
-        return dx, dw
+        return replayed("backward", meta, lambda g, x, w: _backward_direct(meta, g, x, w), grad_y, x, weight)
+
+
+def _grad_input_direct(meta, grad_y, weight):
+    dx = _on_mma("dx", meta, grad_y, weight)
+    return dx if dx is not None else grad_input_kernels(meta, grad_y, weight)
+
+
+def _grad_weight_direct(meta, grad_y, x):
+    dw = _on_mma("dW", meta, grad_y, x)
+    return dw if dw is not None else grad_weight_kernels(meta, grad_y, x)
+
+
+def _backward_direct(meta, grad_y, x, weight):
+    if "mma" in grad_paths(meta, grad_y.shape[0], grad_y.dtype):
+        return _grad_input_direct(meta, grad_y, weight), _grad_weight_direct(meta, grad_y, x)
+    if grad_path(meta, grad_y.dtype) != "fused":
+        return staged_grad_input(meta, grad_y, weight), staged_grad_weight(meta, grad_y, x)
+    pw = plan_grad_weight_nm(meta, grad_y, x)
+    # dx contracts Cout in 64-row chunks: share g's node-major copy when the Cout padding agrees
+    share = pw is not None and pw.op == pad_to(meta.cout, 64)
+    px = plan_grad_input_nm(meta, grad_y, weight, gn=pw.gn if share else None)
+    dx = px.run() if px is not None else _grad_input_direct(meta, grad_y, weight)
+    dw = pw.run() if pw is not None else _grad_weight_direct(meta, grad_y, x)
+    return dx, dw
 
 
 def grad_input(meta: TrainingMeta, grad_y: torch.Tensor, weight: torch.Tensor, config: Optional[str] = None,

@@ -163,8 +163,8 @@ def test_the_fakes_check_shapes_and_an_unknown_backend_is_named():
 
 
 def test_prepare_builds_every_table_before_a_graph_and_keeps_the_gradients():
-    """``fovi_lab.ops.graphs.prepare`` (before ``torch.compile(mode="reduce-overhead")``): one eager forward and
-    backward, after which a call of the same signature builds nothing new (no meta moved, no derived table, no
+    """``fovi_lab.ops.graphs.prepare`` (before ``torch.compile(mode="reduce-overhead")``): two eager forwards and
+    backwards, after which a call of the same signature builds nothing new (no meta moved, no derived table, no
     call plan: nothing a CUDA-graph pool would hold), and the parameters' gradients are as they were."""
     from fovi_lab.graph import meta as meta_mod
     from fovi_lab.kernels.forward import api

@@ -72,6 +72,21 @@ def test_dw_finish_paths(monkeypatch, config, finish):
             monkeypatch.setenv("FOVI_KNN_FINISH", "native")
 
 
+def test_dw_split_finishes_bitwise_equal(monkeypatch):
+    """The three split finishes (PyTorch split by split, the Warp-tile kernel, the shared-memory tile kernel) give
+    the same bits with 8 partials, where a tree or vectorised sum would round differently: a CUDA graph captured
+    on one path and an eager call on another must not differ."""
+    meta, x, w, g, _, dw_o, _, e_dw = _case("PAD_HEAVY", 17)
+    got = {}
+    for mode, min_bytes in (("warp", 1 << 40), ("warp", 0), ("native", 0)):
+        monkeypatch.setenv("FOVI_KNN_FINISH", mode)
+        monkeypatch.setattr(adj_fused_plans, "_FINISH_TILED_MIN_BYTES", min_bytes)
+        got[mode, min_bytes] = _run_nan_prefilled(nm.plan_grad_weight_nm(meta, g, x, nsplit=8))
+    ref = got["warp", 1 << 40]
+    _assert_within(ref, dw_o, e_dw, "dW x8")
+    assert all(torch.equal(ref, t) for t in got.values())
+
+
 @pytest.mark.parametrize("shape", ["MAIN", "PAD_HEAVY"])
 @pytest.mark.parametrize("b", [17, 130])
 def test_default_configs_main_pad_heavy(shape, b):

@@ -27,7 +27,7 @@ SHARED_KERNEL_MODULE: Optional[str] = None
 
 __all__ = [
     "wp", "init_warp", "warp_device", "to_warp", "torch_stream", "warp_stream",
-    "nan_canary", "ValidatedCache", "check_tensor", "warp_ct", "fast_launch", "gather_rows",
+    "nan_canary", "ValidatedCache", "check_once", "check_tensor", "warp_ct", "fast_launch", "gather_rows",
 ]
 
 try:  # Warp is a hard dependency of the package, but keep import errors readable.
@@ -159,6 +159,32 @@ def nan_canary(launch: Callable[[], None], out: torch.Tensor) -> Tuple[bool, str
     if not bool(torch.isfinite(out).all()):
         return False, "launch returned but left NaN in the canary output (silent launch failure)"
     return True, "ok"
+
+
+_check_once_lock = threading.Lock()
+
+
+def check_once(cache: Dict[Hashable, bool], key: Hashable, check: Callable[[], bool], failure: str) -> bool:
+    """The cached outcome of a once-per-device kernel check: ``check()`` (True when the kernel's output equals its
+    reference's) runs the first time ``key`` is asked for; a False result or an exception warns once with
+    ``failure`` (its ``{why}`` filled in with the mismatch or the exception), and callers then take their
+    reference path for that key. Threads asking at once may both run the check; the first result stored wins."""
+    got = cache.get(key)
+    if got is not None:
+        return got
+    try:
+        ok = bool(check())
+        why = "" if ok else "its output differs from the reference's"
+    except Exception as exc:                                         # a build or launch failure
+        ok, why = False, f"{type(exc).__name__}: {exc}"
+    with _check_once_lock:
+        first = key not in cache
+        if first:
+            cache[key] = ok
+        got = cache[key]
+    if first and not ok:
+        warnings.warn(failure.format(why=why), RuntimeWarning, stacklevel=4)
+    return got
 
 
 class ValidatedCache:

@@ -34,13 +34,11 @@ before that check ran, and for a swapped axis under 32 elements (:data:`_MIN_SWA
 
 # (no "from __future__ import annotations": Warp needs the stubs' annotations as objects)
 
-import threading
-import warnings
 from typing import Dict, Tuple
 
 import torch
 
-from fovi_lab.kernels.common import built_once, fast_launch, warp_ct, wp
+from fovi_lab.kernels.common import built_once, check_once, fast_launch, warp_ct, wp
 
 __all__ = ["swap_axes_into", "swap_axes", "transpose", "transpose_into", "layout_ok", "layout_snippet", "LAYOUT_BLOCK",
            "tile_width"]
@@ -169,7 +167,6 @@ def _launch(src: torch.Tensor, out: torch.Tensor, es: int, device: str) -> None:
                 [warp_ct(src), warp_ct(out), int(_vec_ok(src, out, es))], LAYOUT_BLOCK, device, tiled=False)
 
 
-_ok_lock = threading.Lock()
 _OK: Dict[Tuple[str, int], bool] = {}
 
 
@@ -188,13 +185,10 @@ def layout_ok(device: torch.device, element_size: int) -> bool:
     PyTorch's copy). A failure warns once and the copies there use PyTorch's."""
     dev = torch.device(device)
     key = (_device_str(dev), int(element_size))
-    got = _OK.get(key)
-    if got is not None:
-        return got
     dtype = torch.float16 if element_size == 2 else torch.float32
-    g = torch.Generator().manual_seed(0)
-    try:
-        base = torch.randn(38, 5, 132, generator=g).to(dtype).to(dev)
+
+    def check() -> bool:
+        base = torch.randn(38, 5, 132, generator=torch.Generator().manual_seed(0)).to(dtype).to(dev)
         ok = True
         # 4-byte accesses (unit strides, aligned rows), then element by element (rows one element off alignment)
         for src in (base[:37, 1:4, :130], base[:37, 1:4, 1:130]):
@@ -204,15 +198,10 @@ def layout_ok(device: torch.device, element_size: int) -> bool:
             want = torch.zeros_like(out)
             want[:c, :r, :a] = src.permute(2, 1, 0)
             ok = ok and bool(torch.equal(out, want))
-        why = "" if ok else "its output differs from PyTorch's copy"
-    except Exception as exc:                                          # a build or launch failure
-        ok, why = False, f"{type(exc).__name__}: {exc}"
-    if not ok:
-        warnings.warn(f"the layout kernel for {element_size}-byte elements does not run correctly on {dev} ({why}); "
-                      f"layout copies there use PyTorch's", RuntimeWarning, stacklevel=3)
-    with _ok_lock:
-        _OK[key] = ok
-    return ok
+        return ok
+
+    return check_once(_OK, key, check, f"the layout kernel for {element_size}-byte elements does not run correctly "
+                                       f"on {dev} ({{why}}); layout copies there use PyTorch's")
 
 
 def swap_axes_into(src: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

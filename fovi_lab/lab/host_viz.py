@@ -8,10 +8,15 @@ kernel, measured here and recorded on the H200.
   (``fovi_lab/records/h200/logs/host_probe_*.json``, written by ``tools/h200/host_probe.py``). Per shape and probe,
   the host time to issue one forward and one train step (no synchronisation), with the step's CUDA-graph
   replay (its GPU time) beside it.
+* :func:`replay_ab_rows` / :func:`replay_ab_figure`: the backends' own replay of their calls
+  (:mod:`fovi_lab.ops.replay`), recorded on the H200 by ``tools/h200/replay_ab.py``
+  (``fovi_lab/records/h200/logs/replay_ab.jsonl.gz``): per layer and batch, the eager call replayed and direct beside
+  PyTorch's fastest eager form of the same op, interleaved.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import time
 from pathlib import Path
@@ -23,7 +28,8 @@ from plotly.subplots import make_subplots
 
 from fovi_lab import lab as kl
 
-__all__ = ["host_cost", "host_probe_runs", "host_probe_rows", "host_probe_figure", "PROBE_LABELS"]
+__all__ = ["host_cost", "host_probe_runs", "host_probe_rows", "host_probe_figure", "PROBE_LABELS",
+           "replay_ab_records", "replay_ab_rows", "replay_ab_summary", "replay_ab_figure", "replay_check"]
 
 #: recorded probe file -> what the code was doing then
 PROBE_LABELS = {
@@ -135,3 +141,118 @@ def host_probe_figure(log_dir=None, height: int = 480) -> go.Figure:
                       legend=dict(orientation="h", y=-0.15))
     fig.update_yaxes(title_text="ms", row=1, col=1)
     return fig
+
+
+def replay_ab_records(path=None) -> List[dict]:
+    """The recorded replay A/B (``tools/h200/replay_ab.py``): one record per (mode, layer, B, implementation)."""
+    p = Path(path) if path is not None else kl.LOGS_DIR / "replay_ab.jsonl.gz"
+    if not p.exists():
+        return []
+    with (gzip.open(p, "rt") if p.name.endswith(".gz") else open(p)) as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def replay_ab_rows(mode: str = "train-step", path=None) -> List[dict]:
+    """Per (layer, B) of the recorded A/B in ``mode`` (``train-step`` or ``forward``), in record order: the Warp call
+    replayed (``replayed_ms``, ``replay``: the switch it ran under) and direct (``direct_ms``), PyTorch's fastest eager
+    form (``torch_impl``, ``torch_ms``), ``speedup`` (torch / replayed), ``direct_over_replayed`` and
+    ``bitwise`` (the replayed outputs equal to the direct ones)."""
+    warp = "warp_train" if mode == "train-step" else "warp_compact"
+    shapes: dict = {}
+    for r in replay_ab_records(path):
+        if r.get("mode") == mode and r.get("ms"):
+            shapes.setdefault((r["layer"], r["B"]), {})[r["impl"]] = r
+    rows = []
+    for (layer, b), d in shapes.items():
+        w, direct = d.get(warp), d.get(warp + "_direct")
+        torch_impls = {k: v["ms"] for k, v in d.items() if k.startswith("torch")}
+        if not (w and direct and torch_impls):
+            continue
+        best = min(torch_impls, key=torch_impls.get)
+        rows.append(dict(layer=layer, B=b, replay=w.get("replay") or "auto", replayed_ms=w["ms"], direct_ms=direct["ms"],
+                         torch_impl=best, torch_ms=torch_impls[best], speedup=torch_impls[best] / w["ms"],
+                         direct_over_replayed=direct["ms"] / w["ms"], bitwise=w.get("bitwise_equal_direct"),
+                         date=w.get("date"), device=w.get("device"), warp=w.get("warp"), torch=w.get("torch")))
+    return rows
+
+
+def replay_ab_summary(mode: str = "train-step", path=None) -> List[dict]:
+    """Per recorded batch of :func:`replay_ab_rows`: ``B``, ``replay`` (the switch), ``layers``, ``wins`` (replayed
+    faster than PyTorch's fastest eager form), the range of ``direct_over_replayed`` (``gain_min``, ``gain_max``)
+    and ``losses`` (``[(layer, speedup)]``)."""
+    rows = replay_ab_rows(mode, path)
+    out = []
+    for b in sorted({r["B"] for r in rows}):
+        sub = [r for r in rows if r["B"] == b]
+        out.append(dict(B=b, replay=sub[0]["replay"], layers=len(sub), wins=sum(r["speedup"] > 1 for r in sub),
+                        gain_min=min(r["direct_over_replayed"] for r in sub),
+                        gain_max=max(r["direct_over_replayed"] for r in sub),
+                        losses=[(r["layer"], r["speedup"]) for r in sub if r["speedup"] <= 1]))
+    return out
+
+
+def replay_ab_figure(mode: str = "train-step", batches=(16, 64), path=None, height: int = 520) -> go.Figure:
+    """Recorded eager time per call (ms), one panel per batch: the Warp call replayed by the backend and direct, and
+    PyTorch's fastest eager form, per layer."""
+    rows = [r for r in replay_ab_rows(mode, path) if r["B"] in batches]
+    if not rows:
+        return kl.message_figure("no recorded replay A/B yet (tools/h200/replay_ab.py on a GPU)")
+    fig = make_subplots(rows=len(batches), cols=1, shared_xaxes=True,
+                        subplot_titles=[f"{mode}, B = {b}: eager ms per call" for b in batches])
+    series = (("replayed by the backend", "replayed_ms", kl.COLOURS["warp"]),
+              ("direct (FOVI_KNN_REPLAY=off)", "direct_ms", kl.COLOURS["grey"]),
+              ("PyTorch's fastest, eager", "torch_ms", kl.COLOURS["torch"]))
+    for i, b in enumerate(batches, start=1):
+        sub = [r for r in rows if r["B"] == b]
+        for name, key, colour in series:
+            fig.add_trace(go.Bar(x=[r["layer"] for r in sub], y=[kl.round4(r[key]) for r in sub], name=name,
+                                 marker_color=colour, legendgroup=name, showlegend=i == 1), row=i, col=1)
+        fig.update_yaxes(title_text="ms", row=i, col=1)
+    fig.update_layout(barmode="group", height=height, margin=dict(l=10, r=10, t=90, b=10),
+                      title=kl.figure_title("eager calls replayed by the backends, interleaved", rows),
+                      legend=dict(orientation="h", y=-0.12))
+    return fig
+
+
+def replay_check(layer: str = "res18_layer1", batch: int = 16, device: str = "cuda") -> str:
+    """On a GPU: ``warp_train``'s step (forward with bias, dx, dW) called three times (direct, captured, replayed) and
+    once more after an in-place update of x and the weight, each against the same calls with ``FOVI_KNN_REPLAY=off``;
+    returns one line saying whether every output was bitwise equal and how many calls were replayed."""
+    import os
+    from fovi_lab.graph.layers import layer_meta
+    from fovi_lab.knn_warp import WarpTrainOps
+    from fovi_lab.ops import replay
+    if torch.device(device).type != "cuda" or not torch.cuda.is_available():
+        return (f"{layer} B={batch}: not run (the backends replay calls from CUDA graphs, which need a CUDA device; "
+                f"elsewhere they call their kernels directly)")
+    meta = layer_meta(layer, device=device)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, meta.cin, meta.nin, generator=gen).to(device, torch.float16)
+    w = (torch.randn(meta.cout, meta.q, generator=gen) / (meta.cin * meta.k) ** 0.5).to(device, torch.float16)
+    bias = torch.randn(meta.cout, generator=gen).to(device, torch.float16)
+    g = torch.randn(batch, meta.cout, meta.nout, generator=gen).to(device, torch.float16)
+
+    def step():
+        return (WarpTrainOps.forward(meta, x, w, bias),) + tuple(WarpTrainOps.backward_combined(meta, g, x, w))
+
+    def direct():
+        old = os.environ.get("FOVI_KNN_REPLAY")
+        os.environ["FOVI_KNN_REPLAY"] = "off"
+        try:
+            return step()
+        finally:
+            if old is None:
+                os.environ.pop("FOVI_KNN_REPLAY")
+            else:
+                os.environ["FOVI_KNN_REPLAY"] = old
+
+    before = replay.stats()["replayed"]
+    want = direct()
+    same = all(all(torch.equal(a, e) for a, e in zip(step(), want)) for _ in range(3))
+    with torch.no_grad():
+        w.mul_(0.5)
+        x.mul_(-1.0)
+    want = direct()
+    same = same and all(torch.equal(a, e) for a, e in zip(step(), want))
+    return (f"{layer} B={batch}: replayed y, dx and dW bitwise equal to the direct calls' (after an in-place update "
+            f"too): {same}; calls replayed: {replay.stats()['replayed'] - before}")

@@ -6,4 +6,5 @@
     library    the operator as torch.library custom ops (what torch.compile sees), layer handles
     autograd   KNNConvFunction and the KNNConv module
     graphs     CUDA-graph capture of a step (removes the per-call host work)
+    replay     the Warp backends' own replay of their calls from CUDA graphs, per call signature
 """

@@ -96,22 +96,26 @@ def capture(fn: Callable[[], object], *, warmup: int = 3, device: Optional[torch
 
 
 def prepare(model: torch.nn.Module, *inputs) -> None:
-    """One eager forward and backward of ``model(*inputs)``, leaving the parameters' gradients as they were: it
-    builds every per-layer table and kernel plan outside any CUDA-graph pool, before
-    ``torch.compile(model, mode="reduce-overhead")`` (see the module docstring). Call it as training calls the
-    model: same batch size, dtypes and autocast context (the plans are per call signature). The buffers
-    (BatchNorm's running statistics and batch count) are restored too: the call is not a training step."""
+    """Two eager forwards and backwards of ``model(*inputs)``, leaving the parameters' gradients as they were: they
+    build every per-layer table and kernel plan outside any CUDA-graph pool, before
+    ``torch.compile(model, mode="reduce-overhead")`` (see the module docstring), and the second lets the Warp
+    backends capture their own per-call graphs (:mod:`fovi_lab.ops.replay`) there too. Call it as training calls
+    the model: same batch size, dtypes and autocast context (the plans are per call signature). The buffers
+    (BatchNorm's running statistics and batch count) are restored too: the calls are not training steps."""
     params = [p for p in model.parameters() if p.requires_grad]
     saved = [p.grad for p in params]
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
     for p in params:                     # backward would add into an existing grad in place
         p.grad = None
     try:
-        out = model(*inputs)
-        outs = [t for t in (out if isinstance(out, (tuple, list)) else (out,))
-                if isinstance(t, torch.Tensor) and t.requires_grad]
-        if outs:
-            torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
+        for _ in range(2):
+            out = model(*inputs)
+            outs = [t for t in (out if isinstance(out, (tuple, list)) else (out,))
+                    if isinstance(t, torch.Tensor) and t.requires_grad]
+            if outs:
+                torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
+            for p in params:
+                p.grad = None
     finally:
         for p, g in zip(params, saved):
             p.grad = g

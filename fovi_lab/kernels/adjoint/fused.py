@@ -279,7 +279,8 @@ def seg_finish_snippet(lists: int = 32) -> str:
     output; with 64 lists a warp writes a whole row of up to 64 in two stores, so no output sector is left half
     written for another CTA). A tile row is padded to 33 words, so the column reads hit 32 distinct banks. List
     ``g``'s partials are ``segptr[g] .. segptr[g+1] - 1`` (segments), or with ``nsplit > 0`` the ``nsplit``
-    partials ``g, G + g, 2G + g, ...`` (splits: ``part`` is ``[S, G, I', J']`` seen as ``[S*G, I', J']``). The C++
+    partials ``g, G + g, 2G + g, ...`` (splits: ``part`` is ``[S, G, I', J']`` seen as ``[S*G, I', J']``);
+    ``segptr`` is contiguous (the snippet reads its data directly; :func:`segment_table` builds it so). The C++
     branch (Warp's CPU device) has each thread store its own sums directly."""
     if lists not in (32, 64):
         raise ValueError(f"seg finish: tiles of {lists} lists, expected 32 or 64")
@@ -291,9 +292,11 @@ def seg_finish_snippet(lists: int = 32) -> str:
     const int* sp = (const int*)segptr.data;
     const char* pb = (const char*)part.data + (size_t)i * (size_t)part.strides[1];
     char* ob = (char*)out.data + (size_t)i * (size_t)out.strides[0];
+    // tid is the thread's index in its block (blocks of SEG_FINISH_BLOCK = 256 threads, a launch extent that is a
+    // multiple of 256): every thread of a block runs the same grid-stride steps and reaches both barriers
+    const int lane = tid & 31, wy = (tid >> 5) & 7;
 #if defined(__CUDA_ARCH__)
     __shared__ float s[TG * TS];
-    const int lane = threadIdx.x & 31, wy = threadIdx.x >> 5;
     // sums: lists g = g0 + wy + 8k (k < KL) with lanes along j (coalesced partial rows); the lists advance
     // together, so each lane keeps KL independent loads in flight; each list is still summed in its own order
     const int j = j0 + lane, dq = nsplit > 0 ? G : 1;
@@ -331,7 +334,6 @@ def seg_finish_snippet(lists: int = 32) -> str:
     }}
     __syncthreads();                                  // the tile is reused by the block's next grid-stride step
 #else
-    const int lane = tid & 31, wy = (tid >> 5) & 7;
     for (int k = 0; k < KL; ++k) {{
         const int g = g0 + wy + 8 * k, j = j0 + lane;
         if (g >= G || j >= J) continue;

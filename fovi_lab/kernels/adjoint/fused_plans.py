@@ -10,14 +10,13 @@ back to the staged adjoints).
 # No `from __future__ import annotations`: Warp resolves kernel annotations (closure dtypes) at decoration.
 
 import os
-import warnings
 from typing import Optional, Tuple
 
 import torch
 
 from fovi_lab.graph.meta import TrainingMeta, pad_to, validate_meta
 from fovi_lab.ops.reference import check_grad_args
-from fovi_lab.kernels.common import (built_once, check_tensor, fast_launch, init_warp, nan_canary, warp_ct,
+from fovi_lab.kernels.common import (built_once, check_once, check_tensor, fast_launch, init_warp, nan_canary, warp_ct,
                                      warp_device, wp)
 from fovi_lab.kernels.forward.plans import DIRECT_STORE_MAX_BYTES
 from fovi_lab.kernels.layout import swap_axes_into
@@ -133,11 +132,9 @@ def seg_finish_ok(device: str) -> bool:
     odd extents and padded partials): segments bitwise equal to :func:`seg_finish_kernel` (empty lists included),
     splits bitwise equal to PyTorch's sums in split order. A failure warns once and the finishes there stay with
     :func:`seg_finish_kernel` and :func:`_dw_finish_kernel`."""
-    got = _SEG_FINISH_OK.get(device)
-    if got is not None:
-        return got
-    g = torch.Generator().manual_seed(0)
-    try:
+
+    def check() -> bool:
+        g = torch.Generator().manual_seed(0)
         ok = True
         for n_lists, lists in ((45, 64), (45, 32), (20, 32)):          # both tile sizes, a partial last tile
             lens = torch.randint(0, 4, (n_lists,), generator=g)
@@ -162,14 +159,11 @@ def seg_finish_ok(device: str) -> bool:
                     [_ct(segd), _ct(split.view(3 * n_lists, 7, 70)), _ct(out), 3], SEG_FINISH_BLOCK, device,
                     tiled=False)
             ok = ok and bool(torch.equal(out, want))
-        why = "" if ok else "its sums differ from the reference's"
-    except Exception as exc:                                         # a build or launch failure
-        ok, why = False, f"{type(exc).__name__}: {exc}"
-    if not ok:
-        warnings.warn(f"the tiled partial-sum finish does not run correctly on {device} ({why}); the fused adjoints' "
-                      f"finishes there use the SIMT and Warp-tile kernels", RuntimeWarning, stacklevel=3)
-    _SEG_FINISH_OK[device] = ok
-    return ok
+        return ok
+
+    return check_once(_SEG_FINISH_OK, device, check,
+                      f"the tiled partial-sum finish does not run correctly on {device} ({{why}}); the fused adjoints' "
+                      f"finishes there use the SIMT and Warp-tile kernels")
 
 
 def _native_finish(device: str) -> bool:
@@ -374,13 +368,15 @@ class _GradWeightNmPlan:
     def finish(self) -> torch.Tensor:
         """``dW[o, c*V + v]`` = the fixed-order sum of tap v's partials (fp32).
 
-        Segments: one launch (:func:`_launch_seg_finish`: the tiled finish, or the SIMT one). Splits: dW of
+        Segments: one launch (:func:`_launch_seg_finish`: the tiled finish, or the SIMT one). Splits: the tiled
+        finish too where :func:`_native_finish` (one launch at every dW size). Otherwise dW of
         ``_FINISH_TILED_MIN_BYTES`` or more (alexnet L1-L4, res18 layer3/4_0): one tiled launch straight
         into dW's layout (:func:`_dw_finish_kernel`), no ``[V, Op, Cp]`` temporary. On the H200
         (fovi_lab/records/h200/train_step.jsonl.gz, the tiled dW finish of 2026-11-29) that cut
-        the alexnet steps' peak by 12-21 MiB at the same GPU time. Smaller dW: PyTorch's sum and transposing copy.
-        The tile kernel was 5-14 % slower there (res18 layer1/2/2_0 with 8-16 partials), and the temporary is only
-        0.6-4.7 MB."""
+        the alexnet steps' peak by 12-21 MiB at the same GPU time. Smaller dW: PyTorch adds the partials split by
+        split, then one transposing copy (the tile kernel was 5-14 % slower there, res18 layer1/2/2_0 with 8-16
+        partials, and the temporary is only 0.6-4.7 MB). Every path adds each element's partials in split order,
+        so all of them give the same bits."""
         m = self.meta
         if self.seg_steps is not None:
             dw = torch.empty(m.cout, m.cin, m.v, dtype=torch.float32, device=self.out.device)
@@ -388,11 +384,15 @@ class _GradWeightNmPlan:
             return dw.view(m.cout, m.q)
         if _native_finish(self.device):
             dw = torch.empty(m.cout, m.cin, m.v, dtype=torch.float32, device=self.out.device)
-            _launch_seg_finish(_ct(_no_segptr(self.out.device)), _ct(self.out.view(self.nsplit * m.v, *self.out.shape[2:])), dw,
-                               self.device, nsplit=self.nsplit)
+            parts = self.out.view(self.nsplit * m.v, *self.out.shape[2:])        # [S*V, Op, Cp]
+            _launch_seg_finish(_ct(_no_segptr(self.out.device)), _ct(parts), dw, self.device, nsplit=self.nsplit)
             return dw.view(m.cout, m.q)
         if 4 * m.cout * m.q < _FINISH_TILED_MIN_BYTES:
-            part = self.out[0] if self.nsplit == 1 else self.out.sum(0)    # [V, Op, Cp]; fixed-order sum
+            part = self.out[0]                                              # [V, Op, Cp]
+            if self.nsplit > 1:                 # split by split, as the tiled finishes sum (bitwise theirs)
+                part = part.clone()
+                for s in range(1, self.nsplit):
+                    part.add_(self.out[s])
             return part[:, :m.cout, :m.cin].permute(1, 2, 0).reshape(m.cout, m.q).contiguous()
         dw = torch.empty(m.cout, m.cin, m.v, dtype=torch.float32, device=self.out.device)
         part = self.out.view(self.nsplit, m.v, -1)                              # [S, V, Op*Cp]

@@ -1,0 +1,110 @@
+"""Replayed calls on a CUDA device (skipped without one): a replayed ``warp_compact`` / ``warp_train`` call returns
+bitwise what the direct call returns, on every real layer, after an in-place weight update too; a switch of the
+environment captures anew; calls inside a user's own capture and over the size rule run directly
+(:mod:`fovi_lab.ops.replay`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fovi_lab.graph.layers import LAYERS, layer_meta
+from fovi_lab.ops import replay
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _operands(meta, b, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(b, meta.cin, meta.nin, generator=gen).cuda().half()
+    w = (torch.randn(meta.cout, meta.q, generator=gen) / (meta.cin * meta.k) ** 0.5).cuda().half()
+    bias = torch.randn(meta.cout, generator=gen).cuda().half()
+    g = torch.randn(b, meta.cout, meta.nout, generator=gen).cuda().half()
+    return x, w, bias, g
+
+
+def _direct(fn, monkeypatch):
+    with monkeypatch.context() as m:
+        m.setenv("FOVI_KNN_REPLAY", "off")
+        return fn()
+
+
+@pytest.mark.parametrize("b", (16, 64))
+@pytest.mark.parametrize("layer", list(LAYERS))
+def test_replayed_step_bitwise_direct(layer, b, monkeypatch):
+    from fovi_lab.knn_warp import WarpTrainOps
+    monkeypatch.setenv("FOVI_KNN_REPLAY", "auto")
+    meta = layer_meta(layer, device="cuda")
+    x, w, bias, g = _operands(meta, b)
+    step = lambda: (WarpTrainOps.forward(meta, x, w, bias),) + tuple(WarpTrainOps.backward_combined(meta, g, x, w))  # noqa: E731
+    want = _direct(step, monkeypatch)
+    before = replay.stats()
+    got = [step() for _ in range(3)]                     # direct, captured, replayed
+    after = replay.stats()
+    assert after["replayed"] - before["replayed"] >= 4, (before, after)
+    for run in got:
+        for a, e, what in zip(run, want, ("y", "dx", "dW")):
+            assert torch.equal(a, e), f"{layer} B={b}: replayed {what} differs from the direct call's"
+    with torch.no_grad():                                # an optimiser's in-place update between steps
+        w.mul_(0.5).add_(0.01)
+        x.mul_(-1.0)
+    want = _direct(step, monkeypatch)
+    got = step()
+    for a, e, what in zip(got, want, ("y", "dx", "dW")):
+        assert torch.equal(a, e), f"{layer} B={b}: replayed {what} after an in-place update differs"
+    assert got[1].data_ptr() != step()[1].data_ptr(), "replayed outputs must be new tensors"
+
+
+def test_switch_captures_anew_and_user_capture_runs_direct(monkeypatch):
+    from fovi_lab.knn_warp import WarpTrainOps
+    from fovi_lab.ops.graphs import capture
+    meta = layer_meta("res18_layer2", device="cuda")
+    x, w, _, g = _operands(meta, 8, seed=1)
+    monkeypatch.setenv("FOVI_KNN_REPLAY", "auto")
+    for _ in range(3):
+        WarpTrainOps.backward_combined(meta, g, x, w)
+    n = replay.stats()["captured"]
+    monkeypatch.setenv("FOVI_KNN_DW_PATH", "off")
+    for _ in range(3):
+        WarpTrainOps.backward_combined(meta, g, x, w)
+    assert replay.stats()["captured"] == n + 1, "a changed FOVI_* switch must capture a new graph"
+    monkeypatch.delenv("FOVI_KNN_DW_PATH")
+    want = _direct(lambda: WarpTrainOps.backward_combined(meta, g, x, w), monkeypatch)
+    cap = capture(lambda: WarpTrainOps.backward_combined(meta, g, x, w))   # the user's own graph: direct inside
+    got = cap.replay()
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_size_rule_and_off(monkeypatch):
+    from fovi_lab.knn_warp import WarpCompactOps
+    meta = layer_meta("res18_layer3", device="cuda")
+    monkeypatch.setenv("FOVI_KNN_REPLAY", "auto")
+    x, w, _, _ = _operands(meta, 65, seed=2)
+    monkeypatch.setattr(replay, "MAX_BYTES", 1 << 10)
+    before = replay.stats()
+    for _ in range(3):
+        WarpCompactOps.forward(meta, x, w, None)
+    assert replay.stats()["replayed"] == before["replayed"], "a call over MAX_BYTES must run directly"
+    assert replay.stats()["refused"] == before["refused"] + 1
+    monkeypatch.setenv("FOVI_KNN_REPLAY", "on")
+    for _ in range(3):
+        y = WarpCompactOps.forward(meta, x, w, None)
+    assert replay.stats()["replayed"] == before["replayed"] + 2
+    monkeypatch.setenv("FOVI_KNN_REPLAY", "off")
+    assert torch.equal(y, WarpCompactOps.forward(meta, x, w, None))
+    assert replay.resident_bytes() > 0
+    replay.clear()
+    assert replay.resident_bytes() == 0 and replay.stats()["cached"] == 0
+
+
+def test_memory_budget_stops_new_captures(monkeypatch):
+    from fovi_lab.knn_warp import WarpCompactOps
+    meta = layer_meta("res18_layer2", device="cuda")
+    monkeypatch.setenv("FOVI_KNN_REPLAY", "auto")
+    x, w, _, _ = _operands(meta, 24, seed=4)
+    monkeypatch.setattr(replay, "MAX_RESIDENT_BYTES", 0)
+    before = replay.stats()
+    ys = [WarpCompactOps.forward(meta, x, w, None) for _ in range(3)]
+    after = replay.stats()
+    assert after["captured"] == before["captured"] and after["refused"] == before["refused"] + 1, (before, after)
+    assert all(torch.equal(y, ys[0]) for y in ys)
