@@ -22,7 +22,7 @@ import torch
 from fovi_lab.ops.registry import register_ops
 from fovi_lab.ops.replay import replayed
 from fovi_lab.graph.meta import TrainingMeta, pad_to
-from fovi_lab.ops.reference import CompactTorchOps, check_forward_args  # noqa: F401  (CompactTorchOps: importable here, as before)
+from fovi_lab.ops.reference import CompactTorchOps, check_forward_args, check_grad_args  # noqa: F401  (CompactTorchOps: importable here, as before)
 from fovi_lab.ops.tune_cache import cache_path as tune_cache_path, tuned_forward_config
 from fovi_lab.kernels.adjoint import (grad_input_nm, grad_weight_nm, node_major,  # noqa: F401
                                       plan_grad_input_nm, plan_grad_weight_nm)
@@ -99,6 +99,7 @@ class WarpCompactOps:
 
     name = "warp_compact"
     compute_dtypes = (torch.float16, torch.bfloat16)
+    forward_only = True
     forward = staticmethod(_forward)
 
     @staticmethod
@@ -219,12 +220,14 @@ class WarpTrainOps:
 
     @staticmethod
     def grad_input(meta, grad_y, weight):
+        check_grad_args(meta, grad_y, weight=weight)
         meta = meta.to(grad_y.device)
         return replayed("grad_input", meta, lambda g, w: _grad_input_direct(meta, g, w),
                         grad_y, weight)
 
     @staticmethod
     def grad_weight(meta, grad_y, x):
+        check_grad_args(meta, grad_y, x=x)
         meta = meta.to(grad_y.device)
         return replayed("grad_weight", meta, lambda g, x: _grad_weight_direct(meta, g, x),
                         grad_y, x)
@@ -232,6 +235,7 @@ class WarpTrainOps:
     @staticmethod
     def backward_combined(meta, grad_y, x, weight):
         """``(dx, dW)``; the fused path lays out ``grad_y`` node-major once for both kernels."""
+        check_grad_args(meta, grad_y, weight=weight, x=x)
         meta = meta.to(grad_y.device)
         return replayed("backward", meta, lambda g, x, w: _backward_direct(meta, g, x, w), grad_y, x, weight)
 
@@ -272,6 +276,7 @@ def grad_input(meta: TrainingMeta, grad_y: torch.Tensor, weight: torch.Tensor, c
     """
     if config is None and not staged_options:
         return WarpTrainOps.grad_input(meta, grad_y, weight)
+    check_grad_args(meta, grad_y, weight=weight)
     return staged_grad_input(meta, grad_y, weight, config, **staged_options)
 
 
@@ -282,6 +287,7 @@ def grad_weight(meta: TrainingMeta, grad_y: torch.Tensor, x: torch.Tensor, confi
     kernels (:func:`fovi_lab.kernels.adjoint.grad_weight`)."""
     if config is None and not staged_options:
         return WarpTrainOps.grad_weight(meta, grad_y, x)
+    check_grad_args(meta, grad_y, x=x)
     return staged_grad_weight(meta, grad_y, x, config, **staged_options)
 
 

@@ -107,8 +107,11 @@ def test_bad_inputs_name_the_argument():
         CompactTorchOps.forward(meta, x, w.double(), bias)
     with pytest.raises(ValueError, match="bias: expected shape"):
         CompactTorchOps.forward(meta, x, w, bias[:-1])
-    with pytest.raises(ValueError, match="weight: expected device"):
+    with pytest.raises(ValueError, match="weight: expected a tensor with values on cpu or cuda, got one on the meta"):
         CompactTorchOps.forward(meta, x, w.to("meta"), bias)
+    if torch.cuda.is_available():
+        with pytest.raises(ValueError, match="weight: expected device cpu"):
+            CompactTorchOps.forward(meta, x, w.cuda(), bias)
     with pytest.raises(ValueError, match="weight: expected shape"):
         build_effective_weight(meta, w.t())
 

@@ -331,7 +331,7 @@ def test_bad_inputs_are_rejected_with_the_argument_named():
         wa.grad_input(meta, g.transpose(0, 2).contiguous().transpose(0, 2), w)
     with pytest.raises(ValueError, match="x: expected a contiguous"):
         wa.grad_weight(meta, g, x.transpose(0, 1).contiguous().transpose(0, 1))
-    with pytest.raises(ValueError, match="weight: expected device"):
+    with pytest.raises(ValueError, match="weight: expected a tensor with values on cpu or cuda, got one on the meta"):
         wa.grad_input(meta, g, torch.empty(w.shape, dtype=torch.float16, device="meta"))
     with pytest.raises(ValueError, match="grad_y: batch must be >= 1"):
         wa.grad_input(meta, g[:0], w)

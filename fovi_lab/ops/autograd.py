@@ -15,6 +15,7 @@ from typing import Optional
 import torch
 
 from fovi_lab.graph.meta import TrainingMeta, build_meta
+from fovi_lab.ops.checks import check_operands
 from fovi_lab.ops.dispatch import select_backend
 from fovi_lab.ops.library import knn_conv, register_layer
 from fovi_lab.ops.reference import CompactTorchOps
@@ -40,6 +41,7 @@ class KNNConvFunction(torch.autograd.Function):
     @staticmethod
     @torch.amp.custom_fwd(device_type="cuda")
     def forward(ctx, x, weight, bias, meta: TrainingMeta, ops_name: str):
+        check_operands(x=x, weight=weight, bias=bias)          # before any cast: an int x must not pass
         ops = get_ops(ops_name)
         cd = _compute_dtype(x)
         with torch.autocast(device_type=x.device.type, enabled=False):
@@ -138,6 +140,7 @@ class KNNConv(torch.nn.Module):
         return cls(graph.idx, graph.rf_index, nin=graph.nin, v=graph.v, cin=cin, cout=cout, **kw)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_operands(x=x, weight=self.weight, bias=self.bias)
         training = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
         if torch.compiler.is_compiling():
             return knn_conv(x, self.weight, self.bias, self._op_layer, self.backend, _compute_dtype(x), training)

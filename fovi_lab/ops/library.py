@@ -34,6 +34,7 @@ from typing import Optional, Tuple
 import torch
 
 from fovi_lab.graph.meta import TrainingMeta, meta_aux
+from fovi_lab.ops.checks import check_operands
 from fovi_lab.ops.dispatch import select_backend
 from fovi_lab.ops.registry import get_ops
 
@@ -88,6 +89,24 @@ def _grad_dtype(compute_dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(compute_dtype, torch.float32)
 
 
+def _check_fake_operands(**operands) -> None:
+    """The fakes' version of :func:`~fovi_lab.ops.checks.check_operands`: torch.compile traces with fake tensors
+    (which report the real device); a plain tensor on the meta device means a caller asked the op itself for
+    values it cannot give."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    for name, t in operands.items():
+        if isinstance(t, FakeTensor):
+            torch._check(t.is_floating_point(), lambda: f"{name}: expected a floating-point tensor, got {t.dtype}")
+        else:
+            check_operands(**{name: t})
+
+
+def _check_compute_dtype(compute_dtype) -> None:
+    if not isinstance(compute_dtype, torch.dtype) or not compute_dtype.is_floating_point:
+        raise TypeError(f"compute_dtype: expected a floating-point torch.dtype, got {compute_dtype!r}")
+
+
 def _check_shapes(x: torch.Tensor, weight: torch.Tensor, meta) -> None:
     """The fake's shape checks (the real op's are the backends'), naming the argument."""
     torch._check(x.dim() == 3 and x.shape[1] == meta.cin and x.shape[2] == meta.nin,
@@ -100,6 +119,8 @@ def _check_shapes(x: torch.Tensor, weight: torch.Tensor, meta) -> None:
 def knn_conv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], layer: int, backend: str,
              compute_dtype: torch.dtype, training: bool) -> torch.Tensor:
     """``y [B, Cout, Nout]`` in ``compute_dtype``: the layer's forward on the backend (``"auto"`` resolved here)."""
+    check_operands(x=x, weight=weight, bias=bias)
+    _check_compute_dtype(compute_dtype)
     with _autocast_off(x):
         x_c = _cast(x, compute_dtype)
         meta, ops = _ops(layer, backend, x_c, training)
@@ -109,6 +130,8 @@ def knn_conv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]
 
 @knn_conv.register_fake
 def _knn_conv_fake(x, weight, bias, layer, backend, compute_dtype, training):
+    _check_fake_operands(x=x, weight=weight, bias=bias)
+    _check_compute_dtype(compute_dtype)
     meta = layer_meta(layer)
     _check_shapes(x, weight, meta)
     return x.new_empty((x.shape[0], meta.cout, meta.nout), dtype=compute_dtype)
@@ -118,6 +141,8 @@ def _adjoint(which: str, grad_y: torch.Tensor, operand: torch.Tensor, layer: int
              compute_dtype: torch.dtype) -> torch.Tensor:
     """One adjoint (``which``: ``"grad_input"`` with the weight, ``"grad_weight"`` with x), contiguous, in
     :func:`_grad_dtype`."""
+    check_operands(grad_y=grad_y, **{"weight" if which == "grad_input" else "x": operand})
+    _check_compute_dtype(compute_dtype)
     with _autocast_off(grad_y):
         g = _cast(grad_y, compute_dtype)
         meta, ops = _ops(layer, backend, g, True)
@@ -125,8 +150,11 @@ def _adjoint(which: str, grad_y: torch.Tensor, operand: torch.Tensor, layer: int
     return out.to(_grad_dtype(compute_dtype)).contiguous()
 
 
-def _grad_like(grad_y: torch.Tensor, layer: int, which: str, compute_dtype: torch.dtype) -> torch.Tensor:
-    """An empty gradient of the layer's x (``"dx"``: ``[B, Cin, Nin]``) or weight (``"dW"``: ``[Cout, Q]``)."""
+def _grad_like(grad_y: torch.Tensor, layer: int, which: str, compute_dtype: torch.dtype, **operands) -> torch.Tensor:
+    """An empty gradient of the layer's x (``"dx"``: ``[B, Cin, Nin]``) or weight (``"dW"``: ``[Cout, Q]``);
+    ``operands``: the op's other tensors, checked as the real op checks them."""
+    _check_fake_operands(grad_y=grad_y, **operands)
+    _check_compute_dtype(compute_dtype)
     meta = layer_meta(layer)
     torch._check(grad_y.dim() == 3 and grad_y.shape[1] == meta.cout and grad_y.shape[2] == meta.nout,
                  lambda: f"grad_y: expected shape [B, Cout={meta.cout}, Nout={meta.nout}], got {tuple(grad_y.shape)}")
@@ -149,15 +177,17 @@ def knn_conv_grad_weight(grad_y: torch.Tensor, x: torch.Tensor, layer: int, back
 
 
 knn_conv_grad_input.register_fake(
-    lambda grad_y, weight, layer, backend, compute_dtype: _grad_like(grad_y, layer, "dx", compute_dtype))
+    lambda grad_y, weight, layer, backend, compute_dtype: _grad_like(grad_y, layer, "dx", compute_dtype, weight=weight))
 knn_conv_grad_weight.register_fake(
-    lambda grad_y, x, layer, backend, compute_dtype: _grad_like(grad_y, layer, "dW", compute_dtype))
+    lambda grad_y, x, layer, backend, compute_dtype: _grad_like(grad_y, layer, "dW", compute_dtype, x=x))
 
 
 @torch.library.custom_op("fovi_lab::knn_conv_backward", mutates_args=())
 def knn_conv_backward(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, layer: int, backend: str,
                       compute_dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(dx, dW)``: both adjoints, through the backend's combined path where it has one."""
+    check_operands(grad_y=grad_y, x=x, weight=weight)
+    _check_compute_dtype(compute_dtype)
     with _autocast_off(grad_y):
         g = _cast(grad_y, compute_dtype)
         meta, ops = _ops(layer, backend, g, True)
@@ -172,7 +202,8 @@ def knn_conv_backward(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tenso
 
 @knn_conv_backward.register_fake
 def _knn_conv_backward_fake(grad_y, x, weight, layer, backend, compute_dtype):
-    return _grad_like(grad_y, layer, "dx", compute_dtype), _grad_like(grad_y, layer, "dW", compute_dtype)
+    return (_grad_like(grad_y, layer, "dx", compute_dtype, x=x, weight=weight),
+            _grad_like(grad_y, layer, "dW", compute_dtype))
 
 
 def _setup_context(ctx, inputs, output):

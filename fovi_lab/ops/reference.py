@@ -19,6 +19,7 @@ from typing import Tuple
 import torch
 
 from fovi_lab.graph.meta import TrainingMeta, meta_aux, pad_to, validate_meta
+from fovi_lab.ops.checks import check_operands
 
 __all__ = [
     "oracle_forward", "pad_flat_input", "grad_accum_dtype", "stage_budget_bytes", "node_chunk",
@@ -46,7 +47,9 @@ def grad_accum_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def check_forward_args(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, bias) -> None:
     """Raise a clear error when x / weight / bias do not match the meta (names the argument); the meta's
-    tables are checked once (:func:`fovi_lab.graph.meta.validate_meta`)."""
+    tables are checked once (:func:`fovi_lab.graph.meta.validate_meta`). First of all each operand must be a
+    floating-point tensor with values (:func:`fovi_lab.ops.checks.check_operands`)."""
+    check_operands(x=x, weight=weight, bias=bias)
     validate_meta(meta)
     if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[1] != meta.cin or x.shape[2] != meta.nin:
         shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
@@ -74,7 +77,9 @@ def _shape_of(t) -> object:
 
 def check_grad_args(meta: TrainingMeta, grad_y: torch.Tensor, weight=None, x=None) -> None:
     """Raise a clear error when grad_y / weight / x of an adjoint call do not match the meta (names the
-    argument): ``grad_y [B, Cout, Nout]``, ``weight [Cout, Q]``, ``x [B, Cin, Nin]``, one device and dtype."""
+    argument): ``grad_y [B, Cout, Nout]``, ``weight [Cout, Q]``, ``x [B, Cin, Nin]``, one device and dtype, each a
+    floating-point tensor with values (:func:`fovi_lab.ops.checks.check_operands`)."""
+    check_operands(grad_y=grad_y, **{n: t for n, t in (("weight", weight), ("x", x)) if t is not None})
     validate_meta(meta)
     if not isinstance(grad_y, torch.Tensor) or grad_y.dim() != 3 or tuple(grad_y.shape[1:]) != (meta.cout, meta.nout):
         raise ValueError(f"grad_y: expected shape [B, Cout={meta.cout}, Nout={meta.nout}], got {_shape_of(grad_y)}")

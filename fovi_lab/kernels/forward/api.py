@@ -21,6 +21,7 @@ from fovi_lab.kernels.forward.configs import FwdConfig, _CACHED_CONFIG_SPECS, MM
 from fovi_lab.kernels.forward.build import VALIDATED, build_kernel, get_uncached_config, require_config
 from fovi_lab.kernels.forward.rules import _FALLBACK_CHAIN, select_config, select_mma
 from fovi_lab.kernels.forward.plans import Plan, plan_cached, plan_dense, plan_uncached, store_mode
+from fovi_lab.ops.checks import check_operand
 from fovi_lab.kernels.forward.checks import analyse_tables, _check_bias, _check_table, _check_x, device_str
 
 
@@ -106,6 +107,7 @@ def resolve_uncached(x, weight, bias, input_linear, weight_linear, config=None, 
     ``out_dtype`` torch.float32: an fp32 y, which only the split tensor-core configs give (``mmas`` / ``mmasw`` /
     ``mmaps``: their fp32 partials summed in a fixed order, never rounded); with no config, :func:`select_mma_split`."""
     _check_x(x, (torch.float16, torch.bfloat16))
+    check_operand("weight", weight)
     bf16 = x.dtype == torch.bfloat16
     b, cin, nin = x.shape
     check_tensor("weight", weight, dtype=x.dtype, dim=2, device=x.device)
@@ -206,6 +208,7 @@ def select_cached_config(batch: int) -> str:
 
 def prepare_cached(x, effective_weight, bias, input_linear, cout=None, config=None, store=None) -> Plan:
     _check_x(x)
+    check_operand("effective_weight", effective_weight)
     b, cin, nin = x.shape
     check_tensor("effective_weight", effective_weight, dtype=torch.float16, dim=3, device=x.device,
                  contiguous=True)

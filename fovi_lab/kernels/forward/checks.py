@@ -13,6 +13,7 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from fovi_lab.kernels.common import check_tensor, warp_ct
+from fovi_lab.ops.checks import check_operand
 
 
 def device_str(device) -> str:
@@ -29,7 +30,8 @@ def device_str(device) -> str:
 
 
 def _check_x(x, dtypes=(torch.float16,)) -> None:
-    if isinstance(x, torch.Tensor) and x.dtype not in dtypes:
+    check_operand("x", x)
+    if x.dtype not in dtypes:
         raise TypeError(f"x: expected dtype {' or '.join(map(str, dtypes))}, got {x.dtype}")
     check_tensor("x", x)
     if x.dim() != 3:
@@ -50,11 +52,9 @@ def _check_table(name: str, t, x: torch.Tensor, nout: Optional[int] = None) -> N
 
 
 def _check_bias(bias, cout: int, x: torch.Tensor) -> None:
-    if bias is None:
-        return
-    check_tensor("bias", bias, device=x.device, shape=(cout,))
-    if not bias.dtype.is_floating_point:
-        raise TypeError(f"bias: expected a floating-point tensor, got dtype {bias.dtype}")
+    check_operand("bias", bias, optional=True)
+    if bias is not None:
+        check_tensor("bias", bias, device=x.device, shape=(cout,))
 
 
 @dataclass
