@@ -1,65 +1,123 @@
-"""Command line: ``python -m fovi_lab {demo, bench, tune, train, warmup, report}``.
+"""The command line: ``python -m fovi_lab COMMAND [options]`` (also the ``fovi-lab`` script), one argparse tree.
 
-    python -m fovi_lab demo                  # every backend on a real fovi layer, checked and timed
-    python -m fovi_lab bench forward         # forward benchmark (records JSON lines under data/)
-    python -m fovi_lab bench backward        # adjoint benchmark
-    python -m fovi_lab bench train-step      # forward + both grads
-    python -m fovi_lab bench dtypes          # bf16 beside fp16, each beside PyTorch in the same dtype
-    python -m fovi_lab bench compile         # torch.compile beside eager: the digits network, a stack of fovi layers
-    python -m fovi_lab bench adjoints        # tensor-core adjoints beside the fused / staged ones and PyTorch
-    python -m fovi_lab tune                  # time the candidates on this device, cache the fastest (auto reads it)
-    python -m fovi_lab train                 # train the foveated digits network (torchrun: DDP)
-    python -m fovi_lab warmup                # compile every Warp config for this device, in parallel
-    python -m fovi_lab report                # docs/results.md and the README's table from the records
+Commands: ``demo``, ``bench {forward, backward, train-step, dtypes, compile, adjoints}``, ``tune``, ``train``,
+``warmup`` and ``report``. Each command's module exposes ``DESCRIPTION``, ``add_arguments(parser)`` and
+``run(args) -> int``, and its own ``main(argv)`` builds the same parser from them, so ``python -m fovi_lab train``
+and ``fovi_lab.train.main`` take the same options. Every parser is a :class:`fovi_lab.ops.arguments.CommandParser`:
+a usage error is one line on stderr with exit status 2, and ``--help`` at every level shows the defaults.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
+from typing import Dict, List, Optional, Sequence
+
+from fovi_lab.ops.arguments import CommandParser
+
+__all__ = ["main", "build_parser", "COMMANDS", "BENCHMARKS"]
+
+PROG = "python -m fovi_lab"
+
+DESCRIPTION = """\
+fovi-lab: the compact KNN convolution of foveated vision models in NVIDIA Warp, checked against PyTorch, timed,
+tuned and trained from the command line.
+
+  python -m fovi_lab demo
+  python -m fovi_lab bench forward --layers res18_layer1 --batches 16
+  python -m fovi_lab COMMAND --help
+"""
+
+#: name -> (module, one line for the command list).
+COMMANDS: Dict[str, tuple] = {
+    "demo": ("fovi_lab.demo", "run one real fovi layer through every backend, checked against the oracle and timed"),
+    "bench": (None, "time the Warp kernels against PyTorch and append the records as JSON lines"),
+    "tune": ("fovi_lab.bench.tune", "time the candidates on this device and cache the fastest (auto reads it)"),
+    "train": ("fovi_lab.train", "train the foveated digits network (data-parallel under torchrun)"),
+    "warmup": ("fovi_lab.kernels.warmup", "compile every Warp kernel config for this device, in parallel"),
+    "report": ("fovi_lab.bench.report", "make docs/results.md and the README's results table from the records"),
+}
+
+#: benchmark -> (module, one line for the benchmark list).
+BENCHMARKS: Dict[str, tuple] = {
+    "forward": ("fovi_lab.bench.forward", "the Warp forward against the PyTorch baselines and the dense ceiling"),
+    "backward": ("fovi_lab.bench.backward", "both gradients (dx, dW): the Warp adjoints against PyTorch"),
+    "train-step": ("fovi_lab.bench.backward", "forward and both gradients: warp_train against PyTorch's steps"),
+    "dtypes": ("fovi_lab.bench.dtypes", "bf16 beside fp16, each beside PyTorch in the same dtype"),
+    "compile": ("fovi_lab.bench.compile_step", "torch.compile beside eager: the digits network, a layer stack"),
+    "adjoints": ("fovi_lab.bench.adjoints", "the tensor-core adjoints beside the fused or staged ones and PyTorch"),
+}
+
+BENCH_DESCRIPTION = """\
+The benchmarks. Each times the Warp kernels against PyTorch on the real fovi layers and appends its records as
+JSON lines: forward, backward and train-step by default to data/<kind>_<device>.jsonl under the current folder,
+the others to their --out.
+
+  python -m fovi_lab bench forward --layers res18_layer1 --batches 16 64
+  python -m fovi_lab bench BENCHMARK --help
+"""
 
 
-def main(argv=None) -> int:
+def _fill(parser: CommandParser, module_name: str, leaf: str) -> None:
+    """Give a leaf parser its module's description, options and ``run``."""
+    module = importlib.import_module(module_name)
+    if leaf in ("backward", "train-step"):
+        parser.description = module.DESCRIPTIONS[leaf]
+        module.add_arguments(parser, leaf)
+    else:
+        parser.description = module.DESCRIPTION
+        module.add_arguments(parser)
+    parser.set_defaults(command_run=module.run)
+
+
+def build_parser(argv: Optional[Sequence[str]] = None) -> CommandParser:
+    """The parser tree of ``python -m fovi_lab``. With ``argv``, only the command it names gets its options (its
+    module alone is imported, so the other commands' imports cost nothing); without, every command gets them."""
+    words = None if argv is None else [w for w in argv if not w.startswith("-")]
+
+    def wanted(*path: str) -> bool:
+        return words is None or words[:len(path)] == list(path)
+
+    parser = CommandParser(prog=PROG, description=DESCRIPTION)
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND", dest="command")
+    for name, (module_name, summary) in COMMANDS.items():
+        sub = commands.add_parser(name, help=summary, description=summary)
+        if name == "bench":
+            sub.description = BENCH_DESCRIPTION
+            benchmarks = sub.add_subparsers(title="benchmarks", metavar="BENCHMARK", dest="benchmark")
+            for bench, (bench_module, bench_summary) in BENCHMARKS.items():
+                leaf = benchmarks.add_parser(bench, help=bench_summary, description=bench_summary)
+                if wanted("bench", bench):
+                    _fill(leaf, bench_module, bench)
+        elif wanted(name):
+            _fill(sub, module_name, name)
+    return parser
+
+
+def _words_after(argv: List[str], path: Sequence[str]) -> List[str]:
+    """The words of ``argv`` after the command's names (``bench``, ``adjoints``), for the records."""
+    i = 0
+    for name in path:
+        i = argv.index(name, i) + 1
+    return argv[i:]
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m fovi_lab COMMAND [options]``: parse, then run the command; returns its exit status. A usage error
+    exits with status 2 and one line on stderr; no command prints the help."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__)
+    parser = build_parser(argv)
+    if not argv:
+        parser.print_help()
         return 0
-    cmd, rest = argv[0], argv[1:]
-    if cmd == "demo":
-        from fovi_lab.demo import main as run
-        return run(rest)
-    if cmd == "bench":
-        if not rest or rest[0] not in ("forward", "backward", "train-step", "dtypes", "compile", "adjoints"):
-            print("usage: python -m fovi_lab bench {forward,backward,train-step,dtypes,compile,adjoints} [options]",
-                  file=sys.stderr)
-            return 2
-        if rest[0] == "forward":
-            from fovi_lab.bench.forward import main as run
-            return run(rest[1:]) or 0
-        if rest[0] == "dtypes":
-            from fovi_lab.bench.dtypes import main as run
-            return run(rest[1:]) or 0
-        if rest[0] == "adjoints":
-            from fovi_lab.bench.adjoints import main as run
-            return run(rest[1:]) or 0
-        if rest[0] == "compile":
-            from fovi_lab.bench.compile_step import main as run
-            return run(rest[1:]) or 0
-        from fovi_lab.bench.backward import main as run
-        return run(rest) or 0
-    if cmd == "tune":
-        from fovi_lab.bench.tune import main as run
-        return run(rest)
-    if cmd == "train":
-        from fovi_lab.train import main as run
-        return run(rest)
-    if cmd == "report":
-        from fovi_lab.bench.report import main as run
-        return run(rest)
-    if cmd == "warmup":
-        from fovi_lab.kernels.warmup import main as run
-        return run(rest) or 0
-    print(f"unknown command {cmd!r}\n{__doc__}", file=sys.stderr)
-    return 2
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.error(f"expected a command: {', '.join(COMMANDS)}")
+    if args.command == "bench" and args.benchmark is None:
+        parser.exit(2, f"{PROG} bench: error: expected a benchmark: {', '.join(BENCHMARKS)} (see --help)\n")
+    path = [args.command] + ([args.benchmark] if args.command == "bench" else [])
+    args.argv = _words_after(argv, path)
+    return args.command_run(args) or 0
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ which :func:`main` does on CUDA). ``python -m fovi_lab train`` is the entry poin
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -186,24 +185,49 @@ def train_digits(backend: str = "torch_compact", steps: int = 30, batch: int = 6
     return res
 
 
-def main(argv=None) -> int:
-    """``python -m fovi_lab train``: train the foveated digits network; under ``torchrun`` with DDP.
+#: The help text of ``python -m fovi_lab train``.
+DESCRIPTION = """\
+Train the small foveated digits network: scikit-learn's 8x8 digits, sampled through a foveated retina, go
+through two strided KNN convolutions (computed by the chosen backend), a mean over nodes and a linear classifier.
+It prints the loss every tenth of the steps and the test accuracy at the end; --out also writes them as JSON.
 
-    One process: ``python -m fovi_lab train --backend warp_train --steps 300``. N processes on one host:
-    ``torchrun --nproc-per-node N -m fovi_lab train ...`` (NCCL on GPUs, one per process; gloo on CPUs).
-    Prints the loss curve and the test accuracy (rank 0); ``--out`` writes them as JSON.
-    """
-    ap = argparse.ArgumentParser(prog="python -m fovi_lab train", description=main.__doc__.split("\n")[0])
-    ap.add_argument("--backend", default="torch_compact", help="ops name of every KNN convolution")
-    ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--batch", type=int, default=256, help="global batch (split over the processes)")
-    ap.add_argument("--lr", type=float, default=1e-2)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--norm", choices=("batch", "group"), default="batch")
-    ap.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
-    ap.add_argument("--out", default=None, help="write the result as JSON here (rank 0)")
-    args = ap.parse_args(argv)
+Several processes on one host train it data-parallel under torchrun, each on its share of the global batch
+(NCCL on GPUs, one per process; gloo on CPUs):
+
+  python -m fovi_lab train --backend warp_train --steps 300
+  torchrun --nproc-per-node 2 -m fovi_lab train --backend warp_train
+"""
+
+
+def add_arguments(parser) -> None:
+    """The options of ``python -m fovi_lab train``, each checked as it is parsed."""
+    from fovi_lab.ops.arguments import COUNT, backend_name, device_kind, int_at_least, out_file, positive_float
+
+    parser.add_argument("--backend", type=backend_name(trains=True), default="torch_compact",
+                        help="the backend that computes every KNN convolution: a registered backend that trains "
+                             "(the package ships torch_compact, torch_binned and warp_train)")
+    parser.add_argument("--steps", type=COUNT, default=300, help="Adam steps to train")
+    parser.add_argument("--batch", type=COUNT, default=256,
+                        help="global batch: images per step, split evenly over the processes")
+    parser.add_argument("--lr", type=positive_float, default=1e-2, help="Adam's learning rate")
+    parser.add_argument("--seed", type=int_at_least(0), default=0,
+                        help="seed of the weights, the train/test split and the batches")
+    parser.add_argument("--norm", choices=("batch", "group"), default="batch",
+                        help="normalisation after each convolution: batch norm, or group norm (4 groups), which "
+                             "makes a data-parallel step equal the one-process step exactly")
+    parser.add_argument("--device", type=device_kind, default=None,
+                        help="cpu or cuda (default: cuda when torch sees a GPU, else cpu)")
+    parser.add_argument("--out", type=out_file, default=None,
+                        help="also write the loss curve and the test accuracy here as JSON (rank 0 writes it)")
+
+
+def run(args) -> int:
+    """Train as ``args`` say (the options of :func:`add_arguments`); returns the exit status."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    if args.batch % world:
+        from fovi_lab.ops.arguments import usage_error
+        usage_error("python -m fovi_lab train", f"--batch: expected a multiple of the {world} processes, "
+                                                f"got {args.batch}")
     kind = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(kind)
     if world > 1:
@@ -226,11 +250,22 @@ def main(argv=None) -> int:
             if args.out:
                 with open(args.out, "w") as f:
                     json.dump(res.as_dict(), f, indent=1)
+                print(f"wrote {os.path.abspath(args.out)}")
     finally:
         if world > 1:
             torch.distributed.barrier()          # no rank tears gloo down while another still talks
             torch.distributed.destroy_process_group()
     return 0
+
+
+def main(argv=None) -> int:
+    """``python -m fovi_lab train``: train the foveated digits network (see :data:`DESCRIPTION`); under
+    ``torchrun`` with DDP. Returns the exit status; a usage error exits with status 2."""
+    from fovi_lab.ops.arguments import CommandParser
+
+    parser = CommandParser(prog="python -m fovi_lab train", description=DESCRIPTION)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

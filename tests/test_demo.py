@@ -1,6 +1,10 @@
 """The headless main job: every registered backend on a real fovi layer agrees with the oracle."""
 
-from fovi_lab.demo import format_rows, main, run_demo
+import pytest
+import torch
+
+from fovi_lab import demo
+from fovi_lab.demo import cpu_estimate, estimate_line, format_rows, main, pass_flops, run_demo
 from fovi_lab.ops.autograd import OPS_REGISTRY
 
 
@@ -16,9 +20,58 @@ def test_demo_runs_every_registered_backend_on_a_real_layer():
 
 
 def test_demo_cli_rejects_bad_arguments(capsys):
-    import pytest
+    for argv in (["--batch", "0"], ["--layer", "no_such_layer"]):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2 and capsys.readouterr().err.count("\n") == 1
 
-    with pytest.raises(SystemExit):
-        main(["--batch", "0"])
-    with pytest.raises(SystemExit):
-        main(["--layer", "no_such_layer"])
+
+def test_on_the_cpu_pytorch_runs_fp32_and_each_dtype_has_one_set_of_references(monkeypatch):
+    """The PyTorch backends compute in fp32 on the CPU (fp16 matrix products are slow there), the Warp ones keep
+    fp16; the oracle runs once in fp64 and once in the dtype per dtype, not per backend."""
+    calls = []
+    real = demo.oracle_forward
+    monkeypatch.setattr(demo, "oracle_forward",
+                        lambda *a, dtype, **k: calls.append(dtype) or real(*a, dtype=dtype, **k))
+    rows = run_demo("res18_layer4_0", batch=2, reps=1, device="cpu", log=lambda *_: None,
+                    backends=["torch_compact", "torch_binned", "warp_compact", "warp_train"])
+    assert {r.backend: r.dtype for r in rows} == {"torch_compact": "float32", "torch_binned": "float32",
+                                                  "warp_compact": "float16", "warp_train": "float16"}
+    assert all(r.ok for r in rows), format_rows(rows)
+    assert sorted(map(str, calls)) == sorted(["torch.float64", "torch.float32", "torch.float64", "torch.float16"])
+
+
+def test_the_cpu_estimate_grows_with_the_work_and_names_a_batch_that_fits():
+    plan = [("torch_compact", torch.float32, True), ("warp_compact", torch.float16, False),
+            ("warp_train", torch.float16, True)]
+    one = cpu_estimate(pass_flops(8, 230, 2432, 256), plan, reps=3)
+    assert cpu_estimate(pass_flops(64, 230, 2432, 256), plan, reps=3) == pytest.approx(8 * one)
+    assert cpu_estimate(pass_flops(8, 230, 2432, 256), plan, reps=9) > one
+    # the references run once per dtype: a second fp32 backend adds its own passes only
+    two = cpu_estimate(pass_flops(8, 230, 2432, 256), plan + [("torch_binned", torch.float32, True)], reps=3)
+    assert two - one < cpu_estimate(pass_flops(8, 230, 2432, 256), [("torch_binned", torch.float32, True)], reps=3)
+    # one pass of alex_L1 at B = 64 is 18.3 GFLOP; at 1 GFLOP/s a pass, 30 passes take 9 minutes
+    flops = pass_flops(64, 230, 2432, 256)
+    assert flops == pytest.approx(18.33e9, rel=1e-3)
+    assert estimate_line("alex_L1", 64, 30 * flops / 1e9, flops) == \
+        "alex_L1 at B = 64 on the CPU: about 9 minutes (~18.3 GFLOP per pass); try --batch 4"
+    assert estimate_line("alex_L1", 8, 45.0, flops / 8) == \
+        "alex_L1 at B = 8 on the CPU: about 45 s (~2.29 GFLOP per pass)"
+
+
+def test_a_long_cpu_run_says_so_first_and_each_long_phase_as_it_starts(monkeypatch):
+    monkeypatch.setattr(demo, "CPU_GFLOPS", {k: 1e-4 for k in demo.CPU_GFLOPS})   # a CPU this slow: minutes
+    lines = []
+    run_demo("res18_layer4_0", batch=2, reps=1, device="cpu", backends=["torch_compact"], log=lines.append)
+    (warning,) = [i for i, ln in enumerate(lines) if "on the CPU: about" in ln]
+    assert " minutes (~" in lines[warning] and lines[warning].endswith("try --batch 1")
+    first = next(i for i, ln in enumerate(lines) if "torch_compact" in ln)
+    assert warning < first
+    starts = [i for i, ln in enumerate(lines) if "torch_compact: " in ln]          # as each phase starts
+    ends = [i for i, ln in enumerate(lines) if "torch_compact   " in ln]           # as it ends, with its time
+    assert [lines[i].split("torch_compact: ")[1].split(",")[0] for i in starts] == [
+        "fp64 and float32 references (forward and both gradients)", "forward", "dx and dW", "timing 1 call of each pass"]
+    assert all("about" in lines[i] and lines[i].endswith("...") for i in starts)
+    assert [lines[i].split("   ")[-1].split(" (")[0] for i in ends] == [
+        "fp64 and same-dtype oracle references", "forward, first call", "dx and dW, first call", "timed, median of 1"]
+    assert all(s < e for s, e in zip(starts, ends)) and all(e < s for e, s in zip(ends, starts[1:]))

@@ -143,7 +143,7 @@ def test_unknown_backend_is_refused_at_construction():
     (["--backends", "nope"], "--backends: unknown 'nope'; registered:"),
     (["--device", "meta"], "--device: expected cpu or cuda"),
     (["--device", "banana"], "is not a torch device"),
-    (["--reps", "0"], "--reps must be >= 1, got 0"),
+    (["--reps", "0"], "--reps: expected an integer >= 1, got 0"),
 ])
 def test_demo_cli_refuses_bad_arguments(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:

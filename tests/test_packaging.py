@@ -58,7 +58,8 @@ def _wheel(tmp_path):
 def test_the_wheel_carries_the_tables_and_records(tmp_path):
     """The config, layer and figure tables and the benchmark records are package data: a wheel built from this tree
     holds every one of them, and an install of it (not editable, outside the checkout) finds the records: ``auto``'s
-    table of the H200 and the figures' sweeps come from inside the installed package."""
+    table of the H200 and the figures' sweeps come from inside the installed package, and no folder beside it is read
+    as a checkout's data."""
     import subprocess
     import sys
     import zipfile
@@ -74,7 +75,7 @@ def test_the_wheel_carries_the_tables_and_records(tmp_path):
     probe = (
         "import fovi_lab, fovi_lab.ops.records as R, fovi_lab.ops.dispatch as D\n"
         f"assert fovi_lab.__file__.startswith({str(site)!r}), fovi_lab.__file__\n"
-        "assert not R.LOCAL_DIR.exists(), R.LOCAL_DIR\n"
+        "assert R.CHECKOUT_ROOT is None and all(p.is_relative_to(R.RECORDS_DIR) for p in R.record_files())\n"
         "t = D.recorded_table()\n"
         "h200 = [k for k in t if k[0] == 'NVIDIA H200']\n"
         "assert {k[1] for k in h200} == {'forward', 'train-step'}, len(h200)\n"

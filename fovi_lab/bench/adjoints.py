@@ -21,7 +21,6 @@ per gradient), ``bitwise`` and ``note`` (why a candidate did not run).
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -176,25 +175,59 @@ def summary(recs: List[dict]) -> str:
     return "  ".join(parts)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m fovi_lab bench adjoints", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--layers", nargs="+", default=list(LAYERS))
-    ap.add_argument("--batches", nargs="+", type=int, default=[16, 64, 512])
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--no-graphs", action="store_true")
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--shape-timeout", type=float, default=None, metavar="S",
-                    help="run each (layer, batch) in its own process, stopped after S seconds: a kernel that "
-                         "hangs costs its shape (recorded with a note), not the sweep")
-    args = ap.parse_args(argv)
+#: The help text of ``python -m fovi_lab bench adjoints``.
+DESCRIPTION = """\
+The tensor-core adjoints beside the fused or staged ones and PyTorch's fastest train step, in one run.
+
+For each layer and batch (fp16 operands, each candidate's gradient first checked against the fp32 oracle and
+computed twice to compare bit for bit) it times dx and dW on the rule's Warp kernels and on the tensor-core
+forward of the transposed and tap layers (the default config and every split config), and the train step:
+warp_train on its rule, on the tensor cores for both gradients, on the fastest of each gradient measured here,
+and every PyTorch step; eager (the median over interleaved rounds) and replayed from a CUDA graph. --out appends
+the records as JSON lines. The benchmark times every path itself, so it refuses to run while one of the
+FOVI_KNN_DX_PATH, FOVI_KNN_DW_PATH or FOVI_KNN_GRAD_PATH switches is set.
+
+  python -m fovi_lab bench adjoints --layers res18_layer1 alex_L1 --batches 16 64 --out adjoints.jsonl
+"""
+
+PROG = "python -m fovi_lab bench adjoints"
+
+
+def add_arguments(parser) -> None:
+    """The options of ``python -m fovi_lab bench adjoints``, each checked as it is parsed."""
+    from fovi_lab.ops.arguments import COUNT, LayersAction, device_name, layer_names, out_file, positive_float
+
+    parser.add_argument("--layers", nargs="+", type=layer_names(), action=LayersAction, default=list(LAYERS),
+                        metavar="LAYER", help="layer names, or all (default: every layer of the table)")
+    parser.add_argument("--batches", nargs="+", type=COUNT, default=[16, 64, 512], metavar="B",
+                        help="batch sizes to time on each layer")
+    parser.add_argument("--rounds", type=COUNT, default=3, help="interleaved rounds of the eager step timings")
+    parser.add_argument("--reps", type=COUNT, default=20, help="timed calls per candidate and round")
+    parser.add_argument("--no-graphs", action="store_true", help="skip the CUDA-graph replays")
+    parser.add_argument("--device", type=device_name, default=None,
+                        help="cpu or cuda[:i] (default: cuda when torch sees a GPU, else cpu)")
+    parser.add_argument("--out", type=out_file, default=None,
+                        help="JSON-lines file to append the records to (default: none, the summary is printed)")
+    parser.add_argument("--shape-timeout", type=positive_float, default=None, metavar="S",
+                        help="run each (layer, batch) in its own process, stopped after S seconds: a kernel that "
+                             "hangs costs its shape (recorded with a note), not the sweep (default: one process)")
+
+
+def run(args) -> int:
+    """Run the adjoint benchmark as ``args`` say (the options of :func:`add_arguments`; ``args.argv``, the command's
+    words when known, goes into the records). Returns 0; a path switch in the environment is a usage error (exit
+    status 2)."""
+    from fovi_lab.ops.arguments import command_words, usage_error
+
     for var in _SWITCHES:            # the rule path must be the rule's: no switch may redirect it
         if os.environ.get(var):
-            ap.error(f"unset {var} (the benchmark times every path itself)")
+            usage_error(PROG, f"{var} is set to {os.environ[var]!r}: unset it (the benchmark times every path "
+                              f"itself)")
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(args.device)
-    env = dict(env_info(device), commit=os.environ.get("FOVI_COMMIT"),
-               command="python -m fovi_lab bench adjoints " + " ".join(argv if argv is not None else sys.argv[1:]))
+    words = command_words(getattr(args, "argv", None), "bench", "adjoints")
+    env = dict(env_info(device), commit=os.environ.get("FOVI_COMMIT"), command=" ".join([PROG] + words))
     for layer in args.layers:
         for b in args.batches:
             if args.shape_timeout:
@@ -204,7 +237,21 @@ def main(argv=None) -> int:
             print(summary(recs), flush=True)
             if args.out:
                 append_jsonl(args.out, recs)
+    if args.out:
+        print(f"records appended to {os.path.abspath(args.out)}", flush=True)
     return 0
+
+
+def main(argv=None) -> int:
+    """``python -m fovi_lab bench adjoints``: see :data:`DESCRIPTION`. Returns the exit status; a usage error exits
+    with status 2."""
+    from fovi_lab.ops.arguments import CommandParser
+
+    parser = CommandParser(prog=PROG, description=DESCRIPTION)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    args.argv = argv
+    return run(args)
 
 
 def _isolated(layer: str, batch: int, args, env: dict) -> None:

@@ -64,12 +64,12 @@ records are appended after every shape; ``--time-budget-s`` stops starting new s
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
 import time
 import traceback
+from pathlib import Path
 from typing import List
 
 import torch
@@ -83,7 +83,7 @@ from fovi_lab.bench.precompile import _jobs_for, _sweep_names, precompile
 from fovi_lab.bench.backward_report import _fmt, _print_shape, _summary
 
 
-__all__ = ["main", "SEED_TRAIN_STEP_MS", "run_shape", "precompile"]
+__all__ = ["main", "add_arguments", "run", "MODES", "DESCRIPTIONS", "SEED_TRAIN_STEP_MS", "run_shape", "precompile"]
 
 #: The fovi library's own Warp train step on an H200, ms (measured outside this repository; one run each).
 SEED_TRAIN_STEP_MS = {("res18_layer1", 64): 1.09, ("res18_layer1", 512): 3.60, ("alex_L1", 64): 9.68,
@@ -298,6 +298,8 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
         old = os.environ.get("FOVI_KNN_GRAD_PATH")
         if force:
             os.environ["FOVI_KNN_GRAD_PATH"] = force
+        from fovi_lab.ops import replay
+        held = replay.resident_bytes(device)
         try:
             dx_path, dw_path = grad_paths(meta, b, g.dtype)
             path = dx_path if dx_path == dw_path else f"dx {dx_path}, dW {dw_path}"
@@ -321,8 +323,11 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
             info["err_dw"] = float((r1[-1] - ref[1]).abs().max()) / max(1e-12, float(ref[1].abs().max()))
             del r1, r2
             t = tm(fn)
+            # replay_resident_mib: what the backends' replay cache holds in this whole process (every shape so far);
+            # replay_shape_mib: what this shape's calls added to it (static tensors and graph pools, kept beyond peak_mib)
             r = rec(impl, t.ms, reps=t.reps, peak_mib=_peak_mib(fn, device), path=path, pipelined_ms=pipe(fn),
-                    **info)
+                    replay=replay.replay_mode(), replay_resident_mib=replay.resident_bytes(device) / _MIB,
+                    replay_shape_mib=(replay.resident_bytes(device) - held) / _MIB, **info)
             finish_warp_record(r, t.ms)
             if graphs and force is None:
                 graphed(impl, fn, path=path)
@@ -421,37 +426,88 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
     return recs
 
 
-def main(argv=None) -> int:
-    from fovi_lab.graph.layers import LAYERS, SYNTHETIC, layer_meta, synthetic_meta
+MODES = ("backward", "train-step")
 
-    ap = argparse.ArgumentParser(prog="python -m fovi_lab.bench.backward", description=__doc__.split("\n\n")[0])
-    ap.add_argument("mode", nargs="?", default="backward", choices=["backward", "train-step"])
-    ap.add_argument("--layers", nargs="*", default=None,
-                    help=f"layer names (default: all of {list(LAYERS)}; also {list(SYNTHETIC)})")
-    ap.add_argument("--batches", nargs="*", type=int, default=[64, 128, 512])
-    ap.add_argument("--rf", default=None, choices=["rf1", "rf2"],
-                    help="reference frame (default: each layer's network frame; the record's rf says which)")
-    ap.add_argument("--sweep", action="store_true", help="also measure every gi/gw config (fp16 and fp32 staging)")
-    ap.add_argument("--graphs", action="store_true",
-                    help="also time warp_train and the PyTorch baselines replayed from CUDA graphs")
-    ap.add_argument("--sweep-fused", action="store_true",
-                    help="also time every fused dx config and every dW config x list split (kernels alone)")
-    ap.add_argument("--fused-only", action="store_true",
-                    help="with --sweep-fused: time only the fused sweep (no baselines, no other Warp paths)")
-    ap.add_argument("--gi-configs", nargs="*", default=None, help="restrict the sweep's gi configs")
-    ap.add_argument("--gw-configs", nargs="*", default=None, help="restrict the sweep's gw configs")
-    ap.add_argument("--compile-steps", action="store_true",
-                    help="also time torch.compile of the hand-written PyTorch steps (train-step; slow to compile)")
-    ap.add_argument("--reps", type=int, default=15)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1), help="precompile processes")
-    ap.add_argument("--no-precompile", action="store_true", help="skip the parallel precompile (CUDA)")
-    ap.add_argument("--out", default=None, help="JSON-lines file to append to (default data/<mode>_<device>.jsonl)")
-    ap.add_argument("--device", default=None)
-    ap.add_argument("--time-budget-s", type=float, default=None,
-                    help="start no new shape after this many seconds (records so far are kept)")
-    ap.add_argument("--verbose", action="store_true", help="print tracebacks of failing implementations")
-    args = ap.parse_args(argv)
+#: The help text of ``python -m fovi_lab bench backward`` and ``bench train-step``, per mode.
+DESCRIPTIONS = {
+    "backward": """\
+Backward benchmark: both gradients (dx and dW) of the Warp adjoints against PyTorch, on the real fovi layers.
+
+Per layer and batch, in one process on identical fp16 inputs (x, W and an upstream gradient), it times the staged
+and the fused Warp adjoints (as whole ops and each pipeline's kernels alone, beside Warp's dense tile-GEMM ceiling
+of the same tiles), the registered PyTorch backends' explicit adjoints, and autograd through the strongest
+PyTorch forwards. Every Warp result is checked against torch_compact in fp32 and run twice for bitwise
+determinism. Records (JSON lines) are appended to --out, by default to data/backward_<device>.jsonl under the
+current folder.
+
+  python -m fovi_lab bench backward --layers alex_L1 res18_layer1 --batches 64 512
+  python -m fovi_lab bench backward --sweep --gi-configs gi2_p64b64
+""",
+    "train-step": """\
+Train-step benchmark: the forward and both gradients of the warp_train backend against PyTorch's train steps,
+on the real fovi layers.
+
+Per layer and batch, in one process on identical fp16 inputs, it times warp_train as a user gets it (the rule's
+forward config and adjoint path), the staged and the fused Warp paths, the registered PyTorch backends (forward
+and explicit adjoints), autograd through the PyTorch forwards and the hand-written PyTorch step; each step bumps
+the weight's version first, as an optimizer's update does. Every Warp result is checked against torch_compact in
+fp32. Records (JSON lines) are appended to --out, by default to data/train_step_<device>.jsonl under the current
+folder.
+
+  python -m fovi_lab bench train-step --batches 64 128 512 --graphs
+""",
+}
+
+
+def add_arguments(parser, mode: str = "backward") -> None:
+    """The options of ``python -m fovi_lab bench <mode>`` (``backward`` or ``train-step``), each checked as it is
+    parsed; the parsed ``mode`` is ``mode``."""
+    from fovi_lab.graph.layers import SYNTHETIC
+    from fovi_lab.ops.arguments import (COUNT, LayersAction, device_name, int_at_least, layer_names, out_file,
+                                        positive_float)
+
+    kind = "backward" if mode == "backward" else "train_step"
+    parser.set_defaults(mode=mode)
+    parser.add_argument("--layers", nargs="*", type=layer_names(synthetic=True), action=LayersAction, default=None,
+                        metavar="LAYER", help=f"layer names, all, or the synthetic test shapes "
+                                              f"{', '.join(SYNTHETIC)} (default: every layer of the table)")
+    parser.add_argument("--batches", nargs="+", type=COUNT, default=[64, 128, 512], metavar="B",
+                        help="batch sizes to time on each layer")
+    parser.add_argument("--rf", default=None, choices=["rf1", "rf2"],
+                        help="reference frame (default: each layer's network frame; the record's rf says which)")
+    parser.add_argument("--sweep", action="store_true", help="also time every gi/gw config (fp16 and fp32 staging)")
+    parser.add_argument("--graphs", action="store_true",
+                        help="also time warp_train and the PyTorch baselines replayed from CUDA graphs")
+    parser.add_argument("--sweep-fused", action="store_true",
+                        help="also time every fused dx config and every dW config x list split (kernels alone)")
+    parser.add_argument("--fused-only", action="store_true",
+                        help="with --sweep-fused: time only the fused sweep (no baselines, no other Warp paths)")
+    parser.add_argument("--gi-configs", nargs="+", default=None, metavar="CONFIG",
+                        help="restrict the sweep's grad-input configs to these (default: every one)")
+    parser.add_argument("--gw-configs", nargs="+", default=None, metavar="CONFIG",
+                        help="restrict the sweep's grad-weight configs to these (default: every one)")
+    parser.add_argument("--compile-steps", action="store_true",
+                        help="also time torch.compile of the hand-written PyTorch steps (train-step; slow to compile)")
+    parser.add_argument("--reps", type=COUNT, default=15, help="timed calls per implementation, whose median is kept")
+    parser.add_argument("--warmup", type=int_at_least(0), default=3, help="untimed calls before the timed ones")
+    parser.add_argument("--jobs", type=COUNT, default=min(16, os.cpu_count() or 1),
+                        help="processes that precompile the Warp modules in parallel on a GPU (default: the CPU "
+                             "count, at most 16)")
+    parser.add_argument("--no-precompile", action="store_true", help="skip the parallel precompile (CUDA)")
+    parser.add_argument("--out", type=out_file, default=None,
+                        help=f"JSON-lines file to append the records to (default: data/{kind}_<device>.jsonl under "
+                             f"the current folder)")
+    parser.add_argument("--device", type=device_name, default=None,
+                        help="cpu or cuda[:i] (default: cuda when torch sees a GPU, else cpu)")
+    parser.add_argument("--time-budget-s", type=positive_float, default=None, metavar="S",
+                        help="start no new shape after this many seconds (the records so far are kept; default: "
+                             "no limit)")
+    parser.add_argument("--verbose", action="store_true", help="print the traceback of a failing implementation")
+
+
+def run(args) -> int:
+    """Run the benchmark of ``args.mode`` as ``args`` say (the options of :func:`add_arguments`); returns 0."""
+    from fovi_lab.graph.layers import LAYERS, SYNTHETIC, layer_meta, synthetic_meta
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and device.index is None:
@@ -506,7 +562,23 @@ def main(argv=None) -> int:
             continue
         break
     _summary(all_recs, args.mode)
+    if all_recs:
+        print(f"# {len(all_recs)} records appended to {Path(out).resolve()}", flush=True)
     return 0
+
+
+def main(argv=None) -> int:
+    """``python -m fovi_lab.bench.backward [backward|train-step] [options]``: the benchmark of that mode
+    (``backward`` when the first argument names none); see :data:`DESCRIPTIONS`. The same as
+    ``python -m fovi_lab bench backward`` / ``bench train-step``. Returns the exit status; a usage error exits with
+    status 2."""
+    from fovi_lab.ops.arguments import CommandParser
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    mode = argv.pop(0) if argv and argv[0] in MODES else "backward"
+    parser = CommandParser(prog=f"python -m fovi_lab bench {mode}", description=DESCRIPTIONS[mode])
+    add_arguments(parser, mode)
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ API (used by :mod:`fovi_lab.bench.forward` and the backward benchmark):
   bytes the compact forward must move (x, W, both index tables, bias and y once each).
 * ``append_jsonl(path, records)``: appends one JSON object per line (creates folders).
 * ``Progress(total, label)``: plain-text progress lines (``[ 12/208]  6% label ... eta 40s``).
-* ``default_record_path(kind, device_name)``: ``data/<kind>_<device-slug>.jsonl`` in the repo.
+* ``default_record_path(kind, device_name)``: ``data/<kind>_<device-slug>.jsonl`` under the current folder (an
+  installed package never writes into its own folder; run from a checkout's root, that is the checkout's ``data/``).
 """
 
 from __future__ import annotations
@@ -40,9 +41,7 @@ from typing import Callable, Iterable
 import torch
 
 __all__ = ["Timing", "time_fn", "pipelined_ms", "env_info", "Roofline", "tflops", "gbps", "compact_flops", "compact_bytes",
-           "append_jsonl", "Progress", "default_record_path", "REPO_ROOT"]
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+           "append_jsonl", "Progress", "default_record_path"]
 
 
 @dataclass
@@ -177,10 +176,12 @@ def append_jsonl(path, records: Iterable[dict]) -> None:
 
 
 def default_record_path(kind: str, device_name: str) -> Path:
+    """``data/<kind>_<device-slug>.jsonl`` under the current folder, as an absolute path (the folder is made when
+    the first records are appended)."""
     slug = "".join(ch.lower() if ch.isalnum() else "_" for ch in device_name).strip("_")
     while "__" in slug:
         slug = slug.replace("__", "_")
-    return REPO_ROOT / "data" / f"{kind}_{slug or 'device'}.jsonl"
+    return Path.cwd() / "data" / f"{kind}_{slug or 'device'}.jsonl"
 
 
 class Progress:

@@ -19,7 +19,6 @@ the compiled model's output from eager's on one batch, from the training graph's
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
 
@@ -31,7 +30,7 @@ from fovi_lab.graph.layers import layer_meta
 from fovi_lab.ops.autograd import KNNConv
 from fovi_lab.train import FoveatedDigitsNet, load_digits_tensors
 
-__all__ = ["LayerStack", "bench_compile", "train_step", "main"]
+__all__ = ["LayerStack", "bench_compile", "train_step", "main", "add_arguments", "run", "DESCRIPTION"]
 
 STACK_LAYERS = ("alex_L2", "alex_L3", "alex_L4")
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -112,19 +111,45 @@ def bench_compile(backend: str, batch: int = 256, device="cuda", reps: int = 50,
     return out
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m fovi_lab.bench.compile_step", description=__doc__.split("\n")[0])
-    ap.add_argument("--backends", nargs="+", default=["warp_train", "torch_compact"])
-    ap.add_argument("--net", choices=("digits", "stack"), default="digits")
-    ap.add_argument("--dtype", choices=tuple(DTYPES), default="fp16", help="the stack's autocast dtype")
-    ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--reps", type=int, default=50)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--out", default=None, help="append the records here (JSON lines)")
-    args = ap.parse_args(argv)
+#: The help text of ``python -m fovi_lab bench compile``.
+DESCRIPTION = """\
+torch.compile beside eager: the train step of the foveated digits network and of a stack of real fovi layers.
+
+--net digits trains the foveated digits network of python -m fovi_lab train (two small KNN layers, group norm, a
+linear head) on the digits. --net stack trains AlexNet's foveated L2, L3 and L4 under autocast in --dtype with fp32
+master weights, where the KNN layers are most of the GPU time. Per backend it times the eager step and the compiled
+one (torch.compile of the model, the KNN layers as custom ops), back to back and one at a time, and records the
+compile time and the largest difference of the compiled output from eager's; --out appends the records as JSON
+lines.
+
+  python -m fovi_lab bench compile --net stack --backends warp_train torch_compact --batch 64
+"""
+
+
+def add_arguments(parser) -> None:
+    """The options of ``python -m fovi_lab bench compile``, each checked as it is parsed."""
+    from fovi_lab.ops.arguments import COUNT, backend_name, device_name, out_file
+
+    parser.add_argument("--backends", nargs="+", type=backend_name(trains=True),
+                        default=["warp_train", "torch_compact"], metavar="BACKEND",
+                        help="registered backends that train, each timed eager and compiled")
+    parser.add_argument("--net", choices=("digits", "stack"), default="digits",
+                        help="the network: the foveated digits network, or AlexNet's L2-L4 stack")
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="fp16", help="the stack's autocast dtype")
+    parser.add_argument("--batch", type=COUNT, default=256, help="images per train step")
+    parser.add_argument("--reps", type=COUNT, default=50, help="timed train steps per mode")
+    parser.add_argument("--device", type=device_name, default=None,
+                        help="cpu or cuda[:i] (default: cuda when torch sees a GPU, else cpu)")
+    parser.add_argument("--out", type=out_file, default=None,
+                        help="JSON-lines file to append the records to (default: none, the lines are printed)")
+
+
+def run(args) -> int:
+    """Run the compile benchmark as ``args`` say (the options of :func:`add_arguments`); returns 0."""
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     recs = []
     for backend in args.backends:
-        rows = bench_compile(backend, args.batch, args.device, args.reps, args.net, args.dtype)
+        rows = bench_compile(backend, args.batch, device, args.reps, args.net, args.dtype)
         recs += rows
         eager, comp = rows
         print(f"{args.net} {args.dtype if args.net == 'stack' else ''} {backend:<14s} B={args.batch}: eager {eager['ms']:.3f} ms/step (one at a time {eager['ms_one']:.3f}), "
@@ -132,7 +157,18 @@ def main(argv=None) -> int:
               f"compile {comp['compile_s']:.1f} s, max output diff {comp['max_out_diff']:.2e}", flush=True)
     if args.out:
         append_jsonl(args.out, recs)
+        print(f"{len(recs)} records appended to {os.path.abspath(args.out)}", flush=True)
     return 0
+
+
+def main(argv=None) -> int:
+    """``python -m fovi_lab bench compile``: see :data:`DESCRIPTION`. Returns the exit status; a usage error exits
+    with status 2."""
+    from fovi_lab.ops.arguments import CommandParser
+
+    parser = CommandParser(prog="python -m fovi_lab bench compile", description=DESCRIPTION)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

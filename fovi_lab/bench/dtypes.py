@@ -20,7 +20,6 @@ PyTorch's fastest time to ours.
 
 from __future__ import annotations
 
-import argparse
 import os
 from typing import Callable, Dict, List, Optional
 
@@ -31,7 +30,7 @@ from fovi_lab.bench.common import append_jsonl, compact_flops, env_info, time_fn
 from fovi_lab.graph.layers import LAYERS, layer_meta
 from fovi_lab.ops.reference import CompactTorchOps, oracle_forward
 
-__all__ = ["bench_layer", "main"]
+__all__ = ["bench_layer", "main", "add_arguments", "run", "DESCRIPTION"]
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -166,23 +165,43 @@ def summary_lines(recs: List[dict]) -> List[str]:
     return lines
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m fovi_lab.bench.dtypes", description=__doc__.split("\n")[0])
-    ap.add_argument("--layers", nargs="+", default=list(LAYERS), help=f"layer names (default: all of {list(LAYERS)})")
-    ap.add_argument("--batches", nargs="+", type=int, default=[16, 64])
-    ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--no-graphs", dest="graphs", action="store_false", help="skip the CUDA-graph replays")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--out", default=None, help="append the records here (JSON lines)")
-    args = ap.parse_args(argv)
-    unknown = [n for n in args.layers if n not in LAYERS]
-    if unknown:
-        ap.error(f"--layers: unknown {unknown}; known: {list(LAYERS)}")
-    env = dict(env_info(args.device), commit=os.environ.get("FOVI_COMMIT"))
+#: The help text of ``python -m fovi_lab bench dtypes``.
+DESCRIPTION = """\
+bf16 beside fp16, each beside PyTorch's fastest op in the same dtype: the forward and the train step.
+
+Per layer, batch and dtype, each implementation (warp_compact and warp_train against the PyTorch forwards and
+train steps) runs once and is checked against the fp32 oracle on the same rounded operands, then is timed one call
+at a time and replayed from a CUDA graph. The summary prints, per layer and batch, bf16's time over fp16's for the
+Warp backends and each dtype's ratio of PyTorch's fastest time to ours; --out appends the records as JSON lines.
+
+  python -m fovi_lab bench dtypes --layers res18_layer1 alex_L1 --batches 16 64 --out dtypes.jsonl
+"""
+
+
+def add_arguments(parser) -> None:
+    """The options of ``python -m fovi_lab bench dtypes``, each checked as it is parsed."""
+    from fovi_lab.ops.arguments import COUNT, LayersAction, device_name, layer_names, out_file
+
+    parser.add_argument("--layers", nargs="+", type=layer_names(), action=LayersAction, default=list(LAYERS),
+                        metavar="LAYER", help="layer names, or all (default: every layer of the table)")
+    parser.add_argument("--batches", nargs="+", type=COUNT, default=[16, 64], metavar="B",
+                        help="batch sizes to time on each layer")
+    parser.add_argument("--reps", type=COUNT, default=20, help="timed calls per implementation, whose median is kept")
+    parser.add_argument("--no-graphs", dest="graphs", action="store_false", help="skip the CUDA-graph replays")
+    parser.add_argument("--device", type=device_name, default=None,
+                        help="cpu or cuda[:i] (default: cuda when torch sees a GPU, else cpu)")
+    parser.add_argument("--out", type=out_file, default=None,
+                        help="JSON-lines file to append the records to (default: none, the summary is printed)")
+
+
+def run(args) -> int:
+    """Run the dtype benchmark as ``args`` say (the options of :func:`add_arguments`); returns 0."""
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    env = dict(env_info(device), commit=os.environ.get("FOVI_COMMIT"))
     recs = []
     for layer in args.layers:
         for b in args.batches:
-            rows = [dict(env, **r) for r in bench_layer(layer, b, args.device, args.reps, args.graphs)]
+            rows = [dict(env, **r) for r in bench_layer(layer, b, device, args.reps, args.graphs)]
             for r in rows:
                 if r["note"]:
                     print(f"  {layer} B={b} {r['dtype']} {r['mode']} {r['impl']}: {r['note']}", flush=True)
@@ -190,7 +209,19 @@ def main(argv=None) -> int:
             if args.out:
                 append_jsonl(args.out, rows)
             print("\n".join(summary_lines(rows)), flush=True)
+    if args.out and recs:
+        print(f"{len(recs)} records appended to {os.path.abspath(args.out)}", flush=True)
     return 0
+
+
+def main(argv=None) -> int:
+    """``python -m fovi_lab bench dtypes``: see :data:`DESCRIPTION`. Returns the exit status; a usage error exits
+    with status 2."""
+    from fovi_lab.ops.arguments import CommandParser
+
+    parser = CommandParser(prog="python -m fovi_lab bench dtypes", description=DESCRIPTION)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

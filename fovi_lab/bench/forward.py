@@ -38,10 +38,10 @@ in the same run, plus the speedup over the strongest PyTorch baseline. Records g
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
+from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 import torch
@@ -50,7 +50,7 @@ from fovi_lab.bench.common import (Progress, Roofline, append_jsonl, compact_byt
                                    print_graphed,
                                    env_info, gbps, tflops, time_fn)
 
-__all__ = ["main", "torch_baselines", "run_shape"]
+__all__ = ["main", "add_arguments", "run", "DESCRIPTION", "torch_baselines", "run_shape"]
 
 
 # ------------------------------------------------------------------------------------------- torch
@@ -444,42 +444,74 @@ def _gemm4096(device, configs, env, args) -> List[dict]:
     return recs
 
 
-def main(argv=None) -> int:
+#: The help text of ``python -m fovi_lab bench forward``.
+DESCRIPTION = """\
+Forward benchmark: the Warp compact kernels against the PyTorch baselines and Warp's dense tile-GEMM ceiling,
+on the real fovi layers.
+
+Per layer and batch, in one process on identical fp16 inputs, it times the Warp forward with the config the rule
+picks (as the whole op and as the kernel alone, each output checked against the fp32 reference), the same tiles on
+dense operands (the ceiling), the cached-weight Warp forward, and every PyTorch baseline (gather + bmm forms, the
+compact and binned references, the cached weight, torch.compile on a GPU). Each shape prints one line; records
+(JSON lines: layer, B, impl, config, ms, device, versions, date and more) are appended to --out, by default to
+data/forward_<device>.jsonl under the current folder.
+
+  python -m fovi_lab bench forward --layers alex_L1 res18_layer1 --batches 16 64
+  python -m fovi_lab bench forward --all-configs --graphs
+"""
+
+
+def add_arguments(parser) -> None:
+    """The options of ``python -m fovi_lab bench forward``, each checked as it is parsed."""
+    from fovi_lab.ops.arguments import (COUNT, LayersAction, device_name, int_at_least, layer_names,
+                                        non_negative_float, out_file, positive_float)
+
+    parser.add_argument("--layers", nargs="*", type=layer_names(), action=LayersAction, default=None,
+                        metavar="LAYER", help="layer names, or all (default: every layer of the table)")
+    parser.add_argument("--batches", nargs="+", type=COUNT, default=[16, 64, 128, 512], metavar="B",
+                        help="batch sizes to time on each layer")
+    parser.add_argument("--rf", default=None, choices=["rf1", "rf2"],
+                        help="reference frame (default: each layer's network frame; the record's rf says which)")
+    parser.add_argument("--all-configs", action="store_true", help="time every uncached config (a sweep)")
+    parser.add_argument("--configs", nargs="+", default=None, metavar="CONFIG",
+                        help="also time these uncached configs beside the chosen one")
+    parser.add_argument("--experimental", action="store_true",
+                        help="with --all-configs, also the experimental (never selected) configs")
+    parser.add_argument("--op-all", action="store_true", help="time the whole op for every config, not only for "
+                        "the chosen one and each family's fastest kernel")
+    parser.add_argument("--reps", type=COUNT, default=15, help="timed calls per implementation, whose median is kept")
+    parser.add_argument("--warmup", type=int_at_least(0), default=3, help="untimed calls before the timed ones")
+    parser.add_argument("--bias", action="store_true", help="give every layer a bias (the CNNs' layers have none)")
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
+    parser.add_argument("--no-torch", action="store_true", help="skip every PyTorch baseline (a Warp-only sweep)")
+    parser.add_argument("--tag", default=None, help="a label stamped into every record (e.g. an env setting)")
+    parser.add_argument("--compile-budget-s", type=non_negative_float, default=90.0, metavar="S",
+                        help="seconds torch.compile may spend compiling before its baseline is skipped")
+    parser.add_argument("--no-cached", dest="cached", action="store_false",
+                        help="skip the cached-weight Warp forward (warp_cached)")
+    parser.add_argument("--binned", action="store_true", help="also time the binned tensor-core forward "
+                        "(warp_binned: bin by weight column, one shared-weight GEMM) per one-node GEMM config")
+    parser.add_argument("--binned-configs", nargs="+", default=None, metavar="CONFIG",
+                        help="the one-node GEMM configs --binned times (default: the candidates listed in "
+                             "fovi_lab.bench.forward.BINNED_CANDIDATES)")
+    parser.add_argument("--store-compare", action="store_true", help="also time the direct (strided) output store")
+    parser.add_argument("--graphs", action="store_true",
+                        help="also time the chosen Warp op and every PyTorch baseline replayed from a CUDA graph")
+    parser.add_argument("--gemm4096", action="store_true", help="also time 4096^3 dense GEMMs (Warp tiles, cuBLAS)")
+    parser.add_argument("--out", type=out_file, default=None,
+                        help="JSON-lines file to append the records to (default: data/forward_<device>.jsonl "
+                             "under the current folder)")
+    parser.add_argument("--device", type=device_name, default=None,
+                        help="cpu or cuda[:i] (default: cuda when torch sees a GPU, else cpu)")
+    parser.add_argument("--time-budget-s", type=positive_float, default=None, metavar="S",
+                        help="start no new shape after this many seconds (the records so far are kept; default: "
+                             "no limit)")
+
+
+def run(args) -> int:
+    """Run the forward benchmark as ``args`` say (the options of :func:`add_arguments`); returns 0."""
     from fovi_lab.kernels import forward as F
     from fovi_lab.graph.layers import LAYERS, layer_meta
-
-    ap = argparse.ArgumentParser(prog="python -m fovi_lab.bench.forward", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--layers", nargs="*", default=None, help=f"layer names (default: all of {list(LAYERS)})")
-    ap.add_argument("--batches", nargs="*", type=int, default=[16, 64, 128, 512])
-    ap.add_argument("--rf", default=None, choices=["rf1", "rf2"],
-                    help="reference frame (default: each layer's network frame; the record's rf says which)")
-    ap.add_argument("--all-configs", action="store_true", help="measure every uncached config (a sweep)")
-    ap.add_argument("--configs", nargs="*", default=None, help="measure these configs (plus the chosen one)")
-    ap.add_argument("--experimental", action="store_true",
-                    help="with --all-configs, also the experimental (never-selected) configs")
-    ap.add_argument("--op-all", action="store_true", help="time the whole op for every config, not only "
-                    "the chosen one and each family's fastest kernel")
-    ap.add_argument("--reps", type=int, default=15)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--bias", action="store_true", help="give every layer a bias (default: none, as the CNNs)")
-    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
-    ap.add_argument("--no-torch", action="store_true", help="skip every PyTorch baseline (a Warp-only sweep)")
-    ap.add_argument("--tag", default=None, help="a label stamped into every record (e.g. an env setting)")
-    ap.add_argument("--compile-budget-s", type=float, default=90.0)
-    ap.add_argument("--no-cached", dest="cached", action="store_false", help="skip warp_cached")
-    ap.add_argument("--binned", action="store_true", help="also time the binned tensor-core forward "
-                    "(warp_binned: bin by weight column, one shared-weight GEMM) per one-node GEMM config")
-    ap.add_argument("--binned-configs", nargs="*", default=None,
-                    help="the one-node GEMM configs --binned measures (default: BINNED_CANDIDATES)")
-    ap.add_argument("--store-compare", action="store_true", help="also time the direct (strided) output store")
-    ap.add_argument("--graphs", action="store_true",
-                    help="also time the chosen Warp op and every PyTorch baseline replayed from a CUDA graph")
-    ap.add_argument("--gemm4096", action="store_true", help="also time 4096^3 dense GEMMs (Warp tiles, cuBLAS)")
-    ap.add_argument("--out", default=None, help="JSON-lines file to append to (default data/forward_<device>.jsonl)")
-    ap.add_argument("--device", default=None)
-    ap.add_argument("--time-budget-s", type=float, default=None,
-                    help="start no new shape after this many seconds (records so far are kept)")
-    args = ap.parse_args(argv)
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     env = env_info(device)
@@ -523,7 +555,19 @@ def main(argv=None) -> int:
             _print_shape(recs, chosen)
             prog.step(f"{name} B={b}")
     _summary(all_recs)
+    if all_recs:
+        print(f"# {len(all_recs)} records appended to {Path(out).resolve()}", flush=True)
     return 0
+
+
+def main(argv=None) -> int:
+    """``python -m fovi_lab bench forward``: see :data:`DESCRIPTION`. Returns the exit status; a usage error exits
+    with status 2."""
+    from fovi_lab.ops.arguments import CommandParser
+
+    parser = CommandParser(prog="python -m fovi_lab bench forward", description=DESCRIPTION)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
 
 
 def _summary(recs: List[dict]) -> None:

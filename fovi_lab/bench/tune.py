@@ -27,7 +27,6 @@ so a newer package's records are never shadowed by an old copy).
 
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import math
 import os
@@ -37,14 +36,14 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from fovi_lab.bench.common import time_fn
-from fovi_lab.graph.layers import LAYERS, layer_meta
+from fovi_lab.graph.layers import layer_meta
 from fovi_lab.ops import tune_cache
 from fovi_lab.ops.dispatch import pick_backend, recorded_table
 from fovi_lab.ops.records import iter_records
 from fovi_lab.ops.reference import CompactTorchOps, oracle_forward
 from fovi_lab.ops.registry import OPS_REGISTRY, get_ops, load_optional_backends
 
-__all__ = ["candidates", "tune_problem", "tune", "recorded_picks", "main"]
+__all__ = ["candidates", "tune_problem", "tune", "recorded_picks", "main", "add_arguments", "run", "DESCRIPTION"]
 
 Candidate = Tuple[str, Optional[str]]         # (backend, Warp forward config or None: the backend's own choice)
 _SHAPE_KEYS = ("cin", "cout", "nin", "nout", "k", "p64", "v")
@@ -275,19 +274,52 @@ def _line(key: str, e: dict) -> str:
     return f"{problem:<48s} {pick:<34s} {e['ms']:.3f} ms   {vs}"
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m fovi_lab tune", description=__doc__.split("\n")[0])
-    ap.add_argument("--layers", nargs="+", default=["res18_layer1"], help="layer names, or 'all'")
-    ap.add_argument("--batches", nargs="+", type=int, default=[16, 64])
-    ap.add_argument("--modes", nargs="+", choices=("forward", "train-step"), default=["forward", "train-step"])
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16", help="the compute dtype to tune for")
-    ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--recorded", type=int, default=3, help="recorded configs to try beside the rule's")
-    ap.add_argument("--show", action="store_true", help="print the cache and exit")
-    ap.add_argument("--clear", action="store_true", help="delete the cache file and exit")
-    ap.add_argument("--out", default=None, help="also append the new entries here as JSON lines")
-    args = ap.parse_args(argv)
+#: The help text of ``python -m fovi_lab tune``.
+DESCRIPTION = """\
+Autotune on this device: time each candidate of a problem (a layer, a batch, forward or train step), keep the
+fastest correct one in the tune cache, which the auto backend reads first.
+
+The candidates are the Warp forward with the rule's config and with the configs that ran fastest on that shape in
+the shipped sweeps, and the PyTorch backends (for a train step, warp_train and the PyTorch backends). Each runs
+once and is checked against the fp32 oracle before it is timed; one that fails is listed with why, never picked. A
+pick that is not the rule's is kept only if it also wins interleaved rounds against the rule by more than 2 %.
+Under torchrun rank 0 tunes and every rank gets its picks.
+
+  python -m fovi_lab tune --layers all --batches 1 64
+  python -m fovi_lab tune --show
+  python -m fovi_lab tune --clear
+"""
+
+PROG = "python -m fovi_lab tune"
+
+
+def add_arguments(parser) -> None:
+    """The options of ``python -m fovi_lab tune``, each checked as it is parsed."""
+    from fovi_lab.ops.arguments import COUNT, LayersAction, device_name, int_at_least, layer_names, out_file
+
+    parser.add_argument("--layers", nargs="+", type=layer_names(), action=LayersAction, default=["res18_layer1"],
+                        metavar="LAYER", help="layer names, or all")
+    parser.add_argument("--batches", nargs="+", type=COUNT, default=[16, 64], metavar="B",
+                        help="batch sizes to tune each layer at")
+    parser.add_argument("--modes", nargs="+", choices=("forward", "train-step"), default=["forward", "train-step"],
+                        help="the problems to tune: the forward (inference) and the train step")
+    parser.add_argument("--device", type=device_name, default=None,
+                        help="cpu or cuda[:i] (default: cuda when torch sees a GPU, else cpu)")
+    parser.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16", help="the compute dtype to tune for")
+    parser.add_argument("--reps", type=COUNT, default=20, help="timed calls per candidate, whose median is kept")
+    parser.add_argument("--recorded", type=int_at_least(0), default=3,
+                        help="configs from the shipped sweeps to try beside the rule's")
+    parser.add_argument("--show", action="store_true", help="print the cache and exit")
+    parser.add_argument("--clear", action="store_true", help="delete the cache file and exit")
+    parser.add_argument("--out", type=out_file, default=None,
+                        help="also append the new entries to this file as JSON lines (default: only the cache)")
+
+
+def run(args) -> int:
+    """Tune, show or clear the cache as ``args`` say (the options of :func:`add_arguments`; ``args.argv``, the
+    command's words when known, goes into the ``--out`` records). Returns 0."""
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     path = tune_cache.cache_path()
     if args.clear:
         existed = path.is_file()
@@ -306,13 +338,7 @@ def main(argv=None) -> int:
             for key, e in sorted(picks.items()):
                 print(f"  {key.split('|', 1)[1]} -> {e['backend']} {e['ms']:.3f} ms (recorded)")
         return 0
-    names = list(LAYERS) if args.layers == ["all"] else args.layers
-    unknown = [n for n in names if n not in LAYERS]
-    if unknown:
-        ap.error(f"--layers: unknown {unknown}; known: {list(LAYERS)} or 'all'")
-    if any(b < 1 for b in args.batches):
-        ap.error("--batches: every batch must be >= 1")
-    problems = [(layer_meta(n), b, m) for n in names for b in args.batches for m in args.modes]
+    problems = [(layer_meta(n), b, m) for n in args.layers for b in args.batches for m in args.modes]
     device = torch.device(args.device)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:                         # under torchrun: one tune on rank 0, shared with every rank
@@ -330,11 +356,24 @@ def main(argv=None) -> int:
     print(f"{len(entries)} entries written to {path}")
     if args.out:
         from fovi_lab.bench.common import append_jsonl, env_info
-        import sys
-        words = sys.argv[1:] if argv is None else list(argv)
-        prov = dict(commit=os.environ.get("FOVI_COMMIT"), command="python -m fovi_lab tune " + " ".join(words))
+        from fovi_lab.ops.arguments import command_words
+        words = command_words(getattr(args, "argv", None), "tune")
+        prov = dict(commit=os.environ.get("FOVI_COMMIT"), command=" ".join([PROG] + words))
         append_jsonl(args.out, [dict(env_info(args.device), kind="tune", key=k, **prov, **e) for k, e in entries.items()])
+        print(f"{len(entries)} entries appended to {os.path.abspath(args.out)}")
     return 0
+
+
+def main(argv=None) -> int:
+    """``python -m fovi_lab tune``: see :data:`DESCRIPTION`. Returns the exit status; a usage error exits with
+    status 2."""
+    from fovi_lab.ops.arguments import CommandParser
+
+    parser = CommandParser(prog=PROG, description=DESCRIPTION)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    args.argv = argv
+    return run(args)
 
 
 if __name__ == "__main__":

@@ -18,14 +18,13 @@ NVRTC) into the same cache layout, so a cache built on a CPU machine can be ship
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing as mp
 import os
 import sys
 import time
 from typing import List, Optional, Tuple
 
-__all__ = ["main", "forward_jobs", "grad_jobs"]
+__all__ = ["main", "add_arguments", "run", "DESCRIPTION", "forward_jobs", "grad_jobs"]
 
 
 def forward_jobs(dense: bool = True, experimental: bool = False) -> List[Tuple[str, bool]]:
@@ -100,19 +99,43 @@ def compile_one(job) -> Tuple[str, bool, float, str]:
         return name, dense, time.perf_counter() - t0, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
 
 
-def main(argv: Optional[list] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m fovi_lab warmup", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--no-dense", action="store_true", help="skip the dense-ceiling kernels (benchmark only)")
-    ap.add_argument("--device", default=None, help="cuda:0 / cpu (default: cuda:0 if present, else cpu)")
-    ap.add_argument("--aot-arch", type=int, default=None, help="compile CUDA modules for this sm without a GPU")
-    ap.add_argument("--only", nargs="*", default=None, help="config names to compile (default: all)")
-    ap.add_argument("--mathdx", choices=["on", "off"], default=None, help="force MathDx GEMM on/off")
-    ap.add_argument("--experimental", action="store_true", help="also the experimental (unselected) configs")
-    ap.add_argument("--no-grad", action="store_true", help="skip the fused adjoint kernels (forward only)")
-    ap.add_argument("--bf16", action="store_true", help="also the bf16 kernels (tensor-core forward, fused adjoints)")
-    args = ap.parse_args(argv)
+#: The help text of ``python -m fovi_lab warmup``.
+DESCRIPTION = """\
+Compile every Warp kernel config (the forward configs, and the fused adjoint kernels warp_train runs) for this
+machine into Warp's kernel cache, in parallel processes.
 
+On a GPU each tile-GEMM module's MathDx link takes about 50 s, so this spawns one process per module, --jobs at a
+time; later runs find every module in the cache (~/.cache/warp/<version>, or WARP_CACHE_PATH). --aot-arch 90
+compiles the CUDA modules for that architecture without a GPU (Warp's bundled NVRTC) into the same cache layout,
+so a cache built on a CPU machine can be shipped to a GPU one.
+
+  python -m fovi_lab warmup
+  python -m fovi_lab warmup --aot-arch 90 --bf16
+"""
+
+
+def add_arguments(parser) -> None:
+    """The options of ``python -m fovi_lab warmup``, each checked as it is parsed."""
+    from fovi_lab.ops.arguments import COUNT, device_name
+
+    parser.add_argument("--jobs", type=COUNT, default=os.cpu_count() or 1, help="compile processes at a time (default: the CPU count)")
+    parser.add_argument("--no-dense", action="store_true", help="skip the dense-ceiling kernels (benchmark only)")
+    parser.add_argument("--device", type=device_name, default=None,
+                        help="cpu or cuda[:i] (default: cuda:0 when torch sees a GPU, else cpu)")
+    parser.add_argument("--aot-arch", type=COUNT, default=None, metavar="SM",
+                        help="compile the CUDA modules for this architecture (e.g. 90) without a GPU (default: "
+                             "load them on --device)")
+    parser.add_argument("--only", nargs="+", default=None, metavar="CONFIG",
+                        help="config names to compile (default: all)")
+    parser.add_argument("--mathdx", choices=["on", "off"], default=None,
+                        help="force the MathDx GEMM on or off (default: Warp's choice)")
+    parser.add_argument("--experimental", action="store_true", help="also the experimental (never selected) configs")
+    parser.add_argument("--no-grad", action="store_true", help="skip the fused adjoint kernels (forward only)")
+    parser.add_argument("--bf16", action="store_true", help="also the bf16 kernels (tensor-core forward, fused adjoints)")
+
+
+def run(args) -> int:
+    """Compile as ``args`` say (the options of :func:`add_arguments`); returns 1 when a module failed, else 0."""
     device = args.device
     if device is None and not args.aot_arch:
         import torch
@@ -147,6 +170,16 @@ def main(argv: Optional[list] = None) -> int:
                   f"{status} in {dt:.1f}s", flush=True)
     print(f"warmup done in {time.perf_counter() - t0:.0f}s, {failed} failed", flush=True)
     return 1 if failed else 0
+
+
+def main(argv: Optional[list] = None) -> int:
+    """``python -m fovi_lab warmup``: see :data:`DESCRIPTION`. Returns the exit status; a usage error exits with
+    status 2."""
+    from fovi_lab.ops.arguments import CommandParser
+
+    parser = CommandParser(prog="python -m fovi_lab warmup", description=DESCRIPTION)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

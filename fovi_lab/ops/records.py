@@ -5,7 +5,9 @@ object per line, kinds ``forward``, ``forward_sweep``, ``mma_sweep``, ``train_st
 ``compile_latency``, listed with their sources in ``manifest.json`` beside them. Every record carries its provenance in
 fields: ``device``, ``warp``, ``torch``, ``cuda``, ``python``, ``date`` (the start of the benchmark run that wrote it)
 and ``source`` (the record file that run wrote). New runs of ``python -m fovi_lab bench ...`` append to
-``data/<kind>_<device>.jsonl`` in a checkout; :func:`iter_records` reads those too.
+``data/<kind>_<device>.jsonl`` under the current folder (or to their ``--out``). Run from a source checkout (the
+package folder beside the checkout's ``pyproject.toml``), :func:`iter_records` reads the checkout's own ``data/``
+too; an installed package reads only the records it ships (nothing beside it in ``site-packages`` is a data folder).
 """
 
 from __future__ import annotations
@@ -13,14 +15,32 @@ from __future__ import annotations
 import gzip
 import json
 from pathlib import Path
-from typing import Dict, Iterator, List
+from typing import Dict, Iterator, List, Optional
 
-__all__ = ["RECORDS_DIR", "LOCAL_DIR", "record_files", "read_file", "iter_records", "manifest"]
+__all__ = ["RECORDS_DIR", "CHECKOUT_ROOT", "LOCAL_DIR", "record_files", "read_file", "iter_records", "manifest"]
 
 #: The shipped records.
 RECORDS_DIR = Path(__file__).resolve().parents[1] / "records"
-#: Where the benchmarks write in a checkout (absent in a wheel install).
-LOCAL_DIR = Path(__file__).resolve().parents[2] / "data"
+
+
+def _checkout_root() -> Optional[Path]:
+    """The source checkout this package runs from: the folder above the package when it holds the
+    ``pyproject.toml`` of fovi-lab; None for an installed package (a wheel in ``site-packages``)."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        import tomllib
+        project = tomllib.loads((root / "pyproject.toml").read_text()).get("project", {})
+    except (OSError, ValueError):
+        return None
+    return root if project.get("name") == "fovi-lab" else None
+
+
+#: The source checkout the package runs from, or None for an installed package.
+CHECKOUT_ROOT: Optional[Path] = _checkout_root()
+#: A checkout's own records, ``<checkout>/data`` (read by :func:`iter_records` beside the shipped ones). An installed
+#: package has no such folder: there this is ``data`` under the current folder at import, where the benchmarks write
+#: by default, and :func:`iter_records` does not read it.
+LOCAL_DIR: Path = CHECKOUT_ROOT / "data" if CHECKOUT_ROOT is not None else Path.cwd() / "data"
 
 
 def manifest(device_dir: Path) -> Dict:
@@ -32,10 +52,12 @@ def manifest(device_dir: Path) -> Dict:
 
 
 def record_files() -> List[Path]:
-    """The shipped record files (every device), then the checkout's own ``data/*.jsonl`` / ``*.jsonl.gz``."""
+    """The shipped record files (every device), then, run from a checkout, its own ``data/*.jsonl`` /
+    ``*.jsonl.gz``."""
     shipped = sorted(RECORDS_DIR.glob("*/*.jsonl.gz"))
-    local = sorted(list(LOCAL_DIR.glob("*.jsonl")) + list(LOCAL_DIR.glob("*.jsonl.gz"))) if LOCAL_DIR.is_dir() else []
-    return shipped + local
+    if CHECKOUT_ROOT is None or not LOCAL_DIR.is_dir():
+        return shipped
+    return shipped + sorted(list(LOCAL_DIR.glob("*.jsonl")) + list(LOCAL_DIR.glob("*.jsonl.gz")))
 
 
 def read_file(path: Path) -> Iterator[dict]:

@@ -6,6 +6,7 @@ An *ops* object is a class of static methods with a ``name``::
     grad_input(meta, grad_y, weight) -> dx [B, Cin, Nin]     fp32
     grad_weight(meta, grad_y, x)     -> dW [Cout, Q]         fp32
     backward_combined(meta, g, x, weight) -> (dx, dW)        optional, used when both are needed
+    forward_only = True                                       optional: its adjoints raise NotImplementedError
 
 The PyTorch backends are registered here. Optional backends register themselves when their module is
 imported; :func:`load_optional_backends` imports the ones this package ships (by name, so the registry
@@ -19,7 +20,8 @@ from typing import Dict
 
 from fovi_lab.ops.reference import BinnedTorchOps, CompactTorchOps
 
-__all__ = ["OPS_REGISTRY", "OPTIONAL_BACKEND_MODULES", "register_ops", "get_ops", "load_optional_backends"]
+__all__ = ["OPS_REGISTRY", "OPTIONAL_BACKEND_MODULES", "register_ops", "get_ops", "load_optional_backends",
+           "trains"]
 
 OPS_REGISTRY: Dict[str, type] = {"torch_compact": CompactTorchOps, "torch_binned": BinnedTorchOps}
 
@@ -27,6 +29,11 @@ OPS_REGISTRY: Dict[str, type] = {"torch_compact": CompactTorchOps, "torch_binned
 OPTIONAL_BACKEND_MODULES = ("fovi_lab.knn_warp",)
 
 _IMPORT_ERRORS: Dict[str, str] = {}     # module -> why it did not import (named in get_ops's error)
+
+
+def trains(ops) -> bool:
+    """Whether a registered ops object computes gradients (every backend but one that sets ``forward_only``)."""
+    return not getattr(ops, "forward_only", False)
 
 
 def register_ops(ops) -> None:

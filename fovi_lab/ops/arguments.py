@@ -1,0 +1,293 @@
+"""Command-line parsing shared by every ``python -m fovi_lab`` command: the parser class and the argument types.
+
+:class:`CommandParser` is an ``argparse.ArgumentParser`` whose usage errors are one line on stderr (the command, the
+argument and what was expected) with exit status 2, and whose help shows every option's default. The argument types
+check a value as it is parsed, so a wrong value stops the command before any work starts: counts (integers >= 1),
+positive numbers, layer names (``all`` where a command takes a list), backend names from the ops registry, devices,
+and output files whose folder exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import textwrap
+from pathlib import Path
+from typing import Callable, Iterable, List
+
+__all__ = ["CommandParser", "HelpFormatter", "usage_error", "command_words", "int_at_least", "COUNT",
+           "positive_float", "non_negative_float", "layer_name", "layer_names", "LayersAction", "expand_layers",
+           "backend_name", "backend_trains", "check_device", "device_name", "device_kind", "out_file",
+           "existing_file", "existing_folder"]
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Help for the package's commands: a description's paragraphs are filled to the terminal's width, its indented
+    lines (example command lines) kept as written, and every option's help ends with its default, unless the help
+    already says it or the option is a flag."""
+
+    def __init__(self, prog: str, **kwargs):
+        kwargs.setdefault("max_help_position", 30)
+        kwargs.setdefault("width", min(110, shutil.get_terminal_size((100, 24)).columns) - 2)
+        super().__init__(prog, **kwargs)
+
+    def add_argument(self, action: argparse.Action) -> None:
+        super().add_argument(action)
+        if action.help is not argparse.SUPPRESS:        # a command list: its names are indented one step further
+            for sub in self._iter_indented_subactions(action):
+                self._action_max_length = max(self._action_max_length,
+                                              len(self._format_action_invocation(sub)) + self._current_indent)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        out = []
+        for para in textwrap.dedent(text).strip("\n").split("\n\n"):
+            lines = para.splitlines()
+            if all(line.startswith("  ") for line in lines):
+                out.append("\n".join(indent + line for line in lines))
+            else:
+                out.append(textwrap.fill(" ".join(line.strip() for line in lines), width, initial_indent=indent,
+                                         subsequent_indent=indent, break_on_hyphens=False))
+        return "\n\n".join(out)
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (default is None or default is argparse.SUPPRESS or isinstance(default, bool)
+                or "default" in text.lower() or "%(default)" in text):
+            return text
+        if isinstance(default, (list, tuple)):
+            if not default:
+                return text
+            shown = " ".join(str(v) for v in default)
+        else:
+            shown = str(default)
+        return f"{text} (default: {shown.replace('%', '%%')})"
+
+
+class CommandParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` for the package's commands: help with defaults (:class:`HelpFormatter`), and a usage
+    error is one line on stderr, ``<command>: error: <argument>: <what was expected> (see --help)``, with exit
+    status 2 (no usage dump, no traceback)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        text = " ".join(str(message).split())            # one line, whatever the message held
+        if text.startswith("argument "):
+            text = text[len("argument "):]
+        self.exit(2, f"{self.prog}: error: {text} (see --help)\n")
+
+
+def usage_error(prog: str, message: str):
+    """Stop a command for a usage error found after parsing (one that needs the parsed values together): the one
+    line :meth:`CommandParser.error` prints, exit status 2."""
+    text = " ".join(str(message).split())
+    print(f"{prog}: error: {text} (see --help)", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def command_words(argv, *command: str) -> List[str]:
+    """The words given to a command, for its records: ``argv`` when the command's ``main`` got it, else the
+    process's arguments after the command's name (``python -m fovi_lab bench adjoints ...``)."""
+    if argv is not None:
+        return list(argv)
+    words = list(sys.argv[1:])
+    return words[len(command):] if words[:len(command)] == list(command) else words
+
+
+# ------------------------------------------------------------------------------------------------ numbers
+
+def int_at_least(low: int) -> Callable[[str], int]:
+    """An argument type: an integer >= ``low``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except (TypeError, ValueError):
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {value}")
+        return value
+    parse.__name__ = f"integer >= {low}"
+    return parse
+
+
+#: An argument type: a count (an integer >= 1).
+COUNT = int_at_least(1)
+
+
+def _float(text: str, what: str) -> float:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argument type: a finite number > 0."""
+    value = _float(text, "a number > 0")
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """An argument type: a finite number >= 0."""
+    value = _float(text, "a number >= 0")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
+    return value
+
+
+# ------------------------------------------------------------------------------------------------ layers
+
+def _known_layers(synthetic: bool) -> str:
+    from fovi_lab.graph.layers import LAYERS, SYNTHETIC
+    names = ", ".join(LAYERS)
+    extra = f"; synthetic shapes {', '.join(SYNTHETIC)}" if synthetic else ""
+    return f"known: {names}, their variants <layer>_rf1 / <layer>_rf2{extra}"
+
+
+def layer_name(text: str) -> str:
+    """An argument type: a layer of the layer table (``fovi_lab.graph.layers.LAYERS``) or a variant
+    ``<layer>_rf1`` / ``<layer>_rf2`` of one."""
+    from fovi_lab.graph.layers import resolve_layer
+    try:
+        resolve_layer(text)
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(f"unknown layer {text!r}; {_known_layers(False)}") from None
+    return text
+
+
+def layer_names(synthetic: bool = False) -> Callable[[str], str]:
+    """An argument type for one name of a ``--layers`` list: a layer or variant (:func:`layer_name`), the word
+    ``all`` (every layer of the table; :class:`LayersAction` expands it) and, with ``synthetic``, the synthetic
+    test shapes of ``fovi_lab.graph.layers.SYNTHETIC``."""
+    def parse(text: str) -> str:
+        from fovi_lab.graph.layers import SYNTHETIC, resolve_layer
+        if text == "all" or (synthetic and text in SYNTHETIC):
+            return text
+        try:
+            resolve_layer(text)
+        except (KeyError, ValueError):
+            raise argparse.ArgumentTypeError(f"unknown layer {text!r}; {_known_layers(synthetic)}, or all") from None
+        return text
+    parse.__name__ = "layer name"
+    return parse
+
+
+def expand_layers(names: Iterable[str]) -> List[str]:
+    """``names`` with ``all`` replaced by every layer of the table, each name once, in order."""
+    from fovi_lab.graph.layers import LAYERS
+    out: List[str] = []
+    for name in names:
+        for n in (LAYERS if name == "all" else (name,)):
+            if n not in out:
+                out.append(n)
+    return out
+
+
+class LayersAction(argparse.Action):
+    """Stores a ``--layers`` list with ``all`` expanded (:func:`expand_layers`)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, expand_layers(values))
+
+
+# ------------------------------------------------------------------------------------------------ backends
+
+def backend_trains(ops) -> bool:
+    """Whether a registered ops object computes gradients (:func:`fovi_lab.ops.registry.trains`)."""
+    from fovi_lab.ops.registry import trains
+    return trains(ops)
+
+
+def backend_name(allow_auto: bool = False, trains: bool = False) -> Callable[[str], str]:
+    """An argument type: a backend of the ops registry (``fovi_lab.ops.registry.OPS_REGISTRY``, the optional Warp
+    backends loaded first), ``auto`` when ``allow_auto``; with ``trains``, only a backend that computes gradients."""
+    def parse(text: str) -> str:
+        from fovi_lab.ops.registry import OPS_REGISTRY, load_optional_backends
+        if allow_auto and text == "auto":
+            return text
+        if text not in OPS_REGISTRY:
+            load_optional_backends()
+        names = sorted(n for n in OPS_REGISTRY if not trains or backend_trains(OPS_REGISTRY[n]))
+        known = ", ".join(names) + (", auto" if allow_auto else "")
+        if text not in OPS_REGISTRY:
+            which = "registered backends that train" if trains else "registered"
+            raise argparse.ArgumentTypeError(f"unknown {text!r}; {which}: {known}")
+        if text not in names:
+            raise argparse.ArgumentTypeError(f"{text!r} is forward-only; expected a backend that trains: {known}")
+        return text
+    parse.__name__ = "backend name"
+    return parse
+
+
+# ------------------------------------------------------------------------------------------------ devices
+
+def check_device(device):
+    """The torch device ``device`` names, if the package's commands can run there: ``cpu``, or ``cuda[:i]`` with
+    that GPU visible to torch. Raises ValueError saying why not (the message starts with ``device:``)."""
+    import torch
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device: {device!r} is not a torch device ({exc})") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device: expected cpu or cuda[:i], got {device!r} (the Warp kernels run on those only)")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device: {device!r} asked for, but torch sees no CUDA device on this machine")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device: {device!r} asked for, but torch sees {torch.cuda.device_count()} CUDA "
+                             f"device(s)")
+    return dev
+
+
+def device_name(text: str) -> str:
+    """An argument type: ``cpu`` or ``cuda[:i]``, usable on this machine (:func:`check_device`)."""
+    try:
+        check_device(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)[len("device: "):]) from None
+    return text
+
+
+def device_kind(text: str) -> str:
+    """An argument type: ``cpu`` or ``cuda`` (no index: the command places its processes itself), usable here."""
+    if text not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"expected cpu or cuda, got {text!r}")
+    return device_name(text)
+
+
+# ------------------------------------------------------------------------------------------------ paths
+
+def out_file(text: str) -> str:
+    """An argument type: a file to write (or append to) in a folder that exists."""
+    path = Path(text).expanduser()
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"expected a file to write, got the folder {text!r}")
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"expected a file in an existing folder, got {text!r} "
+                                         f"(there is no folder {str(path.parent)!r})")
+    return text
+
+
+def existing_file(text: str) -> str:
+    """An argument type: a file that exists."""
+    if not Path(text).expanduser().is_file():
+        raise argparse.ArgumentTypeError(f"expected an existing file, got {text!r}")
+    return text
+
+
+def existing_folder(text: str) -> str:
+    """An argument type: a folder that exists."""
+    if not Path(text).expanduser().is_dir():
+        raise argparse.ArgumentTypeError(f"expected an existing folder, got {text!r}")
+    return text
+

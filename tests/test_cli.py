@@ -1,0 +1,193 @@
+"""The command line a new user meets: one parser tree, one-line usage errors, help at every level, and an installed
+package that never writes into its own folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fovi_lab import cli
+
+PKG = Path(cli.__file__).resolve().parent
+LEAVES = [["demo"], ["tune"], ["train"], ["warmup"], ["report"]] + [["bench", b] for b in cli.BENCHMARKS]
+
+
+def _usage_error(argv, capsys):
+    """Run ``python -m fovi_lab argv`` in this process; the exit status and stderr of its usage error."""
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    out, err = capsys.readouterr()
+    assert out == "", out                       # no header lines before the error
+    return exc.value.code, err
+
+
+@pytest.mark.parametrize("argv, first_line", [
+    (["train", "--steps", "-1"], "python -m fovi_lab train: error: --steps: expected an integer >= 1, got -1"),
+    (["train", "--batch", "0"], "python -m fovi_lab train: error: --batch: expected an integer >= 1, got 0"),
+    (["train", "--backend", "nope"], "python -m fovi_lab train: error: --backend: unknown 'nope'; registered "
+                                     "backends that train: torch_binned, torch_compact"),
+    (["train", "--backend", "warp_compact"], "--backend: 'warp_compact' is forward-only"),
+    (["train", "--lr", "0"], "--lr: expected a number > 0, got 0"),
+    (["train", "--out", "no/such/folder/r.json"], "--out: expected a file in an existing folder"),
+    (["bench", "forward", "--layers", "nope"], "python -m fovi_lab bench forward: error: --layers: unknown layer "
+                                               "'nope'; known: alex_L0"),
+    (["bench", "forward", "--batches", "16", "0"], "--batches: expected an integer >= 1, got 0"),
+    (["bench", "train-step", "--reps", "0"], "python -m fovi_lab bench train-step: error: --reps: expected an "
+                                             "integer >= 1, got 0"),
+    (["bench", "adjoints", "--rounds", "0"], "--rounds: expected an integer >= 1, got 0"),
+    (["bench", "dtypes", "--device", "meta"], "--device: expected cpu or cuda[:i], got 'meta'"),
+    (["bench", "compile", "--batch", "x"], "--batch: expected an integer >= 1, got 'x'"),
+    (["demo", "--layer", "nope"], "python -m fovi_lab demo: error: --layer: unknown layer 'nope'"),
+    (["demo", "--backends", "nope"], "--backends: unknown 'nope'; registered:"),
+    (["tune", "--batches", "0"], "--batches: expected an integer >= 1, got 0"),
+    (["warmup", "--jobs", "0"], "--jobs: expected an integer >= 1, got 0"),
+    (["report", "--data", "no/such/folder"], "--data: expected an existing folder, got 'no/such/folder'"),
+    (["bench"], "python -m fovi_lab bench: error: expected a benchmark: forward, backward, train-step"),
+    (["bench", "nope"], "BENCHMARK: invalid choice: 'nope'"),
+    (["nope"], "COMMAND: invalid choice: 'nope'"),
+    (["train", "--no-such-option"], "unrecognized arguments: --no-such-option"),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else "")
+def test_a_usage_error_is_one_line_naming_the_argument(argv, first_line, capsys):
+    code, err = _usage_error(argv, capsys)
+    assert code == 2
+    assert err.endswith("(see --help)\n") and err.count("\n") == 1, err
+    assert first_line in err and "Traceback" not in err and "usage:" not in err
+
+
+def test_every_module_main_parses_as_the_command_line(capsys):
+    """``fovi_lab.train.main`` and the others build their parser from the same ``add_arguments``."""
+    from fovi_lab import train
+    from fovi_lab.bench import backward
+    with pytest.raises(SystemExit) as exc:
+        train.main(["--steps", "0"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err == ("python -m fovi_lab train: error: --steps: expected an integer >= 1, got 0 "
+                                       "(see --help)\n")
+    with pytest.raises(SystemExit) as exc:                  # the module's own mode word still comes first
+        backward.main(["train-step", "--batches", "0"])
+    assert exc.value.code == 2 and "python -m fovi_lab bench train-step: error: --batches" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["bench", "--help"]] + [leaf + ["--help"] for leaf in LEAVES],
+                         ids=lambda a: " ".join(a[:-1]) or "top")
+def test_help_exits_0_at_every_level_with_defaults_in_plain_text(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    out = capsys.readouterr().out
+    assert exc.value.code == 0 and out.startswith(f"usage: python -m fovi_lab {' '.join(argv[:-1])}".rstrip())
+    for markup in ("``", ":mod:", ":func:", ":class:", "{backward,train-step}"):
+        assert markup not in out, markup
+    description = out.split("\n\n")[1]
+    assert description.rstrip().endswith((".", ":")), description          # a whole sentence, not cut short
+    if argv[:-1] in LEAVES:
+        assert "(default: " in out
+
+
+def test_the_top_level_help_lists_each_command_on_one_line(capsys):
+    assert cli.main([]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for name in cli.COMMANDS:
+        (line,) = [ln for ln in lines if ln.split()[:1] == [name]]
+        assert cli.COMMANDS[name][1].split()[0] in line
+
+
+def test_every_option_has_help():
+    parser = cli.build_parser()
+    todo, seen = [parser], 0
+    while todo:
+        p = todo.pop()
+        for action in p._actions:
+            choices = getattr(action, "choices", None)
+            if isinstance(choices, dict):                  # a subparsers action: its parsers
+                todo += list(choices.values())
+            elif action.option_strings:
+                seen += 1
+                assert action.help and len(action.help) > 10, (p.prog, action.option_strings)
+    assert seen > 80
+
+
+def test_a_bench_record_lands_under_the_current_folder(tmp_path, monkeypatch, capsys):
+    """Run from a checkout too, ``bench forward`` writes ``data/`` under the current folder, not beside the package,
+    and says where."""
+    pytest.importorskip("warp")
+    before = {p: p.stat().st_mtime for p in PKG.rglob("*.jsonl*")}
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["bench", "forward", "--layers", "res18_layer4_0", "--batches", "1", "--reps", "1",
+                     "--warmup", "0", "--no-cached"]) == 0
+    (rec_file,) = (tmp_path / "data").glob("forward_*.jsonl")
+    assert str(rec_file) in capsys.readouterr().out
+    assert {json.loads(line)["impl"] for line in rec_file.read_text().splitlines()} >= {"warp_uncached",
+                                                                                        "torch_compact"}
+    assert {p: p.stat().st_mtime for p in PKG.rglob("*.jsonl*")} == before
+
+
+def _installed(tmp_path) -> tuple:
+    """The package copied as a wheel lays it out (``site/fovi_lab``, no checkout above it), a working folder and
+    the environment that imports the copy."""
+    site = tmp_path / "site"
+    shutil.copytree(PKG, site / "fovi_lab", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    work = tmp_path / "work"
+    work.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(site), PYTHONDONTWRITEBYTECODE="1")
+    return site, work, env
+
+
+def _files(folder: Path) -> dict:
+    return {p: p.stat().st_mtime for p in folder.rglob("*") if p.is_file()}
+
+
+def test_an_installed_package_writes_under_the_current_folder_only(tmp_path):
+    """A wheel install: the records of ``bench forward`` go to ``./data``, nothing is written into the install
+    folder, no folder beside it is read as a data folder, and ``report`` says what it needs instead of crashing."""
+    pytest.importorskip("warp")
+    site, work, env = _installed(tmp_path)
+    installed = _files(site)
+
+    def fovi(*argv):
+        return subprocess.run([sys.executable, "-m", "fovi_lab", *argv], cwd=work, env=env, capture_output=True,
+                              text=True, timeout=300)
+
+    probe = subprocess.run([sys.executable, "-c", "import fovi_lab.ops.records as R; "
+                                                  "print(R.__file__, R.CHECKOUT_ROOT, len(R.record_files()))"],
+                           cwd=work, env=env, capture_output=True, text=True)
+    where, root, n = probe.stdout.split()
+    assert where.startswith(str(site)) and root == "None" and int(n) > 0, probe.stderr[-2000:]
+
+    bench = fovi("bench", "forward", "--layers", "res18_layer4_0", "--batches", "1", "--reps", "1", "--warmup", "0",
+                 "--no-cached", "--no-torch")
+    assert bench.returncode == 0, bench.stderr[-2000:]
+    (rec_file,) = (work / "data").glob("forward_*.jsonl")
+    assert str(rec_file) in bench.stdout and rec_file.read_text().strip()
+
+    report = fovi("report")
+    assert report.returncode == 2 and report.stdout == ""
+    assert report.stderr.count("\n") == 1 and "not run from a source checkout" in report.stderr
+    assert "--out PATH" in report.stderr and "Traceback" not in report.stderr
+    report = fovi("report", "--out", "results.md")
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert (work / "results.md").read_text().startswith("# Results")
+    assert _files(site) == installed
+
+
+def test_report_writes_the_files_it_is_given(tmp_path, monkeypatch, capsys):
+    """``--out`` and ``--readme`` name the files (the checkout's own stay as they are); a README without the table
+    markers is a usage error."""
+    from fovi_lab.bench import report
+    from fovi_lab.ops.records import CHECKOUT_ROOT
+    mine = [p for p in (CHECKOUT_ROOT / "README.md", CHECKOUT_ROOT / "docs" / "results.md") if CHECKOUT_ROOT]
+    before = {p: p.stat().st_mtime for p in mine}
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "README.md").write_text(f"# mine\n{report.README_BEGIN}\n{report.README_END}\n")
+    assert cli.main(["report", "--out", "results.md", "--readme", "README.md"]) == 0
+    assert "| layer |" in (tmp_path / "README.md").read_text() and (tmp_path / "results.md").is_file()
+    assert {p: p.stat().st_mtime for p in mine} == before
+    assert "wrote results.md" in capsys.readouterr().out
+    (tmp_path / "plain.md").write_text("# no table here\n")
+    code, err = _usage_error(["report", "--readme", "plain.md"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "--readme: expected a README holding the lines" in err
