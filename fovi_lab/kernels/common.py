@@ -11,8 +11,12 @@ graph capture) and treat both failure modes the same way: the config is unlaunch
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import io
+import os
+import sys
+import tempfile
 import threading
 import warnings
 from typing import Callable, Dict, Hashable, Optional, Tuple
@@ -26,7 +30,7 @@ import torch
 SHARED_KERNEL_MODULE: Optional[str] = None
 
 __all__ = [
-    "wp", "init_warp", "warp_device", "to_warp", "torch_stream", "warp_stream",
+    "wp", "init_warp", "cuda_driver_present", "warp_device", "to_warp", "torch_stream", "warp_stream",
     "nan_canary", "ValidatedCache", "check_once", "check_tensor", "warp_ct", "fast_launch", "gather_rows",
 ]
 
@@ -42,8 +46,52 @@ _init_lock = threading.Lock()
 _initialised = False
 
 
+#: What Warp's native library prints on a machine without an NVIDIA driver, where the kernels run on Warp's CPU
+#: device as intended: :func:`init_warp` keeps it off the terminal.
+NO_DRIVER_LINE = "Could not find or load the NVIDIA CUDA driver"
+
+
+def cuda_driver_present() -> bool:
+    """Whether this machine has an NVIDIA driver library Warp could load (``libcuda`` / ``nvcuda.dll``)."""
+    names = ("nvcuda.dll",) if os.name == "nt" else ("libcuda.so.1", "libcuda.so")
+    for name in names:
+        try:
+            ctypes.CDLL(name)
+            return True
+        except OSError:
+            continue
+    return False
+
+
+@contextlib.contextmanager
+def _without_the_no_driver_line():
+    """Capture what native code writes to file descriptor 2 while the block runs, then pass on every line except
+    Warp's missing-driver warning (native code writes past ``sys.stderr``, so only the descriptor catches it)."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):        # no real descriptor 2 (an embedded interpreter)
+        yield
+        return
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            rest = [line for line in captured.read().decode(errors="replace").splitlines(keepends=True)
+                    if NO_DRIVER_LINE not in line]
+            if rest:
+                sys.stderr.write("".join(rest))
+                sys.stderr.flush()
+
+
 def init_warp() -> None:
-    """Initialise Warp once, quietly (``wp.config.quiet`` is a no-op in 1.19; use the log level)."""
+    """Initialise Warp once, quietly: its log level set to warnings (``wp.config.quiet`` is a no-op in 1.19), and on
+    a machine without an NVIDIA driver, where the kernels run on Warp's CPU device, without the native
+    missing-driver line (:data:`NO_DRIVER_LINE`)."""
     global _initialised
     if wp is None:
         raise ImportError(f"warp-lang is required for the Warp kernels: {_WARP_IMPORT_ERROR}")
@@ -51,7 +99,8 @@ def init_warp() -> None:
         if not _initialised:
             if hasattr(wp, "LOG_WARNING"):
                 wp.config.log_level = wp.LOG_WARNING
-            wp.init()
+            with contextlib.nullcontext() if cuda_driver_present() else _without_the_no_driver_line():
+                wp.init()
             _initialised = True
 
 
