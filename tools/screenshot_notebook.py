@@ -1,20 +1,30 @@
 #!/usr/bin/env python
 """Open a notebook in JupyterLab the way a new user would, run every cell, and take a screenshot.
 
-    python tools/screenshot_notebook.py notebooks/05_training.ipynb data/screenshots/05_training.png
+    python tools/screenshot_notebook.py notebooks/05_training.ipynb build/screenshots/05_training.png
 
+(``make screenshot`` / ``make screenshots`` write under the git-ignored ``build/screenshots/``.)
 What it does, in order:
 
 1. starts ``jupyter lab`` headless on a free localhost port with a random token, in a throw-away
-   settings/workspace/runtime directory (autosave off, notebook windowing off, no news or update
-   checks), serving the repository root so notebooks can use relative paths;
+   settings/workspace/runtime directory (autosave off, notebook windowing off, no scrolling past the
+   last cell, no news or update checks), serving the repository root so notebooks can use relative
+   paths;
 2. opens the notebook in headless Chromium (the system's browser, driven by Python ``playwright``;
    no browser is downloaded), waits for the kernel, and runs *Run > Run All Cells* from the menu;
 3. waits until every code cell has run, then for a plotly plot and a widget to render (each can be
-   switched off), scrolls to the first plot and writes a PNG to the path given;
-4. checks the page for error output (a ``Traceback``, a failed widget or plot) and exits 1 if it
-   finds any (the PNG is still written, so you can look at what went wrong);
-5. shuts the server down and verifies the notebook file on disk is byte-for-byte unchanged.
+   switched off, or required only where the stored notebook shows one: ``--require-stored``);
+4. writes a PNG of the *whole* notebook: JupyterLab's notebook scrolls inside its own element, not
+   the window, so a full-page screenshot of the window would still show one screen. The tool grows
+   the browser window until that element has nothing left to scroll (every cell laid out on the
+   page at once; windowing is off), scrolls it to the top, and screenshots the window; it then checks
+   that the last cell ends inside the picture. ``--viewport`` gives the old one-screen picture
+   (scrolled to the first plot). A notebook taller than ``--max-height`` pixels is cut there and
+   reported as a problem;
+5. checks the page for error output (a ``Traceback``, a failed widget or plot) and for a plotly
+   figure with no data in it, and exits 1 if it finds any (the PNG is still written, so you can look
+   at what went wrong);
+6. shuts the server down and verifies the notebook file on disk is byte-for-byte unchanged.
 
 Needs: ``pip install playwright`` (the Python package only; do *not* run ``playwright install``)
 and a Chromium binary (Debian: ``apt-get install chromium``). Exit codes: 0 ok, 1 errors on the page
@@ -57,7 +67,9 @@ ERROR_MARKERS = ("Traceback (most recent call last)", "Error displaying widget",
 # JupyterLab user settings for a reproducible, quiet session.
 _LAB_SETTINGS = {
     "@jupyterlab/docmanager-extension/plugin.jupyterlab-settings": {"autosave": False},
-    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
+    # windowing off: every cell is in the page (not only those on screen); no blank screen after the
+    # last cell (its height follows the window's, so a window grown to the notebook would grow it too)
+    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none", "scrollPastEnd": False},
     "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false",
                                                                          "checkForUpdates": False},
 }
@@ -158,6 +170,97 @@ _JS_PROMPTS = """() => Array.from(document.querySelectorAll('.jp-Notebook .jp-Co
     .map(e => e.textContent.trim())"""
 _JS_OUTPUT_TEXT = """() => Array.from(document.querySelectorAll('.jp-Notebook .jp-OutputArea-output'))
     .map(e => e.innerText || '')"""
+# plotly figures with no data: no trace carries any data array (or scalar, e.g. an indicator's value)
+# and the layout has no image. Plotly keeps the figure on the element: _fullData (after defaults,
+# typed arrays decoded), else data.
+_JS_EMPTY_PLOTS = """() => {
+  const keys = ['x', 'y', 'z', 'values', 'labels', 'ids', 'lat', 'lon', 'locations', 'r', 'theta', 'a', 'b',
+                'open', 'high', 'low', 'close', 'u', 'v', 'w', 'i', 'j', 'k', 'dimensions', 'cells', 'header',
+                'node', 'link', 'source', 'value', 'geojson'];
+  const has = v => v !== null && v !== undefined && (typeof v !== 'object' ||
+      (typeof v.length === 'number' ? v.length > 0 : Object.keys(v).length > 0));
+  return Array.from(document.querySelectorAll('.jp-Notebook .js-plotly-plot')).filter(gd => {
+    const traces = gd._fullData || gd.data || [];
+    const images = (gd._fullLayout || gd.layout || {}).images || [];
+    return !traces.some(t => keys.some(k => has(t[k]))) && images.length === 0;
+  }).length;
+}"""
+# The element the notebook scrolls in (JupyterLab 4: the windowed list's outer node), measured: how
+# much is hidden below, where the last cell ends, the window's height. ``top``: scroll it to the top.
+_JS_MEASURE = """(top) => {
+  const nb = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook')
+      || document.querySelector('.jp-Notebook');
+  if (!nb) return null;
+  const boxes = [nb.querySelector('.jp-WindowedPanel-outer'), nb, nb.closest('.jp-NotebookPanel'),
+                 document.scrollingElement].filter(Boolean);
+  if (top) boxes.forEach(e => { e.scrollTop = 0; });
+  const hidden = Math.max(...boxes.map(e => e.scrollHeight - e.clientHeight));
+  const scroller = boxes.reduce((a, e) => (e.scrollHeight > a.scrollHeight ? e : a));
+  const cells = nb.querySelectorAll('.jp-Cell');
+  const last = cells.length ? cells[cells.length - 1].getBoundingClientRect() : null;
+  const first = cells.length ? cells[0].getBoundingClientRect() : null;
+  return {hidden: hidden, content: nb.querySelector('.jp-WindowedPanel-outer') ?
+            nb.querySelector('.jp-WindowedPanel-outer').scrollHeight : scroller.scrollHeight,
+          cells: cells.length, first_top: first ? first.top : null, last_bottom: last ? last.bottom : null,
+          window: window.innerHeight};
+}"""
+_JS_TWO_FRAMES = "() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(() => r(true))))"
+
+
+def png_size(path: Path):
+    """(width, height) of a PNG, read from its header (no imaging library needed)."""
+    with open(path, "rb") as f:
+        head = f.read(24)
+    if head[:8] != b"\x89PNG\r\n\x1a\n" or head[12:16] != b"IHDR":
+        raise ValueError(f"{path} is not a PNG")
+    return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+
+
+def stored_outputs(notebook: Path) -> Dict[str, int]:
+    """How many plotly figures and widget views the notebook file itself shows (its stored outputs)."""
+    counts = {"plots": 0, "widgets": 0}
+    try:
+        cells = json.loads(Path(notebook).read_text(encoding="utf-8")).get("cells", [])
+    except (OSError, ValueError):
+        return counts
+    for cell in cells:
+        for out in cell.get("outputs", []) or []:
+            data = out.get("data", {}) or {}
+            counts["plots"] += "application/vnd.plotly.v1+json" in data
+            counts["widgets"] += "application/vnd.jupyter.widget-view+json" in data
+    return counts
+
+
+def _capture_full_page(page, out_png: Path, width: int, height: int, max_height: int) -> Dict:
+    """Grow the window until the notebook has nothing left to scroll, then screenshot the window.
+
+    Returns ``full_page`` facts for the report: the window height used, the notebook's content
+    height, where the last cell ends, ``last_cell_in_png`` and ``cut`` (taller than ``max_height``).
+    """
+    view_h, cut = height, False
+    m = page.evaluate(_JS_MEASURE, True)
+    for _ in range(8):  # the layout can settle in steps (outputs reflow as the panel grows)
+        if m is None or m["hidden"] <= 1:
+            break
+        want = view_h + int(m["hidden"]) + 1
+        if want > max_height:
+            want, cut = max_height, True
+        if want == view_h:
+            break
+        view_h = want
+        page.set_viewport_size({"width": width, "height": view_h})
+        page.evaluate(_JS_TWO_FRAMES)
+        time.sleep(0.5)  # Lumino lays the panels out on its own message loop
+        m = page.evaluate(_JS_MEASURE, True)
+    time.sleep(0.5)  # plots and widgets that listen to window resizes redraw
+    m = page.evaluate(_JS_MEASURE, True) or {}
+    page.screenshot(path=str(out_png))
+    w, h = png_size(out_png)
+    last = m.get("last_bottom")
+    return {"window_height": view_h, "notebook_height": m.get("content"), "hidden_below": m.get("hidden"),
+            "last_cell_bottom": last, "png_size": [w, h], "cut": cut,
+            "last_cell_in_png": bool(last is not None and 0 < last <= h and (m.get("hidden") or 0) <= 1
+                                     and (m.get("first_top") or 0) >= 0)}
 
 
 def _menu(page, menu: str, commands) -> None:
@@ -178,12 +281,21 @@ def _accept_kernel_dialog(page) -> None:
 
 def screenshot_notebook(notebook: Path, out_png: Path, *, chromium: Optional[str] = None, timeout: float = 300.0,
                         width: int = 1280, height: int = 1500, wait_plot: bool = True, wait_widget: bool = True,
-                        scroll_to: str = "plot", keep_logs: bool = False) -> Dict:
+                        scroll_to: str = "plot", keep_logs: bool = False, full_page: bool = True,
+                        max_height: int = 40000, require_stored: bool = False) -> Dict:
     """Run ``notebook`` in JupyterLab in headless Chromium and write a PNG; returns a report dict.
 
+    ``full_page`` (default): the PNG shows the whole notebook, every cell (the window is grown to the
+    notebook's height, at most ``max_height`` pixels); otherwise one ``width`` x ``height`` window
+    scrolled to ``scroll_to``. ``require_stored``: wait for (and require) a plot / a widget only
+    where the notebook file's stored outputs show one (``wait_plot`` / ``wait_widget`` still switch
+    each off).
+
     Report keys: ``cells`` (code cells), ``executed`` (cells with an execution count), ``plots``,
-    ``widgets``, ``errors`` (list of error snippets), ``seconds``, ``png``, ``ok``. Raises
-    :class:`ScreenshotError` when it cannot run at all.
+    ``widgets``, ``empty_plots`` (plotly figures without data), ``errors`` (list of error snippets),
+    ``png_size`` ([width, height] of the PNG), ``full_page`` (window height, notebook height, where
+    the last cell ends, ``last_cell_in_png``, ``cut``), ``missing`` (problems other than error
+    output), ``seconds``, ``png``, ``ok``. Raises :class:`ScreenshotError` when it cannot run at all.
     """
     from playwright.sync_api import Error as PWError
     from playwright.sync_api import TimeoutError as PWTimeout
@@ -201,6 +313,9 @@ def screenshot_notebook(notebook: Path, out_png: Path, *, chromium: Optional[str
         root = REPO
     except ValueError:
         root, rel = notebook.parent, Path(notebook.name)
+    if require_stored:
+        stored = stored_outputs(notebook)
+        wait_plot, wait_widget = wait_plot and stored["plots"] > 0, wait_widget and stored["widgets"] > 0
     before = _sha256(notebook)
     out_png.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -281,19 +396,26 @@ def screenshot_notebook(notebook: Path, out_png: Path, *, chromium: Optional[str
                 time.sleep(1.0)  # let plotly finish laying out
                 report["plots"] = len(page.query_selector_all(_PLOT))
                 report["widgets"] = len(page.query_selector_all(_WIDGET))
+                report["empty_plots"] = page.evaluate(_JS_EMPTY_PLOTS)
                 for text in page.evaluate(_JS_OUTPUT_TEXT):
                     for marker in ERROR_MARKERS:
                         if marker in text:
                             report["errors"].append(text.strip()[:400])
                             break
                 report["page_errors"] = console_errors
-                target = {"plot": _PLOT, "widget": _WIDGET}.get(scroll_to)
-                el = page.query_selector(target) if target else None
-                if el is not None:
-                    # put the cell holding it near the top of the notebook's scroll area
-                    el.evaluate("e => (e.closest('.jp-Cell') || e).scrollIntoView({block: 'start'})")
-                    time.sleep(0.5)
-                page.screenshot(path=str(out_png))
+                if full_page:
+                    step = "taking the full-page screenshot"
+                    report["full_page"] = _capture_full_page(page, out_png, width, height, max_height)
+                    report["png_size"] = report["full_page"]["png_size"]
+                else:
+                    target = {"plot": _PLOT, "widget": _WIDGET}.get(scroll_to)
+                    el = page.query_selector(target) if target else None
+                    if el is not None:
+                        # put the cell holding it near the top of the notebook's scroll area
+                        el.evaluate("e => (e.closest('.jp-Cell') || e).scrollIntoView({block: 'start'})")
+                        time.sleep(0.5)
+                    page.screenshot(path=str(out_png))
+                    report["png_size"] = list(png_size(out_png))
             except PWError as exc:
                 with contextlib.suppress(Exception):
                     page.screenshot(path=str(out_png))  # what the page looked like when it failed
@@ -316,6 +438,14 @@ def screenshot_notebook(notebook: Path, out_png: Path, *, chromium: Optional[str
         missing.append("no widget rendered")
     if report.get("executed") != report.get("cells"):
         missing.append("not every code cell ran")
+    if report.get("empty_plots"):
+        missing.append(f"{report['empty_plots']} plotly figure(s) with no data")
+    fp = report.get("full_page")
+    if fp is not None:
+        if fp["cut"]:
+            missing.append(f"the notebook is taller than --max-height {max_height}: the PNG is cut there")
+        elif not fp["last_cell_in_png"]:
+            missing.append("the PNG does not reach the notebook's last cell")
     if not report["notebook_unchanged"]:
         missing.append("the notebook file changed on disk")
     report["missing"] = missing
@@ -330,10 +460,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--chromium", default=None, help="Chromium binary (default: /usr/bin/chromium or $CHROMIUM)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds for the whole run (default 300)")
     ap.add_argument("--width", type=int, default=1280)
-    ap.add_argument("--height", type=int, default=1500)
-    ap.add_argument("--scroll-to", choices=["plot", "widget", "top"], default="plot")
+    ap.add_argument("--height", type=int, default=1500,
+                    help="window height; in full-page mode the starting height (the window grows to the notebook)")
+    ap.add_argument("--viewport", action="store_true",
+                    help="one window (--width x --height, scrolled to --scroll-to), not the whole notebook")
+    ap.add_argument("--max-height", type=int, default=40000,
+                    help="tallest full-page PNG in pixels (default 40000); a taller notebook is cut and reported")
+    ap.add_argument("--scroll-to", choices=["plot", "widget", "top"], default="plot", help="with --viewport")
     ap.add_argument("--no-plot", action="store_true", help="do not require a plotly plot")
     ap.add_argument("--no-widget", action="store_true", help="do not require a widget")
+    ap.add_argument("--require-stored", action="store_true",
+                    help="require a plot / a widget only where the notebook's stored outputs show one")
     ap.add_argument("--keep-logs", action="store_true", help="keep the temporary folder (jupyter.log)")
     args = ap.parse_args(argv)
     if not playwright_available():
@@ -344,7 +481,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         report = screenshot_notebook(args.notebook, args.png, chromium=args.chromium, timeout=args.timeout,
                                      width=args.width, height=args.height, wait_plot=not args.no_plot,
                                      wait_widget=not args.no_widget, scroll_to=args.scroll_to,
-                                     keep_logs=args.keep_logs)
+                                     keep_logs=args.keep_logs, full_page=not args.viewport,
+                                     max_height=args.max_height, require_stored=args.require_stored)
     except ScreenshotError as exc:
         print(f"screenshot: {exc}", file=sys.stderr)
         return 2
