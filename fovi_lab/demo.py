@@ -374,7 +374,7 @@ minutes there; the demo estimates the time first and names a batch that fits:
 def add_arguments(parser) -> None:
     """The options of ``python -m fovi_lab demo``, each checked as it is parsed."""
     from fovi_lab.graph.layers import LAYERS
-    from fovi_lab.ops.arguments import COUNT, backend_name, device_name, layer_name as layer_arg
+    from fovi_lab.ops.arguments import COUNT, backend_name, add_device_option, layer_name as layer_arg
 
     parser.add_argument("--layer", type=layer_arg, default="res18_layer1",
                         help=f"the layer to run: one of {', '.join(LAYERS)}, or a variant <layer>_rf1 / "
@@ -382,8 +382,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--batch", type=COUNT, default=8, help="images in the batch")
     parser.add_argument("--rf", default=None, choices=["rf1", "rf2"],
                         help="reference frame (default: the one the layer's network uses)")
-    parser.add_argument("--device", type=device_name, default=None,
-                        help="cpu or cuda[:i] (default: cuda when torch sees a GPU, else cpu)")
+    add_device_option(parser)
     parser.add_argument("--reps", type=COUNT, default=3, help="timed calls of each pass per backend, whose median is "
                                                               "shown")
     parser.add_argument("--backends", nargs="*", type=backend_name(), default=None, metavar="BACKEND",

@@ -195,7 +195,7 @@ PROG = "python -m fovi_lab bench adjoints"
 
 def add_arguments(parser) -> None:
     """The options of ``python -m fovi_lab bench adjoints``, each checked as it is parsed."""
-    from fovi_lab.ops.arguments import COUNT, LayersAction, device_name, layer_names, out_file, positive_float
+    from fovi_lab.ops.arguments import COUNT, LayersAction, add_device_option, layer_names, out_file, positive_float
 
     parser.add_argument("--layers", nargs="+", type=layer_names(), action=LayersAction, default=list(LAYERS),
                         metavar="LAYER", help="layer names, or all (default: every layer of the table)")
@@ -204,8 +204,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--rounds", type=COUNT, default=3, help="interleaved rounds of the eager step timings")
     parser.add_argument("--reps", type=COUNT, default=20, help="timed calls per candidate and round")
     parser.add_argument("--no-graphs", action="store_true", help="skip the CUDA-graph replays")
-    parser.add_argument("--device", type=device_name, default=None,
-                        help="cpu or cuda[:i] (default: cuda when torch sees a GPU, else cpu)")
+    add_device_option(parser)
     parser.add_argument("--out", type=out_file, default=None,
                         help="JSON-lines file to append the records to (default: none, the summary is printed)")
     parser.add_argument("--shape-timeout", type=positive_float, default=None, metavar="S",

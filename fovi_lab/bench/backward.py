@@ -463,7 +463,7 @@ def add_arguments(parser, mode: str = "backward") -> None:
     """The options of ``python -m fovi_lab bench <mode>`` (``backward`` or ``train-step``), each checked as it is
     parsed; the parsed ``mode`` is ``mode``."""
     from fovi_lab.graph.layers import SYNTHETIC
-    from fovi_lab.ops.arguments import (COUNT, LayersAction, device_name, int_at_least, layer_names, out_file,
+    from fovi_lab.ops.arguments import (COUNT, LayersAction, add_device_option, int_at_least, layer_names, out_file,
                                         positive_float)
 
     kind = "backward" if mode == "backward" else "train_step"
@@ -497,8 +497,7 @@ def add_arguments(parser, mode: str = "backward") -> None:
     parser.add_argument("--out", type=out_file, default=None,
                         help=f"JSON-lines file to append the records to (default: data/{kind}_<device>.jsonl under "
                              f"the current folder)")
-    parser.add_argument("--device", type=device_name, default=None,
-                        help="cpu or cuda[:i] (default: cuda when torch sees a GPU, else cpu)")
+    add_device_option(parser)
     parser.add_argument("--time-budget-s", type=positive_float, default=None, metavar="S",
                         help="start no new shape after this many seconds (the records so far are kept; default: "
                              "no limit)")

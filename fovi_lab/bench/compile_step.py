@@ -128,7 +128,7 @@ lines.
 
 def add_arguments(parser) -> None:
     """The options of ``python -m fovi_lab bench compile``, each checked as it is parsed."""
-    from fovi_lab.ops.arguments import COUNT, backend_name, device_name, out_file
+    from fovi_lab.ops.arguments import COUNT, backend_name, add_device_option, out_file
 
     parser.add_argument("--backends", nargs="+", type=backend_name(trains=True),
                         default=["warp_train", "torch_compact"], metavar="BACKEND",
@@ -138,8 +138,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="fp16", help="the stack's autocast dtype")
     parser.add_argument("--batch", type=COUNT, default=256, help="images per train step")
     parser.add_argument("--reps", type=COUNT, default=50, help="timed train steps per mode")
-    parser.add_argument("--device", type=device_name, default=None,
-                        help="cpu or cuda[:i] (default: cuda when torch sees a GPU, else cpu)")
+    add_device_option(parser)
     parser.add_argument("--out", type=out_file, default=None,
                         help="JSON-lines file to append the records to (default: none, the lines are printed)")
 

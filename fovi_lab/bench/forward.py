@@ -463,7 +463,7 @@ data/forward_<device>.jsonl under the current folder.
 
 def add_arguments(parser) -> None:
     """The options of ``python -m fovi_lab bench forward``, each checked as it is parsed."""
-    from fovi_lab.ops.arguments import (COUNT, LayersAction, device_name, int_at_least, layer_names,
+    from fovi_lab.ops.arguments import (COUNT, LayersAction, add_device_option, int_at_least, layer_names,
                                         non_negative_float, out_file, positive_float)
 
     parser.add_argument("--layers", nargs="*", type=layer_names(), action=LayersAction, default=None,
@@ -501,8 +501,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--out", type=out_file, default=None,
                         help="JSON-lines file to append the records to (default: data/forward_<device>.jsonl "
                              "under the current folder)")
-    parser.add_argument("--device", type=device_name, default=None,
-                        help="cpu or cuda[:i] (default: cuda when torch sees a GPU, else cpu)")
+    add_device_option(parser)
     parser.add_argument("--time-budget-s", type=positive_float, default=None, metavar="S",
                         help="start no new shape after this many seconds (the records so far are kept; default: "
                              "no limit)")

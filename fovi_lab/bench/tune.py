@@ -295,7 +295,7 @@ PROG = "python -m fovi_lab tune"
 
 def add_arguments(parser) -> None:
     """The options of ``python -m fovi_lab tune``, each checked as it is parsed."""
-    from fovi_lab.ops.arguments import COUNT, LayersAction, device_name, int_at_least, layer_names, out_file
+    from fovi_lab.ops.arguments import COUNT, LayersAction, add_device_option, int_at_least, layer_names, out_file
 
     parser.add_argument("--layers", nargs="+", type=layer_names(), action=LayersAction, default=["res18_layer1"],
                         metavar="LAYER", help="layer names, or all")
@@ -303,8 +303,7 @@ def add_arguments(parser) -> None:
                         help="batch sizes to tune each layer at")
     parser.add_argument("--modes", nargs="+", choices=("forward", "train-step"), default=["forward", "train-step"],
                         help="the problems to tune: the forward (inference) and the train step")
-    parser.add_argument("--device", type=device_name, default=None,
-                        help="cpu or cuda[:i] (default: cuda when torch sees a GPU, else cpu)")
+    add_device_option(parser)
     parser.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16", help="the compute dtype to tune for")
     parser.add_argument("--reps", type=COUNT, default=20, help="timed calls per candidate, whose median is kept")
     parser.add_argument("--recorded", type=int_at_least(0), default=3,

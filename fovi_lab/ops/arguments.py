@@ -18,7 +18,7 @@ from typing import Callable, Iterable, List
 
 __all__ = ["CommandParser", "HelpFormatter", "usage_error", "command_words", "int_at_least", "COUNT",
            "positive_float", "non_negative_float", "layer_name", "layer_names", "LayersAction", "expand_layers",
-           "backend_name", "backend_trains", "check_device", "device_name", "device_kind", "out_file",
+           "backend_name", "backend_trains", "check_device", "device_name", "add_device_option", "device_kind", "out_file",
            "existing_file", "existing_folder"]
 
 
@@ -256,6 +256,13 @@ def device_name(text: str) -> str:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)[len("device: "):]) from None
     return text
+
+
+def add_device_option(parser: argparse.ArgumentParser) -> None:
+    """The ``--device`` option of every command that computes: ``cpu`` or ``cuda[:i]``, checked as parsed
+    (:func:`device_name`); None (the default) lets the command take a GPU when torch sees one."""
+    parser.add_argument("--device", type=device_name, default=None,
+                        help="cpu or cuda[:i] (default: cuda when torch sees a GPU, else cpu)")
 
 
 def device_kind(text: str) -> str:
