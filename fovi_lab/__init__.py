@@ -11,6 +11,7 @@ The public API::
 
 The package's folders are its layers, bottom up (no module imports a layer above its own):
 
+    settings   every ``FOVI_*`` environment variable: one table, read on each access, validated (docs/settings.md)
     graph/     geometry (grids, KNN, taps), the real layer table, the index tables (``build_meta``)
     ops/       the reference ops, the backend registry and ``auto``, autograd (``KNNConv``), CUDA graphs
     kernels/   the Warp kernels: ``forward/``, ``adjoint/``, their plumbing and per-device validation

@@ -13,16 +13,16 @@ refused with an error naming the argument.
 
 from __future__ import annotations
 
-import os
 import warnings
 from typing import Optional
 
 import torch
 
+import fovi_lab.settings as settings
 from fovi_lab.ops.registry import register_ops
 from fovi_lab.ops.replay import replayed
 from fovi_lab.graph.meta import TrainingMeta, pad_to
-from fovi_lab.ops.reference import CompactTorchOps, check_forward_args, check_grad_args  # noqa: F401  (CompactTorchOps: importable here, as before)
+from fovi_lab.ops.reference import CompactTorchOps, check_forward_args, check_grad_args  # noqa: F401  (CompactTorchOps: importable here too)
 from fovi_lab.ops.tune_cache import cache_path as tune_cache_path, tuned_forward_config
 from fovi_lab.kernels.adjoint import (grad_input_nm, grad_weight_nm, node_major,  # noqa: F401
                                       plan_grad_input_nm, plan_grad_weight_nm)
@@ -60,10 +60,7 @@ def forward_path() -> str:
     default) is ``compact``: on the H200, replayed, the binned form lost to PyTorch's fastest forward at every B from
     1 to 16 on all 13 layers but the ResNet-18 stem, and to the compact kernels but for 5-16 % gains on three AlexNet
     layers at B = 1 (data/h200/forward_binned.jsonl.gz)."""
-    path = os.environ.get("FOVI_KNN_FWD_PATH") or "auto"
-    if path not in ("binned", "compact", "auto"):
-        raise ValueError(f"FOVI_KNN_FWD_PATH: expected 'binned', 'compact' or 'auto', got {path!r}")
-    return "binned" if path == "binned" else "compact"
+    return "binned" if settings.get("FOVI_KNN_FWD_PATH") == "binned" else "compact"
 
 
 def _forward(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
@@ -123,9 +120,7 @@ def grad_path(meta: Optional[TrainingMeta] = None, dtype: Optional[torch.dtype] 
     else ``"staged"`` (fovi's stage + reverse-index design, the kernels of :mod:`fovi_lab.kernels.adjoint.staged`).
     ``FOVI_KNN_GRAD_PATH=fused|staged|auto`` overrides (``auto``: this rule). Both families have an fp16 and a
     bf16 form, so ``dtype`` (the gradients' compute dtype) does not change the path."""
-    path = os.environ.get("FOVI_KNN_GRAD_PATH") or "auto"
-    if path not in ("fused", "staged", "auto"):
-        raise ValueError(f"FOVI_KNN_GRAD_PATH: expected 'fused', 'staged' or 'auto', got {path!r}")
+    path = settings.get("FOVI_KNN_GRAD_PATH")
     if path == "auto":
         return "fused" if meta is None or meta.cin >= FUSED_MIN_CIN else "staged"
     return path
@@ -136,11 +131,7 @@ def mma_path(which: str) -> str:
     ``warp_train`` on the tensor-core forward of a derived layer, :mod:`fovi_lab.kernels.adjoint.as_forward`),
     ``"off"`` (:func:`grad_path`'s fused / staged kernels) or ``"auto"`` (the default: the tensor cores where
     :func:`fovi_lab.kernels.adjoint.as_forward.select_grad_mma` picks them)."""
-    var = "FOVI_KNN_DX_PATH" if which == "dx" else "FOVI_KNN_DW_PATH"
-    path = os.environ.get(var) or "auto"
-    if path not in ("mma", "off", "auto"):
-        raise ValueError(f"{var}: expected 'mma', 'off' or 'auto', got {path!r}")
-    return path
+    return settings.get("FOVI_KNN_DX_PATH" if which == "dx" else "FOVI_KNN_DW_PATH")
 
 
 def _mma_choice(which: str, meta: TrainingMeta, batch: int, dtype: torch.dtype):

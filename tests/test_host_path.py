@@ -108,7 +108,7 @@ def test_call_cache_sees_new_tables_args_and_env(monkeypatch):
     plan = F.prepare_uncached(x, w, None, meta.input_linear, meta.weight_linear)
     assert plan.out.is_contiguous()                # the staged [Nout, B, Cout] buffer
     monkeypatch.setenv("FOVI_WARP_FWD_STORE", "bogus")
-    with pytest.raises(ValueError, match="store"):
+    with pytest.raises(ValueError, match="FOVI_WARP_FWD_STORE: expected 'staged' or 'direct', got 'bogus'"):
         F.run_uncached(x, w, None, meta.input_linear, meta.weight_linear)
 
 

@@ -1,8 +1,9 @@
 """The package's import graph: no cycles, and no layer imports one above it.
 
 Every ``import`` / ``from ... import`` of a ``fovi_lab`` module counts, at module level or inside a
-function (a deferred import is still a dependency). Layers, bottom up, one folder each: ``graph/``
-(geometry, the layer table, index tables), ``ops/`` (reference ops, registry, dispatch, autograd),
+function (a deferred import is still a dependency). Layers, bottom up, one folder each: ``settings`` (one module:
+the ``FOVI_*`` environment variables, importing nothing of the package), ``graph/`` (geometry, the layer table,
+index tables), ``ops/`` (reference ops, registry, dispatch, autograd),
 ``kernels/`` (Warp only), the applications (``bench/``, ``train``), ``lab/`` (notebook support), and the
 entry points (demo, CLI). Optional backends are found by the registry by module name
 (``fovi_lab.ops.registry.OPTIONAL_BACKEND_MODULES``), which is not an import edge: the ops do not depend on
@@ -16,9 +17,10 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "fovi_lab"
 
-# Bottom up. A module's layer is its folder (``fovi_lab.graph.meta`` is in "graph"); a top-level module is
-# listed by name. ``knn_warp`` is the Warp backend's public surface (the seed's names), a kernels module.
-ORDER = ("graph", "ops", "kernels", "apps", "lab", "entry")
+# Bottom up. A module's layer is its folder (``fovi_lab.graph.meta`` is in "graph"); ``fovi_lab.settings`` is its own
+# layer; another top-level module is listed by name. ``knn_warp`` is the Warp backend's public surface (the seed's
+# names), a kernels module.
+ORDER = ("settings", "graph", "ops", "kernels", "apps", "lab", "entry")
 TOP_LEVEL = {"knn_warp": "kernels", "bench": "apps", "train": "apps", "demo": "entry", "cli": "entry",
              "__main__": "entry"}
 

@@ -1,6 +1,7 @@
 """The replay layer's rules on the CPU (:mod:`fovi_lab.ops.replay`; the replays themselves need CUDA graphs and are
 checked by ``tests/test_gpu_replay.py``): CPU calls run directly, the switch is validated, the signature sees the
-environment's ``FOVI_*`` switches, and only layouts that a strided copy reproduces are replayed."""
+replay mode and the kernel-affecting ``FOVI_*`` variables (which those are: ``tests/test_settings.py``), and only
+layouts that a strided copy reproduces are replayed."""
 
 from __future__ import annotations
 
@@ -42,17 +43,21 @@ def test_mode_is_validated(monkeypatch):
     assert replay.replay_mode() == "auto"
 
 
-def test_signature_sees_the_switches(monkeypatch):
+def test_signature_sees_the_switches_and_the_mode(monkeypatch):
     monkeypatch.delenv("FOVI_KNN_DX_PATH", raising=False)
-    base = replay._switches()
+    meta = object()
+    base = replay._signature("forward", meta, 0, 7, (), "auto")
     monkeypatch.setenv("FOVI_KNN_DX_PATH", "off")
-    assert replay._switches() != base
+    assert replay._signature("forward", meta, 0, 7, (), "auto") != base
     monkeypatch.setenv("FOVI_KNN_DX_PATH", "mma")
-    assert replay._switches() != base
+    assert replay._signature("forward", meta, 0, 7, (), "auto") != base
     monkeypatch.delenv("FOVI_KNN_DX_PATH")
-    assert replay._switches() == base
+    assert replay._signature("forward", meta, 0, 7, (), "auto") == base
+    assert replay._signature("forward", meta, 0, 7, (), "on") != base, "a refusal under auto must not bind 'on'"
     monkeypatch.setenv("NOT_FOVI_SWITCH", "1")
-    assert replay._switches() == base, "only FOVI_* variables belong to the signature"
+    monkeypatch.setenv("FOVI_COMMIT", "abc")
+    assert replay._signature("forward", meta, 0, 7, (), "auto") == base, \
+        "only the kernel-affecting FOVI_* variables belong to the signature"
 
 
 def test_layouts_replayed_only_when_a_strided_copy_reproduces_them():
@@ -64,14 +69,3 @@ def test_layouts_replayed_only_when_a_strided_copy_reproduces_them():
     assert not replay._non_overlapping_dense(torch.randn(4, 1).expand(4, 6))   # overlapping (stride 0)
     s = replay._static_copy(t.permute(2, 0, 1))
     assert s.stride() == t.permute(2, 0, 1).stride() and torch.equal(s, t.permute(2, 0, 1))
-
-
-def test_every_switch_the_package_reads_is_in_the_signature():
-    import re
-    from pathlib import Path
-    import fovi_lab
-    root = Path(fovi_lab.__file__).parent
-    read = {m for p in root.rglob("*.py") for m in re.findall(r"FOVI_[A-Z0-9_]+", p.read_text())}
-    assert read == set(replay.SWITCHES) | set(replay.NOT_SWITCHES), (
-        "a FOVI_* variable of the package is neither a replay switch nor listed as changing no kernel's work: "
-        f"{sorted(read ^ (set(replay.SWITCHES) | set(replay.NOT_SWITCHES)))}")

@@ -28,6 +28,7 @@ from typing import Callable, Dict, List
 
 import torch
 
+import fovi_lab.settings as settings
 from fovi_lab.bench.backward_impls import torch_steps
 from fovi_lab.bench.common import append_jsonl, compact_flops, env_info, time_fn
 from fovi_lab.bench.dtypes import _error, checked_operands
@@ -69,7 +70,7 @@ def _usable(fn, ref, tol) -> tuple:
 
 
 def _log(msg: str) -> None:
-    if os.environ.get("FOVI_BENCH_VERBOSE"):
+    if settings.get("FOVI_BENCH_VERBOSE"):
         print("# " + msg, file=sys.stderr, flush=True)
 
 
@@ -219,14 +220,14 @@ def run(args) -> int:
     from fovi_lab.ops.arguments import command_words, usage_error
 
     for var in _SWITCHES:            # the rule path must be the rule's: no switch may redirect it
-        if os.environ.get(var):
-            usage_error(PROG, f"{var} is set to {os.environ[var]!r}: unset it (the benchmark times every path "
+        if settings.raw(var):
+            usage_error(PROG, f"{var} is set to {settings.raw(var)!r}: unset it (the benchmark times every path "
                               f"itself)")
     if args.device is None:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(args.device)
     words = command_words(getattr(args, "argv", None), "bench", "adjoints")
-    env = dict(env_info(device), commit=os.environ.get("FOVI_COMMIT"), command=" ".join([PROG] + words))
+    env = dict(env_info(device), commit=settings.get("FOVI_COMMIT"), command=" ".join([PROG] + words))
     for layer in args.layers:
         for b in args.batches:
             if args.shape_timeout:

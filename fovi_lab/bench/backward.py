@@ -64,6 +64,7 @@ records are appended after every shape; ``--time-budget-s`` stops starting new s
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -74,8 +75,9 @@ from typing import List
 
 import torch
 
+from fovi_lab.settings import override
 from fovi_lab.bench.common import (Progress, Roofline, append_jsonl, compact_bytes, compact_flops,
-                                   default_record_path, env_info, pipelined_ms, tflops, time_fn)
+                                   default_record_path, env_info, pipelined_ms, records_note, tflops, time_fn)
 from fovi_lab.bench.backward_impls import (_DenseCache, _MIB, _dw_plan_steps, _dx_plan_steps, _frame, _fused_records,
                                            _peak_mib, _warp_pipeline_records, backward_bytes, fused_ceiling,
                                            torch_forwards, torch_steps)
@@ -295,12 +297,11 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
 
     def warp_backend(impl, force=None):
         from fovi_lab.knn_warp import WarpTrainOps
-        old = os.environ.get("FOVI_KNN_GRAD_PATH")
-        if force:
-            os.environ["FOVI_KNN_GRAD_PATH"] = force
         from fovi_lab.ops import replay
         held = replay.resident_bytes(device)
-        try:
+        with contextlib.ExitStack() as forced:
+            if force:
+                forced.enter_context(override(FOVI_KNN_GRAD_PATH=force))
             dx_path, dw_path = grad_paths(meta, b, g.dtype)
             path = dx_path if dx_path == dw_path else f"dx {dx_path}, dW {dw_path}"
             info = _fused_records(meta, x, w, g, device, tm, dense, ref) if path == "fused" else {}
@@ -337,12 +338,6 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
                 if tg and wg:
                     best = min(tg, key=tg.get)
                     wg[0].update(strongest_graphed=best, speedup_vs_strongest_graphed=tg[best] / wg[0]["ms"])
-        finally:
-            if force:
-                if old is None:
-                    os.environ.pop("FOVI_KNN_GRAD_PATH", None)
-                else:
-                    os.environ["FOVI_KNN_GRAD_PATH"] = old
     guarded(warp_impl, lambda: warp_backend(warp_impl))
     if grad_path(meta) != "fused":
         guarded(warp_impl + "_fused", lambda: warp_backend(warp_impl + "_fused", force="fused"))
@@ -468,7 +463,7 @@ def add_arguments(parser, mode: str = "backward") -> None:
 
     kind = "backward" if mode == "backward" else "train_step"
     parser.set_defaults(mode=mode)
-    parser.add_argument("--layers", nargs="*", type=layer_names(synthetic=True), action=LayersAction, default=None,
+    parser.add_argument("--layers", nargs="+", type=layer_names(synthetic=True), action=LayersAction, default=None,
                         metavar="LAYER", help=f"layer names, all, or the synthetic test shapes "
                                               f"{', '.join(SYNTHETIC)} (default: every layer of the table)")
     parser.add_argument("--batches", nargs="+", type=COUNT, default=[64, 128, 512], metavar="B",
@@ -563,6 +558,7 @@ def run(args) -> int:
     _summary(all_recs, args.mode)
     if all_recs:
         print(f"# {len(all_recs)} records appended to {Path(out).resolve()}", flush=True)
+        print(records_note(out), flush=True)
     return 0
 
 

@@ -41,7 +41,7 @@ from typing import Callable, Iterable
 import torch
 
 __all__ = ["Timing", "time_fn", "pipelined_ms", "env_info", "Roofline", "tflops", "gbps", "compact_flops", "compact_bytes",
-           "append_jsonl", "Progress", "default_record_path"]
+           "append_jsonl", "Progress", "default_record_path", "records_note"]
 
 
 @dataclass
@@ -182,6 +182,21 @@ def default_record_path(kind: str, device_name: str) -> Path:
     while "__" in slug:
         slug = slug.replace("__", "_")
     return Path.cwd() / "data" / f"{kind}_{slug or 'device'}.jsonl"
+
+
+def records_note(path) -> str:
+    """One line for after a benchmark's "records appended to" line: whether ``report`` and ``auto`` read the file at
+    ``path`` (they read a checkout's ``data/`` folder beside the shipped records, and nothing else)."""
+    from fovi_lab.ops.records import CHECKOUT_ROOT
+    path = Path(path).resolve()
+    if CHECKOUT_ROOT is None:
+        return (f"# an installed package reads only the records it ships: python -m fovi_lab report --data "
+                f"{path.parent} reads these")
+    data = (CHECKOUT_ROOT / "data").resolve()
+    if path.parent == data:
+        return "# report and auto read them (the checkout's data/)"
+    return (f"# report and auto read the checkout's {data}, not this folder: move the file there, or "
+            f"python -m fovi_lab report --data {path.parent}")
 
 
 class Progress:

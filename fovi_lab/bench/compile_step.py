@@ -25,6 +25,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+import fovi_lab.settings as settings
 from fovi_lab.bench.common import append_jsonl, env_info, pipelined_ms, time_fn
 from fovi_lab.graph.layers import layer_meta
 from fovi_lab.ops.autograd import KNNConv
@@ -101,7 +102,7 @@ def bench_compile(backend: str, batch: int = 256, device="cuda", reps: int = 50,
             torch.cuda.synchronize(device)
         first_s = time.perf_counter() - t0
         one = time_fn(step, device, warmup=3, reps=reps)
-        out.append(dict(env_info(device), kind="compile_step", commit=os.environ.get("FOVI_COMMIT"), net=net,
+        out.append(dict(env_info(device), kind="compile_step", commit=settings.get("FOVI_COMMIT"), net=net,
                         dtype=dtype if net == "stack" else None, backend=backend, mode=mode, B=batch,
                         ms=pipelined_ms(step, device, warmup=3, reps=reps), ms_one=one.ms, reps=one.reps,
                         compile_s=first_s if mode == "compiled" else None, first_call_s=first_s))

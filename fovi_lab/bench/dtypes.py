@@ -25,6 +25,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
+import fovi_lab.settings as settings
 from fovi_lab.bench.backward_impls import torch_forwards, torch_steps
 from fovi_lab.bench.common import append_jsonl, compact_flops, env_info, time_fn
 from fovi_lab.graph.layers import LAYERS, layer_meta
@@ -196,7 +197,7 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     """Run the dtype benchmark as ``args`` say (the options of :func:`add_arguments`); returns 0."""
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    env = dict(env_info(device), commit=os.environ.get("FOVI_COMMIT"))
+    env = dict(env_info(device), commit=settings.get("FOVI_COMMIT"))
     recs = []
     for layer in args.layers:
         for b in args.batches:

@@ -35,6 +35,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+import fovi_lab.settings as settings
 from fovi_lab.bench.common import time_fn
 from fovi_lab.graph.layers import layer_meta
 from fovi_lab.ops import tune_cache
@@ -357,7 +358,7 @@ def run(args) -> int:
         from fovi_lab.bench.common import append_jsonl, env_info
         from fovi_lab.ops.arguments import command_words
         words = command_words(getattr(args, "argv", None), "tune")
-        prov = dict(commit=os.environ.get("FOVI_COMMIT"), command=" ".join([PROG] + words))
+        prov = dict(commit=settings.get("FOVI_COMMIT"), command=" ".join([PROG] + words))
         append_jsonl(args.out, [dict(env_info(args.device), kind="tune", key=k, **prov, **e) for k, e in entries.items()])
         print(f"{len(entries)} entries appended to {os.path.abspath(args.out)}")
     return 0

@@ -25,7 +25,6 @@ grad-input reduction gather instead of scatter, so it is deterministic without a
 
 from __future__ import annotations
 
-import os
 import threading
 import weakref
 from dataclasses import dataclass, field, replace
@@ -33,6 +32,8 @@ from typing import Callable, Dict, List
 
 import numpy as np
 import torch
+
+import fovi_lab.settings as settings
 
 __all__ = ["TrainingMeta", "build_meta", "validate_meta", "transposed_meta", "tap_meta", "pad_to", "synthetic_graph",
            "SYNTHETIC_SHAPES", "meta_aux"]
@@ -222,14 +223,7 @@ def on_derived_meta_released(hook: Callable[[TrainingMeta], None]) -> None:
 
 def derived_table_limit() -> int:
     """The byte budget for one derived layer's index tables: ``FOVI_KNN_TAP_TABLE_MIB`` (default 512 MiB)."""
-    raw = os.environ.get("FOVI_KNN_TAP_TABLE_MIB", "512")
-    try:
-        mib = int(raw)
-    except ValueError:
-        raise ValueError(f"FOVI_KNN_TAP_TABLE_MIB: expected a whole number of MiB, got {raw!r}") from None
-    if mib < 0:
-        raise ValueError(f"FOVI_KNN_TAP_TABLE_MIB: expected a number of MiB >= 0, got {mib}")
-    return mib << 20
+    return settings.get("FOVI_KNN_TAP_TABLE_MIB") << 20
 
 
 def _check_table_budget(what: str, rows: int, slots: int, detail: str) -> None:

@@ -218,8 +218,8 @@ def replay_check(layer: str = "res18_layer1", batch: int = 16, device: str = "cu
     """On a GPU: ``warp_train``'s step (forward with bias, dx, dW) called three times (direct, captured, replayed) and
     once more after an in-place update of x and the weight, each against the same calls with ``FOVI_KNN_REPLAY=off``;
     returns one line saying whether every output was bitwise equal and how many calls were replayed."""
-    import os
     from fovi_lab.graph.layers import layer_meta
+    from fovi_lab.settings import override
     from fovi_lab.knn_warp import WarpTrainOps
     from fovi_lab.ops import replay
     if torch.device(device).type != "cuda" or not torch.cuda.is_available():
@@ -236,15 +236,8 @@ def replay_check(layer: str = "res18_layer1", batch: int = 16, device: str = "cu
         return (WarpTrainOps.forward(meta, x, w, bias),) + tuple(WarpTrainOps.backward_combined(meta, g, x, w))
 
     def direct():
-        old = os.environ.get("FOVI_KNN_REPLAY")
-        os.environ["FOVI_KNN_REPLAY"] = "off"
-        try:
+        with override(FOVI_KNN_REPLAY="off"):
             return step()
-        finally:
-            if old is None:
-                os.environ.pop("FOVI_KNN_REPLAY")
-            else:
-                os.environ["FOVI_KNN_REPLAY"] = old
 
     before = replay.stats()["replayed"]
     want = direct()

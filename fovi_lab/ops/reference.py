@@ -13,24 +13,25 @@
 
 from __future__ import annotations
 
-import os
 from typing import Tuple
 
 import torch
 
+import fovi_lab.settings as settings
 from fovi_lab.graph.meta import TrainingMeta, meta_aux, pad_to, validate_meta
 from fovi_lab.ops.checks import check_operands
 
 __all__ = [
     "oracle_forward", "pad_flat_input", "grad_accum_dtype", "stage_budget_bytes", "node_chunk",
-    "CompactTorchOps", "build_effective_weight", "check_forward_args", "check_grad_args", "binned_forward", "batch_chunk",
+    "CompactTorchOps", "build_effective_weight", "check_forward_args", "check_grad_args", "NOT_GIVEN", "binned_forward",
+    "batch_chunk",
     "BinnedTorchOps",
 ]
 
 
 def stage_budget_bytes() -> int:
     """Stage/temporary memory budget: ``FOVI_KNN_STAGE_MIB`` MiB (default 512)."""
-    return int(float(os.environ.get("FOVI_KNN_STAGE_MIB", "512")) * (1 << 20))
+    return int(settings.get("FOVI_KNN_STAGE_MIB") * (1 << 20))
 
 
 def node_chunk(meta: TrainingMeta, batch: int, itemsize: int, budget: int | None = None) -> int:
@@ -75,18 +76,23 @@ def _shape_of(t) -> object:
     return tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
 
 
-def check_grad_args(meta: TrainingMeta, grad_y: torch.Tensor, weight=None, x=None) -> None:
+#: The default of :func:`check_grad_args`' operands: not part of this call (an operand passed as None is refused).
+NOT_GIVEN = object()
+
+
+def check_grad_args(meta: TrainingMeta, grad_y: torch.Tensor, weight=NOT_GIVEN, x=NOT_GIVEN) -> None:
     """Raise a clear error when grad_y / weight / x of an adjoint call do not match the meta (names the
     argument): ``grad_y [B, Cout, Nout]``, ``weight [Cout, Q]``, ``x [B, Cin, Nin]``, one device and dtype, each a
-    floating-point tensor with values (:func:`fovi_lab.ops.checks.check_operands`)."""
-    check_operands(grad_y=grad_y, **{n: t for n, t in (("weight", weight), ("x", x)) if t is not None})
+    floating-point tensor with values (:func:`fovi_lab.ops.checks.check_operands`). ``weight`` / ``x``: pass the
+    ones the call takes (dx takes the weight, dW takes x); one passed as None is refused."""
+    check_operands(grad_y=grad_y, **{n: t for n, t in (("weight", weight), ("x", x)) if t is not NOT_GIVEN})
     validate_meta(meta)
     if not isinstance(grad_y, torch.Tensor) or grad_y.dim() != 3 or tuple(grad_y.shape[1:]) != (meta.cout, meta.nout):
         raise ValueError(f"grad_y: expected shape [B, Cout={meta.cout}, Nout={meta.nout}], got {_shape_of(grad_y)}")
     if grad_y.shape[0] < 1:
         raise ValueError("grad_y: batch must be >= 1")
     for name, t, shape in (("weight", weight, (meta.cout, meta.q)), ("x", x, (grad_y.shape[0], meta.cin, meta.nin))):
-        if t is None:
+        if t is NOT_GIVEN:
             continue
         if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
             want = "[Cout={}, Q=Cin*V={}]".format(*shape) if name == "weight" else \

@@ -6,7 +6,8 @@ waits on the host, and the eager step runs several times slower than the same st
 (:mod:`fovi_lab.ops.graphs`; the replayed and eager ``warp_train`` rows of ``fovi_lab/records/h200/train_step.jsonl.gz``).
 
 So the backends replay such calls themselves. Per *signature* (the op, the layer, each tensor's shape, strides
-and dtype, the device, torch's current stream and the ``FOVI_*`` switches of the environment):
+and dtype, the device, torch's current stream, the replay mode and the ``FOVI_*`` variables that change a kernel's
+work, :func:`fovi_lab.settings.snapshot`):
 
 1. the first call runs directly: Warp compiles and checks its kernels, the layer's derived tables are built
    (outside any graph's memory pool);
@@ -39,13 +40,14 @@ serialised by a lock: its static tensors are shared.
 
 from __future__ import annotations
 
-import os
 import threading
 import warnings
 from collections import OrderedDict
 from typing import Callable, Dict, Optional
 
 import torch
+
+import fovi_lab.settings as settings
 
 __all__ = ["replay_mode", "replayed", "clear", "resident_bytes", "stats", "MAX_BYTES", "MAX_ENTRIES",
            "MAX_RESIDENT_BYTES"]
@@ -64,34 +66,8 @@ _lock = threading.Lock()
 _entries: "OrderedDict[tuple, _Entry]" = OrderedDict()
 _counts: Dict[str, int] = {"direct": 0, "captured": 0, "replayed": 0, "refused": 0}
 
-#: The environment variables that pick a path, a config or a table of the Warp backends: part of every signature
-#: (a changed switch captures a new graph instead of replaying the old path). ``tests/test_replay.py`` checks that
-#: every ``FOVI_*`` name the package reads is here or in :data:`NOT_SWITCHES`.
-SWITCHES = (
-    "FOVI_KNN_DW_PATH", "FOVI_KNN_DW_SEG", "FOVI_KNN_DX_PATH", "FOVI_KNN_DX_SEG", "FOVI_KNN_FINISH",
-    "FOVI_KNN_FUSED_PARTIAL_MIB", "FOVI_KNN_FWD_PATH", "FOVI_KNN_GI_CONFIG", "FOVI_KNN_GRAD_PATH",
-    "FOVI_KNN_GRAD_STAGE_FP32", "FOVI_KNN_GRAD_STAGE_MIB", "FOVI_KNN_GW_CONFIG", "FOVI_KNN_GW_FINISH",
-    "FOVI_KNN_REPLAY", "FOVI_KNN_STAGE_MIB", "FOVI_KNN_TAP_TABLE_MIB", "FOVI_TUNE_CACHE", "FOVI_WARP_FWD_STORE",
-    "FOVI_WARP_I2C_GATHER", "FOVI_WARP_I2C_MIB", "FOVI_WARP_MATHDX", "FOVI_WARP_MMA", "FOVI_WARP_MMAPS_CTAS",
-    "FOVI_WARP_MMAS_WARPS", "FOVI_WARP_SIMTS_THREADS", "FOVI_WARP_STEM_SIMT",
-)
-#: ``FOVI_*`` names the package reads that change no kernel's work (benchmark labels and logging).
-NOT_SWITCHES = ("FOVI_COMMIT", "FOVI_BENCH_VERBOSE")
-
-# os.environ's raw mapping (CPython, keys as bytes on POSIX): one lookup per switch (a scan of the whole environment
-# took 14 us per call on the H200 machine, data/h200/replay_host_profile.jsonl)
-_raw_env = getattr(os.environ, "_data", None)
-_RAW_KEYS = tuple(k.encode() if os.name == "posix" else k for k in SWITCHES)
 # torch's current raw stream handle by device index (see fovi_lab.kernels.common.warp_stream)
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-
-
-def _switches() -> tuple:
-    """The values of :data:`SWITCHES` now (None where unset)."""
-    if _raw_env is not None:
-        get = _raw_env.get
-        return tuple(get(k) for k in _RAW_KEYS)
-    return tuple(os.environ.get(k) for k in SWITCHES)
 
 
 def _count(what: str) -> None:
@@ -101,10 +77,14 @@ def _count(what: str) -> None:
 
 def replay_mode() -> str:
     """``FOVI_KNN_REPLAY``: ``auto`` (the default rule of the module docstring), ``on`` or ``off``."""
-    mode = (os.environ.get("FOVI_KNN_REPLAY") or "auto").lower()
-    if mode not in ("auto", "on", "off"):
-        raise ValueError(f"FOVI_KNN_REPLAY: expected 'auto', 'on' or 'off', got {mode!r}")
-    return mode
+    return settings.get("FOVI_KNN_REPLAY")
+
+
+def _signature(op: str, meta, device_index, stream, tensors: tuple, mode: str) -> tuple:
+    """A call's cache key: the op, the layer, the device and stream, each tensor's layout, the replay mode and the
+    kernel-affecting ``FOVI_*`` variables (:func:`fovi_lab.settings.snapshot`: a changed switch captures a new
+    graph instead of replaying the old path)."""
+    return (op, id(meta), device_index, stream, tensors, mode, settings.snapshot())
 
 
 class _Entry:
@@ -173,7 +153,7 @@ def replayed(op: str, meta, fn: Callable, *args):
         return fn(*args)
     dev = first.device
     stream = _raw_stream(dev.index) if _raw_stream is not None else torch.cuda.current_stream(dev).cuda_stream
-    key = (op, id(meta), dev.index, stream, tensors, _switches())
+    key = _signature(op, meta, dev.index, stream, tensors, mode)
     with _lock:
         e = _entries.get(key)
         if e is None:

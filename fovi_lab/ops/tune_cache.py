@@ -2,8 +2,8 @@
 
 A *problem* is a layer shape ``(cin, cout, nin, nout, k, p64, v)``, a batch ``B``, a dtype and a mode
 (``"forward"``: inference, ``"train-step"``: forward + both gradients); a *setup* is the device's name and
-compute capability, the fovi-lab, Warp and PyTorch versions and the switches that change which kernels exist
-(``FOVI_WARP_MATHDX``, ``FOVI_WARP_MMA``, ``FOVI_WARP_STEM_SIMT``, ``FOVI_WARP_FWD_STORE``).
+compute capability, the fovi-lab, Warp and PyTorch versions and the ``FOVI_*`` variables that change a kernel's
+work (those set, :data:`fovi_lab.settings.KERNEL_AFFECTING`, in the table's order).
 ``python -m fovi_lab tune`` (:mod:`fovi_lab.bench.tune`) times the candidates of a problem on the user's device
 and stores the winner here; ``backend="auto"`` reads it before the recorded rule
 (:func:`fovi_lab.ops.dispatch.select_backend`), and the Warp forward runs the tuned config
@@ -29,12 +29,12 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
+import fovi_lab.settings as settings
+
 __all__ = ["cache_path", "setup_key", "problem_key", "entry_key", "load", "reload", "lookup", "store",
            "tuned_choice", "tuned_forward_config", "bypass", "FORMAT"]
 
 FORMAT = 1
-_ENV_SWITCHES = ("FOVI_WARP_MATHDX", "FOVI_WARP_MMA", "FOVI_WARP_STEM_SIMT", "FOVI_WARP_FWD_STORE", "FOVI_KNN_GRAD_PATH",
-                 "FOVI_KNN_DX_PATH", "FOVI_KNN_DW_PATH", "FOVI_KNN_FWD_PATH")
 _lock = threading.RLock()
 _ENTRIES: Optional[Dict[str, dict]] = None
 _SETUPS: Dict[str, str] = {}
@@ -44,9 +44,9 @@ _bypass = threading.local()
 
 def cache_path() -> Path:
     """Where the cache lives: ``$FOVI_TUNE_CACHE``, else ``$XDG_CACHE_HOME/fovi_lab/tune.json``."""
-    env = os.environ.get("FOVI_TUNE_CACHE")
-    if env:
-        return Path(env)
+    path = settings.get("FOVI_TUNE_CACHE")
+    if path is not None:
+        return path
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "fovi_lab" / "tune.json"
 
@@ -62,8 +62,13 @@ def _versions() -> str:
         wv = warp.config.version
     except ImportError:
         wv = None
-    switches = ",".join(f"{k}={os.environ[k]}" for k in _ENV_SWITCHES if k in os.environ)
-    return f"fovi-lab {fv}/warp {wv}/torch {torch.__version__}" + (f"/{switches}" if switches else "")
+    return f"fovi-lab {fv}/warp {wv}/torch {torch.__version__}"
+
+
+def _switches() -> str:
+    """``"/<name>=<value>,..."`` of the kernel-affecting ``FOVI_*`` variables that are set, or ``""``."""
+    switches = ",".join(f"{k}={v}" for k, v in settings.kernel_values().items())
+    return f"/{switches}" if switches else ""
 
 
 def setup_key(device) -> str:
@@ -71,7 +76,7 @@ def setup_key(device) -> str:
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    key = (str(device), tuple(os.environ.get(k) for k in _ENV_SWITCHES))
+    key = (str(device), settings.snapshot())
     hit = _SETUPS.get(key)
     if hit is None:
         if device.type == "cuda":
@@ -79,7 +84,7 @@ def setup_key(device) -> str:
             name, arch = torch.cuda.get_device_name(device), f"sm_{major}{minor}"
         else:
             name, arch = device.type, device.type
-        hit = _SETUPS[key] = f"{name}/{arch}/{_versions()}"
+        hit = _SETUPS[key] = f"{name}/{arch}/{_versions()}{_switches()}"
     return hit
 
 

@@ -21,6 +21,7 @@ import torch
 from fovi_lab.bench.common import env_info
 from fovi_lab.graph.layers import layer_meta
 from fovi_lab.knn_warp import WarpTrainOps
+from fovi_lab import settings
 from fovi_lab.ops import replay
 
 
@@ -70,7 +71,7 @@ def main() -> int:
             rec["copy_in_us"] = per_call_us(lambda: s.copy_(s), args.steps)[0]
             o = e.step.outputs[0]
             rec["clone_out_us"] = per_call_us(lambda: o.clone(), args.steps)[0]
-        rec["switches_us"] = per_call_us(replay._switches, args.steps)[0]
+        rec["switches_us"] = per_call_us(settings.snapshot, args.steps)[0]
         rec["capturing_check_us"] = per_call_us(torch.cuda.is_current_stream_capturing, args.steps)[0]
         pr = cProfile.Profile()
         pr.enable()

@@ -9,11 +9,11 @@ override the defaults, ``FOVI_KNN_GRAD_STAGE_MIB`` bounds the stage (default 256
 
 # No `from __future__ import annotations`: Warp resolves kernel annotations (closure dtypes) at decoration.
 
-import os
 from typing import Dict, Optional, Tuple
 
 import torch
 
+import fovi_lab.settings as settings
 from fovi_lab.ops.reference import stage_budget_bytes
 
 
@@ -88,16 +88,9 @@ _BF16_SUFFIX = "_bf16"      # bf16 operands (and fp32 staging: the bf16 kernels 
 _MODULE_OPTIONS = {"fast_math": True}
 
 
-def _env_flag(name: str, default: bool = False) -> bool:
-    v = os.environ.get(name)
-    if v is None or v.strip() == "":
-        return default
-    return v.strip().lower() not in ("0", "false", "no", "off")
-
-
 def stage_fp32_default() -> bool:
     """fp32 staging when ``FOVI_KNN_GRAD_STAGE_FP32=1`` (default fp16, like the seed)."""
-    return _env_flag("FOVI_KNN_GRAD_STAGE_FP32", False)
+    return settings.get("FOVI_KNN_GRAD_STAGE_FP32")
 
 
 def _split_name(name: str) -> Tuple[str, bool]:
@@ -182,7 +175,7 @@ def select_gi_config(batch: int, nout: Optional[int] = None, device=None, cin: O
     (``cin`` < 16) with at least ``_STAGED_OPERAND_MIN_WORK`` staged elements: the staged-operand
     variants (gi2i at B <= 64, gi3i above).
     """
-    env = os.environ.get("FOVI_KNN_GI_CONFIG")
+    env = settings.get("FOVI_KNN_GI_CONFIG")
     if env:
         return env
     small = batch <= 64
@@ -205,7 +198,7 @@ def select_gw_config(cout: int, cin: Optional[int] = None, batch: Optional[int] 
                       nout: Optional[int] = None, p64: Optional[int] = None) -> str:
     """Default gw config (``FOVI_KNN_GW_CONFIG`` overrides): gw3, 64-wide o tile when Cout <= 64; the
     staged-operand gw3i for stems with at least ``_STAGED_OPERAND_MIN_WORK`` staged elements."""
-    env = os.environ.get("FOVI_KNN_GW_CONFIG")
+    env = settings.get("FOVI_KNN_GW_CONFIG")
     if env:
         return env
     name = DEFAULT_GW_CONFIG_NARROW if cout <= 64 else DEFAULT_GW_CONFIG
@@ -227,5 +220,5 @@ def grad_stage_budget_bytes() -> int:
     ``Nout * Bchunk/tile_b`` full tiles). ``FOVI_KNN_STAGE_MIB`` (the torch reference's budget, default
     512) stays a hard cap.
     """
-    grad = int(float(os.environ.get("FOVI_KNN_GRAD_STAGE_MIB", "256")) * (1 << 20))
+    grad = int(settings.get("FOVI_KNN_GRAD_STAGE_MIB") * (1 << 20))
     return min(stage_budget_bytes(), grad)

@@ -22,11 +22,11 @@ No stage and no atomics: both gradients are bitwise deterministic. Every kernel 
 
 # No `from __future__ import annotations`: Warp resolves kernel annotations (closure dtypes) at decoration.
 
-import os
 from typing import Dict, Optional, Tuple
 
 import torch
 
+import fovi_lab.settings as settings
 from fovi_lab.kernels.common import built_once, init_warp, wp
 
 
@@ -98,10 +98,7 @@ def select_dw_nm_config(cout: int, cin: int, batch: Optional[int] = None) -> str
 
 def _budget_bytes() -> int:
     """Budget of the dW partial sums (``FOVI_KNN_FUSED_PARTIAL_MIB``, default 64 MiB)."""
-    try:
-        return int(float(os.environ.get("FOVI_KNN_FUSED_PARTIAL_MIB", "64")) * (1 << 20))
-    except ValueError:
-        raise ValueError("FOVI_KNN_FUSED_PARTIAL_MIB: expected a number of MiB") from None
+    return int(settings.get("FOVI_KNN_FUSED_PARTIAL_MIB") * (1 << 20))
 
 def _elem(bf16: bool):
     """(Warp element type, kernel-name suffix) of the fp16 or the bf16 kernels: bf16 tiles go through the same

@@ -9,13 +9,13 @@ back to the staged adjoints).
 
 # No `from __future__ import annotations`: Warp resolves kernel annotations (closure dtypes) at decoration.
 
-import os
 from typing import Optional, Tuple
 
 import torch
 
+import fovi_lab.settings as settings
 from fovi_lab.graph.meta import TrainingMeta, pad_to, validate_meta
-from fovi_lab.ops.reference import check_grad_args
+from fovi_lab.ops.reference import NOT_GIVEN, check_grad_args
 from fovi_lab.kernels.common import (built_once, check_once, check_tensor, fast_launch, init_warp, nan_canary, warp_ct,
                                      warp_device, wp)
 from fovi_lab.kernels.forward.plans import DIRECT_STORE_MAX_BYTES
@@ -121,10 +121,7 @@ def _finish_mode() -> str:
     """``FOVI_KNN_FINISH``: ``native`` (the default: the fused adjoints' partial sums through
     :func:`seg_finish_tiled_kernel` where its check passed) or ``warp`` (:func:`seg_finish_kernel` for segments and
     :func:`_dw_finish_kernel` / PyTorch's sum for dW's splits, for A/B runs)."""
-    mode = (os.environ.get("FOVI_KNN_FINISH") or "native").lower()
-    if mode not in ("native", "warp"):
-        raise ValueError(f"FOVI_KNN_FINISH: expected 'native' or 'warp', got {mode!r}")
-    return mode
+    return settings.get("FOVI_KNN_FINISH")
 
 
 def seg_finish_ok(device: str) -> bool:
@@ -434,7 +431,7 @@ def _dw_finish_kernel():
         wp.tile_store(dw[o], wp.tile_transpose(acc), offset=(ct * TC, v0))
     return fovi_dw_finish
 
-def _check(meta, grad_y, weight=None, x=None):
+def _check(meta, grad_y, weight=NOT_GIVEN, x=NOT_GIVEN):
     # shapes against the layer; the reverse lists must agree with the tables (the kernels read only them)
     validate_meta(meta)
     check_tensor("grad_y", grad_y)                          # the dtype first: the kernels are fp16 or bf16
@@ -461,7 +458,7 @@ def _kernel(kind: str, config: Optional[str], default: str, device: str, bf16: b
 def _seg_request(env: str, arg) -> Optional[object]:
     """``seg_steps`` argument or ``env`` override: None/"auto" -> the default rule, 0/"off" -> whole lists,
     an int >= 1 -> segments of that many steps."""
-    v = arg if arg is not None else (os.environ.get(env) or "auto")
+    v = arg if arg is not None else settings.get(env)
     if v in ("auto", None):
         return "auto"
     if v in ("off", 0, "0"):

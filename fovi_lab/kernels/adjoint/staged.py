@@ -18,9 +18,9 @@ listed), and outputs are prefilled with NaN in the tests so an unwritten entry s
 
 # No `from __future__ import annotations`: Warp resolves kernel annotations (closure dtypes) at decoration.
 
-import os
 from typing import Optional
 
+import fovi_lab.settings as settings
 from fovi_lab.kernels.common import init_warp, wp
 from fovi_lab.kernels.adjoint.configs import (_BF16_SUFFIX, CSR_KERNEL_SPECS, _F32_SUFFIX, _GI_TILE_O,
                                               GRAD_INPUT_CONFIG_SPECS, GRAD_WEIGHT_CONFIG_SPECS, _GW_TILE_B,
@@ -30,10 +30,7 @@ from fovi_lab.kernels.adjoint.configs import (_BF16_SUFFIX, CSR_KERNEL_SPECS, _F
 def _mathdx_env() -> Optional[bool]:
     """``FOVI_WARP_MATHDX=0/1`` forces the scalar / cuBLASDx tile GEMM (shared with the forward kernels);
     unset: Warp's own default (cuBLASDx on CUDA)."""
-    env = os.environ.get("FOVI_WARP_MATHDX")
-    if env is None or env.strip() == "":
-        return None
-    return env.strip().lower() not in ("0", "false", "no", "off")
+    return settings.get("FOVI_WARP_MATHDX")
 
 
 def _kernel_options(block_dim: Optional[int], module_options: Optional[dict]) -> dict:

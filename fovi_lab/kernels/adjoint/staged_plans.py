@@ -6,14 +6,14 @@ so benchmarks and CUDA-graph capture can run the kernels without the host work.
 
 # No `from __future__ import annotations`: Warp resolves kernel annotations (closure dtypes) at decoration.
 
-import os
 import warnings
 from typing import Optional
 
 import torch
 
+import fovi_lab.settings as settings
 from fovi_lab.graph.meta import TrainingMeta, meta_aux, pad_to, validate_meta
-from fovi_lab.ops.reference import CompactTorchOps, check_grad_args
+from fovi_lab.ops.reference import NOT_GIVEN, CompactTorchOps, check_grad_args
 from fovi_lab.kernels.common import check_tensor, fast_launch, gather_rows, warp_ct, warp_device
 from fovi_lab.kernels.layout import swap_axes_into, transpose_into
 from fovi_lab.kernels.adjoint.configs import (_BF16_SUFFIX, _F32_SUFFIX, _GW_TILE_B, select_gi_config,
@@ -109,7 +109,7 @@ _MAX_STAGE_ELEMS = 2**31 - 1    # keep every stage index in int32 range
 _STAGED_DTYPES = (torch.float16, torch.bfloat16)
 
 
-def _check_common(meta: TrainingMeta, grad_y: torch.Tensor, weight=None, x=None) -> None:
+def _check_common(meta: TrainingMeta, grad_y: torch.Tensor, weight=NOT_GIVEN, x=NOT_GIVEN) -> None:
     # shapes against the layer, and a table or reverse list that disagrees with idx / rf_index is refused
     validate_meta(meta)
     check_tensor("grad_y", grad_y, dtype=_STAGED_DTYPES)     # the dtype first: the Warp kernels are fp16 or bf16
@@ -396,7 +396,7 @@ def plan_grad_weight(meta, grad_y, x, config=None, *, stage_fp32=None, finish=No
     _check_common(meta, grad_y, x=x)
     check_tensor("x", x, dtype=grad_y.dtype, dim=3, shape=(grad_y.shape[0], meta.cin, meta.nin),
                  device=grad_y.device, contiguous=True)
-    finish = (os.environ.get("FOVI_KNN_GW_FINISH") or "csr") if finish is None else finish
+    finish = settings.get("FOVI_KNN_GW_FINISH") if finish is None else finish
     if finish not in ("csr", "index_add"):
         raise ValueError(f"finish: expected 'csr' or 'index_add', got {finish!r}")
     name, explicit = _resolve("gw", config, select_gw_config(meta.cout, meta.cin, grad_y.shape[0], meta.nout,

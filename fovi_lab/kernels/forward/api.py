@@ -7,13 +7,13 @@ on an H200), so a call's checks, table analysis and config choice are cached per
 
 from __future__ import annotations
 
-import os
 import threading
 import warnings
 from typing import Dict, Optional, Tuple
 
 import torch
 
+import fovi_lab.settings as settings
 from fovi_lab.graph.meta import on_derived_meta_released, pad_to
 from fovi_lab.ops.graphs import keep_alive_while_captured
 from fovi_lab.kernels.common import check_tensor, warp_device
@@ -39,11 +39,15 @@ def make_dense_ceiling(config: str, batch: int, cout: int, nout: int, kdim: int,
 # (one compact layer is 0.03-0.1 ms of GPU work on the H200), and the checks, table analysis and config
 # lookup cost more host time than the launch itself. The key holds every property those steps read
 # (shapes, dtypes, devices, the tables' identity, version and storage, the config and store requests,
-# the env switches, the validated-config generation); a hit re-checks the tables' weak references, so a
-# new table at a recycled address is never mistaken for the old one.
+# the ``FOVI_*`` variables of :data:`_CALL_SWITCHES`, the validated-config generation); a hit re-checks the
+# tables' weak references, so a new table at a recycled address is never mistaken for the old one.
 _call_lock = threading.Lock()
 _CALLS: Dict[Tuple, Tuple] = {}
 _CALLS_MAX = 256
+#: The variables read while a call is resolved or its runner built (both cached per signature). The i2c stage's
+#: budget and gather (``FOVI_WARP_I2C_MIB``, ``FOVI_WARP_I2C_GATHER``) are read per call and key its chunk plans.
+_CALL_SWITCHES = ("FOVI_WARP_FWD_STORE", "FOVI_WARP_MATHDX", "FOVI_WARP_STEM_SIMT", "FOVI_WARP_MMA",
+                  "FOVI_WARP_SIMTS_THREADS", "FOVI_WARP_MMAS_WARPS", "FOVI_WARP_MMAPS_CTAS")
 
 
 def _forget_tables(meta) -> None:
@@ -66,14 +70,11 @@ def _call_key(x, weight, bias, il, wl, config, store, out_dtype=None) -> Optiona
             and (bias is None or isinstance(bias, T)) and (config is None or isinstance(config, str))
             and (store is None or isinstance(store, str))):
         return None
-    env = os.environ
     return (x.shape, x.dtype, x.device, weight.shape, weight.dtype, weight.device,
             None if bias is None else (bias.shape, bias.dtype, bias.device),
             id(il), il._version, il.data_ptr(), il.shape, il.dtype, il.device, il.is_contiguous(),
             id(wl), wl._version, wl.data_ptr(), wl.shape, wl.dtype, wl.device, wl.is_contiguous(),
-            config, store, out_dtype, env.get("FOVI_WARP_FWD_STORE"), env.get("FOVI_WARP_MATHDX"), env.get("FOVI_WARP_STEM_SIMT"),
-            env.get("FOVI_WARP_MMA"),
-            VALIDATED.generation)
+            config, store, out_dtype, settings.snapshot(_CALL_SWITCHES), VALIDATED.generation)
 
 
 def prepare_uncached(x, weight, bias, input_linear, weight_linear, config=None, store=None, out_dtype=None) -> Plan:

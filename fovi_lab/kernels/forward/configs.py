@@ -43,6 +43,8 @@ import tomllib
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
+import fovi_lab.settings as settings
+
 
 # p-tile width of the gather family: the index tables are padded to P64, a multiple of 64.
 _GATHER_TILE_K = 64
@@ -124,12 +126,9 @@ def cached_config_names():
 
 
 def mathdx_default() -> Optional[bool]:
-    """``FOVI_WARP_MATHDX=0`` builds the scalar-GEMM variant (fast compile, slow kernel); default:
-    Warp's own setting (MathDx/cuBLASDx on CUDA)."""
-    env = os.environ.get("FOVI_WARP_MATHDX")
-    if env is None or env == "":
-        return None
-    return env not in ("0", "false", "False", "no")
+    """``FOVI_WARP_MATHDX=0`` builds the scalar-GEMM variant (fast compile, slow kernel), ``1`` the MathDx one;
+    None (unset): Warp's own setting (MathDx/cuBLASDx on CUDA)."""
+    return settings.get("FOVI_WARP_MATHDX")
 
 
 # The tensor-core families (fovi_lab.kernels.forward.mma): "mma" + "s" (p loop split) + "w" (W read in place) + "t" (x^T).

@@ -9,13 +9,13 @@ contiguous buffer and one permute-copy (``store="staged"``).
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 import torch
 
+import fovi_lab.settings as settings
 from fovi_lab.graph.meta import pad_to
 from fovi_lab.kernels.common import (as_rows64, built_once, capturing, fast_launch, warp_ct_vec, gather_rows_kernel,
                                      gather_rows_pair_kernel, to_warp, warp_ct, warp_device, warp_stream, wp)
@@ -74,7 +74,9 @@ DIRECT_STORE_MAX_BYTES = 4 << 20
 
 
 def store_mode(store: Optional[str], out_bytes: int = 0) -> str:
-    mode = store or os.environ.get("FOVI_WARP_FWD_STORE") or (
+    """The output store of a forward call: ``store`` when given, else ``FOVI_WARP_FWD_STORE``, else ``"direct"``
+    for outputs up to :data:`DIRECT_STORE_MAX_BYTES` and ``"staged"`` above."""
+    mode = store or settings.get("FOVI_WARP_FWD_STORE") or (
         "direct" if out_bytes <= DIRECT_STORE_MAX_BYTES else "staged")
     if mode not in ("staged", "direct"):
         raise ValueError(f"store: expected 'staged' or 'direct', got {mode!r}")
@@ -227,10 +229,9 @@ def plan_uncached(cfg: FwdConfig, kernel, x, weight, bias, il, wl, store: str,
 # The H200 sweep (fovi_lab/records/h200/forward.jsonl.gz, the records with ``simts_threads``) tried
 # 8192 / 32768 / 131072: 8x8 blocks were best at 32768 (res18 layer3 at B = 16: 0.055 against 0.072 ms at
 # 131072), 4x8 blocks at 131072 (alexnet L2 at B = 1: 0.094 against 0.121 ms at 32768; the small layers within
-# 5 %). ``FOVI_WARP_SIMTS_THREADS`` (read at import) overrides both, for sweeps.
+# 5 %). ``FOVI_WARP_SIMTS_THREADS`` (when not 0) overrides both, for sweeps.
 _SIMTS_THREADS = 32768
 _SIMTS_THREADS_BY_BLOCK = {(4, 8): 131072}
-_SIMTS_THREADS_ENV = int(os.environ.get("FOVI_WARP_SIMTS_THREADS") or 0)
 _SIMTS_MIN_STEPS = 8
 
 
@@ -240,7 +241,7 @@ def simts_split(threads: int, steps: int, block: Tuple[int, int] = (8, 8)) -> Tu
     at least one step when there are any."""
     if steps <= 0:
         return 1, 0
-    target = _SIMTS_THREADS_ENV or _SIMTS_THREADS_BY_BLOCK.get(tuple(block), _SIMTS_THREADS)
+    target = settings.get("FOVI_WARP_SIMTS_THREADS") or _SIMTS_THREADS_BY_BLOCK.get(tuple(block), _SIMTS_THREADS)
     s = max(1, min(-(-target // max(1, threads)), steps // _SIMTS_MIN_STEPS))
     per = -(-steps // s)
     return -(-steps // per), per
@@ -249,9 +250,8 @@ def simts_split(threads: int, steps: int, block: Tuple[int, int] = (8, 8)) -> Tu
 # The families whose runner reads x and writes y in place (:class:`_SimtRunner`).
 _IN_PLACE_FAMILIES = ("simt", "simtp", "simtw", "simts", "simtsw") + MMA_FAMILIES + PIPE_FAMILIES
 
-# The mmas split: about _MMAS_WARPS warps in all (132 SMs x 16 resident warps of these ~128-register
-# threads would be 2112), never fewer than _MMAS_MIN_STEPS k-steps of 16 p entries per split.
-_MMAS_WARPS = int(os.environ.get("FOVI_WARP_MMAS_WARPS") or 2048)
+# The mmas split: about FOVI_WARP_MMAS_WARPS warps in all (default 2048: 132 SMs x 16 resident warps of these
+# ~128-register threads would be 2112), never fewer than _MMAS_MIN_STEPS k-steps of 16 p entries per split.
 _MMAS_MIN_STEPS = 4
 
 
@@ -259,14 +259,15 @@ def mmas_split(warps: int, steps: int) -> Tuple[int, int]:
     """``(S, k-steps per split)`` for an mmas launch of ``warps`` warps per split over ``steps`` k-steps."""
     if steps <= 0:
         return 1, 0
-    s = max(1, min(-(-_MMAS_WARPS // max(1, warps)), steps // _MMAS_MIN_STEPS))
+    total = settings.get("FOVI_WARP_MMAS_WARPS")
+    s = max(1, min(-(-total // max(1, warps)), steps // _MMAS_MIN_STEPS))
     per = -(-steps // s)
     return -(-steps // per), per
 
 
-# The mmaps split: about _PIPE_CTAS CTAs in all (132 SMs x 2 resident CTAs of 128 threads at ~200 registers),
-# never fewer than _PIPE_MIN_STEPS stages of tile_k p entries per split (the pipeline's prologue is S-1 of them).
-_PIPE_CTAS = int(os.environ.get("FOVI_WARP_MMAPS_CTAS") or 264)
+# The mmaps split: about FOVI_WARP_MMAPS_CTAS CTAs in all (default 264: 132 SMs x 2 resident CTAs of 128 threads
+# at ~200 registers), never fewer than _PIPE_MIN_STEPS stages of tile_k p entries per split (the pipeline's
+# prologue is S-1 of them).
 _PIPE_MIN_STEPS = 8
 
 
@@ -274,7 +275,8 @@ def pipe_split(ctas: int, steps: int) -> Tuple[int, int]:
     """``(S, stages per split)`` for an mmaps launch of ``ctas`` CTAs per split over ``steps`` stages."""
     if steps <= 0:
         return 1, 0
-    s = max(1, min(-(-_PIPE_CTAS // max(1, ctas)), steps // _PIPE_MIN_STEPS))
+    total = settings.get("FOVI_WARP_MMAPS_CTAS")
+    s = max(1, min(-(-total // max(1, ctas)), steps // _PIPE_MIN_STEPS))
     per = -(-steps // s)
     return -(-steps // per), per
 
@@ -465,27 +467,17 @@ def nms_reduce_f32_kernel():
     return _make_nms_reduce(wp.float32, "fovi_nms_reduce_f32")
 
 
-# Budget of the i2c family's im2col staging buffer (``FOVI_WARP_I2C_MIB``): nodes are gathered and
-# multiplied in chunks that fit it (alexnet's stem at B=64 needs 47 MB for all 964 nodes, 379 MB at 512).
-_I2C_STAGE_MIB = 32
-
-
+# Budget of the i2c family's im2col staging buffer (``FOVI_WARP_I2C_MIB``, default 32 MiB): nodes are gathered
+# and multiplied in chunks that fit it (alexnet's stem at B=64 needs 47 MB for all 964 nodes, 379 MB at 512).
 def _i2c_stage_bytes() -> int:
-    env = os.environ.get("FOVI_WARP_I2C_MIB")
-    mib = float(env) if env else _I2C_STAGE_MIB
-    if not mib > 0:
-        raise ValueError(f"FOVI_WARP_I2C_MIB: expected a positive number of MiB, got {env!r}")
-    return int(mib * (1 << 20))
+    return int(settings.get("FOVI_WARP_I2C_MIB") * (1 << 20))
 
 
 def _i2c_gather_kind() -> str:
     """How the i2c stage gathers rows (``FOVI_WARP_I2C_GATHER``): ``warp`` (a SIMT row copy of 8-byte
     elements, :func:`~fovi_lab.kernels.common.gather_rows`) or ``torch`` (``index_select`` of 16-byte
     elements)."""
-    how = os.environ.get("FOVI_WARP_I2C_GATHER") or "warp"
-    if how not in ("warp", "torch"):
-        raise ValueError(f"FOVI_WARP_I2C_GATHER: expected 'warp' or 'torch', got {how!r}")
-    return how
+    return settings.get("FOVI_WARP_I2C_GATHER")
 
 
 def _as_rows16(t: torch.Tensor) -> torch.Tensor:

@@ -7,9 +7,9 @@ the H200 sweeps recorded under ``data/`` (the comment beside each says which mea
 from __future__ import annotations
 
 import math
-import os
 from typing import Optional
 
+import fovi_lab.settings as settings
 from fovi_lab.graph.meta import pad_to
 
 
@@ -86,10 +86,7 @@ def select_config(batch: int, out_channels: int, out_nodes: int, p_padded: int,
 def _mma_env() -> str:
     """``FOVI_WARP_MMA``: ``auto`` (the default: the mma rules of :func:`select_mma`) or ``off`` (the tile and
     SIMT rules only)."""
-    env = os.environ.get("FOVI_WARP_MMA") or "auto"
-    if env not in ("auto", "off"):
-        raise ValueError(f"FOVI_WARP_MMA: expected 'auto' or 'off', got {env!r}")
-    return env
+    return settings.get("FOVI_WARP_MMA")
 
 
 # The tensor-core kernels (fovi_lab.kernels.forward.mma) and how their operand layouts, block, loop depth, store and split
@@ -279,10 +276,7 @@ SIMT_CONFIG = "sd_b8o8u4"           # the B <= 16 pick (notebooks, explore_stem)
 def _simt_env() -> str:
     """``FOVI_WARP_STEM_SIMT``: ``auto`` (the default: the SIMT rules here) or ``off`` (no SIMT kernel is
     selected: the stems stay on the i2c tiles, the other layers on the node-major ones)."""
-    env = os.environ.get("FOVI_WARP_STEM_SIMT") or "auto"
-    if env not in ("auto", "off"):
-        raise ValueError(f"FOVI_WARP_STEM_SIMT: expected 'auto' or 'off', got {env!r}")
-    return env
+    return settings.get("FOVI_WARP_STEM_SIMT")
 
 
 def _simt_fits(batch: int, out_channels: int, out_nodes: int) -> bool:

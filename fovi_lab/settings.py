@@ -1,0 +1,380 @@
+"""Every ``FOVI_*`` environment variable the package reads: one table, read on each access, validated.
+
+:data:`SETTINGS` lists each variable with its kind, its default (what the code does when it is unset), what it
+does, who should touch it, and whether it changes the work a kernel does. The code reads a variable only through
+:func:`get`, which looks at ``os.environ`` on every call (a process may set a variable at any time before the
+call it is meant for) and raises ``ValueError`` naming the variable, the value and what was expected.
+
+The variables that change a kernel's work (:data:`KERNEL_AFFECTING`) are part of the replay signature of the
+Warp backends (:mod:`fovi_lab.ops.replay`) and of the tune cache's setup key (:mod:`fovi_lab.ops.tune_cache`):
+both take them from :func:`snapshot`. ``docs/settings.md`` is :func:`render_markdown` of the table
+(:func:`write_docs` writes it; a test checks it).
+
+This module is the package's bottom layer: it imports nothing of ``fovi_lab``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Iterator, Optional, Tuple
+
+__all__ = ["Setting", "SETTINGS", "KERNEL_AFFECTING", "get", "raw", "snapshot", "kernel_values", "override",
+           "render_markdown", "write_docs"]
+
+#: The kinds of value a variable takes.
+KINDS = ("choice", "count", "number", "flag", "path", "text")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def _or(words) -> str:
+    words = list(words)
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One ``FOVI_*`` variable.
+
+    ``kind``: ``"choice"`` (one of ``choices``), ``"count"`` (a whole number >= 0, or one of the words in
+    ``choices``), ``"number"`` (a finite number > 0; >= 0 with ``zero_ok``), ``"flag"`` (1/true/yes/on or
+    0/false/no/off, any case), ``"path"`` (a file path) or ``"text"`` (any text). ``default``: the value
+    :func:`get` returns when the variable is unset (None: the code's own rule, which ``unset`` describes).
+    ``kernel``: whether the value changes the work a kernel does. ``ab_only``: a switch for comparing kernels,
+    not for users.
+    """
+
+    name: str
+    kind: str
+    default: object
+    what: str
+    who: str
+    kernel: bool
+    ab_only: bool = False
+    choices: Tuple[str, ...] = ()
+    fold_case: bool = False         # choice: compared (and returned) lower-cased
+    zero_ok: bool = False           # number: 0 is accepted
+    unit: str = ""                  # count / number: the unit of the value ("MiB")
+    empty_is_unset: bool = True     # False: an empty value is an error rather than the default
+    unset: str = ""                 # the default in words, where the value alone does not say it
+
+    def __post_init__(self):
+        if not self.name.startswith("FOVI_"):
+            raise ValueError(f"{self.name}: a setting's name starts with FOVI_")
+        if self.kind not in KINDS:
+            raise ValueError(f"{self.name}: kind must be one of {KINDS}, got {self.kind!r}")
+        if self.kind == "choice" and not self.choices:
+            raise ValueError(f"{self.name}: a choice needs its choices")
+
+    def expected(self) -> str:
+        """What a value of this variable may be, in words."""
+        unit = f" of {self.unit}" if self.unit else ""
+        if self.kind == "choice":
+            return _or(repr(c) for c in self.choices) + (" (any case)" if self.fold_case else "")
+        if self.kind == "count":
+            return _or([repr(c) for c in self.choices] + [f"a whole number{unit} >= 0"])
+        if self.kind == "number":
+            return f"a number{unit} {'>=' if self.zero_ok else '>'} 0"
+        if self.kind == "flag":
+            return _or(repr(w) for w in _TRUE + _FALSE) + " (any case)"
+        if self.kind == "path":
+            return "a file path"
+        return "any text"
+
+    def parse(self, value: Optional[str]):
+        """The value :func:`get` returns for the raw string ``value`` (None: unset)."""
+        if value is None:
+            return self.default
+        empty = (value.strip() if self.kind == "flag" else value) == ""
+        if empty and self.empty_is_unset:
+            return self.default
+        if self.kind == "choice":
+            v = value.lower() if self.fold_case else value
+            if v in self.choices:
+                return v
+        elif self.kind == "count":
+            if value in self.choices:
+                return value
+            try:
+                n = int(value)
+            except ValueError:
+                n = -1
+            if n >= 0:
+                return n
+        elif self.kind == "number":
+            try:
+                x = float(value)
+            except ValueError:
+                x = math.nan
+            if math.isfinite(x) and (x > 0 or (self.zero_ok and x == 0)):
+                return x
+        elif self.kind == "flag":
+            v = value.strip().lower()
+            if v in _TRUE:
+                return True
+            if v in _FALSE:
+                return False
+        elif self.kind == "path":
+            return Path(value)
+        else:
+            return value
+        raise ValueError(f"{self.name}: expected {self.expected()}, got {value!r}")
+
+    def default_text(self) -> str:
+        """The default in words (for the docs)."""
+        if self.unset:
+            return self.unset
+        if self.kind == "flag":
+            return "off" if self.default is False else "on"
+        if self.kind == "number":
+            return f"{self.default:g}" + (f" {self.unit}" if self.unit else "")
+        if self.kind == "count" and self.unit and isinstance(self.default, int):
+            return f"{self.default} {self.unit}"
+        return str(self.default)
+
+
+_A_B = "kernel A/B runs"
+_SWEEPS = "kernel sweeps"
+_USERS_MEMORY = "users (memory)"
+
+#: The table. The kernel-affecting entries keep their relative order: it is the order of the switches in the tune
+#: cache's setup key, so a new one goes after them (the keys of an existing cache stay the same).
+SETTINGS: Tuple[Setting, ...] = (
+    Setting("FOVI_WARP_MATHDX", "flag", None,
+            "Builds the tile GEMMs of the forward and staged adjoint kernels with cuBLASDx (on) or as scalar loops "
+            "(off: much faster to compile, much slower to run).",
+            "users (compile time), tests", kernel=True,
+            unset="Warp's own setting (cuBLASDx on CUDA)"),
+    Setting("FOVI_WARP_MMA", "choice", "auto",
+            "`off` keeps the forward's rules off the tensor-core kernels (the tile and SIMT rules only); `auto` "
+            "lets them pick those kernels.",
+            _A_B, kernel=True, ab_only=True, choices=("auto", "off")),
+    Setting("FOVI_WARP_STEM_SIMT", "choice", "auto",
+            "`off` keeps the forward's rules from picking a SIMT kernel (the stems stay on the i2c tiles, the other "
+            "layers on the node-major ones).",
+            _A_B, kernel=True, ab_only=True, choices=("auto", "off")),
+    Setting("FOVI_WARP_FWD_STORE", "choice", None,
+            "How the forward kernels store y: straight into y (`direct`) or through a contiguous staging buffer "
+            "(`staged`).",
+            _A_B, kernel=True, ab_only=True, choices=("staged", "direct"),
+            unset="by size: `direct` up to 4 MiB of output, `staged` above"),
+    Setting("FOVI_KNN_GRAD_PATH", "choice", "auto",
+            "The adjoint kernels of `warp_train`: the fused node-major ones (`fused`), the staged ones (`staged`), "
+            "or the rule (`auto`: fused where Cin >= 16).",
+            _A_B, kernel=True, ab_only=True, choices=("fused", "staged", "auto")),
+    Setting("FOVI_KNN_DX_PATH", "choice", "auto",
+            "dx of `warp_train` on the tensor-core forward of the transposed layer (`mma`), never there (`off`), "
+            "or where the rule picks it (`auto`).",
+            f"{_A_B}, benchmarks", kernel=True, ab_only=True, choices=("mma", "off", "auto")),
+    Setting("FOVI_KNN_DW_PATH", "choice", "auto",
+            "dW of `warp_train` on the tensor-core forward of the tap layer (`mma`), never there (`off`), or where "
+            "the rule picks it (`auto`).",
+            f"{_A_B}, benchmarks", kernel=True, ab_only=True, choices=("mma", "off", "auto")),
+    Setting("FOVI_KNN_FWD_PATH", "choice", "auto",
+            "The forward of the Warp backends: the compact kernels (`compact`, and `auto`) or the binned form "
+            "(`binned`).",
+            _A_B, kernel=True, ab_only=True, choices=("binned", "compact", "auto")),
+    Setting("FOVI_WARP_SIMTS_THREADS", "count", 0,
+            "Threads in all that the split SIMT forward (`simts`) aims for; 0 keeps the default per register "
+            "block.",
+            _SWEEPS, kernel=True, ab_only=True, unset="0 (32768 threads, 131072 for 4x8 register blocks)"),
+    Setting("FOVI_WARP_MMAS_WARPS", "count", 2048,
+            "Warps in all that the split tensor-core forward (`mmas`) aims for (0: one split).",
+            _SWEEPS, kernel=True, ab_only=True),
+    Setting("FOVI_WARP_MMAPS_CTAS", "count", 264,
+            "CTAs in all that the split pipelined tensor-core forward (`mmaps`) aims for (0: one split).",
+            _SWEEPS, kernel=True, ab_only=True),
+    Setting("FOVI_WARP_I2C_MIB", "number", 32.0,
+            "Budget of the i2c forward's im2col stage: nodes are gathered and multiplied in chunks that fit it.",
+            f"{_USERS_MEMORY}, tests", kernel=True, unit="MiB"),
+    Setting("FOVI_WARP_I2C_GATHER", "choice", "warp",
+            "How the i2c forward gathers rows into its stage: a Warp SIMT row copy (`warp`) or torch's "
+            "`index_select` (`torch`).",
+            _A_B, kernel=True, ab_only=True, choices=("warp", "torch")),
+    Setting("FOVI_KNN_DX_SEG", "count", "auto",
+            "Segment length (steps) of the fused dx kernel's reverse lists: `auto` the rule, 0 or `off` whole "
+            "lists.",
+            _A_B, kernel=True, ab_only=True, choices=("auto", "off")),
+    Setting("FOVI_KNN_DW_SEG", "count", "auto",
+            "Segment length (steps) of the fused dW kernel's tap lists: `auto` the rule, 0 or `off` the "
+            "interleaved splits.",
+            _A_B, kernel=True, ab_only=True, choices=("auto", "off")),
+    Setting("FOVI_KNN_FINISH", "choice", "native",
+            "How the fused adjoints sum their partials: the tiled finish kernel where its check passed (`native`) "
+            "or the plain SIMT loop and PyTorch's sum (`warp`).",
+            _A_B, kernel=True, ab_only=True, choices=("native", "warp"), fold_case=True),
+    Setting("FOVI_KNN_GW_FINISH", "choice", "csr",
+            "How the staged dW is reduced: the deterministic reverse-CSR kernel (`csr`) or torch's fp32 "
+            "`index_add_` (`index_add`, atomics on CUDA).",
+            _A_B, kernel=True, ab_only=True, choices=("csr", "index_add")),
+    Setting("FOVI_KNN_GI_CONFIG", "text", None,
+            "The staged grad-input kernel config that replaces the rule's pick (a `GRAD_INPUT_CONFIG_SPECS` name, "
+            "`_f32` for an fp32 stage; an unknown name raises when the kernel is fetched).",
+            _A_B, kernel=True, ab_only=True, unset="the rule (`select_gi_config`)"),
+    Setting("FOVI_KNN_GW_CONFIG", "text", None,
+            "The staged grad-weight kernel config that replaces the rule's pick (a `GRAD_WEIGHT_CONFIG_SPECS` "
+            "name, `_f32` for an fp32 stage; an unknown name raises when the kernel is fetched).",
+            _A_B, kernel=True, ab_only=True, unset="the rule (`select_gw_config`)"),
+    Setting("FOVI_KNN_GRAD_STAGE_FP32", "flag", False,
+            "Stages the staged adjoints' products in fp32 instead of fp16.",
+            _A_B, kernel=True, ab_only=True),
+    Setting("FOVI_KNN_GRAD_STAGE_MIB", "number", 256.0,
+            "Stage budget of the staged Warp adjoints, capped by `FOVI_KNN_STAGE_MIB`: batches and nodes are "
+            "chunked to fit it.",
+            _USERS_MEMORY, kernel=True, zero_ok=True, unit="MiB", empty_is_unset=False),
+    Setting("FOVI_KNN_FUSED_PARTIAL_MIB", "number", 64.0,
+            "Budget of the fused adjoints' partial sums: segment tables over it are refused, splits are capped "
+            "to fit it.",
+            _USERS_MEMORY, kernel=True, zero_ok=True, unit="MiB", empty_is_unset=False),
+    Setting("FOVI_KNN_STAGE_MIB", "number", 512.0,
+            "Budget of the temporaries of the PyTorch ops and the staged adjoints: their work is chunked to "
+            "fit it.",
+            _USERS_MEMORY, kernel=True, zero_ok=True, unit="MiB", empty_is_unset=False),
+    Setting("FOVI_KNN_TAP_TABLE_MIB", "count", 512,
+            "Largest index tables of a derived (transposed or tap) layer: a layer over it is refused, and "
+            "`warp_train` keeps the layer's own adjoint kernels.",
+            _USERS_MEMORY, kernel=True, unit="MiB", empty_is_unset=False),
+    Setting("FOVI_KNN_REPLAY", "choice", "auto",
+            "Which CUDA calls of the Warp backends are replayed from CUDA graphs: those up to 64 MiB of tensors "
+            "(`auto`), all (`on`) or none (`off`).",
+            "users", kernel=False, choices=("auto", "on", "off"), fold_case=True),
+    Setting("FOVI_TUNE_CACHE", "path", None,
+            "The autotune cache that `python -m fovi_lab tune` writes and `backend=\"auto\"` reads.",
+            "users", kernel=False, unset="`$XDG_CACHE_HOME/fovi_lab/tune.json` (`~/.cache/fovi_lab/tune.json`)"),
+    Setting("FOVI_COMMIT", "text", None,
+            "The commit that benchmark records name as their source.",
+            "benchmarks", kernel=False, unset="none recorded"),
+    Setting("FOVI_BENCH_VERBOSE", "flag", False,
+            "Progress lines on stderr from the adjoints benchmark (it sets this for its child process).",
+            "benchmarks", kernel=False),
+)
+
+_TABLE: Dict[str, Setting] = {s.name: s for s in SETTINGS}
+#: The names whose values change a kernel's work, in :data:`SETTINGS` order.
+KERNEL_AFFECTING: Tuple[str, ...] = tuple(s.name for s in SETTINGS if s.kernel)
+
+
+def _entry(name: str) -> Setting:
+    try:
+        return _TABLE[name]
+    except KeyError:
+        raise KeyError(f"{name!r} is not a setting of fovi_lab (fovi_lab.settings.SETTINGS lists them)") from None
+
+
+def get(name: str):
+    """The value of the variable ``name``, read from ``os.environ`` on this call and validated: its
+    :data:`SETTINGS` default when unset; ``ValueError`` naming the variable for a bad value; ``KeyError`` for a
+    name that is not in the table."""
+    return _entry(name).parse(os.environ.get(name))
+
+
+def raw(name: str) -> Optional[str]:
+    """The variable's string as the environment holds it (None when unset), unvalidated."""
+    _entry(name)
+    return os.environ.get(name)
+
+
+# os.environ's own mapping (CPython; on POSIX its keys and values are bytes): one lookup per variable, with no
+# decoding. A scan of the whole environment took 14 us per call on the H200 machine
+# (data/h200/replay_host_profile.jsonl), more than a small replayed call's other host work.
+_RAW_ENV = getattr(os.environ, "_data", None)
+_ENCODE_KEY = getattr(os.environ, "encodekey", None)
+if _RAW_ENV is None or _ENCODE_KEY is None:   # pragma: no cover - not CPython's os.environ
+    _RAW_ENV = None
+
+
+@functools.lru_cache(maxsize=None)
+def _keys(names: Tuple[str, ...]) -> tuple:
+    for n in names:
+        _entry(n)
+    return tuple(_ENCODE_KEY(n) for n in names) if _RAW_ENV is not None else tuple(names)
+
+
+_KERNEL_KEYS = _keys(KERNEL_AFFECTING)
+
+
+def snapshot(names: Optional[Tuple[str, ...]] = None) -> tuple:
+    """The raw values of the kernel-affecting variables at this call (or of ``names``, a tuple of table names), None
+    where unset: a cheap, hashable signature part (one dictionary lookup per variable, nothing validated or
+    decoded; two snapshots are equal when the variables are)."""
+    keys = _KERNEL_KEYS if names is None else _keys(names)
+    if _RAW_ENV is not None:
+        return tuple(map(_RAW_ENV.get, keys))
+    return tuple(map(os.environ.get, keys))     # pragma: no cover - not CPython's os.environ
+
+
+def kernel_values() -> Dict[str, str]:
+    """``{name: value}`` of the kernel-affecting variables that are set, in :data:`SETTINGS` order."""
+    env = os.environ
+    return {n: env[n] for n in KERNEL_AFFECTING if n in env}
+
+
+@contextlib.contextmanager
+def override(**values) -> Iterator[None]:
+    """Set variables for the duration of a ``with`` block (``override(FOVI_KNN_REPLAY="off")``; None unsets one),
+    and afterwards put back what the environment held. Each value is validated before anything is set."""
+    for name, value in values.items():
+        if value is not None:
+            _entry(name).parse(str(value))
+        else:
+            _entry(name)
+    old = {name: os.environ.get(name) for name in values}
+
+    def put(name, value):
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = str(value)
+
+    try:
+        for name, value in values.items():
+            put(name, value)
+        yield
+    finally:
+        for name, value in old.items():
+            put(name, value)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def render_markdown() -> str:
+    """``docs/settings.md``: the table, one row per variable, sorted by name."""
+    lines = [
+        "# Settings: the `FOVI_*` environment variables",
+        "",
+        "Generated from the table `fovi_lab.settings.SETTINGS` by `fovi_lab.settings.write_docs()`; "
+        "`tests/test_settings.py` checks that this file is what the table gives.",
+        "",
+        "Each variable is read when the code needs it (a process may set it any time before that call), and a "
+        "bad value raises `ValueError` naming the variable and what it expects. An empty value is the same as "
+        "unset, except where the kind says otherwise. *Kernel work*: whether the value changes the work a kernel "
+        "does; those variables are part of the Warp backends' replay signature (`fovi_lab.ops.replay`) and of "
+        "the tune cache's setup key (`fovi_lab.ops.tune_cache`), so a change captures new graphs and misses "
+        "the tuned entries. *A/B only*: a switch for comparing kernels, not for everyday use.",
+        "",
+        "| Variable | Kind | Default | Kernel work | A/B only | Who | What it does |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for s in sorted(SETTINGS, key=lambda s: s.name):
+        kind = s.kind + ": " + s.expected().replace("'", "`")
+        if not s.empty_is_unset:
+            kind += " (empty: an error)"
+        lines.append("| " + " | ".join(_cell(c) for c in (
+            f"`{s.name}`", kind, s.default_text(), "yes" if s.kernel else "no", "yes" if s.ab_only else "",
+            s.who, s.what)) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_docs(path: Optional[Path] = None) -> Path:
+    """Write :func:`render_markdown` to ``path`` (default: ``docs/settings.md`` of the source checkout this module
+    lies in); returns the path."""
+    path = Path(__file__).resolve().parents[1] / "docs" / "settings.md" if path is None else Path(path)
+    path.write_text(render_markdown())
+    return path
