@@ -121,8 +121,9 @@ def _references(x32, w32, b32, gy32, dtype, device, graph, v) -> _References:
 #: Throughput on the CPU, in GFLOP/s of the layer's ``2*B*Nout*P64*Cout`` per pass (a forward, a dx or a dW), each
 #: averaged over a forward and both gradients: the references' autograd of the oracle in each dtype, and each
 #: backend's forward and adjoints in the dtype the demo runs it in. Measured by the demo on a 2-core x86-64 machine
-#: (AMD EPYC, PyTorch 2.13, Warp's CPU kernels) on alex_L1 at B = 64, between runs on the idle machine and runs beside
-#: other jobs (which took 3 and 5 minutes); a backend not listed counts at the slowest rate.
+#: (AMD EPYC, PyTorch 2.13, Warp's CPU kernels) on alex_L1 at B = 64, rounded between an idle and a busy machine; a
+#: backend not listed counts at the slowest rate. The FLOPs leave out per-call overhead and the compilation of Warp
+#: kernels, so small shapes and first runs take longer than this says.
 CPU_GFLOPS: Dict[str, float] = {
     "reference float64": 7.0,
     "reference float32": 14.0,
@@ -180,12 +181,12 @@ def _duration(seconds: float) -> str:
 
 def estimate_line(layer: str, batch: int, seconds: float, flops: float) -> str:
     """The warning printed before a CPU run estimated at ``seconds``: the time, the work per pass and a batch that
-    would take about a minute (the time grows with the batch), e.g. ``alex_L1 at B = 64 on the CPU: about 5 minutes
-    (~18.3 GFLOP per pass); try --batch 8``."""
+    would take about a minute (the time grows with the batch), e.g. ``alex_L1 at B = 64 on the CPU: about 4 minutes
+    (~18.3 GFLOP per pass, not counting Warp's compilation); try --batch 16``."""
     fits = max(1, 2 ** int(math.floor(math.log2(max(1.0, batch * 60.0 / max(seconds, 1e-9))))))
     hint = f"; try --batch {fits}" if fits < batch else ""
-    return (f"{layer} at B = {batch} on the CPU: about {_duration(seconds)} (~{flops / 1e9:.3g} GFLOP per pass)"
-            f"{hint}")
+    return (f"{layer} at B = {batch} on the CPU: about {_duration(seconds)} (~{flops / 1e9:.3g} GFLOP per pass, not "
+            f"counting Warp's compilation){hint}")
 
 
 #: A CPU run estimated at this many seconds or more is announced before it starts; a phase estimated at
@@ -263,11 +264,13 @@ def run_demo(layer: str = "res18_layer1", batch: int = 8, rf: Optional[str] = No
                 log(f"{tag}: {what}{about}{note} ...")
             t_phase = time.perf_counter()
 
-        def phase(what: str) -> None:
+        def phase(what: str) -> float:
+            """The line as a phase ends, with its time; returns the seconds it took."""
             nonlocal t_phase
             now = time.perf_counter()
-            log(f"{tag}   {what} ({now - t_phase:.1f} s)")
-            t_phase = now
+            took, t_phase = now - t_phase, now
+            log(f"{tag}   {what} ({took:.1f} s)")
+            return took
 
         if not shared:
             starting(f"fp64 and {dname} references (forward and both gradients)",   # on the CPU, on any device
@@ -287,7 +290,7 @@ def run_demo(layer: str = "res18_layer1", batch: int = 8, rf: Optional[str] = No
             y = ops.forward(meta, x, w, b)
             row.fwd_err = (y.double().cpu() - y64).abs().max().item()
             ok = row.fwd_err <= tols[0]
-            phase("forward, first call" + (" (compiles its Warp kernels)" if compiles else ""))
+            first = {"forward": phase("forward, first call" + (" (compiles its Warp kernels)" if compiles else ""))}
             if trains:
                 starting("dx and dW, first call", expect.get("adjoints"))
             try:
@@ -299,10 +302,14 @@ def run_demo(layer: str = "res18_layer1", batch: int = 8, rf: Optional[str] = No
                 row.dx_err = (dx.double().cpu() - dx64).abs().max().item()
                 row.dw_err = (dw.double().cpu() - dw64).abs().max().item()
                 ok = ok and row.dx_err <= tols[1] and row.dw_err <= tols[2]
-                phase("dx and dW, first call")
+                first["adjoints"] = phase("dx and dW, first call")
             row.ok = bool(ok)
             both = getattr(ops, "backward_combined", None) if row.dx_err is not None else None
-            starting(f"timing {reps} call{'s' if reps > 1 else ''} of each pass", expect.get("timing"))
+            # the time of the calls just made says how long the timed ones take (a first Warp call also compiled:
+            # there the FLOP estimate stands)
+            timing = (expect.get("timing") if compiles else
+                      reps * first["forward"] + (reps + (both is not None)) * first.get("adjoints", 0.0))
+            starting(f"timing {reps} call{'s' if reps > 1 else ''} of each pass", timing)
             # the forward and the separate adjoints ran above (their warm-up); backward_combined has not run yet
             row.fwd_ms = _timeit(lambda: ops.forward(meta, x, w, b), device, reps, warm_up=False)
             if row.dx_err is not None:
@@ -385,13 +392,21 @@ def add_arguments(parser) -> None:
     add_device_option(parser)
     parser.add_argument("--reps", type=COUNT, default=3, help="timed calls of each pass per backend, whose median is "
                                                               "shown")
-    parser.add_argument("--backends", nargs="*", type=backend_name(), default=None, metavar="BACKEND",
+    parser.add_argument("--backends", nargs="+", type=backend_name(), default=None, metavar="BACKEND",
                         help="run only these registered backends (default: every registered backend)")
 
 
 def run(args) -> int:
     """Run the demo as ``args`` say (the options of :func:`add_arguments`); 0 when every backend agrees with the
     oracle, else 1."""
+    from fovi_lab.graph.layers import resolve_layer
+    from fovi_lab.ops.arguments import usage_error
+
+    try:
+        resolve_layer(args.layer, args.rf)
+    except ValueError:                                    # each value was checked alone; the pair disagrees
+        usage_error("python -m fovi_lab demo", f"--rf: {args.rf} contradicts --layer {args.layer} (the variant name "
+                                               f"names its frame; give one or the other)")
     rows = run_demo(args.layer, args.batch, args.rf, args.device, args.reps, args.backends,
                     log=lambda line: print(line, flush=True))
     print(format_rows(rows))

@@ -52,6 +52,12 @@ def _usage_error(argv, capsys):
     (["bench", "nope"], "BENCHMARK: invalid choice: 'nope'"),
     (["nope"], "COMMAND: invalid choice: 'nope'"),
     (["train", "--no-such-option"], "unrecognized arguments: --no-such-option"),
+    (["bench", "forward", "--layers"], "--layers: expected at least one argument"),      # never "every layer"
+    (["bench", "train-step", "--layers"], "--layers: expected at least one argument"),
+    (["demo", "--backends"], "--backends: expected at least one argument"),
+    (["demo", "--layer", "res18_layer4_0_rf2", "--rf", "rf1"], "python -m fovi_lab demo: error: --rf: rf1 "
+                                                                  "contradicts --layer res18_layer4_0_rf2"),
+    (["bench", "forward", "--out", "~no_such_user_here/r.jsonl"], "--out: expected a file in an existing folder"),
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else "")
 def test_a_usage_error_is_one_line_naming_the_argument(argv, first_line, capsys):
     code, err = _usage_error(argv, capsys)
@@ -121,7 +127,9 @@ def test_a_bench_record_lands_under_the_current_folder(tmp_path, monkeypatch, ca
     assert cli.main(["bench", "forward", "--layers", "res18_layer4_0", "--batches", "1", "--reps", "1",
                      "--warmup", "0", "--no-cached"]) == 0
     (rec_file,) = (tmp_path / "data").glob("forward_*.jsonl")
-    assert str(rec_file) in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert str(rec_file) in out
+    assert f"report and auto read the checkout's {PKG.parent.resolve() / 'data'}, not this folder" in out
     assert {json.loads(line)["impl"] for line in rec_file.read_text().splitlines()} >= {"warp_uncached",
                                                                                         "torch_compact"}
     assert {p: p.stat().st_mtime for p in PKG.rglob("*.jsonl*")} == before
@@ -164,6 +172,8 @@ def test_an_installed_package_writes_under_the_current_folder_only(tmp_path):
     assert bench.returncode == 0, bench.stderr[-2000:]
     (rec_file,) = (work / "data").glob("forward_*.jsonl")
     assert str(rec_file) in bench.stdout and rec_file.read_text().strip()
+    assert f"an installed package reads only the records it ships: python -m fovi_lab report --data {work / 'data'}" \
+        in bench.stdout
 
     report = fovi("report")
     assert report.returncode == 2 and report.stdout == ""
@@ -180,7 +190,7 @@ def test_report_writes_the_files_it_is_given(tmp_path, monkeypatch, capsys):
     markers is a usage error."""
     from fovi_lab.bench import report
     from fovi_lab.ops.records import CHECKOUT_ROOT
-    mine = [p for p in (CHECKOUT_ROOT / "README.md", CHECKOUT_ROOT / "docs" / "results.md") if CHECKOUT_ROOT]
+    mine = [CHECKOUT_ROOT / "README.md", CHECKOUT_ROOT / "docs" / "results.md"] if CHECKOUT_ROOT else []
     before = {p: p.stat().st_mtime for p in mine}
     monkeypatch.chdir(tmp_path)
     (tmp_path / "README.md").write_text(f"# mine\n{report.README_BEGIN}\n{report.README_END}\n")

@@ -54,13 +54,15 @@ def test_the_cpu_estimate_grows_with_the_work_and_names_a_batch_that_fits():
     flops = pass_flops(64, 230, 2432, 256)
     assert flops == pytest.approx(18.33e9, rel=1e-3)
     assert estimate_line("alex_L1", 64, 30 * flops / 1e9, flops) == \
-        "alex_L1 at B = 64 on the CPU: about 9 minutes (~18.3 GFLOP per pass); try --batch 4"
+        ("alex_L1 at B = 64 on the CPU: about 9 minutes (~18.3 GFLOP per pass, not counting Warp's compilation); "
+         "try --batch 4")
     assert estimate_line("alex_L1", 8, 45.0, flops / 8) == \
-        "alex_L1 at B = 8 on the CPU: about 45 s (~2.29 GFLOP per pass)"
+        "alex_L1 at B = 8 on the CPU: about 45 s (~2.29 GFLOP per pass, not counting Warp's compilation)"
 
 
 def test_a_long_cpu_run_says_so_first_and_each_long_phase_as_it_starts(monkeypatch):
     monkeypatch.setattr(demo, "CPU_GFLOPS", {k: 1e-4 for k in demo.CPU_GFLOPS})   # a CPU this slow: minutes
+    monkeypatch.setattr(demo, "_LONG_PHASE_S", 0.0)     # the timing's estimate comes from the first calls, fast here
     lines = []
     run_demo("res18_layer4_0", batch=2, reps=1, device="cpu", backends=["torch_compact"], log=lines.append)
     (warning,) = [i for i, ln in enumerate(lines) if "on the CPU: about" in ln]

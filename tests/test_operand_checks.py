@@ -1,10 +1,10 @@
 """Every entry point refuses an operand it cannot compute with, before computing anything.
 
-The first case was silently wrong: an integer ``x`` into ``KNNConv(..., backend="torch_compact")`` returned an int64
-tensor of zeros (the weights were cast to int). A tensor on the meta device failed inside autocast with
-"unsupported scalarType", a NumPy array with an AttributeError. One check (:mod:`fovi_lab.ops.checks`) now runs at
-every door: each backend's ops, the seed's functional API (:mod:`fovi_lab.knn_warp`), the forward kernels'
-``run_uncached`` / ``run_cached``, ``KNNConv``, ``KNNConvFunction`` and the custom ops.
+Without the check an integer ``x`` into ``KNNConv(..., backend="torch_compact")`` returns an int64 tensor of zeros
+(the weights are cast to int), a tensor on the meta device fails inside autocast with "unsupported scalarType" and a
+NumPy array with an AttributeError. One check (:mod:`fovi_lab.ops.checks`) runs at every door: each backend's ops,
+the seed's functional API (:mod:`fovi_lab.knn_warp`), the forward kernels' ``run_uncached`` / ``run_cached``,
+``KNNConv``, ``KNNConvFunction`` and the custom ops.
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ BAD = {
     "int32": (lambda t: t.int(), TypeError, FLOAT + "int32"),
     "bool": (lambda t: t > 0, TypeError, FLOAT + "bool"),
     "complex": (lambda t: t.float().to(torch.complex64), TypeError, FLOAT + "complex64"),
+    "float8": (lambda t: t.float().to(torch.float8_e4m3fn), TypeError, FLOAT + "float8_e4m3fn"),
+    "none": (lambda t: None, TypeError, r"expected a torch.Tensor, got NoneType"),
     "meta": (lambda t: t.to("meta"), ValueError, META),
     "numpy": (lambda t: t.float().numpy(), TypeError, r"expected a torch.Tensor.*, got numpy.ndarray; convert it "
                                                         r"with torch.from_numpy"),
@@ -156,6 +158,8 @@ def _uses(door: str, operand: str) -> bool:
 @pytest.mark.parametrize("how", list(BAD))
 def test_every_entry_point_refuses_a_bad_operand(meta, operand, how):
     make, exc, message = BAD[how]
+    if how == "none" and operand == "bias":
+        pytest.skip("bias=None is a layer without bias")
     good = dict(zip(("x", "weight", "bias", "grad_y"), _operands(meta)))
     bad = dict(good, **{operand: make(good[operand])})
     refused = []
@@ -177,7 +181,7 @@ def test_every_entry_point_refuses_a_bad_operand(meta, operand, how):
 def test_run_cached_refuses_a_bad_effective_weight(meta):
     x, w, b, _ = _operands(meta)
     weff = build_effective_weight(meta, w)
-    for how in ("int64", "meta", "numpy"):
+    for how in ("int64", "float8", "meta", "numpy", "none"):
         make, exc, message = BAD[how]
         with pytest.raises(exc, match="effective_weight: " + message):
             knn_warp.run_cached(x, make(weff), b, meta.input_linear, cout=meta.cout)
@@ -188,8 +192,9 @@ def test_run_cached_refuses_a_bad_effective_weight(meta):
 def test_the_custom_op_refuses_an_integer_compute_dtype(meta):
     x, w, b, _ = _operands(meta, torch.float32)
     handle = library.register_layer(meta)
-    with pytest.raises(TypeError, match="compute_dtype: expected a floating-point torch.dtype, got torch.int64"):
-        torch.ops.fovi_lab.knn_conv(x, w, b, handle, "torch_compact", torch.int64, False)
+    for bad in (torch.int64, torch.complex64, torch.float8_e4m3fn):
+        with pytest.raises(TypeError, match=rf"compute_dtype: expected a floating-point torch.dtype .*, got {bad}"):
+            torch.ops.fovi_lab.knn_conv(x, w, b, handle, "torch_compact", bad, False)
 
 
 def test_good_operands_pass_and_none_bias_is_allowed():

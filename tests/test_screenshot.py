@@ -104,7 +104,7 @@ def _assert_ignored_untracked(png):
     path = Path(png)
     assert not path.is_absolute(), f"default output {png} is outside the checkout"
     assert path.suffix == ".png"
-    # not tracked (the old default, data/screenshots/05_training.png, was: every run dirtied the checkout)
+    # not tracked: a tracked default would leave the checkout dirty after every run
     tracked = _git("ls-files", "--error-unmatch", "--", png)
     assert tracked.returncode != 0, f"default output {png} is a tracked file"
     # and git-ignored, so a run does not even leave an untracked file behind

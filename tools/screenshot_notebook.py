@@ -18,7 +18,7 @@ What it does, in order:
    the window, so a full-page screenshot of the window would still show one screen. The tool grows
    the browser window until that element has nothing left to scroll (every cell laid out on the
    page at once; windowing is off), scrolls it to the top, and screenshots the window; it then checks
-   that the last cell ends inside the picture. ``--viewport`` gives the old one-screen picture
+   that the last cell ends inside the picture. ``--viewport`` gives a one-screen picture
    (scrolled to the first plot). A notebook taller than ``--max-height`` pixels is cut there and
    reported as a problem;
 5. checks the page for error output (a ``Traceback``, a failed widget or plot) and for a plotly

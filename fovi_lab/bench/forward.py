@@ -47,7 +47,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from fovi_lab.bench.common import (Progress, Roofline, append_jsonl, compact_bytes, compact_flops, default_record_path,
-                                   print_graphed,
+                                   print_graphed, records_note,
                                    env_info, gbps, tflops, time_fn)
 
 __all__ = ["main", "add_arguments", "run", "DESCRIPTION", "torch_baselines", "run_shape"]
@@ -466,7 +466,7 @@ def add_arguments(parser) -> None:
     from fovi_lab.ops.arguments import (COUNT, LayersAction, add_device_option, int_at_least, layer_names,
                                         non_negative_float, out_file, positive_float)
 
-    parser.add_argument("--layers", nargs="*", type=layer_names(), action=LayersAction, default=None,
+    parser.add_argument("--layers", nargs="+", type=layer_names(), action=LayersAction, default=None,
                         metavar="LAYER", help="layer names, or all (default: every layer of the table)")
     parser.add_argument("--batches", nargs="+", type=COUNT, default=[16, 64, 128, 512], metavar="B",
                         help="batch sizes to time on each layer")
@@ -556,6 +556,7 @@ def run(args) -> int:
     _summary(all_recs)
     if all_recs:
         print(f"# {len(all_recs)} records appended to {Path(out).resolve()}", flush=True)
+        print(records_note(out), flush=True)
     return 0
 
 

@@ -69,11 +69,17 @@ def _without_the_no_driver_line():
     Warp's missing-driver warning (native code writes past ``sys.stderr``, so only the descriptor catches it)."""
     try:
         sys.stderr.flush()
-        saved = os.dup(2)
-    except (OSError, ValueError, AttributeError):        # no real descriptor 2 (an embedded interpreter)
+        captured = tempfile.TemporaryFile()
+    except (OSError, ValueError, AttributeError):        # no temporary folder, or no usable sys.stderr
         yield
         return
-    with tempfile.TemporaryFile() as captured:
+    try:
+        saved = os.dup(2)
+    except OSError:                                      # no real descriptor 2 (an embedded interpreter)
+        captured.close()
+        yield
+        return
+    with captured:
         os.dup2(captured.fileno(), 2)
         try:
             yield

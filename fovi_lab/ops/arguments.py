@@ -274,27 +274,39 @@ def device_kind(text: str) -> str:
 
 # ------------------------------------------------------------------------------------------------ paths
 
+def _expanded(text: str) -> Path:
+    """``text`` as a path with ``~`` expanded (a shell leaves ``--out=~/x`` as it is); an unknown ``~user`` is
+    refused."""
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"expected a file in an existing folder, got {text!r} (no such home "
+                                         f"folder)") from None
+
+
 def out_file(text: str) -> str:
-    """An argument type: a file to write (or append to) in a folder that exists."""
-    path = Path(text).expanduser()
+    """An argument type: a file to write (or append to) in a folder that exists; returned with ``~`` expanded."""
+    path = _expanded(text)
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"expected a file to write, got the folder {text!r}")
     if not path.parent.is_dir():
         raise argparse.ArgumentTypeError(f"expected a file in an existing folder, got {text!r} "
                                          f"(there is no folder {str(path.parent)!r})")
-    return text
+    return str(path)
 
 
 def existing_file(text: str) -> str:
-    """An argument type: a file that exists."""
-    if not Path(text).expanduser().is_file():
+    """An argument type: a file that exists; returned with ``~`` expanded."""
+    path = _expanded(text)
+    if not path.is_file():
         raise argparse.ArgumentTypeError(f"expected an existing file, got {text!r}")
-    return text
+    return str(path)
 
 
 def existing_folder(text: str) -> str:
-    """An argument type: a folder that exists."""
-    if not Path(text).expanduser().is_dir():
+    """An argument type: a folder that exists; returned with ``~`` expanded."""
+    path = _expanded(text)
+    if not path.is_dir():
         raise argparse.ArgumentTypeError(f"expected an existing folder, got {text!r}")
-    return text
+    return str(path)
 

@@ -5,7 +5,8 @@ forward kernels' ``run_uncached`` / ``run_cached``, :class:`~fovi_lab.ops.autogr
 :class:`~fovi_lab.ops.autograd.KNNConvFunction` and the custom ops of :mod:`fovi_lab.ops.library`) calls
 :func:`check_operands` before it computes anything, so that
 
-* an integer or bool tensor is refused (PyTorch would cast the weights to it and return zeros),
+* an integer, bool, complex or float8 tensor is refused (PyTorch would cast the weights to an integer x's dtype and
+  return zeros; no kernel computes in complex or float8),
 * a tensor on the ``meta`` device is refused (it has a shape but no values to compute with),
 * anything that is not a tensor (a NumPy array, a list) is refused,
 
@@ -47,8 +48,10 @@ def check_operand(name: str, t, *, optional: bool = False) -> None:
         raise TypeError(f"{name}: expected a torch.Tensor{' or None' if optional else ''}, got {kind}{hint}")
     if t.device.type == "meta":
         raise ValueError(f"{name}: expected a tensor with values on cpu or cuda, got one on the meta device "
-                         f"(shape {tuple(t.shape)}); move it with .to(device) first")
-    if not t.is_floating_point():
+                         f"(shape {tuple(t.shape)}), which holds no values to compute with; materialise it first "
+                         f"(a module built on the meta device: module.to_empty(device=...), then initialise it or "
+                         f"load_state_dict)")
+    if t.dtype not in FLOAT_DTYPES:
         raise TypeError(f"{name}: expected a floating-point tensor ({', '.join(map(_dtype_name, FLOAT_DTYPES))}), "
                         f"got {_dtype_name(t.dtype)}; convert it first, e.g. {name}.float()")
 

@@ -35,7 +35,7 @@ from fovi_lab.ops.tune_cache import tuned_choice
 
 __all__ = ["pick_backend", "recorded_table", "select_backend", "DATA_DIR"]
 
-DATA_DIR = LOCAL_DIR        # where a checkout's benchmarks write (the shipped records: fovi_lab/records/)
+DATA_DIR = LOCAL_DIR        # a checkout's own records, read beside the shipped ones (fovi_lab/records/)
 
 # recorded impl -> registered backend name, per mode
 _IMPL_TO_BACKEND = {

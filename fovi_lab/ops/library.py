@@ -34,7 +34,7 @@ from typing import Optional, Tuple
 import torch
 
 from fovi_lab.graph.meta import TrainingMeta, meta_aux
-from fovi_lab.ops.checks import check_operands
+from fovi_lab.ops.checks import FLOAT_DTYPES, check_operands
 from fovi_lab.ops.dispatch import select_backend
 from fovi_lab.ops.registry import get_ops
 
@@ -90,21 +90,24 @@ def _grad_dtype(compute_dtype: torch.dtype) -> torch.dtype:
 
 
 def _check_fake_operands(**operands) -> None:
-    """The fakes' version of :func:`~fovi_lab.ops.checks.check_operands`: torch.compile traces with fake tensors
-    (which report the real device); a plain tensor on the meta device means a caller asked the op itself for
-    values it cannot give."""
+    """The fakes' version of :func:`~fovi_lab.ops.checks.check_operands`. torch.compile traces with fake tensors,
+    which report the device they stand for: only their dtype is checked. A plain tensor on the meta device reaches
+    the fake when the op itself is called on it; the op is refused there like every other entry point (so it
+    does not serve shape inference on meta tensors: its output shape is ``[B, Cout, Nout]`` of the layer)."""
     from torch._subclasses.fake_tensor import FakeTensor
 
     for name, t in operands.items():
         if isinstance(t, FakeTensor):
-            torch._check(t.is_floating_point(), lambda: f"{name}: expected a floating-point tensor, got {t.dtype}")
+            torch._check(t.dtype in FLOAT_DTYPES, lambda: f"{name}: expected a floating-point tensor "
+                         f"({', '.join(str(d) for d in FLOAT_DTYPES)}), got {t.dtype}")
         else:
             check_operands(**{name: t})
 
 
 def _check_compute_dtype(compute_dtype) -> None:
-    if not isinstance(compute_dtype, torch.dtype) or not compute_dtype.is_floating_point:
-        raise TypeError(f"compute_dtype: expected a floating-point torch.dtype, got {compute_dtype!r}")
+    if compute_dtype not in FLOAT_DTYPES:
+        raise TypeError(f"compute_dtype: expected a floating-point torch.dtype "
+                        f"({', '.join(str(d) for d in FLOAT_DTYPES)}), got {compute_dtype!r}")
 
 
 def _check_shapes(x: torch.Tensor, weight: torch.Tensor, meta) -> None:
