@@ -25,9 +25,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from fovi_lab.graph.layers import layer_name
-from fovi_lab.ops.arguments import backend_trains, check_device as _check_device
+from fovi_lab.ops.arguments import check_device as _check_device
 from fovi_lab.ops.reference import oracle_forward
-from fovi_lab.ops.registry import OPS_REGISTRY, load_optional_backends
+from fovi_lab.ops.registry import OPS_REGISTRY, load_optional_backends, trains as backend_trains
 
 __all__ = ["DemoRow", "run_demo", "format_rows", "check_device", "main", "add_arguments", "run", "DESCRIPTION",
            "pass_flops", "cpu_estimate", "estimate_line", "CPU_GFLOPS"]

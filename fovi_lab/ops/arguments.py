@@ -18,7 +18,7 @@ from typing import Callable, Iterable, List
 
 __all__ = ["CommandParser", "HelpFormatter", "usage_error", "command_words", "int_at_least", "COUNT",
            "positive_float", "non_negative_float", "layer_name", "layer_names", "LayersAction", "expand_layers",
-           "backend_name", "backend_trains", "check_device", "device_name", "add_device_option", "device_kind", "out_file",
+           "backend_name", "check_device", "device_name", "add_device_option", "device_kind", "out_file",
            "existing_file", "existing_folder"]
 
 
@@ -201,17 +201,11 @@ class LayersAction(argparse.Action):
 
 # ------------------------------------------------------------------------------------------------ backends
 
-def backend_trains(ops) -> bool:
-    """Whether a registered ops object computes gradients (:func:`fovi_lab.ops.registry.trains`)."""
-    from fovi_lab.ops.registry import trains
-    return trains(ops)
-
-
 def backend_name(allow_auto: bool = False, trains: bool = False) -> Callable[[str], str]:
     """An argument type: a backend of the ops registry (``fovi_lab.ops.registry.OPS_REGISTRY``, the optional Warp
     backends loaded first), ``auto`` when ``allow_auto``; with ``trains``, only a backend that computes gradients."""
     def parse(text: str) -> str:
-        from fovi_lab.ops.registry import OPS_REGISTRY, load_optional_backends
+        from fovi_lab.ops.registry import OPS_REGISTRY, load_optional_backends, trains as backend_trains
         if allow_auto and text == "auto":
             return text
         if text not in OPS_REGISTRY:

@@ -89,21 +89,6 @@ def _grad_dtype(compute_dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(compute_dtype, torch.float32)
 
 
-def _check_fake_operands(**operands) -> None:
-    """The fakes' version of :func:`~fovi_lab.ops.checks.check_operands`. torch.compile traces with fake tensors,
-    which report the device they stand for: only their dtype is checked. A plain tensor on the meta device reaches
-    the fake when the op itself is called on it; the op is refused there like every other entry point (so it
-    does not serve shape inference on meta tensors: its output shape is ``[B, Cout, Nout]`` of the layer)."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    for name, t in operands.items():
-        if isinstance(t, FakeTensor):
-            torch._check(t.dtype in FLOAT_DTYPES, lambda: f"{name}: expected a floating-point tensor "
-                         f"({', '.join(str(d) for d in FLOAT_DTYPES)}), got {t.dtype}")
-        else:
-            check_operands(**{name: t})
-
-
 def _check_compute_dtype(compute_dtype) -> None:
     if compute_dtype not in FLOAT_DTYPES:
         raise TypeError(f"compute_dtype: expected a floating-point torch.dtype "
@@ -133,7 +118,9 @@ def knn_conv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]
 
 @knn_conv.register_fake
 def _knn_conv_fake(x, weight, bias, layer, backend, compute_dtype, training):
-    _check_fake_operands(x=x, weight=weight, bias=bias)
+    # the fakes check as the ops do: torch.compile's fake tensors report the device they stand for, and a plain
+    # meta tensor (the op called on one) is refused, so the op does not serve shape inference on meta tensors
+    check_operands(x=x, weight=weight, bias=bias)
     _check_compute_dtype(compute_dtype)
     meta = layer_meta(layer)
     _check_shapes(x, weight, meta)
@@ -156,7 +143,7 @@ def _adjoint(which: str, grad_y: torch.Tensor, operand: torch.Tensor, layer: int
 def _grad_like(grad_y: torch.Tensor, layer: int, which: str, compute_dtype: torch.dtype, **operands) -> torch.Tensor:
     """An empty gradient of the layer's x (``"dx"``: ``[B, Cin, Nin]``) or weight (``"dW"``: ``[Cout, Q]``);
     ``operands``: the op's other tensors, checked as the real op checks them."""
-    _check_fake_operands(grad_y=grad_y, **operands)
+    check_operands(grad_y=grad_y, **operands)
     _check_compute_dtype(compute_dtype)
     meta = layer_meta(layer)
     torch._check(grad_y.dim() == 3 and grad_y.shape[1] == meta.cout and grad_y.shape[2] == meta.nout,
