@@ -8,13 +8,15 @@
 #   bash tools/h200/run.sh sweep     [bench args]  # every registered forward config on every layer (--all-configs)
 #   bash tools/h200/run.sh train-step [bench args] # forward + dx + dW, eager and replayed, every PyTorch baseline
 #   bash tools/h200/run.sh backward  [bench args]  # the adjoint benchmark (staged and fused)
-#   bash tools/h200/run.sh parity                  # warmup, then tests/test_gpu_parity.py (junit XML under $OUT)
+#   bash tools/h200/run.sh parity                  # warmup, then every GPU test file (junit XML under $OUT)
+#   bash tools/h200/run.sh all [B ...]             # parity, then train-step and forward at these batches (16 64),
+#                                                   # each job bounded by what is left of FOVI_TIMEOUT
 #   bash tools/h200/run.sh ncu TARGETS...          # Nsight Compute on layer:B:config[:dense] targets
 #   bash tools/h200/run.sh notebooks [nb ...]      # notebooks with their gpu cells (tools/h200/run_notebooks.sh)
 #
 # FOVI_TIMEOUT (seconds, default 560) bounds each job inside the device's 10-minute call.
 set -uo pipefail
-job="${1:?usage: run.sh forward|sweep|train-step|backward|parity|ncu|notebooks [args]}"; shift
+job="${1:?usage: run.sh forward|sweep|train-step|backward|parity|all|ncu|notebooks [args]}"; shift
 source "$(dirname "$0")/device_env.sh"
 limit="${FOVI_TIMEOUT:-560}"
 tag="${FOVI_TAG:-$job}"
@@ -37,7 +39,24 @@ case "$job" in
     python3 -m fovi_lab warmup --no-dense --experimental --mathdx off --jobs 16 > "$OUT/warmup.log" 2>&1
     tail -1 "$OUT/warmup.log"
     FOVI_WARP_MATHDX=0 timeout "$limit" python3 -m pytest -o addopts="" -p no:cacheprovider -q \
-      tests/test_gpu_parity.py --junitxml="$OUT/parity.xml" "$@" 2>&1 | tail -3 ;;
+      tests/test_gpu_parity.py tests/test_gpu_replay.py tests/test_gpu_torch_native.py \
+      --junitxml="$OUT/parity.xml" "$@" 2>&1 | tail -5 ;;
+  all)
+    batches=("$@"); [ ${#batches[@]} -gt 0 ] || batches=(16 64)
+    left() { echo $(( limit - ($(date +%s) - t0) )); }
+    export FOVI_WARP_MATHDX=0          # the scalar tile GEMM: no MathDx module to compile inside the call
+    python3 -m fovi_lab warmup --no-dense --experimental --mathdx off --jobs 16 > "$OUT/warmup.log" 2>&1
+    tail -1 "$OUT/warmup.log"; echo "warmup done at $(( $(date +%s) - t0 )) s"
+    timeout $(( $(left) * 2 / 5 )) python3 -m pytest -o addopts="" -p no:cacheprovider -q \
+      tests/test_gpu_parity.py tests/test_gpu_replay.py tests/test_gpu_torch_native.py \
+      --junitxml="$OUT/parity.xml" > "$OUT/parity.log" 2>&1
+    tail -5 "$OUT/parity.log"; echo "parity done at $(( $(date +%s) - t0 )) s"
+    timeout $(( $(left) * 3 / 5 )) python3 -m fovi_lab.bench.backward train-step --graphs \
+      --batches "${batches[@]}" --time-budget-s $(( $(left) / 2 )) --out "$OUT/train_step.jsonl" > "$OUT/train_step.log" 2>&1
+    tail -3 "$OUT/train_step.log"; echo "train-step done at $(( $(date +%s) - t0 )) s"
+    [ "$(left)" -gt 90 ] && timeout $(( $(left) - 5 )) python3 -m fovi_lab.bench.forward --graphs --no-cached --no-compile --reps 20 --warmup 3 \
+      --batches "${batches[@]}" --time-budget-s $(( $(left) - 40 )) --tag "$tag" --out "$OUT/forward.jsonl" > "$OUT/forward.log" 2>&1
+    tail -3 "$OUT/forward.log" ;;
   ncu)
     timeout "$limit" ncu --nvtx --nvtx-include "profile/" -k regex:fovi_fwd --section SpeedOfLight \
       --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis --section LaunchStats \
