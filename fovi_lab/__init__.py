@@ -8,6 +8,7 @@ The public API::
     conv = KNNConv.from_graph(graph, cin=64, cout=64, backend="auto")
     y = conv(x)                                              # x [B, Cin, Nin] -> y [B, Cout, Nout]
     backends()                                               # the registered backend names
+    print(explain("res18_layer1", 16))                       # which kernels that call runs, and why
 
 The package's folders are its layers, bottom up (no module imports a layer above its own):
 
@@ -18,16 +19,19 @@ The package's folders are its layers, bottom up (no module imports a layer above
     knn_warp   the Warp backends (``warp_compact``, ``warp_train``) and every name of fovi's own ``knn_warp`` module
     bench/     the benchmarks that write the records under ``data/``; ``train``: a small foveated network
     lab/       what the notebooks run (widget callbacks, models, recorded figures)
-    demo, cli  ``python -m fovi_lab {demo, bench, warmup}``
+    explanation  ``explain``: the kernels a call runs and why the other families are not (``python -m fovi_lab explain``)
+    demo, cli  ``python -m fovi_lab {demo, explain, bench, tune, warmup, ...}``
 """
 
 from fovi_lab.graph.layers import layer_graph
 from fovi_lab.graph.meta import TrainingMeta, build_meta
 from fovi_lab.ops.autograd import KNNConv, KNNConvFunction
 from fovi_lab.ops.registry import OPS_REGISTRY, load_optional_backends
+from fovi_lab.explanation import explain
 
 __version__ = "0.1.0"
-__all__ = ["KNNConv", "KNNConvFunction", "TrainingMeta", "backends", "build_meta", "layer_graph", "__version__"]
+__all__ = ["KNNConv", "KNNConvFunction", "TrainingMeta", "backends", "build_meta", "explain", "layer_graph",
+           "__version__"]
 
 
 def backends() -> list:

@@ -19,7 +19,7 @@ from fovi_lab.ops.graphs import keep_alive_while_captured
 from fovi_lab.kernels.common import check_tensor, warp_device
 from fovi_lab.kernels.forward.configs import FwdConfig, _CACHED_CONFIG_SPECS, MMA_FAMILIES, PIPE_FAMILIES, config_spec
 from fovi_lab.kernels.forward.build import VALIDATED, build_kernel, get_uncached_config, require_config
-from fovi_lab.kernels.forward.rules import _FALLBACK_CHAIN, select_config, select_mma
+from fovi_lab.kernels.forward.rules import _FALLBACK_CHAIN, pick, select_config
 from fovi_lab.kernels.forward.plans import Plan, plan_cached, plan_dense, plan_uncached, store_mode
 from fovi_lab.ops.checks import check_operand
 from fovi_lab.kernels.forward.checks import analyse_tables, _check_bias, _check_table, _check_x, device_str
@@ -134,14 +134,13 @@ def resolve_uncached(x, weight, bias, input_linear, weight_linear, config=None, 
         raise ValueError(f"config: an fp32 output needs a split tensor-core config ({', '.join(_SPLIT_MMA_FAMILIES)}), "
                          f"got {config!r}")
     if config is None and bf16:             # bf16: the register tensor-core kernels alone (no other family has a bf16 kernel)
-        name = select_mma(b, cout, nout, p64, q, pipe=False)
+        name = pick(b, cout, nout, p64, cin, info.nm is not None, q, bf16=True)
         built = get_uncached_config(name, dev, bf16=True)
         if built is None:
             raise RuntimeError(f"x: bf16 runs on the tensor-core (mma) kernels, and {name!r} cannot launch on {dev} "
                                f"(they need sm_80 or newer); use fp16 or a PyTorch backend")
     elif config is None:
-        name = select_config(b, cout, nout, p64, in_channels=cin, node_major=info.nm is not None,
-                                             q=q)
+        name = pick(b, cout, nout, p64, cin, info.nm is not None, q)
         built = get_uncached_config(name, dev)
         if built is None and config_spec(name).family in PIPE_FAMILIES:    # the register mma kernels next
             name = select_config(b, cout, nout, p64, in_channels=cin, node_major=info.nm is not None, q=q,

@@ -221,11 +221,10 @@ def get_uncached_config(name: str, device=None, bf16: bool = False) -> Optional[
 
     A config that fails is remembered as None and reported once with a ``RuntimeWarning`` saying why.
     """
-    if name not in _UNCACHED_BATCH_CONFIG_SPECS and name not in _EXPERIMENTAL_CONFIG_SPECS \
-            and name not in _TEST_CONFIG_SPECS:
-        config_spec(name)  # raises the unknown-config error
+    if config_spec(name).family == "cached":      # (an unknown name raises here)
         raise ValueError(f"config: {name!r} is a cached-path config; run_uncached takes one of "
-                         f"{', '.join(_UNCACHED_BATCH_CONFIG_SPECS)}")
+                         f"{', '.join(_UNCACHED_BATCH_CONFIG_SPECS)}, or an id of any point of the uncached "
+                         f"families (fovi_lab.kernels.families)")
     return get_config(name, device, bf16=bf16)
 
 

@@ -104,8 +104,13 @@ def config_spec(name: str) -> FwdConfig:
                   _TEST_CONFIG_SPECS):
         if name in table:
             return FwdConfig(name, *table[name])
-    known = ", ".join(sorted(_UNCACHED_BATCH_CONFIG_SPECS) + sorted(_CACHED_CONFIG_SPECS))
-    raise ValueError(f"config: unknown forward config {name!r}; known configs: {known}")
+    from fovi_lab.kernels.families.registry import lookup, family
+    try:                                  # an id derived from a family's parameters (any point of its space)
+        point = lookup(name)
+    except (TypeError, ValueError) as exc:
+        detail = str(exc).split(": ", 1)[1].replace(f"unknown config {name!r}; ", "")
+        raise ValueError(f"config: unknown forward config {name!r}: {detail}") from None
+    return family(point.family).to_config(point, name)
 
 
 # Every registered config by name (uncached, experimental, cached; not the canary's test configs).

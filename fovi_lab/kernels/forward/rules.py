@@ -83,6 +83,44 @@ def select_config(batch: int, out_channels: int, out_nodes: int, p_padded: int,
     return "m64n64r1b256"
 
 
+def pick(batch: int, out_channels: int, out_nodes: int, p_padded: int, in_channels: int, node_major: bool,
+         q: Optional[int] = None, bf16: bool = False, pipe: bool = True, mma: bool = True) -> str:
+    """The forward config the rules pick for a call: the one place a call's forward is decided (the plan of a
+    call signature, :func:`fovi_lab.explain` and the benchmarks all ask here). bf16 calls take the register
+    tensor-core kernels alone (no other family has a bf16 kernel)."""
+    if bf16:
+        return select_mma(batch, out_channels, out_nodes, p_padded, q, pipe=False)
+    return select_config(batch, out_channels, out_nodes, p_padded, in_channels=in_channels, node_major=node_major,
+                         q=q, pipe=pipe, mma=mma)
+
+
+def pick_reason(batch: int, out_channels: int, out_nodes: int, p_padded: int, in_channels: int,
+                node_major: bool, name: str, bf16: bool = False) -> str:
+    """Which rule of this module picked ``name`` for the call, in words, with the thresholds it read."""
+    fam = name.split("_")[0]
+    if bf16:
+        return "bf16 runs on the register tensor-core kernels alone (select_mma without the pipelined kernels)"
+    if fam in ("mmap", "mmaps"):
+        split = (" split along p: fewer than %d nodes or an unsplit grid under %d blocks" %
+                 (_PIPE_MIN_NODES, _PIPE_SPLIT_CTAS) if fam == "mmaps" else "")
+        return (f"select_pipe: B >= {_PIPE_MIN_BATCH}, Cout >= {_PIPE_MIN_COUT} and P64 >= {_PIPE_MIN_P64}, where "
+                f"each node's GEMM is large enough for the cp.async stages{split}")
+    if fam.startswith("mma"):
+        return ("select_mma: the tensor-core rule (FOVI_WARP_MMA=auto), read from the H200 sweeps of every "
+                "tensor-core config on every layer; the call's shape is under the pipelined kernels' thresholds")
+    if fam in ("ss", "ssw"):
+        return (f"select_simts: B <= {_SIMTS_MAX_BATCH}, or at most {_SIMTS_FEW_NODES} output nodes at B <= "
+                f"{_SIMTS_FEW_NODES_MAX_BATCH}: the split SIMT kernel")
+    if fam in ("sd", "sv", "sdp", "sw"):
+        return (f"select_simt: a stem-like layer (Cin < {_NM_MIN_CIN}) with >= {_SIMT_MIN_NODES} output nodes at "
+                f"this batch")
+    if fam in ("nm", "nms"):
+        return f"the node-major rule: tables of the node-major form and Cin >= {_NM_MIN_CIN}"
+    if fam in ("i2c", "i2cg"):
+        return f"select_i2c: a stem-like layer (Cin < {_NM_MIN_CIN}) outside the SIMT kernels' range"
+    return "the gather rule: tables of no special form"
+
+
 def _mma_env() -> str:
     """``FOVI_WARP_MMA``: ``auto`` (the default: the mma rules of :func:`select_mma`) or ``off`` (the tile and
     SIMT rules only)."""

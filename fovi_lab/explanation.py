@@ -1,0 +1,232 @@
+"""``fovi_lab.explain``: what ``warp_train`` runs for a layer at a batch size, and why each other kernel family is
+not what it runs.
+
+    >>> import fovi_lab
+    >>> print(fovi_lab.explain("alex_L1", 64, device="h200"))   # doctest: +SKIP
+
+or ``python -m fovi_lab explain --layer alex_L1 --batch 64 --device h200``.
+
+prints the call's shape, the forward kernel the rules pick (in words, with its id and the rule that picked
+it), the paths of dx and dW, and for every kernel family either the reasons none of its points can run the
+call (the xformers ``not_supported_reasons`` idea) or that it can, with its best registered point by the
+roofline and why the rules take another. The decisions are the production ones
+(:func:`fovi_lab.kernels.forward.rules.pick`, :func:`fovi_lab.knn_warp.grad_paths`), read, not re-derived.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple, Union
+
+import torch
+
+from fovi_lab.kernels.families import DeviceSpec, Estimate, Point, Problem, describe, device_spec, family, lookup
+from fovi_lab.kernels.families.registry import FAMILIES, presets
+
+_DTYPES = {"fp16": torch.float16, "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class FamilyVerdict:
+    """One family's answer for the call: ``chosen``, ``runs`` (how many of its registered points can, and the
+    lowest roofline among them) or ``cannot run`` (the reasons, one per distinct cause)."""
+
+    family: str
+    title: str
+    status: str
+    reasons: Tuple[str, ...] = ()
+    runnable: int = 0
+    estimate: Optional[Estimate] = None
+
+
+@dataclass(frozen=True)
+class Explanation:
+    problem: Problem
+    device: DeviceSpec
+    forward: Point
+    forward_rule: str
+    forward_estimate: Estimate
+    fallback: Optional[Point]
+    dx: str
+    dw: str
+    families: Tuple[FamilyVerdict, ...] = field(default=())
+
+    def __str__(self) -> str:
+        p = self.problem
+        lines = [f"{p.words()}", f"on {self.device.words()}", "",
+                 f"forward: {describe(self.forward)}  [{self.forward.id}]",
+                 f"  picked by {self.forward_rule}",
+                 f"  roofline: {self.forward_estimate.words()}"]
+        if self.fallback is not None:
+            lines.append(f"  where the tensor cores cannot launch (before sm_80) or FOVI_WARP_MMA=off: "
+                         f"{describe(self.fallback)}  [{self.fallback.id}]")
+        lines += [f"dx: {self.dx}", f"dW: {self.dw}", "", "families:"]
+        for v in self.families:
+            head = f"  {v.title}: {v.status}"
+            if v.status == "runs":
+                head += f" ({v.runnable} registered point{'s' if v.runnable != 1 else ''} can"
+                if v.estimate is not None and v.estimate.ms is not None:
+                    head += f"; roofline {v.estimate.words()}"
+                head += ")"
+            lines.append(head)
+            lines += [f"    - {r}" for r in v.reasons]
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
+def _problem(layer, batch: int, dtype, rf: Optional[str]) -> Tuple[Problem, object]:
+    from fovi_lab.graph.meta import TrainingMeta
+    if isinstance(dtype, str):
+        if dtype.lower() not in _DTYPES:
+            raise ValueError(f"dtype: expected fp16 or bf16, got {dtype!r}")
+        dtype = _DTYPES[dtype.lower()]
+    if dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"dtype: warp_train computes in fp16 or bf16, got {dtype}")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch: expected an integer >= 1, got {batch!r}")
+    if isinstance(layer, str):
+        from fovi_lab.graph.layers import LAYERS, layer_meta, resolve_layer
+        try:
+            resolve_layer(layer, rf)
+        except KeyError:
+            raise ValueError(f"layer: unknown {layer!r}; known: {', '.join(LAYERS)} (or <layer>_rf1 / _rf2)") from None
+        meta, name = layer_meta(layer, rf), layer
+    elif isinstance(layer, TrainingMeta):
+        meta, name = layer, None
+    else:
+        raise TypeError(f"layer: expected a layer name or a TrainingMeta, got {type(layer).__name__}")
+    meta = meta.to("cpu")
+    return Problem.of(meta, batch, dtype, layer=name), meta
+
+
+def _grad_words(meta, problem: Problem) -> Tuple[str, str]:
+    from fovi_lab.knn_warp import FUSED_MIN_CIN, grad_paths
+    from fovi_lab.kernels.adjoint.as_forward import select_grad_mma
+    dx_path, dw_path = grad_paths(meta, problem.batch, problem.dtype)
+    cfg = select_grad_mma(meta, problem.batch, problem.dtype)
+
+    def words(path: str, which: str) -> str:
+        if path == "mma":
+            what = f"{describe(cfg)}  [{cfg}]" if cfg else "the split tensor-core configs' default rule"
+            layer = "the transposed layer" if which == "dx" else "the tap layer"
+            return f"tensor cores, as the forward of {layer}: {what}"
+        if path == "fused":
+            from fovi_lab.kernels.adjoint.fused import select_dw_nm_config, select_dx_nm_config
+            c = (select_dx_nm_config(problem.batch, problem.cin, problem.nin) if which == "dx"
+                 else select_dw_nm_config(problem.cout, problem.cin, problem.batch))
+            return f"fused node-major kernel, one launch, no stage  [{c}]  (Cin >= {FUSED_MIN_CIN})"
+        return f"staged kernels: a stage and a reverse-index reduction  (Cin < {FUSED_MIN_CIN})"
+    return words(dx_path, "dx"), words(dw_path, "dW")
+
+
+def explain(layer: Union[str, object], batch: int, dtype: Union[str, torch.dtype] = "fp16",
+            device: Union[None, str, torch.device, DeviceSpec] = None, rf: Optional[str] = None) -> Explanation:
+    """What ``warp_train`` runs for ``layer`` at ``batch`` in ``dtype`` on ``device``, and why.
+
+    Args:
+        layer: a layer name of :data:`fovi_lab.graph.layers.LAYERS` or a :class:`~fovi_lab.graph.meta.TrainingMeta`.
+        batch: B. dtype: ``"fp16"`` / ``"bf16"`` (or the torch dtype).
+        device: ``"h200"`` / ``"h100"`` / ``"a100"`` (their datasheet peaks and limits), ``"cpu"``, a CUDA device,
+            or None (the current one). The decisions are the same on every device; the checks and the roofline
+            read the device.
+        rf: the reference frame of a named layer (default: its network's).
+
+    Returns an :class:`Explanation`; printing it (or its repr in a notebook) gives the text.
+    """
+    from fovi_lab.kernels.forward.rules import pick, pick_reason
+    problem, meta = _problem(layer, batch, dtype, rf)
+    spec = device_spec(device)
+    bf16 = problem.dtype == torch.bfloat16
+    args = (problem.batch, problem.cout, problem.nout, problem.p64, problem.cin, problem.node_major)
+    name = pick(*args, q=problem.q, bf16=bf16)
+    chosen = lookup(name)
+    fallback = None if bf16 else lookup(pick(*args, q=problem.q, mma=False))
+    chosen_family = family(chosen.family)
+    verdicts: List[FamilyVerdict] = []
+    for fam in FAMILIES:
+        if fam.inference_only:
+            verdicts.append(FamilyVerdict(fam.key, fam.title, "not a training kernel",
+                                          ("it reads the cached effective weight: inference only (warp_cached)",)))
+            continue
+        candidates = [p.point for p in presets(fam.key, experimental=False)] or \
+                     [p.point for p in presets(fam.key)]
+        runnable, why_not = [], []
+        for pt in candidates:
+            reasons = fam.check(pt, problem, spec)
+            if reasons:
+                why_not.extend(reasons)
+            else:
+                runnable.append(pt)
+        if not runnable:
+            distinct = tuple(dict.fromkeys(why_not))
+            verdicts.append(FamilyVerdict(fam.key, fam.title, "cannot run", distinct))
+            continue
+        best_est = min((fam.estimate(pt, problem, spec) for pt in runnable),
+                       key=lambda e: e.ms if e.ms is not None else 0.0)
+        if fam is chosen_family:
+            verdicts.append(FamilyVerdict(fam.key, fam.title, "chosen", (), len(runnable),
+                                          fam.estimate(chosen, problem, spec)))
+            continue
+        if bf16:
+            why = "not chosen: bf16 runs on the register tensor-core kernels alone"
+        elif fallback is not None and fam.key == fallback.family:
+            why = (f"not chosen: the tensor-core kernels are the pick wherever mma.sync can launch; this family is the "
+                   f"rules' choice without them ({describe(fallback)}  [{fallback.id}])")
+        elif fam.tensor_cores and fam.key in ("tensor_cores", "pipelined"):
+            why = (f"not chosen: {pick_reason(*args, name=name)}")
+        else:
+            why = "not chosen: the tensor-core kernels are the pick wherever mma.sync can launch"
+        verdicts.append(FamilyVerdict(fam.key, fam.title, "runs", (why,), len(runnable), best_est))
+    return Explanation(problem, spec, chosen, pick_reason(*args, name=name, bf16=bf16),
+                       chosen_family.estimate(chosen, problem, spec), fallback, *_grad_words(meta, problem),
+                       families=tuple(verdicts))
+
+
+
+
+# ------------------------------------------------------------------------------------------------ command line
+
+#: The help text of ``python -m fovi_lab explain``.
+DESCRIPTION = """\
+Say what warp_train runs for a layer at a batch size, and why: the forward kernel the rules pick (in words, with
+its id and the rule), the paths of dx and dW, and for every kernel family either why none of its points can run
+the call or that it can, with its roofline on the device. Nothing is compiled or launched.
+
+  python -m fovi_lab explain --layer res18_layer1 --batch 16
+  python -m fovi_lab explain --layer alex_L1 --batch 64 --dtype bf16 --device h200
+"""
+
+
+def add_arguments(parser) -> None:
+    from fovi_lab.graph.layers import LAYERS
+    from fovi_lab.kernels.families.registry import DEVICES
+    from fovi_lab.ops.arguments import COUNT, layer_name
+
+    parser.add_argument("--layer", type=layer_name, default="res18_layer1",
+                        help=f"one of {', '.join(LAYERS)}, or a variant <layer>_rf1 / <layer>_rf2")
+    parser.add_argument("--batch", type=COUNT, default=16, help="images in the batch")
+    parser.add_argument("--dtype", choices=["fp16", "bf16"], default="fp16", help="the compute dtype")
+    parser.add_argument("--device", default=None, metavar="DEVICE",
+                        help=f"{', '.join(k for k in DEVICES if k != 'cpu')} (their datasheet limits and peaks), "
+                             f"cpu, or cuda[:i] (default: the current device)")
+
+
+def run(args) -> int:
+    from fovi_lab.ops.arguments import usage_error
+    try:
+        text = str(explain(args.layer, args.batch, args.dtype, args.device))
+    except ValueError as exc:
+        usage_error("python -m fovi_lab explain", f"--{str(exc).split(':', 1)[0]}: {str(exc).split(': ', 1)[1]}")
+    print(text)
+    return 0
+
+
+def main(argv=None) -> int:
+    from fovi_lab.ops.arguments import CommandParser
+    parser = CommandParser(prog="python -m fovi_lab explain", description=DESCRIPTION)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+__all__ = ["explain", "Explanation", "FamilyVerdict", "DESCRIPTION", "add_arguments", "run", "main"]

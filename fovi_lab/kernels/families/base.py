@@ -1,0 +1,369 @@
+"""What a kernel family is: its typed parameters, the points of its parameter space, the problem a point is
+asked to run, the device it runs on, and the questions every family answers about a point.
+
+A *point* fixes every parameter of one family (the tile shape, the loop depth, the operand layouts, ...): it
+is one kernel. Its readable name (:meth:`Family.describe`) and its compact id (:meth:`Family.point_id`) are
+both derived from the parameters. :meth:`Family.check` answers whether the point can run a problem on a
+device, as a list of reasons it cannot (empty: it can), and :meth:`Family.estimate` gives the roofline time
+that the rules and the tuner start from: the larger of the point's padded FLOPs at the device's peak and the
+bytes it must move at the device's bandwidth (a lower bound, never a prediction).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+import torch
+
+from fovi_lab.graph.meta import pad_to
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter of a family.
+
+    Attributes:
+        name: the keyword (``tile_o``).
+        label: what it is, in words (``output channels per warp``).
+        values: every value a point may take (a kernel is compiled per value: the space is finite).
+        words: the value as a phrase in a readable name (default: ``f"{value} {label}"``); a phrase of None
+            leaves the value out of the name.
+        default: a value the readable name leaves out (the family's usual one), or None.
+    """
+
+    name: str
+    label: str
+    values: Tuple[Any, ...]
+    words: Optional[Callable[[Any], Optional[str]]] = None
+    default: Any = None
+
+    def phrase(self, value) -> Optional[str]:
+        if self.default is not None and value == self.default:
+            return None
+        return self.words(value) if self.words is not None else f"{value} {self.label}"
+
+
+@dataclass(frozen=True)
+class Point:
+    """One kernel: a family's key and a value for each of its parameters (in the family's order)."""
+
+    family: str
+    values: Tuple[Tuple[str, Any], ...]
+
+    def __getitem__(self, name: str):
+        for k, v in self.values:
+            if k == name:
+                return v
+        raise KeyError(f"{self.family} has no parameter {name!r}")
+
+    def as_dict(self) -> Dict[str, Any]:
+        return dict(self.values)
+
+    def replace(self, **changes) -> "Point":
+        from fovi_lab.kernels.families.registry import family
+        return family(self.family).point(**{**self.as_dict(), **changes})
+
+    @property
+    def id(self) -> str:
+        from fovi_lab.kernels.families.registry import family
+        return family(self.family).point_id(self)
+
+    @property
+    def name(self) -> str:
+        from fovi_lab.kernels.families.registry import family
+        return family(self.family).describe(self)
+
+    def __str__(self) -> str:
+        return f"{self.name} [{self.id}]"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """The shape of one forward call: what a point is checked and estimated against.
+
+    ``node_major``: the tables have the node-major form of docs/operator.md §2.1 (the node-major family needs
+    it). ``p_used``: one past the last table column holding a real entry (defaults to P64)."""
+
+    batch: int
+    cin: int
+    nin: int
+    cout: int
+    nout: int
+    p64: int
+    q: int
+    k: int = 0
+    node_major: bool = True
+    dtype: torch.dtype = torch.float16
+    layer: Optional[str] = None
+
+    @classmethod
+    def of(cls, meta, batch: int, dtype: torch.dtype = torch.float16, layer: Optional[str] = None) -> "Problem":
+        """The problem of ``meta`` (a :class:`~fovi_lab.graph.meta.TrainingMeta`) at ``batch`` in ``dtype``."""
+        from fovi_lab.kernels.forward.checks import analyse_tables
+        info = analyse_tables(meta.input_linear, meta.weight_linear, meta.cin, meta.nin, meta.q)
+        return cls(batch=int(batch), cin=int(meta.cin), nin=int(meta.nin), cout=int(meta.cout),
+                   nout=int(meta.nout), p64=int(meta.p64), q=int(meta.q), k=int(meta.k),
+                   node_major=info.nm is not None, dtype=dtype, layer=layer)
+
+    @property
+    def flops(self) -> float:
+        """The useful FLOPs: ``2 B P64 Cout Nout`` (the compact GEMMs, pad entries included)."""
+        return 2.0 * self.batch * self.p64 * self.cout * self.nout
+
+    @property
+    def itemsize(self) -> int:
+        return torch.empty((), dtype=self.dtype).element_size()
+
+    @property
+    def fewest_bytes(self) -> float:
+        """x, W, the bias, both int32 tables and y, each moved once."""
+        s = self.itemsize
+        return float(s * (self.batch * self.cin * self.nin + self.cout * self.q + self.cout
+                          + self.batch * self.cout * self.nout) + 2 * 4 * self.nout * self.p64)
+
+    def words(self) -> str:
+        what = self.layer or "a layer"
+        dtype = {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(self.dtype, str(self.dtype).replace("torch.", ""))
+        return (f"{what} at B = {self.batch} in {dtype}: Cin {self.cin}, "
+                f"Nin {self.nin}, Cout {self.cout}, Nout {self.nout}, P64 {self.p64}")
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """A device's limits and (datasheet) peaks.
+
+    ``arch``: compute capability as ``major * 10 + minor`` (90 for sm_90), None for the CPU.
+    ``smem_per_block``: the shared memory one block may opt into, in bytes. Peaks are datasheet figures (dense
+    fp16 tensor-core TFLOP/s with fp32 accumulation, fp32 CUDA-core TFLOP/s, HBM TB/s); None where unknown:
+    :meth:`Family.estimate` then says it has no roofline for this device."""
+
+    name: str
+    arch: Optional[int]
+    sms: int = 0
+    smem_per_block: int = 0
+    tensor_tflops: Optional[float] = None
+    fp32_tflops: Optional[float] = None
+    hbm_tbps: Optional[float] = None
+    source: str = "datasheet"
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.arch is None
+
+    def words(self) -> str:
+        if self.is_cpu:
+            return "the CPU (Warp's CPU device)"
+        peaks = (f"{self.tensor_tflops:g} TFLOP/s fp16 tensor, {self.fp32_tflops:g} TFLOP/s fp32, "
+                 f"{self.hbm_tbps:g} TB/s ({self.source})" if self.tensor_tflops else "no peak figures known")
+        return f"{self.name} (sm_{self.arch}, {self.sms} SMs; {peaks})"
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A point's roofline time on a problem and device: the larger of ``flops`` at ``peak_tflops`` and
+    ``nbytes`` at the bandwidth. ``ms`` is None where the device has no peak figures (then ``why`` says so)."""
+
+    ms: Optional[float]
+    flops: float
+    nbytes: float
+    bound: str = ""
+    peak: str = ""
+    why: str = ""
+
+    def words(self) -> str:
+        if self.ms is None:
+            return self.why
+        return f"at least {self.ms * 1e3:.1f} us ({self.bound}-bound: {self.peak})"
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named point: ``why`` says where it comes from (a rule picks it, a sweep or tune record shows it
+    winning, a notebook teaches it, or it is kept runnable for comparison: ``experimental``)."""
+
+    name: str
+    point: Point
+    why: str = "registered"
+
+
+class Family:
+    """A kernel family. Subclasses set :attr:`key`, :attr:`title`, :attr:`params`, :attr:`variants` and the
+    methods below; one module per family (``fovi_lab.kernels.families.*``), one line in the registry.
+
+    ``variants`` maps each legacy family string of the configs table (``mmato``, ``sdp``, ...) to the values
+    it fixes: those strings remain the prefix of the compact ids, so records and tune caches keep loading."""
+
+    key: str = ""
+    title: str = ""
+    module: str = ""                    # where the kernel factory lives (the production source)
+    params: Tuple[Param, ...] = ()
+    variants: Dict[str, Dict[str, Any]] = {}
+    tensor_cores: bool = False          # its products run on the tensor cores (the estimate's peak)
+    training: bool = False              # its kernels also serve the adjoints (as forwards of derived layers)
+    inference_only: bool = False        # runs only from the cached effective weight (no training forward)
+    dtypes: Tuple[torch.dtype, ...] = (torch.float16,)      # the operand dtypes it has kernels for
+
+    # -- the parameter space -------------------------------------------------------------------------------
+    def param(self, name: str) -> Param:
+        for p in self.params:
+            if p.name == name:
+                return p
+        raise KeyError(f"{self.key}: no parameter {name!r}; parameters: {', '.join(p.name for p in self.params)}")
+
+    def point(self, **values) -> Point:
+        """The point with these values (every parameter named once; a ValueError names a bad one)."""
+        names = [p.name for p in self.params]
+        unknown = sorted(set(values) - set(names))
+        if unknown:
+            raise ValueError(f"{self.key}: unknown parameter(s) {', '.join(unknown)}; parameters: {', '.join(names)}")
+        missing = [n for n in names if n not in values]
+        if missing:
+            raise ValueError(f"{self.key}: missing value(s) for {', '.join(missing)}")
+        for p in self.params:
+            if values[p.name] not in p.values:
+                raise ValueError(f"{self.key}: {p.name} ({p.label}) must be one of "
+                                 f"{', '.join(map(str, p.values))}, got {values[p.name]!r}")
+        return Point(self.key, tuple((n, values[n]) for n in names))
+
+    def points(self) -> Iterator[Point]:
+        """Every point of the space whose parameters combine (:meth:`combine_reasons` empty)."""
+        import itertools
+        for combo in itertools.product(*(p.values for p in self.params)):
+            pt = Point(self.key, tuple(zip((p.name for p in self.params), combo)))
+            if not self.combine_reasons(pt):
+                yield pt
+
+    def variant(self, point: Point) -> str:
+        """The legacy family string whose fixed values ``point`` has."""
+        for name, fixed in self.variants.items():
+            if all(point[k] == v for k, v in fixed.items()):
+                return name
+        raise ValueError(f"{self.key}: no kernel combines {self._fixed_words(point)}")
+
+    def _fixed_words(self, point: Point) -> str:
+        keys = sorted({k for fixed in self.variants.values() for k in fixed})
+        return ", ".join(f"{k} = {point[k]}" for k in keys)
+
+    # -- what each family says about its points -------------------------------------------------------------
+    def combine_reasons(self, point: Point) -> List[str]:
+        """Why these parameter values do not make one kernel, whatever the problem (empty: they do)."""
+        try:
+            self.variant(point)
+        except ValueError as exc:
+            return [str(exc).split(": ", 1)[1]]
+        return []
+
+    def check(self, point: Point, problem: Optional[Problem] = None, device: Optional[DeviceSpec] = None) -> List[str]:
+        """The reasons ``point`` cannot run ``problem`` on ``device`` (either may be None: not checked). Empty:
+        it can (the canary still validates each kernel once per device before its first use)."""
+        reasons = self.combine_reasons(point)
+        if reasons:
+            return reasons
+        reasons += self.resource_reasons(point, device)
+        if problem is not None:
+            reasons += self.problem_reasons(point, problem)
+        return reasons
+
+    def resource_reasons(self, point: Point, device: Optional[DeviceSpec]) -> List[str]:
+        return []
+
+    def problem_reasons(self, point: Point, problem: Problem) -> List[str]:
+        reasons = []
+        if problem.dtype not in self.dtypes:
+            kinds = " or ".join(str(d).replace("torch.float16", "fp16").replace("torch.bfloat16", "bf16")
+                                for d in self.dtypes)
+            reasons.append(f"has kernels for {kinds} only, not {str(problem.dtype).replace('torch.', '')}")
+        return reasons
+
+    def describe(self, point: Point) -> str:
+        """The readable name: the family's title and each parameter's phrase."""
+        words = [self.title] + [w for p in self.params if (w := p.phrase(point[p.name]))]
+        return ", ".join(words)
+
+    def point_id(self, point: Point) -> str:
+        """The compact id: a preset's own name where one is registered at this point, else the id derived from the
+        parameters (written out in full where the short form names another preset)."""
+        from fovi_lab.kernels.families.registry import preset_name, PRESETS
+        named = preset_name(point)
+        if named is not None:
+            return named
+        short = self.format_id(point)
+        return self.format_id(point, explicit=True) if short in PRESETS else short
+
+    def format_id(self, point: Point, explicit: bool = False) -> str:
+        """The id derived from the parameters; ``explicit``: every optional field written out (used where the
+        short form is a preset's name for another point)."""
+        raise NotImplementedError
+
+    def parse_id(self, text: str) -> Optional[Point]:
+        """The point a derived id names (None when ``text`` is not one of this family's ids)."""
+        return None
+
+    def to_config(self, point: Point, name: Optional[str] = None):
+        """The :class:`~fovi_lab.kernels.forward.configs.FwdConfig` the builders and plans take."""
+        from fovi_lab.kernels.forward.configs import FwdConfig
+        return FwdConfig(name or self.point_id(point), self.variant(point), *self.config_fields(point))
+
+    def config_fields(self, point: Point) -> Tuple[int, int, int, int, int]:
+        """``(tile_m, tile_n, tile_k, r, block_dim)`` of the point."""
+        raise NotImplementedError
+
+    def from_config(self, cfg) -> Point:
+        """The point of a configs-table entry of one of this family's variants."""
+        raise NotImplementedError
+
+    def build(self, point: Point, bf16: bool = False):
+        """The Warp kernel of ``point`` (built once per point; compiled on first launch)."""
+        from fovi_lab.kernels.forward.build import build_kernel
+        return build_kernel(self.to_config(point), bf16=bf16)
+
+    # -- the roofline estimate ------------------------------------------------------------------------------
+    def block_shape(self, point: Point) -> Tuple[int, int]:
+        """``(batch rows, output channels)`` one unit of the grid computes: what the padding of B and Cout
+        is rounded to."""
+        raise NotImplementedError
+
+    def extra_bytes(self, point: Point, problem: Problem) -> float:
+        """Bytes the family moves beyond the fewest (its per-call layouts and stages)."""
+        return 0.0
+
+    def estimate(self, point: Point, problem: Problem, device: DeviceSpec) -> Estimate:
+        rows, chans = self.block_shape(point)
+        flops = 2.0 * pad_to(problem.batch, rows) * problem.p64 * pad_to(problem.cout, chans) * problem.nout
+        nbytes = problem.fewest_bytes + self.extra_bytes(point, problem)
+        peak = device.tensor_tflops if self.tensor_cores else device.fp32_tflops
+        if device.is_cpu or peak is None or device.hbm_tbps is None:
+            return Estimate(None, flops, nbytes, why=f"no roofline for {device.name}: no peak figures known")
+        t_flops = flops / (peak * 1e12)
+        t_bytes = nbytes / (device.hbm_tbps * 1e12)
+        if t_flops >= t_bytes:
+            bound, what = "compute", (f"{flops / 1e9:.2f} GFLOP at {peak:g} TFLOP/s "
+                                      f"{'fp16 tensor-core' if self.tensor_cores else 'fp32 CUDA-core'} peak")
+        else:
+            bound, what = "memory", f"{nbytes / 1e6:.1f} MB at {device.hbm_tbps:g} TB/s"
+        return Estimate(max(t_flops, t_bytes) * 1e3, flops, nbytes, bound, what)
+
+
+def words_of(mapping: Dict[Any, Optional[str]]) -> Callable[[Any], Optional[str]]:
+    """A :attr:`Param.words` from a value -> phrase table (None: the value is left out of the name)."""
+    return lambda v: mapping[v]
+
+
+def check_shared(bill: int, device: Optional[DeviceSpec], what: str) -> List[str]:
+    """A reason when ``bill`` bytes of shared memory exceed what one block may hold on ``device``."""
+    if device is None or not device.smem_per_block or bill <= device.smem_per_block:
+        return []
+    where = "Warp's CPU tile arena holds" if device.is_cpu else f"a block may hold on {device.name}"
+    return [f"{what} need at least {bill / 1024:.0f} KiB of shared memory, over the "
+            f"{device.smem_per_block / 1024:.0f} KiB {where}"]
+
+
+def needs_arch(arch: int, device: Optional[DeviceSpec], what: str) -> List[str]:
+    if device is None or device.is_cpu or device.arch is None or device.arch >= arch:
+        return []
+    return [f"{what} needs sm_{arch} or newer; {device.name} is sm_{device.arch}"]
+
+
+__all__ = ["Param", "Point", "Problem", "DeviceSpec", "Estimate", "Preset", "Family", "words_of", "check_shared",
+           "needs_arch"]

@@ -1,0 +1,183 @@
+"""The one registry of forward kernel families, their named presets, and the devices the checks know.
+
+* :data:`FAMILIES`: every family, one module each (adding one is its module, its test and one line here).
+* :data:`PRESETS`: the named points of ``fovi_lab/kernels/forward/configs.toml`` (the names the rules,
+  records, tune caches and notebooks use), each with where it comes from.
+* :func:`lookup`: a preset name, or an id derived from parameters, to its point; :func:`describe`: the
+  readable name of a preset, an id or a point.
+* :data:`DEVICES` / :func:`device_spec`: the limits and datasheet peaks of the GPUs the estimates know, and
+  the current device (read from CUDA where there is one).
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Iterable, List, Optional, Tuple, Union
+
+import torch
+
+from fovi_lab.kernels.families import cached, im2col, node_major, pipelined, simt, tensor_cores, tile_gemm
+from fovi_lab.kernels.families.base import DeviceSpec, Family, Point, Preset
+
+#: Every forward kernel family, in the order :func:`fovi_lab.explain` lists them.
+FAMILIES: Tuple[Family, ...] = (
+    tensor_cores.FAMILY,
+    pipelined.FAMILY,
+    simt.FAMILY,
+    node_major.FAMILY,
+    im2col.FAMILY,
+    tile_gemm.FAMILY,
+    cached.FAMILY,
+)
+
+_BY_KEY: Dict[str, Family] = {f.key: f for f in FAMILIES}
+_BY_VARIANT: Dict[str, Family] = {v: f for f in FAMILIES for v in f.variants}
+
+
+def family(key: str) -> Family:
+    """The family of ``key`` (``"tensor_cores"``) or of a legacy family string (``"mmato"``)."""
+    fam = _BY_KEY.get(key) or _BY_VARIANT.get(key)
+    if fam is None:
+        raise KeyError(f"family: unknown {key!r}; families: {', '.join(_BY_KEY)}")
+    return fam
+
+
+def _load_presets() -> Dict[str, Preset]:
+    from fovi_lab.kernels.forward.configs import _TABLES, FwdConfig
+    why = {"registered": "registered: the rules may pick it; warmup builds it",
+           "experimental": "experimental: runnable by name, kept for comparison in sweeps and notebooks",
+           "cached": "cached: the inference path's configs",
+           "canary": "canary: exists to exercise the canary (too large to launch)"}
+    out: Dict[str, Preset] = {}
+    for section, table in _TABLES.items():
+        for name, spec in table.items():
+            cfg = FwdConfig(name, *spec)
+            fam = family(cfg.family)
+            try:
+                point = fam.from_config(cfg)
+            except ValueError:                      # the canary's oversized config lies outside every space
+                point = None
+            out[name] = Preset(name, point, why[section])
+    return out
+
+
+#: name -> :class:`Preset` for every config of the configs table (the canary's own test config has no point).
+PRESETS: Dict[str, Preset] = _load_presets()
+_NAME_OF: Dict[Point, str] = {}
+for _name, _preset in PRESETS.items():
+    if _preset.point is not None:
+        _NAME_OF.setdefault(_preset.point, _name)
+
+
+def preset_name(point: Point) -> Optional[str]:
+    """The preset registered at ``point``, or None."""
+    return _NAME_OF.get(point)
+
+
+def presets(family_key: Optional[str] = None, experimental: bool = True) -> List[Preset]:
+    """The presets (of one family), registered first."""
+    out = [p for p in PRESETS.values() if p.point is not None
+           and (family_key is None or p.point.family == family(family_key).key)
+           and (experimental or not p.why.startswith("experimental"))]
+    return sorted(out, key=lambda p: p.why.startswith("experimental"))
+
+
+def lookup(name: str) -> Point:
+    """The point of a preset name or of a derived id (``mmato_o64b32b256``, ``mmat_o64b32k32b64``,
+    ``sd_b8o8u4``). A ValueError says what the known forms are."""
+    if not isinstance(name, str):
+        raise TypeError(f"name: expected a config name (str), got {type(name).__name__}")
+    preset = PRESETS.get(name)
+    if preset is not None:
+        if preset.point is None:
+            raise ValueError(f"name: {name!r} is the canary's test config; it has no point in any family")
+        return preset.point
+    for fam in FAMILIES:
+        try:
+            pt = fam.parse_id(name)
+        except ValueError as exc:
+            raise ValueError(f"name: {name!r} reads as {fam.key}, but {exc}") from None
+        if pt is not None:
+            reasons = fam.combine_reasons(pt)
+            if reasons:
+                raise ValueError(f"name: {name!r} is no kernel: {'; '.join(reasons)}")
+            return pt
+    raise ValueError(f"name: unknown config {name!r}; a preset name (python -m fovi_lab configs lists them) or an "
+                     f"id such as mma_o64b16k32, mmap_o128b64k32s3, sd_b8o8u4, nm_m64n64k64, i2c_m64n96k64, m64n64r2")
+
+
+def describe(what: Union[str, Point]) -> str:
+    """The readable name of a preset name, a derived id or a point."""
+    pt = lookup(what) if isinstance(what, str) else what
+    return family(pt.family).describe(pt)
+
+
+def aliases() -> Dict[str, str]:
+    """Derived id -> preset name, where a preset's name is not the id its parameters give (the seed's names
+    such as ``m64n64r1``, and names that leave out a block size other than the default)."""
+    out = {}
+    for name, preset in PRESETS.items():
+        if preset.point is None:
+            continue
+        fam = family(preset.point.family)
+        derived = fam.format_id(preset.point)
+        if derived != name and derived not in PRESETS:
+            out[derived] = name
+    return out
+
+
+def config_of(what: Union[str, Point]):
+    """The :class:`~fovi_lab.kernels.forward.configs.FwdConfig` of a name or point (what the builders take)."""
+    pt = lookup(what) if isinstance(what, str) else what
+    return family(pt.family).to_config(pt)
+
+
+# -- devices ---------------------------------------------------------------------------------------------------
+#: Datasheet figures (SXM forms): dense fp16 tensor-core TFLOP/s with fp32 accumulation, fp32 TFLOP/s, HBM TB/s;
+#: the shared memory one block may opt into.
+DEVICES: Dict[str, DeviceSpec] = {
+    "h200": DeviceSpec("NVIDIA H200", 90, sms=132, smem_per_block=227 * 1024, tensor_tflops=989.4,
+                       fp32_tflops=66.9, hbm_tbps=4.8),
+    "h100": DeviceSpec("NVIDIA H100 80GB HBM3", 90, sms=132, smem_per_block=227 * 1024, tensor_tflops=989.4,
+                       fp32_tflops=66.9, hbm_tbps=3.35),
+    "a100": DeviceSpec("NVIDIA A100-SXM4-80GB", 80, sms=108, smem_per_block=163 * 1024, tensor_tflops=312.0,
+                       fp32_tflops=19.5, hbm_tbps=2.039),
+    "cpu": DeviceSpec("cpu", None, smem_per_block=256 * 1024, source="Warp's CPU tile arena"),
+}
+
+
+def device_spec(device: Union[None, str, torch.device, DeviceSpec] = None) -> DeviceSpec:
+    """The spec of ``device``: a key of :data:`DEVICES` (``"h200"``), ``"cpu"``, a CUDA device (read from the
+    driver: its name, compute capability, SMs and shared memory; the peaks from :data:`DEVICES` where the name
+    matches one, else none), or None (CUDA's current device where there is one, else the CPU)."""
+    if isinstance(device, DeviceSpec):
+        return device
+    if isinstance(device, str) and device.lower() in DEVICES:
+        return DEVICES[device.lower()]
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device: expected cpu, cuda[:i] or one of {', '.join(DEVICES)}, got {device!r}") from None
+    if dev.type == "cpu":
+        return DEVICES["cpu"]
+    if dev.type != "cuda":
+        raise ValueError(f"device: expected cpu, cuda[:i] or one of {', '.join(DEVICES)}, got {device!r}")
+    props = torch.cuda.get_device_properties(dev)
+    for spec in DEVICES.values():
+        if spec.arch is not None and spec.name.split()[1] in props.name and spec.arch == props.major * 10 + props.minor:
+            known = spec
+            break
+    else:
+        known = None
+    smem = int(getattr(props, "shared_memory_per_block_optin", 0) or 0)
+    return DeviceSpec(props.name, props.major * 10 + props.minor, sms=props.multi_processor_count,
+                      smem_per_block=smem or (known.smem_per_block if known else 48 * 1024),
+                      tensor_tflops=known.tensor_tflops if known else None,
+                      fp32_tflops=known.fp32_tflops if known else None,
+                      hbm_tbps=known.hbm_tbps if known else None,
+                      source=f"datasheet of the {known.name}" if known else "no datasheet figures known")
+
+
+def families_for(training: bool = True) -> Iterable[Family]:
+    return (f for f in FAMILIES if not (training and f.inference_only))
