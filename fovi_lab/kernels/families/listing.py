@@ -26,6 +26,59 @@ def listing(family_key: Optional[str] = None, experimental: bool = False) -> str
     return "\n".join(lines)
 
 
+def render_markdown() -> str:
+    """``docs/kernels.md``: every family with its parameters, checks and presets (registered and experimental)."""
+    from fovi_lab.kernels.families.registry import DEVICES
+    lines = [
+        "# The forward kernel families",
+        "",
+        "Generated from the registry `fovi_lab.kernels.families` by `fovi_lab.kernels.families.listing.write_docs()`; "
+        "`tests/test_families.py` checks that this file is what the registry gives.",
+        "",
+        "A family is one kernel with parameters; a *point* fixes them all and is one compiled kernel. Its readable "
+        "name and its compact id are derived from the parameters; any point whose parameters combine runs by its "
+        "id (`config=\"mmat_o48b32k32\"`), after the canary validates it once per device. The presets are the "
+        "named points of `fovi_lab/kernels/forward/configs.toml`: *registered* ones the rules may pick and "
+        "`warmup` builds, *experimental* ones kept runnable for sweeps and notebooks. To see which a call runs and "
+        "why the other families are not it: `python -m fovi_lab explain --layer res18_layer1 --batch 16` "
+        "(`fovi_lab.explain`).",
+        "",
+        "Each family's `check(point, problem, device)` gives the reasons a point cannot run a call: parameters that "
+        "make no kernel, shared memory over what a block may hold (or Warp's CPU tile arena), the architecture, the "
+        "dtype, the tables' form, divisibility. Its `estimate(point, problem, device)` is the roofline time: the "
+        "larger of the padded FLOPs at the device's datasheet peak (fp16 tensor cores, or fp32 CUDA cores for the "
+        "SIMT kernels) and the bytes moved (the fewest, plus the family's per-call layouts) at its bandwidth. The "
+        "devices with known figures: " + ", ".join(f"{d.name} ({k})" for k, d in DEVICES.items() if k != "cpu") + ".",
+        "",
+    ]
+    for fam in FAMILIES:
+        lines += [f"## {fam.title} (`{fam.key}`)", "", (fam.__class__.__module__ and
+                  __import__(fam.__class__.__module__, fromlist=["_"]).__doc__ or "").strip().split("\n\n")[0]
+                  .replace("\n", " "), "",
+                  f"Kernel factory: `{fam.module}`. Variants (the prefixes of the ids): "
+                  + ", ".join(f"`{v}`" for v in fam.variants) + ".", "",
+                  "| parameter | what it is | values |", "|---|---|---|"]
+        for p in fam.params:
+            lines.append(f"| `{p.name}` | {p.label} | {', '.join(map(str, p.values))} |")
+        lines += ["", "| preset | in words | kind |", "|---|---|---|"]
+        for pr in presets(fam.key):
+            lines.append(f"| `{pr.name}` | {fam.describe(pr.point)} | {pr.why.split(':')[0]} |")
+        lines.append("")
+    al = aliases()
+    lines += ["## Aliases", "", "Preset names that differ from the id their parameters give (both are accepted):", "",
+              "| derived id | preset |", "|---|---|"]
+    lines += [f"| `{d}` | `{n}` |" for d, n in sorted(al.items())]
+    return "\n".join(lines) + "\n"
+
+
+def write_docs(path=None):
+    """Write :func:`render_markdown` to ``path`` (default: ``docs/kernels.md`` of the source checkout)."""
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[3] / "docs" / "kernels.md" if path is None else Path(path)
+    path.write_text(render_markdown())
+    return path
+
+
 DESCRIPTION = """\
 List the forward kernel families: each one's parameters with the values a point may take, and its named presets
 in words beside their ids (the names records, tune caches and config= arguments use).
@@ -54,4 +107,4 @@ def main(argv=None) -> int:
     return run(parser.parse_args(argv))
 
 
-__all__ = ["listing", "DESCRIPTION", "add_arguments", "run", "main"]
+__all__ = ["listing", "render_markdown", "write_docs", "DESCRIPTION", "add_arguments", "run", "main"]
