@@ -50,6 +50,7 @@ class Explanation:
     dx: str
     dw: str
     families: Tuple[FamilyVerdict, ...] = field(default=())
+    auto: str = ""
 
     def __str__(self) -> str:
         p = self.problem
@@ -60,7 +61,10 @@ class Explanation:
         if self.fallback is not None:
             lines.append(f"  where the tensor cores cannot launch (before sm_80) or FOVI_WARP_MMA=off: "
                          f"{describe(self.fallback)}  [{self.fallback.id}]")
-        lines += [f"dx: {self.dx}", f"dW: {self.dw}", "", "families:"]
+        lines += [f"dx: {self.dx}", f"dW: {self.dw}"]
+        if self.auto:
+            lines.append(f"backend auto: {self.auto}")
+        lines += ["", "families:"]
         for v in self.families:
             head = f"  {v.title}: {v.status}"
             if v.status == "runs":
@@ -118,6 +122,24 @@ def _grad_words(meta, problem: Problem) -> Tuple[str, str]:
             return f"fused node-major kernel, one launch, no stage  [{c}]  (Cin >= {FUSED_MIN_CIN})"
         return f"staged kernels: a stage and a reverse-index reduction  (Cin < {FUSED_MIN_CIN})"
     return words(dx_path, "dx"), words(dw_path, "dW")
+
+
+def _auto_words(meta, problem: Problem, spec: DeviceSpec) -> str:
+    """What ``backend="auto"`` takes for a training call on ``spec`` from the records (a tune on the device itself
+    comes first and is not read here)."""
+    if spec.is_cpu:
+        return "torch_compact on the CPU (the records are GPU runs)"
+    if problem.dtype != torch.float16:
+        return "torch_compact (the records are fp16 runs; python -m fovi_lab tune --dtype bf16 tunes bf16)"
+    from fovi_lab.ops.dispatch import lookup_records, recorded_table
+    shape = (meta.cin, meta.cout, meta.nin, meta.nout, meta.k, meta.p64, meta.v)
+    backend, dev = lookup_records(recorded_table(), spec.name, spec.arch, "train-step", shape, problem.batch,
+                                  ("warp_train", "torch_compact", "torch_binned"))
+    if backend is None:
+        return (f"torch_compact: no train-step record of {spec.name} or of another sm_{spec.arch} GPU covers this "
+                f"layer within a factor 2 of B (python -m fovi_lab tune measures it on the GPU)")
+    src = "its own records" if dev == spec.name else f"the records of the {dev} (the same sm_{spec.arch})"
+    return f"{backend} for training, the fastest in {src}, unless a tune on the device says otherwise"
 
 
 def explain(layer: Union[str, object], batch: int, dtype: Union[str, torch.dtype] = "fp16",
@@ -180,7 +202,7 @@ def explain(layer: Union[str, object], batch: int, dtype: Union[str, torch.dtype
         verdicts.append(FamilyVerdict(fam.key, fam.title, "runs", (why,), len(runnable), best_est))
     return Explanation(problem, spec, chosen, pick_reason(*args, name=name, bf16=bf16),
                        chosen_family.estimate(chosen, problem, spec), fallback, *_grad_words(meta, problem),
-                       families=tuple(verdicts))
+                       families=tuple(verdicts), auto=_auto_words(meta, problem, spec))
 
 
 

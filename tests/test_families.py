@@ -255,3 +255,10 @@ def test_docs_kernels_md_is_what_the_registry_gives():
     assert doc.read_text() == render_markdown(), (
         "docs/kernels.md differs from the registry: run python -c "
         "'from fovi_lab.kernels.families.listing import write_docs; write_docs()'")
+
+
+def test_explain_says_whose_records_auto_reads():
+    assert "records of the NVIDIA H200 (the same sm_90)" in fovi_lab.explain("res18_layer1", 64, device="h100").auto
+    assert fovi_lab.explain("res18_layer1", 64, device="h200").auto.startswith("warp_train for training, the fastest "
+                                                                                "in its own records")
+    assert fovi_lab.explain("res18_layer1", 64, device="a100").auto.startswith("torch_compact: no train-step record")

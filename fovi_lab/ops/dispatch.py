@@ -3,7 +3,8 @@
 The benchmarks (``python -m fovi_lab bench forward`` / ``bench train-step``) append JSON lines under
 ``data/`` with the device name, the layer shape (cin, cout, nin, nout, k, p64), the batch, the
 implementation and its median time. For a call ``(meta, x, training)`` :func:`pick_backend` looks for
-records of the same device name and the same layer shape, takes the recorded batch nearest to
+records of the same device name (else of a device of the same architecture: an H100 reads the H200's) and the
+same layer shape, takes the recorded batch nearest to
 ``B`` (in log2 distance, at most a factor 2 away), and returns the registered backend with the smallest
 time there:
 
@@ -33,7 +34,7 @@ import torch
 from fovi_lab.ops.records import LOCAL_DIR, iter_records, read_file
 from fovi_lab.ops.tune_cache import tuned_choice
 
-__all__ = ["pick_backend", "recorded_table", "select_backend", "DATA_DIR"]
+__all__ = ["pick_backend", "lookup_records", "arch_of_name", "recorded_table", "select_backend", "DATA_DIR"]
 
 DATA_DIR = LOCAL_DIR        # a checkout's own records, read beside the shipped ones (fovi_lab/records/)
 
@@ -88,11 +89,53 @@ def _device_name(x: torch.Tensor) -> Optional[str]:
         return None
 
 
+def _device_arch(x: torch.Tensor) -> Optional[int]:
+    try:
+        major, minor = torch.cuda.get_device_capability(x.device)
+        return major * 10 + minor
+    except Exception:
+        return None
+
+
+def arch_of_name(name: Optional[str]) -> Optional[int]:
+    """The compute capability (``major * 10 + minor``) of a recorded device name, where the registry's device
+    table knows the model (:data:`fovi_lab.kernels.families.registry.DEVICES`), else None."""
+    if not name:
+        return None
+    from fovi_lab.kernels.families.registry import DEVICES
+    for spec in DEVICES.values():
+        if spec.arch is not None and spec.name.split()[1] in name:
+            return spec.arch
+    return None
+
+
+def lookup_records(table, device: Optional[str], arch: Optional[int], mode: str, shape: tuple, b: int,
+                   candidates) -> Tuple[Optional[str], Optional[str]]:
+    """``(backend, recorded device)``: the fastest of ``candidates`` at the recorded batch nearest ``b`` (at most a
+    factor 2 away) for this mode and shape, from the records of ``device`` itself, else from those of a device of
+    the same architecture (an H100 reads the H200's records: both sm_90); ``(None, None)`` where none applies."""
+    recorded = {dev for (dev, m, shp, _) in table if m == mode and shp == shape}
+    same_arch = sorted(d for d in recorded if d != device and arch is not None and arch_of_name(d) == arch)
+    for devices in ([device], same_arch):
+        best, best_d = None, None
+        for (dev, m, shp, rb) in table:
+            if dev in devices and m == mode and shp == shape:
+                d = abs(math.log2(rb) - math.log2(b))
+                if d <= 1.0 and (best_d is None or (d, dev) < best_d):
+                    best, best_d = (dev, rb), (d, dev)
+        if best is not None:
+            options = {be: ms for be, (_, ms) in table[(best[0], mode, shape, best[1])].items() if be in candidates}
+            if options:
+                return min(options, key=options.get), best[0]
+    return None, None
+
+
 def pick_backend(meta, x: torch.Tensor, training: Optional[bool] = None, candidates=None,
                  dtype: Optional[torch.dtype] = None) -> Optional[str]:
     """Fastest recorded backend for this layer shape, batch, device and mode among ``candidates`` (default:
-    every registered backend), or None. ``dtype``: the dtype the op will compute in (default ``x.dtype``; under
-    autocast, the autocast dtype)."""
+    every registered backend), or None: the device's own records first, else a device's of the same architecture
+    (:func:`lookup_records`). ``dtype``: the dtype the op will compute in (default ``x.dtype``; under autocast,
+    the autocast dtype)."""
     if not x.is_cuda or (dtype or x.dtype) != torch.float16:
         return None
     if training is None:
@@ -103,20 +146,9 @@ def pick_backend(meta, x: torch.Tensor, training: Optional[bool] = None, candida
         load_optional_backends()
         candidates = OPS_REGISTRY
     shape = (meta.cin, meta.cout, meta.nin, meta.nout, meta.k, meta.p64, meta.v)
-    device = _device_name(x)
     with _lock:
         table = recorded_table()
-    b = x.shape[0]
-    best_b, best_d = None, None
-    for (dev, m, shp, rb) in table:
-        if dev == device and m == mode and shp == shape:
-            d = abs(math.log2(rb) - math.log2(b))
-            if d <= 1.0 and (best_d is None or d < best_d):
-                best_b, best_d = rb, d
-    if best_b is None:
-        return None
-    options = {be: ms for be, (_, ms) in table[(device, mode, shape, best_b)].items() if be in candidates}
-    return min(options, key=options.get) if options else None
+    return lookup_records(table, _device_name(x), _device_arch(x), mode, shape, x.shape[0], candidates)[0]
 
 
 def select_backend(backend: str, meta, x: torch.Tensor, training: Optional[bool] = None,
