@@ -21,8 +21,8 @@ PKG = Path(__file__).resolve().parents[1] / "fovi_lab"
 # layer; another top-level module is listed by name. ``knn_warp`` is the Warp backend's public surface (the seed's
 # names), a kernels module.
 ORDER = ("settings", "graph", "ops", "kernels", "apps", "lab", "entry")
-TOP_LEVEL = {"knn_warp": "kernels", "bench": "apps", "train": "apps", "demo": "entry", "cli": "entry",
-             "__main__": "entry"}
+TOP_LEVEL = {"knn_warp": "kernels", "bench": "apps", "train": "apps", "explanation": "apps", "integrations": "apps",
+             "demo": "entry", "cli": "entry", "__main__": "entry"}
 
 
 def layer_of(module: str):

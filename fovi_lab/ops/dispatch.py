@@ -31,6 +31,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
+from fovi_lab.ops.devices import arch_of_name
 from fovi_lab.ops.records import LOCAL_DIR, iter_records, read_file
 from fovi_lab.ops.tune_cache import tuned_choice
 
@@ -95,18 +96,6 @@ def _device_arch(x: torch.Tensor) -> Optional[int]:
         return major * 10 + minor
     except Exception:
         return None
-
-
-def arch_of_name(name: Optional[str]) -> Optional[int]:
-    """The compute capability (``major * 10 + minor``) of a recorded device name, where the registry's device
-    table knows the model (:data:`fovi_lab.kernels.families.registry.DEVICES`), else None."""
-    if not name:
-        return None
-    from fovi_lab.kernels.families.registry import DEVICES
-    for spec in DEVICES.values():
-        if spec.arch is not None and spec.name.split()[1] in name:
-            return spec.arch
-    return None
 
 
 def lookup_records(table, device: Optional[str], arch: Optional[int], mode: str, shape: tuple, b: int,

@@ -11,12 +11,13 @@ bytes it must move at the device's bandwidth (a lower bound, never a prediction)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
 from fovi_lab.graph.meta import pad_to
+from fovi_lab.ops.devices import DeviceSpec
 
 
 @dataclass(frozen=True)
@@ -44,12 +45,19 @@ class Param:
         return self.words(value) if self.words is not None else f"{value} {self.label}"
 
 
+#: Filled by the registry (:mod:`fovi_lab.kernels.families.registry`) as it loads the presets: the preset name of
+#: each named point, and every preset name (so that an id derived for another point never takes one).
+PRESET_NAME_OF: Dict["Point", str] = {}
+PRESET_NAMES: set = set()
+
+
 @dataclass(frozen=True)
 class Point:
     """One kernel: a family's key and a value for each of its parameters (in the family's order)."""
 
     family: str
     values: Tuple[Tuple[str, Any], ...]
+    owner: Any = field(default=None, compare=False, hash=False, repr=False)     # the Family that made it
 
     def __getitem__(self, name: str):
         for k, v in self.values:
@@ -61,18 +69,15 @@ class Point:
         return dict(self.values)
 
     def replace(self, **changes) -> "Point":
-        from fovi_lab.kernels.families.registry import family
-        return family(self.family).point(**{**self.as_dict(), **changes})
+        return self.owner.point(**{**self.as_dict(), **changes})
 
     @property
     def id(self) -> str:
-        from fovi_lab.kernels.families.registry import family
-        return family(self.family).point_id(self)
+        return self.owner.point_id(self)
 
     @property
     def name(self) -> str:
-        from fovi_lab.kernels.families.registry import family
-        return family(self.family).describe(self)
+        return self.owner.describe(self)
 
     def __str__(self) -> str:
         return f"{self.name} [{self.id}]"
@@ -127,36 +132,6 @@ class Problem:
         dtype = {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(self.dtype, str(self.dtype).replace("torch.", ""))
         return (f"{what} at B = {self.batch} in {dtype}: Cin {self.cin}, "
                 f"Nin {self.nin}, Cout {self.cout}, Nout {self.nout}, P64 {self.p64}")
-
-
-@dataclass(frozen=True)
-class DeviceSpec:
-    """A device's limits and (datasheet) peaks.
-
-    ``arch``: compute capability as ``major * 10 + minor`` (90 for sm_90), None for the CPU.
-    ``smem_per_block``: the shared memory one block may opt into, in bytes. Peaks are datasheet figures (dense
-    fp16 tensor-core TFLOP/s with fp32 accumulation, fp32 CUDA-core TFLOP/s, HBM TB/s); None where unknown:
-    :meth:`Family.estimate` then says it has no roofline for this device."""
-
-    name: str
-    arch: Optional[int]
-    sms: int = 0
-    smem_per_block: int = 0
-    tensor_tflops: Optional[float] = None
-    fp32_tflops: Optional[float] = None
-    hbm_tbps: Optional[float] = None
-    source: str = "datasheet"
-
-    @property
-    def is_cpu(self) -> bool:
-        return self.arch is None
-
-    def words(self) -> str:
-        if self.is_cpu:
-            return "the CPU (Warp's CPU device)"
-        peaks = (f"{self.tensor_tflops:g} TFLOP/s fp16 tensor, {self.fp32_tflops:g} TFLOP/s fp32, "
-                 f"{self.hbm_tbps:g} TB/s ({self.source})" if self.tensor_tflops else "no peak figures known")
-        return f"{self.name} (sm_{self.arch}, {self.sms} SMs; {peaks})"
 
 
 @dataclass(frozen=True)
@@ -224,13 +199,13 @@ class Family:
             if values[p.name] not in p.values:
                 raise ValueError(f"{self.key}: {p.name} ({p.label}) must be one of "
                                  f"{', '.join(map(str, p.values))}, got {values[p.name]!r}")
-        return Point(self.key, tuple((n, values[n]) for n in names))
+        return Point(self.key, tuple((n, values[n]) for n in names), self)
 
     def points(self) -> Iterator[Point]:
         """Every point of the space whose parameters combine (:meth:`combine_reasons` empty)."""
         import itertools
         for combo in itertools.product(*(p.values for p in self.params)):
-            pt = Point(self.key, tuple(zip((p.name for p in self.params), combo)))
+            pt = Point(self.key, tuple(zip((p.name for p in self.params), combo)), self)
             if not self.combine_reasons(pt):
                 yield pt
 
@@ -284,12 +259,11 @@ class Family:
     def point_id(self, point: Point) -> str:
         """The compact id: a preset's own name where one is registered at this point, else the id derived from the
         parameters (written out in full where the short form names another preset)."""
-        from fovi_lab.kernels.families.registry import preset_name, PRESETS
-        named = preset_name(point)
+        named = PRESET_NAME_OF.get(point)
         if named is not None:
             return named
         short = self.format_id(point)
-        return self.format_id(point, explicit=True) if short in PRESETS else short
+        return self.format_id(point, explicit=True) if short in PRESET_NAMES else short
 
     def format_id(self, point: Point, explicit: bool = False) -> str:
         """The id derived from the parameters; ``explicit``: every optional field written out (used where the
@@ -301,8 +275,8 @@ class Family:
         return None
 
     def to_config(self, point: Point, name: Optional[str] = None):
-        """The :class:`~fovi_lab.kernels.forward.configs.FwdConfig` the builders and plans take."""
-        from fovi_lab.kernels.forward.configs import FwdConfig
+        """The :class:`~fovi_lab.kernels.families.table.FwdConfig` the builders and plans take."""
+        from fovi_lab.kernels.families.table import FwdConfig
         return FwdConfig(name or self.point_id(point), self.variant(point), *self.config_fields(point))
 
     def config_fields(self, point: Point) -> Tuple[int, int, int, int, int]:
@@ -312,11 +286,6 @@ class Family:
     def from_config(self, cfg) -> Point:
         """The point of a configs-table entry of one of this family's variants."""
         raise NotImplementedError
-
-    def build(self, point: Point, bf16: bool = False):
-        """The Warp kernel of ``point`` (built once per point; compiled on first launch)."""
-        from fovi_lab.kernels.forward.build import build_kernel
-        return build_kernel(self.to_config(point), bf16=bf16)
 
     # -- the roofline estimate ------------------------------------------------------------------------------
     def block_shape(self, point: Point) -> Tuple[int, int]:

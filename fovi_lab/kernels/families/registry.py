@@ -5,18 +5,24 @@
   records, tune caches and notebooks use), each with where it comes from.
 * :func:`lookup`: a preset name, or an id derived from parameters, to its point; :func:`describe`: the
   readable name of a preset, an id or a point.
-* :data:`DEVICES` / :func:`device_spec`: the limits and datasheet peaks of the GPUs the estimates know, and
-  the current device (read from CUDA where there is one).
+* :data:`DEVICES` / :func:`device_spec` (from :mod:`fovi_lab.ops.devices`): the limits and datasheet peaks of
+  the GPUs the estimates know, and the current device.
 """
 
 from __future__ import annotations
 
 from typing import Dict, Iterable, List, Optional, Tuple, Union
 
-import torch
 
-from fovi_lab.kernels.families import cached, im2col, node_major, pipelined, simt, tensor_cores, tile_gemm
-from fovi_lab.kernels.families.base import DeviceSpec, Family, Point, Preset
+import fovi_lab.kernels.families.cached as cached
+import fovi_lab.kernels.families.im2col as im2col
+import fovi_lab.kernels.families.node_major as node_major
+import fovi_lab.kernels.families.pipelined as pipelined
+import fovi_lab.kernels.families.simt as simt
+import fovi_lab.kernels.families.tensor_cores as tensor_cores
+import fovi_lab.kernels.families.tile_gemm as tile_gemm
+from fovi_lab.kernels.families.base import PRESET_NAME_OF, PRESET_NAMES, Family, Point, Preset
+from fovi_lab.ops.devices import DEVICES, DeviceSpec, device_spec  # noqa: F401  (re-exported)
 
 #: Every forward kernel family, in the order :func:`fovi_lab.explain` lists them.
 FAMILIES: Tuple[Family, ...] = (
@@ -42,7 +48,7 @@ def family(key: str) -> Family:
 
 
 def _load_presets() -> Dict[str, Preset]:
-    from fovi_lab.kernels.forward.configs import _TABLES, FwdConfig
+    from fovi_lab.kernels.families.table import _TABLES, FwdConfig
     why = {"registered": "registered: the rules may pick it; warmup builds it",
            "experimental": "experimental: runnable by name, kept for comparison in sweeps and notebooks",
            "cached": "cached: the inference path's configs",
@@ -62,15 +68,15 @@ def _load_presets() -> Dict[str, Preset]:
 
 #: name -> :class:`Preset` for every config of the configs table (the canary's own test config has no point).
 PRESETS: Dict[str, Preset] = _load_presets()
-_NAME_OF: Dict[Point, str] = {}
+PRESET_NAMES.update(PRESETS)
 for _name, _preset in PRESETS.items():
     if _preset.point is not None:
-        _NAME_OF.setdefault(_preset.point, _name)
+        PRESET_NAME_OF.setdefault(_preset.point, _name)
 
 
 def preset_name(point: Point) -> Optional[str]:
     """The preset registered at ``point``, or None."""
-    return _NAME_OF.get(point)
+    return PRESET_NAME_OF.get(point)
 
 
 def presets(family_key: Optional[str] = None, experimental: bool = True) -> List[Preset]:
@@ -129,54 +135,6 @@ def config_of(what: Union[str, Point]):
     """The :class:`~fovi_lab.kernels.forward.configs.FwdConfig` of a name or point (what the builders take)."""
     pt = lookup(what) if isinstance(what, str) else what
     return family(pt.family).to_config(pt)
-
-
-# -- devices ---------------------------------------------------------------------------------------------------
-#: Datasheet figures (SXM forms): dense fp16 tensor-core TFLOP/s with fp32 accumulation, fp32 TFLOP/s, HBM TB/s;
-#: the shared memory one block may opt into.
-DEVICES: Dict[str, DeviceSpec] = {
-    "h200": DeviceSpec("NVIDIA H200", 90, sms=132, smem_per_block=227 * 1024, tensor_tflops=989.4,
-                       fp32_tflops=66.9, hbm_tbps=4.8),
-    "h100": DeviceSpec("NVIDIA H100 80GB HBM3", 90, sms=132, smem_per_block=227 * 1024, tensor_tflops=989.4,
-                       fp32_tflops=66.9, hbm_tbps=3.35),
-    "a100": DeviceSpec("NVIDIA A100-SXM4-80GB", 80, sms=108, smem_per_block=163 * 1024, tensor_tflops=312.0,
-                       fp32_tflops=19.5, hbm_tbps=2.039),
-    "cpu": DeviceSpec("cpu", None, smem_per_block=256 * 1024, source="Warp's CPU tile arena"),
-}
-
-
-def device_spec(device: Union[None, str, torch.device, DeviceSpec] = None) -> DeviceSpec:
-    """The spec of ``device``: a key of :data:`DEVICES` (``"h200"``), ``"cpu"``, a CUDA device (read from the
-    driver: its name, compute capability, SMs and shared memory; the peaks from :data:`DEVICES` where the name
-    matches one, else none), or None (CUDA's current device where there is one, else the CPU)."""
-    if isinstance(device, DeviceSpec):
-        return device
-    if isinstance(device, str) and device.lower() in DEVICES:
-        return DEVICES[device.lower()]
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise ValueError(f"device: expected cpu, cuda[:i] or one of {', '.join(DEVICES)}, got {device!r}") from None
-    if dev.type == "cpu":
-        return DEVICES["cpu"]
-    if dev.type != "cuda":
-        raise ValueError(f"device: expected cpu, cuda[:i] or one of {', '.join(DEVICES)}, got {device!r}")
-    props = torch.cuda.get_device_properties(dev)
-    for spec in DEVICES.values():
-        if spec.arch is not None and spec.name.split()[1] in props.name and spec.arch == props.major * 10 + props.minor:
-            known = spec
-            break
-    else:
-        known = None
-    smem = int(getattr(props, "shared_memory_per_block_optin", 0) or 0)
-    return DeviceSpec(props.name, props.major * 10 + props.minor, sms=props.multi_processor_count,
-                      smem_per_block=smem or (known.smem_per_block if known else 48 * 1024),
-                      tensor_tflops=known.tensor_tflops if known else None,
-                      fp32_tflops=known.fp32_tflops if known else None,
-                      hbm_tbps=known.hbm_tbps if known else None,
-                      source=f"datasheet of the {known.name}" if known else "no datasheet figures known")
 
 
 def families_for(training: bool = True) -> Iterable[Family]:

@@ -1,0 +1,51 @@
+"""The forward configs table (``fovi_lab/kernels/forward/configs.toml``) and the record each entry reads as: what
+the family registry (:mod:`fovi_lab.kernels.families.registry`) and the builders share."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass
+from typing import Dict, Tuple
+
+
+@dataclass(frozen=True)
+class FwdConfig:
+    """One compile-time forward configuration.
+
+    Attributes:
+        name: registry name (``m64n64r2b256``, ``nm_m64n128k64``, ...).
+        family: ``"gather"`` (any tables), ``"nm"`` / ``"nms"`` (node-major, docs/operator.md §2.1 tables), ``"i2c"`` /
+            ``"i2cg"`` (im2col stage), ``"simt"`` / ``"simtp"`` / ``"simtv"`` / ``"simts"`` (SIMT register
+            blocks; ``simts`` splits the p loop) or ``"cached"`` (and the experimental ``"nmp"`` / ``"gp"``).
+        tile_m, tile_n, tile_k: batch rows, output channels, contraction depth of one tile GEMM (``simt``:
+            a thread's batch rows and output channels, and the p entries per loop step).
+        r: batch tiles per CTA sharing each weight tile (1, 2 or 4); ``mmap``: the pipeline's shared stages.
+        block_dim: threads per CTA.
+    """
+
+    name: str
+    family: str
+    tile_m: int
+    tile_n: int
+    tile_k: int
+    r: int
+    block_dim: int
+
+    @property
+    def rows_per_cta(self) -> int:
+        return self.tile_m if self.family in ("mmap", "mmaps") else self.tile_m * self.r
+
+
+def _load_tables() -> Dict[str, Dict[str, Tuple[str, int, int, int, int, int]]]:
+    """The tables of ``kernels/forward/configs.toml`` (package data): section -> name -> spec tuple."""
+    with open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "forward", "configs.toml"), "rb") as f:
+        raw = tomllib.load(f)
+    return {section: {name: (str(spec[0]), *(int(v) for v in spec[1:])) for name, spec in table.items()}
+            for section, table in raw.items()}
+
+
+_TABLES = _load_tables()
+
+
+__all__ = ["FwdConfig"]
