@@ -148,14 +148,16 @@ def test_problem_reasons():
     nm = family("node_major")
     pt = lookup("nm_m64n64k64")
     assert nm.check(pt, Problem.of(_meta(True), 8)) == []
-    assert nm.check(pt, Problem.of(_meta(False), 8)) == ["needs node-major tables (docs/operator.md §2.1); these are not"]
+    assert nm.check(pt, Problem.of(_meta(False), 8)) == [
+        "needs node-major index tables, built as in docs/operator.md §2.1 (input_linear[n, c*K+k] = c*Nin + idx[n, k]); "
+        "these are not"]
     bf = Problem.of(_meta(True), 8, torch.bfloat16)
     assert nm.check(pt, bf) == ["has kernels for fp16 only, not bfloat16"]
     assert family("tensor_cores").check(lookup("mma_o64b16"), bf) == []
     i2c = family("im2col")
     p192 = Problem(batch=8, cin=8, nin=40, cout=40, nout=24, p64=192, q=88)
     assert i2c.check(lookup("i2c_m64n64k128"), p192) == [
-        "steps 128 p entries at a time, but P64 = 192 is not a multiple"]
+        "steps 128 p entries at a time, but P64=192 is not a multiple of 128; pick a 64-deep config or leave config=None"]
     assert i2c.check(lookup("i2c_m64n64k64"), p192) == []
 
 
@@ -228,7 +230,7 @@ def test_explain_reports_the_production_picks(layer, batch, dtype, device):
 def test_explain_on_tables_that_are_not_node_major():
     ex = fovi_lab.explain(_meta(False), 8)
     nm = [v for v in ex.families if v.family == "node_major"][0]
-    assert nm.status == "cannot run" and "node-major tables" in nm.reasons[0]
+    assert nm.status == "cannot run" and "node-major index tables" in nm.reasons[0]
 
 
 def test_explain_and_configs_commands(capsys):

@@ -287,6 +287,18 @@ class Family:
         """The point of a configs-table entry of one of this family's variants."""
         raise NotImplementedError
 
+    def fp32_output(self, cfg) -> bool:
+        """Whether the configs-table entry ``cfg`` can give an unrounded fp32 y (fp32 partials summed in a fixed
+        order: the split tensor-core kernels, which the tensor-core adjoints run on)."""
+        return False
+
+    def make_kernel(self, cfg, mathdx: Optional[bool] = None, dense: bool = False, bf16: bool = False):
+        """The Warp kernel of the configs-table entry ``cfg`` (a :class:`~fovi_lab.kernels.families.table.FwdConfig`
+        of one of this family's variants; its fields are the factory's arguments), or with ``dense`` its dense
+        ceiling (the same loop over dense operands of the same GEMM sizes). Called once per kernel by
+        :func:`fovi_lab.kernels.forward.build.build_kernel`, which caches it."""
+        raise NotImplementedError
+
     # -- the roofline estimate ------------------------------------------------------------------------------
     def block_shape(self, point: Point) -> Tuple[int, int]:
         """``(batch rows, output channels)`` one unit of the grid computes: what the padding of B and Cout

@@ -50,6 +50,12 @@ class Cached(Family):
     def from_config(self, cfg) -> Point:
         return self.point(tile_m=cfg.tile_m, tile_n=cfg.tile_n, warps=cfg.block_dim // 32)
 
+    def make_kernel(self, cfg, mathdx=None, dense=False, bf16=False):
+        import fovi_lab.kernels.forward.tile as T
+        if dense:
+            return T.make_dense_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx)
+        return T.make_cached_kernel(cfg.tile_m, cfg.tile_n, cfg.block_dim, mathdx)
+
     def block_shape(self, point: Point):
         return point["tile_m"], point["tile_n"]
 

@@ -40,7 +40,8 @@ class Im2col(Family):
     def problem_reasons(self, point: Point, problem: Problem) -> List[str]:
         reasons = super().problem_reasons(point, problem)
         if problem.p64 % point["tile_k"]:
-            reasons.append(f"steps {point['tile_k']} p entries at a time, but P64 = {problem.p64} is not a multiple")
+            reasons.append(f"steps {point['tile_k']} p entries at a time, but P64={problem.p64} is not a multiple of "
+                           f"{point['tile_k']}; pick a 64-deep config or leave config=None")
         return reasons
 
     def format_id(self, point: Point, explicit: bool = False) -> str:
@@ -63,6 +64,13 @@ class Im2col(Family):
     def from_config(self, cfg) -> Point:
         return self.point(tile_m=cfg.tile_m, tile_n=cfg.tile_n, tile_k=cfg.tile_k, warps=cfg.block_dim // 32,
                           **self.variants[cfg.family])
+
+    def make_kernel(self, cfg, mathdx=None, dense=False, bf16=False):
+        import fovi_lab.kernels.forward.tile as T
+        if dense:
+            return T.make_dense_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx)
+        return T.make_i2c_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim,
+                                 self.variants[cfg.family]["w_gathered"], mathdx)
 
     def block_shape(self, point: Point):
         return point["tile_m"], point["tile_n"]

@@ -55,7 +55,8 @@ class NodeMajor(Family):
     def problem_reasons(self, point: Point, problem: Problem) -> List[str]:
         reasons = super().problem_reasons(point, problem)
         if not problem.node_major:
-            reasons.append("needs node-major tables (docs/operator.md §2.1); these are not")
+            reasons.append("needs node-major index tables, built as in docs/operator.md §2.1 (input_linear[n, c*K+k] = "
+                           "c*Nin + idx[n, k]); these are not")
         return reasons
 
     def format_id(self, point: Point, explicit: bool = False) -> str:
@@ -78,6 +79,18 @@ class NodeMajor(Family):
     def from_config(self, cfg) -> Point:
         return self.point(tile_m=cfg.tile_m, tile_n=cfg.tile_n, tile_k=cfg.tile_k, r=cfg.r,
                           warps=cfg.block_dim // 32, **self.variants[cfg.family])
+
+    def make_kernel(self, cfg, mathdx=None, dense=False, bf16=False):
+        import fovi_lab.kernels.forward.tile as T
+        v = self.variants[cfg.family]
+        if dense:
+            return (T.make_densep_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, mathdx) if v["prefetch"]
+                    else T.make_dense_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx))
+        if v["prefetch"]:
+            return T.make_nmp_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, mathdx)
+        if v["split"]:
+            return T.make_nms_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, mathdx)
+        return T.make_nm_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx)
 
     def block_shape(self, point: Point):
         return point["tile_m"] * point["r"], point["tile_n"]

@@ -74,6 +74,14 @@ class Pipelined(Family):
         return self.point(channels=cfg.tile_n, rows=cfg.tile_m, k=cfg.tile_k, stages=cfg.r, warps=cfg.block_dim // 32,
                           **self.variants[cfg.family])
 
+    def fp32_output(self, cfg) -> bool:
+        return bool(self.variants[cfg.family]["split"])
+
+    def make_kernel(self, cfg, mathdx=None, dense=False, bf16=False):
+        from fovi_lab.kernels.forward.mma_pipe import make_mma_pipe_kernel
+        return make_mma_pipe_kernel(cfg.tile_n, cfg.tile_m, cfg.tile_k, cfg.r, cfg.block_dim, dense=dense,
+                                    split=self.variants[cfg.family]["split"] and not dense)
+
     def block_shape(self, point: Point):
         return point["rows"], point["channels"]
 

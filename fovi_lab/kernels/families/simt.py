@@ -79,6 +79,17 @@ class Simt(Family):
         return self.point(tile_b=cfg.tile_m, tile_o=cfg.tile_n, unroll=cfg.tile_k, warps=cfg.block_dim // 32,
                           **self.variants[cfg.family])
 
+    def make_kernel(self, cfg, mathdx=None, dense=False, bf16=False):
+        from fovi_lab.kernels.forward.simt import make_simt_kernel, make_simts_kernel, make_simtv_kernel
+        v = self.variants[cfg.family]
+        args = (cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim)
+        if v["fp32_vectors"]:
+            return make_simtv_kernel(*args, dense=dense)
+        if v["split"] and not dense:
+            return make_simts_kernel(*args, wvec=v["w_vectors"])
+        # (a split kernel's dense ceiling is the unsplit loop with scalar W loads)
+        return make_simt_kernel(*args, dense=dense, prefetch=v["prefetch"], wvec=v["w_vectors"] and not v["split"])
+
     def block_shape(self, point: Point):
         return point["tile_b"], point["tile_o"]
 

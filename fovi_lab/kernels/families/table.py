@@ -9,6 +9,10 @@ from dataclasses import dataclass
 from typing import Dict, Tuple
 
 
+#: p-tile width of the gather family: the index tables are padded to P64, a multiple of 64.
+GATHER_TILE_K = 64
+
+
 @dataclass(frozen=True)
 class FwdConfig:
     """One compile-time forward configuration.
@@ -48,4 +52,4 @@ def _load_tables() -> Dict[str, Dict[str, Tuple[str, int, int, int, int, int]]]:
 _TABLES = _load_tables()
 
 
-__all__ = ["FwdConfig"]
+__all__ = ["FwdConfig", "GATHER_TILE_K"]

@@ -93,6 +93,16 @@ class TensorCores(Family):
         return self.point(tile_o=cfg.tile_n, tile_b=cfg.tile_m, k=cfg.tile_k, warps=cfg.block_dim // 32,
                           **self.variants[cfg.family])
 
+    def fp32_output(self, cfg) -> bool:
+        return bool(self.variants[cfg.family]["split"])
+
+    def make_kernel(self, cfg, mathdx=None, dense=False, bf16=False):
+        from fovi_lab.kernels.forward.mma import make_mma_kernel
+        v = self.variants[cfg.family]
+        return make_mma_kernel(cfg.tile_n // 16, cfg.tile_m // 8, cfg.block_dim, split=v["split"] and not dense,
+                               dense=dense, w_native=v["w_layout"] == "in place", x_t=v["x_layout"] == "transposed",
+                               k_steps=cfg.tile_k // 16, stage=v["store"] == "shared tile" and not dense, bf16=bf16)
+
     def block_shape(self, point: Point):
         return point["tile_b"], point["tile_o"]
 

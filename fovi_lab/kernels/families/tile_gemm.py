@@ -73,6 +73,15 @@ class TileGemm(Family):
         return self.point(tile_m=cfg.tile_m, tile_n=cfg.tile_n, r=cfg.r, warps=cfg.block_dim // 32,
                           prefetch=cfg.family == "gp")
 
+    def make_kernel(self, cfg, mathdx=None, dense=False, bf16=False):
+        import fovi_lab.kernels.forward.tile as T
+        if self.variants[cfg.family]["prefetch"]:
+            return (T.make_densep_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, mathdx) if dense
+                    else T.make_gp_kernel(cfg.tile_m, cfg.tile_n, cfg.block_dim, mathdx))
+        if dense:
+            return T.make_dense_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx)
+        return T.make_gather_kernel(cfg.tile_m, cfg.tile_n, cfg.r, cfg.block_dim, mathdx)
+
     def block_shape(self, point: Point):
         return point["tile_m"] * point["r"], point["tile_n"]
 

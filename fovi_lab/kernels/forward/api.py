@@ -17,9 +17,11 @@ import fovi_lab.settings as settings
 from fovi_lab.graph.meta import on_derived_meta_released, pad_to
 from fovi_lab.ops.graphs import keep_alive_while_captured
 from fovi_lab.kernels.common import check_tensor, warp_device
-from fovi_lab.kernels.forward.configs import FwdConfig, _CACHED_CONFIG_SPECS, MMA_FAMILIES, PIPE_FAMILIES, config_spec
+from fovi_lab.kernels.families.base import Problem
+from fovi_lab.kernels.families.registry import family
+from fovi_lab.kernels.forward.configs import FwdConfig, _CACHED_CONFIG_SPECS, config_spec
 from fovi_lab.kernels.forward.build import VALIDATED, build_kernel, get_uncached_config, require_config
-from fovi_lab.kernels.forward.rules import _FALLBACK_CHAIN, pick, select_config
+from fovi_lab.kernels.forward.rules import _FALLBACK_CHAIN, pick
 from fovi_lab.kernels.forward.plans import Plan, plan_cached, plan_dense, plan_uncached, store_mode
 from fovi_lab.ops.checks import check_operand
 from fovi_lab.kernels.forward.checks import analyse_tables, _check_bias, _check_table, _check_x, device_str
@@ -29,7 +31,7 @@ def make_dense_ceiling(config: str, batch: int, cout: int, nout: int, kdim: int,
     """A prepared dense tile-GEMM launch with ``config``'s tiles over ``Nout`` GEMMs of
     ``[batch, kdim] @ [kdim, cout]`` (the compact GEMM sizes minus the gathers): for benchmarks."""
     cfg = config_spec(config)
-    if cfg.family == "cached":
+    if family(cfg.family).inference_only:       # the cached kernel's ceiling is the gather tiles' dense loop
         cfg = FwdConfig(cfg.name, "gather", cfg.tile_m, cfg.tile_n, cfg.tile_k, 1, cfg.block_dim)
     kernel = build_kernel(cfg, dense=True)
     return plan_dense(cfg, kernel, batch, cout, nout, kdim, device_str(device))
@@ -130,7 +132,7 @@ def resolve_uncached(x, weight, bias, input_linear, weight_linear, config=None, 
     f32_out = out_dtype == torch.float32 and x.dtype != torch.float32
     if config is None and f32_out:
         config = select_mma_split(b, cout)
-    if f32_out and config_spec(config).family not in _SPLIT_MMA_FAMILIES:
+    if f32_out and not family(config_spec(config).family).fp32_output(config_spec(config)):
         raise ValueError(f"config: an fp32 output needs a split tensor-core config ({', '.join(_SPLIT_MMA_FAMILIES)}), "
                          f"got {config!r}")
     if config is None and bf16:             # bf16: the register tensor-core kernels alone (no other family has a bf16 kernel)
@@ -140,32 +142,36 @@ def resolve_uncached(x, weight, bias, input_linear, weight_linear, config=None, 
             raise RuntimeError(f"x: bf16 runs on the tensor-core (mma) kernels, and {name!r} cannot launch on {dev} "
                                f"(they need sm_80 or newer); use fp16 or a PyTorch backend")
     elif config is None:
-        name = pick(b, cout, nout, p64, cin, info.nm is not None, q)
-        built = get_uncached_config(name, dev)
-        if built is None and config_spec(name).family in PIPE_FAMILIES:    # the register mma kernels next
-            name = select_config(b, cout, nout, p64, in_channels=cin, node_major=info.nm is not None, q=q,
-                                 pipe=False)
+        # the rule's pick; where it cannot launch, the register tensor-core kernels' pick, then the pick without
+        # tensor cores (e.g. a GPU before sm_80), then a fixed chain (a pick that repeats is a cached miss)
+        args = (b, cout, nout, p64, cin, info.nm is not None, q)
+        built = None
+        for name in (pick(*args), pick(*args, pipe=False), pick(*args, mma=False)) + _FALLBACK_CHAIN:
             built = get_uncached_config(name, dev)
-        if built is None and config_spec(name).family in MMA_FAMILIES:     # e.g. a GPU before sm_80
-            built = get_uncached_config(select_config(
-                b, cout, nout, p64, in_channels=cin, node_major=info.nm is not None, mma=False), dev)
-        for alt in _FALLBACK_CHAIN:
             if built is not None:
                 break
-            built = get_uncached_config(alt, dev)
         if built is None:
             raise RuntimeError(f"no Warp forward config is launchable on {dev}")
     else:
         if not isinstance(config, str):
             raise TypeError(f"config: expected a config name or None, got {type(config).__name__}")
-        if bf16 and config_spec(config).family not in MMA_FAMILIES:
-            raise ValueError(f"config: {config!r} has no bf16 kernel; bf16 runs on the tensor-core (mma) configs")
-        built = require_config(config, dev, bf16=bf16)
-        if built.config.family == "cached":
+        cfg = config_spec(config)
+        fam = family(cfg.family)
+        if fam.inference_only:
             raise ValueError(f"config: {config!r} is a cached-path config (use run_cached)")
-        if built.config.family in ("nm", "nmp", "nms") and info.nm is None:
-            raise ValueError(f"config: {config!r} (node-major) needs index tables built as in docs/operator.md §2.1 "
-                             f"(input_linear[n, c*K+k] = c*Nin + idx[n,k]); these are not")
+        if bf16 and torch.bfloat16 not in fam.dtypes:
+            raise ValueError(f"config: {config!r} has no bf16 kernel; bf16 runs on the tensor-core (mma) configs")
+        try:
+            point = fam.from_config(cfg)
+        except ValueError:                  # a test config outside every family's space: the canary judges it
+            point = None
+        if point is not None:
+            problem = Problem(batch=b, cin=cin, nin=nin, cout=cout, nout=nout, p64=p64, q=q,
+                              node_major=info.nm is not None, dtype=x.dtype)
+            reasons = fam.problem_reasons(point, problem)
+            if reasons:
+                raise ValueError(f"config: {config!r} cannot run this call: {'; '.join(reasons)}")
+        built = require_config(config, dev, bf16=bf16)
     return built, info, store_mode(store, 2 * b * cout * nout), dev
 
 
@@ -226,7 +232,7 @@ def prepare_cached(x, effective_weight, bias, input_linear, cout=None, config=No
     dev = warp_device(x)
     name = config or select_cached_config(b)
     built = require_config(name, dev)
-    if built.config.family != "cached":
+    if not family(built.config.family).inference_only:
         raise ValueError(f"config: {name!r} is not a cached-path config ({', '.join(_CACHED_CONFIG_SPECS)})")
     tn = built.config.tile_n
     if cw % tn:

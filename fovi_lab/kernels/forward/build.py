@@ -15,13 +15,9 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from fovi_lab.kernels.common import ValidatedCache, init_warp, nan_canary, wp
-from fovi_lab.kernels.forward.configs import (FwdConfig, DENSE_FAMILIES, _EXPERIMENTAL_CONFIG_SPECS, MMA_FAMILIES,
+from fovi_lab.kernels.forward.configs import (FwdConfig, DENSE_FAMILIES, _EXPERIMENTAL_CONFIG_SPECS,
                                               _TEST_CONFIG_SPECS, _UNCACHED_BATCH_CONFIG_SPECS, mathdx_default,
-                                              mma_flags, mma_staged, config_spec, dense_kind, PIPE_FAMILIES)
-from fovi_lab.kernels.forward.tile import (make_cached_kernel, make_dense_kernel, make_densep_kernel,
-                                           make_gather_kernel, make_gp_kernel, make_i2c_kernel, make_nm_kernel,
-                                           make_nmp_kernel, make_nms_kernel)
-from fovi_lab.kernels.forward.simt import make_simt_kernel, make_simts_kernel, make_simtv_kernel
+                                              config_spec, dense_kind, PIPE_FAMILIES)
 from fovi_lab.kernels.forward.plans import plan_cached, plan_dense, plan_uncached
 from fovi_lab.kernels.forward.checks import device_str
 
@@ -36,62 +32,28 @@ _CPU_TILE_ARENA_BYTES = 256 * 1024
 
 
 def build_kernel(cfg: FwdConfig, mathdx: Optional[bool] = None, dense: bool = False, bf16: bool = False):
-    """The Warp kernel of ``cfg`` (or of its dense ceiling), built once per (config, mathdx, element type).
+    """The Warp kernel of ``cfg`` (or of its dense ceiling), built once per (config, mathdx, element type) by its
+    family (:meth:`fovi_lab.kernels.families.base.Family.make_kernel`).
 
-    ``bf16``: the kernel for bf16 operands; only the tensor-core (mma) families have one (a ValueError says so
+    ``bf16``: the kernel for bf16 operands; only the families with a bf16 kernel have one (a ValueError says so
     for any other config)."""
+    from fovi_lab.kernels.families.registry import family
+    try:
+        fam = family(cfg.family)
+    except KeyError:
+        raise ValueError(f"config: {cfg.name!r} has an unknown kernel family {cfg.family!r}") from None
     if mathdx is None:
         mathdx = mathdx_default()
-    if bf16 and (cfg.family not in MMA_FAMILIES or dense):
+    if bf16 and (torch.bfloat16 not in fam.dtypes or dense):
         raise ValueError(f"config: {cfg.name!r} ({cfg.family}{' dense ceiling' if dense else ''}) has no bf16 "
                          f"kernel; bf16 runs on the tensor-core (mma) configs")
-    pipelined = cfg.family in ("nmp", "gp")
     key = (cfg.family, cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx, dense, bool(bf16))
     if dense:     # configs of one dense kind share their ceiling kernel
         key = ("dense",) + dense_kind(cfg) + (mathdx,)
     with _build_lock:
         k = _KERNELS.get(key)
         if k is None:
-            if cfg.family in PIPE_FAMILIES:
-                from fovi_lab.kernels.forward.mma_pipe import make_mma_pipe_kernel
-                k = make_mma_pipe_kernel(cfg.tile_n, cfg.tile_m, cfg.tile_k, cfg.r, cfg.block_dim, dense=dense,
-                                         split=cfg.family == "mmaps" and not dense)
-            elif cfg.family in MMA_FAMILIES:
-                from fovi_lab.kernels.forward.mma import make_mma_kernel
-                split, w_native, x_t = mma_flags(cfg.family)
-                k = make_mma_kernel(cfg.tile_n // 16, cfg.tile_m // 8, cfg.block_dim, split=split and not dense,
-                                    dense=dense, w_native=w_native, x_t=x_t, k_steps=cfg.tile_k // 16,
-                                    stage=mma_staged(cfg.family) and not dense, bf16=bf16)
-            elif cfg.family in ("simt", "simtp", "simtw") or (dense and cfg.family in ("simts", "simtsw")):
-                k = make_simt_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, dense=dense,
-                                      prefetch=cfg.family == "simtp", wvec=cfg.family == "simtw")
-            elif cfg.family == "simtv":
-                k = make_simtv_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, dense=dense)
-            elif cfg.family in ("simts", "simtsw"):
-                k = make_simts_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim,
-                                       wvec=cfg.family == "simtsw")
-            elif dense and pipelined:
-                k = make_densep_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, mathdx)
-            elif dense:
-                k = make_dense_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx)
-            elif cfg.family == "gather":
-                k = make_gather_kernel(cfg.tile_m, cfg.tile_n, cfg.r, cfg.block_dim, mathdx)
-            elif cfg.family == "nm":
-                k = make_nm_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx)
-            elif cfg.family == "nmp":
-                k = make_nmp_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, mathdx)
-            elif cfg.family == "nms":
-                k = make_nms_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, mathdx)
-            elif cfg.family == "gp":
-                k = make_gp_kernel(cfg.tile_m, cfg.tile_n, cfg.block_dim, mathdx)
-            elif cfg.family == "cached":
-                k = make_cached_kernel(cfg.tile_m, cfg.tile_n, cfg.block_dim, mathdx)
-            elif cfg.family in ("i2c", "i2cg"):
-                k = make_i2c_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, cfg.family == "i2cg",
-                                     mathdx)
-            else:  # pragma: no cover - registry typo
-                raise ValueError(f"unknown kernel family {cfg.family!r}")
-            _KERNELS[key] = k
+            k = _KERNELS[key] = fam.make_kernel(cfg, mathdx=mathdx, dense=dense, bf16=bf16)
         return k
 
 

@@ -44,8 +44,7 @@ import fovi_lab.settings as settings
 from fovi_lab.kernels.families.table import FwdConfig, _TABLES   # the table and the record each entry reads as
 
 
-# p-tile width of the gather family: the index tables are padded to P64, a multiple of 64.
-_GATHER_TILE_K = 64
+from fovi_lab.kernels.families.table import GATHER_TILE_K as _GATHER_TILE_K   # noqa: E402,F401 (re-exported)
 
 
 #: name -> (family, tile_m, tile_n, tile_k, r, block_dim): the configs the rules select and warmup builds.

@@ -12,7 +12,7 @@ from typing import Optional
 
 from fovi_lab.kernels import common as _wc
 from fovi_lab.kernels.common import init_warp, wp
-from fovi_lab.kernels.forward.configs import _GATHER_TILE_K
+from fovi_lab.kernels.families.table import GATHER_TILE_K as _GATHER_TILE_K
 
 
 def _module_options(block_dim: int, mathdx: Optional[bool]) -> dict:
