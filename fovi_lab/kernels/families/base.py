@@ -178,6 +178,9 @@ class Family:
     training: bool = False              # its kernels also serve the adjoints (as forwards of derived layers)
     inference_only: bool = False        # runs only from the cached effective weight (no training forward)
     dtypes: Tuple[torch.dtype, ...] = (torch.float16,)      # the operand dtypes it has kernels for
+    #: what one unit of the grid is where x is read and y written in place: "thread" (a register block), "warp"
+    #: (32 lanes) or "block" (``block_dim`` threads); None for the tile families, whose plans stage their operands
+    unit: Optional[str] = None
 
     # -- the parameter space -------------------------------------------------------------------------------
     def param(self, name: str) -> Param:
@@ -286,6 +289,16 @@ class Family:
     def from_config(self, cfg) -> Point:
         """The point of a configs-table entry of one of this family's variants."""
         raise NotImplementedError
+
+    def dataflow(self, cfg) -> str:
+        """Which forward plan of :mod:`fovi_lab.kernels.forward.plans` runs the configs-table entry ``cfg``: the
+        operand layouts it prepares and the launches it makes (``in_place``, ``gather``, ``node_major``,
+        ``node_major_lists``, ``im2col``, ``vec4``)."""
+        raise NotImplementedError
+
+    def variant_values(self, cfg) -> Dict[str, Any]:
+        """The parameter values the variant of ``cfg`` (its family string) fixes."""
+        return self.variants[cfg.family]
 
     def fp32_output(self, cfg) -> bool:
         """Whether the configs-table entry ``cfg`` can give an unrounded fp32 y (fp32 partials summed in a fixed

@@ -50,6 +50,9 @@ class Cached(Family):
     def from_config(self, cfg) -> Point:
         return self.point(tile_m=cfg.tile_m, tile_n=cfg.tile_n, warps=cfg.block_dim // 32)
 
+    def dataflow(self, cfg) -> str:
+        return "cached"
+
     def make_kernel(self, cfg, mathdx=None, dense=False, bf16=False):
         import fovi_lab.kernels.forward.tile as T
         if dense:

@@ -65,6 +65,9 @@ class Im2col(Family):
         return self.point(tile_m=cfg.tile_m, tile_n=cfg.tile_n, tile_k=cfg.tile_k, warps=cfg.block_dim // 32,
                           **self.variants[cfg.family])
 
+    def dataflow(self, cfg) -> str:
+        return "im2col"
+
     def make_kernel(self, cfg, mathdx=None, dense=False, bf16=False):
         import fovi_lab.kernels.forward.tile as T
         if dense:

@@ -80,6 +80,9 @@ class NodeMajor(Family):
         return self.point(tile_m=cfg.tile_m, tile_n=cfg.tile_n, tile_k=cfg.tile_k, r=cfg.r,
                           warps=cfg.block_dim // 32, **self.variants[cfg.family])
 
+    def dataflow(self, cfg) -> str:
+        return "node_major_lists" if self.variants[cfg.family]["prefetch"] else "node_major"
+
     def make_kernel(self, cfg, mathdx=None, dense=False, bf16=False):
         import fovi_lab.kernels.forward.tile as T
         v = self.variants[cfg.family]

@@ -74,6 +74,11 @@ class Pipelined(Family):
         return self.point(channels=cfg.tile_n, rows=cfg.tile_m, k=cfg.tile_k, stages=cfg.r, warps=cfg.block_dim // 32,
                           **self.variants[cfg.family])
 
+    unit = "block"
+
+    def dataflow(self, cfg) -> str:
+        return "in_place"
+
     def fp32_output(self, cfg) -> bool:
         return bool(self.variants[cfg.family]["split"])
 

@@ -79,6 +79,11 @@ class Simt(Family):
         return self.point(tile_b=cfg.tile_m, tile_o=cfg.tile_n, unroll=cfg.tile_k, warps=cfg.block_dim // 32,
                           **self.variants[cfg.family])
 
+    unit = "thread"
+
+    def dataflow(self, cfg) -> str:
+        return "vec4" if self.variants[cfg.family]["fp32_vectors"] else "in_place"
+
     def make_kernel(self, cfg, mathdx=None, dense=False, bf16=False):
         from fovi_lab.kernels.forward.simt import make_simt_kernel, make_simts_kernel, make_simtv_kernel
         v = self.variants[cfg.family]

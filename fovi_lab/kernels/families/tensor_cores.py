@@ -93,6 +93,11 @@ class TensorCores(Family):
         return self.point(tile_o=cfg.tile_n, tile_b=cfg.tile_m, k=cfg.tile_k, warps=cfg.block_dim // 32,
                           **self.variants[cfg.family])
 
+    unit = "warp"
+
+    def dataflow(self, cfg) -> str:
+        return "in_place"
+
     def fp32_output(self, cfg) -> bool:
         return bool(self.variants[cfg.family]["split"])
 

@@ -73,6 +73,9 @@ class TileGemm(Family):
         return self.point(tile_m=cfg.tile_m, tile_n=cfg.tile_n, r=cfg.r, warps=cfg.block_dim // 32,
                           prefetch=cfg.family == "gp")
 
+    def dataflow(self, cfg) -> str:
+        return "gather"
+
     def make_kernel(self, cfg, mathdx=None, dense=False, bf16=False):
         import fovi_lab.kernels.forward.tile as T
         if self.variants[cfg.family]["prefetch"]:

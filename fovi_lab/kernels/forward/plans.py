@@ -19,8 +19,8 @@ import fovi_lab.settings as settings
 from fovi_lab.graph.meta import pad_to
 from fovi_lab.kernels.common import (as_rows64, built_once, capturing, fast_launch, warp_ct_vec, gather_rows_kernel,
                                      gather_rows_pair_kernel, to_warp, warp_ct, warp_device, warp_stream, wp)
-from fovi_lab.kernels.forward.configs import (FwdConfig, _GATHER_TILE_K, MMA_FAMILIES, mma_flags, mma_staged,
-                                              PIPE_FAMILIES)
+from fovi_lab.kernels.families.registry import family
+from fovi_lab.kernels.forward.configs import FwdConfig, _GATHER_TILE_K
 from fovi_lab.kernels.forward.simt import simtv_prep_kernel
 from fovi_lab.kernels.layout import swap_axes_into, transpose, transpose_into
 from fovi_lab.kernels.forward.checks import _TableInfo, analyse_tables, device_str
@@ -158,7 +158,8 @@ def plan_uncached(cfg: FwdConfig, kernel, x, weight, bias, il, wl, store: str,
     b, cin, nin = x.shape
     cout, q = weight.shape
     nout, p64 = il.shape
-    if cfg.family in _IN_PLACE_FAMILIES:
+    flow = family(cfg.family).dataflow(cfg)          # which plan below: the family says
+    if flow == "in_place":
         # x read and y written in place ([B, Cin*Nin] and [B, Cout, Nout]; ``store`` does not apply)
         if info is None:
             info = analyse_tables(il, wl, cin, nin, q)
@@ -171,18 +172,18 @@ def plan_uncached(cfg: FwdConfig, kernel, x, weight, bias, il, wl, store: str,
     dims = (nout, -(-b // cfg.rows_per_cta), -(-cout // cfg.tile_n))
     if info is None:
         info = analyse_tables(il, wl, cin, nin, q)
-    if cfg.family in ("gather", "gp"):
+    if flow == "gather":
         xt = transpose(x.reshape(b, cin * nin))                # [Cin*Nin, B]: batch rows contiguous
         wt, wt_w = _weight_operand(weight, "t", 0, 0)           # [Q, Cout]
         inputs = [warp_ct(xt), wt_w, info.wa(il), info.wa(wl), bias_w, warp_ct(out),
                   p64 // _GATHER_TILE_K, b]
         keep = (xt, wt, il, wl, bias_p)
-    elif cfg.family in ("nm", "nmp", "nms"):
+    elif flow in ("node_major", "node_major_lists"):
         if info.nm is None:
             raise ValueError(f"config: {cfg.name!r} (node-major) needs index tables built as in docs/operator.md §2.1 "
                              f"(input_linear[n, c*K+k] = c*Nin + idx[n,k]); these are not")
         cp = pad_to(cin, cfg.tile_k)
-        if cfg.family in ("nm", "nms"):
+        if flow == "node_major":
             runner = _NmRunner(cfg, kernel, dims, dev, info, b, cin, nin, cout, nout, store)
             if memo is not None:
                 memo["runner"] = runner
@@ -196,9 +197,9 @@ def plan_uncached(cfg: FwdConfig, kernel, x, weight, bias, il, wl, store: str,
             inputs = [warp_ct(xn), wv_w, info.wa(idxc), info.wa(rfc), info.wa(cnt), bias_w,
                       warp_ct(out), cp // cfg.tile_k, cp]
             keep = (xn, wv, idxc, rfc, cnt, bias_p)
-    elif cfg.family in ("i2c", "i2cg"):
+    elif flow == "im2col":
         return _plan_i2c(cfg, kernel, x, weight, il, wl, out, finish, bias_p, bias_w, dev, info, memo)
-    elif cfg.family == "simtv":
+    elif flow == "vec4":
         bx, coutp = pad_to(b, cfg.tile_m), pad_to(cout, cfg.tile_n)
         rows = cin * nin
         xp = torch.empty(rows + 1, bx, dtype=torch.float32, device=x.device)      # [Cin*Nin + 1, Bx]
@@ -247,8 +248,13 @@ def simts_split(threads: int, steps: int, block: Tuple[int, int] = (8, 8)) -> Tu
     return -(-steps // per), per
 
 
-# The families whose runner reads x and writes y in place (:class:`_SimtRunner`).
-_IN_PLACE_FAMILIES = ("simt", "simtp", "simtw", "simts", "simtsw") + MMA_FAMILIES + PIPE_FAMILIES
+def _family_of(cfg: FwdConfig):
+    """The family of ``cfg`` (:mod:`fovi_lab.kernels.families`), or None for the dense-ceiling strings."""
+    try:
+        return family(cfg.family)
+    except KeyError:
+        return None
+
 
 # The mmas split: about FOVI_WARP_MMAS_WARPS warps in all (default 2048: 132 SMs x 16 resident warps of these
 # ~128-register threads would be 2112), never fewer than _MMAS_MIN_STEPS k-steps of 16 p entries per split.
@@ -298,20 +304,22 @@ class _SimtRunner:
         self.kernel, self.dev, self.block_dim = kernel, dev, cfg.block_dim
         self.b, self.rows, self.cout, self.nout, self.to = b, cin * nin, cout, nout, to
         self.coutp = pad_to(cout, to)
-        self.wkind = "pv" if cfg.family in ("simtw", "simtsw") else "tp"
+        fam = family(cfg.family)
+        v = fam.variant_values(cfg)
+        self.wkind = "pv" if v.get("w_vectors") else "tp"
         n_og, nbg = self.coutp // to, -(-b // tb)
         p_len = pad_to(info.p_used, u)
         self.xt = self.wnat = False
-        if cfg.family in MMA_FAMILIES:
+        if fam.unit == "warp":
             # a warp per (node, batch block, channel block): the last grid dimension is (channel block, lane);
             # the vectorised index loads need 8-byte aligned table rows
-            _, self.wnat, self.xt = mma_flags(cfg.family)
+            self.wnat, self.xt = v["w_layout"] == "in place", v["x_layout"] == "transposed"
             self.bx = pad_to(b, tb)
             if il.data_ptr() % 16 or wl.data_ptr() % 16:
                 il, wl = il.clone(), wl.clone()
                 info = _TableInfo(nm=info.nm, nin=info.nin, p_used=info.p_used)
             lanes, units = 32, nout * nbg * n_og
-        elif cfg.family in PIPE_FAMILIES:
+        elif fam.unit == "block":
             # a CTA per (node, batch block, channel block): the last grid dimension is (channel block, thread);
             # x^T [Cin*Nin, Bx] per call, W^T [Q, Cout_p] zero padded (cached per weight version)
             self.xt, self.bx = True, pad_to(b, tb)
@@ -320,16 +328,16 @@ class _SimtRunner:
             lanes, units = 1, nout * nbg * n_og
         self.tables = (il, wl)                       # kept alive with their descriptors
         self.split = 0
-        if cfg.family in ("simts", "simtsw", "mmas", "mmasw", "mmaps"):
-            if cfg.family == "mmaps":
+        if v["split"]:
+            if fam.unit == "block":
                 self.split, per = pipe_split(units, p_len // u)
-            elif cfg.family in ("mmas", "mmasw"):
+            elif fam.unit == "warp":
                 self.split, per = mmas_split(units, p_len // u)
             else:
                 self.split, per = simts_split(units, p_len // u, (tb, to))
             self.dims = (self.split * nout, nbg, n_og * lanes)
             self.tail = [p_len, per * u, n_og, nout]
-        elif mma_staged(cfg.family):                # a block = block_dim/32 consecutive nodes of one (bg, og)
+        elif v.get("store") == "shared tile":       # a block = block_dim/32 consecutive nodes of one (bg, og)
             self.dims = (nbg, n_og, pad_to(nout, cfg.block_dim // 32) * 32)
             self.tail = [p_len, n_og]
         else:
@@ -402,7 +410,7 @@ class _NmRunner:
         # channel runs padded to the K step; 16-byte batch and Cout rows for vectorised loads
         self.cp, self.bx, self.coutp = pad_to(cin, cfg.tile_k), pad_to(b, 8), pad_to(cout, 8)
         self.tables = (idxn, rfn)
-        self.split = _nms_split(dims, k) if cfg.family == "nms" else 0
+        self.split = _nms_split(dims, k) if family(cfg.family).variant_values(cfg)["split"] else 0
         self.dims = (self.split * nout, dims[1], dims[2]) if self.split else dims
         self.consts = (info.wa(idxn), info.wa(rfn), k, self.cp // cfg.tile_k, self.cp, nin, b)
 
@@ -522,7 +530,7 @@ def _plan_i2c(cfg: FwdConfig, kernel, x, weight, il, wl, out, finish, bias_p, bi
         st = _i2c_static(cfg, b, cout, nout, p64, budget)
         if memo is not None:
             memo[("i2c", how, budget)] = st
-    bx, coutp, staged_w = st.bx, st.coutp, cfg.family == "i2c"
+    bx, coutp, staged_w = st.bx, st.coutp, not family(cfg.family).variant_values(cfg)["w_gathered"]
     # [Cin*Nin + 1, Bx]: x^T, the zero pad row and zero batch columns, in one op
     xp = torch.nn.functional.pad(x.reshape(b, cin * nin).t(), (0, bx - b, 0, 1))
     at = torch.empty(st.nc * p64, bx, dtype=torch.float16, device=x.device)
@@ -685,20 +693,22 @@ def plan_dense(cfg: FwdConfig, kernel, b: int, cout: int, nout: int, kdim: int, 
     bias_p, bias_w = bias_operand(None, cout, cfg.tile_n, dev_t)
     dims = (nout, -(-b // cfg.rows_per_cta), -(-cout // cfg.tile_n))
     inputs = [to_warp(at), to_warp(w), bias_w, to_warp(out), kd // cfg.tile_k, b]
-    simt = cfg.family in ("simt", "simtp", "simtv", "simts", "simtw", "simtsw") + MMA_FAMILIES + PIPE_FAMILIES
+    fam = _family_of(cfg)                           # None: the tile families' dense ceiling ("dense", "densep")
+    simt = fam is not None and fam.unit is not None
     if simt:                                       # SIMT ceiling: all Kd rows, U per step; channel groups
         inputs[4:] = [kd, pad_to(cout, cfg.tile_n) // cfg.tile_n]
-        if cfg.family in MMA_FAMILIES:              # warps: (node, batch block, channel block x lane)
-            _, w_native, x_t = mma_flags(cfg.family)
+        v = fam.variant_values(cfg)
+        if fam.unit == "warp":                      # warps: (node, batch block, channel block x lane)
+            w_native, x_t = v["w_layout"] == "in place", v["x_layout"] == "transposed"
             if not x_t:
                 at = at.t().contiguous()             # [Bx, Kd]: x rows, as the in-place kernels read them
             if w_native:
                 w = w.t().contiguous()               # [Cout_p, Kd]: W's own layout
             inputs[0:2] = [to_warp(at), to_warp(w)]
             dims = (nout, dims[1], dims[2] * 32)
-        if cfg.family in PIPE_FAMILIES:             # CTAs: (node, batch block, channel block x thread)
+        if fam.unit == "block":                     # CTAs: (node, batch block, channel block x thread)
             dims = (nout, dims[1], dims[2] * cfg.block_dim)
-        if cfg.family == "simtv":
+        if v.get("fp32_vectors"):
             at, w = at.float(), w.float()
             inputs[0:2] = [warp_ct_vec(at), warp_ct_vec(w)]
     plan = Plan(_launcher(kernel, dims, inputs, cfg.block_dim, device_str(device),
