@@ -300,6 +300,15 @@ class Family:
         """The parameter values the variant of ``cfg`` (its family string) fixes."""
         return self.variants[cfg.family]
 
+    def dense_kind(self, cfg) -> str:
+        """The loop of the entry's dense ceiling: entries with the same kind and tile fields share one ceiling
+        kernel (the split loops and the staged stores share their plain loop's)."""
+        return "tile"
+
+    def canary_p64(self, cfg) -> int:
+        """P64 of the canary's one-node problem for ``cfg``: a multiple of the entry's p step."""
+        return 64
+
     def fp32_output(self, cfg) -> bool:
         """Whether the configs-table entry ``cfg`` can give an unrounded fp32 y (fp32 partials summed in a fixed
         order: the split tensor-core kernels, which the tensor-core adjoints run on)."""

@@ -68,6 +68,9 @@ class Im2col(Family):
     def dataflow(self, cfg) -> str:
         return "im2col"
 
+    def canary_p64(self, cfg) -> int:
+        return max(64, cfg.tile_k)
+
     def make_kernel(self, cfg, mathdx=None, dense=False, bf16=False):
         import fovi_lab.kernels.forward.tile as T
         if dense:

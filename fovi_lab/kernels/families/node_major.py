@@ -83,6 +83,9 @@ class NodeMajor(Family):
     def dataflow(self, cfg) -> str:
         return "node_major_lists" if self.variants[cfg.family]["prefetch"] else "node_major"
 
+    def dense_kind(self, cfg) -> str:
+        return "pipelined" if self.variants[cfg.family]["prefetch"] else "tile"
+
     def make_kernel(self, cfg, mathdx=None, dense=False, bf16=False):
         import fovi_lab.kernels.forward.tile as T
         v = self.variants[cfg.family]

@@ -79,6 +79,9 @@ class Pipelined(Family):
     def dataflow(self, cfg) -> str:
         return "in_place"
 
+    def dense_kind(self, cfg) -> str:
+        return "mmap"
+
     def fp32_output(self, cfg) -> bool:
         return bool(self.variants[cfg.family]["split"])
 

@@ -84,6 +84,9 @@ class Simt(Family):
     def dataflow(self, cfg) -> str:
         return "vec4" if self.variants[cfg.family]["fp32_vectors"] else "in_place"
 
+    def dense_kind(self, cfg) -> str:
+        return "simtv" if self.variants[cfg.family]["fp32_vectors"] else "simt"
+
     def make_kernel(self, cfg, mathdx=None, dense=False, bf16=False):
         from fovi_lab.kernels.forward.simt import make_simt_kernel, make_simts_kernel, make_simtv_kernel
         v = self.variants[cfg.family]

@@ -98,6 +98,10 @@ class TensorCores(Family):
     def dataflow(self, cfg) -> str:
         return "in_place"
 
+    def dense_kind(self, cfg) -> str:
+        v = self.variants[cfg.family]
+        return "mma" + ("w" if v["w_layout"] == "in place" else "") + ("t" if v["x_layout"] == "transposed" else "")
+
     def fp32_output(self, cfg) -> bool:
         return bool(self.variants[cfg.family]["split"])
 

@@ -76,6 +76,9 @@ class TileGemm(Family):
     def dataflow(self, cfg) -> str:
         return "gather"
 
+    def dense_kind(self, cfg) -> str:
+        return "pipelined" if self.variants[cfg.family]["prefetch"] else "tile"
+
     def make_kernel(self, cfg, mathdx=None, dense=False, bf16=False):
         import fovi_lab.kernels.forward.tile as T
         if self.variants[cfg.family]["prefetch"]:

@@ -17,7 +17,7 @@ import torch
 from fovi_lab.kernels.common import ValidatedCache, init_warp, nan_canary, wp
 from fovi_lab.kernels.forward.configs import (FwdConfig, DENSE_FAMILIES, _EXPERIMENTAL_CONFIG_SPECS,
                                               _TEST_CONFIG_SPECS, _UNCACHED_BATCH_CONFIG_SPECS, mathdx_default,
-                                              config_spec, dense_kind, PIPE_FAMILIES)
+                                              config_spec, dense_kind)
 from fovi_lab.kernels.forward.plans import plan_cached, plan_dense, plan_uncached
 from fovi_lab.kernels.forward.checks import device_str
 
@@ -67,18 +67,29 @@ def _kernel_tile_bytes(kernel, block_dim: int, device: str) -> Optional[int]:
         return None
 
 
+def _family_of_kind(kind: str):
+    """The family of a kernel's kind string (its ``fovi_tiles[0]``: a family string, or a dense ceiling's kind such as
+    ``mma_dense``, which belongs to no family here), or None."""
+    from fovi_lab.kernels.families.registry import family
+    try:
+        return family(kind)
+    except KeyError:
+        return None
+
+
 def _canary_problem(family: str, tile_m: int, tile_n: int, tile_k: int, r: int, device: str,
                     dtype: torch.dtype = torch.float16):
     """A single-output-node problem that fills exactly one CTA: ``B = tile_m*r``, ``Cout = tile_n``."""
     from fovi_lab.graph.meta import build_meta
     g = torch.Generator().manual_seed(1234)
     cin, nin, k, v = 3, 7, 5, 6
-    if family in ("i2c", "i2cg") and tile_k > 64:
+    fam = _family_of_kind(family)
+    if fam is not None and fam.canary_p64(FwdConfig("canary", family, tile_m, tile_n, tile_k, r, 128)) > 64:
         k = 22                                                    # P64 = 128: one 128-deep step
     idx = torch.randint(0, nin + 1, (1, k), generator=g)          # includes the pad token nin
     rf = torch.randint(0, v, (1, k), generator=g)
     meta = build_meta(idx, rf, cin=cin, cout=tile_n, v=v, nin=nin, device=device)
-    b = tile_m if family in PIPE_FAMILIES else tile_m * r     # (mmap: r is the pipeline's stage count)
+    b = FwdConfig("canary", family, tile_m, tile_n, tile_k, r, 128).rows_per_cta   # (mmap: r counts stages)
     x = torch.randn(b, cin, nin, generator=g).to(device=device, dtype=dtype)
     w = (0.5 * torch.randn(tile_n, cin * v, generator=g)).to(device=device, dtype=dtype)
     bias = torch.randn(tile_n, generator=g).to(device=device, dtype=dtype)
@@ -100,7 +111,8 @@ def canary(kernel, tile_m: int, tile_n: int, r: int, block_dim: int, device: str
     meta, x, w, bias = _canary_problem(family, tile_m, tile_n, tile_k, r, device, dtype)
     b = x.shape[0]
     cfg = FwdConfig("canary", family, tile_m, tile_n, tile_k, r, block_dim)
-    if family == "cached":
+    fam = _family_of_kind(family)
+    if fam is not None and fam.inference_only:
         from fovi_lab.ops.reference import build_effective_weight
         weff = build_effective_weight(meta, w, cout_multiple=tile_n)
         plan = plan_cached(cfg, kernel, x, weff, bias, meta.input_linear, tile_n, store="staged")

@@ -41,6 +41,7 @@ from __future__ import annotations
 from typing import Dict, Optional, Tuple
 
 import fovi_lab.settings as settings
+from fovi_lab.kernels.families.registry import family as family_of, lookup
 from fovi_lab.kernels.families.table import FwdConfig, _TABLES   # the table and the record each entry reads as
 
 
@@ -63,13 +64,12 @@ def config_spec(name: str) -> FwdConfig:
                   _TEST_CONFIG_SPECS):
         if name in table:
             return FwdConfig(name, *table[name])
-    from fovi_lab.kernels.families.registry import lookup, family
     try:                                  # an id derived from a family's parameters (any point of its space)
         point = lookup(name)
     except (TypeError, ValueError) as exc:
         detail = str(exc).split(": ", 1)[1].replace(f"unknown config {name!r}; ", "")
         raise ValueError(f"config: unknown forward config {name!r}: {detail}") from None
-    return family(point.family).to_config(point, name)
+    return family_of(point.family).to_config(point, name)
 
 
 # Every registered config by name (uncached, experimental, cached; not the canary's test configs).
@@ -95,41 +95,28 @@ def mathdx_default() -> Optional[bool]:
     return settings.get("FOVI_WARP_MATHDX")
 
 
-# The tensor-core families (fovi_lab.kernels.forward.mma): "mma" + "s" (p loop split) + "w" (W read in place) + "t" (x^T).
-MMA_FAMILIES = ("mma", "mmas", "mmaw", "mmasw", "mmat", "mmao", "mmato")
+# The family strings of the register tensor-core kernels (fovi_lab.kernels.forward.mma) and of the pipelined ones
+# (fovi_lab.kernels.forward.mma_pipe): the variants the registry lists for those families.
+MMA_FAMILIES = tuple(family_of("tensor_cores").variants)
 
-
-# The pipelined tensor-core families (fovi_lab.kernels.forward.mma_pipe): "mmap", and "mmaps" with the p range split.
-PIPE_FAMILIES = ("mmap", "mmaps")
+PIPE_FAMILIES = tuple(family_of("pipelined").variants)
 
 
 def mma_flags(family: str) -> Tuple[bool, bool, bool]:
-    """(split, W in place, x^T) of an mma family name."""
-    tail = family[3:]
-    return "s" in tail, "w" in tail, "t" in tail
+    """(split, W in place, x^T) of a tensor-core family string (``mmasw``: split, W in place)."""
+    v = family_of(family).variants[family]
+    return bool(v["split"]), v["w_layout"] == "in place", v["x_layout"] == "transposed"
 
 
 def mma_staged(family: str) -> bool:
-    """Whether an mma family writes y through a shared tile (``mmao`` / ``mmato``: the staged store)."""
-    return family in MMA_FAMILIES and family.endswith("o")
+    """Whether a family string's kernels write y through a shared tile (``mmao`` / ``mmato``: the staged store)."""
+    return family_of(family).variants[family].get("store") == "shared tile"
 
 
 def dense_kind(cfg: FwdConfig) -> Tuple:
     """What identifies a config's dense-ceiling kernel: configs with equal kinds share one ceiling (the tile
     shape, and the loop and operand layouts where a family has its own: SIMT, vec4, each mma layout)."""
-    fam = cfg.family
-    if fam in ("simt", "simtp", "simts", "simtw", "simtsw"):
-        fam = "simt"
-    elif fam in MMA_FAMILIES:
-        fam = fam.replace("mmas", "mma")
-        fam = fam[:-1] if fam.endswith("o") else fam        # the staged store shares its loop's ceiling
-    elif fam in ("nmp", "gp"):
-        fam = "pipelined"
-    elif fam in PIPE_FAMILIES:
-        fam = "mmap"                                        # the split loop shares its unsplit ceiling
-    elif fam != "simtv":
-        fam = "tile"
-    return (fam, cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim)
+    return (family_of(cfg.family).dense_kind(cfg), cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim)
 
 
 DENSE_FAMILIES = ("dense", "densep", "simt_dense", "simtv_dense", "mma_dense", "mmaw_dense", "mmat_dense",
