@@ -40,7 +40,8 @@ _SWITCHES = ("FOVI_KNN_DX_PATH", "FOVI_KNN_DW_PATH", "FOVI_KNN_GRAD_PATH")
 def split_configs() -> List[str]:
     """The split tensor-core forward configs (fp32 output): the candidates for both adjoints."""
     from fovi_lab.kernels import forward as F
-    return [n for n in F.uncached_config_names() if F.config_spec(n).family in ("mmas", "mmasw", "mmaps")]
+    from fovi_lab.kernels.families.registry import family
+    return [n for n in F.uncached_config_names() if family(F.config_spec(n).family).fp32_output(F.config_spec(n))]
 
 
 def _candidates(meta, x, w, g) -> Dict[str, Dict[str, Callable[[], torch.Tensor]]]:

@@ -116,11 +116,10 @@ def _dense_config_for(kind: str, spec: dict) -> Optional[str]:
     tn = spec["tile_b"] if kind == "gi" else spec["tile_n"]
     tk = spec.get("tile_o", 64) if kind == "gi" else 64
     pipelined = str(spec["version"]).endswith("p")
-    fams = ("gp",) if pipelined else ("gather",)
     best = None
     for name in F.uncached_config_names():
         c = F.config_spec(name)
-        if c.family in fams and (c.tile_m, c.tile_n, c.tile_k, c.r) == (tm, tn, tk, 1):
+        if _variant_is(c, "tile_gemm", prefetch=pipelined) and (c.tile_m, c.tile_n, c.tile_k, c.r) == (tm, tn, tk, 1):
             if c.block_dim == spec["block_dim"]:
                 return name
             best = best or name
@@ -219,13 +218,20 @@ def _warp_pipeline_records(meta, x, w, g, gi_cfg: Optional[str], gw_cfg: Optiona
     return out
 
 
+def _variant_is(cfg, key: str, **values) -> bool:
+    """Whether the configs-table entry ``cfg`` belongs to family ``key`` with these parameter values."""
+    from fovi_lab.kernels.families.registry import family
+    fam = family(cfg.family)
+    return fam.key == key and all(fam.variant_values(cfg).get(k) == v for k, v in values.items())
+
+
 def _dense_nm_config(tm: int, tn: int, tk: int) -> Optional[str]:
     """A registered forward config with these tiles (its dense ceiling is the fused kernel's); the
     experimental table holds the tiles only a fused adjoint uses (16x16 dx, 16/32-deep dW chunks)."""
     from fovi_lab.kernels import forward as F
     for name in F.uncached_config_names(experimental=True):
         c = F.config_spec(name)
-        if c.family == "nm" and (c.tile_m, c.tile_n, c.tile_k, c.r) == (tm, tn, tk, 1):
+        if _variant_is(c, "node_major", split=False, prefetch=False) and (c.tile_m, c.tile_n, c.tile_k, c.r) == (tm, tn, tk, 1):
             return name
     return None
 

@@ -50,7 +50,7 @@ def stage_rows(configs: Optional[Sequence[str]] = None) -> List[dict]:
         bm, bn, bk, s, t = c.tile_n, c.tile_m, c.tile_k, c.r, c.block_dim
         wm, wn, mt, nt = pipe_layout(bm, bn, bk, s, t)
         stage = 2 * bk * (bm + bn)
-        rows.append(dict(config=name, split=c.family == "mmaps", bm=bm, bn=bn, bk=bk, stages=s, threads=t, wm=wm,
+        rows.append(dict(config=name, split=F.mma_flags(c.family)[0], bm=bm, bn=bn, bk=bk, stages=s, threads=t, wm=wm,
                          wn=wn, warp_m=16 * mt, warp_n=8 * nt, acc=4 * mt * nt, smem=s * stage,
                          in_flight=(s - 1) * stage))
     return rows

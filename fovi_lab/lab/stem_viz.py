@@ -21,6 +21,7 @@ import plotly.graph_objects as go
 from fovi_lab import lab as kl
 from fovi_lab.graph.layers import layer_meta
 from fovi_lab.graph.meta import pad_to
+from fovi_lab.kernels.families.registry import lookup
 
 __all__ = ["STEMS", "stage_bytes", "explore_stem", "stem_forward_rows", "stem_forward_figure", "stem_train_rows",
            "simt_rows", "simt_figure"]
@@ -119,7 +120,7 @@ def stem_forward_rows(records: Optional[List[dict]] = None) -> List[dict]:
         k = {r["config"]: r for r in run if r.get("impl") == "warp_uncached" and r.get("ms_kernel")}
         r0 = run[0]
         pick = F.select_i2c(b, r0["cout"], r0["p64"])
-        gath = [r for c, r in k.items() if F.config_spec(c).family == "gather"]
+        gath = [r for c, r in k.items() if lookup(c).family == "tile_gemm" and not lookup(c)["prefetch"]]
         i2c = [r for c, r in k.items() if c.startswith("i2c")]
         torch_rows = [r for r in run if str(r.get("impl")).startswith("torch") and r.get("ms") and not r.get("graphed")]
         g = min(gath, key=lambda r: r["ms_kernel"]) if gath else None

@@ -195,7 +195,8 @@ def get_uncached_config(name: str, device=None, bf16: bool = False) -> Optional[
 
     A config that fails is remembered as None and reported once with a ``RuntimeWarning`` saying why.
     """
-    if config_spec(name).family == "cached":      # (an unknown name raises here)
+    from fovi_lab.kernels.families.registry import family
+    if family(config_spec(name).family).inference_only:      # (an unknown name raises here)
         raise ValueError(f"config: {name!r} is a cached-path config; run_uncached takes one of "
                          f"{', '.join(_UNCACHED_BATCH_CONFIG_SPECS)}, or an id of any point of the uncached "
                          f"families (fovi_lab.kernels.families)")

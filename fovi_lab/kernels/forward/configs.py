@@ -105,7 +105,7 @@ PIPE_FAMILIES = tuple(family_of("pipelined").variants)
 def mma_flags(family: str) -> Tuple[bool, bool, bool]:
     """(split, W in place, x^T) of a tensor-core family string (``mmasw``: split, W in place)."""
     v = family_of(family).variants[family]
-    return bool(v["split"]), v["w_layout"] == "in place", v["x_layout"] == "transposed"
+    return bool(v.get("split")), v.get("w_layout") == "in place", v.get("x_layout") == "transposed"
 
 
 def mma_staged(family: str) -> bool:
