@@ -7,7 +7,7 @@ The kernels read their operands in the layout their loads want: x^T ``[Cin*Nin, 
 
 (a 2-D transpose is R = 1). PyTorch does such a copy with its generic strided kernel: one of the two sides is read
 or written a 2-byte element per 32-byte sector, and on the H200 it moved 0.33-1.18 TB/s on the copies profiled
-(x [512, 92544] fp16 to x^T: 0.65 TB/s, 0.291 ms replayed; ``tools/h200/profile_step.py --transpose``,
+(x [512, 92544] fp16 to x^T: 0.65 TB/s, 0.291 ms replayed; ``tools/gpu/profile_step.py --transpose``,
 data/h200/layout_copies.jsonl), a seventh
 of HBM bandwidth; in the six train steps profiled there (four layers at B = 512, two at B = 16) its strided copies
 took 14-35 % of the GPU time. With this kernel the same copy took 0.098 ms, and the train step at B = 512, replayed,
@@ -46,7 +46,7 @@ __all__ = ["swap_axes_into", "swap_axes", "transpose", "transpose_into", "layout
 #: Threads per CTA (8 warps), one ``W x W`` tile each.
 LAYOUT_BLOCK = 256
 #: Below this many elements along either swapped axis the tile is mostly empty and PyTorch's copy is used. Replayed on
-#: the H200 (tools/h200/profile_step.py --transpose, 17 copies of a step's shapes) the kernel took 0.27-0.72x
+#: the H200 (tools/gpu/profile_step.py --transpose, 17 copies of a step's shapes) the kernel took 0.27-0.72x
 #: PyTorch's time on the 13 with both axes at 60 or more, and 0.92-2.16x on the 4 with one axis at 16 (x^T at
 #: B = 16: 11.0 against 5.1 us). No copy between was timed alone; the train steps at B = 64 and 512 that ran
 #: 1.07-1.20x faster with the kernel (data/h200/train_step_b512.jsonl.gz, train_step_b64.jsonl.gz) sent the rf2

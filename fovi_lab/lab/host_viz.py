@@ -5,11 +5,11 @@ kernel, measured here and recorded on the H200.
   call of a signature (argument checks, table analysis, config choice, operands) against a repeated one
   (the call cache of :func:`fovi_lab.kernels.forward.api.prepare_uncached` skips the first three).
 * :func:`host_probe_runs` / :func:`host_probe_figure`: the recorded H200 host probes
-  (``fovi_lab/records/h200/logs/host_probe_*.json``, written by ``tools/h200/host_probe.py``). Per shape and probe,
+  (``fovi_lab/records/h200/logs/host_probe_*.json``, written by ``tools/gpu/host_probe.py``). Per shape and probe,
   the host time to issue one forward and one train step (no synchronisation), with the step's CUDA-graph
   replay (its GPU time) beside it.
 * :func:`replay_ab_rows` / :func:`replay_ab_figure`: the backends' own replay of their calls
-  (:mod:`fovi_lab.ops.replay`), recorded on the H200 by ``tools/h200/replay_ab.py``
+  (:mod:`fovi_lab.ops.replay`), recorded on the H200 by ``tools/gpu/replay_ab.py``
   (``fovi_lab/records/h200/logs/replay_ab.jsonl.gz``): per layer and batch, the eager call replayed and direct beside
   PyTorch's fastest eager form of the same op, interleaved.
 """
@@ -118,7 +118,7 @@ def host_probe_figure(log_dir=None, height: int = 480) -> go.Figure:
     marker."""
     runs = host_probe_runs(log_dir)
     if not runs:
-        return kl.message_figure("no recorded host probe yet (tools/h200/host_probe.py on a GPU)")
+        return kl.message_figure("no recorded host probe yet (tools/gpu/host_probe.py on a GPU)")
     shapes = [s for s in runs[0]["results"] if all(s in r["results"] for r in runs)]
     fig = make_subplots(rows=1, cols=2, subplot_titles=("forward: host time to issue one call (ms)",
                                                         "train step: host time per step (ms)"))
@@ -144,7 +144,7 @@ def host_probe_figure(log_dir=None, height: int = 480) -> go.Figure:
 
 
 def replay_ab_records(path=None) -> List[dict]:
-    """The recorded replay A/B (``tools/h200/replay_ab.py``): one record per (mode, layer, B, implementation)."""
+    """The recorded replay A/B (``tools/gpu/replay_ab.py``): one record per (mode, layer, B, implementation)."""
     p = Path(path) if path is not None else kl.LOGS_DIR / "replay_ab.jsonl.gz"
     if not p.exists():
         return []
@@ -196,7 +196,7 @@ def replay_ab_figure(mode: str = "train-step", batches=(16, 64), path=None, heig
     PyTorch's fastest eager form, per layer."""
     rows = [r for r in replay_ab_rows(mode, path) if r["B"] in batches]
     if not rows:
-        return kl.message_figure("no recorded replay A/B yet (tools/h200/replay_ab.py on a GPU)")
+        return kl.message_figure("no recorded replay A/B yet (tools/gpu/replay_ab.py on a GPU)")
     fig = make_subplots(rows=len(batches), cols=1, shared_xaxes=True,
                         subplot_titles=[f"{mode}, B = {b}: eager ms per call" for b in batches])
     series = (("replayed by the backend", "replayed_ms", kl.COLOURS["warp"]),

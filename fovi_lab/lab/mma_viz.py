@@ -445,7 +445,7 @@ NCU_METRICS = {
 
 def ncu_rows(path=None, metrics=NCU_METRICS) -> List[dict]:
     """Per profiled kernel (the shipped ``logs/ncu_mma_picks_summary.txt``, a summary of Nsight Compute's CSV from
-    ``bash tools/h200/run.sh ncu``): the kernel name and the :data:`NCU_METRICS` values (floats; ``[]`` when the
+    ``bash tools/gpu/run.sh ncu``): the kernel name and the :data:`NCU_METRICS` values (floats; ``[]`` when the
     file is absent)."""
     import re
     path = kl.LOGS_DIR / "ncu_mma_picks_summary.txt" if path is None else path

@@ -38,7 +38,7 @@ Replayed per GEMM config (data/h200/forward_binned_replayed.jsonl.gz), the pipel
 binned op at B = 1 on AlexNet L1-L3, 0.042-0.064 ms against 0.044-0.074 for the compact kernels, and still
 0.60-0.69x PyTorch's binned form (0.029-0.045 ms); in a profile of AlexNet L2 at B = 1 cuBLAS's split-K GEMM took
 7.9 us where the one-node GEMM of the rule's pick (a split config with W in place) took 29.7
-(tools/h200/profile_step.py --forward --baseline binned_mm). At B = 4 the compact
+(tools/gpu/profile_step.py --forward --baseline binned_mm). At B = 4 the compact
 kernels were faster everywhere. So :func:`fovi_lab.knn_warp.forward_path` runs the compact kernels unless
 ``FOVI_KNN_FWD_PATH=binned`` asks for this form.
 """

@@ -2,7 +2,7 @@
 same with each piece alone (the signature, a copy in, the graph's replay, a copy out), and cProfile's top
 functions over the steps.
 
-    python tools/h200/replay_host_profile.py res18_layer4_0:16 res18_layer1:64 [--steps 300] [--out F]
+    python tools/gpu/replay_host_profile.py res18_layer4_0:16 res18_layer1:64 [--steps 300] [--out F]
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     env = dict(env_info(torch.device("cuda")), commit=os.environ.get("FOVI_COMMIT"),
-               command="python tools/h200/replay_host_profile.py " + " ".join(sys.argv[1:]))
+               command="python tools/gpu/replay_host_profile.py " + " ".join(sys.argv[1:]))
     out = []
     for shape in args.shapes:
         layer, b = shape.split(":")

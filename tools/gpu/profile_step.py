@@ -1,7 +1,7 @@
 """Kernel-level profile of train steps or forwards (torch.profiler / CUPTI: Warp's launches on torch's stream are
 captured too).
 
-    OUT=<dir> python tools/h200/profile_step.py alex_L0:64 res18_layer4_0:512 [--forward] [--reps 10]
+    OUT=<dir> python tools/gpu/profile_step.py alex_L0:64 res18_layer4_0:512 [--forward] [--reps 10]
 
 For each ``layer:B`` target: the CUDA kernels of ``reps`` warp_train steps (forward + backward_combined, the
 weight's version bumped each step) and of the same steps of torch autograd through the transposed gather + bmm,
@@ -139,7 +139,7 @@ def _provenance() -> dict:
     import warp as wp
     return dict(device=torch.cuda.get_device_name(), warp=wp.config.version, torch=torch.__version__,
                 cuda=torch.version.cuda, python=platform.python_version(), commit=os.environ.get("FOVI_COMMIT"),
-                date=_START, command="python tools/h200/profile_step.py ... --transpose")
+                date=_START, command="python tools/gpu/profile_step.py ... --transpose")
 
 
 _START = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

@@ -1,7 +1,7 @@
 """Which modules the GPU runs need have no sm_90 cubin in the kernel cache, and (``--compile``) compile
 them here ahead of time, without a GPU, in parallel processes.
 
-``WARP_CACHE_PATH=/tmp/wpc/wpcache python tools/h200/cache_missing.py [--compile] [--jobs N]``
+``WARP_CACHE_PATH=/tmp/wpc/wpcache python tools/gpu/cache_missing.py [--compile] [--jobs N]``
 
 Covers every forward config (kernel and dense ceiling, the experimental ones too), every fused adjoint
 kernel (dxn/dxs/dwn/dws), every staged gi/gw/csr kernel and the SIMT helpers. MathDx follows

@@ -4,9 +4,9 @@
 # (~15 MB) each call carries about 64 MB, under the 64 MiB limit, so the set-up takes two calls, the second of
 # which also does the work:
 #
-#   bash tools/h200/stage_warp.sh                 # here, from the project root (a few minutes: xz -9 on 2 cores)
+#   bash tools/gpu/stage_warp.sh                 # here, from the project root (a few minutes: xz -9 on 2 cores)
 #   bash .device/wt0/install.sh                   # call 1, carrying .device/wt0
-#   bash .device/wt1/install.sh && bash tools/h200/run.sh all      # call 2, carrying .device/wt1
+#   bash .device/wt1/install.sh && bash tools/gpu/run.sh all      # call 2, carrying .device/wt1
 #
 # Each install.sh copies its part to /tmp/wparts on the GPU machine (kept while the machine stays up, ~30 s after a
 # call); the second checks the sha256 and unpacks Warp into /tmp/site (device_env.sh puts it on PYTHONPATH).

@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # One runner for the work the records under data/ come from, on a lent GPU machine (after the Warp set-up runs of
-# tools/h200/README.md). Every job writes under $OUT; every benchmark record carries device, versions and date, and
+# tools/gpu/README.md). Every job writes under $OUT; every benchmark record carries device, versions and date, and
 # the forward ones the tag given here (FOVI_TAG, default the job's name).
 #
-#   bash tools/h200/run.sh forward   [bench args]  # the forward benchmark as a user runs it: the rule's pick eager
+#   bash tools/gpu/run.sh forward   [bench args]  # the forward benchmark as a user runs it: the rule's pick eager
 #                                                   # and replayed, its dense ceiling, every PyTorch baseline
-#   bash tools/h200/run.sh sweep     [bench args]  # every registered forward config on every layer (--all-configs)
-#   bash tools/h200/run.sh train-step [bench args] # forward + dx + dW, eager and replayed, every PyTorch baseline
-#   bash tools/h200/run.sh backward  [bench args]  # the adjoint benchmark (staged and fused)
-#   bash tools/h200/run.sh parity                  # warmup, then every GPU test file (junit XML under $OUT)
-#   bash tools/h200/run.sh all [B ...]             # parity, then train-step and forward at these batches (16 64),
+#   bash tools/gpu/run.sh sweep     [bench args]  # every registered forward config on every layer (--all-configs)
+#   bash tools/gpu/run.sh train-step [bench args] # forward + dx + dW, eager and replayed, every PyTorch baseline
+#   bash tools/gpu/run.sh backward  [bench args]  # the adjoint benchmark (staged and fused)
+#   bash tools/gpu/run.sh parity                  # warmup, then every GPU test file (junit XML under $OUT)
+#   bash tools/gpu/run.sh all [B ...]             # parity, then train-step and forward at these batches (16 64),
 #                                                   # each job bounded by what is left of FOVI_TIMEOUT
-#   bash tools/h200/run.sh ncu TARGETS...          # Nsight Compute on layer:B:config[:dense] targets
-#   bash tools/h200/run.sh notebooks [nb ...]      # notebooks with their gpu cells (tools/h200/run_notebooks.sh)
+#   bash tools/gpu/run.sh ncu TARGETS...          # Nsight Compute on layer:B:config[:dense] targets
+#   bash tools/gpu/run.sh notebooks [nb ...]      # notebooks with their gpu cells (tools/gpu/run_notebooks.sh)
 #
 # FOVI_TIMEOUT (seconds, default 560) bounds each job inside the device's 10-minute call.
 set -uo pipefail
@@ -61,10 +61,10 @@ case "$job" in
     timeout "$limit" ncu --nvtx --nvtx-include "profile/" -k regex:fovi_fwd --section SpeedOfLight \
       --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis --section LaunchStats \
       --metrics l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum,l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
-      --csv --page details python3 tools/h200/ncu_targets.py "$@" > "$OUT/ncu.csv" 2> "$OUT/ncu.err"
+      --csv --page details python3 tools/gpu/ncu_targets.py "$@" > "$OUT/ncu.csv" 2> "$OUT/ncu.err"
     tail -3 "$OUT/ncu.err" ;;
   notebooks)
-    bash tools/h200/run_notebooks.sh "$@" ;;
+    bash tools/gpu/run_notebooks.sh "$@" ;;
   *)
     echo "unknown job $job" >&2; exit 2 ;;
 esac

@@ -4,7 +4,7 @@ rule takes them and, on the stems, the staged adjoints; with ``--all-mma`` every
 (what ``bench adjoints`` times). A benchmark run then
 compiles nothing; the full ``warmup`` builds ~180 modules, most of which a given run never launches.
 
-    python tools/h200/warm_selected.py [--layers ...] [--batches 1 16 64] [--all-mma] [--jobs 16]
+    python tools/gpu/warm_selected.py [--layers ...] [--batches 1 16 64] [--all-mma] [--jobs 16]
 """
 
 from __future__ import annotations

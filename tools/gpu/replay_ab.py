@@ -4,8 +4,8 @@ once per round, rounds alternate, the median over rounds is kept (at 0.1-1 ms pe
 runs is as large as the effects). Outputs are checked first: the replayed ones bitwise against the direct ones,
 all against the fp32 oracle within 3x ``torch_compact``'s error + 2e-3.
 
-    python tools/h200/replay_ab.py --mode train-step --layers ... --batches 16 64 [--rounds 5] [--out F]
-    python tools/h200/replay_ab.py --mode forward --batches 1 4 16 64
+    python tools/gpu/replay_ab.py --mode train-step --layers ... --batches 16 64 [--rounds 5] [--out F]
+    python tools/gpu/replay_ab.py --mode forward --batches 1 4 16 64
 
 Train steps bump the weight's version every step (as an optimiser's in-place update does); forwards keep it
 (inference: PyTorch's ``cached_bmm`` reuses its effective weight, the Warp forward its weight layout).
@@ -92,7 +92,7 @@ def main() -> int:
     args = ap.parse_args()
     dev = torch.device(args.device)
     env = dict(env_info(dev), commit=os.environ.get("FOVI_COMMIT"),
-               command="python tools/h200/replay_ab.py " + " ".join(sys.argv[1:]))
+               command="python tools/gpu/replay_ab.py " + " ".join(sys.argv[1:]))
     n_out = 1 if args.mode == "forward" else 3
     for layer in args.layers or list(LAYERS):
         meta = layer_meta(layer).to(dev)

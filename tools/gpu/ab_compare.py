@@ -1,6 +1,6 @@
-"""Side by side: the records of tools/h200/ab_kernels.sh's two sides, per (layer, B, implementation, config).
+"""Side by side: the records of tools/gpu/ab_kernels.sh's two sides, per (layer, B, implementation, config).
 
-    python tools/h200/ab_compare.py ab_base.jsonl ab_new.jsonl [--fields ms gi_stage_ms gw_stage_ms ms_kernel]
+    python tools/gpu/ab_compare.py ab_base.jsonl ab_new.jsonl [--fields ms gi_stage_ms gw_stage_ms ms_kernel]
 
 Each cell lists the field over the rounds (a run stopped by its time budget has fewer), then the ratio of the
 medians, new over base: below 1 is faster.

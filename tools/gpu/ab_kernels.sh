@@ -3,15 +3,15 @@
 # base, new, base, new, so the drift between calls and between lent machines stays out of the comparison.
 #
 # Here (no GPU):
-#   bash tools/h200/ab_kernels.sh prepare BASE_REV     # writes .device/base/fovi_lab from git (git-ignored)
+#   bash tools/gpu/ab_kernels.sh prepare BASE_REV     # writes .device/base/fovi_lab from git (git-ignored)
 #   # the whole tree travels with each call (64 MiB with what is carried): move data/ out for the run
 # On the GPU machine, after the three Warp install runs, carrying [".device/warp2", ".device/base"]:
 #   bash .device/warp2/install.sh && export PYTHONPATH=/tmp/site && \
-#     bash tools/h200/ab_kernels.sh run backward --layers alex_L0 res18_layer1 --batches 64 512 --reps 15
+#     bash tools/gpu/ab_kernels.sh run backward --layers alex_L0 res18_layer1 --batches 64 512 --reps 15
 #   (the arguments after "run" go to python -m fovi_lab.bench.backward; FOVI_AB_BENCH=fovi_lab.bench.forward
 #   runs the forward benchmark instead; FOVI_AB_ROUNDS sets the number of base/new rounds, default 2)
 # Records: $OUT/ab_base.jsonl and $OUT/ab_new.jsonl (one record per implementation, shape and round);
-#   python tools/h200/ab_compare.py ab_base.jsonl ab_new.jsonl prints them side by side.
+#   python tools/gpu/ab_compare.py ab_base.jsonl ab_new.jsonl prints them side by side.
 set -euo pipefail
 cmd="${1:-}"; shift || true
 case "$cmd" in

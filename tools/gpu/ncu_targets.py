@@ -1,8 +1,8 @@
 """Launch chosen forward configs once each inside an NVTX range named ``profile``, for Nsight Compute
-(``bash tools/h200/run.sh ncu TARGETS``): everything else (compiles, canaries, warm-up calls, the oracle) runs
+(``bash tools/gpu/run.sh ncu TARGETS``): everything else (compiles, canaries, warm-up calls, the oracle) runs
 outside it.
 
-    ncu --nvtx --nvtx-include "profile/" -k regex:fovi_fwd ... python3 tools/h200/ncu_targets.py \\
+    ncu --nvtx --nvtx-include "profile/" -k regex:fovi_fwd ... python3 tools/gpu/ncu_targets.py \\
         res18_stem:512:mmat_o64b32 res18_layer3:64:mmat_o64b16k64 ...
 
 Each target is ``layer:B:config``; ``config`` ``dense`` suffix (``mmat_o64b32:dense``) launches that config's

@@ -1,6 +1,6 @@
 """Where the host time of one eager warp_train step goes (cProfile), per layer and batch.
 
-``OUT=<dir> python tools/h200/host_profile_step.py alex_L0 64 [reps]``: per-call host issue time of the
+``OUT=<dir> python tools/gpu/host_profile_step.py alex_L0 64 [reps]``: per-call host issue time of the
 forward, grad_input, grad_weight and the whole step (no sync inside the loop), then a cProfile of ``reps``
 steps sorted by own time and by cumulative time (written to ``$OUT/host_profile_<layer>_<B>.txt``).
 """

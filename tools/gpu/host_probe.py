@@ -1,7 +1,7 @@
 """Host-overhead probe on the GPU box: where the per-call host time of the eager ops goes, and whether
 CUDA graphs capture the ops (and replay a weight updated in place between replays).
 
-``OUT=<dir> python tools/h200/host_probe.py``: prints and writes ``$OUT/host_probe.json``.
+``OUT=<dir> python tools/gpu/host_probe.py``: prints and writes ``$OUT/host_probe.json``.
 
 Per layer and batch: the forward's host issue time (N calls, no sync: what an eager loop pays when the
 GPU keeps up) and pipelined time (N calls then one sync); the same split into its parts (the call's
@@ -108,7 +108,7 @@ for name, b in [("res18_layer1", 16), ("res18_layer1", 64), ("alex_L4", 16), ("a
 import warp  # noqa: E402
 
 doc = dict(device=torch.cuda.get_device_name(), warp=warp.config.version, torch=torch.__version__,
-           cuda=torch.version.cuda, date=time.strftime("%Y-%m-%d"), script="tools/h200/host_probe.py",
+           cuda=torch.version.cuda, date=time.strftime("%Y-%m-%d"), script="tools/gpu/host_probe.py",
            note="per-call host issue and pipelined ms of the eager forward and train step (weight version "
                 "bumped per step), the forward's parts, and the CUDA-graph replay of the step",
            results=out)

@@ -3,7 +3,7 @@ what does it refuse? The AlexNet L2-L4 stack of ``fovi_lab.bench.compile_step``,
 one eager step first (which moves the layers' tables to the GPU and fills the kernels' caches outside any graph
 pool); prints each outcome and, where it runs, the time per step beside eager.
 
-    python tools/h200/probe_reduce_overhead.py [--batch 64] [--backend warp_train]
+    python tools/gpu/probe_reduce_overhead.py [--batch 64] [--backend warp_train]
 """
 
 from __future__ import annotations

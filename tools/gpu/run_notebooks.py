@@ -1,7 +1,7 @@
 """Execute notebooks on the GPU machine (gpu-tagged cells included), time each, record errors and gpu output.
 
-    python3 tools/h200/run_notebooks.py [notebooks/XX.ipynb ...]       (default: every notebook; writes $OUT)
-    python tools/h200/run_notebooks.py --merge OUT1.json OUT2.json ... > data/notebooks_h200.json
+    python3 tools/gpu/run_notebooks.py [notebooks/XX.ipynb ...]       (default: every notebook; writes $OUT)
+    python tools/gpu/run_notebooks.py --merge OUT1.json OUT2.json ... > data/notebooks_h200.json
 
 Each call writes ``$OUT/notebooks_h200.json``: ``meta`` (device, driver, Warp and torch versions, date, the
 commit from ``FOVI_COMMIT``, how) and one row per notebook. ``--merge`` joins the files of several calls (one

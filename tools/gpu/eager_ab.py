@@ -3,7 +3,7 @@ in a row, and at 0.05-0.6 ms per call the host's drift between those runs is as 
 (dtype, mode, implementation) of a shape is timed once per round, rounds alternate, and the median over rounds
 is kept (checked against the oracle first, as in the benchmark).
 
-    python tools/h200/eager_ab.py --shapes res18_layer2_0:16 res18_layer3:16 [--rounds 7] [--reps 30] [--out F]
+    python tools/gpu/eager_ab.py --shapes res18_layer2_0:16 res18_layer3:16 [--rounds 7] [--reps 30] [--out F]
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def main() -> int:
     args = ap.parse_args()
     dev = torch.device(args.device)
     env = dict(env_info(dev), commit=os.environ.get("FOVI_COMMIT"),
-               command="python tools/h200/eager_ab.py " + " ".join(sys.argv[1:]))
+               command="python tools/gpu/eager_ab.py " + " ".join(sys.argv[1:]))
     recs = []
     for shape in args.shapes:
         layer, b = shape.split(":")

@@ -1,4 +1,4 @@
-# Sourced by tools/h200/run.sh on the GPU machine: strict mode, the Warp install of the three set-up runs on
+# Sourced by tools/gpu/run.sh on the GPU machine: strict mode, the Warp install of the three set-up runs on
 # PYTHONPATH, and a prebuilt sm_90 kernel cache (.device/cache/wpcache.txz, built here with
 # `WARP_CACHE_PATH=/tmp/wpc/wpcache python -m fovi_lab warmup --aot-arch 90` and packed with tar -cJf) unpacked once
 # per machine when it was carried.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Execute notebooks with their gpu cells: bash tools/h200/run_notebooks.sh [notebooks/XX.ipynb ...]
+# Execute notebooks with their gpu cells: bash tools/gpu/run_notebooks.sh [notebooks/XX.ipynb ...]
 # The notebook dependencies come as cp312 wheels in .device/nb/wheels (pip download here); they are installed
 # into /tmp/nbsite once per machine, so a later call on the same machine need not carry them.
 set -uo pipefail
@@ -9,4 +9,4 @@ fi
 export PYTHONPATH=/tmp/site:/tmp/nbsite:$PWD PYTHONUNBUFFERED=1 WARP_CACHE_PATH=/tmp/wpc/wpcache
 export JUPYTER_PATH=/tmp/nbsite/share/jupyter
 python3 -c "import plotly, ipywidgets, nbclient, ipykernel; print('nb deps ok')" || exit 1
-python3 tools/h200/run_notebooks.py "$@"
+python3 tools/gpu/run_notebooks.py "$@"

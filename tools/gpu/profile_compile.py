@@ -1,7 +1,7 @@
 """Where a compiled train step's time goes beside the eager one: torch.profiler over a few steps of
 ``fovi_lab.bench.compile_step``'s networks, per mode, the GPU kernels by total time and the step's wall time.
 
-    python tools/h200/profile_compile.py [--net digits|stack] [--backends warp_train torch_compact] [--batch 256]
+    python tools/gpu/profile_compile.py [--net digits|stack] [--backends warp_train torch_compact] [--batch 256]
 """
 
 from __future__ import annotations

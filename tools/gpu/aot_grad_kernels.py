@@ -1,7 +1,7 @@
 """Compile the staged adjoint kernels' sm_90 cubins into WARP_CACHE_PATH here (no GPU), like
 ``python -m fovi_lab warmup --aot-arch 90`` does for the forward and fused-adjoint modules.
 
-``WARP_CACHE_PATH=/tmp/wpc/wpcache python tools/h200/aot_grad_kernels.py [kind:name ...]``
+``WARP_CACHE_PATH=/tmp/wpc/wpcache python tools/gpu/aot_grad_kernels.py [kind:name ...]``
 (default: the default gi/gw configs and every csr reduction kernel).
 """
 import os
