@@ -47,6 +47,8 @@ import plotly.graph_objects as go
 import torch
 
 from fovi_lab.kernels.common import init_warp, nan_canary, wp
+from fovi_lab.kernels.experiments import (BLOCK_DIM_CHOICES, R_CHOICES, TILE_CHOICES, check_config,  # noqa: F401
+                                          make_budget_experiment, make_oversized_kernel)  # (re-exported)
 
 __all__ = [
     "GPU_LIMITS", "CUDA_DEFAULT_SMEM", "CPU_TILE_ARENA_BYTES", "TILE_CHOICES", "R_CHOICES",
@@ -67,9 +69,6 @@ CUDA_DEFAULT_SMEM = 48 * 1024
 #: Warp's CPU tile arena per block (``WP_MAX_CPU_SHARED`` in warp/native/tile.h, Warp 1.19).
 CPU_TILE_ARENA_BYTES = 256 * 1024
 
-TILE_CHOICES = (8, 16, 32, 64, 128, 256)
-R_CHOICES = (1, 2, 4)
-BLOCK_DIM_CHOICES = (32, 64, 128, 256, 512, 1024)
 
 #: Configs drawn by :func:`budget_figure`: (label, tile_m, tile_n, r, enable_backward).
 BUDGET_CONFIGS: Tuple[Tuple[str, int, int, int, bool], ...] = (
@@ -156,21 +155,11 @@ def _fits(nbytes: int) -> Dict[str, bool]:
 # kernels: the production gather kernel, and one small experiment kernel for Warp's counting rules
 # --------------------------------------------------------------------------------------------------
 
-def _check_config(tile_m, tile_n, r, block_dim) -> None:
-    if tile_m not in TILE_CHOICES or tile_n not in TILE_CHOICES:
-        raise ValueError(f"tile_m/tile_n: expected one of {TILE_CHOICES}, got {tile_m}/{tile_n}")
-    if r not in R_CHOICES:
-        raise ValueError(f"r: expected one of {R_CHOICES}, got {r}")
-    if block_dim not in BLOCK_DIM_CHOICES:
-        raise ValueError(f"block_dim: expected one of {BLOCK_DIM_CHOICES} (a multiple of the 32-thread "
-                         f"warp, at most 1024 threads per block), got {block_dim}")
-
-
 def gather_config(tile_m: int, tile_n: int, r: int = 1, block_dim: int = 64):
     """The :class:`~fovi_lab.kernels.forward.FwdConfig` of the production gather kernel with these tiles
     (registered or not: the forward's build cache takes either)."""
     from fovi_lab.kernels import forward as F
-    _check_config(tile_m, tile_n, r, block_dim)
+    check_config(tile_m, tile_n, r, block_dim)
     return F.FwdConfig(f"lab_m{tile_m}n{tile_n}r{r}b{block_dim}", "gather", tile_m, tile_n, _TILE_K, r, block_dim)
 
 
@@ -183,63 +172,6 @@ def gather_kernel(tile_m: int, tile_n: int, r: int = 1, block_dim: int = 64):
 
 
 @functools.lru_cache(maxsize=None)
-def make_budget_experiment(tile_m: int, tile_n: int, block_dim: int = 64, *, dead_branch: bool = False,
-                           unroll: int = 0, backward: bool = False):
-    """A plain tile GEMM ``C[M, N] (fp32) = A[M, K] @ B[K, N]`` (fp16), built to isolate one of Warp's
-    shared-memory counting rules (the production kernels are not built this way):
-
-    * ``dead_branch``: a branch never taken at run time (``k_tiles < 0``) holds one more A and B tile;
-    * ``unroll = U > 0``: the K loop's trip count is the compile-time constant ``U`` (Warp unrolls constant
-      loops of at most 16 trips, and each copy's tiles reserve again);
-    * ``backward``: built with ``enable_backward=True`` (Warp compiles an adjoint kernel beside it).
-
-    With no switch on it is the baseline the other three are compared with.
-    """
-    _check_config(tile_m, tile_n, 1, block_dim)
-    init_warp()
-    TM, TN, TK, DEAD, KT = int(tile_m), int(tile_n), _TILE_K, bool(dead_branch), int(unroll)
-    opts = {"block_dim": int(block_dim), "enable_backward": bool(backward), "enable_mathdx_gemm": False}
-    name = f"fovi_budget_m{TM}n{TN}b{block_dim}{'_dead' if DEAD else ''}{f'_u{KT}' if KT else ''}{'_bwd' if backward else ''}"
-
-    @wp.kernel(enable_backward=bool(backward), module="unique", module_options=opts, name=name)
-    def kernel(a: wp.array2d(dtype=wp.float16), b: wp.array2d(dtype=wp.float16),
-               c: wp.array2d(dtype=wp.float32), k_tiles: int):
-        i, j = wp.tid()
-        acc = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
-        if wp.static(KT > 0):
-            for kt in range(KT):  # a compile-time trip count
-                wp.tile_matmul(wp.tile_load(a, shape=(TM, TK), offset=(i * TM, kt * TK), storage="shared"),
-                               wp.tile_load(b, shape=(TK, TN), offset=(kt * TK, j * TN), storage="shared"), acc)
-        else:
-            for kt in range(k_tiles):  # a run-time trip count: not unrolled
-                wp.tile_matmul(wp.tile_load(a, shape=(TM, TK), offset=(i * TM, kt * TK), storage="shared"),
-                               wp.tile_load(b, shape=(TK, TN), offset=(kt * TK, j * TN), storage="shared"), acc)
-        if wp.static(DEAD):
-            if k_tiles < 0:  # never true: dead at run time, not at compile time
-                bt2 = wp.tile_load(b, shape=(TK, TN), offset=(0, j * TN), storage="shared")
-                at2 = wp.tile_load(a, shape=(TM, TK), offset=(i * TM, 0), storage="shared")
-                wp.tile_matmul(at2, bt2, acc)
-        wp.tile_store(c, acc, offset=(i * TM, j * TN))
-
-    return kernel
-
-
-@functools.lru_cache(maxsize=None)
-def make_oversized_kernel(rows: int = 256, cols: int = 256, block_dim: int = 256):
-    """``y = 2 x`` through one fp32 shared tile of ``rows x cols`` (256 x 256 = 256 KiB: over an H200
-    block's budget; exactly the CPU arena, so never launch a bigger one on the CPU)."""
-    init_warp()
-    R, C = int(rows), int(cols)
-
-    @wp.kernel(enable_backward=False, module="unique", module_options={"block_dim": int(block_dim),
-               "enable_backward": False, "enable_mathdx_gemm": False}, name=f"fovi_canary_oversized_{R}x{C}b{block_dim}")
-    def kernel(x: wp.array2d(dtype=wp.float32), y: wp.array2d(dtype=wp.float32)):
-        t = wp.tile_load(x, shape=(R, C), storage="shared")
-        wp.tile_store(y, t + t)
-
-    return kernel
-
-
 def warp_smem_bytes(kernel, device: str = "cpu", backward: bool = False) -> Optional[int]:
     """Warp's own count of the dynamic shared memory ``kernel``'s forward launch requests (bytes).
 
@@ -483,7 +415,7 @@ def explore_config(tile_m: int, tile_n: int, r: int, block_dim: int, device: str
     """
     try:
         tile_m, tile_n, r, block_dim = int(tile_m), int(tile_n), int(r), int(block_dim)
-        _check_config(tile_m, tile_n, r, block_dim)
+        check_config(tile_m, tile_n, r, block_dim)
     except (TypeError, ValueError) as exc:
         msg = f"Invalid choice: {exc}"
         fig = go.Figure()
