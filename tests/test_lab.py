@@ -513,7 +513,7 @@ def test_recorded_figures_on_the_repository_data():
 def test_benchmark_forward_runs_on_cpu(monkeypatch):
     from fovi_lab.kernels import forward as F
     from fovi_lab.kernels.forward import api as fwd_api
-    monkeypatch.setattr(fwd_api, "select_config", lambda *a, **k: "m32n64")
+    monkeypatch.setattr(fwd_api, "pick", lambda *a, **k: "m32n64")
     rows, fig = kl.benchmark_forward(("ODD",), batch=8, device=CPU, reps=2)
     impls = {r["impl"] for r in rows}
     assert {"warp_uncached", "warp_uncached_kernel", "warp_cached", "torch_compact"} <= impls
