@@ -105,10 +105,9 @@ def _problem(layer, batch: int, dtype, rf: Optional[str]) -> Tuple[Problem, obje
 
 
 def _grad_words(meta, problem: Problem) -> Tuple[str, str]:
-    from fovi_lab.knn_warp import FUSED_MIN_CIN, grad_paths
-    from fovi_lab.kernels.adjoint.as_forward import select_grad_mma
-    dx_path, dw_path = grad_paths(meta, problem.batch, problem.dtype)
-    cfg = select_grad_mma(meta, problem.batch, problem.dtype)
+    from fovi_lab.kernels.adjoint.rule import FUSED_MIN_CIN, adjoint_plan
+    plan = adjoint_plan(meta, problem.batch, problem.dtype)
+    dx_path, dw_path, cfg = plan.dx, plan.dw, plan.mma_config
 
     def words(path: str, which: str) -> str:
         if path == "mma":

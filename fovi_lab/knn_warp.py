@@ -19,6 +19,7 @@ from typing import Optional
 import torch
 
 import fovi_lab.settings as settings
+import fovi_lab.kernels.adjoint.rule as _rule
 from fovi_lab.ops.registry import register_ops
 from fovi_lab.ops.replay import replayed
 from fovi_lab.graph.meta import TrainingMeta, pad_to
@@ -110,20 +111,17 @@ class WarpCompactOps:
 
 #: Below this many input channels the staged adjoints win on the H200 (fovi_lab/records/h200/train_step.jsonl.gz: the
 #: Cin = 3 stems ran 2-3x slower fused, because a 16-wide Cin tile is 13/16 padding and every reverse
-#: entry is a tiny GEMM; every layer with Cin >= 64 ran faster fused).
-FUSED_MIN_CIN = 16
+#: entry is a tiny GEMM; every layer with Cin >= 64 ran faster fused). Decided in :mod:`fovi_lab.kernels.adjoint.rule`.
+FUSED_MIN_CIN = _rule.FUSED_MIN_CIN
 
 
 def grad_path(meta: Optional[TrainingMeta] = None, dtype: Optional[torch.dtype] = None) -> str:
-    """Adjoint path of ``warp_train`` for a layer: ``"fused"`` (the node-major kernels of
+    """Adjoint path of ``warp_train`` for a layer off the tensor cores: ``"fused"`` (the node-major kernels of
     :mod:`fovi_lab.kernels.adjoint.fused`: one launch per gradient, no stage) when ``Cin >= FUSED_MIN_CIN``,
     else ``"staged"`` (fovi's stage + reverse-index design, the kernels of :mod:`fovi_lab.kernels.adjoint.staged`).
     ``FOVI_KNN_GRAD_PATH=fused|staged|auto`` overrides (``auto``: this rule). Both families have an fp16 and a
     bf16 form, so ``dtype`` (the gradients' compute dtype) does not change the path."""
-    path = settings.get("FOVI_KNN_GRAD_PATH")
-    if path == "auto":
-        return "fused" if meta is None or meta.cin >= FUSED_MIN_CIN else "staged"
-    return path
+    return _rule.kernels_path(meta)
 
 
 def mma_path(which: str) -> str:
@@ -134,47 +132,36 @@ def mma_path(which: str) -> str:
     return settings.get("FOVI_KNN_DX_PATH" if which == "dx" else "FOVI_KNN_DW_PATH")
 
 
-def _mma_choice(which: str, meta: TrainingMeta, batch: int, dtype: torch.dtype):
-    """``(on tensor cores?, config)`` for one gradient: forced by :func:`mma_path`, else the rule's pick
-    (config None under ``mma``: the split configs' default rule)."""
-    from fovi_lab.kernels.adjoint.as_forward import select_grad_mma
-    path = mma_path(which)
-    if path == "off":
-        return False, None
-    config = select_grad_mma(meta, batch, dtype)
-    return path == "mma" or config is not None, config
-
-
 def grad_paths(meta: TrainingMeta, batch: int, dtype: torch.dtype = torch.float16) -> tuple:
     """``(dx path, dW path)`` of a ``warp_train`` call at ``batch`` in ``dtype``: ``"mma"`` (tensor cores, by
-    :func:`mma_path`'s switch or rule) or :func:`grad_path`'s ``"fused"`` / ``"staged"`` (before any fallback)."""
-    kernels = grad_path(meta, dtype)
-    return tuple("mma" if _mma_choice(w, meta, batch, dtype)[0] else kernels for w in ("dx", "dW"))
+    :func:`mma_path`'s switch or rule) or :func:`grad_path`'s ``"fused"`` / ``"staged"`` (before any fallback);
+    the call signature's :class:`~fovi_lab.kernels.adjoint.rule.AdjointPlan`, decided once."""
+    plan = _rule.adjoint_plan(meta, batch, dtype)
+    return plan.dx, plan.dw
 
 
-def _on_mma(which: str, meta, grad_y, operand):
-    """The tensor-core gradient, or None where it is not the pick or its kernel cannot launch here (a warning
-    when a switch asked for it: under the rule the fused / staged kernels simply take over)."""
+def _on_mma(which: str, meta, grad_y, operand, plan):
+    """The tensor-core gradient, or None where it is not the plan's path or its kernel cannot launch here (a
+    warning when a switch asked for it: under the rule the fused / staged kernels simply take over)."""
     from fovi_lab.kernels.adjoint import as_forward
-    on, config = _mma_choice(which, meta, grad_y.shape[0], grad_y.dtype)
-    if not on:
+    if plan.path(which) != "mma":
         return None
     fn = as_forward.grad_input_mma if which == "dx" else as_forward.grad_weight_mma
     try:
-        return fn(meta, grad_y, operand, config)
+        return fn(meta, grad_y, operand, plan.mma_config)
     except RuntimeError as exc:
-        if mma_path(which) == "mma":
-            warnings.warn(f"the tensor-core {which} cannot run here ({exc}); using the {grad_path(meta)} kernels",
+        if plan.forced[0 if which == "dx" else 1]:
+            warnings.warn(f"the tensor-core {which} cannot run here ({exc}); using the {plan.kernels} kernels",
                           RuntimeWarning, stacklevel=3)
         return None
 
 
-def _fused_or_staged(which: str, fused, staged, meta, grad_y, operand):
-    """The fused kernel's gradient where the layer takes the fused path and it can launch, else the staged
-    kernel's (with a warning when the fused one could not launch here; the staged ones fall back to
-    torch_compact, warning, when they cannot launch either)."""
+def _fused_or_staged(which: str, fused, staged, meta, grad_y, operand, kernels: Optional[str] = None):
+    """The fused kernel's gradient where the layer takes the fused path (``kernels``, default
+    :func:`grad_path`) and it can launch, else the staged kernel's (with a warning when the fused one could not
+    launch here; the staged ones fall back to torch_compact, warning, when they cannot launch either)."""
     meta = meta.to(grad_y.device)
-    if grad_path(meta, grad_y.dtype) == "fused":
+    if (kernels or grad_path(meta, grad_y.dtype)) == "fused":
         out = fused(meta, grad_y, operand)
         if out is not None:
             return out
@@ -183,14 +170,16 @@ def _fused_or_staged(which: str, fused, staged, meta, grad_y, operand):
     return staged(meta, grad_y, operand)
 
 
-def grad_input_kernels(meta: TrainingMeta, grad_y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def grad_input_kernels(meta: TrainingMeta, grad_y: torch.Tensor, weight: torch.Tensor,
+                       kernels: Optional[str] = None) -> torch.Tensor:
     """``dx`` on :func:`grad_path`'s fused / staged kernels, never the tensor cores (what the rule compares)."""
-    return _fused_or_staged("dx", grad_input_nm, staged_grad_input, meta, grad_y, weight)
+    return _fused_or_staged("dx", grad_input_nm, staged_grad_input, meta, grad_y, weight, kernels)
 
 
-def grad_weight_kernels(meta: TrainingMeta, grad_y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def grad_weight_kernels(meta: TrainingMeta, grad_y: torch.Tensor, x: torch.Tensor,
+                        kernels: Optional[str] = None) -> torch.Tensor:
     """``dW`` on :func:`grad_path`'s fused / staged kernels, never the tensor cores."""
-    return _fused_or_staged("dW", grad_weight_nm, staged_grad_weight, meta, grad_y, x)
+    return _fused_or_staged("dW", grad_weight_nm, staged_grad_weight, meta, grad_y, x, kernels)
 
 
 class WarpTrainOps:
@@ -231,27 +220,30 @@ class WarpTrainOps:
         return replayed("backward", meta, lambda g, x, w: _backward_direct(meta, g, x, w), grad_y, x, weight)
 
 
-def _grad_input_direct(meta, grad_y, weight):
-    dx = _on_mma("dx", meta, grad_y, weight)
-    return dx if dx is not None else grad_input_kernels(meta, grad_y, weight)
+def _grad_input_direct(meta, grad_y, weight, plan=None):
+    plan = plan or _rule.adjoint_plan(meta, grad_y.shape[0], grad_y.dtype)
+    dx = _on_mma("dx", meta, grad_y, weight, plan)
+    return dx if dx is not None else grad_input_kernels(meta, grad_y, weight, plan.kernels)
 
 
-def _grad_weight_direct(meta, grad_y, x):
-    dw = _on_mma("dW", meta, grad_y, x)
-    return dw if dw is not None else grad_weight_kernels(meta, grad_y, x)
+def _grad_weight_direct(meta, grad_y, x, plan=None):
+    plan = plan or _rule.adjoint_plan(meta, grad_y.shape[0], grad_y.dtype)
+    dw = _on_mma("dW", meta, grad_y, x, plan)
+    return dw if dw is not None else grad_weight_kernels(meta, grad_y, x, plan.kernels)
 
 
 def _backward_direct(meta, grad_y, x, weight):
-    if "mma" in grad_paths(meta, grad_y.shape[0], grad_y.dtype):
-        return _grad_input_direct(meta, grad_y, weight), _grad_weight_direct(meta, grad_y, x)
-    if grad_path(meta, grad_y.dtype) != "fused":
+    plan = _rule.adjoint_plan(meta, grad_y.shape[0], grad_y.dtype)     # decided once per call signature
+    if "mma" in (plan.dx, plan.dw):
+        return _grad_input_direct(meta, grad_y, weight, plan), _grad_weight_direct(meta, grad_y, x, plan)
+    if plan.kernels != "fused":
         return staged_grad_input(meta, grad_y, weight), staged_grad_weight(meta, grad_y, x)
     pw = plan_grad_weight_nm(meta, grad_y, x)
     # dx contracts Cout in 64-row chunks: share g's node-major copy when the Cout padding agrees
     share = pw is not None and pw.op == pad_to(meta.cout, 64)
     px = plan_grad_input_nm(meta, grad_y, weight, gn=pw.gn if share else None)
-    dx = px.run() if px is not None else _grad_input_direct(meta, grad_y, weight)
-    dw = pw.run() if pw is not None else _grad_weight_direct(meta, grad_y, x)
+    dx = px.run() if px is not None else _grad_input_direct(meta, grad_y, weight, plan)
+    dw = pw.run() if pw is not None else _grad_weight_direct(meta, grad_y, x, plan)
     return dx, dw
 
 

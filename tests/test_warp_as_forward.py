@@ -114,6 +114,7 @@ def test_warp_train_follows_the_rule_and_the_switches(monkeypatch):
     (a tap table over its budget) falls back to them without a warning (nothing was asked for by name)."""
     import warnings
     from fovi_lab.kernels.adjoint import as_forward as AF
+    from fovi_lab.kernels.adjoint.rule import forget_plans
     from fovi_lab.knn_warp import WarpTrainOps, grad_input_kernels, grad_weight_kernels
     meta, w, g, dx_o, x, dw_o = _case("MAIN", 4, torch.float16)
     fused = grad_input_kernels(meta, g, w), grad_weight_kernels(meta, g, x)
@@ -125,6 +126,7 @@ def test_warp_train_follows_the_rule_and_the_switches(monkeypatch):
     assert 2.5 < AF.padding(meta) < 3.0 and AF.select_grad_mma(meta, 4) is None     # over the padding guard
     monkeypatch.setattr(AF, "MMA_GRAD_MAX_PADDING", 3.0)
     assert AF.select_grad_mma(meta, 4) == AF.MMA_GRAD_CONFIG
+    forget_plans(meta)                                   # the thresholds changed: the call signature decides anew
     dx = grad_input_mma(meta, g, w, AF.MMA_GRAD_CONFIG)
     dw = grad_weight_mma(meta, g, x, AF.MMA_GRAD_CONFIG)
     _assert_fp32_exact(dx, dx_o, "dx under the rule")

@@ -95,4 +95,11 @@ def adjoint_plan(meta, batch: int, dtype: torch.dtype) -> AdjointPlan:
     return plan
 
 
-__all__ = ["AdjointPlan", "FUSED_MIN_CIN", "SWITCHES", "adjoint_plan", "decide", "kernels_path"]
+def forget_plans(meta) -> None:
+    """Drop the plans cached with ``meta`` (for a caller that changed the rule's thresholds, such as a test)."""
+    aux = meta_aux(meta)
+    for key in [k for k in aux if isinstance(k, tuple) and k[:1] == ("adjoint_plan",)]:
+        del aux[key]
+
+
+__all__ = ["AdjointPlan", "forget_plans", "FUSED_MIN_CIN", "SWITCHES", "adjoint_plan", "decide", "kernels_path"]
