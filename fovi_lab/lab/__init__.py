@@ -4,12 +4,13 @@
     problems         a real layer (or a synthetic shape) at any batch, with its fp32 reference
     traffic          FLOPs, bytes and shared memory of the forward, one node's GEMM
     forward_explorer  the forward widget: rerun a production kernel, check it, time it
+    family_explorer   the tile-size widget over every kernel family: any point, checked, run and timed live
     adjoint_explorer  the adjoint widgets: node GEMMs, determinism, grids and occupancy, a rerun
     records          the recorded GPU results under ``data/`` and their figures
     *_viz            one module of figures per notebook topic (graph, stems, split, mma, fused, host, ...)
 
 The lab uses only public names of the layers below it, and nothing outside ``fovi_lab.lab`` imports it.
-``from fovi_lab import lab`` gives the names of the first six modules.
+``from fovi_lab import lab`` gives the names of the first seven modules.
 """
 
 from fovi_lab.lab.common import (batch_menu, check_explore_args, clamp_shape, COLOURS, CPU_WORK_BUDGET,
@@ -22,6 +23,7 @@ from fovi_lab.lab.traffic import (forward_counts, node_gemm, node_gemm_figure, s
                                   tile_traffic, traffic_figure, traffic_table)
 from fovi_lab.lab.forward_explorer import (benchmark_forward, explore_forward, registered_forward_config, reuse_live,
                                            reuse_live_figure, run_checked)
+from fovi_lab.lab.family_explorer import explore_point, family_widget, start_point
 from fovi_lab.lab.adjoint_explorer import (adjoint_by_node_gemms, adjoint_grid, determinism_demo, explore_adjoint,
                                            H200_SMS, occupancy_figure, occupancy_table)
 from fovi_lab.lab.records import (backward_recorded_figure, backward_records, batch_panels_figure, DATA_DIR,

@@ -21,7 +21,8 @@ class Simt(Family):
     params = (
         Param("tile_b", "batch rows per thread", (4, 8, 16)),
         Param("tile_o", "output channels per thread", (4, 8, 16)),
-        Param("unroll", "p entries per step", (1, 2, 4, 8), words=lambda v: f"{v} p entries per step"),
+        Param("unroll", "p entries per step", (1, 2, 4, 8),
+              words=lambda v: f"{v} p entr{'y' if v == 1 else 'ies'} per step"),
         Param("warps", "warps per block", (2, 4), words=lambda v: f"{v} warps per block", default=4),
         Param("split", "p loop split", (False, True), words=words_of({False: None, True: "p loop split"})),
         Param("prefetch", "index prefetch", (False, True),
