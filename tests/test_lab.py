@@ -602,3 +602,16 @@ def test_adjoint_record_tables():
                                               ["gw3_p64n128", "8.019", "6.774", "74", "1265"]]
     assert len(ae.gi_gw_sweep_table("alex_L1", 512, sweep, only=("gw",)).splitlines()) == 3
     assert ae.gi_gw_sweep_table("alex_L1", 64, sweep).startswith("no recorded")
+
+
+def test_record_selections_take_whole_runs_of_their_device():
+    """Each named selection of recorded runs is non-empty and takes whole runs: every record that shares a selected
+    record's file and date stamp is selected too, and no record of another device."""
+    for name, sel in kl.SELECTIONS.items():
+        recs = kl.kind_records(sel.kind)
+        picked = sel.pick(recs)
+        assert picked, name
+        stamps, ids = {r.get("date") for r in picked}, {id(r) for r in picked}
+        assert all(id(r) in ids for r in recs if r.get("date") in stamps), name
+        assert {r.get("device") for r in picked} == {sel.device}, name
+        assert kl.selected(recs, name) == picked

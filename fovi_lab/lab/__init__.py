@@ -30,4 +30,5 @@ from fovi_lab.lab.records import (backward_recorded_figure, backward_records, ba
                                   figure_title, forward_recorded_figure, forward_records, forward_table, gi_gw_sweep_figure,
                                   heuristic_figure, heuristic_table, latest_run_where, layer_order,
                                   layer_replays_figure, load_records, LOGS_DIR, record_runs, REUSE_PAIRS,
-                                  reuse_recorded_figure, reuse_summary, roofline_figure, kind_records, versions_title)
+                                  reuse_recorded_figure, reuse_summary, roofline_figure, kind_records, selected,
+                                  Selection, SELECTIONS, versions_title)

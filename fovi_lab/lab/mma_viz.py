@@ -6,15 +6,15 @@ figures).
 * :func:`lane_channels`: the channel permutation that makes a lane's W loads one vector load.
 * :func:`explore_mma`: run one mma config on a real layer's shape here, against the fp32 reference.
 * :func:`mma_rows` / :func:`mma_figure`: the recorded H200 sweeps: per layer and batch, the mma pick's whole op
-  replayed from a CUDA graph (:data:`MMA_RUNS`), the tile / SIMT rules' pick (:data:`OLD_RULE_RUNS`) and the fastest
+  replayed from a CUDA graph (the tensor-core sweep), the tile / SIMT rules' pick (their runs) and the fastest
   PyTorch forward, replayed too, medians over the runs that measured them.
 * :func:`layout_rows`: what each operand layout bought: the same block with x in place or x^T, W^T or W in
   place, replayed side by side.
 * :func:`depth_rows` / :func:`depth_figure` / :func:`register_rows`: what the loop depth bought (the same block
-  looping 1, 2 or 4 k-steps per iteration, replayed side by side, :data:`DEPTH_RUNS`) and what it costs in registers
+  looping 1, 2 or 4 k-steps per iteration, replayed side by side in the tensor-core sweep) and what it costs in registers
   and resident warps (the sm_90 cubins).
 * :func:`stage_rows` / :func:`stage_figure`: what the staged store bought (the same block writing y directly or
-  through a shared tile, replayed side by side, :data:`STAGE_RUNS`); :func:`ncu_rows`: the Nsight Compute profile
+  through a shared tile, replayed side by side: the staged-store sweep); :func:`ncu_rows`: the Nsight Compute profile
   that pointed at the stores.
 * :func:`explore_mma_widget`: what the notebook's widget runs: one layer, batch and mma config here, the pick
   for that shape, and the recorded replays of that layer.
@@ -32,24 +32,15 @@ import plotly.graph_objects as go
 from fovi_lab import lab as kl
 from fovi_lab.graph.layers import RECORDED_LAYERS, layer_meta
 
-__all__ = ["MMA_RUNS", "OLD_RULE_RUNS", "DEPTH_RUNS", "STAGE_RUNS", "LAYERS", "fragment_owner", "fragment_figure",
+__all__ = ["LAYERS", "fragment_owner", "fragment_figure",
            "lane_channels", "explore_mma", "mma_rows", "mma_figure", "layout_rows", "depth_rows", "depth_figure",
            "register_rows", "stage_rows", "stage_figure", "ncu_rows", "explore_mma_widget", "mma_configs",
            "mma_summary", "operand_mb", "dense_ceiling_rows"]
 
-#: The ``run`` ids, in ``fovi_lab/records/h200/mma_sweep.jsonl.gz``, of the sweeps that replayed every mma config
-#: (registered and experimental, loops of 1, 2 and 4 k-steps) beside the pick and PyTorch on every layer at
-#: B = 1/4/16/32/64/128/512: B = 1/16/64, B = 4/32/128/512, all seven on a second machine, and all seven with the
-#: staged stores and the 1-/2-warp blocks. Earlier mma records time an older source of these kernels.
-MMA_RUNS = (59, 60, 61, 63)
-#: The sweep that timed the staged stores beside the direct ones.
-STAGE_RUNS = (63,)
-#: The sweeps that timed every loop depth of a block side by side.
-DEPTH_RUNS = MMA_RUNS
-#: The sweeps (``forward_sweep.jsonl.gz``) whose chosen config was the tile / SIMT rules' pick (``FOVI_WARP_MMA=off`` today).
-OLD_RULE_RUNS = (52, 53)
-#: The sweeps that replayed the x^T and W-in-place layouts beside x in place and W^T (from the first one that had them).
-LAYOUT_RUNS = (54, 56)
+# The recorded sweeps read here (fovi_lab.lab.records.SELECTIONS): "tensor-core sweep" (every mma config, loops of
+# 1, 2 and 4 k-steps, beside the pick and PyTorch on every layer at B = 1 to 512; it also timed every loop depth side
+# by side), "staged-store sweep", "tile and SIMT rules" (the runs whose chosen config was the tile / SIMT rules'
+# pick, FOVI_WARP_MMA=off) and "tensor-core layouts".
 LAYERS = RECORDED_LAYERS
 
 
@@ -143,10 +134,15 @@ def explore_mma(layer: str = "alex_L0", batch: int = 16, config: Optional[str] =
 
 # ----------------------------------------------------------------------------------------------- recorded
 
-def _by_shape(records: List[dict], runs: Sequence[int]) -> Dict[Tuple[str, int], List[dict]]:
+def _sel(records: List[dict], name: str) -> List[dict]:
+    """The records of one recorded sweep (:data:`fovi_lab.lab.records.SELECTIONS`)."""
+    return kl.SELECTIONS[name].pick(records)
+
+
+def _by_shape(records: List[dict]) -> Dict[Tuple[str, int], List[dict]]:
     out: Dict[Tuple[str, int], List[dict]] = {}
     for r in records:
-        if r.get("run") in runs and r.get("ms") and r.get("layer") in LAYERS:
+        if r.get("ms") and r.get("layer") in LAYERS:
             out.setdefault((r["layer"], r["B"]), []).append(r)
     return out
 
@@ -168,12 +164,12 @@ def mma_rows(records: Optional[List[dict]] = None, batches: Sequence[int] = (1, 
     """Per layer and batch, medians of whole ops replayed from CUDA graphs: the register mma rule's pick
     (``select_config(..., pipe=False)``: the kernels this notebook builds; the pipelined ones that the rule takes
     on the large-GEMM layers from B = 64 were timed in their own run, ``data/h200/forward_pipe.jsonl.gz``) (over
-    :data:`MMA_RUNS`; ``tflops``: the compact GEMM's ``2*B*P64*Cout*Nout`` FLOPs over its time), the tile / SIMT
-    rules' pick (over :data:`OLD_RULE_RUNS`, where it was the run's chosen config) and the fastest PyTorch forward
-    (over :data:`MMA_RUNS`)."""
+    the tensor-core sweep; ``tflops``: the compact GEMM's ``2*B*P64*Cout*Nout`` FLOPs over its time), the tile / SIMT
+    rules' pick (over their runs, where it was the run's chosen config) and the fastest PyTorch forward
+    (over the tensor-core sweep)."""
     from fovi_lab.kernels import forward as F
     records = kl.forward_records() if records is None else records
-    shapes = _by_shape(records, MMA_RUNS + OLD_RULE_RUNS)
+    shapes = _by_shape(_sel(records, "tensor-core sweep") + _sel(records, "tile and SIMT rules"))
     rows = []
     for layer in LAYERS:
         for b in batches:
@@ -183,11 +179,11 @@ def mma_rows(records: Optional[List[dict]] = None, batches: Sequence[int] = (1, 
                 continue
             args = (b, shape["cout"], shape["nout"], shape["p64"])
             kw = dict(in_channels=shape["cin"], node_major=shape["cin"] >= 32, q=shape["cin"] * shape["v"])
-            pick = F.select_config(*args, pipe=False, **kw)      # the register kernels: what MMA_RUNS timed
+            pick = F.select_config(*args, pipe=False, **kw)      # the register kernels: what the sweep timed
             old = F.select_config(*args, mma=False, **kw)
-            now = [r for r in rs if r["run"] in MMA_RUNS]
+            now = _sel(rs, "tensor-core sweep")
             warp = _replayed(now)
-            old_ms = _replayed([r for r in rs if r["run"] in OLD_RULE_RUNS]).get(old)
+            old_ms = _replayed(_sel(rs, "tile and SIMT rules")).get(old)
             tmed = _median_by(now, lambda r: r["impl"], lambda r: str(r["impl"]).startswith("torch") and r.get("graphed"))
             tbest = min(tmed, key=tmed.get) if tmed else None
             ms = warp.get(pick)
@@ -266,7 +262,7 @@ def mma_figure(rows: Optional[List[dict]] = None, height: int = 480) -> go.Figur
         return kl.message_figure("no recorded mma sweep in the records")
     return kl.batch_panels_figure(rows, _SERIES, "Tensor cores by hand: the mma kernels against the tile / SIMT "
                                   "kernels and PyTorch (whole op, replayed)",
-                                  "medians of the recorded replays (MMA_RUNS, OLD_RULE_RUNS)", height=height)
+                                  "medians of the recorded H200 replays: the tensor-core sweep and the tile / SIMT rules' runs", height=height)
 
 
 def _points(table: str) -> Tuple[tuple, ...]:
@@ -281,9 +277,9 @@ LAYOUT_PAIRS = _points("layout_pairs")
 
 def layout_rows(records: Optional[List[dict]] = None, pairs=LAYOUT_PAIRS) -> List[dict]:
     """Per pair of :data:`LAYOUT_PAIRS`: both configs' whole ops replayed, medians over the runs that replayed
-    both (:data:`LAYOUT_RUNS`)."""
+    both (the tensor-core layouts sweep)."""
     records = kl.forward_records() if records is None else records
-    shapes = _by_shape(records, LAYOUT_RUNS)
+    shapes = _by_shape(_sel(records, "tensor-core layouts"))
     rows = []
     for layer, b, base, other in pairs:
         med = _replayed(shapes.get((layer, b), []))
@@ -307,7 +303,7 @@ def explore_mma_widget(layer: str, batch: int, config: Optional[str] = None, dev
 
 def _layer_figure(layer: str, rows: List[dict], height: int = 320) -> go.Figure:
     """The recorded replays of one layer over B: the mma pick, the tile / SIMT rule's pick, PyTorch (log scale)."""
-    return kl.layer_replays_figure(layer, rows, _SERIES, "recorded replays (MMA_RUNS, OLD_RULE_RUNS)",
+    return kl.layer_replays_figure(layer, rows, _SERIES, "recorded H200 replays: the tensor-core sweep and the tile / SIMT rules' runs",
                                    f"no recorded mma runs for {layer!r} under data/", log=True, height=height)
 
 
@@ -327,10 +323,10 @@ DEPTH_POINTS = (
 
 def depth_rows(records: Optional[List[dict]] = None, points=DEPTH_POINTS) -> List[dict]:
     """Per point of :data:`DEPTH_POINTS`: the whole op replayed at each loop depth, medians over
-    :data:`DEPTH_RUNS` (every depth timed side by side), the deepest loop's speedup over the 1-deep one, and the
+    the tensor-core sweep (every depth timed side by side), the deepest loop's speedup over the 1-deep one, and the
     records read (``records``: the figure's versions line)."""
     records = kl.forward_records() if records is None else records
-    shapes = _by_shape(records, DEPTH_RUNS)
+    shapes = _by_shape(_sel(records, "tensor-core sweep"))
     rows = []
     for layer, b, configs in points:
         rs = shapes.get((layer, b), [])
@@ -398,11 +394,11 @@ STAGE_POINTS = _points("stage_points")
 
 
 def stage_rows(records: Optional[List[dict]] = None, points=STAGE_POINTS) -> List[dict]:
-    """Per point of :data:`STAGE_POINTS`: both blocks' whole ops replayed, medians over :data:`STAGE_RUNS`, the
+    """Per point of :data:`STAGE_POINTS`: both blocks' whole ops replayed, medians over the staged-store sweep, the
     staged store's speedup, the output's share of the op's bytes (y against x, W and the tables), and the records
     read (``records``)."""
     records = kl.forward_records() if records is None else records
-    shapes = _by_shape(records, STAGE_RUNS)
+    shapes = _by_shape(_sel(records, "staged-store sweep"))
     rows = []
     for layer, b, direct, staged in points:
         rs = shapes.get((layer, b), [])

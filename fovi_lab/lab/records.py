@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import fnmatch
 import glob
 import math
@@ -24,6 +26,52 @@ from fovi_lab.lab.common import (LAYER_CHOICES, COLOURS, drop_empty_traces, hlin
 DATA_DIR = LOCAL_DIR
 #: The shipped logs the figures read (host probes, Nsight Compute summary, cubin registers).
 LOGS_DIR = RECORDS_DIR / "h200" / "logs"
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Recorded runs a notebook reads, named for what they measured and chosen by the records' fields: the shipped
+    records file (``kind``), the device and the window of the runs' ``date`` stamps (ISO text, from ``start``
+    inclusive to ``end`` exclusive). ``what``: one line for figure titles."""
+
+    what: str
+    kind: str
+    start: str
+    end: str
+    device: str = "NVIDIA H200"
+
+    def pick(self, records: Iterable[dict]) -> List[dict]:
+        """The records of ``records`` this selection names."""
+        return [r for r in records if r.get("device", self.device) == self.device
+                and self.start <= str(r.get("date", "")) < self.end]
+
+
+#: Every recorded selection the lab reads, in one place (the records keep the runs' own tags for their history).
+SELECTIONS: Dict[str, Selection] = {
+    "tensor-core sweep": Selection(
+        "every tensor-core config replayed beside the rule's pick and PyTorch, every layer, B = 1 to 512, H200",
+        "mma_sweep", "2026-12-01T08:38", "2026-12-01T09:12"),
+    "staged-store sweep": Selection(
+        "the staged stores replayed beside the direct ones, every layer, B = 1 to 512, H200",
+        "mma_sweep", "2026-12-01T09:11", "2026-12-01T09:12"),
+    "tile and SIMT rules": Selection(
+        "the sweeps whose chosen config was the tile / SIMT rules' pick (before the tensor-core rule), H200",
+        "forward_sweep", "2026-12-01T05:45", "2026-12-01T05:47"),
+    "tensor-core layouts": Selection(
+        "the x^T and W-in-place layouts replayed beside x in place and W^T, H200",
+        "forward_sweep", "2026-12-01T05:57", "2026-12-01T06:06"),
+    "split-loop sweep": Selection(
+        "the split SIMT kernel at three thread counts beside the tile kernels, replayed, H200",
+        "forward_sweep", "2026-11-30T04:53", "2026-11-30T05:09"),
+    "SIMT sweep": Selection(
+        "the SIMT register blocks beside the i2c tiles and PyTorch on the stems, replayed, H200",
+        "forward_sweep", "2026-11-30T02:51", "2026-11-30T03:27"),
+}
+
+
+def selected(records: Iterable[dict], name: str) -> List[dict]:
+    """The records of the selection ``name`` of :data:`SELECTIONS`."""
+    return SELECTIONS[name].pick(records)
 
 
 def layer_replays_figure(layer: str, rows: List[dict], series, runs: str, empty: str, log: bool = False,

@@ -6,7 +6,7 @@ figures).
   notebook 06).
 * :func:`explore_split`: run the split kernel on a real layer shape on this machine, checked against the fp32
   reference, with a bitwise repeat (its partials are summed in a fixed order).
-* :func:`split_rows` / :func:`split_figure`: the recorded H200 sweeps (:data:`SPLIT_RUNS`): per layer and batch, the split
+* :func:`split_rows` / :func:`split_figure`: the recorded H200 sweeps (the split-loop sweep of :data:`fovi_lab.lab.records.SELECTIONS`): per layer and batch, the split
   kernel's whole op replayed from a CUDA graph, the fastest other Warp forward measured beside it, and the
   fastest PyTorch forward, replayed too.
 * :func:`thread_sweep_rows`: the split's thread target swept (8192 / 32768 / 131072 threads).
@@ -25,13 +25,12 @@ import plotly.graph_objects as go
 from fovi_lab import lab as kl
 from fovi_lab.graph.layers import layer_meta
 
-__all__ = ["SPLIT_RUNS", "LAYERS", "SPLIT_CONFIGS", "thread_count", "partial_traffic", "explore_split", "split_rows",
+__all__ = ["LAYERS", "SPLIT_CONFIGS", "thread_count", "partial_traffic", "explore_split", "split_rows",
            "split_figure", "thread_sweep_rows", "vec4_w_rows", "explore_split_widget"]
 
 #: The ``run`` ids, in ``fovi_lab/records/h200/forward_sweep.jsonl.gz``, of the sweeps that replayed the split kernels
 #: beside the other Warp forwards and PyTorch: the rule's shapes beside the 16x32 node-major tiles and nms, the
 #: stems at B = 1/4 with every default pick, and the split kernels beside their vec4-W variants.
-SPLIT_RUNS = (45, 46, 47)
 LAYERS = ("res18_layer1", "res18_layer2", "res18_layer3_0", "res18_layer3", "res18_layer4_0", "alex_L2",
           "alex_L1", "dinov3_patch", "res18_stem_rf2", "alex_L0")
 _SPLIT_FAMILIES = ("simts", "simtsw")
@@ -88,13 +87,13 @@ def explore_split(layer: str = "res18_layer3", batch: int = 3, device=None, conf
 
 
 def split_rows(records: Optional[List[dict]] = None, batches: Sequence[int] = (1, 4, 16)) -> List[dict]:
-    """Per layer (:data:`LAYERS`) and batch, medians over :data:`SPLIT_RUNS` of whole ops replayed from CUDA
+    """Per layer (:data:`LAYERS`) and batch, medians over the split-loop sweep's runs of whole ops replayed from CUDA
     graphs: the split config the heuristic would pick there (``ss_b8o8u4`` where the rule does not take the
     split, to show what it would cost), the fastest other Warp forward measured beside it, and the fastest
     PyTorch forward (replayed); plus the heuristic's pick and both ratios."""
     from fovi_lab.kernels import forward as F
     records = kl.forward_records() if records is None else records
-    runs = [r for r in records if r.get("run") in SPLIT_RUNS and r.get("ms") and r.get("layer") in LAYERS]
+    runs = [r for r in kl.SELECTIONS["split-loop sweep"].pick(records) if r.get("ms") and r.get("layer") in LAYERS]
     rows = []
     for layer in LAYERS:
         for b in batches:
@@ -146,7 +145,7 @@ def split_figure(rows: Optional[List[dict]] = None, height: int = 460) -> go.Fig
         return kl.message_figure("no recorded split-SIMT sweep in the records")
     return kl.batch_panels_figure(rows, _SERIES, "Too few threads: the split SIMT kernel against the tiles and "
                                   "PyTorch (whole op, replayed; black outline = the heuristic's pick)",
-                                  "medians of the recorded replays (SPLIT_RUNS)", height=height, outline_pick=True)
+                                  "medians of the recorded H200 replays of the split-loop sweep", height=height, outline_pick=True)
 
 
 def thread_sweep_rows(path=None) -> List[dict]:
@@ -231,5 +230,5 @@ def explore_split_widget(layer: str, batch: int, config: str = "ss_b8o8u4", devi
 
 def _layer_figure(layer: str, rows: List[dict], height: int = 320) -> go.Figure:
     """The recorded replays of one layer over B: split kernel, fastest other Warp forward, PyTorch."""
-    return kl.layer_replays_figure(layer, rows, _SERIES, "recorded replays (SPLIT_RUNS)",
+    return kl.layer_replays_figure(layer, rows, _SERIES, "recorded H200 replays of the split-loop sweep",
                                    f"no recorded split-SIMT runs for {layer!r} under data/", height=height)

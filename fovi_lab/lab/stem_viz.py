@@ -8,7 +8,7 @@
   and the strongest PyTorch forward of the same run).
 * :func:`stem_train_rows`: the recorded train steps before (gathered operands) and after (staged ones).
 * :func:`simt_rows` / :func:`simt_figure`: the SIMT register-blocked forward against the i2c tiles and the
-  strongest PyTorch forward, per stem and batch (the H200 SIMT sweeps, :data:`SIMT_RUNS`).
+  strongest PyTorch forward, per stem and batch (the H200 SIMT sweep of :data:`fovi_lab.lab.records.SELECTIONS`).
 """
 
 from __future__ import annotations
@@ -213,11 +213,10 @@ def stem_train_rows(records: Optional[List[dict]] = None, layers: Sequence[str] 
 #: The ``run`` ids, in ``fovi_lab/records/h200/forward_sweep.jsonl.gz``, of the SIMT sweeps: the SIMT configs and the
 #: i2c pick on the stems, B = 1..128, every config's whole op timed eagerly and replayed from a CUDA graph (the
 #: first two: the fp16 ``sd_*`` kernels; the last two: the vec4 ``sv_*`` ones beside ``sd_b8o8u4``).
-SIMT_RUNS = (35, 36, 38, 40)
 
 
 def simt_rows(records: Optional[List[dict]] = None) -> List[dict]:
-    """Per stem and batch, from the SIMT sweep runs (:data:`SIMT_RUNS`, medians over them), each forward's
+    """Per stem and batch, from the SIMT sweep's runs (medians over them), each forward's
     whole op replayed from a CUDA graph (GPU time with every layout copy and no host gaps: the metric the
     heuristic's SIMT rule was read from): the fp16 SIMT kernel (``_SIMT_CONFIG``), the vec4 kernel used
     for that Cout above B = 16, the i2c config of the shape, and the fastest PyTorch forward (replayed, and
@@ -225,7 +224,7 @@ def simt_rows(records: Optional[List[dict]] = None) -> List[dict]:
     import statistics
     from fovi_lab.kernels import forward as F
     records = kl.forward_records() if records is None else records
-    runs = [r for r in records if r.get("run") in SIMT_RUNS and r.get("ms")]
+    runs = [r for r in kl.SELECTIONS["SIMT sweep"].pick(records) if r.get("ms")]
     rows = []
     for layer in STEMS:
         for b in sorted({r["B"] for r in runs if r["layer"] == layer}):
