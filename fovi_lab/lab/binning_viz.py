@@ -10,7 +10,7 @@ dense GEMM per image. Its work is ``Q/P64`` times the compact work: about 1 with
 * :func:`measure_here`: on this machine, the binned PyTorch forward, ``torch_compact`` and the Warp compact
   forward on a small stem with V = K and with V = 4K, each checked against the fp32 oracle.
 * :func:`recorded_rows` / :func:`binning_figure`: the H200 benchmarks of the stems on rf2 and on rf1
-  (:data:`RUN_FILES`): the Warp compact forward, ``torch_binned_mm`` and the strongest other PyTorch forward,
+  (the "stems against binning" selections of :data:`fovi_lab.lab.records.SELECTIONS`): the Warp compact forward, ``torch_binned_mm`` and the strongest other PyTorch forward,
   replayed from CUDA graphs (GPU time; the eager times of those runs are in the records too).
 * :func:`warp_binned_rows`: a Warp binned forward (branch ``exp/binned-stems``, never on main)
   against the Warp compact (``i2c``) kernels on the rf2 stems.
@@ -30,14 +30,14 @@ from plotly.subplots import make_subplots
 
 from fovi_lab import lab as kl
 
-__all__ = ["STEMS", "RUN_FILES", "TC_BINNED_RECORDS", "tap_ratio_rows", "measure_here", "recorded_rows",
+__all__ = ["STEMS", "BINNING_RUNS", "TC_BINNED_RECORDS", "tap_ratio_rows", "measure_here", "recorded_rows",
            "binning_figure", "warp_binned_rows", "tensor_core_binned_rows"]
 
 STEMS = ("alex_L0", "res18_stem", "dinov3_patch")
 
 #: rf -> the record source of the stems' forward benchmark on that frame (H200)
-RUN_FILES = {"rf2": "forward_h200_run20_torch-binned.jsonl", "rf1": "forward_h200_run21_rf1-stems.jsonl"}
-WARP_BINNED_FILE = "forward_h200_run18_binned-stems.jsonl"
+#: The recorded runs read here, per reference frame (fovi_lab.lab.records.SELECTIONS).
+BINNING_RUNS = {"rf2": "stems against binning, rf2", "rf1": "stems against binning, rf1"}
 #: The H200 runs of ``python -m fovi_lab bench forward --binned --graphs`` (records carry their commit and command)
 TC_BINNED_RECORDS = kl.DATA_DIR / "h200" / "forward_binned.jsonl.gz"
 
@@ -104,10 +104,11 @@ def _ms(run: List[dict], impl: str) -> Optional[float]:
 
 def recorded_rows(data_dir=None) -> List[dict]:
     """Per recorded (rf, stem, B): the Warp compact forward (its chosen config), ``torch_binned_mm`` and the
-    strongest other PyTorch forward, eager and replayed from a CUDA graph, from :data:`RUN_FILES`."""
+    strongest other PyTorch forward, eager and replayed from a CUDA graph, from :data:`BINNING_RUNS`."""
     rows = []
-    for rf, fname in RUN_FILES.items():
-        recs = [r for r in kl.load_records(data_dir, patterns=(fname,)) if _stem_index(r.get("layer")) < len(STEMS)]
+    every = kl.load_records(data_dir)
+    for rf, name in BINNING_RUNS.items():
+        recs = [r for r in kl.selected(every, name) if _stem_index(r.get("layer")) < len(STEMS)]
         for (layer, b, _), runs in sorted(kl.record_runs(recs).items(), key=lambda kv: (_stem_index(kv[0][0]), kv[0][1])):
             run = runs[-1]
             row = dict(rf=rf, layer=layer, B=b, warp=_ms(run, "warp_uncached"),
@@ -146,15 +147,15 @@ def binning_figure(rows: Optional[List[dict]] = None, height: int = 460) -> go.F
     fig.update_yaxes(title_text="ms (CUDA-graph replay, log)", type="log", col=1)
     fig.update_layout(barmode="group", height=height, legend=dict(orientation="h", y=-0.25),
                       title=kl.figure_title("The stems: compact GEMM against binning, H200",
-                                      [r for f in RUN_FILES.values() for r in kl.load_records(patterns=(f,))]))
+                                      [r for n in BINNING_RUNS.values() for r in kl.selected(kl.load_records(), n)]))
     return fig
 
 
 def warp_binned_rows(data_dir=None) -> List[dict]:
-    """The Warp binned forward (branch ``exp/binned-stems``, source :data:`WARP_BINNED_FILE`): per rf2 stem and B, the fastest Warp binned forward kernel
+    """The Warp binned forward (branch ``exp/binned-stems``; the "Warp binned stems" selection): per rf2 stem and B, the fastest Warp binned forward kernel
     (``bin_*`` configs: the bin SIMT pass plus the dense GEMM), its GEMM alone on a pre-binned stage with
     the compact ``P64`` depth, and the fastest compact ``i2c`` kernel, all kernel times in ms."""
-    recs = [r for r in kl.load_records(data_dir, patterns=(WARP_BINNED_FILE,)) if r.get("impl") == "warp_uncached"]
+    recs = [r for r in kl.selected(kl.load_records(data_dir), "Warp binned stems") if r.get("impl") == "warp_uncached"]
     out: Dict[tuple, dict] = {}
     for r in recs:
         if not r.get("ms_kernel"):

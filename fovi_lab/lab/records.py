@@ -40,10 +40,15 @@ class Selection:
     end: str
     device: str = "NVIDIA H200"
 
+    @property
+    def mode(self) -> str:
+        """The records' mode: ``train-step`` for the train-step files, else ``forward``."""
+        return "train-step" if self.kind == "train_step" else "forward"
+
     def pick(self, records: Iterable[dict]) -> List[dict]:
         """The records of ``records`` this selection names."""
         return [r for r in records if r.get("device", self.device) == self.device
-                and self.start <= str(r.get("date", "")) < self.end]
+                and (r.get("mode") or "forward") == self.mode and self.start <= str(r.get("date", "")) < self.end]
 
 
 #: Every recorded selection the lab reads, in one place (the records keep the runs' own tags for their history).
@@ -66,6 +71,21 @@ SELECTIONS: Dict[str, Selection] = {
     "SIMT sweep": Selection(
         "the SIMT register blocks beside the i2c tiles and PyTorch on the stems, replayed, H200",
         "forward_sweep", "2026-11-30T02:51", "2026-11-30T03:27"),
+    "stems against binning, rf2": Selection(
+        "the stems' compact forward beside torch_binned_mm and PyTorch, rf2 tables, eager and replayed, H200",
+        "forward", "2026-11-29T23:32", "2026-11-29T23:33"),
+    "stems against binning, rf1": Selection(
+        "the stems' compact forward beside torch_binned_mm and PyTorch, rf1 tables, eager and replayed, H200",
+        "forward", "2026-11-29T23:36", "2026-11-29T23:37"),
+    "Warp binned stems": Selection(
+        "the Warp binned forward (bin pass + dense GEMM) beside the compact i2c kernels on the rf2 stems, H200",
+        "forward", "2026-11-29T23:24", "2026-11-29T23:25"),
+    "stem train step, gathered operands": Selection(
+        "the stems' train step with the adjoints gathering their operand tiles in the GEMM loop, H200",
+        "train_step", "2026-11-29T19:27", "2026-11-29T19:28"),
+    "stem train step, staged operands": Selection(
+        "the stems' train step with staged operands (the 'i' adjoint configs), H200",
+        "train_step", "2026-11-29T20:50", "2026-11-29T20:51"),
 }
 
 

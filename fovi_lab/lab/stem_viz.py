@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import List, Optional, Sequence
 
 import plotly.graph_objects as go
@@ -160,24 +159,24 @@ def stem_forward_figure(rows: Optional[List[dict]] = None, height: int = 430) ->
     return fig
 
 
-#: The two record sources that :func:`stem_train_rows` compares by default: the final train step with gathered
-#: operand tiles and the first with staged operands, both taken before the host path was trimmed, so the eager
-#: columns compare like with like.
-STEM_TRAIN_FILES = ("train-step_h200_run7_final.jsonl", "train-step_h200_run10_stems-i2c.jsonl")
+#: The two recorded runs that :func:`stem_train_rows` compares by default (fovi_lab.lab.records.SELECTIONS): the train
+#: step with gathered operand tiles and the one with staged operands, both taken before the host path was trimmed,
+#: so the eager columns compare like with like.
+STEM_TRAIN_RUNS = ("stem train step, gathered operands", "stem train step, staged operands")
 
 
 def stem_train_rows(records: Optional[List[dict]] = None, layers: Sequence[str] = STEMS,
-                    files: Optional[Sequence[str]] = STEM_TRAIN_FILES) -> List[dict]:
+                    runs: Optional[Sequence[str]] = STEM_TRAIN_RUNS) -> List[dict]:
     """Per stem and batch, the latest recorded train step (``warp_train_staged``) whose adjoints gathered
     their operand tiles in the GEMM loop, and the latest whose operands were staged ("i" configs): ms
     (eager, and replayed from a CUDA graph when recorded), peak MiB, configs, with the fovi library's own time and
-    the strongest PyTorch step of the later run. ``files``: only records from these data files (when
-    ``records`` is None; default :data:`STEM_TRAIN_FILES`; None: every file). Records that carry a
+    the strongest PyTorch step of the later run. ``runs``: only these selections' records (when ``records`` is None;
+    default :data:`STEM_TRAIN_RUNS`; None: every train-step record). Records that carry a
     ``note_run`` (development runs: other gathers, other stage dtypes) are left out."""
     if records is None:
         records = kl.backward_records(mode="train-step")
-        if files is not None:
-            records = [r for r in records if Path(str(r.get("_file", ""))).name in files]
+        if runs is not None:
+            records = [r for name in runs for r in kl.selected(records, name)]
     records = [r for r in records if not r.get("note_run")]      # development runs stay out of the comparison
     rows = []
     for layer in layers:
