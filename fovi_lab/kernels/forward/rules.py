@@ -101,7 +101,7 @@ def pick_reason(batch: int, out_channels: int, out_nodes: int, p_padded: int, in
     if bf16:
         return "bf16 runs on the register tensor-core kernels alone (select_mma without the pipelined kernels)"
     if fam in ("mmap", "mmaps"):
-        split = (" split along p: fewer than %d nodes or an unsplit grid under %d blocks" %
+        split = ("; the p range split, as there are fewer than %d nodes or the unsplit grid is under %d blocks" %
                  (_PIPE_MIN_NODES, _PIPE_SPLIT_CTAS) if fam == "mmaps" else "")
         return (f"select_pipe: B >= {_PIPE_MIN_BATCH}, Cout >= {_PIPE_MIN_COUT} and P64 >= {_PIPE_MIN_P64}, where "
                 f"each node's GEMM is large enough for the cp.async stages{split}")
