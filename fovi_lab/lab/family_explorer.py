@@ -21,7 +21,7 @@ import plotly.graph_objects as go
 import torch
 
 from fovi_lab.lab.common import (CPU_WORK_BUDGET, RunLog, clamp_shape, default_device, fail_result, parity_line,
-                                 result_answer, time_ms)
+                                 rel_error, result_answer, time_ms)
 from fovi_lab.lab.problems import make_meta, make_problem, reference_forward
 
 __all__ = ["explore_point", "start_point", "family_widget"]
@@ -111,7 +111,6 @@ def explore_point(family: str = "tensor_cores", layer: str = "res18_layer1", bat
         plan.launch()
         y = plan.finish()
         ref, ref_name = reference_forward(m, pb.x, pb.weight, pb.bias)
-        from fovi_lab.lab.common import rel_error
         err = rel_error(y.float().cpu(), ref.cpu())
         tol = 1e-2
 

@@ -12,6 +12,7 @@ import torch
 from plotly.subplots import make_subplots
 
 from fovi_lab.graph.meta import TrainingMeta, pad_to
+from fovi_lab.kernels.families.tile_gemm import tile_bill
 from fovi_lab.lab.common import COLOURS, round4
 from fovi_lab.lab.problems import make_meta
 
@@ -46,11 +47,7 @@ def tile_smem_estimate(tile_m: int, tile_n: int, r: int = 1, tile_k: int = 64, c
     """Lower-bound estimate of the tile memory one CTA of the gather (or cached) kernel reserves:
     ``r`` A tiles + one W tile (fp16), ``r`` fp32 accumulators, index tiles and bias (notebook 03
     derives this bill and checks it against Warp's own count; Warp's count is at least this)."""
-    a = r * tile_m * tile_k * 2
-    w = tile_k * tile_n * 2
-    acc = r * tile_m * tile_n * 4
-    idx = (1 if cached else 2) * tile_k * 4
-    return int(a + w + acc + idx + tile_n * 4)
+    return tile_bill(tile_m, tile_n, tile_k, r, index_tiles=1 if cached else 2)
 
 
 def tile_traffic(shape: dict, batch: int, tile_m: int, tile_n: int, r: int = 1, cached: bool = False,

@@ -57,7 +57,7 @@ DEVICES: Dict[str, DeviceSpec] = {
 def device_spec(device: Union[None, str, torch.device, DeviceSpec] = None) -> DeviceSpec:
     """The spec of ``device``: a key of :data:`DEVICES` (``"h200"``), ``"cpu"``, a CUDA device (read from the
     driver: its name, compute capability, SMs and shared memory; the peaks from :data:`DEVICES` where the name
-    matches one, else none), or None (CUDA's current device where there is one, else the CPU)."""
+    is one of its models, else none), or None (CUDA's current device where there is one, else the CPU)."""
     if isinstance(device, DeviceSpec):
         return device
     if isinstance(device, str) and device.lower() in DEVICES:
@@ -73,12 +73,8 @@ def device_spec(device: Union[None, str, torch.device, DeviceSpec] = None) -> De
     if dev.type != "cuda":
         raise ValueError(f"device: expected cpu, cuda[:i] or one of {', '.join(DEVICES)}, got {device!r}")
     props = torch.cuda.get_device_properties(dev)
-    for spec in DEVICES.values():
-        if spec.arch is not None and spec.name.split()[1] in props.name and spec.arch == props.major * 10 + props.minor:
-            known = spec
-            break
-    else:
-        known = None
+    # datasheet peaks only for the exact model (an H100 PCIe shares the SXM's name stem, not its peaks)
+    known = next((s for s in DEVICES.values() if s.arch is not None and s.name == props.name), None)
     smem = int(getattr(props, "shared_memory_per_block_optin", 0) or 0)
     return DeviceSpec(props.name, props.major * 10 + props.minor, sms=props.multi_processor_count,
                       smem_per_block=smem or (known.smem_per_block if known else 48 * 1024),

@@ -254,9 +254,18 @@ class Family:
             reasons.append(f"has kernels for {kinds} only, not {str(problem.dtype).replace('torch.', '')}")
         return reasons
 
+    #: how many leading parameters :meth:`head` puts in words (the tile shape, said as one phrase)
+    head_params: int = 0
+
+    def head(self, point: Point) -> Optional[str]:
+        """The phrase of the first :attr:`head_params` parameters (``"64 channels x 32 rows per warp"``)."""
+        return None
+
     def describe(self, point: Point) -> str:
-        """The readable name: the family's title and each parameter's phrase."""
-        words = [self.title] + [w for p in self.params if (w := p.phrase(point[p.name]))]
+        """The readable name: the family's title, the :meth:`head` phrase and each other parameter's phrase."""
+        head = self.head(point)
+        words = [self.title] + ([head] if head else []) + [
+            w for p in self.params[self.head_params:] if (w := p.phrase(point[p.name]))]
         return ", ".join(words)
 
     def point_id(self, point: Point) -> str:
@@ -331,9 +340,13 @@ class Family:
         """Bytes the family moves beyond the fewest (its per-call layouts and stages)."""
         return 0.0
 
-    def estimate(self, point: Point, problem: Problem, device: DeviceSpec) -> Estimate:
+    def padded_flops(self, point: Point, problem: Problem) -> float:
+        """The FLOPs the point's tiles compute: B and Cout rounded up to its block."""
         rows, chans = self.block_shape(point)
-        flops = 2.0 * pad_to(problem.batch, rows) * problem.p64 * pad_to(problem.cout, chans) * problem.nout
+        return 2.0 * pad_to(problem.batch, rows) * problem.p64 * pad_to(problem.cout, chans) * problem.nout
+
+    def estimate(self, point: Point, problem: Problem, device: DeviceSpec) -> Estimate:
+        flops = self.padded_flops(point, problem)
         nbytes = problem.fewest_bytes + self.extra_bytes(point, problem)
         peak = device.tensor_tflops if self.tensor_cores else device.fp32_tflops
         if device.is_cpu or peak is None or device.hbm_tbps is None:

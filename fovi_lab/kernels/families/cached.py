@@ -26,8 +26,10 @@ class Cached(Family):
     )
     variants = {"cached": {}}
 
-    def describe(self, point: Point) -> str:
-        return f"{self.title}, {point['tile_m']} rows x {point['tile_n']} channels per tile, {point['warps']} warps per block"
+    head_params = 2
+
+    def head(self, point: Point) -> str:
+        return f"{point['tile_m']} rows x {point['tile_n']} channels per tile"
 
     def resource_reasons(self, point: Point, device: Optional[DeviceSpec]) -> List[str]:
         return check_shared(tile_bill(point["tile_m"], point["tile_n"], 64, 1, index_tiles=1), device, "its tiles")

@@ -29,9 +29,10 @@ class Im2col(Family):
     )
     variants = {"i2c": {"w_gathered": False}, "i2cg": {"w_gathered": True}}
 
-    def describe(self, point: Point) -> str:
-        extra = [w for p in self.params[2:] if (w := p.phrase(point[p.name]))]
-        return ", ".join([f"{self.title}, {point['tile_m']} rows x {point['tile_n']} channels per tile"] + extra)
+    head_params = 2
+
+    def head(self, point: Point) -> str:
+        return f"{point['tile_m']} rows x {point['tile_n']} channels per tile"
 
     def resource_reasons(self, point: Point, device: Optional[DeviceSpec]) -> List[str]:
         return check_shared(tile_bill(point["tile_m"], point["tile_n"], point["tile_k"], 1, index_tiles=0), device,

@@ -38,9 +38,10 @@ class NodeMajor(Family):
                 "nmp": {"split": False, "prefetch": True}}
     _PREFIX = {"nm": "nm", "nms": "nms", "nmp": "nmp"}
 
-    def describe(self, point: Point) -> str:
-        extra = [w for p in self.params[2:] if (w := p.phrase(point[p.name]))]
-        return ", ".join([f"{self.title}, {point['tile_m']} rows x {point['tile_n']} channels per tile"] + extra)
+    head_params = 2
+
+    def head(self, point: Point) -> str:
+        return f"{point['tile_m']} rows x {point['tile_n']} channels per tile"
 
     def combine_reasons(self, point: Point) -> List[str]:
         reasons = super().combine_reasons(point)
@@ -101,20 +102,9 @@ class NodeMajor(Family):
     def block_shape(self, point: Point):
         return point["tile_m"] * point["r"], point["tile_n"]
 
-    def estimate(self, point: Point, problem: Problem, device: DeviceSpec):
-        est = super().estimate(point, problem, device)
-        # the channel runs are padded to tile_k: the padded work grows by pad_to(Cin, tile_k) / Cin
-        grow = pad_to(problem.cin, point["tile_k"]) / problem.cin
-        if est.ms is None or grow == 1:
-            return est
-        from dataclasses import replace
-        flops = est.flops * grow
-        t = max(flops / (device.tensor_tflops * 1e12), est.nbytes / (device.hbm_tbps * 1e12)) * 1e3
-        return replace(est, ms=t, flops=flops,
-                       bound="compute" if flops / (device.tensor_tflops * 1e12) * 1e3 >= t else "memory",
-                       peak=(f"{flops / 1e9:.2f} GFLOP (channel runs padded to {point['tile_k']}) at "
-                             f"{device.tensor_tflops:g} TFLOP/s fp16 tensor-core peak")
-                       if flops / (device.tensor_tflops * 1e12) * 1e3 >= t else est.peak)
+    def padded_flops(self, point: Point, problem: Problem) -> float:
+        # the channel runs are padded to tile_k too
+        return super().padded_flops(point, problem) * pad_to(problem.cin, point["tile_k"]) / problem.cin
 
     def extra_bytes(self, point: Point, problem: Problem) -> float:
         return 2.0 * problem.itemsize * (problem.batch * problem.cin * problem.nin + problem.cout * problem.q)

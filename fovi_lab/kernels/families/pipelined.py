@@ -30,9 +30,10 @@ class Pipelined(Family):
     )
     variants = {"mmap": {"split": False}, "mmaps": {"split": True}}
 
-    def describe(self, point: Point) -> str:
-        extra = [w for p in self.params[2:] if (w := p.phrase(point[p.name]))]
-        return ", ".join([f"{self.title}, {point['channels']} channels x {point['rows']} rows per block"] + extra)
+    head_params = 2
+
+    def head(self, point: Point) -> str:
+        return f"{point['channels']} channels x {point['rows']} rows per block"
 
     def shared_bytes(self, point: Point) -> int:
         return point["stages"] * point["k"] * (point["channels"] + point["rows"]) * 2

@@ -41,10 +41,15 @@ _BY_VARIANT: Dict[str, Family] = {v: f for f in FAMILIES for v in f.variants}
 
 def family(key: str) -> Family:
     """The family of ``key`` (``"tensor_cores"``) or of a legacy family string (``"mmato"``)."""
-    fam = _BY_KEY.get(key) or _BY_VARIANT.get(key)
+    fam = family_or_none(key)
     if fam is None:
         raise KeyError(f"family: unknown {key!r}; families: {', '.join(_BY_KEY)}")
     return fam
+
+
+def family_or_none(key: str) -> Optional[Family]:
+    """:func:`family`, or None for a string no family has (a dense ceiling's kernel kind such as ``mma_dense``)."""
+    return _BY_KEY.get(key) or _BY_VARIANT.get(key)
 
 
 def _load_presets() -> Dict[str, Preset]:
@@ -135,7 +140,3 @@ def config_of(what: Union[str, Point]):
     """The :class:`~fovi_lab.kernels.forward.configs.FwdConfig` of a name or point (what the builders take)."""
     pt = lookup(what) if isinstance(what, str) else what
     return family(pt.family).to_config(pt)
-
-
-def families_for(training: bool = True) -> Iterable[Family]:
-    return (f for f in FAMILIES if not (training and f.inference_only))

@@ -43,9 +43,10 @@ class Simt(Family):
     }
     _PREFIX = {"simt": "sd", "simtp": "sdp", "simtw": "sw", "simts": "ss", "simtsw": "ssw", "simtv": "sv"}
 
-    def describe(self, point: Point) -> str:
-        extra = [w for p in self.params[2:] if (w := p.phrase(point[p.name]))]
-        return ", ".join([f"{self.title}, {point['tile_b']} rows x {point['tile_o']} channels per thread"] + extra)
+    head_params = 2
+
+    def head(self, point: Point) -> str:
+        return f"{point['tile_b']} rows x {point['tile_o']} channels per thread"
 
     def combine_reasons(self, point: Point) -> List[str]:
         reasons = super().combine_reasons(point)

@@ -51,9 +51,10 @@ class TensorCores(Family):
         "mmato": {**_BASE, "x_layout": "transposed", "store": "shared tile"},
     }
 
-    def describe(self, point: Point) -> str:
-        extra = [w for p in self.params[2:] if (w := p.phrase(point[p.name]))]
-        return ", ".join([f"{self.title}, {point['tile_o']} channels x {point['tile_b']} rows per warp"] + extra)
+    head_params = 2
+
+    def head(self, point: Point) -> str:
+        return f"{point['tile_o']} channels x {point['tile_b']} rows per warp"
 
     def combine_reasons(self, point: Point) -> List[str]:
         reasons = super().combine_reasons(point)

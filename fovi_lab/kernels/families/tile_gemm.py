@@ -38,9 +38,10 @@ class TileGemm(Family):
     variants = {"gather": {"prefetch": False}, "gp": {"prefetch": True}}
     tile_k = 64
 
-    def describe(self, point: Point) -> str:
-        extra = [w for p in self.params[2:] if (w := p.phrase(point[p.name]))]
-        return ", ".join([f"{self.title}, {point['tile_m']} rows x {point['tile_n']} channels per tile"] + extra)
+    head_params = 2
+
+    def head(self, point: Point) -> str:
+        return f"{point['tile_m']} rows x {point['tile_n']} channels per tile"
 
     def combine_reasons(self, point: Point) -> List[str]:
         reasons = super().combine_reasons(point)

@@ -132,7 +132,7 @@ def resolve_uncached(x, weight, bias, input_linear, weight_linear, config=None, 
     f32_out = out_dtype == torch.float32 and x.dtype != torch.float32
     if config is None and f32_out:
         config = select_mma_split(b, cout)
-    if f32_out and not family(config_spec(config).family).fp32_output(config_spec(config)):
+    if f32_out and not _gives_fp32(config):
         raise ValueError(f"config: an fp32 output needs a split tensor-core config ({', '.join(_SPLIT_MMA_FAMILIES)}), "
                          f"got {config!r}")
     if config is None and bf16:             # bf16: the register tensor-core kernels alone (no other family has a bf16 kernel)
@@ -176,6 +176,12 @@ def resolve_uncached(x, weight, bias, input_linear, weight_linear, config=None, 
 
 
 _SPLIT_MMA_FAMILIES = ("mmas", "mmasw", "mmaps")
+
+
+def _gives_fp32(config: str) -> bool:
+    """Whether ``config`` can give an unrounded fp32 y (its family says)."""
+    cfg = config_spec(config)
+    return family(cfg.family).fp32_output(cfg)
 
 
 def select_mma_split(batch: int, cout: int) -> str:

@@ -14,6 +14,8 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
+from fovi_lab.ops.devices import DEVICES
+from fovi_lab.kernels.families.registry import family_or_none
 from fovi_lab.kernels.common import ValidatedCache, init_warp, nan_canary, wp
 from fovi_lab.kernels.forward.configs import (FwdConfig, DENSE_FAMILIES, _EXPERIMENTAL_CONFIG_SPECS,
                                               _TEST_CONFIG_SPECS, _UNCACHED_BATCH_CONFIG_SPECS, mathdx_default,
@@ -28,7 +30,7 @@ VALIDATED = ValidatedCache("Warp forward config")
 
 # Warp's CPU tile arena (WP_MAX_CPU_SHARED in warp/native/tile.h): a CPU launch whose tiles need
 # more aborts the whole process (an assert, not an exception), so the CPU canary refuses it first.
-_CPU_TILE_ARENA_BYTES = 256 * 1024
+_CPU_TILE_ARENA_BYTES = DEVICES["cpu"].smem_per_block
 
 
 def build_kernel(cfg: FwdConfig, mathdx: Optional[bool] = None, dense: bool = False, bf16: bool = False):
@@ -37,11 +39,9 @@ def build_kernel(cfg: FwdConfig, mathdx: Optional[bool] = None, dense: bool = Fa
 
     ``bf16``: the kernel for bf16 operands; only the families with a bf16 kernel have one (a ValueError says so
     for any other config)."""
-    from fovi_lab.kernels.families.registry import family
-    try:
-        fam = family(cfg.family)
-    except KeyError:
-        raise ValueError(f"config: {cfg.name!r} has an unknown kernel family {cfg.family!r}") from None
+    fam = family_or_none(cfg.family)
+    if fam is None:
+        raise ValueError(f"config: {cfg.name!r} has an unknown kernel family {cfg.family!r}")
     if mathdx is None:
         mathdx = mathdx_default()
     if bf16 and (torch.bfloat16 not in fam.dtypes or dense):
@@ -67,23 +67,13 @@ def _kernel_tile_bytes(kernel, block_dim: int, device: str) -> Optional[int]:
         return None
 
 
-def _family_of_kind(kind: str):
-    """The family of a kernel's kind string (its ``fovi_tiles[0]``: a family string, or a dense ceiling's kind such as
-    ``mma_dense``, which belongs to no family here), or None."""
-    from fovi_lab.kernels.families.registry import family
-    try:
-        return family(kind)
-    except KeyError:
-        return None
-
-
 def _canary_problem(family: str, tile_m: int, tile_n: int, tile_k: int, r: int, device: str,
                     dtype: torch.dtype = torch.float16):
     """A single-output-node problem that fills exactly one CTA: ``B = tile_m*r``, ``Cout = tile_n``."""
     from fovi_lab.graph.meta import build_meta
     g = torch.Generator().manual_seed(1234)
     cin, nin, k, v = 3, 7, 5, 6
-    fam = _family_of_kind(family)
+    fam = family_or_none(family)
     if fam is not None and fam.canary_p64(FwdConfig("canary", family, tile_m, tile_n, tile_k, r, 128)) > 64:
         k = 22                                                    # P64 = 128: one 128-deep step
     idx = torch.randint(0, nin + 1, (1, k), generator=g)          # includes the pad token nin
@@ -111,7 +101,7 @@ def canary(kernel, tile_m: int, tile_n: int, r: int, block_dim: int, device: str
     meta, x, w, bias = _canary_problem(family, tile_m, tile_n, tile_k, r, device, dtype)
     b = x.shape[0]
     cfg = FwdConfig("canary", family, tile_m, tile_n, tile_k, r, block_dim)
-    fam = _family_of_kind(family)
+    fam = family_or_none(family)
     if fam is not None and fam.inference_only:
         from fovi_lab.ops.reference import build_effective_weight
         weff = build_effective_weight(meta, w, cout_multiple=tile_n)

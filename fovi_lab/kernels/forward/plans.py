@@ -19,7 +19,7 @@ import fovi_lab.settings as settings
 from fovi_lab.graph.meta import pad_to
 from fovi_lab.kernels.common import (as_rows64, built_once, capturing, fast_launch, warp_ct_vec, gather_rows_kernel,
                                      gather_rows_pair_kernel, to_warp, warp_ct, warp_device, warp_stream, wp)
-from fovi_lab.kernels.families.registry import family
+from fovi_lab.kernels.families.registry import family, family_or_none
 from fovi_lab.kernels.forward.configs import FwdConfig, _GATHER_TILE_K
 from fovi_lab.kernels.forward.simt import simtv_prep_kernel
 from fovi_lab.kernels.layout import swap_axes_into, transpose, transpose_into
@@ -246,14 +246,6 @@ def simts_split(threads: int, steps: int, block: Tuple[int, int] = (8, 8)) -> Tu
     s = max(1, min(-(-target // max(1, threads)), steps // _SIMTS_MIN_STEPS))
     per = -(-steps // s)
     return -(-steps // per), per
-
-
-def _family_of(cfg: FwdConfig):
-    """The family of ``cfg`` (:mod:`fovi_lab.kernels.families`), or None for the dense-ceiling strings."""
-    try:
-        return family(cfg.family)
-    except KeyError:
-        return None
 
 
 # The mmas split: about FOVI_WARP_MMAS_WARPS warps in all (default 2048: 132 SMs x 16 resident warps of these
@@ -693,7 +685,7 @@ def plan_dense(cfg: FwdConfig, kernel, b: int, cout: int, nout: int, kdim: int, 
     bias_p, bias_w = bias_operand(None, cout, cfg.tile_n, dev_t)
     dims = (nout, -(-b // cfg.rows_per_cta), -(-cout // cfg.tile_n))
     inputs = [to_warp(at), to_warp(w), bias_w, to_warp(out), kd // cfg.tile_k, b]
-    fam = _family_of(cfg)                           # None: the tile families' dense ceiling ("dense", "densep")
+    fam = family_or_none(cfg.family)                # None: the tile families' dense ceiling ("dense", "densep")
     simt = fam is not None and fam.unit is not None
     if simt:                                       # SIMT ceiling: all Kd rows, U per step; channel groups
         inputs[4:] = [kd, pad_to(cout, cfg.tile_n) // cfg.tile_n]
