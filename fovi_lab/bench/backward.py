@@ -43,7 +43,7 @@ over the reference's max abs), and run twice to check bitwise determinism (``det
 memory is ``torch.cuda.max_memory_allocated`` during one call minus what was allocated before it
 (``peak_mib``; inputs excluded, outputs included). FLOPs are ``2*B*P64*Cout*Nout`` per GEMM (two for
 backward, three for a train step); bytes the fewest each op must move. Fractions of the roofline use
-the H200 datasheet ceilings (:class:`fovi_lab.bench.common.Roofline`). A train step bumps the
+the datasheet ceilings of the device measured (:class:`fovi_lab.bench.common.Roofline`). A train step bumps the
 weight's version first (as the optimizer's in-place update does), so no backend reuses a weight layout
 cached from the previous step (records carry ``weight_version_bumped``). The fovi library's own Warp
 train step, as measured on an H200 outside this repository (one run each), is printed beside ours where
@@ -76,7 +76,7 @@ from typing import List
 import torch
 
 from fovi_lab.settings import override
-from fovi_lab.bench.common import (Progress, Roofline, append_jsonl, compact_bytes, compact_flops,
+from fovi_lab.bench.common import (Progress, Roofline, roofline_of, append_jsonl, compact_bytes, compact_flops,
                                    default_record_path, env_info, pipelined_ms, records_note, tflops, time_fn)
 from fovi_lab.bench.backward_impls import (_DenseCache, _MIB, _dw_plan_steps, _dx_plan_steps, _frame, _fused_records,
                                            _peak_mib, _warp_pipeline_records, backward_bytes, fused_ceiling,
@@ -510,10 +510,10 @@ def run(args) -> int:
     kind = "backward" if args.mode == "backward" else "train_step"
     out = args.out or default_record_path(kind, env["device"])
     layers = args.layers or list(LAYERS)
-    roof = Roofline()
+    roof = roofline_of(device)
     print(f"# {args.mode} benchmark on {env['device']} (warp {env['warp']}, torch {env['torch']}), "
           f"records -> {out}", flush=True)
-    print(f"# ceilings: HBM {roof.hbm_tbps} TB/s, fp16 dense {roof.fp16_tflops} TFLOP/s (H200 datasheet); "
+    print(f"# ceilings: {roof.words()}; "
           f"Warp's dense tile GEMM measured per stage tile shape", flush=True)
     t_start = time.perf_counter()
     metas = {}

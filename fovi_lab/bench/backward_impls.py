@@ -175,7 +175,7 @@ def _warp_pipeline_records(meta, x, w, g, gi_cfg: Optional[str], gw_cfg: Optiona
         out.update(gi_stage_ms=st, gi_stage_tflops=tflops(flops0, st), dx_reduce_ms=rd)
         itemsize = plan.stage_buf.element_size()
         rbytes = meta.nnz * meta.cin * (b1 - b0) * itemsize + meta.cin * meta.nin * (b1 - b0) * 4
-        out.update(dx_reduce_gbps=gbps(rbytes, rd), dx_reduce_hbm_frac=gbps(rbytes, rd) / (roof.hbm_tbps * 1e3))
+        out.update(dx_reduce_gbps=gbps(rbytes, rd), dx_reduce_hbm_frac=roof.hbm_fraction(gbps(rbytes, rd)))
         dcfg = _dense_config_for("gi", plan.stage_k.spec)
         d = dense.get(dcfg, meta.p64, bcp, meta.nout, plan.cpad, device, tm)
         out.update(gi_dense_config=dcfg, gi_dense_ms=d, gi_frac_dense=(d / st) if d else None,
@@ -208,7 +208,7 @@ def _warp_pipeline_records(meta, x, w, g, gi_cfg: Optional[str], gw_cfg: Optiona
             itemsize = plan.stage_buf.element_size()
             nnz_w = int(wa.weight_row_csr(meta)[1].numel()) * (n1 - n0) / meta.nout
             rbytes = nnz_w * meta.cout * itemsize + meta.q * meta.cout * 4
-            out.update(dw_reduce_gbps=gbps(rbytes, rd), dw_reduce_hbm_frac=gbps(rbytes, rd) / (roof.hbm_tbps * 1e3))
+            out.update(dw_reduce_gbps=gbps(rbytes, rd), dw_reduce_hbm_frac=roof.hbm_fraction(gbps(rbytes, rd)))
         dcfg = _dense_config_for("gw", plan.stage_k.spec)
         d = dense.get(dcfg, meta.p64, plan.cpad, n1 - n0, plan.bpad, device, tm)
         out.update(gw_dense_config=dcfg, gw_dense_ms=d, gw_frac_dense=(d / st) if d else None,

@@ -12,10 +12,11 @@ API (used by :mod:`fovi_lab.bench.forward` and the backward benchmark):
   and one synchronisation, wall time per call: the throughput of a loop that never waits (a training
   loop's steady state, where the host issues the next calls while the GPU runs the last ones).
 * ``env_info(device) -> dict``: ``device`` (name), ``warp``, ``torch``, ``cuda``, ``date`` (UTC ISO),
-  ``host`` — stamped into every record.
-* ``Roofline``: the ceilings quoted next to each measurement. ``H200_HBM_TBPS`` (4.8, datasheet),
-  ``H200_FP16_TFLOPS`` (990, dense fp16 tensor-core datasheet peak); ``roofline(flops, bytes)``
-  returns the HBM/tensor-core bound time in ms; ``fraction(ms, flops, bytes)`` = bound / measured.
+  ``host``, ``commit``, ``command`` — stamped into every record.
+* ``Roofline``: the ceilings quoted next to each measurement, a device's datasheet HBM bandwidth and dense fp16
+  tensor-core peak (``roofline_of(device)``; ``Roofline()`` is the H200's: 4.8 TB/s, 990 TFLOP/s);
+  ``bound_ms(flops, bytes)`` is the HBM/tensor-core bound time in ms, ``fraction(ms, flops, bytes)`` = bound /
+  measured (None on a device without datasheet peaks, such as the CPU).
 * ``tflops(flops, ms)``, ``gbps(nbytes, ms)``: rates from counts.
 * ``compact_flops(b, p64, cout, nout) = 2*B*P64*Cout*Nout`` and ``compact_bytes(...)``: the fewest
   bytes the compact forward must move (x, W, both index tables, bias and y once each).
@@ -36,7 +37,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Optional
 
 import torch
 
@@ -113,7 +114,37 @@ def pipelined_ms(fn: Callable[[], object], device, warmup: int = 3, reps: int = 
     return (time.perf_counter() - t0) * 1e3 / n
 
 
+def _commit() -> Optional[str]:
+    """The checkout's commit (short hash, ``+changes`` when its tracked files differ from it); None for an
+    installed package or where git is not at hand."""
+    from fovi_lab.ops.records import CHECKOUT_ROOT
+
+    if CHECKOUT_ROOT is None:
+        return None
+    import subprocess
+    try:
+        head = subprocess.run(["git", "-C", str(CHECKOUT_ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "-C", str(CHECKOUT_ROOT), "diff", "--quiet", "HEAD", "--"],
+                               capture_output=True, timeout=30).returncode != 0
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("+changes" if dirty else "")
+
+
+def _command() -> str:
+    """The command line this process runs, as a user would type it (``python -m fovi_lab.bench.forward ...``)."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    head = f"python -m {spec.name.removesuffix('.__main__')}" if spec is not None else f"python {sys.argv[0]}"
+    return " ".join([head] + sys.argv[1:])
+
+
 def env_info(device) -> dict:
+    """The provenance stamped into every record: ``device`` (name), ``warp``, ``torch``, ``cuda``, ``python``,
+    ``date`` (UTC), ``host``, ``commit`` (of the checkout, None for an installed package) and ``command``."""
     device = torch.device(device)
     try:
         import warp
@@ -129,18 +160,38 @@ def env_info(device) -> dict:
         "python": sys.version.split()[0],
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "host": platform.node(),
+        "commit": _commit(),
+        "command": _command(),
     }
 
 
 class Roofline:
-    """Ceilings quoted beside measurements (H200 SXM datasheet figures; leads, not measurements)."""
+    """Ceilings quoted beside measurements: a device's datasheet peaks (dense fp16 tensor-core TFLOP/s and HBM
+    TB/s; leads, not measurements). ``Roofline()`` is the H200 SXM's; :meth:`of` takes the device measured."""
 
     H200_HBM_TBPS = 4.8
     H200_FP16_TFLOPS = 990.0
 
-    def __init__(self, hbm_tbps: float = H200_HBM_TBPS, fp16_tflops: float = H200_FP16_TFLOPS):
+    def __init__(self, hbm_tbps: float = H200_HBM_TBPS, fp16_tflops: float = H200_FP16_TFLOPS,
+                 source: str = "NVIDIA H200 datasheet"):
         self.hbm_tbps = hbm_tbps
         self.fp16_tflops = fp16_tflops
+        self.source = source
+
+    @classmethod
+    def of(cls, device) -> Optional["Roofline"]:
+        """The roofline of ``device`` (a CUDA device, a :class:`fovi_lab.ops.devices.DeviceSpec` or a key of
+        :data:`fovi_lab.ops.devices.DEVICES`) from its datasheet peaks; None where they are not known (the CPU, a
+        GPU model the package has no figures for): its records then carry no roofline fraction."""
+        from fovi_lab.ops.devices import device_spec
+
+        spec = device_spec(device)
+        if not spec.tensor_tflops or not spec.hbm_tbps:
+            return None
+        return cls(spec.hbm_tbps, spec.tensor_tflops, f"{spec.name} datasheet")
+
+    def words(self) -> str:
+        return f"HBM {self.hbm_tbps:g} TB/s, fp16 dense {self.fp16_tflops:g} TFLOP/s ({self.source})"
 
     def bound_ms(self, flops: float, nbytes: float) -> float:
         """max(flops / peak, bytes / bandwidth) in ms."""
@@ -148,6 +199,34 @@ class Roofline:
 
     def fraction(self, ms: float, flops: float, nbytes: float) -> float:
         return self.bound_ms(flops, nbytes) / ms if ms > 0 else math.nan
+
+    def hbm_fraction(self, gb_per_s: float) -> Optional[float]:
+        """``gb_per_s`` as a fraction of the HBM bandwidth."""
+        return gb_per_s / (self.hbm_tbps * 1e3)
+
+
+class NoRoofline(Roofline):
+    """The roofline of a device without datasheet peaks (the CPU): every fraction is None."""
+
+    def __init__(self, name: str = "this device"):
+        super().__init__(math.nan, math.nan, f"no datasheet peaks for {name}")
+
+    def words(self) -> str:
+        return self.source
+
+    def bound_ms(self, flops: float, nbytes: float) -> float:
+        return math.nan
+
+    def fraction(self, ms: float, flops: float, nbytes: float):
+        return None
+
+    def hbm_fraction(self, gb_per_s: float):
+        return None
+
+
+def roofline_of(device) -> Roofline:
+    """:meth:`Roofline.of` ``device``, or a :class:`NoRoofline` (fractions None) where its peaks are unknown."""
+    return Roofline.of(device) or NoRoofline(str(device))
 
 
 def tflops(flops: float, ms: float) -> float:

@@ -30,8 +30,8 @@ Per (layer, B), all in one process and on identical inputs:
   Each Warp kernel's ``frac_cublas_dense`` is its time over this one.
 
 FLOPs are ``2*B*P64*Cout*Nout``; bytes the fewest the op must move (x, W, tables, bias, y once).
-Each row prints ms, TFLOP/s, GB/s, the fraction of the H200 roofline (4.8 TB/s HBM, 990 TFLOP/s dense
-fp16 tensor core, both datasheet) and, for Warp, the fraction of the dense tile-GEMM ceiling measured
+Each row prints ms, TFLOP/s, GB/s, the fraction of the device's roofline (its datasheet HBM bandwidth and dense
+fp16 tensor-core peak, :class:`fovi_lab.bench.common.Roofline`; none on the CPU) and, for Warp, the fraction of the dense tile-GEMM ceiling measured
 in the same run, plus the speedup over the strongest PyTorch baseline. Records go to a JSON-lines file
 (``layer, B, impl, config, ms, device, warp, torch, date`` and more).
 """
@@ -46,7 +46,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from fovi_lab.bench.common import (Progress, Roofline, append_jsonl, compact_bytes, compact_flops, default_record_path,
+from fovi_lab.bench.common import (Progress, Roofline, roofline_of, append_jsonl, compact_bytes, compact_flops, default_record_path,
                                    print_graphed, records_note,
                                    env_info, gbps, tflops, time_fn)
 
@@ -400,8 +400,8 @@ def _print_shape(recs: List[dict], chosen: str) -> None:
         return
     dense = c.get("dense_ms")
     print(f"{head} warp[{chosen}] {c['ms']:.3f} ms (kernel {c['ms_kernel']:.3f}, {c['tflops_kernel']:.1f} TFLOP/s, "
-          f"{100 * c['roofline_frac']:.1f}% roofline, "
-          f"{('%.0f%% of dense %.3f ms' % (100 * c['frac_dense'], dense)) if dense else 'no dense'}"
+          + (f"{100 * c['roofline_frac']:.1f}% roofline, " if c.get("roofline_frac") is not None else "")
+          + f"{('%.0f%% of dense %.3f ms' % (100 * c['frac_dense'], dense)) if dense else 'no dense'}"
           f"{(', %.0f%% of cuBLAS dense' % (100 * c['frac_cublas_dense'])) if c.get('frac_cublas_dense') else ''}) | "
           + (f"best torch {best_t['impl']} {best_t['ms']:.3f} ms -> x{c['speedup_vs_strongest']:.2f}"
              if best_t and c.get("speedup_vs_strongest") else "no torch baseline")
@@ -516,11 +516,11 @@ def run(args) -> int:
     env = env_info(device)
     out = args.out or default_record_path("forward", env["device"])
     layers = args.layers or list(LAYERS)
-    roof = Roofline()
+    roof = roofline_of(device)
     compiled = None if (args.no_compile or device.type != "cuda") else _Compiled(args.compile_budget_s)
     print(f"# forward benchmark on {env['device']} (warp {env['warp']}, torch {env['torch']}), "
           f"records -> {out}", flush=True)
-    print(f"# ceilings: HBM {roof.hbm_tbps} TB/s, fp16 dense {roof.fp16_tflops} TFLOP/s (H200 datasheet); "
+    print(f"# ceilings: {roof.words()}; "
           f"Warp's dense tile GEMM is measured per config below", flush=True)
     all_recs: List[dict] = []
     if args.gemm4096 and device.type == "cuda":
