@@ -260,7 +260,10 @@ def test_docs_kernels_md_is_what_the_registry_gives():
 
 
 def test_explain_says_whose_records_auto_reads():
-    assert "records of the NVIDIA H200 (the same sm_90)" in fovi_lab.explain("res18_layer1", 64, device="h100").auto
+    from fovi_lab.ops.devices import DeviceSpec
+    pcie = DeviceSpec("NVIDIA H100 PCIe", 90, sms=114, smem_per_block=227 * 1024)     # no records of its own
+    assert "(the same sm_90)" in fovi_lab.explain("res18_layer1", 64, device=pcie).auto
+    assert "in its own records" in fovi_lab.explain("res18_layer1", 64, device="h100").auto
     assert fovi_lab.explain("res18_layer1", 64, device="h200").auto.startswith("warp_train for training, the fastest "
                                                                                 "in its own records")
     assert fovi_lab.explain("res18_layer1", 64, device="a100").auto.startswith("torch_compact: no train-step record")

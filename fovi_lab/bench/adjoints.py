@@ -228,7 +228,7 @@ def run(args) -> int:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(args.device)
     words = command_words(getattr(args, "argv", None), "bench", "adjoints")
-    env = dict(env_info(device), commit=settings.get("FOVI_COMMIT"), command=" ".join([PROG] + words))
+    env = dict(env_info(device), command=" ".join([PROG] + words))
     for layer in args.layers:
         for b in args.batches:
             if args.shape_timeout:

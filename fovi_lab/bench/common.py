@@ -115,10 +115,13 @@ def pipelined_ms(fn: Callable[[], object], device, warmup: int = 3, reps: int = 
 
 
 def _commit() -> Optional[str]:
-    """The checkout's commit (short hash, ``+changes`` when its tracked files differ from it); None for an
-    installed package or where git is not at hand."""
+    """``FOVI_COMMIT`` where set, else the checkout's commit (short hash, ``+changes`` when its tracked files differ
+    from it); None for an installed package or where git is not at hand."""
+    import fovi_lab.settings as settings
     from fovi_lab.ops.records import CHECKOUT_ROOT
 
+    if settings.get("FOVI_COMMIT"):
+        return settings.get("FOVI_COMMIT")
     if CHECKOUT_ROOT is None:
         return None
     import subprocess

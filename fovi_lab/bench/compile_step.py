@@ -14,7 +14,7 @@ Per backend, one record each for the eager step and the compiled one (``torch.co
 loss, backward, Adam) timed back to back (``ms``: wall time per step of a loop with one synchronisation at the
 end) and one at a time (``ms_one``: CUDA events, median); ``compile_s``: the wall time of the compiled model's
 first forward and first train step (compiling forward + backward); ``max_out_diff``: the largest difference of
-the compiled model's output from eager's on one batch, from the training graph's forward. Records carry device, versions, date and the commit from ``FOVI_COMMIT``.
+the compiled model's output from eager's on one batch, from the training graph's forward. Records carry device, versions, date, commit and command.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import time
 import torch
 import torch.nn.functional as F
 
-import fovi_lab.settings as settings
 from fovi_lab.bench.common import append_jsonl, env_info, pipelined_ms, time_fn
 from fovi_lab.graph.layers import layer_meta
 from fovi_lab.ops.autograd import KNNConv
@@ -102,7 +101,7 @@ def bench_compile(backend: str, batch: int = 256, device="cuda", reps: int = 50,
             torch.cuda.synchronize(device)
         first_s = time.perf_counter() - t0
         one = time_fn(step, device, warmup=3, reps=reps)
-        out.append(dict(env_info(device), kind="compile_step", commit=settings.get("FOVI_COMMIT"), net=net,
+        out.append(dict(env_info(device), kind="compile_step", net=net,
                         dtype=dtype if net == "stack" else None, backend=backend, mode=mode, B=batch,
                         ms=pipelined_ms(step, device, warmup=3, reps=reps), ms_one=one.ms, reps=one.reps,
                         compile_s=first_s if mode == "compiled" else None, first_call_s=first_s))

@@ -13,7 +13,7 @@ Per layer, batch and dtype (fp16, bf16), in one run:
 Each implementation runs once and is checked against the fp32 oracle on the same rounded operands (the
 criterion of docs/operator.md §5: 3x torch_compact's error in that dtype + 2e-3), then is timed one call at a
 time (``ms``: CUDA events, median) and replayed from a CUDA graph (``ms_graph``: no host work per call).
-Records (``kind: "dtype_bench"``) carry device, versions, date and the commit from ``FOVI_COMMIT``; the
+Records (``kind: "dtype_bench"``) carry device, versions, date, commit and command; the
 summary prints, per layer and batch, bf16's time over fp16's for the Warp backends and each dtype's ratio of
 PyTorch's fastest time to ours.
 """
@@ -25,7 +25,6 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-import fovi_lab.settings as settings
 from fovi_lab.bench.backward_impls import torch_forwards, torch_steps
 from fovi_lab.bench.common import append_jsonl, compact_flops, env_info, time_fn
 from fovi_lab.graph.layers import LAYERS, layer_meta
@@ -197,7 +196,7 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     """Run the dtype benchmark as ``args`` say (the options of :func:`add_arguments`); returns 0."""
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    env = dict(env_info(device), commit=settings.get("FOVI_COMMIT"))
+    env = env_info(device)
     recs = []
     for layer in args.layers:
         for b in args.batches:

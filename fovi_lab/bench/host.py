@@ -1,0 +1,275 @@
+"""The host work of an eager call: microseconds and launches of a forward, a backward and a train step, with the
+kernels left out.
+
+    python -m fovi_lab bench host [--layers NAME ...] [--batches 16 64] [--backends warp_train torch_compact]
+                                  [--reps 30] [--device cpu|cuda] [--out F.jsonl]
+
+At small batch an eager step is decided by what the host does per call: checks, the plan lookup, the launches'
+set-up, the autograd engine, the allocations. This benchmark measures that part alone, on any machine: each call
+runs through the layer a user builds (:class:`fovi_lab.KNNConv` with the backend named, fp16 operands) after a
+warm-up that compiles and checks its kernels; then, for the timed calls, Warp's launches are counted and not run
+(:func:`dry_launches`), so what is left is the host's work. Per (layer, batch, backend, path):
+
+* ``warp_launches``: Warp kernel launches (recorded launches re-issued and plain ones);
+* ``torch_ops``: PyTorch operations that run a kernel (views and bare allocations are not counted), and among them
+  ``allocations`` (operations that return new memory, ``torch.empty`` included) and ``syncs`` (operations that
+  wait for the device: ``.item()``, ``nonzero``...), counted by a dispatch mode (:class:`OpCounter`);
+* ``wall_us``: the call's wall time with the Warp launches left out (median of ``reps`` calls);
+* ``torch_ops_us``: the part of it spent inside those PyTorch operations (median of ``reps`` calls under the mode) (on a CPU their arithmetic runs there; on a
+  GPU it is the host's cost of launching them);
+* ``host_us = wall_us - torch_ops_us``: the host work outside PyTorch's operations: Python, the checks, the plan,
+  the Warp launches' set-up, the autograd engine.
+
+Paths: ``forward`` (an inference call, no autograd graph), ``backward`` (``y.backward(g)`` of a forward made
+outside the timed region) and ``step`` (forward and backward, the gradients set to None between steps as an
+optimizer's ``zero_grad`` does). Counts are exact and the same on every run of one device (a test pins them);
+times are this machine's. On a CPU the kernels the rules pick differ from a GPU's, so the counts are the CPU path's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import time
+from typing import Dict, Iterator, List, Optional
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from fovi_lab.bench.common import append_jsonl, env_info
+from fovi_lab.graph.layers import LAYERS, layer_meta
+
+__all__ = ["dry_launches", "OpCounter", "host_work", "main", "add_arguments", "run", "DESCRIPTION", "PATHS"]
+
+PROG = "python -m fovi_lab bench host"
+PATHS = ("forward", "backward", "step")
+
+# operations that return memory without running a kernel
+_NO_KERNEL = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "lift_fresh", "set_",
+              "resize_", "_local_scalar_dense", "_unsafe_view"}
+# operations that make the host wait for the device
+_SYNCS = {"_local_scalar_dense", "item", "nonzero", "is_nonzero", "equal", "masked_select", "unique", "_unique2"}
+
+
+class OpCounter(TorchDispatchMode):
+    """A dispatch mode that counts the PyTorch operations run under it and times them.
+
+    ``ops``: operations that run a kernel (not views, not bare allocations); ``allocations``: operations whose
+    result is new memory (``empty`` included, views and in-place operations not); ``syncs``: operations that wait
+    for the device; ``seconds``: wall time inside all of them; ``names``: operation name -> count."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = self.allocations = self.syncs = 0
+        self.seconds = 0.0
+        self.names: Dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        t0 = time.perf_counter()
+        out = func(*args, **(kwargs or {}))
+        self.seconds += time.perf_counter() - t0
+        name = func._schema.name.split("::")[-1]
+        if func.is_view or name == "_unsafe_view":               # a view that autograd does not track
+            return out
+        inplace = name.endswith("_") or any(a.is_write for a in func._schema.arguments if a.alias_info)
+        if not inplace:
+            self.allocations += sum(1 for t in (out if isinstance(out, (tuple, list)) else (out,))
+                                    if isinstance(t, torch.Tensor))
+        if name in _SYNCS:
+            self.syncs += 1
+        if name not in _NO_KERNEL:
+            self.ops += 1
+            self.names[name] = self.names.get(name, 0) + 1
+        return out
+
+
+class _Launches:
+    count = 0
+
+
+@contextlib.contextmanager
+def dry_launches() -> Iterator[_Launches]:
+    """Inside: Warp kernel launches are counted and not run (recorded launches re-issued through
+    ``wp.Launch.launch``, plain ``wp.launch`` / ``wp.launch_tiled``); recording a launch (``record_cmd=True``)
+    still works. Yields the counter (``.count``). Outputs the kernels would write hold whatever they held."""
+    import warp as wp
+
+    counter = _Launches()
+    real_launch, real_tiled, real_cmd = wp.launch, wp.launch_tiled, wp.Launch.launch
+
+    def launch(*args, **kwargs):
+        if kwargs.get("record_cmd"):
+            return real_launch(*args, **kwargs)
+        counter.count += 1
+
+    def launch_tiled(*args, **kwargs):
+        if kwargs.get("record_cmd"):
+            return real_tiled(*args, **kwargs)
+        counter.count += 1
+
+    def cmd_launch(self, stream=None):
+        counter.count += 1
+
+    wp.launch, wp.launch_tiled, wp.Launch.launch = launch, launch_tiled, cmd_launch
+    try:
+        yield counter
+    finally:
+        wp.launch, wp.launch_tiled, wp.Launch.launch = real_launch, real_tiled, real_cmd
+
+
+def _layer(meta, backend: str, device, dtype):
+    from fovi_lab.ops.autograd import KNNConv
+
+    conv = KNNConv(meta.idx, meta.rf_index, nin=meta.nin, v=meta.v, cin=meta.cin, cout=meta.cout, backend=backend)
+    return conv.to(device=device, dtype=dtype)
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def host_work(layer: str, batch: int, backend: str = "warp_train", device="cpu", reps: int = 30,
+              dtype: torch.dtype = torch.float16, paths=PATHS, warmup: int = 2) -> List[dict]:
+    """The host work of ``paths`` of one eager layer call (see the module doc); one dict per path."""
+    device = torch.device(device)
+    meta = layer_meta(layer, device=device)
+    conv = _layer(meta, backend, device, dtype)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, meta.cin, meta.nin, generator=gen).to(device, dtype).requires_grad_()
+    g = torch.randn(batch, meta.cout, meta.nout, generator=gen).to(device, dtype)
+
+    def forward():
+        with torch.no_grad():
+            conv(x)
+
+    made: list = []
+
+    def prepare_backward():
+        made[:] = [conv(x)]
+
+    def backward():
+        made.pop().backward(g)
+        x.grad = conv.weight.grad = None
+
+    def step():
+        conv(x).backward(g)
+        x.grad = conv.weight.grad = None
+
+    calls = {"forward": (None, forward), "backward": (prepare_backward, backward), "step": (None, step)}
+    out = []
+    for path in paths:
+        prep, fn = calls[path]
+        for _ in range(warmup):                       # compiles and checks the kernels, fills the plan caches
+            if prep:
+                prep()
+            fn()
+        _sync(device)
+        walls, op_secs = [], []
+        with dry_launches() as launches:
+            for _ in range(reps):                     # the wall time, nothing watching
+                if prep:
+                    prep()
+                _sync(device)
+                t0 = time.perf_counter()
+                fn()
+                walls.append(time.perf_counter() - t0)
+                _sync(device)
+            for _ in range(reps):                     # the counts and the time inside PyTorch's operations
+                if prep:
+                    prep()
+                _sync(device)
+                launches.count = 0
+                with OpCounter() as ops:
+                    fn()
+                n_launch = launches.count
+                op_secs.append(ops.seconds)
+                _sync(device)
+        wall = statistics.median(walls) * 1e6
+        op_us = statistics.median(op_secs) * 1e6
+        out.append(dict(kind="host", layer=layer, B=batch, backend=backend, path=path, dtype=str(dtype)[6:],
+                        warp_launches=n_launch, torch_ops=ops.ops, allocations=ops.allocations, syncs=ops.syncs,
+                        torch_op_names=dict(sorted(ops.names.items())), wall_us=wall, torch_ops_us=op_us,
+                        host_us=max(0.0, wall - op_us), reps=reps, backend_used=conv.last_backend))
+    return out
+
+
+#: The help text of ``python -m fovi_lab bench host``.
+DESCRIPTION = """\
+The host work of an eager call, kernels left out: per layer, batch and backend, the microseconds and the launches
+of a forward, a backward and a train step through the layer a user builds (KNNConv, fp16).
+
+After a warm-up that compiles and checks the kernels, the timed calls count Warp's launches without running them
+and count PyTorch's operations (kernels, allocations, syncs) with a dispatch mode. host_us is the call's wall time
+outside PyTorch's operations (Python, checks, the plan, the launches' set-up, autograd); torch_ops_us the time
+inside them (their arithmetic on a CPU, their launch cost on a GPU). Counts are exact; times are this machine's.
+
+  python -m fovi_lab bench host --layers res18_layer1 alex_L1 --batches 16 --out host.jsonl
+"""
+
+
+def add_arguments(parser) -> None:
+    """The options of ``python -m fovi_lab bench host``, each checked as it is parsed."""
+    from fovi_lab.ops.arguments import COUNT, LayersAction, add_device_option, backend_name, layer_names, out_file
+
+    parser.add_argument("--layers", nargs="+", type=layer_names(), action=LayersAction,
+                        default=["res18_layer1", "alex_L1", "res18_stem"], metavar="LAYER",
+                        help="layer names, or all (default: res18_layer1 alex_L1 res18_stem)")
+    parser.add_argument("--batches", nargs="+", type=COUNT, default=[16], metavar="B", help="batch sizes")
+    parser.add_argument("--backends", nargs="+", type=backend_name(trains=True), default=["warp_train", "torch_compact"],
+                        metavar="BACKEND", help="backends that train (default: warp_train torch_compact)")
+    parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS), help="which calls to measure")
+    parser.add_argument("--reps", type=COUNT, default=30, help="timed calls per path, whose median is kept")
+    add_device_option(parser)
+    parser.add_argument("--out", type=out_file, default=None,
+                        help="JSON-lines file to append the records to (default: none, the table is printed)")
+
+
+def table_line(r: dict) -> str:
+    return (f"{r['layer']:>14s} {r['B']:>4d} {r['backend']:>13s} {r['path']:>8s} {r['host_us']:9.1f} "
+            f"{r['torch_ops_us']:9.1f} {r['wall_us']:9.1f} {r['warp_launches']:7d} {r['torch_ops']:6d} "
+            f"{r['allocations']:6d} {r['syncs']:5d}")
+
+
+def run(args) -> int:
+    """Run the host benchmark as ``args`` say (the options of :func:`add_arguments`); returns 0."""
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    env = env_info(device)
+    if getattr(args, "argv", None) is not None:
+        env["command"] = " ".join([PROG] + list(args.argv))
+    print(f"# host work of eager calls on {env['device']} (torch {env['torch']}, warp {env['warp']}); times in us, "
+          f"Warp's kernels not run", flush=True)
+    print(f"{'layer':>14s} {'B':>4s} {'backend':>13s} {'path':>8s} {'host_us':>9s} {'torch_us':>9s} {'wall_us':>9s} "
+          f"{'launch':>7s} {'ops':>6s} {'alloc':>6s} {'syncs':>5s}", flush=True)
+    recs = []
+    for layer in args.layers:
+        for b in args.batches:
+            for backend in args.backends:
+                rows = [dict(env, **r) for r in host_work(layer, b, backend, device, args.reps, paths=args.paths)]
+                for r in rows:
+                    print(table_line(r), flush=True)
+                recs += rows
+                if args.out:
+                    append_jsonl(args.out, rows)
+    if args.out and recs:
+        print(f"# {len(recs)} records appended to {os.path.abspath(args.out)}", flush=True)
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """``python -m fovi_lab bench host``: see :data:`DESCRIPTION`. Returns the exit status; a usage error exits
+    with status 2."""
+    from fovi_lab.ops.arguments import CommandParser
+
+    import sys
+
+    parser = CommandParser(prog=PROG, description=DESCRIPTION)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    return run(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,87 @@
+"""The host work of an eager call (fovi_lab.bench.host): the counters count what they claim, and the launches and
+PyTorch operations of warp_train's forward, backward and step are pinned per adjoint path on Warp's CPU device (a
+count, not a time: an extra copy, zero-fill, allocation or launch on a path fails here)."""
+
+import pytest
+import torch
+
+from fovi_lab.bench.host import OpCounter, dry_launches, host_work, main as host_main
+
+
+def test_op_counter_counts_kernels_allocations_and_syncs():
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    with OpCounter() as ops:
+        c = a + b                 # a kernel, new memory
+        c.view(16)                # a view: nothing
+        c.add_(1)                 # a kernel in place: no new memory
+        torch.empty(3)            # new memory, no kernel
+        c.sum().item()            # a kernel and new memory (sum), then a sync (item)
+    assert (ops.ops, ops.allocations, ops.syncs) == (3, 3, 1), (ops.names, ops.allocations, ops.syncs)
+    assert ops.names == {"add": 1, "add_": 1, "sum": 1}
+
+
+def test_dry_launches_counts_and_skips_then_restores_warp():
+    import warp as wp
+    wp.init()
+
+    @wp.kernel(enable_backward=False)
+    def fill_one(a: wp.array(dtype=wp.float32)):
+        a[wp.tid()] = 1.0
+
+    arr = wp.zeros(8, dtype=wp.float32, device="cpu")
+    cmd = wp.launch(fill_one, dim=8, inputs=[arr], device="cpu", record_cmd=True)   # recorded, not run
+    real = (wp.launch, wp.launch_tiled, wp.Launch.launch)
+    with dry_launches() as n:
+        wp.launch(fill_one, dim=8, inputs=[arr], device="cpu")
+        cmd.launch()
+        assert wp.launch(fill_one, dim=8, inputs=[arr], device="cpu", record_cmd=True) is not None
+    assert n.count == 2 and arr.numpy().sum() == 0.0
+    assert (wp.launch, wp.launch_tiled, wp.Launch.launch) == real
+    cmd.launch()
+    assert arr.numpy().sum() == 8.0
+
+
+# (layer, batch, adjoint path on the CPU): forward launches, backward launches, backward's PyTorch operations.
+# The backward's operations on the CPU: the casts of dx and dW to the fp16 operands' dtype (_to_copy: the adjoints
+# accumulate in fp32), and the operand layouts, which a GPU copies with Warp's tiled transpose (launches there)
+# and Warp's CPU device with PyTorch (copy_, clone, and the zero pad rows of the staged path).
+PINNED = [
+    ("res18_layer3_0", 16, "fused", 2, 4, {"_to_copy": 2, "copy_": 2}),
+    ("res18_layer3", 64, "mma", 3, 8, {"_to_copy": 2, "clone": 4}),
+    ("res18_stem", 16, "staged", 1, 5, {"_to_copy": 2, "clone": 1, "copy_": 4, "new_zeros": 1, "zero_": 2}),
+]
+
+
+@pytest.mark.parametrize("layer,batch,path,fwd_launches,bwd_launches,bwd_ops", PINNED,
+                         ids=[f"{p[0]}-{p[1]}-{p[2]}" for p in PINNED])
+def test_eager_calls_launch_what_is_pinned(layer, batch, path, fwd_launches, bwd_launches, bwd_ops):
+    from fovi_lab.graph.layers import layer_meta
+    from fovi_lab.knn_warp import grad_paths
+
+    assert grad_paths(layer_meta(layer), batch) == (path, path)
+    recs = {r["path"]: r for r in host_work(layer, batch, "warp_train", "cpu", reps=1)}
+    fwd, bwd, step = recs["forward"], recs["backward"], recs["step"]
+    assert (fwd["warp_launches"], fwd["torch_ops"], fwd["syncs"]) == (fwd_launches, 0, 0), fwd
+    assert (bwd["warp_launches"], bwd["torch_op_names"], bwd["syncs"]) == (bwd_launches, bwd_ops, 0), bwd
+    # a step is its forward and its backward, nothing more
+    assert step["warp_launches"] == fwd_launches + bwd_launches and step["torch_op_names"] == bwd_ops
+    assert step["allocations"] == fwd["allocations"] + bwd["allocations"]
+    assert all(r["backend_used"] == "warp_train" and r["wall_us"] > 0 for r in recs.values())
+
+
+def test_the_command_prints_a_row_per_path_and_refuses_bad_input_in_one_line(capsys, tmp_path):
+    out = tmp_path / "host.jsonl"
+    assert host_main(["--layers", "res18_layer3_0", "--batches", "3", "--backends", "warp_train", "--reps", "1",
+                      "--device", "cpu", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert sum(" warp_train " in line for line in printed.splitlines()) == 3
+    import json
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["path"] for r in recs] == ["forward", "backward", "step"]
+    assert all(r["kind"] == "host" and "commit" in r
+               and r["command"].startswith("python -m fovi_lab bench host --layers res18_layer3_0") for r in recs)
+    with pytest.raises(SystemExit) as exc:
+        host_main(["--backends", "warp_compact"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--backends" in err[0] and "forward-only" in err[0]
