@@ -137,3 +137,18 @@ def test_reduce_overhead_after_prepare_equals_eager():
     want = _step(conv, x, net)
     for a, b in zip(want, got):
         torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-3)
+
+
+def test_graphed_module_replays_the_eager_step_bitwise():
+    """:func:`fovi_lab.ops.graphs.graphed` (``make_graphed_callables`` after ``prepare``) of a layer + ReLU:
+    every replayed step's output and gradients are bitwise the eager step's (warp_train is deterministic), and
+    the parameters are the same tensors (an optimizer over the module steps the graphed one)."""
+    from fovi_lab.ops.graphs import graphed
+    conv, x = _conv("cuda:0")
+    net = torch.nn.Sequential(conv, torch.nn.ReLU())
+    want = _step(conv, x, net)
+    fast = graphed(net, x)
+    assert fast is not net and all(p is q for p, q in zip(fast.parameters(), net.parameters()))
+    for _ in range(3):
+        got = _step(conv, x, fast)
+        assert all(torch.equal(a, b) for a, b in zip(want, got))

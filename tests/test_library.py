@@ -187,3 +187,21 @@ def test_prepare_builds_every_table_before_a_graph_and_keeps_the_gradients():
     before = state()
     _step(net, x)
     assert state() == before
+
+
+def test_graphed_on_the_cpu_is_the_module_itself_and_checks_its_sample():
+    """On the CPU :func:`fovi_lab.ops.graphs.graphed` returns the module unchanged (the eager fallback); a sample
+    that is not tensors, or on another device than the parameters, is refused naming ``sample_input``."""
+    from fovi_lab.ops.graphs import graphed
+    net = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+    x = torch.randn(2, 4)
+    assert graphed(net, x) is net and graphed(net, (x,)) is net
+    with pytest.raises(TypeError, match="sample_input: expected a tensor or a tuple of tensors, got list"):
+        graphed(net, [x])
+    with pytest.raises(TypeError, match="sample_input: .* holding int"):
+        graphed(net, (x, 3))
+    with pytest.raises(ValueError, match="warmup: expected at least 1"):
+        graphed(net, x, warmup=0)
+    if torch.cuda.is_available():
+        with pytest.raises(ValueError, match="sample_input: expected the sample and the module's parameters on one"):
+            graphed(net, x.cuda())

@@ -26,6 +26,10 @@ Inductor refuses ("tensor(s) in the cudagraph pool not tracked as outputs"). :fu
 forward and backward first. Measured on the H200 (AlexNet L2-L4 stack, B = 64, fp16, ``warp_train``): with one
 eager step first the reduce-overhead step took 2.29 ms against eager's 4.79 ms; without it compilation
 refused 30 tensors (``data/h200/compile_step.jsonl``, kind ``reduce_overhead_probe``).
+
+For an eager training loop, :func:`graphed` wraps a module so its forward and its backward each replay from a
+CUDA graph (``torch.cuda.make_graphed_callables``, after :func:`prepare`); on the CPU it returns the module as it
+is.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from typing import Callable, List, Optional
 
 import torch
 
-__all__ = ["CapturedStep", "capture", "prepare", "keep_alive_while_captured"]
+__all__ = ["CapturedStep", "capture", "prepare", "graphed", "keep_alive_while_captured"]
 
 _KEEPERS: List[Callable[[], object]] = []
 
@@ -122,3 +126,41 @@ def prepare(model: torch.nn.Module, *inputs) -> None:
         with torch.no_grad():
             for b, kept in buffers:
                 b.copy_(kept)
+
+
+def graphed(module: torch.nn.Module, sample_input, *, warmup: int = 3) -> torch.nn.Module:
+    """``module`` with its forward and backward each replayed from a CUDA graph: the contract of
+    ``torch.cuda.make_graphed_callables(module, sample_args)``, after :func:`prepare` has built every table and plan
+    outside the graphs' memory pool.
+
+    Args:
+        module: a module whose layers may use any backend (the Warp backends capture; see the module doc). Train
+            or eval mode as it will be called; no hooks (a CUDA-graph rule).
+        sample_input: a tensor or a tuple of tensors like the ones it will be called with: same shapes, dtypes,
+            device and ``requires_grad`` (the graphs are fixed to them).
+        warmup: eager iterations before each capture (``num_warmup_iters``).
+
+    Returns:
+        On CUDA, the graphed module: call it like ``module`` (with inputs of the sample's shapes); its parameters
+        are the same tensors, so an optimizer over ``module.parameters()`` steps it. On the CPU (graphs are a
+        CUDA feature) ``module`` itself, unchanged: the same loop runs eagerly.
+
+    Raises:
+        TypeError: ``sample_input`` is not a tensor or a tuple of tensors. ValueError: the sample and the
+        parameters are not all on one device, or ``warmup`` is below 1.
+    """
+    args = sample_input if isinstance(sample_input, tuple) else (sample_input,)
+    bad = [type(a).__name__ for a in args if not isinstance(a, torch.Tensor)]
+    if not args or bad:
+        raise TypeError(f"sample_input: expected a tensor or a tuple of tensors, got "
+                        f"{type(sample_input).__name__}{' holding ' + ', '.join(bad) if bad and args else ''}")
+    if warmup < 1:
+        raise ValueError(f"warmup: expected at least 1 eager iteration before capture, got {warmup}")
+    devices = {a.device for a in args} | {p.device for p in module.parameters()}
+    if len(devices) > 1:
+        raise ValueError(f"sample_input: expected the sample and the module's parameters on one device, got "
+                         f"{', '.join(sorted(str(d) for d in devices))}")
+    if next(iter(devices)).type != "cuda":
+        return module
+    prepare(module, *args)
+    return torch.cuda.make_graphed_callables(module, args, num_warmup_iters=warmup)
