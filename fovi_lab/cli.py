@@ -1,6 +1,6 @@
 """The command line: ``python -m fovi_lab COMMAND [options]`` (also the ``fovi-lab`` script), one argparse tree.
 
-Commands: ``demo``, ``bench {forward, backward, train-step, dtypes, compile, adjoints, host}``, ``tune``, ``train``,
+Commands: ``demo``, ``bench {forward, backward, train-step, dtypes, compile, adjoints, network, host}``, ``tune``, ``train``,
 ``warmup`` and ``report``. Each command's module exposes ``DESCRIPTION``, ``add_arguments(parser)`` and
 ``run(args) -> int``, and its own ``main(argv)`` builds the same parser from them, so ``python -m fovi_lab train``
 and ``fovi_lab.train.main`` take the same options. Every parser is a :class:`fovi_lab.ops.arguments.CommandParser`:
@@ -48,6 +48,7 @@ BENCHMARKS: Dict[str, tuple] = {
     "dtypes": ("fovi_lab.bench.dtypes", "bf16 beside fp16, each beside PyTorch in the same dtype"),
     "compile": ("fovi_lab.bench.compile_step", "torch.compile beside eager: the digits network, a layer stack"),
     "adjoints": ("fovi_lab.bench.adjoints", "the tensor-core adjoints beside the fused or staged ones and PyTorch"),
+    "network": ("fovi_lab.bench.network", "fovi's own networks, a train step with fovi_lab inside beside fovi's backends"),
     "host": ("fovi_lab.bench.host", "the host work of an eager forward, backward and step: microseconds and launches"),
 }
 

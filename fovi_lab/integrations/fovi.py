@@ -30,20 +30,31 @@ fovi imports the module that registers ``warp_train`` (``fovi.arch.knn_warp``; l
 fovi is an optional dependency: ``pip install "fovi-lab[fovi]"`` brings the pure-Python modules ``fovi.arch``
 imports, and ``pip install --no-deps fovi==2.4.0`` fovi itself, without its CUDA-only (cupy-cuda12x) and
 training-only (torchvision) dependencies.
+
+**fovi's networks.** :func:`fovi_network` builds fovi's own ``KNNAlexNet`` and ``KNNResNet`` (ResNet-18) from
+``fovi.models``; :func:`fovi_backend` sets the kernel backend of every KNN conv layer of a network by fovi's name,
+and :func:`fovi_lab_inside` runs them on a fovi_lab backend through fovi's registry: on CUDA in float16 (or under
+float16 autocast) as fovi's own ``kernel_backend="warp_train"`` (what :func:`register_with_fovi` is for), elsewhere
+(where fovi's dispatch refuses ``warp_train``) through ``compact_forward`` under a name of its own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import sys
 import threading
-from typing import Dict, Optional
+import types
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional
 
 import torch
 
 from fovi_lab.graph.meta import TrainingMeta, build_meta
 from fovi_lab.ops.registry import get_ops
 
-__all__ = ["register_with_fovi", "unregister_from_fovi", "TESTED_RELEASE", "INSTALL"]
+__all__ = ["register_with_fovi", "unregister_from_fovi", "TESTED_RELEASE", "INSTALL", "NETWORKS", "fovi_network",
+           "conv_layers", "fovi_backend", "fovi_lab_inside"]
 
 #: The fovi release this integration is written and tested against (its registry contract and table layout).
 TESTED_RELEASE = "2.4.0"
@@ -261,3 +272,135 @@ def unregister_from_fovi(name: str = "warp_train") -> Optional[object]:
                 registry[name] = saved
         entry = registry.get(name, _ABSENT)
     return None if entry is _ABSENT else entry
+
+
+# ------------------------------------------------------------------------------------------------ fovi's networks
+
+#: The networks :func:`fovi_network` builds: fovi's KNNAlexNet and its KNNResNet with ResNet-18's blocks.
+NETWORKS = ("alexnet", "resnet18")
+
+
+def _fovi_models_module(name: str):
+    """``fovi.models.<name>``. ``fovi.models``' package init requires the training stack of fovi's other models
+    (timm, transformers, hydra, ...), which the KNN AlexNet and ResNet modules do not import: where that init fails
+    for a missing dependency, the module is loaded from fovi's ``models`` folder under a bare package object that
+    is taken out of ``sys.modules`` again (so a later ``import fovi.models`` still says what it lacks)."""
+    try:
+        return importlib.import_module(f"fovi.models.{name}")
+    except ImportError:
+        pass
+    _fovi()
+    import fovi
+    folder = Path(fovi.__file__).resolve().parent / "models"
+    if not (folder / f"{name}.py").is_file():
+        raise ImportError(f"fovi {getattr(fovi, '__version__', '?')} has no fovi/models/{name}.py (this integration "
+                          f"follows fovi {TESTED_RELEASE}); install it with: {INSTALL}")
+    bare = types.ModuleType("fovi.models")
+    bare.__path__ = [str(folder)]
+    bare.__package__ = "fovi.models"
+    had = sys.modules.get("fovi.models")
+    sys.modules["fovi.models"] = bare
+    try:
+        return importlib.import_module(f"fovi.models.{name}")
+    finally:
+        if had is None:
+            sys.modules.pop("fovi.models", None)
+        else:
+            sys.modules["fovi.models"] = had
+
+
+def fovi_network(net: str, device="cpu", n_classes: int = 1000, in_res: int = 64) -> torch.nn.Module:
+    """fovi's own network ``net`` (:data:`NETWORKS`), built by its class with the class's default foveated
+    configuration (field of view 16, cortical magnification ``a`` = 0.5, isotropic sampling, batch norm) at
+    ``in_res`` (the side of the Cartesian grid the retinal samples are matched to), with a linear classifier of
+    ``n_classes``:
+
+    * ``alexnet``: ``fovi.models.knnalexnet.KNNAlexNet`` with the layers of fovi's ``base`` AlexNet
+      (``fovi.models.alexnet.baseline_alexnet_kernels``: channels 96-256-384-384-256, kernel sides 11-5-3-3-3 as
+      neighbourhoods of 121-25-9-9-9, strides 4-1-1-1-1) and pooling after layers 0, 1 and 4, as fovi's
+      ``fovi_alexnet2023`` builds it;
+    * ``resnet18``: ``fovi.models.knnresnet.KNNResNet`` with basic blocks ``[2, 2, 2, 2]``.
+
+    Its input is ``[B, 3, N]``: the retinal samples, ``N`` = ``model.fovi_lab_nin`` (set here). Raises ValueError
+    for an unknown ``net``, ImportError where fovi does not import (the message gives the install lines)."""
+    if net not in NETWORKS:
+        raise ValueError(f"net: expected one of {', '.join(NETWORKS)}, got {net!r}")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")                  # torch.meshgrid's indexing warning inside fovi
+        if net == "alexnet":
+            kernels = _fovi_models_module("alexnet").baseline_alexnet_kernels["base"]
+            model = _fovi_models_module("knnalexnet").KNNAlexNet(
+                in_res=in_res, in_channels=3, features_per_layer=[int(k[0]) for k in kernels],
+                stride_per_layer=[int(k[2]) for k in kernels], pool_after=[0, 1, 4],
+                k_per_layer=[int(k[1]) ** 2 for k in kernels], n_classes=n_classes, device=str(device))
+        else:
+            with contextlib.redirect_stdout(None):
+                model = _fovi_models_module("knnresnet").KNNResNet(layers=[2, 2, 2, 2], in_res=in_res,
+                                                                    num_classes=n_classes, device=str(device))
+    model = model.to(device)
+    model.fovi_lab_nin = int(conv_layers(model)[0].in_coords.shape[0])
+    return model
+
+
+def conv_layers(model: torch.nn.Module) -> List[torch.nn.Module]:
+    """The KNN conv layers of a fovi network (the modules with a ``kernel_backend``), in order."""
+    return [m for m in model.modules() if hasattr(m, "kernel_backend") and hasattr(m, "weight")]
+
+
+@contextlib.contextmanager
+def fovi_backend(model: torch.nn.Module, backend: str) -> Iterator[torch.nn.Module]:
+    """Inside: every KNN conv layer of ``model`` has fovi's ``kernel_backend = backend`` (one of fovi's
+    ``VALID_BACKENDS``, checked: ValueError naming ``backend`` and the valid ones); restored on exit."""
+    _, dispatch_module = _fovi()
+    valid = sorted(dispatch_module.VALID_BACKENDS)
+    if backend not in valid:
+        raise ValueError(f"backend: expected one of fovi's backends {valid}, got {backend!r}")
+    layers = conv_layers(model)
+    saved = [m.kernel_backend for m in layers]
+    for m in layers:
+        m.kernel_backend = backend
+    try:
+        yield model
+    finally:
+        for m, b in zip(layers, saved):
+            m.kernel_backend = b
+
+
+@contextlib.contextmanager
+def fovi_lab_inside(model: torch.nn.Module, backend: str = "warp_train", device=None) -> Iterator[str]:
+    """Inside: every KNN conv layer of fovi's ``model`` runs fovi_lab's ``backend`` through fovi's own autograd
+    Function and registry. On a CUDA ``device`` as fovi's ``kernel_backend="warp_train"`` with fovi_lab registered
+    under that name (:func:`register_with_fovi`; fovi dispatches it for float16 inputs or under float16 autocast);
+    elsewhere through ``fovi.arch.knn_autograd.compact_forward(layer, x, ops_name="fovi_lab_<backend>")``, since
+    fovi's dispatch refuses ``warp_train`` off CUDA. Yields the route taken, in words; on exit fovi's registry
+    entries, the layers' backends and their forwards are as they were."""
+    registry_module, _ = _fovi()
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    layers = conv_layers(model)
+    if device.type == "cuda":
+        register_with_fovi("warp_train", backend)
+        try:
+            with fovi_backend(model, "warp_train"):
+                yield f"fovi's dispatch, kernel_backend='warp_train' (fovi_lab's {backend} registered as it)"
+        finally:
+            unregister_from_fovi("warp_train")
+        return
+    name = f"fovi_lab_{backend}"
+    register_with_fovi(name, backend)
+    compact_forward = registry_module.compact_forward
+
+    def routed(layer):
+        def forward(x):
+            return layer._mask_invalid_outputs(compact_forward(layer, x, ops_name=name))
+        return forward
+
+    for m in layers:
+        m.forward = routed(m)
+    try:
+        yield f"fovi.arch.knn_autograd.compact_forward(layer, x, ops_name={name!r})"
+    finally:
+        for m in layers:
+            del m.forward
+        unregister_from_fovi(name)

@@ -1,0 +1,302 @@
+"""Whole foveated networks: a train step of fovi's own KNNAlexNet and KNNResNet-18 with fovi_lab inside them, beside
+each of fovi's own backends, in one run.
+
+    python -m fovi_lab bench network [--net alexnet resnet18] [--batches 64 256] [--modes eager compiled graphed]
+                                     [--backends fovi_lab auto cuda baseline torch_compact warp_train]
+                                     [--steps 20] [--precision amp|fp16] [--device cpu|cuda] [--out F.jsonl]
+
+The networks are fovi's (:func:`fovi_lab.integrations.fovi.fovi_network`: the classes' default foveated
+configuration at a 64 x 64 budget, a 1000-class head); their input is the retinal samples ``[B, 3, N]``. A step is
+what a training loop runs: the forward, cross-entropy against labels, the backward and an SGD update (momentum
+0.9), the gradients set to None first. Backends:
+
+* ``fovi_lab``: fovi_lab's ``warp_train`` in every KNN conv layer through fovi's own registry
+  (:func:`fovi_lab.integrations.fovi.fovi_lab_inside`: on a GPU as fovi's ``kernel_backend="warp_train"``);
+* fovi's own ``kernel_backend`` values: ``auto`` (fovi's choice per layer), ``cuda`` (its fused CuPy kernel),
+  ``baseline`` (the dense one-hot einsum), ``torch_compact``, and ``warp_train`` (fovi's copy of the seed's Warp
+  kernels; with fovi_lab registered this name is fovi_lab's, so it is measured before fovi_lab is registered).
+
+Modes: ``eager`` (one call after another, as most researchers train), ``compiled`` (``torch.compile`` of the
+model) and ``graphed`` (:func:`fovi_lab.ops.graphs.graphed`: forward and backward replayed from CUDA graphs; a GPU
+only). Precision ``amp`` (fp32 weights, float16 autocast; the default on a GPU) or ``fp16`` (weights and inputs in
+float16; the default on a CPU, where fovi's dispatch has no float16 autocast).
+
+Per (net, B, mode, backend) a record: ``ms`` (per step, the mean of ``steps`` steps issued back to back, one sync
+at the end), ``images_per_s``, ``peak_mib`` (CUDA), ``loss`` and ``grad_err`` of the first step (per parameter, the largest
+gradient difference from fp32 over the largest fp32 gradient, the largest over the parameters; fp32 is fovi's
+``baseline`` backend on an fp32 copy of the same weights and data),
+``grads_bitwise_repeatable`` (two first steps from the same state, every gradient compared bit for bit), and on
+fovi_lab's rows ``speedup_<mode>``: the fastest other backend's time of the same run and mode over fovi_lab's. A
+backend that refuses the device or dtype is recorded with its reason (``note``) and not timed.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+from typing import Dict, List, Optional
+
+import torch
+import torch.nn.functional as F
+
+from fovi_lab.bench.common import append_jsonl, env_info
+
+__all__ = ["BACKENDS", "MODES", "network_records", "main", "add_arguments", "run", "DESCRIPTION"]
+
+PROG = "python -m fovi_lab bench network"
+#: The backends, fovi_lab first, then fovi's own kernel_backend values.
+BACKENDS = ("fovi_lab", "auto", "cuda", "baseline", "torch_compact", "warp_train")
+MODES = ("eager", "compiled", "graphed")
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class _Run:
+    """One network on one device: its initial state, data, and a fresh copy to train per backend and mode."""
+
+    def __init__(self, net: str, batch: int, device, precision: str, seed: int = 0):
+        from fovi_lab.integrations.fovi import fovi_network
+
+        self.device, self.precision, self.batch = device, precision, batch
+        torch.manual_seed(seed)
+        model = fovi_network(net, device)
+        if precision == "fp16":
+            model = model.half()
+        self.model = model
+        self.state = copy.deepcopy(model.state_dict())
+        gen = torch.Generator().manual_seed(seed + 1)
+        dtype = torch.float16 if precision == "fp16" else torch.float32
+        self.x = torch.randn(batch, 3, model.fovi_lab_nin, generator=gen).to(device, dtype)
+        self.labels = torch.randint(0, 1000, (batch,), generator=gen).to(device)
+
+    def fresh(self):
+        self.model.load_state_dict(self.state)
+        self.model.train()
+        for p in self.model.parameters():
+            p.grad = None
+        return self.model
+
+    def step_fn(self, model, opt):
+        amp = self.precision == "amp" and self.device.type == "cuda"
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast(self.device.type, dtype=torch.float16, enabled=amp):
+                out = model(self.x)
+            loss = F.cross_entropy(out.float(), self.labels)
+            loss.backward()
+            opt.step()
+            return loss
+        return step
+
+    def first_grads(self, model):
+        """The loss and the gradients of one step from the initial state (no update)."""
+        self.fresh()
+        amp = self.precision == "amp" and self.device.type == "cuda"
+        with torch.autocast(self.device.type, dtype=torch.float16, enabled=amp):
+            out = model(self.x)
+        loss = F.cross_entropy(out.float(), self.labels)
+        loss.backward()
+        grads = [None if p.grad is None else p.grad.detach().clone() for p in self.model.parameters()]
+        for p in self.model.parameters():
+            p.grad = None
+        return float(loss.detach()), grads
+
+    def reference_grads(self):
+        """The first step's gradients in fp32: fovi's ``baseline`` backend (the dense one-hot einsum) on an fp32
+        copy of the model, the same weights and data, no autocast."""
+        from fovi_lab.integrations.fovi import fovi_backend
+
+        self.fresh()
+        model = copy.deepcopy(self.model).float()
+        with fovi_backend(model, "baseline"):
+            loss = F.cross_entropy(model(self.x.float()).float(), self.labels)
+            loss.backward()
+        return [None if p.grad is None else p.grad.detach() for p in model.parameters()]
+
+
+def _grad_err(grads, ref) -> Optional[float]:
+    """The largest, over the parameters, of max |g - r| / max |r|."""
+    errs = [float((g.float() - r).abs().max()) / float(r.abs().max()) for g, r in zip(grads, ref)
+            if g is not None and r is not None and float(r.abs().max()) > 0]
+    return max(errs) if errs else None
+
+
+def _why(exc: BaseException) -> str:
+    """An exception as one line: its type and its message's first line."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+def _backend_context(run: _Run, backend: str):
+    from fovi_lab.integrations.fovi import fovi_backend, fovi_lab_inside
+
+    if backend == "fovi_lab":
+        return fovi_lab_inside(run.model, "warp_train", run.device)
+    return fovi_backend(run.model, backend)
+
+
+def _wrapped(run: _Run, mode: str):
+    model = run.fresh()
+    if mode == "compiled":
+        return torch.compile(model)
+    if mode == "graphed":
+        from fovi_lab.ops.graphs import graphed
+        return graphed(model, run.x)
+    return model
+
+
+def network_records(net: str, batch: int, backends=BACKENDS, modes=("eager",), steps: int = 10, warmup: int = 3,
+                    device="cpu", precision: Optional[str] = None) -> List[dict]:
+    """The records of one network and batch (see the module doc): every backend in every mode."""
+    device = torch.device(device)
+    precision = precision or ("amp" if device.type == "cuda" else "fp16")
+    run = _Run(net, batch, device, precision)
+    base = dict(kind="network", net=net, B=batch, precision=precision, steps=steps)
+    ref = run.reference_grads()
+    # fovi's own warp_train before fovi_lab registers under that name, fovi_lab last
+    rank = {"warp_train": 0, "fovi_lab": 2}
+    order = sorted(dict.fromkeys(backends), key=lambda b: rank.get(b, 1))
+    recs: List[dict] = []
+    for backend in order:
+        try:
+            ctx = _backend_context(run, backend)
+            route = ctx.__enter__()
+        except Exception as exc:  # noqa: BLE001
+            recs += [dict(base, mode=m, backend=backend, note=_why(exc)) for m in modes]
+            continue
+        try:
+            route = route if isinstance(route, str) else f"fovi's kernel_backend={backend!r}"
+            try:
+                loss0, grads = run.first_grads(run.model)
+                _, grads1 = run.first_grads(run.model)
+            except Exception as exc:  # noqa: BLE001  (fovi refuses a backend on this device or dtype)
+                recs += [dict(base, mode=m, backend=backend, route=route, note=_why(exc)) for m in modes]
+                continue
+            bitwise = all((a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
+                          for a, b in zip(grads, grads1))
+            for mode in modes:
+                rec = dict(base, mode=mode, backend=backend, route=route, loss=loss0,
+                           grad_err=_grad_err(grads, ref),
+                           grads_bitwise_repeatable=bitwise)
+                if mode == "graphed" and device.type != "cuda":
+                    recs.append(dict(rec, note="CUDA graphs need a GPU"))
+                    continue
+                try:
+                    model = _wrapped(run, mode)
+                    opt = torch.optim.SGD(run.model.parameters(), lr=0.01, momentum=0.9)
+                    step = run.step_fn(model, opt)
+                    for _ in range(warmup):
+                        step()
+                    _sync(device)
+                    if device.type == "cuda":
+                        torch.cuda.reset_peak_memory_stats(device)
+                    t0 = time.perf_counter()
+                    for _ in range(steps):
+                        loss = step()
+                    _sync(device)
+                    ms = (time.perf_counter() - t0) * 1e3 / steps
+                except Exception as exc:  # noqa: BLE001
+                    recs.append(dict(rec, note=_why(exc)))
+                    continue
+                recs.append(dict(rec, ms=ms, images_per_s=batch / (ms * 1e-3), loss_after=float(loss.detach()),
+                                 peak_mib=(torch.cuda.max_memory_allocated(device) / 2**20
+                                           if device.type == "cuda" else None)))
+        finally:
+            ctx.__exit__(None, None, None)
+    for mode in modes:
+        ours = next((r for r in recs if r["mode"] == mode and r["backend"] == "fovi_lab" and r.get("ms")), None)
+        others = [r for r in recs if r["mode"] == mode and r["backend"] != "fovi_lab" and r.get("ms")]
+        if ours and others:
+            best = min(others, key=lambda r: r["ms"])
+            ours[f"speedup_{mode}"] = best["ms"] / ours["ms"]
+            ours["fastest_other"] = best["backend"]
+    return recs
+
+
+#: The help text of ``python -m fovi_lab bench network``.
+DESCRIPTION = """\
+Whole foveated networks: a train step (forward, cross-entropy, backward, SGD) of fovi's own KNNAlexNet and
+KNNResNet-18 with fovi_lab's warp_train inside them (through fovi's registry), beside each of fovi's own backends
+(auto, cuda, baseline, torch_compact and its copy of the seed's warp_train), eager, torch.compile'd and replayed
+from CUDA graphs, in images/s. Each backend's first step is checked against fp32 (fovi's baseline on an fp32 copy)
+and repeated bit for bit; fovi_lab's rows carry the speedup over the fastest other backend of the same run and mode.
+
+  python -m fovi_lab bench network --net resnet18 --batches 64 --modes eager graphed --out network.jsonl
+"""
+
+
+def add_arguments(parser) -> None:
+    """The options of ``python -m fovi_lab bench network``, each checked as it is parsed."""
+    from fovi_lab.ops.arguments import COUNT, add_device_option, out_file
+
+    parser.add_argument("--net", nargs="+", choices=("alexnet", "resnet18"), default=["resnet18", "alexnet"],
+                        help="fovi's networks (default: resnet18 alexnet)")
+    parser.add_argument("--batches", nargs="+", type=COUNT, default=[64, 256], metavar="B", help="batch sizes")
+    parser.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS),
+                        help="fovi_lab and fovi's own backends (default: all)")
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=None,
+                        help="eager, compiled, graphed (default: all three on a GPU, eager on a CPU)")
+    parser.add_argument("--steps", type=COUNT, default=20, help="timed steps per backend and mode")
+    parser.add_argument("--precision", choices=("amp", "fp16"), default=None,
+                        help="amp: fp32 weights under float16 autocast (GPU default); fp16: weights and inputs in "
+                             "float16 (CPU default)")
+    add_device_option(parser)
+    parser.add_argument("--out", type=out_file, default=None,
+                        help="JSON-lines file to append the records to (default: none, the table is printed)")
+
+
+def table_line(r: dict) -> str:
+    if not r.get("ms"):
+        return f"{r['net']:>9s} {r['B']:>4d} {r['mode']:>8s} {r['backend']:>13s}   not run: {r.get('note', '')[:90]}"
+    sp = r.get(f"speedup_{r['mode']}")
+    return (f"{r['net']:>9s} {r['B']:>4d} {r['mode']:>8s} {r['backend']:>13s} {r['ms']:10.2f} "
+            f"{r['images_per_s']:9.1f} {(r['grad_err'] if r.get('grad_err') is not None else float('nan')):9.1e} "
+            f"{str(r['grads_bitwise_repeatable']):>7s}" + (f"  x{sp:.2f} over {r['fastest_other']}" if sp else ""))
+
+
+def run(args) -> int:
+    """Run the network benchmark as ``args`` say (the options of :func:`add_arguments`); returns 0."""
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    modes = args.modes or (list(MODES) if device.type == "cuda" else ["eager"])
+    env = env_info(device)
+    if getattr(args, "argv", None) is not None:
+        env["command"] = " ".join([PROG] + list(args.argv))
+    print(f"# train steps of fovi's networks on {env['device']} (torch {env['torch']}, warp {env['warp']})", flush=True)
+    print(f"{'net':>9s} {'B':>4s} {'mode':>8s} {'backend':>13s} {'ms/step':>10s} {'images/s':>9s} {'grad err':>9s} "
+          f"{'bitwise':>7s}", flush=True)
+    total = 0
+    for net in args.net:
+        for b in args.batches:
+            rows = [dict(env, **r) for r in network_records(net, b, args.backends, modes, args.steps, device=device,
+                                                            precision=args.precision)]
+            for r in rows:
+                print(table_line(r), flush=True)
+            if args.out:
+                append_jsonl(args.out, rows)
+            total += len(rows)
+    if args.out and total:
+        print(f"# {total} records appended to {os.path.abspath(args.out)}", flush=True)
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """``python -m fovi_lab bench network``: see :data:`DESCRIPTION`. Returns the exit status; a usage error exits
+    with status 2."""
+    import sys
+
+    from fovi_lab.ops.arguments import CommandParser
+
+    parser = CommandParser(prog=PROG, description=DESCRIPTION)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    return run(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
