@@ -8,6 +8,9 @@
 #   bash tools/gpu/run.sh sweep     [bench args]  # every registered forward config on every layer (--all-configs)
 #   bash tools/gpu/run.sh train-step [bench args] # forward + dx + dW, eager and replayed, every PyTorch baseline
 #   bash tools/gpu/run.sh backward  [bench args]  # the adjoint benchmark (staged and fused)
+#   bash tools/gpu/run.sh network   [bench args]  # fovi's networks with fovi_lab inside, beside fovi's backends
+#                                                   # (needs fovi: bash .device/fovi/install.sh, tools/gpu/stage_fovi.sh)
+#   bash tools/gpu/run.sh host      [bench args]  # the host work of eager calls, kernels counted and not run
 #   bash tools/gpu/run.sh parity                  # warmup, then every GPU test file (junit XML under $OUT)
 #   bash tools/gpu/run.sh all [B ...]             # parity, then train-step and forward at these batches (16 64),
 #                                                   # each job bounded by what is left of FOVI_TIMEOUT
@@ -16,7 +19,7 @@
 #
 # FOVI_TIMEOUT (seconds, default 560) bounds each job inside the device's 10-minute call.
 set -uo pipefail
-job="${1:?usage: run.sh forward|sweep|train-step|backward|parity|all|ncu|notebooks [args]}"; shift
+job="${1:?usage: run.sh forward|sweep|train-step|backward|network|host|parity|all|ncu|notebooks [args]}"; shift
 source "$(dirname "$0")/device_env.sh"
 limit="${FOVI_TIMEOUT:-560}"
 tag="${FOVI_TAG:-$job}"
@@ -35,6 +38,10 @@ case "$job" in
   backward)
     timeout "$limit" python3 -m fovi_lab.bench.backward backward --time-budget-s $(( limit - 30 )) \
       --out "$OUT/backward.jsonl" "$@" ;;
+  network)
+    timeout "$limit" python3 -m fovi_lab.bench.network --batches 64 256 --out "$OUT/network.jsonl" "$@" ;;
+  host)
+    timeout "$limit" python3 -m fovi_lab.bench.host --layers all --batches 16 64 --out "$OUT/host.jsonl" "$@" ;;
   parity)
     python3 -m fovi_lab warmup --no-dense --experimental --mathdx off --jobs 16 > "$OUT/warmup.log" 2>&1
     tail -1 "$OUT/warmup.log"
