@@ -62,3 +62,25 @@ def test_fovi_network_builds_fovis_classes_and_refuses_unknown_names():
     assert not any("forward" in vars(m) for m in layers)
     with pytest.raises(ValueError, match="net: expected one of alexnet, resnet18, got 'vgg'"):
         fovi_network("vgg")
+
+
+def test_the_train_step_bench_times_fovis_own_backends_beside_ours(tmp_path):
+    """``bench train-step`` where fovi is installed: fovi's own layer per backend, judged against its fp32 result,
+    a backend fovi refuses on the CPU recorded with fovi's reason, and warp_train's speedup over fovi's fastest."""
+    import json
+
+    from fovi_lab.bench.backward import main as bench_main
+
+    out = tmp_path / "ts.jsonl"
+    assert bench_main(["train-step", "--layers", "res18_layer3_0", "--batches", "3", "--reps", "1", "--warmup", "0",
+                       "--device", "cpu", "--out", str(out)]) == 0
+    recs = {r["impl"]: r for r in map(json.loads, out.read_text().splitlines())}
+    for impl in ("fovi_baseline", "fovi_torch_compact", "fovi_auto"):
+        r = recs[impl]
+        assert r["ms"] > 0 and r["err_dx"] < 2e-3 and r["err_dw"] < 2e-3, r
+    assert "CUDA" in recs["fovi_cuda"]["note"] and not recs["fovi_cuda"]["ms"]
+    assert "CUDA" in recs["fovi_warp_train"]["note"]
+    ours = recs["warp_train"]
+    fastest = min(("fovi_baseline", "fovi_torch_compact", "fovi_auto"), key=lambda i: recs[i]["ms"])
+    assert ours["fastest_fovi"] == fastest and ours["speedup_vs_fovi"] == pytest.approx(recs[fastest]["ms"] / ours["ms"])
+    assert ours["strongest"].startswith("torch_")          # PyTorch's strongest stays PyTorch's

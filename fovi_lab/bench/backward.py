@@ -32,6 +32,12 @@ mode ``train-step`` (forward + both gradients):
     * ``torch_autograd_*``: the PyTorch forward + ``torch.autograd.grad``.
     * ``torch_explicit_tgather`` (both modes; ``_compiled`` with ``--compile-steps``): the hand-written PyTorch step of
       :func:`fovi_lab.bench.backward_impls.torch_steps` (x^T layout, bmm + fp32 ``index_add_`` adjoints).
+    * ``fovi_<backend>`` (train step, where fovi is installed; ``--no-fovi`` leaves them out): what a fovi user
+      has, fovi's own layer of the same table layer with ``kernel_backend`` = ``auto``, ``cuda`` (its fused CuPy
+      kernel), ``baseline``, ``torch_compact`` and ``warp_train`` (its copy of the seed's kernels), under float16
+      autocast on a GPU (:func:`fovi_lab.integrations.fovi.fovi_steps`); judged against that layer's fp32 result
+      (fovi's tables are its own). Our ``warp_train`` records carry ``fastest_fovi`` and ``speedup_vs_fovi``; a
+      backend fovi refuses on the device is recorded with fovi's reason.
 (In ``backward`` mode the same Warp records are named ``warp``, ``warp_staged``, ``warp_fused``.)
 ``--sweep`` (either mode) also measures every gi/gw config (v2/v2p, v2/v3/v3p/v4, tile sizes, fp16
 and fp32 staging; gw also with the ``index_add`` finish) on each shape, op and kernels alone;
@@ -251,6 +257,28 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
     torch_pipe = {r["impl"]: r["pipelined_ms"] for r in recs if r.get("pipelined_ms") and not r.get("graphed")}
     strongest_pipe = min(torch_pipe, key=torch_pipe.get) if torch_pipe else None
 
+    # ---- fovi's own backends (what a fovi user has), each through fovi's own layer of the same table layer, judged
+    #      against that layer's fp32 result (fovi's tables are its own); after PyTorch's strongest is taken
+    if mode == "train-step" and _fovi_wanted(layer, args):
+        from fovi_lab.integrations.fovi import fovi_steps
+
+        steps = fovi_steps(layer, device)
+        fref = steps.reference(x, w, g)
+        for impl, step in steps.items():
+            def fovi_step(step=step, impl=impl):
+                r1, r2 = step(x, w, g), step(x, w, g)
+                det = bool(torch.equal(r1[1], r2[1]) and torch.equal(r1[2], r2[2]))
+                errs = [float((a.float() - r).abs().max()) / max(1e-12, float(r.abs().max()))
+                        for a, r in zip(r1[1:], fref[1:])]
+                del r1, r2
+                fn = lambda: step(x, w, g)  # noqa: E731
+                t = tm(fn)
+                rec(impl, t.ms, reps=t.reps, peak_mib=_peak_mib(fn, device), deterministic=det, err_dx=errs[0],
+                    err_dw=errs[1], pipelined_ms=pipe(fn), err_against="fovi's baseline in fp32 on its own layer")
+                if graphs:
+                    graphed(impl, fn)
+            guarded(impl, fovi_step)
+
     def finish_warp_record(r, t_ms):
         if strongest_pipe and r.get("pipelined_ms"):
             r.update(strongest_pipelined=strongest_pipe,
@@ -418,7 +446,35 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
                 for fin in finishes:
                     guarded("warp_gw", lambda name=name, fin=fin: one("warp_gw", "dw", gw=name, finish=fin),
                             config=name, gw_finish=fin)
+    _against_fovi(recs)
     return recs
+
+
+def _fovi_wanted(layer: str, args) -> bool:
+    """Whether fovi's own backends are timed on ``layer``: fovi is installed, ``--no-fovi`` was not given, and the
+    layer is one of the table's in its own reference frame (fovi builds it so)."""
+    from fovi_lab.graph.layers import LAYERS
+
+    if getattr(args, "no_fovi", False) or layer not in LAYERS or args.rf not in (None, LAYERS[layer].rf):
+        return False
+    try:
+        import fovi.arch.knn  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _against_fovi(recs: List[dict]) -> None:
+    """On our warp_train records (eager and replayed): the fastest of fovi's own backends of the same kind
+    (``fastest_fovi``) and its time over ours (``speedup_vs_fovi``)."""
+    for graphed in (False, True):
+        fovi = [r for r in recs if str(r.get("impl", "")).startswith("fovi_") and r.get("ms")
+                and bool(r.get("graphed")) == graphed]
+        ours = [r for r in recs if r.get("impl") == ("warp_train_graphed" if graphed else "warp_train") and r.get("ms")]
+        if fovi and ours:
+            best = min(fovi, key=lambda r: r["ms"])
+            for r in ours:
+                r.update(fastest_fovi=best["impl"], speedup_vs_fovi=best["ms"] / r["ms"])
 
 
 MODES = ("backward", "train-step")
@@ -481,6 +537,8 @@ def add_arguments(parser, mode: str = "backward") -> None:
                         help="restrict the sweep's grad-input configs to these (default: every one)")
     parser.add_argument("--gw-configs", nargs="+", default=None, metavar="CONFIG",
                         help="restrict the sweep's grad-weight configs to these (default: every one)")
+    parser.add_argument("--no-fovi", action="store_true",
+                        help="train-step: leave out fovi's own backends (timed by default where fovi is installed)")
     parser.add_argument("--compile-steps", action="store_true",
                         help="also time torch.compile of the hand-written PyTorch steps (train-step; slow to compile)")
     parser.add_argument("--reps", type=COUNT, default=15, help="timed calls per implementation, whose median is kept")

@@ -45,7 +45,8 @@ def _print_shape(recs: List[dict], mode: str) -> None:
     head = f"{recs[0]['layer']:>15s} B={recs[0]['B']:<4d}"
     base = "warp" if mode == "backward" else "warp_train"
     warp_impls = (base, base + "_fused", base + "_staged")
-    torch_rows = sorted([r for r in recs if r["impl"].startswith("torch") and r.get("ms")], key=lambda r: r["ms"])
+    torch_rows = sorted([r for r in recs if r["impl"].startswith(("torch", "fovi_")) and r.get("ms")],
+                        key=lambda r: r["ms"])
     for impl in warp_impls:
         wr = [r for r in recs if r["impl"] == impl]
         if wr and wr[0].get("ms"):
@@ -57,6 +58,9 @@ def _print_shape(recs: List[dict], mode: str) -> None:
             print(f"{head} {r['impl']} {r['ms']:.3f} ms (CUDA-graph replay) | best torch graphed "
                   f"{r.get('strongest_graphed')} -> x{_fmt(r.get('speedup_vs_strongest_graphed'), '{:.2f}')}",
                   flush=True)
+    for r in recs:
+        if r["impl"] in (base, base + "_graphed") and r.get("speedup_vs_fovi"):
+            print(f"{head} {r['impl']} | fovi's fastest {r['fastest_fovi']} -> x{r['speedup_vs_fovi']:.2f}", flush=True)
     for r in recs:
         if r["impl"] == base and r.get("speedup_vs_strongest_pipelined"):
             print(f"{head} {base} pipelined {r['pipelined_ms']:.3f} ms/call (back to back) | best torch pipelined "

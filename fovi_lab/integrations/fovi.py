@@ -41,6 +41,7 @@ float16 autocast) as fovi's own ``kernel_backend="warp_train"`` (what :func:`reg
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib
 import sys
 import threading
@@ -54,7 +55,7 @@ from fovi_lab.graph.meta import TrainingMeta, build_meta
 from fovi_lab.ops.registry import get_ops
 
 __all__ = ["register_with_fovi", "unregister_from_fovi", "TESTED_RELEASE", "INSTALL", "NETWORKS", "fovi_network",
-           "conv_layers", "fovi_backend", "fovi_lab_inside"]
+           "conv_layers", "fovi_backend", "fovi_lab_inside", "fovi_layer", "FOVI_BASELINES", "fovi_steps", "FoviSteps"]
 
 #: The fovi release this integration is written and tested against (its registry contract and table layout).
 TESTED_RELEASE = "2.4.0"
@@ -404,3 +405,89 @@ def fovi_lab_inside(model: torch.nn.Module, backend: str = "warp_train", device=
         for m in layers:
             del m.forward
         unregister_from_fovi(name)
+
+
+# ------------------------------------------------------------------------------------------------ fovi's layers
+
+#: fovi's own backends a fovi user has for a train step, timed beside fovi_lab's: its per-layer choice, its fused
+#: CuPy kernel, its dense one-hot einsum, its compact PyTorch op and its copy of the seed's Warp kernels.
+FOVI_BASELINES = ("auto", "cuda", "baseline", "torch_compact", "warp_train")
+
+
+def fovi_layer(layer: str, device="cpu", bias: bool = False) -> torch.nn.Module:
+    """fovi's own ``KNNConvLayer`` of the table layer ``layer`` (:data:`fovi_lab.graph.layers.LAYERS`): the same
+    sampling grids (fovi's ``get_in_out_coords`` at the layer's strides of the 64 x 64 budget, isotropic, field of
+    view 16), neighbours and reference frame, so its tables are the ones fovi_lab builds for the layer."""
+    import math
+    import warnings
+
+    from fovi_lab.graph.layers import LAYERS, RES, RF_MULT
+
+    _fovi()
+    from fovi.arch.knn import KNNConvLayer, get_in_out_coords
+
+    if layer not in LAYERS:
+        raise ValueError(f"layer: expected one of the table's layers ({', '.join(LAYERS)}), got {layer!r}")
+    spec = LAYERS[layer]
+    side = math.ceil(RF_MULT[spec.rf] * math.sqrt(spec.k))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")                  # torch.meshgrid's indexing warning inside fovi
+        in_coords, out_coords, _ = get_in_out_coords(
+            RES // spec.in_stride, 16.0, spec.a, spec.out_stride // spec.in_stride, style="isotropic",
+            auto_match_cart_resources=1, in_cart_res=RES // spec.in_stride, device=str(device))
+        conv = KNNConvLayer(spec.cin, spec.cout, spec.k, in_coords, out_coords, device=str(device),
+                            sample_cortex=True, bias=bias, ref_frame_side_length=side)
+    return conv.to(device)
+
+
+class FoviSteps(dict):
+    """fovi's train steps of one layer by name (see :func:`fovi_steps`), and :meth:`reference`."""
+
+    def __init__(self, layer: torch.nn.Module, steps: Dict[str, object]):
+        super().__init__(steps)
+        self.layer = layer
+
+    def reference(self, x, w, g):
+        """``(y, dx, dW)`` in fp32 through the same fovi layer: its ``baseline`` backend (the dense one-hot einsum)
+        on fp32 copies of the operands. fovi's tables for a layer are its own (fovi_lab's graph of the same layer
+        has the same shapes, not necessarily the same neighbours), so fovi's steps are judged against this."""
+        conv = copy.deepcopy(self.layer).float()
+        conv.kernel_backend = "baseline"
+        with torch.no_grad():
+            conv.weight.copy_(w.float())
+        xr = x.detach().float().requires_grad_()
+        with torch.autocast(x.device.type, enabled=False):
+            y = conv(xr)
+        dx, dw = torch.autograd.grad(y, (xr, conv.weight), g.float())
+        return y.detach(), dx, dw
+
+
+def fovi_steps(layer: str, device="cpu", backends=FOVI_BASELINES) -> FoviSteps:
+    """fovi's train step of ``layer`` per backend: ``{"fovi_<backend>": fn(x, w, g) -> (y, dx, dW)}``, autograd
+    through fovi's own layer (:func:`fovi_layer`) with ``kernel_backend = backend`` and its weight set to ``w``;
+    ``.reference(x, w, g)`` is the fp32 result to judge them by (:meth:`FoviSteps.reference`). On CUDA the layer
+    keeps fp32 weights and runs under float16 autocast, as fovi's AMP training does (fovi dispatches ``cuda`` and
+    ``warp_train`` only there); on the CPU it runs in ``x``'s dtype. A backend fovi refuses on this device or dtype
+    raises fovi's error when called."""
+    device = torch.device(device)
+    base = fovi_layer(layer, device)
+    steps = {}
+    for backend in backends:
+        conv = copy.deepcopy(base)
+        conv.kernel_backend = backend
+
+        def step(x, w, g, conv=conv):
+            amp = x.device.type == "cuda"
+            with torch.no_grad():
+                if amp:
+                    conv.float()
+                else:
+                    conv.to(x.dtype)
+                conv.weight.copy_(w)
+            xr = x.detach().requires_grad_()
+            with torch.autocast(x.device.type, dtype=torch.float16, enabled=amp):
+                y = conv(xr)
+            dx, dw = torch.autograd.grad(y, (xr, conv.weight), g.to(y.dtype))
+            return y, dx, dw
+        steps[f"fovi_{backend}"] = step
+    return FoviSteps(base, steps)
