@@ -121,11 +121,17 @@ def figure_title(main: str, records: List[dict]) -> str:
     return f"{main}<br><sup>recorded on {versions_title(records)}</sup>"
 
 
-def load_records(data_dir=None, patterns: Sequence[str] = ("*.jsonl", "*.jsonl.gz")) -> List[dict]:
-    """Every benchmark record whose source file matches one of ``patterns``: the shipped records and a checkout's
-    ``data/`` (:func:`fovi_lab.ops.records.iter_records`), or the files of ``data_dir`` matching ``patterns``. Each
-    is tagged ``_file`` with its source file (one benchmark run writes one source). ``.gz`` files are read through
-    gzip. Unreadable lines are skipped; no folder means ``[]``.
+#: The device whose recorded runs the notebooks' figures and tables show by default (the records of other devices,
+#: e.g. ``fovi_lab/records/h100``, are read with ``device=None`` or their own name).
+RECORDED_DEVICE = "NVIDIA H200"
+
+
+def load_records(data_dir=None, patterns: Sequence[str] = ("*.jsonl", "*.jsonl.gz"),
+                 device: Optional[str] = RECORDED_DEVICE) -> List[dict]:
+    """Every benchmark record of ``device`` (None: every device) whose source file matches one of ``patterns``: the
+    shipped records and a checkout's ``data/`` (:func:`fovi_lab.ops.records.iter_records`), or the files of
+    ``data_dir`` matching ``patterns``. Each is tagged ``_file`` with its source file (one benchmark run writes one
+    source). ``.gz`` files are read through gzip. Unreadable lines are skipped; no folder means ``[]``.
 
     A record measured on another reference frame than its layer's network frame is named as that variant
     (``layer`` becomes e.g. ``"res18_stem_rf2"``, :func:`fovi_lab.graph.layers.layer_name`), so a name always means
@@ -138,6 +144,8 @@ def load_records(data_dir=None, patterns: Sequence[str] = ("*.jsonl", "*.jsonl.g
         recs = (r for p in paths for r in read_file(Path(p)))
     out: List[dict] = []
     for r in recs:
+        if device is not None and r.get("device") != device:
+            continue
         if "impl" in r and "layer" in r:
             r["_file"] = r["source"]
             if r["layer"] in LAYERS and r.get("rf") in RF_MULT:
@@ -146,9 +154,11 @@ def load_records(data_dir=None, patterns: Sequence[str] = ("*.jsonl", "*.jsonl.g
     return out
 
 
-def kind_records(kind: str) -> List[dict]:
-    """Every shipped record of one kind (``fovi_lab/records/<device>/<kind>.jsonl.gz``), as recorded."""
-    return [r for path in sorted(RECORDS_DIR.glob(f"*/{kind}.jsonl.gz")) for r in read_file(path)]
+def kind_records(kind: str, device: Optional[str] = RECORDED_DEVICE) -> List[dict]:
+    """Every shipped record of one kind (``fovi_lab/records/<device>/<kind>.jsonl.gz``) of ``device`` (None: every
+    device), as recorded."""
+    return [r for path in sorted(RECORDS_DIR.glob(f"*/{kind}.jsonl.gz")) for r in read_file(path)
+            if device is None or r.get("device") == device]
 
 
 def forward_records(data_dir=None, variants: bool = False) -> List[dict]:
