@@ -37,7 +37,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, List, Optional
 
 import torch
 
@@ -143,6 +143,30 @@ def _command() -> str:
     spec = getattr(main, "__spec__", None)
     head = f"python -m {spec.name.removesuffix('.__main__')}" if spec is not None else f"python {sys.argv[0]}"
     return " ".join([head] + sys.argv[1:])
+
+
+def emit_rows(rows: List[dict], out, line: Callable[[dict], str]) -> int:
+    """Print ``line(r)`` for each record and append them to ``out`` (JSON lines) where given; returns how many."""
+    for r in rows:
+        print(line(r), flush=True)
+    if out:
+        append_jsonl(out, rows)
+    return len(rows)
+
+
+def say_appended(out, count: int) -> None:
+    """The closing line of a benchmark that appended ``count`` records to ``out``."""
+    if out and count:
+        import os
+        print(f"# {count} records appended to {os.path.abspath(out)}", flush=True)
+
+
+def stamp_command(env: dict, prog: str, args) -> dict:
+    """``env`` with ``command`` set to ``prog`` and the words the command was given (``args.argv``, set by
+    :func:`fovi_lab.ops.arguments.run_command` and the command line), where they are known."""
+    if getattr(args, "argv", None) is not None:
+        env["command"] = " ".join([prog] + list(args.argv))
+    return env
 
 
 def env_info(device) -> dict:

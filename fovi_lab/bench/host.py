@@ -29,7 +29,6 @@ times are this machine's. On a CPU the kernels the rules pick differ from a GPU'
 from __future__ import annotations
 
 import contextlib
-import os
 import statistics
 import time
 from typing import Dict, Iterator, List, Optional
@@ -37,8 +36,9 @@ from typing import Dict, Iterator, List, Optional
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fovi_lab.bench.common import append_jsonl, env_info
+from fovi_lab.bench.common import emit_rows, env_info, say_appended, stamp_command
 from fovi_lab.graph.layers import LAYERS, layer_meta
+from fovi_lab.ops.arguments import command_main
 
 __all__ = ["dry_launches", "OpCounter", "host_work", "main", "add_arguments", "run", "DESCRIPTION", "PATHS"]
 
@@ -236,40 +236,23 @@ def run(args) -> int:
     """Run the host benchmark as ``args`` say (the options of :func:`add_arguments`); returns 0."""
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     env = env_info(device)
-    if getattr(args, "argv", None) is not None:
-        env["command"] = " ".join([PROG] + list(args.argv))
+    stamp_command(env, PROG, args)
     print(f"# host work of eager calls on {env['device']} (torch {env['torch']}, warp {env['warp']}); times in us, "
           f"Warp's kernels not run", flush=True)
     print(f"{'layer':>14s} {'B':>4s} {'backend':>13s} {'path':>8s} {'host_us':>9s} {'torch_us':>9s} {'wall_us':>9s} "
           f"{'launch':>7s} {'ops':>6s} {'alloc':>6s} {'syncs':>5s}", flush=True)
-    recs = []
+    total = 0
     for layer in args.layers:
         for b in args.batches:
             for backend in args.backends:
-                rows = [dict(env, **r) for r in host_work(layer, b, backend, device, args.reps, paths=args.paths)]
-                for r in rows:
-                    print(table_line(r), flush=True)
-                recs += rows
-                if args.out:
-                    append_jsonl(args.out, rows)
-    if args.out and recs:
-        print(f"# {len(recs)} records appended to {os.path.abspath(args.out)}", flush=True)
+                total += emit_rows([dict(env, **r) for r in host_work(layer, b, backend, device, args.reps,
+                                                                      paths=args.paths)], args.out, table_line)
+    say_appended(args.out, total)
     return 0
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    """``python -m fovi_lab bench host``: see :data:`DESCRIPTION`. Returns the exit status; a usage error exits
-    with status 2."""
-    from fovi_lab.ops.arguments import CommandParser
-
-    import sys
-
-    parser = CommandParser(prog=PROG, description=DESCRIPTION)
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)
-    return run(args)
-
+#: ``python -m fovi_lab bench host``: see :data:`DESCRIPTION`.
+main = command_main(PROG, DESCRIPTION, add_arguments, run)
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -33,14 +33,14 @@ backend that refuses the device or dtype is recorded with its reason (``note``) 
 from __future__ import annotations
 
 import copy
-import os
 import time
 from typing import Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
 
-from fovi_lab.bench.common import append_jsonl, env_info
+from fovi_lab.bench.common import emit_rows, env_info, say_appended, stamp_command
+from fovi_lab.ops.arguments import command_main
 
 __all__ = ["BACKENDS", "MODES", "network_records", "main", "add_arguments", "run", "DESCRIPTION"]
 
@@ -264,39 +264,22 @@ def run(args) -> int:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     modes = args.modes or (list(MODES) if device.type == "cuda" else ["eager"])
     env = env_info(device)
-    if getattr(args, "argv", None) is not None:
-        env["command"] = " ".join([PROG] + list(args.argv))
+    stamp_command(env, PROG, args)
     print(f"# train steps of fovi's networks on {env['device']} (torch {env['torch']}, warp {env['warp']})", flush=True)
     print(f"{'net':>9s} {'B':>4s} {'mode':>8s} {'backend':>13s} {'ms/step':>10s} {'images/s':>9s} {'grad err':>9s} "
           f"{'bitwise':>7s}", flush=True)
     total = 0
     for net in args.net:
         for b in args.batches:
-            rows = [dict(env, **r) for r in network_records(net, b, args.backends, modes, args.steps, device=device,
-                                                            precision=args.precision)]
-            for r in rows:
-                print(table_line(r), flush=True)
-            if args.out:
-                append_jsonl(args.out, rows)
-            total += len(rows)
-    if args.out and total:
-        print(f"# {total} records appended to {os.path.abspath(args.out)}", flush=True)
+            total += emit_rows([dict(env, **r) for r in network_records(net, b, args.backends, modes, args.steps,
+                                                                        device=device, precision=args.precision)],
+                               args.out, table_line)
+    say_appended(args.out, total)
     return 0
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    """``python -m fovi_lab bench network``: see :data:`DESCRIPTION`. Returns the exit status; a usage error exits
-    with status 2."""
-    import sys
-
-    from fovi_lab.ops.arguments import CommandParser
-
-    parser = CommandParser(prog=PROG, description=DESCRIPTION)
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)
-    return run(args)
-
+#: ``python -m fovi_lab bench network``: see :data:`DESCRIPTION`.
+main = command_main(PROG, DESCRIPTION, add_arguments, run)
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -81,6 +81,22 @@ class CommandParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {text} (see --help)\n")
 
 
+def command_main(prog: str, description: str, add_arguments, run) -> Callable[..., int]:
+    """A command's ``main(argv=None) -> int``: parse ``argv`` (default: the process's arguments) with a
+    :class:`CommandParser` that ``add_arguments`` fills, keep the words in ``args.argv`` (for the records'
+    ``command``) and return ``run(args)``; a usage error exits with status 2 and one line."""
+    def main(argv=None) -> int:
+        import sys
+
+        parser = CommandParser(prog=prog, description=description)
+        add_arguments(parser)
+        args = parser.parse_args(argv)
+        args.argv = list(sys.argv[1:] if argv is None else argv)
+        return run(args)
+    main.__doc__ = f"``{prog}``: see its description; a usage error exits with status 2."
+    return main
+
+
 def usage_error(prog: str, message: str):
     """Stop a command for a usage error found after parsing (one that needs the parsed values together): the one
     line :meth:`CommandParser.error` prints, exit status 2."""
