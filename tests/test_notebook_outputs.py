@@ -88,6 +88,67 @@ def test_every_figure_shows_data(path):
     assert bad == []
 
 
+def _strings(value):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _strings(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+
+
+def figure_labels(fig: dict):
+    """``(where, text)`` for every label a reader sees in a stored plotly figure: the title, axis titles and tick
+    texts, annotations, trace names, categorical axis values, a table's header and cells, and a trace's text
+    where it is drawn (not hover texts, which may carry the config id beside the words)."""
+    layout = fig.get("layout", {})
+    for key, value in layout.items():
+        if key == "title" or key.startswith(("xaxis", "yaxis")):
+            title = value.get("title") if isinstance(value, dict) and key != "title" else value
+            for text in _strings(title):
+                yield key, text
+            if isinstance(value, dict):
+                for text in _strings(value.get("ticktext")):
+                    yield key + " ticks", text
+    for ann in layout.get("annotations", []) or []:
+        yield "annotation", ann.get("text", "")
+    for t in fig.get("data", []):
+        yield "trace name", t.get("name") or ""
+        if t.get("type") == "table":
+            for text in _strings([t.get("header", {}).get("values"), t.get("cells", {}).get("values")]):
+                yield "table", text
+            continue
+        for axis in ("x", "y"):
+            values = t.get(axis)
+            if isinstance(values, list) and values and isinstance(values[0], str):
+                for text in values:
+                    yield axis + " categories", text
+        if "text" in str(t.get("mode", "")):
+            for text in _strings(t.get("text")):
+                yield "drawn text", text
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_figure_labels_are_words_not_config_ids(path):
+    """A learner reads tile shapes and kernel kinds in words on every axis, legend, annotation and table of a
+    figure (fovi_lab.lab.labels); a config id (``mmato_o64b32b256``) may sit in a hover text only."""
+    from fovi_lab.lab.labels import CONFIG_ID
+    bad = sorted({(i, where, m) for i, fig in _figures(path) for where, text in figure_labels(fig)
+                  for m in CONFIG_ID.findall(text)})
+    assert bad == [], f"{path.name}: config ids in figure labels (cell, where, id): {bad[:8]}"
+
+
+def test_the_label_check_reads_legends_axes_and_tables():
+    from fovi_lab.lab.labels import CONFIG_ID
+    fig = {"layout": {"xaxis": {"title": {"text": "time (ms)"}}, "annotations": [{"text": "rule: mma_o96b16k32"}]},
+           "data": [{"type": "bar", "name": "m64n64r2", "x": ["gi2_p64b128", "tile"], "hovertext": ["mmat_o64b16"]},
+                    {"type": "table", "header": {"values": ["config"]}, "cells": {"values": [["nm_m64n64k64"]]}}]}
+    found = sorted(m for _, text in figure_labels(fig) for m in CONFIG_ID.findall(text))
+    assert found == ["gi2_p64b128", "m64n64r2", "mma_o96b16k32", "nm_m64n64k64"]
+
+
 def test_the_figure_check_finds_an_empty_trace():
     assert empty_traces({"data": [{"type": "bar", "name": "a", "y": [None, None]},
                                   {"type": "bar", "name": "b", "y": [1.0, None]}]}) == ["a"]

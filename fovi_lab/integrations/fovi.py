@@ -55,7 +55,7 @@ from fovi_lab.graph.meta import TrainingMeta, build_meta
 from fovi_lab.ops.registry import get_ops
 
 __all__ = ["register_with_fovi", "unregister_from_fovi", "TESTED_RELEASE", "INSTALL", "NETWORKS", "fovi_network",
-           "conv_layers", "fovi_backend", "fovi_lab_inside", "fovi_layer", "FOVI_BASELINES", "fovi_steps", "FoviSteps"]
+           "conv_layers", "fovi_backend", "fovi_lab_inside", "fovi_layer", "BASELINE_BACKENDS", "fovi_steps", "FoviSteps"]
 
 #: The fovi release this integration is written and tested against (its registry contract and table layout).
 TESTED_RELEASE = "2.4.0"
@@ -411,7 +411,7 @@ def fovi_lab_inside(model: torch.nn.Module, backend: str = "warp_train", device=
 
 #: fovi's own backends a fovi user has for a train step, timed beside fovi_lab's: its per-layer choice, its fused
 #: CuPy kernel, its dense one-hot einsum, its compact PyTorch op and its copy of the seed's Warp kernels.
-FOVI_BASELINES = ("auto", "cuda", "baseline", "torch_compact", "warp_train")
+BASELINE_BACKENDS = ("auto", "cuda", "baseline", "torch_compact", "warp_train")
 
 
 def fovi_layer(layer: str, device="cpu", bias: bool = False) -> torch.nn.Module:
@@ -462,7 +462,7 @@ class FoviSteps(dict):
         return y.detach(), dx, dw
 
 
-def fovi_steps(layer: str, device="cpu", backends=FOVI_BASELINES) -> FoviSteps:
+def fovi_steps(layer: str, device="cpu", backends=BASELINE_BACKENDS) -> FoviSteps:
     """fovi's train step of ``layer`` per backend: ``{"fovi_<backend>": fn(x, w, g) -> (y, dx, dW)}``, autograd
     through fovi's own layer (:func:`fovi_layer`) with ``kernel_backend = backend`` and its weight set to ``w``;
     ``.reference(x, w, g)`` is the fp32 result to judge them by (:meth:`FoviSteps.reference`). On CUDA the layer

@@ -15,6 +15,7 @@ from plotly.subplots import make_subplots
 
 from fovi_lab.graph.layers import LAYERS
 from fovi_lab.graph.meta import TrainingMeta, pad_to
+from fovi_lab.lab.labels import stage_label
 from fovi_lab.lab.common import (CPU_WORK_BUDGET, RunLog, result_answer, check_explore_args,
                                  clamp_shape, fail_result, hline, log_range, time_ms, parity_line,
                                  rel_error, tolerance_class, widget_device)
@@ -187,7 +188,7 @@ def occupancy_figure(batches: Sequence[int] = (64, 512), layers: Optional[Sequen
         for kind, cfgs, row in (("gi", gi_configs, 1), ("gw", gw_configs, 2)):
             for ci, c in enumerate(cfgs):
                 sel = [x for x in rows if x["config"] == c]
-                fig.add_trace(go.Bar(x=[x["layer"] for x in sel], y=[x["ctas"] for x in sel], name=c,
+                fig.add_trace(go.Bar(x=[x["layer"] for x in sel], y=[x["ctas"] for x in sel], name=stage_label(c) or c,
                                      marker_color=palette[ci % len(palette)], visible=bi == len(batches) - 1,
                                      customdata=[[x["waves"], x["steps_per_cta"], x["launches"]] for x in sel],
                                      hovertemplate="%{x}: %{y} CTAs = %{customdata[0]:.2f} waves, "

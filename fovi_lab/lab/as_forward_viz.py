@@ -142,7 +142,7 @@ def recorded_summary(rows: Optional[List[dict]] = None) -> List[str]:
 def recorded_figure(rows: Optional[List[dict]] = None, height: int = 420) -> go.Figure:
     """Speedup of the tensor-core config over the fused / staged kernels, per gradient, against the call's useful
     work (log x), with the rule's threshold marked: the picture the rule was read from."""
-    from fovi_lab.kernels.adjoint.as_forward import MMA_GRAD_CONFIG, MMA_GRAD_MIN_GFLOP
+    from fovi_lab.kernels.adjoint.as_forward import MMA_GRAD_MIN_GFLOP
     rows = recorded_rows() if rows is None else rows
     if not rows:
         return kl.message_figure(f"no records of bench adjoints at {ADJOINT_RECORDS}")
@@ -156,7 +156,7 @@ def recorded_figure(rows: Optional[List[dict]] = None, height: int = 420) -> go.
     fig.add_vline(x=MMA_GRAD_MIN_GFLOP, line_dash="dash", line_color="#d62728",
                   annotation_text=f"rule: tensor cores from {MMA_GRAD_MIN_GFLOP:g} GFLOP")
     fig.update_layout(height=height, xaxis=dict(type="log", title="useful work of one gradient, 2·B·P64·Cout·Nout (GFLOP)"),
-                      yaxis=dict(title=f"{MMA_GRAD_CONFIG} speedup over the fused / staged kernels"),
+                      yaxis=dict(title="tensor cores' speedup over the fused / staged kernels"),
                       title=dict(text="The adjoints on tensor cores against the fused / staged kernels (one call, back to back)"
                                       f"<br><sub>{kl.versions_title([rec for r in rows for rec in r['records']])}</sub>", x=0.01),
                       margin=dict(t=70, b=50))

@@ -328,13 +328,21 @@ _PART_NAMES = {"a": "A tiles (fp16, r of them)", "b": "B tile (fp16)", "acc": "a
 _LIMIT_STYLES = ("dot", "dash", "solid")
 
 
+def _tile_words(tile_m: int, tile_n: int, r: int, enable_backward: bool) -> str:
+    """A gather tile config on a figure's axis: its tile and reuse in words (one phrase a line)."""
+    return (f"{tile_m} rows x {tile_n} channels<br>r = {r}"
+            + ("<br>+ its adjoint (enable_backward)" if enable_backward else ""))
+
+
 def budget_figure(configs: Sequence[Tuple[str, int, int, int, bool]] = BUDGET_CONFIGS, gather: bool = True,
                   highlight: Optional[str] = None, height: int = 430) -> go.Figure:
     """Stacked bars of :func:`estimate_smem` per config against the per-block limits (horizontal lines).
 
     A config with ``enable_backward`` shows the adjoint kernel's request as its bar (2x own tiles).
     """
-    labels = [c[0] for c in configs]
+    keys = [c[0] for c in configs]
+    labels = [_tile_words(tm, tn, r, eb) + ("<br>(yours)" if key.endswith("(yours)") else "")
+              for key, tm, tn, r, eb in configs]
     ests = [estimate_smem(tm, tn, r, gather=gather, bias=gather, enable_backward=eb) for _, tm, tn, r, eb in configs]
     fig = go.Figure()
     for part in ("a", "b", "acc", "index", "bias"):
@@ -348,10 +356,10 @@ def budget_figure(configs: Sequence[Tuple[str, int, int, int, bool]] = BUDGET_CO
         fig.add_hline(y=limit, line_dash=dash, line_color="black", line_width=1,
                       annotation_text=f"{name}: {limit} B", annotation_position="top left",
                       annotation_font_size=10)
-    if highlight is not None and highlight in labels:
-        i = labels.index(highlight)
+    if highlight is not None and highlight in keys:
+        i = keys.index(highlight)
         e = ests[i]
-        fig.add_annotation(x=highlight, y=e["backward"] or e["forward"], text="your config", showarrow=True,
+        fig.add_annotation(x=labels[i], y=e["backward"] or e["forward"], text="your config", showarrow=True,
                            arrowhead=2, ay=-30)
     fig.update_layout(barmode="stack", height=height, margin=dict(l=60, r=20, t=50, b=60),
                       title="Estimated shared memory per block (bytes) vs per-block limits",
@@ -452,6 +460,6 @@ def explore_config(tile_m: int, tile_n: int, r: int, block_dim: int, device: str
         summary["verdict"] = "not run"
     configs = [c for c in BUDGET_CONFIGS if not c[4]] + [(label, tile_m, tile_n, r, False)]
     fig = budget_figure(configs, gather=True, highlight=label, height=380)
-    fig.update_layout(title=f"m{tile_m}n{tile_n}r{r}: estimated {est['forward']} B per block "
+    fig.update_layout(title=f"{tile_m} rows x {tile_n} channels, r = {r}: estimated {est['forward']} B per block "
                             f"(the production gather kernel)")
     return summary, fig

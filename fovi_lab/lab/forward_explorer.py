@@ -17,6 +17,7 @@ import torch
 from fovi_lab.lab.common import (CPU_WORK_BUDGET, FORWARD_CHOICES, RunLog, COLOURS, result_answer,
                                  check_explore_args, clamp_shape, fail_result, round4, sync_device, time_ms,
                                  default_device, message_figure, parity_line, rel_error, widget_device)
+from fovi_lab.lab.labels import tick_label
 from fovi_lab.lab.problems import make_meta, make_problem, reference_forward
 from fovi_lab.lab.traffic import shape_of, tile_smem_estimate, tile_traffic
 
@@ -184,12 +185,20 @@ def reuse_live(layer: str = "res18_layer1", batch: int = 64, tile_m: int = 32, t
                rs: Sequence[int] = (1, 2, 4), block_dim: int = 128, device: Optional[str] = None,
                budget: float = CPU_WORK_BUDGET) -> List[dict]:
     """Run the uncached kernel with ``r`` = each of ``rs`` (same tiles otherwise) on one shape:
-    every run's :func:`explore_forward` result, plus ``rel_time`` = its kernel time over r=1's."""
+    every run's :func:`explore_forward` result, plus ``rel_time`` = its kernel time over r=1's.
+
+    The runs are compared on one shape only: where the CPU's ``budget`` clamps the batch differently for
+    different ``r`` (it never goes below ``tile_m * r`` rows), ValueError says which budget the batch needs."""
     out = []
     for r in rs:
         res, _ = explore_forward(layer, batch, None, tile_m, tile_n, r, block_dim, "uncached", device=device,
                                  budget=budget)
         out.append(res)
+    shapes = {(x.get("batch"), x.get("nodes")) for x in out if x.get("ok")}
+    if len(shapes) > 1:
+        raise ValueError(f"budget: {budget / 1e9:.1f} GFLOP clamps the runs to different shapes "
+                         f"({sorted(shapes, key=str)}); give a budget that holds B = {batch} for every r, or a "
+                         f"smaller batch")
     base = next((x.get("run_ms") for x in out if x.get("r") == rs[0] and x.get("ok")), None)
     for x in out:
         x["rel_time"] = (x["run_ms"] / base) if (base and x.get("ok")) else None
@@ -202,7 +211,7 @@ def reuse_live_figure(rows: List[dict], height: int = 360) -> go.Figure:
     if not ok:
         return message_figure("no successful run to plot")
     base_w = ok[0]["w_bytes"]
-    labels = [f"r={x['r']} ({x['config']})" for x in ok]
+    labels = [f"r = {x['r']}<br>{tick_label(x['config'], title=False)}" for x in ok]
     fig = go.Figure()
     fig.add_trace(go.Bar(x=labels, y=[round4(x["rel_time"]) for x in ok], name="measured kernel time / r=1",
                          marker_color=COLOURS["warp"]))

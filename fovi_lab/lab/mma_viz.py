@@ -31,6 +31,7 @@ import plotly.graph_objects as go
 
 from fovi_lab import lab as kl
 from fovi_lab.graph.layers import RECORDED_LAYERS, layer_meta
+from fovi_lab.lab.labels import kernel_label
 
 __all__ = ["LAYERS", "fragment_owner", "fragment_figure",
            "lane_channels", "explore_mma", "mma_rows", "mma_figure", "layout_rows", "depth_rows", "depth_figure",
@@ -358,12 +359,17 @@ def _bars_figure(rows: List[dict], empty: str, xs, series, title: str, height: i
     return fig
 
 
+def _tile_phrase(config: str) -> str:
+    """The tile of a tensor-core config in words (its readable name's first phrase after the family)."""
+    return kernel_label(config, title=False).split(", ")[0]
+
+
 def depth_figure(rows: Optional[List[dict]] = None, height: int = 380) -> go.Figure:
     """Grouped bars: per point, the same block looping 16, 32 and 64 p entries per iteration (µs, replayed)."""
     rows = depth_rows() if rows is None else rows
     depths = (("1 k-step (tile_k 16)", "#9ecae1"), ("2 k-steps (k32)", "#4292c6"), ("4 k-steps (k64)", "#08519c"))
     return _bars_figure(rows, "no recorded loop-depth replays under data/",
-                        lambda rs: [f"{r['layer']} B={r['B']}<br>{r['configs'][0]}" for r in rs],
+                        lambda rs: [f"{r['layer']} B={r['B']}<br>{_tile_phrase(r['configs'][0])}" for r in rs],
                         lambda rs: [(name, colour, [(r["ms"][i] or 0) * 1e3 or None for r in rs],
                                      [r["configs"][i] for r in rs]) for i, (name, colour) in enumerate(depths)],
                         "Loads in flight: the same block looping 1, 2 or 4 k-steps per iteration", height=height)

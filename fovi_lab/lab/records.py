@@ -18,6 +18,7 @@ from plotly.subplots import make_subplots
 
 from fovi_lab.graph.layers import LAYERS, RF_MULT, layer_name
 from fovi_lab.ops.records import LOCAL_DIR, RECORDS_DIR, iter_records, read_file
+from fovi_lab.lab.labels import kernel_label, tick_label
 from fovi_lab.lab.common import (LAYER_CHOICES, COLOURS, drop_empty_traces, hline, log_range, round4, batch_menu,
                                  message_figure)
 
@@ -474,7 +475,7 @@ def reuse_recorded_figure(records: Optional[List[dict]] = None, pairs=REUSE_PAIR
                       for l in layers]
                 fig.add_trace(go.Bar(x=layers, y=[None if y is None else round4(y - 1.0) for y in ys], base=1.0,
                                      customdata=ys, hovertemplate="%{x}: %{customdata:.2f}x<extra>%{fullData.name}</extra>",
-                                     name=f"{cfg} / {base}", visible=b == default_b))
+                                     name=f"{kernel_label(cfg)} (over r = 1)", visible=b == default_b))
                 count += 1
         traces_per_b = count
     fig.add_hline(y=1.0, line=dict(color="black", width=1))
@@ -619,7 +620,8 @@ def gi_gw_sweep_figure(records: Optional[List[dict]] = None, batch: Optional[int
         cfgs = sorted({k[3] for k in latest if k[2] == impl and k[3]})
         for c in cfgs:
             ys = [round4(latest[(l, b, impl, c)].get(key)) if (l, b, impl, c) in latest else None for l in layers]
-            fig.add_trace(go.Bar(x=layers, y=ys, name=c), row=row, col=1)
+            fig.add_trace(go.Bar(x=layers, y=ys, name=kernel_label(c), hovertemplate="%{x}: %{y:.3f} ms<extra>" + c
+                                 + "</extra>"), row=row, col=1)
         fig.update_yaxes(type="log", title_text="ms", row=row, col=1)
     fig.update_layout(barmode="group", height=height, margin=dict(l=10, r=10, t=60, b=10),
                       title=figure_title(f"gi / gw stage configs at B = {b}", _latest_run(sweep)),

@@ -21,6 +21,7 @@ from fovi_lab import lab as kl
 from fovi_lab.graph.layers import layer_meta
 from fovi_lab.graph.meta import pad_to
 from fovi_lab.kernels.families.registry import lookup
+from fovi_lab.lab.labels import kernel_label
 
 __all__ = ["STEMS", "stage_bytes", "explore_stem", "stem_forward_rows", "stem_forward_figure", "stem_train_rows",
            "simt_rows", "simt_figure"]
@@ -260,8 +261,10 @@ def simt_figure(rows: Optional[List[dict]] = None, height: int = 440) -> go.Figu
     fig = make_subplots(rows=1, cols=len(layers), subplot_titles=layers, shared_yaxes=True)
     for col, layer in enumerate(layers, start=1):
         rs = [r for r in rows if r["layer"] == layer]
-        for key, name, colour, dash in (("fp16_ms", f"SIMT fp16 ({rs[0]['fp16_config']})", "#ffbb78", None),
-                                        ("vec_ms", "SIMT vec4 (sv_b16o8u2 / sv_b8o8u8)", "#ff7f0e", None),
+        fp16_tile = kernel_label(rs[0]["fp16_config"], title=False).split(", ")[0]
+        for key, name, colour, dash in (("fp16_ms", f"SIMT, fp16 operands ({fp16_tile})", "#ffbb78", None),
+                                        ("vec_ms", "SIMT, fp32 operands as 4-vectors (the faster of two blocks)",
+                                         "#ff7f0e", None),
                                         ("i2c_ms", "i2c tiles (row gathers + kernel)", "#1f77b4", None),
                                         ("torch_graphed_ms", "fastest PyTorch", "#d62728", "dot")):
             fig.add_trace(go.Scatter(x=[r["B"] for r in rs], y=[r[key] for r in rs], name=name, mode="lines+markers",

@@ -94,10 +94,10 @@ def traffic_table(shape: dict, batch: int, tiles: Sequence[Tuple[int, int]] = ((
 
 def traffic_figure(shape: dict, batch: int, tiles=((16, 32), (32, 64), (64, 64), (64, 128)), rs=(1, 2, 4),
                    title: str = "", height: int = 440) -> go.Figure:
-    """Left: gathered MB per call by stream (weight / input / index / output) for each tile shape and
-    ``r``. Right: what ``r`` costs: tile memory per CTA (KiB) and CTAs per launch."""
+    """Left: gathered MB per call by stream (weight / input / index / output) for each tile shape (batch rows x
+    output channels) and ``r``. Right: what ``r`` costs: tile memory per CTA (KiB) and CTAs per launch."""
     rows = traffic_table(shape, batch, tiles, rs)
-    labels = [f"m{t['tile_m']}n{t['tile_n']} r{t['r']}" for t in rows]
+    labels = [f"{t['tile_m']} x {t['tile_n']} tile<br>r = {t['r']}" for t in rows]
     fig = make_subplots(rows=1, cols=2, column_widths=[0.6, 0.4], horizontal_spacing=0.12,
                         specs=[[{}, {"secondary_y": True}]],
                         subplot_titles=("bytes gathered into tiles per call (MB)", "what r costs"))
