@@ -26,7 +26,7 @@ def test_probe_figure_reads_every_recorded_probe(tmp_path):
     _probe(tmp_path / "host_probe_before.json", 0.15, 0.6, 0.15)
     _probe(tmp_path / "host_probe_trimmed.json", 0.07, 0.4, 0.15)
     runs = hv.host_probe_runs(tmp_path)
-    assert [r["label"] for r in runs] == ["before the host-path work", "every trim"]
+    assert [r["label"] for r in runs] == ["no call cache", "call cache + trimmed call"]
     fig = hv.host_probe_figure(tmp_path)
     bars = [t for t in fig.data if t.type == "bar"]
     assert len(bars) == 4 and [float(b.y[0]) for b in bars[::2]] == [0.15, 0.07]

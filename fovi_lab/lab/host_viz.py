@@ -1,4 +1,4 @@
-"""The host path of an eager call (notebook 07, section 4): what a small-batch forward pays besides its
+"""The host path of an eager call (notebook 10): what a small-batch forward pays besides its
 kernel, measured here and recorded on the H200.
 
 * :func:`host_cost`: the host time of one forward call on this machine, no kernel launched: the first
@@ -31,13 +31,14 @@ from fovi_lab import lab as kl
 __all__ = ["host_cost", "host_probe_runs", "host_probe_rows", "host_probe_figure", "PROBE_LABELS",
            "replay_ab_records", "replay_ab_rows", "replay_ab_summary", "replay_ab_figure", "replay_check"]
 
-#: recorded probe file -> what the code was doing then
+#: recorded probe file -> what the probed call did (the three variants of the call, then the last one on two more
+#: machines)
 PROBE_LABELS = {
-    "host_probe_before.json": "before the host-path work",
-    "host_probe_call_cache.json": "the call cache",
-    "host_probe_trimmed.json": "every trim",
-    "host_probe_trimmed_repeat_a.json": "same code, another machine",
-    "host_probe_trimmed_repeat_b.json": "same code, a third machine",
+    "host_probe_before.json": "no call cache",
+    "host_probe_call_cache.json": "call cache",
+    "host_probe_trimmed.json": "call cache + trimmed call",
+    "host_probe_trimmed_repeat_a.json": "the same, a second machine",
+    "host_probe_trimmed_repeat_b.json": "the same, a third machine",
 }
 
 
