@@ -19,7 +19,7 @@ from fovi_lab.ops.reference import oracle_forward
 
 __all__ = ["check", "padding_rows", "padding_table", "ADJOINT_RECORDS", "recorded_rows", "recorded_table",
            "recorded_summary", "recorded_figure", "STEP_RULE_RECORDS", "step_rule_rows", "step_rule_table",
-           "step_rule_figure"]
+           "step_rule_figure", "time_here"]
 
 #: The checkout's records of ``python -m fovi_lab bench adjoints`` on the H200 (absent from a wheel install).
 ADJOINT_RECORDS = kl.DATA_DIR / "h200" / "adjoint_paths.jsonl"
@@ -49,6 +49,37 @@ def check(shape: str = "ODD", batch: int = 17, dtype=torch.float16, device=None,
     same = torch.equal(dx, grad_input_mma(meta, g, w)) and torch.equal(dw, grad_weight_mma(meta, g, x))
     lines.append(f"fp32 outputs: {dx.dtype == dw.dtype == torch.float32}; bitwise identical on a second run: {same}")
     return lines
+
+
+def time_here(layer: str = "res18_layer3", batch: int = 8, device=None, reps: int = 5) -> List[dict]:
+    """Both gradients of a real layer timed on ``device`` (default: the lab's device) two ways, on the same fp16
+    operands: as forwards of the derived layers (:func:`~fovi_lab.kernels.adjoint.as_forward.grad_input_mma` /
+    ``grad_weight_mma``, the per-call copies of ``W'`` and ``x'`` included) and on the layer's own adjoint kernels
+    (:func:`fovi_lab.knn_warp.grad_input_kernels` / ``grad_weight_kernels``, the path the layer takes). One row per
+    gradient: ``as_forward_ms``, ``kernels_ms``, their ratio and the largest difference of the two results over
+    the largest entry (both sum in fp32, in different orders)."""
+    from fovi_lab.graph.layers import layer_meta
+    from fovi_lab.kernels.adjoint.as_forward import grad_input_mma, grad_weight_mma
+    from fovi_lab.knn_warp import grad_input_kernels, grad_paths, grad_weight_kernels
+
+    device = str(device or kl.default_device())
+    meta = layer_meta(layer, device=device)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(batch, meta.cin, meta.nin, generator=gen).to(device, torch.float16)
+    w = (torch.randn(meta.cout, meta.q, generator=gen) / (meta.cin * meta.k) ** 0.5).to(device, torch.float16)
+    g = torch.randn(batch, meta.cout, meta.nout, generator=gen).to(device, torch.float16)
+    path = grad_paths(meta, batch)
+    rows = []
+    for what, mma, own, operand, kernels in (("dx", grad_input_mma, grad_input_kernels, w, path[0]),
+                                             ("dW", grad_weight_mma, grad_weight_kernels, x, path[1])):
+        kernels = kernels if kernels in ("fused", "staged") else "fused"
+        a, b = mma(meta, g, operand), own(meta, g, operand, kernels)
+        diff = float((a - b.float()).abs().max()) / max(1e-12, float(b.float().abs().max()))
+        t_mma = kl.time_ms(lambda: mma(meta, g, operand), device, max_reps=reps)
+        t_own = kl.time_ms(lambda: own(meta, g, operand, kernels), device, max_reps=reps)
+        rows.append(dict(layer=layer, B=batch, gradient=what, own_path=kernels, as_forward_ms=t_mma,
+                         kernels_ms=t_own, kernels_over_as_forward=t_own / t_mma, rel_diff=diff, device=device))
+    return rows
 
 
 def padding_rows(layers: Optional[Sequence[str]] = None) -> List[dict]:
@@ -126,7 +157,8 @@ def recorded_table(rows: Optional[List[dict]] = None) -> str:
 
 
 def recorded_summary(rows: Optional[List[dict]] = None) -> List[str]:
-    """Lines: the tensor cores' speedup range per gradient where the rule takes them and where it does not."""
+    """Lines: the tensor cores' speedup range per gradient where the rule takes them and where it does not, and the
+    least work from which they win both gradients on every recorded shape with Cin >= 16 (with their ranges there)."""
     rows = recorded_rows() if rows is None else rows
     lines = []
     for label, part in (("where the rule takes the tensor cores", [r for r in rows if r["rule"]]),
@@ -136,6 +168,16 @@ def recorded_summary(rows: Optional[List[dict]] = None) -> List[str]:
         sp = {w: [r[w + "_kernels"] / r[w + "_mma"] for r in part] for w in ("dx", "dW")}
         lines.append(f"{label} ({len(part)} shapes): dx {min(sp['dx']):.2f}-{max(sp['dx']):.2f}x, "
                      f"dW {min(sp['dW']):.2f}-{max(sp['dW']):.2f}x")
+    # the least work from which the tensor cores win both gradients on every recorded shape with Cin >= 16
+    wide = sorted((r for r in rows if layer_meta(r["layer"]).cin >= 16), key=lambda r: r["gflop"])
+    wins = lambda r: r["dx_kernels"] > r["dx_mma"] and r["dW_kernels"] > r["dW_mma"]  # noqa: E731
+    tail = [r for i, r in enumerate(wide) if all(wins(q) for q in wide[i:])]
+    if tail:
+        first = min(r["gflop"] for r in tail)
+        part = [r for r in wide if r["gflop"] >= first]
+        sp = {w: [r[w + "_kernels"] / r[w + "_mma"] for r in part] for w in ("dx", "dW")}
+        lines.append(f"from {first:.2f} GFLOP on with Cin >= 16 ({len(part)} shapes) the tensor cores win both: "
+                     f"dx {min(sp['dx']):.2f}-{max(sp['dx']):.2f}x, dW {min(sp['dW']):.2f}-{max(sp['dW']):.2f}x")
     return lines
 
 
