@@ -225,6 +225,26 @@ def test_the_quote_check_reads_units_and_rounding():
 
 _MAX_WORDS = 3000
 
+# History in prose: the notebooks say what was measured and which record holds it, not how the package got here.
+_HISTORY = re.compile(r"\b(?:now|no longer|previously|formerly|used to be|(?:that|they|which) replaced|replaced (?:these|them|it)"
+                      r"|of that run|rule then|old rule|new rule|this session)\b", re.IGNORECASE)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_prose_tells_no_history(path):
+    bad = []
+    for i, cell in enumerate(json.loads(path.read_text())["cells"]):
+        if cell["cell_type"] == "markdown":
+            text = "".join(cell["source"])
+            bad += [(i, text[max(0, m.start() - 30):m.end() + 20].replace("\n", " ")) for m in _HISTORY.finditer(text)]
+    assert bad == [], f"{path.name}: history in the prose (cell, words): {bad[:6]}"
+
+
+def test_the_history_check_reads_the_phrases():
+    found = [m.group(0) for m in _HISTORY.finditer("The default is now X, the kernels they replaced; under the rule of "
+                                                    "that run. A kernel that runs a loop; unknown.")]
+    assert found == ["now", "they replaced", "of that run"]
+
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_prose_fits_one_idea(path):
