@@ -59,7 +59,7 @@ def forward_path() -> str:
     forward kernels' rule) unless ``FOVI_KNN_FWD_PATH=binned`` asks for the binned form (bin the inputs by weight
     column, then one shared-weight tensor-core GEMM: :mod:`fovi_lab.kernels.forward.binned`). ``auto`` (the
     default) is ``compact``: on the H200, replayed, the binned form lost to PyTorch's fastest forward at every B from
-    1 to 16 on all 13 layers but the ResNet-18 stem, and to the compact kernels but for 5-16 % gains on three AlexNet
+    1 to 16 on all 13 layers but the ResNet-18 stem, and to the compact kernels but for small gains on three AlexNet
     layers at B = 1 (data/h200/forward_binned.jsonl.gz)."""
     return "binned" if settings.get("FOVI_KNN_FWD_PATH") == "binned" else "compact"
 
@@ -110,7 +110,7 @@ class WarpCompactOps:
 
 
 #: Below this many input channels the staged adjoints win on the H200 (fovi_lab/records/h200/train_step.jsonl.gz: the
-#: Cin = 3 stems ran 2-3x slower fused, because a 16-wide Cin tile is 13/16 padding and every reverse
+#: Cin = 3 stems ran slower fused, because a 16-wide Cin tile is 13/16 padding and every reverse
 #: entry is a tiny GEMM; every layer with Cin >= 64 ran faster fused). Decided in :mod:`fovi_lab.kernels.adjoint.rule`.
 FUSED_MIN_CIN = _rule.FUSED_MIN_CIN
 

@@ -295,7 +295,7 @@ except ImportError:  # older Warp layouts
 def warp_ct(t: torch.Tensor):
     """Low-overhead Warp array *descriptor* (a ctypes struct) of a torch tensor, for :func:`fast_launch`.
 
-    About 2.5x cheaper than a ``wp.array`` view; it does not own the memory and skips Warp's dtype
+    Cheaper to build on the host than a ``wp.array`` view; it does not own the memory and skips Warp's dtype
     check, so callers keep the tensor alive over the launch and pass only the dtypes the kernel
     declares (a wrong one would give wrong numbers, which every kernel's NaN canary, checked against
     the reference on first use per device, would report).
@@ -303,7 +303,7 @@ def warp_ct(t: torch.Tensor):
     nd = t.dim()
     if not 1 <= nd <= 4:
         raise ValueError(f"warp_ct: expected a 1-D to 4-D tensor, got shape {tuple(t.shape)}")
-    # Built field by field: ~3x cheaper than wp.from_torch(t, return_ctype=True), and it never touches
+    # Built field by field: cheaper on the host than wp.from_torch(t, return_ctype=True), and it never touches
     # t.grad (from_torch wraps, or allocates, the gradient of a tensor that requires grad).
     c = _array_t()
     c.data = t.data_ptr()
@@ -338,8 +338,9 @@ _FAST: Dict[Tuple, object] = {}
 def fast_launch(kernel, dims, inputs, block_dim: int, device: str, tiled: bool = True) -> None:
     """``wp.launch_tiled`` on torch's current stream with the host cost of a recorded launch.
 
-    At small batch the host is the bottleneck (a compact layer is ~0.05-0.1 ms of GPU work and
-    ``wp.launch`` packs every argument anew), so one recorded ``wp.Launch`` is kept per (kernel,
+    At small batch the host is the bottleneck (a compact layer is a fraction of a millisecond of GPU work, and
+    ``wp.launch`` packs every argument anew; the forward's per-call host times are in
+    fovi_lab/records/h200/logs/host_probe_*.json), so one recorded ``wp.Launch`` is kept per (kernel,
     device, grid, block_dim) and each call only re-sets its parameters from ``inputs`` (array
     descriptors from :func:`warp_ct`, or ints) before launching. ``tiled=False``: a plain SIMT
     ``wp.launch`` over ``dims`` threads.

@@ -6,12 +6,11 @@ The kernels read their operands in the layout their loads want: x^T ``[Cin*Nin, 
     out[c, r, a] = src[a, r, c]         src [A, R, C] -> out [C', R', A'] (C' >= C, R' >= R, A' >= A; the rest 0)
 
 (a 2-D transpose is R = 1). PyTorch does such a copy with its generic strided kernel: one of the two sides is read
-or written a 2-byte element per 32-byte sector, and on the H200 it moved 0.33-1.18 TB/s on the copies profiled
-(x [512, 92544] fp16 to x^T: 0.65 TB/s, 0.291 ms replayed; ``tools/gpu/profile_step.py --transpose``,
-data/h200/layout_copies.jsonl), a seventh
-of HBM bandwidth; in the six train steps profiled there (four layers at B = 512, two at B = 16) its strided copies
-took 14-35 % of the GPU time. With this kernel the same copy took 0.098 ms, and the train step at B = 512, replayed,
-was 1.07-1.20x faster on all 13 layers (data/h200/train_step_b512.jsonl.gz against data/h200/train_step.jsonl).
+or written a 2-byte element per 32-byte sector, so on the H200 its copies move a small fraction of HBM bandwidth,
+and in the six train steps profiled (four layers at B = 512, two at B = 16) its strided copies took a large share of
+the GPU time (``tools/gpu/profile_step.py --transpose``; the copies' times, PyTorch's and this kernel's, are in
+data/h200/layout_copies.jsonl). With this kernel the copies took less time, and the train step at B = 512,
+replayed, was faster on all 13 layers (data/h200/train_step_b512.jsonl.gz against data/h200/train_step.jsonl).
 
 :func:`swap_axes_into` stages a ``W x W`` tile through shared memory instead (``W`` = 64 16-bit or 32 32-bit
 elements: 128 bytes along each tile row), so both sides are whole 128-byte lines:
@@ -46,11 +45,11 @@ __all__ = ["swap_axes_into", "swap_axes", "transpose", "transpose_into", "layout
 #: Threads per CTA (8 warps), one ``W x W`` tile each.
 LAYOUT_BLOCK = 256
 #: Below this many elements along either swapped axis the tile is mostly empty and PyTorch's copy is used. Replayed on
-#: the H200 (tools/gpu/profile_step.py --transpose, 17 copies of a step's shapes) the kernel took 0.27-0.72x
-#: PyTorch's time on the 13 with both axes at 60 or more, and 0.92-2.16x on the 4 with one axis at 16 (x^T at
-#: B = 16: 11.0 against 5.1 us). No copy between was timed alone; the train steps at B = 64 and 512 that ran
-#: 1.07-1.20x faster with the kernel (data/h200/train_step_b512.jsonl.gz, train_step_b64.jsonl.gz) sent the rf2
-#: layers' tap-major W (36 taps) through it.
+#: the H200 (tools/gpu/profile_step.py --transpose, 17 copies of a step's shapes, data/h200/layout_copies.jsonl) the
+#: kernel beat PyTorch's copy on all 13 with both axes at 60 or more, and was no clear win on the 4 with one axis at 16
+#: (barely ahead on two, well behind on two, x^T at B = 16 among them). No copy between was timed alone; the train
+#: steps at B = 64 and 512 that ran faster with the kernel (data/h200/train_step_b512.jsonl.gz,
+#: train_step_b64.jsonl.gz) sent the rf2 layers' tap-major W (36 taps) through it.
 _MIN_SWAP_EXTENT = 32
 
 

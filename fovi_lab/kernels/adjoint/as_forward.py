@@ -24,15 +24,14 @@ The rule (:func:`select_grad_mma`): both gradients run on the pipelined split co
 where the call's useful work, ``2 B P64 Cout Nout`` FLOPs, is at least :data:`MMA_GRAD_MIN_GFLOP`, the batch at
 least :data:`MMA_GRAD_MIN_BATCH`, the layer has at least :data:`MMA_GRAD_MIN_CIN` input channels and neither
 derived layer pads its lists more than :data:`MMA_GRAD_MAX_PADDING`-fold; everywhere else the fused (or, on the
-stems, staged) kernels. It is read from train steps replayed from CUDA graphs on the H200, the rule of the time
-beside both gradients forced onto the config, each pair from one build on one machine (data/h200/grad_mma_rule.jsonl.gz,
-field ``variant``): from 1.09 to 4.8 GFLOP the tensor cores ran the step 1.04-1.68x faster (AlexNet L1-L4 at
-B = 16, ResNet-18 layers 1, 2 and 3 at B = 64, layers 2.0 and 3.0 at B = 512; AlexNet L1 at B = 16: 0.360 against
-0.606 ms); from 0.14 to 0.6 GFLOP they were 0.73-1.04x (ResNet-18 layers 1, 2, 2.0, 3 and 3.0 at B = 16, 2.0 and
-3.0 at B = 64); on layer 4.0 (two output nodes, its tap layer padded 5.5-fold) they lost at both measured batches
-(0.74x at B = 64, 0.88x at B = 512). The earlier sweep of ``python -m fovi_lab bench adjoints``
-(data/h200/adjoint_paths.jsonl) had the config 1.14-4.40x (dx) and 1.19-3.03x (dW) faster than the fused kernels
-from 6.8 GFLOP up.
+stems, staged) kernels. It is read from train steps replayed from CUDA graphs on the H200, the fused and staged
+dispatch beside both gradients forced onto the config, each pair from one build on one machine
+(data/h200/grad_mma_rule.jsonl.gz, field ``variant``): from 1.09 to 4.8 GFLOP the tensor cores ran every step faster
+(AlexNet L1-L4 at B = 16, ResNet-18 layers 1, 2 and 3 at B = 64, layers 2.0 and 3.0 at B = 512); from 0.14 to
+0.6 GFLOP they gained little or lost (ResNet-18 layers 1, 2, 2.0, 3 and 3.0 at B = 16, 2.0 and 3.0 at B = 64); on
+layer 4.0 (two output nodes, its tap layer padded 5.5-fold) they lost at both measured batches (B = 64 and 512).
+The sweep of ``python -m fovi_lab bench adjoints`` (data/h200/adjoint_paths.jsonl) had the config faster than the
+fused kernels on both gradients from 6.8 GFLOP up.
 ``FOVI_KNN_DX_PATH`` / ``FOVI_KNN_DW_PATH``
 (``mma``, ``off``, ``auto``) override the rule per gradient.
 """
@@ -55,8 +54,9 @@ __all__ = ["grad_input_mma", "grad_weight_mma", "transposed_weight", "padding", 
 #: (``cp.async`` stages, fp32 partials summed in a fixed order), 128 channels x 64 batch rows per CTA.
 MMA_GRAD_CONFIG = "mmaps_o128b64k32s3"
 #: Useful work (``2 B P64 Cout Nout``, 10^9 FLOPs) from which the rule runs the gradients on tensor cores: the
-#: smallest measured winner was ResNet-18 layer 1 at B = 64 (1.09 GFLOP, step 1.21x faster); the largest measured
-#: non-winner below it ResNet-18 layer 3.0 at B = 64 (0.60 GFLOP, 0.93x).
+#: smallest measured winner was ResNet-18 layer 1 at B = 64 (1.09 GFLOP); the largest measured non-winner below it
+#: ResNet-18 layer 3.0 at B = 64 (0.60 GFLOP), whose step ran slower on the tensor cores
+#: (data/h200/grad_mma_rule.jsonl.gz).
 MMA_GRAD_MIN_GFLOP = 1.0
 #: The smallest batch the rule sends to the tensor cores: the config's CTAs take 64 batch rows, and no step below
 #: B = 16 was measured with them.

@@ -75,8 +75,8 @@ CSR_KERNEL_SPECS: Dict[str, dict] = {
 }
 
 # B > 64: the 3-D (n, p_tile, b_tile) grid with an fp32 stage had the fastest whole grad_input op on
-# the H200 sweep (fovi_lab/records/h200/backward.jsonl.gz, 2026-11-29): alexnet L1 B=512 8.3 ms vs 11.6 ms for
-# the seed's gi2_p64b128 (fp16 stage), alexnet L0 3.8 vs 4.5, res18 layer1 0.97 vs 1.41. The fp32
+# the H200 sweep (fovi_lab/records/h200/backward.jsonl.gz, 2026-11-29), ahead of the seed's gi2_p64b128
+# (fp16 stage) on alexnet L1 at B=512, alexnet L0 and res18 layer1. The fp32
 # stage skips one rounding and its stores are no slower; the budget halves the batch chunk instead.
 DEFAULT_GI_CONFIG = "gi3_p64b128_f32"
 DEFAULT_GI_CONFIG_SMALL_B = "gi2_p64b64"   # B <= 64: a 128-wide batch tile would be >= half padding
@@ -144,13 +144,13 @@ def _cout96(cout: Optional[int]) -> bool:
 # defaults once the stage is big enough: a gathered operand tile there is scalar loads of 3-row
 # neighbour runs. Their GPU time is lower on every stem shape measured (H200, CUDA-graph replay,
 # fovi_lab/records/h200/train_step.jsonl.gz, the stems' i2c train steps of 2026-11-29:
-# alexnet L0 B=64 1.79 -> 1.32 ms, res18 stem 0.64 -> 0.52), but they add a row copy, a buffer and ~0.3 ms
-# of host work per eager step, so the threshold is 16M staged elements (B * Nout * P64), read from eager
+# alexnet L0 at B=64 and the res18 stem), but they add a row copy, a buffer and their
+# host work to each eager step, so the threshold is 16M staged elements (B * Nout * P64), read from eager
 # steps (fovi_lab/records/h200/train_step.jsonl.gz, the stem stage variants of 2026-11-29).
 # Where the 96-wide Cout tiles apply (Cout = 96, alexnet's stem: the staged kernels also drop the 96 -> 128
 # padding of the gathered ones), staging wins earlier: the H200 measured alexnet
-# L0 at B = 16 (5.9M) faster staged in every measure (per call 0.99 against 1.46 ms, pipelined 0.86
-# against 1.34, replayed 0.83 against 1.31; fovi_lab/records/h200/train_step.jsonl.gz, the staged stems at B = 16
+# L0 at B = 16 (5.9M) faster staged in every measure (per call, pipelined and replayed;
+# fovi_lab/records/h200/train_step.jsonl.gz, the staged stems at B = 16
 # of 2026-11-30), hence 4M there; the res18 stem at B = 16 (3.0M) and the
 # DINOv3 patch embed (0.3M at B = 16, 1.3M at 64) stayed slower staged per call and pipelined.
 _STAGED_OPERAND_MAX_CIN = 16
@@ -180,8 +180,8 @@ def select_gi_config(batch: int, nout: Optional[int] = None, device=None, cin: O
         return env
     small = batch <= 64
     if _staged_operand(cin, batch, nout, p64, cout):
-        # B > 64: gi2i with an fp32 stage (H200, alexnet L0 B=512: the whole grad_input 1.93 ms against
-        # 2.20 for gi3i_..._f32, and 2.44 against 2.86 with 64-wide Cout tiles)
+        # B > 64: gi2i with an fp32 stage (H200, alexnet L0 B=512: the whole grad_input faster than with
+        # gi3i_..._f32, with 96- and with 64-wide Cout tiles; fovi_lab/records/h200/backward.jsonl.gz, 2026-11-30)
         name = "gi2i_p64b64" if small else "gi2i_p64b64_f32"
         if _cout96(cout):
             return "gi2i_p64b16o96" if batch <= 16 else name.replace("b64", "b64o96")
@@ -207,8 +207,8 @@ def select_gw_config(cout: int, cin: Optional[int] = None, batch: Optional[int] 
             name = "gw3i_p64n96k16" if batch <= 16 else "gw3i_p64n96"
         else:
             name = name.replace("gw3_", "gw3i_")
-        if batch > 64:   # fp32 stage (H200, alexnet L0 B=512: grad_weight 1.66 ms against 2.04 with fp16;
-            name += "_f32"   # a tie at B = 64, where the fp16 stage keeps the peak lower)
+        if batch > 64:   # fp32 stage (H200, alexnet L0, fovi_lab/records/h200/backward.jsonl.gz: grad_weight
+            name += "_f32"   # faster than with fp16 at B=512, a tie at B = 64, where fp16 keeps the peak lower)
     return name
 
 

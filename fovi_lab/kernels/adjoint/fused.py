@@ -12,9 +12,9 @@ c*Nin + idx[n, k]``, ``weight_linear[n, c*K+k] = c*V + rf[n, k]``), both reducti
   and accumulates ``g_n @ x_m^T`` over batch chunks; a split's fp32 partials are summed in a fixed order.
 * balanced segments (``dxs`` / ``dws``): the lists cut into segments of at most ``L`` tile GEMMs
   (:func:`segment_table`), one CTA per segment, the segment partials summed in order by a finish that
-  reads and writes through a shared-memory tile (:func:`seg_finish_tiled_kernel`, tiles of 32 or 64 lists: :func:`seg_finish_lists`). On the H200,
-  replayed, the train steps of ResNet-18 layers 4.0, 3.0 and 3 ran 1.01-1.16x faster with it than with the SIMT
-  finish in one run (data/h200/finish_ab.jsonl.gz; layer 4.0 at B = 16: 0.105 against 0.122 ms).
+  reads and writes through a shared-memory tile (:func:`seg_finish_tiled_kernel`, tiles of 32 or 64 lists:
+  :func:`seg_finish_lists`). On the H200, replayed, the train steps of ResNet-18 layers 4.0, 3.0 and 3 ran faster
+  with it than with the SIMT finish in one run (data/h200/finish_ab.jsonl.gz).
 
 No stage and no atomics: both gradients are bitwise deterministic. Every kernel has an fp16 and a bf16 form
 (``bf16=True``: bf16 gn / wr / xn, the same tiles and fp32 accumulation).
@@ -64,11 +64,11 @@ WAVE_CTAS = 128
 def select_dx_nm_config(batch: int, cin: int, nin: Optional[int] = None, segments: bool = False) -> str:
     """dx tiles, fit to the H200 sweeps (every layer at B = 64, 128, 512: fovi_lab/records/h200/train_step.jsonl.gz,
     the fused sweep of 2026-11-29; B = 16, 64, 512 with and without segments:
-    fovi_lab/records/h200/fused_sweep.jsonl.gz). B <= 16: 16x16 tiles, 1.3-2.6x faster than 16x64 on every layer
-    (alexnet L1 0.22 against 0.58 ms). Above: 64x64 was the fastest or within 5% everywhere with
-    Cin >= 64 *unless* its whole-list grid ``Nin * ceil(B/64) * ceil(Cin/64)`` is under one wave (res18
-    layer3/4 at B = 64: Nin = 16), where 16x16 tiles ran 1.4-1.7x faster; with ``segments`` the grid
-    is the segments' and 64x64 stays (res18 layer3 B=64: 0.056 against 16x16 whole lists' 0.085 ms).
+    fovi_lab/records/h200/fused_sweep.jsonl.gz). B <= 16: 16x16 tiles, faster than 16x64 on every layer
+    (alexnet L1 among them). Above: 64x64 was the fastest or close to it everywhere with Cin >= 64 *unless*
+    its whole-list grid ``Nin * ceil(B/64) * ceil(Cin/64)`` is under one wave (res18 layer3/4 at B = 64:
+    Nin = 16), where 16x16 tiles won; with ``segments`` the grid is the segments' and 64x64 stays (on res18
+    layer3 at B=64 it beat 16x16 tiles over whole lists).
     Cin < 16 (stems): 16-wide Cin tiles (the staged path is faster there anyway, see
     ``knn_warp.grad_path``)."""
     if cin <= 16:
@@ -84,7 +84,7 @@ def select_dx_nm_config(batch: int, cin: int, nin: Optional[int] = None, segment
 
 def select_dw_nm_config(cout: int, cin: int, batch: Optional[int] = None) -> str:
     """dW tiles from the same sweep: 64x64 (o x c) was the fastest or within 3% on every layer with
-    Cin >= 64 (Cin = 96 included: its 32-wide tile tied); 128-wide o tiles were 10-60% slower. The
+    Cin >= 64 (Cin = 96 included: its 32-wide tile tied); 128-wide o tiles were slower everywhere. The
     contraction runs over the batch, so at B <= 16 (B <= 32) a 64-deep batch chunk is 3/4 (1/2) zero
     padding: there the 16-deep (32-deep) chunk."""
     if cin <= 16:
@@ -374,9 +374,9 @@ def seg_finish_lists(out_shape) -> int:
     """Lists per tile of the tiled finish for an output ``[I, J, G]``: 64 where one tile covers every list
     (33-64: the rf2 layers' 36 taps) and the grid keeps at least :data:`SEG_FINISH_64_MIN_CTAS` CTAs, so each
     output row is written by one warp; 32 otherwise. On the H200 (torch.profiler, one run per build,
-    data/h200/profiles/finish_kernels*.txt) the 64-list tile took 26.4 us against 42.7 for the SIMT finish on
-    ResNet-18 layer 4.0's dW at B = 16 (4096 CTAs) and 16.0 against 25.7 on layer 3's (2048), but 16.1 against
-    10.4 on layer 1's (128 CTAs, long lists), where the 32-list tile had taken 9.2."""
+    data/h200/profiles/finish_kernels_*.txt and finish64_kernels_*.txt) the 64-list tile beat the SIMT finish on
+    ResNet-18 layer 4.0's dW at B = 16 (4096 CTAs) and on layer 3's (2048), but lost to it on layer 1's (128 CTAs,
+    long lists), where the 32-list tile was the fastest of the three."""
     i, j, g = (int(v) for v in out_shape)
     return 64 if 32 < g <= 64 and i * -(-j // 32) >= SEG_FINISH_64_MIN_CTAS else 32
 

@@ -294,11 +294,11 @@ def _segments(meta: TrainingMeta, which: str, rowptr: torch.Tensor, steps_per_en
 def _default_nsplit(meta: TrainingMeta, n_tiles: int, maxlen: int, device: str, part_bytes: int,
                     batch: int = 0) -> int:
     """How many ways to split each tap's list (H200 sweep: splitting 8-16 ways was fastest on every layer
-    with few taps x tiles, e.g. res18 layer1 dW 0.29 -> 0.08 ms at B=64 from 1 to 16 ways, and never
-    more than 10% slower elsewhere), bounded by the partial-sum budget (one ``[V, Cout, Cin]`` fp32
-    partial per split) and by the longest list. Unsplit when the lists are short (under 4 entries per
-    tap on average: res18 layer3/3_0/4_0) at B <= 128, where splitting bought nothing in the sweep and
-    each split costs a dW-sized partial. 1 on the CPU."""
+    with few taps x tiles, res18 layer1's dW at B=64 among them, and close to the best elsewhere: the fused
+    sweep of 2026-11-29 in fovi_lab/records/h200/train_step.jsonl.gz and fovi_lab/records/h200/fused_sweep.jsonl.gz),
+    bounded by the partial-sum budget (one ``[V, Cout, Cin]`` fp32 partial per split) and by the longest list.
+    Unsplit when the lists are short (under 4 entries per tap on average: res18 layer3/3_0/4_0) at B <= 128, where
+    splitting bought nothing in the sweep and each split costs a dW-sized partial. 1 on the CPU."""
     if not device.startswith("cuda"):
         return 1
     if meta.nnz < 4 * meta.v and batch <= 128:
@@ -351,8 +351,9 @@ class _GradWeightNmPlan:
         self.nsplit = s = int(nsplit) if nsplit is not None else _default_nsplit(
             meta, n_tiles, maxlen, device, 4 * meta.v * op * cp, batch=b)
         # contiguous [S, V, Op, Cp] partials: coalesced tile stores. (Storing straight into dW's own
-        # [Cout, Cin, V] order through a strided view saves the finishing copy but made the stores
-        # V-strided: 2-4x slower dW on the wide resnet layers on the H200.)
+        # [Cout, Cin, V] order through a strided view saves the finishing copy but makes the stores
+        # V-strided, and dW slower on the wide resnet layers on the H200: the strided-dW graphed steps of
+        # 2026-11-29 in fovi_lab/records/h200/train_step.jsonl.gz.)
         self.out = torch.empty(s, meta.v, op, cp, dtype=torch.float32, device=grad_y.device)
         self.dims = (meta.v, s, n_tiles)
         self.inputs = [_ct(self.gn), _ct(self.xn), _ct(vrowptr), _ct(vn), _ct(vm), _ct(self.out),
@@ -370,8 +371,8 @@ class _GradWeightNmPlan:
         ``_FINISH_TILED_MIN_BYTES`` or more (alexnet L1-L4, res18 layer3/4_0): one tiled launch straight
         into dW's layout (:func:`_dw_finish_kernel`), no ``[V, Op, Cp]`` temporary. On the H200
         (fovi_lab/records/h200/train_step.jsonl.gz, the tiled dW finish of 2026-11-29) that cut
-        the alexnet steps' peak by 12-21 MiB at the same GPU time. Smaller dW: PyTorch adds the partials split by
-        split, then one transposing copy (the tile kernel was 5-14 % slower there, res18 layer1/2/2_0 with 8-16
+        the alexnet steps' peak memory at the same GPU time. Smaller dW: PyTorch adds the partials split by
+        split, then one transposing copy (the tile kernel was slower there, res18 layer1/2/2_0 with 8-16
         partials, and the temporary is only 0.6-4.7 MB). Every path adds each element's partials in split order,
         so all of them give the same bits."""
         m = self.meta
@@ -498,16 +499,16 @@ def default_dx_seg_steps(meta: TrainingMeta, batch: int, device: str) -> int:
     The H200 sweep (``fovi_lab/records/h200/fused_sweep.jsonl.gz``) found segments faster where the reverse lists
     are uneven (longest >= 1.5x the mean: the stride-2 layers res18 layer2_0/3_0, 1-4
     readers per input node) or long while the whole-list grid is small (mean >= 12 steps and under 256
-    CTAs of 64x64 tiles, 1024 of 16x16: res18 layer2/3, alexnet L2): 1.1-1.9x there. Elsewhere whole
+    CTAs of 64x64 tiles, 1024 of 16x16: res18 layer2/3, alexnet L2). Elsewhere whole
     lists tied or won (alexnet L1/L3/L4, res18 layer1, every layer at B = 512, where the grid is big
     and the partials are pure cost). A segment takes about a quarter of the mean list, in whole entries
-    (a multiple of the Cout chunks) and at least 4 steps: the best or within 7% in the sweep. 0 on the
+    (a multiple of the Cout chunks) and at least 4 steps: the best or close to it in the sweep. 0 on the
     CPU, for B > 128 and for the stems.
 
     "Uneven" also needs a longest list of at least ``_DX_UNEVEN_MIN_ENTRIES`` = 3 entries: the sweep saw
     segments pay on lists of 1-4 entries, never on a longest list of 2, where they save at most one entry
     per CTA. That is res18 layer4_0 (11 reverse lists of one entry, one of two); the sweep measured whole
-    lists there 13% ahead of the best segments at B = 64 (on its tables of that time, all lists of one)."""
+    lists there ahead of the best segments at B = 64 (on tables whose reverse lists all had one entry)."""
     if not str(device).startswith("cuda") or batch > 128 or meta.cin <= 16:
         return 0
     tm, tn, tk, _ = DX_NM_CONFIG_SPECS[select_dx_nm_config(batch, meta.cin, meta.nin, segments=True)]
@@ -526,7 +527,7 @@ def default_dx_seg_steps(meta: TrainingMeta, batch: int, device: str) -> int:
 
 def _dw_seg_target_ctas(batch: int) -> int:
     """CTAs the dW segments aim for: 512 at B <= 64, 1024 above (the H200 sweep: the fastest dW op, kernel and
-    finish, or within 5% on every res18 layer)."""
+    finish, or close to it on every res18 layer: fovi_lab/records/h200/fused_sweep.jsonl.gz)."""
     return 512 if batch <= 64 else 1024
 
 
@@ -537,10 +538,10 @@ def default_dw_seg_steps(meta: TrainingMeta, batch: int, tiles, device: str, tar
     time when there are few tap x tile CTAs (res18: 36 taps, 1-32 tiles; lists of 23-95 pairs in layer1)
     or the lists are short (res18 layer3/3_0/4_0: under 4 pairs per tap on average, 24 of layer4_0's 36
     taps empty; an interleaved CTA with no pair still stores a partial). Segments of ``L`` equal steps there ran
-    1.1-1.6x faster on the H200 (res18 layer1 B=512 0.27 against 0.38 ms, layer4_0 0.074 against 0.116). With many
-    tap x tile CTAs (alexnet L1-L4: 800-1300) the interleaved splits tied or won by up to 4 % with their cheaper finish, so they
-    stay. ``L`` aims at ``target`` CTAs (:func:`_dw_seg_target_ctas`), bounded by the partial-sum budget
-    (one ``[Op, Cp]`` fp32 partial per segment). 0 on the CPU and for the stems."""
+    faster on the H200 (res18 layer1 at B=512 and layer4_0 among them: fovi_lab/records/h200/fused_sweep.jsonl.gz).
+    With many tap x tile CTAs (alexnet L1-L4: 800-1300) the interleaved splits tied or won narrowly with their
+    cheaper finish, so they stay. ``L`` aims at ``target`` CTAs (:func:`_dw_seg_target_ctas`), bounded by the
+    partial-sum budget (one ``[Op, Cp]`` fp32 partial per segment). 0 on the CPU and for the stems."""
     if not str(device).startswith("cuda") or meta.cin <= 16:
         return 0
     to, tc = tiles[:2]

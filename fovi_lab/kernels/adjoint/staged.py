@@ -526,8 +526,8 @@ def make_dx_csr_kernel(fp32_stage: bool, *, module_options: Optional[dict] = Non
         e = rowptr[m + 1]
         acc = wp.float32(0.0)
         # 8 (then 4) independent loads in flight, then the adds in index order: the same fp32 sum, bit for
-        # bit, as one element at a time. (With 4 in flight the reductions ran at 0.5-0.7 TB/s on the H200;
-        # 8 made them 1.6x faster: the CSR reductions of 2026-11-29 in fovi_lab/records/h200/backward.jsonl.gz.)
+        # bit, as one element at a time. (With 4 in flight the reductions used a small part of the H200's HBM
+        # bandwidth; 8 made them faster: the CSR reductions of 2026-11-29 in fovi_lab/records/h200/backward.jsonl.gz.)
         while i + 8 <= e:
             v0 = wp.float32(da[rev_row[i] + ck, b])
             v1 = wp.float32(da[rev_row[i + 1] + ck, b])

@@ -191,9 +191,10 @@ def _wp_cached(meta: TrainingMeta, key: str, t: torch.Tensor):
 
 def _launch_tiled(kernel, dim, inputs, block_dim: int, device: str):
     """A recorded tile launch on torch's current stream (:func:`~fovi_lab.kernels.common.fast_launch`):
-    ``inputs`` are array descriptors (:func:`_ct`) and ints. A staged step makes 4+ launches per gradient;
-    packing every argument anew (``wp.launch``) cost ~8 us more per launch than re-setting a recorded one
-    (12.8 against 4.7 us on the CPU device, same kernel)."""
+    ``inputs`` are array descriptors (:func:`_ct`) and ints. A staged step makes 4+ launches per gradient,
+    and re-setting a recorded launch costs less host time than packing every argument anew (``wp.launch``);
+    the host time of a recorded launch, among the forward's parts, is in
+    fovi_lab/records/h200/logs/host_probe_*.json."""
     fast_launch(kernel, tuple(dim), inputs, block_dim, device)
 
 

@@ -1,8 +1,9 @@
 """The forward entry points: :func:`run_uncached` (any tables) and :func:`run_cached` (inference from
 the effective-weight cache), with the per-signature call cache that keeps their host time down.
 
-On the eager path at small batch the host is the bottleneck (a compact layer is 0.03-0.1 ms of GPU work
-on an H200), so a call's checks, table analysis and config choice are cached per call signature.
+On the eager path at small batch the host is the bottleneck (a compact layer is a fraction of a millisecond of
+GPU work on an H200; the host side of a call is in fovi_lab/records/h200/logs/host_probe_*.json), so a call's
+checks, table analysis and config choice are cached per call signature.
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ def make_dense_ceiling(config: str, batch: int, cout: int, nout: int, kdim: int,
 
 # What a forward call validated, selected and derived from its arguments' shapes and tables (not from
 # their values), cached per call signature: on the eager path at small batch the host is the bottleneck
-# (one compact layer is 0.03-0.1 ms of GPU work on the H200), and the checks, table analysis and config
-# lookup cost more host time than the launch itself. The key holds every property those steps read
+# (one compact layer is a fraction of a millisecond of GPU work on the H200), and the checks, table analysis
+# and config lookup cost more host time than the launch itself (fovi_lab/records/h200/logs/host_probe_*.json, the
+# forward's parts). The key holds every property those steps read
 # (shapes, dtypes, devices, the tables' identity, version and storage, the config and store requests,
 # the ``FOVI_*`` variables of :data:`_CALL_SWITCHES`, the validated-config generation); a hit re-checks the
 # tables' weak references, so a new table at a recycled address is never mistaken for the old one.

@@ -30,16 +30,16 @@ from the compact one in the last bits, within the forward's tolerance of the fp3
 Measured (one H200, fp16, ``python -m fovi_lab bench forward --binned --graphs``, data/h200/forward_binned.jsonl.gz):
 replayed from CUDA graphs, the binned op was slower than PyTorch's fastest forward on every measured shape but the
 ResNet-18 stem, and slower than the compact kernels everywhere but AlexNet L1, L2 and L4 at B = 1, where it saved
-5-16 % (L2: 0.052 against 0.062 ms) and still took 1.8-1.9x PyTorch's binned form, whose GEMM is cuBLAS's
-(0.029 ms). At B = 16 the op ran AlexNet L1's 18.1 GFLOP binned GEMM in 0.470 ms replayed (39 TFLOP/s with the bin pass) against 0.098 ms for the compact
-kernels' 4.6 GFLOP: 4x the work at a lower rate. The mma kernels are built for many small per-node GEMMs, not
-one ``B*Nout x Q x Cout`` GEMM; a dense-GEMM kernel of cuBLAS's class is what this form would need.
-Replayed per GEMM config (data/h200/forward_binned_replayed.jsonl.gz), the pipelined split config gave the fastest
-binned op at B = 1 on AlexNet L1-L3, 0.042-0.064 ms against 0.044-0.074 for the compact kernels, and still
-0.60-0.69x PyTorch's binned form (0.029-0.045 ms); in a profile of AlexNet L2 at B = 1 cuBLAS's split-K GEMM took
-7.9 us where the one-node GEMM of the rule's pick (a split config with W in place) took 29.7
-(tools/gpu/profile_step.py --forward --baseline binned_mm). At B = 4 the compact
-kernels were faster everywhere. So :func:`fovi_lab.knn_warp.forward_path` runs the compact kernels unless
+a little and still lost clearly to PyTorch's binned form, whose GEMM is cuBLAS's. At B = 16 AlexNet L1's binned
+GEMM is 18.1 GFLOP against the compact kernels' 4.6 GFLOP, and the op (bin pass included) ran it at a lower
+rate than the compact kernels ran theirs: 4x the work at a lower rate. The mma kernels are built for many small
+per-node GEMMs, not one ``B*Nout x Q x Cout`` GEMM; a dense-GEMM kernel of cuBLAS's class is what this form would
+need. Replayed per GEMM config (data/h200/forward_binned_replayed.jsonl.gz), the pipelined split config gave the
+fastest binned op at B = 1 on AlexNet L1-L3, a little ahead of the compact kernels and still well behind
+PyTorch's binned form; in a profile of AlexNet L2 at B = 1 (tools/gpu/profile_step.py --forward --baseline
+binned_mm) cuBLAS's split-K GEMM took a fraction of the time of the one-node GEMM of the rule's pick (a split
+config with W in place). At B = 4 the compact kernels were faster everywhere. So
+:func:`fovi_lab.knn_warp.forward_path` runs the compact kernels unless
 ``FOVI_KNN_FWD_PATH=binned`` asks for this form.
 """
 

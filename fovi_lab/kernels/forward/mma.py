@@ -3,11 +3,12 @@
 1, 2 or 4 k-steps per iteration; see :func:`make_mma_kernel`).
 
 Why a native snippet: Warp's only tensor-core path is ``tile_matmul`` (cuBLASDx), which wants both
-operands in shared tiles, links MathDx for ~50 s per config on the H200 machine, and tops out near
-40 TFLOP/s there. Its tiles are also at least 16 batch rows deep, so at B <= 16 most of a tile is
-padding. A ``@wp.func_native`` snippet can issue PTX ``mma.sync.aligned.m16n8k16`` directly from
-registers that each lane fills with its own gathered loads: no shared memory, no stage, no layout copy
-of x or y, and a plain NVRTC compile (seconds).
+operands in shared tiles, links MathDx for every config (tens of seconds each on the H200 machine:
+fovi_lab/records/h200/compile_latency.jsonl.gz), and tops out far below the tensor cores' peak there (the tile
+families' rows of fovi_lab/records/h200/forward_sweep.jsonl.gz). Its tiles are also at least 16 batch rows deep,
+so at B <= 16 most of a tile is padding. A ``@wp.func_native`` snippet can issue PTX
+``mma.sync.aligned.m16n8k16`` directly from registers that each lane fills with its own gathered loads: no shared
+memory, no stage, no layout copy of x or y, and a plain NVRTC compile (seconds).
 
 The operator (docs/operator.md §2.2), transposed so that the *channels* are the MMA's M side::
 
@@ -40,8 +41,9 @@ The loop walks ``k_steps`` k-steps (``tile_k = 16*k_steps``: 16, 32 or 64 p entr
 iteration's indices were loaded during the previous one, then every W and x load of its ``k_steps`` steps is
 issued before the first of its ``k_steps*MT*NT`` MMAs. So an iteration waits on one memory round trip for
 ``k_steps`` steps' operands: these kernels are latency-bound, and a 4-deep loop keeps 4x the bytes in flight per
-warp, for 2-4x the operand registers (1.05-1.36x on the H200 where grids are a few hundred warps; where the
-extra registers cost a wave of residency, the 1-deep loop stays ahead; ``_select_mma`` says where).
+warp, for two to four times the operand registers (the deeper loops ran faster on the H200 where grids are a few
+hundred warps, fovi_lab/records/h200/mma_sweep.jsonl.gz; where the extra registers cost a wave of residency, the
+1-deep loop stays ahead; ``rules.select_mma`` says where).
 
 On Warp's CPU device the same kernels run with the snippet's C++ branch: each lane computes its own D
 elements (the same channel permutation, batch tiles, pad select, loop bounds and stores) by a scalar
@@ -342,11 +344,11 @@ def _build_steps(vec_acc, src: str, dense: bool, et):
 def store_snippet(mt: int, nt: int, x_t: bool, nb: int, bf16: bool = False) -> str:
     """The staged store of an unsplit block (``stage=True``): ``y [B, Cout, Nout]`` is contiguous only along the
     nodes, and one warp owns one node, so a lane's own stores hit a different 32-byte sector each (32 sectors per
-    store instruction; Nsight Compute on the H200: 31M store sectors for 63 MB of output on resnet's stem at
-    B = 512, the L2 at 75 %).
+    store instruction; Nsight Compute on the H200 counted about one store sector per 2-byte output on resnet's
+    stem at B = 512: fovi_lab/records/h200/logs/ncu_mma_picks_summary.txt).
     Here the ``nb`` warps of a block, ``nb`` consecutive nodes of one (batch block, channel block), put their
     accumulators (bias added in fp32, one rounding) into a shared tile ``[nb][channel][row]``, and the block
-    writes it out with the nodes fastest: runs of ``nb`` adjacent outputs, 4-8x fewer sectors.
+    writes it out with the nodes fastest: runs of ``nb`` adjacent outputs, ``nb`` times fewer sectors.
 
     On Warp's CPU device (no shared memory across a block's threads there) each lane stores its own elements.
     ``bf16``: y is bf16 (the same 16-bit tile)."""

@@ -67,9 +67,9 @@ def pad_bias_to_tiles(bias: Optional[torch.Tensor], cout: int, tile_n: int, devi
     return out
 
 
-# Outputs up to this size are stored straight into y (one fewer allocation and launch: 5-24% faster
-# at <= 2 MB on the H200); larger ones through the contiguous staging buffer (equal or up to 10%
-# faster, e.g. the DINOv3 patch embed at B=512).
+# Outputs up to this size are stored straight into y (one fewer allocation and launch: faster at <= 2 MB on
+# the H200); larger ones through the contiguous staging buffer (even or faster, e.g. the DINOv3 patch embed at
+# B=512; the ``warp_uncached_direct`` / ``warp_uncached_staged`` rows of fovi_lab/records/h200/forward.jsonl.gz).
 DIRECT_STORE_MAX_BYTES = 4 << 20
 
 
@@ -110,9 +110,10 @@ def _launcher(kernel, dims, inputs, block_dim: int, device: str, tiled: bool = T
     """A closure launching ``kernel`` on torch's current stream of ``device`` (looked up per launch);
     ``tiled=False``: a plain SIMT launch of ``dims`` threads (the ``simt`` family).
 
-    Launch overhead is host time, and at small batch the host is the bottleneck (one op is ~0.1 ms
-    of GPU work): so one recorded ``wp.Launch`` is kept per (kernel, device, grid) and only the
-    parameters that changed since its last use (new x / y buffers, ints) are re-packed
+    Launch overhead is host time, and at small batch the host is the bottleneck (one op is a fraction of a
+    millisecond of GPU work, fovi_lab/records/h200/forward.jsonl.gz; the host side of a call is in
+    fovi_lab/records/h200/logs/host_probe_*.json): so one recorded ``wp.Launch`` is kept per (kernel, device, grid)
+    and only the parameters that changed since its last use (new x / y buffers, ints) are re-packed
     (:func:`_relaunch`).
     """
     key = (kernel, device, dims, block_dim, tiled)
@@ -228,9 +229,9 @@ def plan_uncached(cfg: FwdConfig, kernel, x, weight, bias, il, wl, store: str,
 # The simts split: about _SIMTS_THREADS threads in all (the H200 holds 132 x 2048 resident), but never fewer
 # than _SIMTS_MIN_STEPS loop steps per thread (each split adds a partial of B*Cout*Nout fp32 to write and sum).
 # The H200 sweep (fovi_lab/records/h200/forward.jsonl.gz, the records with ``simts_threads``) tried
-# 8192 / 32768 / 131072: 8x8 blocks were best at 32768 (res18 layer3 at B = 16: 0.055 against 0.072 ms at
-# 131072), 4x8 blocks at 131072 (alexnet L2 at B = 1: 0.094 against 0.121 ms at 32768; the small layers within
-# 5 %). ``FOVI_WARP_SIMTS_THREADS`` (when not 0) overrides both, for sweeps.
+# 8192 / 32768 / 131072: 8x8 blocks were best at 32768 (res18 layer3 at B = 16 among them), 4x8 blocks at
+# 131072 (alexnet L2 at B = 1 among them; on the small layers the three were close). ``FOVI_WARP_SIMTS_THREADS``
+# (when not 0) overrides both, for sweeps.
 _SIMTS_THREADS = 32768
 _SIMTS_THREADS_BY_BLOCK = {(4, 8): 131072}
 _SIMTS_MIN_STEPS = 8
@@ -284,11 +285,11 @@ class _SimtRunner:
     ``simts`` / ``simtsw``), memoised with it (:data:`_CALLS`), like :class:`_NmRunner`.
 
     Why: these kernels read x and write y in place, so a call's device work is one or two launches, and at
-    B <= 16 its eager time is mostly host time (an op of 0.03-0.12 ms of GPU work took 0.08-0.19 ms per call
-    on the H200 machine). Everything a call derives from shapes and tables (grid, loop length, split, table
-    descriptors) is fixed here, and the runner owns its recorded launches, so a call only allocates y (and
-    the split's partials), looks up the cached W layout and bias, re-points the launches' array parameters
-    at this call's tensors and launches."""
+    B <= 16 its eager time is mostly host time (on the H200 machine such an op's eager call took longer than its
+    GPU work: the SIMT rows of fovi_lab/records/h200/forward.jsonl.gz, per call and replayed). Everything a call
+    derives from shapes and tables (grid, loop length, split, table descriptors) is fixed here, and the runner
+    owns its recorded launches, so a call only allocates y (and the split's partials), looks up the cached W
+    layout and bias, re-points the launches' array parameters at this call's tensors and launches."""
 
     def __init__(self, cfg: FwdConfig, kernel, dev: str, info: _TableInfo, b: int, cin: int, nin: int, cout: int,
                  nout: int, il: torch.Tensor, wl: torch.Tensor):

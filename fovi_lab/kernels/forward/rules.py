@@ -14,11 +14,12 @@ from fovi_lab.graph.meta import pad_to
 
 
 # Minimum input channels for the node-major family: its channel runs are padded to tile_k (>= 64), so
-# a stem (Cin = 3) would do >20x the work (measured: alexnet L0 B=64 2.6 ms node-major vs 0.56 gather).
+# a stem (Cin = 3) would do >20x the work (measured on alexnet L0 at B=64, where node-major lost to the gather
+# kernels by a wide margin: fovi_lab/records/h200/forward_sweep.jsonl.gz).
 _NM_MIN_CIN = 32
 # Below this many CTAs for 64x64 output tiles the GPU (132 SMs on the H200) is under-filled and the
-# 16x32 tiles' 8x more CTAs win despite their lower per-CTA efficiency (sweep: 64 CTAs -> m16 by 20-30%,
-# 120-128 CTAs -> m64 by 5-10%).
+# 16x32 tiles' 8x more CTAs win despite their lower per-CTA efficiency (the H200 forward sweep,
+# fovi_lab/records/h200/forward_sweep.jsonl.gz: m16 won clearly at 64 CTAs, m64 narrowly at 120-128).
 _NM_MIN_CTAS_M64 = 96
 
 
@@ -49,9 +50,9 @@ def select_config(batch: int, out_channels: int, out_nodes: int, p_padded: int,
       and medium batch, see :func:`_simt_fits` and :func:`select_simt`); otherwise i2c for Cin < 32
       (:func:`select_i2c`).
     * gather (unstructured tables; before the i2c family, also the stems): 256 threads per
-      CTA (2x faster than 128: the gathers are scalar loads and more threads keep more in flight;
+      CTA (faster than 128: the gathers are scalar loads and more threads keep more in flight;
       512 was slower), 64x64 tiles, or 64x96 when Cout is a multiple of 96 but not of 64 (alexnet's
-      stem, Cout = 96: no ragged output tile, 20-25% faster); at B <= 16, 16x64 tiles when the grid
+      stem, Cout = 96: no ragged output tile, so less padded work); at B <= 16, 16x64 tiles when the grid
       stays large (>= 900 CTAs: the resnet stem), else 64-row tiles even though 3/4 of their rows are
       padding (fewer, fuller CTAs win on small grids such as the DINOv3 patch embed's 64 nodes).
     """
@@ -142,20 +143,20 @@ def _mma_env() -> str:
 #   - else in 1-warp blocks with direct stores (mmat_o64b16k64b32): alexnet L1 at B <= 16, L2-L4 at B = 16-32 (L4
 #     to 64), res18
 #     layer3/3_0 at B = 64-128, layer4_0 at B = 512. Long loops make the stores a small part; on few nodes 4-warp
-#     blocks leave SMs idle (64 blocks on 132 SMs). 1.2-1.9x over the 1-deep loop.
+#     blocks leave SMs idle (64 blocks on 132 SMs). Faster than the 1-deep loop on each of them.
 # * Otherwise x^T (mmat) from B = 32 when the 32-row grid has >= 320 warps on long loops (>= 64 k-steps), or >= 512
 #   warps on loops of >= 32 k-steps or with Cout <= 96 (the CNN stems); at B = 16 on long loops with >= 512 warps;
 #   from B = 64 on layers with >= _MMA_STAGE_MIN_NODES nodes and >= 512 warps (DINOv3). 32-row blocks; 96
 #   channels when Cout is a multiple of 96 or where 96 x 32 blocks give >= 1024 warps (alexnet L1 from B = 64).
 #   - Staged stores (mmato) when Nout >= 16 and the loop is short or the staged grid has >= _MMA_STAGE_MIN_BLOCKS
-#     4-warp blocks (not alexnet L2/L3 at B = 64: 120 blocks): 1.1-2.7x. In 8-node blocks
+#     4-warp blocks (not alexnet L2/L3 at B = 64: 120 blocks): faster than direct stores there. In 8-node blocks
 #     (mmato_o64b32b256) on the stems (Nout >= 512) and at B >= 512.
 #   - 96 x 32 blocks loop 2 k-steps deep (k32) unless that turns one wave into two: 210 registers leave 8
 #     resident warps per SM against 12 at k16's 168, so a grid of 1056-1584 warps (alexnet L1 at B = 64) fills
-#     the 132 SMs once at k16 and 1.3 times at k32 (1.25x slower).
+#     the 132 SMs once at k16 and 1.3 times at k32, where the second, partial wave made k32 slower.
 # * Shallow grids of 10-200 32 x 8 warps per k-step at B <= 32 (res18 layer1 and the stem at B <= 4, layer2_0 at
 #   B = 16, DINOv3 at B <= 4): 32 x 8 blocks, unsplit, 2 k-steps deep, or 4 deep in 2-warp blocks on loops of
-#   >= 20 k-steps at B <= 8 (1.03-1.25x).
+#   >= 20 k-steps at B <= 8 (faster than 2 deep there).
 # * Otherwise x in place, 16 batch rows (8 at B <= 8); 32 rows at B >= 128 on long loops (>= 64 k-steps) with
 #   >= 768 warps; 96 channels when Cout is a multiple of 96 (alexnet's stem), else 64; 2 k-steps deep for
 #   alexnet's stem at B <= 8 and 64-channel blocks with Cout <= 64 at B <= 16; staged from B = 16 on layers with
@@ -166,9 +167,9 @@ def _mma_env() -> str:
 #   blocks (x 8 rows at B <= 16, x 16 above; x 16 from B = 9 with W in place). Unsplit at B = 3-8: 16 rows.
 # * W read in place (mmasw) instead of the per-call W^T layout when the nodes reuse each W column little:
 #   Nout*P64/Q <= _MMAW_MAX_REUSE and B*Nout*P64/Q < _MMAW_MAX_BATCH_REUSE (res18 layer3/3_0 at B <= 16,
-#   layer4_0 to B = 128: 1.1-2.6x replayed; the W^T copy of layer4_0, 9.4 MB, is twice what its two nodes
-#   read); in 2-warp 32 x 16 blocks on layers of < 16 nodes from B = 4 (layer4_0: 1.1-1.2x). Where W columns
-#   are reused more (alexnet L1-L4), W^T's vector loads win 1.5-2x.
+#   layer4_0 to B = 128: faster replayed; the W^T copy of layer4_0, 9.4 MB, is twice what its two nodes
+#   read); in 2-warp 32 x 16 blocks on layers of < 16 nodes from B = 4 (faster on layer4_0). Where W columns
+#   are reused more (alexnet L1-L4), W^T's vector loads win.
 _MMA_SPLIT_PER_STEP = (24, 16, 8)       # at B <= 2, B <= 8, above
 _MMA_FEW_WARPS = (192, 384)             # at B <= 16, above: shrink to 32-channel blocks below this many warps
 _MMA_DEEP_WARPS = (224, 384, 1024)      # 64 x 16 warps for the deep x^T loop: from (>= 64 k-steps), from, to
@@ -187,21 +188,18 @@ _MMAW_MAX_BATCH_REUSE = 128
 # The pipelined tensor-core kernels (fovi_lab.kernels.forward.mma_pipe), from the H200 run of data/h200/forward_pipe.jsonl.gz
 # (kernel times, B = 64 and 512, against the register kernels' picks in the same run): where each node's GEMM is
 # large (Cout >= 256, P64 >= 2048) and there are nodes to spread (>= 16), the cp.async stages win every layer:
-# alexnet L1-L4 at B = 512 by 1.45-1.64x (alexnet L1: 0.763 against 1.103 ms, 192 TFLOP/s), at B = 64 by 1.31-1.73x;
-# resnet layer3 by 1.29x at B = 512 and 1.33x at B = 64. Where Cout or P is smaller (resnet layer1/2, the DINOv3
-# patch embed) the 64 x 32 register blocks stay ahead (res18 layer1 at B = 512: 0.103 against 0.152 ms). At B >= 256, 128-row x 64-channel CTAs (the best block on
-# all five 512-row shapes); below, 64-row x 128-channel CTAs, split along p (fp32 partials, fixed-order sum) when
-# the unsplit grid is under _PIPE_SPLIT_CTAS CTAs (alexnet L2-L4 and resnet layer3 at B = 64: 60 or 16 nodes).
+# alexnet L1-L4 and resnet layer3, at B = 512 and at B = 64. Where Cout or P is smaller (resnet layer1/2, the
+# DINOv3 patch embed) the 64 x 32 register blocks stay ahead (res18 layer1 at B = 512 among them). At B >= 256,
+# 128-row x 64-channel CTAs (the best block on all five 512-row shapes); below, 64-row x 128-channel CTAs, split
+# along p (fp32 partials, fixed-order sum) when the unsplit grid is under _PIPE_SPLIT_CTAS CTAs (alexnet L2-L4 and
+# resnet layer3 at B = 64: 60 or 16 nodes).
 # A second run (data/h200/forward_pipe_batches.jsonl.gz: the four pipelined configs beside the rule's pick on eight
 # layers at B = 64, 128, 256, 512, kernel times) measured B = 128 / 256 (the boundaries above held: the pick was
-# within 1 % of the fastest pipelined kernel on alexnet L2-L4, within 4 % on resnet layer3: 0.055 against 0.053 ms
-# at B = 256) and the few-node layers:
-# * resnet layer3_0 (16 nodes, P64 = 1152): the pipelined kernels beat the register picks at every B, 0.034 against
-#   0.037 ms at B = 64, 0.039 against 0.061 at B = 256 (the split below B = 256, as on layer3), so the P64 floor
-#   is 1024;
-# * resnet layer4_0 (2 nodes): the split kernel won at every B, 0.035-0.040 ms against 0.047-0.062 for the
-#   register picks, and unsplit CTAs lost (0.046-0.052: 16-64 CTAs on 132 SMs): under _PIPE_MIN_NODES nodes the
-#   p loop is always split.
+# the fastest pipelined kernel or close behind it on alexnet L2-L4 and resnet layer3) and the few-node layers:
+# * resnet layer3_0 (16 nodes, P64 = 1152): the pipelined kernels beat the register picks at every B (the split
+#   below B = 256, as on layer3), so the P64 floor is 1024;
+# * resnet layer4_0 (2 nodes): the split kernel won at every B against the register picks, and unsplit CTAs
+#   lost (16-64 CTAs on 132 SMs): under _PIPE_MIN_NODES nodes the p loop is always split.
 _PIPE_MIN_BATCH = 64
 _PIPE_MIN_COUT = 256
 _PIPE_MIN_P64 = 1024
@@ -296,17 +294,17 @@ def select_mma(batch: int, out_channels: int, out_nodes: int, p_padded: int, q: 
 # graph (GPU time with every layout copy, no host gaps): the vec4 family's kernel time includes its prep
 # launch and the host gap before the main launch, the fp16 family's does not.
 # * B <= 16: the fp16 kernels (x read and y written in place, W^T cached between calls; one launch):
-#   ``sd_b8o8u4``, best or within 5 % of the best replayed op on both CNN stems at B = 16. Reading x in place
-#   instead of a padded x^T copy changed the replayed op by -4 to +3 % and saved the copy's launch
+#   ``sd_b8o8u4``, the best replayed op or close behind it on both CNN stems at B = 16. Reading x in place
+#   instead of a padded x^T copy left the replayed op within noise and saved the copy's launch
 #   on the eager path. (At B <= 4 the split kernel below takes over from ``sdp_b4o4u4``, 4x4 blocks with the
 #   indices prefetched.)
-# * B = 32-128: the vec4 kernels (fp32 operands, 16-byte loads): 1.3-1.5x faster than the fp16 one;
+# * B = 32-128: the vec4 kernels (fp32 operands, 16-byte loads): faster than the fp16 one;
 #   ``sv_b8o8u8`` on alexnet's stem (Cout = 96), ``sv_b16o8u2`` on resnet's (Cout = 64: only 8 channel
 #   groups, so 16 batch rows per thread keep the FMAs per load high).
 # Against the i2c tiles (replayed): faster on the stems' 964-node grids up to B = 64 (alexnet's stem at
-# B = 16: 0.12 vs 0.17 ms; B = 64: 0.28 vs 0.30) and on resnet's up to B = 128 (0.23 vs 0.26 ms); slower
-# at alexnet's B = 128 (0.58 vs 0.51), where 64-row tensor-core tiles are full, and on the DINOv3 patch
-# embed at every batch (64 nodes: too few threads to hide the loads; a small i2c weight stage of 16 MB).
+# B = 16 and 64) and on resnet's up to B = 128; slower at alexnet's B = 128, where 64-row tensor-core tiles
+# are full, and on the DINOv3 patch embed at every batch (64 nodes: too few threads to hide the loads; a small
+# i2c weight stage of 16 MB).
 _SIMT_MIN_NODES = 256
 SIMT_CONFIG = "sd_b8o8u4"           # the B <= 16 pick (notebooks, explore_stem)
 
@@ -327,20 +325,18 @@ def _simt_fits(batch: int, out_channels: int, out_nodes: int) -> bool:
 
 # The split SIMT kernel (simts) and where it wins, from the H200 sweeps (fovi_lab/records/h200/forward_sweep.jsonl.gz, replayed
 # whole ops; their medians are in notebook 07, section 3):
-# * B <= 4, every layer: it beat the 16x32 node-major tiles by 1.3-2.4x (res18 layer1-4 and alexnet L1-L4 at
-#   B = 1 and 4), the DINOv3 patch embed's i2c tiles by 1.8-1.9x, and on the stems the unsplit SIMT kernels
-#   (``sdp_b4o4u4``, the pick before) by 1.3-1.5x on alexnet's (0.050 against 0.074 ms at B = 1) and
-#   1.06-1.2x on resnet's. A 16-row tensor-core tile is 1/16 or 1/4 full there, and a stem's unsplit grid at
+# * B <= 4, every layer: it beat the 16x32 node-major tiles (res18 layer1-4 and alexnet L1-L4 at B = 1 and 4),
+#   the DINOv3 patch embed's i2c tiles, and on both stems the unsplit SIMT kernels (``sdp_b4o4u4``), by the
+#   widest margin on alexnet's. A 16-row tensor-core tile is 1/16 or 1/4 full there, and a stem's unsplit grid at
 #   B = 1 has only 964 x Cout/4 threads. Which register block: 4x8 blocks (with a 131072-thread split) on the
-#   layers with much work per image (alexnet's stem and L1-L4: Nout*Cout*P64 = 35-143 M, 1.4-1.6x faster
-#   than 8x8), 8x8 blocks on the small ones (resnet's stem and layer1-4, DINOv3: 2-12 M, up to 12 % faster).
-# * B <= 32 on layers with at most 16 output nodes (res18 layer3/3_0/4_0): ``ss_b8o8u4``, 1.05-1.17x the
-#   nms/nm tiles replayed except res18 layer3_0 at B = 32 (0.92x, measured once), and the fastest eager op at
-#   B = 16. On every larger grid the 16x32 tiles were 1.3-2.3x faster at B = 16, and they keep it.
-# * Not taken: the DINOv3 patch embed at B = 16. Its eager call is 0.04-0.09 ms faster with ``ss_b8o8u4``
-#   (0.11-0.15 against 0.16-0.24 ms: one kernel and a small reduction instead of the i2c stage,
-#   its weight gather and the GEMM), but its replayed op is 8-18 % slower (0.054-0.059 against 0.048-0.050
-#   ms), and the rules here are read from replays, where the host noise between machines does not enter.
+#   layers with much work per image (alexnet's stem and L1-L4: Nout*Cout*P64 = 35-143 M, clearly faster
+#   than 8x8 there), 8x8 blocks on the small ones (resnet's stem and layer1-4, DINOv3: 2-12 M, a little faster).
+# * B <= 32 on layers with at most 16 output nodes (res18 layer3/3_0/4_0): ``ss_b8o8u4``, ahead of the
+#   nms/nm tiles replayed except res18 layer3_0 at B = 32 (behind, measured once), and the fastest eager op at
+#   B = 16. On every larger grid the 16x32 tiles were faster at B = 16, and they keep it.
+# * Not taken: the DINOv3 patch embed at B = 16. Its eager call is faster with ``ss_b8o8u4`` (one kernel and a
+#   small reduction instead of the i2c stage, its weight gather and the GEMM), but its replayed op is slower,
+#   and the rules here are read from replays, where the host noise between machines does not enter.
 _SIMTS_CONFIG = "ss_b8o8u4"
 _SIMTS_WIDE_CONFIG = "ss_b4o8u4"   # B <= 4 on layers with much work per image
 _SIMTS_WIDE_WORK = 1 << 25         # Nout*Cout*P64 from which 4x8 blocks win at B <= 4
@@ -380,7 +376,7 @@ def select_i2c(batch: int, out_channels: int, p_padded: int) -> str:
     """The i2c config for a stem-like call (Cin < 32), fit on the H200 sweep
     (fovi_lab/records/h200/forward_sweep.jsonl.gz): at B <= 16, 16 batch rows and 64-wide output tiles (96-wide only
     when 64 would leave a ragged tile: alexnet's Cout = 96); above, 64x96 tiles whenever 96 divides
-    Cout (alexnet 96, DINOv3 384: 5-25 % faster than 64- or 128-wide ones), else 64x64, with a
+    Cout (alexnet 96, DINOv3 384: faster than 64- or 128-wide ones), else 64x64, with a
     128-deep K step when P64 allows it (fewer syncs per FLOP)."""
     if batch <= 16:
         return "i2c_m16n96k64" if out_channels % 96 == 0 and out_channels % 64 else "i2c_m16n64k64"
@@ -390,7 +386,8 @@ def select_i2c(batch: int, out_channels: int, p_padded: int) -> str:
 
 # The node-major neighbour loop is split across CTAs (nms family) when the 16x32 grid has at most this
 # many CTAs *and* each CTA would run at least _NMS_MIN_STEPS sequential tile GEMMs (the H200 sweep:
-# res18 layer4_0 at B <= 128 and layer3 at B = 16 gain 10-20%; res18 layer3_0 with 18 steps loses).
+# res18 layer4_0 at B <= 128 and layer3 at B = 16 gain, res18 layer3_0 with 18 steps loses:
+# fovi_lab/records/h200/forward_sweep.jsonl.gz).
 _NMS_MAX_CTAS = 256
 _NMS_MIN_STEPS = 32
 

@@ -239,8 +239,8 @@ def make_simt_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, name
     ``prefetch=True`` ("simtp", ``sdp_*``): the next step's ``unroll`` index pairs are loaded before this
     step's operands, so each step waits on one memory round trip (operands) instead of two (indices, then
     the operands they point at). Measured on the H200 (fovi_lab/records/h200/forward_sweep.jsonl.gz): with 4x4
-    blocks (twice the index loads per FMA of 8x8) it is the fastest forward at B <= 4 (resnet's stem 0.036 against 0.042 ms for ``sd_b8o8u4``);
-    with 8x8 blocks within 5 % of the plain loop, so those stay experimental.
+    blocks (twice the index loads per FMA of 8x8) it is the fastest forward at B <= 4 (ahead of ``sd_b8o8u4`` on
+    resnet's stem); with 8x8 blocks about even with the plain loop, so those stay experimental.
 
     ``dense=True``: the same loop over dense operands ``at [Kd, Bx]``, ``w [Kd, Cout_p]`` shared by every
     node (no index loads; output ``[Nout, B, Cout]``): the SIMT ceiling of these register blocks.
@@ -305,9 +305,10 @@ def make_simts_kernel(tile_b: int, tile_o: int, unroll: int, block_dim: int, nam
     for layers with few output nodes at small batch (any Cin).
 
     Why: at B <= 16 the per-node GEMM ``[B, P] @ [P, Cout]`` has at most 16 rows, so a tensor-core tile
-    is 16 rows deep at best and the node-major kernels run at ~5-8 TFLOP/s on it (res18 layer3: 0.05 ms for
-    0.3 GFLOP), after a node-major copy of x that costs a launch of host time per call. The ``simt``
-    kernel's loop reads x in place and needs no copy, but on these layers it has too few threads:
+    is 16 rows deep at best and the node-major kernels reach a small fraction of the tensor cores' rate on it
+    (res18 layer3's 0.3 GFLOP among them: fovi_lab/records/h200/forward_sweep.jsonl.gz), after a node-major copy
+    of x that costs a launch of host time per call. The ``simt`` kernel's loop reads x in place and needs no
+    copy, but on these layers it has too few threads:
     resnet's layer3 (Nout = 16, Cout = 256) gives 16 x 2 x 32 = 1024 threads of 8x8 blocks for 132 SMs.
     So the p range is cut into ``S`` contiguous chunks (``p_chunk`` entries each, a multiple of
     ``unroll``), thread ``(s*Nout + n, bg, og)`` sums chunk ``s`` into the fp32 partial

@@ -217,11 +217,12 @@ def make_i2c_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, w_gat
 
     For a stem (Cin = 3) every neighbour contributes only 3 of the contraction's rows, so the node-major
     trick (contiguous channel runs) does not apply and the gather family's scalar, bounds-checked
-    ``tile_load_indexed`` of both operands costs more than the tile GEMM itself (29-62 % of the dense
-    ceiling). Here the plan first gathers a chunk of nodes' ``A_n^T`` into a staging buffer with one
-    row copy per (node, p) (``at[nl*P64 + p, :] = xpad[:, il[n0+nl, p]]``, 8-byte elements), and,
-    for ``i2c``, every node's weight rows once per call (``weff[n*P64 + p, :] = W^T[wl[n, p], :]``);
-    the kernel then runs the dense tile loop with plain, vectorised tile loads.
+    ``tile_load_indexed`` of both operands costs more than the tile GEMM itself (the gather kernels' fraction of
+    the dense ceiling is the ``frac_dense`` field of fovi_lab/records/h200/forward_sweep.jsonl.gz). Here the plan
+    first gathers a chunk of nodes' ``A_n^T`` into a staging buffer with one row copy per (node, p)
+    (``at[nl*P64 + p, :] = xpad[:, il[n0+nl, p]]``, 8-byte elements), and, for ``i2c``, every node's weight rows
+    once per call (``weff[n*P64 + p, :] = W^T[wl[n, p], :]``); the kernel then runs the dense tile loop with plain,
+    vectorised tile loads.
 
     Args (kernel): ``at [Nc*P64, Bx]`` f16, ``w`` = ``weff [Nout*P64, Cout_p]`` (``i2c``) or
     ``W^T [Q, Cout]`` (``i2cg``, gathered by ``wl``) f16, ``wl [Nout, P64]`` int32, ``bias`` f32,
