@@ -1,4 +1,4 @@
-"""Notebook 04, section 7: the fused node-major adjoints against the staged ones (logic and figures).
+"""Notebook 11: the fused node-major adjoints against the staged ones of notebook 04 (logic and figures).
 
 * :func:`stage_bytes_table`: the memory argument, per layer: what the staged pipelines write and read
   back (the stage buffers) against what the fused kernels need (g in node-major order, dW partials).
@@ -7,7 +7,7 @@
 * :func:`list_length_table`, :func:`segments_sweep_figure`: why one list can set a fused kernel's time,
   and the recorded H200 sweep of whole lists against balanced segments.
 * :func:`fused_vs_staged_figure`, :func:`graphed_step_figure`: the recorded H200 train steps, and as text
-  :func:`staged_step_table` (section 6), :func:`train_step_table`, :func:`graphed_step_table` and
+  :func:`staged_step_table` (notebook 04, section 7), :func:`train_step_table`, :func:`graphed_step_table` and
   :func:`segments_sweep_table`.
 """
 
@@ -383,7 +383,7 @@ def explore_fused_run(layer: str = "res18_layer1", batch: int = 64, cout: Option
                       dx_config: str = "auto", dw_config: str = "auto", nsplit: int = 0, rf: Optional[str] = None,
                       device: Optional[str] = None, log: Optional[kl.RunLog] = None,
                       budget: float = kl.CPU_WORK_BUDGET, seed: int = 0, seg_steps: int = -1):
-    """The section 7 widget's callback: run the fused dx and dW kernels on ``layer`` with the chosen
+    """Notebook 11's explorer callback: run the fused dx and dW kernels on ``layer`` with the chosen
     configs (``"auto"``: the rules of :mod:`fovi_lab.kernels.adjoint.fused`; ``nsplit`` 0: the split rule;
     ``seg_steps`` -1: the segment rules (whole lists on the CPU), 0: whole lists / interleaved splits,
     L >= 1: balanced segments of L steps for both kernels; a ``nsplit`` > 0 overrides it for dW),

@@ -16,12 +16,14 @@ figures).
 * :func:`stage_rows` / :func:`stage_figure`: what the staged store bought (the same block writing y directly or
   through a shared tile, replayed side by side: the staged-store sweep); :func:`ncu_rows`: the Nsight Compute profile
   that pointed at the stores.
-* :func:`explore_mma_widget`: what the notebook's widget runs: one layer, batch and mma config here, the pick
-  for that shape, and the recorded replays of that layer.
+* :func:`mma_widget` / :func:`explore_mma_widget` / :func:`widget_figure`: the notebook's widget: one layer, batch
+  and mma config run here, the pick for that shape, and a figure marking that batch and kernel on the layer's
+  recorded replays, with the live time beside the recorded one.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 import tomllib
@@ -35,7 +37,8 @@ from fovi_lab.lab.labels import kernel_label
 
 __all__ = ["LAYERS", "fragment_owner", "fragment_figure",
            "lane_channels", "explore_mma", "mma_rows", "mma_figure", "layout_rows", "depth_rows", "depth_figure",
-           "register_rows", "stage_rows", "stage_figure", "ncu_rows", "explore_mma_widget", "mma_configs",
+           "register_rows", "stage_rows", "stage_figure", "ncu_rows", "explore_mma_widget", "widget_figure",
+           "mma_widget", "mma_configs",
            "mma_summary", "operand_mb", "dense_ceiling_rows"]
 
 # The recorded sweeps read here (fovi_lab.lab.records.SELECTIONS): "tensor-core sweep" (every mma config, loops of
@@ -290,22 +293,162 @@ def layout_rows(records: Optional[List[dict]] = None, pairs=LAYOUT_PAIRS) -> Lis
     return rows
 
 
+#: The batches the tensor-core sweep timed on every layer: the widget's recorded sweep.
+WIDGET_BATCHES = (1, 4, 16, 32, 64, 128, 512)
+
+
+@functools.lru_cache(maxsize=1)
+def _widget_points() -> Dict[str, dict]:
+    """Per layer, what the widget's figure reads from the records (read once per kernel process): ``rows``, the
+    :func:`mma_rows` of the layer at :data:`WIDGET_BATCHES`, and ``replays``, ``{(B, config): (ms, where)}``: each
+    config's whole op replayed, medians over the tensor-core sweep where it timed that point, else over every
+    recorded H200 replay of it (the pipelined configs and benchmark runs)."""
+    records = kl.forward_records()
+    rows = mma_rows(records, batches=WIDGET_BATCHES)
+    sweep = _by_shape(_sel(records, "tensor-core sweep"))
+    every = _by_shape(records)
+    out: Dict[str, dict] = {}
+    for layer in LAYERS:
+        replays: Dict[Tuple[int, str], Tuple[float, str]] = {}
+        for b in sorted({b for lay, b in every if lay == layer}):
+            for cfg, ms in _replayed(every[(layer, b)]).items():
+                replays[(b, cfg)] = (ms, "the recorded H200 replays")
+            for cfg, ms in _replayed(sweep.get((layer, b), [])).items():
+                replays[(b, cfg)] = (ms, "the tensor-core sweep")
+        out[layer] = dict(rows=[r for r in rows if r["layer"] == layer], replays=replays)
+    return out
+
+
+def _rule_pick(layer: str, batch: int) -> str:
+    """The rule's pick for ``layer``'s full shape at ``batch`` (what :func:`explore_mma` runs for ``config=None``)."""
+    from fovi_lab.kernels import forward as F
+    m = layer_meta(layer)
+    return F.select_config(batch, m.cout, m.nout, m.p64, in_channels=m.cin, node_major=m.cin >= 32, q=m.q)
+
+
 def explore_mma_widget(layer: str, batch: int, config: Optional[str] = None, device=None,
                        budget: float = kl.CPU_WORK_BUDGET) -> Tuple[List[str], go.Figure]:
     """One widget run: ``config`` (None: the pick) on ``layer`` at ``batch`` here, on the first 48 output nodes
-    on a CPU (all of them on a GPU), and the recorded replays of ``layer`` over B. Returns ``(lines, figure)``; a
-    choice outside the offered ones, or more work than ``budget`` on the CPU, gives a message line instead."""
-    rows = [r for r in mma_rows(batches=(1, 4, 16, 32, 64, 128, 512)) if r["layer"] == layer] \
-        if layer in LAYERS else []
-    return kl.layer_kernel_widget(layer, batch, config, layers=LAYERS, configs=mma_configs(), run=explore_mma,
-                                  figure=_layer_figure(layer, rows), cpu_nodes=48, device=device, budget=budget,
-                                  none_is_pick=True)
+    on a CPU (all of them on a GPU), and the figure of that run (:func:`widget_figure`): the layer's recorded
+    replays over B with the chosen batch and kernel marked, and the live time beside the recorded one. Returns
+    ``(lines, figure)``; a choice outside the offered ones, or more work than ``budget`` on the CPU, gives a
+    message line instead (the figure then marks the batch without a live time)."""
+    ran: Dict[str, dict] = {}
+
+    def run(*args, **kw):
+        ran["res"] = explore_mma(*args, **kw)
+        return ran["res"]
+
+    lines, _ = kl.layer_kernel_widget(layer, batch, config, layers=LAYERS, configs=mma_configs(), run=run,
+                                      figure=None, cpu_nodes=48, device=device, budget=budget, none_is_pick=True)
+    return lines, widget_figure(layer, batch, ran.get("res"), config=config)
 
 
-def _layer_figure(layer: str, rows: List[dict], height: int = 320) -> go.Figure:
-    """The recorded replays of one layer over B: the mma pick, the tile / SIMT rule's pick, PyTorch (log scale)."""
-    return kl.layer_replays_figure(layer, rows, _SERIES, "recorded H200 replays: the tensor-core sweep and the tile / SIMT rules' runs",
-                                   f"no recorded mma runs for {layer!r} under data/", log=True, height=height)
+def widget_figure(layer: str, batch: int, result: Optional[dict] = None, config: Optional[str] = None,
+                  height: int = 470) -> go.Figure:
+    """The widget's figure for one choice. Left: ``layer``'s recorded H200 replays over B (the rule's register
+    pick, the tile / SIMT rules' pick, the fastest PyTorch forward; log-log), a dashed line at ``batch`` and a star
+    at the recorded time of the kernel that ran there (and of the rule's pick, where that is another one). Right:
+    that kernel's recorded time beside ``result``'s live time here (:func:`explore_mma`'s dict; None: no live
+    run). Config ids stay in hover texts; every label is words (:func:`fovi_lab.lab.labels.kernel_label`)."""
+    from plotly.subplots import make_subplots
+    if layer not in LAYERS:
+        return kl.message_figure(f"no recorded mma runs for {layer!r}")
+    points = _widget_points()[layer]
+    rows, replays = points["rows"], points["replays"]
+    ok_batch = isinstance(batch, int) and not isinstance(batch, bool) and 1 <= batch <= 512
+    pick = result["pick"] if result else (_rule_pick(layer, batch) if ok_batch else None)
+    chosen = result["config"] if result else (config if config in mma_configs() else pick)
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.64, 0.36], horizontal_spacing=0.12,
+                        subplot_titles=("recorded over B (whole layer, replayed)", f"B = {batch}: recorded and live"))
+    ys = []
+    for key, cfg_key, name, colour in _SERIES:
+        pts = [(r["B"], r[key], r.get(cfg_key)) for r in rows if r.get(key)]
+        if not pts:
+            continue
+        ys += [ms for _, ms, _ in pts]
+        fig.add_trace(go.Scatter(x=[b for b, _, _ in pts], y=[ms for _, ms, _ in pts], name=name,
+                                 mode="lines+markers", line=dict(color=colour), customdata=[c for _, _, c in pts],
+                                 hovertemplate="B=%{x}: %{y:.3f} ms (%{customdata})<extra>" + name + "</extra>"),
+                      row=1, col=1)
+    marks = [(chosen, "the kernel that ran" if result else "the chosen kernel", "#ff7f0e", "star")]
+    if pick and pick != chosen:
+        marks.append((pick, "the rule's pick", "#2ca02c", "diamond"))
+    recorded = None
+    for cfg, who, colour, symbol in marks:
+        hit = replays.get((batch, cfg)) if cfg else None
+        if hit is None:
+            continue
+        ys.append(hit[0])
+        if cfg == chosen:
+            recorded = hit
+        fig.add_trace(go.Scatter(x=[batch], y=[hit[0]], mode="markers", name=f"B = {batch}: {who}, recorded",
+                                 marker=dict(symbol=symbol, size=16, color=colour, line=dict(width=1, color="black")),
+                                 customdata=[f"{cfg}, {hit[1]}"],
+                                 hovertemplate="B=%{x}: %{y:.3f} ms (%{customdata})<extra></extra>"), row=1, col=1)
+    if ok_batch and ys:
+        lo, hi = min(ys), max(ys)
+        fig.add_trace(go.Scatter(x=[batch, batch], y=[lo / 1.5, hi * 1.5], mode="lines", name=f"your batch: B = {batch}",
+                                 line=dict(color="black", dash="dash", width=1), hoverinfo="skip"), row=1, col=1)
+    rec_ms = recorded[0] if recorded else None
+    live_ms = result["ms"] if result else None
+    if rec_ms or live_ms:
+        where = f"live here ({result['device']}, {result['nodes']} nodes)" if result else "live here"
+        fig.add_trace(go.Bar(x=["recorded, H200<br>(whole layer)", where.replace(" (", "<br>(")],
+                             y=[rec_ms, live_ms], marker_color=["#ff7f0e", "#7f7f7f"], showlegend=False,
+                             text=[f"{v:.3f} ms" if v else "" for v in (rec_ms, live_ms)], textposition="outside",
+                             customdata=[recorded[1] if recorded else "not recorded", "this run"],
+                             hovertemplate="%{y:.3f} ms (%{customdata})<extra></extra>", name=f"B = {batch}"),
+                      row=1, col=2)
+    notes = []
+    if chosen:
+        notes.append(("ran" if result else "chosen") + ": " + kernel_label(chosen))
+    if pick and pick != chosen:
+        notes.append("the rule picks: " + kernel_label(pick))
+    if chosen and rec_ms is None:
+        notes.append(f"no H200 replay of it at B = {batch} on record")
+    if not result:
+        notes.append("no live run for this choice")
+    fig.add_annotation(text="<br>".join(notes), xref="paper", yref="paper", x=0.0, y=-0.22, showarrow=False,
+                       align="left", xanchor="left", yanchor="top", font=dict(size=11))
+    recs = [rec for r in rows for rec in r["records"]]
+    fig.update_xaxes(type="log", tickvals=list(WIDGET_BATCHES), title_text="batch B", row=1, col=1)
+    fig.update_yaxes(type="log", title_text="ms per op", row=1, col=1)
+    fig.update_yaxes(type="log", title_text="ms", row=1, col=2)
+    fig.update_xaxes(tickangle=0, row=1, col=2)
+    fig.update_layout(height=height, margin=dict(t=110, b=150), legend=dict(orientation="h", y=-0.42),
+                      title=dict(text=f"{layer}, B = {batch}: the chosen kernel on the recorded sweep<br><sub>"
+                                      f"{kl.versions_title(recs)} · tensor-core sweep and tile / SIMT rules' runs, "
+                                      "medians</sub>", x=0.01, y=0.97))
+    return fig
+
+
+def mma_widget(layer: str = "alex_L0", batch: int = 16, config: str = "pick", device=None):
+    """The notebook's widget: a layer, a batch and a config (``"pick"``: the rule's); each change re-runs
+    :func:`explore_mma_widget` (the real kernel, here) and redraws its figure. The panel starts with the default
+    choice already run; ``panel.last`` holds the latest ``(lines, figure)``."""
+    import ipywidgets as W
+    from IPython.display import display
+    layer_dd = W.Dropdown(options=LAYERS, value=layer, description="layer")
+    batch_sl = W.IntSlider(value=batch, min=1, max=64, description="batch", continuous_update=False)
+    config_dd = W.Dropdown(options=[("the rule's pick", "pick")] + [(c, c) for c in mma_configs()], value=config,
+                           description="config")
+    out = W.Output()
+
+    def run(*_):
+        lines, fig = explore_mma_widget(layer_dd.value, batch_sl.value,
+                                        None if config_dd.value == "pick" else config_dd.value, device=device)
+        panel.last = (lines, fig)
+        out.clear_output(wait=True)
+        with out:
+            print("\n".join(lines))
+            display(fig)
+
+    panel = W.VBox([W.HBox([layer_dd, batch_sl, config_dd]), out])
+    for w in (layer_dd, batch_sl, config_dd):
+        w.observe(run, names="value")
+    run()
+    return panel
 
 
 # ----------------------------------------------------------------------------------------------- loop depth
