@@ -223,7 +223,7 @@ def test_the_quote_check_reads_units_and_rounding():
     assert unprinted_quotes(nb("1.1-3.5x and 0.68–0.72 ms", "1.1 3.5 0.68")) == [(0, "0.68–0.72 ms")]
 
 
-_MAX_WORDS = 3000
+_MAX_WORDS = 2500
 
 # History in prose: the notebooks say what was measured and which record holds it, not how the package got here.
 _HISTORY = re.compile(r"\b(?:now|no longer|previously|formerly|used to be|(?:that|they|which) replaced|replaced (?:these|them|it)"
@@ -248,7 +248,7 @@ def test_the_history_check_reads_the_phrases():
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_prose_fits_one_idea(path):
-    """At most ~3,000 words of prose per notebook: one idea, not a lab diary."""
+    """At most 2,500 words of prose per notebook: one idea, not a lab diary."""
     words = sum(len("".join(c["source"]).split()) for c in json.loads(path.read_text())["cells"]
                 if c["cell_type"] == "markdown")
     assert words <= _MAX_WORDS, f"{path.name}: {words} words of prose (at most {_MAX_WORDS})"

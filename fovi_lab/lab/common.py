@@ -320,23 +320,27 @@ class RunLog:
         self.runs.append(result)
 
     def figure(self, message: Optional[str] = None, height: int = 420) -> go.Figure:
-        """Top: compile (build + canary) time per run, s. Bottom: kernel run time vs the torch
-        reference on the same device, ms (log). Red bars: runs whose output failed the check."""
+        """Top: compile (build + canary) time per run, s, written on each bar (0: built earlier in this session).
+        Bottom: kernel run time beside the torch reference on the same device, ms, on an axis from zero (bars
+        compare lengths). Red bars: runs whose output failed the check."""
         if not self.runs:
-            return message_figure(message or "no runs yet: press Run")
+            return message_figure(message or "no runs yet")
         labels = [f"#{i + 1} {r['label']}" for i, r in enumerate(self.runs)]
-        fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08, row_heights=[0.35, 0.65],
-                            subplot_titles=("compile + canary (s); 0 = already built in this session",
+        fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.1, row_heights=[0.3, 0.7],
+                            subplot_titles=("compile + canary (s; 0: built earlier in this session)",
                                             "run time (ms, median)"))
-        fig.add_trace(go.Bar(x=labels, y=[round4(r.get("compile_s")) for r in self.runs], name="compile + canary",
-                             marker_color=COLOURS["grey"]), row=1, col=1)
+        compile_s = [round4(r.get("compile_s")) for r in self.runs]
+        fig.add_trace(go.Bar(x=labels, y=compile_s, name="compile + canary", marker_color=COLOURS["grey"],
+                             text=[None if v is None else f"{v:.2f} s" for v in compile_s], textposition="outside",
+                             cliponaxis=False), row=1, col=1)
         colours = [COLOURS["warp"] if r.get("passed") else COLOURS["fail"] for r in self.runs]
         fig.add_trace(go.Bar(x=labels, y=[round4(r.get("run_ms")) for r in self.runs], name="Warp kernel(s)",
                              marker_color=colours), row=2, col=1)
         fig.add_trace(go.Bar(x=labels, y=[round4(r.get("torch_ms")) for r in self.runs],
                              name=self.runs[-1].get("torch_name", "torch reference"),
                              marker_color=COLOURS["torch"]), row=2, col=1)
-        fig.update_yaxes(type="log", row=2, col=1)
+        fig.update_yaxes(rangemode="tozero", row=1, col=1)
+        fig.update_yaxes(rangemode="tozero", title_text="ms", row=2, col=1)
         fig.update_layout(barmode="group", height=height, margin=dict(l=10, r=10, t=60, b=10),
                           title=message or self.title, legend=dict(orientation="h", y=-0.15))
         return fig
