@@ -107,8 +107,9 @@ def canary(kernel, tile_m: int, tile_n: int, r: int, block_dim: int, device: str
         weff = build_effective_weight(meta, w, cout_multiple=tile_n)
         plan = plan_cached(cfg, kernel, x, weff, bias, meta.input_linear, tile_n, store="staged")
     elif family in DENSE_FAMILIES:
-        if family in ("simt_dense", "simtv_dense") or family.startswith("mma"):
-            cfg = FwdConfig("canary", family[:-len("_dense")], tile_m, tile_n, tile_k, r, block_dim)
+        base = family[:-len("_dense")] if family.endswith("_dense") else ""
+        if family_or_none(base) is not None:       # a family's own dense kernel runs on that family's plan
+            cfg = FwdConfig("canary", base, tile_m, tile_n, tile_k, r, block_dim)
         plan = plan_dense(cfg, kernel, b, tile_n, 1, 64, device, seed=7)
     else:
         plan = plan_uncached(cfg, kernel, x, w, bias, meta.input_linear, meta.weight_linear, store="staged")
