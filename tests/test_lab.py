@@ -619,3 +619,15 @@ def test_record_selections_take_whole_runs_of_their_device():
         assert all(id(r) in ids for r in recs if r.get("date") in stamps), name
         assert {r.get("device") for r in picked} == {sel.device}, name
         assert kl.selected(recs, name) == picked
+
+
+def test_log_axes_are_labelled_in_full_numbers():
+    import plotly.graph_objects as go
+    from fovi_lab.lab.common import log_ticks, readable_log_axes
+    assert log_ticks(0.018, 2.3) == ([0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0], ["0.02", "0.05", "0.1", "0.2", "0.5", "1", "2"])
+    assert log_ticks(1e-3, 5e4)[1] == ["0.001", "0.01", "0.1", "1", "10", "100", "1,000", "10,000"]
+    fig = go.Figure([go.Bar(x=["a", "b"], y=[0.03, 0.9]), go.Scatter(x=[1, 2], y=[5, 50], yaxis="y2")])
+    fig.update_layout(yaxis_type="log", yaxis2=dict(overlaying="y", side="right", type="log", dtick=1))
+    readable_log_axes(fig)
+    assert list(fig.layout.yaxis.ticktext) == ["0.05", "0.1", "0.2", "0.5", "1"]
+    assert fig.layout.yaxis2.tickvals is None and fig.layout.xaxis.tickvals is None   # its own ticks; not log

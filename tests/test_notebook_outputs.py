@@ -140,6 +140,16 @@ def test_figure_labels_are_words_not_config_ids(path):
     assert bad == [], f"{path.name}: config ids in figure labels (cell, where, id): {bad[:8]}"
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_log_axes_read_in_full_numbers(path):
+    """A log axis of a stored figure sets its ticks (fovi_lab.lab.common.readable_log_axes: 0.02, 0.05, 0.1, ...),
+    so it never shows plotly's digit-only minor labels ("2, 5, 0.1, 2, 5")."""
+    bad = [(i, name) for i, fig in _figures(path) for name, axis in fig.get("layout", {}).items()
+           if name.startswith(("xaxis", "yaxis")) and isinstance(axis, dict) and axis.get("type") == "log"
+           and axis.get("tickvals") is None and axis.get("dtick") is None]
+    assert bad == [], f"{path.name}: log axes without ticks of their own (cell, axis): {bad[:8]}"
+
+
 def test_the_label_check_reads_legends_axes_and_tables():
     from fovi_lab.lab.labels import CONFIG_ID
     fig = {"layout": {"xaxis": {"title": {"text": "time (ms)"}}, "annotations": [{"text": "rule: mma_o96b16k32"}]},

@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
+from fovi_lab.lab.common import readable_log_axes
 from fovi_lab.graph.layers import LAYERS
 from fovi_lab.graph.meta import TrainingMeta, pad_to
 from fovi_lab.lab.labels import stage_label
@@ -213,7 +214,7 @@ def occupancy_figure(batches: Sequence[int] = (64, 512), layers: Optional[Sequen
                       updatemenus=[dict(buttons=buttons, direction="right", x=1.0, xanchor="right", y=1.12,
                                         active=len(batches) - 1, type="buttons")],
                       legend=dict(orientation="h", y=-0.2))
-    return fig
+    return readable_log_axes(fig)
 
 
 def explore_adjoint(layer: str = "res18_layer1", batch: int = 64, cout: Optional[int] = None,

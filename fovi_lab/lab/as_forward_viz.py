@@ -11,6 +11,7 @@ import plotly.graph_objects as go
 
 import torch
 
+from fovi_lab.lab.common import readable_log_axes
 from fovi_lab import lab as kl
 from fovi_lab.graph.layers import LAYERS, layer_meta
 from fovi_lab.graph.meta import SYNTHETIC_SHAPES, build_meta, synthetic_graph, tap_meta, transposed_meta
@@ -202,7 +203,7 @@ def recorded_figure(rows: Optional[List[dict]] = None, height: int = 420) -> go.
                       title=dict(text="The adjoints on tensor cores against the fused / staged kernels (one call, back to back)"
                                       f"<br><sub>{kl.versions_title([rec for r in rows for rec in r['records']])}</sub>", x=0.01),
                       margin=dict(t=70, b=50))
-    return fig
+    return readable_log_axes(fig)
 
 
 #: The checkout's train steps replayed from CUDA graphs with both gradients forced onto the tensor cores beside the
@@ -281,4 +282,4 @@ def step_rule_figure(rows: Optional[List[dict]] = None, height: int = 400) -> go
                       title=dict(text="Train steps replayed from CUDA graphs, both gradients forced onto the tensor cores"
                                       f"<br><sub>{kl.versions_title([rec for r in rows for rec in r['records']])}</sub>", x=0.01),
                       margin=dict(t=70, b=50))
-    return fig
+    return readable_log_axes(fig)

@@ -28,6 +28,7 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
+from fovi_lab.lab.common import readable_log_axes
 from fovi_lab import lab as kl
 
 __all__ = ["STEMS", "BINNING_RUNS", "TC_BINNED_RECORDS", "tap_ratio_rows", "measure_here", "recorded_rows",
@@ -148,7 +149,7 @@ def binning_figure(rows: Optional[List[dict]] = None, height: int = 460) -> go.F
     fig.update_layout(barmode="group", height=height, legend=dict(orientation="h", y=-0.25),
                       title=kl.figure_title("The stems: compact GEMM against binning, H200",
                                       [r for n in BINNING_RUNS.values() for r in kl.selected(kl.load_records(), n)]))
-    return fig
+    return readable_log_axes(fig)
 
 
 def warp_binned_rows(data_dir=None) -> List[dict]:

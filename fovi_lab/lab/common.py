@@ -197,6 +197,57 @@ def log_range(values, pad: float = 1.5):
     return [math.log10(min(v) / pad), math.log10(max(v) * pad)]
 
 
+def _tick_text(v: float) -> str:
+    return f"{v:,.0f}" if v >= 1000 else f"{v:g}"
+
+
+def log_ticks(lo: float, hi: float) -> Tuple[List[float], List[str]]:
+    """Tick values and their labels, written out in full, for a log axis over ``[lo, hi]`` (both > 0): the
+    1-2-5 steps of every decade in the range, or the decades alone where that gives more than 12 ticks."""
+    d0, d1 = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+    for steps in ((1, 2, 5), (1,)):
+        vals = [m * 10.0 ** d for d in range(d0, d1 + 1) for m in steps if lo <= m * 10.0 ** d <= hi]
+        if len(vals) <= 12:
+            break
+    if len(vals) < 2:                                    # a narrow range: its two ends
+        vals = [float(f"{lo:.2g}"), float(f"{hi:.2g}")]
+    vals = [float(f"{v:.6g}") for v in vals]
+    return vals, [_tick_text(v) for v in vals]
+
+
+def readable_log_axes(fig: go.Figure) -> go.Figure:
+    """``fig`` with every log axis that sets no ticks of its own labelled in full numbers (0.02, 0.05, 0.1, ...;
+    :func:`log_ticks`) instead of plotly's digit-only minor labels ("2, 5, 0.1, 2, 5"). The range is the axis's own
+    where it has one, else the data of the traces drawn on it."""
+    layout = fig.layout.to_plotly_json()
+    for name, axis in layout.items():
+        if not (name.startswith(("xaxis", "yaxis")) and isinstance(axis, dict) and axis.get("type") == "log"):
+            continue
+        if axis.get("tickvals") is not None or axis.get("dtick") is not None:
+            continue
+        letter, ref = name[0], name[0] + name[5:]          # "yaxis2" -> traces with yaxis == "y2"
+        if axis.get("range"):
+            lo, hi = (10.0 ** float(r) for r in axis["range"])
+        else:
+            vals = []
+            for t in fig.data:
+                if (getattr(t, letter + "axis", None) or letter) != ref:
+                    continue
+                for v in (getattr(t, letter, None) or ()):
+                    try:
+                        f = float(v)
+                    except (TypeError, ValueError):
+                        continue
+                    if f > 0 and math.isfinite(f):
+                        vals.append(f)
+            if not vals:
+                continue
+            lo, hi = min(vals) / 1.3, max(vals) * 1.3
+        tickvals, ticktext = log_ticks(lo, hi)
+        fig.layout[name].update(tickvals=tickvals, ticktext=ticktext)
+    return fig
+
+
 def batch_menu(batches: Sequence[int], per_b: int, default_b: int, y: float = 1.12) -> List[dict]:
     """``updatemenus`` of a figure whose traces come in ``per_b``-long groups, one group per batch size:
     one button per batch that shows that group only."""

@@ -14,6 +14,7 @@ from typing import List, Optional, Sequence, Tuple
 import plotly.graph_objects as go
 import torch
 
+from fovi_lab.lab.common import readable_log_axes
 from fovi_lab.lab.common import (CPU_WORK_BUDGET, FORWARD_CHOICES, RunLog, COLOURS, result_answer,
                                  check_explore_args, clamp_shape, fail_result, round4, sync_device, time_ms,
                                  default_device, message_figure, parity_line, rel_error, widget_device)
@@ -290,4 +291,4 @@ def benchmark_forward(layers: Sequence[str] = ("res18_layer1", "alex_L1"), batch
                              hovertext=[r.get("config") or "" for r in sel]))
     fig.update_layout(barmode="group", title=title, yaxis_type="log", yaxis_title="ms", height=420,
                       margin=dict(l=10, r=10, t=60, b=10), legend=dict(orientation="h", y=-0.2))
-    return rows, fig
+    return rows, readable_log_axes(fig)

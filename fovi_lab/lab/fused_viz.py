@@ -20,6 +20,7 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
+from fovi_lab.lab.common import readable_log_axes
 from fovi_lab import lab as kl
 from fovi_lab.lab.adjoint_explorer import short_impl
 from fovi_lab.graph.layers import layer_meta
@@ -161,7 +162,7 @@ def fused_vs_staged_figure(records: Optional[List[dict]] = None, height: int = 6
                       updatemenus=kl.batch_menu(bs, per_b, default_b, y=1.13),
                       legend=dict(orientation="h", y=-0.12))
     fig.update_yaxes(type="log")
-    return fig
+    return readable_log_axes(fig)
 
 
 def graphed_step_figure(records: Optional[List[dict]] = None, height: int = 460) -> go.Figure:
@@ -197,7 +198,7 @@ def graphed_step_figure(records: Optional[List[dict]] = None, height: int = 460)
                       yaxis_type="log", yaxis_title="ms",
                       updatemenus=kl.batch_menu(bs, per_b, default_b, y=1.15),
                       legend=dict(orientation="h", y=-0.2))
-    return fig
+    return readable_log_axes(fig)
 
 
 def _ms(r: Optional[dict], key: str = "ms") -> str:
@@ -374,7 +375,7 @@ def segments_sweep_figure(batch: int = 64, path: Optional[str] = None, height: i
                       title=kl.figure_title("fused adjoints: whole lists against balanced segments (kernels alone)", recs),
                       legend=dict(orientation="h", y=-0.25))
     fig.update_yaxes(type="log")
-    return fig
+    return readable_log_axes(fig)
 
 
 # ------------------------------------------------------------------------------------- the widget

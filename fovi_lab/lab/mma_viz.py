@@ -31,6 +31,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import plotly.graph_objects as go
 
+from fovi_lab.lab.common import readable_log_axes
 from fovi_lab import lab as kl
 from fovi_lab.graph.layers import RECORDED_LAYERS, layer_meta
 from fovi_lab.lab.labels import kernel_label
@@ -420,7 +421,7 @@ def widget_figure(layer: str, batch: int, result: Optional[dict] = None, config:
                       title=dict(text=f"{layer}, B = {batch}: the chosen kernel on the recorded sweep<br><sub>"
                                       f"{kl.versions_title(recs)} · tensor-core sweep and tile / SIMT rules' runs, "
                                       "medians</sub>", x=0.01, y=0.97))
-    return fig
+    return readable_log_axes(fig)
 
 
 def mma_widget(layer: str = "alex_L0", batch: int = 16, config: str = "pick", device=None):
@@ -499,7 +500,7 @@ def _bars_figure(rows: List[dict], empty: str, xs, series, title: str, height: i
                       title=dict(text=f"{title}<br><sub>" + kl.versions_title([rec for r in rows for rec in r["records"]])
                                  + " · medians of the recorded replays</sub>", x=0.01),
                       legend=dict(orientation="h", y=-0.3), margin=dict(t=80, b=120))
-    return fig
+    return readable_log_axes(fig)
 
 
 def _tile_phrase(config: str) -> str:

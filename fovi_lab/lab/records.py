@@ -16,6 +16,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from fovi_lab.lab.common import readable_log_axes
 from fovi_lab.graph.layers import LAYERS, RF_MULT, layer_name
 from fovi_lab.ops.records import LOCAL_DIR, RECORDS_DIR, iter_records, read_file
 from fovi_lab.lab.labels import kernel_label, tick_label
@@ -114,7 +115,7 @@ def layer_replays_figure(layer: str, rows: List[dict], series, runs: str, empty:
                       title=dict(text=f"{layer}: recorded replays<br><sub>{versions_title(recs)} · {runs}, "
                                       "medians</sub>", x=0.01),
                       margin=dict(t=70, b=40), legend=dict(orientation="h", y=-0.2))
-    return fig
+    return readable_log_axes(fig)
 
 
 def figure_title(main: str, records: List[dict]) -> str:
@@ -379,7 +380,7 @@ def forward_recorded_figure(records: Optional[List[dict]] = None, batches: Optio
                       updatemenus=[dict(buttons=buttons, type="buttons", direction="right", x=1.0, xanchor="right",
                                         y=1.1, active=batches.index(default_b))],
                       legend=dict(orientation="h", y=-0.12))
-    return drop_empty_traces(fig)
+    return readable_log_axes(drop_empty_traces(fig))
 
 
 def roofline_figure(records: Optional[List[dict]] = None, batch: int = 512, hbm_tbps: float = 4.8,
@@ -418,7 +419,7 @@ def roofline_figure(records: Optional[List[dict]] = None, batch: int = 512, hbm_
     fig.update_layout(height=height, margin=dict(l=10, r=10, t=60, b=10),
                       title=figure_title(f"Roofline of the compact forward at B = {batch}", [r for r in used if r.get("B") == batch]),
                       legend=dict(orientation="h", y=-0.2))
-    return fig
+    return readable_log_axes(fig)
 
 
 #: (r=1, r=2[, r=4]) config triples that differ only in r, for the weight-reuse plot.
@@ -597,7 +598,7 @@ def backward_recorded_figure(records: Optional[List[dict]] = None, mode: str = "
                       yaxis_type="log", yaxis_title="ms",
                       updatemenus=batch_menu(all_b, per_b, default_b),
                       legend=dict(orientation="h", y=-0.2))
-    return drop_empty_traces(fig)
+    return readable_log_axes(drop_empty_traces(fig))
 
 
 def gi_gw_sweep_figure(records: Optional[List[dict]] = None, batch: Optional[int] = None,
@@ -626,7 +627,7 @@ def gi_gw_sweep_figure(records: Optional[List[dict]] = None, batch: Optional[int
     fig.update_layout(barmode="group", height=height, margin=dict(l=10, r=10, t=60, b=10),
                       title=figure_title(f"gi / gw stage configs at B = {b}", _latest_run(sweep)),
                       legend=dict(orientation="h", y=-0.2))
-    return fig
+    return readable_log_axes(fig)
 
 
 def batch_panels_figure(rows: List[dict], series: Sequence[Tuple[str, str, str, str]], title: str, subtitle: str,
@@ -654,7 +655,7 @@ def batch_panels_figure(rows: List[dict], series: Sequence[Tuple[str, str, str, 
     fig.update_layout(barmode="group", height=height,
                       title=dict(text=f"{title}<br><sub>{versions_title(recs)} · {subtitle}</sub>", x=0.01),
                       legend=dict(orientation="h", y=-0.42), margin=dict(t=90, b=150))
-    return fig
+    return readable_log_axes(fig)
 
 
 def gemm_ceilings(records: Optional[List[dict]] = None) -> dict:

@@ -17,6 +17,7 @@ from typing import List, Optional, Sequence
 
 import plotly.graph_objects as go
 
+from fovi_lab.lab.common import readable_log_axes
 from fovi_lab import lab as kl
 from fovi_lab.graph.layers import layer_meta
 from fovi_lab.graph.meta import pad_to
@@ -157,7 +158,7 @@ def stem_forward_figure(rows: Optional[List[dict]] = None, height: int = 430) ->
                       title=dict(text="Stems on the H200: moving the gathers out of the GEMM loop<br><sub>"
                                  + kl.versions_title(recs) + "</sub>", x=0.01),
                       legend=dict(orientation="h", y=-0.22), margin=dict(t=80, b=90))
-    return fig
+    return readable_log_axes(fig)
 
 
 #: The two recorded runs that :func:`stem_train_rows` compares by default (fovi_lab.lab.records.SELECTIONS): the train
@@ -278,4 +279,4 @@ def simt_figure(rows: Optional[List[dict]] = None, height: int = 440) -> go.Figu
                                                 "against the i2c tiles (whole op, replayed)<br><sub>"
                                                 + kl.versions_title(recs) + " · medians of the SIMT sweeps</sub>", x=0.01),
                       legend=dict(orientation="h", y=-0.25), margin=dict(t=90, b=100))
-    return fig
+    return readable_log_axes(fig)
