@@ -16,7 +16,6 @@ Skipped where fovi is not installed.
 from __future__ import annotations
 
 import copy
-import math
 import subprocess
 import sys
 
@@ -29,12 +28,11 @@ pytest.importorskip("fovi", reason=f"fovi is not installed (install it with: {IN
 
 import fovi.arch.knn_autograd as fovi_registry          # noqa: E402  (a broken fovi install fails here, not skips)
 import fovi.arch.knn_optimization as fovi_dispatch      # noqa: E402
-from fovi.arch.knn import KNNConvLayer, get_in_out_coords  # noqa: E402
 
 import fovi_lab.knn_warp as lab_warp                    # noqa: E402
-from fovi_lab.graph.layers import LAYERS, RES, RF_MULT, layer_shape  # noqa: E402
+from fovi_lab.graph.layers import layer_shape          # noqa: E402
 from fovi_lab.graph.meta import build_meta              # noqa: E402
-from fovi_lab.integrations.fovi import register_with_fovi, unregister_from_fovi  # noqa: E402
+from fovi_lab.integrations.fovi import fovi_layer, register_with_fovi, unregister_from_fovi  # noqa: E402
 from fovi_lab.ops.autograd import KNNConvFunction       # noqa: E402
 from fovi_lab.ops.registry import get_ops               # noqa: E402
 
@@ -47,17 +45,11 @@ BATCH = 8
 
 @pytest.fixture(scope="module")
 def layer():
-    spec = LAYERS[LAYER]
-    side = math.ceil(RF_MULT[spec.rf] * math.sqrt(spec.k))
-    in_coords, out_coords, _ = get_in_out_coords(
-        RES // spec.in_stride, 16.0, spec.a, spec.out_stride // spec.in_stride, style="isotropic",
-        auto_match_cart_resources=1, in_cart_res=RES // spec.in_stride, device="cpu")
     torch.manual_seed(0)
-    conv = KNNConvLayer(spec.cin, spec.cout, spec.k, in_coords, out_coords, device="cpu", sample_cortex=True,
-                        bias=True, ref_frame_side_length=side)
+    conv = fovi_layer(LAYER, "cpu", bias=True)            # fovi's own layer of the table layer
     with torch.no_grad():                    # fp16-exact parameters: every dtype below sees the same operator
         conv.weight.copy_(conv.weight.half().float())
-        conv.bias.copy_(torch.randn(spec.cout).half().float())
+        conv.bias.copy_(torch.randn(conv.out_channels).half().float())
     return conv
 
 

@@ -30,10 +30,10 @@ def _reroof(r: dict) -> None:
 
     if r.get("roofline_frac") is None or not r.get("ms") or r.get("flops") is None or r.get("bytes") is None:
         return
-    spec = next((d for d in DEVICES.values() if d.name == r.get("device") and d.tensor_tflops), None)
-    if spec is None:
+    spec = next((d for d in DEVICES.values() if d.name == r.get("device")), None)
+    roof = Roofline.of(spec) if spec is not None else None
+    if roof is None:
         raise SystemExit(f"--roofline: no datasheet peaks for device {r.get('device')!r}")
-    roof = Roofline(spec.hbm_tbps, spec.tensor_tflops, f"{spec.name} datasheet")
     r["roofline_frac"] = roof.fraction(r["ms"], r["flops"], r["bytes"])
     r["roofline_peaks"] = roof.words()
 

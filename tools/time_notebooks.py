@@ -3,7 +3,7 @@
 Each notebook's code cells run in order in one fresh kernel started in ``notebooks/`` (``gpu`` cells skipped, as
 nbval skips them without a GPU), nothing written back. A *cold* run starts with an empty Warp kernel cache (a
 temporary ``WARP_CACHE_PATH``: every kernel the notebook needs is compiled, as on a learner's first run); the *warm*
-run after it finds them compiled. The record (``data/notebooks_cpu.json``) carries the CPU model, the core count,
+run after it finds them compiled. The record (``data/notebooks_cpu.json``) carries the device (the CPU model), the core count,
 the versions, the date, the commit and the command.
 
     python tools/time_notebooks.py [notebooks/NN_name.ipynb ...]     (default: every notebook)
@@ -21,17 +21,12 @@ import time
 from pathlib import Path
 
 import nbformat
-from nbclient import NotebookClient
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from refresh_notebooks import _Client  # noqa: E402  (nbclient without its Output-widget capture)
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "data" / "notebooks_cpu.json"
-
-
-class _Client(NotebookClient):
-    """nbclient without its Output-widget capture (as tools/refresh_notebooks.py)."""
-
-    def handle_comm_msg(self, outs, msg, cell_index):
-        return None
 
 
 def run_seconds(path: Path, cache: str) -> float:
@@ -74,7 +69,7 @@ def main(argv) -> int:
         print(f"{path.stem}: cold {cold:.0f} s, warm {warm:.0f} s", flush=True)
     doc = {"about": "Seconds to run each notebook's code cells top to bottom on a CPU (gpu cells left out): cold = an "
                     "empty Warp kernel cache (every kernel compiled), warm = the run after it.",
-           "cpu": _cpu_model(), "cores": os.cpu_count(), "python": sys.version.split()[0], "torch": torch.__version__,
+           "device": f"cpu ({_cpu_model()})", "cpu": _cpu_model(), "cores": os.cpu_count(), "python": sys.version.split()[0], "torch": torch.__version__,
            "warp": warp.config.version, "date": time.strftime("%Y-%m-%d"), "commit": commit,
            "command": "python tools/time_notebooks.py " + " ".join(argv), "notebooks": times}
     OUT.write_text(json.dumps(doc, indent=1) + "\n")

@@ -10,7 +10,7 @@ from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
-from fovi_lab.bench.common import Roofline, compact_flops, gbps, tflops
+from fovi_lab.bench.common import Roofline, _sync, compact_flops, gbps, tflops
 
 
 _MIB = 1 << 20
@@ -23,11 +23,6 @@ def _frame(layer: str, rf):
         return resolve_layer(layer, rf)[1]
     except KeyError:
         return rf
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
 
 def _peak_mib(fn: Callable[[], object], device: torch.device) -> Optional[float]:
     """Extra memory at the peak of one ``fn()`` call (outputs included, inputs excluded), MiB."""

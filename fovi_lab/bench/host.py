@@ -36,7 +36,7 @@ from typing import Dict, Iterator, List, Optional
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fovi_lab.bench.common import emit_rows, env_info, say_appended, stamp_command
+from fovi_lab.bench.common import _sync, emit_rows, env_info, say_appended, stamp_command
 from fovi_lab.graph.layers import LAYERS, layer_meta
 from fovi_lab.ops.arguments import command_main
 
@@ -123,11 +123,6 @@ def _layer(meta, backend: str, device, dtype):
 
     conv = KNNConv(meta.idx, meta.rf_index, nin=meta.nin, v=meta.v, cin=meta.cin, cout=meta.cout, backend=backend)
     return conv.to(device=device, dtype=dtype)
-
-
-def _sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def host_work(layer: str, batch: int, backend: str = "warp_train", device="cpu", reps: int = 30,

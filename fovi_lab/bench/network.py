@@ -39,7 +39,7 @@ from typing import Dict, List, Optional
 import torch
 import torch.nn.functional as F
 
-from fovi_lab.bench.common import emit_rows, env_info, say_appended, stamp_command
+from fovi_lab.bench.common import _sync, emit_rows, env_info, say_appended, stamp_command
 from fovi_lab.ops.arguments import command_main
 
 __all__ = ["BACKENDS", "MODES", "network_records", "main", "add_arguments", "run", "DESCRIPTION"]
@@ -48,11 +48,6 @@ PROG = "python -m fovi_lab bench network"
 #: The backends, fovi_lab first, then fovi's own kernel_backend values.
 BACKENDS = ("fovi_lab", "auto", "cuda", "baseline", "torch_compact", "warp_train")
 MODES = ("eager", "compiled", "graphed")
-
-
-def _sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 class _Run:
