@@ -6,12 +6,13 @@
 #   bash tools/gpu/stage_fovi.sh                  # here, from the project root: .device/fovi (wheels + install.sh)
 #   bash .device/fovi/install.sh                  # there, in a call carrying .device/fovi (after the Warp set-up)
 #
-# FOVI_SKIP (default "numpy"): wheels the GPU machine already has, left out to stay under the 64 MiB a call carries
-# (scipy is the largest, ~35 MB: add it where the machine has scipy). The wheels install with --no-deps into
-# /tmp/site, which tools/gpu/device_env.sh puts on PYTHONPATH.
+# FOVI_SKIP: wheels the GPU machine already has, left out to stay under the 64 MiB a call carries. The default is
+# what the lent machines' image holds (numpy, scipy, scikit-image and its dependencies, einops): what is left is fovi
+# and trimesh, ~1 MiB, which rides along with a Warp part. The wheels install with --no-deps into /tmp/site, which
+# tools/gpu/device_env.sh puts on PYTHONPATH.
 set -euo pipefail
 git rev-parse --show-toplevel >/dev/null
-skip="${FOVI_SKIP:-numpy}"
+skip="${FOVI_SKIP:-numpy scipy scikit_image einops imageio lazy_loader networkx packaging pillow tifffile}"
 rm -rf .device/fovi && mkdir -p .device/fovi/wheels
 grep -qxF '/.device/' .git/info/exclude 2>/dev/null || echo '/.device/' >> .git/info/exclude
 plat=(--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64
