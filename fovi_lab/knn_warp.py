@@ -156,13 +156,14 @@ def _on_mma(which: str, meta, grad_y, operand, plan):
         return None
 
 
-def _fused_or_staged(which: str, fused, staged, meta, grad_y, operand, kernels: Optional[str] = None):
+def _fused_or_staged(which: str, fused, staged, meta, grad_y, operand, kernels: Optional[str] = None, pick=None):
     """The fused kernel's gradient where the layer takes the fused path (``kernels``, default
     :func:`grad_path`) and it can launch, else the staged kernel's (with a warning when the fused one could not
-    launch here; the staged ones fall back to torch_compact, warning, when they cannot launch either)."""
+    launch here; the staged ones fall back to torch_compact, warning, when they cannot launch either).
+    ``pick``: the fused kernel's :class:`~fovi_lab.kernels.adjoint.rule.FusedPick` from the call's plan."""
     meta = meta.to(grad_y.device)
     if (kernels or grad_path(meta, grad_y.dtype)) == "fused":
-        out = fused(meta, grad_y, operand)
+        out = fused(meta, grad_y, operand, pick=pick)
         if out is not None:
             return out
         warnings.warn(f"the fused Warp {which} kernel cannot launch on this device; using the staged kernels",
@@ -171,15 +172,15 @@ def _fused_or_staged(which: str, fused, staged, meta, grad_y, operand, kernels: 
 
 
 def grad_input_kernels(meta: TrainingMeta, grad_y: torch.Tensor, weight: torch.Tensor,
-                       kernels: Optional[str] = None) -> torch.Tensor:
+                       kernels: Optional[str] = None, pick=None) -> torch.Tensor:
     """``dx`` on :func:`grad_path`'s fused / staged kernels, never the tensor cores (what the rule compares)."""
-    return _fused_or_staged("dx", grad_input_nm, staged_grad_input, meta, grad_y, weight, kernels)
+    return _fused_or_staged("dx", grad_input_nm, staged_grad_input, meta, grad_y, weight, kernels, pick)
 
 
 def grad_weight_kernels(meta: TrainingMeta, grad_y: torch.Tensor, x: torch.Tensor,
-                        kernels: Optional[str] = None) -> torch.Tensor:
+                        kernels: Optional[str] = None, pick=None) -> torch.Tensor:
     """``dW`` on :func:`grad_path`'s fused / staged kernels, never the tensor cores."""
-    return _fused_or_staged("dW", grad_weight_nm, staged_grad_weight, meta, grad_y, x, kernels)
+    return _fused_or_staged("dW", grad_weight_nm, staged_grad_weight, meta, grad_y, x, kernels, pick)
 
 
 class WarpTrainOps:
@@ -223,13 +224,15 @@ class WarpTrainOps:
 def _grad_input_direct(meta, grad_y, weight, plan=None):
     plan = plan or _rule.adjoint_plan(meta, grad_y.shape[0], grad_y.dtype)
     dx = _on_mma("dx", meta, grad_y, weight, plan)
-    return dx if dx is not None else grad_input_kernels(meta, grad_y, weight, plan.kernels)
+    return dx if dx is not None else grad_input_kernels(meta, grad_y, weight, plan.kernels,
+                                                        plan.fused[0] if plan.fused else None)
 
 
 def _grad_weight_direct(meta, grad_y, x, plan=None):
     plan = plan or _rule.adjoint_plan(meta, grad_y.shape[0], grad_y.dtype)
     dw = _on_mma("dW", meta, grad_y, x, plan)
-    return dw if dw is not None else grad_weight_kernels(meta, grad_y, x, plan.kernels)
+    return dw if dw is not None else grad_weight_kernels(meta, grad_y, x, plan.kernels,
+                                                         plan.fused[1] if plan.fused else None)
 
 
 def _backward_direct(meta, grad_y, x, weight):
@@ -238,10 +241,11 @@ def _backward_direct(meta, grad_y, x, weight):
         return _grad_input_direct(meta, grad_y, weight, plan), _grad_weight_direct(meta, grad_y, x, plan)
     if plan.kernels != "fused":
         return staged_grad_input(meta, grad_y, weight), staged_grad_weight(meta, grad_y, x)
-    pw = plan_grad_weight_nm(meta, grad_y, x)
+    dx_pick, dw_pick = plan.fused
+    pw = plan_grad_weight_nm(meta, grad_y, x, pick=dw_pick)
     # dx contracts Cout in 64-row chunks: share g's node-major copy when the Cout padding agrees
     share = pw is not None and pw.op == pad_to(meta.cout, 64)
-    px = plan_grad_input_nm(meta, grad_y, weight, gn=pw.gn if share else None)
+    px = plan_grad_input_nm(meta, grad_y, weight, gn=pw.gn if share else None, pick=dx_pick)
     dx = px.run() if px is not None else _grad_input_direct(meta, grad_y, weight, plan)
     dw = pw.run() if pw is not None else _grad_weight_direct(meta, grad_y, x, plan)
     return dx, dw

@@ -11,6 +11,7 @@ from fovi_lab.graph.layers import LAYERS, layer_meta
 from fovi_lab.graph.meta import build_meta, synthetic_graph
 from fovi_lab.kernels.adjoint.as_forward import select_grad_mma
 from fovi_lab.knn_warp import WarpTrainOps, grad_paths
+from fovi_lab.ops.reference import CompactTorchOps
 
 
 def _expected(meta, b, dtype, dx_sw="auto", dw_sw="auto", grad_sw="auto"):
@@ -62,3 +63,65 @@ def test_a_call_signature_decides_once(monkeypatch):
     assert len(calls) == 2 and rule.adjoint_plan(meta, 5, torch.float16).kernels == "staged"
     for a, b in zip(first, staged):      # both paths compute the same gradients (the staged ones stage in fp16)
         assert float((a - b).abs().max()) <= 2e-3 * float(a.abs().max())
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda:0"])
+def test_fused_picks_are_the_fused_rules(device):
+    """The plan's fused picks are what the fused family's rules give on that device (tiles, segments, splits)."""
+    import fovi_lab.kernels.adjoint.fused_plans as nm
+    from fovi_lab.kernels.adjoint.fused import select_dw_nm_config, select_dx_nm_config
+    from fovi_lab.kernels.adjoint.fused_build import _spec
+    for layer in LAYERS:
+        meta = layer_meta(layer)
+        for b in (1, 16, 64, 512):
+            plan = rule.decide(meta, b, torch.float16, device)
+            if plan.kernels != "fused":
+                assert plan.fused is None and meta.cin < rule.FUSED_MIN_CIN
+                continue
+            dx, dw = plan.fused
+            seg = nm.default_dx_seg_steps(meta, b, device)
+            assert (dx.config, dx.seg_steps, dx.nsplit) == (
+                select_dx_nm_config(b, meta.cin, meta.nin, segments=bool(seg)), seg, 1), (layer, b)
+            name = select_dw_nm_config(meta.cout, meta.cin, b)
+            seg = nm.default_dw_seg_steps(meta, b, _spec("dwn", name), device)
+            assert (dw.config, dw.seg_steps) == (name, seg), (layer, b)
+            assert dw.nsplit == (1 if seg else nm.default_dw_nsplit(meta, b, _spec("dwn", name), device))
+            assert dx.kind == ("dxs" if dx.seg_steps else "dxn") and dw.kind == ("dws" if dw.seg_steps else "dwn")
+            assert "tile" in dx.words() and "tile" in dw.words()
+    if device == "cpu":                  # the CPU runs whole lists and one split
+        plan = rule.decide(layer_meta("res18_layer2_0"), 64, torch.float16, "cpu")
+        assert plan.fused[0].seg_steps == 0 and plan.fused[1].nsplit == 1
+
+
+def test_fused_calls_take_the_plan_and_decide_nothing(monkeypatch):
+    """After the first call of a signature, a fused backward runs the plan's picks without asking a rule again;
+    a segment switch gives a new plan, whose picks the call runs."""
+    import fovi_lab.kernels.adjoint.fused as fused
+    import fovi_lab.kernels.adjoint.fused_plans as nm
+    asked = []
+    for mod, name in ((nm, "default_dx_seg_steps"), (nm, "default_dw_seg_steps"), (nm, "default_dw_nsplit"),
+                      (fused, "select_dx_nm_config"), (fused, "select_dw_nm_config"),
+                      (nm, "select_dx_nm_config"), (nm, "select_dw_nm_config")):
+        real = getattr(mod, name)
+        monkeypatch.setattr(mod, name, lambda *a, _r=real, _n=name, **k: asked.append(_n) or _r(*a, **k))
+    idx, rf = synthetic_graph(40, 24, 9, 11, 6, seed=3)
+    meta = build_meta(idx, rf, cin=24, cout=20, v=11, nin=40)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(7, 24, 40, generator=g).half()
+    w = (torch.randn(20, 24 * 11, generator=g) / 8).half()
+    gy = torch.randn(7, 20, 24, generator=g).half()
+    first = WarpTrainOps.backward_combined(meta, gy, x, w)
+    assert asked                                       # the first call decided
+    n = len(asked)
+    again = WarpTrainOps.backward_combined(meta, gy, x, w)
+    alone = WarpTrainOps.grad_input(meta, gy, w), WarpTrainOps.grad_weight(meta, gy, x)
+    assert len(asked) == n                             # the later ones looked the plan up
+    assert all(torch.equal(a, b) and torch.equal(a, c) for a, b, c in zip(first, again, alone))
+    monkeypatch.setenv("FOVI_KNN_DX_SEG", "2")
+    monkeypatch.setenv("FOVI_KNN_DW_SEG", "3")
+    plan = rule.adjoint_plan(meta, 7, torch.float16)
+    assert (plan.fused[0].seg_steps, plan.fused[1].seg_steps) == (2, 3)
+    seg = WarpTrainOps.backward_combined(meta, gy, x, w)
+    ref = CompactTorchOps.grad_input(meta, gy.float(), w.float()), CompactTorchOps.grad_weight(meta, gy.float(), x.float())
+    for a, r in zip(seg, ref):
+        assert float((a - r).abs().max()) <= 2e-3 * float(r.abs().max())

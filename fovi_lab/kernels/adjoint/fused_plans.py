@@ -309,6 +309,15 @@ def _default_nsplit(meta: TrainingMeta, n_tiles: int, maxlen: int, device: str, 
     return 1 << (s.bit_length() - 1)                  # a power of two
 
 
+def default_dw_nsplit(meta: TrainingMeta, batch: int, tiles, device: str) -> int:
+    """The interleaved splits per tap of the fused dW with ``tiles`` (``(to, tc, tkb, block)``) by default
+    (:func:`_default_nsplit` on the layer's tap lists and its padded tile counts)."""
+    to, tc = tiles[:2]
+    op, cp = pad_to(meta.cout, to), pad_to(meta.cin, tc)
+    n_tiles = (op // to) * (cp // tc)
+    return _default_nsplit(meta, n_tiles, tap_lists(meta)[3], device, 4 * meta.v * op * cp, batch=batch)
+
+
 class _GradWeightNmPlan:
     """Operands and launches of one fused dW call; ``launch()`` then ``finish()`` -> dW.
 
@@ -348,8 +357,7 @@ class _GradWeightNmPlan:
             self._segptr = segptr
             return
         self._keep = (vrowptr, vn, vm)
-        self.nsplit = s = int(nsplit) if nsplit is not None else _default_nsplit(
-            meta, n_tiles, maxlen, device, 4 * meta.v * op * cp, batch=b)
+        self.nsplit = s = int(nsplit) if nsplit is not None else default_dw_nsplit(meta, b, kk.tiles, device)
         # contiguous [S, V, Op, Cp] partials: coalesced tile stores. (Storing straight into dW's own
         # [Cout, Cin, V] order through a strided view saves the finishing copy but makes the stores
         # V-strided, and dW slower on the wide resnet layers on the H200: the strided-dW graphed steps of
@@ -566,11 +574,13 @@ def dw_seg_steps_for(meta: TrainingMeta, batch: int, tiles, target: int) -> int:
     return max(1, -(-total // min(want, cap)))
 
 
-def plan_grad_input_nm(meta, grad_y, weight, config=None, *, store=None, gn=None, seg_steps=None):
+def plan_grad_input_nm(meta, grad_y, weight, config=None, *, store=None, gn=None, seg_steps=None, pick=None):
     """The prepared fused dx call, or None when the (default) kernel cannot launch here.
 
     ``seg_steps``: None (``FOVI_KNN_DX_SEG`` or the default rule :func:`default_dx_seg_steps`), 0 for
-    whole reverse lists, or the segment length in steps (kernel ``dxs``)."""
+    whole reverse lists, or the segment length in steps (kernel ``dxs``). ``pick``: the call's
+    :class:`~fovi_lab.kernels.adjoint.rule.FusedPick` (the tiles and segments the adjoint plan decided; a pick
+    whose kernel cannot launch here gives None, as the rule's would)."""
     if config is not None and not isinstance(config, str):
         raise TypeError(f"config: expected a config name (str) or None, got {type(config).__name__}")
     _check(meta, grad_y, weight=weight)
@@ -579,11 +589,18 @@ def plan_grad_input_nm(meta, grad_y, weight, config=None, *, store=None, gn=None
     device = warp_device(grad_y)
     bf16 = grad_y.dtype == torch.bfloat16
     meta = meta.to(grad_y.device)
+    if pick is not None and config is None:
+        return _plan_dx(meta, grad_y, weight, None, pick.config, pick.seg_steps, device, bf16, store, gn)
     req = _seg_request("FOVI_KNN_DX_SEG", seg_steps)
     if req == "auto":
         req = default_dx_seg_steps(meta, grad_y.shape[0], device)
     name = config if config is not None else select_dx_nm_config(grad_y.shape[0], meta.cin, meta.nin,
                                                                  segments=bool(req))
+    return _plan_dx(meta, grad_y, weight, config, name, req, device, bf16, store, gn)
+
+
+def _plan_dx(meta, grad_y, weight, config, name, req, device, bf16, store, gn):
+    """The fused dx plan of kernel tiles ``name`` with ``req`` segment steps (0: whole lists), or None."""
     if req:
         k = _kernel("dxs", config, name, device, bf16)
         return None if k is None else _GradInputNmPlan(meta, grad_y, weight, None, device, gn=gn, seg=k,
@@ -592,12 +609,13 @@ def plan_grad_input_nm(meta, grad_y, weight, config=None, *, store=None, gn=None
     return None if k is None else _GradInputNmPlan(meta, grad_y, weight, k, device, store=store, gn=gn)
 
 
-def plan_grad_weight_nm(meta, grad_y, x, config=None, *, nsplit=None, gn=None, xn=None, seg_steps=None):
+def plan_grad_weight_nm(meta, grad_y, x, config=None, *, nsplit=None, gn=None, xn=None, seg_steps=None, pick=None):
     """The prepared fused dW call, or None when the (default) kernel cannot launch here.
 
     ``nsplit`` (an int) asks for the interleaved splits (kernel ``dwn``); otherwise ``seg_steps``: None
     (``FOVI_KNN_DW_SEG`` or :func:`default_dw_seg_steps`), 0 for the interleaved splits, or the segment
-    length in steps (kernel ``dws``)."""
+    length in steps (kernel ``dws``). ``pick``: the call's :class:`~fovi_lab.kernels.adjoint.rule.FusedPick`
+    (tiles, segments and splits decided by the adjoint plan)."""
     if config is not None and not isinstance(config, str):
         raise TypeError(f"config: expected a config name (str) or None, got {type(config).__name__}")
     _check(meta, grad_y, x=x)
@@ -608,10 +626,14 @@ def plan_grad_weight_nm(meta, grad_y, x, config=None, *, nsplit=None, gn=None, x
     device = warp_device(grad_y)
     bf16 = grad_y.dtype == torch.bfloat16
     meta = meta.to(grad_y.device)
-    name = config if config is not None else select_dw_nm_config(meta.cout, meta.cin, grad_y.shape[0])
-    req = 0 if nsplit is not None else _seg_request("FOVI_KNN_DW_SEG", seg_steps)
-    if req == "auto":
-        req = default_dw_seg_steps(meta, grad_y.shape[0], _spec("dwn", name), device)
+    if pick is not None and config is None and nsplit is None:
+        name, req = pick.config, pick.seg_steps
+        nsplit = None if req else pick.nsplit
+    else:
+        name = config if config is not None else select_dw_nm_config(meta.cout, meta.cin, grad_y.shape[0])
+        req = 0 if nsplit is not None else _seg_request("FOVI_KNN_DW_SEG", seg_steps)
+        if req == "auto":
+            req = default_dw_seg_steps(meta, grad_y.shape[0], _spec("dwn", name), device)
     if req:
         k = _kernel("dws", config, name, device, bf16)
         return None if k is None else _GradWeightNmPlan(meta, grad_y, x, None, device, gn=gn, xn=xn, seg=k,
@@ -621,16 +643,18 @@ def plan_grad_weight_nm(meta, grad_y, x, config=None, *, nsplit=None, gn=None, x
 
 
 def grad_input_nm(meta: TrainingMeta, grad_y: torch.Tensor, weight: torch.Tensor, config: Optional[str] = None, *,
-                  store: Optional[str] = None, seg_steps=None) -> Optional[torch.Tensor]:
+                  store: Optional[str] = None, seg_steps=None, pick=None) -> Optional[torch.Tensor]:
     """``dx [B, Cin, Nin]`` fp32 by the fused node-major kernel (one launch, no stage); None when the
-    default kernel cannot launch on this device (an explicit ``config`` that cannot raises)."""
-    plan = plan_grad_input_nm(meta, grad_y, weight, config, store=store, seg_steps=seg_steps)
+    default kernel cannot launch on this device (an explicit ``config`` that cannot raises). ``pick``: as
+    :func:`plan_grad_input_nm`."""
+    plan = plan_grad_input_nm(meta, grad_y, weight, config, store=store, seg_steps=seg_steps, pick=pick)
     return None if plan is None else plan.run()
 
 
 def grad_weight_nm(meta: TrainingMeta, grad_y: torch.Tensor, x: torch.Tensor, config: Optional[str] = None, *,
-                   nsplit: Optional[int] = None, seg_steps=None) -> Optional[torch.Tensor]:
+                   nsplit: Optional[int] = None, seg_steps=None, pick=None) -> Optional[torch.Tensor]:
     """``dW [Cout, Q]`` fp32 by the fused per-tap kernel (one launch + a fixed-order sum of ``nsplit``
-    partials); None when the default kernel cannot launch on this device."""
-    plan = plan_grad_weight_nm(meta, grad_y, x, config, nsplit=nsplit, seg_steps=seg_steps)
+    partials); None when the default kernel cannot launch on this device. ``pick``: as
+    :func:`plan_grad_weight_nm`."""
+    plan = plan_grad_weight_nm(meta, grad_y, x, config, nsplit=nsplit, seg_steps=seg_steps, pick=pick)
     return None if plan is None else plan.run()

@@ -11,10 +11,17 @@ Each gradient runs on one of three paths:
   stage) on layers with ``Cin >= FUSED_MIN_CIN``;
 * ``"staged"``: fovi's stage + reverse-index design (:mod:`fovi_lab.kernels.adjoint.staged`), on the stems.
 
-``FOVI_KNN_GRAD_PATH`` (``fused`` / ``staged`` / ``auto``) overrides the fused-or-staged choice. The plan is
-cached with the layer's tables (:func:`fovi_lab.graph.meta.meta_aux`), keyed by batch, dtype and the values of
-the three switches, so a training step looks it up instead of deciding again; where a path cannot launch on
-the device, the caller falls back (:mod:`fovi_lab.knn_warp`), as before.
+``FOVI_KNN_GRAD_PATH`` (``fused`` / ``staged`` / ``auto``) overrides the fused-or-staged choice.
+
+Where the fused kernels are the layer's (its own path, or the fallback of ``"mma"``), the plan also holds what
+they run with (:class:`FusedPick`): each gradient's tiles, its segment length and dW's interleaved splits, from the
+fused family's rules (:func:`~fovi_lab.kernels.adjoint.fused.select_dx_nm_config`,
+:func:`~fovi_lab.kernels.adjoint.fused_plans.default_dx_seg_steps` and their dW forms), so a call runs them
+without deciding again.
+
+The plan is cached with the layer's tables (:func:`fovi_lab.graph.meta.meta_aux`), keyed by batch, dtype, the
+device type and the values of :data:`SWITCHES`, so a training step looks it up instead of deciding again; where a
+path cannot launch on the device, the caller falls back (:mod:`fovi_lab.knn_warp`).
 """
 
 from __future__ import annotations
@@ -31,8 +38,63 @@ from fovi_lab.graph.meta import meta_aux
 #: ones (their 3-channel rows make a fused tile mostly padding).
 FUSED_MIN_CIN = 16
 
-#: The switches the plan reads (a change decides anew).
-SWITCHES = ("FOVI_KNN_GRAD_PATH", "FOVI_KNN_DX_PATH", "FOVI_KNN_DW_PATH")
+#: The settings the plan reads (a change decides anew).
+SWITCHES = ("FOVI_KNN_GRAD_PATH", "FOVI_KNN_DX_PATH", "FOVI_KNN_DW_PATH", "FOVI_KNN_DX_SEG", "FOVI_KNN_DW_SEG",
+            "FOVI_KNN_FUSED_PARTIAL_MIB")
+
+
+@dataclass(frozen=True)
+class FusedPick:
+    """What one gradient's fused node-major kernel runs with.
+
+    Attributes:
+        config: its tiles, a ``dxn_`` / ``dwn_`` name (``DX_NM_CONFIG_SPECS`` / ``DW_NM_CONFIG_SPECS``); the
+            segmented kernel (``dxs`` / ``dws``) of the same tiles where ``seg_steps`` is not 0.
+        seg_steps: 0 for whole lists (dx) or the interleaved splits (dW); L >= 1 for segments of L steps.
+        nsplit: dW's interleaved splits (1 for dx and for segments).
+    """
+
+    config: str
+    seg_steps: int = 0
+    nsplit: int = 1
+
+    @property
+    def kind(self) -> str:
+        """The kernel kind: ``dxn`` / ``dxs`` / ``dwn`` / ``dws``."""
+        return self.config[:2] + ("s" if self.seg_steps else "n")
+
+    def words(self) -> str:
+        """The pick in words (its tiles, and the segments or splits)."""
+        from fovi_lab.kernels.adjoint.fused_build import _spec
+        a, b, k, _ = _spec(self.config[:3], self.config)
+        if self.config.startswith("dx"):
+            tiles = f"{a} batch rows x {b} input channels per tile, {k}-deep Cout steps"
+            lists = f"segments of {self.seg_steps} steps" if self.seg_steps else "whole reverse lists"
+        else:
+            tiles = f"{a} output x {b} input channels per tile, {k}-deep batch steps"
+            lists = (f"segments of {self.seg_steps} steps" if self.seg_steps else
+                     f"{self.nsplit} interleaved split{'s' if self.nsplit != 1 else ''} per tap")
+        return f"{tiles}, {lists}"
+
+
+def fused_picks(meta, batch: int, device: str) -> Tuple[FusedPick, FusedPick]:
+    """``(dx, dW)`` picks of the fused kernels for ``meta`` at ``batch`` on ``device`` (``"cpu"`` / ``"cuda..."``):
+    the fused family's rules under ``FOVI_KNN_DX_SEG`` / ``FOVI_KNN_DW_SEG`` and the partial budget."""
+    from fovi_lab.kernels.adjoint import fused_plans as fp
+    from fovi_lab.kernels.adjoint.fused import select_dw_nm_config, select_dx_nm_config
+    from fovi_lab.kernels.adjoint.fused_build import _spec
+
+    seg = fp._seg_request("FOVI_KNN_DX_SEG", None)
+    if seg == "auto":
+        seg = fp.default_dx_seg_steps(meta, batch, device)
+    dx = FusedPick(select_dx_nm_config(batch, meta.cin, meta.nin, segments=bool(seg)), int(seg))
+    name = select_dw_nm_config(meta.cout, meta.cin, batch)
+    tiles = _spec("dwn", name)
+    seg = fp._seg_request("FOVI_KNN_DW_SEG", None)
+    if seg == "auto":
+        seg = fp.default_dw_seg_steps(meta, batch, tiles, device)
+    dw = FusedPick(name, int(seg), 1 if seg else fp.default_dw_nsplit(meta, batch, tiles, device))
+    return dx, dw
 
 
 @dataclass(frozen=True)
@@ -46,6 +108,7 @@ class AdjointPlan:
             split configs' default rule).
         forced: ``(dx, dW)`` put on the tensor cores by a switch (a fallback then warns; the rule's pick gives way
             quietly).
+        fused: ``(dx, dW)`` :class:`FusedPick` where ``kernels`` is ``"fused"``, else None.
     """
 
     dx: str
@@ -53,6 +116,7 @@ class AdjointPlan:
     kernels: str
     mma_config: Optional[str]
     forced: Tuple[bool, bool] = (False, False)
+    fused: Optional[Tuple[FusedPick, FusedPick]] = None
 
     def path(self, which: str) -> str:
         return self.dx if which == "dx" else self.dw
@@ -66,8 +130,13 @@ def kernels_path(meta=None) -> str:
     return path
 
 
-def decide(meta, batch: int, dtype: torch.dtype) -> AdjointPlan:
-    """The plan of ``meta`` at ``batch`` in ``dtype`` under the current switches (no cache: :func:`adjoint_plan`)."""
+def _device_of(meta, device) -> str:
+    return str(device) if device is not None else str(meta.device)
+
+
+def decide(meta, batch: int, dtype: torch.dtype, device=None) -> AdjointPlan:
+    """The plan of ``meta`` at ``batch`` in ``dtype`` on ``device`` (default: where the meta's tables are) under the
+    current switches (no cache: :func:`adjoint_plan`)."""
     from fovi_lab.kernels.adjoint.as_forward import select_grad_mma
     kernels = kernels_path(meta)
     switches = {"dx": settings.get("FOVI_KNN_DX_PATH"), "dW": settings.get("FOVI_KNN_DW_PATH")}
@@ -80,18 +149,21 @@ def decide(meta, batch: int, dtype: torch.dtype) -> AdjointPlan:
         if sw == "off":
             return kernels
         return "mma" if sw == "mma" or config is not None else kernels
+    fused = fused_picks(meta, batch, _device_of(meta, device)) if kernels == "fused" else None
     return AdjointPlan(one("dx"), one("dW"), kernels, config,
-                       (switches["dx"] == "mma", switches["dW"] == "mma"))
+                       (switches["dx"] == "mma", switches["dW"] == "mma"), fused)
 
 
-def adjoint_plan(meta, batch: int, dtype: torch.dtype) -> AdjointPlan:
+def adjoint_plan(meta, batch: int, dtype: torch.dtype, device=None) -> AdjointPlan:
     """The :class:`AdjointPlan` of a call, decided on its first call and then looked up (cached with ``meta``, keyed
-    by batch, dtype and :data:`SWITCHES`)."""
-    key = ("adjoint_plan", int(batch), dtype, settings.snapshot(SWITCHES))
+    by batch, dtype, the device type and :data:`SWITCHES`). ``device``: where the call runs (default: where the
+    meta's tables are)."""
+    dev = _device_of(meta, device)
+    key = ("adjoint_plan", int(batch), dtype, dev.split(":")[0], settings.snapshot(SWITCHES))
     aux = meta_aux(meta)
     plan = aux.get(key)
     if plan is None:
-        plan = aux[key] = decide(meta, batch, dtype)
+        plan = aux[key] = decide(meta, batch, dtype, dev)
     return plan
 
 
@@ -102,4 +174,5 @@ def forget_plans(meta) -> None:
         del aux[key]
 
 
-__all__ = ["AdjointPlan", "forget_plans", "FUSED_MIN_CIN", "SWITCHES", "adjoint_plan", "decide", "kernels_path"]
+__all__ = ["AdjointPlan", "FusedPick", "forget_plans", "FUSED_MIN_CIN", "SWITCHES", "adjoint_plan", "decide",
+           "fused_picks", "kernels_path"]
