@@ -104,9 +104,9 @@ def _problem(layer, batch: int, dtype, rf: Optional[str]) -> Tuple[Problem, obje
     return Problem.of(meta, batch, dtype, layer=name), meta
 
 
-def _grad_words(meta, problem: Problem) -> Tuple[str, str]:
+def _grad_words(meta, problem: Problem, spec: DeviceSpec) -> Tuple[str, str]:
     from fovi_lab.kernels.adjoint.rule import FUSED_MIN_CIN, adjoint_plan
-    plan = adjoint_plan(meta, problem.batch, problem.dtype)
+    plan = adjoint_plan(meta, problem.batch, problem.dtype, device="cpu" if spec.is_cpu else "cuda")
     dx_path, dw_path, cfg = plan.dx, plan.dw, plan.mma_config
 
     def words(path: str, which: str) -> str:
@@ -115,10 +115,9 @@ def _grad_words(meta, problem: Problem) -> Tuple[str, str]:
             layer = "the transposed layer" if which == "dx" else "the tap layer"
             return f"tensor cores, as the forward of {layer}: {what}"
         if path == "fused":
-            from fovi_lab.kernels.adjoint.fused import select_dw_nm_config, select_dx_nm_config
-            c = (select_dx_nm_config(problem.batch, problem.cin, problem.nin) if which == "dx"
-                 else select_dw_nm_config(problem.cout, problem.cin, problem.batch))
-            return f"fused node-major kernel, one launch, no stage  [{c}]  (Cin >= {FUSED_MIN_CIN})"
+            pick = plan.fused[0 if which == "dx" else 1]
+            return (f"fused node-major kernel, no stage: {pick.words()}  [{pick.config}]  "
+                    f"(Cin >= {FUSED_MIN_CIN})")
         return f"staged kernels: a stage and a reverse-index reduction  (Cin < {FUSED_MIN_CIN})"
     return words(dx_path, "dx"), words(dw_path, "dW")
 
@@ -149,8 +148,9 @@ def explain(layer: Union[str, object], batch: int, dtype: Union[str, torch.dtype
         layer: a layer name of :data:`fovi_lab.graph.layers.LAYERS` or a :class:`~fovi_lab.graph.meta.TrainingMeta`.
         batch: B. dtype: ``"fp16"`` / ``"bf16"`` (or the torch dtype).
         device: ``"h200"`` / ``"h100"`` / ``"a100"`` (their datasheet peaks and limits), ``"cpu"``, a CUDA device,
-            or None (the current one). The decisions are the same on every device; the checks and the roofline
-            read the device.
+            or None (the current one). The forward and the adjoint paths are decided the same on every device;
+            the fused adjoints' segments and splits differ between a GPU and the CPU (whole lists and one split
+            there); the checks and the roofline read the device.
         rf: the reference frame of a named layer (default: its network's).
 
     Returns an :class:`Explanation`; printing it (or its repr in a notebook) gives the text.
@@ -200,7 +200,7 @@ def explain(layer: Union[str, object], batch: int, dtype: Union[str, torch.dtype
             why = "not chosen: the tensor-core kernels are the pick wherever mma.sync can launch"
         verdicts.append(FamilyVerdict(fam.key, fam.title, "runs", (why,), len(runnable), best_est))
     return Explanation(problem, spec, chosen, pick_reason(*args, name=name, bf16=bf16),
-                       chosen_family.estimate(chosen, problem, spec), fallback, *_grad_words(meta, problem),
+                       chosen_family.estimate(chosen, problem, spec), fallback, *_grad_words(meta, problem, spec),
                        families=tuple(verdicts), auto=_auto_words(meta, problem, spec))
 
 

@@ -125,3 +125,17 @@ def test_fused_calls_take_the_plan_and_decide_nothing(monkeypatch):
     ref = CompactTorchOps.grad_input(meta, gy.float(), w.float()), CompactTorchOps.grad_weight(meta, gy.float(), x.float())
     for a, r in zip(seg, ref):
         assert float((a - r).abs().max()) <= 2e-3 * float(r.abs().max())
+
+
+def test_explain_names_the_fused_picks_of_the_device():
+    """explain() prints the fused kernels a call runs on that device: the GPU plan's segments, the CPU's whole
+    lists and single split."""
+    import fovi_lab
+    meta = layer_meta("res18_layer2_0")
+    for device, dev in (("h200", "cuda"), ("cpu", "cpu")):
+        dx, dw = rule.decide(meta, 64, torch.float16, dev).fused
+        ex = fovi_lab.explain("res18_layer2_0", 64, "fp16", device)
+        assert ex.dx.startswith("fused") and f"{dx.words()}  [{dx.config}]" in ex.dx
+        assert f"{dw.words()}  [{dw.config}]" in ex.dw
+    assert rule.decide(meta, 64, torch.float16, "cuda").fused[0].seg_steps > 0       # the H200 sweep's segments
+    assert "whole reverse lists" in fovi_lab.explain("res18_layer2_0", 64, "fp16", "cpu").dx
