@@ -9,6 +9,7 @@ The public API::
     y = conv(x)                                              # x [B, Cin, Nin] -> y [B, Cout, Nout]
     backends()                                               # the registered backend names
     print(explain("res18_layer1", 16))                       # which kernels that call runs, and why
+    print(call_plan("res18_layer1", 16))                     # the plan a call of that signature takes here
 
 The package's folders are its layers, bottom up (no module imports a layer above its own):
 
@@ -30,11 +31,19 @@ from fovi_lab.ops.registry import OPS_REGISTRY, load_optional_backends
 from fovi_lab.explanation import explain
 
 __version__ = "0.1.0"
-__all__ = ["KNNConv", "KNNConvFunction", "TrainingMeta", "backends", "build_meta", "explain", "layer_graph",
-           "__version__"]
+__all__ = ["KNNConv", "KNNConvFunction", "TrainingMeta", "backends", "build_meta", "call_plan", "explain",
+           "layer_graph", "__version__"]
 
 
 def backends() -> list:
     """The registered backend names (the Warp ones when warp-lang imports), plus ``"auto"``."""
     load_optional_backends()
     return sorted(OPS_REGISTRY) + ["auto"]
+
+
+def call_plan(layer, batch: int, dtype="fp16", device=None, rf=None):
+    """The plan a ``warp_train`` call of ``layer`` at ``batch`` in ``dtype`` on ``device`` takes on this machine: its
+    forward kernel and its dx / dW kernels, decided once per call signature (printing it says them in words). See
+    :func:`fovi_lab.kernels.call_plan.call_plan`; needs warp-lang."""
+    from fovi_lab.kernels.call_plan import call_plan as plan
+    return plan(layer, batch, dtype, device, rf)

@@ -24,7 +24,8 @@ from fovi_lab.ops.registry import register_ops
 from fovi_lab.ops.replay import replayed
 from fovi_lab.graph.meta import TrainingMeta, pad_to
 from fovi_lab.ops.reference import CompactTorchOps, check_forward_args, check_grad_args  # noqa: F401  (CompactTorchOps: importable here too)
-from fovi_lab.ops.tune_cache import cache_path as tune_cache_path, tuned_forward_config
+from fovi_lab.ops.tune_cache import cache_path as tune_cache_path, tuned_forward_config  # noqa: F401
+from fovi_lab.kernels.call_plan import forget_tuned, forward_path, plan_of_call  # noqa: F401  (forward_path: public here)
 from fovi_lab.kernels.adjoint import (grad_input_nm, grad_weight_nm, node_major,  # noqa: F401
                                       plan_grad_input_nm, plan_grad_weight_nm)
 from fovi_lab.kernels.adjoint import grad_input as staged_grad_input, grad_weight as staged_grad_weight
@@ -54,16 +55,6 @@ __all__ = [
 ]
 
 
-def forward_path() -> str:
-    """The forward path of a ``warp_compact`` / ``warp_train`` call: ``"compact"`` (a GEMM per output node: the
-    forward kernels' rule) unless ``FOVI_KNN_FWD_PATH=binned`` asks for the binned form (bin the inputs by weight
-    column, then one shared-weight tensor-core GEMM: :mod:`fovi_lab.kernels.forward.binned`). ``auto`` (the
-    default) is ``compact``: on the H200, replayed, the binned form lost to PyTorch's fastest forward at every B from
-    1 to 16 on all 13 layers but the ResNet-18 stem, and to the compact kernels but for small gains on three AlexNet
-    layers at B = 1 (data/h200/forward_binned.jsonl.gz)."""
-    return "binned" if settings.get("FOVI_KNN_FWD_PATH") == "binned" else "compact"
-
-
 def _forward(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
     # run_uncached sees only the tables, so it cannot tell an x of another layer: check against the meta
     check_forward_args(meta, x, weight, bias)
@@ -72,23 +63,20 @@ def _forward(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, bias) ->
 
 
 def _forward_direct(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
-    if forward_path() == "binned":
+    plan = plan_of_call(meta, x, weight)            # decided on the signature's first call, looked up after
+    if plan.forward == "binned":
         from fovi_lab.kernels.forward.binned import run_binned
         return run_binned(meta, x, weight, bias)
-    # the config tuned on this device for this problem (python -m fovi_lab tune), else the rule's
-    config = tuned_forward_config(meta, x)
-    if config is not None and config not in _STALE_TUNED:
+    if plan.forward_source == "tune cache":
         try:
-            return run_uncached(x, weight, bias, meta.input_linear, meta.weight_linear, config=config)
-        except (ValueError, RuntimeError) as exc:       # renamed, or no longer launchable, since the tune
-            _STALE_TUNED.add(config)
-            warnings.warn(f"the tuned forward config {config!r} of the tune cache {tune_cache_path()} does not run "
-                          f"here ({exc}); running the rule's pick (tune again, or delete the cache)",
+            return run_uncached(x, weight, bias, meta.input_linear, meta.weight_linear, config=plan.forward)
+        except (ValueError, RuntimeError) as exc:       # no longer launchable since the plan took it
+            forget_tuned(meta, x, plan.forward)
+            warnings.warn(f"the tuned forward config {plan.forward!r} of the tune cache {tune_cache_path()} does not "
+                          f"run here ({exc}); running the rule's pick (tune again, or delete the cache)",
                           RuntimeWarning, stacklevel=3)
-    return run_uncached(x, weight, bias, meta.input_linear, meta.weight_linear)
-
-
-_STALE_TUNED: set = set()
+            plan = plan_of_call(meta, x, weight)
+    return run_uncached(x, weight, bias, meta.input_linear, meta.weight_linear, config=plan.forward)
 
 
 class WarpCompactOps:
@@ -236,7 +224,7 @@ def _grad_weight_direct(meta, grad_y, x, plan=None):
 
 
 def _backward_direct(meta, grad_y, x, weight):
-    plan = _rule.adjoint_plan(meta, grad_y.shape[0], grad_y.dtype)     # decided once per call signature
+    plan = plan_of_call(meta, x, weight).adjoint          # the plan the forward of this signature took
     if "mma" in (plan.dx, plan.dw):
         return _grad_input_direct(meta, grad_y, weight, plan), _grad_weight_direct(meta, grad_y, x, plan)
     if plan.kernels != "fused":

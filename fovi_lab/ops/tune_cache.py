@@ -39,6 +39,20 @@ _lock = threading.RLock()
 _ENTRIES: Optional[Dict[str, dict]] = None
 _SETUPS: Dict[str, str] = {}
 _forward_memo: Dict[tuple, Optional[str]] = {}
+#: Counts the times the entries were read again or written: a plan that read a tuned pick is kept per generation.
+generation = 0
+
+
+def _forget_memo() -> None:
+    """Forget the memoised tuned picks (the entries changed); under ``_lock``."""
+    global generation
+    _forward_memo.clear()
+    generation += 1
+
+
+def bypassed() -> bool:
+    """Whether tuned picks are bypassed on this thread (while a tune measures the untuned candidates)."""
+    return getattr(_bypass, "on", False)
 _bypass = threading.local()
 
 
@@ -132,7 +146,7 @@ def reload() -> Dict[str, dict]:
     global _ENTRIES
     with _lock:
         _ENTRIES = None
-        _forward_memo.clear()
+        _forget_memo()
     return load()
 
 
@@ -183,7 +197,7 @@ def store(entries: Dict[str, dict], write: bool = True) -> Path:
                     raise
             mem.update(current)
         _ENTRIES = mem
-        _forward_memo.clear()
+        _forget_memo()
     return path
 
 

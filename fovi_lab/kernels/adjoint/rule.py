@@ -122,6 +122,21 @@ class AdjointPlan:
         return self.dx if which == "dx" else self.dw
 
 
+def gradient_words(plan: AdjointPlan, which: str) -> str:
+    """What ``plan`` runs for ``which`` (``"dx"`` / ``"dW"``), in words, with the kernel's id in brackets."""
+    path = plan.path(which)
+    if path == "mma":
+        from fovi_lab.kernels.families import describe
+        cfg = plan.mma_config
+        what = f"{describe(cfg)}  [{cfg}]" if cfg else "the split tensor-core configs' default rule"
+        layer = "the transposed layer" if which == "dx" else "the tap layer"
+        return f"tensor cores, as the forward of {layer}: {what}"
+    if path == "fused":
+        pick = plan.fused[0 if which == "dx" else 1]
+        return f"fused node-major kernel, no stage: {pick.words()}  [{pick.config}]  (Cin >= {FUSED_MIN_CIN})"
+    return f"staged kernels: a stage and a reverse-index reduction  (Cin < {FUSED_MIN_CIN})"
+
+
 def kernels_path(meta=None) -> str:
     """The fused-or-staged path of a layer (``FOVI_KNN_GRAD_PATH`` overrides; ``auto``: by Cin)."""
     path = settings.get("FOVI_KNN_GRAD_PATH")
@@ -175,4 +190,4 @@ def forget_plans(meta) -> None:
 
 
 __all__ = ["AdjointPlan", "FusedPick", "forget_plans", "FUSED_MIN_CIN", "SWITCHES", "adjoint_plan", "decide",
-           "fused_picks", "kernels_path"]
+           "fused_picks", "gradient_words", "kernels_path"]
