@@ -25,7 +25,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from fovi_lab.graph.layers import layer_name
-from fovi_lab.ops.arguments import check_device as _check_device
+from fovi_lab.ops.arguments import check_device as _check_device, command_main
 from fovi_lab.ops.reference import oracle_forward
 from fovi_lab.ops.registry import OPS_REGISTRY, load_optional_backends, trains as backend_trains
 
@@ -416,14 +416,7 @@ def run(args) -> int:
     return 1 if bad else 0
 
 
-def main(argv=None) -> int:
-    """``python -m fovi_lab demo``: see :data:`DESCRIPTION`. Returns the exit status; a usage error exits with
-    status 2."""
-    from fovi_lab.ops.arguments import CommandParser
-
-    parser = CommandParser(prog="python -m fovi_lab demo", description=DESCRIPTION)
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+main = command_main("python -m fovi_lab demo", DESCRIPTION, add_arguments, run)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import torch
 
 from fovi_lab.kernels.families import DeviceSpec, Estimate, Point, Problem, describe, device_spec, family, lookup
 from fovi_lab.kernels.families.registry import FAMILIES, presets
+from fovi_lab.ops.arguments import command_main
 
 _DTYPES = {"fp16": torch.float16, "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 
@@ -105,21 +106,9 @@ def _problem(layer, batch: int, dtype, rf: Optional[str]) -> Tuple[Problem, obje
 
 
 def _grad_words(meta, problem: Problem, spec: DeviceSpec) -> Tuple[str, str]:
-    from fovi_lab.kernels.adjoint.rule import FUSED_MIN_CIN, adjoint_plan
+    from fovi_lab.kernels.adjoint.rule import adjoint_plan, gradient_words
     plan = adjoint_plan(meta, problem.batch, problem.dtype, device="cpu" if spec.is_cpu else "cuda")
-    dx_path, dw_path, cfg = plan.dx, plan.dw, plan.mma_config
-
-    def words(path: str, which: str) -> str:
-        if path == "mma":
-            what = f"{describe(cfg)}  [{cfg}]" if cfg else "the split tensor-core configs' default rule"
-            layer = "the transposed layer" if which == "dx" else "the tap layer"
-            return f"tensor cores, as the forward of {layer}: {what}"
-        if path == "fused":
-            pick = plan.fused[0 if which == "dx" else 1]
-            return (f"fused node-major kernel, no stage: {pick.words()}  [{pick.config}]  "
-                    f"(Cin >= {FUSED_MIN_CIN})")
-        return f"staged kernels: a stage and a reverse-index reduction  (Cin < {FUSED_MIN_CIN})"
-    return words(dx_path, "dx"), words(dw_path, "dW")
+    return gradient_words(plan, "dx"), gradient_words(plan, "dW")
 
 
 def _auto_words(meta, problem: Problem, spec: DeviceSpec) -> str:
@@ -243,11 +232,7 @@ def run(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    from fovi_lab.ops.arguments import CommandParser
-    parser = CommandParser(prog="python -m fovi_lab explain", description=DESCRIPTION)
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+main = command_main("python -m fovi_lab explain", DESCRIPTION, add_arguments, run)
 
 
 __all__ = ["explain", "Explanation", "FamilyVerdict", "DESCRIPTION", "add_arguments", "run", "main"]

@@ -142,6 +142,18 @@ _A_B = "kernel A/B runs"
 _SWEEPS = "kernel sweeps"
 _USERS_MEMORY = "users (memory)"
 
+
+def _switch(name: str, kind: str, default, what: str, who: str = _A_B, **more) -> Setting:
+    """A switch for comparing kernels (A/B only): it changes the work a kernel does."""
+    return Setting(name, kind, default, what, who, kernel=True, ab_only=True, **more)
+
+
+def _budget(name: str, default: float, what: str) -> Setting:
+    """A memory budget in MiB (0 accepted; an empty value is an error) that the kernels' work is fitted to."""
+    return Setting(name, "number", default, what, _USERS_MEMORY, kernel=True, zero_ok=True, unit="MiB",
+                   empty_is_unset=False)
+
+
 #: The table. The kernel-affecting entries keep their relative order: it is the order of the switches in the tune
 #: cache's setup key, so a new one goes after them (the keys of an existing cache stay the same).
 SETTINGS: Tuple[Setting, ...] = (
@@ -150,91 +162,71 @@ SETTINGS: Tuple[Setting, ...] = (
             "(off: much faster to compile, much slower to run).",
             "users (compile time), tests", kernel=True,
             unset="Warp's own setting (cuBLASDx on CUDA)"),
-    Setting("FOVI_WARP_MMA", "choice", "auto",
+    _switch("FOVI_WARP_MMA", "choice", "auto",
             "`off` keeps the forward's rules off the tensor-core kernels (the tile and SIMT rules only); `auto` "
-            "lets them pick those kernels.",
-            _A_B, kernel=True, ab_only=True, choices=("auto", "off")),
-    Setting("FOVI_WARP_STEM_SIMT", "choice", "auto",
+            "lets them pick those kernels.", choices=("auto", "off")),
+    _switch("FOVI_WARP_STEM_SIMT", "choice", "auto",
             "`off` keeps the forward's rules from picking a SIMT kernel (the stems stay on the i2c tiles, the other "
-            "layers on the node-major ones).",
-            _A_B, kernel=True, ab_only=True, choices=("auto", "off")),
-    Setting("FOVI_WARP_FWD_STORE", "choice", None,
+            "layers on the node-major ones).", choices=("auto", "off")),
+    _switch("FOVI_WARP_FWD_STORE", "choice", None,
             "How the forward kernels store y: straight into y (`direct`) or through a contiguous staging buffer "
-            "(`staged`).",
-            _A_B, kernel=True, ab_only=True, choices=("staged", "direct"),
+            "(`staged`).", choices=("staged", "direct"),
             unset="by size: `direct` up to 4 MiB of output, `staged` above"),
-    Setting("FOVI_KNN_GRAD_PATH", "choice", "auto",
+    _switch("FOVI_KNN_GRAD_PATH", "choice", "auto",
             "The adjoint kernels of `warp_train`: the fused node-major ones (`fused`), the staged ones (`staged`), "
-            "or the rule (`auto`: fused where Cin >= 16).",
-            _A_B, kernel=True, ab_only=True, choices=("fused", "staged", "auto")),
-    Setting("FOVI_KNN_DX_PATH", "choice", "auto",
+            "or the rule (`auto`: fused where Cin >= 16).", choices=("fused", "staged", "auto")),
+    _switch("FOVI_KNN_DX_PATH", "choice", "auto",
             "dx of `warp_train` on the tensor-core forward of the transposed layer (`mma`), never there (`off`), "
-            "or where the rule picks it (`auto`).",
-            f"{_A_B}, benchmarks", kernel=True, ab_only=True, choices=("mma", "off", "auto")),
-    Setting("FOVI_KNN_DW_PATH", "choice", "auto",
+            "or where the rule picks it (`auto`).", f"{_A_B}, benchmarks", choices=("mma", "off", "auto")),
+    _switch("FOVI_KNN_DW_PATH", "choice", "auto",
             "dW of `warp_train` on the tensor-core forward of the tap layer (`mma`), never there (`off`), or where "
-            "the rule picks it (`auto`).",
-            f"{_A_B}, benchmarks", kernel=True, ab_only=True, choices=("mma", "off", "auto")),
-    Setting("FOVI_KNN_FWD_PATH", "choice", "auto",
+            "the rule picks it (`auto`).", f"{_A_B}, benchmarks", choices=("mma", "off", "auto")),
+    _switch("FOVI_KNN_FWD_PATH", "choice", "auto",
             "The forward of the Warp backends: the compact kernels (`compact`, and `auto`) or the binned form "
-            "(`binned`).",
-            _A_B, kernel=True, ab_only=True, choices=("binned", "compact", "auto")),
-    Setting("FOVI_WARP_SIMTS_THREADS", "count", 0,
+            "(`binned`).", choices=("binned", "compact", "auto")),
+    _switch("FOVI_WARP_SIMTS_THREADS", "count", 0,
             "Threads in all that the split SIMT forward (`simts`) aims for; 0 keeps the default per register "
-            "block.",
-            _SWEEPS, kernel=True, ab_only=True, unset="0 (32768 threads, 131072 for 4x8 register blocks)"),
-    Setting("FOVI_WARP_MMAS_WARPS", "count", 2048,
-            "Warps in all that the split tensor-core forward (`mmas`) aims for (0: one split).",
-            _SWEEPS, kernel=True, ab_only=True),
-    Setting("FOVI_WARP_MMAPS_CTAS", "count", 264,
-            "CTAs in all that the split pipelined tensor-core forward (`mmaps`) aims for (0: one split).",
-            _SWEEPS, kernel=True, ab_only=True),
+            "block.", _SWEEPS, unset="0 (32768 threads, 131072 for 4x8 register blocks)"),
+    _switch("FOVI_WARP_MMAS_WARPS", "count", 2048,
+            "Warps in all that the split tensor-core forward (`mmas`) aims for (0: one split).", _SWEEPS),
+    _switch("FOVI_WARP_MMAPS_CTAS", "count", 264,
+            "CTAs in all that the split pipelined tensor-core forward (`mmaps`) aims for (0: one split).", _SWEEPS),
     Setting("FOVI_WARP_I2C_MIB", "number", 32.0,
             "Budget of the i2c forward's im2col stage: nodes are gathered and multiplied in chunks that fit it.",
             f"{_USERS_MEMORY}, tests", kernel=True, unit="MiB"),
-    Setting("FOVI_WARP_I2C_GATHER", "choice", "warp",
+    _switch("FOVI_WARP_I2C_GATHER", "choice", "warp",
             "How the i2c forward gathers rows into its stage: a Warp SIMT row copy (`warp`) or torch's "
-            "`index_select` (`torch`).",
-            _A_B, kernel=True, ab_only=True, choices=("warp", "torch")),
-    Setting("FOVI_KNN_DX_SEG", "count", "auto",
+            "`index_select` (`torch`).", choices=("warp", "torch")),
+    _switch("FOVI_KNN_DX_SEG", "count", "auto",
             "Segment length (steps) of the fused dx kernel's reverse lists: `auto` the rule, 0 or `off` whole "
-            "lists.",
-            _A_B, kernel=True, ab_only=True, choices=("auto", "off")),
-    Setting("FOVI_KNN_DW_SEG", "count", "auto",
+            "lists.", choices=("auto", "off")),
+    _switch("FOVI_KNN_DW_SEG", "count", "auto",
             "Segment length (steps) of the fused dW kernel's tap lists: `auto` the rule, 0 or `off` the "
-            "interleaved splits.",
-            _A_B, kernel=True, ab_only=True, choices=("auto", "off")),
-    Setting("FOVI_KNN_FINISH", "choice", "native",
+            "interleaved splits.", choices=("auto", "off")),
+    _switch("FOVI_KNN_FINISH", "choice", "native",
             "How the fused adjoints sum their partials: the tiled finish kernel where its check passed (`native`) "
-            "or the plain SIMT loop and PyTorch's sum (`warp`).",
-            _A_B, kernel=True, ab_only=True, choices=("native", "warp"), fold_case=True),
-    Setting("FOVI_KNN_GW_FINISH", "choice", "csr",
+            "or the plain SIMT loop and PyTorch's sum (`warp`).", choices=("native", "warp"), fold_case=True),
+    _switch("FOVI_KNN_GW_FINISH", "choice", "csr",
             "How the staged dW is reduced: the deterministic reverse-CSR kernel (`csr`) or torch's fp32 "
-            "`index_add_` (`index_add`, atomics on CUDA).",
-            _A_B, kernel=True, ab_only=True, choices=("csr", "index_add")),
-    Setting("FOVI_KNN_GI_CONFIG", "text", None,
+            "`index_add_` (`index_add`, atomics on CUDA).", choices=("csr", "index_add")),
+    _switch("FOVI_KNN_GI_CONFIG", "text", None,
             "The staged grad-input kernel config that replaces the rule's pick (a `GRAD_INPUT_CONFIG_SPECS` name, "
             "`_f32` for an fp32 stage; an unknown name raises when the kernel is fetched).",
-            _A_B, kernel=True, ab_only=True, unset="the rule (`select_gi_config`)"),
-    Setting("FOVI_KNN_GW_CONFIG", "text", None,
+            unset="the rule (`select_gi_config`)"),
+    _switch("FOVI_KNN_GW_CONFIG", "text", None,
             "The staged grad-weight kernel config that replaces the rule's pick (a `GRAD_WEIGHT_CONFIG_SPECS` "
             "name, `_f32` for an fp32 stage; an unknown name raises when the kernel is fetched).",
-            _A_B, kernel=True, ab_only=True, unset="the rule (`select_gw_config`)"),
-    Setting("FOVI_KNN_GRAD_STAGE_FP32", "flag", False,
-            "Stages the staged adjoints' products in fp32 instead of fp16.",
-            _A_B, kernel=True, ab_only=True),
-    Setting("FOVI_KNN_GRAD_STAGE_MIB", "number", 256.0,
+            unset="the rule (`select_gw_config`)"),
+    _switch("FOVI_KNN_GRAD_STAGE_FP32", "flag", False, "Stages the staged adjoints' products in fp32 instead of fp16."),
+    _budget("FOVI_KNN_GRAD_STAGE_MIB", 256.0,
             "Stage budget of the staged Warp adjoints, capped by `FOVI_KNN_STAGE_MIB`: batches and nodes are "
-            "chunked to fit it.",
-            _USERS_MEMORY, kernel=True, zero_ok=True, unit="MiB", empty_is_unset=False),
-    Setting("FOVI_KNN_FUSED_PARTIAL_MIB", "number", 64.0,
+            "chunked to fit it."),
+    _budget("FOVI_KNN_FUSED_PARTIAL_MIB", 64.0,
             "Budget of the fused adjoints' partial sums: segment tables over it are refused, splits are capped "
-            "to fit it.",
-            _USERS_MEMORY, kernel=True, zero_ok=True, unit="MiB", empty_is_unset=False),
-    Setting("FOVI_KNN_STAGE_MIB", "number", 512.0,
+            "to fit it."),
+    _budget("FOVI_KNN_STAGE_MIB", 512.0,
             "Budget of the temporaries of the PyTorch ops and the staged adjoints: their work is chunked to "
-            "fit it.",
-            _USERS_MEMORY, kernel=True, zero_ok=True, unit="MiB", empty_is_unset=False),
+            "fit it."),
     Setting("FOVI_KNN_TAP_TABLE_MIB", "count", 512,
             "Largest index tables of a derived (transposed or tap) layer: a layer over it is refused, and "
             "`warp_train` keeps the layer's own adjoint kernels.",

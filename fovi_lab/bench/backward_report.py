@@ -14,24 +14,31 @@ def _fmt(v, spec="{:.3f}", none="-"):
     return none if v is None or (isinstance(v, float) and math.isnan(v)) else spec.format(v)
 
 
+def _pct(frac, spec="{:.0f}"):
+    """A fraction of a record as a percentage ("-" where it is missing)."""
+    return _fmt(100 * (frac or math.nan), spec)
+
+
+def _staged(r: dict, grad: str, stage: str) -> str:
+    """A staged gradient's time, its stage's (and how dense that is) and its reduction's: ``grad`` ``dx`` or ``dw``,
+    ``stage`` the stage kernel's key (``gi``, ``gw``)."""
+    return (f"{_fmt(r.get(grad + '_ms'))} [stage {_fmt(r.get(stage + '_stage_ms'))} = "
+            f"{_pct(r.get(stage + '_frac_dense'))}% dense, reduce {_fmt(r.get(grad + '_reduce_ms'))}")
+
+
 def _warp_line(head: str, r: dict) -> str:
     line = (f"{head} {r['impl']} {r['ms']:.3f} ms ({_fmt(r.get('tflops'), '{:.1f}')} TFLOP/s, "
-            f"{_fmt(100 * (r.get('roofline_frac') or math.nan), '{:.1f}')}% roofline, peak "
+            f"{_pct(r.get('roofline_frac'), '{:.1f}')}% roofline, peak "
             f"{_fmt(r.get('peak_mib'), '{:.0f}')} MiB, det {r.get('deterministic')})")
     if r.get("path") == "fused":
         line += (f" dx kernel {_fmt(r.get('dxn_kernel_ms'))} ({r.get('dx_config')}, "
-                 f"{r.get('dx_kind')} seg {r.get('dx_seg_steps')}, "
-                 f"{_fmt(100 * (r.get('dx_frac_dense') or math.nan), '{:.0f}')}% dense) dW kernel "
+                 f"{r.get('dx_kind')} seg {r.get('dx_seg_steps')}, {_pct(r.get('dx_frac_dense'))}% dense) dW kernel "
                  f"{_fmt(r.get('dwn_kernel_ms'))} ({r.get('dw_config')} {r.get('dw_kind')} x{r.get('dw_nsplit')} "
                  f"seg {r.get('dw_seg_steps')}, finish {_fmt(r.get('dw_finish_ms'))}, "
-                 f"{_fmt(100 * (r.get('dw_frac_dense') or math.nan), '{:.0f}')}% dense)")
+                 f"{_pct(r.get('dw_frac_dense'))}% dense)")
     elif r.get("path") == "staged":
-        line += (f" dx {_fmt(r.get('dx_ms'))} [stage {_fmt(r.get('gi_stage_ms'))} = "
-                 f"{_fmt(100 * (r.get('gi_frac_dense') or math.nan), '{:.0f}')}% dense, "
-                 f"reduce {_fmt(r.get('dx_reduce_ms'))} "
-                 f"{_fmt(r.get('dx_reduce_gbps'), '{:.0f}')} GB/s] dW {_fmt(r.get('dw_ms'))} [stage "
-                 f"{_fmt(r.get('gw_stage_ms'))} = {_fmt(100 * (r.get('gw_frac_dense') or math.nan), '{:.0f}')}% dense, "
-                 f"reduce {_fmt(r.get('dw_reduce_ms'))}]")
+        line += (f" dx {_staged(r, 'dx', 'gi')} {_fmt(r.get('dx_reduce_gbps'), '{:.0f}')} GB/s] "
+                 f"dW {_staged(r, 'dw', 'gw')}]")
     if r.get("strongest"):
         line += f" | best torch {r['strongest']} -> x{r['speedup_vs_strongest']:.2f}"
     if r.get("seed_ms"):

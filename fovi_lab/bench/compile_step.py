@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from fovi_lab.bench.common import append_jsonl, env_info, pipelined_ms, time_fn
 from fovi_lab.graph.layers import layer_meta
+from fovi_lab.ops.arguments import command_main
 from fovi_lab.ops.autograd import KNNConv
 from fovi_lab.train import FoveatedDigitsNet, load_digits_tensors
 
@@ -160,14 +161,7 @@ def run(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    """``python -m fovi_lab bench compile``: see :data:`DESCRIPTION`. Returns the exit status; a usage error exits
-    with status 2."""
-    from fovi_lab.ops.arguments import CommandParser
-
-    parser = CommandParser(prog="python -m fovi_lab bench compile", description=DESCRIPTION)
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+main = command_main("python -m fovi_lab bench compile", DESCRIPTION, add_arguments, run)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import torch
 from fovi_lab.bench.backward_impls import torch_forwards, torch_steps
 from fovi_lab.bench.common import append_jsonl, compact_flops, env_info, time_fn
 from fovi_lab.graph.layers import LAYERS, layer_meta
+from fovi_lab.ops.arguments import command_main
 from fovi_lab.ops.reference import CompactTorchOps, oracle_forward
 
 __all__ = ["bench_layer", "main", "add_arguments", "run", "DESCRIPTION"]
@@ -213,14 +214,7 @@ def run(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    """``python -m fovi_lab bench dtypes``: see :data:`DESCRIPTION`. Returns the exit status; a usage error exits
-    with status 2."""
-    from fovi_lab.ops.arguments import CommandParser
-
-    parser = CommandParser(prog="python -m fovi_lab bench dtypes", description=DESCRIPTION)
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+main = command_main("python -m fovi_lab bench dtypes", DESCRIPTION, add_arguments, run)
 
 
 if __name__ == "__main__":

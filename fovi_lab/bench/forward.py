@@ -49,6 +49,7 @@ import torch
 from fovi_lab.bench.common import (Progress, Roofline, roofline_of, append_jsonl, compact_bytes, compact_flops, default_record_path,
                                    print_graphed, records_note,
                                    env_info, gbps, tflops, time_fn)
+from fovi_lab.ops.arguments import command_main
 
 __all__ = ["main", "add_arguments", "run", "DESCRIPTION", "torch_baselines", "run_shape"]
 
@@ -560,14 +561,7 @@ def run(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    """``python -m fovi_lab bench forward``: see :data:`DESCRIPTION`. Returns the exit status; a usage error exits
-    with status 2."""
-    from fovi_lab.ops.arguments import CommandParser
-
-    parser = CommandParser(prog="python -m fovi_lab bench forward", description=DESCRIPTION)
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+main = command_main("python -m fovi_lab bench forward", DESCRIPTION, add_arguments, run)
 
 
 def _summary(recs: List[dict]) -> None:

@@ -31,6 +31,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 from functools import lru_cache
 
 from fovi_lab.graph.layers import LAYERS, layer_name, layer_shape
+from fovi_lab.ops.arguments import command_main
 from fovi_lab.ops.records import CHECKOUT_ROOT, RECORDS_DIR, read_file, record_files
 
 __all__ = ["load_runs", "result_rows", "devices", "results_markdown", "readme_table", "update_readme", "main", "add_arguments",
@@ -289,14 +290,7 @@ def run(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    """``python -m fovi_lab report``: see :data:`DESCRIPTION`. Returns the exit status; a usage error exits with
-    status 2."""
-    from fovi_lab.ops.arguments import CommandParser
-
-    parser = CommandParser(prog=PROG, description=DESCRIPTION)
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+main = command_main(PROG, DESCRIPTION, add_arguments, run)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ import fovi_lab.settings as settings
 from fovi_lab.bench.common import time_fn
 from fovi_lab.graph.layers import layer_meta
 from fovi_lab.ops import tune_cache
+from fovi_lab.ops.arguments import command_main
 from fovi_lab.ops.dispatch import pick_backend, recorded_table
 from fovi_lab.ops.records import iter_records
 from fovi_lab.ops.reference import CompactTorchOps, oracle_forward
@@ -364,16 +365,7 @@ def run(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    """``python -m fovi_lab tune``: see :data:`DESCRIPTION`. Returns the exit status; a usage error exits with
-    status 2."""
-    from fovi_lab.ops.arguments import CommandParser
-
-    parser = CommandParser(prog=PROG, description=DESCRIPTION)
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    args.argv = argv
-    return run(args)
+main = command_main(PROG, DESCRIPTION, add_arguments, run)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,9 @@ import multiprocessing as mp
 import os
 import sys
 import time
-from typing import List, Optional, Tuple
+from typing import List, Tuple
+
+from fovi_lab.ops.arguments import command_main
 
 __all__ = ["main", "add_arguments", "run", "DESCRIPTION", "forward_jobs", "grad_jobs"]
 
@@ -173,14 +175,7 @@ def run(args) -> int:
     return 1 if failed else 0
 
 
-def main(argv: Optional[list] = None) -> int:
-    """``python -m fovi_lab warmup``: see :data:`DESCRIPTION`. Returns the exit status; a usage error exits with
-    status 2."""
-    from fovi_lab.ops.arguments import CommandParser
-
-    parser = CommandParser(prog="python -m fovi_lab warmup", description=DESCRIPTION)
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+main = command_main("python -m fovi_lab warmup", DESCRIPTION, add_arguments, run)
 
 
 if __name__ == "__main__":

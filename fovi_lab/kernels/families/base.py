@@ -11,6 +11,9 @@ bytes it must move at the device's bandwidth (a lower bound, never a prediction)
 
 from __future__ import annotations
 
+import functools
+import re
+import string
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
@@ -43,6 +46,44 @@ class Param:
         if self.default is not None and value == self.default:
             return None
         return self.words(value) if self.words is not None else f"{value} {self.label}"
+
+
+@dataclass(frozen=True)
+class IdField:
+    """One field of a family's derived ids: ``letter``, then the value of parameter ``param`` times ``scale``.
+
+    With a ``default`` (in the id's units) the short form leaves the field out where the value is the default, and
+    a parsed id without it takes the default. A parsed value that is not a multiple of ``scale`` is rounded down,
+    or with ``exact`` names no point."""
+
+    letter: str
+    param: str
+    default: Optional[int] = None
+    scale: int = 1
+    exact: bool = False
+
+    def text(self, point: "Point", explicit: bool) -> str:
+        value = point[self.param] * self.scale
+        return f"{self.letter}{value}" if self.default is None or value != self.default or explicit else ""
+
+    def pattern(self) -> str:
+        return rf"{self.letter}(\d+)" if self.default is None else rf"(?:{self.letter}(\d+))?"
+
+
+#: The block size in threads, ``b<threads>``: the last field of every family's ids, written where it is not 128.
+BLOCK = IdField("b", "warps", default=128, scale=32)
+
+
+def warps_param(values: Tuple[int, ...], default: Optional[int] = None) -> Param:
+    """The ``warps`` parameter every family has: the warps of one block (its ids' :data:`BLOCK` field)."""
+    return Param("warps", "warps per block", values, words=lambda v: f"{v} warp{'s' if v > 1 else ''} per block",
+                 default=default)
+
+
+def switch(name: str, label: str, phrase: Optional[str] = None) -> Param:
+    """A parameter that is off or on (False, True); the readable name says ``phrase`` (default: the label) where it
+    is on, and nothing where it is off."""
+    return Param(name, label, (False, True), words=words_of({False: None, True: phrase or label}))
 
 
 #: Filled by the registry (:mod:`fovi_lab.kernels.families.registry`) as it loads the presets: the preset name of
@@ -167,7 +208,12 @@ class Family:
     methods below; one module per family (``fovi_lab.kernels.families.*``), one line in the registry.
 
     ``variants`` maps each legacy family string of the configs table (``mmato``, ``sdp``, ...) to the values
-    it fixes: those strings remain the prefix of the compact ids, so records and tune caches keep loading."""
+    it fixes: those strings remain the prefix of the compact ids, so records and tune caches keep loading.
+
+    The derived ids, their parsing and the configs-table fields are declared rather than written per family:
+    :attr:`id_fields` and :attr:`id_prefixes` give :meth:`format_id` and :meth:`parse_id`, :attr:`config_params`
+    gives :meth:`config_fields` and :meth:`from_config`, and :attr:`head_words` the first phrase of the readable
+    name."""
 
     key: str = ""
     title: str = ""
@@ -254,12 +300,18 @@ class Family:
             reasons.append(f"has kernels for {kinds} only, not {str(problem.dtype).replace('torch.', '')}")
         return reasons
 
-    #: how many leading parameters :meth:`head` puts in words (the tile shape, said as one phrase)
-    head_params: int = 0
+    #: the phrase of the leading parameters in the readable name (the tile shape, said as one phrase): a format
+    #: string of their names (``"{tile_o} channels x {tile_b} rows per warp"``); "" for none
+    head_words: str = ""
+
+    @property
+    def head_params(self) -> int:
+        """How many leading parameters :meth:`head` puts in words (those :attr:`head_words` names)."""
+        return sum(1 for _, name, _, _ in string.Formatter().parse(self.head_words) if name)
 
     def head(self, point: Point) -> Optional[str]:
         """The phrase of the first :attr:`head_params` parameters (``"64 channels x 32 rows per warp"``)."""
-        return None
+        return self.head_words.format(**point.as_dict()) if self.head_words else None
 
     def describe(self, point: Point) -> str:
         """The readable name: the family's title, the :meth:`head` phrase and each other parameter's phrase."""
@@ -277,27 +329,59 @@ class Family:
         short = self.format_id(point)
         return self.format_id(point, explicit=True) if short in PRESET_NAMES else short
 
+    #: the fields of the derived ids, in order, after the variant's prefix (:data:`BLOCK` last)
+    id_fields: Tuple[IdField, ...] = ()
+    #: the prefix of each variant's ids where it is not the variant's name and ``_``
+    id_prefixes: Dict[str, str] = {}
+
+    def _id_prefix(self, variant: str) -> str:
+        return self.id_prefixes.get(variant, variant + "_")
+
     def format_id(self, point: Point, explicit: bool = False) -> str:
-        """The id derived from the parameters; ``explicit``: every optional field written out (used where the
-        short form is a preset's name for another point)."""
-        raise NotImplementedError
+        """The id derived from the parameters: the variant's prefix and each of :attr:`id_fields`; ``explicit``:
+        every optional field written out (used where the short form is a preset's name for another point)."""
+        return self._id_prefix(self.variant(point)) + "".join(f.text(point, explicit) for f in self.id_fields)
+
+    @functools.cached_property
+    def _id_pattern(self) -> Tuple["re.Pattern", Dict[str, str]]:
+        """The pattern of the derived ids, and the variant of each prefix."""
+        variant_of = {self._id_prefix(v): v for v in self.variants}
+        prefixes = "|".join(re.escape(p) for p in sorted(variant_of, key=len, reverse=True))
+        return re.compile(f"^({prefixes})" + "".join(f.pattern() for f in self.id_fields) + "$"), variant_of
 
     def parse_id(self, text: str) -> Optional[Point]:
-        """The point a derived id names (None when ``text`` is not one of this family's ids)."""
-        return None
+        """The point a derived id names (None when ``text`` is not one of this family's ids; a ValueError where it
+        reads as one but a value lies outside the space)."""
+        pattern, variant_of = self._id_pattern
+        m = pattern.match(text)
+        if not m:
+            return None
+        values = {}
+        for f, digits in zip(self.id_fields, m.groups()[1:]):
+            value = f.default if digits is None else int(digits)
+            if f.exact and value % f.scale:
+                return None
+            values[f.param] = value // f.scale
+        return self.point(**values, **self.variants[variant_of[m.group(1)]])
 
     def to_config(self, point: Point, name: Optional[str] = None):
         """The :class:`~fovi_lab.kernels.families.table.FwdConfig` the builders and plans take."""
         from fovi_lab.kernels.families.table import FwdConfig
         return FwdConfig(name or self.point_id(point), self.variant(point), *self.config_fields(point))
 
+    #: the parameter behind each of the configs-table fields ``tile_m``, ``tile_n``, ``tile_k`` and ``r`` (a
+    #: number where the family fixes the field; a fixed field is not read back); ``block_dim`` is ``warps`` x 32
+    config_params: Tuple[Any, Any, Any, Any] = ()
+
     def config_fields(self, point: Point) -> Tuple[int, int, int, int, int]:
         """``(tile_m, tile_n, tile_k, r, block_dim)`` of the point."""
-        raise NotImplementedError
+        return (*(point[p] if isinstance(p, str) else p for p in self.config_params), point["warps"] * 32)
 
     def from_config(self, cfg) -> Point:
         """The point of a configs-table entry of one of this family's variants."""
-        raise NotImplementedError
+        values = {p: getattr(cfg, f) for f, p in zip(("tile_m", "tile_n", "tile_k", "r"), self.config_params)
+                  if isinstance(p, str)}
+        return self.point(**values, warps=cfg.block_dim // 32, **self.variants[cfg.family])
 
     def dataflow(self, cfg) -> str:
         """Which forward plan of :mod:`fovi_lab.kernels.forward.plans` runs the configs-table entry ``cfg``: the
@@ -381,5 +465,5 @@ def needs_arch(arch: int, device: Optional[DeviceSpec], what: str) -> List[str]:
     return [f"{what} needs sm_{arch} or newer; {device.name} is sm_{device.arch}"]
 
 
-__all__ = ["Param", "Point", "Problem", "DeviceSpec", "Estimate", "Preset", "Family", "words_of", "check_shared",
-           "needs_arch"]
+__all__ = ["Param", "IdField", "BLOCK", "Point", "Problem", "DeviceSpec", "Estimate", "Preset", "Family", "words_of",
+           "warps_param", "switch", "check_shared", "needs_arch"]

@@ -6,11 +6,10 @@ Kernel: :func:`fovi_lab.kernels.forward.tile.make_cached_kernel`, run by
 
 from __future__ import annotations
 
-import re
 from typing import List, Optional
 
-from fovi_lab.kernels.families.base import DeviceSpec, Family, Param, Point, Problem, check_shared
-from fovi_lab.kernels.families.tile_gemm import tile_bill
+from fovi_lab.kernels.families.base import BLOCK, DeviceSpec, Family, Point, Problem, check_shared, warps_param
+from fovi_lab.kernels.families.tile_gemm import TILE_FIELDS, TILE_HEAD, dense_tile_kernel, tile_bill, tile_shape
 
 
 class Cached(Family):
@@ -19,38 +18,15 @@ class Cached(Family):
     module = "fovi_lab.kernels.forward.tile"
     tensor_cores = True
     inference_only = True
-    params = (
-        Param("tile_m", "batch rows per tile", (16, 32, 64)),
-        Param("tile_n", "output channels per tile", (32, 64, 128)),
-        Param("warps", "warps per block", (2, 4, 8), words=lambda v: f"{v} warps per block"),
-    )
+    params = (*tile_shape((16, 32, 64), (32, 64, 128)), warps_param((2, 4, 8)))
     variants = {"cached": {}}
-
-    head_params = 2
-
-    def head(self, point: Point) -> str:
-        return f"{point['tile_m']} rows x {point['tile_n']} channels per tile"
+    head_words = TILE_HEAD
+    id_prefixes = {"cached": "c_"}
+    id_fields = (*TILE_FIELDS, BLOCK)
+    config_params = ("tile_m", "tile_n", 64, 1)
 
     def resource_reasons(self, point: Point, device: Optional[DeviceSpec]) -> List[str]:
         return check_shared(tile_bill(point["tile_m"], point["tile_n"], 64, 1, index_tiles=1), device, "its tiles")
-
-    def format_id(self, point: Point, explicit: bool = False) -> str:
-        bd = point["warps"] * 32
-        return f"c_m{point['tile_m']}n{point['tile_n']}" + (f"b{bd}" if bd != 128 or explicit else "")
-
-    _ID = re.compile(r"^c_m(\d+)n(\d+)(?:b(\d+))?$")
-
-    def parse_id(self, text: str) -> Optional[Point]:
-        m = self._ID.match(text)
-        if not m:
-            return None
-        return self.point(tile_m=int(m.group(1)), tile_n=int(m.group(2)), warps=int(m.group(3) or 128) // 32)
-
-    def config_fields(self, point: Point):
-        return point["tile_m"], point["tile_n"], 64, 1, point["warps"] * 32
-
-    def from_config(self, cfg) -> Point:
-        return self.point(tile_m=cfg.tile_m, tile_n=cfg.tile_n, warps=cfg.block_dim // 32)
 
     def dataflow(self, cfg) -> str:
         return "cached"
@@ -58,7 +34,7 @@ class Cached(Family):
     def make_kernel(self, cfg, mathdx=None, dense=False, bf16=False):
         import fovi_lab.kernels.forward.tile as T
         if dense:
-            return T.make_dense_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx)
+            return dense_tile_kernel(cfg, mathdx, self.dense_kind(cfg))
         return T.make_cached_kernel(cfg.tile_m, cfg.tile_n, cfg.block_dim, mathdx)
 
     def block_shape(self, point: Point):

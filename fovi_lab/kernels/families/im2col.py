@@ -7,11 +7,11 @@ loop over contiguous tiles, ``tile_k`` p entries per step.
 
 from __future__ import annotations
 
-import re
 from typing import List, Optional
 
-from fovi_lab.kernels.families.base import DeviceSpec, Family, Param, Point, Problem, check_shared, words_of
-from fovi_lab.kernels.families.tile_gemm import tile_bill
+from fovi_lab.kernels.families.base import (BLOCK, DeviceSpec, Family, IdField, Param, Point, Problem, check_shared,
+                                            switch, warps_param)
+from fovi_lab.kernels.families.tile_gemm import TILE_FIELDS, TILE_HEAD, dense_tile_kernel, tile_bill, tile_shape
 
 
 class Im2col(Family):
@@ -19,20 +19,12 @@ class Im2col(Family):
     title = "im2col stage + tile GEMM"
     module = "fovi_lab.kernels.forward.tile"
     tensor_cores = True
-    params = (
-        Param("tile_m", "batch rows per tile", (16, 32, 64, 128)),
-        Param("tile_n", "output channels per tile", (64, 96, 128)),
-        Param("tile_k", "p entries per step", (64, 128), words=lambda v: f"{v} p entries per step"),
-        Param("warps", "warps per block", (2, 4, 8), words=lambda v: f"{v} warps per block", default=4),
-        Param("w_gathered", "W gathered in the kernel", (False, True),
-              words=words_of({False: None, True: "W gathered in the kernel"})),
-    )
+    params = (*tile_shape((16, 32, 64, 128), (64, 96, 128)), Param("tile_k", "p entries per step", (64, 128)),
+              warps_param((2, 4, 8), default=4), switch("w_gathered", "W gathered in the kernel"))
     variants = {"i2c": {"w_gathered": False}, "i2cg": {"w_gathered": True}}
-
-    head_params = 2
-
-    def head(self, point: Point) -> str:
-        return f"{point['tile_m']} rows x {point['tile_n']} channels per tile"
+    head_words = TILE_HEAD
+    id_fields = (*TILE_FIELDS, IdField("k", "tile_k"), BLOCK)
+    config_params = ("tile_m", "tile_n", "tile_k", 1)
 
     def resource_reasons(self, point: Point, device: Optional[DeviceSpec]) -> List[str]:
         return check_shared(tile_bill(point["tile_m"], point["tile_n"], point["tile_k"], 1, index_tiles=0), device,
@@ -45,27 +37,6 @@ class Im2col(Family):
                            f"{point['tile_k']}; pick a 64-deep config or leave config=None")
         return reasons
 
-    def format_id(self, point: Point, explicit: bool = False) -> str:
-        bd = point["warps"] * 32
-        return (f"{self.variant(point)}_m{point['tile_m']}n{point['tile_n']}k{point['tile_k']}"
-                + (f"b{bd}" if bd != 128 or explicit else ""))
-
-    _ID = re.compile(r"^(i2cg?)_m(\d+)n(\d+)k(\d+)(?:b(\d+))?$")
-
-    def parse_id(self, text: str) -> Optional[Point]:
-        m = self._ID.match(text)
-        if not m:
-            return None
-        return self.point(tile_m=int(m.group(2)), tile_n=int(m.group(3)), tile_k=int(m.group(4)),
-                          warps=int(m.group(5) or 128) // 32, **self.variants[m.group(1)])
-
-    def config_fields(self, point: Point):
-        return point["tile_m"], point["tile_n"], point["tile_k"], 1, point["warps"] * 32
-
-    def from_config(self, cfg) -> Point:
-        return self.point(tile_m=cfg.tile_m, tile_n=cfg.tile_n, tile_k=cfg.tile_k, warps=cfg.block_dim // 32,
-                          **self.variants[cfg.family])
-
     def dataflow(self, cfg) -> str:
         return "im2col"
 
@@ -75,9 +46,9 @@ class Im2col(Family):
     def make_kernel(self, cfg, mathdx=None, dense=False, bf16=False):
         import fovi_lab.kernels.forward.tile as T
         if dense:
-            return T.make_dense_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx)
+            return dense_tile_kernel(cfg, mathdx, self.dense_kind(cfg))
         return T.make_i2c_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim,
-                                 self.variants[cfg.family]["w_gathered"], mathdx)
+                                 self.variant_values(cfg)["w_gathered"], mathdx)
 
     def block_shape(self, point: Point):
         return point["tile_m"], point["tile_n"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import List, Optional
 
 from fovi_lab.kernels.families.registry import FAMILIES, aliases, family, presets
+from fovi_lab.ops.arguments import command_main
 
 
 def listing(family_key: Optional[str] = None, experimental: bool = False) -> str:
@@ -100,11 +101,7 @@ def run(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    from fovi_lab.ops.arguments import CommandParser
-    parser = CommandParser(prog="python -m fovi_lab configs", description=DESCRIPTION)
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+main = command_main("python -m fovi_lab configs", DESCRIPTION, add_arguments, run)
 
 
 __all__ = ["listing", "render_markdown", "write_docs", "DESCRIPTION", "add_arguments", "run", "main"]

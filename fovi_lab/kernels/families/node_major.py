@@ -10,12 +10,13 @@ across blocks into fp32 partials summed in a fixed order (few output nodes).
 
 from __future__ import annotations
 
-import re
 from typing import List, Optional
 
 from fovi_lab.graph.meta import pad_to
-from fovi_lab.kernels.families.base import DeviceSpec, Family, Param, Point, Problem, check_shared, words_of
-from fovi_lab.kernels.families.tile_gemm import tile_bill
+from fovi_lab.kernels.families.base import (BLOCK, DeviceSpec, Family, IdField, Param, Point, Problem, check_shared,
+                                            switch, warps_param)
+from fovi_lab.kernels.families.tile_gemm import (PREFETCH, R_FIELD, R_PARAM, TILE_FIELDS, TILE_HEAD, dense_tile_kernel,
+                                                 tile_bill, tile_shape)
 
 
 class NodeMajor(Family):
@@ -23,25 +24,14 @@ class NodeMajor(Family):
     title = "node-major tile GEMM"
     module = "fovi_lab.kernels.forward.tile"
     tensor_cores = True
-    params = (
-        Param("tile_m", "batch rows per tile", (16, 32, 64, 128)),
-        Param("tile_n", "output channels per tile", (16, 32, 64, 128)),
-        Param("tile_k", "channels per step", (16, 32, 64, 128), words=lambda v: f"{v} channels per step"),
-        Param("r", "batch tiles per weight tile", (1, 2, 4),
-              words=lambda v: None if v == 1 else f"{v} batch tiles share each weight tile"),
-        Param("warps", "warps per block", (2, 4, 8), words=lambda v: f"{v} warps per block", default=4),
-        Param("split", "neighbour loop split", (False, True),
-              words=words_of({False: None, True: "neighbour loop split"})),
-        Param("prefetch", "prefetch", (False, True), words=words_of({False: None, True: "next tiles prefetched"})),
-    )
+    params = (*tile_shape((16, 32, 64, 128), (16, 32, 64, 128)),
+              Param("tile_k", "channels per step", (16, 32, 64, 128)), R_PARAM,
+              warps_param((2, 4, 8), default=4), switch("split", "neighbour loop split"), PREFETCH)
     variants = {"nm": {"split": False, "prefetch": False}, "nms": {"split": True, "prefetch": False},
                 "nmp": {"split": False, "prefetch": True}}
-    _PREFIX = {"nm": "nm", "nms": "nms", "nmp": "nmp"}
-
-    head_params = 2
-
-    def head(self, point: Point) -> str:
-        return f"{point['tile_m']} rows x {point['tile_n']} channels per tile"
+    head_words = TILE_HEAD
+    id_fields = (*TILE_FIELDS, IdField("k", "tile_k"), R_FIELD, BLOCK)
+    config_params = ("tile_m", "tile_n", "tile_k", "r")
 
     def combine_reasons(self, point: Point) -> List[str]:
         reasons = super().combine_reasons(point)
@@ -60,39 +50,17 @@ class NodeMajor(Family):
                            "c*Nin + idx[n, k]); these are not")
         return reasons
 
-    def format_id(self, point: Point, explicit: bool = False) -> str:
-        bd, r = point["warps"] * 32, point["r"]
-        return (f"{self.variant(point)}_m{point['tile_m']}n{point['tile_n']}k{point['tile_k']}"
-                + (f"r{r}" if r != 1 or explicit else "") + (f"b{bd}" if bd != 128 or explicit else ""))
-
-    _ID = re.compile(r"^(nm|nms|nmp)_m(\d+)n(\d+)k(\d+)(?:r(\d+))?(?:b(\d+))?$")
-
-    def parse_id(self, text: str) -> Optional[Point]:
-        m = self._ID.match(text)
-        if not m:
-            return None
-        return self.point(tile_m=int(m.group(2)), tile_n=int(m.group(3)), tile_k=int(m.group(4)),
-                          r=int(m.group(5) or 1), warps=int(m.group(6) or 128) // 32, **self.variants[m.group(1)])
-
-    def config_fields(self, point: Point):
-        return point["tile_m"], point["tile_n"], point["tile_k"], point["r"], point["warps"] * 32
-
-    def from_config(self, cfg) -> Point:
-        return self.point(tile_m=cfg.tile_m, tile_n=cfg.tile_n, tile_k=cfg.tile_k, r=cfg.r,
-                          warps=cfg.block_dim // 32, **self.variants[cfg.family])
-
     def dataflow(self, cfg) -> str:
-        return "node_major_lists" if self.variants[cfg.family]["prefetch"] else "node_major"
+        return "node_major_lists" if self.variant_values(cfg)["prefetch"] else "node_major"
 
     def dense_kind(self, cfg) -> str:
-        return "pipelined" if self.variants[cfg.family]["prefetch"] else "tile"
+        return "pipelined" if self.variant_values(cfg)["prefetch"] else "tile"
 
     def make_kernel(self, cfg, mathdx=None, dense=False, bf16=False):
         import fovi_lab.kernels.forward.tile as T
-        v = self.variants[cfg.family]
         if dense:
-            return (T.make_densep_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, mathdx) if v["prefetch"]
-                    else T.make_dense_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx))
+            return dense_tile_kernel(cfg, mathdx, self.dense_kind(cfg))
+        v = self.variant_values(cfg)
         if v["prefetch"]:
             return T.make_nmp_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, mathdx)
         if v["split"]:

@@ -8,10 +8,10 @@ cut into fp32 partials summed in a fixed order (layers with few nodes).
 
 from __future__ import annotations
 
-import re
 from typing import List, Optional
 
-from fovi_lab.kernels.families.base import DeviceSpec, Family, Param, Point, Problem, check_shared, needs_arch, words_of
+from fovi_lab.kernels.families.base import (BLOCK, DeviceSpec, Family, IdField, Param, Point, Problem, check_shared,
+                                            needs_arch, switch, warps_param)
 
 
 class Pipelined(Family):
@@ -23,17 +23,15 @@ class Pipelined(Family):
     params = (
         Param("channels", "output channels per block", (64, 128, 256)),
         Param("rows", "batch rows per block", (64, 128, 256)),
-        Param("k", "p entries per stage", (16, 32, 64), words=lambda v: f"{v} p entries per stage"),
+        Param("k", "p entries per stage", (16, 32, 64)),
         Param("stages", "stages in flight", (2, 3, 4, 5, 6), words=lambda v: f"{v} stages"),
-        Param("warps", "warps per block", (4, 8), words=lambda v: f"{v} warps per block", default=4),
-        Param("split", "p range split", (False, True), words=words_of({False: None, True: "p range split"})),
+        warps_param((4, 8), default=4),
+        switch("split", "p range split"),
     )
     variants = {"mmap": {"split": False}, "mmaps": {"split": True}}
-
-    head_params = 2
-
-    def head(self, point: Point) -> str:
-        return f"{point['channels']} channels x {point['rows']} rows per block"
+    head_words = "{channels} channels x {rows} rows per block"
+    id_fields = (IdField("o", "channels"), IdField("b", "rows"), IdField("k", "k"), IdField("s", "stages"), BLOCK)
+    config_params = ("rows", "channels", "k", "stages")
 
     def shared_bytes(self, point: Point) -> int:
         return point["stages"] * point["k"] * (point["channels"] + point["rows"]) * 2
@@ -54,27 +52,6 @@ class Pipelined(Family):
         return needs_arch(80, device, "cp.async and mma.sync") + check_shared(self.shared_bytes(point), device,
                                                                                "the stages")
 
-    def format_id(self, point: Point, explicit: bool = False) -> str:
-        bd = point["warps"] * 32
-        return (f"{self.variant(point)}_o{point['channels']}b{point['rows']}k{point['k']}s{point['stages']}"
-                + (f"b{bd}" if bd != 128 or explicit else ""))
-
-    _ID = re.compile(r"^(mmaps?)_o(\d+)b(\d+)k(\d+)s(\d+)(?:b(\d+))?$")
-
-    def parse_id(self, text: str) -> Optional[Point]:
-        m = self._ID.match(text)
-        if not m:
-            return None
-        return self.point(channels=int(m.group(2)), rows=int(m.group(3)), k=int(m.group(4)), stages=int(m.group(5)),
-                          warps=int(m.group(6) or 128) // 32, **self.variants[m.group(1)])
-
-    def config_fields(self, point: Point):
-        return point["rows"], point["channels"], point["k"], point["stages"], point["warps"] * 32
-
-    def from_config(self, cfg) -> Point:
-        return self.point(channels=cfg.tile_n, rows=cfg.tile_m, k=cfg.tile_k, stages=cfg.r, warps=cfg.block_dim // 32,
-                          **self.variants[cfg.family])
-
     unit = "block"
 
     def dataflow(self, cfg) -> str:
@@ -84,12 +61,12 @@ class Pipelined(Family):
         return "mmap"
 
     def fp32_output(self, cfg) -> bool:
-        return bool(self.variants[cfg.family]["split"])
+        return bool(self.variant_values(cfg)["split"])
 
     def make_kernel(self, cfg, mathdx=None, dense=False, bf16=False):
         from fovi_lab.kernels.forward.mma_pipe import make_mma_pipe_kernel
         return make_mma_pipe_kernel(cfg.tile_n, cfg.tile_m, cfg.tile_k, cfg.r, cfg.block_dim, dense=dense,
-                                    split=self.variants[cfg.family]["split"] and not dense)
+                                    split=self.variant_values(cfg)["split"] and not dense)
 
     def block_shape(self, point: Point):
         return point["rows"], point["channels"]

@@ -8,10 +8,9 @@ stems (Cin = 3) and for tiny batches, where a 16-row tensor-core tile would be m
 
 from __future__ import annotations
 
-import re
-from typing import List, Optional
+from typing import List
 
-from fovi_lab.kernels.families.base import Family, Param, Point, Problem, words_of
+from fovi_lab.kernels.families.base import BLOCK, Family, IdField, Param, Point, Problem, switch, warps_param
 
 
 class Simt(Family):
@@ -23,14 +22,11 @@ class Simt(Family):
         Param("tile_o", "output channels per thread", (4, 8, 16)),
         Param("unroll", "p entries per step", (1, 2, 4, 8),
               words=lambda v: f"{v} p entr{'y' if v == 1 else 'ies'} per step"),
-        Param("warps", "warps per block", (2, 4), words=lambda v: f"{v} warps per block", default=4),
-        Param("split", "p loop split", (False, True), words=words_of({False: None, True: "p loop split"})),
-        Param("prefetch", "index prefetch", (False, True),
-              words=words_of({False: None, True: "next indices prefetched"})),
-        Param("w_vectors", "W read as vectors", (False, True),
-              words=words_of({False: None, True: "W read as 4-vectors"})),
-        Param("fp32_vectors", "fp32 operands as 4-vectors", (False, True),
-              words=words_of({False: None, True: "fp32 operands as 4-vectors"})),
+        warps_param((2, 4), default=4),
+        switch("split", "p loop split"),
+        switch("prefetch", "index prefetch", "next indices prefetched"),
+        switch("w_vectors", "W read as vectors", "W read as 4-vectors"),
+        switch("fp32_vectors", "fp32 operands as 4-vectors"),
     )
     _BASE = dict(split=False, prefetch=False, w_vectors=False, fp32_vectors=False)
     variants = {
@@ -41,12 +37,10 @@ class Simt(Family):
         "simtsw": {**_BASE, "split": True, "w_vectors": True},
         "simtv": {**_BASE, "fp32_vectors": True},
     }
-    _PREFIX = {"simt": "sd", "simtp": "sdp", "simtw": "sw", "simts": "ss", "simtsw": "ssw", "simtv": "sv"}
-
-    head_params = 2
-
-    def head(self, point: Point) -> str:
-        return f"{point['tile_b']} rows x {point['tile_o']} channels per thread"
+    id_prefixes = {"simt": "sd_", "simtp": "sdp_", "simtw": "sw_", "simts": "ss_", "simtsw": "ssw_", "simtv": "sv_"}
+    head_words = "{tile_b} rows x {tile_o} channels per thread"
+    id_fields = (IdField("b", "tile_b"), IdField("o", "tile_o"), IdField("u", "unroll"), BLOCK)
+    config_params = ("tile_b", "tile_o", "unroll", 1)
 
     def combine_reasons(self, point: Point) -> List[str]:
         reasons = super().combine_reasons(point)
@@ -59,39 +53,17 @@ class Simt(Family):
                            f"fp32 accumulators per thread, over the 128 that leave room for its operands")
         return reasons
 
-    def format_id(self, point: Point, explicit: bool = False) -> str:
-        bd = point["warps"] * 32
-        return (f"{self._PREFIX[self.variant(point)]}_b{point['tile_b']}o{point['tile_o']}u{point['unroll']}"
-                + (f"b{bd}" if bd != 128 or explicit else ""))
-
-    _ID = re.compile(r"^(sd|sdp|sw|ss|ssw|sv)_b(\d+)o(\d+)u(\d+)(?:b(\d+))?$")
-
-    def parse_id(self, text: str) -> Optional[Point]:
-        m = self._ID.match(text)
-        if not m:
-            return None
-        variant = {v: k for k, v in self._PREFIX.items()}[m.group(1)]
-        return self.point(tile_b=int(m.group(2)), tile_o=int(m.group(3)), unroll=int(m.group(4)),
-                          warps=int(m.group(5) or 128) // 32, **self.variants[variant])
-
-    def config_fields(self, point: Point):
-        return point["tile_b"], point["tile_o"], point["unroll"], 1, point["warps"] * 32
-
-    def from_config(self, cfg) -> Point:
-        return self.point(tile_b=cfg.tile_m, tile_o=cfg.tile_n, unroll=cfg.tile_k, warps=cfg.block_dim // 32,
-                          **self.variants[cfg.family])
-
     unit = "thread"
 
     def dataflow(self, cfg) -> str:
-        return "vec4" if self.variants[cfg.family]["fp32_vectors"] else "in_place"
+        return "vec4" if self.variant_values(cfg)["fp32_vectors"] else "in_place"
 
     def dense_kind(self, cfg) -> str:
-        return "simtv" if self.variants[cfg.family]["fp32_vectors"] else "simt"
+        return "simtv" if self.variant_values(cfg)["fp32_vectors"] else "simt"
 
     def make_kernel(self, cfg, mathdx=None, dense=False, bf16=False):
         from fovi_lab.kernels.forward.simt import make_simt_kernel, make_simts_kernel, make_simtv_kernel
-        v = self.variants[cfg.family]
+        v = self.variant_values(cfg)
         args = (cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim)
         if v["fp32_vectors"]:
             return make_simtv_kernel(*args, dense=dense)

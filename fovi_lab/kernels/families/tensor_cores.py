@@ -11,12 +11,13 @@ stored straight from the registers or through a shared tile (runs of consecutive
 
 from __future__ import annotations
 
-import re
-
-import torch
+from dataclasses import replace
 from typing import List, Optional
 
-from fovi_lab.kernels.families.base import DeviceSpec, Family, Param, Point, Problem, needs_arch, words_of
+import torch
+
+from fovi_lab.kernels.families.base import (BLOCK, DeviceSpec, Family, IdField, Param, Point, Problem, needs_arch,
+                                            switch, warps_param, words_of)
 
 
 class TensorCores(Family):
@@ -29,14 +30,13 @@ class TensorCores(Family):
     params = (
         Param("tile_o", "output channels per warp", (16, 32, 48, 64, 80, 96, 112, 128)),
         Param("tile_b", "batch rows per warp", (8, 16, 32, 64)),
-        Param("k", "p entries per step", (16, 32, 64), words=lambda v: f"{v} p entries per step", default=16),
-        Param("warps", "warps per block", (1, 2, 4, 8),
-              words=lambda v: f"{v} warp{'s' if v > 1 else ''} per block", default=4),
+        Param("k", "p entries per step", (16, 32, 64), default=16),
+        warps_param((1, 2, 4, 8), default=4),
         Param("x_layout", "x layout", ("in place", "transposed"),
               words=words_of({"in place": None, "transposed": "x^T layout"})),
         Param("w_layout", "W layout", ("transposed", "in place"),
               words=words_of({"transposed": None, "in place": "W read in place"})),
-        Param("split", "p loop split", (False, True), words=words_of({False: None, True: "p loop split"})),
+        switch("split", "p loop split"),
         Param("store", "store", ("direct", "shared tile"),
               words=words_of({"direct": None, "shared tile": "stores through a shared tile"})),
     )
@@ -51,10 +51,10 @@ class TensorCores(Family):
         "mmato": {**_BASE, "x_layout": "transposed", "store": "shared tile"},
     }
 
-    head_params = 2
-
-    def head(self, point: Point) -> str:
-        return f"{point['tile_o']} channels x {point['tile_b']} rows per warp"
+    head_words = "{tile_o} channels x {tile_b} rows per warp"
+    id_fields = (IdField("o", "tile_o"), IdField("b", "tile_b"), IdField("k", "k", default=16),
+                 replace(BLOCK, exact=True))          # (a block size that is not whole warps names no point)
+    config_params = ("tile_b", "tile_o", "k", 1)
 
     def combine_reasons(self, point: Point) -> List[str]:
         reasons = super().combine_reasons(point)
@@ -70,45 +70,21 @@ class TensorCores(Family):
             reasons.append("more than 1024 threads per block")
         return reasons
 
-    def format_id(self, point: Point, explicit: bool = False) -> str:
-        k, bd = point["k"], point["warps"] * 32
-        return (f"{self.variant(point)}_o{point['tile_o']}b{point['tile_b']}" + (f"k{k}" if k != 16 or explicit else "")
-                + (f"b{bd}" if bd != 128 or explicit else ""))
-
-    _ID = re.compile(r"^(mma[swto]*)_o(\d+)b(\d+)(?:k(\d+))?(?:b(\d+))?$")
-
-    def parse_id(self, text: str) -> Optional[Point]:
-        m = self._ID.match(text)
-        if not m or m.group(1) not in self.variants:
-            return None
-        bd = int(m.group(5) or 128)
-        if bd % 32:
-            return None
-        return self.point(tile_o=int(m.group(2)), tile_b=int(m.group(3)), k=int(m.group(4) or 16), warps=bd // 32,
-                          **self.variants[m.group(1)])
-
-    def config_fields(self, point: Point):
-        return point["tile_b"], point["tile_o"], point["k"], 1, point["warps"] * 32
-
-    def from_config(self, cfg) -> Point:
-        return self.point(tile_o=cfg.tile_n, tile_b=cfg.tile_m, k=cfg.tile_k, warps=cfg.block_dim // 32,
-                          **self.variants[cfg.family])
-
     unit = "warp"
 
     def dataflow(self, cfg) -> str:
         return "in_place"
 
     def dense_kind(self, cfg) -> str:
-        v = self.variants[cfg.family]
+        v = self.variant_values(cfg)
         return "mma" + ("w" if v["w_layout"] == "in place" else "") + ("t" if v["x_layout"] == "transposed" else "")
 
     def fp32_output(self, cfg) -> bool:
-        return bool(self.variants[cfg.family]["split"])
+        return bool(self.variant_values(cfg)["split"])
 
     def make_kernel(self, cfg, mathdx=None, dense=False, bf16=False):
         from fovi_lab.kernels.forward.mma import make_mma_kernel
-        v = self.variants[cfg.family]
+        v = self.variant_values(cfg)
         return make_mma_kernel(cfg.tile_n // 16, cfg.tile_m // 8, cfg.block_dim, split=v["split"] and not dense,
                                dense=dense, w_native=v["w_layout"] == "in place", x_t=v["x_layout"] == "transposed",
                                k_steps=cfg.tile_k // 16, stage=v["store"] == "shared tile" and not dense, bf16=bf16)

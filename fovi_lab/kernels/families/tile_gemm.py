@@ -5,14 +5,17 @@ Kernels: :func:`fovi_lab.kernels.forward.tile.make_gather_kernel` and its prefet
 sharing each weight tile) x ``tile_n`` output channels of one node; each 64-wide p tile is two indexed row
 gathers (``tile_load_indexed``) from x^T and W^T, then ``tile_matmul`` into fp32 tiles. The pad index is one
 row past x^T's end and reads 0 through the bounds check.
+
+The module also holds what the tile families (this one, node_major, im2col and cached) declare alike: the shared
+memory bill of a tile block, the tile-shape parameters and id fields, ``r`` and ``prefetch``, and the dense ceiling.
 """
 
 from __future__ import annotations
 
-import re
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
-from fovi_lab.kernels.families.base import DeviceSpec, Family, Param, Point, Problem, check_shared, words_of
+from fovi_lab.kernels.families.base import (BLOCK, DeviceSpec, Family, IdField, Param, Point, Problem, check_shared,
+                                            switch, warps_param)
 
 
 def tile_bill(tile_m: int, tile_n: int, tile_k: int, r: int = 1, index_tiles: int = 2) -> int:
@@ -22,26 +25,44 @@ def tile_bill(tile_m: int, tile_n: int, tile_k: int, r: int = 1, index_tiles: in
                + tile_n * 4)
 
 
+#: The readable name's first phrase of the tile families (tile_gemm, node_major, im2col, cached).
+TILE_HEAD = "{tile_m} rows x {tile_n} channels per tile"
+#: Their ids' tile fields: ``m<tile_m>n<tile_n>``.
+TILE_FIELDS = (IdField("m", "tile_m"), IdField("n", "tile_n"))
+#: Their ``r``: batch tiles sharing each weight tile, written in the ids where it is not 1.
+R_PARAM = Param("r", "batch tiles per weight tile", (1, 2, 4),
+                words=lambda v: None if v == 1 else f"{v} batch tiles share each weight tile")
+R_FIELD = IdField("r", "r", default=1)
+PREFETCH = switch("prefetch", "prefetch", "next tiles prefetched")
+
+
+def tile_shape(rows: Tuple[int, ...], channels: Tuple[int, ...]) -> Tuple[Param, Param]:
+    """The ``tile_m`` and ``tile_n`` parameters of a tile family: batch rows and output channels per tile."""
+    return Param("tile_m", "batch rows per tile", rows), Param("tile_n", "output channels per tile", channels)
+
+
+def dense_tile_kernel(cfg, mathdx=None, kind: str = "tile"):
+    """The dense ceiling of a tile family's configs-table entry ``cfg`` whose :meth:`~Family.dense_kind` is
+    ``kind``: the plain tile loop (``tile``) or the prefetching one (``pipelined``)."""
+    import fovi_lab.kernels.forward.tile as T
+    if kind == "pipelined":
+        return T.make_densep_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, mathdx)
+    return T.make_dense_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx)
+
+
 class TileGemm(Family):
     key = "tile_gemm"
     title = "tile GEMM over gathered rows"
     module = "fovi_lab.kernels.forward.tile"
     tensor_cores = True          # (tile_matmul: MathDx on the tensor cores where Warp has it)
-    params = (
-        Param("tile_m", "batch rows per tile", (16, 32, 64, 128)),
-        Param("tile_n", "output channels per tile", (32, 64, 96, 128)),
-        Param("r", "batch tiles per weight tile", (1, 2, 4),
-              words=lambda v: None if v == 1 else f"{v} batch tiles share each weight tile"),
-        Param("warps", "warps per block", (2, 4, 8, 16), words=lambda v: f"{v} warps per block", default=4),
-        Param("prefetch", "prefetch", (False, True), words=words_of({False: None, True: "next tiles prefetched"})),
-    )
+    params = (*tile_shape((16, 32, 64, 128), (32, 64, 96, 128)), R_PARAM, warps_param((2, 4, 8, 16), default=4),
+              PREFETCH)
     variants = {"gather": {"prefetch": False}, "gp": {"prefetch": True}}
     tile_k = 64
-
-    head_params = 2
-
-    def head(self, point: Point) -> str:
-        return f"{point['tile_m']} rows x {point['tile_n']} channels per tile"
+    head_words = TILE_HEAD
+    id_prefixes = {"gather": ""}
+    id_fields = (*TILE_FIELDS, R_FIELD, BLOCK)
+    config_params = ("tile_m", "tile_n", tile_k, "r")
 
     def combine_reasons(self, point: Point) -> List[str]:
         reasons = super().combine_reasons(point)
@@ -53,40 +74,18 @@ class TileGemm(Family):
         bill = tile_bill(point["tile_m"], point["tile_n"], self.tile_k, point["r"]) * (2 if point["prefetch"] else 1)
         return check_shared(bill, device, "its tiles")
 
-    def format_id(self, point: Point, explicit: bool = False) -> str:
-        bd, r = point["warps"] * 32, point["r"]
-        return (("gp_" if point["prefetch"] else "") + f"m{point['tile_m']}n{point['tile_n']}"
-                + (f"r{r}" if r != 1 or explicit else "") + (f"b{bd}" if bd != 128 or explicit else ""))
-
-    _ID = re.compile(r"^(gp_)?m(\d+)n(\d+)(?:r(\d+))?(?:b(\d+))?$")
-
-    def parse_id(self, text: str) -> Optional[Point]:
-        m = self._ID.match(text)
-        if not m:
-            return None
-        return self.point(tile_m=int(m.group(2)), tile_n=int(m.group(3)), r=int(m.group(4) or 1),
-                          warps=int(m.group(5) or 128) // 32, prefetch=bool(m.group(1)))
-
-    def config_fields(self, point: Point):
-        return point["tile_m"], point["tile_n"], self.tile_k, point["r"], point["warps"] * 32
-
-    def from_config(self, cfg) -> Point:
-        return self.point(tile_m=cfg.tile_m, tile_n=cfg.tile_n, r=cfg.r, warps=cfg.block_dim // 32,
-                          prefetch=cfg.family == "gp")
-
     def dataflow(self, cfg) -> str:
         return "gather"
 
     def dense_kind(self, cfg) -> str:
-        return "pipelined" if self.variants[cfg.family]["prefetch"] else "tile"
+        return "pipelined" if self.variant_values(cfg)["prefetch"] else "tile"
 
     def make_kernel(self, cfg, mathdx=None, dense=False, bf16=False):
         import fovi_lab.kernels.forward.tile as T
-        if self.variants[cfg.family]["prefetch"]:
-            return (T.make_densep_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, mathdx) if dense
-                    else T.make_gp_kernel(cfg.tile_m, cfg.tile_n, cfg.block_dim, mathdx))
         if dense:
-            return T.make_dense_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx)
+            return dense_tile_kernel(cfg, mathdx, self.dense_kind(cfg))
+        if self.variant_values(cfg)["prefetch"]:
+            return T.make_gp_kernel(cfg.tile_m, cfg.tile_n, cfg.block_dim, mathdx)
         return T.make_gather_kernel(cfg.tile_m, cfg.tile_n, cfg.r, cfg.block_dim, mathdx)
 
     def block_shape(self, point: Point):
