@@ -130,7 +130,7 @@ def test_limits_and_budget_tables_print_the_figure_s_numbers():
     assert len(lim) == len(cd.GPU_LIMITS) + 2
     assert "231424   226.0" in cd.limits_table() and "262144   256.0" in lim[-1]
     rows = {line.split("  ")[0].strip(): line for line in cd.budget_table().splitlines()[1:]}
-    assert set(rows) == {c[0] for c in cd.BUDGET_CONFIGS}
-    assert "107264   104.8  H200 sm_90" in rows["m64n64r4"]          # over sm_89, fits an H200 block
-    assert "362496   354.0  no GPU" in rows["m128n128r2 + backward"]  # the adjoint kernel's request
-    assert rows["m16n32"].endswith("CUDA default, sm_89 opt-in, H200 sm_90")
+    assert set(rows) == {cd.tile_text(*c[1:]) for c in cd.BUDGET_CONFIGS}     # the tiles in words, not ids
+    assert "107264   104.8  H200 sm_90" in rows["64 rows x 64 channels, r = 4"]          # over sm_89, fits an H200 block
+    assert "362496   354.0  no GPU" in rows[cd.tile_text(128, 128, 2, True)]  # the adjoint kernel's request
+    assert rows["16 rows x 32 channels, r = 1"].endswith("CUDA default, sm_89 opt-in, H200 sm_90")

@@ -89,8 +89,8 @@ def test_segments_sweep_table_names_the_fastest_of_each_kind(tmp_path):
     p = tmp_path / "sweep.jsonl"
     p.write_text("\n".join(json.dumps(r) for r in recs))
     lines = fv.segments_sweep_table(batches=(64,), path=str(p)).splitlines()
-    assert lines[1].split() == ["64", "res18_layer3", "0.085", "m16n16k64", "0.056", "m64n64k64", "L=4",
-                                "0.059", "o64c64k64", "x1", "0.050", "o64c64k64", "L=2"]
+    assert lines[1].split() == ["64", "res18_layer3", "0.085", "16x16,", "64-deep", "0.056", "64x64,", "64-deep", "L=4",
+                                "0.059", "64x64,", "64-deep", "x1", "0.050", "64x64,", "64-deep", "L=2"]
     assert fv.segments_sweep_table(path=str(tmp_path / "none.jsonl")) == "no recorded fused sweep"
 
 

@@ -13,6 +13,7 @@ from fovi_lab import lab as kl
 from fovi_lab.lab import forward_explorer as lab_forward_explorer
 from fovi_lab.lab import problems as lab_problems
 from fovi_lab.lab import records as lab_records
+from fovi_lab.lab.labels import short_label
 from fovi_lab.bench.common import compact_bytes, compact_flops
 from fovi_lab.ops.reference import oracle_forward
 from fovi_lab.graph.meta import pad_to
@@ -567,13 +568,15 @@ def test_tile_kernel_table_and_the_printed_lines(tmp_path):
     assert (r["torch_impl"], r["torch_ms"]) == ("torch_cached_bmm", 0.27)
     assert (r["cached_ms"], r["cached_vs_config"], r["cached_vs_ms"]) == (0.75, "nm_m64n64k64", 0.43)
     lines = R.tile_kernel_lines(rows, batches=(512,))
-    assert "2026-11-29" in lines[0] and lines[2].split()[3:7] == ["nm_m64n64k64r2", "0.250", "0.260", "0.96"]
-    assert lines[2].split()[-1] == "-"                                  # no whole-op time: no op/torch ratio
-    assert lines[-1].split()[-1] == "1.74"                              # cached 0.75 / uncached 0.43
+    assert "2026-11-29" in lines[0] and lines[2].split()[3:6] == ["0.250", "0.260", "0.96"]
+    assert lines[2].endswith("  " + short_label("nm_m64n64k64r2"))     # the kernel in words, last
+    assert lines[2].split()[10] == "-"                                  # no whole-op time: no op/torch ratio
+    assert lines[-1].split()[5] == "1.74"                               # cached 0.75 / uncached 0.43
+    assert lines[-1].endswith(short_label("nm_m64n64k64"))
     assert len(R.tile_kernel_lines(rows, batches=(16,))) == 2           # no row at B = 16: title and header
     with_cached = R.forward_lines(kl.forward_table(recs), batches=(512,), records=recs)
-    assert "2026-11-29" in with_cached[0] and with_cached[1].split()[-1] == "cached"
-    assert with_cached[2].split()[-2:] == ["0.63", "0.750"]             # torch 0.27 / op 0.43, cached 0.75
+    assert "2026-11-29" in with_cached[0] and with_cached[1].split()[-3:] == ["cached", "heuristic's", "kernel"]
+    assert with_cached[2].split()[8:10] == ["0.63", "0.750"]            # torch 0.27 / op 0.43, cached 0.75
     _write(tmp_path / "forward_sweep_h200.jsonl", [x for x in _fwd_records() if x.get("impl") != "warp_cached"])
     recs = kl.forward_records(tmp_path)
     assert "cached" not in R.forward_lines(kl.forward_table(recs), batches=(512,))[0]
@@ -601,9 +604,11 @@ def test_adjoint_record_tables():
                       ms=8.019, gw_stage_ms=6.774, gw_frac_dense=0.735, dw_reduce_gbps=1264.7, gw_finish="csr"))
     lines = ae.gi_gw_sweep_table("alex_L1", 512, sweep).splitlines()
     assert lines[0].startswith("alex_L1, B = 512, GPU")
-    assert [l.split() for l in lines[2:]] == [["gi2p_p64b128", "15.748", "3.749", "-", "1203"],
-                                              ["gi3_p64b128_f32", "8.313", "1.897", "79", "2286"],
-                                              ["gw3_p64n128", "8.019", "6.774", "74", "1265"]]
+    assert [l.split()[-4:] for l in lines[2:]] == [["15.748", "3.749", "-", "1203"], ["8.313", "1.897", "79", "2286"],
+                                                   ["8.019", "6.774", "74", "1265"]]
+    assert [l.rsplit(None, 4)[0] for l in lines[2:]] == [     # each stage config in words, sorted by its id
+        "dx 64 p x 128 rows, gi2 grid, prefetch, fp16 stage", "dx 64 p x 128 rows, gi3 grid, fp32 stage",
+        "dW 64 p x 128 ch, gw3 grid, fp16 stage"]
     assert len(ae.gi_gw_sweep_table("alex_L1", 512, sweep, only=("gw",)).splitlines()) == 3
     assert ae.gi_gw_sweep_table("alex_L1", 64, sweep).startswith("no recorded")
 

@@ -9,6 +9,7 @@ import pytest
 
 from fovi_lab.lab import mma_viz as mv
 from fovi_lab.kernels import forward as F
+from fovi_lab.lab.labels import short_label
 
 
 @pytest.mark.parametrize("kind, rows, cols, per_lane", (("A", 16, 16, 8), ("B", 16, 8, 4), ("D", 16, 8, 4)))
@@ -62,7 +63,7 @@ def test_widget_refuses_bad_choices_with_a_message():
 
 def test_widget_runs_a_pick_here():
     lines, fig = mv.explore_mma_widget("res18_layer4_0", 3, None, device="cpu")
-    assert lines[0].startswith("PASS") and "the rule picks mmasw_o32b8" in lines[2]
+    assert lines[0].startswith("PASS") and f"the rule picks {short_label('mmasw_o32b8')}" in lines[2]
     assert fig.data
 
 

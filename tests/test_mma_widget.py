@@ -9,7 +9,7 @@ import json
 import pytest
 
 from fovi_lab.lab import mma_viz as mv
-from fovi_lab.lab.labels import CONFIG_ID, kernel_label
+from fovi_lab.lab.labels import CONFIG_ID, kernel_label, short_label
 
 
 def _figure(fig) -> dict:
@@ -37,7 +37,7 @@ def test_a_change_of_batch_reruns_the_kernel_and_moves_the_figure():
     assert lines16[0].startswith("PASS") and lines32[0].startswith("PASS")
     pick16, pick32 = mv._rule_pick("alex_L0", 16), mv._rule_pick("alex_L0", 32)
     assert pick16 != pick32, "the rule picks another kernel at B = 32 on AlexNet's stem"
-    assert f"the rule picks {pick16}" in lines16[2] and f"the rule picks {pick32}" in lines32[2]
+    assert f"the rule picks {short_label(pick16)}" in lines16[2] and f"the rule picks {short_label(pick32)}" in lines32[2]
 
     d16, d32 = _figure(fig16), _figure(fig32)
     assert d16["data"] != d32["data"]

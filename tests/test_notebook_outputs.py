@@ -150,6 +150,50 @@ def test_log_axes_read_in_full_numbers(path):
     assert bad == [], f"{path.name}: log axes without ticks of their own (cell, axis): {bad[:8]}"
 
 
+#: A cell that prints a listing of the package's code (:func:`fovi_lab.lab.show_source`, ``inspect.getsource``, a
+#: native ``*_snippet``): its string literals and docstrings are the config ids the code passes to the API, and a
+#: learner reads them as code. The one place a printed config id may stand; a cell's source must call one of these.
+_LISTING = re.compile(r"\b(?:show_source|getsource|\w+_snippet)\(")
+
+
+def printed_texts(nb: dict):
+    """``(cell, text)`` of every printed text output a learner reads (stdout and plain-text results), listings of the
+    package's code (:data:`_LISTING`) left out."""
+    for i, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] != "code" or _LISTING.search("".join(cell["source"])):
+            continue
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream" and out.get("name") == "stderr":
+                continue
+            text = out.get("text") or out.get("data", {}).get("text/plain") or ""
+            yield i, "".join(text) if isinstance(text, list) else text
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_printed_tables_name_kernels_in_words(path):
+    """Every table and line a notebook prints names a kernel in words (fovi_lab.lab.labels.kernel_label /
+    short_label: ``tensor cores 64x32, x^T, staged store``), never by its config id (``mmato_o64b32b256``)."""
+    from fovi_lab.lab.labels import CONFIG_ID
+    bad = sorted({(i, m) for i, text in printed_texts(json.loads(path.read_text())) for m in CONFIG_ID.findall(text)})
+    assert bad == [], f"{path.name}: config ids in printed outputs (cell, id): {bad[:8]}"
+
+
+def test_the_printed_text_check_reads_outputs_and_spares_listings():
+    from fovi_lab.lab.labels import CONFIG_ID
+
+    def cell(src, text, kind="stream"):
+        out = ({"output_type": "stream", "name": "stdout", "text": text} if kind == "stream"
+               else {"output_type": "execute_result", "data": {"text/plain": text}})
+        return {"cell_type": "code", "source": src, "outputs": [out]}
+    nb = {"cells": [cell("print(table)", "B=16  mmato_o64b32b256  0.1 ms\n"), cell("rows", "['nm_m16n32k64']", "result"),
+                    cell("print(kl.show_source(F.select_config))", 'return "m64n64r1b256"'),
+                    cell("print(inspect.getsource(f))", '"gi2_p64b64"'),
+                    cell("print(mma_pipe.pipe_snippet(128, 64))", "ldmatrix.m8n8"),
+                    cell("print(words)", "B=16  tensor cores 64x32, x^T, staged store  0.1 ms")]}
+    found = [(i, m) for i, text in printed_texts(nb) for m in CONFIG_ID.findall(text)]
+    assert found == [(0, "mmato_o64b32b256"), (1, "nm_m16n32k64")]
+
+
 def test_the_label_check_reads_legends_axes_and_tables():
     from fovi_lab.lab.labels import CONFIG_ID
     fig = {"layout": {"xaxis": {"title": {"text": "time (ms)"}}, "annotations": [{"text": "rule: mma_o96b16k32"}]},

@@ -1,6 +1,7 @@
 """The lab: what the notebooks run. Problems, traffic models, widget callbacks, recorded results, figures.
 
     common           set-up, devices, error classes, source display, figure helpers
+    labels           kernel configs in words, for figures and printed tables
     problems         a real layer (or a synthetic shape) at any batch, with its fp32 reference
     traffic          FLOPs, bytes and shared memory of the forward, one node's GEMM
     forward_explorer  the forward widget: rerun a production kernel, check it, time it
@@ -10,14 +11,15 @@
     *_viz            one module of figures per notebook topic (graph, stems, split, mma, fused, host, ...)
 
 The lab uses only public names of the layers below it, and nothing outside ``fovi_lab.lab`` imports it.
-``from fovi_lab import lab`` gives the names of the first seven modules.
+``from fovi_lab import lab`` gives the names of the first eight modules.
 """
 
 from fovi_lab.lab.common import (batch_menu, check_explore_args, clamp_shape, COLOURS, CPU_WORK_BUDGET,
                                  default_device, device_line, fail_result, format_result, FORWARD_CHOICES, hline,
                                  is_int, LAYER_CHOICES, layer_kernel_widget, log_range, message_figure, missing_marks, parity_line,
-                                 rel_error, result_answer, round4, RunLog, setup, show_source, sync_device, time_ms,
-                                 tolerance_class, widget_device)
+                                 rel_error, result_answer, round4, RunLog, setup, show_source, sync_device, text_table,
+                                 time_ms, tolerance_class, widget_device)
+from fovi_lab.lab.labels import kernel_label, short_label
 from fovi_lab.lab.problems import make_meta, make_problem, ORACLE_MAX_ELEMS, Problem, reference_forward, reference_grads
 from fovi_lab.lab.traffic import (forward_counts, node_gemm, node_gemm_figure, shape_of, tile_smem_estimate,
                                   tile_traffic, traffic_figure, traffic_table)

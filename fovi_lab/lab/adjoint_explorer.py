@@ -16,7 +16,7 @@ from plotly.subplots import make_subplots
 from fovi_lab.lab.common import readable_log_axes
 from fovi_lab.graph.layers import LAYERS
 from fovi_lab.graph.meta import TrainingMeta, pad_to
-from fovi_lab.lab.labels import stage_label
+from fovi_lab.lab.labels import short_label, stage_label
 from fovi_lab.lab.common import (CPU_WORK_BUDGET, RunLog, result_answer, check_explore_args,
                                  clamp_shape, fail_result, hline, log_range, time_ms, parity_line,
                                  rel_error, tolerance_class, widget_device)
@@ -295,11 +295,14 @@ def explore_adjoint(layer: str = "res18_layer1", batch: int = 64, cout: Optional
         result.update(
             ok=True, passed=bool(err_dx <= tol and err_dw <= tol), batch=b, nodes=meta.nout, cout=meta.cout,
             clamp=note, err_dx=err_dx, err_dw=err_dw, tolerance=tol, reference=ref_name, deterministic=det,
-            parity_dx=parity_line(f"dx, {gi_config} + reverse-CSR reduction on {tag} vs {ref_name}", err_dx, tol),
-            parity_dw=parity_line(f"dW, {gw_config} + weight-row reduction on {tag} vs {ref_name}", err_dw, tol),
+            parity_dx=parity_line(f"{short_label(gi_config)} + reverse-CSR reduction, on {tag} vs {ref_name}", err_dx,
+                                  tol),
+            parity_dw=parity_line(f"{short_label(gw_config)} + weight-row reduction, on {tag} vs {ref_name}", err_dw,
+                                  tol),
             compile_s=compile_s, run_ms=run_ms, torch_ms=torch_ms,
             torch_name="torch_compact adjoints (fp32 on the CPU)" if dev == "cpu" else "torch_compact adjoints (fp16)",
-            gi_ctas=gi_grid["ctas"], gw_ctas=gw_grid["ctas"], label=f"{layer} B={b} {gi_config}+{gw_config}",
+            gi_ctas=gi_grid["ctas"], gw_ctas=gw_grid["ctas"],
+            label=f"{layer} B={b} {short_label(gi_config)} + {short_label(gw_config)}",
             device=dev,
         )
         result["message"] = (f"{'PASS' if result['passed'] else 'FAIL'}  dx {tolerance_class(err_dx)}, "
@@ -337,14 +340,14 @@ def gi_gw_sweep_table(layer: str, batch: int, records: Optional[List[dict]] = No
     latest = {}
     for r in runs[-1]:
         latest[(r["impl"], r["config"])] = r
+    rows = [(short_label(cfg), impl[len("warp_"):], r) for (impl, cfg), r in sorted(latest.items())
+            if not only or cfg.startswith(tuple(only))]
+    width = max([len(w) for w, _, _ in rows] + [len("stage config")])
     lines = [f"{layer}, B = {batch}, {versions_title(runs[-1])}",
-             f"{'config':>20s} {'backward ms':>12s} {'stage ms':>9s} {'% of dense':>11s} {'reduction GB/s':>15s}"]
-    for (impl, cfg), r in sorted(latest.items()):
-        if only and not cfg.startswith(tuple(only)):
-            continue
-        kind = impl[len("warp_"):]
+             f"{'stage config':{width}s} {'backward ms':>12s} {'stage ms':>9s} {'% of dense':>11s} {'reduction GB/s':>15s}"]
+    for words, kind, r in rows:
         frac = r.get(f"{kind}_frac_dense")
         gbps = r.get("dx_reduce_gbps" if kind == "gi" else "dw_reduce_gbps")
-        lines.append(f"{cfg:>20s} {r['ms']:12.3f} {r[f'{kind}_stage_ms']:9.3f} "
+        lines.append(f"{words:{width}s} {r['ms']:12.3f} {r[f'{kind}_stage_ms']:9.3f} "
                      f"{f'{100 * frac:.0f}' if frac else '-':>11s} {f'{gbps:.0f}' if gbps else '-':>15s}")
     return "\n".join(lines)

@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 
 import torch
 
-from fovi_lab.lab.common import readable_log_axes
+from fovi_lab.lab.common import readable_log_axes, text_table
 from fovi_lab import lab as kl
 from fovi_lab.graph.layers import LAYERS, layer_meta
 from fovi_lab.graph.meta import SYNTHETIC_SHAPES, build_meta, synthetic_graph, tap_meta, transposed_meta
@@ -144,17 +144,13 @@ def recorded_rows(records: Optional[List[dict]] = None) -> List[dict]:
 
 def recorded_table(rows: Optional[List[dict]] = None) -> str:
     """:func:`recorded_rows` as text: per gradient the kernels' ms, the tensor cores' ms and their speedup."""
-    rows = recorded_rows() if rows is None else rows
-    if not rows:
-        return f"no records of bench adjoints at {ADJOINT_RECORDS}"
     head = (f"{'layer':15s} {'B':>4s} {'GFLOP':>6s} | {'dx kernels':>10s} {'mma':>6s} {'':>6s} | {'dW kernels':>10s} "
             f"{'mma':>6s} {'':>6s} | rule")
-    lines = [head]
-    for r in rows:
-        lines.append(f"{r['layer']:15s} {r['B']:4d} {r['gflop']:6.2f} | {r['dx_kernels']:10.3f} {r['dx_mma']:6.3f} "
-                     f"{r['dx_kernels'] / r['dx_mma']:5.2f}x | {r['dW_kernels']:10.3f} {r['dW_mma']:6.3f} "
-                     f"{r['dW_kernels'] / r['dW_mma']:5.2f}x | {'tensor cores' if r['rule'] else 'kernels'}")
-    return "\n".join(lines)
+    return text_table(recorded_rows() if rows is None else rows, head, lambda r: (
+        f"{r['layer']:15s} {r['B']:4d} {r['gflop']:6.2f} | {r['dx_kernels']:10.3f} {r['dx_mma']:6.3f} "
+        f"{r['dx_kernels'] / r['dx_mma']:5.2f}x | {r['dW_kernels']:10.3f} {r['dW_mma']:6.3f} "
+        f"{r['dW_kernels'] / r['dW_mma']:5.2f}x | {'tensor cores' if r['rule'] else 'kernels'}"),
+        f"no records of bench adjoints at {ADJOINT_RECORDS}")
 
 
 def recorded_summary(rows: Optional[List[dict]] = None) -> List[str]:
@@ -195,13 +191,21 @@ def recorded_figure(rows: Optional[List[dict]] = None, height: int = 420) -> go.
                                  mode="markers", name=what, marker=dict(color=colour, size=9),
                                  text=[f"{r['layer']} B={r['B']}" for r in rows],
                                  hovertemplate="%{text}: %{y:.2f}x at %{x:.2f} GFLOP<extra>" + what + "</extra>"))
+    return _over_gflop(fig, rows, height, f"rule: tensor cores from {MMA_GRAD_MIN_GFLOP:g} GFLOP",
+                       "tensor cores' speedup over the fused / staged kernels",
+                       "The adjoints on tensor cores against the fused / staged kernels (one call, back to back)")
+
+
+def _over_gflop(fig: go.Figure, rows: List[dict], height: int, rule: str, ytitle: str, title: str) -> go.Figure:
+    """The frame of a speedup-over-useful-work figure: a dotted line at 1, the rule's threshold (``rule``) dashed,
+    the log GFLOP axis, and ``title`` over the versions of the ``rows``' records."""
+    from fovi_lab.kernels.adjoint.as_forward import MMA_GRAD_MIN_GFLOP
     fig.add_hline(y=1.0, line_dash="dot", line_color="grey")
-    fig.add_vline(x=MMA_GRAD_MIN_GFLOP, line_dash="dash", line_color="#d62728",
-                  annotation_text=f"rule: tensor cores from {MMA_GRAD_MIN_GFLOP:g} GFLOP")
+    fig.add_vline(x=MMA_GRAD_MIN_GFLOP, line_dash="dash", line_color="#d62728", annotation_text=rule)
     fig.update_layout(height=height, xaxis=dict(type="log", title="useful work of one gradient, 2·B·P64·Cout·Nout (GFLOP)"),
-                      yaxis=dict(title="tensor cores' speedup over the fused / staged kernels"),
-                      title=dict(text="The adjoints on tensor cores against the fused / staged kernels (one call, back to back)"
-                                      f"<br><sub>{kl.versions_title([rec for r in rows for rec in r['records']])}</sub>", x=0.01),
+                      yaxis=dict(title=ytitle),
+                      title=dict(text=f"{title}<br><sub>{kl.versions_title([rec for r in rows for rec in r['records']])}"
+                                      "</sub>", x=0.01),
                       margin=dict(t=70, b=50))
     return readable_log_axes(fig)
 
@@ -274,12 +278,6 @@ def step_rule_figure(rows: Optional[List[dict]] = None, height: int = 400) -> go
                                  name=label, marker=dict(color=colour, size=10),
                                  text=[f"{r['layer']} B={r['B']}" for r in part],
                                  hovertemplate="%{text}: %{y:.2f}x at %{x:.2f} GFLOP<extra></extra>"))
-    fig.add_hline(y=1.0, line_dash="dot", line_color="grey")
-    fig.add_vline(x=MMA_GRAD_MIN_GFLOP, line_dash="dash", line_color="#d62728",
-                  annotation_text=f"rule: from {MMA_GRAD_MIN_GFLOP:g} GFLOP")
-    fig.update_layout(height=height, xaxis=dict(type="log", title="useful work of one gradient, 2·B·P64·Cout·Nout (GFLOP)"),
-                      yaxis=dict(title="train step, forced tensor cores: speedup over the rule of the run"),
-                      title=dict(text="Train steps replayed from CUDA graphs, both gradients forced onto the tensor cores"
-                                      f"<br><sub>{kl.versions_title([rec for r in rows for rec in r['records']])}</sub>", x=0.01),
-                      margin=dict(t=70, b=50))
-    return readable_log_axes(fig)
+    return _over_gflop(fig, rows, height, f"rule: from {MMA_GRAD_MIN_GFLOP:g} GFLOP",
+                       "train step, forced tensor cores: speedup over the rule of the run",
+                       "Train steps replayed from CUDA graphs, both gradients forced onto the tensor cores")

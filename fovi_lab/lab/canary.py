@@ -55,7 +55,7 @@ __all__ = [
     "BLOCK_DIM_CHOICES", "BUDGET_CONFIGS",
     "estimate_smem", "warp_smem_bytes", "warp_smem_bytes_aot", "gather_config", "gather_kernel",
     "make_budget_experiment", "make_oversized_kernel", "canary_check", "oversized_launch_demo",
-    "validated_kernel", "budget_figure", "budget_table", "limits_table", "explore_config", "format_summary",
+    "validated_kernel", "budget_figure", "budget_table", "tile_text", "limits_table", "explore_config", "format_summary",
     "fmt_bytes", "error_class",
 ]
 
@@ -328,10 +328,15 @@ _PART_NAMES = {"a": "A tiles (fp16, r of them)", "b": "B tile (fp16)", "acc": "a
 _LIMIT_STYLES = ("dot", "dash", "solid")
 
 
+def tile_text(tile_m: int, tile_n: int, r: int, enable_backward: bool = False, sep: str = ", ") -> str:
+    """A gather tile config in words, its phrases joined by ``sep``: ``64 rows x 64 channels, r = 2``."""
+    return sep.join([f"{tile_m} rows x {tile_n} channels", f"r = {r}"]
+                    + (["+ its adjoint (enable_backward)"] if enable_backward else []))
+
+
 def _tile_words(tile_m: int, tile_n: int, r: int, enable_backward: bool) -> str:
-    """A gather tile config on a figure's axis: its tile and reuse in words (one phrase a line)."""
-    return (f"{tile_m} rows x {tile_n} channels<br>r = {r}"
-            + ("<br>+ its adjoint (enable_backward)" if enable_backward else ""))
+    """A gather tile config on a figure's axis: :func:`tile_text`, one phrase a line."""
+    return tile_text(tile_m, tile_n, r, enable_backward, sep="<br>")
 
 
 def budget_figure(configs: Sequence[Tuple[str, int, int, int, bool]] = BUDGET_CONFIGS, gather: bool = True,
@@ -380,14 +385,15 @@ def limits_table() -> str:
 def budget_table(configs: Sequence[Tuple[str, int, int, int, bool]] = BUDGET_CONFIGS, gather: bool = True) -> str:
     """The bars of :func:`budget_figure` as text: per config, the estimated request in bytes and KiB (the
     adjoint kernel's for an ``enable_backward`` row) and the limits of :data:`GPU_LIMITS` it fits."""
-    width = max(len(c[0]) for c in configs)
+    words = [tile_text(tm, tn, r, eb) for _, tm, tn, r, eb in configs]
+    width = max(len(w) for w in words)
     short = {name: name.split(",")[0].split(" (")[0] for name in GPU_LIMITS}
-    lines = [f"{'config':<{width}}  {'bytes':>7}  {'KiB':>6}  fits"]
-    for label, tm, tn, r, eb in configs:
+    lines = [f"{'tiles':<{width}}  {'bytes':>7}  {'KiB':>6}  fits"]
+    for text, (_, tm, tn, r, eb) in zip(words, configs):
         e = estimate_smem(tm, tn, r, gather=gather, bias=gather, enable_backward=eb)
         nbytes = e["backward"] if eb else e["forward"]
         fits = [short[name] for name, ok in _fits(nbytes).items() if ok]
-        lines.append(f"{label:<{width}}  {nbytes:>7}  {nbytes / 1024:>6.1f}  {', '.join(fits) or 'no GPU'}")
+        lines.append(f"{text:<{width}}  {nbytes:>7}  {nbytes / 1024:>6.1f}  {', '.join(fits) or 'no GPU'}")
     return "\n".join(lines)
 
 
@@ -396,7 +402,8 @@ def format_summary(summary: Dict, timings: bool = True) -> str:
     if "message" in summary:
         return summary["message"]
     lines = [
-        f"config                m{summary['tile_m']}n{summary['tile_n']}r{summary['r']} block_dim {summary['block_dim']}",
+        f"tiles                 {tile_text(summary['tile_m'], summary['tile_n'], summary['r'])}, "
+        f"block_dim {summary['block_dim']}",
         f"estimate (forward)    {fmt_bytes(summary['estimate'])}",
         f"Warp's own count      {fmt_bytes(summary['warp_count'])}",
     ]
@@ -460,6 +467,6 @@ def explore_config(tile_m: int, tile_n: int, r: int, block_dim: int, device: str
         summary["verdict"] = "not run"
     configs = [c for c in BUDGET_CONFIGS if not c[4]] + [(label, tile_m, tile_n, r, False)]
     fig = budget_figure(configs, gather=True, highlight=label, height=380)
-    fig.update_layout(title=f"{tile_m} rows x {tile_n} channels, r = {r}: estimated {est['forward']} B per block "
+    fig.update_layout(title=f"{tile_text(tile_m, tile_n, r)}: estimated {est['forward']} B per block "
                             f"(the production gather kernel)")
     return summary, fig

@@ -20,6 +20,7 @@ from plotly.subplots import make_subplots
 
 from fovi_lab.bench.common import call_ms
 from fovi_lab.graph.layers import LAYERS, SYNTHETIC
+from fovi_lab.lab.labels import short_label
 from fovi_lab.lab.problems import ORACLE_MAX_ELEMS
 
 
@@ -169,6 +170,13 @@ def format_result(result: dict, keys: Optional[Iterable[str]] = None, digits: in
             val = round(val, digits)
         lines.append(f"{key}: {val}")
     return "\n".join(lines)
+
+
+def text_table(rows: Sequence[dict], head: str, line: Callable[[dict], str], empty: str) -> str:
+    """A printed table: ``head``, then ``line(row)`` for each of ``rows``; ``empty`` where there are no rows."""
+    if not rows:
+        return empty
+    return "\n".join([head] + [line(r) for r in rows])
 
 
 def message_figure(message: str, height: int = 180) -> go.Figure:
@@ -424,8 +432,9 @@ def layer_kernel_widget(layer: str, batch: int, config: Optional[str], *, layers
     if layer not in layers:
         lines.append(f"layer must be one of {tuple(layers)}, got {layer!r}")
     if not (config is None and none_is_pick) and config not in configs:
-        lines.append(f"config must be one of {tuple(configs)}" + (" or None (the pick)" if none_is_pick else "")
-                     + f", got {config!r}")
+        got = short_label(config) if isinstance(config, str) else repr(config)
+        lines.append(f"config must be one of the {len(configs)} kernels the widget offers"
+                     + (" or None (the pick)" if none_is_pick else "") + f", got {got}")
     if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 512:
         lines.append(f"batch must be an integer in [1, 512], got {batch!r}")
     if lines:
@@ -439,6 +448,6 @@ def layer_kernel_widget(layer: str, batch: int, config: Optional[str], *, layers
                 f"{budget / 1e9:.1f} GFLOP budget for one widget run; try a smaller batch"], figure
     res = run(layer, batch=batch, config=config, nodes=nodes, device=device)
     return [res["line"],
-            f"{res['config']}: {res['ms']:.1f} ms here ({device}), every output written: {res['finite']}"
+            f"{short_label(res['config'])}: {res['ms']:.1f} ms here ({device}), every output written: {res['finite']}"
             + (f", p range split {res['split']} ways" if res["split"] else ""),
-            f"the rule picks {res['pick']} for {layer} at B = {batch}"], figure
+            f"the rule picks {short_label(res['pick'])} for {layer} at B = {batch}"], figure

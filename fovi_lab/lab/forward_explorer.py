@@ -18,7 +18,7 @@ from fovi_lab.lab.common import readable_log_axes
 from fovi_lab.lab.common import (CPU_WORK_BUDGET, FORWARD_CHOICES, RunLog, COLOURS, result_answer,
                                  check_explore_args, clamp_shape, fail_result, round4, sync_device, time_ms,
                                  default_device, message_figure, parity_line, rel_error, widget_device)
-from fovi_lab.lab.labels import tick_label
+from fovi_lab.lab.labels import kernel_label, short_label, tick_label
 from fovi_lab.lab.problems import make_meta, make_problem, reference_forward
 from fovi_lab.lab.traffic import shape_of, tile_smem_estimate, tile_traffic
 
@@ -34,6 +34,24 @@ def registered_forward_config(kernel: str, tile_m: int, tile_n: int, r: int, blo
         if (c.family, c.tile_m, c.tile_n, c.r, c.block_dim) == (fam, tile_m, tile_n, r, block_dim):
             return name
     return None
+
+
+def _derived_id(kernel: str, tile_m: int, tile_n: int, r: int = 1, block_dim: int = 128) -> str:
+    """The id the tile families derive for the widget's tiles (what the labels read)."""
+    return (("c_" if kernel == "cached" else "") + f"m{tile_m}n{tile_n}" + (f"r{r}" if r != 1 else "")
+            + (f"b{block_dim}" if block_dim != 128 else ""))
+
+
+def tiles_label(kernel: str, tile_m: int, tile_n: int, r: int = 1, block_dim: int = 128) -> str:
+    """The widget's tiles in words (:func:`~fovi_lab.lab.labels.kernel_label` of the id they derive), also for tiles no
+    family has (the canary's oversized ones): ``tile GEMM over gathered rows, 32 rows x 64 channels per tile``."""
+    cached = kernel == "cached"
+    derived = _derived_id(kernel, tile_m, tile_n, r, block_dim)
+    words = kernel_label(derived)
+    if words != derived:
+        return words
+    return (f"{'cached' if cached else 'gather'} tiles of {tile_m} rows x {tile_n} channels"
+            + (f", {r} batch tiles share each weight tile" if r != 1 else "") + f", {block_dim} threads per block")
 
 
 def _forward_kernel(kernel: str, tile_m: int, tile_n: int, r: int, block_dim: int, device: str):
@@ -82,8 +100,8 @@ def explore_forward(layer: str = "res18_layer1", batch: int = 64, cout: Optional
 
     Returns:
         ``(result, figure)``. ``result`` always has ``ok``, ``passed`` and ``message``; after a run also
-        ``config`` (the registered name or ``lab_*``), ``registered``, ``batch``, ``nodes``, ``clamp``,
-        ``err`` (max error over max(1, max|ref|)), ``tolerance``, ``parity`` (a PASS/FAIL line),
+        ``config`` (the registered name or ``lab_*``), ``words`` (the tiles in words), ``registered``, ``batch``,
+        ``nodes``, ``clamp``, ``err`` (max error over max(1, max|ref|)), ``tolerance``, ``parity`` (a PASS/FAIL line),
         ``reference``, ``compile_s``, ``run_ms`` (kernel alone), ``torch_ms``, ``torch_name``,
         ``gflops`` (useful FLOPs / kernel time) and the traffic model of the call. Invalid or
         unlaunchable choices give ``ok=False`` and a message, never an exception.
@@ -107,9 +125,9 @@ def explore_forward(layer: str = "res18_layer1", batch: int = 64, cout: Optional
         smem = tile_smem_estimate(tile_m, tile_n, r, cached=cached)
         limit = _tile_memory_limit(dev)
         if smem > limit:
-            return fail_result(result, log, (f"unlaunchable: m{tile_m}n{tile_n}r{r} needs at least {smem // 1024} KiB of "
-                                       f"tile memory per CTA, over this device's {limit // 1024} KiB "
-                                       f"(not compiled; pick smaller tiles or a smaller r)"))
+            return fail_result(result, log, (f"unlaunchable: {tiles_label(kernel, tile_m, tile_n, r, block_dim)} needs at "
+                                             f"least {smem // 1024} KiB of tile memory per CTA, over this device's "
+                                             f"{limit // 1024} KiB (not compiled; pick smaller tiles or a smaller r)"))
         work = lambda bb, nn: tile_traffic(dict(shape, nout=nn), bb, tile_m, tile_n, r, cached)["padded_flops"]  # noqa: E731
         b, nodes, note = clamp_shape(shape, batch, work, dev, budget, tile_rows=tile_m * r)
         pb = make_problem(layer, b, cout, rf, seed=seed, device="cpu" if dev == "cpu" else dev, nodes=nodes)
@@ -117,9 +135,10 @@ def explore_forward(layer: str = "res18_layer1", batch: int = 64, cout: Optional
         t0 = time.perf_counter()
         name, cfg, kern, ok, why, built_now = _forward_kernel(kernel, tile_m, tile_n, r, block_dim, dev)
         compile_s = time.perf_counter() - t0 if built_now else 0.0
-        result.update(config=name, registered=not name.startswith("lab_"), compile_s=compile_s)
+        words = tiles_label(kernel, tile_m, tile_n, r, block_dim)
+        result.update(config=name, registered=not name.startswith("lab_"), compile_s=compile_s, words=words)
         if not ok:
-            return fail_result(result, log, f"unlaunchable on this device: {name} ({why})")
+            return fail_result(result, log, f"unlaunchable on this device: {words} ({why})")
         if cached:
             weff = build_effective_weight(meta, pb.weight, cout_multiple=math.lcm(64, tile_n))
             plan = F.plan_cached(cfg, kern, pb.x, weff, pb.bias, meta.input_linear, meta.cout, "staged")
@@ -138,8 +157,8 @@ def explore_forward(layer: str = "res18_layer1", batch: int = 64, cout: Optional
         bf = None if pb.bias is None else (pb.bias if dev != "cpu" else pb.bias.float())
         torch_ms = time_ms(lambda: CompactTorchOps.forward(meta, xf, wf, bf), dev)
         traffic = tile_traffic(shape_of(meta), b, tile_m, tile_n, r, cached)
-        label = f"{layer} B={b} {name}"
-        what = f"{'cached' if cached else 'uncached'} kernel {name} on {layer} (B={b}, Cout={meta.cout})"
+        label = f"{layer} B={b} {short_label(_derived_id(kernel, tile_m, tile_n, r, block_dim))}"
+        what = f"{words}, on {layer} (B={b}, Cout={meta.cout})"
         result.update(
             ok=True, passed=err <= tol, batch=b, nodes=meta.nout, cout=meta.cout, clamp=note, err=err,
             tolerance=tol, parity=parity_line(what + f" vs the {ref_name}", err, tol), reference=ref_name,

@@ -23,6 +23,7 @@ from plotly.subplots import make_subplots
 from fovi_lab.lab.common import readable_log_axes
 from fovi_lab import lab as kl
 from fovi_lab.lab.adjoint_explorer import short_impl
+from fovi_lab.lab.labels import short_label
 from fovi_lab.graph.layers import layer_meta
 
 __all__ = ["stage_bytes_table", "explore_fused", "explore_fused_run", "train_step_runs", "fused_vs_staged_figure",
@@ -82,8 +83,8 @@ def explore_fused(shape: str = "PAD_HEAVY", batch: int = 40, device=None) -> dic
     return dict(
         shape=shape, B=pb.batch, dx_config=px.k.name, dw_config=pw.k.name, dw_split=pw.nsplit,
         err_dx=err_dx, err_dw=err_dw, passed=bool(err_dx <= tol and err_dw <= tol),
-        parity_dx=kl.parity_line(f"fused dx ({px.k.name}) vs {ref_name}", err_dx, tol),
-        parity_dw=kl.parity_line(f"fused dW ({pw.k.name}, list split {pw.nsplit}) vs {ref_name}", err_dw, tol),
+        parity_dx=kl.parity_line(f"{short_label(px.k.name)}, vs {ref_name}", err_dx, tol),
+        parity_dw=kl.parity_line(f"{short_label(pw.k.name)}, list split {pw.nsplit}, vs {ref_name}", err_dw, tol),
         vs_staged=kl.parity_line("fused vs staged kernels (another fp32 summation order)",
                                  max(kl.rel_error(dx, sdx, floor=1e-30), kl.rel_error(dw, sdw, floor=1e-30)), tol),
         deterministic=bool(torch.equal(dx, dx2) and torch.equal(dw, dw2)),
@@ -275,12 +276,14 @@ def graphed_step_table(batches: Sequence[int] = (16, 64, 512), records: Optional
 # ------------------------------------------------------------------------------------- segments
 
 def _plan_label(plan) -> str:
-    """``dxn_m64n64k64``, ``dxn_m64n64k64 in segments of 4 steps`` or ``dwn_o64c64k64 x4`` (splits)."""
+    """The plan's tiles in words (:func:`~fovi_lab.lab.labels.short_label`), with its segments
+    (``64x64, 64-deep, in segments of 4 steps (112 segments)``) or its dW split (``64x64, 32-deep, split 4 ways``)."""
+    words = short_label(plan.k.name, title=False)
     if getattr(plan, "seg_steps", None):
-        return f"{plan.k.name} in segments of {plan.seg_steps} steps ({plan.dims[0]} segments)"
+        return f"{words}, in segments of {plan.seg_steps} steps ({plan.dims[0]} segments)"
     if plan.k.kind == "dwn":
-        return f"{plan.k.name} x{plan.nsplit}"
-    return plan.k.name
+        return f"{words}, split {plan.nsplit} way{'s' if plan.nsplit != 1 else ''}"
+    return words
 
 
 def list_length_table(layers: Sequence[str] = ("res18_layer1", "res18_layer2_0", "res18_layer2", "res18_layer3_0",
@@ -320,15 +323,15 @@ def _fastest(recs: List[dict], layer: str, impl: str) -> Optional[dict]:
 def segments_sweep_table(batches: Sequence[int] = (16, 64, 512), path: Optional[str] = None) -> str:
     """The bars of :func:`segments_sweep_figure` as text, one line per (B, layer): the fastest whole-list dx
     (``dxn``), dx in segments (``dxs``, with its segment length L), dW with interleaved splits (``dwn``, with its
-    split) and dW in segments (``dws``), kernels alone (ms), each with its tiles."""
+    split) and dW in segments (``dws``), kernels alone (ms), each with its tiles in words."""
     recs = [r for r in _fused_sweep_records(path) if r.get("ms")]
     if not recs:
         return "no recorded fused sweep"
-    lines = [f"{'B':>3s} {'layer':14s} {'dx whole lists':>16s} {'dx segments':>21s} {'dW splits':>20s} "
-             f"{'dW segments':>21s}"]
+    lines = [f"{'B':>3s} {'layer':14s} {'dx whole lists':>22s} {'dx segments':>27s} {'dW splits':>27s} "
+             f"{'dW segments':>28s}"]
 
     def cell(r, extra):
-        return f"{r['ms']:.3f} {r['config'].split('_', 1)[1]}{extra(r)}" if r else "-"
+        return f"{r['ms']:.3f} {short_label(r['config'], title=False)}{extra(r)}" if r else "-"
 
     def seg(r):
         return f" L={r['seg_steps']}"
@@ -340,8 +343,8 @@ def segments_sweep_table(batches: Sequence[int] = (16, 64, 512), path: Optional[
         rb = [r for r in recs if r.get("B") == b]
         for l in kl.layer_order(r["layer"] for r in rb):
             dxn, dxs, dwn, dws = (_fastest(rb, l, i) for i in ("warp_dxn", "warp_dxs", "warp_dwn", "warp_dws"))
-            lines.append(f"{b:3d} {l:14s} {cell(dxn, lambda r: ''):>16s} {cell(dxs, seg):>21s} "
-                         f"{cell(dwn, split):>20s} {cell(dws, seg):>21s}")
+            lines.append(f"{b:3d} {l:14s} {cell(dxn, lambda r: ''):>22s} {cell(dxs, seg):>27s} "
+                         f"{cell(dwn, split):>27s} {cell(dws, seg):>28s}")
     return "\n".join(lines)
 
 
@@ -450,11 +453,11 @@ def explore_fused_run(layer: str = "res18_layer1", batch: int = 64, cout: Option
             dx_kernel=px.k.name, dw_kernel=pw.k.name, dw_split=pw.nsplit, dx_kind=px.k.kind, dw_kind=pw.k.kind,
             dx_seg_steps=px.seg_steps, dw_seg_steps=pw.seg_steps, err_dx=err_dx, err_dw=err_dw,
             tolerance=tol, reference=ref_name, deterministic=det,
-            parity_dx=kl.parity_line(f"fused dx, {_plan_label(px)} on {tag} vs {ref_name}", err_dx, tol),
-            parity_dw=kl.parity_line(f"fused dW, {_plan_label(pw)} on {tag} vs {ref_name}", err_dw, tol),
+            parity_dx=kl.parity_line(f"fused dx {_plan_label(px)}, on {tag} vs {ref_name}", err_dx, tol),
+            parity_dw=kl.parity_line(f"fused dW {_plan_label(pw)}, on {tag} vs {ref_name}", err_dw, tol),
             compile_s=compile_s, run_ms=run_ms, torch_ms=torch_ms,
             torch_name="torch_compact adjoints (fp32 on the CPU)" if dev == "cpu" else "torch_compact adjoints (fp16)",
-            label=f"{layer} B={b} {_plan_label(px)} + {_plan_label(pw)}", device=dev)
+            label=f"{layer} B={b} dx {_plan_label(px)} + dW {_plan_label(pw)}", device=dev)
         result["message"] = (f"{'PASS' if result['passed'] else 'FAIL'}  dx {kl.tolerance_class(err_dx)}, "
                              f"dW {kl.tolerance_class(err_dw)} vs {ref_name}; "
                              f"bitwise identical on a second run: {'yes' if det else 'NO'}"

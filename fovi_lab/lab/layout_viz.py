@@ -83,14 +83,11 @@ def recorded_copy_rows(records: Optional[List[dict]] = None, dispatch: str = "ke
 
 def recorded_copy_table(rows: Optional[List[dict]] = None, dispatch: str = "kernel") -> str:
     """:func:`recorded_copy_rows` as text."""
-    rows = recorded_copy_rows(dispatch=dispatch) if rows is None else rows
-    if not rows:
-        return f"no layout-copy records at {COPY_RECORDS}"
     head = (f"{'src [A, R, C]':18s} {'dtype':8s} {'MB':>6s} | {'PyTorch us':>10s} {'TB/s':>5s} | {'kernel us':>9s} "
             f"{'TB/s':>5s} | {'speedup':>7s}")
-    return "\n".join([head] + [
+    return kl.text_table(recorded_copy_rows(dispatch=dispatch) if rows is None else rows, head, lambda r: (
         f"{str(r['shape']):18s} {r['dtype']:8s} {r['mb']:6.1f} | {r['torch_us']:10.1f} {r['torch_tbs']:5.2f} | "
-        f"{r['kernel_us']:9.1f} {r['kernel_tbs']:5.2f} | {r['speedup']:6.2f}x" for r in rows])
+        f"{r['kernel_us']:9.1f} {r['kernel_tbs']:5.2f} | {r['speedup']:6.2f}x"), f"no layout-copy records at {COPY_RECORDS}")
 
 
 def recorded_copy_figure(rows: Optional[List[dict]] = None, height: int = 420) -> go.Figure:
@@ -140,11 +137,8 @@ def step_rows(batch: int = 512) -> List[dict]:
 
 def step_table(rows: Optional[List[dict]] = None) -> str:
     """:func:`step_rows` as text."""
-    rows = step_rows() if rows is None else rows
-    if not rows:
-        return f"no train-step records at {STEP_BEFORE} and {STEP_AFTER}"
     head = (f"{'layer':15s} | {'before ms':>9s} {'vs PyTorch':>10s} | {'with it ms':>10s} {'vs PyTorch':>10s} | "
             f"{'faster':>6s}")
-    return "\n".join([head] + [
+    return kl.text_table(step_rows() if rows is None else rows, head, lambda r: (
         f"{r['layer']:15s} | {r['before_ms']:9.3f} {r['speedup_before']:9.2f}x | {r['after_ms']:10.3f} "
-        f"{r['speedup_after']:9.2f}x | {r['gain']:5.2f}x" for r in rows])
+        f"{r['speedup_after']:9.2f}x | {r['gain']:5.2f}x"), f"no train-step records at {STEP_BEFORE} and {STEP_AFTER}")

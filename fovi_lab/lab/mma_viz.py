@@ -34,7 +34,7 @@ import plotly.graph_objects as go
 from fovi_lab.lab.common import readable_log_axes
 from fovi_lab import lab as kl
 from fovi_lab.graph.layers import RECORDED_LAYERS, layer_meta
-from fovi_lab.lab.labels import kernel_label
+from fovi_lab.lab.labels import kernel_label, short_label
 
 __all__ = ["LAYERS", "fragment_owner", "fragment_figure",
            "lane_channels", "explore_mma", "mma_rows", "mma_figure", "layout_rows", "depth_rows", "depth_figure",
@@ -134,7 +134,8 @@ def explore_mma(layer: str = "alex_L0", batch: int = 16, config: Optional[str] =
     y, plan, dt, err, ref_name = kl.run_checked(pb, config)
     return dict(layer=layer, B=batch, nodes=m.nout, config=config, pick=pick, err=err, ms=dt, device=device,
                 finite=bool(torch.isfinite(y).all()), split=getattr(plan, "split", None),
-                line=kl.parity_line(f"{config} on {layer} ({m.nout} nodes) B={batch} vs {ref_name}", err, 1e-2))
+                line=kl.parity_line(f"{short_label(config)}, on {layer} ({m.nout} nodes) B={batch} vs {ref_name}", err,
+                                    1e-2))
 
 
 # ----------------------------------------------------------------------------------------------- recorded
@@ -432,8 +433,8 @@ def mma_widget(layer: str = "alex_L0", batch: int = 16, config: str = "pick", de
     from IPython.display import display
     layer_dd = W.Dropdown(options=LAYERS, value=layer, description="layer")
     batch_sl = W.IntSlider(value=batch, min=1, max=64, description="batch", continuous_update=False)
-    config_dd = W.Dropdown(options=[("the rule's pick", "pick")] + [(c, c) for c in mma_configs()], value=config,
-                           description="config")
+    config_dd = W.Dropdown(options=[("the rule's pick", "pick")] + [(short_label(c), c) for c in mma_configs()],
+                           value=config, description="config")
     out = W.Output()
 
     def run(*_):

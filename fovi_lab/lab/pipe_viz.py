@@ -18,6 +18,7 @@ import plotly.graph_objects as go
 
 from fovi_lab import lab as kl
 from fovi_lab.graph.layers import RECORDED_LAYERS, layer_meta
+from fovi_lab.lab.labels import short_label
 from fovi_lab.ops.records import read_file
 
 __all__ = ["PIPE_RECORDS", "LAYERS", "pipe_configs", "stage_rows", "stage_table", "bank_groups", "swizzle_figure",
@@ -59,12 +60,14 @@ def stage_rows(configs: Optional[Sequence[str]] = None) -> List[dict]:
 def stage_table(rows: Optional[List[dict]] = None) -> str:
     """:func:`stage_rows` as text."""
     rows = stage_rows() if rows is None else rows
-    head = (f"{'config':24s} {'CTA (ch x rows)':>15s} {'BK':>3s} {'S':>2s} {'warps':>6s} {'warp tile':>9s} "
+    words = [short_label(r["config"], title=False) for r in rows]
+    width = max([len(w) for w in words] + [len("kernel")])
+    head = (f"{'kernel':{width}s} {'CTA (ch x rows)':>15s} {'BK':>3s} {'S':>2s} {'warps':>6s} {'warp tile':>9s} "
             f"{'acc/thread':>10s} {'shared KiB':>10s} {'in flight KiB':>13s}")
     return "\n".join([head] + [
-        f"{r['config']:24s} {str(r['bm']) + ' x ' + str(r['bn']):>15s} {r['bk']:3d} {r['stages']:2d} "
+        f"{w:{width}s} {str(r['bm']) + ' x ' + str(r['bn']):>15s} {r['bk']:3d} {r['stages']:2d} "
         f"{str(r['wm']) + 'x' + str(r['wn']):>6s} {str(r['warp_m']) + 'x' + str(r['warp_n']):>9s} {r['acc']:10d} "
-        f"{r['smem'] / 1024:10.1f} {r['in_flight'] / 1024:13.1f}" for r in rows])
+        f"{r['smem'] / 1024:10.1f} {r['in_flight'] / 1024:13.1f}" for w, r in zip(words, rows)])
 
 
 def bank_groups(row_elems: int, swizzle: bool, rows: int = 8) -> List[List[int]]:
@@ -110,7 +113,8 @@ def explore_pipe(layer: str = "alex_L1", batch: int = 16, config: str = "mmap_o6
     layer at that batch."""
     from fovi_lab.lab.mma_viz import explore_mma
     if config not in pipe_configs():
-        raise ValueError(f"config must be one of {pipe_configs()}, got {config!r}")
+        raise ValueError(f"config must be one of the {len(pipe_configs())} pipelined kernels of pipe_configs(), got "
+                         f"{short_label(config) if isinstance(config, str) else repr(config)}")
     return explore_mma(layer, batch=batch, config=config, nodes=nodes, device=device)
 
 
@@ -148,16 +152,14 @@ def recorded_rows(records: Optional[List[dict]] = None) -> List[dict]:
 
 def recorded_table(rows: Optional[List[dict]] = None) -> str:
     """:func:`recorded_rows` as text."""
-    rows = recorded_rows() if rows is None else rows
-    if not rows:
-        return f"no side-by-side records of the pipelined kernels at {PIPE_RECORDS}"
-    head = (f"{'layer':15s} {'B':>4s} {'register pick':>18s} {'ms':>6s} {'TFLOP/s':>7s} | {'fastest pipelined':>22s} "
-            f"{'ms':>6s} {'TFLOP/s':>7s} {'speedup':>7s} | {'its dense':>9s} {'cuBLAS':>6s}")
+    head = (f"{'layer':15s} {'B':>4s} {'pick ms':>8s} {'TFLOP/s':>7s} | {'pipe ms':>9s} {'TFLOP/s':>7s} {'speedup':>7s} | "
+            f"{'its dense':>9s} {'cuBLAS':>6s} | register pick -> fastest pipelined")
     f = lambda v: f"{v:.0f}" if v else "-"  # noqa: E731
-    return "\n".join([head] + [
-        f"{r['layer']:15s} {r['B']:4d} {r['reg']:>18s} {r['reg_ms']:6.3f} {r['reg_tflops']:7.0f} | {r['pipe']:>22s} "
-        f"{r['pipe_ms']:6.3f} {r['pipe_tflops']:7.0f} {r['speedup']:6.2f}x | {f(r['pipe_dense_tflops']):>9s} "
-        f"{f(r['cublas_tflops']):>6s}" for r in rows])
+    return kl.text_table(recorded_rows() if rows is None else rows, head, lambda r: (
+        f"{r['layer']:15s} {r['B']:4d} {r['reg_ms']:8.3f} {r['reg_tflops']:7.0f} | {r['pipe_ms']:9.3f} "
+        f"{r['pipe_tflops']:7.0f} {r['speedup']:6.2f}x | {f(r['pipe_dense_tflops']):>9s} {f(r['cublas_tflops']):>6s} | "
+        f"{short_label(r['reg'])} -> {short_label(r['pipe'], title=False)}"),
+        f"no side-by-side records of the pipelined kernels at {PIPE_RECORDS}")
 
 
 def recorded_figure(rows: Optional[List[dict]] = None, batch: int = 512, height: int = 420) -> go.Figure:

@@ -19,7 +19,7 @@ from plotly.subplots import make_subplots
 from fovi_lab.lab.common import readable_log_axes
 from fovi_lab.graph.layers import LAYERS, RF_MULT, layer_name
 from fovi_lab.ops.records import LOCAL_DIR, RECORDS_DIR, iter_records, read_file
-from fovi_lab.lab.labels import kernel_label, tick_label
+from fovi_lab.lab.labels import kernel_label, short_label, tick_label
 from fovi_lab.lab.common import (LAYER_CHOICES, COLOURS, drop_empty_traces, hline, log_range, round4, batch_menu,
                                  message_figure)
 
@@ -755,15 +755,17 @@ def forward_lines(rows: List[dict], batches: Sequence[int] = (16, 512),
     out = []
     if records is not None:
         out.append("recorded on " + versions_title([r for r in _forward_rows(records)[1] if r.get("B") in batches]))
-    head = (f"{'B':>3s}  {'layer':15s} {'config':18s} {'op':>6s} {'kernel':>6s} {'ceil':>6s} {'TFLOP/s':>7s}  "
-            f"{'strongest PyTorch':17s} {'ms':>6s} {'torch/op':>8s}" + (f" {'cached':>6s}" if with_cached else ""))
+    head = (f"{'B':>3s}  {'layer':15s} {'op':>6s} {'kernel':>6s} {'ceil':>6s} {'TFLOP/s':>7s}  "
+            f"{'strongest PyTorch':17s} {'ms':>6s} {'torch/op':>8s}" + (f" {'cached':>6s}" if with_cached else "")
+            + "  heuristic's kernel")
     out.append(head)
     for r in sel:
-        out.append(f"{r['B']:3d}  {r['layer']:15s} {str(r['pick_config']):18s} {_f(r['pick_ms'], '.3f', 6)} "
+        out.append(f"{r['B']:3d}  {r['layer']:15s} {_f(r['pick_ms'], '.3f', 6)} "
                    f"{_f(r['pick_kernel_ms'], '.3f', 6)} {_f(r['pick_dense_ms'], '.3f', 6)} "
                    f"{_f(_tf(r['flops'], r['pick_kernel_ms']), '.1f', 7)}  {str(r['torch_impl']):17s} "
                    f"{_f(r['torch_ms'], '.3f', 6)} {_f(_ratio(r['torch_ms'], r['pick_ms']), '.2f', 8)}"
-                   + (f" {_f(r.get('cached_ms'), '.3f', 6)}" if with_cached else ""))
+                   + (f" {_f(r.get('cached_ms'), '.3f', 6)}" if with_cached else "")
+                   + f"  {short_label(str(r['pick_config']))}")
     return out
 
 
@@ -774,23 +776,23 @@ def tile_kernel_lines(rows: List[dict], batches: Sequence[int] = (16, 512)) -> L
     against that run's chosen uncached op (cached / uncached: below 1, caching paid)."""
     sel = [r for r in rows if r["B"] in batches]
     out = ["tile kernels, the run that timed the most of them: " + versions_title([x for r in sel for x in r["records"]]),
-           f"{'B':>3s}  {'layer':15s} {'Cin':>3s} {'tile config':15s} {'kernel':>6s} {'ceil':>6s} {'k/ceil':>6s} "
-           f"{'TFLOP/s':>7s} {'op':>6s}  {'strongest PyTorch':17s} {'ms':>6s} {'op/torch':>8s}"]
+           f"{'B':>3s}  {'layer':15s} {'Cin':>3s} {'kernel':>6s} {'ceil':>6s} {'k/ceil':>6s} "
+           f"{'TFLOP/s':>7s} {'op':>6s}  {'strongest PyTorch':17s} {'ms':>6s} {'op/torch':>8s}  fastest tile kernel"]
     for r in sel:
-        out.append(f"{r['B']:3d}  {r['layer']:15s} {_f(r['cin'], 'd', 3)} {str(r['config']):15s} "
+        out.append(f"{r['B']:3d}  {r['layer']:15s} {_f(r['cin'], 'd', 3)} "
                    f"{_f(r['kernel_ms'], '.3f', 6)} {_f(r['dense_ms'], '.3f', 6)} "
                    f"{_f(_ratio(r['kernel_ms'], r['dense_ms']), '.2f', 6)} {_f(r['tflops'], '.1f', 7)} "
                    f"{_f(r['op_ms'], '.3f', 6)}  {str(r['torch_impl']):17s} {_f(r['torch_ms'], '.3f', 6)} "
-                   f"{_f(_ratio(r['op_ms'], r['torch_ms']), '.2f', 8)}")
+                   f"{_f(_ratio(r['op_ms'], r['torch_ms']), '.2f', 8)}  {short_label(str(r['config']))}")
     cached = [r for r in sel if r.get("cached_ms")]
     if cached:
         out.append("")
         out.append("cached kernel, the latest run that timed it: "
                    + versions_title([x for r in cached for x in r["cached_records"]]))
-        out.append(f"{'B':>3s}  {'layer':15s} {'Cin':>3s} {'cached':9s} {'ms':>6s}  {'uncached pick':15s} {'ms':>6s} "
-                   f"{'cached/uncached':>15s}")
+        out.append(f"{'B':>3s}  {'layer':15s} {'Cin':>3s} {'cached ms':>9s} {'uncached ms':>11s} "
+                   f"{'cached/uncached':>15s}  {'cached tiles':15s} uncached pick")
         for r in cached:
-            out.append(f"{r['B']:3d}  {r['layer']:15s} {_f(r['cin'], 'd', 3)} {str(r['cached_config']):9s} "
-                       f"{_f(r['cached_ms'], '.3f', 6)}  {str(r['cached_vs_config']):15s} "
-                       f"{_f(r['cached_vs_ms'], '.3f', 6)} {_f(_ratio(r['cached_ms'], r['cached_vs_ms']), '.2f', 15)}")
+            out.append(f"{r['B']:3d}  {r['layer']:15s} {_f(r['cin'], 'd', 3)} {_f(r['cached_ms'], '.3f', 9)} "
+                       f"{_f(r['cached_vs_ms'], '.3f', 11)} {_f(_ratio(r['cached_ms'], r['cached_vs_ms']), '.2f', 15)}  "
+                       f"{short_label(str(r['cached_config']), title=False):15s} {short_label(str(r['cached_vs_config']))}")
     return out

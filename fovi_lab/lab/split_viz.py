@@ -24,6 +24,7 @@ import plotly.graph_objects as go
 
 from fovi_lab import lab as kl
 from fovi_lab.graph.layers import layer_meta
+from fovi_lab.lab.labels import short_label
 
 __all__ = ["LAYERS", "SPLIT_CONFIGS", "thread_count", "partial_traffic", "explore_split", "split_rows",
            "split_figure", "thread_sweep_rows", "vec4_w_rows", "explore_split_widget"]
@@ -83,7 +84,7 @@ def explore_split(layer: str = "res18_layer3", batch: int = 3, device=None, conf
     again = F.run_uncached(pb.x, pb.weight, pb.bias, m.input_linear, m.weight_linear, config=config)
     return dict(layer=layer, B=batch, config=config, split=getattr(plan, "split", None), err=err, ms=dt,
                 bitwise_repeat=bool(torch.equal(y, again)), device=device,
-                line=kl.parity_line(f"{config} on {layer} B={batch} vs {ref_name}", err, 1e-2))
+                line=kl.parity_line(f"{short_label(config)}, on {layer} B={batch} vs {ref_name}", err, 1e-2))
 
 
 def split_rows(records: Optional[List[dict]] = None, batches: Sequence[int] = (1, 4, 16)) -> List[dict]:
@@ -205,7 +206,8 @@ def explore_split_widget(layer: str, batch: int, config: str = "ss_b8o8u4", devi
     if layer not in LAYERS:
         lines.append(f"layer must be one of {LAYERS}, got {layer!r}")
     if config not in SPLIT_CONFIGS:
-        lines.append(f"config must be one of {SPLIT_CONFIGS}, got {config!r}")
+        got = short_label(config) if isinstance(config, str) else repr(config)
+        lines.append(f"config must be one of the {len(SPLIT_CONFIGS)} split kernels the widget offers, got {got}")
     if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 64:
         lines.append(f"batch must be an integer in [1, 64], got {batch!r}")
     rows = [r for r in split_rows() if r["layer"] == layer] if layer in LAYERS else []
@@ -221,10 +223,10 @@ def explore_split_widget(layer: str, batch: int, config: str = "ss_b8o8u4", devi
     t = thread_count(layer, batch)
     res = explore_split(layer, batch=batch, device=device, config=config)
     lines.append(res["line"])
-    lines.append(f"{config}: split S = {res['split']}, bitwise-identical on a second call: {res['bitwise_repeat']}, "
+    lines.append(f"{short_label(config)}: split S = {res['split']}, bitwise-identical on a second call: {res['bitwise_repeat']}, "
                  f"{res['ms']:.1f} ms here ({device})")
     lines.append(f"an unsplit 8x8 launch would have {t['unsplit_threads']:,d} threads; the heuristic picks "
-                 f"{t['pick']} for {layer} at B = {batch}")
+                 f"{short_label(t['pick'])} for {layer} at B = {batch}")
     return lines, fig
 
 

@@ -22,7 +22,7 @@ from fovi_lab import lab as kl
 from fovi_lab.graph.layers import layer_meta
 from fovi_lab.graph.meta import pad_to
 from fovi_lab.kernels.families.registry import lookup
-from fovi_lab.lab.labels import kernel_label
+from fovi_lab.lab.labels import kernel_label, short_label
 
 __all__ = ["STEMS", "stage_bytes", "explore_stem", "stem_forward_rows", "stem_forward_figure", "stem_train_rows",
            "simt_rows", "simt_figure"]
@@ -72,7 +72,7 @@ def explore_stem(layer: str = "alex_L0", batch: int = 5, nodes: int = 48, device
         dt = (time.perf_counter() - t0) * 1e3
         err = kl.rel_error(y.float().cpu(), ref.cpu())
         out["configs"][cfg] = dict(err=err, ms=dt)
-        out["lines"].append(kl.parity_line(f"forward {cfg:16s} vs {ref_name}", err, 1e-2))
+        out["lines"].append(kl.parity_line(f"forward, {short_label(cfg)}, vs {ref_name}", err, 1e-2))
     g32 = pb.grad_y.float()
     dx_ref = CompactTorchOps.grad_input(m, g32, pb.weight.float())
     dw_ref = CompactTorchOps.grad_weight(m, g32, pb.x.float())
@@ -82,7 +82,7 @@ def explore_stem(layer: str = "alex_L0", batch: int = 5, nodes: int = 48, device
         for what, got, want, cfg in (("dx", dx, dx_ref, gi), ("dW", dw, dw_ref, gw)):
             err = kl.rel_error(got.cpu(), want.cpu())
             out["configs"][cfg] = dict(err=err)
-            out["lines"].append(kl.parity_line(f"{what} {cfg:16s} vs fp32 torch_compact", err, 1e-2))
+            out["lines"].append(kl.parity_line(f"{short_label(cfg)}, vs fp32 torch_compact", err, 1e-2))
     out["pick"] = pick
     return out
 
