@@ -141,14 +141,39 @@ def test_reduce_overhead_after_prepare_equals_eager():
 
 def test_graphed_module_replays_the_eager_step_bitwise():
     """:func:`fovi_lab.ops.graphs.graphed` (``make_graphed_callables`` after ``prepare``) of a layer + ReLU:
-    every replayed step's output and gradients are bitwise the eager step's (warp_train is deterministic), and
-    the parameters are the same tensors (an optimizer over the module steps the graphed one)."""
+    every replayed step's output and gradients are bitwise the eager step's (warp_train is deterministic); the
+    module is the same object, its forward replaced, its parameters the same tensors (an optimizer over them
+    steps the graphed module)."""
     from fovi_lab.ops.graphs import graphed
     conv, x = _conv("cuda:0")
     net = torch.nn.Sequential(conv, torch.nn.ReLU())
+    params = list(net.parameters())
     want = _step(conv, x, net)
     fast = graphed(net, x)
-    assert fast is not net and all(p is q for p, q in zip(fast.parameters(), net.parameters()))
+    assert fast is net and "forward" in vars(fast) and all(p is q for p, q in zip(fast.parameters(), params))
     for _ in range(3):
         got = _step(conv, x, fast)
         assert all(torch.equal(a, b) for a, b in zip(want, got))
+
+
+def test_graphed_under_autocast_replays_the_mixed_precision_step_bitwise():
+    """fp32 master weights and an fp32 input, graphed with ``autocast=torch.float16``: the replayed steps equal the
+    eager step under ``torch.autocast`` bit for bit (the graphs hold autocast's casts, re-read each replay), and a
+    weight change between replays reaches the output."""
+    from fovi_lab.ops.graphs import graphed
+    conv, x = _conv("cuda:0")
+    conv = conv.float()
+    x = x.detach().float().requires_grad_()
+    net = torch.nn.Sequential(conv, torch.nn.ReLU())
+
+    def amp_step(module):
+        with torch.autocast("cuda", dtype=torch.float16, cache_enabled=False):
+            return _step(conv, x, module)
+    want = amp_step(net)
+    fast = graphed(net, x, autocast=torch.float16)
+    for _ in range(3):
+        got = _step(conv, x, fast)                    # no autocast around the call: the graphs hold the casts
+        assert all(torch.equal(a, b) for a, b in zip(want, got))
+    with torch.no_grad():
+        conv.weight.mul_(0.5)
+    assert not torch.equal(_step(conv, x, fast)[0], want[0])

@@ -202,6 +202,9 @@ def test_graphed_on_the_cpu_is_the_module_itself_and_checks_its_sample():
         graphed(net, (x, 3))
     with pytest.raises(ValueError, match="warmup: expected at least 1"):
         graphed(net, x, warmup=0)
+    with pytest.raises(ValueError, match="autocast: expected None, torch.float16 or torch.bfloat16"):
+        graphed(net, x, autocast=torch.float32)
+    assert graphed(net, x, autocast=torch.float16) is net
     if torch.cuda.is_available():
         with pytest.raises(ValueError, match="sample_input: expected the sample and the module's parameters on one"):
             graphed(net, x.cuda())

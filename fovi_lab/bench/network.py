@@ -28,11 +28,21 @@ gradient difference from fp32 over the largest fp32 gradient, the largest over t
 ``grads_bitwise_repeatable`` (two first steps from the same state, every gradient compared bit for bit), and on
 fovi_lab's rows ``speedup_<mode>``: the fastest other backend's time of the same run and mode over fovi_lab's. A
 backend that refuses the device or dtype is recorded with its reason (``note``) and not timed.
+
+Graphed (``graphed``, :func:`fovi_lab.ops.graphs.graphed`, with autocast's casts captured under ``amp``): on a GPU each
+backend is captured in a process of its own (:func:`graphed_in_child`), since a backend whose capture fails can leave
+the CUDA context unusable for the captures after it.
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
+import json
+import os
+import subprocess
+import sys
+import tempfile
 import time
 from typing import Dict, List, Optional
 
@@ -42,7 +52,8 @@ import torch.nn.functional as F
 from fovi_lab.bench.common import _sync, emit_rows, env_info, say_appended, stamp_command
 from fovi_lab.ops.arguments import command_main
 
-__all__ = ["BACKENDS", "MODES", "network_records", "main", "add_arguments", "run", "DESCRIPTION"]
+__all__ = ["BACKENDS", "MODES", "add_speedups", "graphed_in_child", "network_records", "main", "add_arguments", "run",
+           "DESCRIPTION"]
 
 PROG = "python -m fovi_lab bench network"
 #: The backends, fovi_lab first, then fovi's own kernel_backend values.
@@ -141,7 +152,8 @@ def _wrapped(run: _Run, mode: str):
         return torch.compile(model)
     if mode == "graphed":
         from fovi_lab.ops.graphs import graphed
-        return graphed(model, run.x)
+        amp = run.precision == "amp" and run.device.type == "cuda"
+        return graphed(model, run.x, autocast=torch.float16 if amp else None)
     return model
 
 
@@ -203,6 +215,13 @@ def network_records(net: str, batch: int, backends=BACKENDS, modes=("eager",), s
                                            if device.type == "cuda" else None)))
         finally:
             ctx.__exit__(None, None, None)
+    add_speedups(recs, modes)
+    return recs
+
+
+def add_speedups(recs: List[dict], modes) -> None:
+    """fovi_lab's record of each mode gets ``speedup_<mode>`` over the fastest other backend of that mode, and
+    ``fastest_other``."""
     for mode in modes:
         ours = next((r for r in recs if r["mode"] == mode and r["backend"] == "fovi_lab" and r.get("ms")), None)
         others = [r for r in recs if r["mode"] == mode and r["backend"] != "fovi_lab" and r.get("ms")]
@@ -210,7 +229,28 @@ def network_records(net: str, batch: int, backends=BACKENDS, modes=("eager",), s
             best = min(others, key=lambda r: r["ms"])
             ours[f"speedup_{mode}"] = best["ms"] / ours["ms"]
             ours["fastest_other"] = best["backend"]
-    return recs
+
+
+def graphed_in_child(net: str, batch: int, backend: str, steps: int, device, precision: Optional[str],
+                     timeout_s: float = 600.0) -> List[dict]:
+    """The graphed records of one backend, from a child process: a capture that fails (a backend that syncs or
+    allocates while captured) can leave the CUDA context unusable for every capture after it in that process, so
+    each backend captures in its own. A child that fails gives one record saying why."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "graphed.jsonl")
+        cmd = [sys.executable, "-m", "fovi_lab.bench.network", "--net", net, "--batches", str(batch), "--backends",
+               backend, "--modes", "graphed", "--steps", str(steps), "--device", str(device), "--out", out,
+               "--in-process"] + (["--precision", precision] if precision else [])
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+            why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1] if proc.returncode else ""
+        except subprocess.TimeoutExpired:
+            why = f"the child process ran past {timeout_s:.0f} s"
+        if why or not os.path.exists(out):
+            return [dict(kind="network", net=net, B=batch, mode="graphed", backend=backend,
+                         note=f"the graphed run's process failed: {why or 'no records'}"[:300])]
+        with open(out) as f:
+            return [json.loads(line) for line in f if line.strip()]
 
 
 #: The help text of ``python -m fovi_lab bench network``.
@@ -243,6 +283,7 @@ def add_arguments(parser) -> None:
     add_device_option(parser)
     parser.add_argument("--out", type=out_file, default=None,
                         help="JSON-lines file to append the records to (default: none, the table is printed)")
+    parser.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)   # graphed runs here
 
 
 def table_line(r: dict) -> str:
@@ -263,12 +304,20 @@ def run(args) -> int:
     print(f"# train steps of fovi's networks on {env['device']} (torch {env['torch']}, warp {env['warp']})", flush=True)
     print(f"{'net':>9s} {'B':>4s} {'mode':>8s} {'backend':>13s} {'ms/step':>10s} {'images/s':>9s} {'grad err':>9s} "
           f"{'bitwise':>7s}", flush=True)
+    # graphed runs each backend in a process of its own on a GPU (see graphed_in_child), unless this is that process
+    apart = device.type == "cuda" and "graphed" in modes and not args.in_process
+    here = [m for m in modes if not (apart and m == "graphed")]
     total = 0
     for net in args.net:
         for b in args.batches:
-            total += emit_rows([dict(env, **r) for r in network_records(net, b, args.backends, modes, args.steps,
-                                                                        device=device, precision=args.precision)],
-                               args.out, table_line)
+            recs = network_records(net, b, args.backends, here, args.steps, device=device,
+                                   precision=args.precision) if here else []
+            if apart:
+                for backend in args.backends:
+                    recs += [{k: v for k, v in r.items() if k not in env}
+                             for r in graphed_in_child(net, b, backend, args.steps, device, args.precision)]
+                add_speedups(recs, ["graphed"])
+            total += emit_rows([dict(env, **r) for r in recs], args.out, table_line)
     say_appended(args.out, total)
     return 0
 

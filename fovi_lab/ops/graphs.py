@@ -34,6 +34,8 @@ is.
 
 from __future__ import annotations
 
+import contextlib
+
 from typing import Callable, List, Optional
 
 import torch
@@ -128,7 +130,8 @@ def prepare(model: torch.nn.Module, *inputs) -> None:
                 b.copy_(kept)
 
 
-def graphed(module: torch.nn.Module, sample_input, *, warmup: int = 3) -> torch.nn.Module:
+def graphed(module: torch.nn.Module, sample_input, *, warmup: int = 3,
+            autocast: Optional[torch.dtype] = None) -> torch.nn.Module:
     """``module`` with its forward and backward each replayed from a CUDA graph: the contract of
     ``torch.cuda.make_graphed_callables(module, sample_args)``, after :func:`prepare` has built every table and plan
     outside the graphs' memory pool.
@@ -139,15 +142,20 @@ def graphed(module: torch.nn.Module, sample_input, *, warmup: int = 3) -> torch.
         sample_input: a tensor or a tuple of tensors like the ones it will be called with: same shapes, dtypes,
             device and ``requires_grad`` (the graphs are fixed to them).
         warmup: eager iterations before each capture (``num_warmup_iters``).
+        autocast: for mixed precision, the autocast dtype (``torch.float16`` / ``torch.bfloat16``): the warm-up
+            and the capture run under ``torch.autocast("cuda", dtype, cache_enabled=False)`` (autocast's weight
+            cache cannot live in a graph), so the graphs hold autocast's casts, fp32 master weights included, and
+            replay them wherever the module is called. None: the module runs in its own dtypes.
 
     Returns:
-        On CUDA, the graphed module: call it like ``module`` (with inputs of the sample's shapes); its parameters
-        are the same tensors, so an optimizer over ``module.parameters()`` steps it. On the CPU (graphs are a
-        CUDA feature) ``module`` itself, unchanged: the same loop runs eagerly.
+        On CUDA, ``module`` itself with its ``forward`` replaced by the graphed one (what
+        ``make_graphed_callables`` does to a module): call it as before, with inputs of the sample's shapes; its
+        parameters are unchanged, so an optimizer over them steps it. On the CPU (graphs are a CUDA feature)
+        ``module`` unchanged: the same loop runs eagerly.
 
     Raises:
         TypeError: ``sample_input`` is not a tensor or a tuple of tensors. ValueError: the sample and the
-        parameters are not all on one device, or ``warmup`` is below 1.
+        parameters are not all on one device, ``warmup`` is below 1, or ``autocast`` is not a half dtype.
     """
     args = sample_input if isinstance(sample_input, tuple) else (sample_input,)
     bad = [type(a).__name__ for a in args if not isinstance(a, torch.Tensor)]
@@ -156,11 +164,16 @@ def graphed(module: torch.nn.Module, sample_input, *, warmup: int = 3) -> torch.
                         f"{type(sample_input).__name__}{' holding ' + ', '.join(bad) if bad and args else ''}")
     if warmup < 1:
         raise ValueError(f"warmup: expected at least 1 eager iteration before capture, got {warmup}")
+    if autocast not in (None, torch.float16, torch.bfloat16):
+        raise ValueError(f"autocast: expected None, torch.float16 or torch.bfloat16, got {autocast!r}")
     devices = {a.device for a in args} | {p.device for p in module.parameters()}
     if len(devices) > 1:
         raise ValueError(f"sample_input: expected the sample and the module's parameters on one device, got "
                          f"{', '.join(sorted(str(d) for d in devices))}")
     if next(iter(devices)).type != "cuda":
         return module
-    prepare(module, *args)
-    return torch.cuda.make_graphed_callables(module, args, num_warmup_iters=warmup)
+    amp = (torch.autocast("cuda", dtype=autocast, cache_enabled=False) if autocast is not None
+           else contextlib.nullcontext())
+    with amp:
+        prepare(module, *args)
+        return torch.cuda.make_graphed_callables(module, args, num_warmup_iters=warmup)
