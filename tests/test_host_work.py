@@ -85,3 +85,22 @@ def test_the_command_prints_a_row_per_path_and_refuses_bad_input_in_one_line(cap
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--backends" in err[0] and "forward-only" in err[0]
+
+
+def test_dry_launches_counts_and_times_graph_replays(monkeypatch):
+    """A replayed call's graph runs inside dry_launches and is counted and timed (on a GPU the Warp backends replay
+    small calls from CUDA graphs); the replay method is restored afterwards."""
+    import time as _time
+    from fovi_lab.bench.host import dry_launches
+
+    class FakeGraph:
+        def replay(self):
+            _time.sleep(0.002)
+            return "ran"
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    original = FakeGraph.replay
+    with dry_launches() as counter:
+        assert FakeGraph().replay() == "ran" and FakeGraph().replay() == "ran"
+    assert counter.replays == 2 and counter.replay_s >= 0.004
+    assert FakeGraph.replay is original

@@ -18,7 +18,9 @@ warm-up that compiles and checks its kernels; then, for the timed calls, Warp's 
 * ``torch_ops_us``: the part of it spent inside those PyTorch operations (median of ``reps`` calls under the mode) (on a CPU their arithmetic runs there; on a
   GPU it is the host's cost of launching them);
 * ``host_us = wall_us - torch_ops_us``: the host work outside PyTorch's operations: Python, the checks, the plan,
-  the Warp launches' set-up, the autograd engine.
+  the Warp launches' set-up, the autograd engine, and the CUDA graph replays of replayed calls;
+* ``graph_replays`` and ``graph_replay_us``: those replays (a GPU call the Warp backends replay from a graph,
+  :mod:`fovi_lab.ops.replay`) and the median wall time inside them, part of ``host_us``.
 
 Paths: ``forward`` (an inference call, no autograd graph), ``backward`` (``y.backward(g)`` of a forward made
 outside the timed region) and ``step`` (forward and backward, the gradients set to None between steps as an
@@ -85,14 +87,18 @@ class OpCounter(TorchDispatchMode):
 
 
 class _Launches:
-    count = 0
+    count = 0           # Warp launches (counted, not run)
+    replays = 0         # CUDA graph replays (run: a replayed call's kernels are in its graph)
+    replay_s = 0.0      # wall time inside those replays
 
 
 @contextlib.contextmanager
 def dry_launches() -> Iterator[_Launches]:
     """Inside: Warp kernel launches are counted and not run (recorded launches re-issued through
     ``wp.Launch.launch``, plain ``wp.launch`` / ``wp.launch_tiled``); recording a launch (``record_cmd=True``)
-    still works. Yields the counter (``.count``). Outputs the kernels would write hold whatever they held."""
+    still works. Yields the counter (``.count``). Outputs the kernels would write hold whatever they held. CUDA graph
+    replays (``torch.cuda.CUDAGraph.replay``: the Warp backends' replayed calls) run, and are counted and timed
+    (``.replays``, ``.replay_s``)."""
     import warp as wp
 
     counter = _Launches()
@@ -111,11 +117,26 @@ def dry_launches() -> Iterator[_Launches]:
     def cmd_launch(self, stream=None):
         counter.count += 1
 
+    graph = getattr(torch.cuda, "CUDAGraph", None)
+    real_replay = getattr(graph, "replay", None)
+
+    def replay(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return real_replay(self, *args, **kwargs)
+        finally:
+            counter.replays += 1
+            counter.replay_s += time.perf_counter() - t0
+
     wp.launch, wp.launch_tiled, wp.Launch.launch = launch, launch_tiled, cmd_launch
+    if real_replay is not None:
+        graph.replay = replay
     try:
         yield counter
     finally:
         wp.launch, wp.launch_tiled, wp.Launch.launch = real_launch, real_tiled, real_cmd
+        if real_replay is not None:
+            graph.replay = real_replay
 
 
 def _layer(meta, backend: str, device, dtype):
@@ -161,32 +182,36 @@ def host_work(layer: str, batch: int, backend: str = "warp_train", device="cpu",
                 prep()
             fn()
         _sync(device)
-        walls, op_secs = [], []
+        walls, op_secs, replay_secs = [], [], []
         with dry_launches() as launches:
             for _ in range(reps):                     # the wall time, nothing watching
                 if prep:
                     prep()
                 _sync(device)
+                launches.replay_s = 0.0
                 t0 = time.perf_counter()
                 fn()
                 walls.append(time.perf_counter() - t0)
+                replay_secs.append(launches.replay_s)
                 _sync(device)
             for _ in range(reps):                     # the counts and the time inside PyTorch's operations
                 if prep:
                     prep()
                 _sync(device)
-                launches.count = 0
+                launches.count = launches.replays = 0
                 with OpCounter() as ops:
                     fn()
-                n_launch = launches.count
+                n_launch, n_replay = launches.count, launches.replays
                 op_secs.append(ops.seconds)
                 _sync(device)
         wall = statistics.median(walls) * 1e6
         op_us = statistics.median(op_secs) * 1e6
         out.append(dict(kind="host", layer=layer, B=batch, backend=backend, path=path, dtype=str(dtype)[6:],
-                        warp_launches=n_launch, torch_ops=ops.ops, allocations=ops.allocations, syncs=ops.syncs,
+                        warp_launches=n_launch, graph_replays=n_replay, torch_ops=ops.ops,
+                        allocations=ops.allocations, syncs=ops.syncs,
                         torch_op_names=dict(sorted(ops.names.items())), wall_us=wall, torch_ops_us=op_us,
-                        host_us=max(0.0, wall - op_us), reps=reps, backend_used=conv.last_backend))
+                        host_us=max(0.0, wall - op_us), graph_replay_us=statistics.median(replay_secs) * 1e6,
+                        reps=reps, backend_used=conv.last_backend))
     return out
 
 
@@ -224,7 +249,7 @@ def add_arguments(parser) -> None:
 def table_line(r: dict) -> str:
     return (f"{r['layer']:>14s} {r['B']:>4d} {r['backend']:>13s} {r['path']:>8s} {r['host_us']:9.1f} "
             f"{r['torch_ops_us']:9.1f} {r['wall_us']:9.1f} {r['warp_launches']:7d} {r['torch_ops']:6d} "
-            f"{r['allocations']:6d} {r['syncs']:5d}")
+            f"{r['allocations']:6d} {r['syncs']:5d} {r.get('graph_replays', 0):6d} {r.get('graph_replay_us', 0.0):9.1f}")
 
 
 def run(args) -> int:
@@ -235,7 +260,7 @@ def run(args) -> int:
     print(f"# host work of eager calls on {env['device']} (torch {env['torch']}, warp {env['warp']}); times in us, "
           f"Warp's kernels not run", flush=True)
     print(f"{'layer':>14s} {'B':>4s} {'backend':>13s} {'path':>8s} {'host_us':>9s} {'torch_us':>9s} {'wall_us':>9s} "
-          f"{'launch':>7s} {'ops':>6s} {'alloc':>6s} {'syncs':>5s}", flush=True)
+          f"{'launch':>7s} {'ops':>6s} {'alloc':>6s} {'syncs':>5s} {'graphs':>6s} {'replay_us':>9s}", flush=True)
     total = 0
     for layer in args.layers:
         for b in args.batches:
