@@ -197,27 +197,6 @@ SETTINGS: Tuple[Setting, ...] = (
     _switch("FOVI_WARP_I2C_GATHER", "choice", "warp",
             "How the i2c forward gathers rows into its stage: a Warp SIMT row copy (`warp`) or torch's "
             "`index_select` (`torch`).", choices=("warp", "torch")),
-    _switch("FOVI_KNN_DX_SEG", "count", "auto",
-            "Segment length (steps) of the fused dx kernel's reverse lists: `auto` the rule, 0 or `off` whole "
-            "lists.", choices=("auto", "off")),
-    _switch("FOVI_KNN_DW_SEG", "count", "auto",
-            "Segment length (steps) of the fused dW kernel's tap lists: `auto` the rule, 0 or `off` the "
-            "interleaved splits.", choices=("auto", "off")),
-    _switch("FOVI_KNN_FINISH", "choice", "native",
-            "How the fused adjoints sum their partials: the tiled finish kernel where its check passed (`native`) "
-            "or the plain SIMT loop and PyTorch's sum (`warp`).", choices=("native", "warp"), fold_case=True),
-    _switch("FOVI_KNN_GW_FINISH", "choice", "csr",
-            "How the staged dW is reduced: the deterministic reverse-CSR kernel (`csr`) or torch's fp32 "
-            "`index_add_` (`index_add`, atomics on CUDA).", choices=("csr", "index_add")),
-    _switch("FOVI_KNN_GI_CONFIG", "text", None,
-            "The staged grad-input kernel config that replaces the rule's pick (a `GRAD_INPUT_CONFIG_SPECS` name, "
-            "`_f32` for an fp32 stage; an unknown name raises when the kernel is fetched).",
-            unset="the rule (`select_gi_config`)"),
-    _switch("FOVI_KNN_GW_CONFIG", "text", None,
-            "The staged grad-weight kernel config that replaces the rule's pick (a `GRAD_WEIGHT_CONFIG_SPECS` "
-            "name, `_f32` for an fp32 stage; an unknown name raises when the kernel is fetched).",
-            unset="the rule (`select_gw_config`)"),
-    _switch("FOVI_KNN_GRAD_STAGE_FP32", "flag", False, "Stages the staged adjoints' products in fp32 instead of fp16."),
     _budget("FOVI_KNN_GRAD_STAGE_MIB", 256.0,
             "Stage budget of the staged Warp adjoints, capped by `FOVI_KNN_STAGE_MIB`: batches and nodes are "
             "chunked to fit it."),

@@ -95,7 +95,7 @@ def test_fused_picks_are_the_fused_rules(device):
 
 def test_fused_calls_take_the_plan_and_decide_nothing(monkeypatch):
     """After the first call of a signature, a fused backward runs the plan's picks without asking a rule again;
-    a segment switch gives a new plan, whose picks the call runs."""
+    a plan whose rules segment the lists (as they do on a GPU) runs the segmented kernels, within tolerance."""
     import fovi_lab.kernels.adjoint.fused as fused
     import fovi_lab.kernels.adjoint.fused_plans as nm
     asked = []
@@ -117,10 +117,12 @@ def test_fused_calls_take_the_plan_and_decide_nothing(monkeypatch):
     alone = WarpTrainOps.grad_input(meta, gy, w), WarpTrainOps.grad_weight(meta, gy, x)
     assert len(asked) == n                             # the later ones looked the plan up
     assert all(torch.equal(a, b) and torch.equal(a, c) for a, b, c in zip(first, again, alone))
-    monkeypatch.setenv("FOVI_KNN_DX_SEG", "2")
-    monkeypatch.setenv("FOVI_KNN_DW_SEG", "3")
-    plan = rule.adjoint_plan(meta, 7, torch.float16)
+    monkeypatch.setattr(nm, "default_dx_seg_steps", lambda *a: 2)     # rules that segment (as on a GPU)
+    monkeypatch.setattr(nm, "default_dw_seg_steps", lambda *a: 3)
+    plan = rule.decide(meta, 7, torch.float16)
     assert (plan.fused[0].seg_steps, plan.fused[1].seg_steps) == (2, 3)
+    rule.forget_plans(meta)
+    assert rule.adjoint_plan(meta, 7, torch.float16) == plan
     seg = WarpTrainOps.backward_combined(meta, gy, x, w)
     ref = CompactTorchOps.grad_input(meta, gy.float(), w.float()), CompactTorchOps.grad_weight(meta, gy.float(), x.float())
     for a, r in zip(seg, ref):

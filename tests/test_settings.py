@@ -69,17 +69,14 @@ def test_the_tune_keys_name_their_first_switches_in_a_fixed_order():
 
 GOOD = [
     ("FOVI_WARP_MMA", "off", "off"), ("FOVI_WARP_MMA", "", "auto"),
-    ("FOVI_KNN_REPLAY", "ON", "on"), ("FOVI_KNN_FINISH", "Warp", "warp"),
+    ("FOVI_KNN_REPLAY", "ON", "on"), ("FOVI_KNN_REPLAY", "Off", "off"),
     ("FOVI_WARP_MMAS_WARPS", "512", 512), ("FOVI_WARP_MMAS_WARPS", "0", 0), ("FOVI_WARP_MMAS_WARPS", "", 2048),
     ("FOVI_WARP_SIMTS_THREADS", "", 0), ("FOVI_KNN_TAP_TABLE_MIB", "0", 0),
-    ("FOVI_KNN_DX_SEG", "auto", "auto"), ("FOVI_KNN_DX_SEG", "off", "off"), ("FOVI_KNN_DX_SEG", "3", 3),
-    ("FOVI_KNN_DX_SEG", "", "auto"),
     ("FOVI_WARP_I2C_MIB", "0.02", 0.02), ("FOVI_WARP_I2C_MIB", "", 32.0), ("FOVI_KNN_STAGE_MIB", "0", 0.0),
     ("FOVI_KNN_STAGE_MIB", "1e-4", 1e-4),
     ("FOVI_WARP_MATHDX", "0", False), ("FOVI_WARP_MATHDX", " Off ", False), ("FOVI_WARP_MATHDX", "TRUE", True),
-    ("FOVI_WARP_MATHDX", "", None), ("FOVI_WARP_MATHDX", "  ", None), ("FOVI_KNN_GRAD_STAGE_FP32", "yes", True),
+    ("FOVI_WARP_MATHDX", "", None), ("FOVI_WARP_MATHDX", "  ", None), ("FOVI_BENCH_VERBOSE", "yes", True),
     ("FOVI_TUNE_CACHE", "/tmp/t.json", Path("/tmp/t.json")), ("FOVI_TUNE_CACHE", "", None),
-    ("FOVI_KNN_GI_CONFIG", "gi2_p64b64_f32", "gi2_p64b64_f32"), ("FOVI_KNN_GI_CONFIG", "", None),
     ("FOVI_COMMIT", "abc123", "abc123"),
 ]
 
@@ -96,13 +93,10 @@ BAD = [
     ("FOVI_WARP_MMA", "OFF", "'auto' or 'off'"),                          # choices compared as written
     ("FOVI_KNN_REPLAY", "sometimes", "'auto', 'on' or 'off' (any case)"),
     ("FOVI_WARP_FWD_STORE", "bogus", "'staged' or 'direct'"),
-    ("FOVI_KNN_GW_FINISH", "atomic", "'csr' or 'index_add'"),
     ("FOVI_WARP_MMAS_WARPS", "-1", "a whole number >= 0"),               # count
     ("FOVI_WARP_MMAS_WARPS", "2.5", "a whole number >= 0"),
     ("FOVI_WARP_SIMTS_THREADS", "lots", "a whole number >= 0"),
     ("FOVI_KNN_TAP_TABLE_MIB", "", "a whole number of MiB >= 0"),        # empty is an error here
-    ("FOVI_KNN_DW_SEG", "many", "'auto', 'off' or a whole number >= 0"),  # count with words
-    ("FOVI_KNN_DW_SEG", "-2", "'auto', 'off' or a whole number >= 0"),
     ("FOVI_WARP_I2C_MIB", "0", "a number of MiB > 0"),                   # number
     ("FOVI_WARP_I2C_MIB", "nan", "a number of MiB > 0"),
     ("FOVI_WARP_I2C_MIB", "inf", "a number of MiB > 0"),
@@ -110,7 +104,7 @@ BAD = [
     ("FOVI_KNN_STAGE_MIB", "", "a number of MiB >= 0"),
     ("FOVI_KNN_FUSED_PARTIAL_MIB", "lots", "a number of MiB >= 0"),
     ("FOVI_WARP_MATHDX", "maybe", "'1', 'true', 'yes', 'on', '0', 'false', 'no' or 'off' (any case)"),   # flag
-    ("FOVI_KNN_GRAD_STAGE_FP32", "2", "'1', 'true'"),
+    ("FOVI_BENCH_VERBOSE", "2", "'1', 'true'"),
 ]
 
 

@@ -28,10 +28,7 @@ GW_NAMES = list(wa.GRAD_WEIGHT_CONFIG_SPECS)
 def _nan_prefill(monkeypatch):
     monkeypatch.setattr(adj_staged_plans, "_EMPTY_FILL", float("nan"))
     monkeypatch.delenv("FOVI_KNN_STAGE_MIB", raising=False)
-    monkeypatch.delenv("FOVI_KNN_GRAD_STAGE_FP32", raising=False)
-    monkeypatch.delenv("FOVI_KNN_GW_FINISH", raising=False)
-    for var in ("FOVI_KNN_GRAD_STAGE_MIB", "FOVI_KNN_GI_CONFIG", "FOVI_KNN_GW_CONFIG"):
-        monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv("FOVI_KNN_GRAD_STAGE_MIB", raising=False)
 
 
 _case = grad_case
@@ -78,11 +75,14 @@ def test_f32_suffix_selects_fp32_staging():
     assert (a - dx_o).abs().max().item() < 0.1 * e_dx
 
 
-def test_fp32_staging_from_env(monkeypatch):
+def test_fp32_staging_by_argument_and_by_name():
+    """An fp32 stage is asked for by ``stage_fp32=True`` or by the config name's ``_f32`` suffix, with the same
+    bits; the default stages in fp16 (the seed's), a different rounding."""
     meta, x, w, g, *_ = _case("ODD", 17)
     want = wa.grad_weight(meta, g, x, stage_fp32=True)
-    monkeypatch.setenv("FOVI_KNN_GRAD_STAGE_FP32", "1")
-    assert torch.equal(wa.grad_weight(meta, g, x), want)
+    name = wa.select_gw_config(meta.cout, meta.cin, 17, meta.nout, meta.p64)
+    assert torch.equal(wa.grad_weight(meta, g, x, config=name + "_f32"), want)
+    assert not torch.equal(wa.grad_weight(meta, g, x), want)
 
 
 @pytest.mark.parametrize("name", ["MAIN", "PAD_HEAVY"])
@@ -162,9 +162,6 @@ def test_default_config_selection(monkeypatch):
     assert wa.select_gw_config(384, 3, 512, 64, 320) == "gw3_p64n128"                              # DINOv3 patch
     assert wa.select_gw_config(96, 64, 512, 964, 384) == "gw3_p64n128"                             # Cin = 64
     assert wa.select_gw_config(96, 3) == "gw3_p64n128"                                             # no batch given
-    monkeypatch.setenv("FOVI_KNN_GI_CONFIG", "gi3p_p64b64")
-    monkeypatch.setenv("FOVI_KNN_GW_CONFIG", "gw3p_p64n64")
-    assert wa.select_gi_config(512, nout=964) == "gi3p_p64b64" and wa.select_gw_config(512) == "gw3p_p64n64"
 
 
 def test_dx_direct_layout_is_identical():

@@ -55,11 +55,11 @@ def test_dw_every_config_odd(config, b):
 @pytest.mark.parametrize("finish", ["torch", "tiled", "native"])
 @pytest.mark.parametrize("config", DW_NAMES)
 def test_dw_finish_paths(monkeypatch, config, finish):
-    """Every dW finish of the splits (``FOVI_KNN_FINISH=warp``: PyTorch's sum + transposing copy below
+    """Every dW finish of the splits (``FINISH = "warp"``: PyTorch's sum + transposing copy below
     ``_FINISH_TILED_MIN_BYTES``, the Warp-tile kernel above; ``native``: the shared-memory tile kernel at every
     size): every dW config, 1 and 3 partials, NaN-prefilled partials, bitwise repeatable; the native finish gives
     the Warp-tile kernel's sums bitwise."""
-    monkeypatch.setenv("FOVI_KNN_FINISH", "native" if finish == "native" else "warp")
+    monkeypatch.setattr(adj_fused_plans, "FINISH", "native" if finish == "native" else "warp")
     monkeypatch.setattr(adj_fused_plans, "_FINISH_TILED_MIN_BYTES", 1 << 40 if finish == "torch" else 0)
     meta, x, w, g, _, dw_o, _, e_dw = _case("PAD_HEAVY", 17)
     for nsplit in (1, 3):
@@ -67,9 +67,9 @@ def test_dw_finish_paths(monkeypatch, config, finish):
         _assert_within(got, dw_o, e_dw, f"{config} x{nsplit} {finish} finish")
         assert torch.equal(got, nm.grad_weight_nm(meta, g, x, config, nsplit=nsplit))
         if finish == "native":
-            monkeypatch.setenv("FOVI_KNN_FINISH", "warp")
+            monkeypatch.setattr(adj_fused_plans, "FINISH", "warp")
             assert torch.equal(got, nm.grad_weight_nm(meta, g, x, config, nsplit=nsplit))
-            monkeypatch.setenv("FOVI_KNN_FINISH", "native")
+            monkeypatch.setattr(adj_fused_plans, "FINISH", "native")
 
 
 def test_dw_split_finishes_bitwise_equal(monkeypatch):
@@ -79,7 +79,7 @@ def test_dw_split_finishes_bitwise_equal(monkeypatch):
     meta, x, w, g, _, dw_o, _, e_dw = _case("PAD_HEAVY", 17)
     got = {}
     for mode, min_bytes in (("warp", 1 << 40), ("warp", 0), ("native", 0)):
-        monkeypatch.setenv("FOVI_KNN_FINISH", mode)
+        monkeypatch.setattr(adj_fused_plans, "FINISH", mode)
         monkeypatch.setattr(adj_fused_plans, "_FINISH_TILED_MIN_BYTES", min_bytes)
         got[mode, min_bytes] = _run_nan_prefilled(nm.plan_grad_weight_nm(meta, g, x, nsplit=8))
     ref = got["warp", 1 << 40]
@@ -137,7 +137,7 @@ def test_tiled_segment_finish_is_the_simt_finish_bitwise(monkeypatch, shape, b):
     for seg in (1, 3):
         got = {}
         for mode in ("warp", "native"):
-            monkeypatch.setenv("FOVI_KNN_FINISH", mode)
+            monkeypatch.setattr(adj_fused_plans, "FINISH", mode)
             pi = nm.plan_grad_input_nm(meta, g, w, seg_steps=seg)
             pw = nm.plan_grad_weight_nm(meta, g, x, seg_steps=seg)
             pi.launch()
@@ -162,7 +162,7 @@ def test_tiled_finish_of_64_lists_is_the_simt_finish_bitwise(monkeypatch):
     assert adj_fused.seg_finish_lists((24, 16, meta.v)) == adj_fused.seg_finish_lists((5, 16, meta.nin)) == 64
     got = {}
     for mode in ("warp", "native"):
-        monkeypatch.setenv("FOVI_KNN_FINISH", mode)
+        monkeypatch.setattr(adj_fused_plans, "FINISH", mode)
         monkeypatch.setattr(adj_fused_plans, "_FINISH_TILED_MIN_BYTES", 0)    # warp: the Warp-tile split finish
         got[mode] = [nm.grad_input_nm(meta, g, w, seg_steps=1), nm.grad_weight_nm(meta, g, x, seg_steps=2),
                      _run_nan_prefilled(nm.plan_grad_weight_nm(meta, g, x, nsplit=3))]
@@ -172,20 +172,17 @@ def test_tiled_finish_of_64_lists_is_the_simt_finish_bitwise(monkeypatch):
 
 def test_seg_finish_check_and_mode(monkeypatch):
     assert adj_fused_plans.seg_finish_ok("cpu") is True
-    monkeypatch.setenv("FOVI_KNN_FINISH", "fast")
+    assert adj_fused_plans.FINISH == "native"                  # the default: the tiled finish where it checks
     meta, x, w, g, _, _, _, _ = _case("ODD", 3)
-    with pytest.raises(ValueError, match="FOVI_KNN_FINISH"):
-        nm.grad_weight_nm(meta, g, x, seg_steps=2)
     # a failed check warns once and keeps the SIMT finish (the result is unchanged)
-    monkeypatch.setenv("FOVI_KNN_FINISH", "native")
     monkeypatch.setattr(adj_fused_plans, "_SEG_FINISH_OK", {})
     monkeypatch.setattr(adj_fused_plans, "seg_finish_tiled_kernel",
                         lambda lists=32: (_ for _ in ()).throw(RuntimeError("x")))
     with pytest.warns(RuntimeWarning, match="tiled partial-sum finish"):
         assert adj_fused_plans.seg_finish_ok("cpu") is False
-    monkeypatch.setenv("FOVI_KNN_FINISH", "warp")
+    monkeypatch.setattr(adj_fused_plans, "FINISH", "warp")
     want = [nm.grad_weight_nm(meta, g, x, seg_steps=s) for s in (2, 0)]
-    monkeypatch.setenv("FOVI_KNN_FINISH", "native")
+    monkeypatch.setattr(adj_fused_plans, "FINISH", "native")
     assert all(torch.equal(nm.grad_weight_nm(meta, g, x, seg_steps=s), w_) for s, w_ in zip((2, 0), want))
 
 
@@ -212,7 +209,6 @@ def test_segment_rules_and_requests(monkeypatch):
     on a small grid (fit to the H200 fused sweep), dW segments on the res18 layers only; every dW
     segment table within the partial budget."""
     from fovi_lab.graph.layers import layer_meta
-    monkeypatch.delenv("FOVI_KNN_DX_SEG", raising=False)
     dx_seg = {name: nm.default_dx_seg_steps(layer_meta(name), 64, "cuda:0")
               for name in ("res18_layer1", "res18_layer2_0", "res18_layer2", "res18_layer3_0", "res18_layer3",
                            "res18_layer4_0", "alex_L1", "alex_L2", "alex_L3", "alex_L4", "alex_L0")}
@@ -259,7 +255,6 @@ def test_recorded_sweep_supports_the_dx_rule():
 
 
 def test_segment_requests(monkeypatch):
-    monkeypatch.delenv("FOVI_KNN_DX_SEG", raising=False)
     meta, x, w, g, *_ = _case("ODD", 3)
     monkeypatch.setenv("FOVI_KNN_FUSED_PARTIAL_MIB", "0.001")          # ~1 KB: any explicit table is too big
     with pytest.raises(ValueError, match="partial budget"):
@@ -269,13 +264,11 @@ def test_segment_requests(monkeypatch):
     monkeypatch.delenv("FOVI_KNN_FUSED_PARTIAL_MIB")
     with pytest.raises(ValueError, match="seg_steps"):
         nm.grad_input_nm(meta, g, w, seg_steps=-1)
-    monkeypatch.setenv("FOVI_KNN_DW_SEG", "many")
-    with pytest.raises(ValueError, match="FOVI_KNN_DW_SEG"):
-        nm.grad_weight_nm(meta, g, x)
-    monkeypatch.setenv("FOVI_KNN_DW_SEG", "2")
-    assert nm.plan_grad_weight_nm(meta, g, x).seg_steps == 2
-    monkeypatch.setenv("FOVI_KNN_DW_SEG", "off")
-    assert nm.plan_grad_weight_nm(meta, g, x).k.kind == "dwn"
+    with pytest.raises(ValueError, match="seg_steps: expected None, 'auto', 0/'off' or an int >= 1, got 'many'"):
+        nm.grad_weight_nm(meta, g, x, seg_steps="many")
+    assert nm.plan_grad_weight_nm(meta, g, x, seg_steps=2).seg_steps == 2
+    assert nm.plan_grad_weight_nm(meta, g, x, seg_steps="off").k.kind == "dwn"
+    assert nm.plan_grad_weight_nm(meta, g, x, seg_steps="auto").k.kind == "dwn"        # the CPU rule: splits
 
 
 def test_only_pad_neighbours_give_exact_zeros():

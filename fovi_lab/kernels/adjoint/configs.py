@@ -2,9 +2,9 @@
 
 A config name encodes its tiles: ``gi2_p64b128`` is grad-input version 2 with a 64-wide p tile and a 128-wide
 batch tile; ``gw3_p64n128`` is grad-weight version 3 with a 64-wide p tile and a 128-wide output-channel tile.
-A ``_f32`` suffix on a kernel name selects an fp32 stage. ``FOVI_KNN_GI_CONFIG`` / ``FOVI_KNN_GW_CONFIG``
-override the defaults, ``FOVI_KNN_GRAD_STAGE_MIB`` bounds the stage (default 256 MiB, capped by
-``FOVI_KNN_STAGE_MIB``), ``FOVI_KNN_GRAD_STAGE_FP32=1`` stages in fp32.
+A ``_f32`` suffix on a kernel name selects an fp32 stage (the staged entry points take a config name and
+``stage_fp32`` for sweeps); ``FOVI_KNN_GRAD_STAGE_MIB`` bounds the stage (default 256 MiB, capped by
+``FOVI_KNN_STAGE_MIB``).
 """
 
 # No `from __future__ import annotations`: Warp resolves kernel annotations (closure dtypes) at decoration.
@@ -89,8 +89,9 @@ _MODULE_OPTIONS = {"fast_math": True}
 
 
 def stage_fp32_default() -> bool:
-    """fp32 staging when ``FOVI_KNN_GRAD_STAGE_FP32=1`` (default fp16, like the seed)."""
-    return settings.get("FOVI_KNN_GRAD_STAGE_FP32")
+    """The stage dtype of a staged adjoint called without ``stage_fp32``: fp16, like the seed (a config name's
+    ``_f32`` suffix, or ``stage_fp32=True``, asks for fp32)."""
+    return False
 
 
 def _split_name(name: str) -> Tuple[str, bool]:
@@ -168,16 +169,13 @@ def _staged_operand(cin: Optional[int], batch: int, nout: Optional[int], p64: Op
 
 def select_gi_config(batch: int, nout: Optional[int] = None, device=None, cin: Optional[int] = None,
                       p64: Optional[int] = None, cout: Optional[int] = None) -> str:
-    """Default gi config. ``FOVI_KNN_GI_CONFIG`` overrides (still a default: unlaunchable -> fallback).
+    """Default gi config (still a default: unlaunchable -> fallback).
 
     A 64-wide batch tile for B <= 64 (a 128-wide one would be >= half padding). gi2's ``(n, b_tile)``
     grid when it has at least 4 CTAs per SM, else the 3-D gi3 grid (small-Nout layers). Stems
     (``cin`` < 16) with at least ``_STAGED_OPERAND_MIN_WORK`` staged elements: the staged-operand
     variants (gi2i at B <= 64, gi3i above).
     """
-    env = settings.get("FOVI_KNN_GI_CONFIG")
-    if env:
-        return env
     small = batch <= 64
     if _staged_operand(cin, batch, nout, p64, cout):
         # B > 64: gi2i with an fp32 stage (H200, alexnet L0 B=512: the whole grad_input faster than with
@@ -196,11 +194,8 @@ def select_gi_config(batch: int, nout: Optional[int] = None, device=None, cin: O
 
 def select_gw_config(cout: int, cin: Optional[int] = None, batch: Optional[int] = None,
                       nout: Optional[int] = None, p64: Optional[int] = None) -> str:
-    """Default gw config (``FOVI_KNN_GW_CONFIG`` overrides): gw3, 64-wide o tile when Cout <= 64; the
+    """Default gw config: gw3, 64-wide o tile when Cout <= 64; the
     staged-operand gw3i for stems with at least ``_STAGED_OPERAND_MIN_WORK`` staged elements."""
-    env = settings.get("FOVI_KNN_GW_CONFIG")
-    if env:
-        return env
     name = DEFAULT_GW_CONFIG_NARROW if cout <= 64 else DEFAULT_GW_CONFIG
     if batch is not None and _staged_operand(cin, batch, nout, p64, cout):
         if _cout96(cout):

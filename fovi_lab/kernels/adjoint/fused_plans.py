@@ -13,7 +13,6 @@ from typing import Optional, Tuple
 
 import torch
 
-import fovi_lab.settings as settings
 from fovi_lab.graph.meta import TrainingMeta, pad_to, validate_meta
 from fovi_lab.ops.reference import NOT_GIVEN, check_grad_args
 from fovi_lab.kernels.common import (built_once, check_once, check_tensor, fast_launch, init_warp, nan_canary, warp_ct,
@@ -117,11 +116,16 @@ _launch = fast_launch
 _SEG_FINISH_OK: dict = {}
 
 
+#: How the fused adjoints sum their partials: ``"native"``, through :func:`seg_finish_tiled_kernel` where its check
+#: passed on the device, or ``"warp"``, :func:`seg_finish_kernel` for segments and :func:`_dw_finish_kernel` /
+#: PyTorch's sum for dW's splits: what a device whose check failed runs (the tests set it to compare the two; both
+#: give the same bits).
+FINISH = "native"
+
+
 def _finish_mode() -> str:
-    """``FOVI_KNN_FINISH``: ``native`` (the default: the fused adjoints' partial sums through
-    :func:`seg_finish_tiled_kernel` where its check passed) or ``warp`` (:func:`seg_finish_kernel` for segments and
-    :func:`_dw_finish_kernel` / PyTorch's sum for dW's splits, for A/B runs)."""
-    return settings.get("FOVI_KNN_FINISH")
+    """:data:`FINISH`."""
+    return FINISH
 
 
 def seg_finish_ok(device: str) -> bool:
@@ -464,10 +468,10 @@ def _kernel(kind: str, config: Optional[str], default: str, device: str, bf16: b
     return k
 
 
-def _seg_request(env: str, arg) -> Optional[object]:
-    """``seg_steps`` argument or ``env`` override: None/"auto" -> the default rule, 0/"off" -> whole lists,
-    an int >= 1 -> segments of that many steps."""
-    v = arg if arg is not None else settings.get(env)
+def _seg_request(arg) -> Optional[object]:
+    """A ``seg_steps`` argument: None/"auto" -> the default rule, 0/"off" -> whole lists, an int >= 1 -> segments
+    of that many steps."""
+    v = arg
     if v in ("auto", None):
         return "auto"
     if v in ("off", 0, "0"):
@@ -477,7 +481,7 @@ def _seg_request(env: str, arg) -> Optional[object]:
     except (TypeError, ValueError):
         n = -1
     if n < 1 or isinstance(v, bool):
-        raise ValueError(f"seg_steps: expected None, 'auto', 0/'off' or an int >= 1 (or {env} likewise), got {v!r}")
+        raise ValueError(f"seg_steps: expected None, 'auto', 0/'off' or an int >= 1, got {v!r}")
     return n
 
 
@@ -577,7 +581,7 @@ def dw_seg_steps_for(meta: TrainingMeta, batch: int, tiles, target: int) -> int:
 def plan_grad_input_nm(meta, grad_y, weight, config=None, *, store=None, gn=None, seg_steps=None, pick=None):
     """The prepared fused dx call, or None when the (default) kernel cannot launch here.
 
-    ``seg_steps``: None (``FOVI_KNN_DX_SEG`` or the default rule :func:`default_dx_seg_steps`), 0 for
+    ``seg_steps``: None (the default rule :func:`default_dx_seg_steps`), 0 for
     whole reverse lists, or the segment length in steps (kernel ``dxs``). ``pick``: the call's
     :class:`~fovi_lab.kernels.adjoint.rule.FusedPick` (the tiles and segments the adjoint plan decided; a pick
     whose kernel cannot launch here gives None, as the rule's would)."""
@@ -591,7 +595,7 @@ def plan_grad_input_nm(meta, grad_y, weight, config=None, *, store=None, gn=None
     meta = meta.to(grad_y.device)
     if pick is not None and config is None:
         return _plan_dx(meta, grad_y, weight, None, pick.config, pick.seg_steps, device, bf16, store, gn)
-    req = _seg_request("FOVI_KNN_DX_SEG", seg_steps)
+    req = _seg_request(seg_steps)
     if req == "auto":
         req = default_dx_seg_steps(meta, grad_y.shape[0], device)
     name = config if config is not None else select_dx_nm_config(grad_y.shape[0], meta.cin, meta.nin,
@@ -613,7 +617,7 @@ def plan_grad_weight_nm(meta, grad_y, x, config=None, *, nsplit=None, gn=None, x
     """The prepared fused dW call, or None when the (default) kernel cannot launch here.
 
     ``nsplit`` (an int) asks for the interleaved splits (kernel ``dwn``); otherwise ``seg_steps``: None
-    (``FOVI_KNN_DW_SEG`` or :func:`default_dw_seg_steps`), 0 for the interleaved splits, or the segment
+    (:func:`default_dw_seg_steps`), 0 for the interleaved splits, or the segment
     length in steps (kernel ``dws``). ``pick``: the call's :class:`~fovi_lab.kernels.adjoint.rule.FusedPick`
     (tiles, segments and splits decided by the adjoint plan)."""
     if config is not None and not isinstance(config, str):
@@ -631,7 +635,7 @@ def plan_grad_weight_nm(meta, grad_y, x, config=None, *, nsplit=None, gn=None, x
         nsplit = None if req else pick.nsplit
     else:
         name = config if config is not None else select_dw_nm_config(meta.cout, meta.cin, grad_y.shape[0])
-        req = 0 if nsplit is not None else _seg_request("FOVI_KNN_DW_SEG", seg_steps)
+        req = 0 if nsplit is not None else _seg_request(seg_steps)
         if req == "auto":
             req = default_dw_seg_steps(meta, grad_y.shape[0], _spec("dwn", name), device)
     if req:

@@ -39,8 +39,7 @@ from fovi_lab.graph.meta import meta_aux
 FUSED_MIN_CIN = 16
 
 #: The settings the plan reads (a change decides anew).
-SWITCHES = ("FOVI_KNN_GRAD_PATH", "FOVI_KNN_DX_PATH", "FOVI_KNN_DW_PATH", "FOVI_KNN_DX_SEG", "FOVI_KNN_DW_SEG",
-            "FOVI_KNN_FUSED_PARTIAL_MIB")
+SWITCHES = ("FOVI_KNN_GRAD_PATH", "FOVI_KNN_DX_PATH", "FOVI_KNN_DW_PATH", "FOVI_KNN_FUSED_PARTIAL_MIB")
 
 
 @dataclass(frozen=True)
@@ -79,20 +78,16 @@ class FusedPick:
 
 def fused_picks(meta, batch: int, device: str) -> Tuple[FusedPick, FusedPick]:
     """``(dx, dW)`` picks of the fused kernels for ``meta`` at ``batch`` on ``device`` (``"cpu"`` / ``"cuda..."``):
-    the fused family's rules under ``FOVI_KNN_DX_SEG`` / ``FOVI_KNN_DW_SEG`` and the partial budget."""
+    the fused family's rules, under the partial budget (``FOVI_KNN_FUSED_PARTIAL_MIB``)."""
     from fovi_lab.kernels.adjoint import fused_plans as fp
     from fovi_lab.kernels.adjoint.fused import select_dw_nm_config, select_dx_nm_config
     from fovi_lab.kernels.adjoint.fused_build import _spec
 
-    seg = fp._seg_request("FOVI_KNN_DX_SEG", None)
-    if seg == "auto":
-        seg = fp.default_dx_seg_steps(meta, batch, device)
+    seg = fp.default_dx_seg_steps(meta, batch, device)
     dx = FusedPick(select_dx_nm_config(batch, meta.cin, meta.nin, segments=bool(seg)), int(seg))
     name = select_dw_nm_config(meta.cout, meta.cin, batch)
     tiles = _spec("dwn", name)
-    seg = fp._seg_request("FOVI_KNN_DW_SEG", None)
-    if seg == "auto":
-        seg = fp.default_dw_seg_steps(meta, batch, tiles, device)
+    seg = fp.default_dw_seg_steps(meta, batch, tiles, device)
     dw = FusedPick(name, int(seg), 1 if seg else fp.default_dw_nsplit(meta, batch, tiles, device))
     return dx, dw
 

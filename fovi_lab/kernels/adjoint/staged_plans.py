@@ -11,7 +11,6 @@ from typing import Optional
 
 import torch
 
-import fovi_lab.settings as settings
 from fovi_lab.graph.meta import TrainingMeta, meta_aux, pad_to, validate_meta
 from fovi_lab.ops.reference import NOT_GIVEN, CompactTorchOps, check_grad_args
 from fovi_lab.kernels.common import check_tensor, fast_launch, gather_rows, warp_ct, warp_device
@@ -397,7 +396,7 @@ def plan_grad_weight(meta, grad_y, x, config=None, *, stage_fp32=None, finish=No
     _check_common(meta, grad_y, x=x)
     check_tensor("x", x, dtype=grad_y.dtype, dim=3, shape=(grad_y.shape[0], meta.cin, meta.nin),
                  device=grad_y.device, contiguous=True)
-    finish = settings.get("FOVI_KNN_GW_FINISH") if finish is None else finish
+    finish = "csr" if finish is None else finish
     if finish not in ("csr", "index_add"):
         raise ValueError(f"finish: expected 'csr' or 'index_add', got {finish!r}")
     name, explicit = _resolve("gw", config, select_gw_config(meta.cout, meta.cin, grad_y.shape[0], meta.nout,
@@ -426,7 +425,7 @@ def grad_input(meta: TrainingMeta, grad_y: torch.Tensor, weight: torch.Tensor, c
             ``_bf16`` form, which stages in fp32); None picks by
             batch (:func:`select_gi_config`) and falls back to torch_compact with a warning when that
             kernel cannot launch; an explicit config that cannot launch raises ``RuntimeError``.
-        stage_fp32: stage dA in fp32 (None: ``FOVI_KNN_GRAD_STAGE_FP32``).
+        stage_fp32: stage dA in fp32 (None: the config's ``_f32`` suffix, else fp16).
         dx_direct: let the reduction write ``dx[b, c, m]`` in place (strided 4-byte stores) instead of
             a coalesced ``[Cin, Nin, Bc]`` buffer plus one torch transpose copy (the default).
 
@@ -456,9 +455,9 @@ def grad_weight(meta: TrainingMeta, grad_y: torch.Tensor, x: torch.Tensor, confi
         x: ``[B, Cin, Nin]`` in grad_y's dtype, contiguous, same device (the forward's compute-dtype input).
         config: a ``GRAD_WEIGHT_CONFIG_SPECS`` name (``_f32`` suffix: fp32 staging); None picks by
             Cout (:func:`select_gw_config`), with the same fallback rules as :func:`grad_input`.
-        stage_fp32: stage dWeff in fp32 (None: ``FOVI_KNN_GRAD_STAGE_FP32``).
+        stage_fp32: stage dWeff in fp32 (None: the config's ``_f32`` suffix, else fp16).
         finish: ``"csr"`` (deterministic weight-row gather, default) or ``"index_add"`` (the seed's
-            torch fp32 ``index_add_``; atomics on CUDA). None: ``FOVI_KNN_GW_FINISH`` or ``"csr"``.
+            torch fp32 ``index_add_``; atomics on CUDA). None: ``"csr"``.
 
     Returns:
         ``dW[o, q] = sum_{(n, p): weight_linear[n, p] = q} sum_b xpad[b, input_linear[n, p]] g[b, o, n]``.
