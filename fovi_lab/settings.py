@@ -165,13 +165,6 @@ SETTINGS: Tuple[Setting, ...] = (
     _switch("FOVI_WARP_MMA", "choice", "auto",
             "`off` keeps the forward's rules off the tensor-core kernels (the tile and SIMT rules only); `auto` "
             "lets them pick those kernels.", choices=("auto", "off")),
-    _switch("FOVI_WARP_STEM_SIMT", "choice", "auto",
-            "`off` keeps the forward's rules from picking a SIMT kernel (the stems stay on the i2c tiles, the other "
-            "layers on the node-major ones).", choices=("auto", "off")),
-    _switch("FOVI_WARP_FWD_STORE", "choice", None,
-            "How the forward kernels store y: straight into y (`direct`) or through a contiguous staging buffer "
-            "(`staged`).", choices=("staged", "direct"),
-            unset="by size: `direct` up to 4 MiB of output, `staged` above"),
     _switch("FOVI_KNN_GRAD_PATH", "choice", "auto",
             "The adjoint kernels of `warp_train`: the fused node-major ones (`fused`), the staged ones (`staged`), "
             "or the rule (`auto`: fused where Cin >= 16).", choices=("fused", "staged", "auto")),
@@ -184,19 +177,9 @@ SETTINGS: Tuple[Setting, ...] = (
     _switch("FOVI_KNN_FWD_PATH", "choice", "auto",
             "The forward of the Warp backends: the compact kernels (`compact`, and `auto`) or the binned form "
             "(`binned`).", choices=("binned", "compact", "auto")),
-    _switch("FOVI_WARP_SIMTS_THREADS", "count", 0,
-            "Threads in all that the split SIMT forward (`simts`) aims for; 0 keeps the default per register "
-            "block.", _SWEEPS, unset="0 (32768 threads, 131072 for 4x8 register blocks)"),
-    _switch("FOVI_WARP_MMAS_WARPS", "count", 2048,
-            "Warps in all that the split tensor-core forward (`mmas`) aims for (0: one split).", _SWEEPS),
-    _switch("FOVI_WARP_MMAPS_CTAS", "count", 264,
-            "CTAs in all that the split pipelined tensor-core forward (`mmaps`) aims for (0: one split).", _SWEEPS),
     Setting("FOVI_WARP_I2C_MIB", "number", 32.0,
             "Budget of the i2c forward's im2col stage: nodes are gathered and multiplied in chunks that fit it.",
             f"{_USERS_MEMORY}, tests", kernel=True, unit="MiB"),
-    _switch("FOVI_WARP_I2C_GATHER", "choice", "warp",
-            "How the i2c forward gathers rows into its stage: a Warp SIMT row copy (`warp`) or torch's "
-            "`index_select` (`torch`).", choices=("warp", "torch")),
     _budget("FOVI_KNN_GRAD_STAGE_MIB", 256.0,
             "Stage budget of the staged Warp adjoints, capped by `FOVI_KNN_STAGE_MIB`: batches and nodes are "
             "chunked to fit it."),

@@ -103,13 +103,11 @@ def test_call_cache_sees_new_tables_args_and_env(monkeypatch):
         F.run_uncached(x, w.float(), None, meta.input_linear, meta.weight_linear)
     with pytest.raises(ValueError, match="bias"):
         F.run_uncached(x, w, torch.zeros(3), meta.input_linear, meta.weight_linear)
-    # the store switch is part of the signature
-    monkeypatch.setenv("FOVI_WARP_FWD_STORE", "staged")
-    plan = F.prepare_uncached(x, w, None, meta.input_linear, meta.weight_linear)
+    # the store request is part of the signature
+    plan = F.prepare_uncached(x, w, None, meta.input_linear, meta.weight_linear, store="staged")
     assert plan.out.is_contiguous()                # the staged [Nout, B, Cout] buffer
-    monkeypatch.setenv("FOVI_WARP_FWD_STORE", "bogus")
-    with pytest.raises(ValueError, match="FOVI_WARP_FWD_STORE: expected 'staged' or 'direct', got 'bogus'"):
-        F.run_uncached(x, w, None, meta.input_linear, meta.weight_linear)
+    with pytest.raises(ValueError, match="store: expected 'staged' or 'direct', got 'bogus'"):
+        F.run_uncached(x, w, None, meta.input_linear, meta.weight_linear, store="bogus")
 
 
 def test_call_cache_follows_a_cleared_config_cache():

@@ -60,18 +60,17 @@ def test_every_entry_is_complete():
 
 
 def test_the_tune_keys_name_their_first_switches_in_a_fixed_order():
-    # the setup keys of existing tune caches list these eight (those set) in this order: a new kernel-affecting
+    # the setup keys of existing tune caches list these switches (those set) in this order: a new kernel-affecting
     # entry goes after them, so such keys stay readable
-    assert settings.KERNEL_AFFECTING[:8] == (
-        "FOVI_WARP_MATHDX", "FOVI_WARP_MMA", "FOVI_WARP_STEM_SIMT", "FOVI_WARP_FWD_STORE", "FOVI_KNN_GRAD_PATH",
-        "FOVI_KNN_DX_PATH", "FOVI_KNN_DW_PATH", "FOVI_KNN_FWD_PATH")
+    assert settings.KERNEL_AFFECTING[:6] == (
+        "FOVI_WARP_MATHDX", "FOVI_WARP_MMA", "FOVI_KNN_GRAD_PATH", "FOVI_KNN_DX_PATH", "FOVI_KNN_DW_PATH",
+        "FOVI_KNN_FWD_PATH")
 
 
 GOOD = [
     ("FOVI_WARP_MMA", "off", "off"), ("FOVI_WARP_MMA", "", "auto"),
     ("FOVI_KNN_REPLAY", "ON", "on"), ("FOVI_KNN_REPLAY", "Off", "off"),
-    ("FOVI_WARP_MMAS_WARPS", "512", 512), ("FOVI_WARP_MMAS_WARPS", "0", 0), ("FOVI_WARP_MMAS_WARPS", "", 2048),
-    ("FOVI_WARP_SIMTS_THREADS", "", 0), ("FOVI_KNN_TAP_TABLE_MIB", "0", 0),
+    ("FOVI_KNN_TAP_TABLE_MIB", "0", 0), ("FOVI_KNN_TAP_TABLE_MIB", "1024", 1024),
     ("FOVI_WARP_I2C_MIB", "0.02", 0.02), ("FOVI_WARP_I2C_MIB", "", 32.0), ("FOVI_KNN_STAGE_MIB", "0", 0.0),
     ("FOVI_KNN_STAGE_MIB", "1e-4", 1e-4),
     ("FOVI_WARP_MATHDX", "0", False), ("FOVI_WARP_MATHDX", " Off ", False), ("FOVI_WARP_MATHDX", "TRUE", True),
@@ -92,10 +91,9 @@ BAD = [
     ("FOVI_WARP_MMA", "always", "'auto' or 'off'"),                       # choice
     ("FOVI_WARP_MMA", "OFF", "'auto' or 'off'"),                          # choices compared as written
     ("FOVI_KNN_REPLAY", "sometimes", "'auto', 'on' or 'off' (any case)"),
-    ("FOVI_WARP_FWD_STORE", "bogus", "'staged' or 'direct'"),
-    ("FOVI_WARP_MMAS_WARPS", "-1", "a whole number >= 0"),               # count
-    ("FOVI_WARP_MMAS_WARPS", "2.5", "a whole number >= 0"),
-    ("FOVI_WARP_SIMTS_THREADS", "lots", "a whole number >= 0"),
+    ("FOVI_KNN_GRAD_PATH", "bogus", "'fused', 'staged' or 'auto'"),
+    ("FOVI_KNN_TAP_TABLE_MIB", "-1", "a whole number of MiB >= 0"),      # count
+    ("FOVI_KNN_TAP_TABLE_MIB", "2.5", "a whole number of MiB >= 0"),
     ("FOVI_KNN_TAP_TABLE_MIB", "", "a whole number of MiB >= 0"),        # empty is an error here
     ("FOVI_WARP_I2C_MIB", "0", "a number of MiB > 0"),                   # number
     ("FOVI_WARP_I2C_MIB", "nan", "a number of MiB > 0"),
@@ -135,21 +133,16 @@ def test_an_unknown_name_is_a_key_error():
 def test_values_are_read_on_each_access(monkeypatch):
     from fovi_lab.kernels.forward import plans
     from fovi_lab.ops.reference import stage_budget_bytes
-    monkeypatch.delenv("FOVI_WARP_MMAS_WARPS", raising=False)
     monkeypatch.delenv("FOVI_KNN_STAGE_MIB", raising=False)
-    assert plans.mmas_split(64, 144) == (29, 5)              # 2048 warps in all
-    assert stage_budget_bytes() == 512 << 20
-    monkeypatch.setenv("FOVI_WARP_MMAS_WARPS", "0")          # set after every import: one split
-    monkeypatch.setenv("FOVI_KNN_STAGE_MIB", "1")
-    assert plans.mmas_split(64, 144) == (1, 144)
-    assert stage_budget_bytes() == 1 << 20
-    monkeypatch.setenv("FOVI_WARP_SIMTS_THREADS", "1024")
-    assert plans.simts_split(1024, 576)[0] == 1
-    monkeypatch.setenv("FOVI_WARP_MMAPS_CTAS", "32")
-    assert plans.pipe_split(32, 144) == (1, 144)
-    monkeypatch.setenv("FOVI_WARP_MMAPS_CTAS", "-3")
-    with pytest.raises(ValueError, match="FOVI_WARP_MMAPS_CTAS"):
-        plans.pipe_split(32, 144)
+    monkeypatch.delenv("FOVI_WARP_I2C_MIB", raising=False)
+    assert stage_budget_bytes() == 512 << 20 and plans._i2c_stage_bytes() == 32 << 20
+    monkeypatch.setenv("FOVI_KNN_STAGE_MIB", "1")            # set after every import
+    monkeypatch.setenv("FOVI_WARP_I2C_MIB", "0.5")
+    assert stage_budget_bytes() == 1 << 20 and plans._i2c_stage_bytes() == 1 << 19
+    monkeypatch.setenv("FOVI_WARP_I2C_MIB", "-3")
+    with pytest.raises(ValueError, match="FOVI_WARP_I2C_MIB"):
+        plans._i2c_stage_bytes()
+    assert plans.mmas_split(64, 144) == (29, 5)              # the splits' targets are constants: 2048 warps
 
 
 def test_the_defaults_are_what_the_code_does_unset(monkeypatch):

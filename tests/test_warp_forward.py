@@ -247,7 +247,7 @@ def test_simts_is_deterministic_and_splits(shape):
 def test_i2c_chunked_stage_and_both_row_gathers(monkeypatch, gather):
     """A stage budget of a few nodes (many chunks, a ragged last one), both row-gather implementations."""
     monkeypatch.setenv("FOVI_WARP_I2C_MIB", "0.02")          # 20 KiB: 3 nodes of 128 x 24 fp16 per chunk
-    monkeypatch.setenv("FOVI_WARP_I2C_GATHER", gather)
+    monkeypatch.setattr(fwd_plans, "I2C_GATHER", gather)
     for b in (17, 24):
         c = case(STEM, b)
         for config in ("i2c_m16n64k64", "i2c_m64n96k128", "i2cg_m64n64k64"):
@@ -255,9 +255,6 @@ def test_i2c_chunked_stage_and_both_row_gathers(monkeypatch, gather):
             plan.out.fill_(float("nan"))
             plan.launch()
             c.check(plan.finish(), f"{config} chunked, {gather} gather, B={b}")
-    monkeypatch.setenv("FOVI_WARP_I2C_GATHER", "cuda-magic")
-    with pytest.raises(ValueError, match="FOVI_WARP_I2C_GATHER"):
-        F.prepare_uncached(c.x, c.w, c.bias, c.meta.input_linear, c.meta.weight_linear, config="i2c_m16n64k64")
     monkeypatch.setenv("FOVI_WARP_I2C_MIB", "-1")
     with pytest.raises(ValueError, match="FOVI_WARP_I2C_MIB"):
         F.prepare_uncached(c.x, c.w, c.bias, c.meta.input_linear, c.meta.weight_linear, config="i2c_m16n64k64")
@@ -304,18 +301,15 @@ def test_simts_selection_rules(monkeypatch):
     assert sel(16, 64, 230, 576, in_channels=64, **nm) == "nm_m16n32k64"
     assert sel(16, 384, 60, 2304, in_channels=256, **nm) == "nm_m16n32k64"
     assert sel(33, 256, 16, 2304, in_channels=256, **nm) == "nm_m16n32k64"
-    monkeypatch.setenv("FOVI_WARP_STEM_SIMT", "off")
+    monkeypatch.setattr(fwd_rules, "SIMT_RULES", "off")
     assert sel(1, 64, 230, 576, in_channels=64, **nm) == "nm_m16n32k64"
     assert sel(16, 256, 16, 2304, in_channels=256, **nm) == "nms_m16n32k64"
     assert sel(1, 96, 964, 384, in_channels=3) == "i2c_m16n96k64"
-    monkeypatch.setenv("FOVI_WARP_STEM_SIMT", "always")
-    with pytest.raises(ValueError, match="FOVI_WARP_STEM_SIMT"):
-        sel(1, 64, 230, 576, in_channels=64, **nm)
 
 
 def test_stem_simt_switch(monkeypatch):
-    """Without the mma kernels, ``FOVI_WARP_STEM_SIMT=off`` keeps the stems on i2c (a call-cache key: the same
-    call re-selects)."""
+    """Without the mma kernels, the SIMT rules off keep the stems on i2c (the calls cached with the other rules
+    cleared: the same call re-selects)."""
     monkeypatch.setenv("FOVI_WARP_MMA", "off")
     sel = F.select_config
     c = case(STEM, 17)
@@ -324,13 +318,12 @@ def test_stem_simt_switch(monkeypatch):
     fwd_api._CALLS.clear()                                           # other tests' calls on STEM chose i2c
     assert F.prepare_uncached(c.x, c.w, c.bias, il, wl).config == "sv_b16o8u2"     # B = 17, Cout = 24
     c.check(F.run_uncached(c.x, c.w, c.bias, il, wl), "SIMT by default")
-    monkeypatch.setenv("FOVI_WARP_STEM_SIMT", "off")
+    monkeypatch.setattr(fwd_rules, "SIMT_RULES", "off")
+    fwd_api._CALLS.clear()
     assert sel(16, 96, 964, 384, in_channels=3) == "i2c_m16n96k64"
     assert F.prepare_uncached(c.x, c.w, c.bias, il, wl).config == "i2c_m64n64k128"    # B = 17, P64 = 128
-    c.check(F.run_uncached(c.x, c.w, c.bias, il, wl), "FOVI_WARP_STEM_SIMT=off")
-    monkeypatch.setenv("FOVI_WARP_STEM_SIMT", "always")
-    with pytest.raises(ValueError, match="FOVI_WARP_STEM_SIMT"):
-        sel(16, 96, 964, 384, in_channels=3)
+    c.check(F.run_uncached(c.x, c.w, c.bias, il, wl), "SIMT rules off")
+    fwd_api._CALLS.clear()
 
 
 @pytest.mark.parametrize("shape", SHAPES)

@@ -49,9 +49,8 @@ _call_lock = threading.Lock()
 _CALLS: Dict[Tuple, Tuple] = {}
 _CALLS_MAX = 256
 #: The variables read while a call is resolved or its runner built (both cached per signature). The i2c stage's
-#: budget and gather (``FOVI_WARP_I2C_MIB``, ``FOVI_WARP_I2C_GATHER``) are read per call and key its chunk plans.
-_CALL_SWITCHES = ("FOVI_WARP_FWD_STORE", "FOVI_WARP_MATHDX", "FOVI_WARP_STEM_SIMT", "FOVI_WARP_MMA",
-                  "FOVI_WARP_SIMTS_THREADS", "FOVI_WARP_MMAS_WARPS", "FOVI_WARP_MMAPS_CTAS")
+#: budget (``FOVI_WARP_I2C_MIB``) is read per call and keys its chunk plans.
+_CALL_SWITCHES = ("FOVI_WARP_MATHDX", "FOVI_WARP_MMA")
 
 
 def _forget_tables(meta) -> None:
@@ -202,8 +201,8 @@ def run_uncached(x, weight, bias, input_linear, weight_linear, config=None, stor
         input_linear, weight_linear: ``[Nout, P64]`` int32 contiguous (docs/operator.md §2.1).
         config: a name from ``_UNCACHED_BATCH_CONFIG_SPECS`` to force a kernel (raises if it cannot
             launch on this device), or None for :func:`select_config`.
-        store: ``"staged"`` / ``"direct"`` output path (default: ``FOVI_WARP_FWD_STORE``, else direct
-            for outputs up to 4 MiB and staged above).
+        store: ``"staged"`` / ``"direct"`` output path (default: direct for outputs up to 4 MiB and staged
+            above).
         out_dtype: None (x's dtype), or torch.float32 from fp16 / bf16 operands: y unrounded, on a split
             tensor-core config (:func:`resolve_uncached`).
 

@@ -74,10 +74,9 @@ DIRECT_STORE_MAX_BYTES = 4 << 20
 
 
 def store_mode(store: Optional[str], out_bytes: int = 0) -> str:
-    """The output store of a forward call: ``store`` when given, else ``FOVI_WARP_FWD_STORE``, else ``"direct"``
-    for outputs up to :data:`DIRECT_STORE_MAX_BYTES` and ``"staged"`` above."""
-    mode = store or settings.get("FOVI_WARP_FWD_STORE") or (
-        "direct" if out_bytes <= DIRECT_STORE_MAX_BYTES else "staged")
+    """The output store of a forward call: ``store`` when given, else ``"direct"`` for outputs up to
+    :data:`DIRECT_STORE_MAX_BYTES` and ``"staged"`` above."""
+    mode = store or ("direct" if out_bytes <= DIRECT_STORE_MAX_BYTES else "staged")
     if mode not in ("staged", "direct"):
         raise ValueError(f"store: expected 'staged' or 'direct', got {mode!r}")
     return mode
@@ -230,8 +229,7 @@ def plan_uncached(cfg: FwdConfig, kernel, x, weight, bias, il, wl, store: str,
 # than _SIMTS_MIN_STEPS loop steps per thread (each split adds a partial of B*Cout*Nout fp32 to write and sum).
 # The H200 sweep (fovi_lab/records/h200/forward.jsonl.gz, the records with ``simts_threads``) tried
 # 8192 / 32768 / 131072: 8x8 blocks were best at 32768 (res18 layer3 at B = 16 among them), 4x8 blocks at
-# 131072 (alexnet L2 at B = 1 among them; on the small layers the three were close). ``FOVI_WARP_SIMTS_THREADS``
-# (when not 0) overrides both, for sweeps.
+# 131072 (alexnet L2 at B = 1 among them; on the small layers the three were close).
 _SIMTS_THREADS = 32768
 _SIMTS_THREADS_BY_BLOCK = {(4, 8): 131072}
 _SIMTS_MIN_STEPS = 8
@@ -243,14 +241,15 @@ def simts_split(threads: int, steps: int, block: Tuple[int, int] = (8, 8)) -> Tu
     at least one step when there are any."""
     if steps <= 0:
         return 1, 0
-    target = settings.get("FOVI_WARP_SIMTS_THREADS") or _SIMTS_THREADS_BY_BLOCK.get(tuple(block), _SIMTS_THREADS)
+    target = _SIMTS_THREADS_BY_BLOCK.get(tuple(block), _SIMTS_THREADS)
     s = max(1, min(-(-target // max(1, threads)), steps // _SIMTS_MIN_STEPS))
     per = -(-steps // s)
     return -(-steps // per), per
 
 
-# The mmas split: about FOVI_WARP_MMAS_WARPS warps in all (default 2048: 132 SMs x 16 resident warps of these
-# ~128-register threads would be 2112), never fewer than _MMAS_MIN_STEPS k-steps of 16 p entries per split.
+# The mmas split: about MMAS_WARPS warps in all (132 SMs x 16 resident warps of these ~128-register threads would be
+# 2112), never fewer than _MMAS_MIN_STEPS k-steps of 16 p entries per split.
+MMAS_WARPS = 2048
 _MMAS_MIN_STEPS = 4
 
 
@@ -258,15 +257,15 @@ def mmas_split(warps: int, steps: int) -> Tuple[int, int]:
     """``(S, k-steps per split)`` for an mmas launch of ``warps`` warps per split over ``steps`` k-steps."""
     if steps <= 0:
         return 1, 0
-    total = settings.get("FOVI_WARP_MMAS_WARPS")
+    total = MMAS_WARPS
     s = max(1, min(-(-total // max(1, warps)), steps // _MMAS_MIN_STEPS))
     per = -(-steps // s)
     return -(-steps // per), per
 
 
-# The mmaps split: about FOVI_WARP_MMAPS_CTAS CTAs in all (default 264: 132 SMs x 2 resident CTAs of 128 threads
-# at ~200 registers), never fewer than _PIPE_MIN_STEPS stages of tile_k p entries per split (the pipeline's
-# prologue is S-1 of them).
+# The mmaps split: about MMAPS_CTAS CTAs in all (132 SMs x 2 resident CTAs of 128 threads at ~200 registers), never
+# fewer than _PIPE_MIN_STEPS stages of tile_k p entries per split (the pipeline's prologue is S-1 of them).
+MMAPS_CTAS = 264
 _PIPE_MIN_STEPS = 8
 
 
@@ -274,7 +273,7 @@ def pipe_split(ctas: int, steps: int) -> Tuple[int, int]:
     """``(S, stages per split)`` for an mmaps launch of ``ctas`` CTAs per split over ``steps`` stages."""
     if steps <= 0:
         return 1, 0
-    total = settings.get("FOVI_WARP_MMAPS_CTAS")
+    total = MMAPS_CTAS
     s = max(1, min(-(-total // max(1, ctas)), steps // _PIPE_MIN_STEPS))
     per = -(-steps // s)
     return -(-steps // per), per
@@ -474,11 +473,15 @@ def _i2c_stage_bytes() -> int:
     return int(settings.get("FOVI_WARP_I2C_MIB") * (1 << 20))
 
 
+#: How the i2c stage gathers rows: ``"warp"`` (a SIMT row copy of 8-byte elements,
+#: :func:`~fovi_lab.kernels.common.gather_rows`) or ``"torch"`` (``index_select`` of 16-byte elements; the tests
+#: compare the two).
+I2C_GATHER = "warp"
+
+
 def _i2c_gather_kind() -> str:
-    """How the i2c stage gathers rows (``FOVI_WARP_I2C_GATHER``): ``warp`` (a SIMT row copy of 8-byte
-    elements, :func:`~fovi_lab.kernels.common.gather_rows`) or ``torch`` (``index_select`` of 16-byte
-    elements)."""
-    return settings.get("FOVI_WARP_I2C_GATHER")
+    """:data:`I2C_GATHER`."""
+    return I2C_GATHER
 
 
 def _as_rows16(t: torch.Tensor) -> torch.Tensor:

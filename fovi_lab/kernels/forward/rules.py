@@ -309,15 +309,19 @@ _SIMT_MIN_NODES = 256
 SIMT_CONFIG = "sd_b8o8u4"           # the B <= 16 pick (notebooks, explore_stem)
 
 
+#: ``"auto"``: the SIMT rules here pick SIMT kernels where they won; ``"off"`` (the tests set it) keeps every pick
+#: off them: the stems on the i2c tiles, the other layers on the node-major ones.
+SIMT_RULES = "auto"
+
+
 def _simt_env() -> str:
-    """``FOVI_WARP_STEM_SIMT``: ``auto`` (the default: the SIMT rules here) or ``off`` (no SIMT kernel is
-    selected: the stems stay on the i2c tiles, the other layers on the node-major ones)."""
-    return settings.get("FOVI_WARP_STEM_SIMT")
+    """:data:`SIMT_RULES`."""
+    return SIMT_RULES
 
 
 def _simt_fits(batch: int, out_channels: int, out_nodes: int) -> bool:
     """Whether a stem-like call (Cin < 32) takes a SIMT kernel (see :func:`select_simt`) at B > 4 (smaller
-    batches take the split kernel, :func:`_simts_fits`). ``FOVI_WARP_STEM_SIMT=off``: never."""
+    batches take the split kernel, :func:`_simts_fits`). :data:`SIMT_RULES` ``"off"``: never."""
     if _simt_env() == "off" or out_nodes < _SIMT_MIN_NODES:
         return False
     return batch <= 64 or (batch <= 128 and out_channels <= 64)
@@ -348,7 +352,7 @@ _SIMTS_FEW_NODES_MAX_BATCH = 32
 def _simts_fits(batch: int, out_channels: int, out_nodes: int, in_channels: Optional[int]) -> bool:
     """Whether a call takes the split SIMT kernel (see above): every call at B <= 4, and the few-node layers
     up to B = 32 (the stems above B = 4 keep their own SIMT rule, :func:`_simt_fits`).
-    ``FOVI_WARP_STEM_SIMT=off`` turns it off with the other SIMT rules."""
+    :data:`SIMT_RULES` ``"off"`` turns it off with the other SIMT rules."""
     if _simt_env() == "off":
         return False
     if batch <= _SIMTS_MAX_BATCH:
