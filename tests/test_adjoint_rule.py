@@ -44,16 +44,21 @@ def test_switches(monkeypatch, dx_sw, dw_sw, grad_sw):
         assert plan.forced == (dx_sw == "mma", dw_sw == "mma")
 
 
+def _problem(cin: int, cout: int, batch: int, seed: int):
+    """A synthetic layer (40 -> 24 nodes, K = 9, V = 11) and fp16 ``x``, ``w``, ``grad_y`` for it."""
+    idx, rf = synthetic_graph(40, 24, 9, 11, 6, seed=seed)
+    meta = build_meta(idx, rf, cin=cin, cout=cout, v=11, nin=40)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, cin, 40, generator=g).half()
+    w = (torch.randn(cout, cin * 11, generator=g) / 8).half()
+    return meta, x, w, torch.randn(batch, cout, 24, generator=g).half()
+
+
 def test_a_call_signature_decides_once(monkeypatch):
     calls = []
     real = rule.decide
     monkeypatch.setattr(rule, "decide", lambda *a: calls.append(a) or real(*a))
-    idx, rf = synthetic_graph(40, 24, 9, 11, 6, seed=2)
-    meta = build_meta(idx, rf, cin=16, cout=24, v=11, nin=40)
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(5, 16, 40, generator=g).half()
-    w = (torch.randn(24, 16 * 11, generator=g) / 8).half()
-    gy = torch.randn(5, 24, 24, generator=g).half()
+    meta, x, w, gy = _problem(cin=16, cout=24, batch=5, seed=2)
     first = WarpTrainOps.backward_combined(meta, gy, x, w)
     second = WarpTrainOps.backward_combined(meta, gy, x, w)
     assert len(calls) == 1
@@ -104,12 +109,7 @@ def test_fused_calls_take_the_plan_and_decide_nothing(monkeypatch):
                       (nm, "select_dx_nm_config"), (nm, "select_dw_nm_config")):
         real = getattr(mod, name)
         monkeypatch.setattr(mod, name, lambda *a, _r=real, _n=name, **k: asked.append(_n) or _r(*a, **k))
-    idx, rf = synthetic_graph(40, 24, 9, 11, 6, seed=3)
-    meta = build_meta(idx, rf, cin=24, cout=20, v=11, nin=40)
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(7, 24, 40, generator=g).half()
-    w = (torch.randn(20, 24 * 11, generator=g) / 8).half()
-    gy = torch.randn(7, 20, 24, generator=g).half()
+    meta, x, w, gy = _problem(cin=24, cout=20, batch=7, seed=3)
     first = WarpTrainOps.backward_combined(meta, gy, x, w)
     assert asked                                       # the first call decided
     n = len(asked)
