@@ -4,6 +4,8 @@
 # per machine when it was carried.
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+# the records' commit: the staged HEAD's (tools/gpu/stage_head.sh), where a call carried it
+[ -f .device/head/commit ] && [ -z "${FOVI_COMMIT:-}" ] && export FOVI_COMMIT="$(cat .device/head/commit)"
 if [ -f .device/cache/wpcache.txz ] && [ ! -d /tmp/wpc/wpcache ]; then
   mkdir -p /tmp/wpc && tar -C /tmp/wpc -xJf .device/cache/wpcache.txz
 fi
