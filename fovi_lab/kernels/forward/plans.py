@@ -239,10 +239,15 @@ def simts_split(threads: int, steps: int, block: Tuple[int, int] = (8, 8)) -> Tu
     """``(S, steps per split)`` for a simts launch of ``threads`` threads per split over ``steps`` loop
     steps (``unroll`` p entries each) with ``block = (tile_b, tile_o)`` register blocks; every split gets
     at least one step when there are any."""
+    return _split(_SIMTS_THREADS_BY_BLOCK.get(tuple(block), _SIMTS_THREADS), threads, steps, _SIMTS_MIN_STEPS)
+
+
+def _split(total: int, per_split: int, steps: int, min_steps: int) -> Tuple[int, int]:
+    """``(S, steps per split)``: about ``total`` threads (warps, CTAs) in all from ``per_split`` each, never fewer than
+    ``min_steps`` steps per split; every split gets at least one step when there are any."""
     if steps <= 0:
         return 1, 0
-    target = _SIMTS_THREADS_BY_BLOCK.get(tuple(block), _SIMTS_THREADS)
-    s = max(1, min(-(-target // max(1, threads)), steps // _SIMTS_MIN_STEPS))
+    s = max(1, min(-(-total // max(1, per_split)), steps // min_steps))
     per = -(-steps // s)
     return -(-steps // per), per
 
@@ -255,12 +260,7 @@ _MMAS_MIN_STEPS = 4
 
 def mmas_split(warps: int, steps: int) -> Tuple[int, int]:
     """``(S, k-steps per split)`` for an mmas launch of ``warps`` warps per split over ``steps`` k-steps."""
-    if steps <= 0:
-        return 1, 0
-    total = MMAS_WARPS
-    s = max(1, min(-(-total // max(1, warps)), steps // _MMAS_MIN_STEPS))
-    per = -(-steps // s)
-    return -(-steps // per), per
+    return _split(MMAS_WARPS, warps, steps, _MMAS_MIN_STEPS)
 
 
 # The mmaps split: about MMAPS_CTAS CTAs in all (132 SMs x 2 resident CTAs of 128 threads at ~200 registers), never
@@ -271,12 +271,7 @@ _PIPE_MIN_STEPS = 8
 
 def pipe_split(ctas: int, steps: int) -> Tuple[int, int]:
     """``(S, stages per split)`` for an mmaps launch of ``ctas`` CTAs per split over ``steps`` stages."""
-    if steps <= 0:
-        return 1, 0
-    total = MMAPS_CTAS
-    s = max(1, min(-(-total // max(1, ctas)), steps // _PIPE_MIN_STEPS))
-    per = -(-steps // s)
-    return -(-steps // per), per
+    return _split(MMAPS_CTAS, ctas, steps, _PIPE_MIN_STEPS)
 
 
 class _SimtRunner:
