@@ -34,7 +34,11 @@ __all__ = ["LAYERS", "SPLIT_CONFIGS", "thread_count", "partial_traffic", "explor
 #: stems at B = 1/4 with every default pick, and the split kernels beside their vec4-W variants.
 LAYERS = ("res18_layer1", "res18_layer2", "res18_layer3_0", "res18_layer3", "res18_layer4_0", "alex_L2",
           "alex_L1", "dinov3_patch", "res18_stem_rf2", "alex_L0")
-_SPLIT_FAMILIES = ("simts", "simtsw")
+def _split_simt(name: str) -> bool:
+    """Whether config ``name`` is a split SIMT kernel (the SIMT family with its p loop split), by its parameters."""
+    from fovi_lab.kernels.families import lookup
+    point = lookup(name)
+    return point.family == "simt" and bool(point["split"])
 #: The registered split configs (the widget's choices).
 SPLIT_CONFIGS = ("ss_b8o8u4", "ss_b4o8u4")
 
@@ -50,7 +54,7 @@ def thread_count(layer: str, batch: int) -> dict:
     cfg = F.config_spec(pick)
     out = dict(layer=layer, B=batch, nout=m.nout, cout=m.cout, p64=m.p64, pick=pick,
                unsplit_threads=m.nout * -(-batch // 8) * pad_to(m.cout, 8) // 8, split=None, threads=None)
-    if cfg.family in _SPLIT_FAMILIES:
+    if _split_simt(pick):
         per_split = m.nout * -(-batch // cfg.tile_m) * pad_to(m.cout, cfg.tile_n) // cfg.tile_n
         s, _ = F.simts_split(per_split, pad_to(m.p64, cfg.tile_k) // cfg.tile_k, (cfg.tile_m, cfg.tile_n))
         out.update(split=s, threads=s * per_split)
@@ -106,14 +110,14 @@ def split_rows(records: Optional[List[dict]] = None, batches: Sequence[int] = (1
                                                    in_channels=shape["cin"], node_major=shape["cin"] >= 32,
                                                    mma=False)   # the tile / SIMT rule, the one these sweeps read
 
-            split_cfg = pick if F.config_spec(pick).family in _SPLIT_FAMILIES else F.select_simts(
+            split_cfg = pick if _split_simt(pick) else F.select_simts(
                 b, shape["cout"], shape["nout"], shape["p64"])
             per = {}
             for r in rs:
                 if r["impl"] == "warp_uncached_graphed":
                     per.setdefault(r["config"], []).append(r["ms"])
             med = {c: statistics.median(v) for c, v in per.items()}
-            others = {c: v for c, v in med.items() if F.config_spec(c).family not in _SPLIT_FAMILIES}
+            others = {c: v for c, v in med.items() if not _split_simt(c)}
             torch_med = {}
             for r in rs:
                 if str(r["impl"]).startswith("torch") and r.get("graphed"):
