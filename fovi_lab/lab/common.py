@@ -7,8 +7,10 @@ it runs the production kernels of :mod:`fovi_lab.kernels` and explains them.
 
 from __future__ import annotations
 
+import ast
 import inspect
 import math
+import textwrap
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -133,30 +135,64 @@ def _sci(x: float) -> str:
     return f"{m}e{int(e)}"
 
 
-def show_source(fn: Callable, marks: Optional[Dict[str, str]] = None, width: int = 104) -> str:
+def _source(obj, inner: Optional[str] = None) -> Tuple[str, Optional[str]]:
+    """``(source, where)``: the source of ``obj`` (a function or a module, ``inspect.getsource``) and ``None``; with
+    ``inner``, that of the one function named ``inner`` defined anywhere inside ``obj`` (a kernel or loop body that a
+    factory builds; decorators included, dedented) and where it sits (``module: outer > ... > inner``)."""
+    src = inspect.getsource(obj)
+    if inner is None:
+        return src, None
+    text = textwrap.dedent(src)
+    found = []
+
+    def visit(node, path):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                sub = path + (child.name,)
+                if child.name == inner and not isinstance(child, ast.ClassDef):
+                    found.append((child, sub))
+                visit(child, sub)
+            else:
+                visit(child, path)
+
+    visit(ast.parse(text), ())
+    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", repr(obj))
+    if len(found) != 1:
+        raise ValueError(f"inner: {len(found)} functions named {inner!r} in {name} (expected exactly one)")
+    node, path = found[0]
+    start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+    block = textwrap.dedent("\n".join(text.split("\n")[start - 1:node.end_lineno]))
+    module = obj.__name__ if inspect.ismodule(obj) else obj.__module__
+    return block, f"{module}: {' > '.join(path)}"
+
+
+def show_source(fn: Callable, marks: Optional[Dict[str, str]] = None, width: int = 104,
+                inner: Optional[str] = None) -> str:
     """The source of ``fn`` (``inspect.getsource``, from the installed package) with numbered lines;
     every line containing a ``marks`` pattern gets ``# <- [label]`` so prose can point at it.
 
+    ``inner`` lists only the function of that name defined inside ``fn`` (``fn`` may also be a module), e.g. the
+    kernel a factory decorates or a loop body it builds, under a line that says where it sits.
     Patterns that no longer occur are listed at the end (the prose would be stale).
     """
     marks = marks or {}
-    src = inspect.getsource(fn).rstrip("\n").split("\n")
-    out = []
-    for i, line in enumerate(src, 1):
+    text, where = _source(fn, inner)
+    out = [f"     # {where}"] if where else []
+    for i, line in enumerate(text.rstrip("\n").split("\n"), 1):
         labels = [lab for pat, lab in marks.items() if pat in line]
-        text = f"{i:3d}  {line}"
+        text_line = f"{i:3d}  {line}"
         if labels:
-            text = f"{text:<{width}}# <- [{', '.join(labels)}]"
-        out.append(text.rstrip())
-    missing = missing_marks(fn, marks)
+            text_line = f"{text_line:<{width}}# <- [{', '.join(labels)}]"
+        out.append(text_line.rstrip())
+    missing = missing_marks(fn, marks, inner=inner)
     if missing:
         out.append(f"(the text points at lines that are no longer here: {missing})")
     return "\n".join(out)
 
 
-def missing_marks(fn: Callable, marks: Iterable[str]) -> List[str]:
-    """Patterns of ``marks`` that do not occur in ``fn``'s source."""
-    src = inspect.getsource(fn)
+def missing_marks(fn: Callable, marks: Iterable[str], inner: Optional[str] = None) -> List[str]:
+    """Patterns of ``marks`` that do not occur in ``fn``'s source (in that of its function ``inner``, if given)."""
+    src, _ = _source(fn, inner)
     return [p for p in marks if p not in src]
 
 

@@ -28,6 +28,7 @@ import torch
 
 import fovi_lab.settings as settings
 from fovi_lab.kernels.common import built_once, init_warp, wp
+from fovi_lab.kernels.built import built
 
 
 # dx: name -> (tile_m = batch rows, tile_n = Cin columns, tile_k = Cout chunk, block_dim)
@@ -113,67 +114,128 @@ def _decorator(name: str, block_dim: int, mathdx: Optional[bool]):
     return wp.kernel(enable_backward=False, module="unique", name=name, module_options=opts)
 
 
-def make_dx_nm_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, mathdx: Optional[bool] = None,
-                      bf16: bool = False):
-    """dx kernel. Args: ``gn [Nout*Op, Bx]`` f16 (bf16 where ``bf16``), ``wr [V*Op, Cin_p]`` likewise, ``rowptr [Nin+1]``,
-    ``rn``/``rv [nnz]`` int32 (output node and tap of each reverse entry), ``dx [Nin, B, Cin]`` f32
-    (any strides), ``n_ochunks = Op/tile_k``, ``op``. Grid ``(Nin, ceil(B/tile_m), ceil(Cin/tile_n))``."""
-    init_warp()
-    TM, TN, TK = int(tile_m), int(tile_n), int(tile_k)
-    DT, sfx = _elem(bf16)
+def _marked(kernel, kind: str, tiles, block_dim: int, bf16: bool):
+    """The kernel, tagged with its operand dtype and ``(kind, tile, tile, tile, block_dim)``."""
+    kernel.fovi_dtype = 'bfloat16' if bf16 else 'float16'
+    kernel.fovi_tiles = (kind, *tiles, int(block_dim))
+    return kernel
 
-    @_decorator(f"fovi_dxn_m{TM}n{TN}k{TK}b{block_dim}{sfx}", block_dim, mathdx)
-    def dxn(gn: wp.array2d(dtype=DT), wr: wp.array2d(dtype=DT),
-            rowptr: wp.array1d(dtype=wp.int32), rn: wp.array1d(dtype=wp.int32), rv: wp.array1d(dtype=wp.int32),
-            dx: wp.array3d(dtype=wp.float32), n_ochunks: int, op: int):
-        m, bt, ct = wp.tid()
+
+def make_dx_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, mathdx: Optional[bool] = None,
+                   bf16: bool = False, segments: bool = False):
+    """The dx kernel of both walks: one CTA per (list, batch tile, Cin tile) accumulating ``g_n^T @ W_v`` over
+    Cout chunks of each entry ``j`` (output node ``rn[j]``, tap ``rv[j]``) of its list, then storing
+    ``out[list]``. Args ``(gn [Nout*Op, Bx], wr [V*Op, Cin_p], lists, rn [nnz], rv [nnz], out, n_ochunks =
+    Op/tile_k, op)``; grid ``(lists, ceil(B/tile_m), ceil(Cin/tile_n))``.
+
+    Whole lists (``dxn``): ``lists`` is ``rowptr [Nin+1]`` and list m walks entries ``rowptr[m]..rowptr[m+1]``,
+    every Cout chunk of each; ``out = dx [Nin, B, Cin]`` f32 (any strides). Balanced segments (``dxs``,
+    ``segments=True``): ``lists`` is ``bounds [nseg+1]`` and segment s walks the flattened steps
+    ``bounds[s]..bounds[s+1]`` (step ``t`` = entry ``t // n_ochunks``, Cout chunk ``t % n_ochunks``);
+    ``out = part [nseg, B, Cin]`` f32."""
+    init_warp()
+    TM, TN, TK, SEG = int(tile_m), int(tile_n), int(tile_k), bool(segments)
+    DT, sfx = _elem(bf16)
+    kind = "dxs" if SEG else "dxn"
+
+    @_decorator(f"fovi_{kind}_m{TM}n{TN}k{TK}b{block_dim}{sfx}", block_dim, mathdx)
+    def dx(gn: wp.array2d(dtype=DT), wr: wp.array2d(dtype=DT),
+           lists: wp.array1d(dtype=wp.int32), rn: wp.array1d(dtype=wp.int32), rv: wp.array1d(dtype=wp.int32),
+           out: wp.array3d(dtype=wp.float32), n_ochunks: int, op: int):
+        i, bt, ct = wp.tid()
         b0 = bt * TM
         c0 = ct * TN
         acc = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
-        for j in range(rowptr[m], rowptr[m + 1]):
-            grow = rn[j] * op
-            wrow = rv[j] * op
-            for oc in range(n_ochunks):
-                w = wp.tile_load(wr, shape=(TK, TN), offset=(wrow + oc * TK, c0), storage="shared")
-                a = wp.tile_load(gn, shape=(TK, TM), offset=(grow + oc * TK, b0), storage="shared")
+        if wp.static(SEG):
+            for t in range(lists[i], lists[i + 1]):
+                j = t // n_ochunks
+                oc = t - j * n_ochunks
+                w = wp.tile_load(wr, shape=(TK, TN), offset=(rv[j] * op + oc * TK, c0), storage="shared")
+                a = wp.tile_load(gn, shape=(TK, TM), offset=(rn[j] * op + oc * TK, b0), storage="shared")
                 wp.tile_matmul(wp.tile_transpose(a), w, acc)
-        wp.tile_store(dx[m], acc, offset=(b0, c0))
+        else:
+            for j in range(lists[i], lists[i + 1]):
+                grow = rn[j] * op
+                wrow = rv[j] * op
+                for oc in range(n_ochunks):
+                    w = wp.tile_load(wr, shape=(TK, TN), offset=(wrow + oc * TK, c0), storage="shared")
+                    a = wp.tile_load(gn, shape=(TK, TM), offset=(grow + oc * TK, b0), storage="shared")
+                    wp.tile_matmul(wp.tile_transpose(a), w, acc)
+        wp.tile_store(out[i], acc, offset=(b0, c0))
 
-    dxn.fovi_dtype = 'bfloat16' if bf16 else 'float16'
-    dxn.fovi_tiles = ("dxn", TM, TN, TK, int(block_dim))
-    return dxn
+    return _marked(dx, kind, (TM, TN, TK), block_dim, bf16)
+
+
+def make_dx_nm_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, mathdx: Optional[bool] = None,
+                      bf16: bool = False):
+    """dx over whole reverse lists (:func:`make_dx_kernel`). Args: ``gn [Nout*Op, Bx]`` f16 (bf16 where ``bf16``),
+    ``wr [V*Op, Cin_p]`` likewise, ``rowptr [Nin+1]``, ``rn``/``rv [nnz]`` int32 (output node and tap of each
+    reverse entry), ``dx [Nin, B, Cin]`` f32 (any strides), ``n_ochunks = Op/tile_k``, ``op``. Grid ``(Nin,
+    ceil(B/tile_m), ceil(Cin/tile_n))``."""
+    return make_dx_kernel(tile_m, tile_n, tile_k, block_dim, mathdx, bf16, segments=False)
+
+
+def make_dw_kernel(tile_o: int, tile_c: int, tile_kb: int, block_dim: int, mathdx: Optional[bool] = None,
+                   bf16: bool = False, segments: bool = False):
+    """The dW kernel of both walks: a CTA accumulates ``g_n @ x_m^T`` over batch chunks of the entries ``j``
+    (output node ``vn[j]``, input node ``vm[j]``) of one tap's list into a ``(tile_o, tile_c)`` tile
+    ``t = (o tile) * n_ct + (c tile)`` of fp32 partials. ``gn [Nout*Op, Bx]``, ``xn [Nin*Cp, Bx]`` (bf16 where
+    ``bf16``), ``n_bchunks = ceil(Bx/tile_kb)``, ``n_ct = Cp/tile_c``.
+
+    Whole lists split ``S`` ways (``dwn``; args ``(gn, xn, vrowptr [V+1], vn, vm, part [S, V, Op, Cp], n_bchunks,
+    op, cp, nsplit = S, n_ct)``, grid ``(V, S, (Op/tile_o) * n_ct)``): split s takes entries ``s, s + S, ...``,
+    every batch chunk of each. Balanced segments (``dws``, ``segments=True``; args ``(gn, xn, bounds [nseg+1], vn,
+    vm, part [nseg, Op, Cp], n_bchunks, op, cp, n_ct)``, grid ``(nseg, (Op/tile_o) * n_ct)``): segment s walks the
+    flattened steps ``bounds[s]..bounds[s+1]`` (step ``t`` = entry ``t // n_bchunks``, batch chunk
+    ``t % n_bchunks``)."""
+    init_warp()
+    TO, TC, TKB = int(tile_o), int(tile_c), int(tile_kb)
+    DT, sfx = _elem(bf16)
+    kind = "dws" if segments else "dwn"
+    deco = _decorator(f"fovi_{kind}_o{TO}c{TC}k{TKB}b{block_dim}{sfx}", block_dim, mathdx)
+    if segments:
+        @deco
+        def dw(gn: wp.array2d(dtype=DT), xn: wp.array2d(dtype=DT),
+               bounds: wp.array1d(dtype=wp.int32), vn: wp.array1d(dtype=wp.int32), vm: wp.array1d(dtype=wp.int32),
+               part: wp.array3d(dtype=wp.float32), n_bchunks: int, op: int, cp: int, n_ct: int):
+            s, t = wp.tid()
+            o0 = (t // n_ct) * TO
+            c0 = (t % n_ct) * TC
+            acc = wp.tile_zeros(shape=(TO, TC), dtype=wp.float32)
+            for st in range(bounds[s], bounds[s + 1]):
+                j = st // n_bchunks
+                bc = st - j * n_bchunks
+                a = wp.tile_load(gn, shape=(TO, TKB), offset=(vn[j] * op + o0, bc * TKB), storage="shared")
+                xx = wp.tile_load(xn, shape=(TC, TKB), offset=(vm[j] * cp + c0, bc * TKB), storage="shared")
+                wp.tile_matmul(a, wp.tile_transpose(xx), acc)
+            wp.tile_store(part[s], acc, offset=(o0, c0))
+    else:
+        @deco
+        def dw(gn: wp.array2d(dtype=DT), xn: wp.array2d(dtype=DT),
+               vrowptr: wp.array1d(dtype=wp.int32), vn: wp.array1d(dtype=wp.int32), vm: wp.array1d(dtype=wp.int32),
+               part: wp.array4d(dtype=wp.float32), n_bchunks: int, op: int, cp: int, nsplit: int, n_ct: int):
+            v, s, t = wp.tid()
+            o0 = (t // n_ct) * TO
+            c0 = (t % n_ct) * TC
+            acc = wp.tile_zeros(shape=(TO, TC), dtype=wp.float32)
+            for j in range(vrowptr[v] + s, vrowptr[v + 1], nsplit):
+                grow = vn[j] * op + o0
+                xrow = vm[j] * cp + c0
+                for bc in range(n_bchunks):
+                    a = wp.tile_load(gn, shape=(TO, TKB), offset=(grow, bc * TKB), storage="shared")
+                    xx = wp.tile_load(xn, shape=(TC, TKB), offset=(xrow, bc * TKB), storage="shared")
+                    wp.tile_matmul(a, wp.tile_transpose(xx), acc)
+            wp.tile_store(part[s, v], acc, offset=(o0, c0))
+    return _marked(dw, kind, (TO, TC, TKB), block_dim, bf16)
 
 
 def make_dw_nm_kernel(tile_o: int, tile_c: int, tile_kb: int, block_dim: int, mathdx: Optional[bool] = None,
                       bf16: bool = False):
-    """dW kernel. Args: ``gn [Nout*Op, Bx]`` f16 (bf16 where ``bf16``), ``xn [Nin*Cp, Bx]`` likewise, ``vrowptr [V+1]``,
-    ``vn``/``vm [nnz]`` int32 (output node and input node of each entry of tap v's list),
-    ``part [S, V, Op, Cp]`` f32, ``n_bchunks = ceil(Bx/tile_kb)``, ``op``, ``cp``, ``nsplit = S``,
-    ``n_ct = Cp/tile_c``. Grid ``(V, S, (Op/tile_o) * n_ct)``."""
-    init_warp()
-    TO, TC, TKB = int(tile_o), int(tile_c), int(tile_kb)
-    DT, sfx = _elem(bf16)
-
-    @_decorator(f"fovi_dwn_o{TO}c{TC}k{TKB}b{block_dim}{sfx}", block_dim, mathdx)
-    def dwn(gn: wp.array2d(dtype=DT), xn: wp.array2d(dtype=DT),
-            vrowptr: wp.array1d(dtype=wp.int32), vn: wp.array1d(dtype=wp.int32), vm: wp.array1d(dtype=wp.int32),
-            part: wp.array4d(dtype=wp.float32), n_bchunks: int, op: int, cp: int, nsplit: int, n_ct: int):
-        v, s, t = wp.tid()
-        o0 = (t // n_ct) * TO
-        c0 = (t % n_ct) * TC
-        acc = wp.tile_zeros(shape=(TO, TC), dtype=wp.float32)
-        for j in range(vrowptr[v] + s, vrowptr[v + 1], nsplit):
-            grow = vn[j] * op + o0
-            xrow = vm[j] * cp + c0
-            for bc in range(n_bchunks):
-                a = wp.tile_load(gn, shape=(TO, TKB), offset=(grow, bc * TKB), storage="shared")
-                xx = wp.tile_load(xn, shape=(TC, TKB), offset=(xrow, bc * TKB), storage="shared")
-                wp.tile_matmul(a, wp.tile_transpose(xx), acc)
-        wp.tile_store(part[s, v], acc, offset=(o0, c0))
-
-    dwn.fovi_dtype = 'bfloat16' if bf16 else 'float16'
-    dwn.fovi_tiles = ("dwn", TO, TC, TKB, int(block_dim))
-    return dwn
+    """dW over whole tap lists, split ``S`` ways (:func:`make_dw_kernel`). Args: ``gn [Nout*Op, Bx]`` f16 (bf16
+    where ``bf16``), ``xn [Nin*Cp, Bx]`` likewise, ``vrowptr [V+1]``, ``vn``/``vm [nnz]`` int32 (output node and
+    input node of each entry of tap v's list), ``part [S, V, Op, Cp]`` f32, ``n_bchunks = ceil(Bx/tile_kb)``,
+    ``op``, ``cp``, ``nsplit = S``, ``n_ct = Cp/tile_c``. Grid ``(V, S, (Op/tile_o) * n_ct)``."""
+    return make_dw_kernel(tile_o, tile_c, tile_kb, block_dim, mathdx, bf16, segments=False)
 
 
 # Balanced segments. A fused CTA walks one list (dx: an input node's readers; dW: a tap's pairs), so the
@@ -187,64 +249,20 @@ def make_dw_nm_kernel(tile_o: int, tile_c: int, tile_kb: int, block_dim: int, ma
 
 def make_dx_seg_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, mathdx: Optional[bool] = None,
                       bf16: bool = False):
-    """dx over balanced segments. Args: ``gn``, ``wr``, ``rn``, ``rv`` as :func:`make_dx_nm_kernel`;
-    ``bounds [nseg+1]`` int32 (segment s covers steps ``bounds[s]..bounds[s+1]`` of the flattened
-    reverse lists, step ``t`` = entry ``t // n_ochunks``, Cout chunk ``t % n_ochunks``), ``part
+    """dx over balanced segments (:func:`make_dx_kernel`). Args: ``gn``, ``wr``, ``rn``, ``rv`` as
+    :func:`make_dx_nm_kernel`; ``bounds [nseg+1]`` int32 (segment s covers steps ``bounds[s]..bounds[s+1]`` of the
+    flattened reverse lists, step ``t`` = entry ``t // n_ochunks``, Cout chunk ``t % n_ochunks``), ``part
     [nseg, B, Cin]`` f32. Grid ``(nseg, ceil(B/tile_m), ceil(Cin/tile_n))``."""
-    init_warp()
-    TM, TN, TK = int(tile_m), int(tile_n), int(tile_k)
-    DT, sfx = _elem(bf16)
-
-    @_decorator(f"fovi_dxs_m{TM}n{TN}k{TK}b{block_dim}{sfx}", block_dim, mathdx)
-    def dxs(gn: wp.array2d(dtype=DT), wr: wp.array2d(dtype=DT),
-            bounds: wp.array1d(dtype=wp.int32), rn: wp.array1d(dtype=wp.int32), rv: wp.array1d(dtype=wp.int32),
-            part: wp.array3d(dtype=wp.float32), n_ochunks: int, op: int):
-        s, bt, ct = wp.tid()
-        b0 = bt * TM
-        c0 = ct * TN
-        acc = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
-        for t in range(bounds[s], bounds[s + 1]):
-            j = t // n_ochunks
-            oc = t - j * n_ochunks
-            w = wp.tile_load(wr, shape=(TK, TN), offset=(rv[j] * op + oc * TK, c0), storage="shared")
-            a = wp.tile_load(gn, shape=(TK, TM), offset=(rn[j] * op + oc * TK, b0), storage="shared")
-            wp.tile_matmul(wp.tile_transpose(a), w, acc)
-        wp.tile_store(part[s], acc, offset=(b0, c0))
-
-    dxs.fovi_dtype = 'bfloat16' if bf16 else 'float16'
-    dxs.fovi_tiles = ("dxs", TM, TN, TK, int(block_dim))
-    return dxs
+    return make_dx_kernel(tile_m, tile_n, tile_k, block_dim, mathdx, bf16, segments=True)
 
 
 def make_dw_seg_kernel(tile_o: int, tile_c: int, tile_kb: int, block_dim: int, mathdx: Optional[bool] = None,
                       bf16: bool = False):
-    """dW over balanced segments. Args: ``gn``, ``xn``, ``vn``, ``vm`` as :func:`make_dw_nm_kernel`;
-    ``bounds [nseg+1]`` int32 (segment s covers steps ``bounds[s]..bounds[s+1]`` of the flattened tap
-    lists, step ``t`` = entry ``t // n_bchunks``, batch chunk ``t % n_bchunks``), ``part [nseg, Op, Cp]``
-    f32, ``n_ct = Cp/tile_c``. Grid ``(nseg, (Op/tile_o) * n_ct)``."""
-    init_warp()
-    TO, TC, TKB = int(tile_o), int(tile_c), int(tile_kb)
-    DT, sfx = _elem(bf16)
-
-    @_decorator(f"fovi_dws_o{TO}c{TC}k{TKB}b{block_dim}{sfx}", block_dim, mathdx)
-    def dws(gn: wp.array2d(dtype=DT), xn: wp.array2d(dtype=DT),
-            bounds: wp.array1d(dtype=wp.int32), vn: wp.array1d(dtype=wp.int32), vm: wp.array1d(dtype=wp.int32),
-            part: wp.array3d(dtype=wp.float32), n_bchunks: int, op: int, cp: int, n_ct: int):
-        s, t = wp.tid()
-        o0 = (t // n_ct) * TO
-        c0 = (t % n_ct) * TC
-        acc = wp.tile_zeros(shape=(TO, TC), dtype=wp.float32)
-        for st in range(bounds[s], bounds[s + 1]):
-            j = st // n_bchunks
-            bc = st - j * n_bchunks
-            a = wp.tile_load(gn, shape=(TO, TKB), offset=(vn[j] * op + o0, bc * TKB), storage="shared")
-            xx = wp.tile_load(xn, shape=(TC, TKB), offset=(vm[j] * cp + c0, bc * TKB), storage="shared")
-            wp.tile_matmul(a, wp.tile_transpose(xx), acc)
-        wp.tile_store(part[s], acc, offset=(o0, c0))
-
-    dws.fovi_dtype = 'bfloat16' if bf16 else 'float16'
-    dws.fovi_tiles = ("dws", TO, TC, TKB, int(block_dim))
-    return dws
+    """dW over balanced segments (:func:`make_dw_kernel`). Args: ``gn``, ``xn``, ``vn``, ``vm`` as
+    :func:`make_dw_nm_kernel`; ``bounds [nseg+1]`` int32 (segment s covers steps ``bounds[s]..bounds[s+1]`` of the
+    flattened tap lists, step ``t`` = entry ``t // n_bchunks``, batch chunk ``t % n_bchunks``), ``part [nseg, Op,
+    Cp]`` f32, ``n_ct = Cp/tile_c``. Grid ``(nseg, (Op/tile_o) * n_ct)``."""
+    return make_dw_kernel(tile_o, tile_c, tile_kb, block_dim, mathdx, bf16, segments=True)
 
 
 @built_once
@@ -356,16 +374,6 @@ def _make_seg_finish_tiled(lists: int):
     return kernel
 
 
-@built_once
-def _seg_finish_tiled32():
-    return _make_seg_finish_tiled(32)
-
-
-@built_once
-def _seg_finish_tiled64():
-    return _make_seg_finish_tiled(64)
-
-
 #: The fewest CTAs (output rows ``I`` x 32-column tiles) for which the tiled finish takes 64-list tiles.
 SEG_FINISH_64_MIN_CTAS = 1024
 
@@ -389,7 +397,7 @@ def seg_finish_tiled_kernel(lists: int = 32):
     kernel (segments): bitwise the same output. Grid :func:`seg_finish_tiled_dims`, block :data:`SEG_FINISH_BLOCK`."""
     if lists not in (32, 64):
         raise ValueError(f"seg finish: tiles of {lists} lists, expected 32 or 64")
-    return _seg_finish_tiled32() if lists == 32 else _seg_finish_tiled64()
+    return built(("fused", "seg_finish_tiled", lists), lambda: _make_seg_finish_tiled(lists))
 
 
 def seg_finish_tiled_dims(out_shape, lists: int = 32) -> Tuple[int, int, int]:

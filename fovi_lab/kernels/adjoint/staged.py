@@ -22,6 +22,7 @@ from typing import Optional
 
 import fovi_lab.settings as settings
 from fovi_lab.kernels.common import init_warp, wp
+from fovi_lab.kernels.built import built
 from fovi_lab.kernels.adjoint.configs import (_BF16_SUFFIX, CSR_KERNEL_SPECS, _F32_SUFFIX, _GI_TILE_O,
                                               GRAD_INPUT_CONFIG_SPECS, GRAD_WEIGHT_CONFIG_SPECS, _GW_TILE_B,
                                               _MODULE_OPTIONS, _split_name, is_bf16_name)
@@ -77,10 +78,203 @@ def _elem(bf16: bool, fp32_stage: bool):
     return wp.bfloat16 if bf16 else wp.float16
 
 
-def make_grad_input_stage2_kernel(tile_p: int, tile_b: int, fp32_stage: bool, *, tile_o: int = _GI_TILE_O,
-                                   block_dim: Optional[int] = None, module_options: Optional[dict] = None,
-                                   module: Optional[str] = None, bf16: bool = False):
-    """v2 gi staging: one CTA per ``(n, b_tile)``, the P64 loop inside the CTA.
+# The stage GEMM of every gi and gw config is one gathered-row tile GEMM per node ``n``::
+#
+#     out[n, p, c] = sum_k src[table[n, p], k] * g[n, k, c]          (fp32 accumulate; fp16 or fp32 stored)
+#
+# gi: table = weight_linear, src = W^T [Q, Cout_pad], g = g_nob [Nout, Cout_pad, Bpad], out = dA (k: Cout, c: batch);
+# gw: table = input_linear, src = x^T [Cin*Nin+1, Bpad], g = g_nbo [nc, Bpad, Cout_pad], out = dWeff (k: batch,
+# c: Cout). A config's version picks the CTA loop (below); its tiles are (tile_p, the contraction tile, the output
+# column tile). Every kernel takes ``(table, src, g, n_p_tiles, n_k_tiles, out)``.
+_GRID3 = ("3", "3p", "4")       # grid (n, p_tile, c_tile); the others (n, c_tile) with the p loop in the CTA
+
+
+def _stage_tag(kind: str, version, tile_p: int, tile_wide: int, tile_k: int, fp32_stage: bool, bf16: bool) -> str:
+    """The kernel name: ``fovi_gi<version>_p<tile_p>b<tile_b>o<tile_o>_<f16|f32>[_bf16]`` (gi) or
+    ``fovi_gw<version>_p<tile_p>n<tile_n>b<tile_kb>_<f16|f32>[_bf16]`` (gw)."""
+    tiles = f"b{tile_wide}o{tile_k}" if kind == "gi" else f"n{tile_wide}b{tile_k}"
+    return f"fovi_{kind}{version}_p{tile_p}{tiles}_{'f32' if fp32_stage else 'f16'}" + ("_bf16" if bf16 else "")
+
+
+def _stage_body(tag: str, loop: str, staged_rows: bool, P: int, K: int, C: int, et, sd, fp32_stage: bool):
+    """The CTA body of a stage kernel (an inlined Warp function, built once per kernel name) for one node:
+    ``body(table_n, src, g_n, row0, p_lo, p_hi, ct, n_k_tiles, out_n)`` computes its p tiles ``[p_lo, p_hi)``
+    of output column tile ``ct`` (``ct`` pairs of tiles for loop "4"). ``loop``:
+
+    * "2" / "3": load a p tile's table entries, then per k tile gather the ``[P, K]`` rows of ``src`` and load
+      the ``[K, C]`` tile of ``g`` into shared tiles and accumulate their product (``staged_rows``: the rows were
+      gathered beforehand, ``src[row0 + p]``, and are plain-loaded);
+    * "3p" / "2p": the same with a register prefetch of the next k step's (2p: the next (p, k) step's) gather
+      and g tile, issued before the current ``tile_matmul`` and copied into the shared operand tiles after it;
+    * "4": two adjacent column tiles per CTA, each gathered tile feeding both accumulators.
+    """
+    def make():
+        def store(out_n: wp.array2d(dtype=sd), acc: wp.tile(dtype=wp.float32, shape=(P, C)), p_off: int,
+                  c_off: int):
+            if wp.static(fp32_stage):
+                wp.tile_store(out_n, acc, offset=(p_off, c_off))
+            else:
+                wp.tile_store(out_n, wp.tile_astype(acc, wp.float16), offset=(p_off, c_off))
+
+        store = wp.func(name=f"{tag}_store", inline=True)(store)
+
+        def tiles(table_n, src, g_n, row0, p_lo, p_hi, ct, n_k_tiles, out_n):
+            c_off = ct * C
+            for pt in range(p_lo, p_hi):
+                p_off = pt * P
+                if wp.static(not staged_rows):
+                    rows = wp.tile_load(table_n, shape=P, offset=p_off)
+                acc = wp.tile_zeros(shape=(P, C), dtype=wp.float32)
+                for kt in range(n_k_tiles):
+                    k_off = kt * K
+                    if wp.static(staged_rows):
+                        a = wp.tile_load(src, shape=(P, K), offset=(row0 + p_off, k_off), storage="shared")
+                    else:
+                        a = wp.tile_load_indexed(src, indices=rows, shape=(P, K), offset=(0, k_off), axis=0,
+                                                 storage="shared")
+                    b = wp.tile_load(g_n, shape=(K, C), offset=(k_off, c_off), storage="shared")
+                    wp.tile_matmul(a, b, acc)
+                store(out_n, acc, p_off, c_off)
+
+        def prefetch_k(table_n, src, g_n, row0, p_lo, p_hi, ct, n_k_tiles, out_n):
+            p_off = p_lo * P
+            c_off = ct * C
+            rows = wp.tile_load(table_n, shape=P, offset=p_off, storage="shared")
+            a_sh = wp.tile_zeros(shape=(P, K), dtype=et, storage="shared")
+            b_sh = wp.tile_zeros(shape=(K, C), dtype=et, storage="shared")
+            a_r = wp.tile_load_indexed(src, indices=rows, shape=(P, K), offset=(0, 0), axis=0)
+            b_r = wp.tile_load(g_n, shape=(K, C), offset=(0, c_off))
+            acc = wp.tile_zeros(shape=(P, C), dtype=wp.float32)
+            for kt in range(n_k_tiles):
+                wp.tile_assign(a_sh, a_r)
+                wp.tile_assign(b_sh, b_r)
+                k1 = wp.min(kt + 1, n_k_tiles - 1) * K
+                a_r = wp.tile_load_indexed(src, indices=rows, shape=(P, K), offset=(0, k1), axis=0)
+                b_r = wp.tile_load(g_n, shape=(K, C), offset=(k1, c_off))
+                wp.tile_matmul(a_sh, b_sh, acc)
+            store(out_n, acc, p_off, c_off)
+
+        def prefetch_pk(table_n, src, g_n, row0, p_lo, p_hi, ct, n_k_tiles, out_n):
+            c_off = ct * C
+            a_sh = wp.tile_zeros(shape=(P, K), dtype=et, storage="shared")
+            b_sh = wp.tile_zeros(shape=(K, C), dtype=et, storage="shared")
+            rows = wp.tile_load(table_n, shape=P, offset=0, storage="shared")
+            a_r = wp.tile_load_indexed(src, indices=rows, shape=(P, K), offset=(0, 0), axis=0)
+            b_r = wp.tile_load(g_n, shape=(K, C), offset=(0, c_off))
+            n_steps = p_hi * n_k_tiles
+            for pt in range(p_hi):
+                acc = wp.tile_zeros(shape=(P, C), dtype=wp.float32)
+                for kt in range(n_k_tiles):
+                    wp.tile_assign(a_sh, a_r)
+                    wp.tile_assign(b_sh, b_r)
+                    # prefetch the next step (the last step re-loads itself: unconditional loads keep
+                    # the register consumers after the matmul)
+                    s1 = wp.min(pt * n_k_tiles + kt + 1, n_steps - 1)
+                    pt1 = s1 // n_k_tiles
+                    kt1 = s1 - pt1 * n_k_tiles
+                    rows1 = wp.tile_load(table_n, shape=P, offset=pt1 * P, storage="shared")
+                    a_r = wp.tile_load_indexed(src, indices=rows1, shape=(P, K), offset=(0, kt1 * K), axis=0)
+                    b_r = wp.tile_load(g_n, shape=(K, C), offset=(kt1 * K, c_off))
+                    wp.tile_matmul(a_sh, b_sh, acc)
+                store(out_n, acc, pt * P, c_off)
+
+        def pair(table_n, src, g_n, row0, p_lo, p_hi, ct, n_k_tiles, out_n):
+            p_off = p_lo * P
+            c0 = ct * (2 * C)
+            c1 = c0 + C
+            rows = wp.tile_load(table_n, shape=P, offset=p_off)
+            acc0 = wp.tile_zeros(shape=(P, C), dtype=wp.float32)
+            acc1 = wp.tile_zeros(shape=(P, C), dtype=wp.float32)
+            for kt in range(n_k_tiles):
+                k_off = kt * K
+                a = wp.tile_load_indexed(src, indices=rows, shape=(P, K), offset=(0, k_off), axis=0,
+                                         storage="shared")
+                b0 = wp.tile_load(g_n, shape=(K, C), offset=(k_off, c0), storage="shared")
+                wp.tile_matmul(a, b0, acc0)
+                b1 = wp.tile_load(g_n, shape=(K, C), offset=(k_off, c1), storage="shared")
+                wp.tile_matmul(a, b1, acc1)
+            store(out_n, acc0, p_off, c0)
+            store(out_n, acc1, p_off, c1)
+
+        fn = {"2": tiles, "3": tiles, "3p": prefetch_k, "2p": prefetch_pk, "4": pair}[loop]
+        fn.__annotations__ = dict(table_n=wp.array(dtype=wp.int32), src=wp.array2d(dtype=et), g_n=wp.array2d(dtype=et),
+                                  row0=int, p_lo=int, p_hi=int, ct=int, n_k_tiles=int, out_n=wp.array2d(dtype=sd))
+        return wp.func(name=f"{tag}_body", inline=True)(fn)
+    return built(("staged", tag, loop, staged_rows), make)
+
+
+def make_grad_stage_kernel(kind: str, version, tile_p: int, tile_wide: int, fp32_stage: bool, *,
+                           tile_o: int = _GI_TILE_O, block_dim: Optional[int] = None,
+                           module_options: Optional[dict] = None, module: Optional[str] = None,
+                           tile_kb: int = _GW_TILE_B, bf16: bool = False):
+    """The stage kernel of a gi (``kind="gi"``: ``tile_wide`` = batch tile, ``tile_o`` = Cout chunk) or gw
+    (``"gw"``: ``tile_wide`` = Cout tile, ``tile_kb`` = batch chunk) config of ``version`` 2, 3, 4, "2p", "3p",
+    "2i" or "3i" (the per-version factories below describe each).
+
+    Launch ``wp.launch_tiled(k, dim=..., block_dim=...)`` (the grid:
+    :func:`fovi_lab.kernels.adjoint.staged_build._stage_dims`) with inputs ``(table [N, P64] i32, src, g,
+    n_p_tiles = P64 // tile_p, n_k_tiles)`` and output ``out [N, P64, wide]`` (fp16, or fp32 with ``fp32_stage``);
+    operands fp16, or bf16 with ``bf16`` (which stages in fp32 only).
+
+    Staged-operand ("i") versions, for the Cin = 3 stems: there every neighbour contributes 3 contraction rows, so
+    the gathered operand tile (rows of W^T for gi, rows of x^T for gw) is a scalar, bounds-checked
+    ``tile_load_indexed`` that costs more than the tile GEMM. Here the plan copies those rows once into a dense
+    operand (``weff[n*P64 + p] = W^T[weight_linear[n, p]]`` per call for gi; ``at[nl*P64 + p] =
+    xt[input_linear[n0+nl, p]]`` per node chunk for gw, :func:`fovi_lab.kernels.common.gather_rows`) and the kernel
+    plain-loads it (vectorised): "2i" mirrors gi2's grid, "3i" gi3's or gw3's; the table argument is unused, and
+    the row of node ``n``'s tile ``p`` is ``n * n_p_tiles * tile_p + p``. Memory: gw's staged rows count against
+    the stage budget (they shrink the node chunk); gi's ``weff`` is ``Nout*P64*Cout_pad*2`` bytes whatever the
+    batch (alexnet L0: 95 MB), outside it.
+    """
+    init_warp()
+    sd = _stage_dtype(fp32_stage)
+    et = _elem(bf16, fp32_stage)
+    opts = _kernel_options(block_dim, module_options)
+    P, C, K = int(tile_p), int(tile_wide), int(tile_o if kind == "gi" else tile_kb)
+    tag = _stage_tag(kind, version, P, C, K, fp32_stage, bf16)
+    loop = str(version).rstrip("i")
+    GRID3 = loop in _GRID3
+    body = _stage_body(tag, loop, str(version).endswith("i"), P, K, C, et, sd, fp32_stage)
+
+    @_kernel_decorator(tag, opts, module)
+    def stage(table: wp.array2d(dtype=wp.int32), src: wp.array2d(dtype=et), g: wp.array3d(dtype=et),
+              n_p_tiles: int, n_k_tiles: int, out: wp.array3d(dtype=sd)):
+        if wp.static(GRID3):
+            n, pt, ct = wp.tid()
+            p_lo = pt
+            p_hi = pt + 1
+        else:
+            n, ct = wp.tid()
+            p_lo = 0
+            p_hi = n_p_tiles
+        body(table[n], src, g[n], n * n_p_tiles * P, p_lo, p_hi, ct, n_k_tiles, out[n])
+
+    return _tag(stage, fp32_stage, bf16)
+
+
+#: Every version takes the staged-operand ("i") ones too.
+make_grad_staged_operand_kernel = make_grad_stage_kernel
+
+
+def _per_version(kind: str, version, doc: str):
+    """The public factory of one version: ``(tile_p, tile_b, fp32_stage, *, tile_o=64, ...)`` for gi,
+    ``(tile_p, tile_n, fp32_stage, *, tile_b=64, ...)`` for gw (``block_dim``, ``module_options``, ``module``,
+    ``bf16`` as :func:`make_grad_stage_kernel`)."""
+    if kind == "gi":
+        def factory(tile_p: int, tile_b: int, fp32_stage: bool, *, tile_o: int = _GI_TILE_O, **kw):
+            return make_grad_stage_kernel("gi", version, tile_p, tile_b, fp32_stage, tile_o=tile_o, **kw)
+        name = f"make_grad_input_stage{version}_kernel"
+    else:
+        def factory(tile_p: int, tile_n: int, fp32_stage: bool, *, tile_b: int = _GW_TILE_B, **kw):
+            return make_grad_stage_kernel("gw", version, tile_p, tile_n, fp32_stage, tile_kb=tile_b, **kw)
+        name = f"make_grad_weight_stage{version}_kernel"
+    factory.__name__ = factory.__qualname__ = name
+    factory.__doc__ = doc
+    return factory
+
+
+make_grad_input_stage2_kernel = _per_version("gi", 2, """
+    v2 gi staging: one CTA per ``(n, b_tile)``, the P64 loop inside the CTA.
 
     Launch ``wp.launch_tiled(k, dim=(Nout, Bpad // tile_b), block_dim=...)`` with inputs
     ``(weight_linear [Nout, P64] i32, wt [Q, Cout_pad] f16, g_nob [Nout, Cout_pad, Bpad] f16,
@@ -91,119 +285,27 @@ def make_grad_input_stage2_kernel(tile_p: int, tile_b: int, fp32_stage: bool, *,
 
     Keeping the P loop in the CTA amortises per-CTA fixed costs over P64/tile_p accumulator
     rounds; the gathered W tile is directly the left operand (rows of W^T), so no transpose.
-    """
-    init_warp()
-    sd = _stage_dtype(fp32_stage)
-    et = _elem(bf16, fp32_stage)
-    opts = _kernel_options(block_dim, module_options)
-    tag = f"fovi_gi2_p{tile_p}b{tile_b}o{tile_o}_{'f32' if fp32_stage else 'f16'}" + ("_bf16" if bf16 else "")
-
-    @_kernel_decorator(tag, opts, module)
-    def gi2(weight_linear: wp.array2d(dtype=wp.int32), wt: wp.array2d(dtype=et),
-            g_nob: wp.array3d(dtype=et), n_p_tiles: int, n_o_tiles: int,
-            da: wp.array3d(dtype=sd)):
-        n, bt = wp.tid()
-        b_off = bt * tile_b
-        for pt in range(n_p_tiles):
-            p_off = pt * tile_p
-            rows = wp.tile_load(weight_linear[n], shape=tile_p, offset=p_off)
-            acc = wp.tile_zeros(shape=(tile_p, tile_b), dtype=wp.float32)
-            for ot in range(n_o_tiles):
-                o_off = ot * tile_o
-                w = wp.tile_load_indexed(wt, indices=rows, shape=(tile_p, tile_o), offset=(0, o_off),
-                                         axis=0, storage="shared")
-                g = wp.tile_load(g_nob[n], shape=(tile_o, tile_b), offset=(o_off, b_off), storage="shared")
-                wp.tile_matmul(w, g, acc)
-            if wp.static(fp32_stage):
-                wp.tile_store(da[n], acc, offset=(p_off, b_off))
-            else:
-                wp.tile_store(da[n], wp.tile_astype(acc, wp.float16), offset=(p_off, b_off))
-
-    return _tag(gi2, fp32_stage, bf16)
-
-
-def make_grad_input_stage3_kernel(tile_p: int, tile_b: int, fp32_stage: bool, *, tile_o: int = _GI_TILE_O,
-                                   block_dim: Optional[int] = None, module_options: Optional[dict] = None,
-                                   module: Optional[str] = None, bf16: bool = False):
-    """v3 gi staging: a 3-D ``(n, p_tile, b_tile)`` grid, the o loop inside the CTA.
+    """)
+make_grad_input_stage3_kernel = _per_version("gi", 3, """
+    v3 gi staging: a 3-D ``(n, p_tile, b_tile)`` grid, the o loop inside the CTA.
 
     Launch ``dim=(Nout, P64 // tile_p, Bpad // tile_b)``; same arguments as gi2 (``n_p_tiles`` unused).
     gi2's ``(n, b_tile)`` grid has only ``Nout * B / tile_b`` CTAs, each walking all P64/tile_p tiles:
     for small-Nout layers (alexnet L2-L4: 60 nodes, resnet layer3: 16) that is fewer CTAs than the GPU
     has SMs. Here every output tile is its own CTA (the gw3 idea applied to dA).
-    """
-    init_warp()
-    sd = _stage_dtype(fp32_stage)
-    et = _elem(bf16, fp32_stage)
-    opts = _kernel_options(block_dim, module_options)
-    tag = f"fovi_gi3_p{tile_p}b{tile_b}o{tile_o}_{'f32' if fp32_stage else 'f16'}" + ("_bf16" if bf16 else "")
+    """)
+make_grad_input_stage3p_kernel = _per_version("gi", "3p", """
+    gi3 with a register prefetch of the next o step's W gather and g tile (see gi2p).""")
+make_grad_input_stage2p_kernel = _per_version("gi", "2p", """
+    gi2 with a register prefetch (software pipelining): same arguments, grid and result as gi2.
 
-    @_kernel_decorator(tag, opts, module)
-    def gi3(weight_linear: wp.array2d(dtype=wp.int32), wt: wp.array2d(dtype=et),
-            g_nob: wp.array3d(dtype=et), n_p_tiles: int, n_o_tiles: int,
-            da: wp.array3d(dtype=sd)):
-        n, pt, bt = wp.tid()
-        p_off = pt * tile_p
-        b_off = bt * tile_b
-        rows = wp.tile_load(weight_linear[n], shape=tile_p, offset=p_off)
-        acc = wp.tile_zeros(shape=(tile_p, tile_b), dtype=wp.float32)
-        for ot in range(n_o_tiles):
-            o_off = ot * tile_o
-            w = wp.tile_load_indexed(wt, indices=rows, shape=(tile_p, tile_o), offset=(0, o_off),
-                                     axis=0, storage="shared")
-            g = wp.tile_load(g_nob[n], shape=(tile_o, tile_b), offset=(o_off, b_off), storage="shared")
-            wp.tile_matmul(w, g, acc)
-        if wp.static(fp32_stage):
-            wp.tile_store(da[n], acc, offset=(p_off, b_off))
-        else:
-            wp.tile_store(da[n], wp.tile_astype(acc, wp.float16), offset=(p_off, b_off))
-
-    return _tag(gi3, fp32_stage, bf16)
-
-
-def make_grad_input_stage3p_kernel(tile_p: int, tile_b: int, fp32_stage: bool, *, tile_o: int = _GI_TILE_O,
-                                    block_dim: Optional[int] = None, module_options: Optional[dict] = None,
-                                    module: Optional[str] = None, bf16: bool = False):
-    """gi3 with a register prefetch of the next o step's W gather and g tile (see gi2p)."""
-    init_warp()
-    sd = _stage_dtype(fp32_stage)
-    et = _elem(bf16, fp32_stage)
-    opts = _kernel_options(block_dim, module_options)
-    tag = f"fovi_gi3p_p{tile_p}b{tile_b}o{tile_o}_{'f32' if fp32_stage else 'f16'}" + ("_bf16" if bf16 else "")
-
-    @_kernel_decorator(tag, opts, module)
-    def gi3p(weight_linear: wp.array2d(dtype=wp.int32), wt: wp.array2d(dtype=et),
-             g_nob: wp.array3d(dtype=et), n_p_tiles: int, n_o_tiles: int,
-             da: wp.array3d(dtype=sd)):
-        n, pt, bt = wp.tid()
-        p_off = pt * tile_p
-        b_off = bt * tile_b
-        g_n = g_nob[n]
-        rows = wp.tile_load(weight_linear[n], shape=tile_p, offset=p_off, storage="shared")
-        w_sh = wp.tile_zeros(shape=(tile_p, tile_o), dtype=et, storage="shared")
-        g_sh = wp.tile_zeros(shape=(tile_o, tile_b), dtype=et, storage="shared")
-        w_r = wp.tile_load_indexed(wt, indices=rows, shape=(tile_p, tile_o), offset=(0, 0), axis=0)
-        g_r = wp.tile_load(g_n, shape=(tile_o, tile_b), offset=(0, b_off))
-        acc = wp.tile_zeros(shape=(tile_p, tile_b), dtype=wp.float32)
-        for ot in range(n_o_tiles):
-            wp.tile_assign(w_sh, w_r)
-            wp.tile_assign(g_sh, g_r)
-            o1 = wp.min(ot + 1, n_o_tiles - 1) * tile_o
-            w_r = wp.tile_load_indexed(wt, indices=rows, shape=(tile_p, tile_o), offset=(0, o1), axis=0)
-            g_r = wp.tile_load(g_n, shape=(tile_o, tile_b), offset=(o1, b_off))
-            wp.tile_matmul(w_sh, g_sh, acc)
-        if wp.static(fp32_stage):
-            wp.tile_store(da[n], acc, offset=(p_off, b_off))
-        else:
-            wp.tile_store(da[n], wp.tile_astype(acc, wp.float16), offset=(p_off, b_off))
-
-    return _tag(gi3p, fp32_stage, bf16)
-
-
-def make_grad_weight_stage2_kernel(tile_p: int, tile_n: int, fp32_stage: bool, *, tile_b: int = _GW_TILE_B,
-                                    block_dim: Optional[int] = None, module_options: Optional[dict] = None,
-                                   module: Optional[str] = None, bf16: bool = False):
-    """v2 gw staging: one CTA per ``(n, o_tile)``, P64 loop in the CTA, transposed-x operand.
+    Warp's tile GEMM does not overlap loads with math inside a CTA (load, sync, matmul, sync). Here
+    the next (p tile, o tile) step's W gather and g tile are issued into *registers* before the
+    current step's ``tile_matmul`` and copied into the shared operand tiles after it, so their
+    global-load latency hides behind the math (the forward's ``gp``/``nmp`` idea).
+    """)
+make_grad_weight_stage2_kernel = _per_version("gw", 2, """
+    v2 gw staging: one CTA per ``(n, o_tile)``, P64 loop in the CTA, transposed-x operand.
 
     Launch ``dim=(nc, Cout_pad // tile_n)`` with inputs ``(input_linear [nc, P64] i32,
     xt [Cin*Nin+1, Bpad] f16, g_nbo [nc, Bpad, Cout_pad] f16, n_p_tiles, n_b_tiles)`` and output
@@ -213,291 +315,23 @@ def make_grad_weight_stage2_kernel(tile_p: int, tile_n: int, fp32_stage: bool, *
 
     ``xt`` is batch-contiguous, so the indexed gather reads contiguous 128-byte rows and is
     directly the ``A_n^T`` tile (no ``tile_transpose``).
-    """
-    init_warp()
-    sd = _stage_dtype(fp32_stage)
-    et = _elem(bf16, fp32_stage)
-    opts = _kernel_options(block_dim, module_options)
-    tag = f"fovi_gw2_p{tile_p}n{tile_n}b{tile_b}_{'f32' if fp32_stage else 'f16'}" + ("_bf16" if bf16 else "")
-
-    @_kernel_decorator(tag, opts, module)
-    def gw2(input_linear: wp.array2d(dtype=wp.int32), xt: wp.array2d(dtype=et),
-            g_nbo: wp.array3d(dtype=et), n_p_tiles: int, n_b_tiles: int,
-            dweff: wp.array3d(dtype=sd)):
-        n, ot = wp.tid()
-        o_off = ot * tile_n
-        for pt in range(n_p_tiles):
-            p_off = pt * tile_p
-            rows = wp.tile_load(input_linear[n], shape=tile_p, offset=p_off)
-            acc = wp.tile_zeros(shape=(tile_p, tile_n), dtype=wp.float32)
-            for bt in range(n_b_tiles):
-                b_off = bt * tile_b
-                a = wp.tile_load_indexed(xt, indices=rows, shape=(tile_p, tile_b), offset=(0, b_off),
-                                         axis=0, storage="shared")
-                g = wp.tile_load(g_nbo[n], shape=(tile_b, tile_n), offset=(b_off, o_off), storage="shared")
-                wp.tile_matmul(a, g, acc)
-            if wp.static(fp32_stage):
-                wp.tile_store(dweff[n], acc, offset=(p_off, o_off))
-            else:
-                wp.tile_store(dweff[n], wp.tile_astype(acc, wp.float16), offset=(p_off, o_off))
-
-    return _tag(gw2, fp32_stage, bf16)
-
-
-def make_grad_weight_stage3_kernel(tile_p: int, tile_n: int, fp32_stage: bool, *, tile_b: int = _GW_TILE_B,
-                                    block_dim: Optional[int] = None, module_options: Optional[dict] = None,
-                                   module: Optional[str] = None, bf16: bool = False):
-    """v3 gw staging: a 3-D ``(n, p_tile, o_tile)`` grid with the v2 transposed-x operand.
+    """)
+make_grad_weight_stage3_kernel = _per_version("gw", 3, """
+    v3 gw staging: a 3-D ``(n, p_tile, o_tile)`` grid with the v2 transposed-x operand.
 
     Launch ``dim=(nc, P64 // tile_p, Cout_pad // tile_n)``; same arguments as v2 (``n_p_tiles`` is
     unused). For small-Nout shapes the v2 ``(n, o_tile)`` grid under-occupies the GPU; this keeps
     per-CTA work small but parallel (one accumulator, B/64 GEMM steps per CTA).
-    """
-    init_warp()
-    sd = _stage_dtype(fp32_stage)
-    et = _elem(bf16, fp32_stage)
-    opts = _kernel_options(block_dim, module_options)
-    tag = f"fovi_gw3_p{tile_p}n{tile_n}b{tile_b}_{'f32' if fp32_stage else 'f16'}" + ("_bf16" if bf16 else "")
-
-    @_kernel_decorator(tag, opts, module)
-    def gw3(input_linear: wp.array2d(dtype=wp.int32), xt: wp.array2d(dtype=et),
-            g_nbo: wp.array3d(dtype=et), n_p_tiles: int, n_b_tiles: int,
-            dweff: wp.array3d(dtype=sd)):
-        n, pt, ot = wp.tid()
-        p_off = pt * tile_p
-        o_off = ot * tile_n
-        rows = wp.tile_load(input_linear[n], shape=tile_p, offset=p_off)
-        acc = wp.tile_zeros(shape=(tile_p, tile_n), dtype=wp.float32)
-        for bt in range(n_b_tiles):
-            b_off = bt * tile_b
-            a = wp.tile_load_indexed(xt, indices=rows, shape=(tile_p, tile_b), offset=(0, b_off),
-                                     axis=0, storage="shared")
-            g = wp.tile_load(g_nbo[n], shape=(tile_b, tile_n), offset=(b_off, o_off), storage="shared")
-            wp.tile_matmul(a, g, acc)
-        if wp.static(fp32_stage):
-            wp.tile_store(dweff[n], acc, offset=(p_off, o_off))
-        else:
-            wp.tile_store(dweff[n], wp.tile_astype(acc, wp.float16), offset=(p_off, o_off))
-
-    return _tag(gw3, fp32_stage, bf16)
-
-
-def make_grad_weight_stage4_kernel(tile_p: int, tile_n: int, fp32_stage: bool, *, tile_b: int = _GW_TILE_B,
-                                    block_dim: Optional[int] = None, module_options: Optional[dict] = None,
-                                   module: Optional[str] = None, bf16: bool = False):
-    """v4 gw staging: v3's 3-D grid, but each CTA computes TWO adjacent o tiles.
+    """)
+make_grad_weight_stage4_kernel = _per_version("gw", 4, """
+    v4 gw staging: v3's 3-D grid, but each CTA computes TWO adjacent o tiles.
 
     Launch ``dim=(nc, P64 // tile_p, Cout_pad // (2*tile_n))``; ``g_nbo``/``dWeff`` must be padded to
     a multiple of ``2*tile_n`` columns. Each gathered ``xt`` tile feeds both accumulators, halving
     the x-gather stream (the forward's weight-reuse idea applied to the batch contraction).
-    """
-    init_warp()
-    sd = _stage_dtype(fp32_stage)
-    et = _elem(bf16, fp32_stage)
-    opts = _kernel_options(block_dim, module_options)
-    tag = f"fovi_gw4_p{tile_p}n{tile_n}b{tile_b}_{'f32' if fp32_stage else 'f16'}" + ("_bf16" if bf16 else "")
-
-    @_kernel_decorator(tag, opts, module)
-    def gw4(input_linear: wp.array2d(dtype=wp.int32), xt: wp.array2d(dtype=et),
-            g_nbo: wp.array3d(dtype=et), n_p_tiles: int, n_b_tiles: int,
-            dweff: wp.array3d(dtype=sd)):
-        n, pt, ot = wp.tid()
-        p_off = pt * tile_p
-        o0 = ot * (2 * tile_n)
-        o1 = o0 + tile_n
-        rows = wp.tile_load(input_linear[n], shape=tile_p, offset=p_off)
-        acc0 = wp.tile_zeros(shape=(tile_p, tile_n), dtype=wp.float32)
-        acc1 = wp.tile_zeros(shape=(tile_p, tile_n), dtype=wp.float32)
-        for bt in range(n_b_tiles):
-            b_off = bt * tile_b
-            a = wp.tile_load_indexed(xt, indices=rows, shape=(tile_p, tile_b), offset=(0, b_off),
-                                     axis=0, storage="shared")
-            g0 = wp.tile_load(g_nbo[n], shape=(tile_b, tile_n), offset=(b_off, o0), storage="shared")
-            wp.tile_matmul(a, g0, acc0)
-            g1 = wp.tile_load(g_nbo[n], shape=(tile_b, tile_n), offset=(b_off, o1), storage="shared")
-            wp.tile_matmul(a, g1, acc1)
-        if wp.static(fp32_stage):
-            wp.tile_store(dweff[n], acc0, offset=(p_off, o0))
-            wp.tile_store(dweff[n], acc1, offset=(p_off, o1))
-        else:
-            wp.tile_store(dweff[n], wp.tile_astype(acc0, wp.float16), offset=(p_off, o0))
-            wp.tile_store(dweff[n], wp.tile_astype(acc1, wp.float16), offset=(p_off, o1))
-
-    return _tag(gw4, fp32_stage, bf16)
-
-
-def make_grad_input_stage2p_kernel(tile_p: int, tile_b: int, fp32_stage: bool, *, tile_o: int = _GI_TILE_O,
-                                    block_dim: Optional[int] = None, module_options: Optional[dict] = None,
-                                    module: Optional[str] = None, bf16: bool = False):
-    """gi2 with a register prefetch (software pipelining): same arguments, grid and result as gi2.
-
-    Warp's tile GEMM does not overlap loads with math inside a CTA (load, sync, matmul, sync). Here
-    the next (p tile, o tile) step's W gather and g tile are issued into *registers* before the
-    current step's ``tile_matmul`` and copied into the shared operand tiles after it, so their
-    global-load latency hides behind the math (the forward's ``gp``/``nmp`` idea).
-    """
-    init_warp()
-    sd = _stage_dtype(fp32_stage)
-    et = _elem(bf16, fp32_stage)
-    opts = _kernel_options(block_dim, module_options)
-    tag = f"fovi_gi2p_p{tile_p}b{tile_b}o{tile_o}_{'f32' if fp32_stage else 'f16'}" + ("_bf16" if bf16 else "")
-
-    @_kernel_decorator(tag, opts, module)
-    def gi2p(weight_linear: wp.array2d(dtype=wp.int32), wt: wp.array2d(dtype=et),
-             g_nob: wp.array3d(dtype=et), n_p_tiles: int, n_o_tiles: int,
-             da: wp.array3d(dtype=sd)):
-        n, bt = wp.tid()
-        b_off = bt * tile_b
-        wl_n = weight_linear[n]
-        g_n = g_nob[n]
-        w_sh = wp.tile_zeros(shape=(tile_p, tile_o), dtype=et, storage="shared")
-        g_sh = wp.tile_zeros(shape=(tile_o, tile_b), dtype=et, storage="shared")
-        rows = wp.tile_load(wl_n, shape=tile_p, offset=0, storage="shared")
-        w_r = wp.tile_load_indexed(wt, indices=rows, shape=(tile_p, tile_o), offset=(0, 0), axis=0)
-        g_r = wp.tile_load(g_n, shape=(tile_o, tile_b), offset=(0, b_off))
-        n_steps = n_p_tiles * n_o_tiles
-        for pt in range(n_p_tiles):
-            acc = wp.tile_zeros(shape=(tile_p, tile_b), dtype=wp.float32)
-            for ot in range(n_o_tiles):
-                wp.tile_assign(w_sh, w_r)
-                wp.tile_assign(g_sh, g_r)
-                # prefetch the next step (the last step re-loads itself: unconditional loads keep
-                # the register consumers after the matmul)
-                s1 = wp.min(pt * n_o_tiles + ot + 1, n_steps - 1)
-                pt1 = s1 // n_o_tiles
-                ot1 = s1 - pt1 * n_o_tiles
-                rows1 = wp.tile_load(wl_n, shape=tile_p, offset=pt1 * tile_p, storage="shared")
-                w_r = wp.tile_load_indexed(wt, indices=rows1, shape=(tile_p, tile_o), offset=(0, ot1 * tile_o),
-                                           axis=0)
-                g_r = wp.tile_load(g_n, shape=(tile_o, tile_b), offset=(ot1 * tile_o, b_off))
-                wp.tile_matmul(w_sh, g_sh, acc)
-            if wp.static(fp32_stage):
-                wp.tile_store(da[n], acc, offset=(pt * tile_p, b_off))
-            else:
-                wp.tile_store(da[n], wp.tile_astype(acc, wp.float16), offset=(pt * tile_p, b_off))
-
-    return _tag(gi2p, fp32_stage, bf16)
-
-
-def make_grad_weight_stage3p_kernel(tile_p: int, tile_n: int, fp32_stage: bool, *, tile_b: int = _GW_TILE_B,
-                                     block_dim: Optional[int] = None, module_options: Optional[dict] = None,
-                                     module: Optional[str] = None, bf16: bool = False):
-    """gw3 with a register prefetch of the next b step's ``xt`` gather and ``g`` tile (see gi2p)."""
-    init_warp()
-    sd = _stage_dtype(fp32_stage)
-    et = _elem(bf16, fp32_stage)
-    opts = _kernel_options(block_dim, module_options)
-    tag = f"fovi_gw3p_p{tile_p}n{tile_n}b{tile_b}_{'f32' if fp32_stage else 'f16'}" + ("_bf16" if bf16 else "")
-
-    @_kernel_decorator(tag, opts, module)
-    def gw3p(input_linear: wp.array2d(dtype=wp.int32), xt: wp.array2d(dtype=et),
-             g_nbo: wp.array3d(dtype=et), n_p_tiles: int, n_b_tiles: int,
-             dweff: wp.array3d(dtype=sd)):
-        n, pt, ot = wp.tid()
-        p_off = pt * tile_p
-        o_off = ot * tile_n
-        g_n = g_nbo[n]
-        rows = wp.tile_load(input_linear[n], shape=tile_p, offset=p_off, storage="shared")
-        a_sh = wp.tile_zeros(shape=(tile_p, tile_b), dtype=et, storage="shared")
-        g_sh = wp.tile_zeros(shape=(tile_b, tile_n), dtype=et, storage="shared")
-        a_r = wp.tile_load_indexed(xt, indices=rows, shape=(tile_p, tile_b), offset=(0, 0), axis=0)
-        g_r = wp.tile_load(g_n, shape=(tile_b, tile_n), offset=(0, o_off))
-        acc = wp.tile_zeros(shape=(tile_p, tile_n), dtype=wp.float32)
-        for bt in range(n_b_tiles):
-            wp.tile_assign(a_sh, a_r)
-            wp.tile_assign(g_sh, g_r)
-            b1 = wp.min(bt + 1, n_b_tiles - 1) * tile_b
-            a_r = wp.tile_load_indexed(xt, indices=rows, shape=(tile_p, tile_b), offset=(0, b1), axis=0)
-            g_r = wp.tile_load(g_n, shape=(tile_b, tile_n), offset=(b1, o_off))
-            wp.tile_matmul(a_sh, g_sh, acc)
-        if wp.static(fp32_stage):
-            wp.tile_store(dweff[n], acc, offset=(p_off, o_off))
-        else:
-            wp.tile_store(dweff[n], wp.tile_astype(acc, wp.float16), offset=(p_off, o_off))
-
-    return _tag(gw3p, fp32_stage, bf16)
-
-
-def make_grad_staged_operand_kernel(kind: str, version: str, tile_p: int, tile_wide: int, fp32_stage: bool, *,
-                                     tile_o: int = _GI_TILE_O, block_dim: Optional[int] = None,
-                                     module_options: Optional[dict] = None, module: Optional[str] = None,
-                                     tile_kb: int = _GW_TILE_B, bf16: bool = False):
-    """Staged-operand ("i") variants of gi2 / gi3 / gw3 for the Cin = 3 stems.
-
-    There every neighbour contributes 3 contraction rows, so the gathered operand tile (rows of W^T for
-    gi, rows of x^T for gw) is a scalar, bounds-checked ``tile_load_indexed`` that costs more than
-    the tile GEMM. Here the plan copies those rows once into a dense operand (``weff[n*P64 + p] =
-    W^T[weight_linear[n, p]]`` per call for gi; ``at[nl*P64 + p] = xt[input_linear[n0+nl, p]]`` per
-    node chunk for gw, :func:`fovi_lab.kernels.common.gather_rows`) and the kernel plain-loads it
-    (vectorised). Same launch grid and argument list as the version it mirrors; the table argument is
-    unused, and the row of node ``n``'s tile ``p`` is ``n * n_p_tiles * tile_p + p``.
-
-    Memory: gw's staged rows count against the stage budget (they shrink the node chunk); gi's
-    ``weff`` is ``Nout*P64*Cout_pad*2`` bytes whatever the batch (alexnet L0: 95 MB), outside it.
-    """
-    init_warp()
-    sd = _stage_dtype(fp32_stage)
-    et = _elem(bf16, fp32_stage)
-    opts = _kernel_options(block_dim, module_options)
-    f = "f32" if fp32_stage else "f16"
-    if kind == "gi":
-        tile_b = tile_wide
-        tag = f"fovi_gi{version}_p{tile_p}b{tile_b}o{tile_o}_{f}" + ("_bf16" if bf16 else "")
-        GRID3 = version == "3i"
-
-        @_kernel_decorator(tag, opts, module)
-        def gi_i(weight_linear: wp.array2d(dtype=wp.int32), weff: wp.array2d(dtype=et),
-                 g_nob: wp.array3d(dtype=et), n_p_tiles: int, n_o_tiles: int,
-                 da: wp.array3d(dtype=sd)):
-            if wp.static(GRID3):
-                n, pt0, bt = wp.tid()
-                pt_lo = pt0
-                pt_hi = pt0 + 1
-            else:
-                n, bt = wp.tid()
-                pt_lo = 0
-                pt_hi = n_p_tiles
-            b_off = bt * tile_b
-            row0 = n * n_p_tiles * tile_p
-            for pt in range(pt_lo, pt_hi):
-                p_off = pt * tile_p
-                acc = wp.tile_zeros(shape=(tile_p, tile_b), dtype=wp.float32)
-                for ot in range(n_o_tiles):
-                    o_off = ot * tile_o
-                    w = wp.tile_load(weff, shape=(tile_p, tile_o), offset=(row0 + p_off, o_off), storage="shared")
-                    g = wp.tile_load(g_nob[n], shape=(tile_o, tile_b), offset=(o_off, b_off), storage="shared")
-                    wp.tile_matmul(w, g, acc)
-                if wp.static(fp32_stage):
-                    wp.tile_store(da[n], acc, offset=(p_off, b_off))
-                else:
-                    wp.tile_store(da[n], wp.tile_astype(acc, wp.float16), offset=(p_off, b_off))
-
-        return _tag(gi_i, fp32_stage, bf16)
-
-    tile_n = tile_wide
-    TKB = int(tile_kb)                   # batch rows contracted per MMA (gw's K)
-    tag = f"fovi_gw{version}_p{tile_p}n{tile_n}b{TKB}_{f}" + ("_bf16" if bf16 else "")
-
-    @_kernel_decorator(tag, opts, module)
-    def gw_i(input_linear: wp.array2d(dtype=wp.int32), at: wp.array2d(dtype=et),
-             g_nbo: wp.array3d(dtype=et), n_p_tiles: int, n_b_tiles: int,
-             dweff: wp.array3d(dtype=sd)):
-        n, pt, ot = wp.tid()
-        p_off = pt * tile_p
-        o_off = ot * tile_n
-        row = n * n_p_tiles * tile_p + p_off
-        acc = wp.tile_zeros(shape=(tile_p, tile_n), dtype=wp.float32)
-        for bt in range(n_b_tiles):
-            b_off = bt * TKB
-            a = wp.tile_load(at, shape=(tile_p, TKB), offset=(row, b_off), storage="shared")
-            g = wp.tile_load(g_nbo[n], shape=(TKB, tile_n), offset=(b_off, o_off), storage="shared")
-            wp.tile_matmul(a, g, acc)
-        if wp.static(fp32_stage):
-            wp.tile_store(dweff[n], acc, offset=(p_off, o_off))
-        else:
-            wp.tile_store(dweff[n], wp.tile_astype(acc, wp.float16), offset=(p_off, o_off))
-
-    return _tag(gw_i, fp32_stage, bf16)
+    """)
+make_grad_weight_stage3p_kernel = _per_version("gw", "3p", """
+    gw3 with a register prefetch of the next b step's ``xt`` gather and ``g`` tile (see gi2p).""")
 
 
 def make_dx_csr_kernel(fp32_stage: bool, *, module_options: Optional[dict] = None, module: Optional[str] = None):
@@ -641,18 +475,6 @@ def make_dw_csr_kernel(fp32_stage: bool, *, module_options: Optional[dict] = Non
     return _tag(dw_csr, fp32_stage)
 
 
-_STAGE_FACTORIES = {
-    ("gi", 2): make_grad_input_stage2_kernel,
-    ("gi", "2p"): make_grad_input_stage2p_kernel,
-    ("gi", 3): make_grad_input_stage3_kernel,
-    ("gi", "3p"): make_grad_input_stage3p_kernel,
-    ("gw", "3p"): make_grad_weight_stage3p_kernel,
-    ("gw", 2): make_grad_weight_stage2_kernel,
-    ("gw", 3): make_grad_weight_stage3_kernel,
-    ("gw", 4): make_grad_weight_stage4_kernel,
-}
-
-
 def _build_kernel(kind: str, name: str, module_options: Optional[dict] = None, module: Optional[str] = None):
     """Build (do not validate) the kernel for ``(kind, name)``; returns ``(kernel, spec, fp32_stage)``."""
     if kind == "csr":
@@ -670,18 +492,9 @@ def _build_kernel(kind: str, name: str, module_options: Optional[dict] = None, m
         raise KeyError(f"config: unknown {kind} config {name!r}; known: {sorted(table)} "
                        f"(append {_F32_SUFFIX!r} for fp32 staging, {_BF16_SUFFIX!r} for bf16)")
     spec = table[base]
-    if str(spec["version"]).endswith("i"):
-        wide = spec["tile_b"] if kind == "gi" else spec["tile_n"]
-        kernel = make_grad_staged_operand_kernel(kind, spec["version"], spec["tile_p"], wide, fp32,
-                                                  tile_o=spec.get("tile_o", _GI_TILE_O), block_dim=spec["block_dim"],
-                                                  module_options=module_options, module=module,
-                                                  tile_kb=spec.get("tile_kb", _GW_TILE_B), bf16=bf16)
-        return kernel, spec, fp32
-    factory = _STAGE_FACTORIES[(kind, spec["version"])]
-    if kind == "gi":
-        kernel = factory(spec["tile_p"], spec["tile_b"], fp32, tile_o=spec["tile_o"],
-                         block_dim=spec["block_dim"], module_options=module_options, module=module, bf16=bf16)
-    else:
-        kernel = factory(spec["tile_p"], spec["tile_n"], fp32, block_dim=spec["block_dim"],
-                         module_options=module_options, module=module, bf16=bf16)
+    wide = spec["tile_b"] if kind == "gi" else spec["tile_n"]
+    kernel = make_grad_stage_kernel(kind, spec["version"], spec["tile_p"], wide, fp32,
+                                    tile_o=spec.get("tile_o", _GI_TILE_O), tile_kb=spec.get("tile_kb", _GW_TILE_B),
+                                    block_dim=spec["block_dim"], module_options=module_options, module=module,
+                                    bf16=bf16)
     return kernel, spec, fp32

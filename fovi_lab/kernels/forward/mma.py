@@ -63,19 +63,16 @@ rounding change. They are the forward's only bf16 kernels (the tile and SIMT fam
 
 # (no "from __future__ import annotations": Warp needs the stubs' annotations as objects)
 
-import threading
-from typing import Dict, Tuple
+from typing import Sequence, Tuple
 
 from fovi_lab.kernels import common as _wc
 from fovi_lab.kernels.common import init_warp, wp
+from fovi_lab.kernels.built import built
 
 __all__ = ["make_mma_kernel", "mma_channel", "MMA_K"]
 
 #: p entries per k-step (the K of one m16n8k16 MMA).
 MMA_K = 16
-
-_lock = threading.Lock()
-_STEPS: Dict[Tuple, object] = {}
 
 
 def mma_channel(m_tiles: int, o0: int, g: int, mi: int, h: int) -> int:
@@ -99,6 +96,19 @@ def _w_loads(mt: int) -> str:
 
 def _indent(code: str, n: int) -> str:
     return "\n".join(" " * n + ln if ln.strip() else ln for ln in code.splitlines())
+
+
+def mma_sync_snippet(nt: int, a: Sequence[str], b: Sequence[str], ptx_t: str = "f16") -> str:
+    """C++ of the m16n8k16 MMA of m-tile ``mi``, n-tile ``nj`` into its 4 fp32 accumulators ``d[(mi*NT + nj)*4 ..]``
+    (``c``): ``a`` the four A-fragment registers, ``b`` the two B-fragment registers (C++ expressions), ``ptx_t``
+    the operand type (``f16`` or ``bf16``)."""
+    regs = ", ".join(f'"r"({r})' for r in (*a, *b))
+    return f"""float* c = d + (mi * {nt} + nj) * 4;
+asm volatile(
+    "mma.sync.aligned.m16n8k16.row.col.f32.{ptx_t}.{ptx_t}.f32 "
+    "{{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, {{%0,%1,%2,%3}};\\n"
+    : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+    : {regs});"""
 
 
 def _x_pair_loads(nt: int, u: int, j: int) -> str:
@@ -264,12 +274,7 @@ def mma_snippet(mt: int, nt: int, dense: bool, w_native: bool = False, x_t: bool
                 const unsigned int a3 = __byte_perm(wf[u][2][mi], wf[u][3][mi], 0x7632);  // row g+8, k = 2t+8, 2t+9
                 #pragma unroll
                 for (int nj = 0; nj < {nt}; ++nj) {{
-                    float* c = d + (mi * {nt} + nj) * 4;
-                    asm volatile(
-                        "mma.sync.aligned.m16n8k16.row.col.f32.{ptx_t}.{ptx_t}.f32 "
-                        "{{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, {{%0,%1,%2,%3}};\\n"
-                        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(xf[u][nj][0]), "r"(xf[u][nj][1]));
+{_indent(mma_sync_snippet(nt, ("a0", "a1", "a2", "a3"), ("xf[u][nj][0]", "xf[u][nj][1]"), ptx_t), 20)}
                 }}
             }}
     }}
@@ -301,12 +306,7 @@ def mma_snippet(mt: int, nt: int, dense: bool, w_native: bool = False, x_t: bool
 def _native(key: Tuple, build):
     """The device function of ``key``, built once by ``build(vec_acc)`` (``vec_acc``: the vector of a lane's
     ``4*MT*NT`` accumulators, ``key[1:3] = (MT, NT)``)."""
-    with _lock:
-        fn = _STEPS.get(key)
-        if fn is None:
-            init_warp()
-            fn = _STEPS[key] = build(wp.types.vector(length=4 * key[1] * key[2], dtype=wp.float32))
-        return fn
+    return built(("mma",) + key, lambda: build(wp.types.vector(length=4 * key[1] * key[2], dtype=wp.float32)))
 
 
 def _elem(bf16: bool):

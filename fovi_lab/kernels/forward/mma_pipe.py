@@ -43,31 +43,17 @@ CTA shape without gathers, written ``[Nout, B, Cout]``.
 
 # (no "from __future__ import annotations": Warp needs the stubs' annotations as objects)
 
-import threading
-from typing import Dict, Tuple
+from typing import Any, Tuple
 
 from fovi_lab.kernels.common import init_warp, wp
-from fovi_lab.kernels.forward.mma import _decorator, _indent
+from fovi_lab.kernels.built import built
+from fovi_lab.kernels.forward.mma import _decorator, _indent, mma_sync_snippet
 
 __all__ = ["make_mma_pipe_kernel", "pipe_layout", "pipe_snippet", "PIPE_SMEM_LIMIT"]
 
 #: Static shared memory the stages may take: a CTA may declare 48 KiB without a dynamic opt-in, and every Warp
 #: kernel declares 512 bytes of its own (ptxas: 0xc200 bytes for 48 KiB of stages).
 PIPE_SMEM_LIMIT = 48 * 1024 - 512
-
-_lock = threading.Lock()
-_BUILT: Dict[Tuple, object] = {}
-
-
-def _built(key: Tuple, make):
-    """``make()`` once per ``key`` (the native functions and stores of one CTA shape)."""
-    with _lock:
-        fn = _BUILT.get(key)
-        if fn is None:
-            init_warp()
-            fn = _BUILT[key] = make()
-        return fn
-
 
 def pipe_layout(bm: int, bn: int, bk: int, stages: int, threads: int) -> Tuple[int, int, int, int]:
     """``(WM, WN, MT, NT)`` of a CTA of ``threads`` threads over ``bm`` channels x ``bn`` batch rows: the warp
@@ -204,13 +190,7 @@ if (({kt}) + 1 < kt_n) {{
             for (int mi = 0; mi < {mt}; ++mi)
                 #pragma unroll
                 for (int nj = 0; nj < {nt}; ++nj) {{
-                    float* c = d + (mi * {nt} + nj) * 4;
-                    asm volatile(
-                        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                        "{{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, {{%0,%1,%2,%3}};\\n"
-                        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                        : "r"(af[mi][0]), "r"(af[mi][1]), "r"(af[mi][2]), "r"(af[mi][3]),
-                          "r"(bf[nj][0]), "r"(bf[nj][1]));
+{_indent(mma_sync_snippet(nt, [f"af[mi][{i}]" for i in range(4)], ("bf[nj][0]", "bf[nj][1]")), 20)}
                 }}
         }}
     }}
@@ -257,17 +237,23 @@ def _pipe_steps(bm: int, bn: int, bk: int, stages: int, threads: int, dense: boo
                       il: wp.array2d(dtype=wp.int32), wl: wp.array2d(dtype=wp.int32), thr: int, b0: int,
                       o0: int, n: int, p_lo: int, p_hi: int) -> vec_acc: ...
         return steps
-    return _built(("steps", bm, bn, bk, stages, threads, dense), make)
+    return built(("mma_pipe", "steps", bm, bn, bk, stages, threads, dense), make)
 
 
-def _pipe_partial_store(bm: int, bn: int, bk: int, stages: int, threads: int):
-    """The split loop's store: each thread's fp32 accumulators into ``part [S*Nout, B, Cout]`` (row ``ns`` =
-    split * Nout + node) as they are, guarded by B and Cout (the same element mapping as :func:`_pipe_store`)."""
+def _pipe_store(bm: int, bn: int, bk: int, stages: int, threads: int, layout: str):
+    """Each thread's store of its accumulators, guarded by the output's batch and channel extents: element ``e`` of
+    fragment ``(mi, nj)`` of warp ``(wm, wn)``, lane ``(g, t)`` is channel ``o0 + 16*MT*wm + 16*mi + g + 8*(e // 2)``
+    and batch row ``b0 + 8*NT*wn + 8*nj + 2*t + e % 2``. ``store(y, acc, thr, b0, o0, n, bias)``; ``layout``:
+    "op" (the op's fp16 ``y [B, Cout, Nout]``) or "nbo" (the dense ceiling's fp16 ``[Nout, B, Cout]``), the bias
+    added in fp32 and one rounding; or "part" (the split loop's fp32 partials ``part [S*Nout, B, Cout]``, row ``n`` =
+    split * Nout + node): the accumulators as they are, no bias."""
     def make():
         WM, _, MT, NT = pipe_layout(bm, bn, bk, stages, threads)
+        PART, NBO = layout == "part", layout != "op"
         vec_acc = wp.types.vector(length=4 * MT * NT, dtype=wp.float32)
+        YT = wp.float32 if PART else wp.float16
 
-        def store(part: wp.array3d(dtype=wp.float32), acc: None, thr: int, b0: int, o0: int, ns: int):
+        def store(y: wp.array3d(dtype=YT), acc: None, thr: int, b0: int, o0: int, n: int, bias: Any = 0):
             warp = thr // 32
             lane = thr % 32
             c0 = o0 + (warp % WM) * (16 * MT) + lane // 4
@@ -277,36 +263,10 @@ def _pipe_partial_store(bm: int, bn: int, bk: int, stages: int, threads: int):
                     for e in range(4):
                         ch = c0 + mi * 16 + (e // 2) * 8
                         b = r0 + nj * 8 + e % 2
-                        if b < part.shape[1] and ch < part.shape[2]:
-                            part[ns, b, ch] = acc[(mi * NT + nj) * 4 + e]
-
-        store.__annotations__["acc"] = vec_acc
-        return wp.func(name=f"fovi_pipe_partial_store_m{MT}n{NT}w{WM}", inline=True)(store)
-    return _built(("partial", bm, bn, bk, stages, threads), make)
-
-
-def _pipe_store(bm: int, bn: int, bk: int, stages: int, threads: int, nodes_first: bool):
-    """Each thread's store of its accumulators, the bias added in fp32 and one rounding to fp16, guarded by y's
-    batch and channel extents: element ``e`` of fragment ``(mi, nj)`` of warp ``(wm, wn)``, lane ``(g, t)`` is
-    channel ``o0 + 16*MT*wm + 16*mi + g + 8*(e // 2)`` and batch row ``b0 + 8*NT*wn + 8*nj + 2*t + e % 2``.
-    ``y`` is the op's ``[B, Cout, Nout]`` or, ``nodes_first``, the dense ceiling's ``[Nout, B, Cout]``."""
-    def make():
-        WM, _, MT, NT = pipe_layout(bm, bn, bk, stages, threads)
-        NF = bool(nodes_first)
-        vec_acc = wp.types.vector(length=4 * MT * NT, dtype=wp.float32)
-
-        def store(y: wp.array3d(dtype=wp.float16), bias: wp.array1d(dtype=wp.float32), acc: None, thr: int,
-                  b0: int, o0: int, n: int):
-            warp = thr // 32
-            lane = thr % 32
-            c0 = o0 + (warp % WM) * (16 * MT) + lane // 4
-            r0 = b0 + (warp // WM) * (8 * NT) + (lane % 4) * 2
-            for mi in range(MT):
-                for nj in range(NT):
-                    for e in range(4):
-                        ch = c0 + mi * 16 + (e // 2) * 8
-                        b = r0 + nj * 8 + e % 2
-                        if wp.static(NF):
+                        if wp.static(PART):
+                            if b < y.shape[1] and ch < y.shape[2]:
+                                y[n, b, ch] = acc[(mi * NT + nj) * 4 + e]
+                        elif wp.static(NBO):
                             if b < y.shape[1] and ch < y.shape[2]:
                                 y[n, b, ch] = wp.float16(acc[(mi * NT + nj) * 4 + e] + bias[ch])
                         else:
@@ -314,8 +274,8 @@ def _pipe_store(bm: int, bn: int, bk: int, stages: int, threads: int, nodes_firs
                                 y[b, ch, n] = wp.float16(acc[(mi * NT + nj) * 4 + e] + bias[ch])
 
         store.__annotations__["acc"] = vec_acc      # an object: Warp evaluates only string annotations
-        return wp.func(name=f"fovi_pipe_store_m{MT}n{NT}w{WM}{'_nbo' if NF else ''}", inline=True)(store)
-    return _built(("store", bm, bn, bk, stages, threads, bool(nodes_first)), make)
+        return wp.func(name=f"fovi_pipe_store_m{MT}n{NT}w{WM}_{layout}", inline=True)(store)
+    return built(("mma_pipe", "store", bm, bn, bk, stages, threads, layout), make)
 
 
 def make_mma_pipe_kernel(channels: int, rows: int, tile_k: int, stages: int, block_dim: int = 128,
@@ -346,7 +306,7 @@ def make_mma_pipe_kernel(channels: int, rows: int, tile_k: int, stages: int, blo
     fam = "mmaps" if split else "mmap"
     kname = f"fovi_fwd_{fam}{'_dense' if dense else ''}_o{BM}b{BN}k{BK}s{S}b{T}"
     if split:
-        pstore = _pipe_partial_store(BM, BN, BK, S, T)
+        pstore = _pipe_store(BM, BN, BK, S, T, "part")
 
         @_decorator(kname, T)
         def kernel(x: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16),
@@ -362,7 +322,7 @@ def make_mma_pipe_kernel(channels: int, rows: int, tile_k: int, stages: int, blo
         kernel.fovi_tiles = (fam, BN, BM, BK, S, T)
         kernel.fovi_dtype = "float16"
         return kernel
-    store = _pipe_store(BM, BN, BK, S, T, bool(dense))
+    store = _pipe_store(BM, BN, BK, S, T, "nbo" if dense else "op")
     if dense:
         @_decorator(kname, T)
         def kernel(xd: wp.array2d(dtype=wp.float16), wd: wp.array2d(dtype=wp.float16),
@@ -372,7 +332,7 @@ def make_mma_pipe_kernel(channels: int, rows: int, tile_k: int, stages: int, blo
             b0 = bg * BN
             o0 = (tl // T) * BM
             acc = steps(xd, wd, thr, b0, o0, n, 0, kd)
-            store(y, bias, acc, thr, b0, o0, n)
+            store(y, acc, thr, b0, o0, n, bias)
     else:
         @_decorator(kname, T)
         def kernel(x: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16),
@@ -383,7 +343,7 @@ def make_mma_pipe_kernel(channels: int, rows: int, tile_k: int, stages: int, blo
             b0 = bg * BN
             o0 = (tl // T) * BM
             acc = steps(x, wt, il, wl, thr, b0, o0, n, 0, p_len)
-            store(y, bias, acc, thr, b0, o0, n)
+            store(y, acc, thr, b0, o0, n, bias)
     kernel.fovi_tiles = (fam + ("_dense" if dense else ""), BN, BM, BK, S, T)
     kernel.fovi_dtype = "float16"
     return kernel

@@ -7,11 +7,11 @@ weights costs more than their math.
 
 from __future__ import annotations
 
-import threading
-from typing import Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 from fovi_lab.kernels import common as _wc
 from fovi_lab.kernels.common import built_once, init_warp, wp
+from fovi_lab.kernels.built import built
 
 
 def _simt_decorator(name: str, block_dim: int, w_vec4: bool = False, vec4_args: Tuple[str, ...] = ()):
@@ -34,10 +34,6 @@ def _simt_decorator(name: str, block_dim: int, w_vec4: bool = False, vec4_args: 
     return with_vec4_args
 
 
-_step_lock = threading.Lock()
-_STEPS: Dict[Tuple, object] = {}
-
-
 def simt_step(tile_b: int, tile_o: int, wvec: bool = False):
     """One p entry of the SIMT register-blocked loops (``simt``, ``simtp``, ``simts`` and their vec4-W
     variants) as an inlined Warp function, built once per block shape::
@@ -50,12 +46,8 @@ def simt_step(tile_b: int, tile_o: int, wvec: bool = False):
     entry). ``wvec=True``: ``wt`` is the fp32 channel-permuted W^T read as ``tile_o/4`` vec4 words per row
     (``wperm[q, og*tile_o + j] = W^T[q, og + j*n_og]``)."""
     TB, TO, WV = int(tile_b), int(tile_o), bool(wvec)
-    key = (TB, TO, WV)
-    with _step_lock:
-        fn = _STEPS.get(key)
-        if fn is not None:
-            return fn
-        init_warp()
+
+    def make():
         if WV and TO % 4:
             raise ValueError(f"vec4 W loads: tile_o={TO} must be a multiple of 4")
         TO4 = TO // 4
@@ -82,9 +74,8 @@ def simt_step(tile_b: int, tile_o: int, wvec: bool = False):
                 for j in range(TO):
                     wv[j] = wp.float32(wt[q, og + j * n_og])
             return wp.outer(xv, wv)
-
-        _STEPS[key] = step
         return step
+    return built(("simt", "step", TB, TO, WV), make)
 
 
 def simt_store(tile_b: int, tile_o: int, nodes_first: bool):
@@ -96,12 +87,8 @@ def simt_store(tile_b: int, tile_o: int, nodes_first: bool):
         y[n, b0 + i, og + j*n_og] = ...                                     (nodes_first: [Nout, B, Cout])
     """
     TB, TO, NF = int(tile_b), int(tile_o), bool(nodes_first)
-    key = ("store", TB, TO, NF)
-    with _step_lock:
-        fn = _STEPS.get(key)
-        if fn is not None:
-            return fn
-        init_warp()
+
+    def make():
         mat_bo = wp.types.matrix(shape=(TB, TO), dtype=wp.float32)
 
         def store(y: wp.array3d(dtype=wp.float16), acc: None, bias: wp.array1d(dtype=wp.float32), n: int,
@@ -123,18 +110,8 @@ def simt_store(tile_b: int, tile_o: int, nodes_first: bool):
                                 y[b0 + i, o, n] = wp.float16(acc[i, j] + bias[o])
 
         store.__annotations__["acc"] = mat_bo       # an object: Warp evaluates only string annotations
-        store = _STEPS[key] = wp.func(name=f"fovi_simt_store_b{TB}o{TO}{'_nbo' if NF else ''}", inline=True)(store)
-        return store
-
-
-def _cached_func(key: Tuple, build):
-    """The Warp function of ``key``, built once (``build()``)."""
-    with _step_lock:
-        fn = _STEPS.get(key)
-        if fn is None:
-            init_warp()
-            fn = _STEPS[key] = build()
-        return fn
+        return wp.func(name=f"fovi_simt_store_b{TB}o{TO}{'_nbo' if NF else ''}", inline=True)(store)
+    return built(("simt", "store", TB, TO, NF), make)
 
 
 def simt_dense_step(tile_b: int, tile_o: int):
@@ -157,7 +134,7 @@ def simt_dense_step(tile_b: int, tile_o: int):
                 wv[j] = wp.float32(w[q, og + j * n_og])
             return wp.outer(xv, wv)
         return step
-    return _cached_func(("dense_step", TB, TO), build)
+    return built(("simt", "dense_step", TB, TO), build)
 
 
 def simtv_step(tile_b: int, tile_o: int):
@@ -186,7 +163,7 @@ def simtv_step(tile_b: int, tile_o: int):
                     wv[k * 4 + i] = w4[i]
             return wp.outer(xv, wv)
         return step
-    return _cached_func(("simtv_step", TB, TO), build)
+    return built(("simt", "simtv_step", TB, TO), build)
 
 
 def _simt_dense_kernel(kname: str, tile_b: int, tile_o: int, unroll: int, block_dim: int, step, vec4: bool):
