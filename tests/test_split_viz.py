@@ -51,7 +51,7 @@ def test_thread_sweep_rows_hold_three_targets():
 def test_explore_split_widget_runs_and_refuses_clearly():
     lines, fig = sv.explore_split_widget("res18_layer3_0", 5, "ss_b4o8u4", device="cpu")
     assert lines[0].startswith("PASS") and "bitwise-identical on a second call: True" in lines[1], lines
-    assert f"the heuristic picks {short_label('ss_b8o8u4')}" in lines[2] and len(fig.data) == 3
+    assert f"the heuristic picks {short_label('ss_b8o8u4')}" in lines[2] and len(fig.data) == 4          # 3 recorded series + the chosen batch
     lines, _ = sv.explore_split_widget("alex_L1", 64, device="cpu")              # 18 GFLOP: over the budget
     assert len(lines) == 1 and "budget" in lines[0]
     lines, fig = sv.explore_split_widget("res18_layer3", 0, "ss_b16o8u2", device="cpu")

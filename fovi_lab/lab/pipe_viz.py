@@ -19,6 +19,7 @@ import plotly.graph_objects as go
 from fovi_lab import lab as kl
 from fovi_lab.graph.layers import RECORDED_LAYERS, layer_meta
 from fovi_lab.lab.labels import short_label
+from fovi_lab.lab.records import mark_batch
 from fovi_lab.ops.records import read_file
 
 __all__ = ["PIPE_RECORDS", "LAYERS", "pipe_configs", "stage_rows", "stage_table", "bank_groups", "swizzle_figure",
@@ -190,8 +191,9 @@ def explore_pipe_widget(layer: str, batch: int, config: str, device=None,
     a GPU), and the recorded TFLOP/s of that layer at B = 64 and 512. Returns ``(lines, figure)``; a choice outside
     the offered ones, or more work than ``budget`` on the CPU, gives a message line instead."""
     rows = [r for r in recorded_rows() if r["layer"] == layer]
-    return kl.layer_kernel_widget(layer, batch, config, layers=LAYERS, configs=pipe_configs(), run=explore_pipe,
-                                  figure=_layer_figure(layer, rows), cpu_nodes=8, device=device, budget=budget)
+    lines, fig = kl.layer_kernel_widget(layer, batch, config, layers=LAYERS, configs=pipe_configs(), run=explore_pipe,
+                                        figure=_layer_figure(layer, rows), cpu_nodes=8, device=device, budget=budget)
+    return lines, (mark_batch(fig, batch, f"live here: {lines[1]}") if len(lines) == 3 else fig)
 
 
 def _layer_figure(layer: str, rows: List[dict], height: int = 320) -> go.Figure:

@@ -118,6 +118,24 @@ def layer_replays_figure(layer: str, rows: List[dict], series, runs: str, empty:
     return readable_log_axes(fig)
 
 
+def mark_batch(fig: go.Figure, batch, note: Optional[str] = None) -> go.Figure:
+    """Mark ``batch`` on a figure of bars over ``B=...`` categories (the widgets of notebooks 07 and 08): a dashed line
+    named ``your batch: B = ...`` (the categories kept in batch order) and ``note`` (the live run) as an annotation."""
+    ys = [v for t in fig.data if t.type == "bar" for v in (t.y or ()) if v]
+    if not ys or isinstance(batch, bool) or not isinstance(batch, int):
+        return fig
+    cat = f"B={batch}"
+    cats = sorted({x for t in fig.data for x in (t.x or ())} | {cat}, key=lambda c: int(str(c)[2:]))
+    low = min(ys) if fig.layout.yaxis.type == "log" else 0
+    fig.add_trace(go.Scatter(x=[cat, cat], y=[low, max(ys)], mode="lines", name=f"your batch: B = {batch}",
+                             line=dict(color="black", dash="dash"), hoverinfo="skip"))
+    fig.update_xaxes(categoryorder="array", categoryarray=cats)
+    if note:
+        fig.add_annotation(text=note, xref="paper", yref="paper", x=0, y=1.0, xanchor="left", yanchor="bottom",
+                           showarrow=False, font=dict(size=11))
+    return fig
+
+
 def figure_title(main: str, records: List[dict]) -> str:
     """A figure title with the recording's device, Warp and torch versions on a second line."""
     return f"{main}<br><sup>recorded on {versions_title(records)}</sup>"

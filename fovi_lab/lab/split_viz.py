@@ -25,6 +25,7 @@ import plotly.graph_objects as go
 from fovi_lab import lab as kl
 from fovi_lab.graph.layers import layer_meta
 from fovi_lab.lab.labels import short_label
+from fovi_lab.lab.records import mark_batch
 
 __all__ = ["LAYERS", "SPLIT_CONFIGS", "thread_count", "partial_traffic", "explore_split", "split_rows",
            "split_figure", "thread_sweep_rows", "vec4_w_rows", "explore_split_widget"]
@@ -231,7 +232,7 @@ def explore_split_widget(layer: str, batch: int, config: str = "ss_b8o8u4", devi
                  f"{res['ms']:.1f} ms here ({device})")
     lines.append(f"an unsplit 8x8 launch would have {t['unsplit_threads']:,d} threads; the heuristic picks "
                  f"{short_label(t['pick'])} for {layer} at B = {batch}")
-    return lines, fig
+    return lines, mark_batch(fig, batch, f"live here: {lines[-2]}")
 
 
 def _layer_figure(layer: str, rows: List[dict], height: int = 320) -> go.Figure:

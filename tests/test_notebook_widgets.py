@@ -1,0 +1,190 @@
+"""The ``ipywidgets.interact`` widgets of notebooks 00, 01, 02, 04, 07, 08 and 11 (06's: tests/test_mma_widget.py).
+
+Each test calls the ``fovi_lab.lab`` function the notebook's interact callback calls, with the notebook's default
+controls except one, at two values of that control, on Warp's CPU device: the figure the callback displays (the
+function returns it) must change, must mark the chosen value, and the live time / result the callback prints must
+be there for both calls."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fovi_lab import lab as kl
+
+
+def _plain(obj):
+    """Plotly's typed arrays (``{"dtype", "bdata"}``) as lists, the rest as is."""
+    if isinstance(obj, dict):
+        if set(obj) >= {"dtype", "bdata"}:
+            import base64
+            import numpy as np
+            arr = np.frombuffer(base64.b64decode(obj["bdata"]), dtype=obj["dtype"])
+            return arr.reshape(obj["shape"]).tolist() if "shape" in obj else arr.tolist()
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_plain(v) for v in obj]
+    return obj
+
+
+def _figure(fig) -> dict:
+    return _plain(json.loads(fig.to_json()))
+
+
+def _names(fig: dict):
+    return [t.get("name") or "" for t in fig["data"]]
+
+
+def _title(fig: dict) -> str:
+    title = fig["layout"].get("title") or {}
+    return title.get("text", "") if isinstance(title, dict) else str(title)
+
+
+def _annotations(fig: dict):
+    return [a.get("text", "") for a in fig["layout"].get("annotations", [])]
+
+
+# ---------------------------------------------------------------- notebook 00: the KNN graph, one node drawn
+
+
+def test_00_graph_widget_moves_and_marks_the_chosen_node():
+    from fovi_lab.lab import graph_viz as gv
+    defaults = dict(a=0.5, k=25, stride=2, rf="rf1")               # notebook 00's interact defaults
+    figs, summaries = {}, {}
+    for node in (0, 1):
+        summary, fig = gv.explore_graph(node=node, **defaults)
+        assert summary["ok"], summary["message"]
+        assert summary["message"].startswith(f"{summary['nin']} -> {summary['nout']} nodes, K = ")   # what it prints
+        figs[node], summaries[node] = _figure(fig), summary
+    assert figs[0]["data"] != figs[1]["data"]
+    from fovi_lab.graph.geometry import foveated_knn_graph
+    graph = foveated_knn_graph(fov=16.0, a=0.5, res=64, in_stride=1, out_stride=2.0, k=25, ref_frame_mult=1.0)
+    for node, d in figs.items():
+        star = [t for t in d["data"] if t.get("name") == "output node"]
+        assert len(star) == 1 and star[0]["marker"]["symbol"] == "star"
+        x, y = graph.out_coords[node]
+        assert star[0]["x"][0] == pytest.approx(float(x), abs=1e-3) and star[0]["y"][0] == pytest.approx(float(y), abs=1e-3)
+        assert any(t.startswith(f"node {node}: ") for t in _annotations(d))       # the subplot title names the node
+
+
+# ------------------------------------------------ notebooks 01, 02, 04, 11: run logs (one bar per run, labelled)
+
+
+def _latest_run_marked(d: dict, res: dict, n_runs: int, time_key: str = "run_ms"):
+    """The run log's figure shows ``n_runs`` runs; the last is ``res``'s, named by its label, with its live time."""
+    bars = {t["name"]: t for t in d["data"]}
+    warp = bars["Warp kernel(s)"]
+    assert len(warp["x"]) == n_runs
+    assert warp["x"][-1] == f"#{n_runs} {res['label']}"
+    assert warp["y"][-1] == pytest.approx(kl.round4(res[time_key])) and warp["y"][-1] > 0
+    assert _title(d) == res["message"]
+
+
+def _forward(layer="res18_layer1", batch=64, cout=0, tile_m=32, tile_n=64, r=1, block_dim=128, kernel="uncached",
+             log=None):
+    """Notebook 01's ``_run`` (02's passes ``kernel="uncached"`` the same way): the same call, the same defaults."""
+    return kl.explore_forward(layer, batch, cout or None, tile_m, tile_n, r, block_dim, kernel, device="cpu", log=log)
+
+
+def _forward_printed(res: dict) -> None:
+    assert res["ok"] and res["passed"], res["message"]
+    assert res["message"].startswith("PASS")
+    assert res["run_ms"] > 0 and res["torch_ms"] > 0 and res["compile_s"] >= 0 and res["ctas"] > 0
+
+
+def test_01_forward_widget_moves_and_marks_the_chosen_tiles():
+    log = kl.RunLog(title="forward runs")
+    runs = []
+    for n, tile_m in enumerate((32, 16), start=1):                  # the tile-rows dropdown
+        res, fig = _forward(tile_m=tile_m, log=log)
+        _forward_printed(res)
+        assert res["label"] == f"res18_layer1 B={res['batch']} {kl.short_label(f'm{tile_m}n64')}"
+        d = _figure(fig)
+        _latest_run_marked(d, res, n)
+        runs.append(d)
+    assert runs[0]["data"] != runs[1]["data"]
+
+
+def test_02_weight_reuse_widget_moves_and_marks_the_chosen_r():
+    log = kl.RunLog(title="weight-reuse runs")
+    runs = []
+    for n, r in enumerate((2, 1), start=1):                         # the r toggle (notebook default 2)
+        res, fig = _forward(r=r, kernel="uncached", log=log)
+        _forward_printed(res)
+        assert res["w_bytes"] > 0 and res["smem_estimate"] > 0
+        tiles = "m32n64" + (f"r{r}" if r != 1 else "")
+        assert res["label"] == f"res18_layer1 B={res['batch']} {kl.short_label(tiles)}"
+        d = _figure(fig)
+        _latest_run_marked(d, res, n)
+        runs.append((d, res))
+    assert runs[0][0]["data"] != runs[1][0]["data"]
+    assert runs[0][1]["w_bytes"] < runs[1][1]["w_bytes"]             # r = 2 streams the weights half as often
+
+
+def test_04_adjoint_widget_moves_and_marks_the_chosen_batch():
+    log = kl.RunLog(title="adjoint runs")
+    runs = []
+    for n, batch in enumerate((1, 2), start=1):                     # the batch box (the smallest batches)
+        res, fig = kl.explore_adjoint("res18_layer1", batch, None, "gi2_p64b64", "gw3_p64n64", device="cpu", log=log)
+        assert res["ok"] and res["passed"], res["message"]
+        assert res["message"].startswith("PASS")
+        assert res["run_ms"] > 0 and res["torch_ms"] > 0 and res["gi_ctas"] > 0 and res["gw_ctas"] > 0
+        assert f"B={batch} " in res["label"]
+        d = _figure(fig)
+        _latest_run_marked(d, res, n)
+        runs.append(d)
+    assert runs[0]["data"] != runs[1]["data"]
+
+
+def test_11_fused_adjoint_widget_moves_and_marks_the_chosen_batch():
+    from fovi_lab.lab import fused_viz as fv
+    log = kl.RunLog(title="fused adjoint runs")
+    runs = []
+    for n, batch in enumerate((1, 2), start=1):                     # the batch box (the smallest batches)
+        res, fig = fv.explore_fused_run("res18_layer1", batch, None, "auto", "auto", 0, device="cpu", log=log,
+                                        seg_steps=-1)
+        assert res["ok"] and res["passed"], res["message"]
+        assert res["message"].startswith("PASS")
+        assert res["run_ms"] > 0 and res["torch_ms"] > 0 and res["dx_kernel"] and res["dw_kernel"]
+        assert f"B={batch} " in res["label"]
+        d = _figure(fig)
+        _latest_run_marked(d, res, n)
+        runs.append(d)
+    assert runs[0]["data"] != runs[1]["data"]
+
+
+# --------------------------------------------- notebooks 07 and 08: a live run beside the layer's recorded runs
+
+
+def _batch_marked(d: dict, batch: int, live_line: str):
+    line = [t for t in d["data"] if t.get("name") == f"your batch: B = {batch}"]
+    assert len(line) == 1 and line[0]["x"] == [f"B={batch}", f"B={batch}"]
+    assert f"B={batch}" in d["layout"]["xaxis"]["categoryarray"]
+    assert any(live_line in a for a in _annotations(d))             # the live run, named, beside the records
+
+
+def test_07_split_widget_moves_and_marks_the_chosen_batch():
+    from fovi_lab.lab import split_viz as spv
+    figs = {}
+    for batch in (1, 4):                                            # the batch slider (min 1)
+        lines, fig = spv.explore_split_widget("res18_layer3", batch, "ss_b8o8u4", device="cpu")
+        assert len(lines) == 3 and lines[0].startswith("PASS"), lines
+        assert " ms here (cpu)" in lines[1] and f"at B = {batch}" in lines[2]
+        d = _figure(fig)
+        _batch_marked(d, batch, lines[1])
+        figs[batch] = d
+    assert figs[1]["data"] != figs[4]["data"]
+
+
+def test_08_pipe_widget_moves_and_marks_the_chosen_batch():
+    from fovi_lab.lab import pipe_viz as pv
+    figs = {}
+    for batch in (1, 2):                                            # the batch slider (min 1)
+        lines, fig = pv.explore_pipe_widget("alex_L1", batch, "mmap_o64b128k32s3", device="cpu")
+        assert len(lines) == 3 and lines[0].startswith("PASS"), lines
+        assert " ms here (cpu)" in lines[1] and f"at B = {batch}" in lines[2]
+        d = _figure(fig)
+        _batch_marked(d, batch, lines[1])
+        figs[batch] = d
+    assert figs[1]["data"] != figs[2]["data"]
