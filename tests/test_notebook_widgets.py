@@ -1,4 +1,5 @@
-"""The ``ipywidgets.interact`` widgets of notebooks 00, 01, 02, 04, 07, 08 and 11 (06's: tests/test_mma_widget.py).
+"""The widgets of notebooks 00, 01, 02, 04, 07, 08 and 11 (``ipywidgets.interact``), and the button widgets of 03 and 05
+(06's: tests/test_mma_widget.py).
 
 Each test calls the ``fovi_lab.lab`` function the notebook's interact callback calls, with the notebook's default
 controls except one, at two values of that control, on Warp's CPU device: the figure the callback displays (the
@@ -188,3 +189,38 @@ def test_08_pipe_widget_moves_and_marks_the_chosen_batch():
         _batch_marked(d, batch, lines[1])
         figs[batch] = d
     assert figs[1]["data"] != figs[2]["data"]
+
+
+# ---------------------------------------------------------------- notebooks 03 and 05: their button widgets' callbacks
+
+
+def test_03_canary_widget_moves_and_marks_the_chosen_tiles():
+    """Notebook 03's widget (run once at once, then on its button): the chosen tile's shared-memory estimate is the
+    'your config' mark, which moves with the tile, and its summary prints the estimate and Warp's own count."""
+    from fovi_lab.lab import canary as cd
+    figs, summaries = {}, {}
+    for tile_m in (64, 32):
+        summary, fig = cd.explore_config(tile_m, 64, 2, 128, device="cpu")
+        text = cd.format_summary(summary)
+        assert f"{tile_m} rows x 64 channels, r = 2" in text and "Warp's own count" in text
+        figs[tile_m], summaries[tile_m] = _figure(fig), text
+    marks = {m: [a for a in figs[m]["layout"]["annotations"] if a.get("text") == "your config"] for m in figs}
+    assert all(len(v) == 1 for v in marks.values())
+    assert marks[64][0]["y"] != marks[32][0]["y"]
+    for m, text in summaries.items():
+        assert f"{marks[m][0]['y']} B" in text                    # the mark sits at the printed estimate
+        assert f"{m} rows x 64 channels" in _title(figs[m])
+
+
+def test_05_training_widget_redraws_the_chosen_run():
+    """Notebook 05's widget (a training run on its button): another step count or batch gives other loss curves,
+    one per chosen backend, named in the legend, and the summary it prints names each backend."""
+    from fovi_lab.lab import train_viz as tv
+    figs = {}
+    for steps in (2, 3):
+        summary, fig = tv.train_and_plot(("torch_compact",), steps, 1e-2, 16, device="cpu")
+        text = tv.format_train_summary(summary)
+        assert "torch_compact" in text
+        figs[steps] = _figure(fig)
+        assert any("torch_compact" in n for n in _names(figs[steps]))
+    assert figs[2]["data"] != figs[3]["data"]
