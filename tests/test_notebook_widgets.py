@@ -123,36 +123,33 @@ def test_02_weight_reuse_widget_moves_and_marks_the_chosen_r():
     assert runs[0][1]["w_bytes"] < runs[1][1]["w_bytes"]             # r = 2 streams the weights half as often
 
 
-def test_04_adjoint_widget_moves_and_marks_the_chosen_batch():
-    log = kl.RunLog(title="adjoint runs")
+def _adjoint_runs_marked(run, title: str, live_keys):
+    """``run(batch, log)`` at B = 1 and 2 (the smallest batches of the batch box): each passes, prints its live
+    times and the fields ``live_keys``, and is the latest run of the log's figure, marked; the figures differ."""
+    log = kl.RunLog(title=title)
     runs = []
-    for n, batch in enumerate((1, 2), start=1):                     # the batch box (the smallest batches)
-        res, fig = kl.explore_adjoint("res18_layer1", batch, None, "gi2_p64b64", "gw3_p64n64", device="cpu", log=log)
-        assert res["ok"] and res["passed"], res["message"]
-        assert res["message"].startswith("PASS")
-        assert res["run_ms"] > 0 and res["torch_ms"] > 0 and res["gi_ctas"] > 0 and res["gw_ctas"] > 0
+    for n, batch in enumerate((1, 2), start=1):
+        res, fig = run(batch, log)
+        assert res["ok"] and res["passed"] and res["message"].startswith("PASS"), res["message"]
+        assert res["run_ms"] > 0 and res["torch_ms"] > 0 and all(res[k] for k in live_keys)
         assert f"B={batch} " in res["label"]
         d = _figure(fig)
         _latest_run_marked(d, res, n)
         runs.append(d)
     assert runs[0]["data"] != runs[1]["data"]
+
+
+def test_04_adjoint_widget_moves_and_marks_the_chosen_batch():
+    _adjoint_runs_marked(lambda b, log: kl.explore_adjoint("res18_layer1", b, None, "gi2_p64b64", "gw3_p64n64",
+                                                           device="cpu", log=log),
+                         "adjoint runs", ("gi_ctas", "gw_ctas"))
 
 
 def test_11_fused_adjoint_widget_moves_and_marks_the_chosen_batch():
     from fovi_lab.lab import fused_viz as fv
-    log = kl.RunLog(title="fused adjoint runs")
-    runs = []
-    for n, batch in enumerate((1, 2), start=1):                     # the batch box (the smallest batches)
-        res, fig = fv.explore_fused_run("res18_layer1", batch, None, "auto", "auto", 0, device="cpu", log=log,
-                                        seg_steps=-1)
-        assert res["ok"] and res["passed"], res["message"]
-        assert res["message"].startswith("PASS")
-        assert res["run_ms"] > 0 and res["torch_ms"] > 0 and res["dx_kernel"] and res["dw_kernel"]
-        assert f"B={batch} " in res["label"]
-        d = _figure(fig)
-        _latest_run_marked(d, res, n)
-        runs.append(d)
-    assert runs[0]["data"] != runs[1]["data"]
+    _adjoint_runs_marked(lambda b, log: fv.explore_fused_run("res18_layer1", b, None, "auto", "auto", 0,
+                                                             device="cpu", log=log, seg_steps=-1),
+                         "fused adjoint runs", ("dx_kernel", "dw_kernel"))
 
 
 # --------------------------------------------- notebooks 07 and 08: a live run beside the layer's recorded runs
@@ -165,30 +162,28 @@ def _batch_marked(d: dict, batch: int, live_line: str):
     assert any(live_line in a for a in _annotations(d))             # the live run, named, beside the records
 
 
-def test_07_split_widget_moves_and_marks_the_chosen_batch():
-    from fovi_lab.lab import split_viz as spv
+def _two_batches_marked(widget, batches):
+    """``widget(batch)`` at two batches: each run passes, prints its live time and the rule's pick, and its figure
+    marks that batch; the two figures differ."""
     figs = {}
-    for batch in (1, 4):                                            # the batch slider (min 1)
-        lines, fig = spv.explore_split_widget("res18_layer3", batch, "ss_b8o8u4", device="cpu")
+    for batch in batches:
+        lines, fig = widget(batch)
         assert len(lines) == 3 and lines[0].startswith("PASS"), lines
         assert " ms here (cpu)" in lines[1] and f"at B = {batch}" in lines[2]
-        d = _figure(fig)
-        _batch_marked(d, batch, lines[1])
-        figs[batch] = d
-    assert figs[1]["data"] != figs[4]["data"]
+        figs[batch] = _figure(fig)
+        _batch_marked(figs[batch], batch, lines[1])
+    assert figs[batches[0]]["data"] != figs[batches[1]]["data"]
+
+
+def test_07_split_widget_moves_and_marks_the_chosen_batch():
+    from fovi_lab.lab import split_viz as spv
+    _two_batches_marked(lambda b: spv.explore_split_widget("res18_layer3", b, "ss_b8o8u4", device="cpu"),
+                        (1, 4))                                     # the batch slider (min 1)
 
 
 def test_08_pipe_widget_moves_and_marks_the_chosen_batch():
     from fovi_lab.lab import pipe_viz as pv
-    figs = {}
-    for batch in (1, 2):                                            # the batch slider (min 1)
-        lines, fig = pv.explore_pipe_widget("alex_L1", batch, "mmap_o64b128k32s3", device="cpu")
-        assert len(lines) == 3 and lines[0].startswith("PASS"), lines
-        assert " ms here (cpu)" in lines[1] and f"at B = {batch}" in lines[2]
-        d = _figure(fig)
-        _batch_marked(d, batch, lines[1])
-        figs[batch] = d
-    assert figs[1]["data"] != figs[2]["data"]
+    _two_batches_marked(lambda b: pv.explore_pipe_widget("alex_L1", b, "mmap_o64b128k32s3", device="cpu"), (1, 2))
 
 
 # ---------------------------------------------------------------- notebooks 03 and 05: their button widgets' callbacks
