@@ -77,13 +77,10 @@ def _fused_tiles(name: str):
 
 
 def _fused_label(name: str) -> Optional[str]:
-    tiles = _fused_tiles(name)
-    if tiles is None:
-        return None
-    dx, a, b, k = tiles
-    if dx:
-        return f"fused dx, {a} batch rows x {b} input channels per tile, {k} output channels per step"
-    return f"fused dW, {a} output x {b} input channels per tile, {k} batch rows per step"
+    from fovi_lab.kernels.adjoint.fused import nm_config_words
+
+    words = nm_config_words(name)
+    return None if words is None else f"fused {'dx' if name.startswith('dx') else 'dW'}, {words}"
 
 
 def _point(name: str):

@@ -51,6 +51,18 @@ DW_NM_CONFIG_SPECS: Dict[str, Tuple[int, int, int, int]] = {
 }
 
 
+def nm_config_words(name: str) -> Optional[str]:
+    """A fused config's tiles in words (``dxn_m64n16k64``: "64 batch rows x 16 input channels per tile, 64 output
+    channels per step"); None for another name."""
+    if name in DX_NM_CONFIG_SPECS:
+        a, b, k, _ = DX_NM_CONFIG_SPECS[name]
+        return f"{a} batch rows x {b} input channels per tile, {k} output channels per step"
+    if name in DW_NM_CONFIG_SPECS:
+        a, b, k, _ = DW_NM_CONFIG_SPECS[name]
+        return f"{a} output x {b} input channels per tile, {k} batch rows per step"
+    return None
+
+
 def nm_grad_kernel_names():
     """Every ``(kind, name)`` of this module (``kind`` in {dxn, dxs, dwn, dws}: whole lists and balanced
     segments, same tiles): what warmup compiles."""

@@ -64,16 +64,14 @@ class FusedPick:
 
     def words(self) -> str:
         """The pick in words (its tiles, and the segments or splits)."""
-        from fovi_lab.kernels.adjoint.fused_build import _spec
-        a, b, k, _ = _spec(self.config[:3], self.config)
-        if self.config.startswith("dx"):
-            tiles = f"{a} batch rows x {b} input channels per tile, {k}-deep Cout steps"
-            lists = f"segments of {self.seg_steps} steps" if self.seg_steps else "whole reverse lists"
+        from fovi_lab.kernels.adjoint.fused import nm_config_words
+        if self.seg_steps:
+            lists = f"segments of {self.seg_steps} steps"
+        elif self.config.startswith("dx"):
+            lists = "whole reverse lists"
         else:
-            tiles = f"{a} output x {b} input channels per tile, {k}-deep batch steps"
-            lists = (f"segments of {self.seg_steps} steps" if self.seg_steps else
-                     f"{self.nsplit} interleaved split{'s' if self.nsplit != 1 else ''} per tap")
-        return f"{tiles}, {lists}"
+            lists = f"{self.nsplit} interleaved split{'s' if self.nsplit != 1 else ''} per tap"
+        return f"{nm_config_words(self.config)}, {lists}"
 
 
 def fused_picks(meta, batch: int, device: str) -> Tuple[FusedPick, FusedPick]:
