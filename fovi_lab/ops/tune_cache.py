@@ -205,7 +205,7 @@ def store(entries: Dict[str, dict], write: bool = True) -> Path:
 def bypass():
     """Within this block, in this thread, :func:`tuned_forward_config` answers None: what the tuner times is the
     rule's kernel, not an earlier tune's."""
-    prev = getattr(_bypass, "on", False)
+    prev = bypassed()
     _bypass.on = True
     try:
         yield
@@ -228,7 +228,7 @@ def tuned_choice(meta, x: torch.Tensor, training: bool,
 def tuned_forward_config(meta, x: torch.Tensor) -> Optional[str]:
     """The Warp forward config tuned for this forward problem (its winner ran the Warp forward), or None:
     one dict lookup per call after the first (an empty cache costs one check)."""
-    if not load() or getattr(_bypass, "on", False):
+    if not load() or bypassed():
         return None
     setup = setup_key(x.device)
     key = (setup, x.dtype, x.shape[0], meta.cin, meta.cout, meta.nin, meta.nout, meta.k, meta.p64, meta.v)
