@@ -22,7 +22,9 @@ only). Precision ``amp`` (fp32 weights, float16 autocast; the default on a GPU) 
 float16; the default on a CPU, where fovi's dispatch has no float16 autocast).
 
 Per (net, B, mode, backend) a record: ``ms`` (per step, the mean of ``steps`` steps issued back to back, one sync
-at the end), ``images_per_s``, ``peak_mib`` (CUDA), ``loss`` and ``grad_err`` of the first step (per parameter, the largest
+at the end), ``images_per_s``, ``peak_mib`` (CUDA, reset after the warm-up steps), ``replay_resident_mib`` and
+``replay_stats`` (what fovi_lab's per-call CUDA graphs hold then and how many calls they replayed,
+:mod:`fovi_lab.ops.replay`; part of the peak), ``loss`` and ``grad_err`` of the first step (per parameter, the largest
 gradient difference from fp32 over the largest fp32 gradient, the largest over the parameters; fp32 is fovi's
 ``baseline`` backend on an fp32 copy of the same weights and data),
 ``grads_bitwise_repeatable`` (two first steps from the same state, every gradient compared bit for bit), and on
@@ -210,9 +212,12 @@ def network_records(net: str, batch: int, backends=BACKENDS, modes=("eager",), s
                 except Exception as exc:  # noqa: BLE001
                     recs.append(dict(rec, note=_why(exc)))
                     continue
+                from fovi_lab.ops import replay
                 recs.append(dict(rec, ms=ms, images_per_s=batch / (ms * 1e-3), loss_after=float(loss.detach()),
                                  peak_mib=(torch.cuda.max_memory_allocated(device) / 2**20
-                                           if device.type == "cuda" else None)))
+                                           if device.type == "cuda" else None),
+                                 replay_resident_mib=replay.resident_bytes(device) / 2**20,
+                                 replay_stats=replay.stats()))
         finally:
             ctx.__exit__(None, None, None)
     add_speedups(recs, modes)
