@@ -149,7 +149,11 @@ def test_graphed_module_replays_the_eager_step_bitwise():
     net = torch.nn.Sequential(conv, torch.nn.ReLU())
     params = list(net.parameters())
     want = _step(conv, x, net)
+    from fovi_lab.ops import replay
+    before = replay.stats()
     fast = graphed(net, x)
+    after = replay.stats()                # its warm-ups made no per-call graphs (they would only hold memory)
+    assert (after["captured"], after["cached"]) == (before["captured"], before["cached"]), (before, after)
     assert fast is net and "forward" in vars(fast) and all(p is q for p, q in zip(fast.parameters(), params))
     for _ in range(3):
         got = _step(conv, x, fast)

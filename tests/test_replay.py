@@ -69,3 +69,19 @@ def test_layouts_replayed_only_when_a_strided_copy_reproduces_them():
     assert not replay._non_overlapping_dense(torch.randn(4, 1).expand(4, 6))   # overlapping (stride 0)
     s = replay._static_copy(t.permute(2, 0, 1))
     assert s.stride() == t.permute(2, 0, 1).stride() and torch.equal(s, t.permute(2, 0, 1))
+
+
+def test_suspended_runs_direct_on_this_thread_and_nests():
+    """:func:`replay.suspended` (what ``graphed()`` runs its warm-ups in) sets the thread's flag that replayed()
+    reads first, restores it on exit, nests, and leaves other threads alone."""
+    import threading
+    assert not getattr(replay._local, "off", False)
+    seen = []
+    with replay.suspended():
+        assert replay._local.off
+        with replay.suspended():
+            assert replay._local.off
+        assert replay._local.off, "leaving an inner block must not resume the outer one"
+        t = threading.Thread(target=lambda: seen.append(getattr(replay._local, "off", False)))
+        t.start(); t.join()
+    assert not replay._local.off and seen == [False]

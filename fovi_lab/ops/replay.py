@@ -28,7 +28,8 @@ layers and the stem at B = 512) it gained at most 4 %, so those run directly and
 (one or two launches, ~0.07 ms of host work) gains less: the direct forward took 0.85-1.39x the replayed one at
 B = 1 to 16 (geometric means 0.99-1.06 per batch) and 1.05-1.51x at B = 64, in the same records.
 Never replayed: CPU calls, calls made while torch's current stream is being captured (a user's own graph, or
-``torch.compile(mode="reduce-overhead")``: the direct call is capturable), tensors with overlapping or
+``torch.compile(mode="reduce-overhead")``: the direct call is capturable), calls inside :func:`suspended` (what
+:func:`fovi_lab.ops.graphs.graphed` runs its warm-up and capture in), tensors with overlapping or
 non-dense strides, and a signature whose capture failed (it warns once and runs directly from then on).
 
 Memory: each signature keeps its static inputs, outputs and the graph's private pool for as long as it is cached;
@@ -40,16 +41,17 @@ serialised by a lock: its static tensors are shared.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import warnings
 from collections import OrderedDict
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Iterator, Optional
 
 import torch
 
 import fovi_lab.settings as settings
 
-__all__ = ["replay_mode", "replayed", "clear", "resident_bytes", "stats", "MAX_BYTES", "MAX_ENTRIES",
+__all__ = ["replay_mode", "replayed", "suspended", "clear", "resident_bytes", "stats", "MAX_BYTES", "MAX_ENTRIES",
            "MAX_RESIDENT_BYTES"]
 
 #: Largest total of a call's tensor bytes (inputs and outputs) the default rule replays: past it the GPU work hides
@@ -63,6 +65,7 @@ MAX_ENTRIES = 128
 MAX_RESIDENT_BYTES = 2 << 30
 
 _lock = threading.Lock()
+_local = threading.local()          # .off: replays suspended on this thread (suspended())
 _entries: "OrderedDict[tuple, _Entry]" = OrderedDict()
 _counts: Dict[str, int] = {"direct": 0, "captured": 0, "replayed": 0, "refused": 0}
 
@@ -78,6 +81,19 @@ def _count(what: str) -> None:
 def replay_mode() -> str:
     """``FOVI_KNN_REPLAY``: ``auto`` (the default rule of the module docstring), ``on`` or ``off``."""
     return settings.get("FOVI_KNN_REPLAY")
+
+
+@contextlib.contextmanager
+def suspended() -> Iterator[None]:
+    """Inside, on this thread, every call runs directly: no signature is cached, captured or replayed. For code that
+    captures whole steps itself (:func:`fovi_lab.ops.graphs.graphed`): its warm-up calls would otherwise capture
+    per-call graphs (static copies and pools) that its own graph never replays."""
+    prev = getattr(_local, "off", False)
+    _local.off = True
+    try:
+        yield
+    finally:
+        _local.off = prev
 
 
 def _signature(op: str, meta, device_index, stream, tensors: tuple, mode: str) -> tuple:
@@ -146,7 +162,7 @@ def replayed(op: str, meta, fn: Callable, *args):
     if first is None or not first.is_cuda:
         return fn(*args)
     mode = replay_mode()
-    if mode == "off" or torch.cuda.is_current_stream_capturing():
+    if mode == "off" or getattr(_local, "off", False) or torch.cuda.is_current_stream_capturing():
         return fn(*args)
     tensors = tuple(_tensor_key(a) for a in args)
     if False in tensors:
