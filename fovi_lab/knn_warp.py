@@ -14,6 +14,7 @@ refused with an error naming the argument.
 from __future__ import annotations
 
 import warnings
+import weakref
 from typing import Optional
 
 import torch
@@ -21,7 +22,7 @@ import torch
 import fovi_lab.settings as settings
 import fovi_lab.kernels.adjoint.rule as _rule
 from fovi_lab.ops.registry import register_ops
-from fovi_lab.ops.replay import replayed
+from fovi_lab.ops.replay import replayed, replayed_after, replayed_keep
 from fovi_lab.graph.meta import TrainingMeta, pad_to
 from fovi_lab.ops.reference import CompactTorchOps, check_forward_args, check_grad_args  # noqa: F401  (CompactTorchOps: importable here too)
 from fovi_lab.ops.tune_cache import cache_path as tune_cache_path, tuned_forward_config  # noqa: F401
@@ -51,15 +52,41 @@ from fovi_lab.kernels.forward import (make_cached_kernel as _make_cached_kernel,
 
 __all__ = [
     "run_uncached", "run_cached", "grad_input", "grad_weight", "WarpCompactOps", "WarpTrainOps",
-    "grad_input_kernels", "grad_weight_kernels", "grad_paths", "forward_path", "_register_ops",
+    "grad_input_kernels", "grad_weight_kernels", "grad_paths", "forward_path", "step_forward", "step_backward",
+    "_register_ops",
 ]
+
+
+#: id(meta) -> (x, weight, replay entry, its generation) of the layer's last replayed forward, all held weakly (a
+#: dropped signature frees its copies): an adjoint call on those same tensors reads the forward's copies of them
+#: (:func:`_after_forward`).
+_LAST_FORWARD: dict = {}
 
 
 def _forward(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
     # run_uncached sees only the tables, so it cannot tell an x of another layer: check against the meta
     check_forward_args(meta, x, weight, bias)
     meta = meta.to(x.device)
-    return replayed("forward", meta, lambda x, w, b: _forward_direct(meta, x, w, b), x, weight, bias)
+    y, handle = replayed_keep("forward", meta, lambda x, w, b: _forward_direct(meta, x, w, b), x, weight, bias)
+    if handle is not None:
+        _LAST_FORWARD[id(meta)] = (weakref.ref(x), weakref.ref(weight), weakref.ref(handle[0]), handle[1])
+    return y
+
+
+def _after_forward(op: str, meta, fn, grad_y, *operands):
+    """An adjoint call (``operands``: the forward's x and / or weight, by position: ``("x", x)``...) replayed after the
+    layer's last forward: where that forward was replayed on these very tensors, the adjoint's graph reads the
+    forward's copies of them (:func:`fovi_lab.ops.replay.replayed_after`: while they still hold them) and copies in
+    ``grad_y`` alone; otherwise an ordinary replayed call. A backend called by another package's autograd Function
+    (fovi's, :mod:`fovi_lab.integrations.fovi`) passes the tensors its forward took, and gets the sharing too."""
+    last = _LAST_FORWARD.get(id(meta))
+    args = (grad_y,) + tuple(t for _, t in operands)
+    if last is not None:
+        held = {"x": last[0](), "weight": last[1](), "entry": last[2]()}
+        if held["entry"] is not None and all(held[name] is t for name, t in operands):
+            shared = {i + 1: 0 if name == "x" else 1 for i, (name, _) in enumerate(operands)}
+            return replayed_after((held["entry"], last[3]), shared, op, meta, fn, *args)
+    return replayed(op, meta, fn, *args)
 
 
 def _forward_direct(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
@@ -191,22 +218,104 @@ class WarpTrainOps:
     def grad_input(meta, grad_y, weight):
         check_grad_args(meta, grad_y, weight=weight)
         meta = meta.to(grad_y.device)
-        return replayed("grad_input", meta, lambda g, w: _grad_input_direct(meta, g, w),
-                        grad_y, weight)
+        return _after_forward("grad_input", meta, lambda g, w: _grad_input_direct(meta, g, w),
+                              grad_y, ("weight", weight))
 
     @staticmethod
     def grad_weight(meta, grad_y, x):
         check_grad_args(meta, grad_y, x=x)
         meta = meta.to(grad_y.device)
-        return replayed("grad_weight", meta, lambda g, x: _grad_weight_direct(meta, g, x),
-                        grad_y, x)
+        return _after_forward("grad_weight", meta, lambda g, x: _grad_weight_direct(meta, g, x),
+                              grad_y, ("x", x))
 
     @staticmethod
     def backward_combined(meta, grad_y, x, weight):
         """``(dx, dW)``; the fused path lays out ``grad_y`` node-major once for both kernels."""
         check_grad_args(meta, grad_y, weight=weight, x=x)
         meta = meta.to(grad_y.device)
-        return replayed("backward", meta, lambda g, x, w: _backward_direct(meta, g, x, w), grad_y, x, weight)
+        return _after_forward("backward", meta, lambda g, x, w: _backward_direct(meta, g, x, w),
+                              grad_y, ("x", x), ("weight", weight))
+
+
+# -- the eager train step (KNNConvFunction): one replayed call per direction, casts and the bias gradient inside ----
+
+_STEP_OPS = {}          # (compute dtype, needs) -> the op names of the step's two calls (their replay signatures)
+
+
+def _step_names(dtype, needs=None):
+    key = (dtype, needs)
+    name = _STEP_OPS.get(key)
+    if name is None:
+        tag = str(dtype)[6:]
+        name = _STEP_OPS[key] = (f"step_forward[{tag}]" if needs is None else
+                                 f"step_backward[{tag}:{''.join('xwb'[i] for i, n in enumerate(needs) if n)}]")
+    return name
+
+
+def step_forward(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, bias, dtype: torch.dtype):
+    """The forward of an eager train step: ``(y, token)``, ``y`` in ``dtype`` (the compute dtype: autocast's, else
+    x's). x, weight and bias come in their own dtypes (fp32 master weights under autocast): the casts run inside the
+    one call, so a replayed step (:mod:`fovi_lab.ops.replay`) issues them from its graph, not from the host. ``token``:
+    what :func:`step_backward` reads the replay's copies of x and weight through (None where the call ran directly).
+    """
+    check_forward_args(meta, x, weight, bias, same_dtype=False)
+    if dtype not in WarpTrainOps.compute_dtypes:
+        raise TypeError(f"x: warp_train computes in float16 or bfloat16 (autocast's dtype, else x's), got "
+                        f"{str(dtype)[6:]}; call it under torch.autocast or pass half-precision tensors")
+    meta = meta.to(x.device)
+
+    def run(x, w, b):                    # (not run on a replay: the graph holds its kernels)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            return _forward_direct(meta, x.contiguous().to(dtype), w.contiguous().to(dtype),
+                                   None if b is None else b.contiguous().to(dtype))
+    return replayed_keep(_step_names(dtype), meta, run, x, weight, bias)
+
+
+def step_backward(meta: TrainingMeta, token, grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                  bias_dtype, dtype: torch.dtype, needs: tuple):
+    """The backward of an eager train step: ``(dx, dW, db)`` in x's, weight's and ``bias_dtype`` (None: no bias),
+    each None where ``needs`` (x, weight, bias) says it is not wanted. ``grad_y``, x and weight as the forward saw
+    them (x and weight in their own dtypes, cast to ``dtype`` inside); the gradients accumulate in fp32 and are cast
+    inside the call too. Replayed, it reads x and weight from the forward's copies (``token``) while they still hold
+    them, so only ``grad_y`` is copied in (:func:`fovi_lab.ops.replay.replayed_after`)."""
+    need_x, need_w, need_b = needs[0], needs[1], needs[2] and bias_dtype is not None
+    needs = (need_x, need_w, need_b)
+    meta = meta.to(grad_y.device)
+    x_dtype, w_dtype = x.dtype, weight.dtype
+
+    def run(g, x, w):                    # the adjoints accumulate in fp32, whatever autocast says
+        with torch.autocast(device_type=g.device.type, enabled=False):
+            return _step_grads(meta, g, x, w, dtype, needs, x_dtype, w_dtype, bias_dtype)
+    got = iter(replayed_after(token, {1: 0, 2: 1}, _step_names(dtype, needs), meta, run, grad_y, x, weight))
+    return tuple(next(got) if n else None for n in needs)
+
+
+def _step_grads(meta, g, x, w, dtype, needs, x_dtype, w_dtype, bias_dtype):
+    """The gradients of :func:`step_backward`, in the operands' dtypes (a tuple of the ones ``needs`` asks for)."""
+    need_x, need_w, need_b = needs
+    gc = g.contiguous().to(dtype)
+    xc = x.contiguous().to(dtype) if need_w else None
+    wc = w.contiguous().to(dtype) if need_x else None
+    dx = dw = None
+    if need_x and need_w:
+        dx, dw = _backward_direct(meta, gc, xc, wc)
+    elif need_x:
+        dx = _grad_input_direct(meta, gc, wc)
+    elif need_w:
+        dw = _grad_weight_direct(meta, gc, xc)
+    out = []
+    if need_x:
+        out.append(dx.to(x_dtype))
+    if need_w:
+        out.append(dw.to(w_dtype))
+    if need_b:
+        out.append(g.sum((0, 2), dtype=torch.promote_types(g.dtype, torch.float32)).to(bias_dtype))
+    return tuple(out)
+
+
+# the train step's two calls, which KNNConvFunction takes where an ops object has them (fovi_lab.ops.registry)
+WarpTrainOps.step_forward = staticmethod(step_forward)
+WarpTrainOps.step_backward = staticmethod(step_backward)
 
 
 def _grad_input_direct(meta, grad_y, weight, plan=None):

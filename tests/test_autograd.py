@@ -100,3 +100,40 @@ def test_knnconv_module_trains_and_keeps_tables_out_of_state_dict():
     assert losses[-1] < 0.8 * losses[0]
     with pytest.raises(ValueError, match="backend: unknown backend 'nope'"):   # refused at construction
         KNNConv(idx, rf, nin=20, v=9, cin=2, cout=3, backend="nope")
+
+
+@pytest.mark.parametrize("needs", [(True, True, True), (False, True, True), (True, False, False), (True, True, False)],
+                         ids=["x-w-b", "w-b", "x", "x-w"])
+def test_warp_train_step_is_its_ops_calls_bit_for_bit(needs):
+    """KNNConv with warp_train takes the ops' train step (``step_forward`` / ``step_backward``: the casts and the bias
+    gradient inside one call per direction); its y, dx, dW and db are bitwise what the ops' forward and adjoints give
+    on the operands cast to the compute dtype (fp32 master weights under CPU autocast, an fp32 x), with the gradients
+    cast back to the operands' dtypes and db the fp32 sum of grad_y; and a gradient nobody asks for is not computed."""
+    pytest.importorskip("warp")
+    from fovi_lab.knn_warp import WarpTrainOps
+    from fovi_lab.graph.meta import SYNTHETIC_SHAPES
+    cin, cout, nin, nout, k, v, pads = SYNTHETIC_SHAPES["ODD"]
+    idx, rf = synthetic_graph(nin, nout, k, v, pads, seed=5)
+    need_x, need_w, need_b = needs
+    conv = KNNConv(idx, rf, nin=nin, v=v, cin=cin, cout=cout, backend="warp_train", bias=True)
+    conv.weight.requires_grad_(need_w)
+    conv.bias.requires_grad_(need_b)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(3, cin, nin, generator=gen).requires_grad_(need_x)
+    g = torch.randn(3, cout, nout, generator=gen).half()
+    with torch.autocast("cpu", dtype=torch.float16):
+        y = conv(x)
+    y.backward(g)
+    meta = conv.meta
+    h = torch.float16
+    want_y = WarpTrainOps.forward(meta, x.detach().to(h), conv.weight.detach().to(h), conv.bias.detach().to(h))
+    dx, dw = WarpTrainOps.backward_combined(meta, g, x.detach().to(h), conv.weight.detach().to(h))
+    assert y.dtype == h and torch.equal(y, want_y)
+    assert (x.grad is not None) == need_x and (conv.weight.grad is not None) == need_w
+    assert (conv.bias.grad is not None) == need_b
+    if need_x:
+        assert x.grad.dtype == torch.float32 and torch.equal(x.grad, dx.float())
+    if need_w:
+        assert conv.weight.grad.dtype == torch.float32 and torch.equal(conv.weight.grad, dw.float())
+    if need_b:
+        assert torch.equal(conv.bias.grad, g.sum((0, 2), dtype=torch.float32))

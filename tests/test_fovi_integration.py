@@ -250,3 +250,33 @@ def test_warp_compact_forward_in_fp16(layer, registered):
     assert y.dtype == torch.float16
     err, ref_err = float((y.double() - exact).abs().max()), float((ref.double() - exact).abs().max())
     assert err <= 3 * ref_err + 2e-3 * _scale(exact)
+
+
+def test_inside_fovis_function_a_replayed_backward_reads_the_forwards_copies(layer, registered):
+    """fovi's own autograd Function calls our forward, then backward_combined on the tensors it saved: replayed (CUDA
+    graphs emulated on the CPU, fovi_lab.ops.replay.emulated_on_cpu), the backward copies grad_y alone (x and the
+    weight are read from the forward's copies) and returns dx and dW; every step's results equal the direct ones."""
+    from fovi_lab.bench.host import OpCounter
+    from fovi_lab.ops import replay
+    registered("fovi_lab_warp_train", "warp_train")
+    run = _via_registry("fovi_lab_warp_train")
+    x, gy = _operands(layer, torch.float16)
+    conv = copy.deepcopy(layer).half()       # one layer throughout: its tables, and so its signatures, persist
+
+    def step():
+        xr = x.clone().requires_grad_()
+        y = run(conv, xr)
+        y.backward(gy)
+        out = [t.detach() for t in (y, xr.grad, conv.weight.grad, conv.bias.grad)]
+        conv.weight.grad = conv.bias.grad = None
+        return out
+    want = step()
+    with replay.emulated_on_cpu():
+        for _ in range(3):                   # direct, captured, replayed
+            assert all(torch.equal(a, b) for a, b in zip(step(), want))
+        xr = x.clone().requires_grad_()
+        y = run(conv, xr)
+        with OpCounter() as ops:
+            y.backward(gy)
+    # grad_y in, dx and dW out (fovi's own casts and bias sum besides, outside our call)
+    assert ops.names.get("copy_", 0) == 1 and ops.names.get("clone", 0) == 2, ops.names

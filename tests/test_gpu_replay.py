@@ -108,3 +108,51 @@ def test_memory_budget_stops_new_captures(monkeypatch):
     after = replay.stats()
     assert after["captured"] == before["captured"] and after["refused"] == before["refused"] + 1, (before, after)
     assert all(torch.equal(y, ys[0]) for y in ys)
+
+
+@pytest.mark.parametrize("amp", (False, True), ids=("fp16", "amp"))
+@pytest.mark.parametrize("layer", ("res18_layer1", "alex_L1", "res18_stem"))
+def test_knnconv_step_replays_in_two_graphs_bitwise(layer, amp, monkeypatch):
+    """KNNConv's eager step through ``step_forward`` / ``step_backward``: replayed (the backward from a graph that reads
+    the forward's copies of x and the weight), every step's y, dx, dW and db equal the direct step's bit for bit, under
+    fp16 and under autocast with fp32 master weights; a step of two forwards before the backwards (the first's copies
+    overwritten) too; and a step issues only its copies in and its results out (3 + 4 host operations)."""
+    from fovi_lab.bench.host import OpCounter
+    from fovi_lab.ops.autograd import KNNConv
+    monkeypatch.setenv("FOVI_KNN_REPLAY", "on")
+    replay.clear()
+    meta = layer_meta(layer)
+    torch.manual_seed(0)
+    conv = KNNConv(meta.idx, meta.rf_index, nin=meta.nin, v=meta.v, cin=meta.cin, cout=meta.cout,
+                   backend="warp_train", bias=True).cuda()
+    if not amp:
+        conv = conv.half()
+    dtype = torch.float32 if amp else torch.float16
+    gen = torch.Generator().manual_seed(1)
+    xs = [torch.randn(16, meta.cin, meta.nin, generator=gen).cuda().to(dtype) for _ in range(2)]
+    g = torch.randn(16, meta.cout, meta.nout, generator=gen).cuda().half()
+    ctx = lambda: torch.autocast("cuda", dtype=torch.float16, enabled=amp)  # noqa: E731
+
+    def step(two=False):
+        ins = [x.clone().requires_grad_() for x in (xs if two else xs[:1])]
+        with ctx():
+            ys = [conv(x) for x in ins]
+        sum((i + 1) * (y.float() * g.float()).sum() for i, y in enumerate(ys)).backward()
+        out = [y.detach() for y in ys] + [x.grad for x in ins] + [conv.weight.grad, conv.bias.grad]
+        conv.weight.grad = conv.bias.grad = None
+        return out
+    for two in (False, True):
+        want = _direct(lambda: step(two), monkeypatch)
+        for _ in range(4):
+            got = step(two)
+            assert all(torch.equal(a, b) for a, b in zip(got, want)), (layer, amp, two)
+    x = xs[0].clone().requires_grad_()
+    with ctx():
+        y = conv(x)
+    y.backward(g)                            # this signature was replayed above: count one more of it
+    x.grad = conv.weight.grad = conv.bias.grad = None
+    with OpCounter() as ops:
+        with ctx():
+            y = conv(x)
+        y.backward(g)
+    assert ops.names == {"copy_": 4, "clone": 4}, ops.names       # x, weight, bias, grad_y in; y, dx, dW, db out

@@ -104,3 +104,40 @@ def test_dry_launches_counts_and_times_graph_replays(monkeypatch):
         assert FakeGraph().replay() == "ran" and FakeGraph().replay() == "ran"
     assert counter.replays == 2 and counter.replay_s >= 0.004
     assert FakeGraph.replay is original
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("precision", ["fp16", "amp"])
+def test_a_replayed_step_issues_its_copies_and_its_results_only(monkeypatch, precision, bias):
+    """warp_train's eager step once replayed (CUDA graphs emulated on the CPU, fovi_lab.ops.replay.EMULATE_ON_CPU):
+    the forward copies x and the weight (and the bias) into its graph's inputs and returns y; the backward copies
+    grad_y alone (it reads the forward's copies of x and the weight) and returns dx and dW (and db). The casts of
+    mixed precision, the bias gradient and every kernel are inside the two graphs, so a step's host operations are
+    its copies and its results, and it allocates only what it returns."""
+    from fovi_lab.graph.layers import layer_meta
+    from fovi_lab.ops import replay
+    from fovi_lab.ops.autograd import KNNConv
+    monkeypatch.setattr(replay, "EMULATE_ON_CPU", True)
+    monkeypatch.setenv("FOVI_KNN_REPLAY", "on")
+    replay.clear()
+    meta = layer_meta("res18_layer3_0")
+    dtype = torch.float16 if precision == "fp16" else torch.float32
+    conv = KNNConv(meta.idx, meta.rf_index, nin=meta.nin, v=meta.v, cin=meta.cin, cout=meta.cout,
+                   backend="warp_train", bias=bias).to(dtype=dtype)
+    x = torch.randn(4, meta.cin, meta.nin).to(dtype).requires_grad_()
+    g = torch.randn(4, meta.cout, meta.nout).half()
+    amp = torch.autocast("cpu", dtype=torch.float16, enabled=precision == "amp")
+
+    def step():
+        with amp:
+            y = conv(x)
+        y.backward(g)
+        x.grad = None
+        for p in conv.parameters():
+            p.grad = None
+    for _ in range(3):                   # direct, capture, replay
+        step()
+    with OpCounter() as ops:
+        step()
+    n = 3 + bias
+    assert (ops.names, ops.allocations, ops.syncs) == ({"copy_": n, "clone": n}, n, 0), (ops.names, ops.allocations)

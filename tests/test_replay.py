@@ -73,15 +73,95 @@ def test_layouts_replayed_only_when_a_strided_copy_reproduces_them():
 
 def test_suspended_runs_direct_on_this_thread_and_nests():
     """:func:`replay.suspended` (what ``graphed()`` runs its warm-ups in) sets the thread's flag that replayed()
-    reads first, restores it on exit, nests, and leaves other threads alone."""
+    reads first, restores it on exit, nests, and leaves other threads alone; inside, even an emulated replay runs
+    directly."""
     import threading
-    assert not getattr(replay._local, "off", False)
+    from fovi_lab.ops.graphs import per_call_suspended
+    assert not per_call_suspended()
     seen = []
     with replay.suspended():
-        assert replay._local.off
+        assert per_call_suspended()
         with replay.suspended():
-            assert replay._local.off
-        assert replay._local.off, "leaving an inner block must not resume the outer one"
-        t = threading.Thread(target=lambda: seen.append(getattr(replay._local, "off", False)))
-        t.start(); t.join()
-    assert not replay._local.off and seen == [False]
+            assert per_call_suspended()
+        assert per_call_suspended(), "leaving an inner block must not resume the outer one"
+        t = threading.Thread(target=lambda: seen.append(per_call_suspended()))
+        t.start()
+        t.join()
+        before = replay.stats()
+        with replay.emulated_on_cpu():
+            for _ in range(3):
+                replay.replayed("suspended-test", None, lambda a: a + 1, torch.ones(2))
+        assert replay.stats() == before
+    assert not per_call_suspended() and seen == [False]
+
+
+def _emulated(monkeypatch):
+    """CUDA graphs emulated on the CPU (replay.EMULATE_ON_CPU) and every call replayed; the cache starts empty."""
+    monkeypatch.setattr(replay, "EMULATE_ON_CPU", True)
+    monkeypatch.setenv("FOVI_KNN_REPLAY", "on")
+    replay.clear()
+
+
+def _layer_conv(layer="res18_layer3_0", bias=False, dtype=torch.float16):
+    from fovi_lab.graph.layers import layer_meta
+    from fovi_lab.ops.autograd import KNNConv
+    meta = layer_meta(layer)
+    torch.manual_seed(0)
+    conv = KNNConv(meta.idx, meta.rf_index, nin=meta.nin, v=meta.v, cin=meta.cin, cout=meta.cout,
+                   backend="warp_train", bias=bias).to(dtype=dtype)
+    return meta, conv
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_replayed_train_step_is_bitwise_the_direct_one(monkeypatch, bias):
+    """warp_train's eager step through KNNConv, replayed (graphs emulated): the first call of each direction runs
+    directly, the second captures, later ones replay, the backward from a graph that reads the forward's copies of x
+    and the weight; every step's y, dx, dW and db equal the direct step's bit for bit."""
+    meta, conv = _layer_conv(bias=bias)
+    gen = torch.Generator().manual_seed(1)
+    x0 = torch.randn(5, meta.cin, meta.nin, generator=gen).half()
+    g = torch.randn(5, meta.cout, meta.nout, generator=gen).half()
+
+    def step():
+        x = x0.clone().requires_grad_()
+        y = conv(x)
+        y.backward(g)
+        out = [y.detach(), x.grad] + [p.grad for p in conv.parameters()]
+        for p in conv.parameters():
+            p.grad = None
+        return out
+    want = step()                               # FOVI_KNN_REPLAY unset: CPU calls run directly
+    _emulated(monkeypatch)
+    before = replay.stats()
+    for _ in range(4):
+        got = step()
+        assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(want, got))
+    s = replay.stats()
+    # signatures: the forward, the backward (its first call, before the forward's copies existed), the backward
+    # after the forward's copies; captured: the forward and the backward after it
+    assert (s["cached"], s["captured"] - before["captured"], s["replayed"] - before["replayed"]) == (3, 2, 5), s
+
+
+def test_the_backward_reads_the_forwards_copies_only_while_they_hold_its_inputs(monkeypatch):
+    """Two forwards of one layer before the backwards (fp32 master weights under CPU autocast): the second forward's
+    replay overwrites the copies the first's backward would read, so that backward copies its own operands; both
+    gradients equal the direct run's bit for bit. (Reading the overwritten copies fails this test.)"""
+    meta, conv = _layer_conv(dtype=torch.float32)
+    gen = torch.Generator().manual_seed(2)
+    xs = [torch.randn(4, meta.cin, meta.nin, generator=gen) for _ in range(2)]
+    g = torch.randn(4, meta.cout, meta.nout, generator=gen)
+
+    def two():
+        with torch.autocast("cpu", dtype=torch.float16):
+            ins = [x.clone().requires_grad_() for x in xs]
+            ys = [conv(x) for x in ins]
+        (ys[0].float() * g + 2 * ys[1].float() * g).sum().backward()
+        out = [ins[0].grad, ins[1].grad, conv.weight.grad]
+        conv.weight.grad = None
+        return out
+    want = two()
+    _emulated(monkeypatch)
+    for _ in range(4):
+        got = two()
+        assert all(torch.equal(a, b) for a, b in zip(want, got))
+        assert [t.dtype for t in got] == [torch.float32] * 3

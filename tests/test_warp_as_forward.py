@@ -166,7 +166,7 @@ def test_a_tap_layer_over_its_table_budget_is_refused_and_warp_train_falls_back(
 
 def test_bad_requests_are_refused_with_the_argument_named():
     meta, w, g, _, x, _ = _case("ODD", 17, torch.float16)
-    with pytest.raises(ValueError, match=r"config: an fp32 output needs a split tensor-core config .*'mma_o64b16'"):
+    with pytest.raises(ValueError, match=r"config: an fp32 output needs a tensor-core config whose p loop is split .*got 'mma_o64b16'"):
         grad_input_mma(meta, g, w, "mma_o64b16")
     with pytest.raises(TypeError, match="grad_y: expected dtype torch.float16 or torch.bfloat16, got torch.float32"):
         grad_input_mma(meta, g.float(), w)

@@ -8,6 +8,8 @@ kernel, measured here and recorded on the H200.
   (``fovi_lab/records/h200/logs/host_probe_*.json``, written by ``tools/gpu/host_probe.py``). Per shape and probe,
   the host time to issue one forward and one train step (no synchronisation), with the step's CUDA-graph
   replay (its GPU time) beside it.
+* :func:`replayed_step_ops`: what a replayed train step issues from the host, counted on the CPU with the graphs
+  emulated (:func:`fovi_lab.ops.replay.emulated_on_cpu`).
 * :func:`replay_ab_rows` / :func:`replay_ab_figure`: the backends' own replay of their calls
   (:mod:`fovi_lab.ops.replay`), recorded on the H200 by ``tools/gpu/replay_ab.py``
   (``fovi_lab/records/h200/logs/replay_ab.jsonl.gz``): per layer and batch, the eager call replayed and direct beside
@@ -213,6 +215,46 @@ def replay_ab_figure(mode: str = "train-step", batches=(16, 64), path=None, heig
                       title=kl.figure_title("eager calls replayed by the backends, interleaved", rows),
                       legend=dict(orientation="h", y=-0.12))
     return fig
+
+
+def replayed_step_ops(layer: str = "res18_layer3_0", batch: int = 4, amp: bool = True, bias: bool = True) -> dict:
+    """What a replayed eager train step of ``warp_train`` issues from the host, counted on the CPU with the CUDA
+    graphs emulated (:func:`fovi_lab.ops.replay.emulated_on_cpu`): a ``KNNConv`` (fp32 master weights under CPU
+    autocast when ``amp``, else fp16) stepped three times (direct, captured, replayed), then one step counted by
+    :class:`fovi_lab.bench.host.OpCounter`. Returns ``{"forward": {op: count}, "backward": {...}, "allocations": n,
+    "replayed": graphs replayed in the counted step}``: the operations outside the graphs, which a GPU's host issues."""
+    from fovi_lab.bench.host import OpCounter
+    from fovi_lab.graph.layers import layer_meta
+    from fovi_lab.ops import replay
+    from fovi_lab.ops.autograd import KNNConv
+    meta = layer_meta(layer)
+    dtype = torch.float32 if amp else torch.float16
+    conv = KNNConv(meta.idx, meta.rf_index, nin=meta.nin, v=meta.v, cin=meta.cin, cout=meta.cout,
+                   backend="warp_train", bias=bias).to(dtype=dtype)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, meta.cin, meta.nin, generator=gen).to(dtype).requires_grad_()
+    g = torch.randn(batch, meta.cout, meta.nout, generator=gen).half()
+
+    def forward():
+        with torch.autocast("cpu", dtype=torch.float16, enabled=amp):
+            return conv(x)
+
+    def backward(y):
+        y.backward(g)
+        x.grad = None
+        for p in conv.parameters():
+            p.grad = None
+    with replay.emulated_on_cpu():
+        for _ in range(3):
+            backward(forward())
+        before = replay.stats()["replayed"]
+        with OpCounter() as fwd_ops:
+            y = forward()
+        with OpCounter() as bwd_ops:
+            backward(y)
+    return dict(forward=dict(sorted(fwd_ops.names.items())), backward=dict(sorted(bwd_ops.names.items())),
+                allocations=fwd_ops.allocations + bwd_ops.allocations,
+                replayed=replay.stats()["replayed"] - before)
 
 
 def replay_check(layer: str = "res18_layer1", batch: int = 16, device: str = "cuda") -> str:

@@ -4,6 +4,9 @@
 (the autocast dtype when autocast is on for x's device type, CUDA or CPU, else ``x.dtype``) and, backward, the
 explicit adjoints; gradients are cast back to the dtypes of x / weight / bias (fp32 master weights
 under AMP keep fp32 grads), and the bias grad is an fp32 sum of ``grad_y`` over batch and nodes.
+An ops object with ``step_forward`` / ``step_backward`` (``warp_train``) does all of that inside one call per
+direction, which its replay layer issues as one CUDA graph (:mod:`fovi_lab.ops.replay`): the casts and the bias
+gradient are not host operations, and the backward reads the forward's copies of x and weight.
 The registry's names (``OPS_REGISTRY``, ``register_ops``, ``get_ops``) are re-exported here.
 """
 
@@ -44,6 +47,13 @@ class KNNConvFunction(torch.autograd.Function):
         check_operands(x=x, weight=weight, bias=bias)          # before any cast: an int x must not pass
         ops = get_ops(ops_name)
         cd = _compute_dtype(x)
+        ctx.meta, ctx.ops = meta, ops
+        ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)
+        if hasattr(ops, "step_forward"):                       # casts inside the op's one (replayed) call
+            y, ctx.token = ops.step_forward(meta, x, weight, bias, cd)
+            ctx.save_for_backward(x, weight)
+            ctx.cd = cd
+            return y
         with torch.autocast(device_type=x.device.type, enabled=False):
             x_c = x.contiguous().to(cd)
             w_c = weight.contiguous().to(cd)
@@ -51,8 +61,6 @@ class KNNConvFunction(torch.autograd.Function):
             meta = meta.to(x.device)
             y = ops.forward(meta, x_c, w_c, b_c)
         ctx.save_for_backward(x_c, w_c)
-        ctx.meta, ctx.ops = meta, ops
-        ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)
         return y
 
     @staticmethod
@@ -61,8 +69,12 @@ class KNNConvFunction(torch.autograd.Function):
         x_c, w_c = ctx.saved_tensors
         meta, ops = ctx.meta, ctx.ops
         x_dtype, w_dtype, b_dtype = ctx.dtypes
-        g = grad_y.contiguous().to(x_c.dtype)
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        if hasattr(ops, "step_backward"):                      # x_c, w_c: x and weight in their own dtypes
+            dx, dw, db = ops.step_backward(meta, ctx.token, grad_y, x_c, w_c, b_dtype, ctx.cd,
+                                           (need_x, need_w, need_b))
+            return dx, dw, db, None, None
+        g = grad_y.contiguous().to(x_c.dtype)
         dx = dw = db = None
         with torch.autocast(device_type=g.device.type, enabled=False):    # the adjoints accumulate in fp32
             if need_x and need_w and hasattr(ops, "backward_combined"):

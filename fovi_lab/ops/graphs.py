@@ -29,7 +29,7 @@ refused 30 tensors (``data/h200/compile_step.jsonl``, kind ``reduce_overhead_pro
 
 For an eager training loop, :func:`graphed` wraps a module so its forward and its backward each replay from a
 CUDA graph (``torch.cuda.make_graphed_callables``, after :func:`prepare`); on the CPU it returns the module as it
-is. Its warm-ups run with the backends' own per-call graphs suspended (:func:`fovi_lab.ops.replay.suspended`): the
+is. Its warm-ups run with the backends' own per-call graphs suspended (:func:`suspend_per_call`): the
 whole-step graph never replays them, and on fovi's ResNet-18 at B = 64 they held 492 of the graphed step's 1,090 MiB
 peak (``data/h100/network.jsonl``, commit 2cd909c).
 """
@@ -37,14 +37,34 @@ peak (``data/h100/network.jsonl``, commit 2cd909c).
 from __future__ import annotations
 
 import contextlib
-
-from typing import Callable, List, Optional
+import threading
+from typing import Callable, Iterator, List, Optional
 
 import torch
 
-__all__ = ["CapturedStep", "capture", "prepare", "graphed", "keep_alive_while_captured"]
+__all__ = ["CapturedStep", "capture", "prepare", "graphed", "keep_alive_while_captured", "suspend_per_call",
+           "per_call_suspended"]
 
 _KEEPERS: List[Callable[[], object]] = []
+_local = threading.local()          # .per_call_off: the backends' per-call graphs suspended on this thread
+
+
+@contextlib.contextmanager
+def suspend_per_call() -> Iterator[None]:
+    """Inside, on this thread, the backends' calls run directly (:mod:`fovi_lab.ops.replay` caches, captures and
+    replays no signature; exported there as ``suspended``). :func:`graphed` runs its warm-ups and its capture in it:
+    per-call graphs made there (static copies and pools) would never be replayed by the whole-step graph."""
+    prev = getattr(_local, "per_call_off", False)
+    _local.per_call_off = True
+    try:
+        yield
+    finally:
+        _local.per_call_off = prev
+
+
+def per_call_suspended() -> bool:
+    """Whether this thread is inside :func:`suspend_per_call`."""
+    return getattr(_local, "per_call_off", False)
 
 
 def keep_alive_while_captured(provider: Callable[[], object]) -> None:
@@ -176,8 +196,7 @@ def graphed(module: torch.nn.Module, sample_input, *, warmup: int = 3,
         return module
     amp = (torch.autocast("cuda", dtype=autocast, cache_enabled=False) if autocast is not None
            else contextlib.nullcontext())
-    from fovi_lab.ops import replay
     # the whole step is one graph: per-call graphs made during the warm-ups would only hold memory
-    with amp, replay.suspended():
+    with amp, suspend_per_call():
         prepare(module, *args)
         return torch.cuda.make_graphed_callables(module, args, num_warmup_iters=warmup)

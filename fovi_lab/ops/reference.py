@@ -46,10 +46,12 @@ def grad_accum_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-def check_forward_args(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, bias) -> None:
+def check_forward_args(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, bias, *,
+                       same_dtype: bool = True) -> None:
     """Raise a clear error when x / weight / bias do not match the meta (names the argument); the meta's
     tables are checked once (:func:`fovi_lab.graph.meta.validate_meta`). First of all each operand must be a
-    floating-point tensor with values (:func:`fovi_lab.ops.checks.check_operands`)."""
+    floating-point tensor with values (:func:`fovi_lab.ops.checks.check_operands`). ``same_dtype=False``: the
+    weight's dtype may differ from x's (a call that casts both to its compute dtype itself)."""
     check_operands(x=x, weight=weight, bias=bias)
     validate_meta(meta)
     if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[1] != meta.cin or x.shape[2] != meta.nin:
@@ -62,7 +64,7 @@ def check_forward_args(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor
         raise ValueError(f"weight: expected shape [Cout={meta.cout}, Q=Cin*V={meta.q}], got {shape}")
     if weight.device != x.device:
         raise ValueError(f"weight: expected device {x.device} (same as x), got {weight.device}")
-    if weight.dtype != x.dtype:
+    if same_dtype and weight.dtype != x.dtype:
         raise TypeError(f"weight: expected dtype {x.dtype} (same as x), got {weight.dtype}")
     if bias is not None:
         if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (meta.cout,):

@@ -7,6 +7,11 @@ An *ops* object is a class of static methods with a ``name``::
     grad_weight(meta, grad_y, x)     -> dW [Cout, Q]         fp32
     backward_combined(meta, g, x, weight) -> (dx, dW)        optional, used when both are needed
     forward_only = True                                       optional: its adjoints raise NotImplementedError
+    step_forward(meta, x, weight, bias, dtype) -> (y, token)  optional, with step_backward: KNNConvFunction's
+    step_backward(meta, token, g, x, weight, bias_dtype, dtype, needs) -> (dx, dW, db)
+                                                              train step, operands in their own dtypes, the casts
+                                                              and the bias gradient inside the op (warp_train:
+                                                              one replayed CUDA graph per direction)
 
 The PyTorch backends are registered here. Optional backends register themselves when their module is
 imported; :func:`load_optional_backends` imports the ones this package ships (by name, so the registry

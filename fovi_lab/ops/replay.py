@@ -50,8 +50,9 @@ from typing import Callable, Dict, Iterator, Optional
 import torch
 
 import fovi_lab.settings as settings
+from fovi_lab.ops.graphs import capture, per_call_suspended as suspended_here, suspend_per_call as suspended
 
-__all__ = ["replay_mode", "replayed", "suspended", "clear", "resident_bytes", "stats", "MAX_BYTES", "MAX_ENTRIES",
+__all__ = ["replay_mode", "replayed", "replayed_keep", "replayed_after", "suspended", "emulated_on_cpu", "clear", "resident_bytes", "stats", "MAX_BYTES", "MAX_ENTRIES",
            "MAX_RESIDENT_BYTES"]
 
 #: Largest total of a call's tensor bytes (inputs and outputs) the default rule replays: past it the GPU work hides
@@ -65,7 +66,6 @@ MAX_ENTRIES = 128
 MAX_RESIDENT_BYTES = 2 << 30
 
 _lock = threading.Lock()
-_local = threading.local()          # .off: replays suspended on this thread (suspended())
 _entries: "OrderedDict[tuple, _Entry]" = OrderedDict()
 _counts: Dict[str, int] = {"direct": 0, "captured": 0, "replayed": 0, "refused": 0}
 
@@ -83,19 +83,6 @@ def replay_mode() -> str:
     return settings.get("FOVI_KNN_REPLAY")
 
 
-@contextlib.contextmanager
-def suspended() -> Iterator[None]:
-    """Inside, on this thread, every call runs directly: no signature is cached, captured or replayed. For code that
-    captures whole steps itself (:func:`fovi_lab.ops.graphs.graphed`): its warm-up calls would otherwise capture
-    per-call graphs (static copies and pools) that its own graph never replays."""
-    prev = getattr(_local, "off", False)
-    _local.off = True
-    try:
-        yield
-    finally:
-        _local.off = prev
-
-
 def _signature(op: str, meta, device_index, stream, tensors: tuple, mode: str) -> tuple:
     """A call's cache key: the op, the layer, the device and stream, each tensor's layout, the replay mode and the
     kernel-affecting ``FOVI_*`` variables (:func:`fovi_lab.settings.snapshot`: a changed switch captures a new
@@ -104,11 +91,14 @@ def _signature(op: str, meta, device_index, stream, tensors: tuple, mode: str) -
 
 
 class _Entry:
-    """One signature: ``calls`` seen; after capture the static inputs, the captured step and its lock."""
+    """One signature: ``calls`` seen; after capture the static inputs, the captured step and its lock.
+    ``generation`` counts the replays (a :func:`replayed_keep` handle is valid while it is unchanged); ``copied``:
+    which static inputs a replay copies its arguments into (the others are another signature's, read in place)."""
 
-    __slots__ = ("calls", "static", "step", "lock", "nbytes", "failed", "meta", "one")
+    __slots__ = ("calls", "static", "step", "lock", "nbytes", "failed", "meta", "one", "generation", "stream",
+                 "copied", "after", "__weakref__")
 
-    def __init__(self, meta):
+    def __init__(self, meta, stream=None, after=None):
         self.calls = 0
         self.static = None
         self.step = None
@@ -117,6 +107,10 @@ class _Entry:
         self.failed = False
         self.meta = meta                   # held, so the id in the signature stays this layer's
         self.one = True                    # fn returns one tensor (not a tuple)
+        self.generation = 0
+        self.stream = stream
+        self.copied = None
+        self.after = after                 # the entry whose static inputs this one reads (held: its id is in the key)
 
 
 def _tensor_key(t):
@@ -155,31 +149,114 @@ def _as_tuple(out):
     return out if isinstance(out, tuple) else (out,)
 
 
-def replayed(op: str, meta, fn: Callable, *args):
-    """``fn(*args)`` (tensors or None; ``meta``: the call's layer, part of the signature), replayed from a CUDA graph
-    where the module docstring's rule takes it; returns what ``fn`` returns (a tensor or a tuple)."""
-    first = next((a for a in args if a is not None), None)
-    if first is None or not first.is_cuda:
-        return fn(*args)
-    mode = replay_mode()
-    if mode == "off" or getattr(_local, "off", False) or torch.cuda.is_current_stream_capturing():
-        return fn(*args)
-    tensors = tuple(_tensor_key(a) for a in args)
-    if False in tensors:
-        return fn(*args)
-    dev = first.device
-    stream = _raw_stream(dev.index) if _raw_stream is not None else torch.cuda.current_stream(dev).cuda_stream
-    key = _signature(op, meta, dev.index, stream, tensors, mode)
+#: Set by :func:`emulated_on_cpu`: CPU calls take the replay path too, their "graph" emulated (:class:`_EmulatedStep`).
+EMULATE_ON_CPU = False
+
+
+@contextlib.contextmanager
+def emulated_on_cpu() -> Iterator[None]:
+    """Inside, CPU calls are replayed as CUDA calls are (every signature, whatever ``FOVI_KNN_REPLAY`` says), from an
+    emulated graph (:class:`_EmulatedStep`: its replay runs the step again on the static tensors, out of sight of
+    dispatch modes). A model for where no GPU is, not a speed-up: the tests check the replay layer's rules, copies and
+    sharing with it, and notebook 10 counts what a replayed step issues from the host. Not thread-safe (a module
+    switch); the signatures made inside stay cached (:func:`clear`)."""
+    global EMULATE_ON_CPU
+    prev = EMULATE_ON_CPU
+    EMULATE_ON_CPU = True
+    try:
+        yield
+    finally:
+        EMULATE_ON_CPU = prev
+
+
+class _EmulatedStep:
+    """A CUDA graph's contract on the CPU, for the tests (:data:`EMULATE_ON_CPU`): capture runs ``fn`` (closed over the
+    static inputs) once and keeps its outputs as the static outputs; each replay runs it again and writes them in
+    place. Its operations are hidden from dispatch modes, as a graph's kernels are not host operations."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+        self.outputs = fn()
+
+    def replay(self):
+        from torch.utils._python_dispatch import _disable_current_modes
+        with _disable_current_modes():
+            for o, n in zip(self.outputs, self.fn()):
+                o.copy_(n)
+        return self.outputs
+
+
+def _takes(t) -> bool:
+    return t.is_cuda or (EMULATE_ON_CPU and t.device.type == "cpu")
+
+
+def _stream_of(dev) -> int:
+    if dev.type != "cuda":
+        return 0
+    return _raw_stream(dev.index) if _raw_stream is not None else torch.cuda.current_stream(dev).cuda_stream
+
+
+def _entry(key, meta, stream, after=None) -> _Entry:
     with _lock:
         e = _entries.get(key)
         if e is None:
-            e = _entries[key] = _Entry(meta)
+            e = _entries[key] = _Entry(meta, stream, after)
             while len(_entries) > MAX_ENTRIES:
                 _entries.popitem(last=False)
         else:
             _entries.move_to_end(key)
+    return e
+
+
+def replayed(op: str, meta, fn: Callable, *args):
+    """``fn(*args)`` (tensors or None; ``meta``: the call's layer, part of the signature), replayed from a CUDA graph
+    where the module docstring's rule takes it; returns what ``fn`` returns (a tensor or a tuple)."""
+    return _replay(op, meta, fn, args)[0]
+
+
+def replayed_keep(op: str, meta, fn: Callable, *args):
+    """:func:`replayed`, and a handle on the static copies of ``args`` this call was replayed from (None where it ran
+    directly), for a later call that reads the same tensors (:func:`replayed_after`): a train step's backward reads
+    the forward's x and weight."""
+    return _replay(op, meta, fn, args)
+
+
+def replayed_after(handle, shared: Dict[int, int], op: str, meta, fn: Callable, *args):
+    """:func:`replayed`, where ``args[i]`` for each ``i -> j`` of ``shared`` is the tensor the call of ``handle`` (from
+    :func:`replayed_keep`) took as its ``j``-th argument. While that call's static copies still hold them (its
+    signature has not been replayed since, on this stream), this call's graph reads them in place and only the other
+    arguments are copied in; otherwise (a second forward of the layer before this backward, a direct call, another
+    stream) it is an ordinary :func:`replayed` call. The results are the same either way: the copies hold the values
+    the tensors had when that call ran, and autograd refuses a saved tensor changed in place since."""
+    if handle is not None:
+        fwd, gen = handle
+        first = next((a for a in args if a is not None), None)
+        if first is not None and _takes(first) and _stream_of(first.device) == fwd.stream:
+            with fwd.lock:                      # no replay of fwd may overwrite its copies until this one is issued
+                if fwd.generation == gen and fwd.static is not None:
+                    return _replay((op, "after", id(fwd)), meta, fn, args,
+                                   after=(fwd, {i: fwd.static[j] for i, j in shared.items()}))[0]
+    return _replay(op, meta, fn, args)[0]
+
+
+def _replay(op, meta, fn: Callable, args, after=None):
+    """(what ``fn(*args)`` returns, a handle or None): the module docstring's rule; ``after``: (the entry whose
+    static inputs ``args`` share, {argument index: that entry's static tensor})."""
+    first = next((a for a in args if a is not None), None)
+    if first is None or not _takes(first):
+        return fn(*args), None
+    mode = replay_mode() if first.is_cuda else "on"           # a CPU call here is an emulated one
+    if mode == "off" or suspended_here() or (first.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return fn(*args), None
+    tensors = tuple(_tensor_key(a) for a in args)
+    if False in tensors:
+        return fn(*args), None
+    dev = first.device
+    stream = _stream_of(dev)
+    e = _entry(_signature(op, meta, dev.index, stream, tensors, mode), meta, stream,
+               None if after is None else after[0])
     if e.failed:
-        return fn(*args)
+        return fn(*args), None
     with e.lock:
         if e.step is None:
             if e.calls == 0:                       # compile, check and build tables outside any pool
@@ -192,45 +269,55 @@ def replayed(op: str, meta, fn: Callable, *args):
                     _count("refused")
                 else:
                     _count("direct")
-                return out
+                return out, None
             if mode == "auto" and resident_bytes() + 2 * e.nbytes > MAX_RESIDENT_BYTES:
                 e.failed = True                    # the captures made so far hold the budget: direct from now on
                 _count("refused")
-                return fn(*args)
-            return _capture(e, op, fn, args)
+                return fn(*args), None
+            if not _capture(e, op, fn, args, None if after is None else after[1]):
+                return fn(*args), None
         with torch.no_grad():
-            for s, a in zip(e.static, args):
-                if s is not None:
+            for s, a, c in zip(e.static, args, e.copied):
+                if c:
                     s.copy_(a)
             outs = e.step.replay()
             res = tuple(o.clone() for o in outs)
+        e.generation += 1
+        handle = (e, e.generation)
         _count("replayed")
-    return res[0] if e.one else res
+    return (res[0] if e.one else res), handle
 
 
-def _capture(e: _Entry, op: str, fn: Callable, args):
-    from fovi_lab.ops.graphs import capture
+def _allocated(dev) -> int:
+    return torch.cuda.memory_allocated(dev) if dev.type == "cuda" else 0
+
+
+def _capture(e: _Entry, op, fn: Callable, args, shared=None) -> bool:
+    """Capture ``fn`` on static inputs into ``e`` (``shared``: {index: another entry's static tensor}, read in place);
+    False (and a warning; the signature runs directly from then on) where the capture failed."""
+    shared = shared or {}
     dev = next(a for a in args if a is not None).device
-    before = torch.cuda.memory_allocated(dev)
+    before = _allocated(dev)
     try:
         with torch.no_grad():
-            static = tuple(_static_copy(a) for a in args)
-            step = capture(lambda: _as_tuple(fn(*static)), warmup=1, device=dev)
+            static = tuple(shared[i] if i in shared else _static_copy(a) for i, a in enumerate(args))
+            if dev.type == "cuda":
+                step = capture(lambda: _as_tuple(fn(*static)), warmup=1, device=dev)
+            else:
+                step = _EmulatedStep(lambda: _as_tuple(fn(*static)))
     except Exception as exc:  # noqa: BLE001 - a call that cannot be captured still runs directly
         e.failed = True
         _count("refused")
-        warnings.warn(f"{op}: could not capture this call into a CUDA graph ({type(exc).__name__}: {exc}); "
+        name = op if isinstance(op, str) else op[0]
+        warnings.warn(f"{name}: could not capture this call into a CUDA graph ({type(exc).__name__}: {exc}); "
                       f"running it directly from now on (FOVI_KNN_REPLAY=off skips the attempt)",
-                      RuntimeWarning, stacklevel=4)
-        return fn(*args)
+                      RuntimeWarning, stacklevel=5)
+        return False
     e.static, e.step = static, step
-    e.nbytes = max(0, torch.cuda.memory_allocated(dev) - before)
+    e.copied = tuple(a is not None and i not in shared for i, a in enumerate(args))
+    e.nbytes = max(0, _allocated(dev) - before)
     _count("captured")
-    with torch.no_grad():
-        outs = step.replay()
-        res = tuple(o.clone() for o in outs)
-    _count("replayed")
-    return res[0] if e.one else res
+    return True
 
 
 def clear() -> None:

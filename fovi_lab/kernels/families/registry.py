@@ -39,6 +39,16 @@ _BY_KEY: Dict[str, Family] = {f.key: f for f in FAMILIES}
 _BY_VARIANT: Dict[str, Family] = {v: f for f in FAMILIES for v in f.variants}
 
 
+#: The kernel kinds of the dense ceilings (a family's tile loop on dense operands, :meth:`Family.dense_kind`): the
+#: benchmarks' ceilings, not families; the canary runs them on a dense problem.
+DENSE_KINDS = ("dense", "densep", "simt_dense", "simtv_dense", "mma_dense", "mmaw_dense", "mmat_dense", "mmap_dense")
+
+
+def is_dense_kind(kind: str) -> bool:
+    """Whether ``kind`` (a built kernel's family string) is a dense ceiling's (:data:`DENSE_KINDS`)."""
+    return kind in DENSE_KINDS
+
+
 def family(key: str) -> Family:
     """The family of ``key`` (``"tensor_cores"``) or of a legacy family string (``"mmato"``)."""
     fam = family_or_none(key)

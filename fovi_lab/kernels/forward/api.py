@@ -134,8 +134,8 @@ def resolve_uncached(x, weight, bias, input_linear, weight_linear, config=None, 
     if config is None and f32_out:
         config = select_mma_split(b, cout)
     if f32_out and not _gives_fp32(config):
-        raise ValueError(f"config: an fp32 output needs a split tensor-core config ({', '.join(_SPLIT_MMA_FAMILIES)}), "
-                         f"got {config!r}")
+        raise ValueError(f"config: an fp32 output needs a tensor-core config whose p loop is split (its fp32 partial "
+                         f"sums are the output; for this call {select_mma_split(b, cout)!r}), got {config!r}")
     if config is None and bf16:             # bf16: the register tensor-core kernels alone (no other family has a bf16 kernel)
         name = pick(b, cout, nout, p64, cin, info.nm is not None, q, bf16=True)
         built = get_uncached_config(name, dev, bf16=True)
@@ -174,9 +174,6 @@ def resolve_uncached(x, weight, bias, input_linear, weight_linear, config=None, 
                 raise ValueError(f"config: {config!r} cannot run this call: {'; '.join(reasons)}")
         built = require_config(config, dev, bf16=bf16)
     return built, info, store_mode(store, 2 * b * cout * nout), dev
-
-
-_SPLIT_MMA_FAMILIES = ("mmas", "mmasw", "mmaps")
 
 
 def _gives_fp32(config: str) -> bool:

@@ -15,9 +15,9 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from fovi_lab.ops.devices import DEVICES
-from fovi_lab.kernels.families.registry import family_or_none
+from fovi_lab.kernels.families.registry import family_or_none, is_dense_kind
 from fovi_lab.kernels.common import ValidatedCache, init_warp, nan_canary, wp
-from fovi_lab.kernels.forward.configs import (FwdConfig, DENSE_FAMILIES, _EXPERIMENTAL_CONFIG_SPECS,
+from fovi_lab.kernels.forward.configs import (FwdConfig, _EXPERIMENTAL_CONFIG_SPECS,
                                               _TEST_CONFIG_SPECS, _UNCACHED_BATCH_CONFIG_SPECS, mathdx_default,
                                               config_spec, dense_kind)
 from fovi_lab.kernels.forward.plans import plan_cached, plan_dense, plan_uncached
@@ -106,7 +106,7 @@ def canary(kernel, tile_m: int, tile_n: int, r: int, block_dim: int, device: str
         from fovi_lab.ops.reference import build_effective_weight
         weff = build_effective_weight(meta, w, cout_multiple=tile_n)
         plan = plan_cached(cfg, kernel, x, weff, bias, meta.input_linear, tile_n, store="staged")
-    elif family in DENSE_FAMILIES:
+    elif is_dense_kind(family):
         base = family[:-len("_dense")] if family.endswith("_dense") else ""
         if family_or_none(base) is not None:       # a family's own dense kernel runs on that family's plan
             cfg = FwdConfig("canary", base, tile_m, tile_n, tile_k, r, block_dim)
@@ -114,7 +114,7 @@ def canary(kernel, tile_m: int, tile_n: int, r: int, block_dim: int, device: str
     else:
         plan = plan_uncached(cfg, kernel, x, w, bias, meta.input_linear, meta.weight_linear, store="staged")
     ok, why = nan_canary(plan.launch, plan.out)
-    if not ok or family in DENSE_FAMILIES:
+    if not ok or is_dense_kind(family):
         return ok, why
     y = plan.finish()
     ref = oracle_forward(x.float().cpu(), w.float().cpu(), bias.float().cpu(), meta.idx, meta.rf_index, meta.v)
