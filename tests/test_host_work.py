@@ -141,3 +141,17 @@ def test_a_replayed_step_issues_its_copies_and_its_results_only(monkeypatch, pre
         step()
     n = 3 + bias
     assert (ops.names, ops.allocations, ops.syncs) == ({"copy_": n, "clone": n}, n, 0), (ops.names, ops.allocations)
+
+
+def test_host_work_of_replayed_calls_on_the_cpu():
+    """``bench host --emulate-replay``: the same calls replayed from emulated graphs, as a GPU replays them; each
+    replay is counted and not run, so a step shows two graph replays, no Warp launch, and its copies and results
+    as its only PyTorch operations (x and the weight in, y out; grad_y in, dx and dW out)."""
+    recs = {r["path"]: r for r in host_work("res18_layer3_0", 3, "warp_train", "cpu", reps=1, emulate_replay=True)}
+    step = recs["step"]
+    assert all(r["replay"] == "emulated" for r in recs.values())
+    assert (step["warp_launches"], step["graph_replays"]) == (0, 2), step
+    assert step["torch_op_names"] == {"copy_": 3, "clone": 3} and step["allocations"] == 3, step
+    assert (recs["forward"]["graph_replays"], recs["forward"]["torch_op_names"]) == (1, {"copy_": 2, "clone": 1})
+    with pytest.raises(ValueError, match="emulate_replay: the graphs are emulated on a CPU only"):
+        host_work("res18_layer3_0", 3, "warp_train", "cuda", reps=1, emulate_replay=True)

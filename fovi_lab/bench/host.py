@@ -98,7 +98,8 @@ def dry_launches() -> Iterator[_Launches]:
     ``wp.Launch.launch``, plain ``wp.launch`` / ``wp.launch_tiled``); recording a launch (``record_cmd=True``)
     still works. Yields the counter (``.count``). Outputs the kernels would write hold whatever they held. CUDA graph
     replays (``torch.cuda.CUDAGraph.replay``: the Warp backends' replayed calls) run, and are counted and timed
-    (``.replays``, ``.replay_s``)."""
+    (``.replays``, ``.replay_s``); an emulated graph's replay (:func:`fovi_lab.ops.replay.emulated_on_cpu`) is counted
+    and does nothing, as its kernels are left out."""
     import warp as wp
 
     counter = _Launches()
@@ -128,13 +129,22 @@ def dry_launches() -> Iterator[_Launches]:
             counter.replays += 1
             counter.replay_s += time.perf_counter() - t0
 
+    from fovi_lab.ops import replay as replay_layer
+    real_emulated = replay_layer._EmulatedStep.replay
+
+    def emulated(self):                 # an emulated graph (replay.emulated_on_cpu): counted, its kernels not run
+        counter.replays += 1
+        return self.outputs
+
     wp.launch, wp.launch_tiled, wp.Launch.launch = launch, launch_tiled, cmd_launch
+    replay_layer._EmulatedStep.replay = emulated
     if real_replay is not None:
         graph.replay = replay
     try:
         yield counter
     finally:
         wp.launch, wp.launch_tiled, wp.Launch.launch = real_launch, real_tiled, real_cmd
+        replay_layer._EmulatedStep.replay = real_emulated
         if real_replay is not None:
             graph.replay = real_replay
 
@@ -147,9 +157,19 @@ def _layer(meta, backend: str, device, dtype):
 
 
 def host_work(layer: str, batch: int, backend: str = "warp_train", device="cpu", reps: int = 30,
-              dtype: torch.dtype = torch.float16, paths=PATHS, warmup: int = 2) -> List[dict]:
-    """The host work of ``paths`` of one eager layer call (see the module doc); one dict per path."""
+              dtype: torch.dtype = torch.float16, paths=PATHS, warmup: int = 2,
+              emulate_replay: bool = False) -> List[dict]:
+    """The host work of ``paths`` of one eager layer call (see the module doc); one dict per path.
+    ``emulate_replay`` (a CPU only): the calls are replayed from emulated graphs
+    (:func:`fovi_lab.ops.replay.emulated_on_cpu`), as a GPU replays them, each replay counted and not run."""
     device = torch.device(device)
+    if emulate_replay:
+        if device.type != "cpu":
+            raise ValueError(f"emulate_replay: the graphs are emulated on a CPU only; on {device} they are real")
+        from fovi_lab.ops import replay
+        with replay.emulated_on_cpu():
+            rows = host_work(layer, batch, backend, device, reps, dtype, paths, warmup + 1)
+        return [dict(r, replay="emulated") for r in rows]
     meta = layer_meta(layer, device=device)
     conv = _layer(meta, backend, device, dtype)
     gen = torch.Generator().manual_seed(0)
@@ -241,6 +261,9 @@ def add_arguments(parser) -> None:
                         metavar="BACKEND", help="backends that train (default: warp_train torch_compact)")
     parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS), help="which calls to measure")
     parser.add_argument("--reps", type=COUNT, default=30, help="timed calls per path, whose median is kept")
+    parser.add_argument("--emulate-replay", action="store_true",
+                        help="on a CPU: replay the calls from emulated CUDA graphs, as a GPU replays them (the "
+                             "records say replay=emulated)")
     add_device_option(parser)
     parser.add_argument("--out", type=out_file, default=None,
                         help="JSON-lines file to append the records to (default: none, the table is printed)")
@@ -255,6 +278,9 @@ def table_line(r: dict) -> str:
 def run(args) -> int:
     """Run the host benchmark as ``args`` say (the options of :func:`add_arguments`); returns 0."""
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.emulate_replay and torch.device(device).type != "cpu":
+        from fovi_lab.ops.arguments import usage_error
+        usage_error(PROG, f"--emulate-replay: the graphs are emulated on a CPU only; on {device} they are real")
     env = env_info(device)
     stamp_command(env, PROG, args)
     print(f"# host work of eager calls on {env['device']} (torch {env['torch']}, warp {env['warp']}); times in us, "
@@ -266,7 +292,9 @@ def run(args) -> int:
         for b in args.batches:
             for backend in args.backends:
                 total += emit_rows([dict(env, **r) for r in host_work(layer, b, backend, device, args.reps,
-                                                                      paths=args.paths)], args.out, table_line)
+                                                                      paths=args.paths,
+                                                                      emulate_replay=args.emulate_replay)],
+                                   args.out, table_line)
     say_appended(args.out, total)
     return 0
 
