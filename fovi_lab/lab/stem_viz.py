@@ -122,7 +122,7 @@ def stem_forward_rows(records: Optional[List[dict]] = None) -> List[dict]:
         r0 = run[0]
         pick = F.select_i2c(b, r0["cout"], r0["p64"])
         gath = [r for c, r in k.items() if lookup(c).family == "tile_gemm" and not lookup(c)["prefetch"]]
-        i2c = [r for c, r in k.items() if c.startswith("i2c")]
+        i2c = [r for c, r in k.items() if lookup(c).family == "im2col"]
         torch_rows = [r for r in run if str(r.get("impl")).startswith("torch") and r.get("ms") and not r.get("graphed")]
         g = min(gath, key=lambda r: r["ms_kernel"]) if gath else None
         bi = min(i2c, key=lambda r: r["ms_kernel"]) if i2c else None

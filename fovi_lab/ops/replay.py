@@ -276,7 +276,8 @@ def _replay(op, meta, fn: Callable, args, after=None):
                 return fn(*args), None
             if not _capture(e, op, fn, args, None if after is None else after[1]):
                 return fn(*args), None
-        with torch.no_grad():
+        # an autograd Function's forward and backward run with grad off already: no context to enter there
+        with (torch.no_grad() if torch.is_grad_enabled() else contextlib.nullcontext()):
             for s, a, c in zip(e.static, args, e.copied):
                 if c:
                     s.copy_(a)

@@ -97,27 +97,30 @@ def pick(batch: int, out_channels: int, out_nodes: int, p_padded: int, in_channe
 
 def pick_reason(batch: int, out_channels: int, out_nodes: int, p_padded: int, in_channels: int,
                 node_major: bool, name: str, bf16: bool = False) -> str:
-    """Which rule of this module picked ``name`` for the call, in words, with the thresholds it read."""
-    fam = name.split("_")[0]
+    """Which rule of this module picked ``name`` for the call, in words, with the thresholds it read (the rule is
+    told by the point's family and parameters, :mod:`fovi_lab.kernels.families`)."""
+    from fovi_lab.kernels.families.registry import lookup
     if bf16:
         return "bf16 runs on the register tensor-core kernels alone (select_mma without the pipelined kernels)"
-    if fam in ("mmap", "mmaps"):
-        split = ("; the p range split, as there are fewer than %d nodes or the unsplit grid is under %d blocks" %
-                 (_PIPE_MIN_NODES, _PIPE_SPLIT_CTAS) if fam == "mmaps" else "")
+    point = lookup(name)
+    split = bool(point.as_dict().get("split", False))
+    if point.family == "pipelined":
+        why = ("; the p range split, as there are fewer than %d nodes or the unsplit grid is under %d blocks" %
+               (_PIPE_MIN_NODES, _PIPE_SPLIT_CTAS) if split else "")
         return (f"select_pipe: B >= {_PIPE_MIN_BATCH}, Cout >= {_PIPE_MIN_COUT} and P64 >= {_PIPE_MIN_P64}, where "
-                f"each node's GEMM is large enough for the cp.async stages{split}")
-    if fam.startswith("mma"):
+                f"each node's GEMM is large enough for the cp.async stages{why}")
+    if point.family == "tensor_cores":
         return ("select_mma: the tensor-core rule (FOVI_WARP_MMA=auto), read from the H200 sweeps of every "
                 "tensor-core config on every layer; the call's shape is under the pipelined kernels' thresholds")
-    if fam in ("ss", "ssw"):
+    if point.family == "simt" and split:
         return (f"select_simts: B <= {_SIMTS_MAX_BATCH}, or at most {_SIMTS_FEW_NODES} output nodes at B <= "
                 f"{_SIMTS_FEW_NODES_MAX_BATCH}: the split SIMT kernel")
-    if fam in ("sd", "sv", "sdp", "sw"):
+    if point.family == "simt":
         return (f"select_simt: a stem-like layer (Cin < {_NM_MIN_CIN}) with >= {_SIMT_MIN_NODES} output nodes at "
                 f"this batch")
-    if fam in ("nm", "nms"):
+    if point.family == "node_major":
         return f"the node-major rule: tables of the node-major form and Cin >= {_NM_MIN_CIN}"
-    if fam in ("i2c", "i2cg"):
+    if point.family == "im2col":
         return f"select_i2c: a stem-like layer (Cin < {_NM_MIN_CIN}) outside the SIMT kernels' range"
     return "the gather rule: tables of no special form"
 
