@@ -29,3 +29,27 @@ def test_the_readme_block_is_replaced_between_its_markers():
         assert "markers" in str(e)
     else:
         raise AssertionError("a README without the markers must be refused")
+
+
+def test_network_rows_pair_ours_with_fovis_fastest_of_the_same_run(tmp_path):
+    """A network row is one run's (device, net, B, precision, date) mode: fovi_lab against the fastest other backend of
+    that run and mode only; a run without fovi_lab or without another backend gives no row; the README table takes
+    the newest run of each network, batch and mode."""
+    import json
+    def rec(date, mode, backend, ms, net="resnet18"):
+        return dict(kind="network", device="GPU X", net=net, B=64, precision="amp", date=date, mode=mode,
+                    backend=backend, ms=ms, commit="abc")
+    recs = [rec("2026-01-01T00:00", "eager", "fovi_lab", 10.0), rec("2026-01-01T00:00", "eager", "cuda", 12.0),
+            rec("2026-01-01T00:00", "eager", "auto", 11.0), rec("2026-01-01T00:00", "graphed", "cuda", 3.0),
+            rec("2026-01-02T00:00", "eager", "fovi_lab", 8.0), rec("2026-01-02T00:00", "eager", "baseline", 16.0),
+            rec("2026-01-02T00:00", "eager", "fovi_lab", 5.0, net="alexnet")]
+    (tmp_path / "gpu_x").mkdir()
+    (tmp_path / "gpu_x" / "network.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    rows = report.network_rows(report.network_records(tmp_path))
+    assert [(r["date"], r["mode"], r["ours_ms"], r["other"], r["other_ms"]) for r in rows] == [
+        ("2026-01-01", "eager", 10.0, "auto", 11.0), ("2026-01-02", "eager", 8.0, "baseline", 16.0)]
+    table = report.network_readme_table(rows)
+    assert "| KNNResNet-18 | 64 | 8.00 / 16.00 (baseline) | 2.00x | – | – |" in table, table
+    assert "KNNAlexNet" not in table
+    text = f"a\n{report.NETWORK_BEGIN}\nold\n{report.NETWORK_END}\n"
+    assert report.update_readme_networks(text, "new") == f"a\n{report.NETWORK_BEGIN}\nnew\n{report.NETWORK_END}\n"
