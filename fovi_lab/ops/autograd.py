@@ -6,7 +6,9 @@ explicit adjoints; gradients are cast back to the dtypes of x / weight / bias (f
 under AMP keep fp32 grads), and the bias grad is an fp32 sum of ``grad_y`` over batch and nodes.
 An ops object with ``step_forward`` / ``step_backward`` (``warp_train``) does all of that inside one call per
 direction, which its replay layer issues as one CUDA graph (:mod:`fovi_lab.ops.replay`): the casts and the bias
-gradient are not host operations, and the backward reads the forward's copies of x and weight.
+gradient are not host operations, and the backward reads the forward's copies of x and weight. That path saves x and
+the weight as given (not their casts), so autograd refuses an in-place change of either before the backward, as it
+does for any op that saves its inputs.
 The registry's names (``OPS_REGISTRY``, ``register_ops``, ``get_ops``) are re-exported here.
 """
 
