@@ -288,24 +288,23 @@ def network_readme_table(rows: List[dict]) -> str:
     return "\n".join(out)
 
 
+def _replace_block(text: str, begin: str, end: str, table: str, what: str) -> str:
+    try:
+        a = text.index(begin) + len(begin)
+        b = text.index(end, a)
+    except ValueError:
+        raise ValueError(f"README.md: the {what} markers are missing") from None
+    return text[:a] + "\n" + table + "\n" + text[b:]
+
+
 def update_readme(text: str, table: str) -> str:
     """``text`` with the block between :data:`README_BEGIN` and :data:`README_END` replaced by ``table``."""
-    try:
-        a = text.index(README_BEGIN) + len(README_BEGIN)
-        b = text.index(README_END, a)
-    except ValueError:
-        raise ValueError("README.md: the results table markers are missing") from None
-    return text[:a] + "\n" + table + "\n" + text[b:]
+    return _replace_block(text, README_BEGIN, README_END, table, "results table")
 
 
 def update_readme_networks(text: str, table: str) -> str:
     """``text`` with the block between :data:`NETWORK_BEGIN` and :data:`NETWORK_END` replaced by ``table``."""
-    try:
-        a = text.index(NETWORK_BEGIN) + len(NETWORK_BEGIN)
-        b = text.index(NETWORK_END, a)
-    except ValueError:
-        raise ValueError("README.md: the network table markers are missing") from None
-    return text[:a] + "\n" + table + "\n" + text[b:]
+    return _replace_block(text, NETWORK_BEGIN, NETWORK_END, table, "network table")
 
 
 #: The help text of ``python -m fovi_lab report``.
