@@ -57,9 +57,9 @@ __all__ = [
 ]
 
 
-#: id(meta) -> (x, weight, replay entry, its generation) of the layer's last replayed forward, all held weakly (a
-#: dropped signature frees its copies): an adjoint call on those same tensors reads the forward's copies of them
-#: (:func:`_after_forward`).
+#: id(meta) -> (x, weight, replay entry, its generation, x's and weight's versions) of the layer's last replayed
+#: forward, all held weakly (a dropped signature frees its copies): an adjoint call on those same tensors, unchanged
+#: since, reads the forward's copies of them (:func:`_after_forward`).
 _LAST_FORWARD: dict = {}
 
 
@@ -69,13 +69,15 @@ def _forward(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, bias) ->
     meta = meta.to(x.device)
     y, handle = replayed_keep("forward", meta, lambda x, w, b: _forward_direct(meta, x, w, b), x, weight, bias)
     if handle is not None:
-        _LAST_FORWARD[id(meta)] = (weakref.ref(x), weakref.ref(weight), weakref.ref(handle[0]), handle[1])
+        _LAST_FORWARD[id(meta)] = (weakref.ref(x), weakref.ref(weight), weakref.ref(handle[0]), handle[1],
+                                   x._version, weight._version)
     return y
 
 
 def _after_forward(op: str, meta, fn, grad_y, *operands):
     """An adjoint call (``operands``: the forward's x and / or weight, by position: ``("x", x)``...) replayed after the
-    layer's last forward: where that forward was replayed on these very tensors, the adjoint's graph reads the
+    layer's last forward: where that forward was replayed on these very tensors, not changed in place since (their
+    versions), the adjoint's graph reads the
     forward's copies of them (:func:`fovi_lab.ops.replay.replayed_after`: while they still hold them) and copies in
     ``grad_y`` alone; otherwise an ordinary replayed call. A backend called by another package's autograd Function
     (fovi's, :mod:`fovi_lab.integrations.fovi`) passes the tensors its forward took, and gets the sharing too."""
@@ -83,7 +85,9 @@ def _after_forward(op: str, meta, fn, grad_y, *operands):
     args = (grad_y,) + tuple(t for _, t in operands)
     if last is not None:
         held = {"x": last[0](), "weight": last[1](), "entry": last[2]()}
-        if held["entry"] is not None and all(held[name] is t for name, t in operands):
+        version = {"x": last[4], "weight": last[5]}
+        # the same tensors, unchanged since (an in-place update, an optimizer's step, bumps the version)
+        if held["entry"] is not None and all(held[name] is t and t._version == version[name] for name, t in operands):
             shared = {i + 1: 0 if name == "x" else 1 for i, (name, _) in enumerate(operands)}
             return replayed_after((held["entry"], last[3]), shared, op, meta, fn, *args)
     return replayed(op, meta, fn, *args)
@@ -242,13 +246,15 @@ class WarpTrainOps:
 _STEP_OPS = {}          # (compute dtype, needs) -> the op names of the step's two calls (their replay signatures)
 
 
-def _step_names(dtype, needs=None):
-    key = (dtype, needs)
+def _step_names(dtype, needs=None, bias_dtype=None):
+    key = (dtype, needs, bias_dtype)
     name = _STEP_OPS.get(key)
     if name is None:
         tag = str(dtype)[6:]
-        name = _STEP_OPS[key] = (f"step_forward[{tag}]" if needs is None else
-                                 f"step_backward[{tag}:{''.join('xwb'[i] for i, n in enumerate(needs) if n)}]")
+        name = _STEP_OPS[key] = (
+            f"step_forward[{tag}]" if needs is None else
+            f"step_backward[{tag}:{''.join('xwb'[i] for i, n in enumerate(needs) if n)}"
+            f"{':' + str(bias_dtype)[6:] if needs[2] else ''}]")
     return name
 
 
@@ -286,7 +292,8 @@ def step_backward(meta: TrainingMeta, token, grad_y: torch.Tensor, x: torch.Tens
     def run(g, x, w):                    # the adjoints accumulate in fp32, whatever autocast says
         with torch.autocast(device_type=g.device.type, enabled=False):
             return _step_grads(meta, g, x, w, dtype, needs, x_dtype, w_dtype, bias_dtype)
-    got = iter(replayed_after(token, {1: 0, 2: 1}, _step_names(dtype, needs), meta, run, grad_y, x, weight))
+    got = iter(replayed_after(token, {1: 0, 2: 1}, _step_names(dtype, needs, bias_dtype), meta, run, grad_y, x,
+                              weight))
     return tuple(next(got) if n else None for n in needs)
 
 

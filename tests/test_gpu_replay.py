@@ -116,7 +116,7 @@ def test_knnconv_step_replays_in_two_graphs_bitwise(layer, amp, monkeypatch):
     """KNNConv's eager step through ``step_forward`` / ``step_backward``: replayed (the backward from a graph that reads
     the forward's copies of x and the weight), every step's y, dx, dW and db equal the direct step's bit for bit, under
     fp16 and under autocast with fp32 master weights; a step of two forwards before the backwards (the first's copies
-    overwritten) too; and a step issues only its copies in and its results out (3 + 4 host operations)."""
+    overwritten) too; and a step issues only its copies in and its results out (4 + 4 host operations)."""
     from fovi_lab.bench.host import OpCounter
     from fovi_lab.ops.autograd import KNNConv
     monkeypatch.setenv("FOVI_KNN_REPLAY", "on")

@@ -71,10 +71,10 @@ def test_layouts_replayed_only_when_a_strided_copy_reproduces_them():
     assert s.stride() == t.permute(2, 0, 1).stride() and torch.equal(s, t.permute(2, 0, 1))
 
 
-def test_suspended_runs_direct_on_this_thread_and_nests():
-    """:func:`replay.suspended` (what ``graphed()`` runs its warm-ups in) sets the thread's flag that replayed()
-    reads first, restores it on exit, nests, and leaves other threads alone; inside, even an emulated replay runs
-    directly."""
+def test_suspended_runs_direct_in_every_thread_and_nests():
+    """:func:`replay.suspended` (what ``graphed()`` runs its warm-ups in) holds for the whole process: autograd runs a
+    CUDA backward on a worker thread of its own, whose calls must run directly too. It nests, ends with its outermost
+    block, and inside even an emulated replay runs directly."""
     import threading
     from fovi_lab.ops.graphs import per_call_suspended
     assert not per_call_suspended()
@@ -92,7 +92,7 @@ def test_suspended_runs_direct_on_this_thread_and_nests():
             for _ in range(3):
                 replay.replayed("suspended-test", None, lambda a: a + 1, torch.ones(2))
         assert replay.stats() == before
-    assert not per_call_suspended() and seen == [False]
+    assert not per_call_suspended() and seen == [True]
 
 
 def _emulated(monkeypatch):
@@ -165,3 +165,30 @@ def test_the_backward_reads_the_forwards_copies_only_while_they_hold_its_inputs(
         got = two()
         assert all(torch.equal(a, b) for a, b in zip(want, got))
         assert [t.dtype for t in got] == [torch.float32] * 3
+
+
+def test_an_adjoint_after_an_in_place_change_copies_its_own_operands(monkeypatch):
+    """The ops-level adjoints (WarpTrainOps.grad_weight / grad_input / backward_combined) read a replayed forward's
+    copies of x and the weight only while those tensors are unchanged: after ``x.mul_(2)`` (or an optimizer's step on
+    the weight) they copy their own, and dW and dx are the direct calls' on the current values."""
+    from fovi_lab.knn_warp import WarpTrainOps
+    meta, _ = _layer_conv()
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(4, meta.cin, meta.nin, generator=gen).half()
+    w = (torch.randn(meta.cout, meta.q, generator=gen) / 30).half()
+    g = torch.randn(4, meta.cout, meta.nout, generator=gen).half()
+    _emulated(monkeypatch)
+    for _ in range(3):                                   # forward captured; the adjoints after it captured too
+        WarpTrainOps.forward(meta, x, w, None)
+        WarpTrainOps.backward_combined(meta, g, x, w)
+        WarpTrainOps.grad_weight(meta, g, x)
+        WarpTrainOps.grad_input(meta, g, w)
+    WarpTrainOps.forward(meta, x, w, None)
+    x.mul_(2)
+    w.mul_(-1)
+    got = (WarpTrainOps.grad_weight(meta, g, x), WarpTrainOps.grad_input(meta, g, w),
+           *WarpTrainOps.backward_combined(meta, g, x, w))
+    monkeypatch.setattr(replay, "EMULATE_ON_CPU", False)        # the direct calls on the current values
+    want = (WarpTrainOps.grad_weight(meta, g, x), WarpTrainOps.grad_input(meta, g, w),
+            *WarpTrainOps.backward_combined(meta, g, x, w))
+    assert all(torch.equal(a, b) for a, b in zip(got, want))

@@ -157,7 +157,7 @@ def _layer(meta, backend: str, device, dtype):
 
 
 def host_work(layer: str, batch: int, backend: str = "warp_train", device="cpu", reps: int = 30,
-              dtype: torch.dtype = torch.float16, paths=PATHS, warmup: int = 2,
+              dtype: torch.dtype = torch.float16, paths=PATHS, warmup: int = 3,
               emulate_replay: bool = False) -> List[dict]:
     """The host work of ``paths`` of one eager layer call (see the module doc); one dict per path.
     ``emulate_replay`` (a CPU only): the calls are replayed from emulated graphs
@@ -168,7 +168,7 @@ def host_work(layer: str, batch: int, backend: str = "warp_train", device="cpu",
             raise ValueError(f"emulate_replay: the graphs are emulated on a CPU only; on {device} they are real")
         from fovi_lab.ops import replay
         with replay.emulated_on_cpu():
-            rows = host_work(layer, batch, backend, device, reps, dtype, paths, warmup + 1)
+            rows = host_work(layer, batch, backend, device, reps, dtype, paths, warmup)
         return [dict(r, replay="emulated") for r in rows]
     meta = layer_meta(layer, device=device)
     conv = _layer(meta, backend, device, dtype)
@@ -197,7 +197,9 @@ def host_work(layer: str, batch: int, backend: str = "warp_train", device="cpu",
     out = []
     for path in paths:
         prep, fn = calls[path]
-        for _ in range(warmup):                       # compiles and checks the kernels, fills the plan caches
+        # compiles and checks the kernels, fills the plan caches and (replayed calls) captures the forward on the
+        # second call, the backward that reads its copies on the third
+        for _ in range(warmup):
             if prep:
                 prep()
             fn()

@@ -46,25 +46,30 @@ __all__ = ["CapturedStep", "capture", "prepare", "graphed", "keep_alive_while_ca
            "per_call_suspended"]
 
 _KEEPERS: List[Callable[[], object]] = []
-_local = threading.local()          # .per_call_off: the backends' per-call graphs suspended on this thread
+_suspend_lock = threading.Lock()
+_suspended = 0                      # open suspend_per_call() blocks, process-wide
 
 
 @contextlib.contextmanager
 def suspend_per_call() -> Iterator[None]:
-    """Inside, on this thread, the backends' calls run directly (:mod:`fovi_lab.ops.replay` caches, captures and
-    replays no signature; exported there as ``suspended``). :func:`graphed` runs its warm-ups and its capture in it:
-    per-call graphs made there (static copies and pools) would never be replayed by the whole-step graph."""
-    prev = getattr(_local, "per_call_off", False)
-    _local.per_call_off = True
+    """Inside, the backends' calls run directly (:mod:`fovi_lab.ops.replay` caches, captures and replays no signature;
+    exported there as ``suspended``). :func:`graphed` runs its warm-ups and its capture in it: per-call graphs made
+    there (static copies and pools) would never be replayed by the whole-step graph. It holds for the whole process,
+    not this thread alone: autograd runs a CUDA backward on a worker thread of its own, and the backward's calls must
+    run directly too (other threads' calls meanwhile run directly as well: correct, only not replayed)."""
+    global _suspended
+    with _suspend_lock:
+        _suspended += 1
     try:
         yield
     finally:
-        _local.per_call_off = prev
+        with _suspend_lock:
+            _suspended -= 1
 
 
 def per_call_suspended() -> bool:
-    """Whether this thread is inside :func:`suspend_per_call`."""
-    return getattr(_local, "per_call_off", False)
+    """Whether a :func:`suspend_per_call` block is open (in any thread)."""
+    return _suspended > 0
 
 
 def keep_alive_while_captured(provider: Callable[[], object]) -> None:
@@ -124,10 +129,11 @@ def capture(fn: Callable[[], object], *, warmup: int = 3, device: Optional[torch
 
 
 def prepare(model: torch.nn.Module, *inputs) -> None:
-    """Two eager forwards and backwards of ``model(*inputs)``, leaving the parameters' gradients as they were: they
+    """Three eager forwards and backwards of ``model(*inputs)``, leaving the parameters' gradients as they were: they
     build every per-layer table and kernel plan outside any CUDA-graph pool, before
-    ``torch.compile(model, mode="reduce-overhead")`` (see the module docstring), and the second lets the Warp
-    backends capture their own per-call graphs (:mod:`fovi_lab.ops.replay`) there too. Call it as training calls
+    ``torch.compile(model, mode="reduce-overhead")`` (see the module docstring), and the later two let the Warp
+    backends capture their own per-call graphs (:mod:`fovi_lab.ops.replay`: a forward on its second call, the
+    backward that reads its copies on the third) there too. Call it as training calls
     the model: same batch size, dtypes and autocast context (the plans are per call signature). The buffers
     (BatchNorm's running statistics and batch count) are restored too: the calls are not training steps."""
     params = [p for p in model.parameters() if p.requires_grad]
@@ -136,7 +142,7 @@ def prepare(model: torch.nn.Module, *inputs) -> None:
     for p in params:                     # backward would add into an existing grad in place
         p.grad = None
     try:
-        for _ in range(2):
+        for _ in range(3):
             out = model(*inputs)
             outs = [t for t in (out if isinstance(out, (tuple, list)) else (out,))
                     if isinstance(t, torch.Tensor) and t.requires_grad]

@@ -10,7 +10,8 @@ and dtype, the device, torch's current stream, the replay mode and the ``FOVI_*`
 work, :func:`fovi_lab.settings.snapshot`):
 
 1. the first call runs directly: Warp compiles and checks its kernels, the layer's derived tables are built
-   (outside any graph's memory pool);
+   (outside any graph's memory pool) (an adjoint that reads a replayed forward's copies, :func:`replayed_after`, is
+   a signature of its own: its first call comes with the first replayed forward, so it captures a step later);
 2. the second call copies its tensors into static inputs, captures the direct call on them into a CUDA graph
    (:func:`fovi_lab.ops.graphs.capture`) and replays it;
 3. every later call copies its tensors into the static inputs, replays the graph and returns copies of its
@@ -227,7 +228,8 @@ def replayed_after(handle, shared: Dict[int, int], op: str, meta, fn: Callable, 
     signature has not been replayed since, on this stream), this call's graph reads them in place and only the other
     arguments are copied in; otherwise (a second forward of the layer before this backward, a direct call, another
     stream) it is an ordinary :func:`replayed` call. The results are the same either way: the copies hold the values
-    the tensors had when that call ran, and autograd refuses a saved tensor changed in place since."""
+    the tensors had when that call ran. The caller vouches that the tensors are unchanged since: an autograd Function
+    by its saved tensors (autograd refuses one changed in place), :mod:`fovi_lab.knn_warp` by their versions."""
     if handle is not None:
         fwd, gen = handle
         first = next((a for a in args if a is not None), None)
