@@ -192,3 +192,23 @@ def test_an_adjoint_after_an_in_place_change_copies_its_own_operands(monkeypatch
     want = (WarpTrainOps.grad_weight(meta, g, x), WarpTrainOps.grad_input(meta, g, w),
             *WarpTrainOps.backward_combined(meta, g, x, w))
     assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_resident_bytes_count_a_dropped_forward_that_an_adjoint_still_reads(monkeypatch):
+    """A forward dropped from the cache (as the least recently used is) while a cached adjoint reads its copies: the
+    adjoint holds it, so resident_bytes still counts its bytes (its static copies live on)."""
+    meta, conv = _layer_conv()
+    x = torch.randn(3, meta.cin, meta.nin).half().requires_grad_()
+    g = torch.randn(3, meta.cout, meta.nout).half()
+    _emulated(monkeypatch)
+    for _ in range(3):
+        conv(x).backward(g)
+    entries = list(replay._entries.values())
+    after = next(e for e in entries if e.after is not None)
+    for i, e in enumerate(entries):
+        e.nbytes = 10 ** i                      # each signature's bytes, told apart
+    assert replay.resident_bytes() == sum(e.nbytes for e in entries if e.static is not None)
+    with replay._lock:                          # the forward dropped from the cache (as the LRU rule drops one)
+        key = next(k for k, e in replay._entries.items() if e is after.after)
+        del replay._entries[key]
+    assert replay.resident_bytes() == sum(e.nbytes for e in entries if e.static is not None)

@@ -324,16 +324,22 @@ def _capture(e: _Entry, op, fn: Callable, args, shared=None) -> bool:
 
 
 def clear() -> None:
-    """Drop every captured signature (their graphs, static tensors and pools are freed with them)."""
+    """Drop every captured signature (their graphs, static tensors and pools are freed with them; one that a pending
+    backward still reads, through its forward's handle, once that backward has run)."""
     with _lock:
         _entries.clear()
 
 
 def resident_bytes(device: Optional[torch.device] = None) -> int:
     """Bytes the cached captures allocated (static inputs, outputs and what the graphs' pools hold allocated),
-    over all devices or ``device``'s."""
+    over all devices or ``device``'s; a forward dropped from the cache counts while a cached adjoint reads its
+    copies."""
     with _lock:
-        entries = list(_entries.values())
+        entries = {id(e): e for e in _entries.values()}
+    for e in list(entries.values()):        # a forward dropped from the cache that a cached adjoint still reads
+        if e.after is not None:
+            entries.setdefault(id(e.after), e.after)
+    entries = list(entries.values())
     idx = None if device is None else torch.device(device).index
     return sum(e.nbytes for e in entries if e.static is not None
                and (idx is None or next(s for s in e.static if s is not None).device.index == idx))
