@@ -156,3 +156,23 @@ def test_knnconv_step_replays_in_two_graphs_bitwise(layer, amp, monkeypatch):
             y = conv(x)
         y.backward(g)
     assert ops.names == {"copy_": 4, "clone": 4}, ops.names       # x, weight, bias, grad_y in; y, dx, dW, db out
+
+
+def test_a_backward_on_another_stream_copies_its_own_operands(monkeypatch):
+    """The forward replayed on one stream, its adjoints called on another (the forward's copies are ordered on the
+    first): they do not read the forward's copies but copy their own, and dx and dW equal the direct calls'."""
+    from fovi_lab.knn_warp import WarpTrainOps
+    monkeypatch.setenv("FOVI_KNN_REPLAY", "on")
+    replay.clear()
+    meta = layer_meta("res18_layer1", device="cuda")
+    x, w, _, g = _operands(meta, 16)
+    want = _direct(lambda: WarpTrainOps.backward_combined(meta, g, x, w), monkeypatch)
+    other = torch.cuda.Stream()
+    for _ in range(4):
+        WarpTrainOps.forward(meta, x, w, None)
+        other.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(other):
+            got = WarpTrainOps.backward_combined(meta, g, x, w)
+        torch.cuda.current_stream().wait_stream(other)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert not any(isinstance(k[0], tuple) for k in replay._entries), "no signature may read across streams"
