@@ -77,10 +77,10 @@ def _forward(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, bias) ->
 def _after_forward(op: str, meta, fn, grad_y, *operands):
     """An adjoint call (``operands``: the forward's x and / or weight, by position: ``("x", x)``...) replayed after the
     layer's last forward: where that forward was replayed on these very tensors, not changed in place since (their
-    versions), the adjoint's graph reads the
-    forward's copies of them (:func:`fovi_lab.ops.replay.replayed_after`: while they still hold them) and copies in
-    ``grad_y`` alone; otherwise an ordinary replayed call. A backend called by another package's autograd Function
-    (fovi's, :mod:`fovi_lab.integrations.fovi`) passes the tensors its forward took, and gets the sharing too."""
+    versions), the adjoint's graph reads the forward's copies of them (:func:`fovi_lab.ops.replay.replayed_after`:
+    while they still hold them) and copies in ``grad_y`` alone; otherwise an ordinary replayed call. A backend called
+    by another package's autograd Function (fovi's, :mod:`fovi_lab.integrations.fovi`) passes the tensors its forward
+    took, and gets the sharing too."""
     last = _LAST_FORWARD.get(id(meta))
     args = (grad_y,) + tuple(t for _, t in operands)
     if last is not None:

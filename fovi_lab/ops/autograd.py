@@ -63,6 +63,7 @@ class KNNConvFunction(torch.autograd.Function):
             meta = meta.to(x.device)
             y = ops.forward(meta, x_c, w_c, b_c)
         ctx.save_for_backward(x_c, w_c)
+        ctx.meta = meta                                        # on x's device
         return y
 
     @staticmethod
