@@ -103,26 +103,43 @@ def pick_reason(batch: int, out_channels: int, out_nodes: int, p_padded: int, in
     if bf16:
         return "bf16 runs on the register tensor-core kernels alone (select_mma without the pipelined kernels)"
     point = lookup(name)
-    split = bool(point.as_dict().get("split", False))
-    if point.family == "pipelined":
-        why = ("; the p range split, as there are fewer than %d nodes or the unsplit grid is under %d blocks" %
-               (_PIPE_MIN_NODES, _PIPE_SPLIT_CTAS) if split else "")
-        return (f"select_pipe: B >= {_PIPE_MIN_BATCH}, Cout >= {_PIPE_MIN_COUT} and P64 >= {_PIPE_MIN_P64}, where "
-                f"each node's GEMM is large enough for the cp.async stages{why}")
-    if point.family == "tensor_cores":
-        return ("select_mma: the tensor-core rule (FOVI_WARP_MMA=auto), read from the H200 sweeps of every "
-                "tensor-core config on every layer; the call's shape is under the pipelined kernels' thresholds")
-    if point.family == "simt" and split:
+    reason = _REASON_OF_FAMILY.get(point.family, _gather_reason)
+    return reason(bool(point.as_dict().get("split", False)))
+
+
+def _pipe_reason(split: bool) -> str:
+    why = ("; the p range split, as there are fewer than %d nodes or the unsplit grid is under %d blocks" %
+           (_PIPE_MIN_NODES, _PIPE_SPLIT_CTAS) if split else "")
+    return (f"select_pipe: B >= {_PIPE_MIN_BATCH}, Cout >= {_PIPE_MIN_COUT} and P64 >= {_PIPE_MIN_P64}, where "
+            f"each node's GEMM is large enough for the cp.async stages{why}")
+
+
+def _mma_reason(split: bool) -> str:
+    return ("select_mma: the tensor-core rule (FOVI_WARP_MMA=auto), read from the H200 sweeps of every "
+            "tensor-core config on every layer; the call's shape is under the pipelined kernels' thresholds")
+
+
+def _simt_reason(split: bool) -> str:
+    if split:
         return (f"select_simts: B <= {_SIMTS_MAX_BATCH}, or at most {_SIMTS_FEW_NODES} output nodes at B <= "
                 f"{_SIMTS_FEW_NODES_MAX_BATCH}: the split SIMT kernel")
-    if point.family == "simt":
-        return (f"select_simt: a stem-like layer (Cin < {_NM_MIN_CIN}) with >= {_SIMT_MIN_NODES} output nodes at "
-                f"this batch")
-    if point.family == "node_major":
-        return f"the node-major rule: tables of the node-major form and Cin >= {_NM_MIN_CIN}"
-    if point.family == "im2col":
-        return f"select_i2c: a stem-like layer (Cin < {_NM_MIN_CIN}) outside the SIMT kernels' range"
+    return (f"select_simt: a stem-like layer (Cin < {_NM_MIN_CIN}) with >= {_SIMT_MIN_NODES} output nodes at "
+            f"this batch")
+
+
+def _gather_reason(split: bool) -> str:
     return "the gather rule: tables of no special form"
+
+
+#: The rule of this module that picks each family's kernels (a family's key -> its reason, given the point's p-loop
+#: split); a family not here is the gather rule's.
+_REASON_OF_FAMILY = {
+    "pipelined": _pipe_reason,
+    "tensor_cores": _mma_reason,
+    "simt": _simt_reason,
+    "node_major": lambda split: f"the node-major rule: tables of the node-major form and Cin >= {_NM_MIN_CIN}",
+    "im2col": lambda split: f"select_i2c: a stem-like layer (Cin < {_NM_MIN_CIN}) outside the SIMT kernels' range",
+}
 
 
 def _mma_env() -> str:
