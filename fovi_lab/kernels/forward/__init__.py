@@ -16,7 +16,7 @@ The usual path: ``cfg = config_spec(name)`` (or ``FORWARD[name]``), ``built = ge
 weight_linear, config=name)``, then ``plan.launch()`` and ``y = plan.finish()``.
 """
 
-from fovi_lab.kernels.forward.configs import (cached_config_names, config_spec, DENSE_FAMILIES, dense_kind, FORWARD,
+from fovi_lab.kernels.forward.configs import (cached_config_names, config_spec, dense_kind, FORWARD,
                                               FwdConfig, mathdx_default, MMA_FAMILIES, mma_flags, mma_staged,
                                               PIPE_FAMILIES, uncached_config_names)
 from fovi_lab.kernels.forward.tile import (make_cached_kernel, make_dense_kernel, make_densep_kernel,

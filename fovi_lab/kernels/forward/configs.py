@@ -41,7 +41,7 @@ from __future__ import annotations
 from typing import Dict, Optional, Tuple
 
 import fovi_lab.settings as settings
-from fovi_lab.kernels.families.registry import DENSE_KINDS, family as family_of, lookup
+from fovi_lab.kernels.families.registry import family as family_of, lookup
 from fovi_lab.kernels.families.table import FwdConfig, _TABLES   # the table and the record each entry reads as
 
 
@@ -117,7 +117,3 @@ def dense_kind(cfg: FwdConfig) -> Tuple:
     """What identifies a config's dense-ceiling kernel: configs with equal kinds share one ceiling (the tile
     shape, and the loop and operand layouts where a family has its own: SIMT, vec4, each mma layout)."""
     return (family_of(cfg.family).dense_kind(cfg), cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim)
-
-
-#: The dense ceilings' kernel kinds (:data:`fovi_lab.kernels.families.registry.DENSE_KINDS`), under their old name.
-DENSE_FAMILIES = DENSE_KINDS
