@@ -24,7 +24,8 @@ import fovi_lab.kernels.adjoint.rule as _rule
 from fovi_lab.ops.registry import register_ops
 from fovi_lab.ops.replay import replayed, replayed_after, replayed_keep
 from fovi_lab.graph.meta import TrainingMeta, pad_to
-from fovi_lab.ops.reference import CompactTorchOps, check_forward_args, check_grad_args  # noqa: F401  (CompactTorchOps: importable here too)
+from fovi_lab.ops.reference import (CompactTorchOps, check_forward_args, check_grad_args,  # noqa: F401  (CompactTorchOps: importable here too)
+                                    explicit_grads)
 from fovi_lab.ops.tune_cache import cache_path as tune_cache_path, tuned_forward_config  # noqa: F401
 from fovi_lab.kernels.call_plan import forget_tuned, forward_path, plan_of_call  # noqa: F401  (forward_path: public here)
 from fovi_lab.kernels.adjoint import (grad_input_nm, grad_weight_nm, node_major,  # noqa: F401
@@ -243,7 +244,7 @@ class WarpTrainOps:
 
 # -- the eager train step (KNNConvFunction): one replayed call per direction, casts and the bias gradient inside ----
 
-_STEP_OPS = {}          # (compute dtype, needs) -> the op names of the step's two calls (their replay signatures)
+_STEP_OPS = {}          # (compute dtype, needs, bias dtype) -> the step's two calls' op names (replay signatures)
 
 
 def _step_names(dtype, needs=None, bias_dtype=None):
@@ -289,35 +290,14 @@ def step_backward(meta: TrainingMeta, token, grad_y: torch.Tensor, x: torch.Tens
     meta = meta.to(grad_y.device)
     x_dtype, w_dtype = x.dtype, weight.dtype
 
-    def run(g, x, w):                    # the adjoints accumulate in fp32, whatever autocast says
-        with torch.autocast(device_type=g.device.type, enabled=False):
-            return _step_grads(meta, g, x, w, dtype, needs, x_dtype, w_dtype, bias_dtype)
+    def run(g, x, w):                    # the gradients asked for (a graph's outputs are tensors)
+        got = explicit_grads(g, x, w, dtype, needs, (x_dtype, w_dtype, bias_dtype),
+                             lambda g, x, w: _backward_direct(meta, g, x, w),
+                             lambda g, w: _grad_input_direct(meta, g, w), lambda g, x: _grad_weight_direct(meta, g, x))
+        return tuple(t for t in got if t is not None)
     got = iter(replayed_after(token, {1: 0, 2: 1}, _step_names(dtype, needs, bias_dtype), meta, run, grad_y, x,
                               weight))
     return tuple(next(got) if n else None for n in needs)
-
-
-def _step_grads(meta, g, x, w, dtype, needs, x_dtype, w_dtype, bias_dtype):
-    """The gradients of :func:`step_backward`, in the operands' dtypes (a tuple of the ones ``needs`` asks for)."""
-    need_x, need_w, need_b = needs
-    gc = g.contiguous().to(dtype)
-    xc = x.contiguous().to(dtype) if need_w else None
-    wc = w.contiguous().to(dtype) if need_x else None
-    dx = dw = None
-    if need_x and need_w:
-        dx, dw = _backward_direct(meta, gc, xc, wc)
-    elif need_x:
-        dx = _grad_input_direct(meta, gc, wc)
-    elif need_w:
-        dw = _grad_weight_direct(meta, gc, xc)
-    out = []
-    if need_x:
-        out.append(dx.to(x_dtype))
-    if need_w:
-        out.append(dw.to(w_dtype))
-    if need_b:
-        out.append(g.sum((0, 2), dtype=torch.promote_types(g.dtype, torch.float32)).to(bias_dtype))
-    return tuple(out)
 
 
 # the train step's two calls, which KNNConvFunction takes where an ops object has them (fovi_lab.ops.registry)

@@ -23,7 +23,7 @@ from fovi_lab.graph.meta import TrainingMeta, build_meta
 from fovi_lab.ops.checks import check_operands
 from fovi_lab.ops.dispatch import select_backend
 from fovi_lab.ops.library import knn_conv, register_layer
-from fovi_lab.ops.reference import CompactTorchOps
+from fovi_lab.ops.reference import CompactTorchOps, explicit_grads
 from fovi_lab.ops.registry import OPS_REGISTRY, get_ops, register_ops
 
 __all__ = [
@@ -77,22 +77,10 @@ class KNNConvFunction(torch.autograd.Function):
             dx, dw, db = ops.step_backward(meta, ctx.token, grad_y, x_c, w_c, b_dtype, ctx.cd,
                                            (need_x, need_w, need_b))
             return dx, dw, db, None, None
-        g = grad_y.contiguous().to(x_c.dtype)
-        dx = dw = db = None
-        with torch.autocast(device_type=g.device.type, enabled=False):    # the adjoints accumulate in fp32
-            if need_x and need_w and hasattr(ops, "backward_combined"):
-                dx, dw = ops.backward_combined(meta, g, x_c, w_c)
-            else:
-                if need_x:
-                    dx = ops.grad_input(meta, g, w_c)
-                if need_w:
-                    dw = ops.grad_weight(meta, g, x_c)
-        if dx is not None:
-            dx = dx.to(x_dtype)
-        if dw is not None:
-            dw = dw.to(w_dtype)
-        if need_b and b_dtype is not None:
-            db = grad_y.sum((0, 2), dtype=torch.promote_types(grad_y.dtype, torch.float32)).to(b_dtype)
+        combined = getattr(ops, "backward_combined", None)
+        dx, dw, db = explicit_grads(grad_y, x_c, w_c, x_c.dtype, (need_x, need_w, need_b), ctx.dtypes,
+                                    None if combined is None else (lambda g, x, w: combined(meta, g, x, w)),
+                                    lambda g, w: ops.grad_input(meta, g, w), lambda g, x: ops.grad_weight(meta, g, x))
         return dx, dw, db, None, None
 
 

@@ -24,7 +24,7 @@ from fovi_lab.ops.checks import check_operands
 __all__ = [
     "oracle_forward", "pad_flat_input", "grad_accum_dtype", "stage_budget_bytes", "node_chunk",
     "CompactTorchOps", "build_effective_weight", "check_forward_args", "check_grad_args", "NOT_GIVEN", "binned_forward",
-    "batch_chunk",
+    "batch_chunk", "explicit_grads",
     "BinnedTorchOps",
 ]
 
@@ -44,6 +44,38 @@ def node_chunk(meta: TrainingMeta, batch: int, itemsize: int, budget: int | None
 def grad_accum_dtype(dtype: torch.dtype) -> torch.dtype:
     """Gradients accumulate in fp32 (fp64 for fp64 inputs, so gradcheck sees exact adjoints)."""
     return torch.promote_types(dtype, torch.float32)
+
+
+def explicit_grads(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype, needs: tuple,
+                   dtypes: tuple, combined, grad_input, grad_weight) -> tuple:
+    """``(dx, dW, db)`` of a compact layer from its explicit adjoints, each None where ``needs`` (x, weight, bias)
+    does not ask for it: what :class:`fovi_lab.ops.autograd.KNNConvFunction`'s backward returns.
+
+    ``grad_y``, x and weight are cast to the compute ``dtype``; ``combined(g, x, w) -> (dx, dW)`` (None: the op has
+    none) runs when both are needed, else ``grad_input(g, w)`` / ``grad_weight(g, x)``, all with autocast off (the
+    adjoints accumulate in fp32). dx and dW come back in ``dtypes[0]`` / ``dtypes[1]`` (x's, weight's), db is the
+    fp32 sum of ``grad_y`` over batch and nodes in ``dtypes[2]`` (None: no bias)."""
+    need_x, need_w, need_b = needs
+    x_dtype, w_dtype, b_dtype = dtypes
+    g = grad_y.contiguous().to(dtype)
+    dx = dw = db = None
+    with torch.autocast(device_type=g.device.type, enabled=False):
+        xc = x.contiguous().to(dtype) if need_w else None
+        wc = weight.contiguous().to(dtype) if need_x else None
+        if need_x and need_w and combined is not None:
+            dx, dw = combined(g, xc, wc)
+        else:
+            if need_x:
+                dx = grad_input(g, wc)
+            if need_w:
+                dw = grad_weight(g, xc)
+    if dx is not None:
+        dx = dx.to(x_dtype)
+    if dw is not None:
+        dw = dw.to(w_dtype)
+    if need_b and b_dtype is not None:
+        db = grad_y.sum((0, 2), dtype=torch.promote_types(grad_y.dtype, torch.float32)).to(b_dtype)
+    return dx, dw, db
 
 
 def check_forward_args(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, bias, *,

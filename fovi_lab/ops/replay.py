@@ -28,7 +28,7 @@ against 1.010 ms, interleaved, ``data/h200/replay_ab.jsonl.gz``); where the call
 layers and the stem at B = 512) it gained at most 4 %, so those run directly and keep no copies. A forward alone
 (one or two launches, ~0.07 ms of host work) gains less: the direct forward took 0.85-1.39x the replayed one at
 B = 1 to 16 (geometric means 0.99-1.06 per batch) and 1.05-1.51x at B = 64, in the same records.
-Never replayed: CPU calls, calls made while torch's current stream is being captured (a user's own graph, or
+Never replayed: CPU calls (outside :func:`emulated_on_cpu`), calls made while torch's current stream is being captured (a user's own graph, or
 ``torch.compile(mode="reduce-overhead")``: the direct call is capturable), calls inside :func:`suspended` (what
 :func:`fovi_lab.ops.graphs.graphed` runs its warm-up and capture in), tensors with overlapping or
 non-dense strides, and a signature whose capture failed (it warns once and runs directly from then on).
@@ -53,8 +53,8 @@ import torch
 import fovi_lab.settings as settings
 from fovi_lab.ops.graphs import capture, per_call_suspended as suspended_here, suspend_per_call as suspended
 
-__all__ = ["replay_mode", "replayed", "replayed_keep", "replayed_after", "suspended", "emulated_on_cpu", "clear", "resident_bytes", "stats", "MAX_BYTES", "MAX_ENTRIES",
-           "MAX_RESIDENT_BYTES"]
+__all__ = ["replay_mode", "replayed", "replayed_keep", "replayed_after", "suspended", "emulated_on_cpu", "clear",
+           "resident_bytes", "stats", "MAX_BYTES", "MAX_ENTRIES", "MAX_RESIDENT_BYTES"]
 
 #: Largest total of a call's tensor bytes (inputs and outputs) the default rule replays: past it the GPU work hides
 #: the host's, and the static copies a graph keeps would cost as much memory as the call's own tensors.

@@ -50,10 +50,12 @@ def _forget_memo() -> None:
     generation += 1
 
 
+_bypass = threading.local()
+
+
 def bypassed() -> bool:
     """Whether tuned picks are bypassed on this thread (while a tune measures the untuned candidates)."""
     return getattr(_bypass, "on", False)
-_bypass = threading.local()
 
 
 def cache_path() -> Path:
