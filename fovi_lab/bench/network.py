@@ -52,6 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from fovi_lab.bench.common import _sync, emit_rows, env_info, say_appended, stamp_command
+from fovi_lab.ops import replay
 from fovi_lab.ops.arguments import command_main
 
 __all__ = ["BACKENDS", "MODES", "add_speedups", "graphed_in_child", "network_records", "main", "add_arguments", "run",
@@ -212,7 +213,6 @@ def network_records(net: str, batch: int, backends=BACKENDS, modes=("eager",), s
                 except Exception as exc:  # noqa: BLE001
                     recs.append(dict(rec, note=_why(exc)))
                     continue
-                from fovi_lab.ops import replay
                 recs.append(dict(rec, ms=ms, images_per_s=batch / (ms * 1e-3), loss_after=float(loss.detach()),
                                  peak_mib=(torch.cuda.max_memory_allocated(device) / 2**20
                                            if device.type == "cuda" else None),
