@@ -240,7 +240,9 @@ def test_explain_and_configs_commands(capsys):
     assert "forward: tensor cores" in out and "families:" in out
     for argv, msg in ((["explain", "--device", "h300"], "--device: expected cpu, cuda[:i] or one of h200"),
                       (["explain", "--layer", "nope"], "--layer: unknown layer 'nope'"),
-                      (["explain", "--batch", "0"], "--batch: expected an integer >= 1")):
+                      (["explain", "--batch", "0"], "--batch: expected an integer >= 1"),
+                      (["explain", "--device", f"cuda:{torch.cuda.device_count()}"],
+                       "--device: 'cuda:" if torch.cuda.is_available() else "and this machine has none")):
         with pytest.raises(SystemExit) as e:
             main(argv)
         err = capsys.readouterr().err.strip()

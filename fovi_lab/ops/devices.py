@@ -72,6 +72,14 @@ def device_spec(device: Union[None, str, torch.device, DeviceSpec] = None) -> De
         return DEVICES["cpu"]
     if dev.type != "cuda":
         raise ValueError(f"device: expected cpu, cuda[:i] or one of {', '.join(DEVICES)}, got {device!r}")
+    models = ", ".join(k for k in DEVICES if k != "cpu")
+    if not torch.cuda.is_available():
+        raise ValueError(f"device: {device!r} asks for a CUDA GPU and this machine has none; name a GPU model "
+                         f"({models}) to use its datasheet figures, or cpu")
+    if dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"device: {device!r} names GPU {dev.index}, and this machine has "
+                         f"{torch.cuda.device_count()} (cuda:0 to cuda:{torch.cuda.device_count() - 1}); or name a "
+                         f"GPU model ({models})")
     props = torch.cuda.get_device_properties(dev)
     # datasheet peaks only for the exact model (an H100 PCIe shares the SXM's name stem, not its peaks)
     known = next((s for s in DEVICES.values() if s.arch is not None and s.name == props.name), None)
