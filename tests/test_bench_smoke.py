@@ -61,3 +61,16 @@ def test_adjoint_paths_bench_isolates_a_shape_and_records_one_that_overruns(tmp_
     assert adjoints.main(args + ["--shape-timeout", "600"]) == 0          # in time: the child's records
     recs = [json.loads(line) for line in out.read_text().splitlines()][1:]
     assert {r["what"] for r in recs} == {"dx", "dW", "step"} and "dx fused" in capsys.readouterr().out
+
+
+def test_records_say_how_the_tile_gemms_were_built(monkeypatch):
+    from fovi_lab.bench.common import env_info, tile_gemm
+    assert env_info("cpu")["tile_gemm"] == "scalar"          # Warp's CPU tiles have no cuBLASDx
+    monkeypatch.setenv("FOVI_WARP_MATHDX", "0")
+    assert tile_gemm("cuda") == "scalar"
+    monkeypatch.setenv("FOVI_WARP_MATHDX", "1")
+    assert tile_gemm("cuda") == "cuBLASDx"
+    monkeypatch.delenv("FOVI_WARP_MATHDX")
+    import warp
+    monkeypatch.setattr(warp.config, "enable_mathdx_gemm", False, raising=False)
+    assert tile_gemm("cuda") == "scalar"                      # unset: Warp's own setting decides

@@ -12,7 +12,7 @@ API (used by :mod:`fovi_lab.bench.forward` and the backward benchmark):
   and one synchronisation, wall time per call: the throughput of a loop that never waits (a training
   loop's steady state, where the host issues the next calls while the GPU runs the last ones).
 * ``env_info(device) -> dict``: ``device`` (name), ``warp``, ``torch``, ``cuda``, ``date`` (UTC ISO),
-  ``host``, ``commit``, ``command`` — stamped into every record.
+  ``host``, ``commit``, ``command``, ``tile_gemm`` (cuBLASDx or scalar) — stamped into every record.
 * ``Roofline``: the ceilings quoted next to each measurement, a device's datasheet HBM bandwidth and dense fp16
   tensor-core peak (``roofline_of(device)``; ``Roofline()`` is the H200's: 4.8 TB/s, 990 TFLOP/s);
   ``bound_ms(flops, bytes)`` is the HBM/tensor-core bound time in ms, ``fraction(ms, flops, bytes)`` = bound /
@@ -169,9 +169,27 @@ def stamp_command(env: dict, prog: str, args) -> dict:
     return env
 
 
+def tile_gemm(device) -> Optional[str]:
+    """How the tile GEMMs (``tile_matmul``) of the tile-GEMM forwards and the staged and fused adjoints are built on
+    ``device``: ``"cuBLASDx"`` (Warp's default on CUDA) or ``"scalar"`` (``FOVI_WARP_MATHDX=0``, and always on the
+    CPU); None without Warp. The tensor-core kernels (mma.sync) use neither."""
+    device = torch.device(device)
+    try:
+        import warp
+    except Exception:  # pragma: no cover
+        return None
+    if device.type != "cuda":
+        return "scalar"
+    from fovi_lab import settings
+    forced = settings.get("FOVI_WARP_MATHDX")
+    on = bool(getattr(warp.config, "enable_mathdx_gemm", True)) if forced is None else forced
+    return "cuBLASDx" if on else "scalar"
+
+
 def env_info(device) -> dict:
     """The provenance stamped into every record: ``device`` (name), ``warp``, ``torch``, ``cuda``, ``python``,
-    ``date`` (UTC), ``host``, ``commit`` (of the checkout, None for an installed package) and ``command``."""
+    ``date`` (UTC), ``host``, ``commit`` (of the checkout, None for an installed package), ``command`` and
+    ``tile_gemm`` (:func:`tile_gemm`: how the kernels' tile GEMMs were built)."""
     device = torch.device(device)
     try:
         import warp
@@ -189,6 +207,7 @@ def env_info(device) -> dict:
         "host": platform.node(),
         "commit": _commit(),
         "command": _command(),
+        "tile_gemm": tile_gemm(device),
     }
 
 
