@@ -46,13 +46,15 @@ class KNNConvFunction(torch.autograd.Function):
     @staticmethod
     @torch.amp.custom_fwd(device_type="cuda")
     def forward(ctx, x, weight, bias, meta: TrainingMeta, ops_name: str):
-        check_operands(x=x, weight=weight, bias=bias)          # before any cast: an int x must not pass
         ops = get_ops(ops_name)
+        step_forward = getattr(ops, "step_forward", None)
+        if step_forward is None:                               # (step_forward checks its operands first itself)
+            check_operands(x=x, weight=weight, bias=bias)      # before any cast: an int x must not pass
         cd = _compute_dtype(x)
         ctx.meta, ctx.ops = meta, ops
         ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)
-        if hasattr(ops, "step_forward"):                       # casts inside the op's one (replayed) call
-            y, ctx.token = ops.step_forward(meta, x, weight, bias, cd)
+        if step_forward is not None:                           # casts inside the op's one (replayed) call
+            y, ctx.token = step_forward(meta, x, weight, bias, cd)
             ctx.save_for_backward(x, weight)
             ctx.cd = cd
             return y
@@ -144,9 +146,11 @@ class KNNConv(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         check_operands(x=x, weight=self.weight, bias=self.bias)
-        training = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
+        bias = self.bias
+        training = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad
+                                                 or (bias is not None and bias.requires_grad))
         if torch.compiler.is_compiling():
-            return knn_conv(x, self.weight, self.bias, self._op_layer, self.backend, _compute_dtype(x), training)
+            return knn_conv(x, self.weight, bias, self._op_layer, self.backend, _compute_dtype(x), training)
         name = select_backend(self.backend, self.meta, x, training, dtype=_compute_dtype(x))
         self.last_backend = name
         return KNNConvFunction.apply(x, self.weight, self.bias, self.meta.to(x.device), name)
