@@ -166,9 +166,10 @@ def _on_mma(which: str, meta, grad_y, operand, plan):
     from fovi_lab.kernels.adjoint import as_forward
     if plan.path(which) != "mma":
         return None
-    fn = as_forward.grad_input_mma if which == "dx" else as_forward.grad_weight_mma
     try:
-        return fn(meta, grad_y, operand, plan.mma_config)
+        if which == "dx":
+            return as_forward.grad_input_mma(meta, grad_y, operand, plan.mma_config)
+        return as_forward.grad_weight_mma(meta, grad_y, operand, plan.config("dW"), plan.dw_batch_chunk)
     except RuntimeError as exc:
         if plan.forced[0 if which == "dx" else 1]:
             warnings.warn(f"the tensor-core {which} cannot run here ({exc}); using the {plan.kernels} kernels",
@@ -207,7 +208,8 @@ class WarpTrainOps:
     """Train-capable Warp ops (``warp_train``): fp16 or bf16 compute, fp32 deterministic gradients.
 
     Each gradient runs on tensor cores where the rule picks them (fp16 calls of at least 1 GFLOP at B >= 16 on layers
-    with Cin >= 16: :func:`fovi_lab.kernels.adjoint.as_forward.select_grad_mma`; :func:`mma_path` overrides), else on
+    with Cin >= 16: :func:`fovi_lab.kernels.adjoint.as_forward.select_grad_mma`; the stems' dW from B = 16 in batch
+    chunks: :func:`~fovi_lab.kernels.adjoint.as_forward.select_stem_dw_mma`; :func:`mma_path` overrides), else on
     the fused node-major kernels or the staged ones per layer (see :func:`grad_path`), each in the compute
     dtype's form; bf16 runs the forward on the tensor-core kernels. Every path is deterministic.
     When a fused kernel cannot launch here the staged kernels take over, and when those cannot either,

@@ -18,7 +18,9 @@ def _expected(meta, b, dtype, dx_sw="auto", dw_sw="auto", grad_sw="auto"):
     kernels = ("fused" if meta.cin >= 16 else "staged") if grad_sw == "auto" else grad_sw
     cfg = select_grad_mma(meta, b, dtype)
     one = lambda sw: kernels if sw == "off" else ("mma" if sw == "mma" or cfg is not None else kernels)  # noqa: E731
-    return one(dx_sw), one(dw_sw), kernels
+    # the stems' rule: dW alone on the tensor cores, fp16 from 16 rows, where the staged kernels are the layer's
+    stem = kernels == "staged" and dw_sw == "auto" and meta.cin < 16 and dtype == torch.float16 and b >= 16
+    return one(dx_sw), "mma" if stem else one(dw_sw), kernels
 
 
 @pytest.mark.parametrize("layer", list(LAYERS))
@@ -141,3 +143,35 @@ def test_explain_names_the_fused_picks_of_the_device():
         assert f"{dw.words()}  [{dw.config}]" in ex.dw
     assert rule.decide(meta, 64, torch.float16, "cuda").fused[0].seg_steps > 0       # the H200 sweep's segments
     assert "whole reverse lists" in fovi_lab.explain("res18_layer2_0", 64, "fp16", "cpu").dx
+
+
+@pytest.mark.parametrize("layer", ["res18_stem", "alex_L0"])
+def test_a_stems_dw_runs_on_the_tensor_cores_in_batch_chunks(layer):
+    """The stems' dW on the tap layer in chunks whose tables fit STEM_DW_TABLE_MIB: the rule's plan, the words,
+    and a batch that is no multiple of the chunk (zero rows pad the last chunk) against the fp64 oracle, bitwise
+    repeatable and equal to the tap layer over the whole batch to fp32 rounding (sums of other lengths)."""
+    import fovi_lab.knn_warp as K
+    from fovi_lab.graph.meta import tap_table_bytes
+    from fovi_lab.kernels.adjoint import as_forward as af
+    meta = layer_meta(layer)
+    for b in (16, 64, 256):
+        plan = rule.adjoint_plan(meta, b, torch.float16)
+        rows = plan.dw_batch_chunk
+        assert (plan.dx, plan.dw, plan.dw_config) == ("staged", "mma", "mmas_o64b8") and 1 <= rows <= b
+        assert tap_table_bytes(meta, rows) <= af.STEM_DW_TABLE_MIB << 20 < tap_table_bytes(meta, 2 * rows) or rows == b
+        assert -(-b // rows) * rows - b < -(-b // rows)              # the chunks are as even as the batch allows
+    assert rule.adjoint_plan(meta, 16, torch.bfloat16).dw == "staged"   # the split configs are fp16 only
+    assert rule.adjoint_plan(meta, 8, torch.float16).dw == "staged"     # below the rule's batch
+    assert "in batch chunks of" in rule.gradient_words(rule.adjoint_plan(meta, 64, torch.float16), "dW")
+    b = 40
+    g0 = torch.Generator().manual_seed(b)
+    x = torch.randn(b, meta.cin, meta.nin, generator=g0).half()
+    g = torch.randn(b, meta.cout, meta.nout, generator=g0).half()
+    rows = rule.adjoint_plan(meta, b, torch.float16).dw_batch_chunk
+    assert b % rows != 0
+    ref = CompactTorchOps.grad_weight(meta, g.double(), x.double())
+    dw = K.grad_weight(meta, g, x)
+    assert dw.dtype == torch.float32 and torch.equal(dw, K.grad_weight(meta, g, x))
+    assert float((dw.double() - ref).abs().max()) <= 2e-6 * float(ref.abs().max())
+    whole = af.grad_weight_mma(meta, g, x, "mmas_o64b8")
+    assert float((dw - whole).abs().max()) <= 1e-5 * float(ref.abs().max())

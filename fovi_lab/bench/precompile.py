@@ -87,7 +87,7 @@ def _jobs_for(metas: dict, batches: List[int], mode: str, args, device: str) -> 
     if mode == "train-step":
         try:
             from fovi_lab.kernels import forward as F
-            from fovi_lab.kernels.adjoint.as_forward import select_grad_mma
+            from fovi_lab.kernels.adjoint.as_forward import select_grad_mma, select_stem_dw_mma
             for meta in metas.values():
                 nm_ok = F.analyse_tables(meta.input_linear, meta.weight_linear, meta.cin, meta.nin,
                                           meta.q).nm is not None
@@ -96,7 +96,7 @@ def _jobs_for(metas: dict, batches: List[int], mode: str, args, device: str) -> 
                                                                          in_channels=meta.cin, node_major=nm_ok,
                                                                          q=meta.q),
                                  False, device))
-                    grad_mma = select_grad_mma(meta, b)          # the rule's tensor-core adjoints
+                    grad_mma = select_grad_mma(meta, b) or select_stem_dw_mma(meta, b)  # tensor-core adjoints
                     if grad_mma is not None:
                         jobs.append(("fwd", grad_mma, False, device))
         except Exception as exc:  # noqa: BLE001

@@ -35,8 +35,8 @@ import torch
 
 import fovi_lab.settings as settings
 
-__all__ = ["TrainingMeta", "build_meta", "validate_meta", "transposed_meta", "tap_meta", "pad_to", "synthetic_graph",
-           "SYNTHETIC_SHAPES", "meta_aux"]
+__all__ = ["TrainingMeta", "build_meta", "validate_meta", "transposed_meta", "tap_meta", "tap_table_bytes", "pad_to",
+           "synthetic_graph", "SYNTHETIC_SHAPES", "meta_aux"]
 
 
 # Re-entrant: a weak-reference callback (``_drop``) can run inside the locked region on the same thread, when an
@@ -270,6 +270,21 @@ def transposed_meta(meta: TrainingMeta) -> TrainingMeta:
 _TAP_METAS_KEPT = 4      # tap layers kept per meta (one per batch size; each holds V x pad64(B*K') index pairs)
 
 
+def _longest_tap_list(meta: TrainingMeta) -> int:
+    aux = meta_aux(meta)
+    got = aux.get("longest_tap_list")
+    if got is None:
+        got = aux["longest_tap_list"] = int(torch.bincount(meta.rf_index[meta.idx < meta.nin].cpu(),
+                                                           minlength=meta.v).max())
+    return got
+
+
+def tap_table_bytes(meta: TrainingMeta, batch: int) -> int:
+    """The bytes of the index tables of ``meta``'s tap layer at batch ``batch`` (:func:`tap_meta`): V rows of
+    ``pad64(B x the longest tap list)`` slots, in two int32 and two int64 tables."""
+    return 24 * meta.v * pad_to(int(batch) * max(1, _longest_tap_list(meta)), 64)
+
+
 def tap_meta(meta: TrainingMeta, batch: int) -> TrainingMeta:
     """The tap layer of ``meta`` at batch ``batch``, whose forward is ``meta``'s weight gradient.
 
@@ -285,7 +300,7 @@ def tap_meta(meta: TrainingMeta, batch: int) -> TrainingMeta:
     cache = aux.setdefault("tap_metas", {})
     got = cache.get(int(batch))
     if got is None:
-        longest = int(torch.bincount(meta.rf_index[meta.idx < meta.nin].cpu(), minlength=meta.v).max())
+        longest = _longest_tap_list(meta)
         _check_table_budget(f"tap layer at batch {batch}", meta.v, int(batch) * max(1, longest),
                             f"V={meta.v} taps x B*{longest} entries")
         idx, rf = meta.idx.cpu().long(), meta.rf_index.cpu().long()

@@ -24,7 +24,13 @@ The rule (:func:`select_grad_mma`): both gradients run on the pipelined split co
 where the call's useful work, ``2 B P64 Cout Nout`` FLOPs, is at least :data:`MMA_GRAD_MIN_GFLOP`, the batch at
 least :data:`MMA_GRAD_MIN_BATCH`, the layer has at least :data:`MMA_GRAD_MIN_CIN` input channels and neither
 derived layer pads its lists more than :data:`MMA_GRAD_MAX_PADDING`-fold; everywhere else the fused (or, on the
-stems, staged) kernels. It is read from train steps replayed from CUDA graphs on the H200, the fused and staged
+stems, staged) kernels. On the stems (Cin < :data:`MMA_GRAD_MIN_CIN`) dW alone goes to the tensor cores
+(:func:`select_stem_dw_mma`): the tap layer's batch rows are their three input channels, which an 8-row block holds,
+while the transposed layer of dx would put 3 output channels in a 64-wide tile, so dx stays staged. The staged dW
+writes a stage of ``Nout x P64 x Cout`` whatever the batch and reduces it one (q, o) per thread; the tap layer is
+a GEMM over the batch and the tap's entries. Its tables grow with the batch, so the stems' dW runs in batch chunks
+whose tap tables fit :data:`STEM_DW_TABLE_MIB`, the chunks' fp32 results summed in order. The shared rule above is
+read from train steps replayed from CUDA graphs on the H200, the fused and staged
 dispatch beside both gradients forced onto the config, each pair from one build on one machine
 (data/h200/grad_mma_rule.jsonl.gz, field ``variant``): from 1.09 to 4.8 GFLOP the tensor cores ran every step faster
 (AlexNet L1-L4 at B = 16, ResNet-18 layers 1, 2 and 3 at B = 64, layers 2.0 and 3.0 at B = 512); from 0.14 to
@@ -42,13 +48,14 @@ from typing import Optional
 
 import torch
 
-from fovi_lab.graph.meta import TrainingMeta, meta_aux, tap_meta, transposed_meta, validate_meta
+from fovi_lab.graph.meta import TrainingMeta, meta_aux, tap_meta, tap_table_bytes, transposed_meta, validate_meta
 from fovi_lab.kernels.common import check_tensor
 from fovi_lab.ops.reference import check_grad_args
 
 __all__ = ["grad_input_mma", "grad_weight_mma", "transposed_weight", "padding", "tap_padding", "list_paddings",
-           "select_grad_mma",
-           "MMA_GRAD_CONFIG", "MMA_GRAD_MIN_GFLOP", "MMA_GRAD_MIN_BATCH", "MMA_GRAD_MIN_CIN", "MMA_GRAD_MAX_PADDING"]
+           "select_grad_mma", "select_stem_dw_mma", "stem_dw_batch_chunk",
+           "MMA_GRAD_CONFIG", "MMA_GRAD_MIN_GFLOP", "MMA_GRAD_MIN_BATCH", "MMA_GRAD_MIN_CIN", "MMA_GRAD_MAX_PADDING",
+           "STEM_DW_TABLE_MIB"]
 
 #: The config both tensor-core gradients run under the rule: the pipelined loop with the p range split
 #: (``cp.async`` stages, fp32 partials summed in a fixed order), 128 channels x 64 batch rows per CTA.
@@ -66,6 +73,9 @@ MMA_GRAD_MIN_CIN = 16
 #: The most list padding (slots over real entries) of either derived layer the rule accepts: the measured
 #: winners padded up to 2.84-fold (ResNet-18 layer 3.0's tap layer); layer 4.0's tap layer, 5.54-fold, lost.
 MMA_GRAD_MAX_PADDING = 3.0
+#: The most index-table memory (MiB) of the tap layer a stem's dW runs on: the batch is cut into chunks whose tap
+#: tables fit (ResNet-18's stem: 16 rows per chunk; AlexNet's L0, 484 taps: 7).
+STEM_DW_TABLE_MIB = 32
 
 
 def transposed_weight(weight: torch.Tensor, meta: TrainingMeta) -> torch.Tensor:
@@ -98,6 +108,31 @@ def select_grad_mma(meta: TrainingMeta, batch: int, dtype: torch.dtype = torch.f
     if pad is None:            # once per meta (it reads the tables back to the host)
         pad = aux["grad_mma_padding"] = max(list_paddings(meta))
     return MMA_GRAD_CONFIG if pad <= MMA_GRAD_MAX_PADDING else None
+
+
+def select_stem_dw_mma(meta: TrainingMeta, batch: int, dtype: torch.dtype = torch.float16) -> Optional[str]:
+    """The split tensor-core config a stem's dW (Cin < :data:`MMA_GRAD_MIN_CIN`) runs on, or None where it stays
+    on the staged kernels: fp16 calls from :data:`MMA_GRAD_MIN_BATCH` rows whose tap layer pads its lists at most
+    :data:`MMA_GRAD_MAX_PADDING`-fold. The config: ``select_mma_split(Cin, Cout)``, the tap layer's batch rows
+    being the input channels."""
+    from fovi_lab.kernels.forward.api import select_mma_split
+    if dtype != torch.float16 or meta.cin >= MMA_GRAD_MIN_CIN or batch < MMA_GRAD_MIN_BATCH:
+        return None
+    aux = meta_aux(meta)
+    pad = aux.get("tap_padding")
+    if pad is None:
+        pad = aux["tap_padding"] = list_paddings(meta)[1]
+    return select_mma_split(meta.cin, meta.cout) if pad <= MMA_GRAD_MAX_PADDING else None
+
+
+def stem_dw_batch_chunk(meta: TrainingMeta, batch: int) -> int:
+    """The rows per chunk of a stem's dW on the tensor cores: the chunks are as even as the batch allows, each
+    with tap tables within :data:`STEM_DW_TABLE_MIB` (at least one row per chunk)."""
+    fit = max(1, (STEM_DW_TABLE_MIB << 20) // tap_table_bytes(meta, 1))
+    while fit > 1 and tap_table_bytes(meta, fit) > STEM_DW_TABLE_MIB << 20:
+        fit -= 1
+    chunks = -(-int(batch) // min(fit, int(batch)))
+    return -(-int(batch) // chunks)
 
 
 def list_paddings(meta: TrainingMeta) -> tuple:
@@ -135,7 +170,7 @@ def grad_input_mma(meta: TrainingMeta, grad_y: torch.Tensor, weight: torch.Tenso
 
 
 def grad_weight_mma(meta: TrainingMeta, grad_y: torch.Tensor, x: torch.Tensor,
-                    config: Optional[str] = None) -> torch.Tensor:
+                    config: Optional[str] = None, batch_chunk: int = 0) -> torch.Tensor:
     """``dW [Cout, Q]`` fp32 on the tensor-core forward of the tap layer.
 
     Args:
@@ -143,6 +178,9 @@ def grad_weight_mma(meta: TrainingMeta, grad_y: torch.Tensor, x: torch.Tensor,
         grad_y: ``[B, Cout, Nout]`` fp16 or bf16. x: ``[B, Cin, Nin]`` in grad_y's dtype.
         config: a split tensor-core forward config for the tap layer; None: :func:`select_grad_mma`'s, else
             ``select_mma_split(Cin, Cout)`` (the tap layer's batch rows are the input channels).
+        batch_chunk: 0 (one tap layer for the whole batch), or the rows of each chunk: the tap layer of that many
+            rows runs once per chunk (the last one padded with zero rows) and the chunks' fp32 outputs are summed
+            in chunk order, so dW stays bitwise repeatable.
     """
     from fovi_lab.kernels.forward.api import run_uncached
     validate_meta(meta)
@@ -151,8 +189,40 @@ def grad_weight_mma(meta: TrainingMeta, grad_y: torch.Tensor, x: torch.Tensor,
     meta = meta.to(grad_y.device)
     b = grad_y.shape[0]
     config = config or select_grad_mma(meta, b, grad_y.dtype)
-    mt = tap_meta(meta, b)
-    xt = x.permute(1, 0, 2).contiguous()                                  # x' [Cin, B, Nin]
-    gt = grad_y.permute(1, 0, 2).reshape(meta.cout, b * meta.nout)       # W' [Cout, B*Nout]
-    y = run_uncached(xt, gt, None, mt.input_linear, mt.weight_linear, config=config, out_dtype=torch.float32)
+    if 0 < batch_chunk < b:
+        y = _tap_forward_in_chunks(meta, grad_y, x, config, int(batch_chunk))
+    else:
+        mt = tap_meta(meta, b)
+        xt = x.permute(1, 0, 2).contiguous()                              # x' [Cin, B, Nin]
+        gt = grad_y.permute(1, 0, 2).reshape(meta.cout, b * meta.nout)   # W' [Cout, B*Nout]
+        y = run_uncached(xt, gt, None, mt.input_linear, mt.weight_linear, config=config, out_dtype=torch.float32)
     return y.permute(1, 0, 2).reshape(meta.cout, meta.q)                 # [Cin, Cout, V] -> [Cout, Cin*V]
+
+
+def _tap_forward_in_chunks(meta: TrainingMeta, grad_y: torch.Tensor, x: torch.Tensor, config: Optional[str],
+                           rows: int) -> torch.Tensor:
+    """The tap layer's forward ``[Cin, Cout, V]`` fp32 over the batch in chunks of ``rows`` (zero rows pad the
+    last), summed in chunk order."""
+    from fovi_lab.kernels.forward.api import run_uncached
+    b, chunks = grad_y.shape[0], -(-grad_y.shape[0] // rows)
+    mt = tap_meta(meta, rows)
+
+    def per_chunk(t: torch.Tensor) -> torch.Tensor:      # [B, C, N] -> [chunks, C, rows, N], zero rows past B
+        c, n = t.shape[1], t.shape[2]
+        if chunks * rows == b:
+            return t.reshape(chunks, rows, c, n).permute(0, 2, 1, 3).contiguous()
+        out = t.new_zeros((chunks, c, rows, n))
+        whole = b // rows
+        if whole:
+            out[:whole] = t[:whole * rows].reshape(whole, rows, c, n).permute(0, 2, 1, 3)
+        out[whole, :, :b - whole * rows] = t[whole * rows:].permute(1, 0, 2)
+        return out
+
+    xt = per_chunk(x)                                                     # x' chunks [Cin, rows, Nin]
+    gt = per_chunk(grad_y).reshape(chunks, meta.cout, rows * meta.nout)  # W' chunks [Cout, rows*Nout]
+    y = None
+    for i in range(chunks):
+        part = run_uncached(xt[i], gt[i], None, mt.input_linear, mt.weight_linear, config=config,
+                            out_dtype=torch.float32)
+        y = part if y is None else y.add_(part)
+    return y

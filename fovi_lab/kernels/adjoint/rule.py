@@ -9,7 +9,9 @@ Each gradient runs on one of three paths:
   padding), or where ``FOVI_KNN_DX_PATH`` / ``FOVI_KNN_DW_PATH`` = ``mma`` forces them;
 * ``"fused"``: the node-major kernels of :mod:`fovi_lab.kernels.adjoint.fused` (one launch per gradient, no
   stage) on layers with ``Cin >= FUSED_MIN_CIN``;
-* ``"staged"``: fovi's stage + reverse-index design (:mod:`fovi_lab.kernels.adjoint.staged`), on the stems.
+* ``"staged"``: fovi's stage + reverse-index design (:mod:`fovi_lab.kernels.adjoint.staged`), on the stems: dx
+  always, dW where the stems' tensor-core rule does not take it
+  (:func:`~fovi_lab.kernels.adjoint.as_forward.select_stem_dw_mma`: fp16 from 16 rows, in batch chunks).
 
 ``FOVI_KNN_GRAD_PATH`` (``fused`` / ``staged`` / ``auto``) overrides the fused-or-staged choice.
 
@@ -102,6 +104,8 @@ class AdjointPlan:
         forced: ``(dx, dW)`` put on the tensor cores by a switch (a fallback then warns; the rule's pick gives way
             quietly).
         fused: ``(dx, dW)`` :class:`FusedPick` where ``kernels`` is ``"fused"``, else None.
+        dw_config, dw_batch_chunk: a stem's dW on the tensor cores (the stems' rule): its config and the batch rows
+            of each chunk (None and 0 elsewhere: dW takes ``mma_config`` over the whole batch).
     """
 
     dx: str
@@ -110,9 +114,15 @@ class AdjointPlan:
     mma_config: Optional[str]
     forced: Tuple[bool, bool] = (False, False)
     fused: Optional[Tuple[FusedPick, FusedPick]] = None
+    dw_config: Optional[str] = None
+    dw_batch_chunk: int = 0
 
     def path(self, which: str) -> str:
         return self.dx if which == "dx" else self.dw
+
+    def config(self, which: str) -> Optional[str]:
+        """The tensor-core config of ``which`` (``"dx"`` / ``"dW"``) where it runs there."""
+        return self.dw_config if which != "dx" and self.dw_config else self.mma_config
 
 
 def gradient_words(plan: AdjointPlan, which: str) -> str:
@@ -120,10 +130,11 @@ def gradient_words(plan: AdjointPlan, which: str) -> str:
     path = plan.path(which)
     if path == "mma":
         from fovi_lab.kernels.families import describe
-        cfg = plan.mma_config
+        cfg = plan.config(which)
         what = f"{describe(cfg)}  [{cfg}]" if cfg else "the split tensor-core configs' default rule"
         layer = "the transposed layer" if which == "dx" else "the tap layer"
-        return f"tensor cores, as the forward of {layer}: {what}"
+        chunks = f" in batch chunks of {plan.dw_batch_chunk} rows" if which != "dx" and plan.dw_batch_chunk else ""
+        return f"tensor cores, as the forward of {layer}{chunks}: {what}"
     if path == "fused":
         pick = plan.fused[0 if which == "dx" else 1]
         return f"fused node-major kernel, no stage: {pick.words()}  [{pick.config}]  (Cin >= {FUSED_MIN_CIN})"
@@ -145,21 +156,25 @@ def _device_of(meta, device) -> str:
 def decide(meta, batch: int, dtype: torch.dtype, device=None) -> AdjointPlan:
     """The plan of ``meta`` at ``batch`` in ``dtype`` on ``device`` (default: where the meta's tables are) under the
     current switches (no cache: :func:`adjoint_plan`)."""
-    from fovi_lab.kernels.adjoint.as_forward import select_grad_mma
+    from fovi_lab.kernels.adjoint.as_forward import select_grad_mma, select_stem_dw_mma, stem_dw_batch_chunk
     kernels = kernels_path(meta)
     switches = {"dx": settings.get("FOVI_KNN_DX_PATH"), "dW": settings.get("FOVI_KNN_DW_PATH")}
     config = None
     if any(v != "off" for v in switches.values()):
         config = select_grad_mma(meta, batch, dtype)
+    # the stems' dW (their kernels the staged ones, no shared pick): the tensor cores in batch chunks
+    stem = select_stem_dw_mma(meta, batch, dtype) \
+        if config is None and kernels == "staged" and switches["dW"] == "auto" else None
 
     def one(which: str) -> str:
         sw = switches[which]
         if sw == "off":
             return kernels
-        return "mma" if sw == "mma" or config is not None else kernels
+        return "mma" if sw == "mma" or config is not None or (which == "dW" and stem) else kernels
     fused = fused_picks(meta, batch, _device_of(meta, device)) if kernels == "fused" else None
     return AdjointPlan(one("dx"), one("dW"), kernels, config,
-                       (switches["dx"] == "mma", switches["dW"] == "mma"), fused)
+                       (switches["dx"] == "mma", switches["dW"] == "mma"), fused,
+                       stem, stem_dw_batch_chunk(meta, batch) if stem else 0)
 
 
 def adjoint_plan(meta, batch: int, dtype: torch.dtype, device=None) -> AdjointPlan:
