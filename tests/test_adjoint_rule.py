@@ -9,7 +9,7 @@ import torch
 import fovi_lab.kernels.adjoint.rule as rule
 from fovi_lab.graph.layers import LAYERS, layer_meta
 from fovi_lab.graph.meta import build_meta, synthetic_graph
-from fovi_lab.kernels.adjoint.as_forward import select_grad_mma
+from fovi_lab.kernels.adjoint.as_forward import select_grad_mma, stem_dw_batch_chunk
 from fovi_lab.knn_warp import WarpTrainOps, grad_paths
 from fovi_lab.ops.reference import CompactTorchOps
 
@@ -19,7 +19,8 @@ def _expected(meta, b, dtype, dx_sw="auto", dw_sw="auto", grad_sw="auto"):
     cfg = select_grad_mma(meta, b, dtype)
     one = lambda sw: kernels if sw == "off" else ("mma" if sw == "mma" or cfg is not None else kernels)  # noqa: E731
     # the stems' rule: dW alone on the tensor cores, fp16 from 16 rows, where the staged kernels are the layer's
-    stem = kernels == "staged" and dw_sw == "auto" and meta.cin < 16 and dtype == torch.float16 and b >= 16
+    stem = kernels == "staged" and dw_sw == "auto" and meta.cin < 16 and dtype == torch.float16 and b >= 16 \
+        and -(-b // stem_dw_batch_chunk(meta, b)) <= 4
     return one(dx_sw), "mma" if stem else one(dw_sw), kernels
 
 
@@ -145,25 +146,30 @@ def test_explain_names_the_fused_picks_of_the_device():
     assert "whole reverse lists" in fovi_lab.explain("res18_layer2_0", 64, "fp16", "cpu").dx
 
 
-@pytest.mark.parametrize("layer", ["res18_stem", "alex_L0"])
-def test_a_stems_dw_runs_on_the_tensor_cores_in_batch_chunks(layer):
-    """The stems' dW on the tap layer in chunks whose tables fit STEM_DW_TABLE_MIB: the rule's plan, the words,
-    and a batch that is no multiple of the chunk (zero rows pad the last chunk) against the fp64 oracle, bitwise
-    repeatable and equal to the tap layer over the whole batch to fp32 rounding (sums of other lengths)."""
+@pytest.mark.parametrize("layer, on_tensor_cores", [("res18_stem", (16, 40, 64)), ("alex_L0", (16,))])
+def test_a_stems_dw_runs_on_the_tensor_cores_in_batch_chunks(layer, on_tensor_cores):
+    """The stems' dW on the tap layer in chunks whose tables fit STEM_DW_TABLE_MIB, up to STEM_DW_MAX_CHUNKS chunks:
+    the rule's plan, the words, and a batch that is no multiple of the chunk (zero rows pad the last chunk) against
+    the fp64 oracle, bitwise repeatable and equal to the tap layer over the whole batch to fp32 rounding (sums of
+    other lengths)."""
     import fovi_lab.knn_warp as K
     from fovi_lab.graph.meta import tap_table_bytes
     from fovi_lab.kernels.adjoint import as_forward as af
     meta = layer_meta(layer)
-    for b in (16, 64, 256):
+    for b in (8, 16, 40, 64, 256):
         plan = rule.adjoint_plan(meta, b, torch.float16)
         rows = plan.dw_batch_chunk
+        if b not in on_tensor_cores:
+            assert (plan.dx, plan.dw, rows) == ("staged", "staged", 0), b
+            continue
         assert (plan.dx, plan.dw, plan.dw_config) == ("staged", "mma", "mmas_o64b8") and 1 <= rows <= b
         assert tap_table_bytes(meta, rows) <= af.STEM_DW_TABLE_MIB << 20 < tap_table_bytes(meta, 2 * rows) or rows == b
-        assert -(-b // rows) * rows - b < -(-b // rows)              # the chunks are as even as the batch allows
+        chunks = -(-b // rows)
+        assert chunks <= af.STEM_DW_MAX_CHUNKS and chunks * rows - b < chunks   # as even as the batch allows
     assert rule.adjoint_plan(meta, 16, torch.bfloat16).dw == "staged"   # the split configs are fp16 only
     assert rule.adjoint_plan(meta, 8, torch.float16).dw == "staged"     # below the rule's batch
-    assert "in batch chunks of" in rule.gradient_words(rule.adjoint_plan(meta, 64, torch.float16), "dW")
-    b = 40
+    assert "in batch chunks of" in rule.gradient_words(rule.adjoint_plan(meta, 16, torch.float16), "dW")
+    b = 40 if layer == "res18_stem" else 17             # 3 chunks of 14 rows; of 6 rows
     g0 = torch.Generator().manual_seed(b)
     x = torch.randn(b, meta.cin, meta.nin, generator=g0).half()
     g = torch.randn(b, meta.cout, meta.nout, generator=g0).half()

@@ -20,7 +20,7 @@ from fovi_lab.ops.reference import oracle_forward
 
 __all__ = ["check", "padding_rows", "padding_table", "ADJOINT_RECORDS", "recorded_rows", "recorded_table",
            "recorded_summary", "recorded_figure", "STEP_RULE_RECORDS", "step_rule_rows", "step_rule_table",
-           "step_rule_figure", "time_here"]
+           "step_rule_figure", "time_here", "STEMS", "stem_chunk_rows", "stem_chunk_table", "stem_dw_here"]
 
 #: The checkout's records of ``python -m fovi_lab bench adjoints`` on the H200 (absent from a wheel install).
 ADJOINT_RECORDS = kl.DATA_DIR / "h200" / "adjoint_paths.jsonl"
@@ -281,3 +281,67 @@ def step_rule_figure(rows: Optional[List[dict]] = None, height: int = 400) -> go
     return _over_gflop(fig, rows, height, f"rule: from {MMA_GRAD_MIN_GFLOP:g} GFLOP",
                        "train step, forced tensor cores: speedup over the rule of the run",
                        "Train steps replayed from CUDA graphs, both gradients forced onto the tensor cores")
+
+
+#: The real layers with three input channels (the stems, and the DINOv3 patch embed).
+STEMS = ("res18_stem", "alex_L0", "dinov3_patch")
+
+
+def stem_chunk_rows(layers: Sequence[str] = STEMS, batches: Sequence[int] = (8, 16, 64, 256)) -> List[dict]:
+    """Per stem and batch: the paths of dx and dW (:func:`fovi_lab.kernels.adjoint.rule.adjoint_plan`), the rows per
+    chunk of dW on the tensor cores, the chunks, the MiB of the tap tables of one chunk against those of the
+    whole batch (:func:`fovi_lab.graph.meta.tap_table_bytes`), and the MiB of the staged dW's fp16 stage
+    (``Nout x P64 x Cout``: the same at every batch)."""
+    from fovi_lab.graph.meta import tap_table_bytes
+    from fovi_lab.kernels.adjoint.rule import adjoint_plan
+    rows = []
+    for name in layers:
+        meta = layer_meta(name)
+        for b in batches:
+            plan = adjoint_plan(meta, b, torch.float16, device="cpu")
+            rows_per = plan.dw_batch_chunk or 0
+            rows.append(dict(layer=name, B=b, dx=plan.dx, dw=plan.dw, rows=rows_per,
+                             chunks=-(-b // rows_per) if rows_per else 0,
+                             chunk_mib=tap_table_bytes(meta, rows_per) / 2 ** 20 if rows_per else None,
+                             whole_mib=tap_table_bytes(meta, b) / 2 ** 20,
+                             stage_mib=meta.nout * meta.p64 * meta.cout * 2 / 2 ** 20))
+    return rows
+
+
+def stem_chunk_table(rows: Optional[List[dict]] = None) -> str:
+    """:func:`stem_chunk_rows` as text."""
+    head = (f"{'layer':13s} {'B':>4s} {'dx':>7s} {'dW':>13s} {'rows':>5s} {'chunks':>6s} {'tables of a chunk':>18s} "
+            f"{'of the whole batch':>19s} {'staged dW stage':>16s}")
+    lines = [head]
+    for r in stem_chunk_rows() if rows is None else rows:
+        dw = "tensor cores" if r["dw"] == "mma" else r["dw"]
+        chunk = f"{r['chunk_mib']:.1f} MiB" if r["chunk_mib"] is not None else "-"
+        lines.append(f"{r['layer']:13s} {r['B']:4d} {r['dx']:>7s} {dw:>13s} {r['rows'] or '-':>5} "
+                     f"{r['chunks'] or '-':>6} {chunk:>18s} {r['whole_mib']:15.1f} MiB {r['stage_mib']:12.1f} MiB")
+    return "\n".join(lines)
+
+
+def stem_dw_here(layer: str = "res18_stem", batch: int = 40, device=None, reps: int = 3) -> dict:
+    """A stem's dW on ``device`` (default: the lab's) both ways from the same fp16 operands, at a batch that is no
+    multiple of the chunk: the rule's (the tap layer in batch chunks, :func:`fovi_lab.knn_warp.grad_weight`) and the
+    staged kernels (:func:`fovi_lab.knn_warp.staged_grad_weight`). Returns the chunk rows, each one's largest
+    difference from the fp64 oracle over its largest entry, whether the rule's dW repeats bit for bit, and both
+    times (``tensor_ms``, ``staged_ms``)."""
+    import fovi_lab.knn_warp as K
+    from fovi_lab.kernels.adjoint.rule import adjoint_plan
+    from fovi_lab.ops.reference import CompactTorchOps
+
+    device = str(device or kl.default_device())
+    meta = layer_meta(layer, device=device)
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(batch, meta.cin, meta.nin, generator=gen).to(device, torch.float16)
+    g = torch.randn(batch, meta.cout, meta.nout, generator=gen).to(device, torch.float16)
+    ref = CompactTorchOps.grad_weight(meta.to("cpu"), g.cpu().double(), x.cpu().double())
+    scale = float(ref.abs().max())
+    rule, staged = K.grad_weight(meta, g, x), K.staged_grad_weight(meta, g, x)
+    err = lambda t: float((t.cpu().double() - ref).abs().max()) / scale          # noqa: E731
+    return dict(layer=layer, B=batch, device=device,
+                rows=adjoint_plan(meta, batch, torch.float16, device=device).dw_batch_chunk,
+                tensor_err=err(rule), staged_err=err(staged), bitwise=torch.equal(rule, K.grad_weight(meta, g, x)),
+                tensor_ms=kl.time_ms(lambda: K.grad_weight(meta, g, x), device, max_reps=reps),
+                staged_ms=kl.time_ms(lambda: K.staged_grad_weight(meta, g, x), device, max_reps=reps))

@@ -29,8 +29,11 @@ stems, staged) kernels. On the stems (Cin < :data:`MMA_GRAD_MIN_CIN`) dW alone g
 while the transposed layer of dx would put 3 output channels in a 64-wide tile, so dx stays staged. The staged dW
 writes a stage of ``Nout x P64 x Cout`` whatever the batch and reduces it one (q, o) per thread; the tap layer is
 a GEMM over the batch and the tap's entries. Its tables grow with the batch, so the stems' dW runs in batch chunks
-whose tap tables fit :data:`STEM_DW_TABLE_MIB`, the chunks' fp32 results summed in order. The shared rule above is
-read from train steps replayed from CUDA graphs on the H200, the fused and staged
+whose tap tables fit :data:`STEM_DW_TABLE_MIB`, the chunks' fp32 results summed in order, up to
+:data:`STEM_DW_MAX_CHUNKS` chunks. That rule is chosen from
+the kernels' work, not yet from a GPU record: ``python -m fovi_lab bench train-step --layers res18_stem alex_L0
+dinov3_patch`` times it (``warp_train``) beside the staged kernels (``warp_train_staged``) in one run. The shared rule
+above is read from train steps replayed from CUDA graphs on the H200, the fused and staged
 dispatch beside both gradients forced onto the config, each pair from one build on one machine
 (data/h200/grad_mma_rule.jsonl.gz, field ``variant``): from 1.09 to 4.8 GFLOP the tensor cores ran every step faster
 (AlexNet L1-L4 at B = 16, ResNet-18 layers 1, 2 and 3 at B = 64, layers 2.0 and 3.0 at B = 512); from 0.14 to
@@ -55,7 +58,7 @@ from fovi_lab.ops.reference import check_grad_args
 __all__ = ["grad_input_mma", "grad_weight_mma", "transposed_weight", "padding", "tap_padding", "list_paddings",
            "select_grad_mma", "select_stem_dw_mma", "stem_dw_batch_chunk",
            "MMA_GRAD_CONFIG", "MMA_GRAD_MIN_GFLOP", "MMA_GRAD_MIN_BATCH", "MMA_GRAD_MIN_CIN", "MMA_GRAD_MAX_PADDING",
-           "STEM_DW_TABLE_MIB"]
+           "STEM_DW_TABLE_MIB", "STEM_DW_MAX_CHUNKS"]
 
 #: The config both tensor-core gradients run under the rule: the pipelined loop with the p range split
 #: (``cp.async`` stages, fp32 partials summed in a fixed order), 128 channels x 64 batch rows per CTA.
@@ -76,6 +79,11 @@ MMA_GRAD_MAX_PADDING = 3.0
 #: The most index-table memory (MiB) of the tap layer a stem's dW runs on: the batch is cut into chunks whose tap
 #: tables fit (ResNet-18's stem: 16 rows per chunk; AlexNet's L0, 484 taps: 7).
 STEM_DW_TABLE_MIB = 32
+#: The most chunks the stems' rule takes: the tap layer's work grows with the batch while the staged kernels' stage
+#: does not, and their replayed steps gain on PyTorch's as B grows (ResNet-18's stem on the H200: 0.34x at B = 16,
+#: 0.97x at 64, 1.33x at 512; fovi_lab/records/h200/train_step.jsonl.gz), so past this many chunks the staged
+#: kernels keep dW.
+STEM_DW_MAX_CHUNKS = 4
 
 
 def transposed_weight(weight: torch.Tensor, meta: TrainingMeta) -> torch.Tensor:
@@ -113,10 +121,12 @@ def select_grad_mma(meta: TrainingMeta, batch: int, dtype: torch.dtype = torch.f
 def select_stem_dw_mma(meta: TrainingMeta, batch: int, dtype: torch.dtype = torch.float16) -> Optional[str]:
     """The split tensor-core config a stem's dW (Cin < :data:`MMA_GRAD_MIN_CIN`) runs on, or None where it stays
     on the staged kernels: fp16 calls from :data:`MMA_GRAD_MIN_BATCH` rows whose tap layer pads its lists at most
-    :data:`MMA_GRAD_MAX_PADDING`-fold. The config: ``select_mma_split(Cin, Cout)``, the tap layer's batch rows
-    being the input channels."""
+    :data:`MMA_GRAD_MAX_PADDING`-fold, in at most :data:`STEM_DW_MAX_CHUNKS` batch chunks. The config:
+    ``select_mma_split(Cin, Cout)``, the tap layer's batch rows being the input channels."""
     from fovi_lab.kernels.forward.api import select_mma_split
     if dtype != torch.float16 or meta.cin >= MMA_GRAD_MIN_CIN or batch < MMA_GRAD_MIN_BATCH:
+        return None
+    if -(-int(batch) // stem_dw_batch_chunk(meta, batch)) > STEM_DW_MAX_CHUNKS:
         return None
     aux = meta_aux(meta)
     pad = aux.get("tap_padding")
@@ -128,8 +138,10 @@ def select_stem_dw_mma(meta: TrainingMeta, batch: int, dtype: torch.dtype = torc
 def stem_dw_batch_chunk(meta: TrainingMeta, batch: int) -> int:
     """The rows per chunk of a stem's dW on the tensor cores: the chunks are as even as the batch allows, each
     with tap tables within :data:`STEM_DW_TABLE_MIB` (at least one row per chunk)."""
-    fit = max(1, (STEM_DW_TABLE_MIB << 20) // tap_table_bytes(meta, 1))
-    while fit > 1 and tap_table_bytes(meta, fit) > STEM_DW_TABLE_MIB << 20:
+    budget = STEM_DW_TABLE_MIB << 20
+    per_row = max(1, tap_table_bytes(meta, 64) // 64)        # (64 rows: the slots' 64-padding is whole there)
+    fit = max(1, budget // per_row)
+    while fit > 1 and tap_table_bytes(meta, fit) > budget:
         fit -= 1
     chunks = -(-int(batch) // min(fit, int(batch)))
     return -(-int(batch) // chunks)
