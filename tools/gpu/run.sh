@@ -14,12 +14,18 @@
 #   bash tools/gpu/run.sh parity                  # warmup, then every GPU test file (junit XML under $OUT)
 #   bash tools/gpu/run.sh all [B ...]             # parity, then train-step and forward at these batches (16 64),
 #                                                   # each job bounded by what is left of FOVI_TIMEOUT
+#   bash tools/gpu/run.sh steps                   # one call's worth: warmup and parity (scalar tile GEMMs), host
+#                                                   # work, then under the default (cuBLASDx) tile GEMMs the train
+#                                                   # step over the 13 layers at B = 16 and 64, ResNet-18 at B = 64
+#   bash tools/gpu/run.sh networks-all            # the next call on the same machine: the tile GEMMs built both
+#                                                   # ways on three layers, AlexNet at 64, both networks at 256, the
+#                                                   # forward over the 13 layers, fovi's backends per layer
 #   bash tools/gpu/run.sh ncu TARGETS...          # Nsight Compute on layer:B:config[:dense] targets
 #   bash tools/gpu/run.sh notebooks [nb ...]      # notebooks with their gpu cells (tools/gpu/run_notebooks.sh)
 #
 # FOVI_TIMEOUT (seconds, default 560) bounds each job inside the device's 10-minute call.
 set -uo pipefail
-job="${1:?usage: run.sh forward|sweep|train-step|backward|network|host|parity|all|ncu|notebooks [args]}"; shift
+job="${1:?usage: run.sh forward|sweep|train-step|backward|network|host|parity|all|steps|networks-all|ncu|notebooks [args]}"; shift
 source "$(dirname "$0")/device_env.sh"
 limit="${FOVI_TIMEOUT:-560}"
 tag="${FOVI_TAG:-$job}"
@@ -64,6 +70,50 @@ case "$job" in
     [ "$(left)" -gt 90 ] && timeout $(( $(left) - 5 )) python3 -m fovi_lab.bench.forward --graphs --no-cached --no-compile --reps 20 --warmup 3 \
       --batches "${batches[@]}" --time-budget-s $(( $(left) - 40 )) --tag "$tag" --out "$OUT/forward.jsonl" > "$OUT/forward.log" 2>&1
     tail -3 "$OUT/forward.log" ;;
+  steps)
+    left() { echo $(( limit - ($(date +%s) - t0) )); }
+    cap() { local L; L=$(left); [ "$L" -lt "$1" ] && echo $(( L > 5 ? L - 3 : 1 )) || echo "$1"; }
+    mkdir -p /tmp/wpc/wpcache
+    FOVI_WARP_MATHDX=0 timeout 110 python3 -m fovi_lab warmup --no-dense --experimental --mathdx off --jobs 16 \
+      > "$OUT/warmup.log" 2>&1
+    tail -1 "$OUT/warmup.log"; echo "warmup done at $(( $(date +%s) - t0 )) s"
+    FOVI_WARP_MATHDX=0 timeout 100 python3 -m pytest -o addopts="" -p no:cacheprovider -q tests/test_gpu_parity.py \
+      tests/test_gpu_replay.py tests/test_gpu_torch_native.py --junitxml="$OUT/parity.xml" > "$OUT/parity.log" 2>&1
+    tail -6 "$OUT/parity.log"; echo "parity done at $(( $(date +%s) - t0 )) s"
+    FOVI_WARP_MATHDX=0 timeout 50 python3 -m fovi_lab.bench.host --layers res18_layer1 res18_layer2 res18_layer3 \
+      alex_L1 res18_stem --batches 16 --out "$OUT/host.jsonl" > "$OUT/host.log" 2>&1; tail -14 "$OUT/host.log"
+    echo "host done at $(( $(date +%s) - t0 )) s"
+    c=$(cap 230); timeout "$c" python3 -m fovi_lab.bench.backward train-step --graphs --no-fovi --batches 16 64 \
+      --layers all --jobs 16 --time-budget-s $(( c - 40 )) --out "$OUT/train_step.jsonl" > "$OUT/train_step.log" 2>&1
+    tail -4 "$OUT/train_step.log"; echo "train-step done at $(( $(date +%s) - t0 )) s"
+    [ "$(left)" -gt 40 ] && timeout $(( $(left) - 3 )) python3 -m fovi_lab.bench.network --net resnet18 --batches 64 \
+      --modes eager graphed --backends fovi_lab auto cuda baseline torch_compact --out "$OUT/network.jsonl" \
+      > "$OUT/network.log" 2>&1
+    tail -10 "$OUT/network.log" ;;
+  networks-all)
+    left() { echo $(( limit - ($(date +%s) - t0) )); }
+    cap() { local L; L=$(left); [ "$L" -lt "$1" ] && echo $(( L > 5 ? L - 3 : 1 )) || echo "$1"; }
+    for m in 0 1; do
+      FOVI_WARP_MATHDX=$m timeout "$(cap 50)" python3 -m fovi_lab.bench.backward train-step --graphs --no-fovi \
+        --batches 16 --layers res18_layer1 res18_layer3_0 res18_stem --jobs 16 \
+        --out "$OUT/train_step_tile_gemm.jsonl" > "$OUT/tile_gemm_$m.log" 2>&1
+      tail -2 "$OUT/tile_gemm_$m.log"
+    done
+    timeout "$(cap 110)" python3 -m fovi_lab.bench.network --net alexnet --batches 64 --modes eager graphed \
+      --backends fovi_lab auto cuda baseline torch_compact --out "$OUT/network.jsonl" > "$OUT/network_alex.log" 2>&1
+    tail -8 "$OUT/network_alex.log"
+    timeout "$(cap 170)" python3 -m fovi_lab.bench.network --net resnet18 alexnet --batches 256 --modes eager \
+      graphed --backends fovi_lab auto cuda baseline torch_compact --out "$OUT/network.jsonl" \
+      > "$OUT/network_256.log" 2>&1
+    tail -12 "$OUT/network_256.log"
+    c=$(cap 120); timeout "$c" python3 -m fovi_lab.bench.forward --graphs --no-cached --no-compile --reps 20 \
+      --warmup 3 --batches 16 64 --time-budget-s $(( c - 30 )) --tag "$tag" --out "$OUT/forward.jsonl" \
+      > "$OUT/forward.log" 2>&1
+    tail -3 "$OUT/forward.log"
+    [ "$(left)" -gt 50 ] && timeout $(( $(left) - 3 )) python3 -m fovi_lab.bench.backward train-step --graphs \
+      --batches 16 --layers alex_L0 alex_L2 alex_L3 alex_L4 res18_layer2_0 res18_layer3 dinov3_patch --jobs 16 \
+      --time-budget-s $(( $(left) - 40 )) --out "$OUT/train_step_fovi.jsonl" > "$OUT/train_step_fovi.log" 2>&1
+    tail -6 "$OUT/train_step_fovi.log" ;;
   ncu)
     timeout "$limit" ncu --nvtx --nvtx-include "profile/" -k regex:fovi_fwd --section SpeedOfLight \
       --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis --section LaunchStats \
