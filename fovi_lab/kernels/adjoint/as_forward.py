@@ -80,9 +80,8 @@ MMA_GRAD_MAX_PADDING = 3.0
 #: tables fit (ResNet-18's stem: 16 rows per chunk; AlexNet's L0, 484 taps: 7).
 STEM_DW_TABLE_MIB = 32
 #: The most chunks the stems' rule takes: the tap layer's work grows with the batch while the staged kernels' stage
-#: does not, and their replayed steps gain on PyTorch's as B grows (ResNet-18's stem on the H200: 0.34x at B = 16,
-#: 0.97x at 64, 1.33x at 512; fovi_lab/records/h200/train_step.jsonl.gz), so past this many chunks the staged
-#: kernels keep dW.
+#: does not, and their replayed steps gain on PyTorch's as B grows (ResNet-18's stem from B = 16 to 512 in
+#: fovi_lab/records/h200/train_step.jsonl.gz), so past this many chunks the staged kernels keep dW.
 STEM_DW_MAX_CHUNKS = 4
 
 
