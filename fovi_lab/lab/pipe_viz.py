@@ -128,6 +128,7 @@ def recorded_rows(records: Optional[List[dict]] = None) -> List[dict]:
     run chose) and the fastest pipelined config (``pipe``), kernel times (ms) and TFLOP/s of the compact GEMM's
     ``2 B P64 Cout Nout``; the pipelined config's own loop over dense operands (``pipe_dense_tflops``) and cuBLAS's
     batched GEMM of the same shapes without gathers (``cublas_tflops``)."""
+    from fovi_lab.kernels import forward as F
     records = _records() if records is None else records
     recs = [r for r in records if r.get("tag") == "mmap" and r.get("layer") in RECORDED_LAYERS]
     rows = []
@@ -136,7 +137,7 @@ def recorded_rows(records: Optional[List[dict]] = None) -> List[dict]:
             rs = [r for r in recs if r["layer"] == layer and r["B"] == b]
             warp = [r for r in rs if r.get("impl") == "warp_uncached" and r.get("ms_kernel")]
             reg = next((r for r in warp if r.get("chosen")), None)
-            pipes = [r for r in warp if str(r.get("config", "")).startswith("mmap")]
+            pipes = [r for r in warp if r.get("config") and F.config_spec(r["config"]).family in F.PIPE_FAMILIES]
             cublas = next((r for r in rs if r.get("impl") == "cublas_dense_bmm" and r.get("ms")), None)
             if reg is None or not pipes:
                 continue

@@ -195,7 +195,11 @@ def get_uncached_config(name: str, device=None, bf16: bool = False) -> Optional[
 
 
 def require_config(name: str, device: str, bf16: bool = False) -> Built:
-    built = get_uncached_config(name, device, bf16) if not name.startswith("c_") else get_config(name, device)
+    from fovi_lab.kernels.families.registry import family
+    if family(config_spec(name).family).inference_only:      # a cached-path config (its family says so)
+        built = get_config(name, device)
+    else:
+        built = get_uncached_config(name, device, bf16)
     if built is None:
         why = VALIDATED.why(cache_key(name, mathdx_default(), bf16), device)
         raise RuntimeError(f"config: forward config {name!r} cannot be launched on {device} ({why}); "
