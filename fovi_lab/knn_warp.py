@@ -148,7 +148,8 @@ def mma_path(which: str) -> str:
     """``FOVI_KNN_DX_PATH`` (``which="dx"``) / ``FOVI_KNN_DW_PATH`` (``"dW"``): ``"mma"`` (that gradient of
     ``warp_train`` on the tensor-core forward of a derived layer, :mod:`fovi_lab.kernels.adjoint.as_forward`),
     ``"off"`` (:func:`grad_path`'s fused / staged kernels) or ``"auto"`` (the default: the tensor cores where
-    :func:`fovi_lab.kernels.adjoint.as_forward.select_grad_mma` picks them)."""
+    :func:`fovi_lab.kernels.adjoint.as_forward.select_grad_mma` picks them, and a stem's dW where
+    :func:`~fovi_lab.kernels.adjoint.as_forward.select_stem_dw_mma` does)."""
     return settings.get("FOVI_KNN_DX_PATH" if which == "dx" else "FOVI_KNN_DW_PATH")
 
 

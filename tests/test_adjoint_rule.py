@@ -9,7 +9,7 @@ import torch
 import fovi_lab.kernels.adjoint.rule as rule
 from fovi_lab.graph.layers import LAYERS, layer_meta
 from fovi_lab.graph.meta import build_meta, synthetic_graph
-from fovi_lab.kernels.adjoint.as_forward import select_grad_mma, stem_dw_batch_chunk
+from fovi_lab.kernels.adjoint.as_forward import select_grad_mma
 from fovi_lab.knn_warp import WarpTrainOps, grad_paths
 from fovi_lab.ops.reference import CompactTorchOps
 
@@ -20,8 +20,17 @@ def _expected(meta, b, dtype, dx_sw="auto", dw_sw="auto", grad_sw="auto"):
     one = lambda sw: kernels if sw == "off" else ("mma" if sw == "mma" or cfg is not None else kernels)  # noqa: E731
     # the stems' rule: dW alone on the tensor cores, fp16 from 16 rows, where the staged kernels are the layer's
     stem = kernels == "staged" and dw_sw == "auto" and meta.cin < 16 and dtype == torch.float16 and b >= 16 \
-        and -(-b // stem_dw_batch_chunk(meta, b)) <= 4
+        and b <= 4 * _rows_that_fit(meta)
     return one(dx_sw), "mma" if stem else one(dw_sw), kernels
+
+
+def _rows_that_fit(meta, budget_mib: int = 32) -> int:
+    """The most batch rows whose tap tables fit ``budget_mib``, counted up from one row (not the package's way)."""
+    from fovi_lab.graph.meta import tap_table_bytes
+    r = 1
+    while tap_table_bytes(meta, r + 1) <= budget_mib << 20:
+        r += 1
+    return r
 
 
 @pytest.mark.parametrize("layer", list(LAYERS))
@@ -163,9 +172,11 @@ def test_a_stems_dw_runs_on_the_tensor_cores_in_batch_chunks(layer, on_tensor_co
             assert (plan.dx, plan.dw, rows) == ("staged", "staged", 0), b
             continue
         assert (plan.dx, plan.dw, plan.dw_config) == ("staged", "mma", "mmas_o64b8") and 1 <= rows <= b
-        assert tap_table_bytes(meta, rows) <= af.STEM_DW_TABLE_MIB << 20 < tap_table_bytes(meta, 2 * rows) or rows == b
+        fit = _rows_that_fit(meta)
         chunks = -(-b // rows)
-        assert chunks <= af.STEM_DW_MAX_CHUNKS and chunks * rows - b < chunks   # as even as the batch allows
+        assert tap_table_bytes(meta, rows) <= af.STEM_DW_TABLE_MIB << 20
+        assert chunks == -(-b // fit) <= af.STEM_DW_MAX_CHUNKS      # the fewest chunks that fit
+        assert chunks * rows - b < chunks                           # as even as the batch allows
     assert rule.adjoint_plan(meta, 16, torch.bfloat16).dw == "staged"   # the split configs are fp16 only
     assert rule.adjoint_plan(meta, 8, torch.float16).dw == "staged"     # below the rule's batch
     assert "in batch chunks of" in rule.gradient_words(rule.adjoint_plan(meta, 16, torch.float16), "dW")
@@ -181,3 +192,24 @@ def test_a_stems_dw_runs_on_the_tensor_cores_in_batch_chunks(layer, on_tensor_co
     assert float((dw.double() - ref).abs().max()) <= 2e-6 * float(ref.abs().max())
     whole = af.grad_weight_mma(meta, g, x, "mmas_o64b8")
     assert float((dw - whole).abs().max()) <= 1e-5 * float(ref.abs().max())
+
+
+def test_the_stems_rule_reads_the_table_budget_and_a_forced_switch(monkeypatch):
+    """FOVI_KNN_TAP_TABLE_MIB below the stems' own budget shrinks the chunks (a plan made under it is another plan);
+    FOVI_KNN_DW_PATH=mma on a stem runs the rule's chunks and config at any batch, fp16; off keeps dW staged."""
+    from fovi_lab.graph.meta import tap_table_bytes
+    meta = layer_meta("res18_stem")
+    assert rule.adjoint_plan(meta, 40, torch.float16).dw_batch_chunk == 14
+    monkeypatch.setenv("FOVI_KNN_TAP_TABLE_MIB", "16")
+    plan = rule.adjoint_plan(meta, 16, torch.float16)
+    assert plan.dw == "mma" and tap_table_bytes(meta, plan.dw_batch_chunk) <= 16 << 20 < tap_table_bytes(meta, 16)
+    assert rule.adjoint_plan(meta, 40, torch.float16).dw == "staged"          # 5 chunks of 8 rows: past the cap
+    monkeypatch.delenv("FOVI_KNN_TAP_TABLE_MIB")
+    alex = layer_meta("alex_L0")
+    assert rule.adjoint_plan(alex, 128, torch.float16).dw == "staged"
+    monkeypatch.setenv("FOVI_KNN_DW_PATH", "mma")
+    plan = rule.adjoint_plan(alex, 128, torch.float16)
+    assert (plan.dw, plan.dw_config, plan.dw_batch_chunk, plan.forced) == ("mma", "mmas_o64b8", 7, (False, True))
+    assert rule.adjoint_plan(alex, 128, torch.bfloat16).dw_config is None     # no bf16 split config
+    monkeypatch.setenv("FOVI_KNN_DW_PATH", "off")
+    assert rule.adjoint_plan(meta, 40, torch.float16).dw == "staged"

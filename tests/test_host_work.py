@@ -49,8 +49,9 @@ PINNED = [
     ("res18_layer3_0", 16, "fused", 2, 4, {"_to_copy": 2, "copy_": 2}),
     ("res18_layer3", 64, "mma", 3, 8, {"_to_copy": 2, "clone": 4}),
     ("res18_stem", 8, "staged", 1, 5, {"_to_copy": 2, "clone": 1, "copy_": 4, "new_zeros": 1, "zero_": 2}),
-    # the stems' dW on the tensor cores (one chunk of 16 rows), dx staged
+    # the stems' dW on the tensor cores (one chunk of 16 rows; three of 14, the last padded, summed in order), dx staged
     ("res18_stem", 16, ("staged", "mma"), 1, 6, {"_to_copy": 2, "clone": 3, "copy_": 2, "zero_": 1}),
+    ("res18_stem", 40, ("staged", "mma"), 2, 13, {"_to_copy": 2, "add_": 2, "clone": 1, "copy_": 5, "new_zeros": 2}),
 ]
 
 

@@ -5,7 +5,7 @@ from it (:mod:`fovi_lab.kernels.adjoint.as_forward`)."""
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import plotly.graph_objects as go
 
@@ -20,7 +20,8 @@ from fovi_lab.ops.reference import oracle_forward
 
 __all__ = ["check", "padding_rows", "padding_table", "ADJOINT_RECORDS", "recorded_rows", "recorded_table",
            "recorded_summary", "recorded_figure", "STEP_RULE_RECORDS", "step_rule_rows", "step_rule_table",
-           "step_rule_figure", "time_here", "STEMS", "stem_chunk_rows", "stem_chunk_table", "stem_dw_here"]
+           "step_rule_figure", "time_here", "STEMS", "stem_chunk_rows", "stem_chunk_table", "stem_dw_here",
+           "stem_rule_batches"]
 
 #: The checkout's records of ``python -m fovi_lab bench adjoints`` on the H200 (absent from a wheel install).
 ADJOINT_RECORDS = kl.DATA_DIR / "h200" / "adjoint_paths.jsonl"
@@ -319,6 +320,18 @@ def stem_chunk_table(rows: Optional[List[dict]] = None) -> str:
         lines.append(f"{r['layer']:13s} {r['B']:4d} {r['dx']:>7s} {dw:>13s} {r['rows'] or '-':>5} "
                      f"{r['chunks'] or '-':>6} {chunk:>18s} {r['whole_mib']:15.1f} MiB {r['stage_mib']:12.1f} MiB")
     return "\n".join(lines)
+
+
+def stem_rule_batches(layers: Sequence[str] = STEMS, largest: int = 1024) -> Dict[str, Optional[Tuple[int, int]]]:
+    """Per stem: the smallest and the largest batch (up to ``largest``) whose fp16 dW the rule sends to the tensor
+    cores, None where none is."""
+    from fovi_lab.kernels.adjoint.rule import adjoint_plan
+    out = {}
+    for name in layers:
+        meta = layer_meta(name)
+        on = [b for b in range(1, largest + 1) if adjoint_plan(meta, b, torch.float16, device="cpu").dw == "mma"]
+        out[name] = (min(on), max(on)) if on else None
+    return out
 
 
 def stem_dw_here(layer: str = "res18_stem", batch: int = 40, device=None, reps: int = 3) -> dict:

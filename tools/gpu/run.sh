@@ -86,6 +86,10 @@ case "$job" in
     c=$(cap 230); timeout "$c" python3 -m fovi_lab.bench.backward train-step --graphs --no-fovi --batches 16 64 \
       --layers all --jobs 16 --time-budget-s $(( c - 40 )) --out "$OUT/train_step.jsonl" > "$OUT/train_step.log" 2>&1
     tail -4 "$OUT/train_step.log"; echo "train-step done at $(( $(date +%s) - t0 )) s"
+    # the stems' dW staged, the rest as above: beside train_step.jsonl, the stems' rule against the staged dW
+    FOVI_KNN_DW_PATH=off timeout "$(cap 60)" python3 -m fovi_lab.bench.backward train-step --graphs --no-fovi \
+      --batches 16 64 --layers res18_stem alex_L0 dinov3_patch --jobs 16 --out "$OUT/train_step_stem_dw_off.jsonl" \
+      > "$OUT/stem_dw_off.log" 2>&1; tail -2 "$OUT/stem_dw_off.log"
     [ "$(left)" -gt 40 ] && timeout $(( $(left) - 3 )) python3 -m fovi_lab.bench.network --net resnet18 --batches 64 \
       --modes eager graphed --backends fovi_lab auto cuda baseline torch_compact --out "$OUT/network.jsonl" \
       > "$OUT/network.log" 2>&1

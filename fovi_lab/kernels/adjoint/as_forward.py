@@ -31,8 +31,9 @@ writes a stage of ``Nout x P64 x Cout`` whatever the batch and reduces it one (q
 a GEMM over the batch and the tap's entries. Its tables grow with the batch, so the stems' dW runs in batch chunks
 whose tap tables fit :data:`STEM_DW_TABLE_MIB`, the chunks' fp32 results summed in order, up to
 :data:`STEM_DW_MAX_CHUNKS` chunks. That rule is chosen from
-the kernels' work, not yet from a GPU record: ``python -m fovi_lab bench train-step --layers res18_stem alex_L0
-dinov3_patch`` times it (``warp_train``) beside the staged kernels (``warp_train_staged``) in one run. The shared rule
+the kernels' work, not yet from a GPU record: ``python -m fovi_lab bench train-step --graphs --layers res18_stem
+alex_L0 dinov3_patch`` times it, and the same command under ``FOVI_KNN_DW_PATH=off`` the staged dW on the same
+path otherwise (tools/gpu/run.sh ``steps`` runs both). The shared rule
 above is read from train steps replayed from CUDA graphs on the H200, the fused and staged
 dispatch beside both gradients forced onto the config, each pair from one build on one machine
 (data/h200/grad_mma_rule.jsonl.gz, field ``variant``): from 1.09 to 4.8 GFLOP the tensor cores ran every step faster
@@ -51,12 +52,13 @@ from typing import Optional
 
 import torch
 
-from fovi_lab.graph.meta import TrainingMeta, meta_aux, tap_meta, tap_table_bytes, transposed_meta, validate_meta
+from fovi_lab.graph.meta import (TrainingMeta, derived_table_limit, meta_aux, tap_meta, tap_table_bytes,
+                                 transposed_meta, validate_meta)
 from fovi_lab.kernels.common import check_tensor
 from fovi_lab.ops.reference import check_grad_args
 
 __all__ = ["grad_input_mma", "grad_weight_mma", "transposed_weight", "padding", "tap_padding", "list_paddings",
-           "select_grad_mma", "select_stem_dw_mma", "stem_dw_batch_chunk",
+           "select_grad_mma", "select_stem_dw_mma", "stem_dw_batch_chunk", "stem_dw_config",
            "MMA_GRAD_CONFIG", "MMA_GRAD_MIN_GFLOP", "MMA_GRAD_MIN_BATCH", "MMA_GRAD_MIN_CIN", "MMA_GRAD_MAX_PADDING",
            "STEM_DW_TABLE_MIB", "STEM_DW_MAX_CHUNKS"]
 
@@ -71,7 +73,8 @@ MMA_GRAD_MIN_GFLOP = 1.0
 #: The smallest batch the rule sends to the tensor cores: the config's CTAs take 64 batch rows, and no step below
 #: B = 16 was measured with them.
 MMA_GRAD_MIN_BATCH = 16
-#: The stems (Cin = 3) keep the staged kernels: their transposed layer has 3 output channels in a 128-wide tile.
+#: The shared rule's smallest Cin: below it (the stems, Cin = 3) the transposed layer of dx has 3 output channels in a
+#: 128-wide tile, and dW has a rule of its own (:func:`select_stem_dw_mma`).
 MMA_GRAD_MIN_CIN = 16
 #: The most list padding (slots over real entries) of either derived layer the rule accepts: the measured
 #: winners padded up to 2.84-fold (ResNet-18 layer 3.0's tap layer); layer 4.0's tap layer, 5.54-fold, lost.
@@ -122,7 +125,6 @@ def select_stem_dw_mma(meta: TrainingMeta, batch: int, dtype: torch.dtype = torc
     on the staged kernels: fp16 calls from :data:`MMA_GRAD_MIN_BATCH` rows whose tap layer pads its lists at most
     :data:`MMA_GRAD_MAX_PADDING`-fold, in at most :data:`STEM_DW_MAX_CHUNKS` batch chunks. The config:
     ``select_mma_split(Cin, Cout)``, the tap layer's batch rows being the input channels."""
-    from fovi_lab.kernels.forward.api import select_mma_split
     if dtype != torch.float16 or meta.cin >= MMA_GRAD_MIN_CIN or batch < MMA_GRAD_MIN_BATCH:
         return None
     if -(-int(batch) // stem_dw_batch_chunk(meta, batch)) > STEM_DW_MAX_CHUNKS:
@@ -131,13 +133,21 @@ def select_stem_dw_mma(meta: TrainingMeta, batch: int, dtype: torch.dtype = torc
     pad = aux.get("tap_padding")
     if pad is None:
         pad = aux["tap_padding"] = list_paddings(meta)[1]
-    return select_mma_split(meta.cin, meta.cout) if pad <= MMA_GRAD_MAX_PADDING else None
+    return stem_dw_config(meta) if pad <= MMA_GRAD_MAX_PADDING else None
+
+
+def stem_dw_config(meta: TrainingMeta) -> str:
+    """The split config of a stem's tap layer: ``select_mma_split(Cin, Cout)`` (its batch rows are the input
+    channels). ``FOVI_KNN_DW_PATH=mma`` on a stem runs it too, in the same batch chunks, whatever the batch."""
+    from fovi_lab.kernels.forward.api import select_mma_split
+    return select_mma_split(meta.cin, meta.cout)
 
 
 def stem_dw_batch_chunk(meta: TrainingMeta, batch: int) -> int:
     """The rows per chunk of a stem's dW on the tensor cores: the chunks are as even as the batch allows, each
-    with tap tables within :data:`STEM_DW_TABLE_MIB` (at least one row per chunk)."""
-    budget = STEM_DW_TABLE_MIB << 20
+    with tap tables within :data:`STEM_DW_TABLE_MIB` and ``FOVI_KNN_TAP_TABLE_MIB``, the derived layers' budget
+    (at least one row per chunk)."""
+    budget = min(STEM_DW_TABLE_MIB << 20, derived_table_limit())
     per_row = max(1, tap_table_bytes(meta, 64) // 64)        # (64 rows: the slots' 64-padding is whole there)
     fit = max(1, budget // per_row)
     while fit > 1 and tap_table_bytes(meta, fit) > budget:

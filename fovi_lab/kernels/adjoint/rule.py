@@ -41,7 +41,8 @@ from fovi_lab.graph.meta import meta_aux
 FUSED_MIN_CIN = 16
 
 #: The settings the plan reads (a change decides anew).
-SWITCHES = ("FOVI_KNN_GRAD_PATH", "FOVI_KNN_DX_PATH", "FOVI_KNN_DW_PATH", "FOVI_KNN_FUSED_PARTIAL_MIB")
+SWITCHES = ("FOVI_KNN_GRAD_PATH", "FOVI_KNN_DX_PATH", "FOVI_KNN_DW_PATH", "FOVI_KNN_FUSED_PARTIAL_MIB",
+            "FOVI_KNN_TAP_TABLE_MIB")
 
 
 @dataclass(frozen=True)
@@ -156,15 +157,20 @@ def _device_of(meta, device) -> str:
 def decide(meta, batch: int, dtype: torch.dtype, device=None) -> AdjointPlan:
     """The plan of ``meta`` at ``batch`` in ``dtype`` on ``device`` (default: where the meta's tables are) under the
     current switches (no cache: :func:`adjoint_plan`)."""
-    from fovi_lab.kernels.adjoint.as_forward import select_grad_mma, select_stem_dw_mma, stem_dw_batch_chunk
+    from fovi_lab.kernels.adjoint import as_forward as af
     kernels = kernels_path(meta)
     switches = {"dx": settings.get("FOVI_KNN_DX_PATH"), "dW": settings.get("FOVI_KNN_DW_PATH")}
     config = None
     if any(v != "off" for v in switches.values()):
-        config = select_grad_mma(meta, batch, dtype)
-    # the stems' dW (their kernels the staged ones, no shared pick): the tensor cores in batch chunks
-    stem = select_stem_dw_mma(meta, batch, dtype) \
-        if config is None and kernels == "staged" and switches["dW"] == "auto" else None
+        config = af.select_grad_mma(meta, batch, dtype)
+    # the stems' dW: the tensor cores in batch chunks, where their rule takes them (their own kernels the staged
+    # ones) or the switch forces them (fp16: the split configs' only dtype)
+    stem = None
+    if config is None and meta.cin < af.MMA_GRAD_MIN_CIN:
+        if switches["dW"] == "mma" and dtype == torch.float16:
+            stem = af.stem_dw_config(meta)
+        elif switches["dW"] == "auto" and kernels == "staged":
+            stem = af.select_stem_dw_mma(meta, batch, dtype)
 
     def one(which: str) -> str:
         sw = switches[which]
@@ -174,7 +180,7 @@ def decide(meta, batch: int, dtype: torch.dtype, device=None) -> AdjointPlan:
     fused = fused_picks(meta, batch, _device_of(meta, device)) if kernels == "fused" else None
     return AdjointPlan(one("dx"), one("dW"), kernels, config,
                        (switches["dx"] == "mma", switches["dW"] == "mma"), fused,
-                       stem, stem_dw_batch_chunk(meta, batch) if stem else 0)
+                       stem, af.stem_dw_batch_chunk(meta, batch) if stem else 0)
 
 
 def adjoint_plan(meta, batch: int, dtype: torch.dtype, device=None) -> AdjointPlan:
