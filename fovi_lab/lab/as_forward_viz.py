@@ -310,15 +310,15 @@ def stem_chunk_rows(layers: Sequence[str] = STEMS, batches: Sequence[int] = (8, 
 
 
 def stem_chunk_table(rows: Optional[List[dict]] = None) -> str:
-    """:func:`stem_chunk_rows` as text."""
-    head = (f"{'layer':13s} {'B':>4s} {'dx':>7s} {'dW':>13s} {'rows':>5s} {'chunks':>6s} {'tables of a chunk':>18s} "
-            f"{'of the whole batch':>19s} {'staged dW stage':>16s}")
+    """:func:`stem_chunk_rows` as text: the tap tables of one chunk and of the whole batch, the staged dW's stage."""
+    head = (f"{'layer':13s} {'B':>4s} {'dx':>7s} {'dW':>12s} {'rows':>4s} {'chunks':>6s} {'chunk tables':>12s} "
+            f"{'whole batch':>11s} {'stage':>9s}")
     lines = [head]
     for r in stem_chunk_rows() if rows is None else rows:
         dw = "tensor cores" if r["dw"] == "mma" else r["dw"]
         chunk = f"{r['chunk_mib']:.1f} MiB" if r["chunk_mib"] is not None else "-"
-        lines.append(f"{r['layer']:13s} {r['B']:4d} {r['dx']:>7s} {dw:>13s} {r['rows'] or '-':>5} "
-                     f"{r['chunks'] or '-':>6} {chunk:>18s} {r['whole_mib']:15.1f} MiB {r['stage_mib']:12.1f} MiB")
+        lines.append(f"{r['layer']:13s} {r['B']:4d} {r['dx']:>7s} {dw:>12s} {r['rows'] or '-':>4} "
+                     f"{r['chunks'] or '-':>6} {chunk:>12s} {r['whole_mib']:7.1f} MiB {r['stage_mib']:5.1f} MiB")
     return "\n".join(lines)
 
 
