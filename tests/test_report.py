@@ -51,5 +51,13 @@ def test_network_rows_pair_ours_with_fovis_fastest_of_the_same_run(tmp_path):
     table = report.network_readme_table(rows)
     assert "| KNNResNet-18 | 64 | 8.00 / 16.00 (baseline) | 2.00x | – | – |" in table, table
     assert "KNNAlexNet" not in table
+    assert "the build of our tile GEMMs (fused and staged adjoints) not recorded" in table
+    for r in rows:
+        r["tile_gemm"] = "scalar"
+    assert "built as scalar loops, FOVI_WARP_MATHDX=0" in report.network_readme_table(rows)
+    assert "| scalar |" in "\n".join(report.network_markdown(rows))
+    rows[-1]["tile_gemm"] = "cuBLASDx"                  # the README shows the newest run only
+    assert "on cuBLASDx, the default" in report.network_readme_table(rows)
+    assert "built both ways" in report._tile_gemm_words(rows)
     text = f"a\n{report.NETWORK_BEGIN}\nold\n{report.NETWORK_END}\n"
     assert report.update_readme_networks(text, "new") == f"a\n{report.NETWORK_BEGIN}\nnew\n{report.NETWORK_END}\n"

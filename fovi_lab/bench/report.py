@@ -241,8 +241,21 @@ def network_rows(records: List[dict]) -> List[dict]:
         rows.append(dict(device=device, net=net, B=b, precision=precision, date=date[:10], mode=mode,
                          commit=ours.get("commit"), ours_ms=ours["ms"], other_ms=best["ms"], other=best["backend"],
                          speedup=best["ms"] / ours["ms"], images_per_s=ours.get("images_per_s"),
-                         peak_mib=ours.get("peak_mib"), other_peak_mib=best.get("peak_mib")))
+                         peak_mib=ours.get("peak_mib"), other_peak_mib=best.get("peak_mib"),
+                         tile_gemm=ours.get("tile_gemm")))
     return rows
+
+
+def _tile_gemm_words(rows: List[dict]) -> str:
+    """How our tile GEMMs (the fused and staged adjoints, the tile forwards) were built in ``rows``' runs."""
+    built = {r.get("tile_gemm") for r in rows}
+    if None in built:
+        return "the build of our tile GEMMs (fused and staged adjoints) not recorded"
+    if built == {"scalar"}:
+        return "our tile GEMMs (fused and staged adjoints) built as scalar loops, FOVI_WARP_MATHDX=0"
+    if built == {"cuBLASDx"}:
+        return "our tile GEMMs (fused and staged adjoints) on cuBLASDx, the default"
+    return "our tile GEMMs built both ways (per run in `docs/results.md`)"
 
 
 def network_markdown(rows: List[dict]) -> List[str]:
@@ -255,12 +268,12 @@ def network_markdown(rows: List[dict]) -> List[str]:
            "fastest of fovi's own backends of the same run (`data/<device>/network.jsonl`). ms per step; speedup: "
            "theirs over ours.", "",
            "| network | device | B | precision | mode | ours | fovi's fastest | speedup | peak MiB, ours / theirs | "
-           "run | commit |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "our tile GEMMs | run | commit |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         peak = (f"{r['peak_mib']:.0f} / {r['other_peak_mib']:.0f}" if r["peak_mib"] and r["other_peak_mib"] else "–")
         out.append(f"| {_NET_NAMES.get(r['net'], r['net'])} | {r['device']} | {r['B']} | {r['precision']} | "
                    f"{r['mode']} | {r['ours_ms']:.2f} | {r['other_ms']:.2f} ({r['other']}) | {r['speedup']:.2f} | "
-                   f"{peak} | {r['date']} | {r['commit']} |")
+                   f"{peak} | {r.get('tile_gemm') or 'not recorded'} | {r['date']} | {r['commit']} |")
     return out + [""]
 
 
@@ -274,8 +287,8 @@ def network_readme_table(rows: List[dict]) -> str:
         return "No whole-network records in this checkout (`python -m fovi_lab bench network` writes them)."
     some = next(iter(newest.values()))
     out = [f"A train step of fovi's own networks with fovi_lab inside, against fovi's fastest backend of the same run "
-           f"(ms per step; {some['device']}, {_PRECISION.get(some['precision'], some['precision'])}; newest runs, every run in "
-           f"`docs/results.md`):", "",
+           f"(ms per step; {some['device']}, {_PRECISION.get(some['precision'], some['precision'])}; "
+           f"{_tile_gemm_words(list(newest.values()))}; newest runs, every run in `docs/results.md`):", "",
            "| network | B | eager: ours / fovi's fastest | speedup | graphed: ours / fovi's fastest | speedup |",
            "|---|---|---|---|---|---|"]
     for net, b in keys:
