@@ -80,7 +80,7 @@ MMA_GRAD_MIN_CIN = 16
 #: winners padded up to 2.84-fold (ResNet-18 layer 3.0's tap layer); layer 4.0's tap layer, 5.54-fold, lost.
 MMA_GRAD_MAX_PADDING = 3.0
 #: The most index-table memory (MiB) of the tap layer a stem's dW runs on: the batch is cut into chunks whose tap
-#: tables fit (ResNet-18's stem: 16 rows per chunk; AlexNet's L0, 484 taps: 7).
+#: tables fit (ResNet-18's stem: up to 17 rows per chunk; AlexNet's L0, 484 taps: 7).
 STEM_DW_TABLE_MIB = 32
 #: The most chunks the stems' rule takes: the tap layer's work grows with the batch while the staged kernels' stage
 #: does not, and their replayed steps gain on PyTorch's as B grows (ResNet-18's stem from B = 16 to 512 in
