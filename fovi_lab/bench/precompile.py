@@ -10,6 +10,8 @@ import multiprocessing as mp
 import time
 from typing import List, Optional, Tuple
 
+import torch
+
 from fovi_lab.bench.backward_impls import _dense_config_for, _dense_nm_config
 
 
@@ -87,7 +89,7 @@ def _jobs_for(metas: dict, batches: List[int], mode: str, args, device: str) -> 
     if mode == "train-step":
         try:
             from fovi_lab.kernels import forward as F
-            from fovi_lab.kernels.adjoint.as_forward import select_grad_mma, select_stem_dw_mma
+            from fovi_lab.kernels.adjoint.rule import adjoint_plan
             for meta in metas.values():
                 nm_ok = F.analyse_tables(meta.input_linear, meta.weight_linear, meta.cin, meta.nin,
                                           meta.q).nm is not None
@@ -96,9 +98,8 @@ def _jobs_for(metas: dict, batches: List[int], mode: str, args, device: str) -> 
                                                                          in_channels=meta.cin, node_major=nm_ok,
                                                                          q=meta.q),
                                  False, device))
-                    grad_mma = select_grad_mma(meta, b) or select_stem_dw_mma(meta, b)  # tensor-core adjoints
-                    if grad_mma is not None:
-                        jobs.append(("fwd", grad_mma, False, device))
+                    jobs += [("fwd", c, False, device)                         # the rules' tensor-core adjoints
+                             for c in adjoint_plan(meta, b, torch.float16).mma_configs()]
         except Exception as exc:  # noqa: BLE001
             print(f"# forward precompile skipped: {exc}", flush=True)
     return jobs

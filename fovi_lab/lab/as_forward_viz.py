@@ -325,11 +325,11 @@ def stem_chunk_table(rows: Optional[List[dict]] = None) -> str:
 def stem_rule_batches(layers: Sequence[str] = STEMS, largest: int = 1024) -> Dict[str, Optional[Tuple[int, int]]]:
     """Per stem: the smallest and the largest batch (up to ``largest``) whose fp16 dW the rule sends to the tensor
     cores, None where none is."""
-    from fovi_lab.kernels.adjoint.rule import adjoint_plan
+    from fovi_lab.kernels.adjoint.rule import decide         # (not the cached plans: a thousand batches each)
     out = {}
     for name in layers:
         meta = layer_meta(name)
-        on = [b for b in range(1, largest + 1) if adjoint_plan(meta, b, torch.float16, device="cpu").dw == "mma"]
+        on = [b for b in range(1, largest + 1) if decide(meta, b, torch.float16, device="cpu").dw == "mma"]
         out[name] = (min(on), max(on)) if on else None
     return out
 

@@ -153,7 +153,7 @@ class KNNConv(torch.nn.Module):
             return knn_conv(x, self.weight, bias, self._op_layer, self.backend, _compute_dtype(x), training)
         name = select_backend(self.backend, self.meta, x, training, dtype=_compute_dtype(x))
         self.last_backend = name
-        return KNNConvFunction.apply(x, self.weight, self.bias, self.meta.to(x.device), name)
+        return KNNConvFunction.apply(x, self.weight, bias, self.meta.to(x.device), name)
 
     def extra_repr(self) -> str:
         return (f"cin={self.cin}, cout={self.cout}, nin={self.nin}, nout={self.nout}, k={self.k}, "

@@ -29,6 +29,9 @@ job="${1:?usage: run.sh forward|sweep|train-step|backward|network|host|parity|al
 source "$(dirname "$0")/device_env.sh"
 limit="${FOVI_TIMEOUT:-560}"
 tag="${FOVI_TAG:-$job}"
+# seconds left of the job's limit, and a timeout of at most $1 seconds within them
+left() { echo $(( limit - ($(date +%s) - t0) )); }
+cap() { local L; L=$(left); [ "$L" -lt "$1" ] && echo $(( L > 5 ? L - 3 : 1 )) || echo "$1"; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 git log -1 --format='tree at %h (%cs)' 2>/dev/null || true
 case "$job" in
@@ -56,7 +59,6 @@ case "$job" in
       --junitxml="$OUT/parity.xml" "$@" 2>&1 | tail -5 ;;
   all)
     batches=("$@"); [ ${#batches[@]} -gt 0 ] || batches=(16 64)
-    left() { echo $(( limit - ($(date +%s) - t0) )); }
     export FOVI_WARP_MATHDX=0          # the scalar tile GEMM: no MathDx module to compile inside the call
     python3 -m fovi_lab warmup --no-dense --experimental --mathdx off --jobs 16 > "$OUT/warmup.log" 2>&1
     tail -1 "$OUT/warmup.log"; echo "warmup done at $(( $(date +%s) - t0 )) s"
@@ -71,8 +73,6 @@ case "$job" in
       --batches "${batches[@]}" --time-budget-s $(( $(left) - 40 )) --tag "$tag" --out "$OUT/forward.jsonl" > "$OUT/forward.log" 2>&1
     tail -3 "$OUT/forward.log" ;;
   steps)
-    left() { echo $(( limit - ($(date +%s) - t0) )); }
-    cap() { local L; L=$(left); [ "$L" -lt "$1" ] && echo $(( L > 5 ? L - 3 : 1 )) || echo "$1"; }
     mkdir -p /tmp/wpc/wpcache
     FOVI_WARP_MATHDX=0 timeout 110 python3 -m fovi_lab warmup --no-dense --experimental --mathdx off --jobs 16 \
       > "$OUT/warmup.log" 2>&1
@@ -95,8 +95,6 @@ case "$job" in
       > "$OUT/network.log" 2>&1
     tail -10 "$OUT/network.log" ;;
   networks-all)
-    left() { echo $(( limit - ($(date +%s) - t0) )); }
-    cap() { local L; L=$(left); [ "$L" -lt "$1" ] && echo $(( L > 5 ? L - 3 : 1 )) || echo "$1"; }
     for m in 0 1; do
       FOVI_WARP_MATHDX=$m timeout "$(cap 50)" python3 -m fovi_lab.bench.backward train-step --graphs --no-fovi \
         --batches 16 --layers res18_layer1 res18_layer3_0 res18_stem --jobs 16 \

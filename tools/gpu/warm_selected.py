@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 
+import torch
+
 from fovi_lab.bench.precompile import precompile
 from fovi_lab.graph.layers import LAYERS, layer_meta
 
@@ -18,7 +20,7 @@ from fovi_lab.graph.layers import LAYERS, layer_meta
 def selected_jobs(layers, batches, device: str, all_mma: bool, mma_split: bool = False) -> list:
     from fovi_lab.kernels import adjoint as A
     from fovi_lab.kernels import forward as F
-    from fovi_lab.kernels.adjoint.as_forward import select_grad_mma, select_stem_dw_mma
+    from fovi_lab.kernels.adjoint.rule import adjoint_plan
     from fovi_lab.knn_warp import FUSED_MIN_CIN
     fwd, nm, staged = set(), set(), set()
     for name in layers:
@@ -30,9 +32,7 @@ def selected_jobs(layers, batches, device: str, all_mma: bool, mma_split: bool =
             for seg in (False, True):
                 dx = A.select_dx_nm_config(b, meta.cin, meta.nin, segments=seg)
                 nm |= {("dxn", dx), ("dxs", dx)}
-            grad_mma = select_grad_mma(meta, b) or select_stem_dw_mma(meta, b)      # the rules' tensor-core adjoints
-            if grad_mma is not None:
-                fwd.add(grad_mma)
+            fwd.update(adjoint_plan(meta, b, torch.float16).mma_configs())     # the rules' tensor-core adjoints
             dw = A.select_dw_nm_config(meta.cout, meta.cin, b)
             nm |= {("dwn", dw), ("dws", dw)}
             if meta.cin < FUSED_MIN_CIN:

@@ -113,11 +113,16 @@ def select_grad_mma(meta: TrainingMeta, batch: int, dtype: torch.dtype = torch.f
         return None
     if 2.0 * batch * meta.p64 * meta.cout * meta.nout < MMA_GRAD_MIN_GFLOP * 1e9:
         return None
+    return MMA_GRAD_CONFIG if max(_cached_paddings(meta)) <= MMA_GRAD_MAX_PADDING else None
+
+
+def _cached_paddings(meta: TrainingMeta) -> tuple:
+    """:func:`list_paddings` once per meta (it reads the tables back to the host)."""
     aux = meta_aux(meta)
-    pad = aux.get("grad_mma_padding")
-    if pad is None:            # once per meta (it reads the tables back to the host)
-        pad = aux["grad_mma_padding"] = max(list_paddings(meta))
-    return MMA_GRAD_CONFIG if pad <= MMA_GRAD_MAX_PADDING else None
+    pads = aux.get("list_paddings")
+    if pads is None:
+        pads = aux["list_paddings"] = list_paddings(meta)
+    return pads
 
 
 def select_stem_dw_mma(meta: TrainingMeta, batch: int, dtype: torch.dtype = torch.float16) -> Optional[str]:
@@ -129,11 +134,7 @@ def select_stem_dw_mma(meta: TrainingMeta, batch: int, dtype: torch.dtype = torc
         return None
     if -(-int(batch) // stem_dw_batch_chunk(meta, batch)) > STEM_DW_MAX_CHUNKS:
         return None
-    aux = meta_aux(meta)
-    pad = aux.get("tap_padding")
-    if pad is None:
-        pad = aux["tap_padding"] = list_paddings(meta)[1]
-    return stem_dw_config(meta) if pad <= MMA_GRAD_MAX_PADDING else None
+    return stem_dw_config(meta) if _cached_paddings(meta)[1] <= MMA_GRAD_MAX_PADDING else None
 
 
 def stem_dw_config(meta: TrainingMeta) -> str:

@@ -125,6 +125,12 @@ class AdjointPlan:
         """The tensor-core config of ``which`` (``"dx"`` / ``"dW"``) where it runs there."""
         return self.dw_config if which != "dx" and self.dw_config else self.mma_config
 
+    def mma_configs(self) -> Tuple[str, ...]:
+        """The tensor-core configs the plan names (what a precompile builds; a forced path without a pick of
+        the rule names none)."""
+        picked = [self.config(w) for w in ("dx", "dW") if self.path(w) == "mma"]
+        return tuple(dict.fromkeys(c for c in picked if c))
+
 
 def gradient_words(plan: AdjointPlan, which: str) -> str:
     """What ``plan`` runs for ``which`` (``"dx"`` / ``"dW"``), in words, with the kernel's id in brackets."""
