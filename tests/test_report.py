@@ -61,3 +61,37 @@ def test_network_rows_pair_ours_with_fovis_fastest_of_the_same_run(tmp_path):
     assert "built both ways" in report._tile_gemm_words(rows)
     text = f"a\n{report.NETWORK_BEGIN}\nold\n{report.NETWORK_END}\n"
     assert report.update_readme_networks(text, "new") == f"a\n{report.NETWORK_BEGIN}\nnew\n{report.NETWORK_END}\n"
+
+
+def test_a_row_sets_ours_beside_pytorch_and_fovi_of_the_same_run():
+    """A train-step row carries PyTorch's and fovi's fastest of its run (fovi's copy of the seed's warp_train is one
+    of fovi's); its speedup is over the faster of the two, eager and replayed apart; the tables show fovi's columns
+    only where a run timed fovi, and the README's step cells are eager / replayed."""
+    from fovi_lab.graph.layers import layer_shape
+
+    shape = {k: v for k, v in layer_shape("res18_layer1", "rf2").items()}
+
+    def rec(impl, ms, b=16, date="2026-01-01T00:00", device="GPU X"):
+        return dict(shape, layer="res18_layer1", B=b, mode="train-step", impl=impl, ms=ms, device=device,
+                    date=date, source="s.jsonl", warp="1.19.0", torch="2.11")
+    run = [rec("warp_train", 0.20), rec("warp_train_graphed", 0.10), rec("torch_compact", 0.50),
+           rec("torch_binned_graphed", 0.30), rec("fovi_cuda", 0.40), rec("fovi_cuda_graphed", 0.08),
+           rec("fovi_warp_train", 0.25), rec("fovi_baseline_graphed", 0.09)]
+    plain = [rec("warp_train", 0.30, b=64), rec("torch_compact", 0.60, b=64)]
+    rows = report.result_rows([("run a", run), ("run b", plain)])
+    r = next(r for r in rows if r["B"] == 16)
+    assert (r["torch_impl"], r["torch_graphed_impl"], r["fovi_impl"], r["fovi_graphed_impl"]) == (
+        "torch_compact", "torch_binned", "warp_train", "cuda")
+    assert report.best_other_ms(r, False) == 0.25 and report.best_other_ms(r, True) == 0.08
+    assert abs(report.speedup(r, False) - 1.25) < 1e-12 and abs(report.speedup(r, True) - 0.8) < 1e-12
+    r64 = next(r for r in rows if r["B"] == 64)
+    assert r64["fovi_ms"] is None and abs(report.speedup(r64, False) - 2.0) < 1e-12 and report.speedup(r64, True) is None
+    md = report.results_markdown(rows)
+    assert "fovi's fastest, replayed" in md and "| 0.080 (cuda) | 0.80 |" in md and "| 0.250 (warp_train) | 1.25 |" in md
+    assert "fovi's fastest, replayed" not in report.results_markdown([r64])
+    table = report.readme_table(rows)
+    assert "| res18_layer1 | – | – | – | – | 1.25 / 0.80 | 2.00 / – | – / – |" in table, table
+    assert "or fovi's fastest backend, where the run timed them" in table
+    # ahead eager at B = 16 (1.25) and 64 (2.0); replayed at neither (0.8, not recorded)
+    assert report.steps_ahead(rows, "GPU X") == (
+        "on the GPU X (fovi's backends among the alternatives on 1 layer at B = 16), eager 1, 1, 0, replayed 0, 0, 0")

@@ -9,8 +9,11 @@ and reports, for the forward and for the train step (forward + dx + dW):
   eager (one call after another) and replayed from a CUDA graph (``*_graphed``);
 * PyTorch's fastest op of the same run, eager and replayed (the minimum over every ``torch_*`` implementation
   that run timed: gather + bmm forms, the compact reference, binning, the cached weight, ``torch.compile``);
-* the speedup (PyTorch's time over ours), our replayed TFLOP/s and its fraction of the device's roofline
-  (``roofline_frac``: the datasheet fp16 tensor peak or HBM bandwidth, whichever bounds the shape).
+* fovi's fastest backend of the same run, where it timed them (``fovi_*``: fovi's ``auto``, ``cuda``, ``baseline``,
+  ``torch_compact`` and its copy of the seed's ``warp_train``);
+* the speedup (the fastest alternative's time over ours, :func:`speedup`), our replayed TFLOP/s and its fraction of
+  the device's roofline (``roofline_frac``: the datasheet fp16 tensor peak or HBM bandwidth, whichever bounds the
+  shape).
 
 A row is per device: ``docs/results.md`` has a section for each device measured, the README's summary is the
 device with the most rows.
@@ -36,7 +39,7 @@ from fovi_lab.ops.arguments import command_main
 from fovi_lab.ops.records import CHECKOUT_ROOT, RECORDS_DIR, read_file, record_files
 
 __all__ = ["load_runs", "result_rows", "devices", "results_markdown", "readme_table", "update_readme", "main", "add_arguments",
-           "network_records", "network_rows", "network_markdown", "network_readme_table", "update_readme_networks",
+           "network_records", "network_rows", "best_other_ms", "speedup", "steps_ahead", "network_markdown", "network_readme_table", "update_readme_networks",
            "NETWORK_BEGIN", "NETWORK_END",
            "run", "DESCRIPTION", "README_BEGIN", "README_END"]
 
@@ -70,10 +73,20 @@ def load_runs(data_dir: Optional[Path] = None) -> List[Tuple[str, List[dict]]]:
             for (date, where, _), recs in sorted(groups.items(), key=lambda kv: kv[0])]
 
 
-def _fastest_torch(recs: Iterable[dict], graphed: bool) -> Optional[dict]:
-    cands = [r for r in recs if str(r.get("impl", "")).startswith("torch_")
+def _fastest(recs: Iterable[dict], prefix: str, graphed: bool) -> Optional[dict]:
+    """The fastest record of ``recs`` whose impl starts with ``prefix`` (``torch_``: PyTorch's forms; ``fovi_``: fovi's
+    backends, its copy of the seed's ``warp_train`` included), replayed or eager."""
+    cands = [r for r in recs if str(r.get("impl", "")).startswith(prefix)
              and str(r["impl"]).endswith("_graphed") == graphed]
     return min(cands, key=lambda r: r["ms"]) if cands else None
+
+
+def _impl_name(r: Optional[dict], prefix: str) -> Optional[str]:
+    """A record's impl without ``prefix`` and ``_graphed``: ``fovi_cuda_graphed`` -> ``cuda``."""
+    if r is None:
+        return None
+    name = r["impl"][len(prefix):] if prefix != "torch_" else r["impl"]
+    return name[:-len("_graphed")] if name.endswith("_graphed") else name
 
 
 @lru_cache(maxsize=None)
@@ -110,16 +123,33 @@ def result_rows(runs: List[Tuple[str, List[dict]]]) -> List[dict]:
     for (_, mode, layer, b), (name, rs) in sorted(best.items(), key=lambda kv: kv[0][1:] + kv[0][:1]):
         eager, graphed = _OURS[mode]
         ours = {r["impl"]: r for r in rs}
-        te, tg = _fastest_torch(rs, False), _fastest_torch(rs, True)
+        te, tg = _fastest(rs, "torch_", False), _fastest(rs, "torch_", True)
+        fe, fg = _fastest(rs, "fovi_", False), _fastest(rs, "fovi_", True)
         oe, og = ours.get(eager), ours.get(graphed)
         rows.append(dict(
             mode=mode, layer=layer, B=b, record=name, device=rs[0].get("device"), date=str(rs[0].get("date", ""))[:10],
             warp=rs[0].get("warp"), torch=rs[0].get("torch"), config=(oe or {}).get("config"),
-            ours_ms=oe["ms"] if oe else None, torch_ms=te["ms"] if te else None, torch_impl=te["impl"] if te else None,
+            ours_ms=oe["ms"] if oe else None, torch_ms=te["ms"] if te else None, torch_impl=_impl_name(te, "torch_"),
             ours_graphed_ms=og["ms"] if og else None, torch_graphed_ms=tg["ms"] if tg else None,
-            torch_graphed_impl=tg["impl"][:-len("_graphed")] if tg else None,
-            tflops=(og or oe or {}).get("tflops"), roofline_frac=(og or oe or {}).get("roofline_frac")))
+            torch_graphed_impl=_impl_name(tg, "torch_"),
+            fovi_ms=fe["ms"] if fe else None, fovi_impl=_impl_name(fe, "fovi_"),
+            fovi_graphed_ms=fg["ms"] if fg else None, fovi_graphed_impl=_impl_name(fg, "fovi_"),
+            tflops=(og or oe or {}).get("tflops"), roofline_frac=(og or oe or {}).get("roofline_frac"),
+            tile_gemm=(oe or og or {}).get("tile_gemm")))
     return rows
+
+
+def best_other_ms(r: dict, graphed: bool) -> Optional[float]:
+    """The fastest alternative of a row's run, replayed or eager: PyTorch's fastest or fovi's fastest, whichever is
+    faster (fovi's where that run timed fovi's backends)."""
+    sfx = "_graphed" if graphed else ""
+    times = [t for t in (r[f"torch{sfx}_ms"], r[f"fovi{sfx}_ms"]) if t]
+    return min(times) if times else None
+
+
+def speedup(r: dict, graphed: bool) -> Optional[float]:
+    """The fastest alternative's time over ours (above 1: ours is faster), replayed or eager."""
+    return _ratio(best_other_ms(r, graphed), r["ours_graphed_ms" if graphed else "ours_ms"])
 
 
 def _ratio(torch_ms: Optional[float], ours_ms: Optional[float]) -> Optional[float]:
@@ -136,7 +166,7 @@ def _provenance(rows: List[dict]) -> str:
     warp = sorted({str(r["warp"]) for r in rows})
     torch = sorted({str(r["torch"]) for r in rows})
     return (f"{', '.join(dev)}; Warp {', '.join(warp)}, PyTorch {', '.join(torch)}; "
-            f"runs of {dates[0]} to {dates[-1]}" if rows else "no records")
+            f"runs of {dates[0]} to {dates[-1]}; {_tile_gemm_words(rows)}" if rows else "no records")
 
 
 def devices(rows: List[dict]) -> List[str]:
@@ -147,14 +177,21 @@ def devices(rows: List[dict]) -> List[str]:
     return sorted(count, key=lambda d: (-count[d], d))
 
 
+def _time_and_impl(ms: Optional[float], impl: Optional[str]) -> str:
+    return f"{_f(ms, '.3f')}{' (' + impl + ')' if impl else ''}"
+
+
 def results_markdown(rows: List[dict]) -> str:
-    """``docs/results.md``: every row, forward and train step, one section per device."""
+    """``docs/results.md``: every row, forward and train step, one section per device; fovi's fastest backend beside
+    PyTorch's fastest op in the sections whose runs timed fovi's backends."""
     out = ["# Results", "",
            "Generated by `python -m fovi_lab report` from the benchmark records (`fovi_lab/records/`, and a checkout's "
            "`data/`; see `fovi_lab/bench/report.py` for how a row is chosen); do not edit by hand.", "",
-           "Times are medians of the recorded calls, in ms. *Speedup* is PyTorch's fastest op of the same run over "
-           "ours (above 1: ours is faster). TFLOP/s and the roofline fraction are ours, replayed; the roofline is "
-           "the device's datasheet fp16 tensor-core peak or HBM bandwidth, whichever bounds the shape.", ""]
+           "Times are medians of the recorded calls, in ms. *Speedup* is the fastest alternative of the same run over "
+           "ours (above 1: ours is faster): PyTorch's fastest op or, where the run timed fovi's backends (`auto`, "
+           "`cuda`, `baseline`, `torch_compact` and its copy of the seed's `warp_train`), fovi's fastest, whichever "
+           "is faster. TFLOP/s and the roofline fraction are ours, replayed; the roofline is the device's datasheet "
+           "fp16 tensor-core peak or HBM bandwidth, whichever bounds the shape.", ""]
     devs = devices(rows)
     for dev in devs:
         drows = [r for r in rows if str(r["device"]) == dev]
@@ -166,44 +203,74 @@ def results_markdown(rows: List[dict]) -> str:
             rs = [r for r in drows if r["mode"] == mode]
             if not rs:
                 continue
-            out += [f"{level} {title}", "",
-                    "| layer | B | ours, replayed | PyTorch's fastest, replayed | speedup | ours, eager | PyTorch's "
-                    "fastest, eager | speedup | TFLOP/s | roofline | our config | record |",
-                    "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            fovi = any(r["fovi_ms"] or r["fovi_graphed_ms"] for r in rs)
+            cols = []
+            for how in ("replayed", "eager"):
+                cols += [f"ours, {how}", f"PyTorch's fastest, {how}"] + ([f"fovi's fastest, {how}"] if fovi else [])
+                cols += ["speedup"]
+            cols = ["layer", "B"] + cols + ["TFLOP/s", "roofline", "our config", "record"]
+            out += [f"{level} {title}", "", "| " + " | ".join(cols) + " |", "|---" * len(cols) + "|"]
             for r in rs:
-                out.append(
-                    f"| {r['layer']} | {r['B']} | {_f(r['ours_graphed_ms'], '.3f')} | "
-                    f"{_f(r['torch_graphed_ms'], '.3f')}"
-                    f"{' (' + r['torch_graphed_impl'] + ')' if r['torch_graphed_impl'] else ''} | "
-                    f"{_f(_ratio(r['torch_graphed_ms'], r['ours_graphed_ms']), '.2f')} | {_f(r['ours_ms'], '.3f')} | "
-                    f"{_f(r['torch_ms'], '.3f')}{' (' + r['torch_impl'] + ')' if r['torch_impl'] else ''} | "
-                    f"{_f(_ratio(r['torch_ms'], r['ours_ms']), '.2f')} | {_f(r['tflops'], '.1f')} | "
-                    f"{_f(100 * r['roofline_frac'] if r['roofline_frac'] else None, '.1f')} % | "
-                    f"{r['config'] or '–'} | {r['record']} |")
+                cells = [r["layer"], str(r["B"])]
+                for graphed in (True, False):
+                    sfx = "_graphed" if graphed else ""
+                    cells += [_f(r[f"ours{sfx}_ms"], ".3f"), _time_and_impl(r[f"torch{sfx}_ms"], r[f"torch{sfx}_impl"])]
+                    if fovi:
+                        cells.append(_time_and_impl(r[f"fovi{sfx}_ms"], r[f"fovi{sfx}_impl"]))
+                    cells.append(_f(speedup(r, graphed), ".2f"))
+                cells += [_f(r["tflops"], ".1f"),
+                          f"{_f(100 * r['roofline_frac'] if r['roofline_frac'] else None, '.1f')} %",
+                          r["config"] or "–", r["record"]]
+                out.append("| " + " | ".join(cells) + " |")
             out.append("")
     return "\n".join(out)
 
 
 def readme_table(rows: List[dict], batches=(1, 16, 64, 512)) -> str:
-    """The README's summary: per layer, the replayed forward and train-step speedups at a few batches, on the device
-    with the most rows (the others are in ``docs/results.md``)."""
+    """The README's summary, on the device with the most rows (the others are in ``docs/results.md``): per layer,
+    the replayed forward's speedup at a few batches and the train step's, eager beside replayed, each over the
+    fastest alternative of the same run; then on how many layers the step is ahead."""
     devs = devices(rows)
+    every = rows
     rows = [r for r in rows if devs and str(r["device"]) == devs[0]]
-    fwd = {(r["layer"], r["B"]): _ratio(r["torch_graphed_ms"], r["ours_graphed_ms"]) for r in rows
-           if r["mode"] == "forward"}
-    step = {(r["layer"], r["B"]): _ratio(r["torch_graphed_ms"], r["ours_graphed_ms"]) for r in rows
-            if r["mode"] == "train-step"}
+    fwd = {(r["layer"], r["B"]): speedup(r, True) for r in rows if r["mode"] == "forward"}
+    step = {(r["layer"], r["B"]): (speedup(r, False), speedup(r, True)) for r in rows if r["mode"] == "train-step"}
     layers = list(dict.fromkeys(r["layer"] for r in rows))
-    head = " | ".join(f"fwd B={b}" for b in batches) + " | " + " | ".join(f"step B={b}" for b in batches[1:])
-    out = [f"Speedup over PyTorch's fastest op of the same run, both replayed from CUDA graphs (above 1: ours is "
-           f"faster; – not recorded). {_provenance(rows)}; every row, eager times and "
-           f"{'the other devices' if len(devs) > 1 else 'TFLOP/s'} too: `docs/results.md`.", "",
-           f"| layer | {head} |", "|---" * (1 + len(batches) + len(batches) - 1) + "|"]
+    steps = batches[1:]
+    fovi = any(r["fovi_ms"] or r["fovi_graphed_ms"] for r in rows if r["mode"] == "train-step")
+    head = " | ".join(f"fwd B={b}" for b in batches) + " | " + " | ".join(f"step B={b}" for b in steps)
+    out = [f"Speedup over the fastest alternative of the same run (above 1: ours is faster; – not recorded): the "
+           f"forward replayed from CUDA graphs; the train step (forward + dx + dW) eager / replayed. The alternative "
+           f"is PyTorch's fastest op" + (" or fovi's fastest backend, where the run timed them" if fovi else
+                                         " (fovi's backends were not timed on this device)") +
+           f". {_provenance(rows)}; every row, the times and {'the other devices' if len(devs) > 1 else 'TFLOP/s'} "
+           f"too: `docs/results.md`.", "",
+           f"| layer | {head} |", "|---" * (1 + len(batches) + len(steps)) + "|"]
     for layer in layers:
-        cells = [_f(fwd.get((layer, b)), ".2f") for b in batches] + [_f(step.get((layer, b)), ".2f")
-                                                                    for b in batches[1:]]
+        cells = [_f(fwd.get((layer, b)), ".2f") for b in batches]
+        cells += [" / ".join(_f(v, ".2f") for v in step.get((layer, b), (None, None))) for b in steps]
         out.append(f"| {layer} | " + " | ".join(cells) + " |")
+    out += ["", f"Layers (of the {len(LAYERS)}) where the train step is ahead, at B = {', '.join(map(str, steps))}: "
+                + "; ".join(steps_ahead(every, dev, steps) for dev in devs) + "."]
     return "\n".join(out)
+
+
+def steps_ahead(rows: List[dict], device: str, batches=(16, 64, 512)) -> str:
+    """On how many of the network layers (:data:`LAYERS`) ``device``'s train step beats the fastest alternative of
+    its run, eager and replayed, at each of ``batches``, in words; and against whom (fovi's backends where some of
+    those runs timed them)."""
+    rs = {(r["layer"], r["B"]): r for r in rows if r["mode"] == "train-step" and str(r["device"]) == device
+          and r["layer"] in LAYERS and r["B"] in batches}
+    counts = {}
+    for how, graphed in (("eager", False), ("replayed", True)):
+        counts[how] = [sum(1 for (_, b), r in rs.items() if b == bb and (speedup(r, graphed) or 0) > 1)
+                       for bb in batches]
+    with_fovi = sorted({(r["layer"], r["B"]) for r in rs.values() if r["fovi_ms"] or r["fovi_graphed_ms"]})
+    fovi_b = sorted({b for _, b in with_fovi})
+    note = (f" (fovi's backends among the alternatives on {len(with_fovi)} layer"
+            f"{'s' if len(with_fovi) != 1 else ''} at B = {', '.join(map(str, fovi_b))})" if with_fovi else "")
+    return (f"on the {device}{note}, eager {', '.join(map(str, counts['eager']))}, "
+            f"replayed {', '.join(map(str, counts['replayed']))}")
 
 
 # -------------------------------------------------------------------------------------------- whole networks
@@ -326,8 +393,9 @@ Make the results table from the benchmark records: docs/results.md (every row, f
 speedup summary between the results table markers of the README.
 
 For every layer and batch the newest benchmark run that timed our op and a PyTorch baseline on that shape gives
-the row: ours and PyTorch's fastest op of the same run, eager and replayed from CUDA graphs, the speedup, our
-TFLOP/s and fraction of the device's roofline. The records read are the ones the package ships and, run from a source
+the row: ours, PyTorch's fastest op and (where that run timed them) fovi's fastest backend of the same run, eager
+and replayed from CUDA graphs, the speedup over the fastest of them, our TFLOP/s and fraction of the device's
+roofline. The records read are the ones the package ships and, run from a source
 checkout, the checkout's data/ folder (or the folder --data names).
 
 Run from a checkout it writes the checkout's docs/results.md and README.md unless --out or --readme names the
