@@ -30,7 +30,7 @@ import fovi.arch.knn_autograd as fovi_registry          # noqa: E402  (a broken 
 import fovi.arch.knn_optimization as fovi_dispatch      # noqa: E402
 
 import fovi_lab.knn_warp as lab_warp                    # noqa: E402
-from fovi_lab.graph.layers import layer_shape          # noqa: E402
+from fovi_lab.graph.layers import LAYERS, layer_shape  # noqa: E402
 from fovi_lab.graph.meta import build_meta              # noqa: E402
 from fovi_lab.integrations.fovi import fovi_layer, register_with_fovi, unregister_from_fovi  # noqa: E402
 from fovi_lab.ops.autograd import KNNConvFunction       # noqa: E402
@@ -93,10 +93,22 @@ def _fovi_baseline(conv, x):
     return conv.to(x.dtype)(x)          # fovi's baseline needs the parameters in x's dtype
 
 
+def _sizes(layer):
+    return {"cin": layer.in_channels, "cout": layer.out_channels, "nin": layer.in_coords.shape[0],
+            "nout": layer.out_coords.shape[0], "k": layer._k, "v": layer.local_rf.shape[2], "q": layer.weight.shape[1]}
+
+
 def test_the_layer_is_the_table_layer(layer):
     want = layer_shape(LAYER)
-    got = {"cin": layer.in_channels, "cout": layer.out_channels, "nin": layer.in_coords.shape[0],
-           "nout": layer.out_coords.shape[0], "k": layer._k, "v": layer.local_rf.shape[2]}
+    assert _sizes(layer) == {key: want[key] for key in _sizes(layer)}
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_every_table_layer_has_fovis_layer_of_its_sizes(name):
+    """fovi's layer of each table layer has its sizes, the reference grid included: the DINOv3 patch embed's own
+    16 x 16 grid (V = 256), not one derived from K, so the benchmarks can hand fovi the weight they time ours with."""
+    want = layer_shape(name)
+    got = _sizes(fovi_layer(name, "cpu"))
     assert got == {key: want[key] for key in got}
 
 

@@ -429,7 +429,7 @@ def fovi_layer(layer: str, device="cpu", bias: bool = False) -> torch.nn.Module:
     if layer not in LAYERS:
         raise ValueError(f"layer: expected one of the table's layers ({', '.join(LAYERS)}), got {layer!r}")
     spec = LAYERS[layer]
-    side = math.ceil(RF_MULT[spec.rf] * math.sqrt(spec.k))
+    side = spec.ref_side or math.ceil(RF_MULT[spec.rf] * math.sqrt(spec.k))   # the patch embed: its own 16 x 16
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")                  # torch.meshgrid's indexing warning inside fovi
         in_coords, out_coords, _ = get_in_out_coords(
