@@ -64,3 +64,16 @@ def test_short_labels_say_the_tile_and_what_differs():
     assert short_label("dwn_o64c64k16") == "fused dW 64x64, 16-deep" and short_label("dxn_m16n16k64", title=False) == "16x16, 64-deep"
     assert kernel_label("dxn_m64n16k64") == ("fused dx, 64 batch rows x 16 input channels per tile, 64 output channels "
                                              "per step")
+
+
+def test_a_gradients_path_reads_in_words():
+    import torch
+
+    from fovi_lab.kernels.adjoint.rule import adjoint_plan
+    from fovi_lab.graph.layers import layer_meta
+    from fovi_lab.lab.labels import PATH_WORDS, path_words
+
+    assert [path_words(p) for p in ("mma", "fused", "staged")] == ["tensor cores", "fused kernels", "staged kernels"]
+    assert path_words("other") == "other"
+    plan = adjoint_plan(layer_meta("dinov3_patch"), 512, torch.float16)      # every path the plan can name has words
+    assert {plan.dx, plan.dw} <= set(PATH_WORDS)

@@ -7,6 +7,7 @@
   id itself only where none of them knows the name.
 * :func:`short_label`: the same, compact, for a table column (``tensor cores 64x32, x^T, staged store``).
 * :func:`tick_label`: the same, one phrase a line, for a categorical axis.
+* :func:`path_words`: a gradient's path (``"mma"``, ``"fused"``, ``"staged"``) in words.
 * :func:`CONFIG_ID`: the pattern of a config id, which the notebook checks look for in figure labels and in
   printed text.
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-__all__ = ["kernel_label", "short_label", "tick_label", "CONFIG_ID", "stage_label"]
+__all__ = ["kernel_label", "short_label", "tick_label", "CONFIG_ID", "stage_label", "path_words", "PATH_WORDS"]
 
 #: A config id as the presets, derived ids, stage configs and fused adjoint configs spell them (``mmato_o64b32b256``,
 #: ``m64n128r2``, ``nm_m64n64k64``, ``gi2_p64b128_f32``, ``dxn_m64n16k64``, ``dwn_o64c64k16`` and its tiles
@@ -24,6 +25,15 @@ __all__ = ["kernel_label", "short_label", "tick_label", "CONFIG_ID", "stage_labe
 CONFIG_ID = re.compile(r"\b(?:mma[a-z]*_o\d+\w*|nm[ps]?_m\d+\w*|(?:c_|gp_)?m\d+n\d+(?!k16\b)\w*|i2cg?_m\d+\w*|"
                        r"s[a-z]*_b\d+o\d+\w*|simt[a-z]*_[a-z]*\d+\w*|g[iw]\d[a-z]?_p\d+\w*|dxn_m\d+\w*|"
                        r"dwn_o\d+\w*|o\d+c\d+k\d+)\b")
+
+#: A gradient's path (:func:`fovi_lab.knn_warp.grad_paths`) in words.
+PATH_WORDS = {"mma": "tensor cores", "fused": "fused kernels", "staged": "staged kernels"}
+
+
+def path_words(path: str) -> str:
+    """A gradient's path in words: ``"mma"`` -> ``"tensor cores"``; a name it does not know, as it is."""
+    return PATH_WORDS.get(path, path)
+
 
 _GRID = {"2": "a block per node and batch tile", "3": "blocks over node, p tile and batch tile",
          "4": "blocks over node and p tile, two channel tiles each"}
