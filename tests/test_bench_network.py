@@ -17,14 +17,14 @@ pytest.importorskip("fovi", reason=f"fovi is not installed (install it with: {IN
 
 import fovi.arch.knn_autograd as fovi_registry          # noqa: E402
 
-from fovi_lab.bench.network import network_records     # noqa: E402
-from fovi_lab.integrations.fovi import conv_layers, fovi_network  # noqa: E402
+from fovi_lab.bench.network import STUB, add_speedups, network_records  # noqa: E402
+from fovi_lab.integrations.fovi import conv_layers, fovi_network, knn_stubbed  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def records():
-    return network_records("resnet18", 2, backends=("fovi_lab", "torch_compact", "cuda"), modes=("eager", "graphed"),
-                           steps=1, warmup=1, device="cpu")
+    return network_records("resnet18", 2, backends=("fovi_lab", "torch_compact", "cuda", STUB),
+                           modes=("eager", "graphed"), steps=1, warmup=1, device="cpu")
 
 
 def test_fovi_lab_trains_fovis_resnet18_as_accurately_as_fovis_own_backend(records):
@@ -84,3 +84,43 @@ def test_the_train_step_bench_times_fovis_own_backends_beside_ours(tmp_path):
     fastest = min(("fovi_baseline", "fovi_torch_compact", "fovi_auto"), key=lambda i: recs[i]["ms"])
     assert ours["fastest_fovi"] == fastest and ours["speedup_vs_fovi"] == pytest.approx(recs[fastest]["ms"] / ours["ms"])
     assert ours["strongest"].startswith("torch_")          # PyTorch's strongest stays PyTorch's
+
+
+def test_the_stubbed_step_times_the_rest_of_the_network_and_is_no_alternative(records):
+    """The place-holder row times the step without the KNN layers' work; every timed row gets that as ``rest_ms``
+    and the remainder as ``knn_ms``; fovi_lab's speedups are taken over fovi's backends only."""
+    by = {(r["backend"], r["mode"]): r for r in records}
+    stub, ours, theirs = by[(STUB, "eager")], by[("fovi_lab", "eager")], by[("torch_compact", "eager")]
+    assert stub["ms"] > 0 and stub["grad_err"] is None and stub["grads_bitwise_repeatable"] is None
+    assert "stubbed" in stub["route"] and "knn_ms" not in stub and math.isfinite(stub["loss"])
+    for r in (ours, theirs):
+        assert r["rest_ms"] == stub["ms"] and r["knn_ms"] == pytest.approx(r["ms"] - stub["ms"])
+    assert ours["fastest_other"] == "torch_compact"
+    assert ours["speedup_knn_eager"] == pytest.approx(theirs["knn_ms"] / ours["knn_ms"])
+    assert by[(STUB, "graphed")]["note"] == "CUDA graphs need a GPU"
+
+
+def test_speedups_leave_the_stub_out_even_when_it_is_fastest():
+    recs = [dict(mode="eager", backend="fovi_lab", ms=4.0), dict(mode="eager", backend="cuda", ms=6.0),
+            dict(mode="eager", backend=STUB, ms=1.0)]
+    add_speedups(recs, ["eager"])
+    assert recs[0]["speedup_eager"] == 1.5 and recs[0]["fastest_other"] == "cuda"
+    assert recs[0]["knn_ms"] == 3.0 and recs[1]["knn_ms"] == 5.0 and recs[0]["speedup_knn_eager"] == pytest.approx(5 / 3)
+    recs = [dict(mode="eager", backend="fovi_lab", ms=4.0), dict(mode="eager", backend="cuda", ms=6.0)]
+    add_speedups(recs, ["eager"])                      # no stub in the run: no split
+    assert "knn_ms" not in recs[0] and "speedup_knn_eager" not in recs[0]
+
+
+def test_knn_stubbed_zeros_the_layers_and_gives_them_back():
+    torch.manual_seed(0)
+    net = fovi_network("resnet18", "cpu", n_classes=10)
+    layers = conv_layers(net)
+    x = torch.randn(2, 3, net.fovi_lab_nin)
+    with knn_stubbed(net) as route:
+        assert "stubbed" in route
+        y0 = layers[0](x)
+        assert y0.shape == (2, layers[0].weight.shape[0], layers[0].out_coords.shape[0]) and not y0.any()
+        net(x).sum().backward()
+        assert all(m.weight.grad is not None and not m.weight.grad.any() for m in layers)
+    assert not any("forward" in vars(m) for m in layers)
+    assert layers[0](x).abs().sum() > 0                 # the layer computes again

@@ -95,3 +95,26 @@ def test_a_row_sets_ours_beside_pytorch_and_fovi_of_the_same_run():
     # ahead eager at B = 16 (1.25) and 64 (2.0); replayed at neither (0.8, not recorded)
     assert report.steps_ahead(rows, "GPU X") == (
         "on the GPU X (fovi's backends among the alternatives on 1 layer at B = 16), eager 1, 1, 0, replayed 0, 0, 0")
+
+
+def test_a_network_row_splits_the_step_where_the_run_timed_the_rest(tmp_path):
+    """``bench network``'s stubbed row is the rest of the step, not an alternative: it is never fovi's fastest, and the
+    KNN layers' share is each step less it."""
+    import json
+
+    def rec(mode, backend, ms):
+        return dict(kind="network", device="GPU X", net="resnet18", B=64, precision="amp", date="2026-01-01T00:00",
+                    mode=mode, backend=backend, ms=ms, commit="abc")
+    recs = [rec("eager", "fovi_lab", 10.0), rec("eager", "cuda", 12.0), rec("eager", "stubbed", 6.0),
+            rec("graphed", "fovi_lab", 4.0), rec("graphed", "cuda", 5.0)]
+    (tmp_path / "gpu_x").mkdir()
+    (tmp_path / "gpu_x" / "network.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    rows = report.network_rows(report.network_records(tmp_path))
+    eager = next(r for r in rows if r["mode"] == "eager")
+    assert eager["other"] == "cuda" and eager["rest_ms"] == 6.0
+    assert report._knn_cell(eager) == "4.00 / 6.00 (1.50x)"
+    assert report._knn_cell(next(r for r in rows if r["mode"] == "graphed")) == "–"
+    table = report.network_readme_table(rows)
+    assert "| KNNResNet-18 | 64 | 10.00 / 12.00 (cuda) | 1.20x | 4.00 / 5.00 (cuda) | 1.25x | 4.00 / 6.00 (1.50x) | – |" \
+        in table, table
+    assert "| 6.00 | 4.00 / 6.00 (1.50x) |" in "\n".join(report.network_markdown(rows))

@@ -14,7 +14,12 @@ what a training loop runs: the forward, cross-entropy against labels, the backwa
   (:func:`fovi_lab.integrations.fovi.fovi_lab_inside`: on a GPU as fovi's ``kernel_backend="warp_train"``);
 * fovi's own ``kernel_backend`` values: ``auto`` (fovi's choice per layer), ``cuda`` (its fused CuPy kernel),
   ``baseline`` (the dense one-hot einsum), ``torch_compact``, and ``warp_train`` (fovi's copy of the seed's Warp
-  kernels; with fovi_lab registered this name is fovi_lab's, so it is measured before fovi_lab is registered).
+  kernels; with fovi_lab registered this name is fovi_lab's, so it is measured before fovi_lab is registered);
+* ``stubbed``: no backend: every KNN conv layer a place-holder (:func:`fovi_lab.integrations.fovi.knn_stubbed`:
+  zeros out, zero gradients), so the step costs what the rest of the network costs (batch norm, activations,
+  pooling, head, loss, optimizer). Not an alternative (no speedup is taken against it): where it ran, every timed
+  record of the mode gets ``rest_ms`` (its time) and ``knn_ms`` (its own time less that: its KNN layers' share of
+  the step), and fovi_lab's gets ``speedup_knn_<mode>``, the fastest other backend's ``knn_ms`` over ours.
 
 Modes: ``eager`` (one call after another, as most researchers train), ``compiled`` (``torch.compile`` of the
 model) and ``graphed`` (:func:`fovi_lab.ops.graphs.graphed`: forward and backward replayed from CUDA graphs; a GPU
@@ -55,12 +60,14 @@ from fovi_lab.bench.common import _sync, emit_rows, env_info, say_appended, stam
 from fovi_lab.ops import replay
 from fovi_lab.ops.arguments import command_main
 
-__all__ = ["BACKENDS", "MODES", "add_speedups", "graphed_in_child", "network_records", "main", "add_arguments", "run",
+__all__ = ["BACKENDS", "MODES", "STUB", "add_speedups", "graphed_in_child", "network_records", "main", "add_arguments", "run",
            "DESCRIPTION"]
 
 PROG = "python -m fovi_lab bench network"
-#: The backends, fovi_lab first, then fovi's own kernel_backend values.
-BACKENDS = ("fovi_lab", "auto", "cuda", "baseline", "torch_compact", "warp_train")
+#: The place-holder backend: the KNN conv layers stubbed, the rest of the network timed (not an alternative).
+STUB = "stubbed"
+#: The backends, fovi_lab first, then fovi's own kernel_backend values, then the place-holder.
+BACKENDS = ("fovi_lab", "auto", "cuda", "baseline", "torch_compact", "warp_train", STUB)
 MODES = ("eager", "compiled", "graphed")
 
 
@@ -142,10 +149,12 @@ def _why(exc: BaseException) -> str:
 
 
 def _backend_context(run: _Run, backend: str):
-    from fovi_lab.integrations.fovi import fovi_backend, fovi_lab_inside
+    from fovi_lab.integrations.fovi import fovi_backend, fovi_lab_inside, knn_stubbed
 
     if backend == "fovi_lab":
         return fovi_lab_inside(run.model, "warp_train", run.device)
+    if backend == STUB:
+        return knn_stubbed(run.model)
     return fovi_backend(run.model, backend)
 
 
@@ -191,8 +200,8 @@ def network_records(net: str, batch: int, backends=BACKENDS, modes=("eager",), s
                           for a, b in zip(grads, grads1))
             for mode in modes:
                 rec = dict(base, mode=mode, backend=backend, route=route, loss=loss0,
-                           grad_err=_grad_err(grads, ref),
-                           grads_bitwise_repeatable=bitwise)
+                           grad_err=None if backend == STUB else _grad_err(grads, ref),
+                           grads_bitwise_repeatable=None if backend == STUB else bitwise)
                 if mode == "graphed" and device.type != "cuda":
                     recs.append(dict(rec, note="CUDA graphs need a GPU"))
                     continue
@@ -226,14 +235,23 @@ def network_records(net: str, batch: int, backends=BACKENDS, modes=("eager",), s
 
 def add_speedups(recs: List[dict], modes) -> None:
     """fovi_lab's record of each mode gets ``speedup_<mode>`` over the fastest other backend of that mode, and
-    ``fastest_other``."""
+    ``fastest_other``; where the place-holder (:data:`STUB`) ran in that mode, every timed record gets ``rest_ms``
+    and ``knn_ms``, and fovi_lab's ``speedup_knn_<mode>`` (the fastest other backend's KNN layers over ours)."""
     for mode in modes:
-        ours = next((r for r in recs if r["mode"] == mode and r["backend"] == "fovi_lab" and r.get("ms")), None)
-        others = [r for r in recs if r["mode"] == mode and r["backend"] != "fovi_lab" and r.get("ms")]
+        timed = [r for r in recs if r["mode"] == mode and r.get("ms")]
+        ours = next((r for r in timed if r["backend"] == "fovi_lab"), None)
+        others = [r for r in timed if r["backend"] not in ("fovi_lab", STUB)]
+        rest = next((r["ms"] for r in timed if r["backend"] == STUB), None)
+        if rest is not None:
+            for r in timed:
+                if r["backend"] != STUB:
+                    r["rest_ms"], r["knn_ms"] = rest, r["ms"] - rest
         if ours and others:
             best = min(others, key=lambda r: r["ms"])
             ours[f"speedup_{mode}"] = best["ms"] / ours["ms"]
             ours["fastest_other"] = best["backend"]
+            if rest is not None and ours["knn_ms"] > 0:
+                ours[f"speedup_knn_{mode}"] = best["knn_ms"] / ours["knn_ms"]
 
 
 def graphed_in_child(net: str, batch: int, backend: str, steps: int, device, precision: Optional[str],
@@ -278,7 +296,8 @@ def add_arguments(parser) -> None:
                         help="fovi's networks (default: resnet18 alexnet)")
     parser.add_argument("--batches", nargs="+", type=COUNT, default=[64, 256], metavar="B", help="batch sizes")
     parser.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS),
-                        help="fovi_lab and fovi's own backends (default: all)")
+                        help=f"fovi_lab, fovi's own backends and {STUB} (the KNN layers stubbed: what the rest of "
+                             f"the step costs) (default: all)")
     parser.add_argument("--modes", nargs="+", choices=MODES, default=None,
                         help="eager, compiled, graphed (default: all three on a GPU, eager on a CPU)")
     parser.add_argument("--steps", type=COUNT, default=20, help="timed steps per backend and mode")
@@ -294,10 +313,16 @@ def add_arguments(parser) -> None:
 def table_line(r: dict) -> str:
     if not r.get("ms"):
         return f"{r['net']:>9s} {r['B']:>4d} {r['mode']:>8s} {r['backend']:>13s}   not run: {r.get('note', '')[:90]}"
-    sp = r.get(f"speedup_{r['mode']}")
+    sp, knn = r.get(f"speedup_{r['mode']}"), r.get(f"speedup_knn_{r['mode']}")
     return (f"{r['net']:>9s} {r['B']:>4d} {r['mode']:>8s} {r['backend']:>13s} {r['ms']:10.2f} "
             f"{r['images_per_s']:9.1f} {(r['grad_err'] if r.get('grad_err') is not None else float('nan')):9.1e} "
-            f"{str(r['grads_bitwise_repeatable']):>7s}" + (f"  x{sp:.2f} over {r['fastest_other']}" if sp else ""))
+            f"{str(r['grads_bitwise_repeatable']):>7s} {_f(r.get('knn_ms')):>8s}"
+            + (f"  x{sp:.2f} over {r['fastest_other']}" if sp else "")
+            + (f", its KNN layers x{knn:.2f}" if knn else ""))
+
+
+def _f(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v:.2f}"
 
 
 def run(args) -> int:
@@ -308,7 +333,7 @@ def run(args) -> int:
     stamp_command(env, PROG, args)
     print(f"# train steps of fovi's networks on {env['device']} (torch {env['torch']}, warp {env['warp']})", flush=True)
     print(f"{'net':>9s} {'B':>4s} {'mode':>8s} {'backend':>13s} {'ms/step':>10s} {'images/s':>9s} {'grad err':>9s} "
-          f"{'bitwise':>7s}", flush=True)
+          f"{'bitwise':>7s} {'KNN ms':>8s}", flush=True)
     # graphed runs each backend in a process of its own on a GPU (see graphed_in_child), unless this is that process
     apart = device.type == "cuda" and "graphed" in modes and not args.in_process
     here = [m for m in modes if not (apart and m == "graphed")]

@@ -91,7 +91,7 @@ case "$job" in
       --batches 16 64 --layers res18_stem alex_L0 dinov3_patch --jobs 16 --out "$OUT/train_step_stem_dw_off.jsonl" \
       > "$OUT/stem_dw_off.log" 2>&1; tail -2 "$OUT/stem_dw_off.log"
     [ "$(left)" -gt 40 ] && timeout $(( $(left) - 3 )) python3 -m fovi_lab.bench.network --net resnet18 --batches 64 \
-      --modes eager graphed --backends fovi_lab auto cuda baseline torch_compact --out "$OUT/network.jsonl" \
+      --modes eager graphed --backends fovi_lab auto cuda baseline torch_compact stubbed --out "$OUT/network.jsonl" \
       > "$OUT/network.log" 2>&1
     tail -10 "$OUT/network.log" ;;
   networks-all)
@@ -102,10 +102,10 @@ case "$job" in
       tail -2 "$OUT/tile_gemm_$m.log"
     done
     timeout "$(cap 110)" python3 -m fovi_lab.bench.network --net alexnet --batches 64 --modes eager graphed \
-      --backends fovi_lab auto cuda baseline torch_compact --out "$OUT/network.jsonl" > "$OUT/network_alex.log" 2>&1
+      --backends fovi_lab auto cuda baseline torch_compact stubbed --out "$OUT/network.jsonl" > "$OUT/network_alex.log" 2>&1
     tail -8 "$OUT/network_alex.log"
     timeout "$(cap 170)" python3 -m fovi_lab.bench.network --net resnet18 alexnet --batches 256 --modes eager \
-      graphed --backends fovi_lab auto cuda baseline torch_compact --out "$OUT/network.jsonl" \
+      graphed --backends fovi_lab auto cuda baseline torch_compact stubbed --out "$OUT/network.jsonl" \
       > "$OUT/network_256.log" 2>&1
     tail -12 "$OUT/network_256.log"
     c=$(cap 120); timeout "$c" python3 -m fovi_lab.bench.forward --graphs --no-cached --no-compile --reps 20 \
