@@ -78,9 +78,20 @@ def test_the_command_prints_a_row_per_path_and_refuses_bad_input_in_one_line(cap
                       "--device", "cpu", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert sum(" warp_train " in line for line in printed.splitlines()) == 3
+    assert sum(" floor " in line for line in printed.splitlines()) == 3
     import json
     recs = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["path"] for r in recs] == ["forward", "backward", "step"]
+    assert [(r["backend"], r["path"]) for r in recs] == [(b, p) for b in ("warp_train", "floor")
+                                                         for p in ("forward", "backward", "step")]
+    floor = {r["path"]: r for r in recs if r["backend"] == "floor"}
+    # the floor: no kernel, no PyTorch kernel, one allocation per returned tensor (y; dx and dW)
+    assert [(floor[p]["warp_launches"], floor[p]["torch_ops"], floor[p]["allocations"]) for p in
+            ("forward", "backward", "step")] == [(0, 0, 1), (0, 0, 2), (0, 0, 3)]
+    out.unlink()
+    assert host_main(["--layers", "res18_layer3_0", "--batches", "3", "--backends", "warp_train", "--reps", "1",
+                      "--paths", "forward", "--no-floor", "--device", "cpu", "--out", str(out)]) == 0
+    assert [json.loads(line)["backend"] for line in out.read_text().splitlines()] == ["warp_train"]
+    capsys.readouterr()
     assert all(r["kind"] == "host" and "commit" in r
                and r["command"].startswith("python -m fovi_lab bench host --layers res18_layer3_0") for r in recs)
     with pytest.raises(SystemExit) as exc:

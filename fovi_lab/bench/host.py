@@ -22,6 +22,10 @@ warm-up that compiles and checks its kernels; then, for the timed calls, Warp's 
 * ``graph_replays`` and ``graph_replay_us``: those replays (a GPU call the Warp backends replay from a graph,
   :mod:`fovi_lab.ops.replay`) and the median wall time inside them, part of ``host_us``.
 
+Beside the backends, the ``floor`` rows (:class:`FloorLayer`, ``--no-floor`` leaves them out): an empty custom op
+with the layer's outputs, the least host work an eager layer call has on the machine measured, so a backend's host
+work reads against what no op can avoid there.
+
 Paths: ``forward`` (an inference call, no autograd graph), ``backward`` (``y.backward(g)`` of a forward made
 outside the timed region) and ``step`` (forward and backward, the gradients set to None between steps as an
 optimizer's ``zero_grad`` does). Counts are exact and the same on every run of one device (a test pins them);
@@ -42,7 +46,7 @@ from fovi_lab.bench.common import _sync, emit_rows, env_info, say_appended, stam
 from fovi_lab.graph.layers import LAYERS, layer_meta
 from fovi_lab.ops.arguments import command_main
 
-__all__ = ["dry_launches", "OpCounter", "host_work", "main", "add_arguments", "run", "DESCRIPTION", "PATHS"]
+__all__ = ["dry_launches", "OpCounter", "host_work", "FLOOR", "FloorLayer", "main", "add_arguments", "run", "DESCRIPTION", "PATHS"]
 
 PROG = "python -m fovi_lab bench host"
 PATHS = ("forward", "backward", "step")
@@ -149,9 +153,46 @@ def dry_launches() -> Iterator[_Launches]:
             graph.replay = real_replay
 
 
+#: The yardstick's name in the records: the least host work of a custom autograd op with this layer's outputs.
+FLOOR = "floor"
+
+
+class _EmptyConv(torch.autograd.Function):
+    """A custom op that does nothing but return the tensors a layer returns: ``y`` forward, ``dx`` and ``dW``
+    backward, uninitialised (``new_empty``)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, cout: int, nout: int):
+        ctx.shapes = (x.shape, weight.shape)
+        return x.new_empty((x.shape[0], cout, nout))
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        xs, ws = ctx.shapes
+        return grad_y.new_empty(xs), grad_y.new_empty(ws), None, None
+
+
+class FloorLayer(torch.nn.Module):
+    """The floor of an eager layer call on this machine (:data:`FLOOR`): a module with the layer's weight whose
+    forward is :class:`_EmptyConv`. What a custom op cannot avoid: the module call, ``Function.apply``, the autograd
+    engine, and an allocation per returned tensor; no checks, no plan, no kernel. Its host work beside ours says how
+    much of ours is the op's own."""
+
+    def __init__(self, meta):
+        super().__init__()
+        self.cout, self.nout = meta.cout, meta.nout
+        self.weight = torch.nn.Parameter(torch.empty(meta.cout, meta.q))
+        self.last_backend = FLOOR
+
+    def forward(self, x):
+        return _EmptyConv.apply(x, self.weight, self.cout, self.nout)
+
+
 def _layer(meta, backend: str, device, dtype):
     from fovi_lab.ops.autograd import KNNConv
 
+    if backend == FLOOR:
+        return FloorLayer(meta).to(device=device, dtype=dtype)
     conv = KNNConv(meta.idx, meta.rf_index, nin=meta.nin, v=meta.v, cin=meta.cin, cout=meta.cout, backend=backend)
     return conv.to(device=device, dtype=dtype)
 
@@ -261,6 +302,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--batches", nargs="+", type=COUNT, default=[16], metavar="B", help="batch sizes")
     parser.add_argument("--backends", nargs="+", type=backend_name(trains=True), default=["warp_train", "torch_compact"],
                         metavar="BACKEND", help="backends that train (default: warp_train torch_compact)")
+    parser.add_argument("--no-floor", action="store_true",
+                        help=f"leave out the {FLOOR!r} rows: an empty custom op with the layer's outputs, the least "
+                             f"host work an eager layer call has on this machine (measured by default)")
     parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS), help="which calls to measure")
     parser.add_argument("--reps", type=COUNT, default=30, help="timed calls per path, whose median is kept")
     parser.add_argument("--emulate-replay", action="store_true",
@@ -292,7 +336,7 @@ def run(args) -> int:
     total = 0
     for layer in args.layers:
         for b in args.batches:
-            for backend in args.backends:
+            for backend in list(args.backends) + ([] if args.no_floor else [FLOOR]):
                 total += emit_rows([dict(env, **r) for r in host_work(layer, b, backend, device, args.reps,
                                                                       paths=args.paths,
                                                                       emulate_replay=args.emulate_replay)],
