@@ -1,4 +1,5 @@
-"""Whole foveated networks (:mod:`fovi_lab.bench.network`) on the CPU: fovi's own KNNResNet-18 trains a step with
+"""Whole foveated networks (:mod:`fovi_lab.bench.network`) on the CPU: fovi's own KNNResNet-18 (and KNNAlexNet, on a
+smaller grid) trains a step with
 fovi_lab's warp_train in every KNN conv layer, through fovi's own registry, beside fovi's torch_compact; both are
 judged against fp32 (fovi's baseline on an fp32 copy), fovi_lab's gradients repeat bit for bit, a backend fovi
 refuses here is recorded with its reason, and nothing of fovi_lab is left in fovi afterwards. Skipped where fovi is
@@ -124,3 +125,16 @@ def test_knn_stubbed_zeros_the_layers_and_gives_them_back():
         assert all(m.weight.grad is not None and not m.weight.grad.any() for m in layers)
     assert not any("forward" in vars(m) for m in layers)
     assert layers[0](x).abs().sum() > 0                 # the layer computes again
+
+
+def test_fovi_lab_trains_a_step_of_fovis_alexnet():
+    """One train step of fovi's KNNAlexNet (its classes and layers, on a 24 x 24 grid: every layer smaller, the
+    same network otherwise) with fovi_lab inside, beside fovi's torch_compact, judged against fp32 as above."""
+    recs = network_records("alexnet", 1, backends=("fovi_lab", "torch_compact"), steps=1, warmup=0, device="cpu",
+                           in_res=24)
+    by = {r["backend"]: r for r in recs}
+    ours, theirs = by["fovi_lab"], by["torch_compact"]
+    assert all(r["in_res"] == 24 and r["net"] == "alexnet" and r["ms"] > 0 for r in (ours, theirs))
+    assert math.isfinite(ours["loss_after"]) and ours["loss"] == pytest.approx(theirs["loss"], rel=1e-2)
+    assert ours["grad_err"] <= 2 * theirs["grad_err"] + 1e-3, (ours["grad_err"], theirs["grad_err"])
+    assert ours["grads_bitwise_repeatable"] is True

@@ -42,7 +42,9 @@ def test_network_rows_pair_ours_with_fovis_fastest_of_the_same_run(tmp_path):
     recs = [rec("2026-01-01T00:00", "eager", "fovi_lab", 10.0), rec("2026-01-01T00:00", "eager", "cuda", 12.0),
             rec("2026-01-01T00:00", "eager", "auto", 11.0), rec("2026-01-01T00:00", "graphed", "cuda", 3.0),
             rec("2026-01-02T00:00", "eager", "fovi_lab", 8.0), rec("2026-01-02T00:00", "eager", "baseline", 16.0),
-            rec("2026-01-02T00:00", "eager", "fovi_lab", 5.0, net="alexnet")]
+            rec("2026-01-02T00:00", "eager", "fovi_lab", 5.0, net="alexnet"),
+            dict(rec("2026-01-03T00:00", "eager", "fovi_lab", 1.0), in_res=24),     # a quick run, not the network
+            dict(rec("2026-01-03T00:00", "eager", "cuda", 2.0), in_res=24)]
     (tmp_path / "gpu_x").mkdir()
     (tmp_path / "gpu_x" / "network.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     rows = report.network_rows(report.network_records(tmp_path))

@@ -74,12 +74,12 @@ MODES = ("eager", "compiled", "graphed")
 class _Run:
     """One network on one device: its initial state, data, and a fresh copy to train per backend and mode."""
 
-    def __init__(self, net: str, batch: int, device, precision: str, seed: int = 0):
+    def __init__(self, net: str, batch: int, device, precision: str, seed: int = 0, in_res: int = 64):
         from fovi_lab.integrations.fovi import fovi_network
 
         self.device, self.precision, self.batch = device, precision, batch
         torch.manual_seed(seed)
-        model = fovi_network(net, device)
+        model = fovi_network(net, device, in_res=in_res)
         if precision == "fp16":
             model = model.half()
         self.model = model
@@ -170,12 +170,14 @@ def _wrapped(run: _Run, mode: str):
 
 
 def network_records(net: str, batch: int, backends=BACKENDS, modes=("eager",), steps: int = 10, warmup: int = 3,
-                    device="cpu", precision: Optional[str] = None) -> List[dict]:
-    """The records of one network and batch (see the module doc): every backend in every mode."""
+                    device="cpu", precision: Optional[str] = None, in_res: int = 64) -> List[dict]:
+    """The records of one network and batch (see the module doc): every backend in every mode. ``in_res``: the
+    side of the Cartesian grid fovi matches the retinal samples to (64, the networks' budget; smaller makes every
+    layer smaller, for a quick run on a CPU)."""
     device = torch.device(device)
     precision = precision or ("amp" if device.type == "cuda" else "fp16")
-    run = _Run(net, batch, device, precision)
-    base = dict(kind="network", net=net, B=batch, precision=precision, steps=steps)
+    run = _Run(net, batch, device, precision, in_res=in_res)
+    base = dict(kind="network", net=net, B=batch, precision=precision, steps=steps, in_res=in_res)
     ref = run.reference_grads()
     # fovi's own warp_train before fovi_lab registers under that name, fovi_lab last
     rank = {"warp_train": 0, "fovi_lab": 2}
@@ -255,7 +257,7 @@ def add_speedups(recs: List[dict], modes) -> None:
 
 
 def graphed_in_child(net: str, batch: int, backend: str, steps: int, device, precision: Optional[str],
-                     timeout_s: float = 600.0) -> List[dict]:
+                     timeout_s: float = 600.0, in_res: int = 64) -> List[dict]:
     """The graphed records of one backend, from a child process: a capture that fails (a backend that syncs or
     allocates while captured) can leave the CUDA context unusable for every capture after it in that process, so
     each backend captures in its own. A child that fails gives one record saying why."""
@@ -263,14 +265,14 @@ def graphed_in_child(net: str, batch: int, backend: str, steps: int, device, pre
         out = os.path.join(tmp, "graphed.jsonl")
         cmd = [sys.executable, "-m", "fovi_lab.bench.network", "--net", net, "--batches", str(batch), "--backends",
                backend, "--modes", "graphed", "--steps", str(steps), "--device", str(device), "--out", out,
-               "--in-process"] + (["--precision", precision] if precision else [])
+               "--in-res", str(in_res), "--in-process"] + (["--precision", precision] if precision else [])
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
             why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1] if proc.returncode else ""
         except subprocess.TimeoutExpired:
             why = f"the child process ran past {timeout_s:.0f} s"
         if why or not os.path.exists(out):
-            return [dict(kind="network", net=net, B=batch, mode="graphed", backend=backend,
+            return [dict(kind="network", net=net, B=batch, in_res=in_res, mode="graphed", backend=backend,
                          note=f"the graphed run's process failed: {why or 'no records'}"[:300])]
         with open(out) as f:
             return [json.loads(line) for line in f if line.strip()]
@@ -301,6 +303,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--modes", nargs="+", choices=MODES, default=None,
                         help="eager, compiled, graphed (default: all three on a GPU, eager on a CPU)")
     parser.add_argument("--steps", type=COUNT, default=20, help="timed steps per backend and mode")
+    parser.add_argument("--in-res", type=COUNT, default=64, metavar="SIDE",
+                        help="the Cartesian grid's side fovi matches the retinal samples to (default 64, the "
+                             "networks' budget; smaller, smaller layers: a quick run on a CPU)")
     parser.add_argument("--precision", choices=("amp", "fp16"), default=None,
                         help="amp: fp32 weights under float16 autocast (GPU default); fp16: weights and inputs in "
                              "float16 (CPU default)")
@@ -341,11 +346,12 @@ def run(args) -> int:
     for net in args.net:
         for b in args.batches:
             recs = network_records(net, b, args.backends, here, args.steps, device=device,
-                                   precision=args.precision) if here else []
+                                   precision=args.precision, in_res=args.in_res) if here else []
             if apart:
                 for backend in args.backends:
                     recs += [{k: v for k, v in r.items() if k not in env}
-                             for r in graphed_in_child(net, b, backend, args.steps, device, args.precision)]
+                             for r in graphed_in_child(net, b, backend, args.steps, device, args.precision,
+                                                       in_res=args.in_res)]
                 add_speedups(recs, ["graphed"])
             total += emit_rows([dict(env, **r) for r in recs], args.out, table_line)
     say_appended(args.out, total)

@@ -283,12 +283,13 @@ _PRECISION = {"amp": "mixed precision (fp32 weights, fp16 autocast)", "fp16": "f
 
 def network_records(data_dir: Optional[Path] = None) -> List[dict]:
     """The records of ``python -m fovi_lab bench network`` kept in a checkout (``data/<device>/network.jsonl``, or
-    the ``network.jsonl`` files under ``data_dir``) that timed a step; none for an installed package."""
+    the ``network.jsonl`` files under ``data_dir``) that timed a step of a network at its budget (``in_res`` 64, the
+    default; a smaller grid is a quick run, not the network); none for an installed package."""
     root = Path(data_dir) if data_dir is not None else (CHECKOUT_ROOT / "data" if CHECKOUT_ROOT else None)
     if root is None or not root.is_dir():
         return []
     return [r for path in sorted(root.glob("**/network.jsonl")) for r in read_file(path)
-            if r.get("kind") == "network" and r.get("ms")]
+            if r.get("kind") == "network" and r.get("ms") and r.get("in_res", 64) == 64]   # the networks' budget
 
 
 def network_rows(records: List[dict]) -> List[dict]:
