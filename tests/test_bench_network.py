@@ -1,7 +1,6 @@
 """Whole foveated networks (:mod:`fovi_lab.bench.network`) on the CPU: fovi's own KNNResNet-18 (and KNNAlexNet, on a
-smaller grid) trains a step with
-fovi_lab's warp_train in every KNN conv layer, through fovi's own registry, beside fovi's torch_compact; both are
-judged against fp32 (fovi's baseline on an fp32 copy), fovi_lab's gradients repeat bit for bit, a backend fovi
+smaller grid) trains a step with fovi_lab's warp_train in every KNN conv layer, through fovi's own registry, beside
+fovi's torch_compact; both are judged against fp32 (fovi's baseline on an fp32 copy), fovi_lab's gradients repeat bit for bit, a backend fovi
 refuses here is recorded with its reason, and nothing of fovi_lab is left in fovi afterwards. Skipped where fovi is
 not installed."""
 
