@@ -1,8 +1,8 @@
 """Whole foveated networks (:mod:`fovi_lab.bench.network`) on the CPU: fovi's own KNNResNet-18 (and KNNAlexNet, on a
 smaller grid) trains a step with fovi_lab's warp_train in every KNN conv layer, through fovi's own registry, beside
-fovi's torch_compact; both are judged against fp32 (fovi's baseline on an fp32 copy), fovi_lab's gradients repeat bit for bit, a backend fovi
-refuses here is recorded with its reason, and nothing of fovi_lab is left in fovi afterwards. Skipped where fovi is
-not installed."""
+fovi's torch_compact; both are judged against fp32 (fovi's baseline on an fp32 copy), fovi_lab's gradients repeat
+bit for bit, a backend fovi refuses here is recorded with its reason, and nothing of fovi_lab is left in fovi
+afterwards. Skipped where fovi is not installed."""
 
 from __future__ import annotations
 
@@ -105,7 +105,8 @@ def test_speedups_leave_the_stub_out_even_when_it_is_fastest():
             dict(mode="eager", backend=STUB, ms=1.0)]
     add_speedups(recs, ["eager"])
     assert recs[0]["speedup_eager"] == 1.5 and recs[0]["fastest_other"] == "cuda"
-    assert recs[0]["knn_ms"] == 3.0 and recs[1]["knn_ms"] == 5.0 and recs[0]["speedup_knn_eager"] == pytest.approx(5 / 3)
+    assert recs[0]["knn_ms"] == 3.0 and recs[1]["knn_ms"] == 5.0
+    assert recs[0]["speedup_knn_eager"] == pytest.approx(5 / 3)
     recs = [dict(mode="eager", backend="fovi_lab", ms=4.0), dict(mode="eager", backend="cuda", ms=6.0)]
     add_speedups(recs, ["eager"])                      # no stub in the run: no split
     assert "knn_ms" not in recs[0] and "speedup_knn_eager" not in recs[0]

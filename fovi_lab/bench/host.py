@@ -46,7 +46,8 @@ from fovi_lab.bench.common import _sync, emit_rows, env_info, say_appended, stam
 from fovi_lab.graph.layers import LAYERS, layer_meta
 from fovi_lab.ops.arguments import command_main
 
-__all__ = ["dry_launches", "OpCounter", "host_work", "FLOOR", "FloorLayer", "main", "add_arguments", "run", "DESCRIPTION", "PATHS"]
+__all__ = ["dry_launches", "OpCounter", "host_work", "FLOOR", "FloorLayer", "main", "add_arguments", "run",
+           "DESCRIPTION", "PATHS"]
 
 PROG = "python -m fovi_lab bench host"
 PATHS = ("forward", "backward", "step")
@@ -287,6 +288,8 @@ After a warm-up that compiles and checks the kernels, the timed calls count Warp
 and count PyTorch's operations (kernels, allocations, syncs) with a dispatch mode. host_us is the call's wall time
 outside PyTorch's operations (Python, checks, the plan, the launches' set-up, autograd); torch_ops_us the time
 inside them (their arithmetic on a CPU, their launch cost on a GPU). Counts are exact; times are this machine's.
+Beside the backends, the floor rows (--no-floor leaves them out): an empty custom op with the layer's weight and
+outputs, the least host work an eager layer call has on this machine.
 
   python -m fovi_lab bench host --layers res18_layer1 alex_L1 --batches 16 --out host.jsonl
 """

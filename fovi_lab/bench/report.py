@@ -38,8 +38,9 @@ from fovi_lab.graph.layers import LAYERS, layer_name, layer_shape
 from fovi_lab.ops.arguments import command_main
 from fovi_lab.ops.records import CHECKOUT_ROOT, RECORDS_DIR, read_file, record_files
 
-__all__ = ["load_runs", "result_rows", "devices", "results_markdown", "readme_table", "update_readme", "main", "add_arguments",
-           "network_records", "network_rows", "best_other_ms", "speedup", "steps_ahead", "network_markdown", "network_readme_table", "update_readme_networks",
+__all__ = ["load_runs", "result_rows", "devices", "results_markdown", "readme_table", "update_readme", "main",
+           "add_arguments", "network_records", "network_rows", "best_other_ms", "speedup", "steps_ahead",
+           "network_markdown", "network_readme_table", "update_readme_networks",
            "NETWORK_BEGIN", "NETWORK_END",
            "run", "DESCRIPTION", "README_BEGIN", "README_END"]
 
@@ -82,7 +83,8 @@ def _fastest(recs: Iterable[dict], prefix: str, graphed: bool) -> Optional[dict]
 
 
 def _impl_name(r: Optional[dict], prefix: str) -> Optional[str]:
-    """A record's impl without ``prefix`` and ``_graphed``: ``fovi_cuda_graphed`` -> ``cuda``."""
+    """A record's impl without ``_graphed`` and, for fovi's, without ``fovi_`` (``fovi_cuda_graphed`` -> ``cuda``);
+    PyTorch's keep their ``torch_`` prefix (``torch_binned_graphed`` -> ``torch_binned``), as the tables print them."""
     if r is None:
         return None
     name = r["impl"][len(prefix):] if prefix != "torch_" else r["impl"]
@@ -320,7 +322,7 @@ def _knn_cell(r: dict) -> str:
     """The KNN layers' share of a network row's step, ours / the fastest other's, and its speedup; – where the run
     did not time the rest of the step (the ``stubbed`` row of ``bench network``)."""
     rest = r.get("rest_ms")
-    if rest is None or r["ours_ms"] <= rest:
+    if rest is None or r["ours_ms"] <= rest or r["other_ms"] <= rest:       # (noise can put a step under it)
         return "–"
     ours, theirs = r["ours_ms"] - rest, r["other_ms"] - rest
     return f"{ours:.2f} / {theirs:.2f} ({theirs / ours:.2f}x)"

@@ -55,8 +55,8 @@ from fovi_lab.graph.meta import TrainingMeta, build_meta
 from fovi_lab.ops.registry import get_ops
 
 __all__ = ["register_with_fovi", "unregister_from_fovi", "TESTED_RELEASE", "INSTALL", "NETWORKS", "fovi_network",
-           "conv_layers", "fovi_backend", "fovi_lab_inside", "knn_stubbed", "fovi_layer", "BASELINE_BACKENDS", "fovi_steps",
-           "FoviSteps"]
+           "conv_layers", "fovi_backend", "fovi_lab_inside", "knn_stubbed", "fovi_layer", "BASELINE_BACKENDS",
+           "fovi_steps", "FoviSteps"]
 
 #: The fovi release this integration is written and tested against (its registry contract and table layout).
 TESTED_RELEASE = "2.4.0"
@@ -409,8 +409,9 @@ def fovi_lab_inside(model: torch.nn.Module, backend: str = "warp_train", device=
 
 
 class _StubConv(torch.autograd.Function):
-    """A KNN conv layer's place-holder: zeros of the output's shape forward, zero gradients for x and the weight
-    backward. What it costs is a memset per tensor and its launch: the least a layer can cost."""
+    """A KNN conv layer's place-holder: zeros of the output's shape forward, zero gradients for x (where it needs
+    one) and the weight backward. What it costs is a memset per tensor and its launch, the least a layer can cost;
+    those count as the rest of the step, so the KNN layers' share taken against it is a slight underestimate."""
 
     @staticmethod
     def forward(ctx, x, weight, cout: int, nout: int, dtype: torch.dtype):
@@ -420,7 +421,9 @@ class _StubConv(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y):
         xs, xd, ws, wd = ctx.shapes
-        return (grad_y.new_zeros(xs, dtype=xd), grad_y.new_zeros(ws, dtype=wd), None, None, None)
+        need_x, need_w = ctx.needs_input_grad[:2]
+        return (grad_y.new_zeros(xs, dtype=xd) if need_x else None,
+                grad_y.new_zeros(ws, dtype=wd) if need_w else None, None, None, None)
 
 
 @contextlib.contextmanager
@@ -428,17 +431,16 @@ def knn_stubbed(model: torch.nn.Module) -> Iterator[str]:
     """Inside: every KNN conv layer of fovi's ``model`` is a place-holder (zeros out, zero gradients for its input
     and weight, :class:`_StubConv`), so a train step costs what the rest of the network costs (batch norm,
     activations, pooling, the head, the loss, the optimizer over every parameter): the floor any KNN backend
-    stands on. Under autocast its output has the autocast dtype, as a layer's GEMM does. Yields the route in words;
+    stands on. Under CUDA autocast its output has the autocast dtype, as fovi's layer's has. Yields the route in words;
     on exit the layers' forwards are as they were."""
     layers = conv_layers(model)
 
     def stub(layer):
         cout, nout = int(layer.weight.shape[0]), int(layer.out_coords.shape[0])
 
-        def forward(x):
-            dev = x.device.type
-            dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
-            return _StubConv.apply(x, layer.weight, cout, nout, dtype)
+        def forward(x):               # fovi computes in CUDA autocast's dtype, else in x's
+            cuda = x.device.type == "cuda" and torch.is_autocast_enabled("cuda")
+            return _StubConv.apply(x, layer.weight, cout, nout, torch.get_autocast_dtype("cuda") if cuda else x.dtype)
         return forward
 
     for m in layers:
