@@ -169,3 +169,25 @@ def test_host_work_of_replayed_calls_on_the_cpu():
     assert (recs["forward"]["graph_replays"], recs["forward"]["torch_op_names"]) == (1, {"copy_": 2, "clone": 1})
     with pytest.raises(ValueError, match="emulate_replay: the graphs are emulated on a CPU only"):
         host_work("res18_layer3_0", 3, "warp_train", "cuda", reps=1, emulate_replay=True)
+
+
+def test_through_fovis_layer_a_step_adds_fovis_casts_of_the_fp32_gradients(capsys, tmp_path):
+    """``--fovi``: the same calls through fovi's own layer. Ours inside fovi (its registry and autograd Function, the
+    route inside fovi's networks) replays the same two graphs and copies, and fovi adds its casts of the fp32
+    gradients the registry's contract returns (here both: an fp16 layer); a backend fovi refuses here is a row saying
+    why."""
+    pytest.importorskip("fovi", reason="fovi is not installed")
+    from fovi_lab.bench.host import host_work
+
+    ours, = host_work("res18_layer3_0", 3, "warp_train", "cpu", reps=1, paths=("step",), emulate_replay=True)
+    inside, = host_work("res18_layer3_0", 3, "fovi:fovi_lab", "cpu", reps=1, paths=("step",), emulate_replay=True)
+    assert (inside["graph_replays"], inside["warp_launches"]) == (ours["graph_replays"], ours["warp_launches"]) == (2, 0)
+    extra = {n: c - ours["torch_op_names"].get(n, 0) for n, c in inside["torch_op_names"].items()}
+    assert {n: c for n, c in extra.items() if c} == {"_to_copy": 2}
+    out = tmp_path / "host.jsonl"
+    assert host_main(["--layers", "res18_layer3_0", "--batches", "3", "--backends", "warp_train", "--fovi", "cuda",
+                      "--paths", "step", "--reps", "1", "--no-floor", "--device", "cpu", "--out", str(out)]) == 0
+    import json
+    cuda = [json.loads(line) for line in out.read_text().splitlines()][-1]
+    assert cuda["backend"] == "fovi:cuda" and "CUDA" in cuda["note"] and "wall_us" not in cuda
+    assert "not run: RuntimeError" in capsys.readouterr().out

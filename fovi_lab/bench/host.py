@@ -22,6 +22,11 @@ warm-up that compiles and checks its kernels; then, for the timed calls, Warp's 
 * ``graph_replays`` and ``graph_replay_us``: those replays (a GPU call the Warp backends replay from a graph,
   :mod:`fovi_lab.ops.replay`) and the median wall time inside them, part of ``host_us``.
 
+``--fovi`` adds calls through fovi's own layer of the table layer (:func:`fovi_lab.integrations.fovi.fovi_layer`):
+``fovi:fovi_lab`` is our ``warp_train`` through fovi's registry and autograd Function, the route inside fovi's
+networks; ``fovi:cuda`` and the others are fovi's own backends (a backend fovi refuses on the device is a row
+saying why).
+
 Beside the backends, the ``floor`` rows (:class:`FloorLayer`, ``--no-floor`` leaves them out): an empty custom op
 with the layer's outputs, the least host work an eager layer call has on the machine measured, so a backend's host
 work reads against what no op can avoid there.
@@ -46,8 +51,8 @@ from fovi_lab.bench.common import _sync, emit_rows, env_info, say_appended, stam
 from fovi_lab.graph.layers import LAYERS, layer_meta
 from fovi_lab.ops.arguments import command_main
 
-__all__ = ["dry_launches", "OpCounter", "host_work", "FLOOR", "FloorLayer", "main", "add_arguments", "run",
-           "DESCRIPTION", "PATHS"]
+__all__ = ["dry_launches", "OpCounter", "host_work", "FLOOR", "FloorLayer", "THROUGH_FOVI", "main", "add_arguments",
+           "run", "DESCRIPTION", "PATHS"]
 
 PROG = "python -m fovi_lab bench host"
 PATHS = ("forward", "backward", "step")
@@ -189,6 +194,11 @@ class FloorLayer(torch.nn.Module):
         return _EmptyConv.apply(x, self.weight, self.cout, self.nout)
 
 
+#: A backend name's prefix for a call through fovi's own layer (:func:`fovi_lab.integrations.fovi.fovi_layer`):
+#: ``fovi:fovi_lab`` (our warp_train through fovi's registry, as inside fovi's networks) or ``fovi:<its backend>``.
+THROUGH_FOVI = "fovi:"
+
+
 def _layer(meta, backend: str, device, dtype):
     from fovi_lab.ops.autograd import KNNConv
 
@@ -196,6 +206,23 @@ def _layer(meta, backend: str, device, dtype):
         return FloorLayer(meta).to(device=device, dtype=dtype)
     conv = KNNConv(meta.idx, meta.rf_index, nin=meta.nin, v=meta.v, cin=meta.cin, cout=meta.cout, backend=backend)
     return conv.to(device=device, dtype=dtype)
+
+
+@contextlib.contextmanager
+def _layer_in_use(layer: str, meta, backend: str, device, dtype) -> Iterator[torch.nn.Module]:
+    """The module a call of ``backend`` runs through: ours (:class:`fovi_lab.KNNConv`), the floor, or fovi's own
+    layer of the table layer with fovi_lab inside (``fovi:fovi_lab``) or one of fovi's backends (``fovi:cuda``...),
+    for as long as the calls are measured."""
+    if not backend.startswith(THROUGH_FOVI):
+        yield _layer(meta, backend, device, dtype)
+        return
+    from fovi_lab.integrations.fovi import fovi_backend, fovi_lab_inside, fovi_layer
+
+    name = backend[len(THROUGH_FOVI):]
+    conv = fovi_layer(layer, device).to(dtype=dtype)
+    with (fovi_lab_inside(conv, "warp_train", device) if name == "fovi_lab" else fovi_backend(conv, name)):
+        conv.last_backend = backend
+        yield conv
 
 
 def host_work(layer: str, batch: int, backend: str = "warp_train", device="cpu", reps: int = 30,
@@ -213,7 +240,12 @@ def host_work(layer: str, batch: int, backend: str = "warp_train", device="cpu",
             rows = host_work(layer, batch, backend, device, reps, dtype, paths, warmup)
         return [dict(r, replay="emulated") for r in rows]
     meta = layer_meta(layer, device=device)
-    conv = _layer(meta, backend, device, dtype)
+    with _layer_in_use(layer, meta, backend, device, dtype) as conv:
+        return _measure(conv, meta, batch, device, dtype, reps, paths, warmup, layer, backend)
+
+
+def _measure(conv, meta, batch: int, device, dtype, reps: int, paths, warmup: int, layer: str,
+             backend: str) -> List[dict]:
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(batch, meta.cin, meta.nin, generator=gen).to(device, dtype).requires_grad_()
     g = torch.randn(batch, meta.cout, meta.nout, generator=gen).to(device, dtype)
@@ -288,7 +320,8 @@ After a warm-up that compiles and checks the kernels, the timed calls count Warp
 and count PyTorch's operations (kernels, allocations, syncs) with a dispatch mode. host_us is the call's wall time
 outside PyTorch's operations (Python, checks, the plan, the launches' set-up, autograd); torch_ops_us the time
 inside them (their arithmetic on a CPU, their launch cost on a GPU). Counts are exact; times are this machine's.
-Beside the backends, the floor rows (--no-floor leaves them out): an empty custom op with the layer's weight and
+--fovi adds calls through fovi's own layer (fovi:fovi_lab: ours through fovi's registry, as inside its networks;
+fovi:cuda and the others: fovi's backends). Beside the backends, the floor rows (--no-floor leaves them out): an empty custom op with the layer's weight and
 outputs, the least host work an eager layer call has on this machine.
 
   python -m fovi_lab bench host --layers res18_layer1 alex_L1 --batches 16 --out host.jsonl
@@ -305,6 +338,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--batches", nargs="+", type=COUNT, default=[16], metavar="B", help="batch sizes")
     parser.add_argument("--backends", nargs="+", type=backend_name(trains=True), default=["warp_train", "torch_compact"],
                         metavar="BACKEND", help="backends that train (default: warp_train torch_compact)")
+    parser.add_argument("--fovi", nargs="+", default=[], metavar="BACKEND",
+                        choices=("fovi_lab", "auto", "cuda", "baseline", "torch_compact", "warp_train"),
+                        help="also through fovi's own layer of each table layer: fovi_lab (our warp_train through "
+                             "fovi's registry, as inside fovi's networks) or fovi's backends (auto, cuda, baseline, "
+                             "torch_compact, its copy of the seed's warp_train); needs fovi (default: none)")
     parser.add_argument("--no-floor", action="store_true",
                         help=f"leave out the {FLOOR!r} rows: an empty custom op with the layer's outputs, the least "
                              f"host work an eager layer call has on this machine (measured by default)")
@@ -319,6 +357,8 @@ def add_arguments(parser) -> None:
 
 
 def table_line(r: dict) -> str:
+    if "wall_us" not in r:
+        return f"{r['layer']:>14s} {r['B']:>4d} {r['backend']:>13s} {r['path']:>8s}   not run: {r.get('note', '')[:80]}"
     return (f"{r['layer']:>14s} {r['B']:>4d} {r['backend']:>13s} {r['path']:>8s} {r['host_us']:9.1f} "
             f"{r['torch_ops_us']:9.1f} {r['wall_us']:9.1f} {r['warp_launches']:7d} {r['torch_ops']:6d} "
             f"{r['allocations']:6d} {r['syncs']:5d} {r.get('graph_replays', 0):6d} {r.get('graph_replay_us', 0.0):9.1f}")
@@ -339,11 +379,18 @@ def run(args) -> int:
     total = 0
     for layer in args.layers:
         for b in args.batches:
-            for backend in list(args.backends) + ([] if args.no_floor else [FLOOR]):
-                total += emit_rows([dict(env, **r) for r in host_work(layer, b, backend, device, args.reps,
-                                                                      paths=args.paths,
-                                                                      emulate_replay=args.emulate_replay)],
-                                   args.out, table_line)
+            through = [THROUGH_FOVI + n for n in args.fovi]
+            for backend in list(args.backends) + through + ([] if args.no_floor else [FLOOR]):
+                try:
+                    rows = host_work(layer, b, backend, device, args.reps, paths=args.paths,
+                                     emulate_replay=args.emulate_replay)
+                except Exception as exc:  # noqa: BLE001  (fovi refuses a backend on this device or dtype)
+                    if backend not in through:
+                        raise
+                    why = (str(exc).strip().splitlines() or [""])[0]
+                    rows = [dict(kind="host", layer=layer, B=b, backend=backend, path=p,
+                                 note=f"{type(exc).__name__}: {why}"[:200]) for p in args.paths]
+                total += emit_rows([dict(env, **r) for r in rows], args.out, table_line)
     say_appended(args.out, total)
     return 0
 

@@ -50,7 +50,8 @@ case "$job" in
   network)
     timeout "$limit" python3 -m fovi_lab.bench.network --batches 64 256 --out "$OUT/network.jsonl" "$@" ;;
   host)
-    timeout "$limit" python3 -m fovi_lab.bench.host --layers all --batches 16 64 --out "$OUT/host.jsonl" "$@" ;;
+    timeout "$limit" python3 -m fovi_lab.bench.host --layers all --batches 16 64 --fovi fovi_lab cuda auto \
+      --out "$OUT/host.jsonl" "$@" ;;
   parity)
     python3 -m fovi_lab warmup --no-dense --experimental --mathdx off --jobs 16 > "$OUT/warmup.log" 2>&1
     tail -1 "$OUT/warmup.log"
@@ -80,8 +81,9 @@ case "$job" in
     FOVI_WARP_MATHDX=0 timeout 100 python3 -m pytest -o addopts="" -p no:cacheprovider -q tests/test_gpu_parity.py \
       tests/test_gpu_replay.py tests/test_gpu_torch_native.py --junitxml="$OUT/parity.xml" > "$OUT/parity.log" 2>&1
     tail -6 "$OUT/parity.log"; echo "parity done at $(( $(date +%s) - t0 )) s"
-    FOVI_WARP_MATHDX=0 timeout 50 python3 -m fovi_lab.bench.host --layers res18_layer1 res18_layer2 res18_layer3 \
-      alex_L1 res18_stem --batches 16 --out "$OUT/host.jsonl" > "$OUT/host.log" 2>&1; tail -14 "$OUT/host.log"
+    FOVI_WARP_MATHDX=0 timeout 70 python3 -m fovi_lab.bench.host --layers res18_layer1 res18_layer2 res18_layer3 \
+      alex_L1 res18_stem --batches 16 --fovi fovi_lab cuda --out "$OUT/host.jsonl" > "$OUT/host.log" 2>&1
+    tail -26 "$OUT/host.log"
     echo "host done at $(( $(date +%s) - t0 )) s"
     c=$(cap 230); timeout "$c" python3 -m fovi_lab.bench.backward train-step --graphs --no-fovi --batches 16 64 \
       --layers all --jobs 16 --time-budget-s $(( c - 40 )) --out "$OUT/train_step.jsonl" > "$OUT/train_step.log" 2>&1
