@@ -50,6 +50,7 @@ BENCHMARKS: Dict[str, tuple] = {
     "adjoints": ("fovi_lab.bench.adjoints", "the tensor-core adjoints beside the fused or staged ones and PyTorch"),
     "network": ("fovi_lab.bench.network", "fovi's own networks, a train step with fovi_lab inside beside fovi's backends"),
     "host": ("fovi_lab.bench.host", "the host work of an eager forward, backward and step: microseconds and launches"),
+    "ddp": ("fovi_lab.bench.ddp", "data-parallel training on the devices of one host: scaling, bitwise repeatable runs"),
 }
 
 BENCH_DESCRIPTION = """\

@@ -35,7 +35,8 @@ import torch.nn.functional as F
 from fovi_lab.graph.geometry import foveated_knn_graph
 from fovi_lab.ops.autograd import KNNConv, get_ops
 
-__all__ = ["load_digits_tensors", "FoveatedDigitsNet", "TrainResult", "train_digits", "main"]
+__all__ = ["load_digits_tensors", "FoveatedDigitsNet", "TrainResult", "train_digits", "param_digest", "WARMUP_STEPS",
+           "main"]
 
 
 def load_digits_tensors(size: int = 32, seed: int = 0, test_fraction: float = 0.25):
@@ -109,6 +110,10 @@ class FoveatedDigitsNet(torch.nn.Module):
 
 @dataclass
 class TrainResult:
+    """What :func:`train_digits` reports: the loss curve (mean over processes at the logged steps), the test
+    accuracy, the wall seconds, ``images_per_s`` (global batch images per second over the steps after the first
+    :data:`WARMUP_STEPS`, the devices synchronised at both ends) and ``param_digest`` (sha256 of every parameter's
+    bytes after training: two runs that end bitwise equal have the same digest)."""
     backend: str
     device: str
     steps: List[int] = field(default_factory=list)
@@ -116,10 +121,32 @@ class TrainResult:
     test_accuracy: float = float("nan")
     seconds: float = 0.0
     world_size: int = 1
+    batch: int = 0
+    images_per_s: Optional[float] = None
+    param_digest: str = ""
 
     def as_dict(self) -> Dict:
         return {"backend": self.backend, "device": self.device, "steps": self.steps, "loss": self.loss,
-                "test_accuracy": self.test_accuracy, "seconds": self.seconds, "world_size": self.world_size}
+                "test_accuracy": self.test_accuracy, "seconds": self.seconds, "world_size": self.world_size,
+                "batch": self.batch, "images_per_s": self.images_per_s, "param_digest": self.param_digest}
+
+
+#: Steps :func:`train_digits` leaves out of ``images_per_s`` (kernel builds, the first captures), at most a quarter.
+WARMUP_STEPS = 5
+
+
+def param_digest(model: torch.nn.Module) -> str:
+    """sha256 of every parameter's bytes, in order: equal for two models whose parameters are bitwise equal."""
+    import hashlib
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _world():
@@ -153,11 +180,15 @@ def train_digits(backend: str = "torch_compact", steps: int = 30, batch: int = 6
             model, device_ids=[device.index] if device.type == "cuda" else None)
     opt = torch.optim.Adam(net.parameters(), lr=lr)
     gen = torch.Generator().manual_seed(seed)     # every process draws the same global batch
-    res = TrainResult(backend, str(device), world_size=world)
+    res = TrainResult(backend, str(device), world_size=world, batch=batch)
     shard = slice(rank * (batch // world), (rank + 1) * (batch // world))
-    t0 = time.perf_counter()
+    warm = min(WARMUP_STEPS, steps // 4)
+    t0 = t_warm = time.perf_counter()
     net.train()
     for step in range(1, steps + 1):
+        if step == warm + 1:
+            _sync(device)
+            t_warm = time.perf_counter()
         i = torch.randint(0, len(ytr), (batch,), generator=gen)[shard]
         fix = ((torch.rand(batch, 2, generator=gen) * 2 - 1) * jitter)[shard]
         logits = net(xtr[i].to(device), fix.to(device))
@@ -175,6 +206,9 @@ def train_digits(backend: str = "torch_compact", steps: int = 30, batch: int = 6
             res.loss.append(value.item())
             if log:
                 log(f"[{backend}] step {step}/{steps} loss {res.loss[-1]:.3f}")
+    _sync(device)
+    res.images_per_s = batch * (steps - warm) / (time.perf_counter() - t_warm)
+    res.param_digest = param_digest(model)
     model.eval()
     with torch.no_grad():
         correct = 0
@@ -245,7 +279,8 @@ def run(args) -> int:
         res = train_digits(args.backend, steps=args.steps, batch=args.batch, lr=args.lr, device=device,
                            seed=args.seed, log_every=max(1, args.steps // 10), log=say, model=model)
         if rank == 0:
-            print(f"{args.backend} on {world} x {device.type}: {args.steps} steps in {res.seconds:.1f} s, "
+            print(f"{args.backend} on {world} x {device.type}: {args.steps} steps in {res.seconds:.1f} s "
+                  f"({res.images_per_s:.0f} images/s after the first {min(WARMUP_STEPS, args.steps // 4)}), "
                   f"final loss {res.loss[-1]:.3f}, test accuracy {res.test_accuracy:.1%}")
             if args.out:
                 with open(args.out, "w") as f:

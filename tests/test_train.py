@@ -18,3 +18,15 @@ def test_a_few_steps_reduce_the_loss():
     r = train_digits("torch_compact", steps=25, batch=64, log_every=5)
     assert r.loss[-1] < r.loss[0] - 0.2
     assert r.test_accuracy > 0.2  # well above chance (0.1) after 25 steps
+
+
+def test_param_digest_tells_bitwise_equal_parameters_apart():
+    import torch
+    from fovi_lab.train import param_digest
+
+    a, b = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    b.load_state_dict(a.state_dict())
+    assert param_digest(a) == param_digest(b) and len(param_digest(a)) == 64
+    with torch.no_grad():
+        b.weight[0, 0] = torch.nextafter(b.weight[0, 0], torch.tensor(2.0))     # one ulp
+    assert param_digest(a) != param_digest(b)

@@ -118,6 +118,17 @@ case "$job" in
       --batches 16 --layers alex_L0 alex_L2 alex_L3 alex_L4 res18_layer2_0 res18_layer3 dinov3_patch --jobs 16 \
       --time-budget-s $(( $(left) - 40 )) --out "$OUT/train_step_fovi.jsonl" > "$OUT/train_step_fovi.log" 2>&1
     tail -6 "$OUT/train_step_fovi.log" ;;
+  ddp)
+    # two GPUs of one host: data-parallel training (warp_train and torch_compact; batch norm synchronised, then group
+    # norm for warp_train), ops on cuda:1 while cuda:0 is current, the autotune cache under DDP
+    python3 -m fovi_lab warmup --no-dense --jobs 16 > "$OUT/warmup.log" 2>&1; tail -1 "$OUT/warmup.log"
+    timeout "$(cap 240)" python3 -m fovi_lab.bench.ddp --nproc 2 --per-device-batch 64 --steps 120 \
+      --out "$OUT/ddp.jsonl" > "$OUT/ddp.log" 2>&1; tail -4 "$OUT/ddp.log"
+    timeout "$(cap 120)" python3 -m fovi_lab.bench.ddp --nproc 2 --per-device-batch 64 --steps 120 --norm group \
+      --backends warp_train --out "$OUT/ddp.jsonl" > "$OUT/ddp_group.log" 2>&1; tail -2 "$OUT/ddp_group.log"
+    timeout "$(cap 100)" python3 -m pytest -o addopts="" -p no:cacheprovider -q tests/test_gpu_ddp.py \
+      tests/test_gpu_torch_native.py --junitxml="$OUT/ddp_tests.xml" > "$OUT/ddp_tests.log" 2>&1
+    tail -4 "$OUT/ddp_tests.log" ;;
   ncu)
     timeout "$limit" ncu --nvtx --nvtx-include "profile/" -k regex:fovi_fwd --section SpeedOfLight \
       --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis --section LaunchStats \
