@@ -292,3 +292,54 @@ def test_inside_fovis_function_a_replayed_backward_reads_the_forwards_copies(lay
             y.backward(gy)
     # grad_y in, dx and dW out (fovi's own casts and bias sum besides, outside our call)
     assert ops.names.get("copy_", 0) == 1 and ops.names.get("clone", 0) == 2, ops.names
+
+
+def test_fovis_timed_steps_set_the_layer_up_once_and_bump_its_weight_version():
+    """The benchmarks time fovi's own call: the layer takes the operands' dtype and weight once; each later step only
+    bumps the weight's version (as an optimizer's update does, as for ours), no copy and no module cast per call;
+    a weight changed in place is taken again."""
+    from fovi_lab.integrations.fovi import fovi_forwards, fovi_steps
+
+    meta = layer_shape("res18_layer3_0")
+    g0 = torch.Generator().manual_seed(0)
+    x = torch.randn(2, meta["cin"], meta["nin"], generator=g0)
+    w = 0.05 * torch.randn(meta["cout"], meta["q"], generator=g0)
+    g = torch.randn(2, meta["cout"], meta["nout"], generator=g0)
+    step = fovi_steps("res18_layer3_0", "cpu", backends=("torch_compact",))["fovi_torch_compact"]
+    conv = step.__defaults__[0]
+    y1 = step(x, w, g)[0]
+    version = conv.weight._version
+    y1b = step(x, w, g)[0]
+    assert conv.weight._version == version + 1 and torch.equal(y1, y1b)
+    with torch.no_grad():
+        conv.weight.mul_(2.0)                       # the layer's own weight: a step does not copy w over it
+    assert torch.allclose(step(x, w, g)[0], 2 * y1, rtol=1e-4, atol=1e-5)
+    with torch.no_grad():
+        w.mul_(1.0)                                 # w changed in place (its version): taken again
+    assert torch.equal(step(x, w, g)[0], y1)
+    b = torch.randn(meta["cout"], generator=g0)
+    fwd = fovi_forwards("res18_layer3_0", "cpu", backends=("torch_compact",), bias=True)
+    y = fwd["fovi_torch_compact"](x, w, b)
+    assert not y.requires_grad
+    torch.testing.assert_close(y, fwd.reference(x, w, b), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(y - y1, b.view(1, -1, 1).expand_as(y), rtol=1e-4, atol=1e-4)
+
+
+def test_the_forward_benchmark_times_fovis_backends_beside_ours(tmp_path):
+    """``bench forward`` times fovi's own backends on fovi's layer of the same table layer, judged against that
+    layer's fp32 forward; one fovi refuses on this device is a record with fovi's reason; ``--no-fovi`` drops them."""
+    import json
+
+    from fovi_lab.bench.forward import main as forward_main
+
+    out = tmp_path / "fwd.jsonl"
+    args = ["--layers", "res18_layer3_0", "--batches", "2", "--no-compile", "--reps", "1", "--warmup", "0",
+            "--device", "cpu", "--out", str(out)]
+    assert forward_main(args) == 0
+    recs = {r["impl"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert recs["fovi_torch_compact"]["ms"] > 0 and recs["fovi_torch_compact"]["err"] < 1e-2
+    assert recs["fovi_torch_compact"]["fovi_weight"] == "set once"
+    assert recs["fovi_cuda"]["ms"] is None and "CUDA" in recs["fovi_cuda"]["note"]
+    out.unlink()
+    assert forward_main(args + ["--no-fovi"]) == 0
+    assert not [r for r in map(json.loads, out.read_text().splitlines()) if r["impl"].startswith("fovi_")]

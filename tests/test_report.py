@@ -90,8 +90,14 @@ def test_a_row_sets_ours_beside_pytorch_and_fovi_of_the_same_run():
     assert r64["fovi_ms"] is None and abs(report.speedup(r64, False) - 2.0) < 1e-12
     assert report.speedup(r64, True) is None
     md = report.results_markdown(rows)
-    assert "fovi's fastest, replayed" in md and "| 0.080 (cuda) | 0.80 |" in md
-    assert "| 0.250 (warp_train) | 1.25 |" in md
+    # fovi's records without ``fovi_weight`` copied the weight in per timed call: marked, with a note
+    assert "fovi's fastest, replayed" in md and "| 0.080 (cuda) † | 0.80 |" in md and "\n† fovi's timed calls" in md
+    assert "| 0.250 (warp_train) † | 1.25 |" in md
+    for rr in run:
+        if rr["impl"].startswith("fovi_"):
+            rr["fovi_weight"] = "set once, version bumped per step"
+    md = report.results_markdown(report.result_rows([("run a", run), ("run b", plain)]))
+    assert "| 0.080 (cuda) | 0.80 |" in md and "†" not in md
     assert "fovi's fastest, replayed" not in report.results_markdown([r64])
     table = report.readme_table(rows)
     assert "| res18_layer1 | – | – | – | – | 1.25 / 0.80 | 2.00 / – | – / – |" in table, table

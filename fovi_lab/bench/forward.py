@@ -25,6 +25,11 @@ Per (layer, B), all in one process and on identical inputs:
   (:func:`fovi_lab.ops.reference.binned_forward`: bin the gathered inputs into the Q taps, then one
   shared-weight cuBLAS matmul per image; the strongest form for the stems at small batch).
   The strongest baseline of a shape is the fastest of these.
+* fovi's own backends (where fovi is installed; ``--no-fovi`` leaves them out): ``fovi_<backend>`` for its
+  ``auto``, ``cuda``, ``baseline``, ``torch_compact`` and its copy of the seed's ``warp_train``, each the inference
+  forward of fovi's own layer of the same table layer (:func:`fovi_lab.integrations.fovi.fovi_forwards`; float16
+  autocast on a GPU, as fovi's dispatch wants), judged against that layer's fp32 forward; a backend fovi refuses
+  on the device is recorded with its reason.
 * ``cublas_dense_bmm`` (CUDA): ``torch.bmm`` of the same GEMMs on dense operands, ``[Nout, B, P64] @ [Nout, P64,
   Cout]``: what cuBLAS reaches on these sizes without any gather (not a baseline: it computes something else).
   Each Warp kernel's ``frac_cublas_dense`` is its time over this one.
@@ -238,6 +243,24 @@ def run_shape(layer: str, meta, b: int, configs: List[str], chosen: str, device:
                 rec("torch_compile", t.ms, err=err_of(y), reps=t.reps, note="compile of torch_tgather_bmm")
         if compiled.note:
             rec("torch_compile", None, note=compiled.note)
+    # ---- fovi's own backends (what a fovi user has), each through fovi's own layer of the same table layer,
+    #      judged against that layer's fp32 forward (fovi's tables are its own)
+    from fovi_lab.bench.backward import _fovi_wanted
+    if _fovi_wanted(layer, args):
+        from fovi_lab.integrations.fovi import fovi_forwards
+        fwds = fovi_forwards(layer, device, bias=bias is not None)
+        fref = fwds.reference(x, w, bias)
+        for impl, fn in fwds.items():
+            try:
+                y = fn(x, w, bias)
+                err = float((y.float() - fref).abs().max()) / max(1.0, float(fref.abs().max()))
+                t = tm(lambda fn=fn: fn(x, w, bias))
+                rec(impl, t.ms, err=err, reps=t.reps, err_against="fovi's baseline in fp32 on its own layer",
+                    fovi_weight="set once")
+                if graphs:
+                    graphed(impl, lambda fn=fn: fn(x, w, bias), fovi_weight="set once")
+            except Exception as exc:  # noqa: BLE001  (fovi refuses a backend on this device or dtype)
+                rec(impl, None, note=f"{type(exc).__name__}: {str(exc).strip()[:300]}")
     cublas_ms = _cublas_dense(meta, b, device, tm) if device.type == "cuda" else None
     if cublas_ms:
         rec("cublas_dense_bmm", cublas_ms, note="torch.bmm of the same GEMMs on dense operands (no gathers): "
@@ -485,6 +508,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--bias", action="store_true", help="give every layer a bias (the CNNs' layers have none)")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     parser.add_argument("--no-torch", action="store_true", help="skip every PyTorch baseline (a Warp-only sweep)")
+    parser.add_argument("--no-fovi", action="store_true",
+                        help="skip fovi's own backends (timed through fovi's layer where fovi is installed)")
     parser.add_argument("--tag", default=None, help="a label stamped into every record (e.g. an env setting)")
     parser.add_argument("--compile-budget-s", type=non_negative_float, default=90.0, metavar="S",
                         help="seconds torch.compile may spend compiling before its baseline is skipped")

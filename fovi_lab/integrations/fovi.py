@@ -56,7 +56,7 @@ from fovi_lab.ops.registry import get_ops
 
 __all__ = ["register_with_fovi", "unregister_from_fovi", "TESTED_RELEASE", "INSTALL", "NETWORKS", "fovi_network",
            "conv_layers", "fovi_backend", "fovi_lab_inside", "knn_stubbed", "fovi_layer", "BASELINE_BACKENDS",
-           "fovi_steps", "FoviSteps"]
+           "fovi_steps", "fovi_forwards", "FoviSteps"]
 
 #: The fovi release this integration is written and tested against (its registry contract and table layout).
 TESTED_RELEASE = "2.4.0"
@@ -507,13 +507,41 @@ class FoviSteps(dict):
         return y.detach(), dx, dw
 
 
+class _Prepared:
+    """fovi's layer set up once for the operands it is timed on (dtype, the weight's values, the bias), not per call:
+    a call then costs what fovi's own call costs. On CUDA fp32 parameters under float16 autocast, as fovi's AMP
+    training runs; elsewhere in x's dtype."""
+
+    def __init__(self, conv):
+        self.conv, self.key = conv, None
+
+    def __call__(self, x, w, bias=None) -> bool:
+        """Set the layer up for these operands where they are not the ones it holds; True where it did."""
+        key = (x.dtype, x.device, id(w), w._version, None if bias is None else (id(bias), bias._version))
+        if key == self.key:
+            return False
+        conv = self.conv
+        with torch.no_grad():
+            if x.device.type == "cuda":
+                conv.float()
+            else:
+                conv.to(x.dtype)
+            conv.weight.copy_(w)
+            if bias is not None:
+                conv.bias.copy_(bias)
+        self.key = key
+        return True
+
+
 def fovi_steps(layer: str, device="cpu", backends=BASELINE_BACKENDS) -> FoviSteps:
     """fovi's train step of ``layer`` per backend: ``{"fovi_<backend>": fn(x, w, g) -> (y, dx, dW)}``, autograd
     through fovi's own layer (:func:`fovi_layer`) with ``kernel_backend = backend`` and its weight set to ``w``;
     ``.reference(x, w, g)`` is the fp32 result to judge them by (:meth:`FoviSteps.reference`). On CUDA the layer
     keeps fp32 weights and runs under float16 autocast, as fovi's AMP training does (fovi dispatches ``cuda`` and
-    ``warp_train`` only there); on the CPU it runs in ``x``'s dtype. A backend fovi refuses on this device or dtype
-    raises fovi's error when called."""
+    ``warp_train`` only there); on the CPU it runs in ``x``'s dtype. The layer is set up for ``w`` once; each later
+    step bumps its weight's version, as an optimizer's in-place update does (and as the benchmarks do for ours),
+    so no backend reuses a layout of the previous step's weight, and no copy is timed. A backend fovi refuses on
+    this device or dtype raises fovi's error when called."""
     device = torch.device(device)
     base = fovi_layer(layer, device)
     steps = {}
@@ -521,18 +549,48 @@ def fovi_steps(layer: str, device="cpu", backends=BASELINE_BACKENDS) -> FoviStep
         conv = copy.deepcopy(base)
         conv.kernel_backend = backend
 
-        def step(x, w, g, conv=conv):
-            amp = x.device.type == "cuda"
-            with torch.no_grad():
-                if amp:
-                    conv.float()
-                else:
-                    conv.to(x.dtype)
-                conv.weight.copy_(w)
+        def step(x, w, g, conv=conv, prepare=_Prepared(conv)):
+            if not prepare(x, w):
+                torch.autograd.graph.increment_version(conv.weight)
             xr = x.detach().requires_grad_()
-            with torch.autocast(x.device.type, dtype=torch.float16, enabled=amp):
+            with torch.autocast(x.device.type, dtype=torch.float16, enabled=x.device.type == "cuda"):
                 y = conv(xr)
             dx, dw = torch.autograd.grad(y, (xr, conv.weight), g.to(y.dtype))
             return y, dx, dw
         steps[f"fovi_{backend}"] = step
     return FoviSteps(base, steps)
+
+
+def fovi_forwards(layer: str, device="cpu", backends=BASELINE_BACKENDS, bias: bool = False) -> FoviSteps:
+    """fovi's inference forward of ``layer`` per backend: ``{"fovi_<backend>": fn(x, w, b) -> y}`` through fovi's
+    own layer (with a bias where ``bias``), under ``torch.no_grad``, set up for the operands once (as
+    :func:`fovi_steps`); ``.reference(x, w)`` is fovi's fp32 result of its own layer."""
+    device = torch.device(device)
+    base = fovi_layer(layer, device, bias=bias)
+    fwd = {}
+    for backend in backends:
+        conv = copy.deepcopy(base)
+        conv.kernel_backend = backend
+
+        def forward(x, w, b=None, conv=conv, prepare=_Prepared(conv)):
+            prepare(x, w, b)
+            with torch.no_grad(), torch.autocast(x.device.type, dtype=torch.float16,
+                                                 enabled=x.device.type == "cuda"):
+                return conv(x)
+        fwd[f"fovi_{backend}"] = forward
+    return _FoviForwards(base, fwd)
+
+
+class _FoviForwards(FoviSteps):
+    """fovi's forwards of one layer by name (see :func:`fovi_forwards`), and :meth:`reference`."""
+
+    def reference(self, x, w, b=None):
+        """fovi's fp32 forward of its own layer (``baseline``: the dense one-hot einsum) on fp32 copies."""
+        conv = copy.deepcopy(self.layer).float()
+        conv.kernel_backend = "baseline"
+        with torch.no_grad():
+            conv.weight.copy_(w.float())
+            if b is not None:
+                conv.bias.copy_(b.float())
+            with torch.autocast(x.device.type, enabled=False):
+                return conv(x.float())
