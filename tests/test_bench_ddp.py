@@ -18,6 +18,7 @@ def test_two_processes_follow_one_and_repeat_bit_for_bit(tmp_path):
     assert list(runs) == [name for name, _, _ in ddp.RUNS]
     assert [(runs[n]["world_size"], runs[n]["batch"]) for n in runs] == [(1, 4), (1, 8), (2, 8), (2, 8)]
     assert all(r["images_per_s"] > 0 and len(r["param_digest"]) == 64 and "note" not in r for r in runs.values())
+    assert all(r["torch_device"] == "cpu" and "device" not in r for r in runs.values())   # env_info names the device
     s = recs[-1]
     assert s["kind"] == "ddp" and s["nproc"] == 2 and s["global_batch"] == 8 and s["notes"] is None
     assert s["bitwise_repeatable"] is True and runs["ddp"]["param_digest"] == runs["ddp_again"]["param_digest"]
@@ -52,3 +53,13 @@ def test_the_command_refuses_more_processes_than_gpus_in_one_line(capsys, monkey
         ddp.main(["--nproc", "2", "--device", "cuda"])
     err = capsys.readouterr().err.strip().splitlines()
     assert exc.value.code == 2 and len(err) == 1 and "--nproc" in err[0]
+
+
+def test_a_failing_or_hanging_run_says_why_in_one_line(tmp_path):
+    import sys
+    out = str(tmp_path / "never.json")
+    fail = [sys.executable, "-c", "import sys; sys.stderr.write('Traceback\\nValueError: boom\\n' + '=' * 30 + "
+            "'\\n'); sys.exit(1)"]
+    assert ddp.run_training(fail, out, timeout_s=60) == {"note": "the run failed (exit 1): ValueError: boom"}
+    hang = [sys.executable, "-c", "import time; time.sleep(60)"]
+    assert ddp.run_training(hang, out, timeout_s=1) == {"note": "the run took longer than 1 s"}

@@ -34,9 +34,9 @@ mode ``train-step`` (forward + both gradients):
       :func:`fovi_lab.bench.backward_impls.torch_steps` (x^T layout, bmm + fp32 ``index_add_`` adjoints).
     * ``fovi_<backend>`` (train step, where fovi is installed; ``--no-fovi`` leaves them out): what a fovi user
       has, fovi's own layer of the same table layer with ``kernel_backend`` = ``auto``, ``cuda`` (its fused CuPy
-      kernel), ``baseline``, ``torch_compact`` and ``warp_train`` (its copy of the seed's kernels), under float16
-      autocast on a GPU (:func:`fovi_lab.integrations.fovi.fovi_steps`); judged against that layer's fp32 result
-      (fovi's tables are its own). Our ``warp_train`` records carry ``fastest_fovi`` and ``speedup_vs_fovi``; a
+      kernel), ``baseline``, ``torch_compact`` and ``warp_train`` (its copy of the seed's kernels), on the same fp16
+      operands as ours (:func:`fovi_lab.integrations.fovi.fovi_steps`: the layer set up once, its weight's version
+      bumped per step); judged, eager and replayed, against that layer's fp32 result (fovi's tables are its own). Our ``warp_train`` records carry ``fastest_fovi`` and ``speedup_vs_fovi``; a
       backend fovi refuses on the device is recorded with fovi's reason.
 (In ``backward`` mode the same Warp records are named ``warp``, ``warp_staged``, ``warp_fused``.)
 ``--sweep`` (either mode) also measures every gi/gw config (v2/v2p, v2/v3/v3p/v4, tile sizes, fp16
@@ -154,15 +154,17 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
 
     graphs = bool(getattr(args, "graphs", False)) and device.type == "cuda"
 
-    def graphed(impl, fn, **kw):
-        """``fn`` replayed from a CUDA graph (no per-call host work): record ``<impl>_graphed``."""
+    def graphed(impl, fn, against=None, **kw):
+        """``fn`` replayed from a CUDA graph (no per-call host work): record ``<impl>_graphed``, its gradients judged
+        against ``against`` (dx, dW; default: the fp32 reference of our layer)."""
         from fovi_lab.ops.graphs import capture
+        want = against or ref
         try:
             cap = capture(fn)
             out = cap.replay()
             dx, dw = out[-2], out[-1]
-            err_dx = float((dx.float() - ref[0]).abs().max()) / max(1e-12, float(ref[0].abs().max()))
-            err_dw = float((dw.float() - ref[1]).abs().max()) / max(1e-12, float(ref[1].abs().max()))
+            err_dx = float((dx.float() - want[0]).abs().max()) / max(1e-12, float(want[0].abs().max()))
+            err_dw = float((dw.float() - want[1]).abs().max()) / max(1e-12, float(want[1].abs().max()))
             t = tm(cap.replay)
             rec(impl + "_graphed", t.ms, reps=t.reps, graphed=True, err_dx=err_dx, err_dw=err_dw, **kw)
             del cap, out
@@ -277,7 +279,8 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
                     err_dw=errs[1], pipelined_ms=pipe(fn), err_against="fovi's baseline in fp32 on its own layer",
                     fovi_weight=FOVI_WEIGHT)
                 if graphs:
-                    graphed(impl, fn, fovi_weight=FOVI_WEIGHT)
+                    graphed(impl, fn, against=fref[1:], fovi_weight=FOVI_WEIGHT,
+                            err_against="fovi's baseline in fp32 on its own layer")
             guarded(impl, fovi_step)
 
     def finish_warp_record(r, t_ms):

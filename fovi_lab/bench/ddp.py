@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -54,19 +55,37 @@ def train_command(backend: str, nproc: int, batch: int, steps: int, norm: str, d
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)] + train
 
 
+def _why(text: str, code: int) -> str:
+    """The line of a failed run's output that says why: the last naming an error (torch.distributed.run ends its
+    report with a rule of ``=``), else the last one with words."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and ln.strip().strip("=-") != ""]
+    named = [ln for ln in lines if re.search(r"\w+(Error|Exception)\b", ln)]
+    return (named or lines or [f"exit {code}"])[-1][:240]
+
+
 def run_training(cmd: List[str], out: str, timeout_s: float) -> Dict:
-    """Run one training command; its result (``TrainResult.as_dict``), or ``{"note": why}`` where it failed."""
+    """Run one training command; its result (``TrainResult.as_dict``, the torch device it ran on as
+    ``torch_device``), or ``{"note": why}`` where it failed. A run past ``timeout_s`` is asked to stop (SIGTERM:
+    torch.distributed.run then stops its workers), and killed 30 s later."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")           # gloo processes on a CPU share its cores
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+        stdout, stderr = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
         return {"note": f"the run took longer than {timeout_s:.0f} s"}
     if proc.returncode or not os.path.exists(out):
-        lines = (proc.stderr.strip() or proc.stdout.strip() or f"exit {proc.returncode}").splitlines()
-        return {"note": f"the run failed (exit {proc.returncode}): {lines[-1][:240]}"}
+        return {"note": f"the run failed (exit {proc.returncode}): {_why(stderr or stdout, proc.returncode)}"}
     with open(out) as f:
-        return json.load(f)
+        res = json.load(f)
+    res["torch_device"] = res.pop("device", None)        # (a record's device is the GPU's name, env_info's)
+    return res
 
 
 def summary(backend: str, nproc: int, per_device: int, runs: Dict[str, Dict]) -> Dict:
@@ -86,8 +105,9 @@ def summary(backend: str, nproc: int, per_device: int, runs: Dict[str, Dict]) ->
 
 
 def ddp_records(backends, nproc: int, per_device: int, steps: int, norm: str, device: str,
-                timeout_s: float = 600.0, log=print) -> List[dict]:
-    """Every run's record and each backend's summary (see the module doc)."""
+                timeout_s: float = 600.0, log=print, done=None) -> List[dict]:
+    """Every run's record and each backend's summary (see the module doc); ``done(records)`` is called with each
+    backend's records as soon as they are complete (a caller that writes them loses none to a later timeout)."""
     recs: List[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         for backend in backends:
@@ -106,6 +126,8 @@ def ddp_records(backends, nproc: int, per_device: int, steps: int, norm: str, de
                 if log:
                     log(_run_line(recs[-1]))
             recs.append(summary(backend, nproc, per_device, runs))
+            if done is not None:
+                done(recs[-len(RUNS) - 1:])
     return recs
 
 
@@ -180,15 +202,15 @@ def run(args) -> int:
           f"(torch {env['torch']}, warp {env['warp']})", flush=True)
     print(f"{'backend':>13s} {'run':>10s} {'procs':>3s} {'batch':>6s} {'images/s':>12s} {'loss':>8s} {'test':>7s} "
           f"{'params sha256':>12s}", flush=True)
+    def done(recs):                                     # one backend's runs and summary, kept as they end
+        rows = [dict(env, **r) for r in recs]
+        print(table_line(rows[-1]), flush=True)          # (each run's line was printed as it ended)
+        if args.out:
+            append_jsonl(args.out, rows)
+
     recs = ddp_records(args.backends, args.nproc, args.per_device_batch, args.steps, args.norm, device,
-                       args.timeout_s, log=lambda line: print(line, flush=True))
-    rows = [dict(env, **r) for r in recs]
-    for r in rows:
-        if r["kind"] == "ddp":                          # (each run's line was printed as it ended)
-            print(table_line(r), flush=True)
-    if args.out:
-        append_jsonl(args.out, rows)
-    say_appended(args.out, len(rows))
+                       args.timeout_s, log=lambda line: print(line, flush=True), done=done)
+    say_appended(args.out, len(recs))
     return 0
 
 

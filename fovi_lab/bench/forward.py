@@ -27,9 +27,9 @@ Per (layer, B), all in one process and on identical inputs:
   The strongest baseline of a shape is the fastest of these.
 * fovi's own backends (where fovi is installed; ``--no-fovi`` leaves them out): ``fovi_<backend>`` for its
   ``auto``, ``cuda``, ``baseline``, ``torch_compact`` and its copy of the seed's ``warp_train``, each the inference
-  forward of fovi's own layer of the same table layer (:func:`fovi_lab.integrations.fovi.fovi_forwards`; float16
-  autocast on a GPU, as fovi's dispatch wants), judged against that layer's fp32 forward; a backend fovi refuses
-  on the device is recorded with its reason.
+  forward of fovi's own layer of the same table layer (:func:`fovi_lab.integrations.fovi.fovi_forwards`, on the
+  same fp16 operands as ours), judged, eager and replayed, against that layer's fp32 forward; a backend fovi
+  refuses on the device is recorded with its reason.
 * ``cublas_dense_bmm`` (CUDA): ``torch.bmm`` of the same GEMMs on dense operands, ``[Nout, B, P64] @ [Nout, P64,
   Cout]``: what cuBLAS reaches on these sizes without any gather (not a baseline: it computes something else).
   Each Warp kernel's ``frac_cublas_dense`` is its time over this one.
@@ -210,14 +210,15 @@ def run_shape(layer: str, meta, b: int, configs: List[str], chosen: str, device:
 
     graphs = bool(getattr(args, "graphs", False)) and device.type == "cuda"
 
-    def graphed(impl, fn, **kw):
-        """The same op replayed from a CUDA graph (no per-call host work): ``<impl>_graphed``."""
+    def graphed(impl, fn, err=None, **kw):
+        """The same op replayed from a CUDA graph (no per-call host work): ``<impl>_graphed``, its output judged by
+        ``err`` (default: against our layer's fp32 forward)."""
         from fovi_lab.ops.graphs import capture
         try:
             cap = capture(fn)
             y = cap.replay()
             t = tm(cap.replay)
-            rec(impl + "_graphed", t.ms, err=err_of(y), reps=t.reps, graphed=True, **kw)
+            rec(impl + "_graphed", t.ms, err=(err or err_of)(y), reps=t.reps, graphed=True, **kw)
             del cap
         except Exception as exc:  # noqa: BLE001 - report, keep measuring
             rec(impl + "_graphed", None, graphed=True, note=f"{type(exc).__name__}: {str(exc)[:200]}", **kw)
@@ -248,17 +249,24 @@ def run_shape(layer: str, meta, b: int, configs: List[str], chosen: str, device:
     from fovi_lab.bench.backward import _fovi_wanted
     if _fovi_wanted(layer, args):
         from fovi_lab.integrations.fovi import fovi_forwards
-        fwds = fovi_forwards(layer, device, bias=bias is not None)
-        fref = fwds.reference(x, w, bias)
+        against = "fovi's baseline in fp32 on its own layer"
+        try:
+            fwds = fovi_forwards(layer, device, bias=bias is not None)
+            fref = fwds.reference(x, w, bias)
+        except Exception as exc:  # noqa: BLE001  (fovi's layer or its fp32 reference does not run here)
+            fwds = {}
+            rec("fovi_baseline", None, note=f"fovi's layer did not run: {type(exc).__name__}: {str(exc)[:240]}")
+
+        def fovi_err(y):
+            return float((y.float() - fref).abs().max()) / max(1.0, float(fref.abs().max()))
         for impl, fn in fwds.items():
             try:
                 y = fn(x, w, bias)
-                err = float((y.float() - fref).abs().max()) / max(1.0, float(fref.abs().max()))
                 t = tm(lambda fn=fn: fn(x, w, bias))
-                rec(impl, t.ms, err=err, reps=t.reps, err_against="fovi's baseline in fp32 on its own layer",
-                    fovi_weight="set once")
+                rec(impl, t.ms, err=fovi_err(y), reps=t.reps, err_against=against, fovi_weight="set once")
                 if graphs:
-                    graphed(impl, lambda fn=fn: fn(x, w, bias), fovi_weight="set once")
+                    graphed(impl, lambda fn=fn: fn(x, w, bias), err=fovi_err, err_against=against,
+                            fovi_weight="set once")
             except Exception as exc:  # noqa: BLE001  (fovi refuses a backend on this device or dtype)
                 rec(impl, None, note=f"{type(exc).__name__}: {str(exc).strip()[:300]}")
     cublas_ms = _cublas_dense(meta, b, device, tm) if device.type == "cuda" else None

@@ -25,7 +25,9 @@ warm-up that compiles and checks its kernels; then, for the timed calls, Warp's 
 ``--fovi`` adds calls through fovi's own layer of the table layer (:func:`fovi_lab.integrations.fovi.fovi_layer`):
 ``fovi:fovi_lab`` is our ``warp_train`` through fovi's registry and autograd Function, the route inside fovi's
 networks; ``fovi:cuda`` and the others are fovi's own backends (a backend fovi refuses on the device is a row
-saying why).
+saying why). fovi's own kernels are not Warp's, so they are launched in the timed calls (``fovi:cuda``'s CuPy
+kernels): their launch is host work, their GPU time is not waited for. ``backend_used`` on these rows is the route
+asked for, not the backend fovi's ``auto`` picked.
 
 Beside the backends, the ``floor`` rows (:class:`FloorLayer`, ``--no-floor`` leaves them out): an empty custom op
 with the layer's outputs, the least host work an eager layer call has on the machine measured, so a backend's host

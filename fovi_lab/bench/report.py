@@ -227,9 +227,10 @@ def results_markdown(rows: List[dict]) -> str:
                           r["config"] or "–", r["record"]]
                 out.append("| " + " | ".join(cells) + " |")
             if any(r["fovi_weight_copied"] for r in rs):
-                out += ["", "† fovi's timed calls in that run also copied the weight into fovi's layer and cast the "
-                            "layer every call (a copy kernel and host work that fovi's own call does not have): "
-                            "fovi's times there are high by that much."]
+                out += ["", "† fovi's timed calls in that run ran under float16 autocast with fp32 weights (a weight "
+                            "cast per call, and dW cast back) and also copied the weight into fovi's layer every "
+                            "call (replayed: a copy kernel; eager: that and the host work of a layer cast), which "
+                            "ours, on fp16 operands, did not: fovi's times there read high by that much."]
             out.append("")
     return "\n".join(out)
 

@@ -46,6 +46,7 @@ import importlib
 import sys
 import threading
 import types
+import weakref
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional
 
@@ -508,40 +509,39 @@ class FoviSteps(dict):
 
 
 class _Prepared:
-    """fovi's layer set up once for the operands it is timed on (dtype, the weight's values, the bias), not per call:
-    a call then costs what fovi's own call costs. On CUDA fp32 parameters under float16 autocast, as fovi's AMP
-    training runs; elsewhere in x's dtype."""
+    """fovi's layer set up once for the operands it is timed on (their dtype, the weight's values, the bias), not
+    per call: a timed call then costs what fovi's own call costs. The layer takes x's dtype, so with the fp16
+    operands the benchmarks give ours, fovi's runs in fp16 as well (its dispatch takes fp16 CUDA tensors without
+    autocast): no weight or gradient casts that ours does not have either."""
 
     def __init__(self, conv):
-        self.conv, self.key = conv, None
+        self.conv, self.key, self.held = conv, None, ()
 
     def __call__(self, x, w, bias=None) -> bool:
         """Set the layer up for these operands where they are not the ones it holds; True where it did."""
-        key = (x.dtype, x.device, id(w), w._version, None if bias is None else (id(bias), bias._version))
-        if key == self.key:
+        key = (x.dtype, x.device, w._version, None if bias is None else bias._version)
+        if key == self.key and len(self.held) == 2 and self.held[0]() is w and \
+                (self.held[1]() if self.held[1] is not None else None) is bias:
             return False
         conv = self.conv
         with torch.no_grad():
-            if x.device.type == "cuda":
-                conv.float()
-            else:
-                conv.to(x.dtype)
+            conv.to(x.dtype)
             conv.weight.copy_(w)
             if bias is not None:
                 conv.bias.copy_(bias)
         self.key = key
+        self.held = (weakref.ref(w), None if bias is None else weakref.ref(bias))
         return True
 
 
 def fovi_steps(layer: str, device="cpu", backends=BASELINE_BACKENDS) -> FoviSteps:
     """fovi's train step of ``layer`` per backend: ``{"fovi_<backend>": fn(x, w, g) -> (y, dx, dW)}``, autograd
     through fovi's own layer (:func:`fovi_layer`) with ``kernel_backend = backend`` and its weight set to ``w``;
-    ``.reference(x, w, g)`` is the fp32 result to judge them by (:meth:`FoviSteps.reference`). On CUDA the layer
-    keeps fp32 weights and runs under float16 autocast, as fovi's AMP training does (fovi dispatches ``cuda`` and
-    ``warp_train`` only there); on the CPU it runs in ``x``'s dtype. The layer is set up for ``w`` once; each later
-    step bumps its weight's version, as an optimizer's in-place update does (and as the benchmarks do for ours),
-    so no backend reuses a layout of the previous step's weight, and no copy is timed. A backend fovi refuses on
-    this device or dtype raises fovi's error when called."""
+    ``.reference(x, w, g)`` is the fp32 result to judge them by (:meth:`FoviSteps.reference`). The layer runs in
+    ``x``'s dtype (fovi dispatches ``cuda`` and ``warp_train`` for fp16 CUDA tensors), as ours is timed on the same
+    operands. It is set up for ``w`` once; each later step bumps its weight's version, as an optimizer's in-place
+    update does (and as the benchmarks do for ours), so no backend reuses a layout of the previous step's weight,
+    and no copy is timed. A backend fovi refuses on this device or dtype raises fovi's error when called."""
     device = torch.device(device)
     base = fovi_layer(layer, device)
     steps = {}
@@ -553,8 +553,7 @@ def fovi_steps(layer: str, device="cpu", backends=BASELINE_BACKENDS) -> FoviStep
             if not prepare(x, w):
                 torch.autograd.graph.increment_version(conv.weight)
             xr = x.detach().requires_grad_()
-            with torch.autocast(x.device.type, dtype=torch.float16, enabled=x.device.type == "cuda"):
-                y = conv(xr)
+            y = conv(xr)
             dx, dw = torch.autograd.grad(y, (xr, conv.weight), g.to(y.dtype))
             return y, dx, dw
         steps[f"fovi_{backend}"] = step
@@ -563,7 +562,7 @@ def fovi_steps(layer: str, device="cpu", backends=BASELINE_BACKENDS) -> FoviStep
 
 def fovi_forwards(layer: str, device="cpu", backends=BASELINE_BACKENDS, bias: bool = False) -> FoviSteps:
     """fovi's inference forward of ``layer`` per backend: ``{"fovi_<backend>": fn(x, w, b) -> y}`` through fovi's
-    own layer (with a bias where ``bias``), under ``torch.no_grad``, set up for the operands once (as
+    own layer (with a bias where ``bias``), under ``torch.no_grad``, in x's dtype, set up for the operands once (as
     :func:`fovi_steps`); ``.reference(x, w)`` is fovi's fp32 result of its own layer."""
     device = torch.device(device)
     base = fovi_layer(layer, device, bias=bias)
@@ -574,8 +573,7 @@ def fovi_forwards(layer: str, device="cpu", backends=BASELINE_BACKENDS, bias: bo
 
         def forward(x, w, b=None, conv=conv, prepare=_Prepared(conv)):
             prepare(x, w, b)
-            with torch.no_grad(), torch.autocast(x.device.type, dtype=torch.float16,
-                                                 enabled=x.device.type == "cuda"):
+            with torch.no_grad():
                 return conv(x)
         fwd[f"fovi_{backend}"] = forward
     return _FoviForwards(base, fwd)
