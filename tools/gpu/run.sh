@@ -121,7 +121,7 @@ case "$job" in
   ddp)
     # two GPUs of one host: data-parallel training (warp_train and torch_compact; batch norm synchronised, then group
     # norm for warp_train), ops on cuda:1 while cuda:0 is current, the autotune cache under DDP
-    python3 -m fovi_lab warmup --no-dense --jobs 16 > "$OUT/warmup.log" 2>&1; tail -1 "$OUT/warmup.log"
+    # (the digits network's kernels compile in the first run, before its timed steps; the later runs find them)
     timeout "$(cap 240)" python3 -m fovi_lab.bench.ddp --nproc 2 --per-device-batch 64 --steps 120 \
       --out "$OUT/ddp.jsonl" > "$OUT/ddp.log" 2>&1; tail -4 "$OUT/ddp.log"
     timeout "$(cap 120)" python3 -m fovi_lab.bench.ddp --nproc 2 --per-device-batch 64 --steps 120 --norm group \
