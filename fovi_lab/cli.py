@@ -54,9 +54,10 @@ BENCHMARKS: Dict[str, tuple] = {
 }
 
 BENCH_DESCRIPTION = """\
-The benchmarks. Each times the Warp kernels against PyTorch on the real fovi layers and appends its records as
-JSON lines: forward, backward and train-step by default to data/<kind>_<device>.jsonl under the current folder,
-the others to their --out.
+The benchmarks. Each times the Warp kernels against the alternatives (PyTorch's forms, fovi's backends): per layer
+on the real fovi layers, in fovi's whole networks (network), the host's part of a call (host) or data-parallel
+training (ddp); and appends its records as JSON lines: forward, backward and train-step by default to
+data/<kind>_<device>.jsonl under the current folder, the others to their --out.
 
   python -m fovi_lab bench forward --layers res18_layer1 --batches 16 64
   python -m fovi_lab bench BENCHMARK --help

@@ -96,6 +96,7 @@ def test_the_stubbed_step_times_the_rest_of_the_network_and_is_no_alternative(re
     for r in (ours, theirs):
         assert r["rest_ms"] == stub["ms"] and r["knn_ms"] == pytest.approx(r["ms"] - stub["ms"])
     assert ours["fastest_other"] == "torch_compact"
+    assert "speedup_knn_eager" in ours, ("both KNN shares must be positive", ours["knn_ms"], theirs["knn_ms"])
     assert ours["speedup_knn_eager"] == pytest.approx(theirs["knn_ms"] / ours["knn_ms"])
     assert by[(STUB, "graphed")]["note"] == "CUDA graphs need a GPU"
 
@@ -125,6 +126,10 @@ def test_knn_stubbed_zeros_the_layers_and_gives_them_back():
         assert all(m.weight.grad is not None and not m.weight.grad.any() for m in layers)
     assert not any("forward" in vars(m) for m in layers)
     assert layers[0](x).abs().sum() > 0                 # the layer computes again
+    route = layers[0].forward = lambda x: x              # a forward set on the layer (another route) comes back
+    with knn_stubbed(net):
+        assert vars(layers[0])["forward"] is not route
+    assert vars(layers[0])["forward"] is route and "forward" not in vars(layers[1])
 
 
 def test_fovi_lab_trains_a_step_of_fovis_alexnet():

@@ -247,7 +247,7 @@ def run_shape(layer: str, meta, b: int, configs: List[str], chosen: str, device:
     # ---- fovi's own backends (what a fovi user has), each through fovi's own layer of the same table layer,
     #      judged against that layer's fp32 forward (fovi's tables are its own)
     from fovi_lab.bench.backward import _fovi_wanted
-    if _fovi_wanted(layer, args):
+    if _fovi_wanted(layer, args) and not getattr(args, "no_torch", False):
         from fovi_lab.integrations.fovi import fovi_forwards
         against = "fovi's baseline in fp32 on its own layer"
         try:
@@ -515,7 +515,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--warmup", type=int_at_least(0), default=3, help="untimed calls before the timed ones")
     parser.add_argument("--bias", action="store_true", help="give every layer a bias (the CNNs' layers have none)")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
-    parser.add_argument("--no-torch", action="store_true", help="skip every PyTorch baseline (a Warp-only sweep)")
+    parser.add_argument("--no-torch", action="store_true",
+                        help="skip every PyTorch baseline and fovi's backends (a Warp-only sweep)")
     parser.add_argument("--no-fovi", action="store_true",
                         help="skip fovi's own backends (timed through fovi's layer where fovi is installed)")
     parser.add_argument("--tag", default=None, help="a label stamped into every record (e.g. an env setting)")

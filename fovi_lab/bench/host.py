@@ -323,7 +323,7 @@ and count PyTorch's operations (kernels, allocations, syncs) with a dispatch mod
 outside PyTorch's operations (Python, checks, the plan, the launches' set-up, autograd); torch_ops_us the time
 inside them (their arithmetic on a CPU, their launch cost on a GPU). Counts are exact; times are this machine's.
 --fovi adds calls through fovi's own layer (fovi:fovi_lab: ours through fovi's registry, as inside its networks;
-fovi:cuda and the others: fovi's backends). Beside the backends, the floor rows (--no-floor leaves them out): an empty custom op with the layer's weight and
+fovi:cuda and the others: fovi's backends, whose own kernels, not Warp's, are launched in the timed calls). Beside the backends, the floor rows (--no-floor leaves them out): an empty custom op with the layer's weight and
 outputs, the least host work an eager layer call has on this machine.
 
   python -m fovi_lab bench host --layers res18_layer1 alex_L1 --batches 16 --out host.jsonl

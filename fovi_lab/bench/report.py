@@ -246,7 +246,7 @@ def readme_table(rows: List[dict], batches=(1, 16, 64, 512)) -> str:
     step = {(r["layer"], r["B"]): (speedup(r, False), speedup(r, True)) for r in rows if r["mode"] == "train-step"}
     layers = list(dict.fromkeys(r["layer"] for r in rows))
     steps = batches[1:]
-    fovi = any(r["fovi_ms"] or r["fovi_graphed_ms"] for r in rows if r["mode"] == "train-step")
+    fovi = any(r["fovi_ms"] or r["fovi_graphed_ms"] for r in rows)
     head = " | ".join(f"fwd B={b}" for b in batches) + " | " + " | ".join(f"step B={b}" for b in steps)
     out = [f"Speedup over the fastest alternative of the same run (above 1: ours is faster; – not recorded): the "
            f"forward replayed from CUDA graphs; the train step (forward + dx + dW) eager / replayed. The alternative "

@@ -444,13 +444,17 @@ def knn_stubbed(model: torch.nn.Module) -> Iterator[str]:
             return _StubConv.apply(x, layer.weight, cout, nout, torch.get_autocast_dtype("cuda") if cuda else x.dtype)
         return forward
 
+    saved = [vars(m).get("forward") for m in layers]      # a forward set on the layer itself (a route) comes back
     for m in layers:
         m.forward = stub(m)
     try:
         yield "every KNN conv layer stubbed: zeros out, zero gradients"
     finally:
-        for m in layers:
-            del m.forward
+        for m, f in zip(layers, saved):
+            if f is None:
+                del m.forward
+            else:
+                m.forward = f
 
 
 # ------------------------------------------------------------------------------------------------ fovi's layers

@@ -20,12 +20,14 @@
 #   bash tools/gpu/run.sh networks-all            # the next call on the same machine: the tile GEMMs built both
 #                                                   # ways on three layers, AlexNet at 64, both networks at 256, the
 #                                                   # forward over the 13 layers, fovi's backends per layer
+#   bash tools/gpu/run.sh ddp                     # two GPUs of one host: bench ddp (warp_train, torch_compact), ops
+#                                                   # on cuda:1, the autotune cache under DDP
 #   bash tools/gpu/run.sh ncu TARGETS...          # Nsight Compute on layer:B:config[:dense] targets
 #   bash tools/gpu/run.sh notebooks [nb ...]      # notebooks with their gpu cells (tools/gpu/run_notebooks.sh)
 #
 # FOVI_TIMEOUT (seconds, default 560) bounds each job inside the device's 10-minute call.
 set -uo pipefail
-job="${1:?usage: run.sh forward|sweep|train-step|backward|network|host|parity|all|steps|networks-all|ncu|notebooks [args]}"; shift
+job="${1:?usage: run.sh forward|sweep|train-step|backward|network|host|parity|all|steps|networks-all|ddp|ncu|notebooks [args]}"; shift
 source "$(dirname "$0")/device_env.sh"
 limit="${FOVI_TIMEOUT:-560}"
 tag="${FOVI_TAG:-$job}"
@@ -110,8 +112,8 @@ case "$job" in
       graphed --backends fovi_lab auto cuda baseline torch_compact stubbed --out "$OUT/network.jsonl" \
       > "$OUT/network_256.log" 2>&1
     tail -12 "$OUT/network_256.log"
-    c=$(cap 120); timeout "$c" python3 -m fovi_lab.bench.forward --graphs --no-cached --no-compile --reps 20 \
-      --warmup 3 --batches 16 64 --time-budget-s $(( c - 30 )) --tag "$tag" --out "$OUT/forward.jsonl" \
+    c=$(cap 120); timeout "$c" python3 -m fovi_lab.bench.forward --graphs --no-cached --no-compile --no-fovi \
+      --reps 20 --warmup 3 --batches 16 64 --time-budget-s $(( c - 30 )) --tag "$tag" --out "$OUT/forward.jsonl" \
       > "$OUT/forward.log" 2>&1
     tail -3 "$OUT/forward.log"
     [ "$(left)" -gt 50 ] && timeout $(( $(left) - 3 )) python3 -m fovi_lab.bench.backward train-step --graphs \
@@ -122,10 +124,10 @@ case "$job" in
     # two GPUs of one host: data-parallel training (warp_train and torch_compact; batch norm synchronised, then group
     # norm for warp_train), ops on cuda:1 while cuda:0 is current, the autotune cache under DDP
     # (the digits network's kernels compile in the first run, before its timed steps; the later runs find them)
-    timeout "$(cap 240)" python3 -m fovi_lab.bench.ddp --nproc 2 --per-device-batch 64 --steps 120 \
+    timeout "$(cap 240)" python3 -m fovi_lab.bench.ddp --nproc 2 --per-device-batch 64 --steps 120 --timeout-s 50 \
       --out "$OUT/ddp.jsonl" > "$OUT/ddp.log" 2>&1; tail -4 "$OUT/ddp.log"
     timeout "$(cap 120)" python3 -m fovi_lab.bench.ddp --nproc 2 --per-device-batch 64 --steps 120 --norm group \
-      --backends warp_train --out "$OUT/ddp.jsonl" > "$OUT/ddp_group.log" 2>&1; tail -2 "$OUT/ddp_group.log"
+      --timeout-s 28 --backends warp_train --out "$OUT/ddp.jsonl" > "$OUT/ddp_group.log" 2>&1; tail -2 "$OUT/ddp_group.log"
     timeout "$(cap 100)" python3 -m pytest -o addopts="" -p no:cacheprovider -q tests/test_gpu_ddp.py \
       tests/test_gpu_torch_native.py --junitxml="$OUT/ddp_tests.xml" > "$OUT/ddp_tests.log" 2>&1
     tail -4 "$OUT/ddp_tests.log" ;;
