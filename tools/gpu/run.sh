@@ -117,7 +117,8 @@ case "$job" in
       > "$OUT/forward.log" 2>&1
     tail -3 "$OUT/forward.log"
     [ "$(left)" -gt 50 ] && timeout $(( $(left) - 3 )) python3 -m fovi_lab.bench.backward train-step --graphs \
-      --batches 16 --layers alex_L0 alex_L2 alex_L3 alex_L4 res18_layer2_0 res18_layer3 dinov3_patch --jobs 16 \
+      --batches 16 --layers alex_L0 alex_L2 alex_L3 alex_L4 res18_layer2_0 res18_layer3 dinov3_patch res18_layer1 \
+      alex_L1 res18_layer2 res18_layer3_0 res18_layer4_0 res18_stem --jobs 16 \
       --time-budget-s $(( $(left) - 40 )) --out "$OUT/train_step_fovi.jsonl" > "$OUT/train_step_fovi.log" 2>&1
     tail -6 "$OUT/train_step_fovi.log" ;;
   ddp)
