@@ -202,6 +202,7 @@ def run(args) -> int:
           f"(torch {env['torch']}, warp {env['warp']})", flush=True)
     print(f"{'backend':>13s} {'run':>10s} {'procs':>3s} {'batch':>6s} {'images/s':>12s} {'loss':>8s} {'test':>7s} "
           f"{'params sha256':>12s}", flush=True)
+
     def done(recs):                                     # one backend's runs and summary, kept as they end
         rows = [dict(env, **r) for r in recs]
         print(table_line(rows[-1]), flush=True)          # (each run's line was printed as it ended)
