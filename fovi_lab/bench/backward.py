@@ -277,9 +277,9 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
                 t = tm(fn)
                 rec(impl, t.ms, reps=t.reps, peak_mib=_peak_mib(fn, device), deterministic=det, err_dx=errs[0],
                     err_dw=errs[1], pipelined_ms=pipe(fn), err_against="fovi's baseline in fp32 on its own layer",
-                    fovi_weight=FOVI_WEIGHT)
+                    fovi_weight=FOVIS_WEIGHT)
                 if graphs:
-                    graphed(impl, fn, against=fref[1:], fovi_weight=FOVI_WEIGHT,
+                    graphed(impl, fn, against=fref[1:], fovi_weight=FOVIS_WEIGHT,
                             err_against="fovi's baseline in fp32 on its own layer")
             guarded(impl, fovi_step)
 
@@ -456,7 +456,7 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
 
 #: How fovi's timed steps get their weight (records of fovi's backends carry it): set up once, then its version
 #: bumped per step as for ours (records without it copied the weight in and cast the module in every timed step).
-FOVI_WEIGHT = "set once, version bumped per step"
+FOVIS_WEIGHT = "set once, version bumped per step"
 
 
 def _fovi_wanted(layer: str, args) -> bool:
