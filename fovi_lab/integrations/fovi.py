@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import importlib
 import sys
 import threading
@@ -372,6 +373,23 @@ def fovi_backend(model: torch.nn.Module, backend: str) -> Iterator[torch.nn.Modu
 
 
 @contextlib.contextmanager
+def _forwards_replaced(layers, make) -> Iterator[None]:
+    """Inside: each layer's ``forward`` is ``make(layer)``, set on the layer itself; on exit each has the forward it
+    had (its class's, or one set on it before)."""
+    saved = [vars(m).get("forward") for m in layers]
+    for m in layers:
+        m.forward = make(m)
+    try:
+        yield
+    finally:
+        for m, f in zip(layers, saved):
+            if f is None:
+                del m.forward
+            else:
+                m.forward = f
+
+
+@contextlib.contextmanager
 def fovi_lab_inside(model: torch.nn.Module, backend: str = "warp_train", device=None) -> Iterator[str]:
     """Inside: every KNN conv layer of fovi's ``model`` runs fovi_lab's ``backend`` through fovi's own autograd
     Function and registry. On a CUDA ``device`` as fovi's ``kernel_backend="warp_train"`` with fovi_lab registered
@@ -399,13 +417,10 @@ def fovi_lab_inside(model: torch.nn.Module, backend: str = "warp_train", device=
             return layer._mask_invalid_outputs(compact_forward(layer, x, ops_name=name))
         return forward
 
-    for m in layers:
-        m.forward = routed(m)
     try:
-        yield f"fovi.arch.knn_autograd.compact_forward(layer, x, ops_name={name!r})"
+        with _forwards_replaced(layers, routed):
+            yield f"fovi.arch.knn_autograd.compact_forward(layer, x, ops_name={name!r})"
     finally:
-        for m in layers:
-            del m.forward
         unregister_from_fovi(name)
 
 
@@ -444,17 +459,8 @@ def knn_stubbed(model: torch.nn.Module) -> Iterator[str]:
             return _StubConv.apply(x, layer.weight, cout, nout, torch.get_autocast_dtype("cuda") if cuda else x.dtype)
         return forward
 
-    saved = [vars(m).get("forward") for m in layers]      # a forward set on the layer itself (a route) comes back
-    for m in layers:
-        m.forward = stub(m)
-    try:
+    with _forwards_replaced(layers, stub):
         yield "every KNN conv layer stubbed: zeros out, zero gradients"
-    finally:
-        for m, f in zip(layers, saved):
-            if f is None:
-                del m.forward
-            else:
-                m.forward = f
 
 
 # ------------------------------------------------------------------------------------------------ fovi's layers
@@ -512,6 +518,13 @@ class FoviSteps(dict):
         return y.detach(), dx, dw
 
 
+@functools.lru_cache(maxsize=32)
+def _base_layer(layer: str, device: torch.device, bias: bool) -> torch.nn.Module:
+    """fovi's layer of a table layer, built once per (layer, device, bias) for the benchmarks, which time it at
+    several batches (building fovi's tables takes up to a second); callers use copies of it, never it."""
+    return fovi_layer(layer, device, bias=bias)
+
+
 class _Prepared:
     """fovi's layer set up once for the operands it is timed on (their dtype, the weight's values, the bias), not
     per call: a timed call then costs what fovi's own call costs. The layer takes x's dtype, so with the fp16
@@ -519,13 +532,13 @@ class _Prepared:
     autocast): no weight or gradient casts that ours does not have either."""
 
     def __init__(self, conv):
-        self.conv, self.key, self.held = conv, None, ()
+        self.conv, self.key, self.held = conv, None, (None, None)
 
     def __call__(self, x, w, bias=None) -> bool:
         """Set the layer up for these operands where they are not the ones it holds; True where it did."""
         key = (x.dtype, x.device, w._version, None if bias is None else bias._version)
-        if key == self.key and len(self.held) == 2 and self.held[0]() is w and \
-                (self.held[1]() if self.held[1] is not None else None) is bias:
+        held_w, held_b = (None if r is None else r() for r in self.held)
+        if key == self.key and held_w is w and held_b is bias:
             return False
         conv = self.conv
         with torch.no_grad():
@@ -547,7 +560,7 @@ def fovi_steps(layer: str, device="cpu", backends=BASELINE_BACKENDS) -> FoviStep
     update does (and as the benchmarks do for ours), so no backend reuses a layout of the previous step's weight,
     and no copy is timed. A backend fovi refuses on this device or dtype raises fovi's error when called."""
     device = torch.device(device)
-    base = fovi_layer(layer, device)
+    base = _base_layer(layer, device, False)
     steps = {}
     for backend in backends:
         conv = copy.deepcopy(base)
@@ -569,7 +582,7 @@ def fovi_forwards(layer: str, device="cpu", backends=BASELINE_BACKENDS, bias: bo
     own layer (with a bias where ``bias``), under ``torch.no_grad``, in x's dtype, set up for the operands once (as
     :func:`fovi_steps`); ``.reference(x, w)`` is fovi's fp32 result of its own layer."""
     device = torch.device(device)
-    base = fovi_layer(layer, device, bias=bias)
+    base = _base_layer(layer, device, bias)
     fwd = {}
     for backend in backends:
         conv = copy.deepcopy(base)

@@ -31,7 +31,7 @@ writes a stage of ``Nout x P64 x Cout`` whatever the batch and reduces it one (q
 a GEMM over the batch and the tap's entries. Its tables grow with the batch, so the stems' dW runs in batch chunks
 whose tap tables fit :data:`STEM_DW_TABLE_MIB`, the chunks' fp32 results summed in order, up to
 :data:`STEM_DW_MAX_CHUNKS` chunks. That rule is chosen from
-the kernels' work, not yet from a GPU record: ``python -m fovi_lab bench train-step --graphs --layers res18_stem
+the kernels' work, with no GPU record of it: ``python -m fovi_lab bench train-step --graphs --layers res18_stem
 alex_L0 dinov3_patch`` times it, and the same command under ``FOVI_KNN_DW_PATH=off`` the staged dW on the same
 path otherwise (tools/gpu/run.sh ``steps`` runs both). The shared rule
 above is read from train steps replayed from CUDA graphs on the H200, the fused and staged
