@@ -143,3 +143,43 @@ def test_fovi_lab_trains_a_step_of_fovis_alexnet():
     assert math.isfinite(ours["loss_after"]) and ours["loss"] == pytest.approx(theirs["loss"], rel=1e-2)
     assert ours["grad_err"] <= 2 * theirs["grad_err"] + 1e-3, (ours["grad_err"], theirs["grad_err"])
     assert ours["grads_bitwise_repeatable"] is True
+
+
+def test_an_earlier_calls_backends_stand_in_as_alternatives_on_the_same_machine_only():
+    """``bench network --alternatives``: fovi's backends timed by an earlier call on this machine (same boot id,
+    commit, device, net, B, mode, precision, grid) give fovi_lab's records their speedups, and the run they join;
+    records from another boot or commit, fovi_lab's own earlier records and a missing boot id give nothing."""
+    from fovi_lab.bench.network import earlier_alternatives
+
+    same = dict(kind="network", device="GPU X", boot_id="b1", commit="abc", net="resnet18", B=64, precision="amp",
+                in_res=64)
+    earlier = [dict(same, mode="eager", backend="cuda", ms=12.0, date="D1"),
+               dict(same, mode="eager", backend="auto", ms=10.0, date="D1"),
+               dict(same, mode="eager", backend=STUB, ms=4.0, date="D1"),
+               dict(same, mode="eager", backend="fovi_lab", ms=1.0, date="D1"),        # ours: never an alternative
+               dict(same, mode="graphed", backend="cuda", ms=3.0, date="D1", boot_id="b2"),   # another boot
+               dict(same, mode="graphed", backend="auto", ms=3.0, date="D1", commit="def")]   # another commit
+    ours = [dict(same, mode="eager", backend="fovi_lab", ms=8.0, date="D2"),
+            dict(same, mode="graphed", backend="fovi_lab", ms=2.0, date="D2"),
+            dict(same, mode="eager", backend="fovi_lab", ms=8.0, date="D2", boot_id=None, net="alexnet")]
+    earlier_alternatives(ours, earlier)
+    eager, graphed, no_boot = ours
+    assert eager["speedup_eager"] == pytest.approx(10 / 8) and eager["fastest_other"] == "auto"
+    assert eager["rest_ms"] == 4.0 and eager["speedup_knn_eager"] == pytest.approx(6 / 4)
+    assert eager["run"] == "D1" and "earlier call (D1" in eager["alternatives"]
+    for r in (graphed, no_boot):
+        assert "run" not in r and "alternatives" not in r and not any(k.startswith("speedup") for k in r)
+    assert "knn_ms" not in earlier[0]                  # the earlier call's records are left as they were
+
+
+def test_alternatives_must_be_a_readable_records_file(tmp_path, capsys):
+    from fovi_lab.bench.network import main
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"kind": "network"}\nnot json\n')
+    for path, why in ((tmp_path / "missing.jsonl", "cannot read"), (bad, "line 2: not a JSON record")):
+        with pytest.raises(SystemExit) as exc:
+            main(["--alternatives", str(path), "--backends", "fovi_lab"])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--alternatives" in err[0] and why in err[0], err

@@ -65,6 +65,19 @@ def test_network_rows_pair_ours_with_fovis_fastest_of_the_same_run(tmp_path):
     assert report.update_readme_networks(text, "new") == f"a\n{report.NETWORK_BEGIN}\nnew\n{report.NETWORK_END}\n"
 
 
+def test_a_network_record_joins_the_run_it_names(tmp_path):
+    """fovi_lab's record of a later call (``bench network --alternatives``) names the earlier call's run, whose fovi
+    backends are its alternatives: one row, paired across the two calls."""
+    import json
+    base = dict(kind="network", device="GPU X", net="resnet18", B=64, precision="amp", mode="eager", commit="abc")
+    recs = [dict(base, backend="cuda", ms=12.0, date="2026-01-01T00:00"),
+            dict(base, backend="fovi_lab", ms=6.0, date="2026-01-01T00:09", run="2026-01-01T00:00")]
+    (tmp_path / "gpu_x").mkdir()
+    (tmp_path / "gpu_x" / "network.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    rows = report.network_rows(report.network_records(tmp_path))
+    assert [(r["ours_ms"], r["other"], r["speedup"]) for r in rows] == [(6.0, "cuda", 2.0)]
+
+
 def test_a_row_sets_ours_beside_pytorch_and_fovi_of_the_same_run():
     """A train-step row carries PyTorch's and fovi's fastest of its run (fovi's copy of the seed's warp_train is one
     of fovi's); its speedup is over the faster of the two, eager and replayed apart; the tables show fovi's columns

@@ -186,10 +186,19 @@ def tile_gemm(device) -> Optional[str]:
     return "cuBLASDx" if on else "scalar"
 
 
+def boot_id() -> Optional[str]:
+    """This machine's boot id (Linux: ``/proc/sys/kernel/random/boot_id``), None elsewhere: two records with the same
+    one were taken on one machine without a restart between them (a host name alone may be shared by many)."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
 def env_info(device) -> dict:
     """The provenance stamped into every record: ``device`` (name), ``warp``, ``torch``, ``cuda``, ``python``,
-    ``date`` (UTC), ``host``, ``commit`` (of the checkout, None for an installed package), ``command`` and
-    ``tile_gemm`` (:func:`tile_gemm`: how the kernels' tile GEMMs were built)."""
+    ``date`` (UTC), ``host``, ``boot_id`` (:func:`boot_id`), ``commit`` (of the checkout, None for an installed
+    package), ``command`` and ``tile_gemm`` (:func:`tile_gemm`: how the kernels' tile GEMMs were built)."""
     device = torch.device(device)
     try:
         import warp
@@ -205,6 +214,7 @@ def env_info(device) -> dict:
         "python": sys.version.split()[0],
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "host": platform.node(),
+        "boot_id": boot_id(),
         "commit": _commit(),
         "command": _command(),
         "tile_gemm": tile_gemm(device),

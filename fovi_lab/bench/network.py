@@ -36,6 +36,12 @@ gradient difference from fp32 over the largest fp32 gradient, the largest over t
 fovi_lab's rows ``speedup_<mode>``: the fastest other backend's time of the same run and mode over fovi_lab's. A
 backend that refuses the device or dtype is recorded with its reason (``note``) and not timed.
 
+Alternatives timed by an earlier call (``--alternatives F.jsonl``): where a GPU machine is lent a call at a time, fovi's
+backends can be timed in one call and fovi_lab in the next. The records of ``F`` taken on this machine
+(:func:`fovi_lab.bench.common.boot_id`: no restart between them) at this commit, on the same device, net, B, mode,
+precision and grid, stand in for this run's other backends: fovi_lab's records get their speedups over them, name
+that run in ``run`` (its date, as the report groups runs) and say so in ``alternatives``.
+
 Graphed (``graphed``, :func:`fovi_lab.ops.graphs.graphed`, with autocast's casts captured under ``amp``): on a GPU each
 backend is captured in a process of its own (:func:`graphed_in_child`), since a backend whose capture fails can leave
 the CUDA context unusable for the captures after it.
@@ -60,9 +66,8 @@ from fovi_lab.bench.common import _sync, emit_rows, env_info, say_appended, stam
 from fovi_lab.ops import replay
 from fovi_lab.ops.arguments import command_main
 
-__all__ = ["BACKENDS", "MODES", "STUB", "add_speedups", "graphed_in_child", "network_records", "main", "add_arguments",
-           "run",
-           "DESCRIPTION"]
+__all__ = ["BACKENDS", "MODES", "STUB", "add_speedups", "earlier_alternatives", "graphed_in_child", "network_records",
+           "main", "add_arguments", "run", "DESCRIPTION"]
 
 PROG = "python -m fovi_lab bench network"
 #: The place-holder backend: the KNN conv layers stubbed, the rest of the network timed (not an alternative).
@@ -257,6 +262,28 @@ def add_speedups(recs: List[dict], modes) -> None:
                 ours[f"speedup_knn_{mode}"] = best["knn_ms"] / ours["knn_ms"]
 
 
+#: What a record's provenance must share with an earlier call's for that call's backends to stand in as alternatives.
+SAME_RUN_KEYS = ("device", "boot_id", "commit", "net", "B", "mode", "precision", "in_res")
+
+
+def earlier_alternatives(recs: List[dict], earlier: List[dict]) -> None:
+    """Join ``earlier`` (records of an earlier call, ``--alternatives``) to fovi_lab's records in ``recs`` as their other
+    backends (see the module doc): per mode, fovi_lab's record gets the speedups over the earlier call's backends
+    (:func:`add_speedups`), ``run`` (that call's date) and ``alternatives``. fovi_lab's records of the earlier call
+    are not alternatives; a record with no match, or from another machine, commit or device, gets none of it."""
+    for ours in (r for r in recs if r.get("backend") == "fovi_lab" and r.get("ms")):
+        if ours.get("boot_id") is None:
+            continue
+        match = [dict(e) for e in earlier if e.get("kind") == "network" and e.get("backend") != "fovi_lab"
+                 and all(e.get(k) == ours.get(k) for k in SAME_RUN_KEYS)]
+        if not any(e.get("ms") and e["backend"] != STUB for e in match):
+            continue
+        add_speedups([ours] + match, [ours["mode"]])
+        ours["run"] = match[0]["date"]
+        ours["alternatives"] = (f"fovi's backends timed on this machine by an earlier call ({match[0]['date']}, the "
+                                f"same boot, commit and device)")
+
+
 def graphed_in_child(net: str, batch: int, backend: str, steps: int, device, precision: Optional[str],
                      timeout_s: float = 600.0, in_res: int = 64) -> List[dict]:
     """The graphed records of one backend, from a child process: a capture that fails (a backend that syncs or
@@ -313,7 +340,26 @@ def add_arguments(parser) -> None:
     add_device_option(parser)
     parser.add_argument("--out", type=out_file, default=None,
                         help="JSON-lines file to append the records to (default: none, the table is printed)")
+    parser.add_argument("--alternatives", type=_records_file, default=None, metavar="F.jsonl",
+                        help="records of fovi's backends from an earlier call on this machine (same boot, commit "
+                             "and device): fovi_lab's speedups are taken over them (for --backends fovi_lab)")
     parser.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)   # graphed runs here
+
+
+def _records_file(text: str) -> List[dict]:
+    """``--alternatives``: a JSON-lines file of network records, read at the door."""
+    try:
+        with open(text) as f:
+            lines = f.read().splitlines()
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot read {text!r}: {exc.strerror}") from None
+    recs = []
+    for n, line in enumerate(lines, 1):
+        try:
+            recs.append(json.loads(line)) if line.strip() else None
+        except json.JSONDecodeError as exc:
+            raise argparse.ArgumentTypeError(f"{text!r}, line {n}: not a JSON record ({exc.msg})") from None
+    return recs
 
 
 def table_line(r: dict) -> str:
@@ -354,7 +400,10 @@ def run(args) -> int:
                              for r in graphed_in_child(net, b, backend, args.steps, device, args.precision,
                                                        in_res=args.in_res)]
                 add_speedups(recs, ["graphed"])
-            total += emit_rows([dict(env, **r) for r in recs], args.out, table_line)
+            recs = [dict(env, **r) for r in recs]
+            if args.alternatives is not None:
+                earlier_alternatives(recs, args.alternatives)
+            total += emit_rows(recs, args.out, table_line)
     say_appended(args.out, total)
     return 0
 

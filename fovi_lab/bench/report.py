@@ -304,11 +304,12 @@ def network_records(data_dir: Optional[Path] = None) -> List[dict]:
 def network_rows(records: List[dict]) -> List[dict]:
     """One row per benchmark run of a network (device, net, B, precision, the run's date) and mode: fovi_lab's step
     beside the fastest other backend of the same run and mode (fovi's auto, cuda, baseline, torch_compact, its copy
-    of the seed's warp_train), oldest run first."""
+    of the seed's warp_train), oldest run first. A record's ``run`` (``bench network --alternatives``: fovi's backends
+    timed by an earlier call on the same machine) names the run it joins."""
     runs: Dict[Tuple, List[dict]] = {}
     for r in records:
-        runs.setdefault((str(r.get("device")), r["net"], r["B"], r.get("precision"), str(r.get("date", "")),
-                         r["mode"]), []).append(r)
+        runs.setdefault((str(r.get("device")), r["net"], r["B"], r.get("precision"),
+                         str(r.get("run") or r.get("date", "")), r["mode"]), []).append(r)
     rows = []
     for (device, net, b, precision, date, mode), rs in sorted(runs.items(), key=lambda kv: kv[0][4]):
         ours = next((r for r in rs if r["backend"] == "fovi_lab"), None)

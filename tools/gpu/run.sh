@@ -14,9 +14,14 @@
 #   bash tools/gpu/run.sh parity                  # warmup, then every GPU test file (junit XML under $OUT)
 #   bash tools/gpu/run.sh all [B ...]             # parity, then train-step and forward at these batches (16 64),
 #                                                   # each job bounded by what is left of FOVI_TIMEOUT
-#   bash tools/gpu/run.sh steps                   # one call's worth: warmup and parity (scalar tile GEMMs), host
-#                                                   # work, then under the default (cuBLASDx) tile GEMMs the train
-#                                                   # step over the 13 layers at B = 16 and 64, ResNet-18 at B = 64
+#   bash tools/gpu/run.sh networks-fovi           # no Warp needed (the set-up's first call): fovi's backends and
+#                                                   # the stubbed step in both networks at B = 64 and 256, eager and
+#                                                   # graphed; kept in /tmp for the next call's fovi_lab rows
+#   bash tools/gpu/run.sh steps                   # one call's worth: warmup (scalar tile GEMMs), the train step
+#                                                   # over the 13 layers at B = 16 and 64 (default cuBLASDx tile
+#                                                   # GEMMs), the networks with fovi_lab (against networks-fovi's
+#                                                   # records where that ran, else with fovi's backends), the host
+#                                                   # work, then GPU parity in what is left
 #   bash tools/gpu/run.sh networks-all            # the next call on the same machine: the tile GEMMs built both
 #                                                   # ways on three layers, AlexNet at 64, both networks at 256, the
 #                                                   # forward over the 13 layers, fovi's backends per layer
@@ -27,7 +32,7 @@
 #
 # FOVI_TIMEOUT (seconds, default 560) bounds each job inside the device's 10-minute call.
 set -uo pipefail
-job="${1:?usage: run.sh forward|sweep|train-step|backward|network|host|parity|all|steps|networks-all|ddp|ncu|notebooks [args]}"; shift
+job="${1:?usage: run.sh forward|sweep|train-step|backward|network|host|parity|all|networks-fovi|steps|networks-all|ddp|ncu|notebooks [args]}"; shift
 source "$(dirname "$0")/device_env.sh"
 limit="${FOVI_TIMEOUT:-560}"
 tag="${FOVI_TAG:-$job}"
@@ -75,29 +80,43 @@ case "$job" in
     [ "$(left)" -gt 90 ] && timeout $(( $(left) - 5 )) python3 -m fovi_lab.bench.forward --graphs --no-cached --no-compile --reps 20 --warmup 3 \
       --batches "${batches[@]}" --time-budget-s $(( $(left) - 40 )) --tag "$tag" --out "$OUT/forward.jsonl" > "$OUT/forward.log" 2>&1
     tail -3 "$OUT/forward.log" ;;
+  networks-fovi)
+    # fovi's backends need no Warp, so the set-up's first call times them; the next call's fovi_lab rows take their
+    # speedups over these (bench network --alternatives: same machine, boot, commit and device)
+    cat /proc/sys/kernel/random/boot_id
+    mkdir -p /tmp/fovi_lab_out
+    for b in 64 256; do
+      timeout "$(cap 270)" python3 -m fovi_lab.bench.network --net resnet18 alexnet --batches "$b" --modes eager \
+        graphed --backends auto cuda baseline torch_compact stubbed --out "$OUT/network_fovi.jsonl" \
+        > "$OUT/network_fovi_$b.log" 2>&1
+      tail -12 "$OUT/network_fovi_$b.log"
+    done
+    cp "$OUT/network_fovi.jsonl" /tmp/fovi_lab_out/ ;;
   steps)
+    cat /proc/sys/kernel/random/boot_id
     mkdir -p /tmp/wpc/wpcache
     FOVI_WARP_MATHDX=0 timeout 110 python3 -m fovi_lab warmup --no-dense --experimental --mathdx off --jobs 16 \
       > "$OUT/warmup.log" 2>&1
     tail -1 "$OUT/warmup.log"; echo "warmup done at $(( $(date +%s) - t0 )) s"
-    FOVI_WARP_MATHDX=0 timeout 100 python3 -m pytest -o addopts="" -p no:cacheprovider -q tests/test_gpu_parity.py \
-      tests/test_gpu_replay.py tests/test_gpu_torch_native.py --junitxml="$OUT/parity.xml" > "$OUT/parity.log" 2>&1
-    tail -6 "$OUT/parity.log"; echo "parity done at $(( $(date +%s) - t0 )) s"
-    FOVI_WARP_MATHDX=0 timeout 70 python3 -m fovi_lab.bench.host --layers res18_layer1 res18_layer2 res18_layer3 \
-      alex_L1 res18_stem --batches 16 --fovi fovi_lab cuda --out "$OUT/host.jsonl" > "$OUT/host.log" 2>&1
-    tail -26 "$OUT/host.log"
-    echo "host done at $(( $(date +%s) - t0 )) s"
-    c=$(cap 230); timeout "$c" python3 -m fovi_lab.bench.backward train-step --graphs --no-fovi --batches 16 64 \
+    c=$(cap 220); timeout "$c" python3 -m fovi_lab.bench.backward train-step --graphs --no-fovi --batches 16 64 \
       --layers all --jobs 16 --time-budget-s $(( c - 40 )) --out "$OUT/train_step.jsonl" > "$OUT/train_step.log" 2>&1
     tail -4 "$OUT/train_step.log"; echo "train-step done at $(( $(date +%s) - t0 )) s"
-    # the stems' dW staged, the rest as above: beside train_step.jsonl, the stems' rule against the staged dW
-    FOVI_KNN_DW_PATH=off timeout "$(cap 60)" python3 -m fovi_lab.bench.backward train-step --graphs --no-fovi \
-      --batches 16 64 --layers res18_stem alex_L0 dinov3_patch --jobs 16 --out "$OUT/train_step_stem_dw_off.jsonl" \
-      > "$OUT/stem_dw_off.log" 2>&1; tail -2 "$OUT/stem_dw_off.log"
-    [ "$(left)" -gt 40 ] && timeout $(( $(left) - 3 )) python3 -m fovi_lab.bench.network --net resnet18 --batches 64 \
-      --modes eager graphed --backends fovi_lab auto cuda baseline torch_compact stubbed --out "$OUT/network.jsonl" \
-      > "$OUT/network.log" 2>&1
-    tail -10 "$OUT/network.log" ;;
+    if [ -f /tmp/fovi_lab_out/network_fovi.jsonl ]; then      # fovi's backends timed by networks-fovi
+      timeout "$(cap 110)" python3 -m fovi_lab.bench.network --net resnet18 alexnet --batches 64 256 --modes eager \
+        graphed --backends fovi_lab --alternatives /tmp/fovi_lab_out/network_fovi.jsonl --out "$OUT/network.jsonl" \
+        > "$OUT/network.log" 2>&1
+    else
+      timeout "$(cap 110)" python3 -m fovi_lab.bench.network --net resnet18 --batches 64 --modes eager graphed \
+        --backends fovi_lab auto cuda baseline torch_compact stubbed --out "$OUT/network.jsonl" > "$OUT/network.log" 2>&1
+    fi
+    tail -10 "$OUT/network.log"; echo "network done at $(( $(date +%s) - t0 )) s"
+    FOVI_WARP_MATHDX=0 timeout "$(cap 50)" python3 -m fovi_lab.bench.host --layers res18_layer1 alex_L1 res18_stem \
+      --batches 16 --fovi fovi_lab cuda --out "$OUT/host.jsonl" > "$OUT/host.log" 2>&1
+    tail -20 "$OUT/host.log"; echo "host done at $(( $(date +%s) - t0 )) s"
+    [ "$(left)" -gt 30 ] && FOVI_WARP_MATHDX=0 timeout $(( $(left) - 3 )) python3 -m pytest -o addopts="" \
+      -p no:cacheprovider -q tests/test_gpu_parity.py tests/test_gpu_replay.py tests/test_gpu_torch_native.py \
+      --junitxml="$OUT/parity.xml" > "$OUT/parity.log" 2>&1
+    tail -6 "$OUT/parity.log" ;;
   networks-all)
     for m in 0 1; do
       FOVI_WARP_MATHDX=$m timeout "$(cap 50)" python3 -m fovi_lab.bench.backward train-step --graphs --no-fovi \
