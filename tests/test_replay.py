@@ -212,3 +212,23 @@ def test_resident_bytes_count_a_dropped_forward_that_an_adjoint_still_reads(monk
         key = next(k for k, e in replay._entries.items() if e is after.after)
         del replay._entries[key]
     assert replay.resident_bytes() == sum(e.nbytes for e in entries if e.static is not None)
+
+
+def test_the_ops_step_replays_as_the_gpu_test_counts(monkeypatch):
+    """``WarpTrainOps.forward`` then ``backward_combined`` (the path ``tests/test_gpu_replay.py`` checks on every layer),
+    graphs emulated: over four steps the forward replays three times and the adjoint, a signature of its own once it
+    reads the forward's copies, twice; every step equals the direct one bit for bit."""
+    from fovi_lab.graph.layers import layer_meta
+    from fovi_lab.knn_warp import WarpTrainOps
+    meta = layer_meta("res18_layer3_0")
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(3, meta.cin, meta.nin, generator=gen).half()
+    w = (torch.randn(meta.cout, meta.q, generator=gen) / math.sqrt(meta.cin * meta.k)).half()
+    g = torch.randn(3, meta.cout, meta.nout, generator=gen).half()
+    step = lambda: (WarpTrainOps.forward(meta, x, w, None),) + tuple(WarpTrainOps.backward_combined(meta, g, x, w))  # noqa: E731
+    want = step()                               # FOVI_KNN_REPLAY unset: CPU calls run directly
+    _emulated(monkeypatch)
+    before = replay.stats()
+    for _ in range(4):
+        assert all(torch.equal(a, b) for a, b in zip(want, step()))
+    assert replay.stats()["replayed"] - before["replayed"] == 5, replay.stats()

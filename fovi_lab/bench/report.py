@@ -322,8 +322,12 @@ def network_rows(records: List[dict]) -> List[dict]:
                          commit=ours.get("commit"), ours_ms=ours["ms"], other_ms=best["ms"], other=best["backend"],
                          speedup=best["ms"] / ours["ms"], images_per_s=ours.get("images_per_s"),
                          peak_mib=ours.get("peak_mib"), other_peak_mib=best.get("peak_mib"),
-                         tile_gemm=ours.get("tile_gemm"), rest_ms=rest))
+                         tile_gemm=ours.get("tile_gemm"), rest_ms=rest, joined=bool(ours.get("alternatives"))))
     return rows
+
+
+#: The mark of a network row whose alternatives an earlier call on the same machine timed (``--alternatives``).
+_JOINED = {False: "", True: " ‡"}
 
 
 def _knn_cell(r: dict) -> str:
@@ -358,7 +362,8 @@ def network_markdown(rows: List[dict]) -> List[str]:
            "fastest of fovi's own backends of the same run (`data/<device>/network.jsonl`). ms per step; speedup: "
            "theirs over ours. *Rest of the step*: the same step with every KNN conv layer a place-holder (zeros out, "
            "zero gradients: batch norm, activations, pooling, head, loss and optimizer alone), where the run timed it; "
-           "the KNN layers' share is each step less that.", "",
+           "the KNN layers' share is each step less that. ‡: fovi's backends timed by the call just before ours on "
+           "the same machine (`bench network --alternatives`: same boot, commit and device).", "",
            "| network | device | B | precision | mode | ours | fovi's fastest | speedup | rest of the step | "
            "KNN layers: ours / theirs | peak MiB, ours / theirs | our tile GEMMs | run | commit |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -366,7 +371,8 @@ def network_markdown(rows: List[dict]) -> List[str]:
         peak = (f"{r['peak_mib']:.0f} / {r['other_peak_mib']:.0f}" if r["peak_mib"] and r["other_peak_mib"] else "–")
         rest = f"{r['rest_ms']:.2f}" if r.get("rest_ms") is not None else "–"
         out.append(f"| {_NET_NAMES.get(r['net'], r['net'])} | {r['device']} | {r['B']} | {r['precision']} | "
-                   f"{r['mode']} | {r['ours_ms']:.2f} | {r['other_ms']:.2f} ({r['other']}) | {r['speedup']:.2f} | "
+                   f"{r['mode']} | {r['ours_ms']:.2f} | {r['other_ms']:.2f} ({r['other']}){_JOINED[r['joined']]} | "
+                   f"{r['speedup']:.2f} | "
                    f"{rest} | {_knn_cell(r)} | {peak} | {r.get('tile_gemm') or 'not recorded'} | {r['date']} | "
                    f"{r['commit']} |")
     return out + [""]
@@ -382,19 +388,23 @@ def network_readme_table(rows: List[dict]) -> str:
         return "No whole-network records in this checkout (`python -m fovi_lab bench network` writes them)."
     some = next(iter(newest.values()))
     split = any(r.get("rest_ms") is not None for r in newest.values())
+    joined = any(r["joined"] for r in newest.values())
     head = ["network", "B", "eager: ours / fovi's fastest", "speedup", "graphed: ours / fovi's fastest", "speedup"]
     head += ["KNN layers alone, eager", "graphed"] if split else []
     out = [f"A train step of fovi's own networks with fovi_lab inside, against fovi's fastest backend of the same run "
            f"(ms per step; {some['device']}, {_PRECISION.get(some['precision'], some['precision'])}; "
            f"{_tile_gemm_words(list(newest.values()))}; newest runs, every run in `docs/results.md`"
            + ("; *KNN layers alone*: each step less the same step with the KNN layers stubbed, ours / theirs"
-              if split else "") + "):", "",
+              if split else "")
+           + ("; ‡: fovi's backends timed by the call just before ours on the same machine" if joined else "")
+           + "):", "",
            "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for net, b in keys:
         cells = []
         for mode in ("eager", "graphed"):
             r = newest.get((net, b, mode))
-            cells += ([f"{r['ours_ms']:.2f} / {r['other_ms']:.2f} ({r['other']})", f"{r['speedup']:.2f}x"]
+            cells += ([f"{r['ours_ms']:.2f} / {r['other_ms']:.2f} ({r['other']}){_JOINED[r['joined']]}",
+                       f"{r['speedup']:.2f}x"]
                       if r else ["–", "–"])
         if split:
             cells += [_knn_cell(newest[(net, b, m)]) if (net, b, m) in newest else "–" for m in ("eager", "graphed")]
