@@ -191,3 +191,24 @@ def test_through_fovis_layer_a_step_adds_fovis_casts_of_the_fp32_gradients(capsy
     cuda = [json.loads(line) for line in out.read_text().splitlines()][-1]
     assert cuda["backend"] == "fovi:cuda" and "CUDA" in cuda["note"] and "wall_us" not in cuda
     assert "not run: RuntimeError" in capsys.readouterr().out
+
+
+def test_backends_take_turns_and_keep_their_own_counts():
+    """Several backends of one layer and batch are timed call by call in turn (``interleaved``), each with the counts
+    it has alone; a backend that fails is left out into ``refusals`` where that is given, and raises otherwise."""
+    from fovi_lab.bench.host import FLOOR, host_work
+
+    alone = {r["path"]: r for r in host_work("res18_layer3_0", 3, "warp_train", "cpu", reps=1, emulate_replay=True)}
+    refused = {}
+    rows = host_work("res18_layer3_0", 3, ["warp_train", FLOOR, "fovi:no_such_backend"], "cpu", reps=2,
+                     emulate_replay=True, refusals=refused)
+    assert [(r["backend"], r["path"]) for r in rows] == [(b, p) for b in ("warp_train", FLOOR)
+                                                         for p in ("forward", "backward", "step")]
+    assert all(r["interleaved"] == 2 and r["reps"] == 2 for r in rows) and alone["step"]["interleaved"] == 1
+    for r in rows[:3]:
+        a = alone[r["path"]]
+        assert (r["warp_launches"], r["graph_replays"], r["torch_op_names"], r["allocations"]) == (
+            a["warp_launches"], a["graph_replays"], a["torch_op_names"], a["allocations"])
+    assert list(refused) == ["fovi:no_such_backend"]
+    with pytest.raises((ValueError, ImportError), match="backend|fovi"):
+        host_work("res18_layer3_0", 3, ["warp_train", "fovi:no_such_backend"], "cpu", reps=1, paths=("forward",))

@@ -14,7 +14,9 @@ warm-up that compiles and checks its kernels; then, for the timed calls, Warp's 
 * ``torch_ops``: PyTorch operations that run a kernel (views and bare allocations are not counted), and among them
   ``allocations`` (operations that return new memory, ``torch.empty`` included) and ``syncs`` (operations that
   wait for the device: ``.item()``, ``nonzero``...), counted by a dispatch mode (:class:`OpCounter`);
-* ``wall_us``: the call's wall time with the Warp launches left out (median of ``reps`` calls);
+* ``wall_us``: the call's wall time with the Warp launches left out (median of ``reps`` calls; the backends of one
+  layer and batch take turns, one call each in an order rotated every round, so the machine's drift over the run
+  falls on all of them alike; ``interleaved``: how many took turns);
 * ``torch_ops_us``: the part of it spent inside those PyTorch operations (median of ``reps`` calls under the mode) (on a CPU their arithmetic runs there; on a
   GPU it is the host's cost of launching them);
 * ``host_us = wall_us - torch_ops_us``: the host work outside PyTorch's operations: Python, the checks, the plan,
@@ -227,90 +229,135 @@ def _layer_in_use(layer: str, meta, backend: str, device, dtype) -> Iterator[tor
         yield conv
 
 
-def host_work(layer: str, batch: int, backend: str = "warp_train", device="cpu", reps: int = 30,
+def host_work(layer: str, batch: int, backend="warp_train", device="cpu", reps: int = 30,
               dtype: torch.dtype = torch.float16, paths=PATHS, warmup: int = 3,
-              emulate_replay: bool = False) -> List[dict]:
-    """The host work of ``paths`` of one eager layer call (see the module doc); one dict per path.
-    ``emulate_replay`` (a CPU only): the calls are replayed from emulated graphs
-    (:func:`fovi_lab.ops.replay.emulated_on_cpu`), as a GPU replays them, each replay counted and not run."""
+              emulate_replay: bool = False, refusals: Optional[Dict[str, Exception]] = None) -> List[dict]:
+    """The host work of ``paths`` of one eager layer call (see the module doc); one dict per backend and path.
+    ``backend``: a name or several; several take turns, each timed call of one followed by one of the next (the order
+    rotated every round), so a drift of the machine over the run (a CPU warming up, another process) falls on all of
+    them alike. ``refusals``: where given, a backend whose layer or first call raises is left out and its exception
+    kept there under its name; otherwise the exception propagates. ``emulate_replay`` (a CPU only): the calls are
+    replayed from emulated graphs (:func:`fovi_lab.ops.replay.emulated_on_cpu`), as a GPU replays them, each replay
+    counted and not run."""
     device = torch.device(device)
     if emulate_replay:
         if device.type != "cpu":
             raise ValueError(f"emulate_replay: the graphs are emulated on a CPU only; on {device} they are real")
         from fovi_lab.ops import replay
         with replay.emulated_on_cpu():
-            rows = host_work(layer, batch, backend, device, reps, dtype, paths, warmup)
+            rows = host_work(layer, batch, backend, device, reps, dtype, paths, warmup, refusals=refusals)
         return [dict(r, replay="emulated") for r in rows]
+    backends = [backend] if isinstance(backend, str) else list(dict.fromkeys(backend))
+    if THROUGH_FOVI + "warp_train" in backends and THROUGH_FOVI + "fovi_lab" in backends:
+        # fovi's own copy of the seed's warp_train first: fovi_lab registers under that name in fovi's registry
+        first = [THROUGH_FOVI + "warp_train"]
+        return (host_work(layer, batch, first, device, reps, dtype, paths, warmup, refusals=refusals)
+                + host_work(layer, batch, [b for b in backends if b not in first], device, reps, dtype, paths,
+                            warmup, refusals=refusals))
     meta = layer_meta(layer, device=device)
-    with _layer_in_use(layer, meta, backend, device, dtype) as conv:
-        return _measure(conv, meta, batch, device, dtype, reps, paths, warmup, layer, backend)
+    with contextlib.ExitStack() as stack:
+        calls = {}
+        for name in backends:
+            try:
+                conv = stack.enter_context(_layer_in_use(layer, meta, name, device, dtype))
+                calls[name] = _Calls(conv, meta, batch, device, dtype)
+            except Exception as exc:  # noqa: BLE001  (fovi refuses a backend on this device or dtype)
+                if refusals is None:
+                    raise
+                refusals[name] = exc
+        return _measure(calls, batch, device, dtype, reps, paths, warmup, layer, refusals)
 
 
-def _measure(conv, meta, batch: int, device, dtype, reps: int, paths, warmup: int, layer: str,
-             backend: str) -> List[dict]:
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(batch, meta.cin, meta.nin, generator=gen).to(device, dtype).requires_grad_()
-    g = torch.randn(batch, meta.cout, meta.nout, generator=gen).to(device, dtype)
+class _Calls:
+    """One backend's layer and operands (the same seeded x and grad_y for every backend), and its calls by path:
+    ``(prepare or None, call)``."""
 
-    def forward():
-        with torch.no_grad():
-            conv(x)
+    def __init__(self, conv, meta, batch: int, device, dtype):
+        gen = torch.Generator().manual_seed(0)
+        self.conv = conv
+        x = torch.randn(batch, meta.cin, meta.nin, generator=gen).to(device, dtype).requires_grad_()
+        g = torch.randn(batch, meta.cout, meta.nout, generator=gen).to(device, dtype)
+        made: list = []
 
-    made: list = []
+        def forward():
+            with torch.no_grad():
+                conv(x)
 
-    def prepare_backward():
-        made[:] = [conv(x)]
+        def prepare_backward():
+            made[:] = [conv(x)]
 
-    def backward():
-        made.pop().backward(g)
-        x.grad = conv.weight.grad = None
+        def backward():
+            made.pop().backward(g)
+            x.grad = conv.weight.grad = None
 
-    def step():
-        conv(x).backward(g)
-        x.grad = conv.weight.grad = None
+        def step():
+            conv(x).backward(g)
+            x.grad = conv.weight.grad = None
 
-    calls = {"forward": (None, forward), "backward": (prepare_backward, backward), "step": (None, step)}
+        self.paths = {"forward": (None, forward), "backward": (prepare_backward, backward), "step": (None, step)}
+
+
+def _measure(calls: Dict[str, _Calls], batch: int, device, dtype, reps: int, paths, warmup: int, layer: str,
+             refusals: Optional[Dict[str, Exception]]) -> List[dict]:
     out = []
     for path in paths:
-        prep, fn = calls[path]
         # compiles and checks the kernels, fills the plan caches and (replayed calls) captures the forward on the
         # second call, the backward that reads its copies on the third
-        for _ in range(warmup):
-            if prep:
-                prep()
-            fn()
-        _sync(device)
-        walls, op_secs, replay_secs = [], [], []
-        with dry_launches() as launches:
-            for _ in range(reps):                     # the wall time, nothing watching
-                if prep:
-                    prep()
-                _sync(device)
-                launches.replay_s = 0.0
-                t0 = time.perf_counter()
-                fn()
-                walls.append(time.perf_counter() - t0)
-                replay_secs.append(launches.replay_s)
-                _sync(device)
-            for _ in range(reps):                     # the counts and the time inside PyTorch's operations
-                if prep:
-                    prep()
-                _sync(device)
-                launches.count = launches.replays = 0
-                with OpCounter() as ops:
+        for name in list(calls):
+            prep, fn = calls[name].paths[path]
+            try:
+                for _ in range(warmup):
+                    if prep:
+                        prep()
                     fn()
-                n_launch, n_replay = launches.count, launches.replays
-                op_secs.append(ops.seconds)
-                _sync(device)
-        wall = statistics.median(walls) * 1e6
-        op_us = statistics.median(op_secs) * 1e6
-        out.append(dict(kind="host", layer=layer, B=batch, backend=backend, path=path, dtype=str(dtype)[6:],
-                        warp_launches=n_launch, graph_replays=n_replay, torch_ops=ops.ops,
-                        allocations=ops.allocations, syncs=ops.syncs,
-                        torch_op_names=dict(sorted(ops.names.items())), wall_us=wall, torch_ops_us=op_us,
-                        host_us=max(0.0, wall - op_us), graph_replay_us=statistics.median(replay_secs) * 1e6,
-                        reps=reps, backend_used=conv.last_backend))
-    return out
+            except Exception as exc:  # noqa: BLE001  (fovi refuses a backend on this device or dtype)
+                if refusals is None:
+                    raise
+                refusals[name] = exc
+                del calls[name]
+        _sync(device)
+        names = list(calls)
+        walls = {n: [] for n in names}
+        op_secs = {n: [] for n in names}
+        replay_secs = {n: [] for n in names}
+        counts = {}
+        with dry_launches() as launches:
+            for i in range(reps):                     # the wall time, nothing watching; the backends take turns
+                for n in names[i % len(names):] + names[:i % len(names)]:
+                    prep, fn = calls[n].paths[path]
+                    if prep:
+                        prep()
+                    _sync(device)
+                    launches.replay_s = 0.0
+                    t0 = time.perf_counter()
+                    fn()
+                    walls[n].append(time.perf_counter() - t0)
+                    replay_secs[n].append(launches.replay_s)
+                    _sync(device)
+            for i in range(reps):                     # the counts and the time inside PyTorch's operations
+                for n in names[i % len(names):] + names[:i % len(names)]:
+                    prep, fn = calls[n].paths[path]
+                    if prep:
+                        prep()
+                    _sync(device)
+                    launches.count = launches.replays = 0
+                    with OpCounter() as ops:
+                        fn()
+                    counts[n] = (launches.count, launches.replays, ops)
+                    op_secs[n].append(ops.seconds)
+                    _sync(device)
+        for n in names:
+            n_launch, n_replay, ops = counts[n]
+            wall = statistics.median(walls[n]) * 1e6
+            op_us = statistics.median(op_secs[n]) * 1e6
+            out.append(dict(kind="host", layer=layer, B=batch, backend=n, path=path, dtype=str(dtype)[6:],
+                            warp_launches=n_launch, graph_replays=n_replay, torch_ops=ops.ops,
+                            allocations=ops.allocations, syncs=ops.syncs,
+                            torch_op_names=dict(sorted(ops.names.items())), wall_us=wall, torch_ops_us=op_us,
+                            host_us=max(0.0, wall - op_us), graph_replay_us=statistics.median(replay_secs[n]) * 1e6,
+                            reps=reps, backend_used=calls[n].conv.last_backend, interleaved=len(names)))
+    order = {n: i for i, n in enumerate(calls)}           # per backend, its paths in turn
+    return sorted(out, key=lambda r: order.get(r["backend"], len(order)))
 
 
 #: The help text of ``python -m fovi_lab bench host``.
@@ -321,7 +368,8 @@ of a forward, a backward and a train step through the layer a user builds (KNNCo
 After a warm-up that compiles and checks the kernels, the timed calls count Warp's launches without running them
 and count PyTorch's operations (kernels, allocations, syncs) with a dispatch mode. host_us is the call's wall time
 outside PyTorch's operations (Python, checks, the plan, the launches' set-up, autograd); torch_ops_us the time
-inside them (their arithmetic on a CPU, their launch cost on a GPU). Counts are exact; times are this machine's.
+inside them (their arithmetic on a CPU, their launch cost on a GPU); the backends take turns call by call. Counts
+are exact; times are this machine's.
 --fovi adds calls through fovi's own layer (fovi:fovi_lab: ours through fovi's registry, as inside its networks;
 fovi:cuda and the others: fovi's backends, whose own kernels, not Warp's, are launched in the timed calls). Beside the backends, the floor rows (--no-floor leaves them out): an empty custom op with the layer's weight and
 outputs, the least host work an eager layer call has on this machine.
@@ -382,17 +430,17 @@ def run(args) -> int:
     for layer in args.layers:
         for b in args.batches:
             through = [THROUGH_FOVI + n for n in args.fovi]
-            for backend in list(args.backends) + through + ([] if args.no_floor else [FLOOR]):
-                try:
-                    rows = host_work(layer, b, backend, device, args.reps, paths=args.paths,
-                                     emulate_replay=args.emulate_replay)
-                except Exception as exc:  # noqa: BLE001  (fovi refuses a backend on this device or dtype)
-                    if backend not in through:
-                        raise
-                    why = (str(exc).strip().splitlines() or [""])[0]
-                    rows = [dict(kind="host", layer=layer, B=b, backend=backend, path=p,
-                                 note=f"{type(exc).__name__}: {why}"[:200]) for p in args.paths]
-                total += emit_rows([dict(env, **r) for r in rows], args.out, table_line)
+            refused: Dict[str, Exception] = {}
+            rows = host_work(layer, b, list(args.backends) + through + ([] if args.no_floor else [FLOOR]), device,
+                             args.reps, paths=args.paths, emulate_replay=args.emulate_replay, refusals=refused)
+            for backend, exc in refused.items():
+                if backend not in through:          # ours and the floor must run
+                    raise exc
+                why = (str(exc).strip().splitlines() or [""])[0]
+                rows = [r for r in rows if r["backend"] != backend]   # (a refusal after some paths ran)
+                rows += [dict(kind="host", layer=layer, B=b, backend=backend, path=p,
+                              note=f"{type(exc).__name__}: {why}"[:200]) for p in args.paths]
+            total += emit_rows([dict(env, **r) for r in rows], args.out, table_line)
     say_appended(args.out, total)
     return 0
 
