@@ -195,8 +195,9 @@ SETTINGS: Tuple[Setting, ...] = (
             _USERS_MEMORY, kernel=True, unit="MiB", empty_is_unset=False),
     Setting("FOVI_KNN_REPLAY", "choice", "auto",
             "Which CUDA calls of the Warp backends are replayed from CUDA graphs: those up to 64 MiB of tensors "
-            "(`auto`), all (`on`) or none (`off`).",
-            "users", kernel=False, choices=("auto", "on", "off"), fold_case=True),
+            "(`auto`), all (`on`) or none (`off`); `in-place`: those of `auto`, each from a graph captured on "
+            "its tensors' addresses where their memory comes back call after call, with no copy in or out.",
+            "users", kernel=False, choices=("auto", "on", "off", "in-place"), fold_case=True),
     Setting("FOVI_TUNE_CACHE", "path", None,
             "The autotune cache that `python -m fovi_lab tune` writes and `backend=\"auto\"` reads.",
             "users", kernel=False, unset="`$XDG_CACHE_HOME/fovi_lab/tune.json` (`~/.cache/fovi_lab/tune.json`)"),

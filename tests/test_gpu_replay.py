@@ -178,3 +178,36 @@ def test_a_backward_on_another_stream_copies_its_own_operands(monkeypatch):
         torch.cuda.current_stream().wait_stream(other)
         assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert not any(isinstance(k[0], tuple) for k in replay._entries), "no signature may read across streams"
+
+
+@pytest.mark.parametrize("layer", ["res18_layer1", "alex_L1", "res18_stem", "dinov3_patch"])
+def test_in_place_step_bitwise_direct(layer, monkeypatch):
+    """``FOVI_KNN_REPLAY=in-place``: an eager train step through KNNConv, six steps on fresh tensors of one shape (the
+    caching allocator hands their memory out again, as in a training loop), each bitwise the direct step; the
+    in-place graphs are replayed once the addresses come back, and what a signature meets past MAX_IN_PLACE copies."""
+    from fovi_lab.ops.autograd import KNNConv
+    meta = layer_meta(layer, device="cuda")
+    torch.manual_seed(0)
+    conv = KNNConv(meta.idx, meta.rf_index, nin=meta.nin, v=meta.v, cin=meta.cin, cout=meta.cout,
+                   backend="warp_train", bias=True).cuda().half()
+
+    def step(seed):
+        x0, _, _, g = _operands(meta, 16, seed=seed)
+        x = x0.clone().requires_grad_()
+        y = conv(x)
+        y.backward(g)
+        out = [y.detach(), x.grad] + [p.grad.clone() for p in conv.parameters()]
+        for p in conv.parameters():
+            p.grad = None
+        return out
+    want = [_direct(lambda: step(s), monkeypatch) for s in range(6)]
+    monkeypatch.setenv("FOVI_KNN_REPLAY", "in-place")
+    replay.clear()
+    before = replay.stats()
+    for s in range(6):
+        got = step(s)
+        for a, e, what in zip(got, want[s], ("y", "dx", "dW", "db")):
+            assert torch.equal(a, e), f"{layer}: in-place step {s}: {what} differs from the direct call's"
+    after = replay.stats()
+    print(layer, {k: after[k] - before[k] for k in after if k != "cached"})
+    assert after["captured_in_place"] - before["captured_in_place"] >= 2

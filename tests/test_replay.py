@@ -232,3 +232,72 @@ def test_the_ops_step_replays_as_the_gpu_test_counts(monkeypatch):
     for _ in range(4):
         assert all(torch.equal(a, b) for a, b in zip(want, step()))
     assert replay.stats()["replayed"] - before["replayed"] == 5, replay.stats()
+
+
+def _in_place(monkeypatch, reuse: bool):
+    """Emulated graphs in place; ``reuse``: every call's outputs land where the last call's did (a training loop's
+    allocations coming back), else never where any earlier call's did (all kept alive)."""
+    monkeypatch.setattr(replay, "EMULATE_ON_CPU", True)
+    monkeypatch.setenv("FOVI_KNN_REPLAY", "in-place")
+    replay.clear()
+    made: dict = {}
+    kept: list = []
+    real = replay._outputs
+
+    def outputs(e, dev):
+        if not reuse:
+            kept.append(real(e, dev))
+            return kept[-1]
+        # new tensors (autograd takes a gradient it alone holds) on the memory of the signature's first ones
+        return tuple(torch.empty(0, dtype=b.dtype).set_(b.untyped_storage(), b.storage_offset(), b.shape, b.stride())
+                     for b in made.setdefault(id(e), real(e, dev)))
+    monkeypatch.setattr(replay, "_outputs", outputs)
+
+
+@pytest.mark.parametrize("reuse", [True, False])
+def test_in_place_replays_read_and_write_where_the_tensors_are(monkeypatch, reuse):
+    """``FOVI_KNN_REPLAY=in-place``, graphs emulated: a train step whose tensors come back to the same addresses is
+    replayed from the graphs captured there, with no copy or clone issued (only its outputs allocated); one whose
+    addresses never repeat captures up to MAX_IN_PLACE graphs a signature and then copies as ``auto`` does. Every
+    step equals the direct one bit for bit, a step after an in-place weight update too."""
+    from fovi_lab.bench.host import OpCounter
+    meta, conv = _layer_conv(bias=True)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(3, meta.cin, meta.nin, generator=gen).half().requires_grad_()
+    g = torch.randn(3, meta.cout, meta.nout, generator=gen).half()
+
+    ops = OpCounter()
+
+    def step():
+        ops.names.clear()
+        with ops:
+            y = conv(x)
+            y.backward(g)
+        out = [t.clone() for t in [y.detach(), x.grad] + [p.grad for p in conv.parameters()]]
+        x.grad = None
+        for p in conv.parameters():
+            p.grad = None
+        return out
+    want = step()                               # FOVI_KNN_REPLAY unset: CPU calls run directly
+    _in_place(monkeypatch, reuse)
+    before = replay.stats()
+    for i in range(2 * replay.MAX_IN_PLACE + 2):
+        got = step()
+        assert all(torch.equal(a, b) for a, b in zip(want, got)), f"step {i}"
+    s = replay.stats()
+    placed, in_place = (s["captured_in_place"] - before["captured_in_place"],
+                        s["replayed_in_place"] - before["replayed_in_place"])
+    if reuse:     # forward and backward: a graph each, replayed on every call after their first
+        assert (placed, s["captured"] - before["captured"]) == (2, 0)
+        assert in_place == 2 * (2 * replay.MAX_IN_PLACE + 1)
+        assert not {"copy_", "clone"} & set(ops.names), ops.names
+    else:         # MAX_IN_PLACE graphs a signature, then the copies
+        assert placed == 2 * replay.MAX_IN_PLACE and s["captured"] - before["captured"] >= 1
+        assert "copy_" in ops.names
+    with torch.no_grad():
+        conv.weight.mul_(0.5)
+    with monkeypatch.context() as m:
+        m.setenv("FOVI_KNN_REPLAY", "off")
+        m.setattr(replay, "EMULATE_ON_CPU", False)
+        want = step()
+    assert all(torch.equal(a, b) for a, b in zip(want, step()))

@@ -90,7 +90,7 @@ def test_good_values_parse(monkeypatch, name, value, want):
 BAD = [
     ("FOVI_WARP_MMA", "always", "'auto' or 'off'"),                       # choice
     ("FOVI_WARP_MMA", "OFF", "'auto' or 'off'"),                          # choices compared as written
-    ("FOVI_KNN_REPLAY", "sometimes", "'auto', 'on' or 'off' (any case)"),
+    ("FOVI_KNN_REPLAY", "sometimes", "'auto', 'on', 'off' or 'in-place' (any case)"),
     ("FOVI_KNN_GRAD_PATH", "bogus", "'fused', 'staged' or 'auto'"),
     ("FOVI_KNN_TAP_TABLE_MIB", "-1", "a whole number of MiB >= 0"),      # count
     ("FOVI_KNN_TAP_TABLE_MIB", "2.5", "a whole number of MiB >= 0"),

@@ -198,7 +198,8 @@ def boot_id() -> Optional[str]:
 def env_info(device) -> dict:
     """The provenance stamped into every record: ``device`` (name), ``warp``, ``torch``, ``cuda``, ``python``,
     ``date`` (UTC), ``host``, ``boot_id`` (:func:`boot_id`), ``commit`` (of the checkout, None for an installed
-    package), ``command`` and ``tile_gemm`` (:func:`tile_gemm`: how the kernels' tile GEMMs were built)."""
+    package), ``command``, ``tile_gemm`` (:func:`tile_gemm`: how the kernels' tile GEMMs were built) and ``replay``
+    (``FOVI_KNN_REPLAY``)."""
     device = torch.device(device)
     try:
         import warp
@@ -218,7 +219,18 @@ def env_info(device) -> dict:
         "commit": _commit(),
         "command": _command(),
         "tile_gemm": tile_gemm(device),
+        "replay": _replay_mode(),
     }
+
+
+def _replay_mode() -> Optional[str]:
+    """``FOVI_KNN_REPLAY`` (how the Warp backends replay their eager calls, :mod:`fovi_lab.ops.replay`); None where the
+    value is not one the table knows (the benchmark's own calls refuse it then)."""
+    import fovi_lab.settings as settings
+    try:
+        return settings.get("FOVI_KNN_REPLAY")
+    except ValueError:
+        return None
 
 
 class Roofline:

@@ -144,21 +144,25 @@ def dry_launches() -> Iterator[_Launches]:
             counter.replay_s += time.perf_counter() - t0
 
     from fovi_lab.ops import replay as replay_layer
-    real_emulated = replay_layer._EmulatedStep.replay
+    real_emulated, real_in_place = replay_layer._EmulatedStep.replay, replay_layer._EmulatedInPlace.run
 
     def emulated(self):                 # an emulated graph (replay.emulated_on_cpu): counted, its kernels not run
         counter.replays += 1
         return self.outputs
 
+    def emulated_in_place(self, args, outs):
+        counter.replays += 1
+
     wp.launch, wp.launch_tiled, wp.Launch.launch = launch, launch_tiled, cmd_launch
     replay_layer._EmulatedStep.replay = emulated
+    replay_layer._EmulatedInPlace.run = emulated_in_place
     if real_replay is not None:
         graph.replay = replay
     try:
         yield counter
     finally:
         wp.launch, wp.launch_tiled, wp.Launch.launch = real_launch, real_tiled, real_cmd
-        replay_layer._EmulatedStep.replay = real_emulated
+        replay_layer._EmulatedStep.replay, replay_layer._EmulatedInPlace.run = real_emulated, real_in_place
         if real_replay is not None:
             graph.replay = real_replay
 

@@ -22,7 +22,8 @@ call's (checked by the GPU tests). Caches keyed on a tensor's version (the infer
 inside a capture, so a replay always computes from the values just copied in.
 
 Which calls: ``FOVI_KNN_REPLAY=auto`` (the default) replays CUDA calls whose tensors (inputs and outputs) take at
-most :data:`MAX_BYTES`; ``on`` replays every CUDA call, ``off`` none. On the H200 a replayed train step was at most
+most :data:`MAX_BYTES`; ``on`` replays every CUDA call, ``off`` none; ``in-place`` replays the calls ``auto`` does,
+without the copies where it can (below). On the H200 a replayed train step was at most
 0.5 % slower than the direct one, from B = 16 to 512 on all 13 layers, and up to 3.2x faster (res18 layer1 B = 64: 0.316
 against 1.010 ms, interleaved, ``data/h200/replay_ab.jsonl.gz``); where the calls' tensors pass 64 MiB (the AlexNet
 layers and the stem at B = 512) it gained at most 4 %, so those run directly and keep no copies. A forward alone
@@ -32,6 +33,16 @@ Never replayed: CPU calls (outside :func:`emulated_on_cpu`), calls made while to
 ``torch.compile(mode="reduce-overhead")``: the direct call is capturable), calls inside :func:`suspended` (what
 :func:`fovi_lab.ops.graphs.graphed` runs its warm-up and capture in), tensors with overlapping or
 non-dense strides, and a signature whose capture failed (it warns once and runs directly from then on).
+
+In place (``FOVI_KNN_REPLAY=in-place``): a graph reads and writes the addresses it was captured on, so a call whose
+tensors sit where an earlier call's of its signature sat needs no copies. Such a call allocates its outputs (as a
+direct call does) and, where a graph of the signature was captured on these very addresses (the inputs' and the
+outputs'), replays it: the graph reads the inputs where they are and writes the outputs in place (a copy kernel
+inside the graph), and the call returns them; no copy or clone is issued from the host. Otherwise it captures one on
+these addresses, up to :data:`MAX_IN_PLACE` a signature, and past that runs as ``auto`` (copies). A graph holds no
+reference to the tensors it was captured on, so their memory is freed and handed out again as usual: in a training
+loop, whose allocations repeat step after step, the same addresses come back and the graphs are replayed. Replaying
+one only where every address and layout matches makes it read what the call passed, whatever tensor sits there now.
 
 Memory: each signature keeps its static inputs, outputs and the graph's private pool for as long as it is cached;
 :func:`resident_bytes` reports what the captures allocated, :func:`clear` frees them, at most :data:`MAX_ENTRIES`
@@ -54,7 +65,7 @@ import fovi_lab.settings as settings
 from fovi_lab.ops.graphs import capture, per_call_suspended as suspended_here, suspend_per_call as suspended
 
 __all__ = ["replay_mode", "replayed", "replayed_keep", "replayed_after", "suspended", "emulated_on_cpu", "clear",
-           "resident_bytes", "stats", "MAX_BYTES", "MAX_ENTRIES", "MAX_RESIDENT_BYTES"]
+           "resident_bytes", "stats", "MAX_BYTES", "MAX_ENTRIES", "MAX_RESIDENT_BYTES", "MAX_IN_PLACE"]
 
 #: Largest total of a call's tensor bytes (inputs and outputs) the default rule replays: past it the GPU work hides
 #: the host's, and the static copies a graph keeps would cost as much memory as the call's own tensors.
@@ -65,10 +76,14 @@ MAX_ENTRIES = 128
 #: once a new capture would pass it, new signatures run directly (captures already made stay), so a large network's
 #: many layer x batch signatures cannot grow the memory without bound.
 MAX_RESIDENT_BYTES = 2 << 30
+#: Graphs captured in place (``FOVI_KNN_REPLAY=in-place``) a signature keeps at most, one per set of addresses its
+#: calls came with; past it, the signature's calls copy (a loop whose allocations do not repeat).
+MAX_IN_PLACE = 4
 
 _lock = threading.Lock()
 _entries: "OrderedDict[tuple, _Entry]" = OrderedDict()
-_counts: Dict[str, int] = {"direct": 0, "captured": 0, "replayed": 0, "refused": 0}
+_counts: Dict[str, int] = {"direct": 0, "captured": 0, "replayed": 0, "refused": 0, "captured_in_place": 0,
+                           "replayed_in_place": 0}
 
 # torch's current raw stream handle by device index (see fovi_lab.kernels.common.warp_stream)
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -80,7 +95,7 @@ def _count(what: str) -> None:
 
 
 def replay_mode() -> str:
-    """``FOVI_KNN_REPLAY``: ``auto`` (the default rule of the module docstring), ``on`` or ``off``."""
+    """``FOVI_KNN_REPLAY``: ``auto`` (the default rule of the module docstring), ``on``, ``off`` or ``in-place``."""
     return settings.get("FOVI_KNN_REPLAY")
 
 
@@ -97,7 +112,7 @@ class _Entry:
     which static inputs a replay copies its arguments into (the others are another signature's, read in place)."""
 
     __slots__ = ("calls", "static", "step", "lock", "nbytes", "failed", "meta", "one", "generation", "stream",
-                 "copied", "after", "__weakref__")
+                 "copied", "after", "outs", "places", "place_bytes", "place_dev", "__weakref__")
 
     def __init__(self, meta, stream=None, after=None):
         self.calls = 0
@@ -112,6 +127,10 @@ class _Entry:
         self.stream = stream
         self.copied = None
         self.after = after                 # the entry whose static inputs this one reads (held: its id is in the key)
+        self.outs = None                   # (shape, strides, dtype) of each output, from the first call
+        self.places = None                 # in place: {the inputs' and outputs' addresses: their graph}
+        self.place_bytes = 0               # what the in-place graphs' pools hold
+        self.place_dev = None
 
 
 def _tensor_key(t):
@@ -187,6 +206,21 @@ class _EmulatedStep:
         return self.outputs
 
 
+class _EmulatedInPlace:
+    """An in-place graph's contract on the CPU (:data:`EMULATE_ON_CPU`): it holds no tensor; :meth:`run` computes from
+    the tensors at its addresses (the call's, since it runs only where the addresses match) into the outputs there,
+    out of sight of dispatch modes, as a graph's kernels are."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+
+    def run(self, args, outs) -> None:
+        from torch.utils._python_dispatch import _disable_current_modes
+        with _disable_current_modes():
+            for o, n in zip(outs, _as_tuple(self.fn(*args))):
+                o.copy_(n)
+
+
 def _takes(t) -> bool:
     return t.is_cuda or (EMULATE_ON_CPU and t.device.type == "cpu")
 
@@ -247,7 +281,9 @@ def _replay(op, meta, fn: Callable, args, after=None):
     first = next((a for a in args if a is not None), None)
     if first is None or not _takes(first):
         return fn(*args), None
-    mode = replay_mode() if first.is_cuda else "on"           # a CPU call here is an emulated one
+    mode = replay_mode()
+    if not first.is_cuda:                                     # a CPU call here is an emulated one
+        mode = "in-place" if mode == "in-place" else "on"
     if mode == "off" or suspended_here() or (first.is_cuda and torch.cuda.is_current_stream_capturing()):
         return fn(*args), None
     tensors = tuple(_tensor_key(a) for a in args)
@@ -259,20 +295,26 @@ def _replay(op, meta, fn: Callable, args, after=None):
                None if after is None else after[0])
     if e.failed:
         return fn(*args), None
+    if mode == "in-place" and e.outs is not None and after is None:
+        outs = _in_place(e, fn, args, dev)
+        if outs is not None:
+            return (outs[0] if e.one else outs), None
     with e.lock:
         if e.step is None:
             if e.calls == 0:                       # compile, check and build tables outside any pool
                 out = fn(*args)                    # (a call that raises leaves the entry unseen)
                 e.calls = 1
                 e.one = not isinstance(out, tuple)
+                if all(isinstance(o, torch.Tensor) for o in _as_tuple(out)):
+                    e.outs = tuple((o.shape, o.stride(), o.dtype) for o in _as_tuple(out))
                 e.nbytes = _bytes(args) + _bytes(_as_tuple(out))       # until a capture measures its own
-                if mode == "auto" and e.nbytes > MAX_BYTES:
+                if mode in ("auto", "in-place") and e.nbytes > MAX_BYTES:
                     e.failed = True                # over the size rule: direct from now on
                     _count("refused")
                 else:
                     _count("direct")
                 return out, None
-            if mode == "auto" and resident_bytes() + 2 * e.nbytes > MAX_RESIDENT_BYTES:
+            if mode in ("auto", "in-place") and resident_bytes() + 2 * e.nbytes > MAX_RESIDENT_BYTES:
                 e.failed = True                    # the captures made so far hold the budget: direct from now on
                 _count("refused")
                 return fn(*args), None
@@ -289,6 +331,72 @@ def _replay(op, meta, fn: Callable, args, after=None):
         handle = (e, e.generation)
         _count("replayed")
     return (res[0] if e.one else res), handle
+
+
+def _outputs(e: _Entry, dev) -> tuple:
+    """New output tensors of ``e``'s layouts, as a direct call allocates them."""
+    return tuple(torch.empty_strided(shape, stride, dtype=dtype, device=dev) for shape, stride, dtype in e.outs)
+
+
+def _in_place(e: _Entry, fn: Callable, args, dev) -> Optional[tuple]:
+    """The outputs of ``fn(*args)`` from the graph captured on these inputs' and outputs' addresses (captured now
+    where there is none, while the signature holds fewer than :data:`MAX_IN_PLACE`); None where the call copies
+    instead. A signature whose graphs are all taken and meet addresses none of them has, or whose capture failed,
+    copies from then on (:func:`_stop_in_place`)."""
+    outs = _outputs(e, dev)
+    where = tuple(0 if a is None else a.data_ptr() for a in args) + tuple(o.data_ptr() for o in outs)
+    with e.lock:
+        if e.outs is None:                         # stopped by another thread meanwhile
+            return None
+        step = e.places.get(where) if e.places else None
+        if step is None:
+            if (e.places and len(e.places) >= MAX_IN_PLACE) or \
+                    resident_bytes() + 2 * e.nbytes > MAX_RESIDENT_BYTES:
+                _stop_in_place(e)
+                return None
+            step = _capture_in_place(e, fn, args, outs, dev)
+            if step is None:
+                _stop_in_place(e)
+                return None
+            e.places = e.places or OrderedDict()
+            e.places[where] = step
+            _count("captured_in_place")
+        with (torch.no_grad() if torch.is_grad_enabled() else contextlib.nullcontext()):
+            if dev.type == "cuda":
+                step.replay()
+            else:
+                step.run(args, outs)
+        _count("replayed_in_place")
+    return outs
+
+
+def _stop_in_place(e: _Entry) -> None:
+    """``e``'s calls copy from now on (as ``auto``); its in-place graphs and their memory are dropped."""
+    e.outs, e.places, e.place_bytes = None, None, 0
+
+
+def _capture_in_place(e: _Entry, fn: Callable, args, outs, dev):
+    """A graph of ``fn(*args)`` that writes its results into ``outs`` (a copy inside the graph) and holds neither
+    (their addresses are in its kernels); an emulated one on the CPU. None (and a warning) where the capture
+    failed."""
+    if dev.type != "cuda":
+        return _EmulatedInPlace(fn)
+    before = _allocated(dev)
+
+    def body():
+        for o, r in zip(outs, _as_tuple(fn(*args))):
+            o.copy_(r)
+        return ()
+    try:
+        with torch.no_grad():
+            step = capture(body, warmup=1, device=dev)
+    except Exception as exc:  # noqa: BLE001 - a call that cannot be captured copies instead
+        warnings.warn(f"could not capture this call in place ({type(exc).__name__}: {exc}); its signature's calls "
+                      f"copy into a graph's static inputs from now on", RuntimeWarning, stacklevel=5)
+        return None
+    e.place_bytes += max(0, _allocated(dev) - before)
+    e.place_dev = dev.index
+    return step
 
 
 def _allocated(dev) -> int:
@@ -331,9 +439,9 @@ def clear() -> None:
 
 
 def resident_bytes(device: Optional[torch.device] = None) -> int:
-    """Bytes the cached captures allocated (static inputs, outputs and what the graphs' pools hold allocated),
-    over all devices or ``device``'s; a forward dropped from the cache counts while a cached adjoint reads its
-    copies."""
+    """Bytes the cached captures allocated (static inputs, outputs and what the graphs' pools hold allocated, the
+    in-place graphs' included), over all devices or ``device``'s; a forward dropped from the cache counts while a
+    cached adjoint reads its copies."""
     with _lock:
         entries = {id(e): e for e in _entries.values()}
     for e in list(entries.values()):        # a forward dropped from the cache that a cached adjoint still reads
@@ -341,12 +449,14 @@ def resident_bytes(device: Optional[torch.device] = None) -> int:
             entries.setdefault(id(e.after), e.after)
     entries = list(entries.values())
     idx = None if device is None else torch.device(device).index
-    return sum(e.nbytes for e in entries if e.static is not None
-               and (idx is None or next(s for s in e.static if s is not None).device.index == idx))
+    return (sum(e.nbytes for e in entries if e.static is not None
+                and (idx is None or next(s for s in e.static if s is not None).device.index == idx))
+            + sum(e.place_bytes for e in entries if idx is None or e.place_dev == idx))
 
 
 def stats() -> Dict[str, int]:
     """Counts since import: ``direct`` (first calls of a signature), ``captured``, ``replayed``, ``refused``
-    (over the size rule, or a capture that failed), and ``cached`` (signatures held now)."""
+    (over the size rule, or a capture that failed), ``captured_in_place`` and ``replayed_in_place``
+    (``FOVI_KNN_REPLAY=in-place``), and ``cached`` (signatures held now)."""
     with _lock:
         return dict(_counts, cached=len(_entries))

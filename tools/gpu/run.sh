@@ -25,6 +25,9 @@
 #   bash tools/gpu/run.sh networks-all            # the next call on the same machine: the tile GEMMs built both
 #                                                   # ways on three layers, AlexNet at 64, both networks at 256, the
 #                                                   # forward over the 13 layers, fovi's backends per layer
+#   bash tools/gpu/run.sh in-place                # FOVI_KNN_REPLAY=in-place against auto: its GPU test, the train
+#                                                   # step over the 13 layers at B = 16 and 64, the host work and
+#                                                   # ResNet-18's eager step, each mode in turn (after warmup)
 #   bash tools/gpu/run.sh ddp                     # two GPUs of one host: bench ddp (warp_train, torch_compact), ops
 #                                                   # on cuda:1, the autotune cache under DDP
 #   bash tools/gpu/run.sh ncu TARGETS...          # Nsight Compute on layer:B:config[:dense] targets
@@ -32,7 +35,7 @@
 #
 # FOVI_TIMEOUT (seconds, default 560) bounds each job inside the device's 10-minute call.
 set -uo pipefail
-job="${1:?usage: run.sh forward|sweep|train-step|backward|network|host|parity|all|networks-fovi|steps|networks-all|ddp|ncu|notebooks [args]}"; shift
+job="${1:?usage: run.sh forward|sweep|train-step|backward|network|host|parity|all|networks-fovi|steps|networks-all|in-place|ddp|ncu|notebooks [args]}"; shift
 source "$(dirname "$0")/device_env.sh"
 limit="${FOVI_TIMEOUT:-560}"
 tag="${FOVI_TAG:-$job}"
@@ -140,6 +143,22 @@ case "$job" in
       alex_L1 res18_layer2 res18_layer3_0 res18_layer4_0 res18_stem --jobs 16 \
       --time-budget-s $(( $(left) - 40 )) --out "$OUT/train_step_fovi.jsonl" > "$OUT/train_step_fovi.log" 2>&1
     tail -6 "$OUT/train_step_fovi.log" ;;
+  in-place)
+    # the replay modes side by side on one machine: records say which (replay); run after warmup (the steps job)
+    FOVI_WARP_MATHDX=0 timeout "$(cap 60)" python3 -m pytest -o addopts="" -p no:cacheprovider -q -s \
+      tests/test_gpu_replay.py -k in_place --junitxml="$OUT/in_place_tests.xml" > "$OUT/in_place_tests.log" 2>&1
+    tail -8 "$OUT/in_place_tests.log"
+    for mode in auto in-place; do
+      FOVI_KNN_REPLAY=$mode timeout "$(cap 120)" python3 -m fovi_lab.bench.backward train-step --no-fovi \
+        --batches 16 64 --layers all --jobs 16 --out "$OUT/train_step_replay_modes.jsonl" > "$OUT/ts_$mode.log" 2>&1
+      tail -2 "$OUT/ts_$mode.log"
+      FOVI_KNN_REPLAY=$mode timeout "$(cap 40)" python3 -m fovi_lab.bench.host --layers res18_layer1 alex_L1 \
+        dinov3_patch --batches 16 --backends warp_train --paths step --out "$OUT/host_replay_modes.jsonl" \
+        > "$OUT/host_$mode.log" 2>&1; tail -4 "$OUT/host_$mode.log"
+      FOVI_KNN_REPLAY=$mode timeout "$(cap 60)" python3 -m fovi_lab.bench.network --net resnet18 --batches 64 \
+        --modes eager --backends fovi_lab stubbed --out "$OUT/network_replay_modes.jsonl" > "$OUT/net_$mode.log" 2>&1
+      tail -3 "$OUT/net_$mode.log"
+    done ;;
   ddp)
     # two GPUs of one host: data-parallel training (warp_train and torch_compact; batch norm synchronised, then group
     # norm for warp_train), ops on cuda:1 while cuda:0 is current, the autotune cache under DDP
