@@ -170,6 +170,9 @@ def test_an_earlier_calls_backends_stand_in_as_alternatives_on_the_same_machine_
     for r in (graphed, no_boot):
         assert "run" not in r and "alternatives" not in r and not any(k.startswith("speedup") for k in r)
     assert "knn_ms" not in earlier[0]                  # the earlier call's records are left as they were
+    again = [dict(same, mode="eager", backend="fovi_lab", ms=8.0, date="D3")]
+    earlier_alternatives(again, earlier + [dict(same, mode="eager", backend="cuda", ms=16.0, date="D0")])
+    assert again[0]["run"] == "D1" and again[0]["speedup_eager"] == pytest.approx(10 / 8)   # the newest call alone
 
 
 def test_alternatives_must_be_a_readable_records_file(tmp_path, capsys):
@@ -177,9 +180,12 @@ def test_alternatives_must_be_a_readable_records_file(tmp_path, capsys):
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"kind": "network"}\nnot json\n')
-    for path, why in ((tmp_path / "missing.jsonl", "cannot read"), (bad, "line 2: not a JSON record")):
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"kind": "network"}\n')
+    for path, more, why in ((tmp_path / "missing.jsonl", [], "cannot read"), (bad, [], "line 2: not a JSON record"),
+                            (good, ["cuda"], "time fovi_lab alone")):
         with pytest.raises(SystemExit) as exc:
-            main(["--alternatives", str(path), "--backends", "fovi_lab"])
+            main(["--alternatives", str(path), "--backends", "fovi_lab"] + more)
         assert exc.value.code == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "--alternatives" in err[0] and why in err[0], err

@@ -210,5 +210,23 @@ def test_backends_take_turns_and_keep_their_own_counts():
         assert (r["warp_launches"], r["graph_replays"], r["torch_op_names"], r["allocations"]) == (
             a["warp_launches"], a["graph_replays"], a["torch_op_names"], a["allocations"])
     assert list(refused) == ["fovi:no_such_backend"]
+    refused = {}
+    assert host_work("res18_layer3_0", 3, ["fovi:no_such_backend"], "cpu", reps=1, refusals=refused) == []
+    assert list(refused) == ["fovi:no_such_backend"]
     with pytest.raises((ValueError, ImportError), match="backend|fovi"):
         host_work("res18_layer3_0", 3, ["warp_train", "fovi:no_such_backend"], "cpu", reps=1, paths=("forward",))
+
+
+def test_a_graph_captured_in_a_dry_run_is_dropped():
+    """Inside dry_launches Warp's launches are counted, not run, so a graph captured there would hold none of them:
+    on the way out every cached graph is dropped, and the next call runs and captures afresh."""
+    from fovi_lab.ops import replay
+    replay.clear()
+    t = torch.ones(3)
+    with replay.emulated_on_cpu():
+        replay.replayed("dry-run-test", None, lambda a: a + 1, t)        # direct: the signature's first call
+        with dry_launches():
+            replay.replayed("dry-run-test", None, lambda a: a + 1, t)    # captured here
+            assert replay.stats()["cached"] == 1
+        assert replay.stats()["cached"] == 0
+        assert torch.equal(replay.replayed("dry-run-test", None, lambda a: a + 1, t), t + 1)

@@ -76,6 +76,11 @@ def test_a_network_record_joins_the_run_it_names(tmp_path):
     (tmp_path / "gpu_x" / "network.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     rows = report.network_rows(report.network_records(tmp_path))
     assert [(r["ours_ms"], r["other"], r["speedup"]) for r in rows] == [(6.0, "cuda", 2.0)]
+    assert "6.00 / 12.00 (cuda) ‡" not in report.network_readme_table(rows)       # joined without saying so: no mark
+    rows = report.network_rows([dict(r, alternatives="an earlier call") if r["backend"] == "fovi_lab" else r
+                                for r in recs])
+    assert "6.00 / 12.00 (cuda) ‡" in report.network_readme_table(rows)
+    assert "(cuda) ‡" in "\n".join(report.network_markdown(rows))
 
 
 def test_a_row_sets_ours_beside_pytorch_and_fovi_of_the_same_run():

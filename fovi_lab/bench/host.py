@@ -113,7 +113,8 @@ def dry_launches() -> Iterator[_Launches]:
     still works. Yields the counter (``.count``). Outputs the kernels would write hold whatever they held. CUDA graph
     replays (``torch.cuda.CUDAGraph.replay``: the Warp backends' replayed calls) run, and are counted and timed
     (``.replays``, ``.replay_s``); an emulated graph's replay (:func:`fovi_lab.ops.replay.emulated_on_cpu`) is counted
-    and does nothing, as its kernels are left out."""
+    and does nothing, as its kernels are left out. A graph the replay layer captures inside would hold no Warp kernel,
+    so where one was, every cached graph is dropped on the way out (:func:`fovi_lab.ops.replay.clear`)."""
     import warp as wp
 
     counter = _Launches()
@@ -150,7 +151,7 @@ def dry_launches() -> Iterator[_Launches]:
         counter.replays += 1
         return self.outputs
 
-    def emulated_in_place(self, args, outs):
+    def emulated_in_place(self, args, outs, where):
         counter.replays += 1
 
     wp.launch, wp.launch_tiled, wp.Launch.launch = launch, launch_tiled, cmd_launch
@@ -158,6 +159,7 @@ def dry_launches() -> Iterator[_Launches]:
     replay_layer._EmulatedInPlace.run = emulated_in_place
     if real_replay is not None:
         graph.replay = replay
+    made = _captures(replay_layer)
     try:
         yield counter
     finally:
@@ -165,6 +167,14 @@ def dry_launches() -> Iterator[_Launches]:
         replay_layer._EmulatedStep.replay, replay_layer._EmulatedInPlace.run = real_emulated, real_in_place
         if real_replay is not None:
             graph.replay = real_replay
+        if _captures(replay_layer) != made:
+            # a graph captured inside holds no Warp kernel (its launches were counted, not run): drop every graph
+            replay_layer.clear()
+
+
+def _captures(replay_layer) -> tuple:
+    s = replay_layer.stats()
+    return s["captured"], s["captured_in_place"]
 
 
 #: The yardstick's name in the records: the least host work of a custom autograd op with this layer's outputs.
@@ -321,6 +331,8 @@ def _measure(calls: Dict[str, _Calls], batch: int, device, dtype, reps: int, pat
                 del calls[name]
         _sync(device)
         names = list(calls)
+        if not names:                                 # every backend refused
+            break
         walls = {n: [] for n in names}
         op_secs = {n: [] for n in names}
         replay_secs = {n: [] for n in names}
@@ -360,8 +372,8 @@ def _measure(calls: Dict[str, _Calls], batch: int, device, dtype, reps: int, pat
                             torch_op_names=dict(sorted(ops.names.items())), wall_us=wall, torch_ops_us=op_us,
                             host_us=max(0.0, wall - op_us), graph_replay_us=statistics.median(replay_secs[n]) * 1e6,
                             reps=reps, backend_used=calls[n].conv.last_backend, interleaved=len(names)))
-    order = {n: i for i, n in enumerate(calls)}           # per backend, its paths in turn
-    return sorted(out, key=lambda r: order.get(r["backend"], len(order)))
+    order = {n: i for i, n in enumerate(calls)}           # per backend, its paths in turn; none of a refused one
+    return sorted((r for r in out if r["backend"] in order), key=lambda r: order[r["backend"]])
 
 
 #: The help text of ``python -m fovi_lab bench host``.

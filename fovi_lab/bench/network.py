@@ -276,6 +276,8 @@ def earlier_alternatives(recs: List[dict], earlier: List[dict]) -> None:
             continue
         match = [dict(e) for e in earlier if e.get("kind") == "network" and e.get("backend") != "fovi_lab"
                  and all(e.get(k) == ours.get(k) for k in SAME_RUN_KEYS)]
+        newest = max((e.get("date", "") for e in match), default=None)
+        match = [e for e in match if e.get("date", "") == newest]          # one earlier call: the newest
         if not any(e.get("ms") and e["backend"] != STUB for e in match):
             continue
         add_speedups([ours] + match, [ours["mode"]])
@@ -379,6 +381,10 @@ def _f(v: Optional[float]) -> str:
 
 def run(args) -> int:
     """Run the network benchmark as ``args`` say (the options of :func:`add_arguments`); returns 0."""
+    if args.alternatives is not None and list(args.backends) != ["fovi_lab"]:
+        from fovi_lab.ops.arguments import usage_error
+        usage_error(PROG, "--alternatives: the earlier call's backends are the alternatives, so time fovi_lab alone "
+                          "(--backends fovi_lab)")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     modes = args.modes or (list(MODES) if device.type == "cuda" else ["eager"])
     env = env_info(device)

@@ -312,7 +312,7 @@ def network_rows(records: List[dict]) -> List[dict]:
                          str(r.get("run") or r.get("date", "")), r["mode"]), []).append(r)
     rows = []
     for (device, net, b, precision, date, mode), rs in sorted(runs.items(), key=lambda kv: kv[0][4]):
-        ours = next((r for r in rs if r["backend"] == "fovi_lab"), None)
+        ours = max((r for r in rs if r["backend"] == "fovi_lab"), key=lambda r: str(r.get("date", "")), default=None)
         others = [r for r in rs if r["backend"] not in ("fovi_lab", _STUB)]
         if ours is None or not others:
             continue

@@ -97,7 +97,8 @@ class CapturedStep:
     __call__ = replay
 
 
-def capture(fn: Callable[[], object], *, warmup: int = 3, device: Optional[torch.device] = None) -> CapturedStep:
+def capture(fn: Callable[[], object], *, warmup: int = 3, device: Optional[torch.device] = None,
+            pool=None) -> CapturedStep:
     """Capture ``fn()`` (no arguments; it closes over static CUDA tensors) into a CUDA graph.
 
     Args:
@@ -106,6 +107,8 @@ def capture(fn: Callable[[], object], *, warmup: int = 3, device: Optional[torch
         warmup: eager calls first, on a side stream (Warp compiles/validates kernels there, torch's
             allocator warms up); CUDA graphs need at least one.
         device: the CUDA device (default: the current one).
+        pool: another capture's memory pool (:attr:`CapturedStep.pool`) to share (``torch.cuda.graph``'s ``pool``):
+            for graphs that hold no live tensor in it and never run at once.
 
     Raises:
         RuntimeError: without CUDA (graphs are a CUDA feature; on the CPU call ``fn`` directly).
@@ -123,9 +126,9 @@ def capture(fn: Callable[[], object], *, warmup: int = 3, device: Optional[torch
     torch.cuda.current_stream(device).wait_stream(side)
     torch.cuda.synchronize(device)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, pool=pool):
         outputs = fn()
-    return CapturedStep(graph, outputs, kept=tuple(provider() for provider in _KEEPERS))
+    return CapturedStep(graph, outputs, pool=graph.pool(), kept=tuple(provider() for provider in _KEEPERS))
 
 
 def prepare(model: torch.nn.Module, *inputs) -> None:

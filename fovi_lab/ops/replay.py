@@ -213,8 +213,11 @@ class _EmulatedInPlace:
 
     def __init__(self, fn: Callable):
         self.fn = fn
+        self.where = None               # the addresses it was made on (set by its signature)
 
-    def run(self, args, outs) -> None:
+    def run(self, args, outs, where) -> None:
+        if where != self.where:
+            raise RuntimeError("an in-place graph replayed on addresses it was not captured on")
         from torch.utils._python_dispatch import _disable_current_modes
         with _disable_current_modes():
             for o, n in zip(outs, _as_tuple(self.fn(*args))):
@@ -295,8 +298,9 @@ def _replay(op, meta, fn: Callable, args, after=None):
                None if after is None else after[0])
     if e.failed:
         return fn(*args), None
-    if mode == "in-place" and e.outs is not None and after is None:
-        outs = _in_place(e, fn, args, dev)
+    layouts = e.outs                                          # (read once: another thread may stop it)
+    if mode == "in-place" and layouts is not None and after is None:
+        outs = _in_place(e, fn, args, dev, layouts)
         if outs is not None:
             return (outs[0] if e.one else outs), None
     with e.lock:
@@ -333,17 +337,17 @@ def _replay(op, meta, fn: Callable, args, after=None):
     return (res[0] if e.one else res), handle
 
 
-def _outputs(e: _Entry, dev) -> tuple:
-    """New output tensors of ``e``'s layouts, as a direct call allocates them."""
-    return tuple(torch.empty_strided(shape, stride, dtype=dtype, device=dev) for shape, stride, dtype in e.outs)
+def _outputs(layouts, dev) -> tuple:
+    """New output tensors of these (shape, strides, dtype), as a direct call allocates them."""
+    return tuple(torch.empty_strided(shape, stride, dtype=dtype, device=dev) for shape, stride, dtype in layouts)
 
 
-def _in_place(e: _Entry, fn: Callable, args, dev) -> Optional[tuple]:
+def _in_place(e: _Entry, fn: Callable, args, dev, layouts) -> Optional[tuple]:
     """The outputs of ``fn(*args)`` from the graph captured on these inputs' and outputs' addresses (captured now
     where there is none, while the signature holds fewer than :data:`MAX_IN_PLACE`); None where the call copies
     instead. A signature whose graphs are all taken and meet addresses none of them has, or whose capture failed,
     copies from then on (:func:`_stop_in_place`)."""
-    outs = _outputs(e, dev)
+    outs = _outputs(layouts, dev)
     where = tuple(0 if a is None else a.data_ptr() for a in args) + tuple(o.data_ptr() for o in outs)
     with e.lock:
         if e.outs is None:                         # stopped by another thread meanwhile
@@ -360,12 +364,14 @@ def _in_place(e: _Entry, fn: Callable, args, dev) -> Optional[tuple]:
                 return None
             e.places = e.places or OrderedDict()
             e.places[where] = step
+            if dev.type != "cuda":
+                step.where = where                 # the emulation checks that it runs where it was made
             _count("captured_in_place")
         with (torch.no_grad() if torch.is_grad_enabled() else contextlib.nullcontext()):
             if dev.type == "cuda":
                 step.replay()
             else:
-                step.run(args, outs)
+                step.run(args, outs, where)
         _count("replayed_in_place")
     return outs
 
@@ -381,20 +387,23 @@ def _capture_in_place(e: _Entry, fn: Callable, args, outs, dev):
     failed."""
     if dev.type != "cuda":
         return _EmulatedInPlace(fn)
-    before = _allocated(dev)
+    first = next(iter(e.places.values()), None) if e.places else None
 
     def body():
         for o, r in zip(outs, _as_tuple(fn(*args))):
             o.copy_(r)
         return ()
+    torch.cuda.empty_cache()                       # (the capture empties it too): what the pool reserves is new
+    before = torch.cuda.memory_reserved(dev)
     try:
         with torch.no_grad():
-            step = capture(body, warmup=1, device=dev)
+            # a signature's graphs share one pool: they hold no live tensor in it and replay one at a time, in order
+            step = capture(body, warmup=1, device=dev, pool=None if first is None else first.pool)
     except Exception as exc:  # noqa: BLE001 - a call that cannot be captured copies instead
         warnings.warn(f"could not capture this call in place ({type(exc).__name__}: {exc}); its signature's calls "
                       f"copy into a graph's static inputs from now on", RuntimeWarning, stacklevel=5)
         return None
-    e.place_bytes += max(0, _allocated(dev) - before)
+    e.place_bytes += max(0, torch.cuda.memory_reserved(dev) - before)
     e.place_dev = dev.index
     return step
 
