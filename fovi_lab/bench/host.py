@@ -311,6 +311,12 @@ class _Calls:
         self.paths = {"forward": (None, forward), "backward": (prepare_backward, backward), "step": (None, step)}
 
 
+def _turn(names: List[str], i: int) -> List[str]:
+    """The backends' order in round ``i``: rotated by one every round."""
+    k = i % len(names)
+    return names[k:] + names[:k]
+
+
 def _measure(calls: Dict[str, _Calls], batch: int, device, dtype, reps: int, paths, warmup: int, layer: str,
              refusals: Optional[Dict[str, Exception]]) -> List[dict]:
     out = []
@@ -339,7 +345,7 @@ def _measure(calls: Dict[str, _Calls], batch: int, device, dtype, reps: int, pat
         counts = {}
         with dry_launches() as launches:
             for i in range(reps):                     # the wall time, nothing watching; the backends take turns
-                for n in names[i % len(names):] + names[:i % len(names)]:
+                for n in _turn(names, i):
                     prep, fn = calls[n].paths[path]
                     if prep:
                         prep()
@@ -351,7 +357,7 @@ def _measure(calls: Dict[str, _Calls], batch: int, device, dtype, reps: int, pat
                     replay_secs[n].append(launches.replay_s)
                     _sync(device)
             for i in range(reps):                     # the counts and the time inside PyTorch's operations
-                for n in names[i % len(names):] + names[:i % len(names)]:
+                for n in _turn(names, i):
                     prep, fn = calls[n].paths[path]
                     if prep:
                         prep()

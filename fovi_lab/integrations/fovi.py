@@ -525,6 +525,14 @@ def _base_layer(layer: str, device: torch.device, bias: bool) -> torch.nn.Module
     return fovi_layer(layer, device, bias=bias)
 
 
+def _per_backend(base: torch.nn.Module, backends) -> Iterator[tuple]:
+    """Per backend: ``(backend, a copy of fovi's layer base with kernel_backend = backend, its _Prepared)``."""
+    for backend in backends:
+        conv = copy.deepcopy(base)
+        conv.kernel_backend = backend
+        yield backend, conv, _Prepared(conv)
+
+
 class _Prepared:
     """fovi's layer set up once for the operands it is timed on (their dtype, the weight's values, the bias), not
     per call: a timed call then costs what fovi's own call costs. The layer takes x's dtype, so with the fp16
@@ -562,11 +570,9 @@ def fovi_steps(layer: str, device="cpu", backends=BASELINE_BACKENDS) -> FoviStep
     device = torch.device(device)
     base = _base_layer(layer, device, False)
     steps = {}
-    for backend in backends:
-        conv = copy.deepcopy(base)
-        conv.kernel_backend = backend
+    for backend, conv, prepared in _per_backend(base, backends):
 
-        def step(x, w, g, conv=conv, prepare=_Prepared(conv)):
+        def step(x, w, g, conv=conv, prepare=prepared):
             if not prepare(x, w):
                 torch.autograd.graph.increment_version(conv.weight)
             xr = x.detach().requires_grad_()
@@ -584,11 +590,9 @@ def fovi_forwards(layer: str, device="cpu", backends=BASELINE_BACKENDS, bias: bo
     device = torch.device(device)
     base = _base_layer(layer, device, bias)
     fwd = {}
-    for backend in backends:
-        conv = copy.deepcopy(base)
-        conv.kernel_backend = backend
+    for backend, conv, prepared in _per_backend(base, backends):
 
-        def forward(x, w, b=None, conv=conv, prepare=_Prepared(conv)):
+        def forward(x, w, b=None, conv=conv, prepare=prepared):
             prepare(x, w, b)
             with torch.no_grad():
                 return conv(x)

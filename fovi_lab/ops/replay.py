@@ -362,7 +362,7 @@ def _in_place(e: _Entry, fn: Callable, args, dev, layouts) -> Optional[tuple]:
             if step is None:
                 _stop_in_place(e)
                 return None
-            e.places = e.places or OrderedDict()
+            e.places = e.places or {}
             e.places[where] = step
             if dev.type != "cuda":
                 step.where = where                 # the emulation checks that it runs where it was made
