@@ -19,11 +19,11 @@
 #                                                   # graphed; kept in /tmp for the next call's fovi_lab rows
 #   bash tools/gpu/run.sh steps                   # one call's worth: warmup (scalar tile GEMMs), the train step
 #                                                   # over the 13 layers at B = 16 and 64 beside fovi's backends
-#                                                   # (default cuBLASDx tile GEMMs), the networks with fovi_lab (against networks-fovi's
-#                                                   # records where that ran, else with fovi's backends), the host
-#                                                   # work, then GPU parity in what is left
-#   bash tools/gpu/run.sh finish                  # the call after steps: GPU parity, the kernels of the steps
-#                                                   # that lose (profile_step), the train step at B = 512, ResNet-18
+#                                                   # (default cuBLASDx tile GEMMs), GPU parity, the networks with
+#                                                   # fovi_lab (against networks-fovi's records where that ran, else
+#                                                   # with fovi's backends), the kernels of three steps that lose
+#                                                   # (profile_step), the host work in what is left
+#   bash tools/gpu/run.sh finish                  # the call after steps: the train step at B = 512, ResNet-18
 #                                                   # eager with fovi's fastest in one process, in-place against auto
 #   bash tools/gpu/run.sh networks-all            # the next call on the same machine: the tile GEMMs built both
 #                                                   # ways on three layers, AlexNet at 64, both networks at 256, the
@@ -104,35 +104,31 @@ case "$job" in
     FOVI_WARP_MATHDX=0 timeout 110 python3 -m fovi_lab warmup --no-dense --experimental --mathdx off --jobs 16 \
       > "$OUT/warmup.log" 2>&1
     tail -1 "$OUT/warmup.log"; echo "warmup done at $(( $(date +%s) - t0 )) s"
-    c=$(cap 270); timeout "$c" python3 -m fovi_lab.bench.backward train-step --graphs --batches 16 64 \
+    c=$(cap 220); timeout "$c" python3 -m fovi_lab.bench.backward train-step --graphs --batches 16 64 \
       --layers all --jobs 16 --time-budget-s $(( c - 40 )) --out "$OUT/train_step.jsonl" > "$OUT/train_step.log" 2>&1
     tail -4 "$OUT/train_step.log"; echo "train-step done at $(( $(date +%s) - t0 )) s"
+    FOVI_WARP_MATHDX=0 timeout "$(cap 90)" python3 -m pytest -o addopts="" -p no:cacheprovider -q \
+      tests/test_gpu_parity.py tests/test_gpu_replay.py tests/test_gpu_torch_native.py \
+      --junitxml="$OUT/parity.xml" > "$OUT/parity.log" 2>&1
+    tail -6 "$OUT/parity.log"; echo "parity done at $(( $(date +%s) - t0 )) s"
     if [ -f /tmp/fovi_lab_out/network_fovi.jsonl ]; then      # fovi's backends timed by networks-fovi
-      timeout "$(cap 170)" python3 -m fovi_lab.bench.network --net resnet18 alexnet --batches 64 256 --modes eager \
+      timeout "$(cap 120)" python3 -m fovi_lab.bench.network --net alexnet resnet18 --batches 256 64 --modes eager \
         graphed --backends fovi_lab --alternatives /tmp/fovi_lab_out/network_fovi.jsonl --out "$OUT/network.jsonl" \
         > "$OUT/network.log" 2>&1
     else
-      timeout "$(cap 110)" python3 -m fovi_lab.bench.network --net resnet18 --batches 64 --modes eager graphed \
+      timeout "$(cap 120)" python3 -m fovi_lab.bench.network --net resnet18 --batches 64 --modes eager graphed \
         --backends fovi_lab auto cuda baseline torch_compact stubbed --out "$OUT/network.jsonl" > "$OUT/network.log" 2>&1
     fi
     tail -10 "$OUT/network.log"; echo "network done at $(( $(date +%s) - t0 )) s"
-    FOVI_WARP_MATHDX=0 timeout "$(cap 50)" python3 -m fovi_lab.bench.host --layers res18_layer1 alex_L1 res18_stem \
-      --batches 16 --fovi fovi_lab cuda --out "$OUT/host.jsonl" > "$OUT/host.log" 2>&1
-    tail -20 "$OUT/host.log"; echo "host done at $(( $(date +%s) - t0 )) s"
-    [ "$(left)" -gt 30 ] && FOVI_WARP_MATHDX=0 timeout $(( $(left) - 3 )) python3 -m pytest -o addopts="" \
-      -p no:cacheprovider -q tests/test_gpu_parity.py tests/test_gpu_replay.py tests/test_gpu_torch_native.py \
-      --junitxml="$OUT/parity.xml" > "$OUT/parity.log" 2>&1
-    tail -6 "$OUT/parity.log" ;;
-  finish)
-    # the call after steps on the same machine: GPU parity, the kernels of the steps that lose (profile_step), the
-    # train step at B = 512, ResNet-18's eager step with fovi's fastest backends in one process, then the in-place
-    # replay against auto (its test, the train step at B = 16, the host work)
-    FOVI_WARP_MATHDX=0 timeout "$(cap 110)" python3 -m pytest -o addopts="" -p no:cacheprovider -q \
-      tests/test_gpu_parity.py tests/test_gpu_replay.py tests/test_gpu_torch_native.py \
-      --junitxml="$OUT/parity.xml" > "$OUT/parity.log" 2>&1
-    tail -4 "$OUT/parity.log"; echo "parity done at $(( $(date +%s) - t0 )) s"
-    timeout "$(cap 40)" python3 tools/gpu/profile_step.py dinov3_patch:16 res18_layer4_0:16 res18_stem:16 \
+    timeout "$(cap 25)" python3 tools/gpu/profile_step.py dinov3_patch:16 res18_layer4_0:16 res18_stem:16 \
       > "$OUT/profile.log" 2>&1; tail -2 "$OUT/profile.log"
+    [ "$(left)" -gt 30 ] && FOVI_WARP_MATHDX=0 timeout $(( $(left) - 3 )) python3 -m fovi_lab.bench.host \
+      --layers res18_layer1 alex_L1 res18_stem --batches 16 --fovi fovi_lab cuda --out "$OUT/host.jsonl" \
+      > "$OUT/host.log" 2>&1
+    tail -20 "$OUT/host.log" ;;
+  finish)
+    # the call after steps on the same machine: the train step at B = 512, ResNet-18's eager step with fovi's fastest
+    # backends in one process, then the in-place replay against auto (its test, the train step at B = 16, host work)
     c=$(cap 150); timeout "$c" python3 -m fovi_lab.bench.backward train-step --graphs --no-fovi --batches 512 \
       --layers all --jobs 16 --time-budget-s $(( c - 30 )) --out "$OUT/train_step_b512.jsonl" > "$OUT/ts512.log" 2>&1
     tail -3 "$OUT/ts512.log"; echo "B = 512 done at $(( $(date +%s) - t0 )) s"
