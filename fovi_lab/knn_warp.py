@@ -165,9 +165,11 @@ def _on_mma(which: str, meta, grad_y, operand, plan):
     """The tensor-core gradient, or None where it is not the plan's path or its kernel cannot launch here (a
     warning when a switch asked for it: under the rule the fused / staged kernels simply take over)."""
     from fovi_lab.kernels.adjoint import as_forward
-    if plan.path(which) != "mma":
+    if plan.path(which) not in ("mma", "taps"):
         return None
     try:
+        if which == "dx" and plan.dx == "taps":
+            return as_forward.grad_input_taps(meta, grad_y, operand, plan.dx_config)
         if which == "dx":
             return as_forward.grad_input_mma(meta, grad_y, operand, plan.mma_config)
         return as_forward.grad_weight_mma(meta, grad_y, operand, plan.config("dW"), plan.dw_batch_chunk)
@@ -324,7 +326,7 @@ def _grad_weight_direct(meta, grad_y, x, plan=None):
 
 def _backward_direct(meta, grad_y, x, weight):
     plan = plan_of_call(meta, x, weight).adjoint          # the plan the forward of this signature took
-    if "mma" in (plan.dx, plan.dw):
+    if "mma" in (plan.dx, plan.dw) or plan.dx == "taps":
         return _grad_input_direct(meta, grad_y, weight, plan), _grad_weight_direct(meta, grad_y, x, plan)
     if plan.kernels != "fused":
         return staged_grad_input(meta, grad_y, weight), staged_grad_weight(meta, grad_y, x)

@@ -169,8 +169,10 @@ SETTINGS: Tuple[Setting, ...] = (
             "The adjoint kernels of `warp_train`: the fused node-major ones (`fused`), the staged ones (`staged`), "
             "or the rule (`auto`: fused where Cin >= 16).", choices=("fused", "staged", "auto")),
     _switch("FOVI_KNN_DX_PATH", "choice", "auto",
-            "dx of `warp_train` on the tensor-core forward of the transposed layer (`mma`), never there (`off`), "
-            "or where the rule picks it (`auto`).", f"{_A_B}, benchmarks", choices=("mma", "off", "auto")),
+            "dx of `warp_train` on the tensor-core forward of the transposed layer (`mma`), on the tensor-core "
+            "forward of the tap-expanded layer and a reverse-list sum (`taps`, fp16 calls: the stems' dx on "
+            "tensor cores), never on the tensor cores (`off`), or where the rule picks it (`auto`).",
+            f"{_A_B}, benchmarks", choices=("mma", "taps", "off", "auto")),
     _switch("FOVI_KNN_DW_PATH", "choice", "auto",
             "dW of `warp_train` on the tensor-core forward of the tap layer (`mma`), never there (`off`), or where "
             "the rule picks it (`auto`).", f"{_A_B}, benchmarks", choices=("mma", "off", "auto")),

@@ -81,7 +81,7 @@ def test_unread_nodes_and_unused_taps_get_exact_zeros_and_warp_train_opts_in(mon
     got = WarpTrainOps.backward_combined(meta, g, x, w)
     assert torch.equal(got[1], dw) and torch.equal(WarpTrainOps.grad_weight(meta, g, x), dw)
     monkeypatch.setenv("FOVI_KNN_DX_PATH", "nope")
-    with pytest.raises(ValueError, match="FOVI_KNN_DX_PATH: expected 'mma', 'off' or 'auto', got 'nope'"):
+    with pytest.raises(ValueError, match="FOVI_KNN_DX_PATH: expected 'mma', 'taps', 'off' or 'auto', got 'nope'"):
         WarpTrainOps.grad_input(meta, g, w)
 
 
@@ -215,3 +215,73 @@ def test_a_bad_table_budget_is_named_and_the_transposed_layer_has_one_too(monkey
         grad_input_mma(meta, g, w)
     monkeypatch.delenv("FOVI_KNN_TAP_TABLE_MIB")
     assert_fp32_exact(grad_input_mma(meta, g, w), _case("ODD", 2, torch.float16)[3], "dx once the budget allows it")
+
+
+# -- dx on the tap-expanded layer (FOVI_KNN_DX_PATH=taps): the stems' dx on the tensor cores ---------------------------
+
+def test_the_tap_expanded_layer_reads_its_own_node_and_the_reverse_taps_name_each_entry():
+    from fovi_lab.graph.meta import expanded_meta, reverse_taps
+    meta, _, _, _, _, _ = _case("PAD_HEAVY", 1, torch.float16)
+    e = expanded_meta(meta)
+    assert (e.cin, e.cout, e.nin, e.nout, e.k, e.v) == (meta.cout, meta.q, meta.nout, meta.nout, 1, 1)
+    assert torch.equal(e.idx[:, 0], torch.arange(meta.nout)) and expanded_meta(meta) is e
+    col = meta.rev_col.long()
+    n, k = col % meta.nout, col // meta.nout
+    assert torch.equal(reverse_taps(meta).long(), meta.rf_index[n, k] * meta.nout + n)
+
+
+def test_taps_dx_is_the_oracle_in_fp32_with_unread_nodes_zero_and_repeats():
+    from fovi_lab.kernels.adjoint.as_forward import MMA_GRAD_CONFIG, grad_input_taps
+    for name, b, config in (("ODD", 17, None), ("PAD_HEAVY", 5, None), ("MAIN", 3, None),
+                            ("PAD_HEAVY", 5, MMA_GRAD_CONFIG), ("ODD", 17, "mmas_o32b8")):
+        meta, w, g, dx_o, _, _ = _case(name, b, torch.float16)
+        dx = grad_input_taps(meta, g, w, config)
+        _assert_fp32_exact(dx, dx_o, f"taps dx {name} B={b} {config}")
+        assert torch.equal(dx, grad_input_taps(meta, g, w, config)), "taps dx not bitwise repeatable"
+    meta, w, g, _, _, _ = _case("PAD_HEAVY", 5, torch.float16)
+    unread = (meta.rev_rowptr[1:] == meta.rev_rowptr[:-1]).nonzero().squeeze(1)
+    dx = grad_input_taps(meta, g, w)
+    assert unread.numel() and torch.equal(dx[:, :, unread], torch.zeros_like(dx[:, :, unread]))
+
+
+def test_taps_dx_on_a_real_stem_is_within_fp32_of_the_fp64_oracle():
+    from fovi_lab.graph.layers import layer_meta
+    from fovi_lab.kernels.adjoint.as_forward import grad_input_taps
+    from fovi_lab.ops.reference import oracle_forward
+    meta = layer_meta("res18_stem")                                        # Cin = 3, V = K = 49, Cout = 64
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(3, meta.cin, meta.nin, generator=gen).half()
+    w = (0.05 * torch.randn(meta.cout, meta.q, generator=gen)).half()
+    g = torch.randn(3, meta.cout, meta.nout, generator=gen).half()
+    xf = x.double().requires_grad_()
+    dx_o, = torch.autograd.grad(oracle_forward(xf, w.double(), None, meta.idx, meta.rf_index, meta.v), (xf,),
+                                g.double())
+    dx = grad_input_taps(meta, g, w)
+    assert dx.dtype == torch.float32 and float((dx.double() - dx_o).abs().max()) <= 1e-5 * (1 + float(dx_o.abs().max()))
+
+
+def test_warp_train_takes_taps_for_dx_under_the_switch_on_fp16_calls_only(monkeypatch):
+    from fovi_lab.kernels.adjoint.as_forward import grad_input_taps, select_taps_config
+    from fovi_lab.kernels.adjoint.rule import adjoint_plan, gradient_words
+    from fovi_lab.knn_warp import WarpTrainOps, grad_paths
+    meta, w, g, dx_o, x, dw_o = _case("ODD", 17, torch.float16)
+    before = WarpTrainOps.backward_combined(meta, g, x, w)
+    monkeypatch.setenv("FOVI_KNN_DX_PATH", "taps")
+    plan = adjoint_plan(meta, 17, torch.float16)
+    assert plan.dx == "taps" and plan.forced[0] and plan.config("dx") == select_taps_config(meta, 17)
+    assert plan.config("dx") in plan.mma_configs() and "tap-expanded layer" in gradient_words(plan, "dx")
+    assert grad_paths(meta, 17, torch.bfloat16)[0] != "taps"             # the split configs are fp16 only
+    dx, dw = WarpTrainOps.backward_combined(meta, g, x, w)
+    assert torch.equal(dx, grad_input_taps(meta, g, w)) and torch.equal(WarpTrainOps.grad_input(meta, g, w), dx)
+    assert torch.equal(dw, before[1])                                      # dW keeps its path
+    _assert_fp32_exact(dx, dx_o, "warp_train dx under FOVI_KNN_DX_PATH=taps")
+
+
+def test_the_taps_config_rule_and_a_bad_dtype_is_refused():
+    from fovi_lab.graph.layers import layer_meta
+    from fovi_lab.kernels.adjoint.as_forward import MMA_GRAD_CONFIG, grad_input_taps, select_taps_config
+    meta = layer_meta("dinov3_patch")
+    assert select_taps_config(meta, 16) == "mmas_o64b16" and select_taps_config(meta, 512) == MMA_GRAD_CONFIG
+    m, w, g, _, _, _ = _case("ODD", 3, torch.bfloat16)
+    with pytest.raises(TypeError, match="grad_y"):
+        grad_input_taps(m, g, w)

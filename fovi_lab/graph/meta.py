@@ -36,7 +36,7 @@ import torch
 import fovi_lab.settings as settings
 
 __all__ = ["TrainingMeta", "build_meta", "validate_meta", "transposed_meta", "tap_meta", "tap_table_bytes", "pad_to",
-           "synthetic_graph", "SYNTHETIC_SHAPES", "meta_aux"]
+           "synthetic_graph", "SYNTHETIC_SHAPES", "meta_aux", "expanded_meta", "reverse_taps"]
 
 
 # Re-entrant: a weak-reference callback (``_drop``) can run inside the locked region on the same thread, when an
@@ -264,6 +264,42 @@ def transposed_meta(meta: TrainingMeta) -> TrainingMeta:
         rf_t[node, slot] = meta.rf_index.cpu()[n, k].long()
         got = aux["transposed"] = build_meta(idx_t, rf_t, cin=meta.cout, cout=meta.cin, v=meta.v, nin=meta.nout,
                                              device=meta.device)
+    return got
+
+
+def expanded_meta(meta: TrainingMeta) -> TrainingMeta:
+    """The tap-expanded layer, whose forward stages ``meta``'s input gradient over every tap (built once per meta,
+    on its device).
+
+    Each output node ``n`` reads its own node of ``grad_y`` (K' = 1, V' = 1, Nin' = Nout) over all Cout channels
+    (Cin' = Cout), and its output channels are ``meta``'s tap-channels ``c*V + t`` (Cout' = Q), so with the weight
+    ``W' = W^T [Q, Cout]``::
+
+        S[b, c*V + t, n] = sum_o g[b, o, n] W[o, c*V + t] = forward'(g, W')[b, c*V + t, n]
+
+    and ``dx[b, c, m]`` is the sum, over ``m``'s reverse list ``(n, k)``, of ``S[b, c*V + rf[n, k], n]``
+    (:func:`fovi_lab.kernels.adjoint.as_forward.grad_input_taps`). One dense GEMM: V / K times the stage's useful
+    work, on 64-wide tiles of the Q output channels where the transposed layer would fill Cin of them.
+    """
+    aux = meta_aux(meta)
+    got = aux.get("expanded")
+    if got is None:
+        own = torch.arange(meta.nout, dtype=torch.int64).unsqueeze(1)
+        got = aux["expanded"] = build_meta(own, torch.zeros_like(own), cin=meta.cout, cout=meta.q, v=1,
+                                           nin=meta.nout, device=meta.device)
+    return got
+
+
+def reverse_taps(meta: TrainingMeta) -> torch.Tensor:
+    """``[nnz]`` int32 on the meta's device: for each reverse-list entry ``(n, k)`` (``rev_col``'s order), the
+    column ``rf[n, k]*Nout + n`` of the tap-expanded stage's rows (:func:`expanded_meta`), built once per meta."""
+    aux = meta_aux(meta)
+    got = aux.get("reverse_taps")
+    if got is None:
+        col = meta.rev_col.cpu().long()
+        n, k = col % meta.nout, col // meta.nout
+        got = (meta.rf_index.cpu().long()[n, k] * meta.nout + n).to(torch.int32).to(meta.device)
+        aux["reverse_taps"] = got
     return got
 
 

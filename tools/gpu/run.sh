@@ -19,7 +19,8 @@
 #                                                   # graphed; kept in /tmp for the next call's fovi_lab rows
 #   bash tools/gpu/run.sh steps                   # one call's worth: warmup (scalar tile GEMMs), the train step
 #                                                   # over the 13 layers at B = 16 and 64 beside fovi's backends
-#                                                   # (default cuBLASDx tile GEMMs), GPU parity, the networks with
+#                                                   # (default cuBLASDx tile GEMMs), GPU parity, the stems' dx
+#                                                   # under FOVI_KNN_DX_PATH=taps beside the rule, the networks with
 #                                                   # fovi_lab (against networks-fovi's records where that ran, else
 #                                                   # with fovi's backends), the kernels of three steps that lose
 #                                                   # (profile_step), the host work in what is left
@@ -104,15 +105,23 @@ case "$job" in
     FOVI_WARP_MATHDX=0 timeout 110 python3 -m fovi_lab warmup --no-dense --experimental --mathdx off --jobs 16 \
       > "$OUT/warmup.log" 2>&1
     tail -1 "$OUT/warmup.log"; echo "warmup done at $(( $(date +%s) - t0 )) s"
-    c=$(cap 220); timeout "$c" python3 -m fovi_lab.bench.backward train-step --graphs --batches 16 64 \
-      --layers all --jobs 16 --time-budget-s $(( c - 40 )) --out "$OUT/train_step.jsonl" > "$OUT/train_step.log" 2>&1
+    c=$(cap 200); timeout "$c" python3 -m fovi_lab.bench.backward train-step --graphs --batches 16 64 \
+      --layers all --jobs 16 --time-budget-s $(( c - 35 )) --out "$OUT/train_step.jsonl" > "$OUT/train_step.log" 2>&1
     tail -4 "$OUT/train_step.log"; echo "train-step done at $(( $(date +%s) - t0 )) s"
-    FOVI_WARP_MATHDX=0 timeout "$(cap 90)" python3 -m pytest -o addopts="" -p no:cacheprovider -q \
+    FOVI_WARP_MATHDX=0 timeout "$(cap 80)" python3 -m pytest -o addopts="" -p no:cacheprovider -q \
       tests/test_gpu_parity.py tests/test_gpu_replay.py tests/test_gpu_torch_native.py \
       --junitxml="$OUT/parity.xml" > "$OUT/parity.log" 2>&1
     tail -6 "$OUT/parity.log"; echo "parity done at $(( $(date +%s) - t0 )) s"
+    # the stems' dx on the tap-expanded layer (FOVI_KNN_DX_PATH=taps) beside the rule's staged dx, B = 512 both ways
+    # (B = 16 and 64 under the rule: the train step above)
+    for mode in taps auto; do
+      FOVI_KNN_DX_PATH=$mode timeout "$(cap 45)" python3 -m fovi_lab.bench.backward train-step --graphs --no-fovi \
+        --batches $([ $mode = taps ] && echo 16 64 512 || echo 512) --layers dinov3_patch res18_stem alex_L0 \
+        res18_stem_rf2 --jobs 16 --out "$OUT/train_step_dx_taps.jsonl" > "$OUT/dx_taps_$mode.log" 2>&1
+      grep -E "warp_train .*ms|warp_train_graphed" "$OUT/dx_taps_$mode.log" | cut -c1-150 | tail -12
+    done; echo "dx taps done at $(( $(date +%s) - t0 )) s"
     if [ -f /tmp/fovi_lab_out/network_fovi.jsonl ]; then      # fovi's backends timed by networks-fovi
-      timeout "$(cap 120)" python3 -m fovi_lab.bench.network --net alexnet resnet18 --batches 256 64 --modes eager \
+      timeout "$(cap 110)" python3 -m fovi_lab.bench.network --net alexnet resnet18 --batches 256 64 --modes eager \
         graphed --backends fovi_lab --alternatives /tmp/fovi_lab_out/network_fovi.jsonl --out "$OUT/network.jsonl" \
         > "$OUT/network.log" 2>&1
     else

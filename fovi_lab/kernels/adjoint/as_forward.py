@@ -52,12 +52,12 @@ from typing import Optional
 
 import torch
 
-from fovi_lab.graph.meta import (TrainingMeta, derived_table_limit, meta_aux, tap_meta, tap_table_bytes,
-                                 transposed_meta, validate_meta)
+from fovi_lab.graph.meta import (TrainingMeta, derived_table_limit, expanded_meta, meta_aux, pad_to, reverse_taps,
+                                 tap_meta, tap_table_bytes, transposed_meta, validate_meta)
 from fovi_lab.kernels.common import check_tensor
 from fovi_lab.ops.reference import check_grad_args
 
-__all__ = ["grad_input_mma", "grad_weight_mma", "transposed_weight", "padding", "tap_padding", "list_paddings",
+__all__ = ["grad_input_mma", "grad_input_taps", "select_taps_config", "grad_weight_mma", "transposed_weight", "padding", "tap_padding", "list_paddings",
            "select_grad_mma", "select_stem_dw_mma", "stem_dw_batch_chunk", "stem_dw_config",
            "MMA_GRAD_CONFIG", "MMA_GRAD_MIN_GFLOP", "MMA_GRAD_MIN_BATCH", "MMA_GRAD_MIN_CIN", "MMA_GRAD_MAX_PADDING",
            "STEM_DW_TABLE_MIB", "STEM_DW_MAX_CHUNKS"]
@@ -189,6 +189,60 @@ def grad_input_mma(meta: TrainingMeta, grad_y: torch.Tensor, weight: torch.Tenso
     wt = transposed_weight(weight, meta)            # one copy of W per call (Cout*Q elements: small beside g)
     g = grad_y if grad_y.is_contiguous() else grad_y.contiguous()
     return run_uncached(g, wt, None, mt.input_linear, mt.weight_linear, config=config, out_dtype=torch.float32)
+
+
+def select_taps_config(meta: TrainingMeta, batch: int) -> str:
+    """The split tensor-core config of the tap-expanded layer (:func:`grad_input_taps`): the rule's pipelined
+    config (:data:`MMA_GRAD_CONFIG`, 64 batch rows per CTA) where its GEMM, ``2 B Cout Q Nout`` FLOPs, is at least
+    :data:`MMA_GRAD_MIN_GFLOP` at B >= 64, else ``select_mma_split(B, Q)``. Not yet read from GPU runs: a start."""
+    from fovi_lab.kernels.forward.api import select_mma_split
+    work = 2.0 * batch * pad_to(meta.cout, 64) * meta.q * meta.nout
+    if batch >= 64 and work >= MMA_GRAD_MIN_GFLOP * 1e9:
+        return MMA_GRAD_CONFIG
+    return select_mma_split(batch, meta.q)
+
+
+def grad_input_taps(meta: TrainingMeta, grad_y: torch.Tensor, weight: torch.Tensor,
+                    config: Optional[str] = None) -> torch.Tensor:
+    """``dx [B, Cin, Nin]`` fp32 on the tensor-core forward of the tap-expanded layer, then a reverse-list sum.
+
+    The stage ``S[b, c*V + t, n] = sum_o g[b, o, n] W[o, c*V + t]`` is one dense GEMM per batch row and node
+    (:func:`fovi_lab.graph.meta.expanded_meta`; fp32 output of a split config), and ``dx[b, c, m]`` sums, in the
+    reverse list's order, ``S[b, c*V + rf[n, k], n]`` over the entries ``(n, k)`` that read node ``m``
+    (:func:`fovi_lab.kernels.adjoint.staged.make_dx_taps_kernel`). For the stems (Cin = 3), whose transposed layer
+    would fill 3 channels of a 64-wide tile: Q = Cin*V output channels fill them, at V / K times the stage's work.
+    fp16 operands (the split configs' dtype); bitwise repeatable.
+
+    Args:
+        meta: the layer's :class:`TrainingMeta`.
+        grad_y: ``[B, Cout, Nout]`` fp16.
+        weight: ``[Cout, Q]`` fp16.
+        config: a split tensor-core forward config for the tap-expanded layer; None: :func:`select_taps_config`.
+
+    Raises:
+        RuntimeError: where the kernels cannot launch on this device (the caller falls back).
+    """
+    from fovi_lab.kernels.adjoint.staged_build import get_grad_kernel
+    from fovi_lab.kernels.adjoint.staged_plans import _launch
+    from fovi_lab.kernels.common import warp_ct
+    from fovi_lab.kernels.forward.api import run_uncached
+    validate_meta(meta)
+    check_tensor("grad_y", grad_y, dtype=torch.float16)
+    check_grad_args(meta, grad_y, weight=weight)
+    meta = meta.to(grad_y.device)
+    b = grad_y.shape[0]
+    red = get_grad_kernel("csr", "dx_taps", grad_y.device)
+    if red is None:
+        raise RuntimeError("the tap-expanded reduction (dx_taps) cannot launch on this device")
+    me = expanded_meta(meta)
+    g = grad_y if grad_y.is_contiguous() else grad_y.contiguous()
+    s = run_uncached(g, weight.t().contiguous(), None, me.input_linear, me.weight_linear,
+                     config=config or select_taps_config(meta, b), out_dtype=torch.float32)   # [B, Q, Nout]
+    dx = torch.empty(b, meta.cin, meta.nin, dtype=torch.float32, device=grad_y.device)
+    _launch(red.kernel, (b, meta.cin, meta.nin),
+            [warp_ct(meta.rev_rowptr), warp_ct(reverse_taps(meta)), warp_ct(s.view(b, meta.q * meta.nout)),
+             int(meta.v * meta.nout), warp_ct(dx)], str(grad_y.device))
+    return dx
 
 
 def grad_weight_mma(meta: TrainingMeta, grad_y: torch.Tensor, x: torch.Tensor,

@@ -72,6 +72,7 @@ CSR_KERNEL_SPECS: Dict[str, dict] = {
     "dx_f32": dict(target="dx", fp32_stage=True, block_dim=256),
     "dw_f16": dict(target="dw", fp32_stage=False, block_dim=256),
     "dw_f32": dict(target="dw", fp32_stage=True, block_dim=256),
+    "dx_taps": dict(target="dx_taps", fp32_stage=True, block_dim=256),     # the tap-expanded stage's (taps path)
 }
 
 # B > 64: the 3-D (n, p_tile, b_tile) grid with an fp32 stage had the fastest whole grad_input op on

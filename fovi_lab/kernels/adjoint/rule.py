@@ -9,6 +9,9 @@ Each gradient runs on one of three paths:
   padding), or where ``FOVI_KNN_DX_PATH`` / ``FOVI_KNN_DW_PATH`` = ``mma`` forces them;
 * ``"fused"``: the node-major kernels of :mod:`fovi_lab.kernels.adjoint.fused` (one launch per gradient, no
   stage) on layers with ``Cin >= FUSED_MIN_CIN``;
+* ``"taps"`` (dx only, where ``FOVI_KNN_DX_PATH=taps`` asks, fp16 calls): the tensor cores, as the forward of
+  the tap-expanded layer (output channels ``c*V + t``), then a reverse-list sum
+  (:func:`~fovi_lab.kernels.adjoint.as_forward.grad_input_taps`): the stems' dx on the tensor cores;
 * ``"staged"``: fovi's stage + reverse-index design (:mod:`fovi_lab.kernels.adjoint.staged`), on the stems: dx
   always, dW where the stems' tensor-core rule does not take it
   (:func:`~fovi_lab.kernels.adjoint.as_forward.select_stem_dw_mma`: fp16 from 16 rows, in batch chunks).
@@ -107,6 +110,7 @@ class AdjointPlan:
         fused: ``(dx, dW)`` :class:`FusedPick` where ``kernels`` is ``"fused"``, else None.
         dw_config, dw_batch_chunk: a stem's dW on the tensor cores (the stems' rule): its config and the batch rows
             of each chunk (None and 0 elsewhere: dW takes ``mma_config`` over the whole batch).
+        dx_config: dx's config on the ``"taps"`` path (the tap-expanded layer's split config), else None.
     """
 
     dx: str
@@ -117,24 +121,32 @@ class AdjointPlan:
     fused: Optional[Tuple[FusedPick, FusedPick]] = None
     dw_config: Optional[str] = None
     dw_batch_chunk: int = 0
+    dx_config: Optional[str] = None
 
     def path(self, which: str) -> str:
         return self.dx if which == "dx" else self.dw
 
     def config(self, which: str) -> Optional[str]:
         """The tensor-core config of ``which`` (``"dx"`` / ``"dW"``) where it runs there."""
+        if which == "dx" and self.dx == "taps":
+            return self.dx_config
         return self.dw_config if which != "dx" and self.dw_config else self.mma_config
 
     def mma_configs(self) -> Tuple[str, ...]:
         """The tensor-core configs the plan names (what a precompile builds; a forced path without a pick of
         the rule names none)."""
-        picked = [self.config(w) for w in ("dx", "dW") if self.path(w) == "mma"]
+        picked = [self.config(w) for w in ("dx", "dW") if self.path(w) in ("mma", "taps")]
         return tuple(dict.fromkeys(c for c in picked if c))
 
 
 def gradient_words(plan: AdjointPlan, which: str) -> str:
     """What ``plan`` runs for ``which`` (``"dx"`` / ``"dW"``), in words, with the kernel's id in brackets."""
     path = plan.path(which)
+    if path == "taps":
+        from fovi_lab.kernels.families import describe
+        cfg = plan.config("dx")
+        return (f"tensor cores, as the forward of the tap-expanded layer (Cin x V output channels), then a "
+                f"reverse-list sum: {describe(cfg)}  [{cfg}]")
     if path == "mma":
         from fovi_lab.kernels.families import describe
         cfg = plan.config(which)
@@ -178,15 +190,21 @@ def decide(meta, batch: int, dtype: torch.dtype, device=None) -> AdjointPlan:
         elif switches["dW"] == "auto" and kernels == "staged":
             stem = af.select_stem_dw_mma(meta, batch, dtype)
 
+    taps = None
+    if switches["dx"] == "taps" and dtype == torch.float16:
+        taps = af.select_taps_config(meta, batch)
+
     def one(which: str) -> str:
         sw = switches[which]
-        if sw == "off":
+        if sw == "off" or (sw == "taps" and taps is None):
             return kernels
+        if sw == "taps":
+            return "taps"
         return "mma" if sw == "mma" or config is not None or (which == "dW" and stem) else kernels
     fused = fused_picks(meta, batch, _device_of(meta, device)) if kernels == "fused" else None
     return AdjointPlan(one("dx"), one("dW"), kernels, config,
-                       (switches["dx"] == "mma", switches["dW"] == "mma"), fused,
-                       stem, af.stem_dw_batch_chunk(meta, batch) if stem else 0)
+                       (switches["dx"] in ("mma", "taps"), switches["dW"] == "mma"), fused,
+                       stem, af.stem_dw_batch_chunk(meta, batch) if stem else 0, taps)
 
 
 def adjoint_plan(meta, batch: int, dtype: torch.dtype, device=None) -> AdjointPlan:

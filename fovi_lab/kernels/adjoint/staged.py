@@ -388,6 +388,51 @@ def make_dx_csr_kernel(fp32_stage: bool, *, module_options: Optional[dict] = Non
     return _tag(dx_csr, fp32_stage)
 
 
+def make_dx_taps_kernel(fp32_stage: bool = True, *, module_options: Optional[dict] = None,
+                        module: Optional[str] = None):
+    """Reverse-CSR grad-input reduction of the tap-expanded stage (scalar, one thread per ``(b, c, m)``, m fastest).
+
+    Launch ``wp.launch(k, dim=(B, Cin, Nin))`` with ``rev_rowptr [Nin+1] i32``, ``rev_taps [nnz] i32`` (each entry
+    ``(n, k)`` of the reverse lists as ``rf[n, k]*Nout + n``: :func:`fovi_lab.graph.meta.reverse_taps`), the stage
+    ``s [B, Q*Nout]`` fp32 (``S[b, c*V + t, n]`` flattened: :func:`fovi_lab.graph.meta.expanded_meta`),
+    ``vn = V*Nout`` and output ``out[b, c, m]`` (any strides)::
+
+        out[b, c, m] = sum_{i in [rowptr[m], rowptr[m+1])} s[b, c*vn + rev_taps[i]]      (fp32, in order)
+
+    Threads of one warp share (b, c) and take consecutive input nodes: coalesced stores, and stage reads within
+    row b's slice of ``Q*Nout`` values (neighbouring nodes read neighbouring output nodes). No atomics, so the
+    result is deterministic.
+    """
+    if not fp32_stage:
+        raise ValueError("fp32_stage: the tap-expanded stage is fp32 (the split tensor-core configs' output)")
+    init_warp()
+    opts = _kernel_options(None, module_options)
+
+    @_kernel_decorator("fovi_dx_taps_f32", opts, module)
+    def dx_taps(rowptr: wp.array(dtype=wp.int32), rev_taps: wp.array(dtype=wp.int32),
+                s: wp.array2d(dtype=wp.float32), vn: int, out: wp.array3d(dtype=wp.float32)):
+        b, c, m = wp.tid()
+        off = c * vn
+        i = rowptr[m]
+        e = rowptr[m + 1]
+        acc = wp.float32(0.0)
+        # 4 independent loads in flight, then the adds in index order: the same fp32 sum, bit for bit, as one
+        # element at a time
+        while i + 4 <= e:
+            v0 = s[b, off + rev_taps[i]]
+            v1 = s[b, off + rev_taps[i + 1]]
+            v2 = s[b, off + rev_taps[i + 2]]
+            v3 = s[b, off + rev_taps[i + 3]]
+            acc = (((acc + v0) + v1) + v2) + v3
+            i += 4
+        while i < e:
+            acc += s[b, off + rev_taps[i]]
+            i += 1
+        out[b, c, m] = acc
+
+    return _tag(dx_taps, True)
+
+
 _SEARCH_FUNC = None
 
 
@@ -481,7 +526,7 @@ def _build_kernel(kind: str, name: str, module_options: Optional[dict] = None, m
         if name not in CSR_KERNEL_SPECS:
             raise KeyError(f"config: unknown csr kernel {name!r}; known: {sorted(CSR_KERNEL_SPECS)}")
         spec = CSR_KERNEL_SPECS[name]
-        factory = make_dx_csr_kernel if spec["target"] == "dx" else make_dw_csr_kernel
+        factory = {"dx": make_dx_csr_kernel, "dw": make_dw_csr_kernel, "dx_taps": make_dx_taps_kernel}[spec["target"]]
         return factory(spec["fp32_stage"], module_options=module_options, module=module), spec, spec["fp32_stage"]
     base, fp32 = _split_name(name)
     bf16 = is_bf16_name(name)

@@ -124,6 +124,19 @@ def _canary_csr(kernel, target: str, device) -> Tuple[bool, str]:
                         want[c, m] += da[int(rev_row[i]) + c * k].float()
             args = [rowptr.to(dev), rev_row.to(dev), da.to(dev), k]
             dim = (nin, cin, bc)
+        elif target == "dx_taps":
+            nin, cin, vn, b = 3, 2, 6, 5                    # s [B, Cin*vn]: entries at column c*vn + rev_taps[i]
+            rowptr = torch.tensor([0, 2, 2, 5], dtype=torch.int32)
+            rev_taps = torch.tensor([4, 1, 0, 5, 3], dtype=torch.int32)
+            s = torch.randn(b, cin * vn, generator=gen)
+            out = torch.empty(b, cin, nin, dtype=torch.float32, device=dev)
+            want = torch.zeros(b, cin, nin)
+            for m in range(nin):
+                for i in range(int(rowptr[m]), int(rowptr[m + 1])):
+                    for c in range(cin):
+                        want[:, c, m] += s[:, c * vn + int(rev_taps[i])]
+            args = [rowptr.to(dev), rev_taps.to(dev), s.to(dev), vn]
+            dim = (b, cin, nin)
         else:
             q, cpad, cout = 3, 8, 5
             rowptr = torch.tensor([0, 2, 2, 5], dtype=torch.int32)
@@ -142,12 +155,12 @@ def _canary_csr(kernel, target: str, device) -> Tuple[bool, str]:
                 wp.launch(kernel, dim=dim, inputs=[to_warp(a) if isinstance(a, torch.Tensor) else a for a in args],
                           outputs=[to_warp(out)], device=device)
 
-        view = out if target == "dx" else out[:, :cout]
+        view = out if target != "dw" else out[:, :cout]
         out.fill_(float("nan"))                # columns >= cout are never written: they stay NaN
         ok, why = nan_canary(launch, view)
         if not ok:
             return False, why
-        err = (view.float().cpu() - (want if target == "dx" else want[:, :cout])).abs().max().item()
+        err = (view.float().cpu() - (want if target != "dw" else want[:, :cout])).abs().max().item()
         if err > 1e-5:
             return False, f"canary result wrong (max abs err {err:.3g})"
         return True, "ok"
