@@ -285,3 +285,17 @@ def test_the_taps_config_rule_and_a_bad_dtype_is_refused():
     m, w, g, _, _, _ = _case("ODD", 3, torch.bfloat16)
     with pytest.raises(TypeError, match="grad_y"):
         grad_input_taps(m, g, w)
+
+
+def test_taps_dx_runs_in_batch_chunks_within_the_stage_budget_each_row_as_whole(monkeypatch):
+    from fovi_lab.kernels.adjoint.as_forward import grad_input_taps, taps_batch_chunk
+    meta, w, g, dx_o, _, _ = _case("ODD", 17, torch.float16)
+    whole = grad_input_taps(meta, g, w, "mmas_o32b8")
+    row_mib = 4 * meta.q * meta.nout / 2**20
+    monkeypatch.setenv("FOVI_KNN_GRAD_STAGE_MIB", str(5.5 * row_mib))      # 5 rows fit: chunks of 5, 5, 5 and 2
+    assert taps_batch_chunk(meta, 17) == 5
+    chunked = grad_input_taps(meta, g, w, "mmas_o32b8")
+    assert torch.equal(chunked, whole)
+    _assert_fp32_exact(chunked, dx_o, "taps dx in chunks")
+    monkeypatch.setenv("FOVI_KNN_GRAD_STAGE_MIB", "0")                    # at least one row a chunk
+    assert taps_batch_chunk(meta, 17) == 1 and torch.equal(grad_input_taps(meta, g, w, "mmas_o32b8"), whole)

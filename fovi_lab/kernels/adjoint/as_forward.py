@@ -57,7 +57,7 @@ from fovi_lab.graph.meta import (TrainingMeta, derived_table_limit, expanded_met
 from fovi_lab.kernels.common import check_tensor
 from fovi_lab.ops.reference import check_grad_args
 
-__all__ = ["grad_input_mma", "grad_input_taps", "select_taps_config", "grad_weight_mma", "transposed_weight", "padding", "tap_padding", "list_paddings",
+__all__ = ["grad_input_mma", "grad_input_taps", "select_taps_config", "taps_batch_chunk", "grad_weight_mma", "transposed_weight", "padding", "tap_padding", "list_paddings",
            "select_grad_mma", "select_stem_dw_mma", "stem_dw_batch_chunk", "stem_dw_config",
            "MMA_GRAD_CONFIG", "MMA_GRAD_MIN_GFLOP", "MMA_GRAD_MIN_BATCH", "MMA_GRAD_MIN_CIN", "MMA_GRAD_MAX_PADDING",
            "STEM_DW_TABLE_MIB", "STEM_DW_MAX_CHUNKS"]
@@ -191,15 +191,28 @@ def grad_input_mma(meta: TrainingMeta, grad_y: torch.Tensor, weight: torch.Tenso
     return run_uncached(g, wt, None, mt.input_linear, mt.weight_linear, config=config, out_dtype=torch.float32)
 
 
+def taps_batch_chunk(meta: TrainingMeta, batch: int) -> int:
+    """The batch rows per chunk of :func:`grad_input_taps`: its fp32 stage, ``Q x Nout`` values a row, within the
+    staged adjoints' budget (``FOVI_KNN_GRAD_STAGE_MIB``, capped by ``FOVI_KNN_STAGE_MIB``), the chunks as even as
+    the batch allows (at least one row each)."""
+    from fovi_lab.kernels.adjoint.configs import grad_stage_budget_bytes
+    fit = max(1, grad_stage_budget_bytes() // (4 * meta.q * meta.nout))
+    chunks = -(-int(batch) // min(fit, int(batch)))
+    return -(-int(batch) // chunks)
+
+
 def select_taps_config(meta: TrainingMeta, batch: int) -> str:
-    """The split tensor-core config of the tap-expanded layer (:func:`grad_input_taps`): the rule's pipelined
-    config (:data:`MMA_GRAD_CONFIG`, 64 batch rows per CTA) where its GEMM, ``2 B Cout Q Nout`` FLOPs, is at least
-    :data:`MMA_GRAD_MIN_GFLOP` at B >= 64, else ``select_mma_split(B, Q)``. Not yet read from GPU runs: a start."""
+    """The split tensor-core config of the tap-expanded layer (:func:`grad_input_taps`) for a call of ``batch``
+    rows, from the rows of its chunks (:func:`taps_batch_chunk`): the rule's pipelined config
+    (:data:`MMA_GRAD_CONFIG`, 64 batch rows per CTA) where a chunk's GEMM, ``2 rows Cout Q Nout`` FLOPs, is at least
+    :data:`MMA_GRAD_MIN_GFLOP` with at least 64 rows, else ``select_mma_split(rows, Q)``. Not yet read from GPU runs:
+    a start."""
     from fovi_lab.kernels.forward.api import select_mma_split
-    work = 2.0 * batch * pad_to(meta.cout, 64) * meta.q * meta.nout
-    if batch >= 64 and work >= MMA_GRAD_MIN_GFLOP * 1e9:
+    rows = taps_batch_chunk(meta, batch)
+    work = 2.0 * rows * pad_to(meta.cout, 64) * meta.q * meta.nout
+    if rows >= 64 and work >= MMA_GRAD_MIN_GFLOP * 1e9:
         return MMA_GRAD_CONFIG
-    return select_mma_split(batch, meta.q)
+    return select_mma_split(rows, meta.q)
 
 
 def grad_input_taps(meta: TrainingMeta, grad_y: torch.Tensor, weight: torch.Tensor,
@@ -211,7 +224,8 @@ def grad_input_taps(meta: TrainingMeta, grad_y: torch.Tensor, weight: torch.Tens
     reverse list's order, ``S[b, c*V + rf[n, k], n]`` over the entries ``(n, k)`` that read node ``m``
     (:func:`fovi_lab.kernels.adjoint.staged.make_dx_taps_kernel`). For the stems (Cin = 3), whose transposed layer
     would fill 3 channels of a 64-wide tile: Q = Cin*V output channels fill them, at V / K times the stage's work.
-    fp16 operands (the split configs' dtype); bitwise repeatable.
+    The batch runs in chunks whose stage fits the staged adjoints' budget (:func:`taps_batch_chunk`; each row's dx
+    is its chunk's alone). fp16 operands (the split configs' dtype); bitwise repeatable.
 
     Args:
         meta: the layer's :class:`TrainingMeta`.
@@ -230,18 +244,24 @@ def grad_input_taps(meta: TrainingMeta, grad_y: torch.Tensor, weight: torch.Tens
     check_tensor("grad_y", grad_y, dtype=torch.float16)
     check_grad_args(meta, grad_y, weight=weight)
     meta = meta.to(grad_y.device)
-    b = grad_y.shape[0]
+    b, dev = grad_y.shape[0], str(grad_y.device)
     red = get_grad_kernel("csr", "dx_taps", grad_y.device)
     if red is None:
         raise RuntimeError("the tap-expanded reduction (dx_taps) cannot launch on this device")
     me = expanded_meta(meta)
+    config = config or select_taps_config(meta, b)
     g = grad_y if grad_y.is_contiguous() else grad_y.contiguous()
-    s = run_uncached(g, weight.t().contiguous(), None, me.input_linear, me.weight_linear,
-                     config=config or select_taps_config(meta, b), out_dtype=torch.float32)   # [B, Q, Nout]
+    wt = weight.t().contiguous()                                                 # W' [Q, Cout]
+    rowptr, taps = warp_ct(meta.rev_rowptr), warp_ct(reverse_taps(meta))
     dx = torch.empty(b, meta.cin, meta.nin, dtype=torch.float32, device=grad_y.device)
-    _launch(red.kernel, (b, meta.cin, meta.nin),
-            [warp_ct(meta.rev_rowptr), warp_ct(reverse_taps(meta)), warp_ct(s.view(b, meta.q * meta.nout)),
-             int(meta.v * meta.nout), warp_ct(dx)], str(grad_y.device))
+    rows = taps_batch_chunk(meta, b)
+    for b0 in range(0, b, rows):
+        b1 = min(b, b0 + rows)
+        s = run_uncached(g[b0:b1], wt, None, me.input_linear, me.weight_linear, config=config,
+                         out_dtype=torch.float32)                                # S [rows, Q, Nout]
+        _launch(red.kernel, (b1 - b0, meta.cin, meta.nin),
+                [rowptr, taps, warp_ct(s.view(b1 - b0, meta.q * meta.nout)), int(meta.v * meta.nout),
+                 warp_ct(dx[b0:b1])], dev)
     return dx
 
 

@@ -45,7 +45,7 @@ FUSED_MIN_CIN = 16
 
 #: The settings the plan reads (a change decides anew).
 SWITCHES = ("FOVI_KNN_GRAD_PATH", "FOVI_KNN_DX_PATH", "FOVI_KNN_DW_PATH", "FOVI_KNN_FUSED_PARTIAL_MIB",
-            "FOVI_KNN_TAP_TABLE_MIB")
+            "FOVI_KNN_TAP_TABLE_MIB", "FOVI_KNN_GRAD_STAGE_MIB", "FOVI_KNN_STAGE_MIB")
 
 
 @dataclass(frozen=True)
