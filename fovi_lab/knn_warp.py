@@ -147,7 +147,9 @@ def grad_path(meta: Optional[TrainingMeta] = None, dtype: Optional[torch.dtype] 
 def mma_path(which: str) -> str:
     """``FOVI_KNN_DX_PATH`` (``which="dx"``) / ``FOVI_KNN_DW_PATH`` (``"dW"``): ``"mma"`` (that gradient of
     ``warp_train`` on the tensor-core forward of a derived layer, :mod:`fovi_lab.kernels.adjoint.as_forward`),
-    ``"off"`` (:func:`grad_path`'s fused / staged kernels) or ``"auto"`` (the default: the tensor cores where
+    ``"taps"`` (dx only, fp16 calls: the forward of the tap-expanded layer and a reverse-list sum,
+    :func:`~fovi_lab.kernels.adjoint.as_forward.grad_input_taps`), ``"off"`` (:func:`grad_path`'s fused / staged
+    kernels) or ``"auto"`` (the default: the tensor cores where
     :func:`fovi_lab.kernels.adjoint.as_forward.select_grad_mma` picks them, and a stem's dW where
     :func:`~fovi_lab.kernels.adjoint.as_forward.select_stem_dw_mma` does)."""
     return settings.get("FOVI_KNN_DX_PATH" if which == "dx" else "FOVI_KNN_DW_PATH")
@@ -155,7 +157,7 @@ def mma_path(which: str) -> str:
 
 def grad_paths(meta: TrainingMeta, batch: int, dtype: torch.dtype = torch.float16) -> tuple:
     """``(dx path, dW path)`` of a ``warp_train`` call at ``batch`` in ``dtype``: ``"mma"`` (tensor cores, by
-    :func:`mma_path`'s switch or rule) or :func:`grad_path`'s ``"fused"`` / ``"staged"`` (before any fallback);
+    :func:`mma_path`'s switch or rule), ``"taps"`` (dx on the tap-expanded layer, by the switch) or :func:`grad_path`'s ``"fused"`` / ``"staged"`` (before any fallback);
     the call signature's :class:`~fovi_lab.kernels.adjoint.rule.AdjointPlan`, decided once."""
     plan = _rule.adjoint_plan(meta, batch, dtype)
     return plan.dx, plan.dw

@@ -287,15 +287,16 @@ def test_the_taps_config_rule_and_a_bad_dtype_is_refused():
         grad_input_taps(m, g, w)
 
 
-def test_taps_dx_runs_in_batch_chunks_within_the_stage_budget_each_row_as_whole(monkeypatch):
+def test_taps_dx_runs_in_batch_chunks_within_the_stage_budget(monkeypatch):
     from fovi_lab.kernels.adjoint.as_forward import grad_input_taps, taps_batch_chunk
     meta, w, g, dx_o, _, _ = _case("ODD", 17, torch.float16)
-    whole = grad_input_taps(meta, g, w, "mmas_o32b8")
-    row_mib = 4 * meta.q * meta.nout / 2**20
+    assert taps_batch_chunk(meta, 17) == 17
+    row_mib = 2 * 4 * meta.q * meta.nout / 2**20                          # a row's stage and one split's partials
     monkeypatch.setenv("FOVI_KNN_GRAD_STAGE_MIB", str(5.5 * row_mib))      # 5 rows fit: chunks of 5, 5, 5 and 2
     assert taps_batch_chunk(meta, 17) == 5
-    chunked = grad_input_taps(meta, g, w, "mmas_o32b8")
-    assert torch.equal(chunked, whole)
+    chunked = grad_input_taps(meta, g, w)
     _assert_fp32_exact(chunked, dx_o, "taps dx in chunks")
+    assert torch.equal(chunked, grad_input_taps(meta, g, w)), "taps dx in chunks not bitwise repeatable"
     monkeypatch.setenv("FOVI_KNN_GRAD_STAGE_MIB", "0")                    # at least one row a chunk
-    assert taps_batch_chunk(meta, 17) == 1 and torch.equal(grad_input_taps(meta, g, w, "mmas_o32b8"), whole)
+    assert taps_batch_chunk(meta, 17) == 1
+    _assert_fp32_exact(grad_input_taps(meta, g, w), dx_o, "taps dx a row at a time")

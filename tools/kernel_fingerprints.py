@@ -108,6 +108,13 @@ def _staged_fingerprint(kind: str, name: str) -> str:
             out = torch.full((2, 5, bc), float("nan"))
             wp.launch(kernel, dim=(5, 2, bc), inputs=[to_warp(rowptr), to_warp(rev_row), to_warp(da), k],
                       outputs=[to_warp(out)], device="cpu")
+        elif spec["target"] == "dx_taps":
+            vn, b = 13, 4                                                          # s [B, Cin*vn], 2 channels
+            rev_taps = torch.randint(0, vn, (11,), generator=g, dtype=torch.int32)
+            s = torch.randn(b, 2 * vn, generator=g)
+            out = torch.full((b, 2, 5), float("nan"))
+            wp.launch(kernel, dim=(b, 2, 5), inputs=[to_warp(rowptr), to_warp(rev_taps), to_warp(s), vn],
+                      outputs=[to_warp(out)], device="cpu")
         else:
             w_col = torch.sort(torch.randint(0, 40, (11,), generator=g, dtype=torch.int32)).values
             dweff = torch.randn(40, 9, generator=g).to(sdt)

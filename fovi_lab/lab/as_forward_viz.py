@@ -62,7 +62,7 @@ def time_here(layer: str = "res18_layer3", batch: int = 8, device=None, reps: in
     the largest entry (both sum in fp32, in different orders)."""
     from fovi_lab.graph.layers import layer_meta
     from fovi_lab.kernels.adjoint.as_forward import grad_input_mma, grad_weight_mma
-    from fovi_lab.knn_warp import grad_input_kernels, grad_paths, grad_weight_kernels
+    from fovi_lab.knn_warp import grad_input_kernels, grad_path, grad_paths, grad_weight_kernels
 
     device = str(device or kl.default_device())
     meta = layer_meta(layer, device=device)
@@ -74,7 +74,7 @@ def time_here(layer: str = "res18_layer3", batch: int = 8, device=None, reps: in
     rows = []
     for what, mma, own, operand, kernels in (("dx", grad_input_mma, grad_input_kernels, w, path[0]),
                                              ("dW", grad_weight_mma, grad_weight_kernels, x, path[1])):
-        kernels = kernels if kernels in ("fused", "staged") else "fused"
+        kernels = kernels if kernels in ("fused", "staged") else grad_path(meta)     # the layer's own kernels
         a, b = mma(meta, g, operand), own(meta, g, operand, kernels)
         diff = float((a - b.float()).abs().max()) / max(1e-12, float(b.float().abs().max()))
         t_mma = kl.time_ms(lambda: mma(meta, g, operand), device, max_reps=reps)

@@ -110,7 +110,7 @@ def train_step_runs(records: Optional[List[dict]] = None,
     out = {}
     for key, by_run in runs.items():
         ok = [rk for rk, d in by_run.items() if all(n in d for n in need)
-              and "mma" not in str(d.get("warp_train", {}).get("path", ""))]
+              and not any(t in str(d.get("warp_train", {}).get("path", "")) for t in ("mma", "taps"))]
         if ok:
             out[key] = by_run[max(ok)]
     return out

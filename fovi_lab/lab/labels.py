@@ -27,7 +27,8 @@ CONFIG_ID = re.compile(r"\b(?:mma[a-z]*_o\d+\w*|nm[ps]?_m\d+\w*|(?:c_|gp_)?m\d+n
                        r"dwn_o\d+\w*|o\d+c\d+k\d+)\b")
 
 #: A gradient's path (:func:`fovi_lab.knn_warp.grad_paths`) in words.
-PATH_WORDS = {"mma": "tensor cores", "fused": "fused kernels", "staged": "staged kernels"}
+PATH_WORDS = {"mma": "tensor cores", "taps": "tensor cores (tap-expanded layer)", "fused": "fused kernels",
+              "staged": "staged kernels"}
 
 
 def path_words(path: str) -> str:

@@ -105,23 +105,24 @@ case "$job" in
     FOVI_WARP_MATHDX=0 timeout 110 python3 -m fovi_lab warmup --no-dense --experimental --mathdx off --jobs 16 \
       > "$OUT/warmup.log" 2>&1
     tail -1 "$OUT/warmup.log"; echo "warmup done at $(( $(date +%s) - t0 )) s"
-    c=$(cap 200); timeout "$c" python3 -m fovi_lab.bench.backward train-step --graphs --batches 16 64 \
+    c=$(cap 190); timeout "$c" python3 -m fovi_lab.bench.backward train-step --graphs --batches 16 64 \
       --layers all --jobs 16 --time-budget-s $(( c - 35 )) --out "$OUT/train_step.jsonl" > "$OUT/train_step.log" 2>&1
     tail -4 "$OUT/train_step.log"; echo "train-step done at $(( $(date +%s) - t0 )) s"
-    FOVI_WARP_MATHDX=0 timeout "$(cap 80)" python3 -m pytest -o addopts="" -p no:cacheprovider -q \
+    FOVI_WARP_MATHDX=0 timeout "$(cap 75)" python3 -m pytest -o addopts="" -p no:cacheprovider -q \
       tests/test_gpu_parity.py tests/test_gpu_replay.py tests/test_gpu_torch_native.py \
       --junitxml="$OUT/parity.xml" > "$OUT/parity.log" 2>&1
     tail -6 "$OUT/parity.log"; echo "parity done at $(( $(date +%s) - t0 )) s"
     # the stems' dx on the tap-expanded layer (FOVI_KNN_DX_PATH=taps) beside the rule's staged dx, B = 512 both ways
     # (B = 16 and 64 under the rule: the train step above)
     for mode in taps auto; do
-      FOVI_KNN_DX_PATH=$mode timeout "$(cap 45)" python3 -m fovi_lab.bench.backward train-step --graphs --no-fovi \
-        --batches $([ $mode = taps ] && echo 16 64 512 || echo 512) --layers dinov3_patch res18_stem alex_L0 \
-        res18_stem_rf2 --jobs 16 --out "$OUT/train_step_dx_taps.jsonl" > "$OUT/dx_taps_$mode.log" 2>&1
-      grep -E "warp_train .*ms|warp_train_graphed" "$OUT/dx_taps_$mode.log" | cut -c1-150 | tail -12
+      c=$(cap 40); FOVI_KNN_DX_PATH=$mode timeout "$c" python3 -m fovi_lab.bench.backward train-step --graphs \
+        --no-fovi --batches $([ $mode = taps ] && echo 16 64 512 || echo 512) --layers dinov3_patch res18_stem \
+        alex_L0 res18_stem_rf2 --jobs 16 --time-budget-s $(( c > 15 ? c - 10 : 5 )) \
+        --out "$OUT/train_step_dx_$mode.jsonl" > "$OUT/dx_$mode.log" 2>&1
+      grep -E "warp_train .*ms|warp_train_graphed" "$OUT/dx_$mode.log" | cut -c1-150 | tail -12
     done; echo "dx taps done at $(( $(date +%s) - t0 )) s"
     if [ -f /tmp/fovi_lab_out/network_fovi.jsonl ]; then      # fovi's backends timed by networks-fovi
-      timeout "$(cap 110)" python3 -m fovi_lab.bench.network --net alexnet resnet18 --batches 256 64 --modes eager \
+      timeout "$(cap 100)" python3 -m fovi_lab.bench.network --net alexnet resnet18 --batches 256 64 --modes eager \
         graphed --backends fovi_lab --alternatives /tmp/fovi_lab_out/network_fovi.jsonl --out "$OUT/network.jsonl" \
         > "$OUT/network.log" 2>&1
     else
@@ -129,7 +130,7 @@ case "$job" in
         --backends fovi_lab auto cuda baseline torch_compact stubbed --out "$OUT/network.jsonl" > "$OUT/network.log" 2>&1
     fi
     tail -10 "$OUT/network.log"; echo "network done at $(( $(date +%s) - t0 )) s"
-    timeout "$(cap 25)" python3 tools/gpu/profile_step.py dinov3_patch:16 res18_layer4_0:16 res18_stem:16 \
+    timeout "$(cap 20)" python3 tools/gpu/profile_step.py dinov3_patch:16 res18_layer4_0:16 res18_stem:16 \
       > "$OUT/profile.log" 2>&1; tail -2 "$OUT/profile.log"
     [ "$(left)" -gt 30 ] && FOVI_WARP_MATHDX=0 timeout $(( $(left) - 3 )) python3 -m fovi_lab.bench.host \
       --layers res18_layer1 alex_L1 res18_stem --batches 16 --fovi fovi_lab cuda --out "$OUT/host.jsonl" \

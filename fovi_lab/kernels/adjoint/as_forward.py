@@ -192,11 +192,14 @@ def grad_input_mma(meta: TrainingMeta, grad_y: torch.Tensor, weight: torch.Tenso
 
 
 def taps_batch_chunk(meta: TrainingMeta, batch: int) -> int:
-    """The batch rows per chunk of :func:`grad_input_taps`: its fp32 stage, ``Q x Nout`` values a row, within the
-    staged adjoints' budget (``FOVI_KNN_GRAD_STAGE_MIB``, capped by ``FOVI_KNN_STAGE_MIB``), the chunks as even as
-    the batch allows (at least one row each)."""
+    """The batch rows per chunk of :func:`grad_input_taps`: what a chunk allocates, its fp32 stage (``Q x Nout``
+    values a row) and the split config's fp32 partials (S stages, S at most ``pad64(Cout) / 64``: the split families
+    take at least 4 k-steps of 16 p entries per split), within the staged adjoints' budget
+    (``FOVI_KNN_GRAD_STAGE_MIB``, capped by ``FOVI_KNN_STAGE_MIB``); ``ceil(B / chunks)`` rows a chunk, the last
+    one the rest, at least one row each."""
     from fovi_lab.kernels.adjoint.configs import grad_stage_budget_bytes
-    fit = max(1, grad_stage_budget_bytes() // (4 * meta.q * meta.nout))
+    splits = max(1, pad_to(meta.cout, 64) // 64)
+    fit = max(1, grad_stage_budget_bytes() // (4 * meta.q * meta.nout * (1 + splits)))
     chunks = -(-int(batch) // min(fit, int(batch)))
     return -(-int(batch) // chunks)
 
@@ -204,7 +207,7 @@ def taps_batch_chunk(meta: TrainingMeta, batch: int) -> int:
 def select_taps_config(meta: TrainingMeta, batch: int) -> str:
     """The split tensor-core config of the tap-expanded layer (:func:`grad_input_taps`) for a call of ``batch``
     rows, from the rows of its chunks (:func:`taps_batch_chunk`): the rule's pipelined config
-    (:data:`MMA_GRAD_CONFIG`, 64 batch rows per CTA) where a chunk's GEMM, ``2 rows Cout Q Nout`` FLOPs, is at least
+    (:data:`MMA_GRAD_CONFIG`, 64 batch rows per CTA) where a chunk's GEMM, ``2 rows pad64(Cout) Q Nout`` FLOPs, is at least
     :data:`MMA_GRAD_MIN_GFLOP` with at least 64 rows, else ``select_mma_split(rows, Q)``. Not yet read from GPU runs:
     a start."""
     from fovi_lab.kernels.forward.api import select_mma_split
@@ -224,8 +227,8 @@ def grad_input_taps(meta: TrainingMeta, grad_y: torch.Tensor, weight: torch.Tens
     reverse list's order, ``S[b, c*V + rf[n, k], n]`` over the entries ``(n, k)`` that read node ``m``
     (:func:`fovi_lab.kernels.adjoint.staged.make_dx_taps_kernel`). For the stems (Cin = 3), whose transposed layer
     would fill 3 channels of a 64-wide tile: Q = Cin*V output channels fill them, at V / K times the stage's work.
-    The batch runs in chunks whose stage fits the staged adjoints' budget (:func:`taps_batch_chunk`; each row's dx
-    is its chunk's alone). fp16 operands (the split configs' dtype); bitwise repeatable.
+    The batch runs in chunks whose stage and partials fit the staged adjoints' budget (:func:`taps_batch_chunk`);
+    each row's dx is its chunk's alone. fp16 operands (the split configs' dtype); bitwise repeatable.
 
     Args:
         meta: the layer's :class:`TrainingMeta`.
@@ -262,6 +265,7 @@ def grad_input_taps(meta: TrainingMeta, grad_y: torch.Tensor, weight: torch.Tens
         _launch(red.kernel, (b1 - b0, meta.cin, meta.nin),
                 [rowptr, taps, warp_ct(s.view(b1 - b0, meta.q * meta.nout)), int(meta.v * meta.nout),
                  warp_ct(dx[b0:b1])], dev)
+        del s                      # (freed on the stream's order) before the next chunk allocates its own
     return dx
 
 
