@@ -157,8 +157,9 @@ def mma_path(which: str) -> str:
 
 def grad_paths(meta: TrainingMeta, batch: int, dtype: torch.dtype = torch.float16) -> tuple:
     """``(dx path, dW path)`` of a ``warp_train`` call at ``batch`` in ``dtype``: ``"mma"`` (tensor cores, by
-    :func:`mma_path`'s switch or rule), ``"taps"`` (dx on the tap-expanded layer, by the switch) or :func:`grad_path`'s ``"fused"`` / ``"staged"`` (before any fallback);
-    the call signature's :class:`~fovi_lab.kernels.adjoint.rule.AdjointPlan`, decided once."""
+    :func:`mma_path`'s switch or rule), ``"taps"`` (dx on the tap-expanded layer, by the switch) or
+    :func:`grad_path`'s ``"fused"`` / ``"staged"`` (before any fallback); the call signature's
+    :class:`~fovi_lab.kernels.adjoint.rule.AdjointPlan`, decided once."""
     plan = _rule.adjoint_plan(meta, batch, dtype)
     return plan.dx, plan.dw
 

@@ -44,6 +44,12 @@ The sweep of ``python -m fovi_lab bench adjoints`` (data/h200/adjoint_paths.json
 fused kernels on both gradients from 6.8 GFLOP up.
 ``FOVI_KNN_DX_PATH`` / ``FOVI_KNN_DW_PATH``
 (``mma``, ``off``, ``auto``) override the rule per gradient.
+
+``FOVI_KNN_DX_PATH=taps`` (opt-in, fp16; no GPU record times it yet) puts the stems' dx on the tensor cores another
+way (:func:`grad_input_taps`): the forward of the *tap-expanded* layer (:func:`fovi_lab.graph.meta.expanded_meta`,
+output channels ``c*V + t``, Q of them, where the transposed layer has Cin) stages
+``S[b, c*V + t, n] = sum_o g[b, o, n] W[o, c*V + t]`` in fp32, and a reverse-list reduction sums
+``S[b, c*V + rf[n, k], n]`` for each input node in a fixed order: ``V / K`` times the stage's work, in full tiles.
 """
 
 from __future__ import annotations
@@ -57,7 +63,8 @@ from fovi_lab.graph.meta import (TrainingMeta, derived_table_limit, expanded_met
 from fovi_lab.kernels.common import check_tensor
 from fovi_lab.ops.reference import check_grad_args
 
-__all__ = ["grad_input_mma", "grad_input_taps", "select_taps_config", "taps_batch_chunk", "grad_weight_mma", "transposed_weight", "padding", "tap_padding", "list_paddings",
+__all__ = ["grad_input_mma", "grad_input_taps", "select_taps_config", "taps_batch_chunk", "grad_weight_mma",
+           "transposed_weight", "padding", "tap_padding", "list_paddings",
            "select_grad_mma", "select_stem_dw_mma", "stem_dw_batch_chunk", "stem_dw_config",
            "MMA_GRAD_CONFIG", "MMA_GRAD_MIN_GFLOP", "MMA_GRAD_MIN_BATCH", "MMA_GRAD_MIN_CIN", "MMA_GRAD_MAX_PADDING",
            "STEM_DW_TABLE_MIB", "STEM_DW_MAX_CHUNKS"]
@@ -207,9 +214,9 @@ def taps_batch_chunk(meta: TrainingMeta, batch: int) -> int:
 def select_taps_config(meta: TrainingMeta, batch: int) -> str:
     """The split tensor-core config of the tap-expanded layer (:func:`grad_input_taps`) for a call of ``batch``
     rows, from the rows of its chunks (:func:`taps_batch_chunk`): the rule's pipelined config
-    (:data:`MMA_GRAD_CONFIG`, 64 batch rows per CTA) where a chunk's GEMM, ``2 rows pad64(Cout) Q Nout`` FLOPs, is at least
-    :data:`MMA_GRAD_MIN_GFLOP` with at least 64 rows, else ``select_mma_split(rows, Q)``. Not yet read from GPU runs:
-    a start."""
+    (:data:`MMA_GRAD_CONFIG`, 64 batch rows per CTA) where a chunk's GEMM, ``2 rows pad64(Cout) Q Nout`` FLOPs, is
+    at least :data:`MMA_GRAD_MIN_GFLOP` with at least 64 rows, else ``select_mma_split(rows, Q)``. Not yet read from
+    GPU runs: a start."""
     from fovi_lab.kernels.forward.api import select_mma_split
     rows = taps_batch_chunk(meta, batch)
     work = 2.0 * rows * pad_to(meta.cout, 64) * meta.q * meta.nout

@@ -1,7 +1,7 @@
 """The adjoint rule of ``warp_train``: which kernels compute dx and dW of a call, decided once per (layer, batch,
 dtype, switches) and held in a frozen :class:`AdjointPlan`.
 
-Each gradient runs on one of three paths:
+Each gradient runs on one of four paths:
 
 * ``"mma"``: the tensor cores, as the forward of a derived layer (dx: the transposed layer; dW: the tap layer;
   :mod:`fovi_lab.kernels.adjoint.as_forward`), where :func:`~fovi_lab.kernels.adjoint.as_forward.select_grad_mma`
