@@ -138,24 +138,14 @@ case "$job" in
     tail -20 "$OUT/host.log" ;;
   finish)
     # the call after steps on the same machine: the train step at B = 512, ResNet-18's eager step with fovi's fastest
-    # backends in one process, then the in-place replay against auto (its test, the train step at B = 16, host work)
+    # backends in one process, then the in-place job in what is left
     c=$(cap 150); timeout "$c" python3 -m fovi_lab.bench.backward train-step --graphs --no-fovi --batches 512 \
       --layers all --jobs 16 --time-budget-s $(( c - 30 )) --out "$OUT/train_step_b512.jsonl" > "$OUT/ts512.log" 2>&1
     tail -3 "$OUT/ts512.log"; echo "B = 512 done at $(( $(date +%s) - t0 )) s"
     timeout "$(cap 70)" python3 -m fovi_lab.bench.network --net resnet18 --batches 64 --modes eager \
       --backends fovi_lab cuda auto --out "$OUT/network_one_process.jsonl" > "$OUT/net_one.log" 2>&1
     tail -4 "$OUT/net_one.log"
-    FOVI_WARP_MATHDX=0 timeout "$(cap 40)" python3 -m pytest -o addopts="" -p no:cacheprovider -q -s \
-      tests/test_gpu_replay.py -k in_place --junitxml="$OUT/in_place_tests.xml" > "$OUT/in_place_tests.log" 2>&1
-    tail -4 "$OUT/in_place_tests.log"
-    for mode in auto in-place; do
-      FOVI_KNN_REPLAY=$mode timeout "$(cap 60)" python3 -m fovi_lab.bench.backward train-step --no-fovi \
-        --batches 16 --layers all --jobs 16 --out "$OUT/train_step_replay_modes.jsonl" > "$OUT/ts_$mode.log" 2>&1
-      tail -2 "$OUT/ts_$mode.log"
-      FOVI_KNN_REPLAY=$mode timeout "$(cap 30)" python3 -m fovi_lab.bench.host --layers res18_layer1 alex_L1 \
-        dinov3_patch --batches 16 --backends warp_train --paths step --out "$OUT/host_replay_modes.jsonl" \
-        > "$OUT/host_$mode.log" 2>&1; tail -4 "$OUT/host_$mode.log"
-    done ;;
+    [ "$(left)" -gt 30 ] && FOVI_TIMEOUT=$(( $(left) - 3 )) bash "$0" in-place ;;     # in what is left
   networks-all)
     for m in 0 1; do
       FOVI_WARP_MATHDX=$m timeout "$(cap 50)" python3 -m fovi_lab.bench.backward train-step --graphs --no-fovi \
