@@ -74,3 +74,14 @@ def test_records_say_how_the_tile_gemms_were_built(monkeypatch):
     import warp
     monkeypatch.setattr(warp.config, "enable_mathdx_gemm", False, raising=False)
     assert tile_gemm("cuda") == "scalar"                      # unset: Warp's own setting decides
+
+
+def test_records_say_which_kernel_switches_were_set(monkeypatch):
+    from fovi_lab.bench.common import env_info
+    import fovi_lab.settings as settings
+    for name in settings.KERNEL_AFFECTING:
+        monkeypatch.delenv(name, raising=False)
+    assert env_info("cpu")["settings"] == {}                  # the package's own rules
+    monkeypatch.setenv("FOVI_KNN_DX_PATH", "taps")
+    monkeypatch.setenv("FOVI_KNN_UNRELATED_NAME", "1")         # not a setting: not recorded
+    assert env_info("cpu")["settings"] == {"FOVI_KNN_DX_PATH": "taps"}

@@ -146,3 +146,23 @@ def test_a_network_row_splits_the_step_where_the_run_timed_the_rest(tmp_path):
     row = "| KNNResNet-18 | 64 | 10.00 / 12.00 (cuda) | 1.20x | 4.00 / 5.00 (cuda) | 1.25x | 4.00 / 6.00 (1.50x) | – |"
     assert row in table, table
     assert "| 6.00 | 4.00 / 6.00 (1.50x) |" in "\n".join(report.network_markdown(rows))
+
+
+def test_records_under_a_kernel_switch_stay_out_of_the_tables(tmp_path):
+    """A run with a kernel switch set (``FOVI_KNN_DX_PATH=taps``, say: its records' ``settings``) measured a variant,
+    not what ``warp_train`` runs; neither the per-layer nor the network table reads it."""
+    import json
+    base = dict(kind="network", device="GPU X", net="resnet18", B=64, precision="amp", mode="eager", commit="abc",
+                date="2026-01-01T00:00")
+    recs = [dict(base, backend="cuda", ms=12.0), dict(base, backend="fovi_lab", ms=6.0),
+            dict(base, backend="fovi_lab", ms=1.0, settings={"FOVI_KNN_DX_PATH": "taps"})]
+    (tmp_path / "gpu_x").mkdir()
+    (tmp_path / "gpu_x" / "network.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    rows = report.network_rows(report.network_records(tmp_path))
+    assert [(r["ours_ms"], r["other_ms"]) for r in rows] == [(6.0, 12.0)]
+    step = dict(mode="train-step", device="GPU X", layer="res18_stem", B=16, date="2026-01-01T00:00", source="s")
+    (tmp_path / "steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (
+        dict(step, impl="warp_train", ms=0.5), dict(step, impl="torch_compact", ms=0.4),
+        dict(step, impl="warp_train", ms=0.1, settings={"FOVI_KNN_DX_PATH": "taps"}))))
+    runs = report.load_runs(tmp_path)
+    assert sorted(r["ms"] for _, recs in runs for r in recs) == [0.4, 0.5]

@@ -41,6 +41,8 @@ from typing import Callable, Iterable, List, Optional
 
 import torch
 
+import fovi_lab.settings as _settings
+
 __all__ = ["Timing", "time_fn", "pipelined_ms", "env_info", "Roofline", "tflops", "gbps", "compact_flops", "compact_bytes",
            "append_jsonl", "Progress", "default_record_path", "records_note"]
 
@@ -198,8 +200,9 @@ def boot_id() -> Optional[str]:
 def env_info(device) -> dict:
     """The provenance stamped into every record: ``device`` (name), ``warp``, ``torch``, ``cuda``, ``python``,
     ``date`` (UTC), ``host``, ``boot_id`` (:func:`boot_id`), ``commit`` (of the checkout, None for an installed
-    package), ``command``, ``tile_gemm`` (:func:`tile_gemm`: how the kernels' tile GEMMs were built) and ``replay``
-    (``FOVI_KNN_REPLAY``)."""
+    package), ``command``, ``tile_gemm`` (:func:`tile_gemm`: how the kernels' tile GEMMs were built), ``replay``
+    (``FOVI_KNN_REPLAY``) and ``settings`` (the kernel-affecting ``FOVI_*`` variables that are set, such as
+    ``FOVI_KNN_DX_PATH``: :func:`fovi_lab.settings.kernel_values`; empty under the package's own rules)."""
     device = torch.device(device)
     try:
         import warp
@@ -220,6 +223,7 @@ def env_info(device) -> dict:
         "command": _command(),
         "tile_gemm": tile_gemm(device),
         "replay": _replay_mode(),
+        "settings": _settings.kernel_values(),
     }
 
 

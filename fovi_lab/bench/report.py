@@ -55,8 +55,8 @@ _OURS = {"forward": ("warp_uncached", "warp_uncached_graphed"), "train-step": ("
 def load_runs(data_dir: Optional[Path] = None) -> List[Tuple[str, List[dict]]]:
     """``[(run label, records)]``, oldest run first: one entry per benchmark run (one source file and start date) of
     the shipped records and a checkout's ``data/`` (or of the ``*.jsonl`` files of ``data_dir``), labelled with the
-    record file that holds it and the run's date. Records of variants a backend does not run by default (``note_run``) and
-    configs swept beside the pick (``chosen: false``) are left out."""
+    record file that holds it and the run's date. Records of variants a backend does not run by default (``note_run``,
+    or a kernel switch set: ``settings``), and configs swept beside the pick (``chosen: false``) are left out."""
     if data_dir is None:
         paths = record_files()
     else:
@@ -66,7 +66,8 @@ def load_runs(data_dir: Optional[Path] = None) -> List[Tuple[str, List[dict]]]:
         where = (f"fovi_lab/{path.relative_to(RECORDS_DIR.parent)}" if path.is_relative_to(RECORDS_DIR.parent)
                  else f"data/{path.name}")
         for r in read_file(path):
-            if r.get("note_run") or r.get("chosen") is False or not r.get("ms") or "layer" not in r:
+            if (r.get("note_run") or r.get("settings") or r.get("chosen") is False or not r.get("ms")
+                    or "layer" not in r):
                 continue
             # a run: the records one benchmark process wrote (one source file, one start date)
             groups.setdefault((str(r.get("date", "")), where, r["source"]), []).append(r)
@@ -293,12 +294,14 @@ _PRECISION = {"amp": "mixed precision (fp32 weights, fp16 autocast)", "fp16": "f
 def network_records(data_dir: Optional[Path] = None) -> List[dict]:
     """The records of ``python -m fovi_lab bench network`` kept in a checkout (``data/<device>/network.jsonl``, or
     the ``network.jsonl`` files under ``data_dir``) that timed a step of a network at its budget (``in_res`` 64, the
-    default; a smaller grid is a quick run, not the network); none for an installed package."""
+    default; a smaller grid is a quick run, not the network) under the package's own rules (no kernel switch set:
+    ``settings``); none for an installed package."""
     root = Path(data_dir) if data_dir is not None else (CHECKOUT_ROOT / "data" if CHECKOUT_ROOT else None)
     if root is None or not root.is_dir():
         return []
     return [r for path in sorted(root.glob("**/network.jsonl")) for r in read_file(path)
-            if r.get("kind") == "network" and r.get("ms") and r.get("in_res", 64) == 64]   # the networks' budget
+            if r.get("kind") == "network" and r.get("ms") and r.get("in_res", 64) == 64    # the networks' budget
+            and not r.get("settings")]
 
 
 def network_rows(records: List[dict]) -> List[dict]:

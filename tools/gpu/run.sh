@@ -22,8 +22,9 @@
 #                                                   # (default cuBLASDx tile GEMMs), GPU parity, the stems' dx
 #                                                   # under FOVI_KNN_DX_PATH=taps beside the rule, the networks with
 #                                                   # fovi_lab (against networks-fovi's records where that ran, else
-#                                                   # with fovi's backends), the kernels of three steps that lose
-#                                                   # (profile_step), the host work in what is left
+#                                                   # with fovi's backends), ResNet-18 with the stem's dx on taps,
+#                                                   # the kernels of three steps that lose (profile_step), the host
+#                                                   # work in what is left
 #   bash tools/gpu/run.sh finish                  # the call after steps: the train step at B = 512, ResNet-18
 #                                                   # eager with fovi's fastest in one process, in-place against auto
 #   bash tools/gpu/run.sh networks-all            # the next call on the same machine: the tile GEMMs built both
@@ -130,6 +131,11 @@ case "$job" in
         --backends fovi_lab auto cuda baseline torch_compact stubbed --out "$OUT/network.jsonl" > "$OUT/network.log" 2>&1
     fi
     tail -10 "$OUT/network.log"; echo "network done at $(( $(date +%s) - t0 )) s"
+    # ResNet-18 with its stem's dx on the tap-expanded layer (records carry settings: {FOVI_KNN_DX_PATH: taps})
+    alt=(); [ -f /tmp/fovi_lab_out/network_fovi.jsonl ] && alt=(--alternatives /tmp/fovi_lab_out/network_fovi.jsonl)
+    FOVI_KNN_DX_PATH=taps timeout "$(cap 50)" python3 -m fovi_lab.bench.network --net resnet18 --batches 64 \
+      --modes eager graphed --backends fovi_lab "${alt[@]}" --out "$OUT/network_dx_taps.jsonl" > "$OUT/net_taps.log" 2>&1
+    tail -3 "$OUT/net_taps.log"
     timeout "$(cap 20)" python3 tools/gpu/profile_step.py dinov3_patch:16 res18_layer4_0:16 res18_stem:16 \
       > "$OUT/profile.log" 2>&1; tail -2 "$OUT/profile.log"
     [ "$(left)" -gt 30 ] && FOVI_WARP_MATHDX=0 timeout $(( $(left) - 3 )) python3 -m fovi_lab.bench.host \
