@@ -166,3 +166,8 @@ def test_records_under_a_kernel_switch_stay_out_of_the_tables(tmp_path):
         dict(step, impl="warp_train", ms=0.1, settings={"FOVI_KNN_DX_PATH": "taps"}))))
     runs = report.load_runs(tmp_path)
     assert sorted(r["ms"] for _, recs in runs for r in recs) == [0.4, 0.5]
+    # a build or memory setting is no variant: the package's own rules ran, on a build the record names
+    assert not report.switched_variant(dict(settings={"FOVI_WARP_MATHDX": "0", "FOVI_KNN_STAGE_MIB": "128"}))
+    assert not report.switched_variant(dict(settings={"FOVI_KNN_DX_PATH": "AUTO"}))     # the default, spelled out
+    assert not report.switched_variant({})
+    assert report.switched_variant(dict(settings={"FOVI_WARP_MMA": "off"}))

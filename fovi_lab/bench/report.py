@@ -34,11 +34,12 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 from functools import lru_cache
 
+import fovi_lab.settings as _settings
 from fovi_lab.graph.layers import LAYERS, layer_name, layer_shape
 from fovi_lab.ops.arguments import command_main
 from fovi_lab.ops.records import CHECKOUT_ROOT, RECORDS_DIR, read_file, record_files
 
-__all__ = ["load_runs", "result_rows", "devices", "results_markdown", "readme_table", "update_readme", "main",
+__all__ = ["load_runs", "switched_variant", "result_rows", "devices", "results_markdown", "readme_table", "update_readme", "main",
            "add_arguments", "network_records", "network_rows", "best_other_ms", "speedup", "steps_ahead",
            "network_markdown", "network_readme_table", "update_readme_networks",
            "NETWORK_BEGIN", "NETWORK_END",
@@ -56,7 +57,8 @@ def load_runs(data_dir: Optional[Path] = None) -> List[Tuple[str, List[dict]]]:
     """``[(run label, records)]``, oldest run first: one entry per benchmark run (one source file and start date) of
     the shipped records and a checkout's ``data/`` (or of the ``*.jsonl`` files of ``data_dir``), labelled with the
     record file that holds it and the run's date. Records of variants a backend does not run by default (``note_run``,
-    or a kernel switch set: ``settings``), and configs swept beside the pick (``chosen: false``) are left out."""
+    or an A/B switch set: :func:`switched_variant`), and configs swept beside the pick (``chosen: false``) are left
+    out."""
     if data_dir is None:
         paths = record_files()
     else:
@@ -66,13 +68,24 @@ def load_runs(data_dir: Optional[Path] = None) -> List[Tuple[str, List[dict]]]:
         where = (f"fovi_lab/{path.relative_to(RECORDS_DIR.parent)}" if path.is_relative_to(RECORDS_DIR.parent)
                  else f"data/{path.name}")
         for r in read_file(path):
-            if (r.get("note_run") or r.get("settings") or r.get("chosen") is False or not r.get("ms")
+            if (r.get("note_run") or switched_variant(r) or r.get("chosen") is False or not r.get("ms")
                     or "layer" not in r):
                 continue
             # a run: the records one benchmark process wrote (one source file, one start date)
             groups.setdefault((str(r.get("date", "")), where, r["source"]), []).append(r)
     return [(f"{where}, run of {date[:16].replace('T', ' ')}", recs)
             for (date, where, _), recs in sorted(groups.items(), key=lambda kv: kv[0])]
+
+
+def switched_variant(r: dict) -> bool:
+    """Whether a record ran under an A/B switch away from its default (its ``settings`` name, say,
+    ``FOVI_KNN_DX_PATH=taps``): a variant of the kernels, not what the package's rules run. The build and memory
+    settings (``FOVI_WARP_MATHDX``, the budgets) are not A/B switches: their runs are the package's."""
+    for name, value in (r.get("settings") or {}).items():
+        entry = next((s for s in _settings.SETTINGS if s.name == name), None)
+        if entry is None or (entry.ab_only and str(value).strip().lower() != str(entry.default).lower()):
+            return True
+    return False
 
 
 def _fastest(recs: Iterable[dict], prefix: str, graphed: bool) -> Optional[dict]:
@@ -294,14 +307,14 @@ _PRECISION = {"amp": "mixed precision (fp32 weights, fp16 autocast)", "fp16": "f
 def network_records(data_dir: Optional[Path] = None) -> List[dict]:
     """The records of ``python -m fovi_lab bench network`` kept in a checkout (``data/<device>/network.jsonl``, or
     the ``network.jsonl`` files under ``data_dir``) that timed a step of a network at its budget (``in_res`` 64, the
-    default; a smaller grid is a quick run, not the network) under the package's own rules (no kernel switch set:
-    ``settings``); none for an installed package."""
+    default; a smaller grid is a quick run, not the network) under the package's own rules (not a
+    :func:`switched_variant`); none for an installed package."""
     root = Path(data_dir) if data_dir is not None else (CHECKOUT_ROOT / "data" if CHECKOUT_ROOT else None)
     if root is None or not root.is_dir():
         return []
     return [r for path in sorted(root.glob("**/network.jsonl")) for r in read_file(path)
             if r.get("kind") == "network" and r.get("ms") and r.get("in_res", 64) == 64    # the networks' budget
-            and not r.get("settings")]
+            and not switched_variant(r)]
 
 
 def network_rows(records: List[dict]) -> List[dict]:
