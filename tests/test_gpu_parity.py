@@ -11,7 +11,9 @@ GPU machine runs on the real layers of :data:`fovi_lab.graph.layers.LAYERS`, at 
 * in bf16 at B = 17 and 64: ``warp_compact``'s forward (the tensor-core kernels) and ``warp_train``'s dx and dW
   (the bf16 form of the adjoints the layer takes), bitwise repeatable;
 * the tensor-core adjoints (``fovi_lab.kernels.adjoint.as_forward``: dx and dW as forwards of derived layers) at
-  B = 17 and 64, in fp16 and bf16, bitwise repeatable.
+  B = 17 and 64, in fp16 and bf16, bitwise repeatable;
+* dx on the tap-expanded layer (``grad_input_taps``, ``FOVI_KNN_DX_PATH=taps``) on every layer at B = 17 and 64,
+  whole and in batch chunks of a small stage budget, and through ``warp_train``'s backward under the switch.
 
 The criterion is the project's: within 3x the error of ``torch_compact`` in the same dtype on the same rounded
 inputs, plus 2e-3. Every Warp output buffer is written by the kernels (the tests of the CPU device prefill them
@@ -123,3 +125,25 @@ def test_gpu_tensor_core_adjoints(layer, b, dtype):
     _within(got_dx, dx, errs[1], f"{layer} B={b} {dtype} tensor-core dx")
     _within(got_dw, dw, errs[2], f"{layer} B={b} {dtype} tensor-core dW")
     assert torch.equal(got_dx, grad_input_mma(meta, g, w)) and torch.equal(got_dw, grad_weight_mma(meta, g, x))
+
+
+@pytest.mark.parametrize("b", (17, 64))
+@pytest.mark.parametrize("layer", list(LAYERS))
+def test_gpu_tap_expanded_dx(layer, b):
+    import fovi_lab.settings as settings
+    from fovi_lab.kernels.adjoint.as_forward import grad_input_taps, taps_batch_chunk
+    from fovi_lab.knn_warp import WarpTrainOps, grad_paths
+    meta, x, w, _, g, _, dx, dw, errs = _case(layer, b)
+    got = grad_input_taps(meta, g, w)
+    _within(got, dx, errs[1], f"{layer} B={b} taps dx")
+    assert torch.equal(got, grad_input_taps(meta, g, w)), f"{layer} B={b}: taps dx not bitwise repeatable"
+    # a stage budget of 1 MiB: several chunks on the stems (each row's dx is its chunk's alone)
+    with settings.override(FOVI_KNN_GRAD_STAGE_MIB=1):
+        rows = taps_batch_chunk(meta, b)
+        chunked = grad_input_taps(meta, g, w)
+    _within(chunked, dx, errs[1], f"{layer} B={b} taps dx in chunks of {rows} rows")
+    with settings.override(FOVI_KNN_DX_PATH="taps"):
+        assert grad_paths(meta, b)[0] == "taps"
+        step = WarpTrainOps.backward_combined(meta, g, x, w)
+    _within(step[0], dx, errs[1], f"{layer} B={b} warp_train dx under FOVI_KNN_DX_PATH=taps")
+    _within(step[1], dw, errs[2], f"{layer} B={b} warp_train dW under FOVI_KNN_DX_PATH=taps")
