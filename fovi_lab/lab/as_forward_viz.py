@@ -21,7 +21,8 @@ from fovi_lab.ops.reference import oracle_forward
 __all__ = ["check", "padding_rows", "padding_table", "ADJOINT_RECORDS", "recorded_rows", "recorded_table",
            "recorded_summary", "recorded_figure", "STEP_RULE_RECORDS", "step_rule_rows", "step_rule_table",
            "step_rule_figure", "time_here", "STEMS", "stem_chunk_rows", "stem_chunk_table", "stem_dw_here",
-           "stem_rule_batches"]
+           "stem_rule_batches", "TAPS_LAYERS", "taps_work_rows", "taps_work_table", "stem_dx_here",
+           "taps_recorded_rows", "taps_recorded_lines"]
 
 #: The checkout's records of ``python -m fovi_lab bench adjoints`` on the H200 (absent from a wheel install).
 ADJOINT_RECORDS = kl.DATA_DIR / "h200" / "adjoint_paths.jsonl"
@@ -358,3 +359,114 @@ def stem_dw_here(layer: str = "res18_stem", batch: int = 40, device=None, reps: 
                 tensor_err=err(rule), staged_err=err(staged), bitwise=torch.equal(rule, K.grad_weight(meta, g, x)),
                 tensor_ms=kl.time_ms(lambda: K.grad_weight(meta, g, x), device, max_reps=reps),
                 staged_ms=kl.time_ms(lambda: K.staged_grad_weight(meta, g, x), device, max_reps=reps))
+
+
+#: The stems, and the ResNet-18 stem on its coarser reference frame (196 taps for 49 neighbours).
+TAPS_LAYERS = STEMS + ("res18_stem_rf2",)
+
+
+def taps_work_rows(layers: Sequence[str] = TAPS_LAYERS, batch: int = 512) -> List[dict]:
+    """Per layer: what dx on the tap-expanded layer (:func:`fovi_lab.kernels.adjoint.as_forward.grad_input_taps`)
+    costs beside the staged dx's stage. Multiply-adds per batch row and output node: ``P64 x Cout`` for the staged
+    stage (every neighbour slot, fillers included, times every output channel), ``Q x Cout`` for the tap-expanded
+    GEMM (every tap, used or not); their ratio; the MiB of the fp32 stage ``S`` per batch row; and, at ``batch``,
+    the rows per chunk within the staged adjoints' budget (:func:`~fovi_lab.kernels.adjoint.as_forward.taps_batch_chunk`)
+    and the chunks."""
+    from fovi_lab.kernels.adjoint.as_forward import taps_batch_chunk
+    rows = []
+    for name in layers:
+        meta = layer_meta(name)
+        rows_per = taps_batch_chunk(meta, batch)
+        rows.append(dict(layer=name, cin=meta.cin, k=meta.k, v=meta.v, p64=meta.p64, q=meta.q, cout=meta.cout,
+                         staged_macs=meta.nout * meta.p64 * meta.cout, taps_macs=meta.nout * meta.q * meta.cout,
+                         ratio=meta.q / meta.p64, stage_mib_per_row=4 * meta.q * meta.nout / 2 ** 20,
+                         B=batch, rows=rows_per, chunks=-(-batch // rows_per)))
+    return rows
+
+
+def taps_work_table(rows: Optional[List[dict]] = None) -> str:
+    """:func:`taps_work_rows` as text: multiply-adds per batch row (millions), their ratio, the fp32 stage per row,
+    the chunks at the rows' batch."""
+    rows = taps_work_rows() if rows is None else rows
+    head = (f"{'layer':15s} {'Cin':>3s} {'K':>4s} {'V':>4s} {'P64':>4s} {'Q':>5s} {'staged':>9s} {'taps':>9s} "
+            f"{'taps/staged':>11s} {'S per row':>10s}  chunks at B = {rows[0]['B'] if rows else '-'}")
+    return text_table(rows, head, lambda r: (
+        f"{r['layer']:15s} {r['cin']:3d} {r['k']:4d} {r['v']:4d} {r['p64']:4d} {r['q']:5d} "
+        f"{r['staged_macs'] / 1e6:7.1f} M {r['taps_macs'] / 1e6:7.1f} M {r['ratio']:10.2f}x "
+        f"{r['stage_mib_per_row']:6.2f} MiB  {r['chunks']} of {r['rows']} rows"), "no layers")
+
+
+def stem_dx_here(layer: str = "res18_stem", batch: int = 5, device=None, reps: int = 3) -> dict:
+    """A layer's fp16 dx on ``device`` (default: the lab's) both ways from the same operands: on the tap-expanded
+    layer (:func:`~fovi_lab.kernels.adjoint.as_forward.grad_input_taps`) and on the staged kernels
+    (:func:`fovi_lab.knn_warp.staged_grad_input`). Returns each one's largest difference from the fp64 oracle over
+    the oracle's largest entry, whether the taps dx repeats bit for bit and is exactly zero on the input nodes no
+    output reads, and both times (``taps_ms``, ``staged_ms``)."""
+    import fovi_lab.knn_warp as K
+    from fovi_lab.kernels.adjoint.as_forward import grad_input_taps
+
+    device = str(device or kl.default_device())
+    meta = layer_meta(layer, device=device)
+    gen = torch.Generator().manual_seed(11)
+    w = (torch.randn(meta.cout, meta.q, generator=gen) / (meta.cin * meta.k) ** 0.5).to(device, torch.float16)
+    g = torch.randn(batch, meta.cout, meta.nout, generator=gen).to(device, torch.float16)
+    cpu = meta.to("cpu")
+    xf = torch.zeros(batch, meta.cin, meta.nin, dtype=torch.float64, requires_grad=True)
+    ref, = torch.autograd.grad(oracle_forward(xf, w.cpu().double(), None, cpu.idx, cpu.rf_index, cpu.v), (xf,),
+                               g.cpu().double())
+    scale = float(ref.abs().max())
+    taps, staged = grad_input_taps(meta, g, w), K.staged_grad_input(meta, g, w)
+    err = lambda t: float((t.cpu().double() - ref).abs().max()) / scale          # noqa: E731
+    unread = (cpu.rev_rowptr[1:] == cpu.rev_rowptr[:-1]).nonzero().squeeze(1)
+    return dict(layer=layer, B=batch, device=device, taps_err=err(taps), staged_err=err(staged),
+                bitwise=torch.equal(taps, grad_input_taps(meta, g, w)), unread=int(unread.numel()),
+                unread_zero=bool((taps.cpu()[:, :, unread] == 0).all()),
+                taps_ms=kl.time_ms(lambda: grad_input_taps(meta, g, w), device, max_reps=reps),
+                staged_ms=kl.time_ms(lambda: K.staged_grad_input(meta, g, w), device, max_reps=reps))
+
+
+def _switched(r: dict, value: str) -> bool:
+    return (r.get("settings") or {}).get("FOVI_KNN_DX_PATH") == value
+
+
+def taps_recorded_rows(records: Optional[List[dict]] = None) -> List[dict]:
+    """The checkout's GPU records of the train step under ``FOVI_KNN_DX_PATH=taps`` (their ``settings`` say so;
+    ``tools/gpu/run.sh steps`` takes them), each beside the rule's record of the same layer, batch, impl and
+    machine boot: ``[{layer, B, impl, device, taps_ms, rule_ms, speedup, date, commit}]``, the newest pair of each
+    (layer, B, impl); empty where no such record is kept."""
+    if records is None:
+        records = [r for path in sorted(kl.DATA_DIR.glob("*/*.jsonl*")) for r in read_file(path)]
+    steps = [r for r in records if r.get("mode") == "train-step" and r.get("ms")
+             and str(r.get("impl", "")).startswith("warp_train")]
+    key = lambda r: (r.get("layer"), r.get("B"), r.get("impl"), r.get("device"), r.get("boot_id"))   # noqa: E731
+    rule = {}
+    for r in steps:
+        if not r.get("settings") or _switched(r, "auto"):
+            rule[key(r)] = r
+    best: Dict[tuple, dict] = {}
+    for r in steps:
+        other = rule.get(key(r)) if _switched(r, "taps") else None
+        if other is None:
+            continue
+        row = dict(layer=r["layer"], B=int(r["B"]), impl=r["impl"], device=r.get("device"), taps_ms=r["ms"],
+                   rule_ms=other["ms"], speedup=other["ms"] / r["ms"], date=str(r.get("date", ""))[:10],
+                   commit=r.get("commit"))
+        k = (row["layer"], row["B"], row["impl"])
+        if k not in best or _when(r) >= best[k]["_when"]:
+            best[k] = dict(row, _when=_when(r))
+    return [{k: v for k, v in r.items() if k != "_when"}
+            for r in sorted(best.values(), key=lambda r: (r["layer"], r["B"], r["impl"]))]
+
+
+def taps_recorded_lines(rows: Optional[List[dict]] = None) -> List[str]:
+    """:func:`taps_recorded_rows` as lines, or one line saying that no GPU record of the switch is kept."""
+    rows = taps_recorded_rows() if rows is None else rows
+    if not rows:
+        return ["No GPU record of the train step under FOVI_KNN_DX_PATH=taps is kept in this checkout's data/; "
+                "`bash tools/gpu/run.sh steps` on a GPU machine takes them beside the rule's."]
+    out = []
+    for r in rows:
+        how = "replayed" if r["impl"].endswith("_graphed") else "eager"
+        out.append(f"{r['layer']:15s} B={r['B']:<4d} {how:8s} taps {r['taps_ms']:.3f} ms, rule {r['rule_ms']:.3f} ms "
+                   f"({r['speedup']:.2f}x; {r['device']}, {r['date']}, commit {r['commit']})")
+    return out
