@@ -85,3 +85,24 @@ def test_records_say_which_kernel_switches_were_set(monkeypatch):
     monkeypatch.setenv("FOVI_KNN_DX_PATH", "taps")
     monkeypatch.setenv("FOVI_KNN_UNRELATED_NAME", "1")         # not a setting: not recorded
     assert env_info("cpu")["settings"] == {"FOVI_KNN_DX_PATH": "taps"}
+
+
+def test_train_step_only_times_the_implementations_named(tmp_path, monkeypatch, capsys):
+    """``--only warp_train`` under a switch: our step alone (no PyTorch form, no ratio to one), its records carrying
+    the switch; a name the benchmark does not time is refused at the door."""
+    import json
+    from fovi_lab.bench.backward import main as bench_main
+
+    monkeypatch.setenv("FOVI_KNN_DX_PATH", "taps")
+    out = tmp_path / "only.jsonl"
+    assert bench_main(["train-step", "--only", "warp_train", "--layers", "ODD", "--batches", "5", "--reps", "1",
+                       "--warmup", "0", "--no-fovi", "--device", "cpu", "--out", str(out)]) == 0
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["impl"] for r in recs] == ["warp_train"]
+    r = recs[0]
+    assert r["path"].startswith("dx taps") and r["settings"] == {"FOVI_KNN_DX_PATH": "taps"}
+    assert r["deterministic"] and r["err_dx"] < 1e-3 and "speedup_vs_strongest" not in r
+    assert "not timed" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        bench_main(["train-step", "--only", "cuBLAS"])
+    assert exc.value.code == 2 and "--only: expected an implementation this benchmark times" in capsys.readouterr().err

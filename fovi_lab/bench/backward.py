@@ -70,9 +70,11 @@ records are appended after every shape; ``--time-budget-s`` stops starting new s
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import math
 import os
+import re
 import sys
 import time
 import traceback
@@ -137,10 +139,13 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
         return r
 
     fused_only = bool(getattr(args, "fused_only", False))
+    only = set(getattr(args, "only", None) or ())
 
     def guarded(impl, fn, **kw):
         if fused_only and impl not in ("warp_dx", "warp_dw"):
             return None                                      # --fused-only: the fused sweep alone
+        if only and impl not in only:
+            return None                                      # --only: these implementations alone
         try:
             return fn()
         except torch.OutOfMemoryError:
@@ -528,6 +533,13 @@ def add_arguments(parser, mode: str = "backward") -> None:
 
     kind = "backward" if mode == "backward" else "train_step"
     parser.set_defaults(mode=mode)
+
+    def impl_name(text: str) -> str:
+        if not re.fullmatch(r"warp(_train)?(_staged|_fused)?|torch_\w+|fovi_\w+", text):
+            raise argparse.ArgumentTypeError(
+                f"expected an implementation this benchmark times (warp_train, warp_train_staged, warp_train_fused, "
+                f"warp, warp_staged, warp_fused, torch_..., fovi_...), got {text!r}")
+        return text
     parser.add_argument("--layers", nargs="+", type=layer_names(synthetic=True), action=LayersAction, default=None,
                         metavar="LAYER", help=f"layer names, all, or the synthetic test shapes "
                                               f"{', '.join(SYNTHETIC)} (default: every layer of the table)")
@@ -546,6 +558,10 @@ def add_arguments(parser, mode: str = "backward") -> None:
                         help="restrict the sweep's grad-input configs to these (default: every one)")
     parser.add_argument("--gw-configs", nargs="+", default=None, metavar="CONFIG",
                         help="restrict the sweep's grad-weight configs to these (default: every one)")
+    parser.add_argument("--only", nargs="+", type=impl_name, default=None, metavar="IMPL",
+                        help="time only these implementations, with their replayed forms under --graphs (warp_train, "
+                             "say, to time a switch such as FOVI_KNN_DX_PATH=taps beside a run of the rule; the "
+                             "records then carry no ratio to PyTorch's; default: every one)")
     parser.add_argument("--no-fovi", action="store_true",
                         help="train-step: leave out fovi's own backends (timed by default where fovi is installed)")
     parser.add_argument("--compile-steps", action="store_true",

@@ -107,6 +107,6 @@ def _summary(recs: List[dict], mode: str) -> None:
         tag = r.get("path", "-") + ("*" if r["impl"] == warp_impl else "")
         print(f" {r['layer']:<15s} {r['B']:>4d} {tag:<8s} {r['ms']:>9.3f} {r['tflops']:>8.1f} "
               f"{_fmt(r.get('peak_mib'), '{:>9.0f}')}"
-              f"  {str(r.get('strongest')):<26s} {_fmt(tms, '{:>7.3f}')} {_fmt(tpk, '{:>6.0f}')}"
-              f"  x{_fmt(r.get('speedup_vs_strongest'), '{:.2f}')}   {_fmt(r.get('peak_frac_of_strongest'), '{:.2f}')}"
+              f"  {r.get('strongest') or 'not timed':<26s} {_fmt(tms, '{:>7.3f}')} {_fmt(tpk, '{:>6.0f}')}"
+              f"  {_fmt(r.get('speedup_vs_strongest'), 'x{:.2f}'):>5s}   {_fmt(r.get('peak_frac_of_strongest'), '{:.2f}')}"
               f"     {('x%.2f' % r['speedup_vs_seed']) if r.get('speedup_vs_seed') else '-'}")

@@ -114,11 +114,11 @@ case "$job" in
       --junitxml="$OUT/parity.xml" > "$OUT/parity.log" 2>&1
     tail -6 "$OUT/parity.log"; echo "parity done at $(( $(date +%s) - t0 )) s"
     # the stems' dx on the tap-expanded layer (FOVI_KNN_DX_PATH=taps) beside the rule's staged dx, B = 512 both ways
-    # (B = 16 and 64 under the rule: the train step above)
+    # (B = 16 and 64 under the rule: the train step above); warp_train alone (--only), PyTorch's forms timed above
     for mode in taps auto; do
       c=$(cap 40); FOVI_KNN_DX_PATH=$mode timeout "$c" python3 -m fovi_lab.bench.backward train-step --graphs \
-        --no-fovi --batches $([ $mode = taps ] && echo 16 64 512 || echo 512) --layers dinov3_patch res18_stem \
-        alex_L0 res18_stem_rf2 --jobs 16 --time-budget-s $(( c > 15 ? c - 10 : 5 )) \
+        --only warp_train --no-fovi --batches $([ $mode = taps ] && echo 16 64 512 || echo 512) \
+        --layers dinov3_patch res18_stem alex_L0 res18_stem_rf2 --jobs 16 --time-budget-s $(( c > 15 ? c - 10 : 5 )) \
         --out "$OUT/train_step_dx_$mode.jsonl" > "$OUT/dx_$mode.log" 2>&1
       grep -E "warp_train .*ms|warp_train_graphed" "$OUT/dx_$mode.log" | cut -c1-150 | tail -12
     done; echo "dx taps done at $(( $(date +%s) - t0 )) s"
