@@ -46,7 +46,9 @@ def test_the_taps_records_pair_with_the_rules_of_the_same_boot():
             dict(base, impl="warp_train", ms=0.01, settings=taps, boot_id="b"),         # another boot: unpaired
             dict(base, impl="warp_train", ms=0.30, B=512, settings={"FOVI_KNN_DX_PATH": "auto"}),
             dict(base, impl="warp_train", ms=0.20, B=512, settings=taps),
-            dict(base, impl="torch_compact", ms=0.2, settings=taps)]
+            dict(base, impl="torch_compact", ms=0.2, settings=taps),
+            dict(base, impl="warp_train", ms=0.02, B=64, settings=dict(taps, FOVI_WARP_MATHDX="0")),
+            dict(base, impl="warp_train", ms=0.08, B=64)]                               # another build: unpaired
     rows = afv.taps_recorded_rows(recs)
     assert [(r["B"], r["impl"], r["taps_ms"], r["rule_ms"]) for r in rows] == [
         (16, "warp_train", 0.10, 0.40), (512, "warp_train", 0.20, 0.30)]

@@ -39,8 +39,8 @@ from fovi_lab.graph.layers import LAYERS, layer_name, layer_shape
 from fovi_lab.ops.arguments import command_main
 from fovi_lab.ops.records import CHECKOUT_ROOT, RECORDS_DIR, read_file, record_files
 
-__all__ = ["load_runs", "switched_variant", "result_rows", "devices", "results_markdown", "readme_table", "update_readme", "main",
-           "add_arguments", "network_records", "network_rows", "best_other_ms", "speedup", "steps_ahead",
+__all__ = ["load_runs", "switched_variant", "result_rows", "devices", "results_markdown", "readme_table",
+           "update_readme", "main", "add_arguments", "network_records", "network_rows", "best_other_ms", "speedup", "steps_ahead",
            "network_markdown", "network_readme_table", "update_readme_networks",
            "NETWORK_BEGIN", "NETWORK_END",
            "run", "DESCRIPTION", "README_BEGIN", "README_END"]

@@ -425,27 +425,31 @@ def stem_dx_here(layer: str = "res18_stem", batch: int = 5, device=None, reps: i
                 staged_ms=kl.time_ms(lambda: K.staged_grad_input(meta, g, w), device, max_reps=reps))
 
 
-def _switched(r: dict, value: str) -> bool:
-    return (r.get("settings") or {}).get("FOVI_KNN_DX_PATH") == value
+def _dx_switch(r: dict) -> str:
+    """The value of ``FOVI_KNN_DX_PATH`` a record ran under (``auto`` where unset)."""
+    return str((r.get("settings") or {}).get("FOVI_KNN_DX_PATH", "auto")).strip().lower()
+
+
+def _run_key(r: dict) -> tuple:
+    """What a taps record shares with the rule's record it is paired with: the shape and impl, the machine boot, and
+    every other setting (a build or budget that differs would make the pair compare two things at once)."""
+    others = tuple(sorted((k, v) for k, v in (r.get("settings") or {}).items() if k != "FOVI_KNN_DX_PATH"))
+    return (r.get("layer"), r.get("v"), r.get("B"), r.get("impl"), r.get("device"), r.get("boot_id"), others)
 
 
 def taps_recorded_rows(records: Optional[List[dict]] = None) -> List[dict]:
     """The checkout's GPU records of the train step under ``FOVI_KNN_DX_PATH=taps`` (their ``settings`` say so;
-    ``tools/gpu/run.sh steps`` takes them), each beside the rule's record of the same layer, batch, impl and
-    machine boot: ``[{layer, B, impl, device, taps_ms, rule_ms, speedup, date, commit}]``, the newest pair of each
-    (layer, B, impl); empty where no such record is kept."""
+    ``tools/gpu/run.sh steps`` takes them), each beside the rule's record (the switch unset or ``auto``) of the same
+    layer, batch, impl, machine boot and other settings: ``[{layer, B, impl, device, taps_ms, rule_ms, speedup,
+    date, commit}]``, the newest pair of each (layer, B, impl); empty where no such record is kept."""
     if records is None:
         records = [r for path in sorted(kl.DATA_DIR.glob("*/*.jsonl*")) for r in read_file(path)]
     steps = [r for r in records if r.get("mode") == "train-step" and r.get("ms")
              and str(r.get("impl", "")).startswith("warp_train")]
-    key = lambda r: (r.get("layer"), r.get("B"), r.get("impl"), r.get("device"), r.get("boot_id"))   # noqa: E731
-    rule = {}
-    for r in steps:
-        if not r.get("settings") or _switched(r, "auto"):
-            rule[key(r)] = r
+    rule = {_run_key(r): r for r in steps if _dx_switch(r) == "auto"}
     best: Dict[tuple, dict] = {}
     for r in steps:
-        other = rule.get(key(r)) if _switched(r, "taps") else None
+        other = rule.get(_run_key(r)) if _dx_switch(r) == "taps" else None
         if other is None:
             continue
         row = dict(layer=r["layer"], B=int(r["B"]), impl=r["impl"], device=r.get("device"), taps_ms=r["ms"],
