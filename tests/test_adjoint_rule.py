@@ -180,6 +180,8 @@ def test_a_stems_dw_runs_on_the_tensor_cores_in_batch_chunks(layer, on_tensor_co
     assert rule.adjoint_plan(meta, 16, torch.bfloat16).dw == "staged"   # the split configs are fp16 only
     assert rule.adjoint_plan(meta, 8, torch.float16).dw == "staged"     # below the rule's batch
     assert "in batch chunks of" in rule.gradient_words(rule.adjoint_plan(meta, 16, torch.float16), "dW")
+    # the staged dx names the switch that puts it on the tensor cores
+    assert "FOVI_KNN_DX_PATH=taps" in rule.gradient_words(rule.adjoint_plan(meta, 16, torch.float16), "dx")
     b = 40 if layer == "res18_stem" else 17             # 3 chunks of 14 rows; of 6 rows
     g0 = torch.Generator().manual_seed(b)
     x = torch.randn(b, meta.cin, meta.nin, generator=g0).half()

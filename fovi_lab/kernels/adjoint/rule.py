@@ -157,7 +157,10 @@ def gradient_words(plan: AdjointPlan, which: str) -> str:
     if path == "fused":
         pick = plan.fused[0 if which == "dx" else 1]
         return f"fused node-major kernel, no stage: {pick.words()}  [{pick.config}]  (Cin >= {FUSED_MIN_CIN})"
-    return f"staged kernels: a stage and a reverse-index reduction  (Cin < {FUSED_MIN_CIN})"
+    words = f"staged kernels: a stage and a reverse-index reduction  (Cin < {FUSED_MIN_CIN})"
+    if which == "dx":       # the opt-in that puts a stem's dx on the tensor cores (fp16), which no GPU record times
+        words += "; FOVI_KNN_DX_PATH=taps: fp16 calls on the tensor cores, through the tap-expanded layer (notebook 09)"
+    return words
 
 
 def kernels_path(meta=None) -> str:
