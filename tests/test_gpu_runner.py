@@ -27,16 +27,15 @@ JOBS = ("forward", "sweep", "train-step", "backward", "network", "host", "parity
 MODULES = {"fovi_lab": [], "fovi_lab.bench.forward": ["bench", "forward"], "fovi_lab.bench.network": ["bench", "network"],
            "fovi_lab.bench.host": ["bench", "host"], "fovi_lab.bench.ddp": ["bench", "ddp"]}
 
-#: Where run.sh keeps fovi's network records between two calls on one machine (steps reads them when there).
-FOVI_RECORDS = Path("/tmp/fovi_lab_out/network_fovi.jsonl")
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None or not sys.platform.startswith("linux"),
                                 reason="needs bash on Linux (run.sh reads /proc)")
 
 
 def _stand_ins(folder: Path, log: Path) -> dict:
-    """The environment run.sh runs in here: stand-ins first on PATH, $OUT a fresh folder."""
-    folder.mkdir()
+    """The environment run.sh runs in here: stand-ins first on PATH, $OUT a fresh folder, and what a job keeps for
+    the next call in a folder of the test's (``FOVI_GPU_SCRATCH``), not in /tmp."""
+    folder.mkdir(exist_ok=True)
     scripts = {
         "python3": f"#!{sys.executable}\nimport json, sys\n"
                    f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n",
@@ -50,7 +49,8 @@ def _stand_ins(folder: Path, log: Path) -> dict:
     out = folder / "out"
     out.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FOVI_")}
-    env.update(PATH=f"{folder}{os.pathsep}{os.environ.get('PATH', '')}", OUT=str(out), FOVI_TIMEOUT="560")
+    env.update(PATH=f"{folder}{os.pathsep}{os.environ.get('PATH', '')}", OUT=str(out), FOVI_TIMEOUT="560",
+               FOVI_GPU_SCRATCH=str(folder / "scratch"))        # what a job keeps for the next call
     return env
 
 
@@ -99,20 +99,17 @@ def _check_command(argv: list) -> str:
 
 @pytest.mark.parametrize("job", JOBS)
 def test_each_job_runs_commands_the_package_accepts(job, tmp_path, capsys):
-    made = not FOVI_RECORDS.exists()           # steps reads fovi's records where the call before left them
-    if made:
-        FOVI_RECORDS.parent.mkdir(parents=True, exist_ok=True)
-        FOVI_RECORDS.write_text("")
-    try:
-        calls = _commands(job, tmp_path)
-        assert calls, f"run.sh {job} ran no python3 command"
-        what = [_check_command(argv) for argv in calls]
-    finally:
-        if made:
-            FOVI_RECORDS.unlink()
+    # steps reads fovi's network records where networks-fovi, the call before, left them
+    fovi_records = tmp_path / "bin" / "scratch" / "fovi_lab_out" / "network_fovi.jsonl"
+    fovi_records.parent.mkdir(parents=True)
+    fovi_records.write_text("")
+    calls = _commands(job, tmp_path)
+    assert calls, f"run.sh {job} ran no python3 command"
+    what = [_check_command(argv) for argv in calls]
     capsys.readouterr()                         # the parsers' own output, if any
-    if job == "steps":                          # the stems' dx under the switch: warp_train alone
+    if job == "steps":                          # the stems' dx under the switch: warp_train alone, with fovi's
         assert "bench train-step" in what and any("--only" in argv for argv in calls)
+        assert any("--alternatives" in argv for argv in calls)
 
 
 def test_the_runner_refuses_an_unknown_job(tmp_path):

@@ -4,10 +4,13 @@
 # per machine when it was carried.
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+# what a job keeps for the next call on the same machine (the kernel cache, fovi's network records); the checks of
+# tests/test_gpu_runner.py point it at a folder of their own
+scratch="${FOVI_GPU_SCRATCH:-/tmp}"
 # the records' commit: the staged HEAD's (tools/gpu/stage_head.sh), where a call carried it
 [ -f .device/head/commit ] && [ -z "${FOVI_COMMIT:-}" ] && export FOVI_COMMIT="$(cat .device/head/commit)"
-if [ -f .device/cache/wpcache.txz ] && [ ! -d /tmp/wpc/wpcache ]; then
-  mkdir -p /tmp/wpc && tar -C /tmp/wpc -xJf .device/cache/wpcache.txz
+if [ -f .device/cache/wpcache.txz ] && [ ! -d "$scratch/wpc/wpcache" ]; then
+  mkdir -p "$scratch/wpc" && tar -C "$scratch/wpc" -xJf .device/cache/wpcache.txz
 fi
-[ -d /tmp/wpc/wpcache ] && export WARP_CACHE_PATH=/tmp/wpc/wpcache
+[ -d "$scratch/wpc/wpcache" ] && export WARP_CACHE_PATH="$scratch/wpc/wpcache"
 t0=$(date +%s)

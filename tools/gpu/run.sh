@@ -16,7 +16,7 @@
 #                                                   # each job bounded by what is left of FOVI_TIMEOUT
 #   bash tools/gpu/run.sh networks-fovi           # no Warp needed (the set-up's first call): fovi's backends and
 #                                                   # the stubbed step in both networks at B = 64 and 256, eager and
-#                                                   # graphed; kept in /tmp for the next call's fovi_lab rows
+#                                                   # graphed; kept in $FOVI_GPU_SCRATCH (/tmp) for the next call's fovi_lab rows
 #   bash tools/gpu/run.sh steps                   # one call's worth: warmup (scalar tile GEMMs), the train step
 #                                                   # over the 13 layers at B = 16 and 64 beside fovi's backends
 #                                                   # (default cuBLASDx tile GEMMs), GPU parity, the stems' dx
@@ -92,17 +92,18 @@ case "$job" in
     # fovi's backends need no Warp, so the set-up's first call times them; the next call's fovi_lab rows take their
     # speedups over these (bench network --alternatives: same machine, boot, commit and device)
     cat /proc/sys/kernel/random/boot_id
-    mkdir -p /tmp/fovi_lab_out
+    mkdir -p "$scratch/fovi_lab_out"
     for b in 64 256; do
       timeout "$(cap 270)" python3 -m fovi_lab.bench.network --net resnet18 alexnet --batches "$b" --modes eager \
         graphed --backends auto cuda baseline torch_compact stubbed --out "$OUT/network_fovi.jsonl" \
         > "$OUT/network_fovi_$b.log" 2>&1
       tail -12 "$OUT/network_fovi_$b.log"
     done
-    cp "$OUT/network_fovi.jsonl" /tmp/fovi_lab_out/ ;;
+    cp "$OUT/network_fovi.jsonl" "$scratch/fovi_lab_out/" ;;
   steps)
     cat /proc/sys/kernel/random/boot_id
-    mkdir -p /tmp/wpc/wpcache
+    # the kernels compile into a cache the next call on this machine finds (device_env.sh points Warp at it there)
+    mkdir -p "$scratch/wpc/wpcache" && export WARP_CACHE_PATH="$scratch/wpc/wpcache"
     FOVI_WARP_MATHDX=0 timeout 110 python3 -m fovi_lab warmup --no-dense --experimental --mathdx off --jobs 16 \
       > "$OUT/warmup.log" 2>&1
     tail -1 "$OUT/warmup.log"; echo "warmup done at $(( $(date +%s) - t0 )) s"
@@ -122,9 +123,9 @@ case "$job" in
         --out "$OUT/train_step_dx_$mode.jsonl" > "$OUT/dx_$mode.log" 2>&1
       grep -E "warp_train .*ms|warp_train_graphed" "$OUT/dx_$mode.log" | cut -c1-150 | tail -12
     done; echo "dx taps done at $(( $(date +%s) - t0 )) s"
-    if [ -f /tmp/fovi_lab_out/network_fovi.jsonl ]; then      # fovi's backends timed by networks-fovi
+    if [ -f "$scratch/fovi_lab_out/network_fovi.jsonl" ]; then      # fovi's backends timed by networks-fovi
       timeout "$(cap 100)" python3 -m fovi_lab.bench.network --net alexnet resnet18 --batches 256 64 --modes eager \
-        graphed --backends fovi_lab --alternatives /tmp/fovi_lab_out/network_fovi.jsonl --out "$OUT/network.jsonl" \
+        graphed --backends fovi_lab --alternatives "$scratch/fovi_lab_out/network_fovi.jsonl" --out "$OUT/network.jsonl" \
         > "$OUT/network.log" 2>&1
     else
       timeout "$(cap 120)" python3 -m fovi_lab.bench.network --net resnet18 --batches 64 --modes eager graphed \
@@ -132,7 +133,7 @@ case "$job" in
     fi
     tail -10 "$OUT/network.log"; echo "network done at $(( $(date +%s) - t0 )) s"
     # ResNet-18 with its stem's dx on the tap-expanded layer (records carry settings: {FOVI_KNN_DX_PATH: taps})
-    alt=(); [ -f /tmp/fovi_lab_out/network_fovi.jsonl ] && alt=(--alternatives /tmp/fovi_lab_out/network_fovi.jsonl)
+    alt=(); [ -f "$scratch/fovi_lab_out/network_fovi.jsonl" ] && alt=(--alternatives "$scratch/fovi_lab_out/network_fovi.jsonl")
     FOVI_KNN_DX_PATH=taps timeout "$(cap 50)" python3 -m fovi_lab.bench.network --net resnet18 --batches 64 \
       --modes eager graphed --backends fovi_lab "${alt[@]}" --out "$OUT/network_dx_taps.jsonl" > "$OUT/net_taps.log" 2>&1
     tail -3 "$OUT/net_taps.log"
