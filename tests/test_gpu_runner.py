@@ -117,3 +117,9 @@ def test_the_runner_refuses_an_unknown_job(tmp_path):
     done = subprocess.run(["bash", str(RUN), "no-such-job"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 2 and "unknown job no-such-job" in done.stderr
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "tools" / "gpu").glob("*.sh")))
+def test_every_gpu_script_parses(script):
+    done = subprocess.run(["bash", "-n", str(ROOT / "tools" / "gpu" / script)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Here, on a CPU machine: the sm_90 kernel cache a GPU call unpacks (tools/gpu/device_env.sh), so the jobs of
+# tools/gpu/run.sh load most modules instead of compiling them inside the call. Warp's bundled NVRTC builds them ahead
+# of time (`warmup --aot-arch 90`, no GPU needed), twice:
+#   a) every forward config and fused adjoint kernel with the scalar tile GEMM (FOVI_WARP_MATHDX=0: warmup, parity
+#      and host run so), the experimental configs included;
+#   b) the same with Warp's default cuBLASDx tile GEMM (the train-step and network jobs): of these only the fused
+#      adjoint modules are kept (1-3 MB each; the cuBLASDx tile-GEMM forwards, 3 MB each, are not the rules' picks on
+#      a GPU, and the tensor-core forwards are the same modules in both builds).
+# Packed without the CUDA sources and the LTO parts (a load reads the cubin and its .meta alone) into
+# .device/cache/wpcache.txz: about 4 MB, carried beside .device/wt1 (move data/ aside for that call: the tracked
+# tree travels too, within the 64 MiB a call carries). A module whose kernel source changed since is compiled there
+# as before.  ~16 min on 2 cores.
+#
+#   bash tools/gpu/stage_cache.sh [build folder, default /tmp/wpc_stage]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+build="${1:-/tmp/wpc_stage}"
+rm -rf "$build" && mkdir -p "$build"
+WARP_CACHE_PATH="$build/a" python -m fovi_lab warmup --no-dense --experimental --mathdx off --aot-arch 90 \
+  > "$build/a.log" 2>&1
+tail -1 "$build/a.log"
+WARP_CACHE_PATH="$build/b" python -m fovi_lab warmup --no-dense --aot-arch 90 > "$build/b.log" 2>&1
+tail -1 "$build/b.log"
+version=$(ls "$build/a")
+mkdir -p "$build/wpcache/$version"
+cp -r "$build/a/$version"/wp_* "$build/wpcache/$version/"
+for d in "$build/b/$version"/wp_*; do          # b's fused adjoint modules (a has the tensor-core forwards already)
+  case "$(basename "$d")" in wp_fovi_fwd_*) ;; *) cp -r "$d" "$build/wpcache/$version/" ;; esac
+done
+mkdir -p .device/cache
+tar -C "$build" -cJf .device/cache/wpcache.txz --exclude='*.cu' --exclude='*/lto' wpcache
+echo "$(ls "$build/wpcache/$version" | wc -l) modules for sm_90 in .device/cache/wpcache.txz" \
+     "($(du -h .device/cache/wpcache.txz | cut -f1))"
