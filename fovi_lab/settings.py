@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterator, Optional, Tuple
 
-__all__ = ["Setting", "SETTINGS", "KERNEL_AFFECTING", "get", "raw", "snapshot", "kernel_values", "override",
+__all__ = ["Setting", "SETTINGS", "KERNEL_AFFECTING", "get", "raw", "snapshot", "kernel_values", "ab_switches_set",
+           "override",
            "render_markdown", "write_docs"]
 
 #: The kinds of value a variable takes.
@@ -269,6 +270,30 @@ def kernel_values() -> Dict[str, str]:
     """``{name: value}`` of the kernel-affecting variables that are set, in :data:`SETTINGS` order."""
     env = os.environ
     return {n: env[n] for n in KERNEL_AFFECTING if n in env}
+
+
+def ab_switches_set(values: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """Of ``values`` (raw strings by name, as :func:`kernel_values` gives them and records keep them; default: the
+    environment's), the A/B switches (``ab_only``) whose value is not their default, and any name the table does not
+    know: ``{name: value}``. A run under one measured a variant of the kernels, not what the package's rules run;
+    the build and memory settings are no A/B switches. An empty value is unset; a value the variable refuses counts."""
+    values = kernel_values() if values is None else values
+    out = {}
+    for name, value in values.items():
+        entry = _TABLE.get(name)
+        if entry is None:
+            out[name] = value
+            continue
+        if not entry.ab_only:
+            continue
+        try:
+            parsed = entry.parse(None if value is None else str(value))
+        except ValueError:
+            out[name] = value
+            continue
+        if parsed != entry.default:
+            out[name] = value
+    return out
 
 
 @contextlib.contextmanager

@@ -39,7 +39,7 @@ def test_the_taps_work_is_counted_from_the_layers_tables():
 
 def test_the_taps_records_pair_with_the_rules_of_the_same_boot():
     base = dict(mode="train-step", layer="res18_stem", B=16, device="GPU X", boot_id="a", commit="c1",
-                date="2026-01-01T00:00:00")
+                date="2026-01-01T00:00:00", replay="auto", tile_gemm="cuBLASDx")
     taps = {"FOVI_KNN_DX_PATH": "taps"}
     recs = [dict(base, impl="warp_train", ms=0.40), dict(base, impl="warp_train", ms=0.10, settings=taps),
             dict(base, impl="warp_train_graphed", ms=0.05, settings=taps),              # no rule record to pair
@@ -48,10 +48,17 @@ def test_the_taps_records_pair_with_the_rules_of_the_same_boot():
             dict(base, impl="warp_train", ms=0.20, B=512, settings=taps),
             dict(base, impl="torch_compact", ms=0.2, settings=taps),
             dict(base, impl="warp_train", ms=0.02, B=64, settings=dict(taps, FOVI_WARP_MATHDX="0")),
-            dict(base, impl="warp_train", ms=0.08, B=64)]                               # another build: unpaired
+            dict(base, impl="warp_train", ms=0.08, B=64),                               # another build: unpaired
+            dict(base, impl="warp_train", ms=0.03, B=128, settings=taps),
+            dict(base, impl="warp_train", ms=0.06, B=128, date="2026-01-01T00:05:00"),   # the newest rule record
+            dict(base, impl="warp_train", ms=0.09, B=128),
+            dict(base, impl="warp_train", ms=0.01, B=128, replay="in-place"),           # another replay mode
+            dict(base, impl="warp_train", ms=0.01, B=128, note_run="a development run"),
+            dict(base, impl="warp_train", ms=0.05, B=256, settings=taps, boot_id=None),   # no boot: unpaired
+            dict(base, impl="warp_train", ms=0.07, B=256, boot_id=None)]
     rows = afv.taps_recorded_rows(recs)
     assert [(r["B"], r["impl"], r["taps_ms"], r["rule_ms"]) for r in rows] == [
-        (16, "warp_train", 0.10, 0.40), (512, "warp_train", 0.20, 0.30)]
+        (16, "warp_train", 0.10, 0.40), (128, "warp_train", 0.03, 0.06), (512, "warp_train", 0.20, 0.30)]
     assert rows[0]["speedup"] == pytest.approx(4.0)
     assert "4.00x" in afv.taps_recorded_lines(rows)[0]
     assert afv.taps_recorded_lines([])[0].startswith("No GPU record")

@@ -82,9 +82,15 @@ def test_records_say_which_kernel_switches_were_set(monkeypatch):
     for name in settings.KERNEL_AFFECTING:
         monkeypatch.delenv(name, raising=False)
     assert env_info("cpu")["settings"] == {}                  # the package's own rules
-    monkeypatch.setenv("FOVI_KNN_DX_PATH", "taps")
+    assert "note_run" not in env_info("cpu")
+    monkeypatch.setenv("FOVI_WARP_MATHDX", "0")                # a build setting: recorded, the rules' own run
+    info = env_info("cpu")
+    assert info["settings"] == {"FOVI_WARP_MATHDX": "0"} and "note_run" not in info
+    monkeypatch.setenv("FOVI_KNN_DX_PATH", "taps")             # an A/B switch: a variant, flagged for every reader
     monkeypatch.setenv("FOVI_KNN_UNRELATED_NAME", "1")         # not a setting: not recorded
-    assert env_info("cpu")["settings"] == {"FOVI_KNN_DX_PATH": "taps"}
+    info = env_info("cpu")
+    assert info["settings"] == {"FOVI_WARP_MATHDX": "0", "FOVI_KNN_DX_PATH": "taps"}
+    assert info["note_run"] == "A/B switch FOVI_KNN_DX_PATH=taps"
 
 
 def test_train_step_only_times_the_implementations_named(tmp_path, monkeypatch, capsys):
@@ -103,6 +109,15 @@ def test_train_step_only_times_the_implementations_named(tmp_path, monkeypatch, 
     assert r["path"].startswith("dx taps") and r["settings"] == {"FOVI_KNN_DX_PATH": "taps"}
     assert r["deterministic"] and r["err_dx"] < 1e-3 and "speedup_vs_strongest" not in r
     assert "not timed" in capsys.readouterr().out
+    assert r["note_run"] == "A/B switch FOVI_KNN_DX_PATH=taps"        # a variant: every reader of records skips it
     with pytest.raises(SystemExit) as exc:
         bench_main(["train-step", "--only", "cuBLAS"])
     assert exc.value.code == 2 and "--only: expected an implementation this benchmark times" in capsys.readouterr().err
+    for argv, wrong in ((["backward", "--only", "warp_train"], "warp_train is not timed by bench backward"),
+                        (["train-step", "--only", "warp", "torch_compact"], "warp is not timed by bench train-step"),
+                        (["backward", "--only", "fovi_cuda"], "fovi_cuda is not timed"),
+                        (["train-step", "--only", "warp_dx"], "warp_dx is not timed")):
+        with pytest.raises(SystemExit) as exc:
+            bench_main(argv + ["--layers", "ODD", "--batches", "2", "--device", "cpu", "--out", str(out)])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and wrong in err and err.count("\n") == 1, err

@@ -137,10 +137,11 @@ def test_gpu_tap_expanded_dx(layer, b):
     got = grad_input_taps(meta, g, w)
     _within(got, dx, errs[1], f"{layer} B={b} taps dx")
     assert torch.equal(got, grad_input_taps(meta, g, w)), f"{layer} B={b}: taps dx not bitwise repeatable"
-    # a stage budget of 1 MiB: several chunks on the stems (each row's dx is its chunk's alone)
+    # a stage budget of 1 MiB: the batch in several chunks on every layer (each row's dx is its chunk's alone)
     with settings.override(FOVI_KNN_GRAD_STAGE_MIB=1):
         rows = taps_batch_chunk(meta, b)
         chunked = grad_input_taps(meta, g, w)
+    assert rows < b, f"{layer} B={b}: one chunk of {rows} rows under a 1 MiB stage budget"
     _within(chunked, dx, errs[1], f"{layer} B={b} taps dx in chunks of {rows} rows")
     with settings.override(FOVI_KNN_DX_PATH="taps"):
         assert grad_paths(meta, b)[0] == "taps"

@@ -24,8 +24,9 @@ JOBS = ("forward", "sweep", "train-step", "backward", "network", "host", "parity
         "finish", "networks-all", "in-place", "ddp")
 
 #: ``python3 -m MODULE`` of the package -> the words of ``python -m fovi_lab`` that run the same command.
-MODULES = {"fovi_lab": [], "fovi_lab.bench.forward": ["bench", "forward"], "fovi_lab.bench.network": ["bench", "network"],
-           "fovi_lab.bench.host": ["bench", "host"], "fovi_lab.bench.ddp": ["bench", "ddp"]}
+MODULES = {"fovi_lab": [], "fovi_lab.bench.forward": ["bench", "forward"],
+           "fovi_lab.bench.network": ["bench", "network"], "fovi_lab.bench.host": ["bench", "host"],
+           "fovi_lab.bench.ddp": ["bench", "ddp"]}
 
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None or not sys.platform.startswith("linux"),
@@ -39,7 +40,9 @@ def _stand_ins(folder: Path, log: Path) -> dict:
     scripts = {
         "python3": f"#!{sys.executable}\nimport json, sys\n"
                    f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n",
-        "timeout": "#!/usr/bin/env bash\nshift\nexec \"$@\"\n",
+        # a duration that is no whole number of seconds > 0 (a job's budget spent) fails the job's check
+        "timeout": "#!/usr/bin/env bash\n[[ $1 =~ ^[0-9]+$ && $1 -gt 0 ]] || { echo \"timeout $1\" >&2; exit 125; }\n"
+                   "shift\nexec \"$@\"\n",
         "nvidia-smi": "#!/usr/bin/env bash\necho 'a stand-in GPU, 0.0'\n",
     }
     for name, text in scripts.items():
@@ -97,19 +100,20 @@ def _check_command(argv: list) -> str:
     return " ".join(words[:2])
 
 
+@pytest.mark.parametrize("with_fovi", (True, False), ids=("after networks-fovi", "alone"))
 @pytest.mark.parametrize("job", JOBS)
-def test_each_job_runs_commands_the_package_accepts(job, tmp_path, capsys):
-    # steps reads fovi's network records where networks-fovi, the call before, left them
-    fovi_records = tmp_path / "bin" / "scratch" / "fovi_lab_out" / "network_fovi.jsonl"
-    fovi_records.parent.mkdir(parents=True)
-    fovi_records.write_text("")
+def test_each_job_runs_commands_the_package_accepts(job, with_fovi, tmp_path, capsys):
+    if with_fovi:       # steps reads fovi's network records where networks-fovi, the call before, left them
+        fovi_records = tmp_path / "bin" / "scratch" / "fovi_lab_out" / "network_fovi.jsonl"
+        fovi_records.parent.mkdir(parents=True)
+        fovi_records.write_text("")
     calls = _commands(job, tmp_path)
     assert calls, f"run.sh {job} ran no python3 command"
     what = [_check_command(argv) for argv in calls]
     capsys.readouterr()                         # the parsers' own output, if any
-    if job == "steps":                          # the stems' dx under the switch: warp_train alone, with fovi's
+    if job == "steps":                          # the stems' dx under the switch: warp_train alone
         assert "bench train-step" in what and any("--only" in argv for argv in calls)
-        assert any("--alternatives" in argv for argv in calls)
+        assert any("--alternatives" in argv for argv in calls) == with_fovi
 
 
 def test_the_runner_refuses_an_unknown_job(tmp_path):

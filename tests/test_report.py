@@ -168,6 +168,9 @@ def test_records_under_a_kernel_switch_stay_out_of_the_tables(tmp_path):
     assert sorted(r["ms"] for _, recs in runs for r in recs) == [0.4, 0.5]
     # a build or memory setting is no variant: the package's own rules ran, on a build the record names
     assert not report.switched_variant(dict(settings={"FOVI_WARP_MATHDX": "0", "FOVI_KNN_STAGE_MIB": "128"}))
-    assert not report.switched_variant(dict(settings={"FOVI_KNN_DX_PATH": "AUTO"}))     # the default, spelled out
+    assert not report.switched_variant(dict(settings={"FOVI_KNN_DX_PATH": "auto"}))     # the default, spelled out
+    assert not report.switched_variant(dict(settings={"FOVI_KNN_DX_PATH": ""}))         # empty: unset
     assert not report.switched_variant({})
     assert report.switched_variant(dict(settings={"FOVI_WARP_MMA": "off"}))
+    assert report.switched_variant(dict(settings={"FOVI_KNN_DX_PATH": "AUTO"}))         # refused by the variable
+    assert report.switched_variant(dict(settings={"FOVI_NOT_A_SETTING": "1"}))          # unknown: not the rules'

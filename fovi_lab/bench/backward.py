@@ -266,7 +266,8 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
 
     # ---- fovi's own backends (what a fovi user has), each through fovi's own layer of the same table layer, judged
     #      against that layer's fp32 result (fovi's tables are its own); after PyTorch's strongest is taken
-    if mode == "train-step" and _fovi_wanted(layer, args):
+    fovi_named = not only or any(n.startswith("fovi_") for n in only)
+    if mode == "train-step" and fovi_named and _fovi_wanted(layer, args):
         from fovi_lab.integrations.fovi import fovi_steps
 
         steps = fovi_steps(layer, device)
@@ -535,7 +536,7 @@ def add_arguments(parser, mode: str = "backward") -> None:
     parser.set_defaults(mode=mode)
 
     def impl_name(text: str) -> str:
-        if not re.fullmatch(r"warp(_train)?(_staged|_fused)?|torch_\w+|fovi_\w+", text):
+        if not re.fullmatch(r"warp(_train)?(_staged|_fused)?|warp_d[xw]|torch_\w+|fovi_\w+", text):
             raise argparse.ArgumentTypeError(
                 f"expected an implementation this benchmark times (warp_train, warp_train_staged, warp_train_fused, "
                 f"warp, warp_staged, warp_fused, torch_..., fovi_...), got {text!r}")
@@ -561,7 +562,8 @@ def add_arguments(parser, mode: str = "backward") -> None:
     parser.add_argument("--only", nargs="+", type=impl_name, default=None, metavar="IMPL",
                         help="time only these implementations, with their replayed forms under --graphs (warp_train, "
                              "say, to time a switch such as FOVI_KNN_DX_PATH=taps beside a run of the rule; the "
-                             "records then carry no ratio to PyTorch's; default: every one)")
+                             "records then carry no ratio to PyTorch's, and the dense ceilings compile only where a "
+                             "record needs one; default: every one)")
     parser.add_argument("--no-fovi", action="store_true",
                         help="train-step: leave out fovi's own backends (timed by default where fovi is installed)")
     parser.add_argument("--compile-steps", action="store_true",
@@ -586,6 +588,7 @@ def run(args) -> int:
     """Run the benchmark of ``args.mode`` as ``args`` say (the options of :func:`add_arguments`); returns 0."""
     from fovi_lab.graph.layers import LAYERS, SYNTHETIC, layer_meta, synthetic_meta
 
+    _check_only(args)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -643,6 +646,24 @@ def run(args) -> int:
         print(f"# {len(all_recs)} records appended to {Path(out).resolve()}", flush=True)
         print(records_note(out), flush=True)
     return 0
+
+
+def _check_only(args) -> None:
+    """``--only`` names of the other mode's implementations (``warp_train`` in ``bench backward``, say), fovi's
+    backends outside the train step, or the fused sweep's kernels without ``--sweep-fused``: a usage error, since
+    the run would time nothing of them."""
+    only = getattr(args, "only", None) or []
+    ours = ("warp", "warp_staged", "warp_fused") if args.mode == "backward" else \
+        ("warp_train", "warp_train_staged", "warp_train_fused")
+    wrong = [n for n in only if (n.startswith("warp") and n not in ours and n not in ("warp_dx", "warp_dw"))
+             or (n in ("warp_dx", "warp_dw") and not getattr(args, "sweep_fused", False))
+             or (n.startswith("fovi_") and args.mode != "train-step")]
+    if wrong:
+        from fovi_lab.ops.arguments import usage_error
+        usage_error(f"python -m fovi_lab bench {args.mode}",
+                    f"--only: {', '.join(wrong)} {'is' if len(wrong) == 1 else 'are'} not timed by bench {args.mode} "
+                    f"(its own: {', '.join(ours)}; warp_dx / warp_dw with --sweep-fused; torch_...; "
+                    f"fovi_... in train-step)")
 
 
 def main(argv=None) -> int:

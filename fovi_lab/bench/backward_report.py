@@ -62,9 +62,10 @@ def _print_shape(recs: List[dict], mode: str) -> None:
             print(f"{head} {impl}: {wr[0].get('note')}", flush=True)
     for r in recs:
         if r["impl"] in (base + "_graphed",) and r.get("ms"):
-            print(f"{head} {r['impl']} {r['ms']:.3f} ms (CUDA-graph replay) | best torch graphed "
-                  f"{r.get('strongest_graphed')} -> x{_fmt(r.get('speedup_vs_strongest_graphed'), '{:.2f}')}",
-                  flush=True)
+            best = (f"best torch graphed {r['strongest_graphed']} -> "
+                    f"x{_fmt(r.get('speedup_vs_strongest_graphed'), '{:.2f}')}" if r.get("strongest_graphed")
+                    else "no PyTorch form timed")
+            print(f"{head} {r['impl']} {r['ms']:.3f} ms (CUDA-graph replay) | {best}", flush=True)
     for r in recs:
         if r["impl"] in (base, base + "_graphed") and r.get("speedup_vs_fovi"):
             print(f"{head} {r['impl']} | fovi's fastest {r['fastest_fovi']} -> x{r['speedup_vs_fovi']:.2f}", flush=True)
@@ -108,5 +109,6 @@ def _summary(recs: List[dict], mode: str) -> None:
         print(f" {r['layer']:<15s} {r['B']:>4d} {tag:<8s} {r['ms']:>9.3f} {r['tflops']:>8.1f} "
               f"{_fmt(r.get('peak_mib'), '{:>9.0f}')}"
               f"  {r.get('strongest') or 'not timed':<26s} {_fmt(tms, '{:>7.3f}')} {_fmt(tpk, '{:>6.0f}')}"
-              f"  {_fmt(r.get('speedup_vs_strongest'), 'x{:.2f}'):>5s}   {_fmt(r.get('peak_frac_of_strongest'), '{:.2f}')}"
+              f"  {_fmt(r.get('speedup_vs_strongest'), 'x{:.2f}'):>5s}"
+              f"   {_fmt(r.get('peak_frac_of_strongest'), '{:.2f}')}"
               f"     {('x%.2f' % r['speedup_vs_seed']) if r.get('speedup_vs_seed') else '-'}")

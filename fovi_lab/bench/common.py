@@ -202,7 +202,10 @@ def env_info(device) -> dict:
     ``date`` (UTC), ``host``, ``boot_id`` (:func:`boot_id`), ``commit`` (of the checkout, None for an installed
     package), ``command``, ``tile_gemm`` (:func:`tile_gemm`: how the kernels' tile GEMMs were built), ``replay``
     (``FOVI_KNN_REPLAY``) and ``settings`` (the kernel-affecting ``FOVI_*`` variables that are set, such as
-    ``FOVI_KNN_DX_PATH``: :func:`fovi_lab.settings.kernel_values`; empty under the package's own rules)."""
+    ``FOVI_WARP_MATHDX``: :func:`fovi_lab.settings.kernel_values`; empty where none is). Under an A/B switch
+    (:func:`fovi_lab.settings.ab_switches_set`: ``FOVI_KNN_DX_PATH=taps``, say) the records also carry ``note_run``
+    naming it: a variant of the kernels, which every reader of records (the report, ``auto``, the figures) leaves
+    out."""
     device = torch.device(device)
     try:
         import warp
@@ -224,7 +227,14 @@ def env_info(device) -> dict:
         "tile_gemm": tile_gemm(device),
         "replay": _replay_mode(),
         "settings": _settings.kernel_values(),
+        **_ab_note(),
     }
+
+
+def _ab_note() -> dict:
+    """``{"note_run": ...}`` naming the A/B switches set (none: empty)."""
+    ab = _settings.ab_switches_set()
+    return {"note_run": "A/B switch " + ", ".join(f"{k}={v}" for k, v in ab.items())} if ab else {}
 
 
 def _replay_mode() -> Optional[str]:

@@ -52,8 +52,11 @@ def precompile(jobs: list, processes: int) -> None:
 
 
 def _jobs_for(metas: dict, batches: List[int], mode: str, args, device: str) -> list:
+    """The modules a run of ``bench backward`` / ``train-step`` compiles first. With ``--only`` the dense ceilings
+    (timed beside the staged and fused kernels' records) are left to the records that need them."""
     from fovi_lab.kernels import adjoint as wa
     jobs = []
+    with_dense = not getattr(args, "only", None)
     names = set()
     for meta in metas.values():
         for b in batches:
@@ -70,7 +73,7 @@ def _jobs_for(metas: dict, batches: List[int], mode: str, args, device: str) -> 
         jobs.append(("grad", kind, name, device))
         spec = wa.spec_of(kind, name)
         dcfg = _dense_config_for(kind, spec)
-        if dcfg:
+        if dcfg and with_dense:
             jobs.append(("fwd", dcfg, True, device))
     jobs += [("grad", "csr", n, device) for n in wa.CSR_KERNEL_SPECS]
     from fovi_lab.kernels import adjoint as nm
@@ -84,7 +87,7 @@ def _jobs_for(metas: dict, batches: List[int], mode: str, args, device: str) -> 
             jobs.append(("nm", kind, name, device))
             t = (nm.DX_NM_CONFIG_SPECS if kind.startswith("dx") else nm.DW_NM_CONFIG_SPECS)[name]
             dcfg = _dense_nm_config(t[0], t[1], t[2])
-            if dcfg:
+            if dcfg and with_dense:
                 jobs.append(("fwd", dcfg, True, device))
     if mode == "train-step":
         try:

@@ -213,7 +213,7 @@ def _over_gflop(fig: go.Figure, rows: List[dict], height: int, rule: str, ytitle
 
 
 #: The checkout's train steps replayed from CUDA graphs with both gradients forced onto the tensor cores beside the
-#: rule of the time (``variant`` = ``forced`` / ``rule``), what the current rule was read from.
+#: rule of the run's commit (``variant`` = ``forced`` / ``rule``), what the package's rule was read from.
 STEP_RULE_RECORDS = kl.DATA_DIR / "h200" / "grad_mma_rule.jsonl.gz"
 
 
@@ -230,7 +230,7 @@ def step_rule_rows(records: Optional[List[dict]] = None) -> List[dict]:
     """Per (layer, B) of :data:`STEP_RULE_RECORDS`: the replayed ``warp_train`` step with both gradients forced onto
     :data:`~fovi_lab.kernels.adjoint.as_forward.MMA_GRAD_CONFIG` (``forced_ms``) and under the rule of that run
     (``rule_ms``), the rule record taken from the forced one's build, nearest in time; the useful GFLOP of one
-    gradient, the speedup of the forced step, and whether the current :func:`select_grad_mma` takes the tensor
+    gradient, the speedup of the forced step, and whether the package's :func:`select_grad_mma` takes the tensor
     cores (``now``)."""
     from fovi_lab.kernels.adjoint.as_forward import select_grad_mma
     if records is None:
@@ -259,15 +259,17 @@ def step_rule_table(rows: Optional[List[dict]] = None) -> str:
     rows = step_rule_rows() if rows is None else rows
     if not rows:
         return f"no forced-gradient train steps at {STEP_RULE_RECORDS}"
-    lines = [f"{'layer':15s} {'B':>4s} {'GFLOP':>6s} | {'rule then':>9s} {'forced':>7s} {'speedup':>7s} | rule now"]
+    head = ("layer", "B", "GFLOP", "run's rule", "forced", "speedup")
+    lines = [f"{head[0]:15s} {head[1]:>4s} {head[2]:>6s} | {head[3]:>10s} {head[4]:>7s} {head[5]:>7s} | "
+             f"the package's rule"]
     for r in sorted(rows, key=lambda r: r["gflop"]):
-        lines.append(f"{r['layer']:15s} {r['B']:4d} {r['gflop']:6.2f} | {r['rule_ms']:9.3f} {r['forced_ms']:7.3f} "
+        lines.append(f"{r['layer']:15s} {r['B']:4d} {r['gflop']:6.2f} | {r['rule_ms']:10.3f} {r['forced_ms']:7.3f} "
                      f"{r['speedup']:6.2f}x | {'tensor cores' if r['now'] else 'kernels'}")
     return "\n".join(lines)
 
 
 def step_rule_figure(rows: Optional[List[dict]] = None, height: int = 400) -> go.Figure:
-    """The forced step's speedup against the useful work of one gradient (log x), coloured by the current rule's
+    """The forced step's speedup against the useful work of one gradient (log x), coloured by the package's rule's
     pick, with its threshold marked."""
     from fovi_lab.kernels.adjoint.as_forward import MMA_GRAD_MIN_GFLOP
     rows = step_rule_rows() if rows is None else rows
@@ -361,7 +363,7 @@ def stem_dw_here(layer: str = "res18_stem", batch: int = 40, device=None, reps: 
                 staged_ms=kl.time_ms(lambda: K.staged_grad_weight(meta, g, x), device, max_reps=reps))
 
 
-#: The stems, and the ResNet-18 stem on its coarser reference frame (196 taps for 49 neighbours).
+#: The stems, and the ResNet-18 stem on its doubled reference frame (rf2: 196 taps for 49 neighbours).
 TAPS_LAYERS = STEMS + ("res18_stem_rf2",)
 
 
@@ -370,8 +372,8 @@ def taps_work_rows(layers: Sequence[str] = TAPS_LAYERS, batch: int = 512) -> Lis
     costs beside the staged dx's stage. Multiply-adds per batch row and output node: ``P64 x Cout`` for the staged
     stage (every neighbour slot, fillers included, times every output channel), ``Q x Cout`` for the tap-expanded
     GEMM (every tap, used or not); their ratio; the MiB of the fp32 stage ``S`` per batch row; and, at ``batch``,
-    the rows per chunk within the staged adjoints' budget (:func:`~fovi_lab.kernels.adjoint.as_forward.taps_batch_chunk`)
-    and the chunks."""
+    the rows per chunk within the staged adjoints' budget
+    (:func:`~fovi_lab.kernels.adjoint.as_forward.taps_batch_chunk`) and the chunks."""
     from fovi_lab.kernels.adjoint.as_forward import taps_batch_chunk
     rows = []
     for name in layers:
@@ -431,22 +433,30 @@ def _dx_switch(r: dict) -> str:
 
 
 def _run_key(r: dict) -> tuple:
-    """What a taps record shares with the rule's record it is paired with: the shape and impl, the machine boot, and
-    every other setting (a build or budget that differs would make the pair compare two things at once)."""
+    """What a taps record shares with the rule's record it is paired with: the shape and impl, the machine boot, the
+    replay mode, the tile GEMMs' build and every other setting (a pair that differed there would compare two things
+    at once)."""
     others = tuple(sorted((k, v) for k, v in (r.get("settings") or {}).items() if k != "FOVI_KNN_DX_PATH"))
-    return (r.get("layer"), r.get("v"), r.get("B"), r.get("impl"), r.get("device"), r.get("boot_id"), others)
+    return (r.get("layer"), r.get("v"), r.get("B"), r.get("impl"), r.get("device"), r.get("boot_id"),
+            r.get("replay"), r.get("tile_gemm"), others)
 
 
 def taps_recorded_rows(records: Optional[List[dict]] = None) -> List[dict]:
     """The checkout's GPU records of the train step under ``FOVI_KNN_DX_PATH=taps`` (their ``settings`` say so;
-    ``tools/gpu/run.sh steps`` takes them), each beside the rule's record (the switch unset or ``auto``) of the same
-    layer, batch, impl, machine boot and other settings: ``[{layer, B, impl, device, taps_ms, rule_ms, speedup,
-    date, commit}]``, the newest pair of each (layer, B, impl); empty where no such record is kept."""
+    ``tools/gpu/run.sh steps`` takes them), each beside the newest record of the rule (the switch unset or
+    ``auto``, no other variant) with the same layer, frame, batch, impl, machine boot, replay mode, build and other
+    settings: ``[{layer, B, impl, device, taps_ms, rule_ms, speedup, date, commit}]``, the newest pair of each
+    (layer, B, impl); empty where no such record is kept. Records without a boot id pair with nothing."""
     if records is None:
         records = [r for path in sorted(kl.DATA_DIR.glob("*/*.jsonl*")) for r in read_file(path)]
-    steps = [r for r in records if r.get("mode") == "train-step" and r.get("ms")
+    steps = [r for r in records if r.get("mode") == "train-step" and r.get("ms") and r.get("boot_id")
              and str(r.get("impl", "")).startswith("warp_train")]
-    rule = {_run_key(r): r for r in steps if _dx_switch(r) == "auto"}
+    rule: Dict[tuple, dict] = {}
+    for r in steps:
+        if _dx_switch(r) == "auto" and not r.get("note_run"):
+            k = _run_key(r)
+            if k not in rule or _when(r) >= _when(rule[k]):
+                rule[k] = r
     best: Dict[tuple, dict] = {}
     for r in steps:
         other = rule.get(_run_key(r)) if _dx_switch(r) == "taps" else None

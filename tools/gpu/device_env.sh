@@ -1,7 +1,6 @@
-# Sourced by tools/gpu/run.sh on the GPU machine: strict mode, the Warp install of the three set-up runs on
-# PYTHONPATH, and a prebuilt sm_90 kernel cache (.device/cache/wpcache.txz, built here with
-# `WARP_CACHE_PATH=/tmp/wpc/wpcache python -m fovi_lab warmup --aot-arch 90` and packed with tar -cJf) unpacked once
-# per machine when it was carried.
+# Sourced by tools/gpu/run.sh on the GPU machine: strict mode, the Warp install of the set-up calls on PYTHONPATH,
+# and a prebuilt sm_90 kernel cache (.device/cache/wpcache.txz, made here by tools/gpu/stage_cache.sh) unpacked once
+# per machine into $FOVI_GPU_SCRATCH/wpc when a call carried it.
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 # what a job keeps for the next call on the same machine (the kernel cache, fovi's network records); the checks of

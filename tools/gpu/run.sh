@@ -16,11 +16,12 @@
 #                                                   # each job bounded by what is left of FOVI_TIMEOUT
 #   bash tools/gpu/run.sh networks-fovi           # no Warp needed (the set-up's first call): fovi's backends and
 #                                                   # the stubbed step in both networks at B = 64 and 256, eager and
-#                                                   # graphed; kept in $FOVI_GPU_SCRATCH (/tmp) for the next call's fovi_lab rows
-#   bash tools/gpu/run.sh steps                   # one call's worth: warmup (scalar tile GEMMs), the train step
+#                                                   # graphed; kept in $FOVI_GPU_SCRATCH (/tmp) for the next
+#                                                   # call's fovi_lab rows
+#   bash tools/gpu/run.sh steps                   # one call's worth: warmup (scalar tile GEMMs), the stems'
+#                                                   # dx under FOVI_KNN_DX_PATH=taps beside the rule, the train step
 #                                                   # over the 13 layers at B = 16 and 64 beside fovi's backends
-#                                                   # (default cuBLASDx tile GEMMs), GPU parity, the stems' dx
-#                                                   # under FOVI_KNN_DX_PATH=taps beside the rule, the networks with
+#                                                   # (default cuBLASDx tile GEMMs), GPU parity, the networks with
 #                                                   # fovi_lab (against networks-fovi's records where that ran, else
 #                                                   # with fovi's backends), ResNet-18 with the stem's dx on taps,
 #                                                   # the kernels of three steps that lose (profile_step), the host
@@ -107,35 +108,36 @@ case "$job" in
     FOVI_WARP_MATHDX=0 timeout 110 python3 -m fovi_lab warmup --no-dense --experimental --mathdx off --jobs 16 \
       > "$OUT/warmup.log" 2>&1
     tail -1 "$OUT/warmup.log"; echo "warmup done at $(( $(date +%s) - t0 )) s"
-    c=$(cap 190); timeout "$c" python3 -m fovi_lab.bench.backward train-step --graphs --batches 16 64 \
+    # the stems' dx on the tap-expanded layer (FOVI_KNN_DX_PATH=taps) beside the rule's staged dx, each way on the same
+    # shapes in the same order (the most used stem first), warp_train alone (--only: PyTorch's forms come next)
+    for mode in taps auto; do
+      c=$(cap 75); FOVI_KNN_DX_PATH=$mode timeout "$c" python3 -m fovi_lab.bench.backward train-step --graphs \
+        --only warp_train --no-fovi --batches 16 64 512 --layers res18_stem dinov3_patch res18_stem_rf2 alex_L0 \
+        --jobs 16 --time-budget-s $(( c > 30 ? c - 25 : 5 )) --out "$OUT/train_step_dx_$mode.jsonl" \
+        > "$OUT/dx_$mode.log" 2>&1
+      grep -E "warp_train .*ms|warp_train_graphed" "$OUT/dx_$mode.log" | cut -c1-150 | tail -12
+    done; echo "dx taps done at $(( $(date +%s) - t0 )) s"
+    c=$(cap 170); timeout "$c" python3 -m fovi_lab.bench.backward train-step --graphs --batches 16 64 \
       --layers all --jobs 16 --time-budget-s $(( c - 35 )) --out "$OUT/train_step.jsonl" > "$OUT/train_step.log" 2>&1
     tail -4 "$OUT/train_step.log"; echo "train-step done at $(( $(date +%s) - t0 )) s"
-    FOVI_WARP_MATHDX=0 timeout "$(cap 75)" python3 -m pytest -o addopts="" -p no:cacheprovider -q \
+    FOVI_WARP_MATHDX=0 timeout "$(cap 90)" python3 -m pytest -o addopts="" -p no:cacheprovider -q \
       tests/test_gpu_parity.py tests/test_gpu_replay.py tests/test_gpu_torch_native.py \
       --junitxml="$OUT/parity.xml" > "$OUT/parity.log" 2>&1
     tail -6 "$OUT/parity.log"; echo "parity done at $(( $(date +%s) - t0 )) s"
-    # the stems' dx on the tap-expanded layer (FOVI_KNN_DX_PATH=taps) beside the rule's staged dx, B = 512 both ways
-    # (B = 16 and 64 under the rule: the train step above); warp_train alone (--only), PyTorch's forms timed above
-    for mode in taps auto; do
-      c=$(cap 40); FOVI_KNN_DX_PATH=$mode timeout "$c" python3 -m fovi_lab.bench.backward train-step --graphs \
-        --only warp_train --no-fovi --batches $([ $mode = taps ] && echo 16 64 512 || echo 512) \
-        --layers dinov3_patch res18_stem alex_L0 res18_stem_rf2 --jobs 16 --time-budget-s $(( c > 15 ? c - 10 : 5 )) \
-        --out "$OUT/train_step_dx_$mode.jsonl" > "$OUT/dx_$mode.log" 2>&1
-      grep -E "warp_train .*ms|warp_train_graphed" "$OUT/dx_$mode.log" | cut -c1-150 | tail -12
-    done; echo "dx taps done at $(( $(date +%s) - t0 )) s"
-    if [ -f "$scratch/fovi_lab_out/network_fovi.jsonl" ]; then      # fovi's backends timed by networks-fovi
+    fovi_recs="$scratch/fovi_lab_out/network_fovi.jsonl"       # fovi's backends timed by networks-fovi
+    if [ -f "$fovi_recs" ]; then
       timeout "$(cap 100)" python3 -m fovi_lab.bench.network --net alexnet resnet18 --batches 256 64 --modes eager \
-        graphed --backends fovi_lab --alternatives "$scratch/fovi_lab_out/network_fovi.jsonl" --out "$OUT/network.jsonl" \
-        > "$OUT/network.log" 2>&1
+        graphed --backends fovi_lab --alternatives "$fovi_recs" --out "$OUT/network.jsonl" > "$OUT/network.log" 2>&1
     else
       timeout "$(cap 120)" python3 -m fovi_lab.bench.network --net resnet18 --batches 64 --modes eager graphed \
         --backends fovi_lab auto cuda baseline torch_compact stubbed --out "$OUT/network.jsonl" > "$OUT/network.log" 2>&1
     fi
     tail -10 "$OUT/network.log"; echo "network done at $(( $(date +%s) - t0 )) s"
     # ResNet-18 with its stem's dx on the tap-expanded layer (records carry settings: {FOVI_KNN_DX_PATH: taps})
-    alt=(); [ -f "$scratch/fovi_lab_out/network_fovi.jsonl" ] && alt=(--alternatives "$scratch/fovi_lab_out/network_fovi.jsonl")
+    alt=(); [ -f "$fovi_recs" ] && alt=(--alternatives "$fovi_recs")
     FOVI_KNN_DX_PATH=taps timeout "$(cap 50)" python3 -m fovi_lab.bench.network --net resnet18 --batches 64 \
-      --modes eager graphed --backends fovi_lab "${alt[@]}" --out "$OUT/network_dx_taps.jsonl" > "$OUT/net_taps.log" 2>&1
+      --modes eager graphed --backends fovi_lab ${alt[@]+"${alt[@]}"} --out "$OUT/network_dx_taps.jsonl" \
+      > "$OUT/net_taps.log" 2>&1
     tail -3 "$OUT/net_taps.log"
     timeout "$(cap 20)" python3 tools/gpu/profile_step.py dinov3_patch:16 res18_layer4_0:16 res18_stem:16 \
       > "$OUT/profile.log" 2>&1; tail -2 "$OUT/profile.log"

@@ -12,17 +12,25 @@
 # tree travels too, within the 64 MiB a call carries). A module whose kernel source changed since is compiled there
 # as before.  ~16 min on 2 cores.
 #
-#   bash tools/gpu/stage_cache.sh [build folder, default /tmp/wpc_stage]
+#   bash tools/gpu/stage_cache.sh [build folder: a new one, or one this script made; default /tmp/wpc_stage]
 set -euo pipefail
+build="$(realpath -m "${1:-/tmp/wpc_stage}")"        # resolved before the cd below
 cd "$(dirname "$0")/../.."
-build="${1:-/tmp/wpc_stage}"
-rm -rf "$build" && mkdir -p "$build"
-WARP_CACHE_PATH="$build/a" python -m fovi_lab warmup --no-dense --experimental --mathdx off --aot-arch 90 \
-  > "$build/a.log" 2>&1
-tail -1 "$build/a.log"
-WARP_CACHE_PATH="$build/b" python -m fovi_lab warmup --no-dense --aot-arch 90 > "$build/b.log" 2>&1
-tail -1 "$build/b.log"
-version=$(ls "$build/a")
+if [ -e "$build" ] && [ ! -f "$build/.fovi_stage_cache" ]; then
+  echo "stage_cache.sh: $build exists and is not a folder this script made; name a new one" >&2; exit 2
+fi
+rm -rf "$build" && mkdir -p "$build" && touch "$build/.fovi_stage_cache"
+warm() {        # $1: the cache folder, then warmup's options; the log's end where it fails
+  local cache="$1"; shift
+  env -u FOVI_WARP_MATHDX WARP_CACHE_PATH="$build/$cache" python -m fovi_lab warmup --no-dense --aot-arch 90 "$@" \
+    > "$build/$cache.log" 2>&1 || { tail -20 "$build/$cache.log" >&2; exit 1; }
+  tail -1 "$build/$cache.log"
+}
+warm a --experimental --mathdx off      # the scalar tile GEMM (warmup, parity and host run under FOVI_WARP_MATHDX=0)
+warm b                                  # Warp's default, cuBLASDx (the train step and the networks)
+versions=("$build/a"/*)
+[ ${#versions[@]} -eq 1 ] || { echo "stage_cache.sh: expected one Warp version in $build/a" >&2; exit 1; }
+version=$(basename "${versions[0]}")
 mkdir -p "$build/wpcache/$version"
 cp -r "$build/a/$version"/wp_* "$build/wpcache/$version/"
 for d in "$build/b/$version"/wp_*; do          # b's fused adjoint modules (a has the tensor-core forwards already)

@@ -215,8 +215,9 @@ def select_taps_config(meta: TrainingMeta, batch: int) -> str:
     """The split tensor-core config of the tap-expanded layer (:func:`grad_input_taps`) for a call of ``batch``
     rows, from the rows of its chunks (:func:`taps_batch_chunk`): the rule's pipelined config
     (:data:`MMA_GRAD_CONFIG`, 64 batch rows per CTA) where a chunk's GEMM, ``2 rows pad64(Cout) Q Nout`` FLOPs, is
-    at least :data:`MMA_GRAD_MIN_GFLOP` with at least 64 rows, else ``select_mma_split(rows, Q)``: the dW rule's
-    threshold carried over, which no GPU run of this layer has checked."""
+    at least :data:`MMA_GRAD_MIN_GFLOP` with at least 64 rows, else ``select_mma_split(rows, Q)``: the threshold
+    of the tensor-core adjoints' rule (:func:`select_grad_mma`) carried over, which no GPU run of this layer
+    has checked."""
     from fovi_lab.kernels.forward.api import select_mma_split
     rows = taps_batch_chunk(meta, batch)
     work = 2.0 * rows * pad_to(meta.cout, 64) * meta.q * meta.nout

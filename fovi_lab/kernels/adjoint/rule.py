@@ -158,7 +158,7 @@ def gradient_words(plan: AdjointPlan, which: str) -> str:
         pick = plan.fused[0 if which == "dx" else 1]
         return f"fused node-major kernel, no stage: {pick.words()}  [{pick.config}]  (Cin >= {FUSED_MIN_CIN})"
     words = f"staged kernels: a stage and a reverse-index reduction  (Cin < {FUSED_MIN_CIN})"
-    if which == "dx":       # the opt-in that puts a stem's dx on the tensor cores (fp16), which no GPU record times
+    if which == "dx":       # the opt-in that puts a stem's dx on the tensor cores (fp16 calls)
         words += "; FOVI_KNN_DX_PATH=taps: fp16 calls on the tensor cores, through the tap-expanded layer (notebook 09)"
     return words
 
