@@ -24,8 +24,7 @@ from pathlib import Path
 from typing import Dict, Iterator, Optional, Tuple
 
 __all__ = ["Setting", "SETTINGS", "KERNEL_AFFECTING", "get", "raw", "snapshot", "kernel_values", "ab_switches_set",
-           "override",
-           "render_markdown", "write_docs"]
+           "override", "render_markdown", "write_docs"]
 
 #: The kinds of value a variable takes.
 KINDS = ("choice", "count", "number", "flag", "path", "text")

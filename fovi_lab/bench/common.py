@@ -226,15 +226,19 @@ def env_info(device) -> dict:
         "command": _command(),
         "tile_gemm": tile_gemm(device),
         "replay": _replay_mode(),
-        "settings": _settings.kernel_values(),
-        **_ab_note(),
+        **_switches(),
     }
 
 
-def _ab_note() -> dict:
-    """``{"note_run": ...}`` naming the A/B switches set (none: empty)."""
-    ab = _settings.ab_switches_set()
-    return {"note_run": "A/B switch " + ", ".join(f"{k}={v}" for k, v in ab.items())} if ab else {}
+def _switches() -> dict:
+    """``{"settings": the kernel-affecting variables set}``, and ``"note_run"`` naming the A/B switches among them
+    (:func:`env_info`)."""
+    values = _settings.kernel_values()
+    out = {"settings": values}
+    ab = _settings.ab_switches_set(values)
+    if ab:
+        out["note_run"] = "A/B switch " + ", ".join(f"{k}={v}" for k, v in ab.items())
+    return out
 
 
 def _replay_mode() -> Optional[str]:

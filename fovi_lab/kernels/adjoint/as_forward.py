@@ -45,7 +45,7 @@ fused kernels on both gradients from 6.8 GFLOP up.
 ``FOVI_KNN_DX_PATH`` / ``FOVI_KNN_DW_PATH``
 (``mma``, ``off``, ``auto``) override the rule per gradient.
 
-``FOVI_KNN_DX_PATH=taps`` (opt-in, fp16; no GPU record times it yet) puts the stems' dx on the tensor cores another
+``FOVI_KNN_DX_PATH=taps`` (opt-in, fp16 calls; no GPU record times it) puts the stems' dx on the tensor cores another
 way (:func:`grad_input_taps`): the forward of the *tap-expanded* layer (:func:`fovi_lab.graph.meta.expanded_meta`,
 output channels ``c*V + t``, Q of them, where the transposed layer has Cin) stages
 ``S[b, c*V + t, n] = sum_o g[b, o, n] W[o, c*V + t]`` in fp32, and a reverse-list reduction sums
