@@ -135,6 +135,64 @@ def test_a_bench_record_lands_under_the_current_folder(tmp_path, monkeypatch, ca
     assert {p: p.stat().st_mtime for p in PKG.rglob("*.jsonl*")} == before
 
 
+def _no_new_files(monkeypatch):
+    """A folder in which no file can be made (a read-only mount, another user's folder): what a run as root on a
+    writable disk cannot show, so the probe's temporary file is refused as such a folder refuses it."""
+    import tempfile
+
+    def refuse(*args, dir=None, **kwargs):
+        raise PermissionError(13, "Permission denied", str(dir))
+    monkeypatch.setattr(tempfile, "TemporaryFile", refuse)
+
+
+OUT_COMMANDS = [leaf for leaf in LEAVES if leaf not in (["demo"], ["warmup"])]
+
+
+@pytest.mark.parametrize("leaf", OUT_COMMANDS, ids=" ".join)
+def test_a_records_file_that_cannot_be_written_is_refused_before_the_run(leaf, tmp_path, monkeypatch, capsys):
+    """``--out`` in a folder where no file can be made: one line at the door, not a traceback after the timings."""
+    _no_new_files(monkeypatch)
+    code, err = _usage_error(leaf + ["--out", str(tmp_path / "r.jsonl")], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"--out: expected a file this process can write, got '{tmp_path / 'r.jsonl'}': no file can be made in " \
+           f"'{tmp_path}': Permission denied" in err
+    assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_the_write_probe_leaves_no_file_and_appends_to_an_existing_one(tmp_path):
+    from fovi_lab.ops.arguments import unwritable
+    assert unwritable(tmp_path / "a" / "b" / "r.jsonl") is None           # its folders are made with the records
+    assert list(tmp_path.iterdir()) == []
+    existing = tmp_path / "r.jsonl"
+    existing.write_text("{}\n")
+    stamp = existing.stat().st_mtime_ns
+    assert unwritable(existing) is None
+    assert existing.read_text() == "{}\n" and existing.stat().st_mtime_ns == stamp
+    if os.geteuid() != 0:                                                  # root writes a read-only file anyway
+        existing.chmod(0o444)
+        assert unwritable(existing).startswith("it cannot be appended to: Permission denied")
+
+
+@pytest.mark.parametrize("argv", [["bench", "forward", "--layers", "res18_layer4_0", "--batches", "1"],
+                                  ["bench", "train-step", "--layers", "res18_layer4_0", "--batches", "1"]],
+                         ids=lambda a: a[1])
+def test_a_default_records_file_that_cannot_be_written_is_refused_before_the_run(argv, tmp_path, monkeypatch,
+                                                                                   capsys):
+    """Without ``--out`` the records go to ``data/`` under the current folder: where that cannot be written, the
+    command says so and asks for ``--out`` before it times anything."""
+    pytest.importorskip("warp")
+    monkeypatch.chdir(tmp_path)
+    _no_new_files(monkeypatch)
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    out, err = capsys.readouterr()
+    assert exc.value.code == 2 and err.count("\n") == 1, err
+    assert f"python -m fovi_lab bench {argv[1]}: error: --out: the default {tmp_path / 'data'}" in err
+    assert f"cannot be written (no file can be made in '{tmp_path}': Permission denied); name a file with " \
+           f"--out (see --help)" in err
+    assert "benchmark on" not in out and list(tmp_path.iterdir()) == []
+
+
 def _installed(tmp_path) -> tuple:
     """The package copied as a wheel lays it out (``site/fovi_lab``, no checkout above it), a working folder and
     the environment that imports the copy."""

@@ -595,6 +595,11 @@ def run(args) -> int:
     env = env_info(device)
     kind = "backward" if args.mode == "backward" else "train_step"
     out = args.out or default_record_path(kind, env["device"])
+    if args.out is None:                               # the default file: refused here, not after the timings
+        from fovi_lab.ops.arguments import unwritable, usage_error
+        why = unwritable(out)
+        if why is not None:
+            usage_error(f"python -m fovi_lab bench {args.mode}", f"--out: the default {out} cannot be written ({why}); name a file with --out")
     layers = args.layers or list(LAYERS)
     roof = roofline_of(device)
     print(f"# {args.mode} benchmark on {env['device']} (warp {env['warp']}, torch {env['torch']}), "

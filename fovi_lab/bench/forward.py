@@ -550,6 +550,11 @@ def run(args) -> int:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     env = env_info(device)
     out = args.out or default_record_path("forward", env["device"])
+    if args.out is None:                               # the default file: refused here, not after the timings
+        from fovi_lab.ops.arguments import unwritable, usage_error
+        why = unwritable(out)
+        if why is not None:
+            usage_error("python -m fovi_lab bench forward", f"--out: the default {out} cannot be written ({why}); name a file with --out")
     layers = args.layers or list(LAYERS)
     roof = roofline_of(device)
     compiled = None if (args.no_compile or device.type != "cuda") else _Compiled(args.compile_budget_s)

@@ -14,11 +14,11 @@ import shutil
 import sys
 import textwrap
 from pathlib import Path
-from typing import Callable, Iterable, List
+from typing import Callable, Iterable, List, Optional
 
 __all__ = ["CommandParser", "HelpFormatter", "usage_error", "command_words", "int_at_least", "COUNT",
            "positive_float", "non_negative_float", "layer_name", "layer_names", "LayersAction", "expand_layers",
-           "backend_name", "check_device", "device_name", "add_device_option", "device_kind", "out_file",
+           "backend_name", "check_device", "device_name", "add_device_option", "device_kind", "out_file", "unwritable",
            "existing_file", "existing_folder"]
 
 
@@ -294,14 +294,46 @@ def _expanded(text: str) -> Path:
                                          f"folder)") from None
 
 
+def unwritable(path) -> Optional[str]:
+    """Why records cannot be appended to the file ``path``, or None when they can: an existing file is opened for
+    appending (its contents and time stamps unchanged), a new one is tried as a temporary file in the nearest
+    folder that exists (its folders are made when the first records come). So a read-only folder or file is
+    refused before a benchmark runs, not after it has timed everything."""
+    import tempfile
+
+    path = Path(path)
+    if path.exists():
+        try:
+            with open(path, "a"):
+                pass
+        except OSError as exc:
+            return f"it cannot be appended to: {exc.strerror or exc}"
+        return None
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{str(folder)!r} is not a folder"
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        return f"no file can be made in {str(folder)!r}: {exc.strerror or exc}"
+    return None
+
+
 def out_file(text: str) -> str:
-    """An argument type: a file to write (or append to) in a folder that exists; returned with ``~`` expanded."""
+    """An argument type: a file to write (or append to) in a folder that exists, and that can be written
+    (:func:`unwritable`); returned with ``~`` expanded."""
     path = _expanded(text)
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"expected a file to write, got the folder {text!r}")
     if not path.parent.is_dir():
         raise argparse.ArgumentTypeError(f"expected a file in an existing folder, got {text!r} "
                                          f"(there is no folder {str(path.parent)!r})")
+    why = unwritable(path)
+    if why is not None:
+        raise argparse.ArgumentTypeError(f"expected a file this process can write, got {text!r}: {why}")
     return str(path)
 
 
