@@ -198,8 +198,16 @@ def test_graphed_on_the_cpu_is_the_module_itself_and_checks_its_sample():
     assert graphed(net, x) is net and graphed(net, (x,)) is net
     with pytest.raises(TypeError, match="sample_input: expected a tensor or a tuple of tensors, got list"):
         graphed(net, [x])
-    with pytest.raises(TypeError, match="sample_input: .* holding int"):
+    with pytest.raises(TypeError, match="sample_input: .* got tuple holding int"):
         graphed(net, (x, 3))
+    with pytest.raises(TypeError, match="sample_input: expected a tensor or a tuple of tensors, got str$"):
+        graphed(net, "x")
+    with pytest.raises(TypeError, match="sample_input: .* got an empty tuple"):
+        graphed(net, ())
+    with pytest.raises(TypeError, match="module: expected a torch.nn.Module, got function"):
+        graphed(lambda t: t, x)
+    with pytest.raises(TypeError, match="warmup: expected an int, got float"):
+        graphed(net, x, warmup=2.5)
     with pytest.raises(ValueError, match="warmup: expected at least 1"):
         graphed(net, x, warmup=0)
     with pytest.raises(ValueError, match="autocast: expected None, torch.float16 or torch.bfloat16"):

@@ -185,14 +185,20 @@ def graphed(module: torch.nn.Module, sample_input, *, warmup: int = 3,
         ``module`` unchanged: the same loop runs eagerly.
 
     Raises:
-        TypeError: ``sample_input`` is not a tensor or a tuple of tensors. ValueError: the sample and the
+        TypeError: ``module`` is not a module, ``sample_input`` not a tensor or a tuple of tensors, or ``warmup``
+        not an int. ValueError: the sample and the
         parameters are not all on one device, ``warmup`` is below 1, or ``autocast`` is not a half dtype.
     """
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"module: expected a torch.nn.Module, got {type(module).__name__}")
     args = sample_input if isinstance(sample_input, tuple) else (sample_input,)
     bad = [type(a).__name__ for a in args if not isinstance(a, torch.Tensor)]
     if not args or bad:
+        held = f" holding {', '.join(bad)}" if isinstance(sample_input, tuple) and bad else ""
         raise TypeError(f"sample_input: expected a tensor or a tuple of tensors, got "
-                        f"{type(sample_input).__name__}{' holding ' + ', '.join(bad) if bad and args else ''}")
+                        f"{'an empty tuple' if not args else type(sample_input).__name__ + held}")
+    if isinstance(warmup, bool) or not isinstance(warmup, int):
+        raise TypeError(f"warmup: expected an int, got {type(warmup).__name__}")
     if warmup < 1:
         raise ValueError(f"warmup: expected at least 1 eager iteration before capture, got {warmup}")
     if autocast not in (None, torch.float16, torch.bfloat16):
