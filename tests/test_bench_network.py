@@ -62,6 +62,25 @@ def test_fovi_network_builds_fovis_classes_and_refuses_unknown_names():
     assert not any("forward" in vars(m) for m in layers)
     with pytest.raises(ValueError, match="net: expected one of alexnet, resnet18, got 'vgg'"):
         fovi_network("vgg")
+    for kwargs, match in (({"n_classes": 0}, "^n_classes: expected an integer >= 1, got 0$"),
+                          ({"in_res": 32.0}, "^in_res: expected an integer >= 1, got 32.0$"),
+                          ({"in_res": 16}, "^in_res: fovi's resnet18 cannot be built on a 16-pixel grid \\(fovi: ")):
+        with pytest.raises(ValueError, match=match):
+            fovi_network("resnet18", **kwargs)
+
+
+@pytest.mark.parametrize("context", ["fovi_backend", "fovi_lab_inside", "knn_stubbed"])
+def test_a_model_without_knn_layers_is_refused_by_the_contexts_that_change_them(context):
+    """A model with no fovi KNN conv layer would run unchanged inside them: refused, naming ``model``."""
+    from fovi_lab.integrations import fovi as integration
+    make = getattr(integration, context)
+    args = ("auto",) if context == "fovi_backend" else ()
+    with pytest.raises(ValueError, match="^model: expected a fovi network with KNN conv layers .* got a Linear"):
+        with make(torch.nn.Linear(2, 2), *args):
+            pass
+    with pytest.raises(TypeError, match="^model: expected a torch.nn.Module"):
+        with make("net", *args):
+            pass
 
 
 def test_the_train_step_bench_times_fovis_own_backends_beside_ours(tmp_path):
@@ -134,14 +153,19 @@ def test_knn_stubbed_zeros_the_layers_and_gives_them_back():
 
 def test_fovi_lab_trains_a_step_of_fovis_alexnet():
     """One train step of fovi's KNNAlexNet (its classes and layers, on a 24 x 24 grid: every layer smaller, the
-    same network otherwise) with fovi_lab inside, beside fovi's torch_compact, judged against fp32 as above."""
-    recs = network_records("alexnet", 1, backends=("fovi_lab", "torch_compact"), steps=1, warmup=0, device="cpu",
-                           in_res=24)
+    same network otherwise) with fovi_lab inside, beside fovi's torch_compact and baseline, judged against fp32 as
+    above. On the CPU the whole network runs in fp16, batch norm included, over layers of a few nodes: the fp16
+    steps' gradients are off by tens of percent for every backend, by amounts that change with the CPU's fp16
+    arithmetic (B = 1 gave fovi's two backends 0.16 and 0.19 on one machine). So the batch is 2 and the bound is
+    fovi's own spread: fovi_lab within 1.5x the larger error of fovi's two fp16 steps."""
+    recs = network_records("alexnet", 2, backends=("fovi_lab", "torch_compact", "baseline"), steps=1, warmup=0,
+                           device="cpu", in_res=24)
     by = {r["backend"]: r for r in recs}
-    ours, theirs = by["fovi_lab"], by["torch_compact"]
-    assert all(r["in_res"] == 24 and r["net"] == "alexnet" and r["ms"] > 0 for r in (ours, theirs))
-    assert math.isfinite(ours["loss_after"]) and ours["loss"] == pytest.approx(theirs["loss"], rel=1e-2)
-    assert ours["grad_err"] <= 2 * theirs["grad_err"] + 1e-3, (ours["grad_err"], theirs["grad_err"])
+    ours, theirs = by["fovi_lab"], [by["torch_compact"], by["baseline"]]
+    assert all(r["in_res"] == 24 and r["net"] == "alexnet" and r["ms"] > 0 for r in [ours] + theirs)
+    assert math.isfinite(ours["loss_after"]) and ours["loss"] == pytest.approx(theirs[0]["loss"], rel=1e-2)
+    worst = max(r["grad_err"] for r in theirs)
+    assert 0 < ours["grad_err"] <= 1.5 * worst + 1e-3, (ours["grad_err"], [r["grad_err"] for r in theirs])
     assert ours["grads_bitwise_repeatable"] is True
 
 

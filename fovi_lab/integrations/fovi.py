@@ -313,6 +313,17 @@ def _fovi_models_module(name: str):
             sys.modules["fovi.models"] = had
 
 
+@contextlib.contextmanager
+def _fovi_refusal(net: str, in_res: int) -> Iterator[None]:
+    """Inside: fovi's constructor refusing the foveated configuration (its strides shrink the sampling radii below
+    one node at a small ``in_res``) comes out as a ValueError naming ``in_res``, with fovi's words."""
+    try:
+        yield
+    except (ValueError, RuntimeError) as exc:
+        raise ValueError(f"in_res: fovi's {net} cannot be built on a {in_res}-pixel grid (fovi: {exc}); its "
+                         f"strides need a larger one (64, the default, builds both networks)") from None
+
+
 def fovi_network(net: str, device="cpu", n_classes: int = 1000, in_res: int = 64) -> torch.nn.Module:
     """fovi's own network ``net`` (:data:`NETWORKS`), built by its class with the class's default foveated
     configuration (field of view 16, cortical magnification ``a`` = 0.5, isotropic sampling, batch norm) at
@@ -326,12 +337,16 @@ def fovi_network(net: str, device="cpu", n_classes: int = 1000, in_res: int = 64
     * ``resnet18``: ``fovi.models.knnresnet.KNNResNet`` with basic blocks ``[2, 2, 2, 2]``.
 
     Its input is ``[B, 3, N]``: the retinal samples, ``N`` = ``model.fovi_lab_nin`` (set here). Raises ValueError
-    for an unknown ``net``, ImportError where fovi does not import (the message gives the install lines)."""
+    for an unknown ``net``, an ``n_classes`` or ``in_res`` that is not an integer >= 1, or an ``in_res`` too small
+    for the network's strides (fovi's own refusal, in its words), ImportError where fovi does not import (the message gives the install lines)."""
     if net not in NETWORKS:
         raise ValueError(f"net: expected one of {', '.join(NETWORKS)}, got {net!r}")
+    for arg, value in (("n_classes", n_classes), ("in_res", in_res)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{arg}: expected an integer >= 1, got {value!r}")
     import warnings
 
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _fovi_refusal(net, in_res):
         warnings.simplefilter("ignore")                  # torch.meshgrid's indexing warning inside fovi
         if net == "alexnet":
             kernels = _fovi_models_module("alexnet").baseline_alexnet_kernels["base"]
@@ -353,6 +368,18 @@ def conv_layers(model: torch.nn.Module) -> List[torch.nn.Module]:
     return [m for m in model.modules() if hasattr(m, "kernel_backend") and hasattr(m, "weight")]
 
 
+def _knn_layers(model) -> List[torch.nn.Module]:
+    """:func:`conv_layers` of ``model``, which must hold some: a model without them would run unchanged inside a
+    context meant to change its layers' backend, so it is refused (ValueError naming ``model``)."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model: expected a torch.nn.Module (a fovi network), got {type(model).__name__}")
+    layers = conv_layers(model)
+    if not layers:
+        raise ValueError(f"model: expected a fovi network with KNN conv layers (modules with a kernel_backend), "
+                         f"got a {type(model).__name__} with none")
+    return layers
+
+
 @contextlib.contextmanager
 def fovi_backend(model: torch.nn.Module, backend: str) -> Iterator[torch.nn.Module]:
     """Inside: every KNN conv layer of ``model`` has fovi's ``kernel_backend = backend`` (one of fovi's
@@ -361,7 +388,7 @@ def fovi_backend(model: torch.nn.Module, backend: str) -> Iterator[torch.nn.Modu
     valid = sorted(dispatch_module.VALID_BACKENDS)
     if backend not in valid:
         raise ValueError(f"backend: expected one of fovi's backends {valid}, got {backend!r}")
-    layers = conv_layers(model)
+    layers = _knn_layers(model)
     saved = [m.kernel_backend for m in layers]
     for m in layers:
         m.kernel_backend = backend
@@ -398,8 +425,8 @@ def fovi_lab_inside(model: torch.nn.Module, backend: str = "warp_train", device=
     fovi's dispatch refuses ``warp_train`` off CUDA. Yields the route taken, in words; on exit fovi's registry
     entries, the layers' backends and their forwards are as they were."""
     registry_module, _ = _fovi()
+    layers = _knn_layers(model)
     device = torch.device(device) if device is not None else next(model.parameters()).device
-    layers = conv_layers(model)
     if device.type == "cuda":
         register_with_fovi("warp_train", backend)
         try:
@@ -449,7 +476,7 @@ def knn_stubbed(model: torch.nn.Module) -> Iterator[str]:
     activations, pooling, the head, the loss, the optimizer over every parameter): the floor any KNN backend
     stands on. Under CUDA autocast its output has the autocast dtype, as fovi's layer's has. Yields the route in words;
     on exit the layers' forwards are as they were."""
-    layers = conv_layers(model)
+    layers = _knn_layers(model)
 
     def stub(layer):
         cout, nout = int(layer.weight.shape[0]), int(layer.out_coords.shape[0])
