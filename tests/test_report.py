@@ -47,6 +47,10 @@ def test_network_rows_pair_ours_with_fovis_fastest_of_the_same_run(tmp_path):
             dict(rec("2026-01-03T00:00", "eager", "cuda", 2.0), in_res=24)]
     (tmp_path / "gpu_x").mkdir()
     (tmp_path / "gpu_x" / "network.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    deep = tmp_path / "gpu_x" / "old" / "runs"        # deeper folders are not walked (--data /tmp stays quick)
+    deep.mkdir(parents=True)
+    (deep / "network.jsonl").write_text("".join(json.dumps(rec("2026-01-04T00:00", "eager", b, ms)) + "\n"
+                                                for b, ms in (("fovi_lab", 1.0), ("cuda", 2.0))))    # a pair
     rows = report.network_rows(report.network_records(tmp_path))
     assert [(r["date"], r["mode"], r["ours_ms"], r["other"], r["other_ms"]) for r in rows] == [
         ("2026-01-01", "eager", 10.0, "auto", 11.0), ("2026-01-02", "eager", 8.0, "baseline", 16.0)]

@@ -302,13 +302,14 @@ _PRECISION = {"amp": "mixed precision (fp32 weights, fp16 autocast)", "fp16": "f
 
 def network_records(data_dir: Optional[Path] = None) -> List[dict]:
     """The records of ``python -m fovi_lab bench network`` kept in a checkout (``data/<device>/network.jsonl``, or
-    the ``network.jsonl`` files under ``data_dir``) that timed a step of a network at its budget (``in_res`` 64, the
+    the ``network.jsonl`` of ``data_dir`` and of its folders one level down; nothing deeper is walked) that timed a step of a network at its budget (``in_res`` 64, the
     default; a smaller grid is a quick run, not the network) under the package's own rules (not a
     :func:`switched_variant`); none for an installed package."""
     root = Path(data_dir) if data_dir is not None else (CHECKOUT_ROOT / "data" if CHECKOUT_ROOT else None)
     if root is None or not root.is_dir():
         return []
-    return [r for path in sorted(root.glob("**/network.jsonl")) for r in read_file(path)
+    paths = sorted({*root.glob("network.jsonl"), *root.glob("*/network.jsonl")})
+    return [r for path in paths for r in read_file(path)
             if r.get("kind") == "network" and r.get("ms") and r.get("in_res", 64) == 64    # the networks' budget
             and not switched_variant(r)]
 
@@ -467,8 +468,9 @@ def add_arguments(parser) -> None:
     from fovi_lab.ops.arguments import existing_file, existing_folder, out_file
 
     parser.add_argument("--data", type=existing_folder, default=None,
-                        help="read the *.jsonl record files of this folder instead (default: the shipped records "
-                             "and, in a checkout, its data/ folder)")
+                        help="read the *.jsonl record files of this folder instead, and for the network table the "
+                             "network.jsonl there and one folder down (default: the shipped records and, in a "
+                             "checkout, its data/ folder)")
     parser.add_argument("--out", type=out_file, default=None,
                         help="the results markdown to write (default, when neither --out nor --readme is given: "
                              "docs/results.md of the checkout)")
