@@ -47,6 +47,10 @@ def _usage_error(argv, capsys):
     (["demo", "--backends", "nope"], "--backends: unknown 'nope'; registered:"),
     (["tune", "--batches", "0"], "--batches: expected an integer >= 1, got 0"),
     (["warmup", "--jobs", "0"], "--jobs: expected an integer >= 1, got 0"),
+    (["warmup", "--aot-arch", "12"], "python -m fovi_lab warmup: error: --aot-arch: expected an architecture Warp's "
+                                     "NVRTC compiles for (75, 80"),
+    (["warmup", "--only", "sd_b8o8u4", "nope"], "--only: no module of this warmup is named 'nope' (python -m "
+                                                "fovi_lab configs lists"),
     (["report", "--data", "no/such/folder"], "--data: expected an existing folder, got 'no/such/folder'"),
     (["bench"], "python -m fovi_lab bench: error: expected a benchmark: forward, backward, train-step"),
     (["bench", "nope"], "BENCHMARK: invalid choice: 'nope'"),

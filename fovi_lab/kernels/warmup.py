@@ -24,7 +24,7 @@ import sys
 import time
 from typing import List, Tuple
 
-from fovi_lab.ops.arguments import command_main
+from fovi_lab.ops.arguments import command_main, usage_error
 
 __all__ = ["main", "add_arguments", "run", "DESCRIPTION", "forward_jobs", "grad_jobs"]
 
@@ -137,8 +137,24 @@ def add_arguments(parser) -> None:
     parser.add_argument("--bf16", action="store_true", help="also the bf16 kernels (tensor-core forward, fused adjoints)")
 
 
+def _nvrtc_archs() -> list:
+    """The architectures (``90`` for sm_90) Warp's bundled NVRTC compiles for (``wp.get_cuda_supported_archs``),
+    Warp initialised quietly (:func:`fovi_lab.kernels.common.init_warp`)."""
+    import warp as wp
+
+    from fovi_lab.kernels.common import init_warp
+
+    init_warp()
+    return sorted(wp.get_cuda_supported_archs())
+
+
 def run(args) -> int:
     """Compile as ``args`` say (the options of :func:`add_arguments`); returns 1 when a module failed, else 0."""
+    if args.aot_arch:
+        archs = _nvrtc_archs()
+        if args.aot_arch not in archs:
+            usage_error("python -m fovi_lab warmup", f"--aot-arch: expected an architecture Warp's NVRTC compiles "
+                        f"for ({', '.join(map(str, archs))}), got {args.aot_arch}")
     device = args.device
     if device is None and not args.aot_arch:
         import torch
@@ -152,6 +168,13 @@ def run(args) -> int:
     def named(job: str) -> bool:          # "--only m16n32 dxn_m16n16k64" selects both dtypes of each
         parts = [p for p in job.split(":") if p not in ("nm", "bf16")]
         return job in args.only or parts[-1] in args.only
+    if args.only is not None:
+        known = {j[0] for j in jobs} | {[p for p in j[0].split(":") if p not in ("nm", "bf16")][-1] for j in jobs}
+        unknown = [n for n in args.only if n not in known]
+        if unknown:
+            usage_error("python -m fovi_lab warmup", f"--only: no module of this warmup is named "
+                        f"{', '.join(map(repr, unknown))} (python -m fovi_lab configs lists the forward configs; "
+                        f"--experimental, --bf16 and --no-grad change which modules are here)")
     jobs = [j for j in jobs if args.only is None or named(j[0])]
     where = f"sm_{args.aot_arch} (ahead of time)" if args.aot_arch else device
     print(f"warmup: {len(jobs)} Warp modules (forward + fused adjoint) for {where}, {args.jobs} processes", flush=True)
