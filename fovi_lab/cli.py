@@ -123,7 +123,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.exit(2, f"{PROG} bench: error: expected a benchmark: {', '.join(BENCHMARKS)} (see --help)\n")
     path = [args.command] + ([args.benchmark] if args.command == "bench" else [])
     args.argv = _words_after(argv, path)
-    return args.command_run(args) or 0
+    try:
+        return args.command_run(args) or 0
+    except (MemoryError, RuntimeError) as exc:     # torch.OutOfMemoryError is a RuntimeError
+        if not _out_of_memory(exc):
+            raise
+        words = " ".join(str(exc).split()) or type(exc).__name__
+        hint = ("; try a smaller --batch" if getattr(args, "batch", None) else
+                "; try smaller --batches" if getattr(args, "batches", None) else "")
+        parser.exit(2, f"{PROG} {' '.join(path)}: error: out of memory ({words[:240]}){hint}\n")
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is an allocation that failed: Python's MemoryError, torch's CUDA out-of-memory error, or its
+    CPU allocator's refusal (a RuntimeError saying it cannot allocate)."""
+    import torch
+
+    return (isinstance(exc, (MemoryError, torch.OutOfMemoryError))
+            or "DefaultCPUAllocator: can't allocate memory" in str(exc))
 
 
 if __name__ == "__main__":

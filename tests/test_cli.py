@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from fovi_lab import cli
 
@@ -137,6 +138,31 @@ def test_a_bench_record_lands_under_the_current_folder(tmp_path, monkeypatch, ca
     assert {json.loads(line)["impl"] for line in rec_file.read_text().splitlines()} >= {"warp_uncached",
                                                                                         "torch_compact"}
     assert {p: p.stat().st_mtime for p in PKG.rglob("*.jsonl*")} == before
+
+
+@pytest.mark.parametrize("error", [
+    RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you "
+                 "tried to allocate 409600000000 bytes. Error code 12 (Cannot allocate memory)"),
+    torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 381.47 GiB."), MemoryError()],
+    ids=["cpu", "cuda", "python"])
+def test_running_out_of_memory_is_one_line_not_a_traceback(error, monkeypatch, capsys):
+    """A batch the machine cannot hold (the allocators' own errors, raised where the step would allocate: a real
+    400 GB request could be granted and then killed where memory is overcommitted): the allocator's words and what
+    to change, exit 2. Any other error is not caught."""
+    from fovi_lab import train
+
+    def fail(*args, **kwargs):
+        raise error
+    monkeypatch.setattr(train, "train_digits", fail)
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["train", "--steps", "1", "--batch", "100000000", "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("python -m fovi_lab train: error: out of memory (") and \
+        err.endswith("; try a smaller --batch\n"), err
+    monkeypatch.setattr(train, "train_digits", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("other")))
+    with pytest.raises(RuntimeError, match="^other$"):
+        cli.main(["train", "--steps", "1", "--device", "cpu"])
 
 
 def _no_new_files(monkeypatch):
