@@ -48,6 +48,10 @@ def _usage_error(argv, capsys):
     (["demo", "--backends", "nope"], "--backends: unknown 'nope'; registered:"),
     (["tune", "--batches", "0"], "--batches: expected an integer >= 1, got 0"),
     (["warmup", "--jobs", "0"], "--jobs: expected an integer >= 1, got 0"),
+    (["bench", "forward", "--configs", "m16n32", "nope"], "python -m fovi_lab bench forward: error: --configs: no "
+                                                          "forward config is named 'nope' (python -m fovi_lab "
+                                                          "configs lists them)"),
+    (["bench", "forward", "--binned-configs", "zz"], "--binned-configs: no forward config is named 'zz'"),
     (["warmup", "--aot-arch", "12"], "python -m fovi_lab warmup: error: --aot-arch: expected an architecture Warp's "
                                      "NVRTC compiles for (75, 80"),
     (["warmup", "--only", "sd_b8o8u4", "nope"], "--only: no module of this warmup is named 'nope' (python -m "
@@ -69,6 +73,14 @@ def test_a_usage_error_is_one_line_naming_the_argument(argv, first_line, capsys)
     assert code == 2
     assert err.endswith("(see --help)\n") and err.count("\n") == 1, err
     assert first_line in err and "Traceback" not in err and "usage:" not in err
+
+
+def test_a_grid_too_small_for_fovis_network_is_refused_at_the_door(capsys):
+    pytest.importorskip("fovi", reason="fovi is not installed")
+    code, err = _usage_error(["bench", "network", "--net", "resnet18", "--in-res", "8"], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith("python -m fovi_lab bench network: error: --in-res: fovi's resnet18 cannot be built on a "
+                          "8-pixel grid (fovi: "), err
 
 
 def test_every_module_main_parses_as_the_command_line(capsys):

@@ -549,6 +549,13 @@ def run(args) -> int:
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     env = env_info(device)
+    known = set(F.uncached_config_names(experimental=True))
+    for opt, names in (("--configs", args.configs), ("--binned-configs", getattr(args, "binned_configs", None))):
+        unknown = [n for n in names or () if n not in known]
+        if unknown:
+            from fovi_lab.ops.arguments import usage_error
+            usage_error("python -m fovi_lab bench forward", f"{opt}: no forward config is named "
+                        f"{', '.join(map(repr, unknown))} (python -m fovi_lab configs lists them)")
     out = args.out or default_record_path("forward", env["device"])
     if args.out is None:                               # the default file: refused here, not after the timings
         from fovi_lab.ops.arguments import unwritable, usage_error

@@ -385,6 +385,14 @@ def run(args) -> int:
         from fovi_lab.ops.arguments import usage_error
         usage_error(PROG, "--alternatives: the earlier call's backends are the alternatives, so time fovi_lab alone "
                           "(--backends fovi_lab)")
+    if args.in_res != 64:                # fovi's refusal of a small grid, at the door (64 builds both networks)
+        from fovi_lab.integrations.fovi import fovi_network
+        from fovi_lab.ops.arguments import usage_error
+        for net in args.net:
+            try:
+                fovi_network(net, "cpu", n_classes=10, in_res=args.in_res)
+            except ValueError as exc:
+                usage_error(PROG, f"--in-res: {str(exc).split(': ', 1)[1]}")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     modes = args.modes or (list(MODES) if device.type == "cuda" else ["eager"])
     env = env_info(device)
