@@ -526,6 +526,8 @@ def test_pad_bias_to_tiles():
     assert p.dtype == torch.float32 and p.shape == (32,)
     assert torch.equal(p[:5], b.float()) and not p[5:].any()
     assert not F.pad_bias_to_tiles(None, 70, 64, device="cpu").any()
+    with pytest.raises(ValueError, match=r"^bias: expected shape \(5,\) \(Cout\), got \(3,\)$"):
+        F.pad_bias_to_tiles(torch.zeros(3), 5, 32)
     assert F.pad_bias_to_tiles(None, 70, 64, device="cpu").shape == (128,)
 
 

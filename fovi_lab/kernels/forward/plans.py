@@ -59,6 +59,8 @@ def pad_bias_to_tiles(bias: Optional[torch.Tensor], cout: int, tile_n: int, devi
     Warp >= 1.18 bounds-checks tile loads, but a full-width bias buffer keeps every tail tile load
     in bounds whatever the Warp version (the seed's tile-overread doctrine) and costs nothing.
     """
+    if bias is not None and tuple(bias.shape) != (cout,):
+        raise ValueError(f"bias: expected shape ({cout},) (Cout), got {tuple(bias.shape)}")
     n = pad_to(cout, tile_n)
     dev = bias.device if bias is not None else device
     out = torch.zeros(n, dtype=torch.float32, device=dev)
