@@ -85,14 +85,17 @@ def build_parser(argv: Optional[Sequence[str]] = None) -> CommandParser:
         return words is None or words[:len(path)] == list(path)
 
     parser = CommandParser(prog=PROG, description=DESCRIPTION)
+    parser.leaves = {}                  # (command, [benchmark]) -> its parser: the prog its usage errors name
     commands = parser.add_subparsers(title="commands", metavar="COMMAND", dest="command")
     for name, (module_name, summary) in COMMANDS.items():
         sub = commands.add_parser(name, help=summary, description=summary)
+        parser.leaves[(name,)] = sub
         if name == "bench":
             sub.description = BENCH_DESCRIPTION
             benchmarks = sub.add_subparsers(title="benchmarks", metavar="BENCHMARK", dest="benchmark")
             for bench, (bench_module, bench_summary) in BENCHMARKS.items():
                 leaf = benchmarks.add_parser(bench, help=bench_summary, description=bench_summary)
+                parser.leaves[("bench", bench)] = leaf
                 if wanted("bench", bench):
                     _fill(leaf, bench_module, bench)
         elif wanted(name):
@@ -116,7 +119,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not argv:
         parser.print_help()
         return 0
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:                           # said by the command's own parser: "python -m fovi_lab tune: error: ..."
+        path = (args.command,) + ((args.benchmark,) if args.command == "bench" and args.benchmark else ())
+        parser.leaves.get(path, parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command is None:
         parser.error(f"expected a command: {', '.join(COMMANDS)}")
     if args.command == "bench" and args.benchmark is None:

@@ -60,7 +60,9 @@ def _usage_error(argv, capsys):
     (["bench"], "python -m fovi_lab bench: error: expected a benchmark: forward, backward, train-step"),
     (["bench", "nope"], "BENCHMARK: invalid choice: 'nope'"),
     (["nope"], "COMMAND: invalid choice: 'nope'"),
-    (["train", "--no-such-option"], "unrecognized arguments: --no-such-option"),
+    (["train", "--no-such-option"], "python -m fovi_lab train: error: unrecognized arguments: --no-such-option"),
+    (["bench", "host", "--what", "x"], "python -m fovi_lab bench host: error: unrecognized arguments: --what x"),
+    (["explain", "--device", "h300"], "--device: expected cpu, cuda[:i] or one of h200, h100, a100, got 'h300'"),
     (["bench", "forward", "--layers"], "--layers: expected at least one argument"),      # never "every layer"
     (["bench", "train-step", "--layers"], "--layers: expected at least one argument"),
     (["demo", "--backends"], "--backends: expected at least one argument"),

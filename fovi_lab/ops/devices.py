@@ -64,15 +64,15 @@ def device_spec(device: Union[None, str, torch.device, DeviceSpec] = None) -> De
         return DEVICES[device.lower()]
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    models = ", ".join(k for k in DEVICES if k != "cpu")
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
-        raise ValueError(f"device: expected cpu, cuda[:i] or one of {', '.join(DEVICES)}, got {device!r}") from None
+        raise ValueError(f"device: expected cpu, cuda[:i] or one of {models}, got {device!r}") from None
     if dev.type == "cpu":
         return DEVICES["cpu"]
     if dev.type != "cuda":
-        raise ValueError(f"device: expected cpu, cuda[:i] or one of {', '.join(DEVICES)}, got {device!r}")
-    models = ", ".join(k for k in DEVICES if k != "cpu")
+        raise ValueError(f"device: expected cpu, cuda[:i] or one of {models}, got {device!r}")
     if not torch.cuda.is_available():
         raise ValueError(f"device: {device!r} asks for a CUDA GPU and this machine has none; name a GPU model "
                          f"({models}) to use its datasheet figures, or cpu")
