@@ -157,6 +157,28 @@ def _world():
     return 0, 1
 
 
+def _check_train_args(backend: Optional[str], steps, batch, lr) -> None:
+    """:func:`train_digits`'s arguments at the door, each named as the command line names it: a backend of the
+    registry that trains (``backend``, unless a ``model`` is given), ``steps`` and ``batch`` integers >= 1 and
+    ``lr`` a number > 0."""
+    import argparse
+
+    from fovi_lab.ops.arguments import backend_name
+
+    if backend is not None:
+        if not isinstance(backend, str):
+            raise TypeError(f"backend: expected a backend name (str), got {type(backend).__name__}")
+        try:
+            backend_name(trains=True)(backend)
+        except argparse.ArgumentTypeError as exc:
+            raise ValueError(f"backend: {exc}") from None
+    for arg, value in (("steps", steps), ("batch", batch)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{arg}: expected an integer >= 1, got {value!r}")
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
+        raise ValueError(f"lr: expected a number > 0, got {lr!r}")
+
+
 def train_digits(backend: str = "torch_compact", steps: int = 30, batch: int = 64, lr: float = 1e-2,
                  device=None, seed: int = 0, log_every: int = 5, jitter: float = 0.05, log=None,
                  norm: str = "batch", model: Optional[torch.nn.Module] = None) -> TrainResult:
@@ -167,6 +189,7 @@ def train_digits(backend: str = "torch_compact", steps: int = 30, batch: int = 6
     on its ``batch / world_size`` slice (the logged loss is the mean over processes). ``model`` replaces
     the default network (built on ``device`` from ``backend`` and ``norm``).
     """
+    _check_train_args(backend if model is None else None, steps, batch, lr)
     rank, world = _world()
     if batch % world:
         raise ValueError(f"batch: the global batch ({batch}) must split evenly over {world} processes")

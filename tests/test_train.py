@@ -1,5 +1,6 @@
 """The foveated digits network trains through the ops registry (a few short CPU steps)."""
 
+import pytest
 import torch
 
 from fovi_lab.train import FoveatedDigitsNet, load_digits_tensors, train_digits
@@ -30,3 +31,19 @@ def test_param_digest_tells_bitwise_equal_parameters_apart():
     with torch.no_grad():
         b.weight[0, 0] = torch.nextafter(b.weight[0, 0], torch.tensor(2.0))     # one ulp
     assert param_digest(a) != param_digest(b)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"backend": "nope"}, ValueError, "^backend: unknown 'nope'; registered backends that train: "),
+    ({"backend": "warp_compact"}, ValueError, "^backend: 'warp_compact' is forward-only; expected a backend that "),
+    ({"backend": 3}, TypeError, "^backend: expected a backend name"),
+    ({"steps": 0}, ValueError, "^steps: expected an integer >= 1, got 0$"),
+    ({"batch": 2.5}, ValueError, r"^batch: expected an integer >= 1, got 2\.5$"),
+    ({"lr": 0.0}, ValueError, r"^lr: expected a number > 0, got 0\.0$"),
+    ({"lr": float("nan")}, ValueError, "^lr: expected a number > 0, got nan$"),
+], ids=lambda v: str(v) if isinstance(v, dict) else "")
+def test_train_digits_names_a_bad_argument_before_it_trains(kwargs, error, match):
+    """The Python API checks what the command line checks (a forward-only backend used to fail at the first
+    backward, zero steps to return an empty run), each error naming the argument."""
+    with pytest.raises(error, match=match):
+        train_digits(**{"steps": 1, **kwargs})
