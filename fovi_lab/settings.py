@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Dict, Iterator, Optional, Tuple
 
 __all__ = ["Setting", "SETTINGS", "KERNEL_AFFECTING", "get", "raw", "snapshot", "kernel_values", "ab_switches_set",
-           "override", "render_markdown", "write_docs"]
+           "unknown_set", "override", "render_markdown", "write_docs"]
 
 #: The kinds of value a variable takes.
 KINDS = ("choice", "count", "number", "flag", "path", "text")
@@ -295,6 +295,33 @@ def ab_switches_set(values: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     return out
 
 
+#: The prefixes of the package's own variables: one set under them that the table does not know is a misspelt
+#: setting (the tools' and tests' variables, ``FOVI_GPU_SCRATCH`` or ``FOVI_TEST_*``, lie outside them).
+OWN_PREFIXES = ("FOVI_KNN_", "FOVI_WARP_")
+
+
+def unknown_set(environ=None) -> Dict[str, Optional[str]]:
+    """The variables of ``environ`` (default: the process's) under :data:`OWN_PREFIXES` that no setting has:
+    ``{name: the setting it most likely meant, or None}``. Nothing reads them, so a misspelt switch would change
+    nothing without a word; importing the package warns once about each (:func:`warn_unknown`)."""
+    import difflib
+
+    environ = os.environ if environ is None else environ
+    names = sorted(n for n in environ if n.startswith(OWN_PREFIXES) and n not in _TABLE)
+    return {n: next(iter(difflib.get_close_matches(n, list(_TABLE), n=1, cutoff=0.8)), None) for n in names}
+
+
+def warn_unknown(environ=None) -> None:
+    """Warn once per variable of :func:`unknown_set`, naming the setting it most likely meant."""
+    import warnings
+
+    for name, meant in unknown_set(environ).items():
+        hint = f" (did you mean {meant}?)" if meant else ""
+        warnings.warn(f"{name} is set, but no fovi_lab setting has that name{hint}: it changes nothing "
+                      f"(fovi_lab.settings.SETTINGS and docs/settings.md list the settings)", UserWarning,
+                      stacklevel=2)
+
+
 @contextlib.contextmanager
 def override(**values) -> Iterator[None]:
     """Set variables for the duration of a ``with`` block (``override(FOVI_KNN_REPLAY="off")``; None unsets one),
@@ -338,7 +365,9 @@ def render_markdown() -> str:
         "unset, except where the kind says otherwise. *Kernel work*: whether the value changes the work a kernel "
         "does; those variables are part of the Warp backends' replay signature (`fovi_lab.ops.replay`) and of "
         "the tune cache's setup key (`fovi_lab.ops.tune_cache`), so a change captures new graphs and misses "
-        "the tuned entries. *A/B only*: a switch for comparing kernels, not for everyday use.",
+        "the tuned entries. *A/B only*: a switch for comparing kernels, not for everyday use. A variable set "
+        "under `FOVI_KNN_` or `FOVI_WARP_` that is not in this table (a misspelt name) gets a warning when the "
+        "package is imported, naming the setting it most likely meant.",
         "",
         "| Variable | Kind | Default | Kernel work | A/B only | Who | What it does |",
         "|---|---|---|---|---|---|---|",
@@ -359,3 +388,6 @@ def write_docs(path: Optional[Path] = None) -> Path:
     path = Path(__file__).resolve().parents[1] / "docs" / "settings.md" if path is None else Path(path)
     path.write_text(render_markdown())
     return path
+
+
+warn_unknown()

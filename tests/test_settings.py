@@ -273,3 +273,27 @@ def test_the_settings_module_imports_nothing_of_the_package():
     mods = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     mods += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
     assert not [m for m in mods if m.startswith("fovi_lab")]
+
+
+def test_a_misspelt_setting_is_named_with_the_one_it_meant():
+    """A variable under the package's prefixes that no setting has changes nothing: importing the package warns,
+    naming the setting it most likely meant; the tools' variables (other prefixes) are not the package's."""
+    import subprocess
+    import sys
+
+    env = {"FOVI_KNN_DX_PAHT": "taps", "FOVI_WARP_NOTHING_LIKE_IT": "1", "FOVI_GPU_SCRATCH": "/tmp",
+           "FOVI_KNN_DX_PATH": "taps"}
+    assert settings.unknown_set(env) == {"FOVI_KNN_DX_PAHT": "FOVI_KNN_DX_PATH", "FOVI_WARP_NOTHING_LIKE_IT": None}
+    with pytest.warns(UserWarning) as caught:
+        settings.warn_unknown(env)
+    assert [str(w.message).split(":")[0] for w in caught] == [
+        "FOVI_KNN_DX_PAHT is set, but no fovi_lab setting has that name (did you mean FOVI_KNN_DX_PATH?)",
+        "FOVI_WARP_NOTHING_LIKE_IT is set, but no fovi_lab setting has that name"]
+    done = subprocess.run([sys.executable, "-c", "import fovi_lab"], capture_output=True, text=True,
+                          env=dict(os.environ, FOVI_WARP_MMMA="off"))
+    assert done.returncode == 0
+    assert "FOVI_WARP_MMMA is set, but no fovi_lab setting has that name (did you mean FOVI_WARP_MMA?)" in done.stderr
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(settings.OWN_PREFIXES)}
+    quiet = subprocess.run([sys.executable, "-W", "error", "-c", "import fovi_lab"], capture_output=True, text=True,
+                           env=clean)
+    assert quiet.returncode == 0 and "no fovi_lab setting" not in quiet.stderr, quiet.stderr
