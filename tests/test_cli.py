@@ -85,6 +85,14 @@ def test_a_grid_too_small_for_fovis_network_is_refused_at_the_door(capsys):
                           "8-pixel grid (fovi: "), err
 
 
+def test_the_network_benchmark_without_fovi_says_how_to_install_it(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "fovi.arch.knn", None)       # makes `import fovi.arch.knn` fail
+    code, err = _usage_error(["bench", "network", "--net", "resnet18", "--batches", "1"], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith("python -m fovi_lab bench network: error: fovi: fovi_lab.integrations.fovi needs fovi's "
+                          "fovi.arch") and 'pip install "fovi-lab[fovi]"' in err, err
+
+
 def test_every_module_main_parses_as_the_command_line(capsys):
     """``fovi_lab.train.main`` and the others build their parser from the same ``add_arguments``."""
     from fovi_lab import train

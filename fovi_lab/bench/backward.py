@@ -599,7 +599,8 @@ def run(args) -> int:
         from fovi_lab.ops.arguments import unwritable, usage_error
         why = unwritable(out)
         if why is not None:
-            usage_error(f"python -m fovi_lab bench {args.mode}", f"--out: the default {out} cannot be written ({why}); name a file with --out")
+            usage_error(f"python -m fovi_lab bench {args.mode}",
+                        f"--out: the default {out} cannot be written ({why}); name a file with --out")
     layers = args.layers or list(LAYERS)
     roof = roofline_of(device)
     print(f"# {args.mode} benchmark on {env['device']} (warp {env['warp']}, torch {env['torch']}), "

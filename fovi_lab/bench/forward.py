@@ -561,7 +561,8 @@ def run(args) -> int:
         from fovi_lab.ops.arguments import unwritable, usage_error
         why = unwritable(out)
         if why is not None:
-            usage_error("python -m fovi_lab bench forward", f"--out: the default {out} cannot be written ({why}); name a file with --out")
+            usage_error("python -m fovi_lab bench forward",
+                        f"--out: the default {out} cannot be written ({why}); name a file with --out")
     layers = args.layers or list(LAYERS)
     roof = roofline_of(device)
     compiled = None if (args.no_compile or device.type != "cuda") else _Compiled(args.compile_budget_s)

@@ -385,9 +385,13 @@ def run(args) -> int:
         from fovi_lab.ops.arguments import usage_error
         usage_error(PROG, "--alternatives: the earlier call's backends are the alternatives, so time fovi_lab alone "
                           "(--backends fovi_lab)")
+    from fovi_lab.integrations.fovi import _fovi, fovi_network
+    from fovi_lab.ops.arguments import usage_error
+    try:                                 # fovi's networks are the benchmark: without fovi, one line at the door
+        _fovi()
+    except ImportError as exc:
+        usage_error(PROG, f"fovi: {exc}")
     if args.in_res != 64:                # fovi's refusal of a small grid, at the door (64 builds both networks)
-        from fovi_lab.integrations.fovi import fovi_network
-        from fovi_lab.ops.arguments import usage_error
         for net in args.net:
             try:
                 fovi_network(net, "cpu", n_classes=10, in_res=args.in_res)

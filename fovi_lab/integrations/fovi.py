@@ -319,7 +319,7 @@ def _fovi_refusal(net: str, in_res: int) -> Iterator[None]:
     one node at a small ``in_res``) comes out as a ValueError naming ``in_res``, with fovi's words."""
     try:
         yield
-    except (ValueError, RuntimeError) as exc:
+    except ValueError as exc:
         raise ValueError(f"in_res: fovi's {net} cannot be built on a {in_res}-pixel grid (fovi: {exc}); its "
                          f"strides need a larger one (64, the default, builds both networks)") from None
 
@@ -338,7 +338,8 @@ def fovi_network(net: str, device="cpu", n_classes: int = 1000, in_res: int = 64
 
     Its input is ``[B, 3, N]``: the retinal samples, ``N`` = ``model.fovi_lab_nin`` (set here). Raises ValueError
     for an unknown ``net``, an ``n_classes`` or ``in_res`` that is not an integer >= 1, or an ``in_res`` too small
-    for the network's strides (fovi's own refusal, in its words), ImportError where fovi does not import (the message gives the install lines)."""
+    for the network's strides (fovi's own refusal, in its words); ImportError where fovi does not import (the
+    message gives the install lines)."""
     if net not in NETWORKS:
         raise ValueError(f"net: expected one of {', '.join(NETWORKS)}, got {net!r}")
     for arg, value in (("n_classes", n_classes), ("in_res", in_res)):

@@ -18,8 +18,8 @@ from typing import Callable, Iterable, List, Optional
 
 __all__ = ["CommandParser", "HelpFormatter", "usage_error", "command_words", "int_at_least", "COUNT",
            "positive_float", "non_negative_float", "layer_name", "layer_names", "LayersAction", "expand_layers",
-           "backend_name", "check_device", "device_name", "add_device_option", "device_kind", "out_file", "unwritable",
-           "existing_file", "existing_folder"]
+           "backend_name", "check_device", "device_name", "add_device_option", "device_kind", "out_file",
+           "unwritable", "existing_file", "existing_folder"]
 
 
 class HelpFormatter(argparse.HelpFormatter):
