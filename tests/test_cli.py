@@ -93,6 +93,23 @@ def test_the_network_benchmark_without_fovi_says_how_to_install_it(monkeypatch, 
                           "fovi.arch") and 'pip install "fovi-lab[fovi]"' in err, err
 
 
+def test_the_train_step_without_fovi_says_its_backends_are_not_timed(monkeypatch, tmp_path, capsys):
+    """Asked for by name (``--only fovi_cuda``), fovi's backends without fovi are a usage error; in a default run,
+    a line says they are not timed and why, instead of leaving them out without a word."""
+    pytest.importorskip("warp")
+    monkeypatch.setitem(sys.modules, "fovi.arch.knn", None)       # makes `import fovi.arch.knn` fail
+    out = str(tmp_path / "t.jsonl")
+    base = ["bench", "train-step", "--layers", "res18_layer4_0", "--batches", "1", "--reps", "1", "--out", out]
+    code, err = _usage_error(base + ["--only", "fovi_cuda"], capsys)
+    assert code == 2 and err.startswith("python -m fovi_lab bench train-step: error: --only: fovi's backends need "
+                                        "fovi: fovi_lab.integrations.fovi needs fovi's fovi.arch"), err
+    assert cli.main(base + ["--only", "torch_compact", "warp_train"]) == 0
+    assert "fovi's own backends are not timed" not in capsys.readouterr().out       # none asked for
+    assert cli.main(base + ["--warmup", "0"]) == 0
+    assert "# fovi's own backends are not timed: fovi_lab.integrations.fovi needs fovi's fovi.arch" in \
+        capsys.readouterr().out
+
+
 def test_every_module_main_parses_as_the_command_line(capsys):
     """``fovi_lab.train.main`` and the others build their parser from the same ``add_arguments``."""
     from fovi_lab import train

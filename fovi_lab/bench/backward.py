@@ -601,12 +601,26 @@ def run(args) -> int:
         if why is not None:
             usage_error(f"python -m fovi_lab bench {args.mode}",
                         f"--out: the default {out} cannot be written ({why}); name a file with --out")
+    fovi_missing = None
+    if args.mode == "train-step" and not getattr(args, "no_fovi", False):
+        from fovi_lab.integrations.fovi import _fovi
+        try:
+            _fovi()
+        except ImportError as exc:
+            fovi_missing = str(exc)
+    only = getattr(args, "only", None) or []
+    if fovi_missing and any(n.startswith("fovi_") for n in only):
+        from fovi_lab.ops.arguments import usage_error
+        usage_error(f"python -m fovi_lab bench {args.mode}", f"--only: fovi's backends need fovi: {fovi_missing}")
     layers = args.layers or list(LAYERS)
     roof = roofline_of(device)
     print(f"# {args.mode} benchmark on {env['device']} (warp {env['warp']}, torch {env['torch']}), "
           f"records -> {out}", flush=True)
     print(f"# ceilings: {roof.words()}; "
           f"Warp's dense tile GEMM measured per stage tile shape", flush=True)
+    if fovi_missing and not only:
+        print(f"# fovi's own backends are not timed: {fovi_missing} (--no-fovi leaves them out without this line)",
+              flush=True)
     t_start = time.perf_counter()
     metas = {}
     for name in layers:
