@@ -162,6 +162,7 @@ def _check_train_args(backend: Optional[str], steps, batch, lr) -> None:
     registry that trains (``backend``, unless a ``model`` is given), ``steps`` and ``batch`` integers >= 1 and
     ``lr`` a number > 0."""
     import argparse
+    import numbers
 
     from fovi_lab.ops.arguments import backend_name
 
@@ -172,10 +173,10 @@ def _check_train_args(backend: Optional[str], steps, batch, lr) -> None:
             backend_name(trains=True)(backend)
         except argparse.ArgumentTypeError as exc:
             raise ValueError(f"backend: {exc}") from None
-    for arg, value in (("steps", steps), ("batch", batch)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    for arg, value in (("steps", steps), ("batch", batch)):          # numpy's integers are Integral too
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
             raise ValueError(f"{arg}: expected an integer >= 1, got {value!r}")
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
+    if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not lr > 0:
         raise ValueError(f"lr: expected a number > 0, got {lr!r}")
 
 

@@ -47,3 +47,10 @@ def test_train_digits_names_a_bad_argument_before_it_trains(kwargs, error, match
     backward, zero steps to return an empty run), each error naming the argument."""
     with pytest.raises(error, match=match):
         train_digits(**{"steps": 1, **kwargs})
+
+
+def test_train_digits_takes_numpy_numbers():
+    """A widget or a sweep may hand numpy scalars: integers and reals of any kind pass the checks."""
+    import numpy as np
+    r = train_digits("torch_compact", steps=np.int64(1), batch=np.int32(8), lr=np.float32(1e-2), log_every=1)
+    assert len(r.loss) == 1

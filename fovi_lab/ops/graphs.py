@@ -186,8 +186,8 @@ def graphed(module: torch.nn.Module, sample_input, *, warmup: int = 3,
 
     Raises:
         TypeError: ``module`` is not a module, ``sample_input`` not a tensor or a tuple of tensors, or ``warmup``
-        not an int. ValueError: the sample and the
-        parameters are not all on one device, ``warmup`` is below 1, or ``autocast`` is not a half dtype.
+        not an int. ValueError: the sample and the parameters are not all on one device, ``warmup`` is below 1,
+        or ``autocast`` is not a half dtype.
     """
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"module: expected a torch.nn.Module, got {type(module).__name__}")
