@@ -303,8 +303,8 @@ _PRECISION = {"amp": "mixed precision (fp32 weights, fp16 autocast)", "fp16": "f
 def network_records(data_dir: Optional[Path] = None) -> List[dict]:
     """The records of ``python -m fovi_lab bench network`` kept in a checkout (``data/<device>/network.jsonl``, or
     the ``network.jsonl`` of ``data_dir`` and of its folders one level down; nothing deeper is walked) that timed a
-    step of a network at its budget (``in_res`` 64, the default; a smaller grid is a quick run, not the network) under the package's own rules (not a
-    :func:`switched_variant`); none for an installed package."""
+    step of a network at its budget (``in_res`` 64, the default; a smaller grid is a quick run, not the network)
+    under the package's own rules (not a :func:`switched_variant`); none for an installed package."""
     root = Path(data_dir) if data_dir is not None else (CHECKOUT_ROOT / "data" if CHECKOUT_ROOT else None)
     if root is None or not root.is_dir():
         return []

@@ -165,17 +165,16 @@ def run(args) -> int:
         jobs += bf16_forward_jobs(experimental=args.experimental)
     if not args.no_grad:
         jobs += grad_jobs(bf16=args.bf16)
-    def named(job: str) -> bool:          # "--only m16n32 dxn_m16n16k64" selects both dtypes of each
-        parts = [p for p in job.split(":") if p not in ("nm", "bf16")]
-        return job in args.only or parts[-1] in args.only
+    def names(job: str) -> set:           # "--only m16n32 dxn_m16n16k64" selects both dtypes of each
+        return {job, [p for p in job.split(":") if p not in ("nm", "bf16")][-1]}
     if args.only is not None:
-        known = {j[0] for j in jobs} | {[p for p in j[0].split(":") if p not in ("nm", "bf16")][-1] for j in jobs}
+        known = set().union(*(names(j[0]) for j in jobs))
         unknown = [n for n in args.only if n not in known]
         if unknown:
             usage_error("python -m fovi_lab warmup", f"--only: no module of this warmup is named "
                         f"{', '.join(map(repr, unknown))} (python -m fovi_lab configs lists the forward configs; "
                         f"--experimental, --bf16 and --no-grad change which modules are here)")
-    jobs = [j for j in jobs if args.only is None or named(j[0])]
+        jobs = [j for j in jobs if names(j[0]) & set(args.only)]
     where = f"sm_{args.aot_arch} (ahead of time)" if args.aot_arch else device
     print(f"warmup: {len(jobs)} Warp modules (forward + fused adjoint) for {where}, {args.jobs} processes", flush=True)
     t0 = time.perf_counter()
