@@ -301,3 +301,63 @@ def test_in_place_replays_read_and_write_where_the_tensors_are(monkeypatch, reus
         m.setattr(replay, "EMULATE_ON_CPU", False)
         want = step()
     assert all(torch.equal(a, b) for a, b in zip(want, step()))
+
+
+def test_an_outer_capture_owns_the_layer(monkeypatch):
+    """Eager steps of two layers cache their per-call graphs (emulated); a step made while an outer capture records
+    (a whole-step graph of the caller's) runs layer 1 directly, drops layer 1's signatures and frees their static
+    copies at that call, and keeps layer 2's, which no capture met. After the capture, layer 1's eager calls run
+    directly and are never cached again, with the same results bit for bit; clear() forgets the ownership."""
+    import weakref
+    meta1, conv1 = _layer_conv("res18_layer3_0")
+    meta2, conv2 = _layer_conv("res18_layer4_0")
+    gen = torch.Generator().manual_seed(5)
+    x1 = torch.randn(3, meta1.cin, meta1.nin, generator=gen).half()
+    x2 = torch.randn(3, meta2.cin, meta2.nin, generator=gen).half()
+
+    def step(conv, x):
+        x = x.clone().requires_grad_()
+        y = conv(x)
+        y.float().square().sum().backward()
+        out = [y.detach(), x.grad] + [p.grad for p in conv.parameters()]
+        for p in conv.parameters():
+            p.grad = None
+        return out
+    want = step(conv1, x1)
+    _emulated(monkeypatch)
+    for _ in range(3):
+        step(conv1, x1)
+    layer1 = {id(e.meta): e.meta for e in replay._entries.values()}     # the meta layer 1's calls carry
+    assert len(layer1) == 1
+    (m1,) = layer1.values()
+    for _ in range(3):
+        step(conv2, x2)
+    held = [e for e in replay._entries.values() if e.meta is m1]
+    others = [e for e in replay._entries.values() if e.meta is not m1]
+    assert held and others and any(e.static is not None for e in held)
+    copies = [weakref.ref(s) for e in held if e.static is not None for s in e.static if s is not None]
+    assert copies and not replay.owned_by_outer_capture(m1)
+
+    before = replay.stats()
+    monkeypatch.setattr(replay, "_outer_capture_underway", lambda t: True)
+    got = step(conv1, x1)
+    assert all(c() is None for c in copies), "the dropped signatures' static copies must be freed at the capture"
+    assert replay._retired, "their graphs wait until no capture is underway"
+    monkeypatch.setattr(replay, "_outer_capture_underway", lambda t: False)
+    assert all(torch.equal(a, b) for a, b in zip(want, got))
+    s = replay.stats()
+    assert s["yielded"] - before["yielded"] == len(held) and s["owned"] == 1
+    assert s["replayed"] == before["replayed"], "nothing is replayed inside an outer capture"
+    assert replay.owned_by_outer_capture(m1)
+    assert not any(e.meta is m1 for e in replay._entries.values())
+    assert all(replay._entries.get(k) is e for k, e in zip(
+        [k for k, e in replay._entries.items() if e.meta is not m1], others)), "a layer no capture met keeps its graphs"
+
+    for _ in range(3):                                   # eager again: layer 1 direct, never cached again
+        got = step(conv1, x1)
+        assert all(torch.equal(a, b) for a, b in zip(want, got))
+    assert not replay._retired, "the first call outside the capture destroys the dropped graphs"
+    assert not any(e.meta is m1 for e in replay._entries.values())
+    assert replay.stats()["replayed"] == s["replayed"], "an owned layer's eager calls run directly"
+    replay.clear()
+    assert not replay.owned_by_outer_capture(m1) and replay.stats()["owned"] == 0

@@ -27,7 +27,12 @@ only). Precision ``amp`` (fp32 weights, float16 autocast; the default on a GPU) 
 float16; the default on a CPU, where fovi's dispatch has no float16 autocast).
 
 Per (net, B, mode, backend) a record: ``ms`` (per step, the mean of ``steps`` steps issued back to back, one sync
-at the end), ``images_per_s``, ``peak_mib`` (CUDA, reset after the warm-up steps), ``replay_resident_mib`` and
+at the end), ``images_per_s``; CUDA memory, in MiB: ``peak_mib`` (the largest allocation total over the timed steps,
+the peak statistics reset after the warm-ups), ``peak_run_mib`` (the same over the mode's whole run: wrapping, a
+graph's capture, the warm-ups and the timed steps; what a researcher's training run needs), ``reserved_run_mib``
+(what the caching allocator held from the device at most over that run, the graphs' private pools included, its
+cache emptied at the start) and ``resident_mib`` (allocated after the timed steps: weights, gradients, optimizer
+state, the graphs' static tensors); ``replay_resident_mib`` and
 ``replay_stats`` (what fovi_lab's per-call CUDA graphs hold then and how many calls they replayed,
 :mod:`fovi_lab.ops.replay`; part of the peak), ``loss`` and ``grad_err`` of the first step (per parameter, the largest
 gradient difference from fp32 over the largest fp32 gradient, the largest over the parameters; fp32 is fovi's
@@ -50,6 +55,7 @@ the CUDA context unusable for the captures after it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -62,6 +68,7 @@ from typing import Dict, List, Optional
 import torch
 import torch.nn.functional as F
 
+from fovi_lab.bench import memory
 from fovi_lab.bench.common import _sync, emit_rows, env_info, say_appended, stamp_command
 from fovi_lab.ops import replay
 from fovi_lab.ops.arguments import command_main
@@ -75,6 +82,9 @@ STUB = "stubbed"
 #: The backends, fovi_lab first, then fovi's own kernel_backend values, then the place-holder.
 BACKENDS = ("fovi_lab", "auto", "cuda", "baseline", "torch_compact", "warp_train", STUB)
 MODES = ("eager", "compiled", "graphed")
+#: ``note_run`` of a run under ``--memory-trace`` (the tables leave such runs out: recording every allocation's stack
+#: slows the host).
+TRACE_NOTE = "memory trace: the allocator recorded every allocation's stack, so its times are not the step's"
 
 
 class _Run:
@@ -175,11 +185,63 @@ def _wrapped(run: _Run, mode: str):
     return model
 
 
+class _Memory:
+    """CUDA memory over a span of a backend's run (None on the CPU): the allocator's peak statistics reset at its
+    start (its free cached blocks handed back first where ``empty_cache``, so the reserved peak is the span's own)."""
+
+    def __init__(self, device, empty_cache: bool = True):
+        self.device = device
+        if device.type == "cuda":
+            if empty_cache:
+                torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+
+    def peaks(self) -> tuple:
+        """(peak allocated, peak reserved) since the start, MiB; (None, None) on the CPU."""
+        if self.device.type != "cuda":
+            return None, None
+        return (torch.cuda.max_memory_allocated(self.device) / 2**20,
+                torch.cuda.max_memory_reserved(self.device) / 2**20)
+
+    def record(self, run_peaks: tuple) -> dict:
+        """The record's memory fields (see the module docstring), this span being the timed steps and ``run_peaks``
+        the :meth:`peaks` of the run before them."""
+        peak, reserved = self.peaks()
+        cuda = self.device.type == "cuda"
+        return dict(peak_mib=peak,
+                    peak_run_mib=None if not cuda else max(run_peaks[0], peak),
+                    reserved_run_mib=None if not cuda else max(run_peaks[1], reserved),
+                    resident_mib=torch.cuda.memory_allocated(self.device) / 2**20 if cuda else None)
+
+
+def _time_mode(run: _Run, mode: str, warmup: int, steps: int) -> tuple:
+    """(ms per step, the last loss, the memory fields) of ``run``'s model in ``mode``: wrapped (compiled, graphed),
+    ``warmup`` steps, then ``steps`` timed back to back."""
+    device = run.device
+    run_mem = _Memory(device)                    # the mode's whole run: wrapping, capture, warm-ups, steps
+    model = _wrapped(run, mode)
+    opt = torch.optim.SGD(run.model.parameters(), lr=0.01, momentum=0.9)
+    step = run.step_fn(model, opt)
+    for _ in range(warmup):
+        step()
+    _sync(device)
+    run_peaks = run_mem.peaks()
+    steady = _Memory(device, empty_cache=False)  # the timed steps alone
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        loss = step()
+    _sync(device)
+    ms = (time.perf_counter() - t0) * 1e3 / steps
+    return ms, loss, steady.record(run_peaks)
+
+
 def network_records(net: str, batch: int, backends=BACKENDS, modes=("eager",), steps: int = 10, warmup: int = 3,
-                    device="cpu", precision: Optional[str] = None, in_res: int = 64) -> List[dict]:
+                    device="cpu", precision: Optional[str] = None, in_res: int = 64,
+                    memory_trace: bool = False) -> List[dict]:
     """The records of one network and batch (see the module doc): every backend in every mode. ``in_res``: the
     side of the Cartesian grid fovi matches the retinal samples to (64, the networks' budget; smaller makes every
-    layer smaller, for a quick run on a CPU)."""
+    layer smaller, for a quick run on a CPU). ``memory_trace``: record every allocation of each mode's run and give
+    the records ``memory_at_peak`` (:func:`fovi_lab.bench.memory.at_peak`; CUDA) and :data:`TRACE_NOTE`."""
     device = torch.device(device)
     precision = precision or ("amp" if device.type == "cuda" else "fp16")
     run = _Run(net, batch, device, precision, in_res=in_res)
@@ -214,26 +276,16 @@ def network_records(net: str, batch: int, backends=BACKENDS, modes=("eager",), s
                     recs.append(dict(rec, note="CUDA graphs need a GPU"))
                     continue
                 try:
-                    model = _wrapped(run, mode)
-                    opt = torch.optim.SGD(run.model.parameters(), lr=0.01, momentum=0.9)
-                    step = run.step_fn(model, opt)
-                    for _ in range(warmup):
-                        step()
-                    _sync(device)
-                    if device.type == "cuda":
-                        torch.cuda.reset_peak_memory_stats(device)
-                    t0 = time.perf_counter()
-                    for _ in range(steps):
-                        loss = step()
-                    _sync(device)
-                    ms = (time.perf_counter() - t0) * 1e3 / steps
+                    with memory.recorded(device) if memory_trace else contextlib.nullcontext({}) as traced:
+                        ms, loss, mem = _time_mode(run, mode, warmup, steps)
                 except Exception as exc:  # noqa: BLE001
                     recs.append(dict(rec, note=_why(exc)))
                     continue
+                if memory_trace:
+                    rec.update(note_run=TRACE_NOTE, memory_at_peak=memory.at_peak(
+                        traced["snapshot"], device.index or 0, traced["before"]) if traced else None)
                 recs.append(dict(rec, ms=ms, images_per_s=batch / (ms * 1e-3), loss_after=float(loss.detach()),
-                                 peak_mib=(torch.cuda.max_memory_allocated(device) / 2**20
-                                           if device.type == "cuda" else None),
-                                 replay_resident_mib=replay.resident_bytes(device) / 2**20,
+                                 **mem, replay_resident_mib=replay.resident_bytes(device) / 2**20,
                                  replay_stats=replay.stats()))
         finally:
             ctx.__exit__(None, None, None)
@@ -287,7 +339,7 @@ def earlier_alternatives(recs: List[dict], earlier: List[dict]) -> None:
 
 
 def graphed_in_child(net: str, batch: int, backend: str, steps: int, device, precision: Optional[str],
-                     timeout_s: float = 600.0, in_res: int = 64) -> List[dict]:
+                     timeout_s: float = 600.0, in_res: int = 64, memory_trace: bool = False) -> List[dict]:
     """The graphed records of one backend, from a child process: a capture that fails (a backend that syncs or
     allocates while captured) can leave the CUDA context unusable for every capture after it in that process, so
     each backend captures in its own. A child that fails gives one record saying why."""
@@ -295,7 +347,8 @@ def graphed_in_child(net: str, batch: int, backend: str, steps: int, device, pre
         out = os.path.join(tmp, "graphed.jsonl")
         cmd = [sys.executable, "-m", "fovi_lab.bench.network", "--net", net, "--batches", str(batch), "--backends",
                backend, "--modes", "graphed", "--steps", str(steps), "--device", str(device), "--out", out,
-               "--in-res", str(in_res), "--in-process"] + (["--precision", precision] if precision else [])
+               "--in-res", str(in_res), "--in-process"] + (["--precision", precision] if precision else []) \
+            + (["--memory-trace"] if memory_trace else [])
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
             why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1] if proc.returncode else ""
@@ -345,6 +398,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--alternatives", type=_records_file, default=None, metavar="F.jsonl",
                         help="records of fovi's backends from an earlier call on this machine (same boot, commit "
                              "and device): fovi_lab's speedups are taken over them (for --backends fovi_lab)")
+    parser.add_argument("--memory-trace", action="store_true",
+                        help="record every CUDA allocation of each run with its Python stack and give each record "
+                             "memory_at_peak: what was alive at the peak, by the code that allocated it (the "
+                             "records are marked note_run: the recording slows the host, so the tables leave "
+                             "their times out)")
     parser.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)   # graphed runs here
 
 
@@ -370,13 +428,15 @@ def table_line(r: dict) -> str:
     sp, knn = r.get(f"speedup_{r['mode']}"), r.get(f"speedup_knn_{r['mode']}")
     return (f"{r['net']:>9s} {r['B']:>4d} {r['mode']:>8s} {r['backend']:>13s} {r['ms']:10.2f} "
             f"{r['images_per_s']:9.1f} {(r['grad_err'] if r.get('grad_err') is not None else float('nan')):9.1e} "
-            f"{str(r['grads_bitwise_repeatable']):>7s} {_f(r.get('knn_ms')):>8s}"
+            f"{str(r['grads_bitwise_repeatable']):>7s} {_f(r.get('knn_ms')):>8s} {_f(r.get('peak_run_mib'), 0):>8s}"
             + (f"  x{sp:.2f} over {r['fastest_other']}" if sp else "")
-            + (f", its KNN layers x{knn:.2f}" if knn else ""))
+            + (f", its KNN layers x{knn:.2f}" if knn else "")
+            + "".join(f"\n{'':>14s}at the peak: {mib:8.1f} MiB in {n:5d} blocks from {who}"
+                      for who, mib, n in (r.get("memory_at_peak") or {}).get("owners", ())))
 
 
-def _f(v: Optional[float]) -> str:
-    return "-" if v is None else f"{v:.2f}"
+def _f(v: Optional[float], digits: int = 2) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
 
 
 def run(args) -> int:
@@ -403,7 +463,7 @@ def run(args) -> int:
     stamp_command(env, PROG, args)
     print(f"# train steps of fovi's networks on {env['device']} (torch {env['torch']}, warp {env['warp']})", flush=True)
     print(f"{'net':>9s} {'B':>4s} {'mode':>8s} {'backend':>13s} {'ms/step':>10s} {'images/s':>9s} {'grad err':>9s} "
-          f"{'bitwise':>7s} {'KNN ms':>8s}", flush=True)
+          f"{'bitwise':>7s} {'KNN ms':>8s} {'peak MiB':>8s}", flush=True)
     # graphed runs each backend in a process of its own on a GPU (see graphed_in_child), unless this is that process
     apart = device.type == "cuda" and "graphed" in modes and not args.in_process
     here = [m for m in modes if not (apart and m == "graphed")]
@@ -411,12 +471,13 @@ def run(args) -> int:
     for net in args.net:
         for b in args.batches:
             recs = network_records(net, b, args.backends, here, args.steps, device=device,
-                                   precision=args.precision, in_res=args.in_res) if here else []
+                                   precision=args.precision, in_res=args.in_res,
+                                   memory_trace=args.memory_trace) if here else []
             if apart:
                 for backend in args.backends:
                     recs += [{k: v for k, v in r.items() if k not in env}
                              for r in graphed_in_child(net, b, backend, args.steps, device, args.precision,
-                                                       in_res=args.in_res)]
+                                                       in_res=args.in_res, memory_trace=args.memory_trace)]
                 add_speedups(recs, ["graphed"])
             recs = [dict(env, **r) for r in recs]
             if args.alternatives is not None:

@@ -31,7 +31,8 @@ For an eager training loop, :func:`graphed` wraps a module so its forward and it
 CUDA graph (``torch.cuda.make_graphed_callables``, after :func:`prepare`); on the CPU it returns the module as it
 is. Its warm-ups run with the backends' own per-call graphs suspended (:func:`suspend_per_call`): the
 whole-step graph never replays them, and on fovi's ResNet-18 at B = 64 they held 492 of the graphed step's 1,090 MiB
-peak (``data/h100/network.jsonl``, commit 2cd909c).
+peak (``data/h100/network.jsonl``, commit 2cd909c). Per-call graphs made before it (eager steps of the same model)
+are dropped by the capture itself: an outer capture owns its layers (:mod:`fovi_lab.ops.replay`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ __all__ = ["CapturedStep", "capture", "prepare", "graphed", "keep_alive_while_ca
            "per_call_suspended"]
 
 _KEEPERS: List[Callable[[], object]] = []
+#: Called after :func:`graphed`'s capture, outside it (:mod:`fovi_lab.ops.replay` destroys the per-call graphs an outer
+#: capture made their layers drop).
+_AFTER_CAPTURE: List[Callable[[], None]] = []
 _suspend_lock = threading.Lock()
 _suspended = 0                      # open suspend_per_call() blocks, process-wide
 
@@ -214,4 +218,7 @@ def graphed(module: torch.nn.Module, sample_input, *, warmup: int = 3,
     # the whole step is one graph: per-call graphs made during the warm-ups would only hold memory
     with amp, suspend_per_call():
         prepare(module, *args)
-        return torch.cuda.make_graphed_callables(module, args, num_warmup_iters=warmup)
+        out = torch.cuda.make_graphed_callables(module, args, num_warmup_iters=warmup)
+    for hook in _AFTER_CAPTURE:                # the per-call graphs the capture made its layers drop, destroyed
+        hook()
+    return out

@@ -26,8 +26,11 @@
 #                                                   # with fovi's backends), ResNet-18 with the stem's dx on taps,
 #                                                   # the kernels of three steps that lose (profile_step), the host
 #                                                   # work in what is left
-#   bash tools/gpu/run.sh finish                  # the call after steps: the train step at B = 512, ResNet-18
-#                                                   # eager with fovi's fastest in one process, in-place against auto
+#   bash tools/gpu/run.sh finish                  # the call after steps: fovi_lab's memory traces, the train step
+#                                                   # at B = 512, ResNet-18 eager with fovi's fastest in one process,
+#                                                   # in-place against auto
+#   bash tools/gpu/run.sh memory [BACKEND ...]    # where each backend's memory goes in both networks at B = 64 and
+#                                                   # 256, eager and graphed (bench network --memory-trace)
 #   bash tools/gpu/run.sh networks-all            # the next call on the same machine: the tile GEMMs built both
 #                                                   # ways on three layers, AlexNet at 64, both networks at 256, the
 #                                                   # forward over the 13 layers, fovi's backends per layer
@@ -41,7 +44,7 @@
 #
 # FOVI_TIMEOUT (seconds, default 560) bounds each job inside the device's 10-minute call.
 set -uo pipefail
-job="${1:?usage: run.sh forward|sweep|train-step|backward|network|host|parity|all|networks-fovi|steps|finish|networks-all|in-place|ddp|ncu|notebooks [args]}"; shift
+job="${1:?usage: run.sh forward|sweep|train-step|backward|network|host|parity|all|networks-fovi|steps|finish|memory|networks-all|in-place|ddp|ncu|notebooks [args]}"; shift
 source "$(dirname "$0")/device_env.sh"
 limit="${FOVI_TIMEOUT:-560}"
 tag="${FOVI_TAG:-$job}"
@@ -100,7 +103,20 @@ case "$job" in
         > "$OUT/network_fovi_$b.log" 2>&1
       tail -12 "$OUT/network_fovi_$b.log"
     done
-    cp "$OUT/network_fovi.jsonl" "$scratch/fovi_lab_out/" ;;
+    cp "$OUT/network_fovi.jsonl" "$scratch/fovi_lab_out/"
+    # where fovi's fused kernel and the rest of the network put their memory, in what is left
+    [ "$(left)" -gt 60 ] && FOVI_TIMEOUT=$(( $(left) - 3 )) bash "$0" memory cuda stubbed ;;
+  memory)
+    # where each backend's memory goes (bench network --memory-trace): every allocation of each run recorded with its
+    # stack, the live set at the peak by the code that allocated it; the records are marked note_run (the recording
+    # slows the host), so no table reads their times
+    backends=("$@"); [ ${#backends[@]} -gt 0 ] || backends=(fovi_lab cuda stubbed)
+    for net in resnet18 alexnet; do
+      timeout "$(cap 200)" python3 -m fovi_lab.bench.network --net "$net" --batches 64 256 --modes eager graphed \
+        --steps 2 --backends "${backends[@]}" --memory-trace --out "$OUT/network_memory.jsonl" \
+        > "$OUT/memory_$net.log" 2>&1
+      grep -v "at the peak" "$OUT/memory_$net.log" | tail -12
+    done ;;
   steps)
     cat /proc/sys/kernel/random/boot_id
     # the kernels compile into a cache the next call on this machine finds (device_env.sh points Warp at it there)
@@ -146,8 +162,9 @@ case "$job" in
       > "$OUT/host.log" 2>&1
     tail -20 "$OUT/host.log" ;;
   finish)
-    # the call after steps on the same machine: the train step at B = 512, ResNet-18's eager step with fovi's fastest
-    # backends in one process, then the in-place job in what is left
+    # the call after steps on the same machine: where fovi_lab's memory goes in both networks, the train step at
+    # B = 512, ResNet-18's eager step with fovi's fastest backends in one process, then the in-place job in what is left
+    FOVI_TIMEOUT=$(cap 150) bash "$0" memory fovi_lab
     c=$(cap 150); timeout "$c" python3 -m fovi_lab.bench.backward train-step --graphs --no-fovi --batches 512 \
       --layers all --jobs 16 --time-budget-s $(( c - 30 )) --out "$OUT/train_step_b512.jsonl" > "$OUT/ts512.log" 2>&1
     tail -3 "$OUT/ts512.log"; echo "B = 512 done at $(( $(date +%s) - t0 )) s"
