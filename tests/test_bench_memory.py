@@ -1,10 +1,12 @@
 """Where a step's memory goes (:mod:`fovi_lab.bench.memory`), on made-up allocator events: the live set at the
-peak, blocks allocated before the recording, the owner of a block by its stack, and the records' memory fields of
-the network benchmark on the CPU (None there: CUDA memory only)."""
+peak, blocks allocated before the recording, the owner of a block by its stack; the CPU's record (a dispatch mode in
+the allocator's place) on a few known allocations, and the network benchmark's records on the CPU (the CUDA memory
+fields None, the CPU's record of the step's allocations given)."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from fovi_lab.bench import memory
 
@@ -27,10 +29,13 @@ BN = [_frame("/x/site-packages/torch/nn/modules/batchnorm.py", "forward"),
       _frame("/x/site-packages/fovi_lab/bench/network.py", "step")]
 
 
-def test_the_owner_is_the_innermost_frame_of_fovi_lab_then_fovi_then_torch():
+def test_the_owner_is_the_innermost_frame_of_fovi_lab_fovi_or_a_torch_module():
     assert memory.owner(KERNEL) == "fovi_lab/kernels/adjoint/fused.py:plan_grad_weight_nm"
     assert memory.owner(FOVI) == "fovi/arch/knn.py:forward", "the benchmark's own frames own nothing"
     assert memory.owner(BN) == "torch/nn/modules/batchnorm.py:forward"
+    assert memory.owner(BN[:1] + FOVI[1:]) == "torch/nn/modules/batchnorm.py:forward", "the innermost owner wins"
+    assert memory.owner([_frame("/x/torch/nn/functional.py", "relu"), _frame("/x/fovi_lab/cli.py", "main")]) \
+        == "other", "neither torch's functions nor the command line own a block"
     assert memory.owner([_frame("/home/me/train.py", "main")]) == "other"
     assert memory.owner([]) == "unknown"
     assert memory.owner([_frame("C:\\py\\Lib\\fovi\\arch\\knn_cuda.py", "run")]) == "fovi/arch/knn_cuda.py:run"
@@ -70,11 +75,29 @@ def test_owners_past_top_are_summed():
     assert got["owners"][-1][1:] == [6.0, 3]
 
 
-def test_recording_on_the_cpu_records_nothing():
-    import torch
+def _made_here():
+    a = torch.ones(1000)                      # 4,000 bytes, alive to the end
+    b = a * 2                                 # 4,000
+    c = torch.empty(2000)                     # 8,000, freed before the end: the peak is 16,000 bytes
+    del c
+    return torch.nn.functional.relu(b.view(10, 100))      # a view is no allocation; relu's output is 4,000
+
+
+def test_the_cpus_record_sees_each_new_storage_and_its_end():
+    import weakref
     with memory.recorded(torch.device("cpu")) as got:
-        torch.ones(3)
-    assert got == {}
+        kept = _made_here()
+    events = got["snapshot"]["device_traces"][0]
+    assert [e["action"] for e in events].count("alloc") == 4 and got["before"] == 0
+    assert [e["size"] for e in events if e["action"] == "alloc"] == [4000, 4000, 8000, 4000]
+    res = memory.at_peak(got["snapshot"])
+    assert res["peak_mib"] * MIB == 16000
+    assert res["owners"] == [["other", round(16000 / MIB, 3), 3]]
+    assert events[-1]["action"] == "free_completed", "a storage freed inside the block ends there"
+    assert all(f["filename"] != memory.__file__ for e in events for f in e["frames"])
+    ref = weakref.ref(kept)
+    del kept
+    assert ref() is None
 
 
 def test_the_network_records_carry_the_memory_fields_and_the_trace_note():
@@ -84,6 +107,11 @@ def test_the_network_records_carry_the_memory_fields_and_the_trace_note():
                            device="cpu", in_res=32, memory_trace=True)
     (r,) = recs
     assert r["ms"] > 0 and r["note_run"] == TRACE_NOTE
-    for key in ("peak_mib", "peak_run_mib", "reserved_run_mib", "resident_mib", "memory_at_peak"):
+    for key in ("peak_mib", "peak_run_mib", "reserved_run_mib", "resident_mib"):
         assert key in r and r[key] is None, f"{key}: CUDA memory only, None on the CPU"
-    assert "peak MiB" not in table_line(r) and table_line(r).split()[-1] == "-"
+    at = r["memory_at_peak"]                   # the CPU's record: what the operators allocated
+    assert at["peak_mib"] > 0 and at["events"] > 0 and at["owners"]
+    owners = [o for o, _, _ in at["owners"]]
+    assert any(o.startswith("fovi/") for o in owners), owners
+    assert not any(o.startswith(("fovi_lab/bench/", "fovi_lab/cli.py")) for o in owners), owners
+    assert "at the peak" in table_line(r)
