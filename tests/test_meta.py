@@ -70,3 +70,18 @@ def test_bad_tables_raise_clear_errors():
         build_meta(idx, rf, cin=0, cout=3, v=5, nin=10)
     with pytest.raises(ValueError, match="idx"):
         build_meta(idx[0], rf[0], cin=2, cout=3, v=5, nin=10)
+
+
+def test_one_graph_gives_one_meta_and_its_layers_share_what_is_derived_from_it():
+    """build_meta of the same graph and sizes returns the same meta (so two layers of one graph share the tables the
+    backends derive from it: one transposed layer, one tap layer per batch); another size or graph another meta."""
+    from fovi_lab.graph.meta import meta_aux, tap_meta, transposed_meta
+    idx, rf = synthetic_graph(40, 30, 5, 7, 3, seed=11)
+    a = build_meta(idx, rf, cin=8, cout=16, v=7, nin=40)
+    b = build_meta(idx.clone(), rf.clone().int(), cin=8, cout=16, v=7, nin=40)
+    assert a is b and a.to("cpu") is b
+    assert transposed_meta(a) is transposed_meta(b) and tap_meta(a, 4) is tap_meta(b, 4)
+    assert "transposed" in meta_aux(b)
+    for other in (build_meta(idx, rf, cin=8, cout=17, v=7, nin=40), build_meta(idx, rf, cin=8, cout=16, v=8, nin=40),
+                  build_meta(idx.flip(0), rf, cin=8, cout=16, v=7, nin=40)):
+        assert other is not a

@@ -25,6 +25,8 @@ grad-input reduction gather instead of scatter, so it is deterministic without a
 
 from __future__ import annotations
 
+import hashlib
+
 import threading
 import weakref
 from dataclasses import dataclass, field, replace
@@ -157,7 +159,10 @@ def build_meta(idx, rf_index, *, cin: int, cout: int, v: int, nin: int, device=N
 
     Returns:
         A :class:`TrainingMeta` whose tables are int32 ``[Nout, P64]`` plus flat int64 copies and a
-        reverse CSR over input nodes.
+        reverse CSR over input nodes. The same graph and sizes give the same meta (one object, while any holds it):
+        the layers of one graph share the tables the backends derive from it (the transposed and tap layers of the
+        tensor-core adjoints, their plans), which they would otherwise each build and keep. A meta is not to be
+        changed in place.
     """
     for name, val in (("cin", cin), ("cout", cout), ("v", v), ("nin", nin)):
         if not isinstance(val, (int, np.integer)) or int(val) < 1:
@@ -177,6 +182,25 @@ def build_meta(idx, rf_index, *, cin: int, cout: int, v: int, nin: int, device=N
     if cin * nin + 1 >= 2**31 or cin * v >= 2**31:
         raise ValueError("cin*nin and cin*v must fit in int32")
 
+    key = (cin, cout, v, nin, tuple(idx.shape), hashlib.sha256(idx.numpy().tobytes()).hexdigest(),
+           hashlib.sha256(rf.numpy().tobytes()).hexdigest())
+    with _AUX_LOCK:
+        meta = _INTERNED.get(key)
+    if meta is None:
+        meta = _built(idx, rf, cin=cin, cout=cout, v=v, nin=nin)
+        with _AUX_LOCK:
+            meta = _INTERNED.setdefault(key, meta)
+    return meta if device is None else meta.to(device)
+
+
+#: The metas built so far, by their graph and sizes (held weakly): :func:`build_meta` of the same graph returns the
+#: same meta, so every layer of one graph shares what the backends derive from it (:func:`meta_aux`).
+_INTERNED: "weakref.WeakValueDictionary[tuple, TrainingMeta]" = weakref.WeakValueDictionary()
+
+
+def _built(idx: torch.Tensor, rf: torch.Tensor, *, cin: int, cout: int, v: int, nin: int) -> TrainingMeta:
+    """A new CPU meta of checked int64 tables (:func:`build_meta`'s work)."""
+    nout, k = idx.shape
     p = cin * k
     p64 = pad_to(p, 64)
     q = cin * v
@@ -209,7 +233,7 @@ def build_meta(idx, rf_index, *, cin: int, cout: int, v: int, nin: int, device=N
         idx=idx, rf_index=rf, device=torch.device("cpu"),
     )
     meta_aux(meta)["validated"] = True
-    return meta if device is None else meta.to(device)
+    return meta
 
 
 _RELEASE_HOOKS: List[Callable[[TrainingMeta], None]] = []

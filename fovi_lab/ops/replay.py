@@ -89,8 +89,10 @@ MAX_ENTRIES = 128
 #: many layer x batch signatures cannot grow the memory without bound.
 MAX_RESIDENT_BYTES = 2 << 30
 #: Graphs captured in place (``FOVI_KNN_REPLAY=in-place``) a signature keeps at most, one per set of addresses its
-#: calls came with; past it, the signature's calls copy (a loop whose allocations do not repeat).
-MAX_IN_PLACE = 4
+#: calls came with; past it, the signature's calls copy (a loop whose allocations do not repeat). Layers of one graph
+#: share a meta (:func:`fovi_lab.graph.meta.build_meta`), so their calls of one shape are one signature: ResNet-18's
+#: four layer1 convolutions bring four sets of addresses a step.
+MAX_IN_PLACE = 8
 
 _lock = threading.Lock()
 _entries: "OrderedDict[tuple, _Entry]" = OrderedDict()
