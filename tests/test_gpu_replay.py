@@ -1,7 +1,7 @@
 """Replayed calls on a CUDA device (skipped without one): a replayed ``warp_compact`` / ``warp_train`` call returns
 bitwise what the direct call returns, on every real layer, after an in-place weight update too; a switch of the
-environment captures anew; calls inside a user's own capture and over the size rule run directly
-(:mod:`fovi_lab.ops.replay`)."""
+environment captures anew; calls inside a user's own capture and over the size rule run directly, and such a capture
+drops the layer's per-call graphs (:mod:`fovi_lab.ops.replay`)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,15 @@ from fovi_lab.graph.layers import LAYERS, layer_meta
 from fovi_lab.ops import replay
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    """Each test starts from an empty cache and leaves none: a test's own capture makes its layers owned by an outer
+    capture (their calls direct from then on), which the next test of the same layer must not inherit."""
+    replay.clear()
+    yield
+    replay.clear()
 
 
 def _operands(meta, b, seed=0):
@@ -75,6 +84,41 @@ def test_switch_captures_anew_and_user_capture_runs_direct(monkeypatch):
     cap = capture(lambda: WarpTrainOps.backward_combined(meta, g, x, w))   # the user's own graph: direct inside
     got = cap.replay()
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_an_outer_capture_drops_the_layers_graphs_and_frees_their_copies(monkeypatch):
+    """Eager steps cache the layer's per-call graphs; a capture of the whole step (torch's own CUDA graph, warmed up on
+    a side stream as torch's docs do) drops them inside the capture, their static copies freed (resident bytes 0),
+    and replays bitwise the direct step; eager steps after it run directly (none replayed, none cached) with the
+    same results, and the dropped graphs are destroyed by the first of them."""
+    from fovi_lab.knn_warp import WarpTrainOps
+    monkeypatch.setenv("FOVI_KNN_REPLAY", "auto")
+    meta = layer_meta("res18_layer1", device="cuda")
+    x, w, bias, g = _operands(meta, 16, seed=3)
+    step = lambda: (WarpTrainOps.forward(meta, x, w, bias),) + tuple(WarpTrainOps.backward_combined(meta, g, x, w))  # noqa: E731
+    want = _direct(step, monkeypatch)
+    for _ in range(4):
+        step()
+    torch.cuda.synchronize()
+    assert replay.resident_bytes() > 0 and not replay.owned_by_outer_capture(meta)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    assert replay.owned_by_outer_capture(meta) and replay.resident_bytes() == 0
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, e, what in zip(out, want, ("y", "dx", "dW")):
+        assert torch.equal(a, e), f"the whole-step graph's {what} differs from the direct call's"
+    n = replay.stats()["replayed"]
+    got = step()
+    assert replay.stats()["replayed"] == n and replay.stats()["cached"] == 0 and not replay._retired
+    for a, e, what in zip(got, want, ("y", "dx", "dW")):
+        assert torch.equal(a, e), f"an eager {what} after the capture differs from the direct call's"
 
 
 def test_size_rule_and_off(monkeypatch):

@@ -77,7 +77,11 @@ def test_built_metas_are_marked_and_pass(meta):
 def _corrupt(meta, name, fn):
     t = getattr(meta, name).clone()
     fn(t)
-    return dataclasses.replace(meta, **{name: t})
+    if name in {f.name for f in dataclasses.fields(meta)}:
+        return dataclasses.replace(meta, **{name: t})
+    bad = dataclasses.replace(meta)          # the flat copies are made on first read: one set by hand is kept
+    setattr(bad, name, t)
+    return bad
 
 
 CORRUPTIONS = {

@@ -85,3 +85,18 @@ def test_one_graph_gives_one_meta_and_its_layers_share_what_is_derived_from_it()
     for other in (build_meta(idx, rf, cin=8, cout=17, v=7, nin=40), build_meta(idx, rf, cin=8, cout=16, v=8, nin=40),
                   build_meta(idx.flip(0), rf, cin=8, cout=16, v=7, nin=40)):
         assert other is not a
+
+
+def test_a_device_copy_keeps_its_graphs_meta_and_makes_no_flat_copies():
+    """A meta on another device (here torch's "meta" device) holds the meta it was copied from, so build_meta of
+    the same graph finds it while only the copy is held (as fovi's layers hold theirs); the copy makes the int64 flat
+    tables only when they are read."""
+    import gc
+    idx, rf = synthetic_graph(40, 30, 5, 7, 3, seed=12)
+    d = build_meta(idx, rf, cin=8, cout=16, v=7, nin=40, device="meta")
+    gc.collect()
+    assert build_meta(idx, rf, cin=8, cout=16, v=7, nin=40, device="meta") is d
+    assert d.input_linear.device.type == "meta"
+    assert "_input_linear_flat" not in vars(d) and "_weight_linear_flat" not in vars(d)
+    assert d.input_linear_flat.dtype == torch.int64 and d.input_linear_flat.shape == (d.nout * d.p64,)
+    assert "_input_linear_flat" in vars(d)

@@ -73,6 +73,30 @@ def pad_to(n: int, multiple: int) -> int:
     return max(multiple, -(-int(n) // multiple) * multiple)
 
 
+class _FlatCopy:
+    """``input_linear_flat`` / ``weight_linear_flat``: the int64 flat copy of an int32 table, for the PyTorch ops'
+    ``index_select`` / ``index_add_``, made on its first read (the Warp kernels read the int32 tables alone, so the
+    copies, twice the tables' bytes, exist only where a PyTorch op or the staged stems' reverse rows ask for them);
+    one set by hand is kept (and checked by :func:`validate_meta`)."""
+
+    def __init__(self, table: str):
+        self.table = table
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.slot = "_" + name
+
+    def __get__(self, meta, owner=None):
+        if meta is None:
+            return self
+        got = meta.__dict__.get(self.slot)
+        if got is None:
+            got = meta.__dict__[self.slot] = getattr(meta, self.table).reshape(-1).to(torch.int64)
+        return got
+
+    def __set__(self, meta, value) -> None:
+        meta.__dict__[self.slot] = value
+
+
 @dataclass
 class TrainingMeta:
     """Everything a compact backend needs about one layer's graph (docs/operator.md §3.1).
@@ -81,7 +105,8 @@ class TrainingMeta:
         cin, cout, nin, nout, k, v: layer sizes.
         p, p64, q: ``Cin*K``, ``P`` padded to a multiple of 64, ``Cin*V``.
         input_linear, weight_linear: ``[Nout, P64]`` int32, contiguous.
-        input_linear_flat, weight_linear_flat: ``[Nout*P64]`` int64 copies (index_select/index_add_).
+        input_linear_flat, weight_linear_flat: ``[Nout*P64]`` int64 copies (index_select/index_add_), made on their
+            first read.
         rev_rowptr: ``[Nin+1]`` int32 reverse-CSR row pointers over input nodes.
         rev_col: ``[nnz]`` int32 packed ``j = k*Nout + n``, grouped by input node, stable in j.
         idx, rf_index: ``[Nout, K]`` int64 source tables (kept for oracles and drawings).
@@ -99,14 +124,15 @@ class TrainingMeta:
     q: int
     input_linear: torch.Tensor
     weight_linear: torch.Tensor
-    input_linear_flat: torch.Tensor
-    weight_linear_flat: torch.Tensor
     rev_rowptr: torch.Tensor
     rev_col: torch.Tensor
     idx: torch.Tensor
     rf_index: torch.Tensor
     device: torch.device
     _per_device: Dict[str, "TrainingMeta"] = field(default_factory=dict, repr=False, compare=False)
+
+    input_linear_flat = _FlatCopy("input_linear")
+    weight_linear_flat = _FlatCopy("weight_linear")
 
     @property
     def pad_column(self) -> int:
@@ -127,9 +153,10 @@ class TrainingMeta:
         if cached is None:
             tensors = {
                 name: getattr(self, name).to(device)
-                for name in ("input_linear", "weight_linear", "input_linear_flat",
-                             "weight_linear_flat", "rev_rowptr", "rev_col", "idx", "rf_index")
+                for name in ("input_linear", "weight_linear", "rev_rowptr", "rev_col", "idx", "rf_index")
             }
+            # every copy holds the meta it was made from (build_meta hands out one meta per graph while any holds it)
+            self._per_device.setdefault(str(self.device), self)
             cached = replace(self, device=device, _per_device=self._per_device, **tensors)
             if meta_aux(self).get("validated"):
                 meta_aux(cached)["validated"] = True      # a copy of checked tables
@@ -227,8 +254,6 @@ def _built(idx: torch.Tensor, rf: torch.Tensor, *, cin: int, cout: int, v: int, 
         cin=cin, cout=cout, nin=nin, nout=nout, k=k, v=v, p=p, p64=p64, q=q,
         input_linear=input_linear.to(torch.int32).contiguous(),
         weight_linear=weight_linear.to(torch.int32).contiguous(),
-        input_linear_flat=input_linear.reshape(-1).contiguous(),
-        weight_linear_flat=weight_linear.reshape(-1).contiguous(),
         rev_rowptr=rev_rowptr.to(torch.int32), rev_col=rev_col,
         idx=idx, rf_index=rf, device=torch.device("cpu"),
     )
@@ -340,8 +365,10 @@ def _longest_tap_list(meta: TrainingMeta) -> int:
 
 
 def tap_table_bytes(meta: TrainingMeta, batch: int) -> int:
-    """The bytes of the index tables of ``meta``'s tap layer at batch ``batch`` (:func:`tap_meta`): V rows of
-    ``pad64(B x the longest tap list)`` slots, in two int32 and two int64 tables."""
+    """The bytes of the index tables of ``meta``'s tap layer at batch ``batch`` (:func:`tap_meta`) as the rules and
+    budgets count them: V rows of ``pad64(B x the longest tap list)`` slots at 24 bytes a slot, the two int32
+    tables the kernels read and the two int64 flat copies a PyTorch op would make of them (on a device they are made
+    only where read: :class:`TrainingMeta`), so a tap layer the Warp kernels run holds a third of it."""
     return 24 * meta.v * pad_to(int(batch) * max(1, _longest_tap_list(meta)), 64)
 
 
