@@ -1,4 +1,4 @@
-"""The fused adjoints' helpers of notebook 11 (fovi_lab.lab.fused_viz), headless."""
+"""The fused adjoints' helpers of notebook 06 (fovi_lab.lab.fused_viz), headless."""
 
 import json
 

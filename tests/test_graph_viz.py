@@ -1,4 +1,4 @@
-"""Headless tests of notebook 00's figures and widget callback (fovi_lab.lab.graph_viz)."""
+"""Headless tests of notebook 01's figures and widget callback (fovi_lab.lab.graph_viz)."""
 
 import json
 

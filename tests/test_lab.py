@@ -1,4 +1,4 @@
-"""Headless tests of the lab (fovi_lab.lab): the models, the widget callbacks of notebooks 01, 02 and 04
+"""Headless tests of the lab (fovi_lab.lab): the models, the widget callbacks of notebooks 02, 04 and 05
 (valid runs on Warp's CPU device, and invalid choices answered with a message), and the loaders and
 figures of recorded data (with fixture records, and with none)."""
 
@@ -542,7 +542,7 @@ def test_flagged_variant_runs_stay_out_of_the_figures(tmp_path):
 
 
 def test_the_reuse_figure_reads_the_sweep_that_timed_its_pairs():
-    """Notebook 02, section 4: each r = 2 / 4 config over its r = 1 twin comes from the latest run that timed both
+    """Notebook 04, section 4: each r = 2 / 4 config over its r = 1 twin comes from the latest run that timed both
     (a later sweep of other configs does not empty the figure); every pair has recorded shapes."""
     import math
     from fovi_lab import lab as kl
@@ -555,7 +555,7 @@ def test_the_reuse_figure_reads_the_sweep_that_timed_its_pairs():
 
 
 def test_tile_kernel_table_and_the_printed_lines(tmp_path):
-    """Notebook 01, section 7: the tile kernels' fastest config with its dense ceiling and the strongest PyTorch op of
+    """Notebook 02, section 7: the tile kernels' fastest config with its dense ceiling and the strongest PyTorch op of
     the same run, the cached kernel against the uncached pick of the run that timed it; the lines print a dash where
     a record has no value, and a ``cached`` column only where some row has one."""
     from fovi_lab.lab import records as R

@@ -1,4 +1,4 @@
-"""Notebook 06's logic (fovi_lab.lab.mma_viz): the fragment layout, the lane channels, the recorded-run readers and
+"""Notebook 09's logic (fovi_lab.lab.mma_viz): the fragment layout, the lane channels, the recorded-run readers and
 the widget callback."""
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def test_widget_runs_a_pick_here():
 
 
 def test_loop_depth_and_staged_store_readers():
-    """Notebook 06's later sections: the loop depths and the staged store read from the mma sweep, the cubins'
+    """Notebook 09's later sections: the loop depths and the staged store read from the mma sweep, the cubins'
     registers, and the Nsight Compute profile that pointed at the stores."""
     depth = mv.depth_rows()
     stage = mv.stage_rows()

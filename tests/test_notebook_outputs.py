@@ -302,7 +302,9 @@ def test_the_history_check_reads_the_phrases():
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_prose_fits_one_idea(path):
-    """At most 2,500 words of prose per notebook: one idea, not a lab diary."""
-    words = sum(len("".join(c["source"]).split()) for c in json.loads(path.read_text())["cells"]
+    """At most 2,500 words of prose per notebook: one idea, not a lab diary (the path lines, written from
+    fovi_lab.lab.path, are navigation, not prose)."""
+    from fovi_lab.lab.path import without_path_lines
+    words = sum(len(without_path_lines("".join(c["source"])).split()) for c in json.loads(path.read_text())["cells"]
                 if c["cell_type"] == "markdown")
     assert words <= _MAX_WORDS, f"{path.name}: {words} words of prose (at most {_MAX_WORDS})"

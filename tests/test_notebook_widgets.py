@@ -1,4 +1,4 @@
-"""The widgets of notebooks 00, 01, 02, 04, 07, 08 and 11 (``ipywidgets.interact``), and the button widgets of 03 and 05
+"""The widgets of notebooks 01, 02, 04, 05, 06, 10 and 12 (``ipywidgets.interact``), and the button widgets of 03 and 07
 (06's: tests/test_mma_widget.py).
 
 Each test calls the ``fovi_lab.lab`` function the notebook's interact callback calls, with the notebook's default
@@ -46,12 +46,12 @@ def _annotations(fig: dict):
     return [a.get("text", "") for a in fig["layout"].get("annotations", [])]
 
 
-# ---------------------------------------------------------------- notebook 00: the KNN graph, one node drawn
+# ---------------------------------------------------------------- notebook 01: the KNN graph, one node drawn
 
 
-def test_00_graph_widget_moves_and_marks_the_chosen_node():
+def test_01_graph_widget_moves_and_marks_the_chosen_node():
     from fovi_lab.lab import graph_viz as gv
-    defaults = dict(a=0.5, k=25, stride=2, rf="rf1")               # notebook 00's interact defaults
+    defaults = dict(a=0.5, k=25, stride=2, rf="rf1")               # notebook 01's interact defaults
     figs, summaries = {}, {}
     for node in (0, 1):
         summary, fig = gv.explore_graph(node=node, **defaults)
@@ -69,7 +69,7 @@ def test_00_graph_widget_moves_and_marks_the_chosen_node():
         assert any(t.startswith(f"node {node}: ") for t in _annotations(d))       # the subplot title names the node
 
 
-# ------------------------------------------------ notebooks 01, 02, 04, 11: run logs (one bar per run, labelled)
+# ------------------------------------------------ notebooks 02, 04, 05, 06: run logs (one bar per run, labelled)
 
 
 def _latest_run_marked(d: dict, res: dict, n_runs: int, time_key: str = "run_ms"):
@@ -84,7 +84,7 @@ def _latest_run_marked(d: dict, res: dict, n_runs: int, time_key: str = "run_ms"
 
 def _forward(layer="res18_layer1", batch=64, cout=0, tile_m=32, tile_n=64, r=1, block_dim=128, kernel="uncached",
              log=None):
-    """Notebook 01's ``_run`` (02's passes ``kernel="uncached"`` the same way): the same call, the same defaults."""
+    """Notebook 02's ``_run`` (04's passes ``kernel="uncached"`` the same way): the same call, the same defaults."""
     return kl.explore_forward(layer, batch, cout or None, tile_m, tile_n, r, block_dim, kernel, device="cpu", log=log)
 
 
@@ -94,7 +94,7 @@ def _forward_printed(res: dict) -> None:
     assert res["run_ms"] > 0 and res["torch_ms"] > 0 and res["compile_s"] >= 0 and res["ctas"] > 0
 
 
-def test_01_forward_widget_moves_and_marks_the_chosen_tiles():
+def test_02_forward_widget_moves_and_marks_the_chosen_tiles():
     log = kl.RunLog(title="forward runs")
     runs = []
     for n, tile_m in enumerate((32, 16), start=1):                  # the tile-rows dropdown
@@ -107,7 +107,7 @@ def test_01_forward_widget_moves_and_marks_the_chosen_tiles():
     assert runs[0]["data"] != runs[1]["data"]
 
 
-def test_02_weight_reuse_widget_moves_and_marks_the_chosen_r():
+def test_04_weight_reuse_widget_moves_and_marks_the_chosen_r():
     log = kl.RunLog(title="weight-reuse runs")
     runs = []
     for n, r in enumerate((2, 1), start=1):                         # the r toggle (notebook default 2)
@@ -139,20 +139,20 @@ def _adjoint_runs_marked(run, title: str, live_keys):
     assert runs[0]["data"] != runs[1]["data"]
 
 
-def test_04_adjoint_widget_moves_and_marks_the_chosen_batch():
+def test_05_adjoint_widget_moves_and_marks_the_chosen_batch():
     _adjoint_runs_marked(lambda b, log: kl.explore_adjoint("res18_layer1", b, None, "gi2_p64b64", "gw3_p64n64",
                                                            device="cpu", log=log),
                          "adjoint runs", ("gi_ctas", "gw_ctas"))
 
 
-def test_11_fused_adjoint_widget_moves_and_marks_the_chosen_batch():
+def test_06_fused_adjoint_widget_moves_and_marks_the_chosen_batch():
     from fovi_lab.lab import fused_viz as fv
     _adjoint_runs_marked(lambda b, log: fv.explore_fused_run("res18_layer1", b, None, "auto", "auto", 0,
                                                              device="cpu", log=log, seg_steps=-1),
                          "fused adjoint runs", ("dx_kernel", "dw_kernel"))
 
 
-# --------------------------------------------- notebooks 07 and 08: a live run beside the layer's recorded runs
+# --------------------------------------------- notebooks 10 and 12: a live run beside the layer's recorded runs
 
 
 def _batch_marked(d: dict, batch: int, live_line: str):
@@ -175,18 +175,18 @@ def _two_batches_marked(widget, batches):
     assert figs[batches[0]]["data"] != figs[batches[1]]["data"]
 
 
-def test_07_split_widget_moves_and_marks_the_chosen_batch():
+def test_12_split_widget_moves_and_marks_the_chosen_batch():
     from fovi_lab.lab import split_viz as spv
     _two_batches_marked(lambda b: spv.explore_split_widget("res18_layer3", b, "ss_b8o8u4", device="cpu"),
                         (1, 4))                                     # the batch slider (min 1)
 
 
-def test_08_pipe_widget_moves_and_marks_the_chosen_batch():
+def test_10_pipe_widget_moves_and_marks_the_chosen_batch():
     from fovi_lab.lab import pipe_viz as pv
     _two_batches_marked(lambda b: pv.explore_pipe_widget("alex_L1", b, "mmap_o64b128k32s3", device="cpu"), (1, 2))
 
 
-# ---------------------------------------------------------------- notebooks 03 and 05: their button widgets' callbacks
+# ---------------------------------------------------------------- notebooks 03 and 07: their button widgets' callbacks
 
 
 def test_03_canary_widget_moves_and_marks_the_chosen_tiles():
@@ -207,8 +207,8 @@ def test_03_canary_widget_moves_and_marks_the_chosen_tiles():
         assert f"{m} rows x 64 channels" in _title(figs[m])
 
 
-def test_05_training_widget_redraws_the_chosen_run():
-    """Notebook 05's widget (a training run on its button): another step count or batch gives other loss curves,
+def test_07_training_widget_redraws_the_chosen_run():
+    """Notebook 07's widget (a training run on its button): another step count or batch gives other loss curves,
     one per chosen backend, named in the legend, and the summary it prints names each backend."""
     from fovi_lab.lab import train_viz as tv
     figs = {}

@@ -115,11 +115,11 @@ def _assert_ignored_untracked(png):
 def test_make_screenshot_default_output_is_ignored_not_tracked():
     _need_git_checkout()
     [(nb, png)] = _make_dry_run("screenshot")
-    assert nb == "notebooks/05_training.ipynb"
+    assert nb == "notebooks/07_training.ipynb"
     _assert_ignored_untracked(png)
     # SCREENSHOT_NB picks the notebook (the PNG follows its name); SCREENSHOT_PNG still overrides
-    [(nb, png)] = _make_dry_run("screenshot", "SCREENSHOT_NB=notebooks/00_foveated_knn_graph.ipynb")
-    assert nb == "notebooks/00_foveated_knn_graph.ipynb" and Path(png).name == "00_foveated_knn_graph.png"
+    [(nb, png)] = _make_dry_run("screenshot", "SCREENSHOT_NB=notebooks/01_foveated_knn_graph.ipynb")
+    assert nb == "notebooks/01_foveated_knn_graph.ipynb" and Path(png).name == "01_foveated_knn_graph.png"
     _assert_ignored_untracked(png)
     [(nb, png)] = _make_dry_run("screenshot", "SCREENSHOT_PNG=/tmp/elsewhere.png")
     assert png == "/tmp/elsewhere.png"

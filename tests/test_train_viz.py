@@ -1,4 +1,4 @@
-"""Headless tests of notebook 05's figures and widget callback (fovi_lab.lab.train_viz)."""
+"""Headless tests of notebook 07's figures and widget callback (fovi_lab.lab.train_viz)."""
 
 import numpy as np
 import plotly.graph_objects as go

@@ -7,7 +7,7 @@ and nbval ignores their output). stderr
 streams and execution time stamps are dropped, stdout chunks merged (nbval does not compare them; on a CPU machine they hold Warp's driver warning), and
 so is stored widget state.
 
-    python tools/refresh_notebooks.py [-v] notebooks/00_foveated_knn_graph.ipynb [...]   (-v: time each cell)
+    python tools/refresh_notebooks.py [-v] notebooks/01_foveated_knn_graph.ipynb [...]   (-v: time each cell)
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Open a notebook in JupyterLab the way a new user would, run every cell, and take a screenshot.
 
-    python tools/screenshot_notebook.py notebooks/05_training.ipynb build/screenshots/05_training.png
+    python tools/screenshot_notebook.py notebooks/07_training.ipynb build/screenshots/07_training.png
 
 (``make screenshot`` / ``make screenshots`` write under the git-ignored ``build/screenshots/``.)
 What it does, in order:

@@ -9,6 +9,7 @@
     adjoint_explorer  the adjoint widgets: node GEMMs, determinism, grids and occupancy, a rerun
     records          the recorded GPU results under ``data/`` and their figures
     *_viz            one module of figures per notebook topic (graph, stems, split, mma, fused, host, ...)
+    path             the learner's path: the notebooks in reading order, from which their links are written
 
 The lab uses only public names of the layers below it, and nothing outside ``fovi_lab.lab`` imports it.
 ``from fovi_lab import lab`` gives the names of the first eight modules.

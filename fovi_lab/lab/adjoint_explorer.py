@@ -24,7 +24,7 @@ from fovi_lab.lab.problems import Problem, make_meta, make_problem, reference_gr
 from fovi_lab.lab.traffic import shape_of
 
 
-#: SMs of an H200 (the occupancy argument of notebook 04).
+#: SMs of an H200 (the occupancy argument of notebook 05).
 H200_SMS = 132
 
 

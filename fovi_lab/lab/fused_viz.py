@@ -1,4 +1,4 @@
-"""Notebook 11: the fused node-major adjoints against the staged ones of notebook 04 (logic and figures).
+"""Notebook 06: the fused node-major adjoints against the staged ones of notebook 05 (logic and figures).
 
 * :func:`stage_bytes_table`: the memory argument, per layer: what the staged pipelines write and read
   back (the stage buffers) against what the fused kernels need (g in node-major order, dW partials).
@@ -7,7 +7,7 @@
 * :func:`list_length_table`, :func:`segments_sweep_figure`: why one list can set a fused kernel's time,
   and the recorded H200 sweep of whole lists against balanced segments.
 * :func:`fused_vs_staged_figure`, :func:`graphed_step_figure`: the recorded H200 train steps, and as text
-  :func:`staged_step_table` (notebook 04, section 7), :func:`train_step_table`, :func:`graphed_step_table` and
+  :func:`staged_step_table` (notebook 05, section 7), :func:`train_step_table`, :func:`graphed_step_table` and
   :func:`segments_sweep_table`.
 """
 
@@ -78,7 +78,7 @@ def explore_fused(shape: str = "PAD_HEAVY", batch: int = 40, device=None) -> dic
     t_second = time.perf_counter() - t0
     rdx, rdw, ref_name = kl.reference_grads(m, pb.x, pb.weight, pb.grad_y)
     sdx, sdw = wa.grad_input(m, pb.grad_y, pb.weight), wa.grad_weight(m, pb.grad_y, pb.x)
-    tol = 1e-2                                 # relative to max|ref|, as notebook 04's other checks
+    tol = 1e-2                                 # relative to max|ref|, as notebook 05's other checks
     err_dx, err_dw = kl.rel_error(dx, rdx, floor=1e-30), kl.rel_error(dw, rdw, floor=1e-30)
     return dict(
         shape=shape, B=pb.batch, dx_config=px.k.name, dw_config=pw.k.name, dw_split=pw.nsplit,
@@ -97,7 +97,7 @@ def train_step_runs(records: Optional[List[dict]] = None,
                     need: Sequence[str] = ("warp_train", "warp_train_staged")) -> Dict[tuple, dict]:
     """``(layer, B) -> {impl: record}`` from the most recent recorded train-step run of each shape that
     measured every impl in ``need`` (default: both paths, the staged one next to the backend's own) with
-    ``warp_train`` on these kernels: runs where it took the tensor-core adjoints (``path`` ``"mma"``, notebook 09)
+    ``warp_train`` on these kernels: runs where it took the tensor-core adjoints (``path`` ``"mma"``, notebook 11)
     are left out."""
     records = kl.backward_records(mode="train-step") if records is None else records
     runs: Dict[tuple, Dict[tuple, Dict[str, dict]]] = {}
@@ -387,7 +387,7 @@ def explore_fused_run(layer: str = "res18_layer1", batch: int = 64, cout: Option
                       dx_config: str = "auto", dw_config: str = "auto", nsplit: int = 0, rf: Optional[str] = None,
                       device: Optional[str] = None, log: Optional[kl.RunLog] = None,
                       budget: float = kl.CPU_WORK_BUDGET, seed: int = 0, seg_steps: int = -1):
-    """Notebook 11's explorer callback: run the fused dx and dW kernels on ``layer`` with the chosen
+    """Notebook 06's explorer callback: run the fused dx and dW kernels on ``layer`` with the chosen
     configs (``"auto"``: the rules of :mod:`fovi_lab.kernels.adjoint.fused`; ``nsplit`` 0: the split rule;
     ``seg_steps`` -1: the segment rules (whole lists on the CPU), 0: whole lists / interleaved splits,
     L >= 1: balanced segments of L steps for both kernels; a ``nsplit`` > 0 overrides it for dW),

@@ -1,4 +1,4 @@
-"""Pictures of a foveated KNN graph, and the callback of notebook 00's widget.
+"""Pictures of a foveated KNN graph, and the callback of notebook 01's widget.
 
 Every function is ``parameters -> data -> plotly go.Figure`` (never a ``FigureWidget``: a plain
 figure is small JSON, renders without a kernel and can be tested headless). Coordinates are

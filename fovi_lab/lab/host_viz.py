@@ -1,4 +1,4 @@
-"""The host path of an eager call (notebook 10): what a small-batch forward pays besides its
+"""The host path of an eager call (notebook 08): what a small-batch forward pays besides its
 kernel, measured here and recorded on the H200.
 
 * :func:`host_cost`: the host time of one forward call on this machine, no kernel launched: the first

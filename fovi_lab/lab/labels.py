@@ -43,7 +43,7 @@ _EXTRA_SHORT = {"p": "prefetch", "i": "row copy"}
 
 
 def _stage_words(name: str, short: bool) -> Optional[str]:
-    """A staged adjoint's stage config in words (``short``: compact, the grids by notebook 04's names); None for
+    """A staged adjoint's stage config in words (``short``: compact, the grids by notebook 05's names); None for
     another name."""
     from fovi_lab.kernels.adjoint import GRAD_INPUT_CONFIG_SPECS, GRAD_WEIGHT_CONFIG_SPECS
 

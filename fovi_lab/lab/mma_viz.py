@@ -1,4 +1,4 @@
-"""Notebook 06: tensor cores by hand, the ``mma.sync`` forward kernels of :mod:`fovi_lab.kernels.forward.mma` (logic and
+"""Notebook 09: tensor cores by hand, the ``mma.sync`` forward kernels of :mod:`fovi_lab.kernels.forward.mma` (logic and
 figures).
 
 * :func:`fragment_figure`: which lane holds which element of the A, B and D fragments of one

@@ -98,7 +98,7 @@ def selected(records: Iterable[dict], name: str) -> List[dict]:
 
 def layer_replays_figure(layer: str, rows: List[dict], series, runs: str, empty: str, log: bool = False,
                          height: int = 320) -> go.Figure:
-    """Grouped bars of one layer's recorded replays over B (the widgets' side figures of notebooks 01 and 06).
+    """Grouped bars of one layer's recorded replays over B (the widgets' side figures of notebooks 02 and 09).
 
     ``rows``: one dict per batch with a ``B`` and ``records``; ``series``: ``(ms key, config key, name, colour)``
     per bar group; ``runs``: the runs named in the subtitle; ``empty``: the message when there are no rows."""
@@ -119,7 +119,7 @@ def layer_replays_figure(layer: str, rows: List[dict], series, runs: str, empty:
 
 
 def mark_batch(fig: go.Figure, batch, note: Optional[str] = None) -> go.Figure:
-    """Mark ``batch`` on a figure of bars over ``B=...`` categories (the widgets of notebooks 07 and 08): a dashed line
+    """Mark ``batch`` on a figure of bars over ``B=...`` categories (the widgets of notebooks 10 and 12): a dashed line
     named ``your batch: B = ...`` (the categories kept in batch order) and ``note`` (the live run) as an annotation."""
     ys = [v for t in fig.data if t.type == "bar" for v in (t.y or ()) if v]
     if not ys or isinstance(batch, bool) or not isinstance(batch, int):
@@ -683,7 +683,7 @@ def gemm_ceilings(records: Optional[List[dict]] = None) -> dict:
     return _gemm4096(forward_records() if records is None else records)
 
 
-#: The tile-kernel families notebook 01 teaches: the tile GEMM over gathered rows and the node-major kernels, each
+#: The tile-kernel families notebook 02 teaches: the tile GEMM over gathered rows and the node-major kernels, each
 #: without its prefetching variant (the gather kernel, node-major, and node-major with the neighbour loop split
 #: across CTAs).
 TILE_FAMILIES = ("tile_gemm", "node_major")

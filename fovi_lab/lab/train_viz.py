@@ -1,4 +1,4 @@
-"""Pictures for notebook 05 (training a real foveated network) and its widget callback.
+"""Pictures for notebook 07 (training a real foveated network) and its widget callback.
 
 Every function is ``data -> plotly go.Figure`` (never a ``FigureWidget``) or a plain dict, so the
 notebook only wires widgets to them and everything is tested headless. Coordinates and values are

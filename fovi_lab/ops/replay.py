@@ -197,7 +197,7 @@ def emulated_on_cpu() -> Iterator[None]:
     """Inside, CPU calls are replayed as CUDA calls are (every signature, whatever ``FOVI_KNN_REPLAY`` says), from an
     emulated graph (:class:`_EmulatedStep`: its replay runs the step again on the static tensors, out of sight of
     dispatch modes). A model for where no GPU is, not a speed-up: the tests check the replay layer's rules, copies and
-    sharing with it, and notebook 10 counts what a replayed step issues from the host. Not thread-safe (a module
+    sharing with it, and notebook 08 counts what a replayed step issues from the host. Not thread-safe (a module
     switch); the signatures made inside stay cached (:func:`clear`)."""
     global EMULATE_ON_CPU
     prev = EMULATE_ON_CPU
