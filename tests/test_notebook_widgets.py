@@ -1,7 +1,8 @@
-"""The widgets of notebooks 01, 02, 04, 05, 06, 10 and 12 (``ipywidgets.interact``), and the button widgets of 03 and 07
-(06's: tests/test_mma_widget.py).
+"""The widgets of notebooks 01, 02, 04, 05, 06, 10 and 12 (rerun on each change), and the button widgets of 03 and
+07, all built by ``fovi_lab.lab.common.live`` (09's: tests/test_mma_widget.py; their busy state:
+tests/test_widget_busy.py).
 
-Each test calls the ``fovi_lab.lab`` function the notebook's interact callback calls, with the notebook's default
+Each test calls the ``fovi_lab.lab`` function the notebook's widget callback calls, with the notebook's default
 controls except one, at two values of that control, on Warp's CPU device: the figure the callback displays (the
 function returns it) must change, must mark the chosen value, and the live time / result the callback prints must
 be there for both calls."""
@@ -51,7 +52,7 @@ def _annotations(fig: dict):
 
 def test_01_graph_widget_moves_and_marks_the_chosen_node():
     from fovi_lab.lab import graph_viz as gv
-    defaults = dict(a=0.5, k=25, stride=2, rf="rf1")               # notebook 01's interact defaults
+    defaults = dict(a=0.5, k=25, stride=2, rf="rf1")               # notebook 01's widget defaults
     figs, summaries = {}, {}
     for node in (0, 1):
         summary, fig = gv.explore_graph(node=node, **defaults)

@@ -15,11 +15,11 @@ The lab uses only public names of the layers below it, and nothing outside ``fov
 ``from fovi_lab import lab`` gives the names of the first eight modules.
 """
 
-from fovi_lab.lab.common import (batch_menu, check_explore_args, clamp_shape, COLOURS, CPU_WORK_BUDGET,
-                                 default_device, device_line, fail_result, format_result, FORWARD_CHOICES, hline,
-                                 is_int, LAYER_CHOICES, layer_kernel_widget, log_range, message_figure, missing_marks, parity_line,
-                                 rel_error, result_answer, round4, RunLog, setup, show_source, sync_device, text_table,
-                                 time_ms, tolerance_class, widget_device)
+from fovi_lab.lab.common import (batch_menu, busy, check_explore_args, clamp_shape, COLOURS, CPU_WORK_BUDGET,
+                                 default_device, device_line, error_words, fail_result, format_result, FORWARD_CHOICES,
+                                 hline, is_int, LAYER_CHOICES, layer_kernel_widget, live, log_range, message_figure,
+                                 missing_marks, parity_line, rel_error, result_answer, round4, RunLog, setup,
+                                 show_source, sync_device, text_table, time_ms, tolerance_class, widget_device)
 from fovi_lab.lab.labels import kernel_label, short_label
 from fovi_lab.lab.problems import make_meta, make_problem, ORACLE_MAX_ELEMS, Problem, reference_forward, reference_grads
 from fovi_lab.lab.traffic import (forward_counts, node_gemm, node_gemm_figure, shape_of, tile_smem_estimate,

@@ -12,6 +12,7 @@ import inspect
 import math
 import textwrap
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -487,3 +488,79 @@ def layer_kernel_widget(layer: str, batch: int, config: Optional[str], *, layers
             f"{short_label(res['config'])}: {res['ms']:.1f} ms here ({device}), every output written: {res['finite']}"
             + (f", p range split {res['split']} ways" if res["split"] else ""),
             f"the rule picks {short_label(res['pick'])} for {layer} at B = {batch}"], figure
+
+
+# ----------------------------------------------------------------------------------------------- widgets at work
+
+def error_words(exc: BaseException) -> str:
+    """An exception as one line a widget can show: its type and the first line of its message."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0][:300]}" if lines else type(exc).__name__
+
+
+@contextmanager
+def busy(controls: Iterable, status, doing: str = "running"):
+    """Show that a widget callback is at work: while the block runs, ``status`` (a widget with a text ``value``, a
+    ``Label``) reads ``"running ..."`` and every control in ``controls`` is disabled; after it, each control is as it
+    was and ``status`` reads ``"done in 1.2 s"``, or, where the block raised, ``"stopped after 1.2 s by ValueError:
+    ..."`` (the exception goes on to the caller). The kernel's busy light goes out before a callback's work is done,
+    so this line is the one a learner can read."""
+    controls = [w for w in controls if hasattr(w, "disabled")]
+    was = [w.disabled for w in controls]
+    for w in controls:
+        w.disabled = True
+    status.value = f"{doing} ..."
+    t0 = time.perf_counter()
+    try:
+        yield status
+    except Exception as exc:
+        status.value = f"stopped after {time.perf_counter() - t0:.1f} s by {error_words(exc)}"
+        raise
+    else:
+        status.value = f"done in {time.perf_counter() - t0:.1f} s"
+    finally:
+        for w, d in zip(controls, was):
+            w.disabled = d
+
+
+def live(fn: Callable[..., object], controls: Dict[str, object], *, button: Optional[str] = None,
+         arrange=None, doing: str = "running", run_now: bool = True):
+    """A widget panel that reruns ``fn(**values)`` (``values``: each control's ``value`` by its name in
+    ``controls``) on every change of a control, or on each press of a ``button`` of that label, and once as it is
+    built (``run_now``). What ``fn`` prints or displays goes to the panel's output, replacing the last run's; while
+    it runs the status line under the controls says so and the controls are disabled (:func:`busy`); an exception
+    is shown as one line there and in the output, not as a traceback.
+
+    ``arrange``: a box holding the controls in the layout wanted (default: one column, as ``interact`` has them).
+    The panel is a ``VBox`` of that box (and the button), the status line and the output; ``panel.status``,
+    ``panel.output``, ``panel.controls``, ``panel.button`` and ``panel.run`` (a rerun) are its parts, ``panel.last``
+    what ``fn`` returned last."""
+    import ipywidgets as W
+    from IPython.display import clear_output
+    for name, w in controls.items():
+        if hasattr(w, "description") and not w.description:
+            w.description = name                                     # as ipywidgets.interact labels them
+    status, output = W.Label(value=""), W.Output()
+    press = W.Button(description=button, button_style="primary") if button else None
+    box = arrange if arrange is not None else W.VBox(list(controls.values()))
+    panel = W.VBox([box] + ([press] if press else []) + [status, output])
+
+    def run(*_):
+        with output:
+            clear_output(wait=True)
+            try:
+                with busy(list(controls.values()) + ([press] if press else []), status, doing):
+                    panel.last = fn(**{name: w.value for name, w in controls.items()})
+            except Exception as exc:  # noqa: BLE001 - a widget answers with a line, not a traceback
+                print(f"could not run: {error_words(exc)}")
+
+    if press:
+        press.on_click(run)
+    else:
+        for w in controls.values():
+            w.observe(run, names="value")
+    panel.status, panel.output, panel.controls, panel.button, panel.run, panel.last = (
+        status, output, dict(controls), press, run, None)
+    if run_now:
+        run()
+    return panel

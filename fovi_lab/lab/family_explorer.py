@@ -20,8 +20,8 @@ from typing import Optional, Tuple
 import plotly.graph_objects as go
 import torch
 
-from fovi_lab.lab.common import (CPU_WORK_BUDGET, RunLog, clamp_shape, default_device, fail_result, parity_line,
-                                 rel_error, result_answer, time_ms)
+from fovi_lab.lab.common import (CPU_WORK_BUDGET, RunLog, busy, clamp_shape, default_device, error_words,
+                                 fail_result, parity_line, rel_error, result_answer, time_ms)
 from fovi_lab.lab.problems import make_meta, make_problem, reference_forward
 
 __all__ = ["explore_point", "start_point", "family_widget"]
@@ -148,7 +148,7 @@ def family_widget(family: str = "tensor_cores", layer: str = "res18_layer1", bat
                         description="family")
     layer_dd = W.Dropdown(options=list(LAYERS), value=layer, description="layer")
     batch_in = W.BoundedIntText(value=batch, min=1, max=512, description="batch")
-    params_box, out, fig_out = W.VBox(), W.Output(), W.Output()
+    params_box, status, out, fig_out = W.VBox(), W.Label(value=""), W.Output(), W.Output()
     state = {"widgets": {}}
 
     def build_params(*_):
@@ -162,11 +162,21 @@ def family_widget(family: str = "tensor_cores", layer: str = "res18_layer1", bat
         state["widgets"] = ws
         params_box.children = list(ws.values())
 
+    def controls():
+        return [fam_dd, layer_dd, batch_in] + list(state["widgets"].values())
+
     def run(*_):
         values = {k: w.value for k, w in state["widgets"].items()}
-        res, fig = explore_point(fam_dd.value, layer_dd.value, batch_in.value, device=device, log=log, **values)
-        panel.last_result = res
         out.clear_output()
+        try:
+            with busy(controls(), status):
+                res, fig = explore_point(fam_dd.value, layer_dd.value, batch_in.value, device=device, log=log,
+                                         **values)
+        except Exception as exc:  # noqa: BLE001 - a widget answers with a line, not a traceback
+            with out:
+                print(f"could not run: {error_words(exc)}")
+            return
+        panel.last_result = res
         fig_out.clear_output()
         with out:
             print(res["message"])
@@ -177,7 +187,8 @@ def family_widget(family: str = "tensor_cores", layer: str = "res18_layer1", bat
         build_params()
         run()
 
-    panel = W.VBox([W.HBox([fam_dd, layer_dd, batch_in]), params_box, out, fig_out])
+    panel = W.VBox([W.HBox([fam_dd, layer_dd, batch_in]), params_box, status, out, fig_out])
+    panel.status = status
     fam_dd.observe(on_family, names="value")
     layer_dd.observe(run, names="value")
     batch_in.observe(run, names="value")

@@ -427,30 +427,24 @@ def widget_figure(layer: str, batch: int, result: Optional[dict] = None, config:
 
 def mma_widget(layer: str = "alex_L0", batch: int = 16, config: str = "pick", device=None):
     """The notebook's widget: a layer, a batch and a config (``"pick"``: the rule's); each change re-runs
-    :func:`explore_mma_widget` (the real kernel, here) and redraws its figure. The panel starts with the default
-    choice already run; ``panel.last`` holds the latest ``(lines, figure)``."""
+    :func:`explore_mma_widget` (the real kernel, here) and redraws its figure, the status line saying so while it
+    runs (:func:`fovi_lab.lab.common.live`). The panel starts with the default choice already run; ``panel.last``
+    holds the latest ``(lines, figure)``."""
     import ipywidgets as W
     from IPython.display import display
     layer_dd = W.Dropdown(options=LAYERS, value=layer, description="layer")
     batch_sl = W.IntSlider(value=batch, min=1, max=64, description="batch", continuous_update=False)
     config_dd = W.Dropdown(options=[("the rule's pick", "pick")] + [(short_label(c), c) for c in mma_configs()],
                            value=config, description="config")
-    out = W.Output()
 
-    def run(*_):
-        lines, fig = explore_mma_widget(layer_dd.value, batch_sl.value,
-                                        None if config_dd.value == "pick" else config_dd.value, device=device)
-        panel.last = (lines, fig)
-        out.clear_output(wait=True)
-        with out:
-            print("\n".join(lines))
-            display(fig)
+    def run(layer, batch, config):
+        lines, fig = explore_mma_widget(layer, batch, None if config == "pick" else config, device=device)
+        print("\n".join(lines))
+        display(fig)
+        return lines, fig
 
-    panel = W.VBox([W.HBox([layer_dd, batch_sl, config_dd]), out])
-    for w in (layer_dd, batch_sl, config_dd):
-        w.observe(run, names="value")
-    run()
-    return panel
+    return kl.live(run, dict(layer=layer_dd, batch=batch_sl, config=config_dd),
+                   arrange=W.HBox([layer_dd, batch_sl, config_dd]))
 
 
 # ----------------------------------------------------------------------------------------------- loop depth
