@@ -11,7 +11,8 @@ Each backend computes in its first compute dtype (fp16 for the Warp backends); o
 compute in fp32, where PyTorch's fp16 matrix products are slow. The references are computed once per dtype and
 shared by the backends of that dtype. On the CPU the demo estimates its run time from the layer's FLOPs
 (:func:`cpu_estimate`) and, when the run will take a minute or more, says so before it starts, with a batch that
-fits; a phase expected to take seconds says so as it starts.
+fits; a phase expected to take seconds says so as it starts. The timing's estimate comes from its first timed
+call, a warm one: a backend's first calls may compile Warp kernels or build tables, and say nothing of the rest.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -50,13 +51,15 @@ class DemoRow:
     dw_tol: Optional[float] = None
 
 
-def _timeit(fn, device: torch.device, reps: int, warm_up: bool = True) -> float:
+def _timeit(fn, device: torch.device, reps: int, warm_up: bool = True,
+            after_first: Optional[Callable[[float], None]] = None) -> float:
     """Median ms of ``reps`` calls of ``fn``, after one warm-up call (any compile) unless ``warm_up`` is False (the
-    callable has run already)."""
+    callable has run already). ``after_first`` gets the seconds of the first timed call as it ends (a warm call:
+    what the others will take)."""
     if warm_up:
         fn()
     times = []
-    for _ in range(reps):
+    for i in range(reps):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         t0 = time.perf_counter()
@@ -64,6 +67,8 @@ def _timeit(fn, device: torch.device, reps: int, warm_up: bool = True) -> float:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         times.append((time.perf_counter() - t0) * 1e3)
+        if i == 0 and after_first is not None:
+            after_first(times[0] / 1e3)
     return sorted(times)[len(times) // 2]
 
 
@@ -205,8 +210,9 @@ def run_demo(layer: str = "res18_layer1", batch: int = 8, rf: Optional[str] = No
     in the same dtype, + 2e-3; errors are max-abs against autograd of the fp64 oracle (both references computed
     on the CPU, once per dtype, and shared by that dtype's backends). ``log`` gets a line per phase (graph, then per
     backend: references, first call, adjoints, timing) as it ends, with its time, and, for a phase expected to take
-    seconds (or to compile Warp kernels), a line as it starts; on the CPU a run estimated at a minute or more is
-    announced first (:func:`estimate_line`).
+    seconds (or to compile Warp kernels), a line as it starts (for the timing, after its first timed call of each
+    pass, from that call's time); on the CPU a run estimated at a minute or more is announced first
+    (:func:`estimate_line`).
 
     Raises:
         ValueError: ``batch`` or ``reps`` below 1, an unusable ``device``. KeyError: an unknown layer or backend.
@@ -290,7 +296,7 @@ def run_demo(layer: str = "res18_layer1", batch: int = 8, rf: Optional[str] = No
             y = ops.forward(meta, x, w, b)
             row.fwd_err = (y.double().cpu() - y64).abs().max().item()
             ok = row.fwd_err <= tols[0]
-            first = {"forward": phase("forward, first call" + (" (compiles its Warp kernels)" if compiles else ""))}
+            phase("forward, first call" + (" (compiles its Warp kernels)" if compiles else ""))
             if trains:
                 starting("dx and dW, first call", expect.get("adjoints"))
             try:
@@ -302,20 +308,27 @@ def run_demo(layer: str = "res18_layer1", batch: int = 8, rf: Optional[str] = No
                 row.dx_err = (dx.double().cpu() - dx64).abs().max().item()
                 row.dw_err = (dw.double().cpu() - dw64).abs().max().item()
                 ok = ok and row.dx_err <= tols[1] and row.dw_err <= tols[2]
-                first["adjoints"] = phase("dx and dW, first call")
+                phase("dx and dW, first call")
             row.ok = bool(ok)
             both = getattr(ops, "backward_combined", None) if row.dx_err is not None else None
-            # the time of the calls just made says how long the timed ones take (a first Warp call also compiled:
-            # there the FLOP estimate stands)
-            timing = (expect.get("timing") if compiles else
-                      reps * first["forward"] + (reps + (both is not None)) * first.get("adjoints", 0.0))
-            starting(f"timing {reps} call{'s' if reps > 1 else ''} of each pass", timing)
+            # no estimate from the first calls: they may have compiled kernels or built tables (2.3 s where a
+            # timed call took 0.3); each pass's estimate comes from its first timed call, a warm one
+            starting(f"timing {reps} call{'s' if reps > 1 else ''} of each pass")
+
+            def timing_left(what: str):
+                def say(seconds: float) -> None:
+                    if (reps - 1) * seconds >= _LONG_PHASE_S:
+                        log(f"{tag}: timing {what}: one call took {seconds:.1f} s, about "
+                            f"{_duration((reps - 1) * seconds)} for the other {reps - 1} ...")
+                return say
+
             # the forward and the separate adjoints ran above (their warm-up); backward_combined has not run yet
-            row.fwd_ms = _timeit(lambda: ops.forward(meta, x, w, b), device, reps, warm_up=False)
+            row.fwd_ms = _timeit(lambda: ops.forward(meta, x, w, b), device, reps, warm_up=False,
+                                 after_first=timing_left("the forward"))
             if row.dx_err is not None:
                 row.bwd_ms = _timeit((lambda: both(meta, gy, x, w)) if both else     # as KNNConvFunction calls it
                                      (lambda: (ops.grad_input(meta, gy, w), ops.grad_weight(meta, gy, x))),
-                                     device, reps, warm_up=both is not None)
+                                     device, reps, warm_up=both is not None, after_first=timing_left("dx and dW"))
             phase(f"timed, median of {reps}")
             if name == "warp_train":
                 from fovi_lab.knn_warp import grad_path
