@@ -7,6 +7,8 @@ order, within ``1e-4 * (1 + max |oracle|)``; one rounding to fp16 (2^-11 relativ
 written whole (an input node no output reads, a tap no entry uses: exact zeros) and bitwise repeatable.
 """
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -188,7 +190,7 @@ def test_an_evicted_tap_layer_leaves_the_forward_call_cache_with_it():
     from fovi_lab.kernels.forward import api
     from fovi_lab.ops import graphs
     base = _case("ODD", 1, torch.float16)[0]
-    meta = build_meta(base.idx, base.rf_index, cin=base.cin, cout=base.cout, v=base.v, nin=base.nin)  # no tap layers yet
+    meta = dataclasses.replace(base)          # a copy of the layer's meta: no tap layers yet
     first = None
     for b in range(1, M._TAP_METAS_KEPT + 2):                    # one more batch than the cache keeps
         _, _, g, _, x, _ = _case("ODD", b, torch.float16)
@@ -205,7 +207,8 @@ def test_an_evicted_tap_layer_leaves_the_forward_call_cache_with_it():
 
 def test_a_bad_table_budget_is_named_and_the_transposed_layer_has_one_too(monkeypatch):
     base, w, g, _, x, _ = _case("ODD", 2, torch.float16)
-    meta = build_meta(base.idx, base.rf_index, cin=base.cin, cout=base.cout, v=base.v, nin=base.nin)  # nothing derived yet
+    meta = dataclasses.replace(base)          # a copy of the layer's meta: nothing derived from it yet (build_meta
+    #                                           would return the layer's own, whose derived layers other tests built)
     for bad in ("lots", "-1"):
         monkeypatch.setenv("FOVI_KNN_TAP_TABLE_MIB", bad)
         with pytest.raises(ValueError, match="FOVI_KNN_TAP_TABLE_MIB: expected"):
