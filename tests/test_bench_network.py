@@ -213,3 +213,25 @@ def test_alternatives_must_be_a_readable_records_file(tmp_path, capsys):
         assert exc.value.code == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "--alternatives" in err[0] and why in err[0], err
+
+
+def test_capturing_modes_need_a_gpu_and_run_each_backend_in_a_child_process(monkeypatch, tmp_path):
+    """reduce-overhead and graphed capture CUDA graphs: on the CPU their records say so; on a GPU each backend runs
+    them in a child process of its own (its command names the mode, and --memory-trace where asked), and a child
+    that fails gives a record naming the mode."""
+    import subprocess
+    from fovi_lab.bench import network
+    recs = network_records("resnet18", 2, backends=("torch_compact",), modes=("reduce-overhead",), steps=1,
+                           warmup=1, device="cpu", in_res=32)
+    assert [r.get("note") for r in recs] == ["CUDA graphs need a GPU"]
+    seen = []
+
+    def fake_run(cmd, **kw):
+        seen.append(cmd)
+        return subprocess.CompletedProcess(cmd, 1, "", "RuntimeError: no GPU here\n")
+    monkeypatch.setattr(network.subprocess, "run", fake_run)
+    (r,) = network.graphed_in_child("alexnet", 8, "cuda", 3, "cuda", None, mode="reduce-overhead", memory_trace=True)
+    cmd = seen[0]
+    assert cmd[cmd.index("--modes") + 1] == "reduce-overhead" and "--memory-trace" in cmd and "--in-process" in cmd
+    assert r["mode"] == "reduce-overhead" and "reduce-overhead run's process failed: RuntimeError" in r["note"]
+    assert set(network.CAPTURED) == {"reduce-overhead", "graphed"} and "reduce-overhead" not in network.DEFAULT_MODES

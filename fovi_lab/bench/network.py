@@ -22,8 +22,9 @@ what a training loop runs: the forward, cross-entropy against labels, the backwa
   the step), and fovi_lab's gets ``speedup_knn_<mode>``, the fastest other backend's ``knn_ms`` over ours.
 
 Modes: ``eager`` (one call after another, as most researchers train), ``compiled`` (``torch.compile`` of the
-model) and ``graphed`` (:func:`fovi_lab.ops.graphs.graphed`: forward and backward replayed from CUDA graphs; a GPU
-only). Precision ``amp`` (fp32 weights, float16 autocast; the default on a GPU) or ``fp16`` (weights and inputs in
+model), ``reduce-overhead`` (``torch.compile(mode="reduce-overhead")``, Inductor's CUDA graphs, after
+:func:`fovi_lab.ops.graphs.prepare`; a GPU only, and timed only where ``--modes`` names it: its compile takes minutes)
+and ``graphed`` (:func:`fovi_lab.ops.graphs.graphed`: forward and backward replayed from CUDA graphs; a GPU only). Precision ``amp`` (fp32 weights, float16 autocast; the default on a GPU) or ``fp16`` (weights and inputs in
 float16; the default on a CPU, where fovi's dispatch has no float16 autocast).
 
 Per (net, B, mode, backend) a record: ``ms`` (per step, the mean of ``steps`` steps issued back to back, one sync
@@ -47,9 +48,10 @@ backends can be timed in one call and fovi_lab in the next. The records of ``F``
 precision and grid, stand in for this run's other backends: fovi_lab's records get their speedups over them, name
 that run in ``run`` (its date, as the report groups runs) and say so in ``alternatives``.
 
-Graphed (``graphed``, :func:`fovi_lab.ops.graphs.graphed`, with autocast's casts captured under ``amp``): on a GPU each
-backend is captured in a process of its own (:func:`graphed_in_child`), since a backend whose capture fails can leave
-the CUDA context unusable for the captures after it.
+Graphed (``graphed``, :func:`fovi_lab.ops.graphs.graphed`, with autocast's casts captured under ``amp``) and
+``reduce-overhead``: on a GPU each backend is captured in a process of its own (:func:`graphed_in_child`), since a
+backend whose capture fails can leave the CUDA context unusable for the captures after it, and so each peak is its
+own.
 """
 
 from __future__ import annotations
@@ -73,7 +75,8 @@ from fovi_lab.bench.common import _sync, emit_rows, env_info, say_appended, stam
 from fovi_lab.ops import replay
 from fovi_lab.ops.arguments import command_main
 
-__all__ = ["BACKENDS", "MODES", "STUB", "add_speedups", "earlier_alternatives", "graphed_in_child", "network_records",
+__all__ = ["BACKENDS", "MODES", "CAPTURED", "DEFAULT_MODES", "STUB", "add_speedups", "earlier_alternatives",
+           "graphed_in_child", "network_records",
            "main", "add_arguments", "run", "DESCRIPTION"]
 
 PROG = "python -m fovi_lab bench network"
@@ -81,7 +84,11 @@ PROG = "python -m fovi_lab bench network"
 STUB = "stubbed"
 #: The backends, fovi_lab first, then fovi's own kernel_backend values, then the place-holder.
 BACKENDS = ("fovi_lab", "auto", "cuda", "baseline", "torch_compact", "warp_train", STUB)
-MODES = ("eager", "compiled", "graphed")
+MODES = ("eager", "compiled", "reduce-overhead", "graphed")
+#: The modes that capture CUDA graphs: each backend runs them in a process of its own on a GPU (graphed_in_child).
+CAPTURED = ("reduce-overhead", "graphed")
+#: The modes a GPU run times when none are named (reduce-overhead only where asked: its compile takes minutes).
+DEFAULT_MODES = ("eager", "compiled", "graphed")
 #: ``note_run`` of a run under ``--memory-trace`` (the tables leave such runs out: recording every allocation's stack
 #: slows the host).
 TRACE_NOTE = "memory trace: the allocator recorded every allocation's stack, so its times are not the step's"
@@ -178,6 +185,12 @@ def _wrapped(run: _Run, mode: str):
     model = run.fresh()
     if mode == "compiled":
         return torch.compile(model)
+    if mode == "reduce-overhead":                  # Inductor's CUDA graphs, after the tables are built outside them
+        from fovi_lab.ops.graphs import prepare
+        amp = run.precision == "amp" and run.device.type == "cuda"
+        with torch.autocast(run.device.type, dtype=torch.float16, enabled=amp):
+            prepare(model, run.x)
+        return torch.compile(model, mode="reduce-overhead")
     if mode == "graphed":
         from fovi_lab.ops.graphs import graphed
         amp = run.precision == "amp" and run.device.type == "cuda"
@@ -272,7 +285,7 @@ def network_records(net: str, batch: int, backends=BACKENDS, modes=("eager",), s
                 rec = dict(base, mode=mode, backend=backend, route=route, loss=loss0,
                            grad_err=None if backend == STUB else _grad_err(grads, ref),
                            grads_bitwise_repeatable=None if backend == STUB else bitwise)
-                if mode == "graphed" and device.type != "cuda":
+                if mode in CAPTURED and device.type != "cuda":
                     recs.append(dict(rec, note="CUDA graphs need a GPU"))
                     continue
                 try:
@@ -339,14 +352,16 @@ def earlier_alternatives(recs: List[dict], earlier: List[dict]) -> None:
 
 
 def graphed_in_child(net: str, batch: int, backend: str, steps: int, device, precision: Optional[str],
-                     timeout_s: float = 600.0, in_res: int = 64, memory_trace: bool = False) -> List[dict]:
-    """The graphed records of one backend, from a child process: a capture that fails (a backend that syncs or
-    allocates while captured) can leave the CUDA context unusable for every capture after it in that process, so
-    each backend captures in its own. A child that fails gives one record saying why."""
+                     timeout_s: float = 600.0, in_res: int = 64, memory_trace: bool = False,
+                     mode: str = "graphed") -> List[dict]:
+    """The records of one backend in a capturing ``mode`` (:data:`CAPTURED`), from a child process: a capture that
+    fails (a backend that syncs or allocates while captured) can leave the CUDA context unusable for every capture
+    after it in that process, so each backend captures in its own, and its memory peaks are its own. A child that
+    fails gives one record saying why."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "graphed.jsonl")
         cmd = [sys.executable, "-m", "fovi_lab.bench.network", "--net", net, "--batches", str(batch), "--backends",
-               backend, "--modes", "graphed", "--steps", str(steps), "--device", str(device), "--out", out,
+               backend, "--modes", mode, "--steps", str(steps), "--device", str(device), "--out", out,
                "--in-res", str(in_res), "--in-process"] + (["--precision", precision] if precision else []) \
             + (["--memory-trace"] if memory_trace else [])
         try:
@@ -355,8 +370,8 @@ def graphed_in_child(net: str, batch: int, backend: str, steps: int, device, pre
         except subprocess.TimeoutExpired:
             why = f"the child process ran past {timeout_s:.0f} s"
         if why or not os.path.exists(out):
-            return [dict(kind="network", net=net, B=batch, in_res=in_res, mode="graphed", backend=backend,
-                         note=f"the graphed run's process failed: {why or 'no records'}"[:300])]
+            return [dict(kind="network", net=net, B=batch, in_res=in_res, mode=mode, backend=backend,
+                         note=f"the {mode} run's process failed: {why or 'no records'}"[:300])]
         with open(out) as f:
             return [json.loads(line) for line in f if line.strip()]
 
@@ -384,7 +399,8 @@ def add_arguments(parser) -> None:
                         help=f"fovi_lab, fovi's own backends and {STUB} (the KNN layers stubbed: what the rest of "
                              f"the step costs) (default: all)")
     parser.add_argument("--modes", nargs="+", choices=MODES, default=None,
-                        help="eager, compiled, graphed (default: all three on a GPU, eager on a CPU)")
+                        help="eager, compiled (torch.compile), reduce-overhead (torch.compile's CUDA graphs), "
+                             "graphed (default: eager, compiled and graphed on a GPU, eager on a CPU)")
     parser.add_argument("--steps", type=COUNT, default=20, help="timed steps per backend and mode")
     parser.add_argument("--in-res", type=COUNT, default=64, metavar="SIDE",
                         help="the Cartesian grid's side fovi matches the retinal samples to (default 64, the "
@@ -458,27 +474,29 @@ def run(args) -> int:
             except ValueError as exc:
                 usage_error(PROG, f"--in-res: {str(exc).split(': ', 1)[1]}")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    modes = args.modes or (list(MODES) if device.type == "cuda" else ["eager"])
+    modes = args.modes or (list(DEFAULT_MODES) if device.type == "cuda" else ["eager"])
     env = env_info(device)
     stamp_command(env, PROG, args)
     print(f"# train steps of fovi's networks on {env['device']} (torch {env['torch']}, warp {env['warp']})", flush=True)
     print(f"{'net':>9s} {'B':>4s} {'mode':>8s} {'backend':>13s} {'ms/step':>10s} {'images/s':>9s} {'grad err':>9s} "
           f"{'bitwise':>7s} {'KNN ms':>8s} {'peak MiB':>8s}", flush=True)
-    # graphed runs each backend in a process of its own on a GPU (see graphed_in_child), unless this is that process
-    apart = device.type == "cuda" and "graphed" in modes and not args.in_process
-    here = [m for m in modes if not (apart and m == "graphed")]
+    # a capturing mode runs each backend in a process of its own on a GPU (see graphed_in_child), unless this is that
+    # process
+    apart = [m for m in modes if m in CAPTURED] if device.type == "cuda" and not args.in_process else []
+    here = [m for m in modes if m not in apart]
     total = 0
     for net in args.net:
         for b in args.batches:
             recs = network_records(net, b, args.backends, here, args.steps, device=device,
                                    precision=args.precision, in_res=args.in_res,
                                    memory_trace=args.memory_trace) if here else []
-            if apart:
+            for mode in apart:
                 for backend in args.backends:
                     recs += [{k: v for k, v in r.items() if k not in env}
                              for r in graphed_in_child(net, b, backend, args.steps, device, args.precision,
-                                                       in_res=args.in_res, memory_trace=args.memory_trace)]
-                add_speedups(recs, ["graphed"])
+                                                       in_res=args.in_res, memory_trace=args.memory_trace,
+                                                       mode=mode)]
+                add_speedups(recs, [mode])
             recs = [dict(env, **r) for r in recs]
             if args.alternatives is not None:
                 earlier_alternatives(recs, args.alternatives)
