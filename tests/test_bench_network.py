@@ -235,3 +235,15 @@ def test_capturing_modes_need_a_gpu_and_run_each_backend_in_a_child_process(monk
     assert cmd[cmd.index("--modes") + 1] == "reduce-overhead" and "--memory-trace" in cmd and "--in-process" in cmd
     assert r["mode"] == "reduce-overhead" and "reduce-overhead run's process failed: RuntimeError" in r["note"]
     assert set(network.CAPTURED) == {"reduce-overhead", "graphed"} and "reduce-overhead" not in network.DEFAULT_MODES
+
+
+def test_fovi_labs_rows_say_what_its_tables_hold(records):
+    """fovi_lab's timed rows carry the index tables its layers keep (tables_mib, on the CPU too); fovi's rows none."""
+    from fovi_lab.graph.meta import held_bytes
+    from fovi_lab.integrations.fovi import lab_metas
+    ours = [r for r in records if r["backend"] == "fovi_lab" and r.get("ms")]
+    assert ours and all(r["tables_mib"] > 0 for r in ours)
+    assert all(r.get("tables_mib") is None for r in records if r["backend"] != "fovi_lab")
+    model = fovi_network("resnet18", "cpu")
+    assert lab_metas(model) == [], "a network that never ran fovi_lab holds none of its tables"
+    assert held_bytes([]) == 0

@@ -100,3 +100,22 @@ def test_a_device_copy_keeps_its_graphs_meta_and_makes_no_flat_copies():
     assert "_input_linear_flat" not in vars(d) and "_weight_linear_flat" not in vars(d)
     assert d.input_linear_flat.dtype == torch.int64 and d.input_linear_flat.shape == (d.nout * d.p64,)
     assert "_input_linear_flat" in vars(d)
+
+
+def test_held_bytes_count_the_tables_and_what_is_derived_from_them_once():
+    """held_bytes: a meta's own tables, plus each derived layer once it is built (the transposed layer, a tap layer
+    per batch), each storage once (a meta listed twice, or shared, counts once); another device holds none of it."""
+    from fovi_lab.graph.meta import held_bytes, tap_meta, transposed_meta
+    idx, rf = synthetic_graph(40, 30, 5, 7, 3, seed=13)
+    m = build_meta(idx, rf, cin=8, cout=16, v=7, nin=40)
+    own = sum(t.numel() * t.element_size() for t in (m.input_linear, m.weight_linear, m.rev_rowptr, m.rev_col,
+                                                     m.idx, m.rf_index))
+    assert held_bytes(m) == own == held_bytes([m, m])
+    t = transposed_meta(m)
+    assert held_bytes(m) == own + held_bytes(t) and held_bytes(t) > 0
+    before = held_bytes(m)
+    tap_meta(m, 4)
+    assert held_bytes(m) == before + held_bytes(tap_meta(m, 4))
+    assert held_bytes(m, "meta") == 0
+    m.input_linear_flat                          # made on first read: now held too
+    assert held_bytes(m) == before + held_bytes(tap_meta(m, 4)) + m.input_linear_flat.numel() * 8

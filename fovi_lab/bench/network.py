@@ -33,7 +33,9 @@ the peak statistics reset after the warm-ups), ``peak_run_mib`` (the same over t
 graph's capture, the warm-ups and the timed steps; what a researcher's training run needs), ``reserved_run_mib``
 (what the caching allocator held from the device at most over that run, the graphs' private pools included, its
 cache emptied at the start) and ``resident_mib`` (allocated after the timed steps: weights, gradients, optimizer
-state, the graphs' static tensors); ``replay_resident_mib`` and
+state, the graphs' static tensors, fovi_lab's tables); ``tables_mib`` (fovi_lab's rows: the index tables its layers
+keep, their own and the adjoints' derived layers, :func:`fovi_lab.graph.meta.held_bytes`; part of the resident
+memory, on the CPU too); ``replay_resident_mib`` and
 ``replay_stats`` (what fovi_lab's per-call CUDA graphs hold then and how many calls they replayed,
 :mod:`fovi_lab.ops.replay`; part of the peak), ``loss`` and ``grad_err`` of the first step (per parameter, the largest
 gradient difference from fp32 over the largest fp32 gradient, the largest over the parameters; fp32 is fovi's
@@ -198,6 +200,16 @@ def _wrapped(run: _Run, mode: str):
     return model
 
 
+def _tables_mib(run: _Run, backend: str) -> Optional[float]:
+    """fovi_lab's rows: the index tables its layers keep on the run's device, in MiB (their own and what the
+    adjoints derived from them: :func:`fovi_lab.graph.meta.held_bytes`); None for fovi's backends."""
+    if backend != "fovi_lab":
+        return None
+    from fovi_lab.graph.meta import held_bytes
+    from fovi_lab.integrations.fovi import lab_metas
+    return held_bytes(lab_metas(run.model), run.device) / 2**20
+
+
 class _Memory:
     """CUDA memory over a span of a backend's run (None on the CPU): the allocator's peak statistics reset at its
     start (its free cached blocks handed back first where ``empty_cache``, so the reserved peak is the span's own)."""
@@ -299,7 +311,7 @@ def network_records(net: str, batch: int, backends=BACKENDS, modes=("eager",), s
                         traced["snapshot"], device.index or 0, traced["before"]) if traced else None)
                 recs.append(dict(rec, ms=ms, images_per_s=batch / (ms * 1e-3), loss_after=float(loss.detach()),
                                  **mem, replay_resident_mib=replay.resident_bytes(device) / 2**20,
-                                 replay_stats=replay.stats()))
+                                 tables_mib=_tables_mib(run, backend), replay_stats=replay.stats()))
         finally:
             ctx.__exit__(None, None, None)
     add_speedups(recs, modes)

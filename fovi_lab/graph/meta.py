@@ -37,8 +37,8 @@ import torch
 
 import fovi_lab.settings as settings
 
-__all__ = ["TrainingMeta", "build_meta", "validate_meta", "transposed_meta", "tap_meta", "tap_table_bytes", "pad_to",
-           "synthetic_graph", "SYNTHETIC_SHAPES", "meta_aux", "expanded_meta", "reverse_taps"]
+__all__ = ["TrainingMeta", "build_meta", "validate_meta", "transposed_meta", "tap_meta", "tap_table_bytes", "held_bytes",
+           "pad_to", "synthetic_graph", "SYNTHETIC_SHAPES", "meta_aux", "expanded_meta", "reverse_taps"]
 
 
 # Re-entrant: a weak-reference callback (``_drop``) can run inside the locked region on the same thread, when an
@@ -66,6 +66,43 @@ def meta_aux(meta: "TrainingMeta") -> dict:
         d: dict = {}
         _AUX[key] = (weakref.ref(meta, _drop), d)
         return d
+
+
+def held_bytes(metas, device=None) -> int:
+    """The bytes of index tables that the layers of ``metas`` (a meta or several) hold on ``device`` (default: every
+    device): their own tables on it and everything the backends derived from them and keep (:func:`meta_aux`: the
+    transposed and tap layers of the tensor-core adjoints with what is derived from those in turn, reverse lists,
+    binned tables, plans' constant tensors), each storage counted once. What a layer keeps between calls, beside
+    its weights: the benchmarks record it as ``tables_mib``."""
+    want = None if device is None else torch.device(device)
+    seen_storage, seen_obj = set(), set()
+    total = 0
+    todo = list(metas) if isinstance(metas, (list, tuple, set)) else [metas]
+    while todo:
+        o = todo.pop()
+        if id(o) in seen_obj or o is None or isinstance(o, (str, bytes, int, float, bool, torch.device, torch.dtype)):
+            continue
+        seen_obj.add(id(o))
+        if isinstance(o, torch.Tensor):
+            if want is not None and (o.device.type != want.type or (want.index is not None
+                                                                    and o.device.index != want.index)):
+                continue
+            st = o.untyped_storage()
+            key = (str(o.device), st.data_ptr())
+            if st.data_ptr() and key not in seen_storage:
+                seen_storage.add(key)
+                total += st.nbytes()
+        elif isinstance(o, TrainingMeta):
+            todo += [getattr(o, f) for f in _TENSOR_FIELDS] + [o.__dict__.get("_input_linear_flat"),
+                                                               o.__dict__.get("_weight_linear_flat"),
+                                                               meta_aux(o)] + list(o._per_device.values())
+        elif isinstance(o, dict):
+            todo += list(o.values())
+        elif isinstance(o, (list, tuple, set, frozenset)):
+            todo += list(o)
+        elif hasattr(o, "__dict__") and not isinstance(o, type):
+            todo += list(vars(o).values())
+    return total
 
 
 def pad_to(n: int, multiple: int) -> int:
@@ -414,6 +451,7 @@ def tap_meta(meta: TrainingMeta, batch: int) -> TrainingMeta:
     return got
 
 
+_TENSOR_FIELDS = ("input_linear", "weight_linear", "rev_rowptr", "rev_col", "idx", "rf_index")
 _TABLE_FIELDS = ("input_linear", "weight_linear", "input_linear_flat", "weight_linear_flat", "rev_rowptr",
                  "rev_col")
 

@@ -58,7 +58,7 @@ from fovi_lab.ops.registry import get_ops
 
 __all__ = ["register_with_fovi", "unregister_from_fovi", "TESTED_RELEASE", "INSTALL", "NETWORKS", "fovi_network",
            "conv_layers", "fovi_backend", "fovi_lab_inside", "knn_stubbed", "fovi_layer", "BASELINE_BACKENDS",
-           "fovi_steps", "fovi_forwards", "FoviSteps"]
+           "fovi_steps", "fovi_forwards", "FoviSteps", "lab_metas"]
 
 #: The fovi release this integration is written and tested against (its registry contract and table layout).
 TESTED_RELEASE = "2.4.0"
@@ -362,6 +362,19 @@ def fovi_network(net: str, device="cpu", n_classes: int = 1000, in_res: int = 64
     model = model.to(device)
     model.fovi_lab_nin = int(conv_layers(model)[0].in_coords.shape[0])
     return model
+
+
+def lab_metas(model: torch.nn.Module) -> List[TrainingMeta]:
+    """The fovi_lab metas built so far for the KNN conv layers of fovi's ``model`` (each layer's fovi meta caches its
+    own, on each device it ran on), each once: layers of one graph share theirs (:func:`fovi_lab.graph.meta.build_meta`).
+    What :func:`fovi_lab.graph.meta.held_bytes` sums for the tables fovi_lab keeps inside fovi's networks."""
+    got: Dict[int, TrainingMeta] = {}
+    for layer in _knn_layers(model):
+        fovi_meta = getattr(layer, "_knn_training_metadata", None)
+        meta = getattr(fovi_meta, _META_ATTR, None) if fovi_meta is not None else None
+        if meta is not None:
+            got.setdefault(id(meta), meta)
+    return list(got.values())
 
 
 def conv_layers(model: torch.nn.Module) -> List[torch.nn.Module]:
