@@ -108,6 +108,7 @@ def test_train_step_only_times_the_implementations_named(tmp_path, monkeypatch, 
     r = recs[0]
     assert r["path"].startswith("dx taps") and r["settings"] == {"FOVI_KNN_DX_PATH": "taps"}
     assert r["deterministic"] and r["err_dx"] < 1e-3 and "speedup_vs_strongest" not in r
+    assert r["tables_mib"] > 0, "what the layer keeps between calls: its index tables and the derived layers'"
     assert "not timed" in capsys.readouterr().out
     assert r["note_run"] == "A/B switch FOVI_KNN_DX_PATH=taps"        # a variant: every reader of records skips it
     with pytest.raises(SystemExit) as exc:

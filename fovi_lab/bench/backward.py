@@ -47,7 +47,9 @@ and fp32 staging; gw also with the ``index_add`` finish) on each shape, op and k
 Every Warp result is checked against ``torch_compact`` in fp32 (``err_dx``, ``err_dw``: max abs error
 over the reference's max abs), and run twice to check bitwise determinism (``deterministic``). Peak
 memory is ``torch.cuda.max_memory_allocated`` during one call minus what was allocated before it
-(``peak_mib``; inputs excluded, outputs included). FLOPs are ``2*B*P64*Cout*Nout`` per GEMM (two for
+(``peak_mib``; inputs excluded, outputs included); warp_train's records add what stays: ``tables_mib`` (the index
+tables the layer keeps on the device, its own and the adjoints' derived layers) and the replay cache's
+``replay_resident_mib`` / ``replay_shape_mib``. FLOPs are ``2*B*P64*Cout*Nout`` per GEMM (two for
 backward, three for a train step); bytes the fewest each op must move. Fractions of the roofline use
 the datasheet ceilings of the device measured (:class:`fovi_lab.bench.common.Roofline`). A train step bumps the
 weight's version first (as the optimizer's in-place update does), so no backend reuses a weight layout
@@ -334,6 +336,7 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
     warp_impl = "warp" if mode == "backward" else "warp_train"
 
     def warp_backend(impl, force=None):
+        from fovi_lab.graph.meta import held_bytes
         from fovi_lab.knn_warp import WarpTrainOps
         from fovi_lab.ops import replay
         held = replay.resident_bytes(device)
@@ -364,9 +367,11 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
             t = tm(fn)
             # replay_resident_mib: what the backends' replay cache holds in this whole process (every shape so far);
             # replay_shape_mib: what this shape's calls added to it (static tensors and graph pools, kept beyond peak_mib)
+            # tables_mib: the index tables the layer keeps on the device (its own and the adjoints' derived layers)
             r = rec(impl, t.ms, reps=t.reps, peak_mib=_peak_mib(fn, device), path=path, pipelined_ms=pipe(fn),
                     replay=replay.replay_mode(), replay_resident_mib=replay.resident_bytes(device) / _MIB,
-                    replay_shape_mib=(replay.resident_bytes(device) - held) / _MIB, **info)
+                    replay_shape_mib=(replay.resident_bytes(device) - held) / _MIB,
+                    tables_mib=held_bytes(meta, device) / _MIB, **info)
             finish_warp_record(r, t.ms)
             if graphs and force is None:
                 graphed(impl, fn, path=path)
