@@ -247,3 +247,46 @@ def test_fovi_labs_rows_say_what_its_tables_hold(records):
     model = fovi_network("resnet18", "cpu")
     assert lab_metas(model) == [], "a network that never ran fovi_lab holds none of its tables"
     assert held_bytes([]) == 0
+
+
+def test_the_layers_of_fovis_own_networks_are_benchmark_layers():
+    """fovi:<net>@<in_res>[:<i>] names the distinct KNN layers of fovi's own networks (layers of one graph and the
+    same channels once), each built from fovi's tables; the --layers parser expands the groups and refuses names
+    fovi's networks do not have, in one line naming them."""
+    import argparse
+    from fovi.arch.knn_autograd import ensure_training_metadata
+    from fovi_lab.integrations.fovi import expand_network_layers, network_layer_meta, network_layers
+    from fovi_lab.ops.arguments import expand_layers, layer_names
+
+    names = expand_network_layers("fovi:resnet18@64")
+    assert names[0] == "fovi:resnet18@64:0" and len(names) == len(set(names))
+    layers = network_layers("resnet18", 64)
+    model = fovi_network("resnet18", "cpu", n_classes=10)
+    shapes = {(int(m.cin), int(m.cout), int(m.nin), int(m.nout), int(m.k), int(m.v))
+              for m in (ensure_training_metadata(layer, torch.device("cpu")) for layer in conv_layers(model)
+                        if hasattr(layer, "knn_indices"))}
+    ours = [network_layer_meta(n) for n in names]
+    assert {(m.cin, m.cout, m.nin, m.nout, m.k, m.v) for m in ours} == shapes, "every distinct shape, no other"
+    assert (ours[0].cin, ours[0].cout) == (3, 64), "the stem first, in the network's order"
+    assert len({id(m) for m in ours}) == len(ours) == len(layers)
+    assert expand_layers(["fovi:resnet18@64", "fovi:resnet18@64:0"]) == names
+    parse = layer_names()
+    assert parse("fovi:alexnet@64:4") == "fovi:alexnet@64:4"
+    for bad, words in (("fovi:resnet18@64:99", "has 11 distinct KNN layers"), ("fovi:vgg@64", "net one of"),
+                       ("fovi:resnet18", "fovi:<net>@<in_res>")):
+        with pytest.raises(argparse.ArgumentTypeError, match=words):
+            parse(bad)
+
+
+def test_the_train_step_bench_times_ours_and_fovis_on_a_layer_of_fovis_network(tmp_path):
+    """bench train-step on one layer of fovi's own ResNet-18 (its 2-node 512-channel layer, the smallest): ours and
+    fovi's torch_compact timed on the same layer, our gradients checked and bitwise repeatable."""
+    import json
+    from fovi_lab.bench.backward import main as bench_main
+    out = tmp_path / "ts.jsonl"
+    assert bench_main(["train-step", "--layers", "fovi:resnet18@64:9", "--batches", "2", "--reps", "1", "--warmup",
+                       "0", "--only", "warp_train", "fovi_torch_compact", "--device", "cpu", "--out", str(out)]) == 0
+    recs = {r["impl"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert set(recs) == {"warp_train", "fovi_torch_compact"}
+    assert all(r["layer"] == "fovi:resnet18@64:9" and r["ms"] > 0 for r in recs.values())
+    assert recs["warp_train"]["deterministic"] and recs["warp_train"]["err_dw"] < 1e-2

@@ -472,10 +472,13 @@ FOVIS_WEIGHT = "set once, version bumped per step"
 
 def _fovi_wanted(layer: str, args) -> bool:
     """Whether fovi's own backends are timed on ``layer``: fovi is installed, ``--no-fovi`` was not given, and the
-    layer is one of the table's in its own reference frame (fovi builds it so)."""
+    layer is one of fovi's own network layers (``fovi:...``) or one of the table's in its own reference frame (fovi
+    builds it so)."""
     from fovi_lab.graph.layers import LAYERS
 
-    if getattr(args, "no_fovi", False) or layer not in LAYERS or args.rf not in (None, LAYERS[layer].rf):
+    if getattr(args, "no_fovi", False):
+        return False
+    if not layer.startswith("fovi:") and (layer not in LAYERS or args.rf not in (None, LAYERS[layer].rf)):
         return False
     from fovi_lab.integrations.fovi import _fovi
     try:
@@ -631,9 +634,14 @@ def run(args) -> int:
     metas = {}
     for name in layers:
         try:
-            # fovi's synthetic test shapes (MAIN, ODD, PAD_HEAVY) are accepted too: quick smoke runs
-            metas[name] = (synthetic_meta(name, device=device) if name in SYNTHETIC
-                           else layer_meta(name, args.rf, device=device))
+            # fovi's synthetic test shapes (MAIN, ODD, PAD_HEAVY) are accepted too: quick smoke runs; fovi's own
+            # network layers (fovi:...) are built from fovi's tables
+            if name.startswith("fovi:"):
+                from fovi_lab.integrations.fovi import network_layer_meta
+                metas[name] = network_layer_meta(name, device)
+            else:
+                metas[name] = (synthetic_meta(name, device=device) if name in SYNTHETIC
+                               else layer_meta(name, args.rf, device=device))
         except Exception as exc:  # noqa: BLE001
             print(f"# layer {name}: meta failed ({type(exc).__name__}: {exc}); skipped", flush=True)
     from fovi_lab.kernels.common import warp_device

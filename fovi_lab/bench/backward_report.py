@@ -99,14 +99,14 @@ def _summary(recs: List[dict], mode: str) -> None:
     if not rows:
         return
     print(f"\n (* = the warp_train backend's own path for that layer)")
-    print(f" layer            B    path            ms  TFLOP/s  peak MiB  best torch (ms, MiB)              "
+    print(f" {'layer':<19s} {'B':>4s}    path            ms  TFLOP/s  peak MiB  best torch (ms, MiB)              "
           f"speedup  mem frac  vs seed")
     for r in rows:
         tr = [t for t in recs if t["layer"] == r["layer"] and t["B"] == r["B"] and t["impl"] == r.get("strongest")]
         tpk = tr[0].get("peak_mib") if tr else None
         tms = tr[0]["ms"] if tr else None
         tag = r.get("path", "-") + ("*" if r["impl"] == warp_impl else "")
-        print(f" {r['layer']:<15s} {r['B']:>4d} {tag:<8s} {r['ms']:>9.3f} {r['tflops']:>8.1f} "
+        print(f" {r['layer']:<19s} {r['B']:>4d} {tag:<8s} {r['ms']:>9.3f} {r['tflops']:>8.1f} "
               f"{_fmt(r.get('peak_mib'), '{:>9.0f}')}"
               f"  {r.get('strongest') or 'not timed':<26s} {_fmt(tms, '{:>7.3f}')} {_fmt(tpk, '{:>6.0f}')}"
               f"  {_fmt(r.get('speedup_vs_strongest'), 'x{:.2f}'):>5s}"

@@ -577,7 +577,12 @@ def run(args) -> int:
         r = _gemm4096(device, cfgs, env, args)
         append_jsonl(out, r)
         all_recs += r
-    metas = {name: layer_meta(name, args.rf, device=device) for name in layers}
+    def meta_of(name):                     # fovi's own network layers (fovi:...) are built from fovi's tables
+        if name.startswith("fovi:"):
+            from fovi_lab.integrations.fovi import network_layer_meta
+            return network_layer_meta(name, device)
+        return layer_meta(name, args.rf, device=device)
+    metas = {name: meta_of(name) for name in layers}
     prog = Progress(len(layers) * len(args.batches), "shapes")
     dense_cache: dict = {}
     t_start = time.perf_counter()

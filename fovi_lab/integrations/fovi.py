@@ -49,7 +49,8 @@ import threading
 import types
 import weakref
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional
+from collections import OrderedDict
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -58,7 +59,8 @@ from fovi_lab.ops.registry import get_ops
 
 __all__ = ["register_with_fovi", "unregister_from_fovi", "TESTED_RELEASE", "INSTALL", "NETWORKS", "fovi_network",
            "conv_layers", "fovi_backend", "fovi_lab_inside", "knn_stubbed", "fovi_layer", "BASELINE_BACKENDS",
-           "fovi_steps", "fovi_forwards", "FoviSteps", "lab_metas"]
+           "fovi_steps", "fovi_forwards", "FoviSteps", "lab_metas", "NETWORK_LAYER_PREFIX", "NETWORK_RES",
+           "network_layers", "network_layer_meta", "expand_network_layers"]
 
 #: The fovi release this integration is written and tested against (its registry contract and table layout).
 TESTED_RELEASE = "2.4.0"
@@ -561,9 +563,82 @@ class FoviSteps(dict):
 
 @functools.lru_cache(maxsize=32)
 def _base_layer(layer: str, device: torch.device, bias: bool) -> torch.nn.Module:
-    """fovi's layer of a table layer, built once per (layer, device, bias) for the benchmarks, which time it at
-    several batches (building fovi's tables takes up to a second); callers use copies of it, never it."""
+    """fovi's layer of a table layer, or a copy of a layer of fovi's own network (:func:`network_layers`), built
+    once per (layer, device, bias) for the benchmarks, which time it at several batches (building fovi's tables
+    takes up to a second); callers use copies of it, never it."""
+    if layer.startswith(NETWORK_LAYER_PREFIX):
+        conv = copy.deepcopy(_network_layer(layer)).to(device)
+        if bias and conv.bias is None:
+            raise ValueError(f"layer: {layer!r} has no bias in fovi's network")
+        return conv
     return fovi_layer(layer, device, bias=bias)
+
+
+#: How the benchmarks name a KNN conv layer of fovi's own networks: ``fovi:<net>@<in_res>:<i>``, the i-th distinct
+#: layer (its tables and channels; layers of one graph and channels count once) of ``fovi_network(net,
+#: in_res=in_res)`` in the network's order; ``fovi:<net>@<in_res>`` names them all, ``fovi:all`` both networks at
+#: every side of :data:`NETWORK_RES`.
+NETWORK_LAYER_PREFIX = "fovi:"
+#: The sides of the Cartesian budget ``fovi:all`` takes the networks at.
+NETWORK_RES = (64, 128)
+
+
+def _parse_network_layer(name: str) -> Tuple[str, int, Optional[int]]:
+    """``(net, in_res, i or None)`` of a ``fovi:`` name; ValueError naming what is wrong."""
+    body = name[len(NETWORK_LAYER_PREFIX):]
+    net, at, rest = body.partition("@")
+    side, colon, index = rest.partition(":")
+    if net not in NETWORKS or not at or not side.isdigit() or (colon and not index.isdigit()):
+        raise ValueError(f"layer: {name!r}: expected fovi:<net>@<in_res>[:<i>] with net one of "
+                         f"{', '.join(NETWORKS)} (fovi:resnet18@64:0, fovi:alexnet@128), or fovi:all")
+    return net, int(side), int(index) if colon else None
+
+
+@functools.lru_cache(maxsize=8)
+def network_layers(net: str, in_res: int = 64) -> "OrderedDict[str, torch.nn.Module]":
+    """The distinct KNN conv layers of fovi's own ``net`` built with ``in_res`` (:func:`fovi_network`, on the CPU),
+    by their benchmark names (:data:`NETWORK_LAYER_PREFIX`): layers of one graph and the same channels count once
+    (they share one fovi_lab meta). fovi 2.4.0's ResNet-18 at in_res 64 has 11 (its stem 3 -> 64 channels over
+    5,977 -> 1,469 nodes); the table's layers (:data:`fovi_lab.graph.layers.LAYERS`) are another geometry."""
+    from fovi.arch.knn_autograd import ensure_training_metadata
+    model = fovi_network(net, "cpu", n_classes=10, in_res=in_res)
+    got: "OrderedDict[str, torch.nn.Module]" = OrderedDict()
+    seen = set()
+    for layer in _knn_layers(model):
+        meta = _lab_meta(ensure_training_metadata(layer, torch.device("cpu")))
+        if id(meta) not in seen:
+            seen.add(id(meta))
+            got[f"{NETWORK_LAYER_PREFIX}{net}@{in_res}:{len(seen) - 1}"] = layer
+    return got
+
+
+def _network_layer(name: str) -> torch.nn.Module:
+    net, res, i = _parse_network_layer(name)
+    layers = network_layers(net, res)
+    if i is None or name not in layers:
+        raise ValueError(f"layer: {name!r}: fovi's {net} at in_res {res} has {len(layers)} distinct KNN layers, "
+                         f"{next(iter(layers))} to {next(reversed(layers))}")
+    return layers[name]
+
+
+def network_layer_meta(name: str, device="cpu") -> TrainingMeta:
+    """fovi_lab's meta of the fovi network layer ``name`` (``fovi:<net>@<in_res>:<i>``), built from fovi's own
+    tables (and checked against them), on ``device``."""
+    from fovi.arch.knn_autograd import ensure_training_metadata
+    return _lab_meta(ensure_training_metadata(_network_layer(name), torch.device("cpu"))).to(device)
+
+
+def expand_network_layers(name: str) -> List[str]:
+    """The layer names a ``fovi:`` name stands for: itself for one layer, every distinct layer of the network at that
+    side for ``fovi:<net>@<in_res>``, both networks at every side of :data:`NETWORK_RES` for ``fovi:all``;
+    ValueError (naming the argument) for a name that is none of those or a layer the network does not have."""
+    if name == NETWORK_LAYER_PREFIX + "all":
+        return [n for net in NETWORKS for res in NETWORK_RES for n in network_layers(net, res)]
+    net, res, i = _parse_network_layer(name)
+    if i is None:
+        return list(network_layers(net, res))
+    _network_layer(name)
+    return [name]
 
 
 def _per_backend(base: torch.nn.Module, backends) -> Iterator[tuple]:

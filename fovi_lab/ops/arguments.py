@@ -166,7 +166,8 @@ def _known_layers(synthetic: bool) -> str:
     from fovi_lab.graph.layers import LAYERS, SYNTHETIC
     names = ", ".join(LAYERS)
     extra = f"; synthetic shapes {', '.join(SYNTHETIC)}" if synthetic else ""
-    return f"known: {names}, their variants <layer>_rf1 / <layer>_rf2{extra}"
+    return (f"known: {names}, their variants <layer>_rf1 / <layer>_rf2, fovi's own network layers "
+            f"fovi:<net>@<in_res>[:<i>]{extra}")
 
 
 def layer_name(text: str) -> str:
@@ -182,11 +183,16 @@ def layer_name(text: str) -> str:
 
 def layer_names(synthetic: bool = False) -> Callable[[str], str]:
     """An argument type for one name of a ``--layers`` list: a layer or variant (:func:`layer_name`), the word
-    ``all`` (every layer of the table; :class:`LayersAction` expands it) and, with ``synthetic``, the synthetic
+    ``all`` (every layer of the table; :class:`LayersAction` expands it), a layer of fovi's own networks or a
+    group of them (``fovi:resnet18@64:0``, ``fovi:alexnet@128``, ``fovi:all``:
+    :func:`fovi_lab.integrations.fovi.expand_network_layers`; needs fovi) and, with ``synthetic``, the synthetic
     test shapes of ``fovi_lab.graph.layers.SYNTHETIC``."""
     def parse(text: str) -> str:
         from fovi_lab.graph.layers import SYNTHETIC, resolve_layer
         if text == "all" or (synthetic and text in SYNTHETIC):
+            return text
+        if text.startswith("fovi:"):
+            _network_layers(text)
             return text
         try:
             resolve_layer(text)
@@ -197,12 +203,27 @@ def layer_names(synthetic: bool = False) -> Callable[[str], str]:
     return parse
 
 
+def _network_layers(text: str) -> List[str]:
+    """The fovi network layers ``text`` names (:func:`fovi_lab.integrations.fovi.expand_network_layers`), or the
+    argument error saying why not (fovi missing, a name fovi's networks do not have)."""
+    try:
+        from fovi_lab.integrations.fovi import _fovi, expand_network_layers
+        _fovi()
+        return expand_network_layers(text)
+    except ImportError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: the layers of fovi's networks need fovi: {exc}") from None
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[-1]) from None
+
+
 def expand_layers(names: Iterable[str]) -> List[str]:
-    """``names`` with ``all`` replaced by every layer of the table, each name once, in order."""
+    """``names`` with ``all`` replaced by every layer of the table and a group of fovi's network layers
+    (``fovi:resnet18@64``, ``fovi:all``) by its layers, each name once, in order."""
     from fovi_lab.graph.layers import LAYERS
     out: List[str] = []
     for name in names:
-        for n in (LAYERS if name == "all" else (name,)):
+        every = LAYERS if name == "all" else _network_layers(name) if name.startswith("fovi:") else (name,)
+        for n in every:
             if n not in out:
                 out.append(n)
     return out

@@ -29,6 +29,9 @@
 #   bash tools/gpu/run.sh finish                  # the call after steps: fovi_lab's memory traces, the train step
 #                                                   # at B = 512, ResNet-18 eager with fovi's fastest in one process,
 #                                                   # in-place against auto
+#   bash tools/gpu/run.sh fovi-layers [LAYERS]    # the train step (then the forward) on fovi's own network layers
+#                                                   # (default fovi:resnet18@64 fovi:alexnet@64) beside fovi's
+#                                                   # backends, B = 16, 64, 256, eager and replayed
 #   bash tools/gpu/run.sh memory [BACKEND ...]    # where each backend's memory goes in both networks at B = 64 and
 #                                                   # 256, eager and graphed (bench network --memory-trace)
 #   bash tools/gpu/run.sh networks-all            # the next call on the same machine: the tile GEMMs built both
@@ -44,7 +47,7 @@
 #
 # FOVI_TIMEOUT (seconds, default 560) bounds each job inside the device's 10-minute call.
 set -uo pipefail
-job="${1:?usage: run.sh forward|sweep|train-step|backward|network|host|parity|all|networks-fovi|steps|finish|memory|networks-all|in-place|ddp|ncu|notebooks [args]}"; shift
+job="${1:?usage: run.sh forward|sweep|train-step|backward|network|host|parity|all|networks-fovi|steps|finish|fovi-layers|memory|networks-all|in-place|ddp|ncu|notebooks [args]}"; shift
 source "$(dirname "$0")/device_env.sh"
 limit="${FOVI_TIMEOUT:-560}"
 tag="${FOVI_TAG:-$job}"
@@ -106,6 +109,18 @@ case "$job" in
     cp "$OUT/network_fovi.jsonl" "$scratch/fovi_lab_out/"
     # where fovi's fused kernel and the rest of the network put their memory, in what is left
     [ "$(left)" -gt 60 ] && FOVI_TIMEOUT=$(( $(left) - 3 )) bash "$0" memory cuda stubbed ;;
+  fovi-layers)
+    # the train step on the layers of fovi's own networks (fovi:<net>@<in_res>, built from fovi's tables) beside
+    # fovi's backends and PyTorch's, eager and replayed, B = 16, 64 and 256; then the forward in what is left
+    layers=("$@"); [ ${#layers[@]} -gt 0 ] || layers=(fovi:resnet18@64 fovi:alexnet@64)
+    c=$(cap 400); timeout "$c" python3 -m fovi_lab.bench.backward train-step --graphs --batches 16 64 256 \
+      --layers "${layers[@]}" --jobs 16 --time-budget-s $(( c - 40 )) --out "$OUT/train_step_fovi_layers.jsonl" \
+      > "$OUT/fovi_layers.log" 2>&1
+    tail -30 "$OUT/fovi_layers.log"
+    [ "$(left)" -gt 60 ] && timeout $(( $(left) - 3 )) python3 -m fovi_lab.bench.forward --graphs --no-cached \
+      --no-compile --reps 20 --warmup 3 --batches 16 64 256 --layers "${layers[@]}" --time-budget-s $(( $(left) - 40 )) \
+      --tag "$tag" --out "$OUT/forward_fovi_layers.jsonl" > "$OUT/forward_fovi_layers.log" 2>&1
+    tail -8 "$OUT/forward_fovi_layers.log" ;;
   memory)
     # where each backend's memory goes (bench network --memory-trace): every allocation of each run recorded with its
     # stack, the live set at the peak by the code that allocated it; the records are marked note_run (the recording
