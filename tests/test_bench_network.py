@@ -259,6 +259,9 @@ def test_the_layers_of_fovis_own_networks_are_benchmark_layers():
     from fovi_lab.ops.arguments import expand_layers, layer_names
 
     names = expand_network_layers("fovi:resnet18@64")
+    every = expand_network_layers("fovi:all")
+    assert {n.rsplit(":", 1)[0] for n in every} == {"fovi:alexnet@64", "fovi:alexnet@128", "fovi:resnet18@64",
+                                                    "fovi:resnet18@128"} and set(names) <= set(every)
     assert names[0] == "fovi:resnet18@64:0" and len(names) == len(set(names))
     layers = network_layers("resnet18", 64)
     model = fovi_network("resnet18", "cpu", n_classes=10)

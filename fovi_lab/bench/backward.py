@@ -537,6 +537,7 @@ folder.
 def add_arguments(parser, mode: str = "backward") -> None:
     """The options of ``python -m fovi_lab bench <mode>`` (``backward`` or ``train-step``), each checked as it is
     parsed; the parsed ``mode`` is ``mode``."""
+    import fovi_lab.integrations.fovi  # noqa: F401  (its layer source: --layers fovi:resnet18@64, ...)
     from fovi_lab.graph.layers import SYNTHETIC
     from fovi_lab.ops.arguments import (COUNT, LayersAction, add_device_option, int_at_least, layer_names, out_file,
                                         positive_float)
@@ -551,8 +552,10 @@ def add_arguments(parser, mode: str = "backward") -> None:
                 f"warp, warp_staged, warp_fused, torch_..., fovi_...), got {text!r}")
         return text
     parser.add_argument("--layers", nargs="+", type=layer_names(synthetic=True), action=LayersAction, default=None,
-                        metavar="LAYER", help=f"layer names, all, or the synthetic test shapes "
-                                              f"{', '.join(SYNTHETIC)} (default: every layer of the table)")
+                        metavar="LAYER", help=f"layer names, all, the layers of fovi's own networks "
+                                              f"(fovi:resnet18@64, fovi:alexnet@128:1, fovi:all), or the synthetic "
+                                              f"test shapes {', '.join(SYNTHETIC)} (default: every layer of the "
+                                              f"table)")
     parser.add_argument("--batches", nargs="+", type=COUNT, default=[64, 128, 512], metavar="B",
                         help="batch sizes to time on each layer")
     parser.add_argument("--rf", default=None, choices=["rf1", "rf2"],

@@ -495,11 +495,14 @@ data/forward_<device>.jsonl under the current folder.
 
 def add_arguments(parser) -> None:
     """The options of ``python -m fovi_lab bench forward``, each checked as it is parsed."""
+    import fovi_lab.integrations.fovi  # noqa: F401  (its layer source: --layers fovi:resnet18@64, ...)
     from fovi_lab.ops.arguments import (COUNT, LayersAction, add_device_option, int_at_least, layer_names,
                                         non_negative_float, out_file, positive_float)
 
     parser.add_argument("--layers", nargs="+", type=layer_names(), action=LayersAction, default=None,
-                        metavar="LAYER", help="layer names, or all (default: every layer of the table)")
+                        metavar="LAYER", help="layer names, all, or the layers of fovi's own networks "
+                                              "(fovi:resnet18@64, fovi:alexnet@128:1, fovi:all) (default: every "
+                                              "layer of the table)")
     parser.add_argument("--batches", nargs="+", type=COUNT, default=[16, 64, 128, 512], metavar="B",
                         help="batch sizes to time on each layer")
     parser.add_argument("--rf", default=None, choices=["rf1", "rf2"],

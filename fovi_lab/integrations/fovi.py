@@ -55,6 +55,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 import torch
 
 from fovi_lab.graph.meta import TrainingMeta, build_meta
+from fovi_lab.ops.arguments import add_layer_source
 from fovi_lab.ops.registry import get_ops
 
 __all__ = ["register_with_fovi", "unregister_from_fovi", "TESTED_RELEASE", "INSTALL", "NETWORKS", "fovi_network",
@@ -628,6 +629,14 @@ def network_layer_meta(name: str, device="cpu") -> TrainingMeta:
     return _lab_meta(ensure_training_metadata(_network_layer(name), torch.device("cpu"))).to(device)
 
 
+def _expand_with_fovi(name: str) -> List[str]:
+    try:
+        _fovi()
+    except ImportError as exc:
+        raise ImportError(f"the layers of fovi's networks need fovi: {exc}") from None
+    return expand_network_layers(name)
+
+
 def expand_network_layers(name: str) -> List[str]:
     """The layer names a ``fovi:`` name stands for: itself for one layer, every distinct layer of the network at that
     side for ``fovi:<net>@<in_res>``, both networks at every side of :data:`NETWORK_RES` for ``fovi:all``;
@@ -729,3 +738,6 @@ class _FoviForwards(FoviSteps):
                 conv.bias.copy_(b.float())
             with torch.autocast(x.device.type, enabled=False):
                 return conv(x.float())
+
+
+add_layer_source(NETWORK_LAYER_PREFIX, _expand_with_fovi)        # --layers fovi:... in the benchmarks

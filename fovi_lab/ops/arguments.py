@@ -14,10 +14,11 @@ import shutil
 import sys
 import textwrap
 from pathlib import Path
-from typing import Callable, Iterable, List, Optional
+from typing import Callable, Dict, Iterable, List, Optional
 
 __all__ = ["CommandParser", "HelpFormatter", "usage_error", "command_words", "int_at_least", "COUNT",
            "positive_float", "non_negative_float", "layer_name", "layer_names", "LayersAction", "expand_layers",
+           "add_layer_source",
            "backend_name", "check_device", "device_name", "add_device_option", "device_kind", "out_file",
            "unwritable", "existing_file", "existing_folder"]
 
@@ -183,15 +184,14 @@ def layer_name(text: str) -> str:
 
 def layer_names(synthetic: bool = False) -> Callable[[str], str]:
     """An argument type for one name of a ``--layers`` list: a layer or variant (:func:`layer_name`), the word
-    ``all`` (every layer of the table; :class:`LayersAction` expands it), a layer of fovi's own networks or a
-    group of them (``fovi:resnet18@64:0``, ``fovi:alexnet@128``, ``fovi:all``:
-    :func:`fovi_lab.integrations.fovi.expand_network_layers`; needs fovi) and, with ``synthetic``, the synthetic
-    test shapes of ``fovi_lab.graph.layers.SYNTHETIC``."""
+    ``all`` (every layer of the table; :class:`LayersAction` expands it), a name of a layer source
+    (:func:`add_layer_source`: ``fovi:resnet18@64:0``, ``fovi:alexnet@128``, ``fovi:all``, the layers of fovi's own
+    networks; needs fovi) and, with ``synthetic``, the synthetic test shapes of ``fovi_lab.graph.layers.SYNTHETIC``."""
     def parse(text: str) -> str:
         from fovi_lab.graph.layers import SYNTHETIC, resolve_layer
         if text == "all" or (synthetic and text in SYNTHETIC):
             return text
-        if text.startswith("fovi:"):
+        if _source_of(text) is not None:
             _network_layers(text)
             return text
         try:
@@ -203,15 +203,28 @@ def layer_names(synthetic: bool = False) -> Callable[[str], str]:
     return parse
 
 
+#: name prefix -> a function expanding a name of that prefix into layer names (ValueError / ImportError where it
+#: cannot): layers that are not in the table, from a source above this layer (:func:`add_layer_source`).
+_LAYER_SOURCES: Dict[str, Callable[[str], List[str]]] = {}
+
+
+def add_layer_source(prefix: str, expand: Callable[[str], List[str]]) -> None:
+    """Let ``--layers`` take names starting with ``prefix``: ``expand(name)`` gives the layers a name stands for
+    (:mod:`fovi_lab.integrations.fovi` adds ``fovi:``, the layers of fovi's own networks)."""
+    _LAYER_SOURCES[prefix] = expand
+
+
+def _source_of(text: str) -> Optional[Callable[[str], List[str]]]:
+    return next((f for prefix, f in _LAYER_SOURCES.items() if text.startswith(prefix)), None)
+
+
 def _network_layers(text: str) -> List[str]:
-    """The fovi network layers ``text`` names (:func:`fovi_lab.integrations.fovi.expand_network_layers`), or the
-    argument error saying why not (fovi missing, a name fovi's networks do not have)."""
+    """The layers a name of a layer source stands for (:func:`add_layer_source`), or the argument error saying why
+    not (a package it needs missing, a name the source does not have)."""
     try:
-        from fovi_lab.integrations.fovi import _fovi, expand_network_layers
-        _fovi()
-        return expand_network_layers(text)
+        return _source_of(text)(text)
     except ImportError as exc:
-        raise argparse.ArgumentTypeError(f"{text!r}: the layers of fovi's networks need fovi: {exc}") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[-1]) from None
 
@@ -222,7 +235,7 @@ def expand_layers(names: Iterable[str]) -> List[str]:
     from fovi_lab.graph.layers import LAYERS
     out: List[str] = []
     for name in names:
-        every = LAYERS if name == "all" else _network_layers(name) if name.startswith("fovi:") else (name,)
+        every = LAYERS if name == "all" else _network_layers(name) if _source_of(name) is not None else (name,)
         for n in every:
             if n not in out:
                 out.append(n)
