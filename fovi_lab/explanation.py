@@ -90,7 +90,15 @@ def _problem(layer, batch: int, dtype, rf: Optional[str]) -> Tuple[Problem, obje
         raise ValueError(f"dtype: warp_train computes in fp16 or bf16, got {dtype}")
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ValueError(f"batch: expected an integer >= 1, got {batch!r}")
-    if isinstance(layer, str):
+    if isinstance(layer, str) and layer.startswith("fovi:"):       # a layer of fovi's own networks
+        from fovi_lab.integrations.fovi import _expand_with_fovi, network_layer_meta
+        try:
+            if _expand_with_fovi(layer) != [layer]:
+                raise ValueError(f"layer: {layer!r} names several layers of fovi's network; give one (its :<i>)")
+        except ImportError as exc:
+            raise ValueError(f"layer: {exc}") from None
+        meta, name = network_layer_meta(layer), layer
+    elif isinstance(layer, str):
         from fovi_lab.graph.layers import LAYERS, layer_meta, resolve_layer
         try:
             resolve_layer(layer, rf)
@@ -134,7 +142,9 @@ def explain(layer: Union[str, object], batch: int, dtype: Union[str, torch.dtype
     """What ``warp_train`` runs for ``layer`` at ``batch`` in ``dtype`` on ``device``, and why.
 
     Args:
-        layer: a layer name of :data:`fovi_lab.graph.layers.LAYERS` or a :class:`~fovi_lab.graph.meta.TrainingMeta`.
+        layer: a layer name of :data:`fovi_lab.graph.layers.LAYERS`, a layer of fovi's own networks
+            (``fovi:resnet18@64:0``: :func:`fovi_lab.integrations.fovi.network_layers`) or a
+            :class:`~fovi_lab.graph.meta.TrainingMeta`.
         batch: B. dtype: ``"fp16"`` / ``"bf16"`` (or the torch dtype).
         device: ``"h200"`` / ``"h100"`` / ``"a100"`` (their datasheet peaks and limits), ``"cpu"``, a CUDA device,
             or None (the current one). The forward and the adjoint paths are decided the same on every device;
@@ -213,8 +223,10 @@ def add_arguments(parser) -> None:
     from fovi_lab.kernels.families.registry import DEVICES
     from fovi_lab.ops.arguments import COUNT, layer_name
 
+    import fovi_lab.integrations.fovi  # noqa: F401  (its layer source: --layer fovi:resnet18@64:0)
     parser.add_argument("--layer", type=layer_name, default="res18_layer1",
-                        help=f"one of {', '.join(LAYERS)}, or a variant <layer>_rf1 / <layer>_rf2")
+                        help=f"one of {', '.join(LAYERS)}, a variant <layer>_rf1 / <layer>_rf2, or a layer of "
+                             f"fovi's own networks, fovi:<net>@<in_res>:<i> (fovi:resnet18@64:0, its stem)")
     parser.add_argument("--batch", type=COUNT, default=16, help="images in the batch")
     parser.add_argument("--dtype", choices=["fp16", "bf16"], default="fp16", help="the compute dtype")
     parser.add_argument("--device", default=None, metavar="DEVICE",

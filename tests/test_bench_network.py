@@ -293,3 +293,17 @@ def test_the_train_step_bench_times_ours_and_fovis_on_a_layer_of_fovis_network(t
     assert set(recs) == {"warp_train", "fovi_torch_compact"}
     assert all(r["layer"] == "fovi:resnet18@64:9" and r["ms"] > 0 for r in recs.values())
     assert recs["warp_train"]["deterministic"] and recs["warp_train"]["err_dw"] < 1e-2
+
+
+def test_explain_takes_one_layer_of_fovis_network():
+    """explain() and its --layer take one layer of fovi's own networks; a name of several is refused, naming them."""
+    import argparse
+    import fovi_lab
+    from fovi_lab.ops.arguments import layer_name
+    text = str(fovi_lab.explain("fovi:resnet18@64:0", 64, device="h200"))
+    assert text.startswith("fovi:resnet18@64:0 at B = 64 in fp16: Cin 3, Nin 5977, Cout 64, Nout 1469")
+    assert layer_name("fovi:resnet18@64:1") == "fovi:resnet18@64:1"
+    with pytest.raises(argparse.ArgumentTypeError, match="names 11 layers"):
+        layer_name("fovi:resnet18@64")
+    with pytest.raises(ValueError, match="several layers"):
+        fovi_lab.explain("fovi:resnet18@64", 4)

@@ -172,9 +172,16 @@ def _known_layers(synthetic: bool) -> str:
 
 
 def layer_name(text: str) -> str:
-    """An argument type: a layer of the layer table (``fovi_lab.graph.layers.LAYERS``) or a variant
-    ``<layer>_rf1`` / ``<layer>_rf2`` of one."""
+    """An argument type: a layer of the layer table (``fovi_lab.graph.layers.LAYERS``), a variant
+    ``<layer>_rf1`` / ``<layer>_rf2`` of one, or one layer of a layer source (:func:`add_layer_source`:
+    ``fovi:resnet18@64:0``)."""
     from fovi_lab.graph.layers import resolve_layer
+    if _source_of(text) is not None:
+        names = _network_layers(text)
+        if names != [text]:
+            raise argparse.ArgumentTypeError(f"{text!r} names {len(names)} layers ({names[0]} to {names[-1]}); "
+                                             f"give one")
+        return text
     try:
         resolve_layer(text)
     except (KeyError, ValueError):
