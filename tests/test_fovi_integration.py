@@ -340,6 +340,8 @@ def test_the_forward_benchmark_times_fovis_backends_beside_ours(tmp_path):
     assert recs["fovi_torch_compact"]["ms"] > 0 and recs["fovi_torch_compact"]["err"] < 1e-2
     assert recs["fovi_torch_compact"]["fovi_weight"] == "set once"
     assert recs["fovi_cuda"]["ms"] is None and "CUDA" in recs["fovi_cuda"]["note"]
+    assert "peak_mib" in recs["fovi_torch_compact"] and "peak_mib" in recs["torch_compact"], "CUDA memory: None here"
+    assert recs["warp_uncached"]["tables_mib"] > 0, "the index tables the layer keeps"
     out.unlink()
     assert forward_main(args + ["--no-fovi"]) == 0
     assert not [r for r in map(json.loads, out.read_text().splitlines()) if r["impl"].startswith("fovi_")]

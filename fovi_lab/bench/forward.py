@@ -37,8 +37,10 @@ Per (layer, B), all in one process and on identical inputs:
 FLOPs are ``2*B*P64*Cout*Nout``; bytes the fewest the op must move (x, W, tables, bias, y once).
 Each row prints ms, TFLOP/s, GB/s, the fraction of the device's roofline (its datasheet HBM bandwidth and dense
 fp16 tensor-core peak, :class:`fovi_lab.bench.common.Roofline`; none on the CPU) and, for Warp, the fraction of the dense tile-GEMM ceiling measured
-in the same run, plus the speedup over the strongest PyTorch baseline. Records go to a JSON-lines file
-(``layer, B, impl, config, ms, device, warp, torch, date`` and more).
+in the same run, plus the speedup over the strongest PyTorch baseline. Memory (CUDA): ``peak_mib``, what one eager
+call adds at its peak (its output included, its inputs not) for the PyTorch forms, fovi's and the Warp configs timed
+as an op; ``tables_mib`` on those Warp rows, the index tables the layer keeps on the device. Records go to a
+JSON-lines file (``layer, B, impl, config, ms, device, warp, torch, date`` and more).
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ import torch
 from fovi_lab.bench.common import (Progress, Roofline, roofline_of, append_jsonl, compact_bytes, compact_flops, default_record_path,
                                    print_graphed, records_note,
                                    env_info, gbps, tflops, time_fn)
+from fovi_lab.bench.backward_impls import _peak_mib
+from fovi_lab.graph.meta import held_bytes
 from fovi_lab.ops.arguments import command_main
 
 __all__ = ["main", "add_arguments", "run", "DESCRIPTION", "torch_baselines", "run_shape"]
@@ -229,7 +233,7 @@ def run_shape(layer: str, meta, b: int, configs: List[str], chosen: str, device:
         try:
             y = fn(x, bias)
             t = tm(lambda: fn(x, bias))
-            rec(name, t.ms, err=err_of(y), reps=t.reps)
+            rec(name, t.ms, err=err_of(y), reps=t.reps, peak_mib=_peak_mib(lambda: fn(x, bias), device))
             if graphs:
                 graphed(name, lambda fn=fn: fn(x, bias))
         except torch.OutOfMemoryError:
@@ -263,7 +267,8 @@ def run_shape(layer: str, meta, b: int, configs: List[str], chosen: str, device:
             try:
                 y = fn(x, w, bias)
                 t = tm(lambda fn=fn: fn(x, w, bias))
-                rec(impl, t.ms, err=fovi_err(y), reps=t.reps, err_against=against, fovi_weight="set once")
+                rec(impl, t.ms, err=fovi_err(y), reps=t.reps, err_against=against, fovi_weight="set once",
+                    peak_mib=_peak_mib(lambda fn=fn: fn(x, w, bias), device))
                 if graphs:
                     graphed(impl, lambda fn=fn: fn(x, w, bias), err=fovi_err, err_against=against,
                             fovi_weight="set once")
@@ -322,8 +327,10 @@ def run_shape(layer: str, meta, b: int, configs: List[str], chosen: str, device:
     for name, info in plans.items():
         op = None
         if name in op_names:
-            t_op = tm(lambda: F.run_uncached(x, w, bias, meta.input_linear, meta.weight_linear, config=name))
-            op = t_op.ms
+            call = lambda name=name: F.run_uncached(x, w, bias, meta.input_linear, meta.weight_linear,  # noqa: E731
+                                                    config=name)
+            op = tm(call).ms
+            info = dict(info, peak_mib=_peak_mib(call, device), tables_mib=held_bytes(meta, device) / 2**20)
         r = rec("warp_uncached", op, **info)
         if op and strongest and strongest_unc:
             r.update(speedup_vs_strongest=torch_ms[strongest] / op, strongest=strongest,
