@@ -40,9 +40,9 @@ the step's graph issues that layer's kernels and would never replay its per-call
 layer's cached signatures are dropped (their static copies freed at once, inside the capture, so they do not add to
 its peak; the graphs themselves are destroyed at the next call made outside any capture, or by :func:`clear`), and
 the layer's later calls outside the capture run directly: none is cached again. :func:`owned_by_outer_capture` says
-which layers; :func:`clear` forgets them too. Measured: on fovi's ResNet-18 at B = 64, the per-call graphs made by
-two eager steps before the capture held 89 MiB of a graphed step's 688 MiB peak (``data/h200/network.jsonl``,
-commit dacd104, ``replay_resident_mib``).
+which layers; :func:`clear` forgets them too. Without this rule, on fovi's ResNet-18 at B = 64, the per-call graphs
+made by two eager forward and backward passes before the capture held 89 MiB of a graphed step's 688 MiB peak
+(``data/h200/network.jsonl``, commit dacd104, ``replay_resident_mib``).
 
 In place (``FOVI_KNN_REPLAY=in-place``): a graph reads and writes the addresses it was captured on, so a call whose
 tensors sit where an earlier call's of its signature sat needs no copies. Such a call allocates its outputs (as a
@@ -315,10 +315,11 @@ def _yield_to_outer_capture(meta) -> None:
     for e in dropped:
         with e.lock:
             # the graphs wait; what they hold of tensors (static outputs, an emulated step's closure) is freed now
-            for step in [e.step] + list((e.places or {}).values()):
-                if step is not None:
-                    step.outputs = step.fn = None
-                    _retired.append(step)
+            steps = [step for step in [e.step] + list((e.places or {}).values()) if step is not None]
+            for step in steps:
+                step.outputs = step.fn = None
+            with _lock:
+                _retired.extend(steps)
             e.static, e.step, e.nbytes = None, None, 0
             _stop_in_place(e)
             e.failed = True                        # a handle still held (a pending backward) reads no copy of it
