@@ -1,7 +1,8 @@
 """pytest configuration shared by the unit tests and ``pytest --nbval``.
 
 * Cells tagged ``gpu`` are skipped when Warp sees no CUDA device (they must feed no later cell).
-* The autotune cache is a fresh, empty file path: a developer's cache must not change which kernels run.
+* The autotune cache is a fresh, empty file path: a developer's cache must not change which kernels run; on the
+  CPU ``auto`` measures nothing (``FOVI_KNN_AUTO_MEASURE=off``): its picks are the estimate's, on every machine.
 * stderr streams are not compared: on CPU machines Warp's native driver prints a "could not load
   the CUDA driver" line to stderr, and warnings carry paths; what a notebook teaches goes to stdout.
 """
@@ -12,6 +13,8 @@ import tempfile
 os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
 # a tune cache of the developer's (python -m fovi_lab tune) must not change which kernels the tests run
 os.environ["FOVI_TUNE_CACHE"] = os.path.join(tempfile.mkdtemp(prefix="fovi-tests-"), "tune.json")
+# on the CPU auto runs the estimate's pick, the same on every machine (tests that measure turn it on themselves)
+os.environ.setdefault("FOVI_KNN_AUTO_MEASURE", "off")
 
 
 def _cuda_available() -> bool:

@@ -1,8 +1,8 @@
 """The command line: ``python -m fovi_lab COMMAND [options]`` (also the ``fovi-lab`` script), one argparse tree.
 
-Commands: ``demo``, ``bench {forward, backward, train-step, dtypes, compile, adjoints, network, host}``, ``tune``, ``train``,
-``warmup`` and ``report``. Each command's module exposes ``DESCRIPTION``, ``add_arguments(parser)`` and
-``run(args) -> int``, and its own ``main(argv)`` builds the same parser from them, so ``python -m fovi_lab train``
+Commands: ``demo``, ``bench {forward, backward, train-step, dtypes, compile, adjoints, network, host, cpu-auto,
+ddp}``, ``tune``, ``train``, ``warmup`` and ``report``. Each command's module exposes ``DESCRIPTION``,
+``add_arguments(parser)`` and ``run(args) -> int``, and its own ``main(argv)`` builds the same parser from them, so ``python -m fovi_lab train``
 and ``fovi_lab.train.main`` take the same options. Every parser is a :class:`fovi_lab.ops.arguments.CommandParser`:
 a usage error is one line on stderr with exit status 2, and ``--help`` at every level shows the defaults.
 """
@@ -50,6 +50,7 @@ BENCHMARKS: Dict[str, tuple] = {
     "adjoints": ("fovi_lab.bench.adjoints", "the tensor-core adjoints beside the fused or staged ones and PyTorch"),
     "network": ("fovi_lab.bench.network", "fovi's own networks, a train step with fovi_lab inside beside fovi's backends"),
     "host": ("fovi_lab.bench.host", "the host work of an eager forward, backward and step: microseconds and launches"),
+    "cpu-auto": ("fovi_lab.bench.cpu_auto", "on the CPU: each form and fovi's baseline per shape, beside auto's pick"),
     "ddp": ("fovi_lab.bench.ddp", "data-parallel training on the devices of one host: scaling, bitwise repeatable runs"),
 }
 

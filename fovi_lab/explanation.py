@@ -122,8 +122,11 @@ def _grad_words(meta, problem: Problem, spec: DeviceSpec) -> Tuple[str, str]:
 def _auto_words(meta, problem: Problem, spec: DeviceSpec) -> str:
     """What ``backend="auto"`` takes for a training call on ``spec`` from the records (a tune on the device itself
     comes first and is not read here)."""
-    if spec.is_cpu:
-        return "torch_compact on the CPU (the records are GPU runs)"
+    if spec.is_cpu:           # this machine's measurement (the tune cache) or the estimate; nothing runs here
+        from fovi_lab.ops.cpu_auto import known_choice
+        picks = [known_choice(meta, problem.batch, d, True).words()
+                 for d in dict.fromkeys((torch.float32, problem.dtype))]
+        return "on this CPU:\n  " + "\n  ".join(picks)
     if problem.dtype != torch.float16:
         return "torch_compact (the records are fp16 runs; python -m fovi_lab tune --dtype bf16 tunes bf16)"
     from fovi_lab.ops.dispatch import lookup_records, recorded_table

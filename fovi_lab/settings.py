@@ -203,6 +203,11 @@ SETTINGS: Tuple[Setting, ...] = (
     Setting("FOVI_TUNE_CACHE", "path", None,
             "The autotune cache that `python -m fovi_lab tune` writes and `backend=\"auto\"` reads.",
             "users", kernel=False, unset="`$XDG_CACHE_HOME/fovi_lab/tune.json` (`~/.cache/fovi_lab/tune.json`)"),
+    Setting("FOVI_KNN_AUTO_MEASURE", "flag", True,
+            "On the CPU, `backend=\"auto\"` times each of its forms once per call shape (layer, batch, dtype, "
+            "forward or train step) at that shape's first call and keeps the fastest in the tune cache, keyed by "
+            "this machine (CPU model, cores, versions); `off`: it runs the estimate's pick and measures nothing.",
+            "users, tests", kernel=False),
     Setting("FOVI_COMMIT", "text", None,
             "The commit that benchmark records name as their source (where the package runs from a copy without git).",
             "benchmarks", kernel=False, unset="the checkout's `git rev-parse --short HEAD` (none for an installed package)"),

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fovi_lab.graph.layers import synthetic_meta
-from fovi_lab.ops import tune_cache
+from fovi_lab.ops import cpu_auto, tune_cache
 from fovi_lab.ops.dispatch import select_backend
 
 pytest.importorskip("warp")
@@ -43,9 +43,11 @@ def test_written_read_back_and_keyed(cache):
     assert tune_cache.tuned_choice(meta, x, training=True) is None            # another mode
     assert tune_cache.tuned_choice(meta, x[:4], training=False) is None       # another batch
     assert select_backend("auto", meta, x, training=False) == "torch_binned"  # auto reads it first
-    assert select_backend("auto", meta, x, training=True) == "torch_compact"  # no entry, no record on a CPU
+    # no entry: on a CPU the estimate's pick (measuring is off in the tests)
+    assert select_backend("auto", meta, x, training=True) == cpu_auto.decide(meta, 5, torch.float16, True).backend
     # under autocast eager and compiled calls resolve with the compute dtype, not x's
-    assert select_backend("auto", meta, x.float(), training=False) == "torch_compact"
+    assert select_backend("auto", meta, x.float(), training=False) == \
+        cpu_auto.decide(meta, 5, torch.float32, False).backend
     assert select_backend("auto", meta, x.float(), training=False, dtype=torch.float16) == "torch_binned"
 
 

@@ -6,9 +6,9 @@
 
 The candidates of a forward problem are the Warp forward with the config the rule picks
 (:func:`fovi_lab.kernels.forward.rules.select_config`), the Warp forward with the configs that ran fastest on
-that shape in the shipped sweeps (any device; at most ``--recorded`` of them), ``torch_compact`` and
-``torch_binned``; of a train-step problem, ``warp_train``, ``torch_compact`` and ``torch_binned`` (forward and
-both gradients). Each candidate runs once and is checked against the fp32 oracle before it is timed (median of
+that shape in the shipped sweeps (any device; at most ``--recorded`` of them), ``torch_compact``, ``torch_binned``
+and ``torch_dense``; of a train-step problem, ``warp_train`` and the same PyTorch backends (forward and both
+gradients). Each candidate runs once and is checked against the fp32 oracle before it is timed (median of
 ``--reps`` calls, CUDA events on a GPU): every output within 3x the error of ``torch_compact`` on the same
 inputs plus 2e-3, the adjoints' criterion of docs/operator.md §5, here applied to y too. One that fails or cannot
 launch is listed with why, never picked. When the fastest is not what the rule runs, the two are timed again in
@@ -86,7 +86,7 @@ def _rule_config(meta, x, w) -> Optional[str]:
 def candidates(meta, batch: int, mode: str, x=None, w=None, recorded: int = 3) -> List[Candidate]:
     """The candidates of a problem (see the module docstring); the first Warp one is the rule's."""
     load_optional_backends()
-    torch_ones = [(b, None) for b in ("torch_compact", "torch_binned") if b in OPS_REGISTRY]
+    torch_ones = [(b, None) for b in ("torch_compact", "torch_binned", "torch_dense") if b in OPS_REGISTRY]
     if mode == "train-step":
         return ([("warp_train", None)] if "warp_train" in OPS_REGISTRY else []) + torch_ones
     if "warp_compact" not in OPS_REGISTRY:

@@ -155,6 +155,34 @@ def _lab_meta(fovi_meta) -> TrainingMeta:
     return meta
 
 
+class _AutoOps:
+    """fovi_lab's ``auto`` as an ops object: each entry point runs the backend ``auto`` picks for the call
+    (:func:`fovi_lab.ops.dispatch.select_backend`; on the CPU the fastest CPU form, :mod:`fovi_lab.ops.cpu_auto`).
+    Inside fovi's autograd Function grad mode is off, so the forward counts as a train step when x or the weight
+    requires grad (the gradients then run the same form); :func:`fovi_lab_inside` resolves the mode outside the
+    Function instead."""
+
+    name = "auto"
+
+    @staticmethod
+    def _ops(meta, x, training: bool, dtype):
+        from fovi_lab.ops.dispatch import select_backend
+        return get_ops(select_backend("auto", meta, x, training, dtype=dtype))
+
+    @staticmethod
+    def forward(meta, x, weight, bias):
+        training = bool(x.requires_grad or weight.requires_grad)
+        return _AutoOps._ops(meta, x, training, x.dtype).forward(meta, x, weight, bias)
+
+    @staticmethod
+    def grad_input(meta, grad_y, weight):
+        return _AutoOps._ops(meta, grad_y, True, grad_y.dtype).grad_input(meta, grad_y, weight)
+
+    @staticmethod
+    def grad_weight(meta, grad_y, x):
+        return _AutoOps._ops(meta, x, True, grad_y.dtype).grad_weight(meta, grad_y, x)
+
+
 def _adapter(name: str, ops) -> type:
     """fovi's ops object for fovi_lab's ``ops``, registered as ``name``: each entry point converts the meta and calls
     ``ops`` (looked up at call time)."""
@@ -220,8 +248,10 @@ def register_with_fovi(name: str = "warp_train", backend: str = "warp_train") ->
     Args:
         name: the fovi registry name: one fovi's layers dispatch through the registry (``warp_train``,
             ``torch_compact``, ``cuda``, ``gather_gemm``), or a new name for ``compact_forward(..., ops_name=name)``.
-        backend: a fovi_lab backend name (``fovi_lab.backends()`` less ``"auto"``): ``warp_train`` (fp16 / bf16,
-            trains), ``warp_compact`` (forward only: its gradients raise), ``torch_compact``, ``torch_binned``.
+        backend: a fovi_lab backend name (``fovi_lab.backends()``): ``warp_train`` (fp16 / bf16, trains),
+            ``warp_compact`` (forward only: its gradients raise), ``torch_compact``, ``torch_binned``,
+            ``torch_dense``, or ``auto`` (per call the backend fovi_lab's ``auto`` picks: on the CPU the fastest
+            CPU form for the call's shape, measured once per machine).
 
     Returns:
         The adapter now in fovi's registry (``.ops`` is fovi_lab's ops object, ``.backend`` its name).
@@ -236,9 +266,9 @@ def register_with_fovi(name: str = "warp_train", backend: str = "warp_train") ->
     if not isinstance(backend, str):
         raise TypeError(f"backend: expected a fovi_lab backend name (str), got {type(backend).__name__}")
     try:
-        ops = get_ops(backend)
+        ops = _AutoOps if backend == "auto" else get_ops(backend)
     except KeyError as exc:
-        raise ValueError(str(exc.args[0]).replace("ops_name:", "backend:", 1)) from None
+        raise ValueError(str(exc.args[0]).replace("ops_name:", "backend:", 1).replace("]", ", 'auto']", 1)) from None
     registry_module, dispatch_module = _fovi()
     through_registry = set(dispatch_module.TRAIN_CAPABLE_BACKENDS) - _OFF_REGISTRY_TRAINING
     if name in set(dispatch_module.VALID_BACKENDS) - through_registry:
@@ -439,8 +469,10 @@ def fovi_lab_inside(model: torch.nn.Module, backend: str = "warp_train", device=
     Function and registry. On a CUDA ``device`` as fovi's ``kernel_backend="warp_train"`` with fovi_lab registered
     under that name (:func:`register_with_fovi`; fovi dispatches it for float16 inputs or under float16 autocast);
     elsewhere through ``fovi.arch.knn_autograd.compact_forward(layer, x, ops_name="fovi_lab_<backend>")``, since
-    fovi's dispatch refuses ``warp_train`` off CUDA. Yields the route taken, in words; on exit fovi's registry
-    entries, the layers' backends and their forwards are as they were."""
+    fovi's dispatch refuses ``warp_train`` off CUDA; there ``backend="auto"`` runs, per call, the form fovi_lab's
+    ``auto`` picks for the layer's shape and mode (:func:`_auto_route`: on the CPU the fastest CPU form, never one
+    auto measured slower than another). Yields the route taken, in words; on exit fovi's registry entries, the
+    layers' backends and their forwards are as they were."""
     registry_module, _ = _fovi()
     layers = _knn_layers(model)
     device = torch.device(device) if device is not None else next(model.parameters()).device
@@ -452,9 +484,12 @@ def fovi_lab_inside(model: torch.nn.Module, backend: str = "warp_train", device=
         finally:
             unregister_from_fovi("warp_train")
         return
+    compact_forward = registry_module.compact_forward
+    if backend == "auto":
+        yield from _auto_route(layers, registry_module)
+        return
     name = f"fovi_lab_{backend}"
     register_with_fovi(name, backend)
-    compact_forward = registry_module.compact_forward
 
     def routed(layer):
         def forward(x):
@@ -466,6 +501,40 @@ def fovi_lab_inside(model: torch.nn.Module, backend: str = "warp_train", device=
             yield f"fovi.arch.knn_autograd.compact_forward(layer, x, ops_name={name!r})"
     finally:
         unregister_from_fovi(name)
+
+
+def _auto_route(layers, registry_module) -> Iterator[str]:
+    """:func:`fovi_lab_inside`'s route for ``backend="auto"`` off CUDA: per call, the mode (train step when grad is
+    enabled and x or the layer's weight requires it, else forward) and the compute dtype are read outside fovi's
+    autograd Function, fovi_lab's ``auto`` picks the backend for the layer's shape (on the CPU the fastest CPU form,
+    :mod:`fovi_lab.ops.cpu_auto`: measured once per machine, or estimated), and the call runs through
+    ``compact_forward(layer, x, ops_name="fovi_lab_<backend>")``, each backend registered at its first pick."""
+    from fovi_lab.ops.dispatch import select_backend
+
+    compact_forward = registry_module.compact_forward
+    names: List[str] = []
+
+    def routed(layer):
+        def forward(x):
+            meta = _lab_meta(registry_module.ensure_training_metadata(layer, x.device))
+            training = torch.is_grad_enabled() and (x.requires_grad or layer.weight.requires_grad)
+            dtype = torch.get_autocast_dtype(x.device.type) if x.device.type in ("cpu", "cuda") and \
+                torch.is_autocast_enabled(x.device.type) else x.dtype
+            backend = select_backend("auto", meta, x, training, dtype=dtype)
+            name = f"fovi_lab_{backend}"
+            if name not in names:
+                register_with_fovi(name, backend)
+                names.append(name)
+            layer.fovi_lab_last_backend = backend
+            return layer._mask_invalid_outputs(compact_forward(layer, x, ops_name=name))
+        return forward
+
+    try:
+        with _forwards_replaced(layers, routed):
+            yield "fovi.arch.knn_autograd.compact_forward(layer, x, ops_name='fovi_lab_<the form auto picks>')"
+    finally:
+        for name in names:
+            unregister_from_fovi(name)
 
 
 class _StubConv(torch.autograd.Function):

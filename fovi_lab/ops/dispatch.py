@@ -15,8 +15,10 @@ time there:
   ``warp_compact``), ``torch_compact`` and ``torch_binned_mm`` (:func:`fovi_lab.ops.reference.binned_forward`,
   the forward of backend ``torch_binned``).
 
-It returns None (the caller then uses ``torch_compact``) when the compute dtype is not fp16 on CUDA (the
-records are fp16 runs; bf16 ``auto`` takes ``torch_compact`` unless tuned, ``python -m fovi_lab tune --dtype bf16``),
+On the CPU :func:`select_backend` asks :mod:`fovi_lab.ops.cpu_auto` instead (the records are GPU runs).
+:func:`pick_backend` returns None (the caller then uses ``torch_compact``) when the compute dtype is not fp16 on CUDA
+(the records are fp16 runs; bf16 ``auto`` takes ``torch_compact`` unless tuned, ``python -m fovi_lab tune --dtype
+bf16``),
 when Warp is not importable, or when no record applies. When several runs
 recorded the same point, the newest one counts. Records are read once per process.
 """
@@ -144,9 +146,11 @@ def select_backend(backend: str, meta, x: torch.Tensor, training: Optional[bool]
                    dtype: Optional[torch.dtype] = None) -> str:
     """Resolve a requested backend name to a registered one.
 
-    ``auto`` picks, for this shape/batch/dtype/device and mode (training or inference): the backend tuned on
-    this device (:mod:`fovi_lab.ops.tune_cache`, ``python -m fovi_lab tune``), else the fastest registered
-    backend in the recorded benchmarks when they cover the call (:func:`pick_backend`), else
+    ``auto`` picks, for this shape/batch/dtype/device and mode (training or inference). On the CPU: the fastest
+    of the CPU forms, measured once per call shape on this machine or estimated (:mod:`fovi_lab.ops.cpu_auto`,
+    decided once per call signature). On a GPU: the backend tuned on this device (:mod:`fovi_lab.ops.tune_cache`,
+    ``python -m fovi_lab tune``), else the fastest registered backend in the recorded benchmarks when they cover
+    the call (:func:`pick_backend`), else
     ``torch_compact``. Any other name must be registered (an unknown one raises, listing the known names).
     ``dtype``: the dtype the op computes in (default ``x.dtype``): eager and compiled calls under autocast pass
     the autocast dtype, so both resolve ``auto`` alike.
@@ -154,6 +158,10 @@ def select_backend(backend: str, meta, x: torch.Tensor, training: Optional[bool]
     from fovi_lab.ops.registry import OPS_REGISTRY, get_ops, load_optional_backends
     if backend == "auto":
         load_optional_backends()
+        if x.device.type == "cpu":
+            from fovi_lab.ops.cpu_auto import cpu_pick
+            mode = torch.is_grad_enabled() if training is None else training
+            return cpu_pick(meta, x.shape[0], dtype or x.dtype, mode)
         tuned = tuned_choice(meta, x, torch.is_grad_enabled() if training is None else training, dtype)
         if tuned is not None and tuned[0] in OPS_REGISTRY:
             return tuned[0]

@@ -13,7 +13,8 @@ An *ops* object is a class of static methods with a ``name``::
                                                               and the bias gradient inside the op (warp_train:
                                                               one replayed CUDA graph per direction)
 
-The PyTorch backends are registered here. Optional backends register themselves when their module is
+The PyTorch backends (``torch_compact``, ``torch_binned``, ``torch_dense``) are registered here. Optional backends
+register themselves when their module is
 imported; :func:`load_optional_backends` imports the ones this package ships (by name, so the registry
 depends on none of them, and a machine without warp-lang keeps the PyTorch backends).
 """
@@ -23,12 +24,14 @@ from __future__ import annotations
 import importlib
 from typing import Dict
 
+from fovi_lab.ops.dense import DenseTorchOps
 from fovi_lab.ops.reference import BinnedTorchOps, CompactTorchOps
 
 __all__ = ["OPS_REGISTRY", "OPTIONAL_BACKEND_MODULES", "register_ops", "get_ops", "load_optional_backends",
            "trains"]
 
-OPS_REGISTRY: Dict[str, type] = {"torch_compact": CompactTorchOps, "torch_binned": BinnedTorchOps}
+OPS_REGISTRY: Dict[str, type] = {"torch_compact": CompactTorchOps, "torch_binned": BinnedTorchOps,
+                                 "torch_dense": DenseTorchOps}
 
 #: Modules that register more backends when imported (the Warp ops: ``warp_compact``, ``warp_train``).
 OPTIONAL_BACKEND_MODULES = ("fovi_lab.knn_warp",)

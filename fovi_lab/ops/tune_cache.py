@@ -2,10 +2,13 @@
 
 A *problem* is a layer shape ``(cin, cout, nin, nout, k, p64, v)``, a batch ``B``, a dtype and a mode
 (``"forward"``: inference, ``"train-step"``: forward + both gradients); a *setup* is the device's name and
-compute capability, the fovi-lab, Warp and PyTorch versions and the ``FOVI_*`` variables that change a kernel's
+compute capability (on the CPU: its model, cores and PyTorch's threads, :func:`cpu_name`), the fovi-lab, Warp and
+PyTorch versions and the ``FOVI_*`` variables that change a kernel's
 work (those set, :data:`fovi_lab.settings.KERNEL_AFFECTING`, in the table's order).
 ``python -m fovi_lab tune`` (:mod:`fovi_lab.bench.tune`) times the candidates of a problem on the user's device
-and stores the winner here; ``backend="auto"`` reads it before the recorded rule
+and stores the winner here (``"source": "tuned"``); on the CPU ``backend="auto"`` also stores here the forms it
+measured at a shape's first call (``"source": "measured"``, :mod:`fovi_lab.ops.cpu_auto`). ``backend="auto"`` reads
+it before the recorded rule
 (:func:`fovi_lab.ops.dispatch.select_backend`), and the Warp forward runs the tuned config
 (:func:`tuned_forward_config`). A change of setup misses every entry, so the rule answers again until the next
 tune; a tuned config that no longer resolves is reported once and the rule's pick runs.
@@ -31,7 +34,7 @@ import torch
 
 import fovi_lab.settings as settings
 
-__all__ = ["cache_path", "setup_key", "problem_key", "entry_key", "load", "reload", "lookup", "store",
+__all__ = ["cache_path", "cpu_name", "setup_key", "problem_key", "entry_key", "load", "reload", "lookup", "store",
            "tuned_choice", "tuned_forward_config", "bypass", "FORMAT"]
 
 FORMAT = 1
@@ -87,17 +90,34 @@ def _switches() -> str:
     return f"/{switches}" if switches else ""
 
 
+def cpu_name() -> str:
+    """The CPU in a setup key: ``"<model> (<n> cores, <t> threads)"``: the model as ``/proc/cpuinfo`` (else
+    ``platform``) names it, the cores the OS reports and the threads PyTorch runs its CPU ops on."""
+    import platform
+    model = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.lower().startswith("model name")), None)
+    except OSError:
+        pass
+    model = (model or platform.processor() or platform.machine() or "cpu").replace("/", "-").replace("|", "-")
+    return f"{model} ({os.cpu_count()} cores, {torch.get_num_threads()} threads)"
+
+
 def setup_key(device) -> str:
-    """``"<device name>/<sm_XY or cpu>/fovi-lab <v>/warp <v>/torch <v>[/<switches>]"`` for a torch device."""
+    """``"<device name>/<sm_XY or cpu>/fovi-lab <v>/warp <v>/torch <v>[/<switches>]"`` for a torch device; on the CPU
+    the name is :func:`cpu_name` (its model, cores and threads), so each machine keeps its own entries."""
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    key = (str(device), settings.snapshot())
+    key = (str(device), settings.snapshot(), torch.get_num_threads() if device.type == "cpu" else None)
     hit = _SETUPS.get(key)
     if hit is None:
         if device.type == "cuda":
             major, minor = torch.cuda.get_device_capability(device)
             name, arch = torch.cuda.get_device_name(device), f"sm_{major}{minor}"
+        elif device.type == "cpu":
+            name, arch = cpu_name(), "cpu"
         else:
             name, arch = device.type, device.type
         hit = _SETUPS[key] = f"{name}/{arch}/{_versions()}{_switches()}"

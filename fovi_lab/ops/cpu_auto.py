@@ -1,0 +1,284 @@
+"""``backend="auto"`` on the CPU: the fastest of the CPU forms for each call shape, measured once per machine.
+
+The forms: ``torch_compact`` (per-node gather-GEMMs), ``torch_binned`` (inputs binned into the taps by a scatter,
+then one shared-weight GEMM), ``torch_dense`` (the same binning as dense one-hot GEMMs, :mod:`fovi_lab.ops.dense`)
+and, for fp16 / bf16 calls where warp-lang imports, Warp's CPU kernels (``warp_compact`` for inference,
+``warp_train`` for a train step). Which is fastest depends on the layer, the batch and the machine: on a 2-core
+x86-64 CPU ``torch_compact`` was the slowest form at B = 1 on most layers and the fastest on some at B = 32.
+
+A *call shape* is the layer's sizes, the batch, the compute dtype and the mode (``"forward"``: inference,
+``"train-step"``: forward and both gradients). For each, :func:`decide` answers, in this order:
+
+1. an entry of the tune cache for this machine (:mod:`fovi_lab.ops.tune_cache`: ``python -m fovi_lab tune``'s, or
+   an earlier measurement of this one): ``measured`` / ``tuned``;
+2. else, unless ``FOVI_KNN_AUTO_MEASURE=off``, a measurement now (:func:`measure`): each form runs on random
+   operands of the call's shape (never the caller's tensors), the forms in the order of their estimates; the
+   first call of each is timed too, and a form whose first two calls each take more than :data:`CUTOFF` times the
+   fastest median so far is not repeated (its time is its second call's, marked ``cut``); the others take the
+   median of :data:`MEASURE_REPS` more calls. The fastest is stored in the tune cache with every form's time
+   (``"source": "measured"``), so this machine never measures that shape again (a new release, a new PyTorch or
+   a changed kernel switch misses and measures again);
+3. else the estimate (:func:`estimate_ms`): a cost model of each form from the layer's sizes (GEMM FLOPs, the
+   values gathered and scattered, per-node products), with rates read off a 2-core x86-64 CPU: a first guess,
+   never a measurement of this machine.
+
+:func:`cpu_pick` is what :func:`fovi_lab.ops.dispatch.select_backend` calls: it decides once per call signature (the
+shape, PyTorch's thread count, the setting, the cache's generation) and then answers from memory.
+:func:`fovi_lab.explain` shows the choice with its times (:func:`known_choice`, which never measures).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
+
+import torch
+
+import fovi_lab.settings as settings
+from fovi_lab.ops import tune_cache
+from fovi_lab.ops.registry import OPS_REGISTRY, get_ops, load_optional_backends
+
+__all__ = ["TORCH_FORMS", "WARP_FORMS", "MEASURE_REPS", "CUTOFF", "CpuChoice", "forms", "estimate_ms", "estimates",
+           "measure", "decide", "known_choice", "cpu_pick", "forget", "problem_entry_key"]
+
+#: The PyTorch forms, every dtype.
+TORCH_FORMS = ("torch_compact", "torch_binned", "torch_dense")
+#: Warp's CPU kernels per mode, for the dtypes they compute in (fp16, bf16).
+WARP_FORMS = {"forward": "warp_compact", "train-step": "warp_train"}
+#: Timed calls per form after its first call, and the factor over the fastest median past which a form's first
+#: call ends its measurement.
+MEASURE_REPS = 3
+CUTOFF = 3.0
+#: The clock :func:`measure` reads, in seconds.
+CLOCK: Callable[[], float] = time.perf_counter
+
+# Rates of the estimate, read off a 2-core x86-64 CPU (AMD EPYC, PyTorch 2.13, fp32), rounded: per millisecond.
+_GEMM_FLOPS = 3e7           # a large GEMM
+_GATHER = 3e5               # values gathered by index_select
+_SCATTER = 2e5              # values summed in by index_add_
+_CALL_MS = 0.05             # a pass's fixed host cost
+_WARP_FLOPS = 3.5e6         # Warp's CPU kernels (one thread per block)
+_HALF_SLOWDOWN = 10.0       # PyTorch's fp16 / bf16 GEMMs on a CPU
+
+
+def _small_gemm(flops: float, smallest: int) -> float:
+    """Milliseconds of batched small GEMMs whose smallest side is ``smallest``: their rate falls with it."""
+    return flops / (_GEMM_FLOPS * smallest / (smallest + 16.0))
+
+
+def forms(dtype: torch.dtype, training: bool) -> Tuple[str, ...]:
+    """The registered CPU forms for a call in ``dtype``: the PyTorch ones, and Warp's where it computes in
+    ``dtype``."""
+    load_optional_backends()
+    out = [f for f in TORCH_FORMS if f in OPS_REGISTRY]
+    warp = OPS_REGISTRY.get(WARP_FORMS["train-step" if training else "forward"])
+    if warp is not None and dtype in getattr(warp, "compute_dtypes", ()):
+        out.append(warp.name)
+    return tuple(out)
+
+
+def estimate_ms(meta, batch: int, form: str, training: bool, dtype: torch.dtype = torch.float32) -> float:
+    """The estimated milliseconds of one call of ``form`` (forward, or forward and both gradients when ``training``)
+    on a CPU: the cost model of the module docstring."""
+    b, passes = int(batch), (3 if training else 1)
+    weff = meta.nout * meta.p64 * meta.cout                   # the compact form's per-node weight rows
+    if form == "torch_compact":
+        rows = b * meta.nout * meta.p64
+        one = (weff + rows) / _GATHER + _small_gemm(2.0 * rows * meta.cout, b)
+        ms = passes * one + ((rows + weff) / _SCATTER if training else 0.0)
+    elif form == "torch_binned":
+        vals, gemm = b * meta.nnz * meta.cin, 2.0 * b * meta.cout * meta.q * meta.nout / _GEMM_FLOPS
+        binning = vals / _GATHER + vals / _SCATTER
+        ms = binning + gemm + ((2 * gemm + binning + vals / _GATHER + vals / _SCATTER) if training else 0.0)
+    elif form == "torch_dense":
+        vals, gemm = b * meta.cin * meta.nout * meta.k, 2.0 * b * meta.cout * meta.q * meta.nout / _GEMM_FLOPS
+        binning = vals / _GATHER + _small_gemm(2.0 * vals * meta.v, min(b * meta.cin, meta.k, meta.v))
+        ms = binning + gemm + ((2 * gemm + 2 * binning + vals / _SCATTER) if training else 0.0)
+    elif form in WARP_FORMS.values():
+        return passes * (2.0 * b * weff / _WARP_FLOPS + _CALL_MS)
+    else:
+        raise ValueError(f"form: expected one of {', '.join(TORCH_FORMS + tuple(WARP_FORMS.values()))}, got {form!r}")
+    if dtype in (torch.float16, torch.bfloat16):
+        ms *= _HALF_SLOWDOWN
+    return ms + passes * _CALL_MS
+
+
+def estimates(meta, batch: int, dtype: torch.dtype, training: bool) -> Dict[str, float]:
+    """``{form: estimated ms}`` of every CPU form of the call (:func:`forms`)."""
+    return {f: estimate_ms(meta, batch, f, training, dtype) for f in forms(dtype, training)}
+
+
+def _runner(form: str, meta, training: bool, x, w, g) -> Callable[[], object]:
+    ops = get_ops(form)
+    if not training:
+        return lambda: ops.forward(meta, x, w, None)
+    combined = getattr(ops, "backward_combined", None)
+    if combined is not None:
+        return lambda: (ops.forward(meta, x, w, None), combined(meta, g, x, w))
+    return lambda: (ops.forward(meta, x, w, None), ops.grad_input(meta, g, w), ops.grad_weight(meta, g, x))
+
+
+def measure(meta, batch: int, dtype: torch.dtype, training: bool, candidates: Optional[Sequence[str]] = None,
+            reps: int = MEASURE_REPS, clock: Optional[Callable[[], float]] = None,
+            order: Optional[Mapping[str, float]] = None) -> Tuple[Dict[str, float], Dict[str, str], Tuple[str, ...]]:
+    """Time each candidate form (default: :func:`forms`) on random CPU operands of the call's shape, as the module
+    docstring says: ``(times in ms, {form: why it could not run}, the forms cut after their first call)``.
+    ``clock``: seconds (default :data:`CLOCK`; a test passes a fake one); ``order``: the forms' estimates (the
+    cheapest runs first)."""
+    clock = clock or CLOCK
+    cands = tuple(candidates) if candidates is not None else forms(dtype, training)
+    order = order if order is not None else estimates(meta, batch, dtype, training)
+    cands = tuple(sorted(cands, key=lambda f: order.get(f, math.inf)))
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, meta.cin, meta.nin, generator=gen).to(dtype)
+    w = (torch.randn(meta.cout, meta.q, generator=gen) / math.sqrt(max(1, meta.p))).to(dtype)
+    g = torch.randn(batch, meta.cout, meta.nout, generator=gen).to(dtype)
+    meta = meta.to("cpu")
+    times: Dict[str, float] = {}
+    refused: Dict[str, str] = {}
+    cut = []
+    with torch.no_grad(), torch.autocast("cpu", enabled=False), tune_cache.bypass():
+        for form in cands:
+            try:
+                run = _runner(form, meta, training, x, w, g)
+                t0 = clock()
+                run()
+                first = (clock() - t0) * 1e3
+            except Exception as exc:                          # noqa: BLE001  (a form that refuses this call)
+                refused[form] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+                continue
+            if times and first > CUTOFF * min(times.values()):
+                t0 = clock()                                  # the first call may build tables: once more
+                run()
+                first = (clock() - t0) * 1e3
+                if first > CUTOFF * min(times.values()):
+                    times[form] = first
+                    cut.append(form)
+                    continue
+            samples = []
+            for _ in range(max(1, int(reps))):
+                t0 = clock()
+                run()
+                samples.append((clock() - t0) * 1e3)
+            times[form] = statistics.median(samples)
+    return times, refused, tuple(cut)
+
+
+@dataclass(frozen=True)
+class CpuChoice:
+    """What ``auto`` runs for one call shape on this CPU, and why: ``source`` is ``"measured"`` (auto timed the
+    forms on this machine), ``"tuned"`` (``python -m fovi_lab tune`` did) or ``"estimated"`` (the cost model);
+    ``times``: the measured ms per form (empty when estimated); ``estimates``: the model's ms per form."""
+
+    backend: str
+    source: str
+    mode: str
+    batch: int
+    dtype: torch.dtype
+    times: Mapping[str, float] = field(default_factory=dict)
+    estimates: Mapping[str, float] = field(default_factory=dict)
+    cut: Tuple[str, ...] = ()
+
+    def words(self) -> str:
+        """One line: the pick, how it was decided, and every form's time."""
+        what = "train step" if self.mode == "train-step" else "forward"
+        dtype = str(self.dtype).replace("torch.", "")
+        if self.times:
+            how = "measured on this machine" if self.source == "measured" else "tuned on this machine"
+            shown = ", ".join(f"{f} {ms:.3g} ms{' (one call)' if f in self.cut else ''}"
+                              for f, ms in sorted(self.times.items(), key=lambda kv: kv[1]))
+            est = self.estimates.get(self.backend)
+            tail = f"; estimated {est:.3g} ms" if est is not None else ""
+            return f"{self.backend} for a {dtype} {what} at B = {self.batch}, {how}: {shown}{tail}"
+        shown = ", ".join(f"{f} {ms:.3g} ms" for f, ms in sorted(self.estimates.items(), key=lambda kv: kv[1]))
+        return (f"{self.backend} for a {dtype} {what} at B = {self.batch}, estimated (no measurement on this machine "
+                f"yet; the shape's first call measures, unless FOVI_KNN_AUTO_MEASURE=off): {shown}")
+
+
+def problem_entry_key(meta, batch: int, dtype: torch.dtype, training: bool) -> str:
+    """The tune cache key of a CPU call shape on this machine."""
+    mode = "train-step" if training else "forward"
+    return tune_cache.entry_key(tune_cache.setup_key("cpu"), tune_cache.problem_key(meta, batch, dtype, mode))
+
+
+def _check(meta, batch, dtype, training) -> None:
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch: expected an integer >= 1, got {batch!r}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype: expected a floating-point torch dtype, got {dtype!r}")
+    if not isinstance(training, bool):
+        raise TypeError(f"training: expected True (a train step) or False (a forward), got {training!r}")
+    if not all(hasattr(meta, a) for a in ("cin", "cout", "nin", "nout", "k", "v", "p64", "q", "nnz")):
+        raise TypeError(f"meta: expected a fovi_lab TrainingMeta, got {type(meta).__name__}")
+
+
+def known_choice(meta, batch: int, dtype: torch.dtype, training: bool) -> CpuChoice:
+    """The choice from the tune cache, else from the estimate: :func:`decide` without measuring."""
+    return decide(meta, batch, dtype, training, measure_now=False)
+
+
+_measuring = threading.RLock()
+
+
+def decide(meta, batch: int, dtype: torch.dtype, training: bool, measure_now: Optional[bool] = None) -> CpuChoice:
+    """What ``auto`` runs for this call shape on this CPU (the order of the module docstring). ``measure_now``:
+    whether a shape without an entry is measured (default: ``FOVI_KNN_AUTO_MEASURE``, on unless set off)."""
+    _check(meta, batch, dtype, training)
+    mode = "train-step" if training else "forward"
+    est = estimates(meta, batch, dtype, training)
+    key = problem_entry_key(meta, batch, dtype, training)
+    hit = tune_cache.load().get(key)
+    if hit is not None and hit.get("backend") in OPS_REGISTRY:
+        return CpuChoice(hit["backend"], "measured" if hit.get("source") == "measured" else "tuned", mode, batch,
+                         dtype, dict(hit.get("candidates") or {}), est, tuple(hit.get("cut") or ()))
+    if measure_now is None:
+        measure_now = settings.get("FOVI_KNN_AUTO_MEASURE")
+    if measure_now:
+        with _measuring:
+            hit = tune_cache.load().get(key)              # another thread may have measured it meanwhile
+            if hit is not None and hit.get("backend") in OPS_REGISTRY:
+                return decide(meta, batch, dtype, training, measure_now=False)
+            times, refused, cut = measure(meta, batch, dtype, training, order=est)
+            if times:
+                best = min(times, key=times.get)
+                entry = {"backend": best, "config": None, "ms": times[best], "candidates": times, "cut": list(cut),
+                         "refused": refused, "estimates": est, "reps": MEASURE_REPS, "source": "measured",
+                         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+                try:
+                    tune_cache.store({key: entry})
+                except OSError:                             # a read-only cache: keep it for this process
+                    tune_cache.store({key: entry}, write=False)
+                return CpuChoice(best, "measured", mode, batch, dtype, times, est, cut)
+    best = min(est, key=est.get)
+    return CpuChoice(best, "estimated", mode, batch, dtype, {}, est)
+
+
+_memo: Dict[tuple, str] = {}
+_memo_lock = threading.Lock()
+
+
+def forget() -> None:
+    """Forget the decisions made in this process (the next call of each signature decides again)."""
+    with _memo_lock:
+        _memo.clear()
+
+
+def cpu_pick(meta, batch: int, dtype: torch.dtype, training: bool) -> str:
+    """The backend ``auto`` runs for this CPU call: :func:`decide`, once per call signature (the layer's sizes, the
+    batch, dtype and mode, PyTorch's threads, ``FOVI_KNN_AUTO_MEASURE``, the kernel switches and the tune cache's
+    generation), then from memory."""
+    sig = (meta.cin, meta.cout, meta.nin, meta.nout, meta.k, meta.p64, meta.v, meta.nnz, int(batch), dtype,
+           bool(training), torch.get_num_threads(), settings.raw("FOVI_KNN_AUTO_MEASURE"), settings.snapshot(),
+           tune_cache.generation)
+    got = _memo.get(sig)
+    if got is None:
+        got = decide(meta, batch, dtype, training).backend
+        with _memo_lock:
+            _memo[sig] = got
+            _memo[sig[:-1] + (tune_cache.generation,)] = got    # a measurement just stored bumped the generation
+    return got
