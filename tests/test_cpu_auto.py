@@ -270,3 +270,29 @@ def test_the_benchmark_refuses_a_bad_cutoff(capsys):
     with pytest.raises(SystemExit):
         bench.main(["--layers", "res18_layer4_0", "--nets", "none", "--cutoff", "0.5"])
     assert "--cutoff" in capsys.readouterr().err
+
+
+def test_a_traced_call_measures_nothing_and_keeps_no_decision(monkeypatch, tmp_path):
+    """Under a dispatch mode (as torch.compile's fake tensors, or the memory record) no operand is real: auto takes
+    the estimate, measures nothing and keeps no decision, so the shape's first eager call measures."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from fovi_lab.graph.meta import SYNTHETIC_SHAPES, build_meta, synthetic_graph
+    from fovi_lab.ops import cpu_auto
+
+    class Seen(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    cin, cout, nin, nout, k, v, pads = SYNTHETIC_SHAPES["ODD"]
+    idx, rf = synthetic_graph(nin, nout, k, v, pads, seed=21)
+    meta = build_meta(idx, rf, cin=cin, cout=cout, v=v, nin=nin)
+    monkeypatch.setenv("FOVI_KNN_AUTO_MEASURE", "on")
+    monkeypatch.setenv("FOVI_TUNE_CACHE", str(tmp_path / "tune.json"))
+    measured = []
+    monkeypatch.setattr(cpu_auto, "measure", lambda *a, **kw: measured.append(a) or ({"torch_binned": 1.0}, {}, ()))
+    cpu_auto.forget()
+    with Seen():
+        picked = cpu_auto.cpu_pick(meta, 3, torch.float32, True)
+    assert measured == [] and picked in cpu_auto.estimates(meta, 3, torch.float32, True)
+    assert cpu_auto.cpu_pick(meta, 3, torch.float32, True) == "torch_binned" and len(measured) == 1

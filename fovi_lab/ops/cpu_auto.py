@@ -225,6 +225,13 @@ def known_choice(meta, batch: int, dtype: torch.dtype, training: bool) -> CpuCho
 _measuring = threading.RLock()
 
 
+def _tracing() -> bool:
+    """Whether the call is being traced (torch.compile, a dispatch mode such as fake tensors): no operand is real
+    there, so nothing is measured; the estimate decides, and the shape's first eager call measures."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+    return torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None
+
+
 def decide(meta, batch: int, dtype: torch.dtype, training: bool, measure_now: Optional[bool] = None) -> CpuChoice:
     """What ``auto`` runs for this call shape on this CPU (the order of the module docstring). ``measure_now``:
     whether a shape without an entry is measured (default: ``FOVI_KNN_AUTO_MEASURE``, on unless set off)."""
@@ -237,7 +244,7 @@ def decide(meta, batch: int, dtype: torch.dtype, training: bool, measure_now: Op
         return CpuChoice(hit["backend"], "measured" if hit.get("source") == "measured" else "tuned", mode, batch,
                          dtype, dict(hit.get("candidates") or {}), est, tuple(hit.get("cut") or ()))
     if measure_now is None:
-        measure_now = settings.get("FOVI_KNN_AUTO_MEASURE")
+        measure_now = settings.get("FOVI_KNN_AUTO_MEASURE") and not _tracing()
     if measure_now:
         with _measuring:
             hit = tune_cache.load().get(key)              # another thread may have measured it meanwhile
@@ -277,7 +284,10 @@ def cpu_pick(meta, batch: int, dtype: torch.dtype, training: bool) -> str:
            tune_cache.generation)
     got = _memo.get(sig)
     if got is None:
-        got = decide(meta, batch, dtype, training).backend
+        choice = decide(meta, batch, dtype, training)
+        got = choice.backend
+        if choice.source == "estimated" and _tracing():
+            return got                          # the shape's first call outside the trace measures (not kept)
         with _memo_lock:
             _memo[sig] = got
             _memo[sig[:-1] + (tune_cache.generation,)] = got    # a measurement just stored bumped the generation
