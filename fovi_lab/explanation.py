@@ -52,6 +52,7 @@ class Explanation:
     dw: str
     families: Tuple[FamilyVerdict, ...] = field(default=())
     auto: str = ""
+    tables: str = ""
 
     def __str__(self) -> str:
         p = self.problem
@@ -63,6 +64,8 @@ class Explanation:
             lines.append(f"  where the tensor cores cannot launch (before sm_80) or FOVI_WARP_MMA=off: "
                          f"{describe(self.fallback)}  [{self.fallback.id}]")
         lines += [f"dx: {self.dx}", f"dW: {self.dw}"]
+        if self.tables:
+            lines.append(f"index tables kept on the device: {self.tables}")
         if self.auto:
             lines.append(f"backend auto: {self.auto}")
         lines += ["", "families:"]
@@ -117,6 +120,24 @@ def _grad_words(meta, problem: Problem, spec: DeviceSpec) -> Tuple[str, str]:
     from fovi_lab.kernels.adjoint.rule import adjoint_plan, gradient_words
     plan = adjoint_plan(meta, problem.batch, problem.dtype, device="cpu" if spec.is_cpu else "cuda")
     return gradient_words(plan, "dx"), gradient_words(plan, "dW")
+
+
+def _tables_words(meta, problem: Problem, spec: DeviceSpec) -> str:
+    """What the layer keeps between calls for this call's plan: its own tables and the derived layers its adjoints
+    build (:func:`fovi_lab.graph.meta.held_bytes` of each, built here on the CPU), in MiB."""
+    from fovi_lab.graph.meta import expanded_meta, held_bytes, tap_meta, transposed_meta
+    from fovi_lab.kernels.adjoint.rule import adjoint_plan
+    plan = adjoint_plan(meta, problem.batch, problem.dtype, device="cpu" if spec.is_cpu else "cuda")
+    parts = [f"its own {held_bytes(meta, derived=False) / 2**20:.1f} MiB"]
+    if plan.dx == "mma":
+        parts.append(f"the transposed layer (dx on tensor cores) {held_bytes(transposed_meta(meta)) / 2**20:.1f} MiB")
+    elif plan.dx == "taps":
+        parts.append(f"the tap-expanded layer (dx) {held_bytes(expanded_meta(meta)) / 2**20:.1f} MiB")
+    if plan.dw == "mma":
+        rows = plan.dw_batch_chunk or problem.batch
+        which = f"of a {rows}-row batch chunk" if rows < problem.batch else f"at B = {rows}"
+        parts.append(f"the tap layer {which} (dW on tensor cores) {held_bytes(tap_meta(meta, rows)) / 2**20:.1f} MiB")
+    return "; ".join(parts) + " (shared by every layer of the same graph)"
 
 
 def _auto_words(meta, problem: Problem, spec: DeviceSpec) -> str:
@@ -203,7 +224,8 @@ def explain(layer: Union[str, object], batch: int, dtype: Union[str, torch.dtype
         verdicts.append(FamilyVerdict(fam.key, fam.title, "runs", (why,), len(runnable), best_est))
     return Explanation(problem, spec, chosen, pick_reason(*args, name=name, bf16=bf16),
                        chosen_family.estimate(chosen, problem, spec), fallback, *_grad_words(meta, problem, spec),
-                       families=tuple(verdicts), auto=_auto_words(meta, problem, spec))
+                       families=tuple(verdicts), auto=_auto_words(meta, problem, spec),
+                       tables=_tables_words(meta, problem, spec))
 
 
 

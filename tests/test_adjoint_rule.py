@@ -215,3 +215,21 @@ def test_the_stems_rule_reads_the_table_budget_and_a_forced_switch(monkeypatch):
     assert rule.adjoint_plan(alex, 128, torch.bfloat16).dw_config is None     # no bf16 split config
     monkeypatch.setenv("FOVI_KNN_DW_PATH", "off")
     assert rule.adjoint_plan(meta, 40, torch.float16).dw == "staged"
+
+
+def test_explain_says_what_tables_the_layer_keeps():
+    """explain() names the index tables the call's plan keeps on the device, each derived layer with its size as
+    held_bytes counts it: on the H200's plan res18_layer1 at B = 64 keeps the transposed layer (dx) and the tap layer
+    at B = 64 (dW), the stem the tap layer of its batch chunks alone."""
+    import fovi_lab
+    from fovi_lab.graph.layers import layer_meta
+    from fovi_lab.graph.meta import held_bytes, tap_meta, transposed_meta
+    text = str(fovi_lab.explain("res18_layer1", 64, device="h200"))
+    meta = layer_meta("res18_layer1")
+    line = next(line for line in text.splitlines() if line.startswith("index tables kept on the device:"))
+    assert f"its own {held_bytes(meta, derived=False) / 2**20:.1f} MiB" in line
+    assert f"the transposed layer (dx on tensor cores) {held_bytes(transposed_meta(meta)) / 2**20:.1f} MiB" in line
+    assert f"the tap layer at B = 64 (dW on tensor cores) {held_bytes(tap_meta(meta, 64)) / 2**20:.1f} MiB" in line
+    stem = next(line for line in str(fovi_lab.explain("res18_stem", 64, device="h200")).splitlines()
+                if line.startswith("index tables"))
+    assert "transposed" not in stem and "-row batch chunk (dW on tensor cores)" in stem

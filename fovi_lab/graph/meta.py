@@ -68,12 +68,12 @@ def meta_aux(meta: "TrainingMeta") -> dict:
         return d
 
 
-def held_bytes(metas, device=None) -> int:
+def held_bytes(metas, device=None, derived: bool = True) -> int:
     """The bytes of index tables that the layers of ``metas`` (a meta or several) hold on ``device`` (default: every
     device): their own tables on it and everything the backends derived from them and keep (:func:`meta_aux`: the
     transposed and tap layers of the tensor-core adjoints with what is derived from those in turn, reverse lists,
     binned tables, plans' constant tensors), each storage counted once. What a layer keeps between calls, beside
-    its weights: the benchmarks record it as ``tables_mib``."""
+    its weights: the benchmarks record it as ``tables_mib``. ``derived=False``: the metas' own tables alone."""
     want = None if device is None else torch.device(device)
     seen_storage, seen_obj = set(), set()
     total = 0
@@ -94,8 +94,9 @@ def held_bytes(metas, device=None) -> int:
                 total += st.nbytes()
         elif isinstance(o, TrainingMeta):
             todo += [getattr(o, f) for f in _TENSOR_FIELDS] + [o.__dict__.get("_input_linear_flat"),
-                                                               o.__dict__.get("_weight_linear_flat"),
-                                                               meta_aux(o)] + list(o._per_device.values())
+                                                               o.__dict__.get("_weight_linear_flat")]
+            if derived:
+                todo += [meta_aux(o)] + list(o._per_device.values())
         elif isinstance(o, dict):
             todo += list(o.values())
         elif isinstance(o, (list, tuple, set, frozenset)):
