@@ -198,6 +198,20 @@ def test_explore_forward_clamps_on_cpu():
     assert "clamped" in res["clamp"] and "clamped" in res["message"]
 
 
+def test_forward_clamp_gives_every_r_one_problem():
+    # the tile work a clamp reads does not change with r, and the batch stops at one sub-tile, not at tile_m * r
+    shape = kl.shape_of(lab_problems.make_meta("res18_layer1", None, None))
+    assert kl.forward_clamp(shape, 128, 32, 64, CPU)[:2] == (64, None)
+    assert kl.forward_clamp(shape, 128, 32, 64, "cuda:0") == (128, None, None)
+    runs = {r: kl.explore_forward("ODD", 128, None, 32, 64, r, 128, device=CPU, budget=6e7)[0] for r in (1, 4)}
+    assert all(res["ok"] and res["passed"] for res in runs.values()), [res["message"] for res in runs.values()]
+    assert {(res["batch"], res["nodes"], res["clamp"]) for res in runs.values()} == {(64, 33, runs[1]["clamp"])}
+    assert "batch 128 -> 64" in runs[1]["clamp"]
+    assert runs[4]["w_bytes"] == pytest.approx(runs[1]["w_bytes"] / 2)      # B = 64 fills 2 of r = 4's 32-row tiles
+    assert runs[1]["fill"] is None and runs[4]["fill"].startswith("B = 64 fills 2 of the 4 batch tiles")
+    assert kl.reuse_fill(64, 16, 4) is None and kl.reuse_fill(37, 32, 2) is None
+
+
 @pytest.mark.parametrize("kwargs, words", [
     (dict(layer="nope"), "layer must be one of"),
     (dict(batch=0), "batch must be"),

@@ -24,8 +24,8 @@ from fovi_lab.lab.labels import kernel_label, short_label
 from fovi_lab.lab.problems import make_meta, make_problem, ORACLE_MAX_ELEMS, Problem, reference_forward, reference_grads
 from fovi_lab.lab.traffic import (forward_counts, node_gemm, node_gemm_figure, shape_of, tile_smem_estimate,
                                   tile_traffic, traffic_figure, traffic_table)
-from fovi_lab.lab.forward_explorer import (benchmark_forward, explore_forward, registered_forward_config, reuse_live,
-                                           reuse_live_figure, run_checked)
+from fovi_lab.lab.forward_explorer import (benchmark_forward, explore_forward, forward_clamp, registered_forward_config,
+                                           reuse_fill, reuse_live, reuse_live_figure, run_checked)
 from fovi_lab.lab.family_explorer import explore_point, family_widget, start_point
 from fovi_lab.lab.adjoint_explorer import (adjoint_by_node_gemms, adjoint_grid, determinism_demo, explore_adjoint,
                                            H200_SMS, occupancy_figure, occupancy_table)

@@ -128,8 +128,7 @@ def explore_forward(layer: str = "res18_layer1", batch: int = 64, cout: Optional
             return fail_result(result, log, (f"unlaunchable: {tiles_label(kernel, tile_m, tile_n, r, block_dim)} needs at "
                                              f"least {smem // 1024} KiB of tile memory per CTA, over this device's "
                                              f"{limit // 1024} KiB (not compiled; pick smaller tiles or a smaller r)"))
-        work = lambda bb, nn: tile_traffic(dict(shape, nout=nn), bb, tile_m, tile_n, r, cached)["padded_flops"]  # noqa: E731
-        b, nodes, note = clamp_shape(shape, batch, work, dev, budget, tile_rows=tile_m * r)
+        b, nodes, note = forward_clamp(shape, batch, tile_m, tile_n, dev, budget, cached=cached)
         pb = make_problem(layer, b, cout, rf, seed=seed, device="cpu" if dev == "cpu" else dev, nodes=nodes)
         meta = pb.meta
         t0 = time.perf_counter()
@@ -168,10 +167,33 @@ def explore_forward(layer: str = "res18_layer1", batch: int = 64, cout: Optional
             w_bytes=traffic["w_bytes"], a_bytes=traffic["a_bytes"], padded_flops=traffic["padded_flops"],
             label=label, device=dev,
         )
+        result["fill"] = reuse_fill(b, tile_m, r)
         result["message"] = result["parity"] + (f"  [{note}]" if note else "")
         return result_answer(result, log)
     except Exception as exc:  # noqa: BLE001 - the widget must answer with a message
         return fail_result(result, log, f"could not run: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}")
+
+
+def forward_clamp(shape: dict, batch: int, tile_m: int, tile_n: int, device: str, budget: float = CPU_WORK_BUDGET,
+                  cached: bool = False) -> Tuple[int, Optional[int], Optional[str]]:
+    """``(batch, nodes or None, note)`` the forward widget runs on ``device`` (:func:`clamp_shape`): on the CPU the
+    batch, then the output nodes, shrink until one launch is at most ``budget`` FLOPs of tile work.
+
+    It takes no ``r``: the tile work counts the batch sub-tiles that run (a CTA skips those past the batch), which
+    ``r`` does not change, and the batch stops shrinking at one sub-tile of ``tile_m`` rows. So every ``r`` runs the
+    same problem and their weight streams compare like with like."""
+    work = lambda bb, nn: tile_traffic(dict(shape, nout=nn), bb, tile_m, tile_n, 1, cached)["padded_flops"]  # noqa: E731
+    return clamp_shape(shape, batch, work, device, budget, tile_rows=tile_m)
+
+
+def reuse_fill(batch: int, tile_m: int, r: int) -> Optional[str]:
+    """A line when a CTA's ``r`` batch tiles of ``tile_m`` rows are not all inside the batch (a batch smaller than
+    ``tile_m * r``): the weight stream is then that of the smaller ``r`` the batch fills; else None."""
+    used = -(-int(batch) // int(tile_m))
+    if r <= 1 or used >= r:
+        return None
+    return (f"B = {batch} fills {used} of the {r} batch tiles of {tile_m} rows each CTA owns: r = {r} streams the "
+            f"weights as r = {used} does")
 
 
 def run_checked(problem, config: str):
@@ -207,8 +229,8 @@ def reuse_live(layer: str = "res18_layer1", batch: int = 64, tile_m: int = 32, t
     """Run the uncached kernel with ``r`` = each of ``rs`` (same tiles otherwise) on one shape:
     every run's :func:`explore_forward` result, plus ``rel_time`` = its kernel time over r=1's.
 
-    The runs are compared on one shape only: where the CPU's ``budget`` clamps the batch differently for
-    different ``r`` (it never goes below ``tile_m * r`` rows), ValueError says which budget the batch needs."""
+    The runs are compared on one shape only: the CPU's ``budget`` clamps every ``r`` alike (:func:`forward_clamp`),
+    and should the runs still differ in shape, ValueError says which budget the batch needs."""
     out = []
     for r in rs:
         res, _ = explore_forward(layer, batch, None, tile_m, tile_n, r, block_dim, "uncached", device=device,
