@@ -42,9 +42,24 @@ def _result(name, loss, acc=0.5):
 def test_loss_figure_and_compare():
     a, b = _result("warp_train", [2.3, 2.0, 1.5], 0.6), _result("torch_compact", [2.3, 2.02, 1.5], 0.61)
     fig = tv.loss_figure([a, b.as_dict()])
-    assert [t.name for t in fig.data] == ["warp_train (test acc 60.0%)", "torch_compact (test acc 61.0%)"]
+    curves = {t.name: t for t in fig.data if t.showlegend is not False}
+    assert list(curves) == ["torch_compact (test acc 61.0%)", "warp_train (test acc 60.0%)"]   # the line first
     g = tv.compare_losses(a, b)
     assert g["steps"] == 3 and g["max_abs_gap"] == pytest.approx(0.02) and g["max_rel_gap"] == pytest.approx(0.02 / 2.02)
+    assert g["step_of_max"] == 2
+    # coinciding curves both show: a thick line under open circles, and the difference drawn apart, below
+    line, circles = curves["torch_compact (test acc 61.0%)"], curves["warp_train (test acc 60.0%)"]
+    assert line.mode == "lines" and line.line.width > 2 and circles.mode == "markers"
+    assert circles.marker.symbol == "circle-open"
+    diff = next(t for t in fig.data if t.name == "warp_train \u2212 torch_compact")
+    assert diff.yaxis == "y2" and list(diff.y) == pytest.approx([0.0, -0.02, 0.0], abs=1e-6)
+    assert "largest 0.0200 at step 2" in fig.layout.annotations[0].text
+    assert fig.layout.yaxis.title.text == "loss (nats)" and fig.layout.xaxis2.title.text == "training step"
+    line = tv.coincide_line(a, b)
+    assert line.startswith("warp_train and torch_compact coincide") and "largest difference 0.0200 nats" in line
+    assert "at step 2" in line and "do not coincide" in tv.coincide_line(a, b, within=0.001)
+    alone = tv.loss_figure([a])
+    assert len(alone.data) == 1 and alone.layout.xaxis.title.text == "training step"
     with pytest.raises(ValueError):
         tv.compare_losses(a, TrainResult("x", "cpu", steps=[10], loss=[1.0]))
 

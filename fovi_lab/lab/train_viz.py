@@ -7,8 +7,10 @@ rounded to 4 decimals and stored as float32 so figures are small and identical f
 * :func:`retina_points_px` -- the retina's sample points in pixel coordinates of an image.
 * :func:`retina_figure` -- a digit with the retina's sample points on it (left) and the values the
   retina read, drawn at the sample points (right).
-* :func:`loss_figure` -- loss curves of several :class:`~fovi_lab.train.TrainResult` in one figure.
+* :func:`loss_figure` -- loss curves of several :class:`~fovi_lab.train.TrainResult` in one figure, each visible
+  where they coincide, and the difference of two of them below.
 * :func:`compare_losses` -- how closely two loss curves track (max absolute / relative gap).
+* :func:`coincide_line` -- that comparison as one printed line.
 * :func:`available_backends` -- which of the wanted backends are registered here.
 * :func:`train_and_plot` -- the widget callback: ``(backends, steps, lr, batch) -> (summary, figure)``;
   an invalid choice returns a message and never raises.
@@ -25,7 +27,7 @@ import torch
 from plotly.subplots import make_subplots
 
 __all__ = [
-    "retina_points_px", "retina_figure", "loss_figure", "compare_losses", "available_backends",
+    "retina_points_px", "retina_figure", "loss_figure", "compare_losses", "coincide_line", "available_backends",
     "train_and_plot", "format_train_summary", "TRAIN_LIMITS",
 ]
 
@@ -33,7 +35,15 @@ __all__ = [
 TRAIN_LIMITS = {"steps": (1, 500), "lr": (1e-5, 1.0), "batch": (1, 512)}
 
 _COLOURS = {"torch_compact": "#1f77b4", "warp_train": "#d62728"}
-_DASHES = {"torch_compact": "solid", "warp_train": "dash"}
+#: How each backend's loss curve is drawn beside another's: a thick line under open circles, so both show where
+#: they coincide ("other": any further backend, in turn; "single": a curve drawn alone).
+_STYLES = {
+    "torch_compact": dict(mode="lines", width=4),
+    "warp_train": dict(mode="markers", symbol="circle-open", size=8),
+    "other": [dict(mode="lines", width=2, colour="#2ca02c"),
+              dict(mode="markers", symbol="x", size=6, colour="#9467bd")],
+    "single": dict(mode="lines+markers", width=2, size=4),
+}
 
 
 def _f(x) -> np.ndarray:
@@ -95,26 +105,78 @@ def _result_fields(res) -> Tuple[str, List[int], List[float], float]:
 
 
 def loss_figure(results: Iterable, title: Optional[str] = None, height: int = 380) -> go.Figure:
-    """Training loss against step for each result (a ``TrainResult`` or its ``as_dict()``), one line each;
-    the legend carries each backend's test accuracy."""
-    fig = go.Figure()
-    for res in results:
-        name, steps, loss, acc = _result_fields(res)
+    """Training loss against step for each result (a ``TrainResult`` or its ``as_dict()``); the legend carries each
+    backend's test accuracy.
+
+    With two or more results the curves would hide each other where they coincide, so each backend has its own
+    mark (``torch_compact`` a thick line, ``warp_train`` open circles on it) and a lower panel draws the difference
+    of the first two, step by step, its largest value in that panel's title (:func:`compare_losses`)."""
+    results = list(results)
+    fields = [_result_fields(r) for r in results]
+    pair = len(fields) >= 2
+    if pair:
+        (na, sa, la, _), (nb, sb, lb, _) = fields[:2]
+        gap = compare_losses(results[0], results[1])
+        fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12, row_heights=[0.68, 0.32],
+                            subplot_titles=("", f"difference {na} \u2212 {nb} (largest {gap['max_abs_gap']:.4f} "
+                                                f"at step {gap['step_of_max']})"))
+        height = max(height, 480)
+    else:
+        fig = go.Figure()
+    styles = [_STYLES.get(f[0], _STYLES["other"][i % len(_STYLES["other"])]) if pair else _STYLES["single"]
+              for i, f in enumerate(fields)]
+    order = sorted(range(len(fields)), key=lambda i: styles[i]["mode"] != "lines")   # lines under the markers
+    for i in order:
+        name, steps, loss, acc = fields[i]
+        style = styles[i]
         label = name if math.isnan(acc) else f"{name} (test acc {acc:.1%})"
-        fig.add_trace(go.Scatter(x=steps, y=_f(loss), mode="lines+markers", name=label,
-                                 line=dict(color=_COLOURS.get(name), dash=_DASHES.get(name, "solid")),
-                                 marker=dict(size=4)))
-    fig.update_layout(title=title or "Training loss (cross-entropy) on the digits, same seed",
-                      xaxis_title="step", yaxis_title="loss", height=height,
-                      margin=dict(l=60, r=20, t=50, b=50), legend=dict(x=0.55, y=0.98))
+        trace = go.Scatter(x=steps, y=_f(loss), name=label, mode=style["mode"], line=dict(
+            color=_COLOURS.get(name, style.get("colour")), width=style.get("width", 2)),
+            marker=dict(size=style.get("size", 4), symbol=style.get("symbol", "circle"),
+                        line=dict(width=1.5, color=_COLOURS.get(name, style.get("colour")))))
+        if pair:
+            fig.add_trace(trace, row=1, col=1)
+        else:
+            fig.add_trace(trace)
+    layout = dict(title=title or "Training loss (cross-entropy) on the digits, same seed", height=height,
+                  margin=dict(l=70, r=20, t=60, b=50), legend=dict(x=0.99, xanchor="right", y=0.99, yanchor="top",
+                                                                 bgcolor="rgba(255,255,255,0.8)"))
+    if not pair:
+        fig.update_layout(xaxis_title="training step", yaxis_title="loss (nats)", **layout)
+        return fig
+    db = dict(zip(sb, lb))
+    steps = [s for s in sa if s in db]
+    diff = [la[sa.index(s)] - db[s] for s in steps]
+    fig.add_trace(go.Scatter(x=steps, y=_f(diff), mode="lines+markers", name=f"{na} \u2212 {nb}", showlegend=False,
+                             line=dict(color="#7f7f7f", width=1.5), marker=dict(size=4, color="#7f7f7f")),
+                  row=2, col=1)
+    fig.add_trace(go.Scatter(x=[steps[0], steps[-1]], y=[0.0, 0.0], mode="lines", showlegend=False, name="zero",
+                             line=dict(color="black", width=1, dash="dot"), hoverinfo="skip"), row=2, col=1)
+    bound = max(abs(v) for v in diff) or 1e-3
+    fig.update_yaxes(title_text="loss (nats)", row=1, col=1)
+    fig.update_yaxes(title_text="difference (nats)", range=[-1.3 * bound, 1.3 * bound], row=2, col=1)
+    fig.update_xaxes(title_text="training step", row=2, col=1)
+    fig.update_layout(**layout)
     return fig
+
+
+def coincide_line(a, b, within: float = 0.01) -> str:
+    """One line on whether two loss curves coincide: the largest difference between them, in nats and relative to
+    the loss, and the step where it falls (:func:`compare_losses`)."""
+    g = compare_losses(a, b)
+    na, nb = _result_fields(a)[0], _result_fields(b)[0]
+    verdict = "coincide" if g["max_rel_gap"] < within else "do not coincide"
+    return (f"{na} and {nb} {verdict} (within {within:.0%} of the loss at every one of {g['steps']} logged steps: "
+            f"{g['max_rel_gap'] < within}): largest difference {g['max_abs_gap']:.4f} nats "
+            f"({g['max_rel_gap']:.2%} of the loss) at step {g['step_of_max']}")
 
 
 def compare_losses(a, b) -> Dict:
     """How closely two loss curves track at their common steps.
 
-    Returns ``{"steps", "max_abs_gap", "max_rel_gap", "final_a", "final_b"}`` (gaps over the common
-    logged steps; relative to the larger of the two losses at each step).
+    Returns ``{"steps", "max_abs_gap", "max_rel_gap", "step_of_max", "final_a", "final_b"}`` (gaps over the common
+    logged steps, relative ones to the larger of the two losses at each step; ``step_of_max``: the step of the
+    largest absolute gap).
     """
     _, sa, la, _ = _result_fields(a)
     _, sb, lb, _ = _result_fields(b)
@@ -125,7 +187,7 @@ def compare_losses(a, b) -> Dict:
     gaps = [abs(da[s] - db[s]) for s in common]
     rel = [abs(da[s] - db[s]) / max(abs(da[s]), abs(db[s]), 1e-12) for s in common]
     return {"steps": len(common), "max_abs_gap": max(gaps), "max_rel_gap": max(rel),
-            "final_a": da[common[-1]], "final_b": db[common[-1]]}
+            "step_of_max": common[gaps.index(max(gaps))], "final_a": da[common[-1]], "final_b": db[common[-1]]}
 
 
 def available_backends(wanted: Sequence[str] = ("warp_train", "torch_compact")) -> List[str]:
