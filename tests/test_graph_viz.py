@@ -50,6 +50,10 @@ def test_neighbourhood_figure(graph):
     assert np.allclose(np.asarray(offsets.x, dtype=np.float64), graph.local_offsets[node, :, 0], atol=1e-4)
     widths = list(offsets.marker.line.width)
     assert sum(w > 0 for w in widths) == int(graph.collided[node].sum())
+    grid = fig.data[names.index(f"output nodes, stride {graph.out_stride / graph.in_stride:g}")]
+    xy = np.stack([np.asarray(grid.x, dtype=np.float64), np.asarray(grid.y, dtype=np.float64)], axis=1)
+    assert np.abs(xy - graph.out_coords[node]).sum(axis=1).min() < 1e-3            # the node is one of them
+    assert len(grid.x) >= 2 and gv.output_spacing(graph, node) > 0
     with pytest.raises(IndexError):
         gv.neighbourhood_figure(graph, graph.nout)
 

@@ -70,6 +70,28 @@ def test_01_graph_widget_moves_and_marks_the_chosen_node():
         assert any(t.startswith(f"node {node}: ") for t in _annotations(d))       # the subplot title names the node
 
 
+def test_01_graph_widget_stride_moves_the_default_node_s_picture():
+    # node 0 reads the same K inputs at every stride (the input grid is fixed): the picture shows the output grid
+    # of the chosen stride around it, in a view wide enough to hold the nearest other output node
+    from fovi_lab.lab import graph_viz as gv
+    defaults = dict(a=0.5, k=25, node=0, rf="rf1")                 # notebook 01's widget defaults
+    figs, spans, summaries = {}, {}, {}
+    for stride in (2, 8):
+        summary, fig = gv.explore_graph(stride=stride, **defaults)
+        assert summary["ok"], summary["message"]
+        d = _figure(fig)
+        grid = [t for t in d["data"] if t.get("name") == f"output nodes, stride {stride}"]
+        assert len(grid) == 1 and len(grid[0]["x"]) >= 2                   # the node and a neighbour of the grid
+        assert any(t.startswith("node 0: ") and t.endswith(f"stride {stride}") for t in _annotations(d))
+        inputs = next(t for t in d["data"] if t.get("name") == "other inputs")
+        figs[stride], spans[stride], summaries[stride] = d, max(abs(v) for v in inputs["x"]), summary
+        assert summary["message"].endswith("% of the inputs read by no output node")
+    assert figs[2]["data"] != figs[8]["data"]
+    assert spans[8] > 2 * spans[2]                                        # the view widens with the stride
+    assert summaries[8]["node_spacing"] > 4 * summaries[2]["node_spacing"]
+    assert summaries[8]["unread_inputs"] > summaries[2]["unread_inputs"]
+
+
 # ------------------------------------------------ notebooks 02, 04, 05, 06: run logs (one bar per run, labelled)
 
 

@@ -101,8 +101,10 @@ def grid_figure(graph: KNNGraph, show_pad: bool = True, height: int = 460) -> go
 def neighbourhood_figure(graph: KNNGraph, node: int, height: int = 440) -> go.Figure:
     """Output node ``node``'s K neighbours, coloured by tap, and the reference grid.
 
-    Left, visual space: the node (black star), nearby input nodes (faint), its neighbours coloured
-    by ``rf_index`` (pad neighbours as red crosses, placed at their padding-band position).
+    Left, visual space: the node (black star), nearby input nodes (faint), the output grid of the layer's stride
+    (open diamonds), its neighbours coloured by ``rf_index`` (pad neighbours as red crosses, placed at their
+    padding-band position). The view holds the neighbourhood and the nearest other output node, so a stride
+    wider than the neighbourhood widens it: the inputs between the neighbourhoods are read by no output.
     Right, the normalised offsets ``u[node]`` in ``[-1, 1]²`` with the ``s x s`` reference grid
     (open squares); each neighbour is joined to the tap it falls into, and a neighbour whose tap an
     earlier neighbour already took (a collision) gets a black ring.
@@ -130,17 +132,23 @@ def neighbourhood_figure(graph: KNNGraph, node: int, height: int = 440) -> go.Fi
     ref = graph.ref_points
     colour = dict(colorscale="Turbo", cmin=0, cmax=max(1, graph.v - 1))
 
+    stride = f"{graph.out_stride / graph.in_stride:g}"
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12, subplot_titles=(
-        f"node {node}: {graph.k} neighbours ({int(pad.sum())} pad)",
+        f"node {node}: {graph.k} neighbours ({int(pad.sum())} pad), stride {stride}",
         f"offsets on the {graph.ref_side}x{graph.ref_side} reference grid "
         f"({len(np.unique(rf))} taps used, {int(hit.sum())} collisions)"))
 
-    # context: inputs within a box around the neighbourhood
-    span = max(float(np.abs(pts - centre).max()), 1e-3) * 1.3
+    # context: inputs and the output grid of this stride within a box around the neighbourhood, wide enough to
+    # hold the nearest other output node (a stride larger than the neighbourhood widens the view)
+    span = max(float(np.abs(pts - centre).max()), 1.2 * output_spacing(graph, node), 1e-3) * 1.3
     near = np.all(np.abs(graph.in_coords - centre) <= span, axis=1)
     ctx = graph.in_coords[near]
     fig.add_trace(go.Scatter(x=_f(ctx[:, 0]), y=_f(ctx[:, 1]), mode="markers", name="other inputs",
                              marker=dict(size=4, color=_FAINT), hoverinfo="skip"), row=1, col=1)
+    outs = graph.out_coords[np.all(np.abs(graph.out_coords - centre) <= span, axis=1)]
+    fig.add_trace(go.Scatter(x=_f(outs[:, 0]), y=_f(outs[:, 1]), mode="markers", name=f"output nodes, stride {stride}",
+                             marker=dict(size=11, symbol="diamond-open", color="black", line=dict(width=1.5)),
+                             hoverinfo="skip"), row=1, col=1)
     real = ~pad
     text = [f"k={k} tap={int(rf[k])}" + (" (pad)" if pad[k] else "") for k in range(graph.k)]
     fig.add_trace(go.Scatter(x=_f(pts[real, 0]), y=_f(pts[real, 1]), mode="markers", name="neighbours",
@@ -178,6 +186,20 @@ def neighbourhood_figure(graph: KNNGraph, node: int, height: int = 440) -> go.Fi
     fig.update_yaxes(range=[-1.15, 1.15], scaleanchor="x2", scaleratio=1, row=1, col=2)
     fig.update_layout(height=height, margin=dict(l=10, r=10, t=40, b=10), legend=dict(orientation="h", y=-0.08))
     return fig
+
+
+def output_spacing(graph: KNNGraph, node: int) -> float:
+    """The visual-space distance from output node ``node`` to the nearest other output node (the output grid's
+    local spacing, which the stride sets; 0 for a layer of one output node)."""
+    d = np.linalg.norm(graph.out_coords - graph.out_coords[int(node)], axis=1)
+    d = d[d > 0]
+    return float(d.min()) if d.size else 0.0
+
+
+def unread_fraction(graph: KNNGraph) -> float:
+    """The share of input nodes that no output node reads (a stride wider than the neighbourhoods skips inputs)."""
+    idx = graph.idx.numpy()
+    return 1.0 - len(np.unique(idx[idx < graph.nin])) / graph.nin
 
 
 # --------------------------------------------------------------------------------------------
@@ -295,7 +317,8 @@ def explore_graph(a: float, k: int, stride: float, node: int = 0, rf: str = "rf2
     Returns:
         ``(summary, figure)``. ``summary`` always has ``ok`` and ``message``; when ``ok`` it also
         has nin, nout, k (clipped to Nin), ref_side, v, pad_fraction, collision_rate,
-        empty_tap_rate, p_per_channel (= K) and the node's pads / distinct taps. Invalid
+        empty_tap_rate, p_per_channel (= K), the node's pads / distinct taps, ``node_spacing`` (the distance to
+        the nearest other output node, :func:`output_spacing`) and ``unread_inputs`` (:func:`unread_fraction`). Invalid
         parameters give ``ok=False``, a message saying why, and a figure showing the message.
     """
     summary = {"ok": False, "a": a, "k_requested": k, "stride": stride, "node": node, "rf": rf}
@@ -316,10 +339,12 @@ def explore_graph(a: float, k: int, stride: float, node: int = 0, rf: str = "rf2
         pad_fraction=graph.pad_fraction, collision_rate=graph.collision_rate,
         empty_tap_rate=graph.empty_tap_rate,
         node_pads=int((graph.idx[node] == graph.nin).sum()), node_distinct_taps=int(len(np.unique(rf_row))),
+        node_spacing=output_spacing(graph, node), unread_inputs=unread_fraction(graph),
         message=(f"{graph.nin} -> {graph.nout} nodes, K = {graph.k}"
                  + (f" (clipped from {int(k)})" if graph.k != int(k) else "")
                  + f", V = {graph.v}: {100 * graph.pad_fraction:.1f} % pad entries, "
-                   f"{100 * graph.collision_rate:.1f} % tap collisions"),
+                   f"{100 * graph.collision_rate:.1f} % tap collisions; "
+                   f"{100 * unread_fraction(graph):.0f} % of the inputs read by no output node"),
     )
     return summary, neighbourhood_figure(graph, node)
 
