@@ -478,6 +478,10 @@ def test_heuristic_table(tmp_path):
         assert rows[0]["ratio"] is None
     fig = kl.heuristic_figure(recs)
     assert _is_fig(fig) and "H200" in fig.layout.title.text
+    cell = fig.data[0].text[0][0]                    # the pick in words in its cell; the id only in the hover text
+    assert pick not in cell and cell.replace("<br>", ", ").startswith(short_label(pick).split(" ", 2)[-1].split(",")[0])
+    assert pick in fig.data[0].customdata[0][0]
+    assert lab_records._cell_words("mmasw_o32b16b64", "tensor cores") == "32x16, 2 warps<br>W in place, split"
 
 
 def _bwd_records():

@@ -102,7 +102,8 @@ def _strings(value):
 def figure_labels(fig: dict):
     """``(where, text)`` for every label a reader sees in a stored plotly figure: the title, axis titles and tick
     texts, annotations, trace names, categorical axis values, a table's header and cells, and a trace's text
-    where it is drawn (not hover texts, which may carry the config id beside the words)."""
+    where it is drawn (a scatter's text mode, a heat map's cell texts; not hover texts, which may carry the config
+    id beside the words)."""
     layout = fig.get("layout", {})
     for key, value in layout.items():
         if key == "title" or key.startswith(("xaxis", "yaxis")):
@@ -125,7 +126,7 @@ def figure_labels(fig: dict):
             if isinstance(values, list) and values and isinstance(values[0], str):
                 for text in values:
                     yield axis + " categories", text
-        if "text" in str(t.get("mode", "")):
+        if "text" in str(t.get("mode", "")) or t.get("texttemplate"):     # drawn: a scatter's or a heat map's cells
             for text in _strings(t.get("text")):
                 yield "drawn text", text
 

@@ -561,23 +561,56 @@ def heuristic_figure(records: Optional[List[dict]] = None, height: int = 460) ->
         return message_figure("no recorded forward sweep yet")
     layers = layer_order(r["layer"] for r in rows)
     bs = sorted({r["B"] for r in rows})
-    z, text = [], []
+    family = _common_family([r["pick"] for r in rows])
+    z, text, hover = [], [], []
     for l in layers:
-        zr, tr = [], []
+        zr, tr, hr = [], [], []
         for b in bs:
             r = next((x for x in rows if x["layer"] == l and x["B"] == b), None)
             zr.append(round4(r["ratio"]) if r and r["ratio"] else None)
-            tr.append(f"{r['pick']}<br>{r['ratio']:.2f}x" if r and r["ratio"] else (r["pick"] + "<br>not swept" if r else ""))
+            words = _cell_words(r["pick"], family) if r else ""
+            tr.append(f"{words}<br>{r['ratio']:.2f}x" if r and r["ratio"] else (words + "<br>not swept" if r else ""))
+            hr.append(f"{l} B={b}: {short_label(r['pick'])} ({r['pick']})" if r else "")
         z.append(zr)
         text.append(tr)
+        hover.append(hr)
     fig = go.Figure(go.Heatmap(z=z, x=[f"B={b}" for b in bs], y=layers, text=text, texttemplate="%{text}",
+                               customdata=hover, hovertemplate="%{customdata}: %{z:.2f}x<extra></extra>",
                                textfont=dict(size=9), colorscale=[[0, "#f7fbff"], [1, "#d62728"]], zmin=1.0, zmax=2.0,
                                colorbar=dict(title="pick / best")))
     fig.update_yaxes(autorange="reversed")
-    fig.update_layout(height=height, margin=dict(l=10, r=10, t=60, b=10),
-                      title=figure_title("Kernel time of the heuristic's pick over the fastest recorded config",
-                                   _sweep_records(records)))
+    what = "Kernel time of the heuristic's pick over the fastest recorded config"
+    fig.update_layout(height=max(height, 56 * len(layers) + 110), margin=dict(l=10, r=10, t=60, b=10),
+                      title=figure_title(what + (f" (every pick: {family})" if family else ""),
+                                         _sweep_records(records)))
     return fig
+
+
+def _common_family(configs: Sequence[str]) -> str:
+    """The leading words without digits (the family, ``"tensor cores"``) that every config's short label starts
+    with, else ``""``."""
+    words = [short_label(c).split(" ") for c in configs]
+    head: List[str] = []
+    for i, w in enumerate(words[0] if words else []):
+        if any(ch.isdigit() for ch in w) or any(len(x) <= i + 1 or x[i] != w for x in words):
+            break
+        head.append(w)
+    return " ".join(head)
+
+
+def _cell_words(config: str, family: str, width: int = 18) -> str:
+    """A config in words for a heat-map cell: its short label less the ``family`` every cell shares, its phrases
+    joined into lines of about ``width`` characters (``<br>`` between them)."""
+    words = short_label(config)
+    if family and words.startswith(family + " "):
+        words = words[len(family) + 1:]
+    lines: List[str] = []
+    for phrase in words.split(", "):
+        if lines and len(lines[-1]) + 2 + len(phrase) <= width:
+            lines[-1] += ", " + phrase
+        else:
+            lines.append(phrase)
+    return "<br>".join(lines)
 
 
 def backward_recorded_figure(records: Optional[List[dict]] = None, mode: str = "backward",
