@@ -482,7 +482,8 @@ def depth_rows(records: Optional[List[dict]] = None, points=DEPTH_POINTS) -> Lis
 
 def _bars_figure(rows: List[dict], empty: str, xs, series, title: str, height: int, log: bool = False) -> go.Figure:
     """Grouped bars of ``series(rows)`` (``(name, colour, µs per x, config per x)``) over ``xs(rows)``, replayed µs
-    per op, the subtitle naming the versions of the records the ``rows`` read; the ``empty`` message without rows."""
+    per op, the subtitle naming the versions of the records the ``rows`` read; the ``empty`` message without rows.
+    The legend sits between the title and the plot, clear of the (two-line) tick labels under it."""
     if not rows:
         return kl.message_figure(empty)
     xs, series = xs(rows), series(rows)
@@ -494,7 +495,7 @@ def _bars_figure(rows: List[dict], empty: str, xs, series, title: str, height: i
                       yaxis_type="log" if log else None,
                       title=dict(text=f"{title}<br><sub>" + kl.versions_title([rec for r in rows for rec in r["records"]])
                                  + " · medians of the recorded replays</sub>", x=0.01),
-                      legend=dict(orientation="h", y=-0.3), margin=dict(t=80, b=120))
+                      legend=dict(orientation="h", x=0.0, y=1.0, yanchor="bottom"), margin=dict(t=110, b=60))
     return readable_log_axes(fig)
 
 
@@ -506,7 +507,8 @@ def _tile_phrase(config: str) -> str:
 def depth_figure(rows: Optional[List[dict]] = None, height: int = 380) -> go.Figure:
     """Grouped bars: per point, the same block looping 16, 32 and 64 p entries per iteration (µs, replayed)."""
     rows = depth_rows() if rows is None else rows
-    depths = (("1 k-step (tile_k 16)", "#9ecae1"), ("2 k-steps (k32)", "#4292c6"), ("4 k-steps (k64)", "#08519c"))
+    depths = (("1 k-step: 16 p entries per iteration", "#9ecae1"), ("2 k-steps: 32 p entries per iteration", "#4292c6"),
+              ("4 k-steps: 64 p entries per iteration", "#08519c"))
     return _bars_figure(rows, "no recorded loop-depth replays under data/",
                         lambda rs: [f"{r['layer']} B={r['B']}<br>{_tile_phrase(r['configs'][0])}" for r in rs],
                         lambda rs: [(name, colour, [(r["ms"][i] or 0) * 1e3 or None for r in rs],
