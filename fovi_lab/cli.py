@@ -2,8 +2,8 @@
 
 Commands: ``demo``, ``bench {forward, backward, train-step, dtypes, compile, adjoints, network, host, cpu-auto,
 ddp}``, ``tune``, ``train``, ``warmup`` and ``report``. Each command's module exposes ``DESCRIPTION``,
-``add_arguments(parser)`` and ``run(args) -> int``, and its own ``main(argv)`` builds the same parser from them, so ``python -m fovi_lab train``
-and ``fovi_lab.train.main`` take the same options. Every parser is a :class:`fovi_lab.ops.arguments.CommandParser`:
+``add_arguments(parser)`` and ``run(args) -> int``, and its own ``main(argv)`` builds the same parser from them, so
+``python -m fovi_lab train`` and ``fovi_lab.train.main`` take the same options. Every parser is a :class:`fovi_lab.ops.arguments.CommandParser`:
 a usage error is one line on stderr with exit status 2, and ``--help`` at every level shows the defaults.
 """
 

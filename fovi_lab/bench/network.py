@@ -24,7 +24,8 @@ what a training loop runs: the forward, cross-entropy against labels, the backwa
 Modes: ``eager`` (one call after another, as most researchers train), ``compiled`` (``torch.compile`` of the
 model), ``reduce-overhead`` (``torch.compile(mode="reduce-overhead")``, Inductor's CUDA graphs, after
 :func:`fovi_lab.ops.graphs.prepare`; a GPU only, and timed only where ``--modes`` names it: its compile takes minutes)
-and ``graphed`` (:func:`fovi_lab.ops.graphs.graphed`: forward and backward replayed from CUDA graphs; a GPU only). Precision ``amp`` (fp32 weights, float16 autocast; the default on a GPU) or ``fp16`` (weights and inputs in
+and ``graphed`` (:func:`fovi_lab.ops.graphs.graphed`: forward and backward replayed from CUDA graphs; a GPU only).
+Precision ``amp`` (fp32 weights, float16 autocast; the default on a GPU) or ``fp16`` (weights and inputs in
 float16; the default on a CPU, where fovi's dispatch has no float16 autocast).
 
 Per (net, B, mode, backend) a record: ``ms`` (per step, the mean of ``steps`` steps issued back to back, one sync

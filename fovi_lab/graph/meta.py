@@ -26,7 +26,6 @@ grad-input reduction gather instead of scatter, so it is deterministic without a
 from __future__ import annotations
 
 import hashlib
-
 import threading
 import weakref
 from dataclasses import dataclass, field, replace
@@ -37,8 +36,8 @@ import torch
 
 import fovi_lab.settings as settings
 
-__all__ = ["TrainingMeta", "build_meta", "validate_meta", "transposed_meta", "tap_meta", "tap_table_bytes", "held_bytes",
-           "pad_to", "synthetic_graph", "SYNTHETIC_SHAPES", "meta_aux", "expanded_meta", "reverse_taps"]
+__all__ = ["TrainingMeta", "build_meta", "validate_meta", "transposed_meta", "tap_meta", "tap_table_bytes",
+           "held_bytes", "pad_to", "synthetic_graph", "SYNTHETIC_SHAPES", "meta_aux", "expanded_meta", "reverse_taps"]
 
 
 # Re-entrant: a weak-reference callback (``_drop``) can run inside the locked region on the same thread, when an
@@ -223,11 +222,11 @@ def build_meta(idx, rf_index, *, cin: int, cout: int, v: int, nin: int, device=N
         device: where the tables live (default: CPU).
 
     Returns:
-        A :class:`TrainingMeta` whose tables are int32 ``[Nout, P64]`` plus flat int64 copies and a
-        reverse CSR over input nodes. The same graph and sizes give the same meta (one object, while any holds it):
-        the layers of one graph share the tables the backends derive from it (the transposed and tap layers of the
-        tensor-core adjoints, their plans), which they would otherwise each build and keep. A meta is not to be
-        changed in place.
+        A :class:`TrainingMeta` whose tables are int32 ``[Nout, P64]`` (their flat int64 copies made on first
+        read) and a reverse CSR over input nodes. The same graph and sizes give the same meta (one object, while any
+        holds it): the layers of one graph share the tables the backends derive from it (the transposed and tap
+        layers of the tensor-core adjoints, their plans), which they would otherwise each build and keep. A meta is
+        not to be changed in place.
     """
     for name, val in (("cin", cin), ("cout", cout), ("v", v), ("nin", nin)):
         if not isinstance(val, (int, np.integer)) or int(val) < 1:

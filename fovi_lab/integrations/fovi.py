@@ -399,8 +399,9 @@ def fovi_network(net: str, device="cpu", n_classes: int = 1000, in_res: int = 64
 
 def lab_metas(model: torch.nn.Module) -> List[TrainingMeta]:
     """The fovi_lab metas built so far for the KNN conv layers of fovi's ``model`` (each layer's fovi meta caches its
-    own, on each device it ran on), each once: layers of one graph share theirs (:func:`fovi_lab.graph.meta.build_meta`).
-    What :func:`fovi_lab.graph.meta.held_bytes` sums for the tables fovi_lab keeps inside fovi's networks."""
+    own, on each device it ran on), each once: layers of one graph share theirs
+    (:func:`fovi_lab.graph.meta.build_meta`). What :func:`fovi_lab.graph.meta.held_bytes` sums for the tables
+    fovi_lab keeps inside fovi's networks."""
     got: Dict[int, TrainingMeta] = {}
     for layer in _knn_layers(model):
         fovi_meta = getattr(layer, "_knn_training_metadata", None)

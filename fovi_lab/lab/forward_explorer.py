@@ -182,7 +182,8 @@ def forward_clamp(shape: dict, batch: int, tile_m: int, tile_n: int, device: str
     It takes no ``r``: the tile work counts the batch sub-tiles that run (a CTA skips those past the batch), which
     ``r`` does not change, and the batch stops shrinking at one sub-tile of ``tile_m`` rows. So every ``r`` runs the
     same problem and their weight streams compare like with like."""
-    work = lambda bb, nn: tile_traffic(dict(shape, nout=nn), bb, tile_m, tile_n, 1, cached)["padded_flops"]  # noqa: E731
+    def work(bb, nn):
+        return tile_traffic(dict(shape, nout=nn), bb, tile_m, tile_n, 1, cached)["padded_flops"]
     return clamp_shape(shape, batch, work, device, budget, tile_rows=tile_m)
 
 
