@@ -100,8 +100,8 @@ def held_bytes(metas, device=None, derived: bool = True) -> int:
             todo += list(o.values())
         elif isinstance(o, (list, tuple, set, frozenset)):
             todo += list(o)
-        elif hasattr(o, "__dict__") and not isinstance(o, type):
-            todo += list(vars(o).values())
+        elif hasattr(o, "__dict__") and not isinstance(o, type) and type(o).__module__.startswith("fovi_lab"):
+            todo += list(vars(o).values())      # the package's own plans; not Warp's objects (its runtime beyond)
     return total
 
 

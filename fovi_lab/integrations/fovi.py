@@ -485,10 +485,10 @@ def fovi_lab_inside(model: torch.nn.Module, backend: str = "warp_train", device=
         finally:
             unregister_from_fovi("warp_train")
         return
-    compact_forward = registry_module.compact_forward
     if backend == "auto":
         yield from _auto_route(layers, registry_module)
         return
+    compact_forward = registry_module.compact_forward
     name = f"fovi_lab_{backend}"
     register_with_fovi(name, backend)
 
@@ -510,6 +510,7 @@ def _auto_route(layers, registry_module) -> Iterator[str]:
     autograd Function, fovi_lab's ``auto`` picks the backend for the layer's shape (on the CPU the fastest CPU form,
     :mod:`fovi_lab.ops.cpu_auto`: measured once per machine, or estimated), and the call runs through
     ``compact_forward(layer, x, ops_name="fovi_lab_<backend>")``, each backend registered at its first pick."""
+    from fovi_lab.ops.autograd import _compute_dtype
     from fovi_lab.ops.dispatch import select_backend
 
     compact_forward = registry_module.compact_forward
@@ -519,9 +520,7 @@ def _auto_route(layers, registry_module) -> Iterator[str]:
         def forward(x):
             meta = _lab_meta(registry_module.ensure_training_metadata(layer, x.device))
             training = torch.is_grad_enabled() and (x.requires_grad or layer.weight.requires_grad)
-            dtype = torch.get_autocast_dtype(x.device.type) if x.device.type in ("cpu", "cuda") and \
-                torch.is_autocast_enabled(x.device.type) else x.dtype
-            backend = select_backend("auto", meta, x, training, dtype=dtype)
+            backend = select_backend("auto", meta, x, training, dtype=_compute_dtype(x))
             name = f"fovi_lab_{backend}"
             if name not in names:
                 register_with_fovi(name, backend)

@@ -177,7 +177,7 @@ def layer_name(text: str) -> str:
     ``fovi:resnet18@64:0``)."""
     from fovi_lab.graph.layers import resolve_layer
     if _source_of(text) is not None:
-        names = _network_layers(text)
+        names = _source_layers(text)
         if names != [text]:
             raise argparse.ArgumentTypeError(f"{text!r} names {len(names)} layers ({names[0]} to {names[-1]}); "
                                              f"give one")
@@ -199,7 +199,7 @@ def layer_names(synthetic: bool = False) -> Callable[[str], str]:
         if text == "all" or (synthetic and text in SYNTHETIC):
             return text
         if _source_of(text) is not None:
-            _network_layers(text)
+            _source_layers(text)
             return text
         try:
             resolve_layer(text)
@@ -225,7 +225,7 @@ def _source_of(text: str) -> Optional[Callable[[str], List[str]]]:
     return next((f for prefix, f in _LAYER_SOURCES.items() if text.startswith(prefix)), None)
 
 
-def _network_layers(text: str) -> List[str]:
+def _source_layers(text: str) -> List[str]:
     """The layers a name of a layer source stands for (:func:`add_layer_source`), or the argument error saying why
     not (a package it needs missing, a name the source does not have)."""
     try:
@@ -242,7 +242,7 @@ def expand_layers(names: Iterable[str]) -> List[str]:
     from fovi_lab.graph.layers import LAYERS
     out: List[str] = []
     for name in names:
-        every = LAYERS if name == "all" else _network_layers(name) if _source_of(name) is not None else (name,)
+        every = LAYERS if name == "all" else _source_layers(name) if _source_of(name) is not None else (name,)
         for n in every:
             if n not in out:
                 out.append(n)
