@@ -95,6 +95,7 @@ def test_an_outer_capture_drops_the_layers_graphs_and_frees_their_copies(monkeyp
     monkeypatch.setenv("FOVI_KNN_REPLAY", "auto")
     meta = layer_meta("res18_layer1", device="cuda")
     x, w, bias, g = _operands(meta, 16, seed=3)
+    assert meta.to(x.device) is meta, "a meta made for 'cuda' is the current device's: no second copy"
     step = lambda: (WarpTrainOps.forward(meta, x, w, bias),) + tuple(WarpTrainOps.backward_combined(meta, g, x, w))  # noqa: E731
     want = _direct(step, monkeypatch)
     for _ in range(4):

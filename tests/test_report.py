@@ -55,7 +55,7 @@ def test_network_rows_pair_ours_with_fovis_fastest_of_the_same_run(tmp_path):
     assert [(r["date"], r["mode"], r["ours_ms"], r["other"], r["other_ms"]) for r in rows] == [
         ("2026-01-01", "eager", 10.0, "auto", 11.0), ("2026-01-02", "eager", 8.0, "baseline", 16.0)]
     table = report.network_readme_table(rows)
-    assert "| KNNResNet-18 | 64 | 8.00 / 16.00 (baseline) | 2.00x | – | – |" in table, table
+    assert "| KNNResNet-18 | 64 | 8.00 / 16.00 (baseline) | 2.00x | – | – | – | – |" in table, table
     assert "KNNAlexNet" not in table
     assert "the build of our tile GEMMs (fused and staged adjoints) not recorded" in table
     for r in rows:
@@ -146,10 +146,26 @@ def test_a_network_row_splits_the_step_where_the_run_timed_the_rest(tmp_path):
     assert eager["other"] == "cuda" and eager["rest_ms"] == 6.0
     assert report._knn_cell(eager) == "4.00 / 6.00 (1.50x)"
     assert report._knn_cell(next(r for r in rows if r["mode"] == "graphed")) == "–"
+    assert "| 6.00 | 4.00 / 6.00 (1.50x) | – | – |" in "\n".join(report.network_markdown(rows))
+
+
+def test_the_peak_columns_put_ours_against_fovis_cuda(tmp_path):
+    """The peak over the run (``peak_run_mib``) of fovi_lab and of fovi's ``cuda`` per network, batch and mode: a
+    timed run's before a memory-traced one's (fewer steps), the newest of each kind; – where either is missing."""
+    import json
+
+    def rec(mode, backend, ms, date="2026-01-01T00:00", **kw):
+        return dict(kind="network", device="GPU X", net="resnet18", B=64, precision="amp", date=date,
+                    mode=mode, backend=backend, ms=ms, commit="abc", **kw)
+    recs = [rec("eager", "fovi_lab", 10.0, peak_run_mib=600.0), rec("eager", "cuda", 12.0, peak_run_mib=400.0),
+            rec("eager", "fovi_lab", 30.0, "2026-01-02T00:00", peak_run_mib=500.0, note_run="memory trace"),
+            rec("graphed", "fovi_lab", 4.0, peak_run_mib=450.0), rec("graphed", "auto", 5.0, peak_run_mib=300.0)]
+    (tmp_path / "gpu_x").mkdir()
+    (tmp_path / "gpu_x" / "network.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    rows = report.network_rows(report.network_records(tmp_path))
     table = report.network_readme_table(rows)
-    row = "| KNNResNet-18 | 64 | 10.00 / 12.00 (cuda) | 1.20x | 4.00 / 5.00 (cuda) | 1.25x | 4.00 / 6.00 (1.50x) | – |"
+    row = "| KNNResNet-18 | 64 | 10.00 / 12.00 (cuda) | 1.20x | 4.00 / 5.00 (auto) | 1.25x | 600 / 400 (1.50x) | – |"
     assert row in table, table
-    assert "| 6.00 | 4.00 / 6.00 (1.50x) |" in "\n".join(report.network_markdown(rows))
 
 
 def test_records_under_a_kernel_switch_stay_out_of_the_tables(tmp_path):

@@ -319,6 +319,7 @@ def network_rows(records: List[dict]) -> List[dict]:
     beside the fastest other backend of the same run and mode (fovi's auto, cuda, baseline, torch_compact, its copy
     of the seed's warp_train), oldest run first. A record's ``run`` (``bench network --alternatives``: fovi's backends
     timed by an earlier call on the same machine) names the run it joins."""
+    peaks = _run_peaks(records)
     runs: Dict[Tuple, List[dict]] = {}
     for r in records:
         runs.setdefault((str(r.get("device")), r["net"], r["B"], r.get("precision"),
@@ -335,8 +336,32 @@ def network_rows(records: List[dict]) -> List[dict]:
                          commit=ours.get("commit"), ours_ms=ours["ms"], other_ms=best["ms"], other=best["backend"],
                          speedup=best["ms"] / ours["ms"], images_per_s=ours.get("images_per_s"),
                          peak_mib=ours.get("peak_mib"), other_peak_mib=best.get("peak_mib"),
-                         tile_gemm=ours.get("tile_gemm"), rest_ms=rest, joined=bool(ours.get("alternatives"))))
+                         tile_gemm=ours.get("tile_gemm"), rest_ms=rest, joined=bool(ours.get("alternatives")),
+                         peak_run=tuple(peaks.get((device, net, b, precision, mode, who)) for who in ("fovi_lab", "cuda"))))
     return rows
+
+
+def _run_peaks(records: List[dict]) -> Dict[Tuple, float]:
+    """(device, net, B, precision, mode, backend) -> the newest record's ``peak_run_mib`` (the peak over the whole
+    run, capture and warm-up included: ``torch.cuda.max_memory_allocated``): a timed run's, else a memory-traced
+    one's (``bench network --memory-trace`` takes fewer steps, and an eager step's per-call graphs grow with them)."""
+    got: Dict[Tuple, Tuple[tuple, float]] = {}
+    for r in records:
+        if r.get("peak_run_mib") is None:
+            continue
+        key = (str(r.get("device")), r["net"], r["B"], r.get("precision"), r["mode"], r["backend"])
+        rank = (not r.get("note_run"), str(r.get("date", "")))
+        if key not in got or rank >= got[key][0]:
+            got[key] = (rank, float(r["peak_run_mib"]))
+    return {k: v for k, (_, v) in got.items()}
+
+
+def _peak_cell(peaks) -> str:
+    """``ours / fovi's cuda (ratio)`` of a row's peaks over the run, MiB; – where either was not recorded."""
+    ours, cuda = peaks or (None, None)
+    if not ours or not cuda:
+        return "–"
+    return f"{ours:.0f} / {cuda:.0f} ({ours / cuda:.2f}x)"
 
 
 #: The mark of a network row whose alternatives an earlier call on the same machine timed (``--alternatives``).
@@ -378,21 +403,24 @@ def network_markdown(rows: List[dict]) -> List[str]:
            "the KNN layers' share is each step less that. ‡: fovi's backends timed by the call just before ours on "
            "the same machine (`bench network --alternatives`: same boot, commit and device).", "",
            "| network | device | B | precision | mode | ours | fovi's fastest | speedup | rest of the step | "
-           "KNN layers: ours / theirs | peak MiB, ours / theirs | our tile GEMMs | run | commit |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "KNN layers: ours / theirs | peak MiB, ours / theirs | peak MiB over the run, ours / fovi's cuda | "
+           "our tile GEMMs | run | commit |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         peak = (f"{r['peak_mib']:.0f} / {r['other_peak_mib']:.0f}" if r["peak_mib"] and r["other_peak_mib"] else "–")
         rest = f"{r['rest_ms']:.2f}" if r.get("rest_ms") is not None else "–"
         out.append(f"| {_NET_NAMES.get(r['net'], r['net'])} | {r['device']} | {r['B']} | {r['precision']} | "
                    f"{r['mode']} | {r['ours_ms']:.2f} | {r['other_ms']:.2f} ({r['other']}){_JOINED[r['joined']]} | "
                    f"{r['speedup']:.2f} | "
-                   f"{rest} | {_knn_cell(r)} | {peak} | {r.get('tile_gemm') or 'not recorded'} | {r['date']} | "
+                   f"{rest} | {_knn_cell(r)} | {peak} | {_peak_cell(r.get('peak_run'))} | "
+                   f"{r.get('tile_gemm') or 'not recorded'} | {r['date']} | "
                    f"{r['commit']} |")
     return out + [""]
 
 
 def network_readme_table(rows: List[dict]) -> str:
-    """The README's network table: per network and batch, the newest run's eager and graphed steps."""
+    """The README's network table: per network and batch, the newest run's eager and graphed steps against fovi's
+    fastest, and the peak memory of each step against fovi's ``cuda`` (the newest records that carry it)."""
     newest: Dict[Tuple, dict] = {}
     for r in rows:                                      # oldest first: the newest run of each cell wins
         newest[(r["net"], r["B"], r["mode"])] = r
@@ -400,17 +428,17 @@ def network_readme_table(rows: List[dict]) -> str:
     if not keys:
         return "No whole-network records in this checkout (`python -m fovi_lab bench network` writes them)."
     some = next(iter(newest.values()))
-    split = any(r.get("rest_ms") is not None for r in newest.values())
     joined = any(r["joined"] for r in newest.values())
-    head = ["network", "B", "eager: ours / fovi's fastest", "speedup", "graphed: ours / fovi's fastest", "speedup"]
-    head += ["KNN layers alone, eager", "graphed"] if split else []
+    head = ["network", "B", "eager: ours / fovi's fastest", "speedup", "graphed: ours / fovi's fastest", "speedup",
+            "peak MiB, eager: ours / fovi's cuda", "graphed"]
     out = [f"A train step of fovi's own networks with fovi_lab inside, against fovi's fastest backend of the same run "
            f"(ms per step; {some['device']}, {_PRECISION.get(some['precision'], some['precision'])}; "
-           f"{_tile_gemm_words(list(newest.values()))}; newest runs, every run in `docs/results.md`"
-           + ("; *KNN layers alone*: each step less the same step with the KNN layers stubbed, ours / theirs"
-              if split else "")
+           f"{_tile_gemm_words(list(newest.values()))}; newest runs, every run and the KNN layers' share of each step "
+           f"in `docs/results.md`"
            + ("; ‡: fovi's backends timed by the call just before ours on the same machine" if joined else "")
-           + "):", "",
+           + "). *Peak MiB*: `torch.cuda.max_memory_allocated()` over the whole run of the step, warm-up and capture "
+             "included, each backend in its own process, against fovi's `cuda` kernel (newest records that carry it; "
+             "a ratio over 1.00x is more memory than fovi's):", "",
            "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for net, b in keys:
         cells = []
@@ -419,8 +447,8 @@ def network_readme_table(rows: List[dict]) -> str:
             cells += ([f"{r['ours_ms']:.2f} / {r['other_ms']:.2f} ({r['other']}){_JOINED[r['joined']]}",
                        f"{r['speedup']:.2f}x"]
                       if r else ["–", "–"])
-        if split:
-            cells += [_knn_cell(newest[(net, b, m)]) if (net, b, m) in newest else "–" for m in ("eager", "graphed")]
+        cells += [_peak_cell(newest[(net, b, m)].get("peak_run")) if (net, b, m) in newest else "–"
+                  for m in ("eager", "graphed")]
         out.append(f"| {_NET_NAMES.get(net, net)} | {b} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 

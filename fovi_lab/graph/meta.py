@@ -182,8 +182,8 @@ class TrainingMeta:
 
     def to(self, device) -> "TrainingMeta":
         """This meta on ``device`` (cached: each device's copy is built once)."""
-        device = torch.device(device)
-        if device == self.device:
+        device = _placed(device)
+        if device == self.input_linear.device:        # (a meta made for "cuda" is the current device's)
             return self
         key = str(device)
         cached = self._per_device.get(key)
@@ -193,12 +193,20 @@ class TrainingMeta:
                 for name in ("input_linear", "weight_linear", "rev_rowptr", "rev_col", "idx", "rf_index")
             }
             # every copy holds the meta it was made from (build_meta hands out one meta per graph while any holds it)
-            self._per_device.setdefault(str(self.device), self)
+            self._per_device.setdefault(str(self.input_linear.device), self)
             cached = replace(self, device=device, _per_device=self._per_device, **tensors)
             if meta_aux(self).get("validated"):
                 meta_aux(cached)["validated"] = True      # a copy of checked tables
             self._per_device[key] = cached
         return cached
+
+
+def _placed(device) -> torch.device:
+    """``device`` as a tensor placed there reports it: ``cuda`` is the current CUDA device, with its index."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def _as_int_table(name: str, t, nout_k=None) -> torch.Tensor:

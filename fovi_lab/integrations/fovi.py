@@ -637,7 +637,7 @@ def _base_layer(layer: str, device: torch.device, bias: bool) -> torch.nn.Module
     once per (layer, device, bias) for the benchmarks, which time it at several batches (building fovi's tables
     takes up to a second); callers use copies of it, never it."""
     if layer.startswith(NETWORK_LAYER_PREFIX):
-        conv = copy.deepcopy(_network_layer(layer)).to(device)
+        conv = copy.deepcopy(_network_layer(layer, device))
         if bias and conv.bias is None:
             raise ValueError(f"layer: {layer!r} has no bias in fovi's network")
         return conv
@@ -664,27 +664,32 @@ def _parse_network_layer(name: str) -> Tuple[str, int, Optional[int]]:
     return net, int(side), int(index) if colon else None
 
 
-@functools.lru_cache(maxsize=8)
-def network_layers(net: str, in_res: int = 64) -> "OrderedDict[str, torch.nn.Module]":
-    """The distinct KNN conv layers of fovi's own ``net`` built with ``in_res`` (:func:`fovi_network`, on the CPU),
-    by their benchmark names (:data:`NETWORK_LAYER_PREFIX`): layers of one graph and the same channels count once
+def network_layers(net: str, in_res: int = 64, device="cpu") -> "OrderedDict[str, torch.nn.Module]":
+    """The distinct KNN conv layers of fovi's own ``net`` built with ``in_res`` (:func:`fovi_network`) on ``device``
+    (a fovi layer keeps its tables as plain attributes, which ``Module.to`` leaves where they are), by their
+    benchmark names (:data:`NETWORK_LAYER_PREFIX`): layers of one graph and the same channels count once
     (they share one fovi_lab meta). fovi 2.4.0's ResNet-18 at in_res 64 has 11 (its stem 3 -> 64 channels over
     5,977 -> 1,469 nodes); the table's layers (:data:`fovi_lab.graph.layers.LAYERS`) are another geometry."""
+    return _network_layers(net, in_res, str(torch.device(device)))
+
+
+@functools.lru_cache(maxsize=8)
+def _network_layers(net: str, in_res: int, device: str) -> "OrderedDict[str, torch.nn.Module]":
     from fovi.arch.knn_autograd import ensure_training_metadata
-    model = fovi_network(net, "cpu", n_classes=10, in_res=in_res)
+    model = fovi_network(net, device, n_classes=10, in_res=in_res)
     got: "OrderedDict[str, torch.nn.Module]" = OrderedDict()
     seen = set()
     for layer in _knn_layers(model):
-        meta = _lab_meta(ensure_training_metadata(layer, torch.device("cpu")))
+        meta = _lab_meta(ensure_training_metadata(layer, layer.weight.device))
         if id(meta) not in seen:
             seen.add(id(meta))
             got[f"{NETWORK_LAYER_PREFIX}{net}@{in_res}:{len(seen) - 1}"] = layer
     return got
 
 
-def _network_layer(name: str) -> torch.nn.Module:
+def _network_layer(name: str, device="cpu") -> torch.nn.Module:
     net, res, i = _parse_network_layer(name)
-    layers = network_layers(net, res)
+    layers = network_layers(net, res, device)
     if i is None or name not in layers:
         raise ValueError(f"layer: {name!r}: fovi's {net} at in_res {res} has {len(layers)} distinct KNN layers, "
                          f"{next(iter(layers))} to {next(reversed(layers))}")

@@ -102,7 +102,7 @@ class CapturedStep:
 
 
 def capture(fn: Callable[[], object], *, warmup: int = 3, device: Optional[torch.device] = None,
-            pool=None) -> CapturedStep:
+            pool=None, keep_cache: bool = False) -> CapturedStep:
     """Capture ``fn()`` (no arguments; it closes over static CUDA tensors) into a CUDA graph.
 
     Args:
@@ -113,6 +113,9 @@ def capture(fn: Callable[[], object], *, warmup: int = 3, device: Optional[torch
         device: the CUDA device (default: the current one).
         pool: another capture's memory pool (:attr:`CapturedStep.pool`) to share (``torch.cuda.graph``'s ``pool``):
             for graphs that hold no live tensor in it and never run at once.
+        keep_cache: capture without emptying torch's allocator cache first (``torch.cuda.graph`` empties it): the
+            free blocks stay where they are, so the tensors allocated after the capture land where they would have
+            without it (what :mod:`fovi_lab.ops.replay`'s in-place graphs, keyed by addresses, rely on).
 
     Raises:
         RuntimeError: without CUDA (graphs are a CUDA feature; on the CPU call ``fn`` directly).
@@ -130,8 +133,16 @@ def capture(fn: Callable[[], object], *, warmup: int = 3, device: Optional[torch
     torch.cuda.current_stream(device).wait_stream(side)
     torch.cuda.synchronize(device)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        outputs = fn()
+    if keep_cache:
+        with torch.cuda.stream(torch.cuda.Stream(device)):
+            graph.capture_begin(pool=pool)
+            try:
+                outputs = fn()
+            finally:
+                graph.capture_end()
+    else:
+        with torch.cuda.graph(graph, pool=pool):
+            outputs = fn()
     return CapturedStep(graph, outputs, pool=graph.pool(), kept=tuple(provider() for provider in _KEEPERS))
 
 

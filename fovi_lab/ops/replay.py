@@ -148,7 +148,7 @@ class _Entry:
         self.after = after                 # the entry whose static inputs this one reads (held: its id is in the key)
         self.outs = None                   # (shape, strides, dtype) of each output, from the first call
         self.places = None                 # in place: {the inputs' and outputs' addresses: their graph}
-        self.place_bytes = 0               # what the in-place graphs' pools hold
+        self.place_bytes = 0               # what the in-place captures reserved (their pool, warm-ups included)
         self.place_dev = None
 
 
@@ -463,12 +463,12 @@ def _capture_in_place(e: _Entry, fn: Callable, args, outs, dev):
         for o, r in zip(outs, _as_tuple(fn(*args))):
             o.copy_(r)
         return ()
-    torch.cuda.empty_cache()                       # (the capture empties it too): what the pool reserves is new
     before = torch.cuda.memory_reserved(dev)
     try:
         with torch.no_grad():
             # a signature's graphs share one pool: they hold no live tensor in it and replay one at a time, in order
-            step = capture(body, warmup=1, device=dev, pool=None if first is None else first.pool)
+            # the allocator's cache kept: emptying it would move the next call's tensors to other addresses
+            step = capture(body, warmup=1, device=dev, pool=None if first is None else first.pool, keep_cache=True)
     except Exception as exc:  # noqa: BLE001 - a call that cannot be captured copies instead
         warnings.warn(f"could not capture this call in place ({type(exc).__name__}: {exc}); its signature's calls "
                       f"copy into a graph's static inputs from now on", RuntimeWarning, stacklevel=5)

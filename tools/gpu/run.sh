@@ -249,3 +249,8 @@ case "$job" in
     echo "unknown job $job" >&2; exit 2 ;;
 esac
 echo "$job done in $(( $(date +%s) - t0 )) s"
+# at most 8 files come back from a call: past that, the logs travel as one archive (records stay files)
+if [ -n "${OUT:-}" ] && [ "$(find "$OUT" -maxdepth 1 -type f | wc -l)" -gt 8 ]; then
+  (cd "$OUT" && tar -czf "logs_$job.tgz" --remove-files $(ls | grep -v -e '\.jsonl$' -e '\.tgz$') 2>/dev/null)
+  echo "logs packed into logs_$job.tgz: $(find "$OUT" -maxdepth 1 -type f | wc -l) files under \$OUT"
+fi
