@@ -182,7 +182,7 @@ SETTINGS: Tuple[Setting, ...] = (
     Setting("FOVI_WARP_I2C_MIB", "number", 32.0,
             "Budget of the i2c forward's im2col stage: nodes are gathered and multiplied in chunks that fit it.",
             f"{_USERS_MEMORY}, tests", kernel=True, unit="MiB"),
-    _budget("FOVI_KNN_GRAD_STAGE_MIB", 256.0,
+    _budget("FOVI_KNN_GRAD_STAGE_MIB", 64.0,
             "Stage budget of the staged Warp adjoints, capped by `FOVI_KNN_STAGE_MIB`: batches and nodes are "
             "chunked to fit it."),
     _budget("FOVI_KNN_FUSED_PARTIAL_MIB", 64.0,

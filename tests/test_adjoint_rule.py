@@ -217,6 +217,38 @@ def test_the_stems_rule_reads_the_table_budget_and_a_forced_switch(monkeypatch):
     assert rule.adjoint_plan(meta, 40, torch.float16).dw == "staged"
 
 
+def test_every_layers_dw_on_the_tensor_cores_keeps_its_tap_tables_within_the_budget(monkeypatch):
+    """The tap layer's tables grow with the batch: a dW on the tensor cores runs in batch chunks whose tables fit
+    STEM_DW_TABLE_MIB (and FOVI_KNN_TAP_TABLE_MIB), the whole batch at once where it fits; chunked, dW is against the
+    fp64 oracle, bitwise repeatable and the whole batch's to fp32 rounding."""
+    import fovi_lab.knn_warp as K
+    from fovi_lab.graph.meta import tap_table_bytes
+    from fovi_lab.kernels.adjoint import as_forward as af
+    meta = layer_meta("alex_L1")
+    budget = af.STEM_DW_TABLE_MIB << 20
+    assert rule.adjoint_plan(meta, 64, torch.float16).dw_batch_chunk == 0 and tap_table_bytes(meta, 64) <= budget
+    plan = rule.adjoint_plan(meta, 256, torch.float16)
+    assert plan.dw == "mma" and plan.dw_config is None and 1 <= plan.dw_batch_chunk < 256
+    assert tap_table_bytes(meta, plan.dw_batch_chunk) <= budget < tap_table_bytes(meta, 256)
+    assert f"in batch chunks of {plan.dw_batch_chunk} rows" in rule.gradient_words(plan, "dW")
+    meta = layer_meta("res18_layer1")
+    b = 64
+    monkeypatch.setenv("FOVI_KNN_TAP_TABLE_MIB", "2")
+    plan = rule.adjoint_plan(meta, b, torch.float16)
+    rows = plan.dw_batch_chunk
+    assert plan.dw == "mma" and 1 <= rows < b and tap_table_bytes(meta, rows) <= 2 << 20
+    g0 = torch.Generator().manual_seed(b)
+    x = torch.randn(b, meta.cin, meta.nin, generator=g0).half()
+    g = torch.randn(b, meta.cout, meta.nout, generator=g0).half()
+    ref = CompactTorchOps.grad_weight(meta, g.double(), x.double())
+    dw = K.grad_weight(meta, g, x)
+    assert dw.dtype == torch.float32 and torch.equal(dw, K.grad_weight(meta, g, x))
+    assert float((dw.double() - ref).abs().max()) <= 2e-6 * float(ref.abs().max())
+    monkeypatch.delenv("FOVI_KNN_TAP_TABLE_MIB")           # the whole batch's tap layer is over that budget
+    whole = af.grad_weight_mma(meta, g, x, plan.config("dW"))
+    assert float((dw - whole).abs().max()) <= 1e-5 * float(ref.abs().max())
+
+
 def test_explain_says_what_tables_the_layer_keeps():
     """explain() names the index tables the call's plan keeps on the device, each derived layer with its size as
     held_bytes counts it: on the H200's plan res18_layer1 at B = 64 keeps the transposed layer (dx) and the tap layer

@@ -154,7 +154,7 @@ def test_the_defaults_are_what_the_code_does_unset(monkeypatch):
     for name in NAMES:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", "/tmp/xdg")
-    assert derived_table_limit() == 512 << 20 and grad_stage_budget_bytes() == 256 << 20
+    assert derived_table_limit() == 512 << 20 and grad_stage_budget_bytes() == 64 << 20
     assert _budget_bytes() == 64 << 20 and plans._i2c_stage_bytes() == 32 << 20
     assert plans._i2c_gather_kind() == "warp" and stage_fp32_default() is False
     assert plans.simts_split(1024, 576)[0] == 32 and plans.simts_split(1024, 576, (4, 8))[0] == 72

@@ -128,7 +128,7 @@ def test_chunk_counts_under_tiny_budget(monkeypatch):
     assert len(wa.plan_grad_input(meta, g, w, "gi3_p64b64")[0].chunks) == 3
     assert wa.grad_stage_budget_bytes() == int(0.0001 * (1 << 20))
     monkeypatch.delenv("FOVI_KNN_GRAD_STAGE_MIB")
-    assert wa.grad_stage_budget_bytes() == 256 << 20
+    assert wa.grad_stage_budget_bytes() == 64 << 20
 
 
 def test_default_config_selection(monkeypatch):

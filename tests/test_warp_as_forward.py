@@ -280,11 +280,18 @@ def test_warp_train_takes_taps_for_dx_under_the_switch_on_fp16_calls_only(monkey
     _assert_fp32_exact(dx, dx_o, "warp_train dx under FOVI_KNN_DX_PATH=taps")
 
 
-def test_the_taps_config_rule_and_a_bad_dtype_is_refused():
+def test_the_taps_config_rule_and_a_bad_dtype_is_refused(monkeypatch):
+    """The config follows the rows of a chunk: a split config for few, the pipelined one from 64 rows of enough work
+    (the chunks fit the stage budget: at B = 512, 171 of dinov3_patch's rows a chunk under 256 MiB, 47 under 64)."""
     from fovi_lab.graph.layers import layer_meta
-    from fovi_lab.kernels.adjoint.as_forward import MMA_GRAD_CONFIG, grad_input_taps, select_taps_config
+    from fovi_lab.kernels.adjoint.as_forward import (MMA_GRAD_CONFIG, grad_input_taps, select_taps_config,
+                                                     taps_batch_chunk)
     meta = layer_meta("dinov3_patch")
-    assert select_taps_config(meta, 16) == "mmas_o64b16" and select_taps_config(meta, 512) == MMA_GRAD_CONFIG
+    assert select_taps_config(meta, 16) == "mmas_o64b16"
+    monkeypatch.setenv("FOVI_KNN_GRAD_STAGE_MIB", "256")
+    assert taps_batch_chunk(meta, 512) >= 64 and select_taps_config(meta, 512) == MMA_GRAD_CONFIG
+    monkeypatch.setenv("FOVI_KNN_GRAD_STAGE_MIB", "64")
+    assert taps_batch_chunk(meta, 512) < 64 and select_taps_config(meta, 512) != MMA_GRAD_CONFIG
     m, w, g, _, _, _ = _case("ODD", 3, torch.bfloat16)
     with pytest.raises(TypeError, match="grad_y"):
         grad_input_taps(m, g, w)

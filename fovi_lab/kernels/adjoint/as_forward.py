@@ -64,6 +64,7 @@ from fovi_lab.kernels.common import check_tensor
 from fovi_lab.ops.reference import check_grad_args
 
 __all__ = ["grad_input_mma", "grad_input_taps", "select_taps_config", "taps_batch_chunk", "grad_weight_mma",
+           "dw_batch_chunk",
            "transposed_weight", "padding", "tap_padding", "list_paddings",
            "select_grad_mma", "select_stem_dw_mma", "stem_dw_batch_chunk", "stem_dw_config",
            "MMA_GRAD_CONFIG", "MMA_GRAD_MIN_GFLOP", "MMA_GRAD_MIN_BATCH", "MMA_GRAD_MIN_CIN", "MMA_GRAD_MAX_PADDING",
@@ -86,8 +87,9 @@ MMA_GRAD_MIN_CIN = 16
 #: The most list padding (slots over real entries) of either derived layer the rule accepts: the measured
 #: winners padded up to 2.84-fold (ResNet-18 layer 3.0's tap layer); layer 4.0's tap layer, 5.54-fold, lost.
 MMA_GRAD_MAX_PADDING = 3.0
-#: The most index-table memory (MiB) of the tap layer a stem's dW runs on: the batch is cut into chunks whose tap
-#: tables fit (ResNet-18's stem: up to 17 rows per chunk; AlexNet's L0, 484 taps: 7).
+#: The most index-table memory (MiB) of the tap layer a dW on the tensor cores runs on: the batch is cut into chunks
+#: whose tap tables fit (ResNet-18's stem: up to 17 rows per chunk; AlexNet's L0, 484 taps: 7; every layer:
+#: :func:`dw_batch_chunk`).
 STEM_DW_TABLE_MIB = 32
 #: The most chunks the stems' rule takes: the tap layer's work grows with the batch while the staged kernels' stage
 #: does not, and their replayed steps gain on PyTorch's as B grows (ResNet-18's stem from B = 16 to 512 in
@@ -196,6 +198,16 @@ def grad_input_mma(meta: TrainingMeta, grad_y: torch.Tensor, weight: torch.Tenso
     wt = transposed_weight(weight, meta)            # one copy of W per call (Cout*Q elements: small beside g)
     g = grad_y if grad_y.is_contiguous() else grad_y.contiguous()
     return run_uncached(g, wt, None, mt.input_linear, mt.weight_linear, config=config, out_dtype=torch.float32)
+
+
+def dw_batch_chunk(meta: TrainingMeta, batch: int) -> int:
+    """The rows per chunk of a layer's dW on the tensor cores (:func:`grad_weight_mma`'s ``batch_chunk``): 0 (the
+    whole batch at once) where the tap layer of the whole batch keeps its tables within :data:`STEM_DW_TABLE_MIB`
+    (and ``FOVI_KNN_TAP_TABLE_MIB``), else :func:`stem_dw_batch_chunk`'s rows, chunks as even as the batch allows and
+    each within that budget: the tap tables grow with the batch (AlexNet L1 of fovi's network at in_res 64: 31 MiB
+    at B = 64, four times that at 256), and a chunk's fp32 result is summed in chunk order (bitwise repeatable)."""
+    budget = min(STEM_DW_TABLE_MIB << 20, derived_table_limit())
+    return 0 if tap_table_bytes(meta, int(batch)) <= budget else stem_dw_batch_chunk(meta, batch)
 
 
 def taps_batch_chunk(meta: TrainingMeta, batch: int) -> int:

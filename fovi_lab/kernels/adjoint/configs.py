@@ -3,7 +3,7 @@
 A config name encodes its tiles: ``gi2_p64b128`` is grad-input version 2 with a 64-wide p tile and a 128-wide
 batch tile; ``gw3_p64n128`` is grad-weight version 3 with a 64-wide p tile and a 128-wide output-channel tile.
 A ``_f32`` suffix on a kernel name selects an fp32 stage (the staged entry points take a config name and
-``stage_fp32`` for sweeps); ``FOVI_KNN_GRAD_STAGE_MIB`` bounds the stage (default 256 MiB, capped by
+``stage_fp32`` for sweeps); ``FOVI_KNN_GRAD_STAGE_MIB`` bounds the stage (default 64 MiB, capped by
 ``FOVI_KNN_STAGE_MIB``).
 """
 
@@ -211,10 +211,11 @@ def select_gw_config(cout: int, cin: Optional[int] = None, batch: Optional[int] 
 def grad_stage_budget_bytes() -> int:
     """Stage budget of the Warp grads: ``min(FOVI_KNN_STAGE_MIB, FOVI_KNN_GRAD_STAGE_MIB)`` MiB.
 
-    ``FOVI_KNN_GRAD_STAGE_MIB`` defaults to 256: at B=512 the dA stage alone would otherwise be
-    ~0.5 GiB for alexnet L0/L1, and chunking the batch costs only launches (each chunk is still
-    ``Nout * Bchunk/tile_b`` full tiles). ``FOVI_KNN_STAGE_MIB`` (the torch reference's budget, default
-    512) stays a hard cap.
+    ``FOVI_KNN_GRAD_STAGE_MIB`` defaults to 64: a stage is freed after its call, but its bytes add to the step's
+    peak (ResNet-18's stem in fovi's network at B = 256: its dW staged 206 MiB of x rows and products in one
+    chunk), while chunking the batch or the nodes costs only launches (each chunk is still whole tiles: ``Nout *
+    Bchunk/tile_b`` of them for dx). ``FOVI_KNN_STAGE_MIB`` (the torch reference's budget, default 512) stays a
+    hard cap.
     """
     grad = int(settings.get("FOVI_KNN_GRAD_STAGE_MIB") * (1 << 20))
     return min(stage_budget_bytes(), grad)

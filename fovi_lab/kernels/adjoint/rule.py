@@ -108,8 +108,10 @@ class AdjointPlan:
         forced: ``(dx, dW)`` put on the tensor cores by a switch (a fallback then warns; the rule's pick gives way
             quietly).
         fused: ``(dx, dW)`` :class:`FusedPick` where ``kernels`` is ``"fused"``, else None.
-        dw_config, dw_batch_chunk: a stem's dW on the tensor cores (the stems' rule): its config and the batch rows
-            of each chunk (None and 0 elsewhere: dW takes ``mma_config`` over the whole batch).
+        dw_config: a stem's dW on the tensor cores (the stems' rule): its config (None elsewhere: dW takes
+            ``mma_config``).
+        dw_batch_chunk: a dW on the tensor cores: the batch rows of each chunk, whose tap tables fit
+            :data:`~fovi_lab.kernels.adjoint.as_forward.STEM_DW_TABLE_MIB` (0: the whole batch at once).
         dx_config: dx's config on the ``"taps"`` path (the tap-expanded layer's split config), else None.
     """
 
@@ -205,9 +207,11 @@ def decide(meta, batch: int, dtype: torch.dtype, device=None) -> AdjointPlan:
             return "taps"
         return "mma" if sw == "mma" or config is not None or (which == "dW" and stem) else kernels
     fused = fused_picks(meta, batch, _device_of(meta, device)) if kernels == "fused" else None
-    return AdjointPlan(one("dx"), one("dW"), kernels, config,
-                       (switches["dx"] in ("mma", "taps"), switches["dW"] == "mma"), fused,
-                       stem, af.stem_dw_batch_chunk(meta, batch) if stem else 0, taps)
+    dw = one("dW")
+    # the tap layer's tables within their budget: the stems' chunks, and every other layer's where its batch needs
+    chunk = af.stem_dw_batch_chunk(meta, batch) if stem else af.dw_batch_chunk(meta, batch) if dw == "mma" else 0
+    return AdjointPlan(one("dx"), dw, kernels, config,
+                       (switches["dx"] in ("mma", "taps"), switches["dW"] == "mma"), fused, stem, chunk, taps)
 
 
 def adjoint_plan(meta, batch: int, dtype: torch.dtype, device=None) -> AdjointPlan:

@@ -231,7 +231,8 @@ class _GradInputPlan:
         per_b = meta.nout * meta.p64 * itemsize
         bchunk = max(tile_b, (grad_stage_budget_bytes() // max(1, per_b)) // tile_b * tile_b)
         cap = max(tile_b, (_MAX_STAGE_ELEMS // (meta.nout * meta.p64)) // tile_b * tile_b)
-        self.bchunk = bchunk = min(bchunk, pad_to(b, tile_b), cap)
+        bchunk = min(bchunk, pad_to(b, tile_b), cap)
+        self.bchunk = bchunk = min(bchunk, pad_to(-(-b // -(-b // bchunk)), tile_b))     # chunks as even as tiles allow
         self.chunks = [(b0, min(b, b0 + bchunk), pad_to(min(b, b0 + bchunk) - b0, tile_b))
                        for b0 in range(0, b, bchunk)]
         sdt = torch.float32 if stage.fp32_stage else torch.float16
@@ -305,6 +306,7 @@ class _GradWeightPlan:
         self.nc = nc = max(1, min(meta.nout, grad_stage_budget_bytes() // max(1, per_node),
                                   _MAX_STAGE_ELEMS // (meta.p64 * self.cpad),
                                   _MAX_STAGE_ELEMS // (meta.p64 * self.bpad) if self.staged_x else meta.nout))
+        self.nc = nc = -(-meta.nout // -(-meta.nout // nc))                    # chunks as even as the nodes allow
         if self.staged_x:
             self.at = _empty((nc * meta.p64, self.bpad), x.dtype, grad_y.device)
         self.chunks = [(n0, min(meta.nout, n0 + nc)) for n0 in range(0, meta.nout, nc)]
