@@ -13,6 +13,7 @@ from fovi_lab import lab as kl
 from fovi_lab.lab import forward_explorer as lab_forward_explorer
 from fovi_lab.lab import problems as lab_problems
 from fovi_lab.lab import records as lab_records
+from fovi_lab.lab import records_forward_viz, records_select
 from fovi_lab.lab.labels import short_label
 from fovi_lab.bench.common import compact_bytes, compact_flops
 from fovi_lab.ops.reference import oracle_forward
@@ -421,7 +422,7 @@ def test_forward_loaders_and_figures(tmp_path):
     assert row["best_config"] == "nm_m64n64k64r2" and row["best_kernel_ms"] == 0.25
     assert row["torch_impl"] == "torch_cached_bmm" and row["cached_ms"] == 0.75
     assert row["max_err"] == pytest.approx(3e-4)
-    title = kl.versions_title(lab_records._latest_run(recs))
+    title = kl.versions_title(records_select.latest_runs(recs))
     assert title == "NVIDIA H200 · Warp 1.19.0 · torch 2.11.0+cu130 · 2026-11-29"
     assert "2026-11-28 .. 2026-11-29" in kl.versions_title(recs)
     fig = kl.forward_recorded_figure(recs)
@@ -436,7 +437,8 @@ def test_forward_loaders_and_figures(tmp_path):
     assert len(ratios) == len({t.name for t in reuse.data})          # one legend entry per twin, in words
     assert ratios[kernel_label("m32n64r2") + " (over r = 1)"] == [pytest.approx(1.05)]
     assert ratios[kernel_label("nm_m64n64k64r2") + " (over r = 1)"] == []
-    assert lab_records._gemm4096(recs) == {"warp_tflops": 40.5, "warp_config": "nm_m64n64k128", "cublas_tflops": 720.0}
+    assert lab_records.gemm_ceilings(recs) == {"warp_tflops": 40.5, "warp_config": "nm_m64n64k128",
+                                               "cublas_tflops": 720.0}
 
 
 def test_forward_table_reads_pick_and_sweep_from_their_own_runs(tmp_path):
@@ -458,7 +460,7 @@ def test_forward_table_reads_pick_and_sweep_from_their_own_runs(tmp_path):
     assert row["pick_ms"] == 0.40 and row["torch_ms"] == 0.25 and row["pick_dense_ms"] == 0.27
     assert row["best_config"] == "nm_m64n64k64r2" and row["best_kernel_ms"] == 0.25   # from the sweep
     assert row["cached_ms"] is None                                                     # not in the bench run
-    assert lab_records._gemm4096(recs)["warp_tflops"] == 40.5                                    # the run with more configs
+    assert lab_records.gemm_ceilings(recs)["warp_tflops"] == 40.5                       # the run with more configs
     assert [r["config"] for r in kl.reuse_summary(recs)] == ["m32n64r2"]      # nm twins not swept here
     summ = {r["config"]: r for r in kl.reuse_summary(recs)}
     assert summ["m32n64r2"]["median"] == pytest.approx(1.05) and summ["m32n64r2"]["faster"] == 0
@@ -481,7 +483,7 @@ def test_heuristic_table(tmp_path):
     cell = fig.data[0].text[0][0]                    # the pick in words in its cell; the id only in the hover text
     assert pick not in cell and cell.replace("<br>", ", ").startswith(short_label(pick).split(" ", 2)[-1].split(",")[0])
     assert pick in fig.data[0].customdata[0][0]
-    assert lab_records._cell_words("mmasw_o32b16b64", "tensor cores") == "32x16, 2 warps<br>W in place, split"
+    assert records_forward_viz._cell_words("mmasw_o32b16b64", "tensor cores") == "32x16, 2 warps<br>W in place, split"
 
 
 def _bwd_records():

@@ -1,0 +1,81 @@
+"""Bars of recorded whole ops replayed from CUDA graphs, over the batch ``B``: one layer's replays
+(:func:`layer_replays_figure`), one panel per batch (:func:`batch_panels_figure`), and the learner's own batch marked
+on such a figure (:func:`mark_batch`).
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+import plotly.graph_objects as go
+
+from fovi_lab.lab.common import message_figure, readable_log_axes
+from fovi_lab.lab.records_select import versions_title
+
+
+def layer_replays_figure(layer: str, rows: List[dict], series, runs: str, empty: str, log: bool = False,
+                         height: int = 320) -> go.Figure:
+    """Grouped bars of one layer's recorded replays over B (the widgets' side figures of notebooks 02 and 09).
+
+    ``rows``: one dict per batch with a ``B`` and ``records``; ``series``: ``(ms key, config key, name, colour)``
+    per bar group; ``runs``: the runs named in the subtitle; ``empty``: the message when there are no rows."""
+    if not rows:
+        return message_figure(empty)
+    fig = go.Figure()
+    for key, cfg_key, name, colour in series:
+        fig.add_trace(go.Bar(x=[f"B={r['B']}" for r in rows], y=[r[key] for r in rows], name=name,
+                             marker_color=colour, customdata=[r.get(cfg_key) for r in rows],
+                             hovertemplate="%{x}: %{y:.3f} ms (%{customdata})<extra>" + name + "</extra>"))
+    recs = [rec for r in rows for rec in r["records"]]
+    title = "ms per op, replayed (log)" if log else "ms per op, CUDA-graph replay"
+    fig.update_layout(barmode="group", height=height, yaxis=dict(type="log" if log else "linear", title=title),
+                      title=dict(text=f"{layer}: recorded replays<br><sub>{versions_title(recs)} · {runs}, "
+                                      "medians</sub>", x=0.01),
+                      margin=dict(t=70, b=40), legend=dict(orientation="h", y=-0.2))
+    return readable_log_axes(fig)
+
+
+def mark_batch(fig: go.Figure, batch, note: Optional[str] = None) -> go.Figure:
+    """Mark ``batch`` on a figure of bars over ``B=...`` categories (the widgets of notebooks 10 and 12): a dashed line
+    named ``your batch: B = ...`` (the categories kept in batch order) and ``note`` (the live run) as an annotation."""
+    ys = [v for t in fig.data if t.type == "bar" for v in (t.y or ()) if v]
+    if not ys or isinstance(batch, bool) or not isinstance(batch, int):
+        return fig
+    cat = f"B={batch}"
+    cats = sorted({x for t in fig.data for x in (t.x or ())} | {cat}, key=lambda c: int(str(c)[2:]))
+    low = min(ys) if fig.layout.yaxis.type == "log" else 0
+    fig.add_trace(go.Scatter(x=[cat, cat], y=[low, max(ys)], mode="lines", name=f"your batch: B = {batch}",
+                             line=dict(color="black", dash="dash"), hoverinfo="skip"))
+    fig.update_xaxes(categoryorder="array", categoryarray=cats)
+    if note:
+        fig.add_annotation(text=note, xref="paper", yref="paper", x=0, y=1.0, xanchor="left", yanchor="bottom",
+                           showarrow=False, font=dict(size=11))
+    return fig
+
+
+def batch_panels_figure(rows: List[dict], series: Sequence[Tuple[str, str, str, str]], title: str, subtitle: str,
+                        height: int = 460, outline_pick: bool = False):
+    """Recorded whole ops replayed from CUDA graphs, one panel per batch ``B``: per layer, a bar per series
+    ``(ms key, config key, name, colour)`` of ``rows`` (dicts with ``layer``, ``B``, ``records`` and those keys),
+    on a log axis, the config in the hover. ``outline_pick``: outline the bar whose config is the row's
+    ``pick``. The title carries the records' device and versions, then ``subtitle``."""
+    from plotly.subplots import make_subplots
+    batches = sorted({r["B"] for r in rows})
+    fig = make_subplots(rows=1, cols=len(batches), subplot_titles=[f"B = {b}" for b in batches], shared_yaxes=True)
+    for col, b in enumerate(batches, start=1):
+        rs = [r for r in rows if r["B"] == b]
+        xs = [r["layer"] for r in rs]
+        for key, cfg_key, name, colour in series:
+            bar = dict(x=xs, y=[r[key] for r in rs], name=name, marker_color=colour, legendgroup=name,
+                       showlegend=col == 1, customdata=[r.get(cfg_key) for r in rs],
+                       hovertemplate="%{x}: %{y:.3f} ms (%{customdata})<extra>" + name + "</extra>")
+            if outline_pick:
+                bar["marker_line"] = dict(width=[2.5 if r["pick"] == r.get(cfg_key) else 0 for r in rs], color="black")
+            fig.add_trace(go.Bar(**bar), row=1, col=col)
+        fig.update_xaxes(tickangle=-45, row=1, col=col)
+    fig.update_yaxes(type="log", title_text="ms per op, CUDA-graph replay (log)", row=1, col=1)
+    recs = [rec for r in rows for rec in r["records"]]
+    fig.update_layout(barmode="group", height=height,
+                      title=dict(text=f"{title}<br><sub>{versions_title(recs)} · {subtitle}</sub>", x=0.01),
+                      legend=dict(orientation="h", y=-0.42), margin=dict(t=90, b=150))
+    return readable_log_axes(fig)
