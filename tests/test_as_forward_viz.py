@@ -1,4 +1,4 @@
-"""fovi_lab.lab.as_forward_viz (notebook 11): the live timing of both gradients two ways, and the summary lines the
+"""fovi_lab.lab.as_forward_viz (notebook 12): the live timing of both gradients two ways, and the summary lines the
 notebook's prose quotes."""
 
 import pytest

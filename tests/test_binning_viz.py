@@ -1,4 +1,4 @@
-"""fovi_lab.lab.binning_viz (notebook 12, section 4): the Q/P64 arithmetic, the measurement on this machine,
+"""fovi_lab.lab.binning_viz (notebook 13, section 4): the Q/P64 arithmetic, the measurement on this machine,
 and the loaders of the recorded H200 runs (with and without data)."""
 
 from __future__ import annotations

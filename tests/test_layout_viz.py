@@ -1,4 +1,4 @@
-"""Notebook 10's layout-copy section (``fovi_lab.lab.layout_viz``): the check it runs here, and the recorded H200
+"""Notebook 11's layout-copy section (``fovi_lab.lab.layout_viz``): the check it runs here, and the recorded H200
 rows it prints (the copy probe of both dispatches, the train step before and with the layout kernel)."""
 
 from fovi_lab.lab import layout_viz as lv

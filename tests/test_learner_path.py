@@ -21,7 +21,7 @@ def test_the_repository_agrees_with_the_list():
 
 def test_the_tool_checks_and_writes_nothing_when_all_agree():
     r = subprocess.run([sys.executable, "tools/learner_path.py"], cwd=ROOT, capture_output=True, text=True)
-    assert r.returncode == 0 and "the path agrees: 12 notebooks" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "the path agrees: 13 notebooks" in r.stdout, r.stdout + r.stderr
 
 
 def test_the_list_is_the_reading_order():

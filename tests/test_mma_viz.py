@@ -1,5 +1,5 @@
-"""Notebook 09's logic (fovi_lab.lab.mma_viz): the fragment layout, the lane channels, the recorded-run readers and
-the widget callback."""
+"""The logic of notebooks 09 and 10 (fovi_lab.lab.mma_viz): the fragment layout, the lane channels, the recorded-run
+readers and the widget callback."""
 
 from __future__ import annotations
 
@@ -48,6 +48,8 @@ def test_recorded_rows_read_the_mma_runs():
     assert "H200" in fig.layout.title.text and len(fig.data) == 3 * len({r["B"] for r in rows})
     lay = mv.layout_rows()
     assert lay and all(r["speedup"] > 0 for r in lay)
+    fig = mv.layout_figure(lay)
+    assert "H200" in fig.layout.title.text and len(fig.data) == 2 and len(fig.data[0].x) == len(lay)
 
 
 def test_widget_refuses_bad_choices_with_a_message():
@@ -68,7 +70,7 @@ def test_widget_runs_a_pick_here():
 
 
 def test_loop_depth_and_staged_store_readers():
-    """Notebook 09's later sections: the loop depths and the staged store read from the mma sweep, the cubins'
+    """Notebook 10's sections: the loop depths and the staged store read from the mma sweep, the cubins'
     registers, and the Nsight Compute profile that pointed at the stores."""
     depth = mv.depth_rows()
     stage = mv.stage_rows()

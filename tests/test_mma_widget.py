@@ -1,4 +1,4 @@
-"""Notebook 09's widget (fovi_lab.lab.mma_viz.mma_widget / explore_mma_widget): a change of batch re-runs the real
+"""Notebook 10's widget (fovi_lab.lab.mma_viz.mma_widget / explore_mma_widget): a change of batch re-runs the real
 kernel on Warp's CPU device and moves the figure, which marks the chosen batch and kernel on the recorded sweep
 and shows the live time beside the recorded one."""
 

@@ -1,4 +1,4 @@
-"""The widgets of notebooks 01, 02, 04, 05, 06, 10 and 12 (rerun on each change), and the button widgets of 03 and
+"""The widgets of notebooks 01, 02, 04, 05, 06, 11 and 13 (rerun on each change), and the button widgets of 03 and
 07, all built by ``fovi_lab.lab.common.live`` (09's: tests/test_mma_widget.py; their busy state:
 tests/test_widget_busy.py).
 
@@ -175,7 +175,7 @@ def test_06_fused_adjoint_widget_moves_and_marks_the_chosen_batch():
                          "fused adjoint runs", ("dx_kernel", "dw_kernel"))
 
 
-# --------------------------------------------- notebooks 10 and 12: a live run beside the layer's recorded runs
+# --------------------------------------------- notebooks 11 and 13: a live run beside the layer's recorded runs
 
 
 def _batch_marked(d: dict, batch: int, live_line: str):
@@ -198,13 +198,13 @@ def _two_batches_marked(widget, batches):
     assert figs[batches[0]]["data"] != figs[batches[1]]["data"]
 
 
-def test_12_split_widget_moves_and_marks_the_chosen_batch():
+def test_13_split_widget_moves_and_marks_the_chosen_batch():
     from fovi_lab.lab import split_viz as spv
     _two_batches_marked(lambda b: spv.explore_split_widget("res18_layer3", b, "ss_b8o8u4", device="cpu"),
                         (1, 4))                                     # the batch slider (min 1)
 
 
-def test_10_pipe_widget_moves_and_marks_the_chosen_batch():
+def test_11_pipe_widget_moves_and_marks_the_chosen_batch():
     from fovi_lab.lab import pipe_viz as pv
     _two_batches_marked(lambda b: pv.explore_pipe_widget("alex_L1", b, "mmap_o64b128k32s3", device="cpu"), (1, 2))
 

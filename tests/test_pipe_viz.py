@@ -1,4 +1,4 @@
-"""Notebook 10's logic (``fovi_lab.lab.pipe_viz``): the block table, the swizzle model, a run against the
+"""Notebook 11's logic (``fovi_lab.lab.pipe_viz``): the block table, the swizzle model, a run against the
 reference, the recorded H200 rows and the widget's refusals."""
 
 import pytest

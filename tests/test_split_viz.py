@@ -1,4 +1,4 @@
-"""Notebook 12 section 3 logic (fovi_lab.lab.split_viz): the thread arithmetic, the CPU run of the split kernel,
+"""Notebook 13 section 3 logic (fovi_lab.lab.split_viz): the thread arithmetic, the CPU run of the split kernel,
 and the readers of the recorded H200 split-kernel sweeps."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Notebook 12 section 1 logic (fovi_lab.lab.stem_viz): the stage arithmetic, the CPU parity run, and the
+"""Notebook 13 section 1 logic (fovi_lab.lab.stem_viz): the stage arithmetic, the CPU parity run, and the
 readers of the recorded H200 stem runs."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Every widget callback of the lab says that it is at work (fovi_lab.lab.common.busy / live): a status line reads
 "running ..." and the controls are disabled while it runs, and after it the controls are as they were and the line
 says "done in X s", or the error, when the callback raised. Checked before, during (from inside the patched work)
-and after, on the helper, on the panels the package builds (notebook 09's mma widget, the family explorer) and on
+and after, on the helper, on the panels the package builds (notebook 10's mma widget, the family explorer) and on
 the notebooks, which wire their widgets only through the helper."""
 
 import json

@@ -1,4 +1,4 @@
-"""Notebook 11, the adjoints as forwards: a check of both tensor-core adjoints against the oracle, what the
+"""Notebook 12, the adjoints as forwards: a check of both tensor-core adjoints against the oracle, what the
 derived layers pay in padding on the real layers, and what the H200 recorded for them beside the fused / staged
 kernels (each gradient alone, and the whole train step with both forced onto the tensor cores), with the rule read
 from it (:mod:`fovi_lab.kernels.adjoint.as_forward`)."""

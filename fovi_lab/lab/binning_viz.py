@@ -1,4 +1,4 @@
-"""Bin first, then one GEMM? (notebook 12, section 4): docs/operator.md §1.4's binned form against the compact GEMM.
+"""Bin first, then one GEMM? (notebook 13, section 4): docs/operator.md §1.4's binned form against the compact GEMM.
 
 The compact operator contracts ``P64 = Cin*K`` (padded) gathered rows per output node, each node with its
 own gathered weight ``W_n``. The binned form (:func:`fovi_lab.ops.reference.binned_forward`) first sums every

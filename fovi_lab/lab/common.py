@@ -459,7 +459,7 @@ def layer_kernel_widget(layer: str, batch: int, config: Optional[str], *, layers
                         configs: Sequence[str], run: Callable[..., dict], figure: go.Figure, cpu_nodes: int,
                         device: Optional[str] = None, budget: float = CPU_WORK_BUDGET,
                         none_is_pick: bool = False) -> Tuple[List[str], go.Figure]:
-    """The shared flow of the kernel widgets (notebooks 09 and 10): refuse a layer, config or batch outside the
+    """The shared flow of the kernel widgets (notebooks 10 and 11): refuse a layer, config or batch outside the
     offered ones, or more than ``budget`` FLOPs of work on a CPU, each with a message line; else
     ``run(layer, batch=, config=, nodes=, device=)`` (a dict with ``line``, ``config``, ``ms``, ``finite``,
     ``split`` and ``pick``) on the layer's first ``cpu_nodes`` output nodes on a CPU (all on a GPU). Returns

@@ -97,7 +97,7 @@ def train_step_runs(records: Optional[List[dict]] = None,
                     need: Sequence[str] = ("warp_train", "warp_train_staged")) -> Dict[tuple, dict]:
     """``(layer, B) -> {impl: record}`` from the most recent recorded train-step run of each shape that
     measured every impl in ``need`` (default: both paths, the staged one next to the backend's own) with
-    ``warp_train`` on these kernels: runs where it took the tensor-core adjoints (``path`` ``"mma"``, notebook 11)
+    ``warp_train`` on these kernels: runs where it took the tensor-core adjoints (``path`` ``"mma"``, notebook 12)
     are left out."""
     records = kl.backward_records(mode="train-step") if records is None else records
     runs: Dict[tuple, Dict[tuple, Dict[str, dict]]] = {}

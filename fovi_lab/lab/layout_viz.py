@@ -1,4 +1,4 @@
-"""Notebook 10, section 7: the operands' layout copies through shared memory (:mod:`fovi_lab.kernels.layout`).
+"""Notebook 11, section 7: the operands' layout copies through shared memory (:mod:`fovi_lab.kernels.layout`).
 
 * :func:`check_here`: the copies a forward and a fused adjoint make (x^T with its pad row and batch columns, a
   node-major g with channel padding, a strided destination), run here and compared element by element with

@@ -1,21 +1,26 @@
-"""Notebook 09: tensor cores by hand, the ``mma.sync`` forward kernels of :mod:`fovi_lab.kernels.forward.mma` (logic and
-figures).
+"""Notebooks 09 and 10: tensor cores by hand, the ``mma.sync`` forward kernels of
+:mod:`fovi_lab.kernels.forward.mma`, and how they are tuned (logic and figures).
+
+Notebook 09, the kernel:
 
 * :func:`fragment_figure`: which lane holds which element of the A, B and D fragments of one
   ``mma.sync.m16n8k16`` (the layout the PTX ISA fixes), and how the kernel fills them.
 * :func:`lane_channels`: the channel permutation that makes a lane's W loads one vector load.
 * :func:`explore_mma`: run one mma config on a real layer's shape here, against the fp32 reference.
-* :func:`mma_rows` / :func:`mma_figure`: the recorded H200 sweeps: per layer and batch, the mma pick's whole op
-  replayed from a CUDA graph (the tensor-core sweep), the tile / SIMT rules' pick (their runs) and the fastest
-  PyTorch forward, replayed too, medians over the runs that measured them.
-* :func:`layout_rows`: what each operand layout bought: the same block with x in place or x^T, W^T or W in
-  place, replayed side by side.
+* :func:`layout_rows` / :func:`layout_figure`: what each operand layout bought: the same block with x in place or
+  x^T, W^T or W in place, replayed side by side.
+
+Notebook 10, the tuning:
+
 * :func:`depth_rows` / :func:`depth_figure` / :func:`register_rows`: what the loop depth bought (the same block
   looping 1, 2 or 4 k-steps per iteration, replayed side by side in the tensor-core sweep) and what it costs in registers
   and resident warps (the sm_90 cubins).
 * :func:`stage_rows` / :func:`stage_figure`: what the staged store bought (the same block writing y directly or
   through a shared tile, replayed side by side: the staged-store sweep); :func:`ncu_rows`: the Nsight Compute profile
   that pointed at the stores.
+* :func:`mma_rows` / :func:`mma_figure`: the recorded H200 sweeps: per layer and batch, the mma pick's whole op
+  replayed from a CUDA graph (the tensor-core sweep), the tile / SIMT rules' pick (their runs) and the fastest
+  PyTorch forward, replayed too, medians over the runs that measured them.
 * :func:`mma_widget` / :func:`explore_mma_widget` / :func:`widget_figure`: the notebook's widget: one layer, batch
   and mma config run here, the pick for that shape, and a figure marking that batch and kernel on the layer's
   recorded replays, with the live time beside the recorded one.
@@ -37,7 +42,8 @@ from fovi_lab.graph.layers import RECORDED_LAYERS, layer_meta
 from fovi_lab.lab.labels import kernel_label, short_label
 
 __all__ = ["LAYERS", "fragment_owner", "fragment_figure",
-           "lane_channels", "explore_mma", "mma_rows", "mma_figure", "layout_rows", "depth_rows", "depth_figure",
+           "lane_channels", "explore_mma", "mma_rows", "mma_figure", "layout_rows", "layout_figure",
+           "depth_rows", "depth_figure",
            "register_rows", "stage_rows", "stage_figure", "ncu_rows", "explore_mma_widget", "widget_figure",
            "mma_widget", "mma_configs",
            "mma_summary", "operand_mb", "dense_ceiling_rows"]
@@ -266,7 +272,7 @@ def mma_figure(rows: Optional[List[dict]] = None, height: int = 480) -> go.Figur
     rows = mma_rows() if rows is None else rows
     if not rows:
         return kl.message_figure("no recorded mma sweep in the records")
-    return kl.batch_panels_figure(rows, _SERIES, "Tensor cores by hand: the mma kernels against the tile / SIMT "
+    return kl.batch_panels_figure(rows, _SERIES, "The tensor-core rule's picks against the tile / SIMT "
                                   "kernels and PyTorch (whole op, replayed)",
                                   "medians of the recorded H200 replays: the tensor-core sweep and the tile / SIMT rules' runs", height=height)
 
@@ -288,11 +294,26 @@ def layout_rows(records: Optional[List[dict]] = None, pairs=LAYOUT_PAIRS) -> Lis
     shapes = _by_shape(_sel(records, "tensor-core layouts"))
     rows = []
     for layer, b, base, other in pairs:
-        med = _replayed(shapes.get((layer, b), []))
+        rs = shapes.get((layer, b), [])
+        med = _replayed(rs)
         if base in med and other in med:
             rows.append(dict(layer=layer, B=b, base=base, base_ms=med[base], other=other, other_ms=med[other],
-                             speedup=med[base] / med[other]))
+                             speedup=med[base] / med[other], records=rs))
     return rows
+
+
+def layout_figure(rows: Optional[List[dict]] = None, height: int = 380) -> go.Figure:
+    """Grouped bars: per pair of :func:`layout_rows`, the block reading x in place and W^T beside the same block with
+    its other layout, x^T or W in place (µs per op, replayed)."""
+    rows = layout_rows() if rows is None else rows
+    layouts = (("base_ms", "base", "x in place, W^T (a per-call copy)", "#bdbdbd"),
+               ("other_ms", "other", "the other layout: x^T or W in place", "#31a354"))
+    return _bars_figure(rows, "no recorded layout replays under data/",
+                        lambda rs: [f"{r['layer']} B={r['B']}<br>{short_label(r['other'], title=False)}" for r in rs],
+                        lambda rs: [(name, colour, [r[key] * 1e3 for r in rs], [r[cfg] for r in rs])
+                                    for key, cfg, name, colour in layouts],
+                        "Operand layouts: the same block reading x in place and W^T, or x^T or W in place",
+                        height=height, log=True)
 
 
 #: The batches the tensor-core sweep timed on every layer: the widget's recorded sweep.

@@ -1,4 +1,4 @@
-"""Notebook 10: the pipelined tensor-core forward of :mod:`fovi_lab.kernels.forward.mma_pipe` (logic and figures).
+"""Notebook 11: the pipelined tensor-core forward of :mod:`fovi_lab.kernels.forward.mma_pipe` (logic and figures).
 
 * :func:`stage_rows` / :func:`stage_table`: what one CTA of each pipelined config holds: its warp grid, each warp's
   tile, the shared memory of its stages and the bytes it has in flight.

@@ -15,7 +15,7 @@ from fovi_lab.lab.records_select import versions_title
 
 def layer_replays_figure(layer: str, rows: List[dict], series, runs: str, empty: str, log: bool = False,
                          height: int = 320) -> go.Figure:
-    """Grouped bars of one layer's recorded replays over B (the widgets' side figures of notebooks 02 and 09).
+    """Grouped bars of one layer's recorded replays over B (the widgets' side figures of notebooks 02 and 10).
 
     ``rows``: one dict per batch with a ``B`` and ``records``; ``series``: ``(ms key, config key, name, colour)``
     per bar group; ``runs``: the runs named in the subtitle; ``empty``: the message when there are no rows."""
@@ -36,7 +36,7 @@ def layer_replays_figure(layer: str, rows: List[dict], series, runs: str, empty:
 
 
 def mark_batch(fig: go.Figure, batch, note: Optional[str] = None) -> go.Figure:
-    """Mark ``batch`` on a figure of bars over ``B=...`` categories (the widgets of notebooks 10 and 12): a dashed line
+    """Mark ``batch`` on a figure of bars over ``B=...`` categories (the widgets of notebooks 11 and 13): a dashed line
     named ``your batch: B = ...`` (the categories kept in batch order) and ``note`` (the live run) as an annotation."""
     ys = [v for t in fig.data if t.type == "bar" for v in (t.y or ()) if v]
     if not ys or isinstance(batch, bool) or not isinstance(batch, int):

@@ -1,9 +1,9 @@
-"""Notebook 12, section 3: the split SIMT forward (``simts``) for grids with too few threads (logic and
+"""Notebook 13, section 3: the split SIMT forward (``simts``) for grids with too few threads (logic and
 figures).
 
 * :func:`thread_count`: how many threads a layer's unsplit SIMT launch has, and the split the tile / SIMT rule
   picks (``FOVI_WARP_MMA=off``: the default picks are the tensor-core kernels of :mod:`fovi_lab.lab.mma_viz`,
-  notebook 09).
+  notebooks 09 and 10).
 * :func:`explore_split`: run the split kernel on a real layer shape on this machine, checked against the fp32
   reference, with a bitwise repeat (its partials are summed in a fixed order).
 * :func:`split_rows` / :func:`split_figure`: the recorded H200 sweeps (the split-loop sweep of :data:`fovi_lab.lab.records.SELECTIONS`): per layer and batch, the split

@@ -1,4 +1,4 @@
-"""Notebook 12, section 1: the Cin = 3 stems, where the gathers leave the GEMM loop (logic and figures).
+"""Notebook 13, section 1: the Cin = 3 stems, where the gathers leave the GEMM loop (logic and figures).
 
 * :func:`stage_bytes`: the im2col stage's size against the layer's own operands, per stem.
 * :func:`explore_stem`: run the stem's gather-family and i2c forwards and the gathered / staged-operand
