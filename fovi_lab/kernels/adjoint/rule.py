@@ -161,7 +161,7 @@ def gradient_words(plan: AdjointPlan, which: str) -> str:
         return f"fused node-major kernel, no stage: {pick.words()}  [{pick.config}]  (Cin >= {FUSED_MIN_CIN})"
     words = f"staged kernels: a stage and a reverse-index reduction  (Cin < {FUSED_MIN_CIN})"
     if which == "dx":       # the opt-in that puts a stem's dx on the tensor cores (fp16 calls)
-        words += "; FOVI_KNN_DX_PATH=taps: fp16 calls on the tensor cores, through the tap-expanded layer (notebook 11)"
+        words += "; FOVI_KNN_DX_PATH=taps: fp16 calls on the tensor cores, through the tap-expanded layer (notebook 12)"
     return words
 
 

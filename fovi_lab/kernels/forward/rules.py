@@ -348,7 +348,7 @@ def _simt_fits(batch: int, out_channels: int, out_nodes: int) -> bool:
 
 
 # The split SIMT kernel (simts) and where it wins, from the H200 sweeps (fovi_lab/records/h200/forward_sweep.jsonl.gz, replayed
-# whole ops; their medians are in notebook 12, section 3):
+# whole ops; their medians are in notebook 13, section 3):
 # * B <= 4, every layer: it beat the 16x32 node-major tiles (res18 layer1-4 and alexnet L1-L4 at B = 1 and 4),
 #   the DINOv3 patch embed's i2c tiles, and on both stems the unsplit SIMT kernels (``sdp_b4o4u4``), by the
 #   widest margin on alexnet's. A 16-row tensor-core tile is 1/16 or 1/4 full there, and a stem's unsplit grid at
