@@ -21,7 +21,7 @@ RUN = ROOT / "tools" / "gpu" / "run.sh"
 
 #: The jobs checked (ncu needs Nsight Compute's own binary; notebooks run tools/gpu/run_notebooks.sh, its own check).
 JOBS = ("forward", "sweep", "train-step", "backward", "network", "host", "parity", "all", "networks-fovi", "steps",
-        "finish", "fovi-layers", "memory", "networks-all", "in-place", "ddp")
+        "finish", "fovi-layers", "memory", "budgets", "networks-all", "in-place", "ddp")
 
 #: ``python3 -m MODULE`` of the package -> the words of ``python -m fovi_lab`` that run the same command.
 MODULES = {"fovi_lab": [], "fovi_lab.bench.forward": ["bench", "forward"],

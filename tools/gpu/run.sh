@@ -34,6 +34,9 @@
 #                                                   # backends, B = 16, 64, 256, eager and replayed
 #   bash tools/gpu/run.sh memory [BACKEND ...]    # where each backend's memory goes in both networks at B = 64 and
 #                                                   # 256, eager and graphed (bench network --memory-trace)
+#   bash tools/gpu/run.sh budgets                 # the memory rules: the outer-capture and in-place replay tests,
+#                                                   # fovi_lab in both networks, ResNet-18 eager in place, the train
+#                                                   # step on fovi's stem and AlexNet conv1
 #   bash tools/gpu/run.sh networks-all            # the next call on the same machine: the tile GEMMs built both
 #                                                   # ways on three layers, AlexNet at 64, both networks at 256, the
 #                                                   # forward over the 13 layers, fovi's backends per layer
@@ -47,7 +50,7 @@
 #
 # FOVI_TIMEOUT (seconds, default 560) bounds each job inside the device's 10-minute call.
 set -uo pipefail
-job="${1:?usage: run.sh forward|sweep|train-step|backward|network|host|parity|all|networks-fovi|steps|finish|fovi-layers|memory|networks-all|in-place|ddp|ncu|notebooks [args]}"; shift
+job="${1:?usage: run.sh forward|sweep|train-step|backward|network|host|parity|all|networks-fovi|steps|finish|fovi-layers|memory|budgets|networks-all|in-place|ddp|ncu|notebooks [args]}"; shift
 source "$(dirname "$0")/device_env.sh"
 limit="${FOVI_TIMEOUT:-560}"
 tag="${FOVI_TAG:-$job}"
@@ -132,6 +135,24 @@ case "$job" in
         > "$OUT/memory_$net.log" 2>&1
       grep -v "at the peak" "$OUT/memory_$net.log" | tail -12
     done ;;
+  budgets)
+    # the memory rules on one call: the replay tests of an outer capture and of in-place graphs, fovi_lab's step in
+    # both networks (eager and graphed, B = 64 and 256; their peaks against networks-fovi's records), ResNet-18's
+    # eager step under FOVI_KNN_REPLAY=in-place, then the train step on the layers the budgets chunk (fovi's stem
+    # and AlexNet conv1) beside fovi's backends
+    timeout "$(cap 120)" python3 -m pytest -o addopts="" -p no:cacheprovider -q tests/test_gpu_replay.py \
+      -k "outer_capture or in_place" --junitxml="$OUT/replay.xml" > "$OUT/replay.log" 2>&1
+    tail -4 "$OUT/replay.log"; echo "replay tests done at $(( $(date +%s) - t0 )) s"
+    for net in resnet18 alexnet; do
+      timeout "$(cap 110)" python3 -m fovi_lab.bench.network --net "$net" --batches 64 256 --modes eager graphed \
+        --steps 10 --backends fovi_lab --out "$OUT/network.jsonl" 2>&1 | grep -v "^\["
+    done
+    FOVI_KNN_REPLAY=in-place timeout "$(cap 80)" python3 -m fovi_lab.bench.network --net resnet18 --batches 64 256 \
+      --modes eager --steps 10 --backends fovi_lab --out "$OUT/network.jsonl" 2>&1 | grep -v "^\["
+    [ "$(left)" -gt 40 ] && timeout "$(( $(left) - 5 ))" python3 -m fovi_lab.bench.backward train-step --graphs \
+      --batches 64 256 --layers fovi:resnet18@64:0 fovi:alexnet@64:1 --time-budget-s $(( $(left) - 25 )) \
+      --out "$OUT/train_step_fovi_layers.jsonl" > "$OUT/fovi_layers.log" 2>&1
+    grep -v "^\[" "$OUT/fovi_layers.log" | tail -25 ;;
   steps)
     cat /proc/sys/kernel/random/boot_id
     # the kernels compile into a cache the next call on this machine finds (device_env.sh points Warp at it there)
