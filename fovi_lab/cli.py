@@ -1,7 +1,7 @@
 """The command line: ``python -m fovi_lab COMMAND [options]`` (also the ``fovi-lab`` script), one argparse tree.
 
 Commands: ``demo``, ``bench {forward, backward, train-step, dtypes, compile, adjoints, network, host, cpu-auto,
-ddp}``, ``tune``, ``train``, ``warmup`` and ``report``. Each command's module exposes ``DESCRIPTION``,
+ddp}``, ``tune``, ``train``, ``warmup``, ``report`` and ``cost-model``. Each command's module exposes ``DESCRIPTION``,
 ``add_arguments(parser)`` and ``run(args) -> int``, and its own ``main(argv)`` builds the same parser from them, so
 ``python -m fovi_lab train`` and ``fovi_lab.train.main`` take the same options. Every parser is a :class:`fovi_lab.ops.arguments.CommandParser`:
 a usage error is one line on stderr with exit status 2, and ``--help`` at every level shows the defaults.
@@ -38,6 +38,7 @@ COMMANDS: Dict[str, tuple] = {
     "train": ("fovi_lab.train", "train the foveated digits network (data-parallel under torchrun)"),
     "warmup": ("fovi_lab.kernels.warmup", "compile every Warp kernel config for this device, in parallel"),
     "report": ("fovi_lab.bench.report", "make docs/results.md and the README's results table from the records"),
+    "cost-model": ("fovi_lab.kernels.cost_model", "fit the forward cost model on one GPU, score its picks on another"),
 }
 
 #: benchmark -> (module, one line for the benchmark list).
