@@ -513,13 +513,13 @@ What the score can and cannot say:
 - Both GPUs are sm_90 with the same datasheet compute peaks and different HBM bandwidths; the score says nothing
   of another architecture (A100, L40S, B200), whose records there are none of.
 - A timed shape is one layer at one batch in one run. The score's first line per direction takes the latest run
-  of each layer-batch pair (the kernels `auto` and the rules run today; for scope `kernels` the latest sweep), the
+  of each layer-batch pair (the kernels `auto` and the rules run; for scope `kernels` the latest sweep), the
   second every run (a pair timed in several H200 runs counts once per run, kernels since changed included).
   Graphed calls, bf16 and the runs' non-default variants (`note_run`) are left out.
 
-What decides by it: nothing. `auto` keeps the records and the tune cache, the rules keep their picks, as they
-were: fitted on the H100's records, the model's ranking of Warp's kernels on the H200 falls short of 80% within
-10% (the summary's `kernels fit h100` lines), so the model is not trusted to choose where no record applies.
+What decides by it: nothing. `auto` reads the records and the tune cache, the rules make their own picks: fitted
+on the H100's records, the model's ranking of Warp's kernels on the H200 falls short of 80% within 10% (the
+summary's `kernels fit h100` lines), so the model is not trusted to choose where no record applies.
 
 ```
 """
