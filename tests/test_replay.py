@@ -95,6 +95,42 @@ def test_suspended_runs_direct_in_every_thread_and_nests():
     assert not per_call_suspended() and seen == [True]
 
 
+def test_graphed_warm_ups_free_the_per_call_copies_first(monkeypatch):
+    """A layer's first call inside :func:`replay.suspended` (``graphed()``'s warm-ups) drops the signatures its eager
+    calls cached, their static copies freed at once, without owning the layer (its capture will); the results are
+    the direct ones, and the layer's eager calls after the block cache again."""
+    import weakref
+    meta, conv = _layer_conv()
+    x = torch.randn(4, meta.cin, meta.nin, generator=torch.Generator().manual_seed(1)).half()
+
+    def step():
+        xr = x.clone().requires_grad_()
+        y = conv(xr)
+        y.float().sum().backward()
+        out = (y.detach(), xr.grad, conv.weight.grad.clone())
+        conv.weight.grad = None
+        return out
+    want = step()
+    _emulated(monkeypatch)
+    for _ in range(3):
+        step()
+    held = list(replay._entries.values())
+    copies = [weakref.ref(t) for e in held if e.static is not None for t in e.static if t is not None]
+    assert held and copies
+    (meta,) = {id(e.meta): e.meta for e in held}.values()         # the meta the layer's calls carry
+    before = replay.stats()
+    with replay.suspended():
+        got = step()
+        assert all(c() is None for c in copies), "the warm-up's first call must free the cached copies"
+        assert replay.stats()["cached"] == 0 and replay.stats()["replayed"] == before["replayed"]
+    assert all(torch.equal(a, b) for a, b in zip(want, got))
+    assert not replay.owned_by_outer_capture(meta) and replay.stats()["owned"] == 0
+    for _ in range(3):
+        step()
+    assert replay.stats()["cached"] > 0 and replay.stats()["replayed"] > before["replayed"]
+    replay.clear()
+
+
 def _emulated(monkeypatch):
     """CUDA graphs emulated on the CPU (replay.EMULATE_ON_CPU) and every call replayed; the cache starts empty."""
     monkeypatch.setattr(replay, "EMULATE_ON_CPU", True)

@@ -32,7 +32,8 @@ CUDA graph (``torch.cuda.make_graphed_callables``, after :func:`prepare`); on th
 is. Its warm-ups run with the backends' own per-call graphs suspended (:func:`suspend_per_call`): the
 whole-step graph never replays them, and on fovi's ResNet-18 at B = 64 they held 492 of the graphed step's 1,090 MiB
 peak (``data/h100/network.jsonl``, commit 2cd909c). Per-call graphs made before it (eager steps of the same model)
-are dropped by the capture itself: an outer capture owns its layers (:mod:`fovi_lab.ops.replay`).
+are dropped at each layer's first warm-up call, their copies freed before the warm-up steps add to the peak, and
+the capture owns the layers from then on (:mod:`fovi_lab.ops.replay`).
 """
 
 from __future__ import annotations

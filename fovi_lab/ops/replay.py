@@ -39,7 +39,9 @@ step in a user's ``torch.cuda.graph``, :func:`fovi_lab.ops.graphs.graphed`, ``to
 the step's graph issues that layer's kernels and would never replay its per-call graphs. So at that call the
 layer's cached signatures are dropped (their static copies freed at once, inside the capture, so they do not add to
 its peak; the graphs themselves are destroyed at the next call made outside any capture, or by :func:`clear`), and
-the layer's later calls outside the capture run directly: none is cached again. :func:`owned_by_outer_capture` says
+the layer's later calls outside the capture run directly: none is cached again. :func:`fovi_lab.ops.graphs.graphed`
+drops them sooner, at the layer's first call in its warm-ups (before the warm-up steps allocate theirs), and its
+capture then owns the layer. :func:`owned_by_outer_capture` says
 which layers; :func:`clear` forgets them too. Without this rule, on fovi's ResNet-18 at B = 64, the per-call graphs
 made by two eager forward and backward passes before the capture held 89 MiB of a graphed step's 688 MiB peak
 (``data/h200/network.jsonl``, commit dacd104, ``replay_resident_mib``).
@@ -302,14 +304,18 @@ def _outer_capture_underway(t) -> bool:
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
-def _yield_to_outer_capture(meta) -> None:
+def _yield_to_outer_capture(meta, own: bool = True) -> None:
     """``meta``'s layer is owned by an outer capture: its signatures are dropped (their static tensors freed now;
-    their graphs kept in :data:`_retired` until no capture is underway) and its later calls run directly."""
+    their graphs kept in :data:`_retired` until no capture is underway) and, where ``own``, its later calls run
+    directly (``own`` False: the warm-ups of :func:`fovi_lab.ops.graphs.graphed`, whose capture owns the layer)."""
     with _lock:
         if id(meta) in _owned:
             return
-        _owned[id(meta)] = meta
+        if own:
+            _owned[id(meta)] = meta
         gone = [k for k, e in _entries.items() if e.meta is meta or (e.after is not None and e.after.meta is meta)]
+        if not gone:
+            return
         dropped = [_entries.pop(k) for k in gone]
         _counts["yielded"] += len(dropped)
     for e in dropped:
@@ -354,10 +360,16 @@ def _replay(op, meta, fn: Callable, args, after=None):
         return fn(*args), None
     if _retired:
         clear_retired()
+    if suspended_here():
+        # graphed()'s warm-ups: its capture will own the layer; the copies its eager calls made go before the
+        # warm-up steps add theirs to the peak
+        if meta is not None:
+            _yield_to_outer_capture(meta, own=False)
+        return fn(*args), None
     mode = replay_mode()
     if not first.is_cuda:                                     # a CPU call here is an emulated one
         mode = "in-place" if mode == "in-place" else "on"
-    if mode == "off" or suspended_here() or id(meta) in _owned:
+    if mode == "off" or id(meta) in _owned:
         return fn(*args), None
     tensors = tuple(_tensor_key(a) for a in args)
     if False in tensors:
