@@ -8,9 +8,10 @@ one CTA per (output node, batch-tile group, output-channel tile). Operand layout
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from fovi_lab.kernels import common as _wc
+from fovi_lab.kernels.built import built
 from fovi_lab.kernels.common import init_warp, wp
 from fovi_lab.kernels.families.table import GATHER_TILE_K as _GATHER_TILE_K
 
@@ -29,6 +30,80 @@ def _kernel_decorator(name: str, block_dim: int, mathdx: Optional[bool]):
                      module_options=_module_options(block_dim, mathdx))
 
 
+def _r_way_mma(tile_m: int, tile_n: int, tile_k: int, r: int, indexed: bool):
+    """One K step of the ``r`` batch tiles of CTA ``(bt, ot)`` that share a W tile, as an inlined Warp function built
+    once per shape::
+
+        mma(x, sel, w, wsel, bt, ot, batch, acc0, acc1, acc2, acc3)
+        W = w[K step, ot*tile_n + (0..tile_n)];  acc_j += A_j^T @ W    for j < r with b_j < batch (j = 0 always)
+
+    with ``b_j = bt*tile_m*r + j*tile_m``. ``indexed`` (the gather family): W's rows are gathered by the index tile
+    ``wsel`` and those of ``A_j [tile_k, tile_m]`` (columns ``b_j`` on of ``x``) by the index tile ``sel``;
+    otherwise (node-major, dense) both are plain-loaded from rows ``wsel`` and ``sel`` on. Every slot loads into a
+    shared tile of its own (``r`` A tiles resident at once, the shared memory of a hand-unrolled loop). The
+    accumulators are shared tiles (``tile_matmul``'s out); slots ``j >= r`` are never touched, so a kernel passes
+    ``acc0`` in them.
+    """
+    TM, TN, TK, R, IX = int(tile_m), int(tile_n), int(tile_k), int(r), bool(indexed)
+
+    def make():
+        def mma(x: wp.array2d(dtype=wp.float16), sel: Any, w: wp.array2d(dtype=wp.float16), wsel: Any, bt: int,
+                ot: int, batch: int, acc0: Any, acc1: Any, acc2: Any, acc3: Any):
+            b0 = bt * (TM * R)
+            o0 = ot * TN
+            wk = (wp.tile_load_indexed(w, indices=wsel, shape=(TK, TN), offset=(0, o0), axis=0, storage="shared")
+                  if wp.static(IX) else wp.tile_load(w, shape=(TK, TN), offset=(wsel, o0), storage="shared"))
+            a0 = (wp.tile_load_indexed(x, indices=sel, shape=(TK, TM), offset=(0, b0), axis=0, storage="shared")
+                  if wp.static(IX) else wp.tile_load(x, shape=(TK, TM), offset=(sel, b0), storage="shared"))
+            wp.tile_matmul(wp.tile_transpose(a0), wk, acc0)
+            if wp.static(R >= 2):
+                if b0 + TM < batch:
+                    a1 = (wp.tile_load_indexed(x, indices=sel, shape=(TK, TM), offset=(0, b0 + TM), axis=0,
+                                               storage="shared") if wp.static(IX) else
+                          wp.tile_load(x, shape=(TK, TM), offset=(sel, b0 + TM), storage="shared"))
+                    wp.tile_matmul(wp.tile_transpose(a1), wk, acc1)
+            if wp.static(R >= 4):
+                if b0 + 2 * TM < batch:
+                    a2 = (wp.tile_load_indexed(x, indices=sel, shape=(TK, TM), offset=(0, b0 + 2 * TM), axis=0,
+                                               storage="shared") if wp.static(IX) else
+                          wp.tile_load(x, shape=(TK, TM), offset=(sel, b0 + 2 * TM), storage="shared"))
+                    wp.tile_matmul(wp.tile_transpose(a2), wk, acc2)
+                if b0 + 3 * TM < batch:
+                    a3 = (wp.tile_load_indexed(x, indices=sel, shape=(TK, TM), offset=(0, b0 + 3 * TM), axis=0,
+                                               storage="shared") if wp.static(IX) else
+                          wp.tile_load(x, shape=(TK, TM), offset=(sel, b0 + 3 * TM), storage="shared"))
+                    wp.tile_matmul(wp.tile_transpose(a3), wk, acc3)
+
+        return wp.func(name=f"fovi_fwd_mma_m{TM}n{TN}k{TK}r{R}{'x' if IX else ''}", inline=True)(mma)
+    return built(("tile", "mma", TM, TN, TK, R, IX), make)
+
+
+def _r_way_store(tile_m: int, tile_n: int, r: int):
+    """The epilogue of CTA ``(bt, ot)``'s ``r`` batch-tile accumulators as an inlined Warp function built once per
+    shape: per slot ``j < r``, with ``b_j = bt*tile_m*r + j*tile_m`` and ``o0 = ot*tile_n``,
+    ``y_n[b_j + i, o0 + o] = fp16(acc_j[i, o] + bb[i, o])`` (``bb``: the bias tile broadcast over the rows; fp32
+    sum, one rounding; ``tile_store`` drops the batch and channel tails). Slots ``j >= r`` are ignored::
+
+        store(y_n, bb, bt, ot, acc0, acc1, acc2, acc3)
+    """
+    TM, TN, R = int(tile_m), int(tile_n), int(r)
+
+    def make():
+        def store(y_n: wp.array2d(dtype=wp.float16), bb: Any, bt: int, ot: int, acc0: Any, acc1: Any, acc2: Any,
+                  acc3: Any):
+            b0 = bt * (TM * R)
+            o0 = ot * TN
+            wp.tile_store(y_n, wp.tile_astype(acc0 + bb, wp.float16), offset=(b0, o0))
+            if wp.static(R >= 2):
+                wp.tile_store(y_n, wp.tile_astype(acc1 + bb, wp.float16), offset=(b0 + TM, o0))
+            if wp.static(R >= 4):
+                wp.tile_store(y_n, wp.tile_astype(acc2 + bb, wp.float16), offset=(b0 + 2 * TM, o0))
+                wp.tile_store(y_n, wp.tile_astype(acc3 + bb, wp.float16), offset=(b0 + 3 * TM, o0))
+
+        return wp.func(name=f"fovi_fwd_store_m{TM}n{TN}r{R}", inline=True)(store)
+    return built(("tile", "store", TM, TN, R), make)
+
+
 def make_gather_kernel(tile_m: int, tile_n: int, r: int, block_dim: int, mathdx: Optional[bool] = None,
                         name: Optional[str] = None):
     """Gather-family kernel: ``r`` batch tiles of ``tile_m`` rows share each gathered W tile.
@@ -40,6 +115,7 @@ def make_gather_kernel(tile_m: int, tile_n: int, r: int, block_dim: int, mathdx:
     TM, TN, TK, R = int(tile_m), int(tile_n), _GATHER_TILE_K, int(r)
     assert R in (1, 2, 4)
     kname = name or f"fovi_fwd_gather_m{TM}n{TN}r{R}b{block_dim}"
+    mma, store = _r_way_mma(TM, TN, TK, R, indexed=True), _r_way_store(TM, TN, R)
 
     @_kernel_decorator(kname, block_dim, mathdx)
     def kernel(xt: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16),
@@ -47,44 +123,18 @@ def make_gather_kernel(tile_m: int, tile_n: int, r: int, block_dim: int, mathdx:
                bias: wp.array1d(dtype=wp.float32), y: wp.array3d(dtype=wp.float16),
                n_ptiles: int, batch: int):
         n, bt, ot = wp.tid()
-        b0 = bt * (TM * R)
-        o0 = ot * TN
-        acc0 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
-        if wp.static(R >= 2):
-            acc1 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
-        if wp.static(R >= 4):
-            acc2 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
-            acc3 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+        acc0 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32, storage="shared")     # (see _r_way_mma)
+        acc1 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32, storage="shared") if wp.static(R >= 2) else acc0
+        acc2 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32, storage="shared") if wp.static(R >= 4) else acc0
+        acc3 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32, storage="shared") if wp.static(R >= 4) else acc0
         il_n = il[n]
         wl_n = wl[n]
         for pt in range(n_ptiles):
             ii = wp.tile_load(il_n, shape=TK, offset=pt * TK, storage="shared")
             wi = wp.tile_load(wl_n, shape=TK, offset=pt * TK, storage="shared")
-            w = wp.tile_load_indexed(wt, indices=wi, shape=(TK, TN), offset=(0, o0), axis=0, storage="shared")
-            a0 = wp.tile_load_indexed(xt, indices=ii, shape=(TK, TM), offset=(0, b0), axis=0, storage="shared")
-            wp.tile_matmul(wp.tile_transpose(a0), w, acc0)
-            if wp.static(R >= 2):
-                if b0 + TM < batch:
-                    a1 = wp.tile_load_indexed(xt, indices=ii, shape=(TK, TM), offset=(0, b0 + TM), axis=0,
-                                              storage="shared")
-                    wp.tile_matmul(wp.tile_transpose(a1), w, acc1)
-            if wp.static(R >= 4):
-                if b0 + 2 * TM < batch:
-                    a2 = wp.tile_load_indexed(xt, indices=ii, shape=(TK, TM), offset=(0, b0 + 2 * TM), axis=0,
-                                              storage="shared")
-                    wp.tile_matmul(wp.tile_transpose(a2), w, acc2)
-                if b0 + 3 * TM < batch:
-                    a3 = wp.tile_load_indexed(xt, indices=ii, shape=(TK, TM), offset=(0, b0 + 3 * TM), axis=0,
-                                              storage="shared")
-                    wp.tile_matmul(wp.tile_transpose(a3), w, acc3)
-        bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=o0), shape=(TM, TN))
-        y_n = y[n]
-        wp.tile_store(y_n, wp.tile_astype(acc0 + bb, wp.float16), offset=(b0, o0))
-        if wp.static(R >= 2):
-            wp.tile_store(y_n, wp.tile_astype(acc1 + bb, wp.float16), offset=(b0 + TM, o0))
-        if wp.static(R >= 4):
-            wp.tile_store(y_n, wp.tile_astype(acc2 + bb, wp.float16), offset=(b0 + 2 * TM, o0))
-            wp.tile_store(y_n, wp.tile_astype(acc3 + bb, wp.float16), offset=(b0 + 3 * TM, o0))
+            mma(xt, ii, wt, wi, bt, ot, batch, acc0, acc1, acc2, acc3)
+        bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=ot * TN), shape=(TM, TN))
+        store(y[n], bb, bt, ot, acc0, acc1, acc2, acc3)
 
     kernel.fovi_tiles = ("gather", TM, TN, TK, R, int(block_dim))
     return kernel
@@ -118,6 +168,7 @@ def make_nm_kernel(tile_m: int, tile_n: int, tile_k: int, r: int, block_dim: int
     TM, TN, TK, R = int(tile_m), int(tile_n), int(tile_k), int(r)
     assert R in (1, 2, 4)
     kname = name or f"fovi_fwd_nm_m{TM}n{TN}k{TK}r{R}b{block_dim}"
+    mma, store = _r_way_mma(TM, TN, TK, R, indexed=False), _r_way_store(TM, TN, R)
 
     @_kernel_decorator(kname, block_dim, mathdx)
     def kernel(xn: wp.array2d(dtype=wp.float16), wv: wp.array2d(dtype=wp.float16),
@@ -125,44 +176,19 @@ def make_nm_kernel(tile_m: int, tile_n: int, tile_k: int, r: int, block_dim: int
                bias: wp.array1d(dtype=wp.float32), y: wp.array3d(dtype=wp.float16),
                nk: int, n_cchunks: int, cp: int, nin: int, batch: int):
         n, bt, ot = wp.tid()
-        b0 = bt * (TM * R)
-        o0 = ot * TN
-        acc0 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
-        if wp.static(R >= 2):
-            acc1 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
-        if wp.static(R >= 4):
-            acc2 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
-            acc3 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+        acc0 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32, storage="shared")     # (see _r_way_mma)
+        acc1 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32, storage="shared") if wp.static(R >= 2) else acc0
+        acc2 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32, storage="shared") if wp.static(R >= 4) else acc0
+        acc3 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32, storage="shared") if wp.static(R >= 4) else acc0
         for k in range(nk):
             m = idxn[n, k]
             if m < nin:  # pad neighbours gather exact zeros: skip them (uniform per CTA)
                 xrow = m * cp
                 wrow = rfn[n, k] * cp
                 for cc in range(n_cchunks):
-                    w = wp.tile_load(wv, shape=(TK, TN), offset=(wrow + cc * TK, o0), storage="shared")
-                    a0 = wp.tile_load(xn, shape=(TK, TM), offset=(xrow + cc * TK, b0), storage="shared")
-                    wp.tile_matmul(wp.tile_transpose(a0), w, acc0)
-                    if wp.static(R >= 2):
-                        if b0 + TM < batch:
-                            a1 = wp.tile_load(xn, shape=(TK, TM), offset=(xrow + cc * TK, b0 + TM), storage="shared")
-                            wp.tile_matmul(wp.tile_transpose(a1), w, acc1)
-                    if wp.static(R >= 4):
-                        if b0 + 2 * TM < batch:
-                            a2 = wp.tile_load(xn, shape=(TK, TM), offset=(xrow + cc * TK, b0 + 2 * TM),
-                                              storage="shared")
-                            wp.tile_matmul(wp.tile_transpose(a2), w, acc2)
-                        if b0 + 3 * TM < batch:
-                            a3 = wp.tile_load(xn, shape=(TK, TM), offset=(xrow + cc * TK, b0 + 3 * TM),
-                                              storage="shared")
-                            wp.tile_matmul(wp.tile_transpose(a3), w, acc3)
-        bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=o0), shape=(TM, TN))
-        y_n = y[n]
-        wp.tile_store(y_n, wp.tile_astype(acc0 + bb, wp.float16), offset=(b0, o0))
-        if wp.static(R >= 2):
-            wp.tile_store(y_n, wp.tile_astype(acc1 + bb, wp.float16), offset=(b0 + TM, o0))
-        if wp.static(R >= 4):
-            wp.tile_store(y_n, wp.tile_astype(acc2 + bb, wp.float16), offset=(b0 + 2 * TM, o0))
-            wp.tile_store(y_n, wp.tile_astype(acc3 + bb, wp.float16), offset=(b0 + 3 * TM, o0))
+                    mma(xn, xrow + cc * TK, wv, wrow + cc * TK, bt, ot, batch, acc0, acc1, acc2, acc3)
+        bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=ot * TN), shape=(TM, TN))
+        store(y[n], bb, bt, ot, acc0, acc1, acc2, acc3)
 
     kernel.fovi_tiles = ("nm", TM, TN, TK, R, int(block_dim))
     return kernel
@@ -301,43 +327,21 @@ def make_dense_kernel(tile_m: int, tile_n: int, tile_k: int, r: int, block_dim: 
     init_warp()
     TM, TN, TK, R = int(tile_m), int(tile_n), int(tile_k), int(r)
     kname = name or f"fovi_fwd_dense_m{TM}n{TN}k{TK}r{R}b{block_dim}"
+    mma, store = _r_way_mma(TM, TN, TK, R, indexed=False), _r_way_store(TM, TN, R)
 
     @_kernel_decorator(kname, block_dim, mathdx)
     def kernel(at: wp.array2d(dtype=wp.float16), w: wp.array2d(dtype=wp.float16),
                bias: wp.array1d(dtype=wp.float32), y: wp.array3d(dtype=wp.float16),
                n_ktiles: int, batch: int):
         n, bt, ot = wp.tid()
-        b0 = bt * (TM * R)
-        o0 = ot * TN
-        acc0 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
-        if wp.static(R >= 2):
-            acc1 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
-        if wp.static(R >= 4):
-            acc2 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
-            acc3 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+        acc0 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32, storage="shared")     # (see _r_way_mma)
+        acc1 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32, storage="shared") if wp.static(R >= 2) else acc0
+        acc2 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32, storage="shared") if wp.static(R >= 4) else acc0
+        acc3 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32, storage="shared") if wp.static(R >= 4) else acc0
         for kt in range(n_ktiles):
-            wt = wp.tile_load(w, shape=(TK, TN), offset=(kt * TK, o0), storage="shared")
-            a0 = wp.tile_load(at, shape=(TK, TM), offset=(kt * TK, b0), storage="shared")
-            wp.tile_matmul(wp.tile_transpose(a0), wt, acc0)
-            if wp.static(R >= 2):
-                if b0 + TM < batch:
-                    a1 = wp.tile_load(at, shape=(TK, TM), offset=(kt * TK, b0 + TM), storage="shared")
-                    wp.tile_matmul(wp.tile_transpose(a1), wt, acc1)
-            if wp.static(R >= 4):
-                if b0 + 2 * TM < batch:
-                    a2 = wp.tile_load(at, shape=(TK, TM), offset=(kt * TK, b0 + 2 * TM), storage="shared")
-                    wp.tile_matmul(wp.tile_transpose(a2), wt, acc2)
-                if b0 + 3 * TM < batch:
-                    a3 = wp.tile_load(at, shape=(TK, TM), offset=(kt * TK, b0 + 3 * TM), storage="shared")
-                    wp.tile_matmul(wp.tile_transpose(a3), wt, acc3)
-        bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=o0), shape=(TM, TN))
-        y_n = y[n]
-        wp.tile_store(y_n, wp.tile_astype(acc0 + bb, wp.float16), offset=(b0, o0))
-        if wp.static(R >= 2):
-            wp.tile_store(y_n, wp.tile_astype(acc1 + bb, wp.float16), offset=(b0 + TM, o0))
-        if wp.static(R >= 4):
-            wp.tile_store(y_n, wp.tile_astype(acc2 + bb, wp.float16), offset=(b0 + 2 * TM, o0))
-            wp.tile_store(y_n, wp.tile_astype(acc3 + bb, wp.float16), offset=(b0 + 3 * TM, o0))
+            mma(at, kt * TK, w, kt * TK, bt, ot, batch, acc0, acc1, acc2, acc3)
+        bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=ot * TN), shape=(TM, TN))
+        store(y[n], bb, bt, ot, acc0, acc1, acc2, acc3)
 
     kernel.fovi_tiles = ("dense", TM, TN, TK, R, int(block_dim))
     return kernel
