@@ -31,24 +31,18 @@ from fovi_lab.kernels.common import built_once, init_warp, wp
 from fovi_lab.kernels.built import built
 
 
+
+def _named_specs(family: str, axes: str, specs) -> Dict[str, Tuple[int, int, int, int]]:
+    """``{"<family>_<axes[0]><t0><axes[1]><t1>k<t2>": (t0, t1, t2, block_dim)}`` for the tiles ``specs``."""
+    return {f"{family}_{axes[0]}{t0}{axes[1]}{t1}k{t2}": (t0, t1, t2, bd) for t0, t1, t2, bd in specs}
+
+
 # dx: name -> (tile_m = batch rows, tile_n = Cin columns, tile_k = Cout chunk, block_dim)
-DX_NM_CONFIG_SPECS: Dict[str, Tuple[int, int, int, int]] = {
-    "dxn_m16n16k64": (16, 16, 64, 64),
-    "dxn_m64n16k64": (64, 16, 64, 64),
-    "dxn_m16n64k64": (16, 64, 64, 128),
-    "dxn_m32n64k64": (32, 64, 64, 128),
-    "dxn_m64n64k64": (64, 64, 64, 128),
-    "dxn_m64n128k64": (64, 128, 64, 256),
-}
+DX_NM_CONFIG_SPECS: Dict[str, Tuple[int, int, int, int]] = _named_specs("dxn", "mn", (
+    (16, 16, 64, 64), (64, 16, 64, 64), (16, 64, 64, 128), (32, 64, 64, 128), (64, 64, 64, 128), (64, 128, 64, 256)))
 # dW: name -> (tile_o = Cout rows, tile_c = Cin columns, tile_kb = batch chunk, block_dim)
-DW_NM_CONFIG_SPECS: Dict[str, Tuple[int, int, int, int]] = {
-    "dwn_o64c16k64": (64, 16, 64, 64),
-    "dwn_o64c64k16": (64, 64, 16, 128),
-    "dwn_o64c64k32": (64, 64, 32, 128),
-    "dwn_o64c32k64": (64, 32, 64, 128),
-    "dwn_o64c64k64": (64, 64, 64, 128),
-    "dwn_o128c64k64": (128, 64, 64, 256),
-}
+DW_NM_CONFIG_SPECS: Dict[str, Tuple[int, int, int, int]] = _named_specs("dwn", "oc", (
+    (64, 16, 64, 64), (64, 64, 16, 128), (64, 64, 32, 128), (64, 32, 64, 128), (64, 64, 64, 128), (128, 64, 64, 256)))
 
 
 def nm_config_words(name: str) -> Optional[str]:
