@@ -94,6 +94,15 @@ def _after_forward(op: str, meta, fn, grad_y, *operands):
     return replayed(op, meta, fn, *args)
 
 
+def _adjoint_call(op: str, direct, meta, grad_y, **operands):
+    """An adjoint of ``warp_train``: ``grad_y`` and the ``operands`` (``x=`` and / or ``weight=``, in ``direct``'s
+    order) checked against the meta, the meta moved to ``grad_y``'s device, then ``direct(meta, grad_y,
+    *operands)`` through :func:`_after_forward`."""
+    check_grad_args(meta, grad_y, **operands)
+    meta = meta.to(grad_y.device)
+    return _after_forward(op, meta, lambda *args: direct(meta, *args), grad_y, *operands.items())
+
+
 def _forward_direct(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
     plan = plan_of_call(meta, x, weight)            # decided on the signature's first call, looked up after
     if plan.forward == "binned":
@@ -229,25 +238,16 @@ class WarpTrainOps:
 
     @staticmethod
     def grad_input(meta, grad_y, weight):
-        check_grad_args(meta, grad_y, weight=weight)
-        meta = meta.to(grad_y.device)
-        return _after_forward("grad_input", meta, lambda g, w: _grad_input_direct(meta, g, w),
-                              grad_y, ("weight", weight))
+        return _adjoint_call("grad_input", _grad_input_direct, meta, grad_y, weight=weight)
 
     @staticmethod
     def grad_weight(meta, grad_y, x):
-        check_grad_args(meta, grad_y, x=x)
-        meta = meta.to(grad_y.device)
-        return _after_forward("grad_weight", meta, lambda g, x: _grad_weight_direct(meta, g, x),
-                              grad_y, ("x", x))
+        return _adjoint_call("grad_weight", _grad_weight_direct, meta, grad_y, x=x)
 
     @staticmethod
     def backward_combined(meta, grad_y, x, weight):
         """``(dx, dW)``; the fused path lays out ``grad_y`` node-major once for both kernels."""
-        check_grad_args(meta, grad_y, weight=weight, x=x)
-        meta = meta.to(grad_y.device)
-        return _after_forward("backward", meta, lambda g, x, w: _backward_direct(meta, g, x, w),
-                              grad_y, ("x", x), ("weight", weight))
+        return _adjoint_call("backward", _backward_direct, meta, grad_y, x=x, weight=weight)
 
 
 # -- the eager train step (KNNConvFunction): one replayed call per direction, casts and the bias gradient inside ----
