@@ -172,6 +172,33 @@ def _replayed(rs: List[dict]) -> Dict[str, float]:
     return _median_by(rs, lambda r: r["config"], lambda r: r["impl"] == "warp_uncached_graphed")
 
 
+def _pair_rows(records: Optional[List[dict]], sweep: str, points, keys: Tuple[str, str], extra=None) -> List[dict]:
+    """Per point ``(layer, B, config, other config)`` of a recorded ``sweep`` (:func:`_sel`): where both configs'
+    whole ops replayed, a row ``layer, B, <keys[0]>`` (the config), ``<keys[0]>_ms`` (its median), the same for
+    ``keys[1]``, ``speedup`` (the first median over the second), the fields of ``extra(B, rs)`` and ``records``
+    (``rs``, the point's records: the figure's versions line)."""
+    records = kl.forward_records() if records is None else records
+    shapes = _by_shape(_sel(records, sweep))
+    one, other = keys
+    rows = []
+    for layer, b, c1, c2 in points:
+        rs = shapes.get((layer, b), [])
+        med = _replayed(rs)
+        if c1 in med and c2 in med:
+            row = {"layer": layer, "B": b, one: c1, f"{one}_ms": med[c1], other: c2, f"{other}_ms": med[c2],
+                   "speedup": med[c1] / med[c2]}
+            row.update(extra(b, rs) if extra else {})
+            rows.append(dict(row, records=rs))
+    return rows
+
+
+def _pair_series(specs):
+    """The ``series`` of :func:`_bars_figure` for rows of :func:`_pair_rows`: per ``(ms key, config key, name,
+    colour)`` of ``specs``, the bars ``(name, colour, µs per row, config per row)``."""
+    return lambda rs: [(name, colour, [r[key] * 1e3 for r in rs], [r[cfg] for r in rs])
+                       for key, cfg, name, colour in specs]
+
+
 def mma_rows(records: Optional[List[dict]] = None, batches: Sequence[int] = (1, 16, 64, 512)) -> List[dict]:
     """Per layer and batch, medians of whole ops replayed from CUDA graphs: the register mma rule's pick
     (``select_config(..., pipe=False)``: the kernels this notebook builds; the pipelined ones that the rule takes
@@ -290,16 +317,7 @@ LAYOUT_PAIRS = _points("layout_pairs")
 def layout_rows(records: Optional[List[dict]] = None, pairs=LAYOUT_PAIRS) -> List[dict]:
     """Per pair of :data:`LAYOUT_PAIRS`: both configs' whole ops replayed, medians over the runs that replayed
     both (the tensor-core layouts sweep)."""
-    records = kl.forward_records() if records is None else records
-    shapes = _by_shape(_sel(records, "tensor-core layouts"))
-    rows = []
-    for layer, b, base, other in pairs:
-        rs = shapes.get((layer, b), [])
-        med = _replayed(rs)
-        if base in med and other in med:
-            rows.append(dict(layer=layer, B=b, base=base, base_ms=med[base], other=other, other_ms=med[other],
-                             speedup=med[base] / med[other], records=rs))
-    return rows
+    return _pair_rows(records, "tensor-core layouts", pairs, ("base", "other"))
 
 
 def layout_figure(rows: Optional[List[dict]] = None, height: int = 380) -> go.Figure:
@@ -310,8 +328,7 @@ def layout_figure(rows: Optional[List[dict]] = None, height: int = 380) -> go.Fi
                ("other_ms", "other", "the other layout: x^T or W in place", "#31a354"))
     return _bars_figure(rows, "no recorded layout replays under data/",
                         lambda rs: [f"{r['layer']} B={r['B']}<br>{short_label(r['other'], title=False)}" for r in rs],
-                        lambda rs: [(name, colour, [r[key] * 1e3 for r in rs], [r[cfg] for r in rs])
-                                    for key, cfg, name, colour in layouts],
+                        _pair_series(layouts),
                         "Operand layouts: the same block reading x in place and W^T, or x^T or W in place",
                         height=height, log=True)
 
@@ -565,19 +582,12 @@ def stage_rows(records: Optional[List[dict]] = None, points=STAGE_POINTS) -> Lis
     """Per point of :data:`STAGE_POINTS`: both blocks' whole ops replayed, medians over the staged-store sweep, the
     staged store's speedup, the output's share of the op's bytes (y against x, W and the tables), and the records
     read (``records``)."""
-    records = kl.forward_records() if records is None else records
-    shapes = _by_shape(_sel(records, "staged-store sweep"))
-    rows = []
-    for layer, b, direct, staged in points:
-        rs = shapes.get((layer, b), [])
-        med = _replayed(rs)
-        if direct in med and staged in med:
-            shape = next((r for r in rs if r.get("nout")), {})
-            y_bytes = 2.0 * b * shape.get("cout", 0) * shape.get("nout", 0)
-            rows.append(dict(layer=layer, B=b, direct=direct, direct_ms=med[direct], staged=staged,
-                             staged_ms=med[staged], speedup=med[direct] / med[staged],
-                             y_share=(y_bytes / shape["bytes"]) if shape.get("bytes") else None, records=rs))
-    return rows
+    def y_share(b: int, rs: List[dict]) -> dict:
+        shape = next((r for r in rs if r.get("nout")), {})
+        y_bytes = 2.0 * b * shape.get("cout", 0) * shape.get("nout", 0)
+        return dict(y_share=(y_bytes / shape["bytes"]) if shape.get("bytes") else None)
+
+    return _pair_rows(records, "staged-store sweep", points, ("direct", "staged"), y_share)
 
 
 def stage_figure(rows: Optional[List[dict]] = None, height: int = 380) -> go.Figure:
@@ -586,9 +596,7 @@ def stage_figure(rows: Optional[List[dict]] = None, height: int = 380) -> go.Fig
     stores = (("direct_ms", "direct", "each lane stores its own outputs", "#fdae6b"),
               ("staged_ms", "staged", "staged through a shared tile", "#e6550d"))
     return _bars_figure(rows, "no recorded staged-store replays under data/",
-                        lambda rs: [f"{r['layer']} B={r['B']}" for r in rs],
-                        lambda rs: [(name, colour, [r[key] * 1e3 for r in rs], [r[cfg] for r in rs])
-                                    for key, cfg, name, colour in stores],
+                        lambda rs: [f"{r['layer']} B={r['B']}" for r in rs], _pair_series(stores),
                         "The staged store: y written in runs of adjacent nodes instead of one 2-byte store per sector",
                         height=height, log=True)
 
