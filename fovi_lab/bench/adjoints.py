@@ -197,7 +197,8 @@ PROG = "python -m fovi_lab bench adjoints"
 
 def add_arguments(parser) -> None:
     """The options of ``python -m fovi_lab bench adjoints``, each checked as it is parsed."""
-    from fovi_lab.ops.arguments import COUNT, LayersAction, add_device_option, layer_names, out_file, positive_float
+    from fovi_lab.ops.arguments import (COUNT, LayersAction, add_device_option, add_out_option, layer_names,
+                                        positive_float)
 
     parser.add_argument("--layers", nargs="+", type=layer_names(), action=LayersAction, default=list(LAYERS),
                         metavar="LAYER", help="layer names, or all (default: every layer of the table)")
@@ -207,8 +208,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--reps", type=COUNT, default=20, help="timed calls per candidate and round")
     parser.add_argument("--no-graphs", action="store_true", help="skip the CUDA-graph replays")
     add_device_option(parser)
-    parser.add_argument("--out", type=out_file, default=None,
-                        help="JSON-lines file to append the records to (default: none, the summary is printed)")
+    add_out_option(parser, "the summary is printed")
     parser.add_argument("--shape-timeout", type=positive_float, default=None, metavar="S",
                         help="run each (layer, batch) in its own process, stopped after S seconds: a kernel that "
                              "hangs costs its shape (recorded with a note), not the sweep (default: one process)")

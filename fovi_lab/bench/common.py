@@ -171,6 +171,14 @@ def stamp_command(env: dict, prog: str, args) -> dict:
     return env
 
 
+def started(device, prog: str, args, what: str, tail: str = "") -> dict:
+    """A benchmark's provenance, :func:`env_info` of ``device`` stamped with its command (:func:`stamp_command`),
+    after printing its first line ``# <what> <device name> (torch <version>, warp <version>)<tail>``."""
+    env = stamp_command(env_info(device), prog, args)
+    print(f"# {what} {env['device']} (torch {env['torch']}, warp {env['warp']}){tail}", flush=True)
+    return env
+
+
 def tile_gemm(device) -> Optional[str]:
     """How the tile GEMMs (``tile_matmul``) of the tile-GEMM forwards and the staged and fused adjoints are built on
     ``device``: ``"cuBLASDx"`` (Warp's default on CUDA) or ``"scalar"`` (``FOVI_WARP_MATHDX=0``, and always on the

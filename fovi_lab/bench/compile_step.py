@@ -129,7 +129,7 @@ lines.
 
 def add_arguments(parser) -> None:
     """The options of ``python -m fovi_lab bench compile``, each checked as it is parsed."""
-    from fovi_lab.ops.arguments import COUNT, backend_name, add_device_option, out_file
+    from fovi_lab.ops.arguments import COUNT, add_device_option, add_out_option, backend_name
 
     parser.add_argument("--backends", nargs="+", type=backend_name(trains=True),
                         default=["warp_train", "torch_compact"], metavar="BACKEND",
@@ -140,8 +140,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--batch", type=COUNT, default=256, help="images per train step")
     parser.add_argument("--reps", type=COUNT, default=50, help="timed train steps per mode")
     add_device_option(parser)
-    parser.add_argument("--out", type=out_file, default=None,
-                        help="JSON-lines file to append the records to (default: none, the lines are printed)")
+    add_out_option(parser, "the lines are printed")
 
 
 def run(args) -> int:

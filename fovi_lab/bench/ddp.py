@@ -33,7 +33,7 @@ import sys
 import tempfile
 from typing import Dict, List, Optional
 
-from fovi_lab.bench.common import append_jsonl, env_info, say_appended, stamp_command
+from fovi_lab.bench.common import append_jsonl, say_appended, started
 from fovi_lab.ops.arguments import command_main
 
 __all__ = ["RUNS", "train_command", "run_training", "summary", "ddp_records", "main", "add_arguments", "run",
@@ -165,7 +165,7 @@ bitwise equal.
 
 def add_arguments(parser) -> None:
     """The options of ``python -m fovi_lab bench ddp``, each checked as it is parsed."""
-    from fovi_lab.ops.arguments import COUNT, backend_name, device_kind, int_at_least, out_file
+    from fovi_lab.ops.arguments import COUNT, add_out_option, backend_name, device_kind, int_at_least
 
     parser.add_argument("--backends", nargs="+", type=backend_name(trains=True),
                         default=["warp_train", "torch_compact"], metavar="BACKEND",
@@ -181,8 +181,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--device", type=device_kind, default=None,
                         help="cuda or cpu (default: cuda when torch sees a GPU, else cpu)")
     parser.add_argument("--timeout-s", type=COUNT, default=600, help="seconds a run may take")
-    parser.add_argument("--out", type=out_file, default=None,
-                        help="JSON-lines file to append the records to (default: none, the table is printed)")
+    add_out_option(parser, "the table is printed")
 
 
 def run(args) -> int:
@@ -196,10 +195,7 @@ def run(args) -> int:
     if device == "cuda" and torch.cuda.device_count() < args.nproc:
         usage_error(PROG, f"--nproc: expected at most the {torch.cuda.device_count()} GPUs torch sees, got "
                           f"{args.nproc}")
-    env = env_info(device)
-    stamp_command(env, PROG, args)
-    print(f"# data-parallel training of the digits network on {args.nproc} x {env['device']} "
-          f"(torch {env['torch']}, warp {env['warp']})", flush=True)
+    env = started(device, PROG, args, f"data-parallel training of the digits network on {args.nproc} x")
     print(f"{'backend':>13s} {'run':>10s} {'procs':>3s} {'batch':>6s} {'images/s':>12s} {'loss':>8s} {'test':>7s} "
           f"{'params sha256':>12s}", flush=True)
 

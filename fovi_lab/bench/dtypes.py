@@ -181,7 +181,7 @@ Warp backends and each dtype's ratio of PyTorch's fastest time to ours; --out ap
 
 def add_arguments(parser) -> None:
     """The options of ``python -m fovi_lab bench dtypes``, each checked as it is parsed."""
-    from fovi_lab.ops.arguments import COUNT, LayersAction, add_device_option, layer_names, out_file
+    from fovi_lab.ops.arguments import COUNT, LayersAction, add_device_option, add_out_option, layer_names
 
     parser.add_argument("--layers", nargs="+", type=layer_names(), action=LayersAction, default=list(LAYERS),
                         metavar="LAYER", help="layer names, or all (default: every layer of the table)")
@@ -190,8 +190,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--reps", type=COUNT, default=20, help="timed calls per implementation, whose median is kept")
     parser.add_argument("--no-graphs", dest="graphs", action="store_false", help="skip the CUDA-graph replays")
     add_device_option(parser)
-    parser.add_argument("--out", type=out_file, default=None,
-                        help="JSON-lines file to append the records to (default: none, the summary is printed)")
+    add_out_option(parser, "the summary is printed")
 
 
 def run(args) -> int:

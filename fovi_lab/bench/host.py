@@ -51,7 +51,7 @@ from typing import Dict, Iterator, List, Optional
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fovi_lab.bench.common import _sync, emit_rows, env_info, say_appended, stamp_command
+from fovi_lab.bench.common import _sync, emit_rows, say_appended, started
 from fovi_lab.graph.layers import LAYERS, layer_meta
 from fovi_lab.ops.arguments import command_main
 
@@ -402,7 +402,8 @@ outputs, the least host work an eager layer call has on this machine.
 
 def add_arguments(parser) -> None:
     """The options of ``python -m fovi_lab bench host``, each checked as it is parsed."""
-    from fovi_lab.ops.arguments import COUNT, LayersAction, add_device_option, backend_name, layer_names, out_file
+    from fovi_lab.ops.arguments import (COUNT, LayersAction, add_device_option, add_out_option, backend_name,
+                                        layer_names)
 
     parser.add_argument("--layers", nargs="+", type=layer_names(), action=LayersAction,
                         default=["res18_layer1", "alex_L1", "res18_stem"], metavar="LAYER",
@@ -424,8 +425,7 @@ def add_arguments(parser) -> None:
                         help="on a CPU: replay the calls from emulated CUDA graphs, as a GPU replays them (the "
                              "records say replay=emulated)")
     add_device_option(parser)
-    parser.add_argument("--out", type=out_file, default=None,
-                        help="JSON-lines file to append the records to (default: none, the table is printed)")
+    add_out_option(parser, "the table is printed")
 
 
 def table_line(r: dict) -> str:
@@ -442,10 +442,7 @@ def run(args) -> int:
     if args.emulate_replay and torch.device(device).type != "cpu":
         from fovi_lab.ops.arguments import usage_error
         usage_error(PROG, f"--emulate-replay: the graphs are emulated on a CPU only; on {device} they are real")
-    env = env_info(device)
-    stamp_command(env, PROG, args)
-    print(f"# host work of eager calls on {env['device']} (torch {env['torch']}, warp {env['warp']}); times in us, "
-          f"Warp's kernels not run", flush=True)
+    env = started(device, PROG, args, "host work of eager calls on", "; times in us, Warp's kernels not run")
     print(f"{'layer':>14s} {'B':>4s} {'backend':>13s} {'path':>8s} {'host_us':>9s} {'torch_us':>9s} {'wall_us':>9s} "
           f"{'launch':>7s} {'ops':>6s} {'alloc':>6s} {'syncs':>5s} {'graphs':>6s} {'replay_us':>9s}", flush=True)
     total = 0

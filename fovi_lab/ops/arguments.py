@@ -175,17 +175,23 @@ def layer_name(text: str) -> str:
     """An argument type: a layer of the layer table (``fovi_lab.graph.layers.LAYERS``), a variant
     ``<layer>_rf1`` / ``<layer>_rf2`` of one, or one layer of a layer source (:func:`add_layer_source`:
     ``fovi:resnet18@64:0``)."""
-    from fovi_lab.graph.layers import resolve_layer
     if _source_of(text) is not None:
         names = _source_layers(text)
         if names != [text]:
             raise argparse.ArgumentTypeError(f"{text!r} names {len(names)} layers ({names[0]} to {names[-1]}); "
                                              f"give one")
         return text
+    return _table_layer(text, False, "")
+
+
+def _table_layer(text: str, synthetic: bool, more: str) -> str:
+    """``text`` where it is a layer or variant of the layer table, else an ``ArgumentTypeError`` naming the known
+    layers (:func:`_known_layers` with ``synthetic``) and then ``more``."""
+    from fovi_lab.graph.layers import resolve_layer
     try:
         resolve_layer(text)
     except (KeyError, ValueError):
-        raise argparse.ArgumentTypeError(f"unknown layer {text!r}; {_known_layers(False)}") from None
+        raise argparse.ArgumentTypeError(f"unknown layer {text!r}; {_known_layers(synthetic)}{more}") from None
     return text
 
 
@@ -195,17 +201,13 @@ def layer_names(synthetic: bool = False) -> Callable[[str], str]:
     (:func:`add_layer_source`: ``fovi:resnet18@64:0``, ``fovi:alexnet@128``, ``fovi:all``, the layers of fovi's own
     networks; needs fovi) and, with ``synthetic``, the synthetic test shapes of ``fovi_lab.graph.layers.SYNTHETIC``."""
     def parse(text: str) -> str:
-        from fovi_lab.graph.layers import SYNTHETIC, resolve_layer
+        from fovi_lab.graph.layers import SYNTHETIC
         if text == "all" or (synthetic and text in SYNTHETIC):
             return text
         if _source_of(text) is not None:
             _source_layers(text)
             return text
-        try:
-            resolve_layer(text)
-        except (KeyError, ValueError):
-            raise argparse.ArgumentTypeError(f"unknown layer {text!r}; {_known_layers(synthetic)}, or all") from None
-        return text
+        return _table_layer(text, synthetic, ", or all")
     parse.__name__ = "layer name"
     return parse
 
@@ -314,6 +316,13 @@ def add_device_option(parser: argparse.ArgumentParser) -> None:
     (:func:`device_name`); None (the default) lets the command take a GPU when torch sees one."""
     parser.add_argument("--device", type=device_name, default=None,
                         help="cpu or cuda[:i] (default: cuda when torch sees a GPU, else cpu)")
+
+
+def add_out_option(parser: argparse.ArgumentParser, shown: str) -> None:
+    """The ``--out`` option of a benchmark that appends its records only where asked: a JSON-lines file, checked
+    as parsed (:func:`out_file`); ``shown`` says what the command prints (``"the table is printed"``)."""
+    parser.add_argument("--out", type=out_file, default=None,
+                        help=f"JSON-lines file to append the records to (default: none, {shown})")
 
 
 def device_kind(text: str) -> str:
