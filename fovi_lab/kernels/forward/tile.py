@@ -104,6 +104,26 @@ def _r_way_store(tile_m: int, tile_n: int, r: int):
     return built(("tile", "store", TM, TN, R), make)
 
 
+def _tile_epilogue(tile_m: int, tile_n: int):
+    """The epilogue of a one-accumulator kernel as an inlined Warp function built once per shape::
+
+        epilogue(y_n, bias, b0, o0, acc):  y_n[b0 + i, o0 + o] = fp16(acc[i, o] + bias[o0 + o])
+
+    (the bias tile loaded and broadcast over the rows; fp32 sum, one rounding; ``tile_store`` drops the batch and
+    channel tails).
+    """
+    TM, TN = int(tile_m), int(tile_n)
+
+    def make():
+        def epilogue(y_n: wp.array2d(dtype=wp.float16), bias: wp.array1d(dtype=wp.float32), b0: int, o0: int,
+                     acc: Any):
+            bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=o0), shape=(TM, TN))
+            wp.tile_store(y_n, wp.tile_astype(acc + bb, wp.float16), offset=(b0, o0))
+
+        return wp.func(name=f"fovi_fwd_epilogue_m{TM}n{TN}", inline=True)(epilogue)
+    return built(("tile", "epilogue", TM, TN), make)
+
+
 def make_gather_kernel(tile_m: int, tile_n: int, r: int, block_dim: int, mathdx: Optional[bool] = None,
                         name: Optional[str] = None):
     """Gather-family kernel: ``r`` batch tiles of ``tile_m`` rows share each gathered W tile.
@@ -257,6 +277,7 @@ def make_i2c_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, w_gat
     init_warp()
     TM, TN, TK, WG = int(tile_m), int(tile_n), int(tile_k), bool(w_gathered)
     kname = name or f"fovi_fwd_i2c{'g' if WG else ''}_m{TM}n{TN}k{TK}b{block_dim}"
+    epilogue = _tile_epilogue(TM, TN)
 
     @_kernel_decorator(kname, block_dim, mathdx)
     def kernel(at: wp.array2d(dtype=wp.float16), w: wp.array2d(dtype=wp.float16),
@@ -276,8 +297,7 @@ def make_i2c_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, w_gat
                 wk = wp.tile_load(w, shape=(TK, TN), offset=(n * p64 + kt * TK, o0), storage="shared")
             a = wp.tile_load(at, shape=(TK, TM), offset=(arow + kt * TK, b0), storage="shared")
             wp.tile_matmul(wp.tile_transpose(a), wk, acc)
-        bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=o0), shape=(TM, TN))
-        wp.tile_store(y[n], wp.tile_astype(acc + bb, wp.float16), offset=(b0, o0))
+        epilogue(y[n], bias, b0, o0, acc)
 
     kernel.fovi_tiles = ("i2cg" if WG else "i2c", TM, TN, TK, 1, int(block_dim))
     return kernel
@@ -293,6 +313,7 @@ def make_cached_kernel(tile_m: int, tile_n: int, block_dim: int = 128, mathdx: O
     init_warp()
     TM, TN, TK = int(tile_m), int(tile_n), _GATHER_TILE_K
     kname = name or f"fovi_fwd_cached_m{TM}n{TN}b{block_dim}"
+    epilogue = _tile_epilogue(TM, TN)
 
     @_kernel_decorator(kname, block_dim, mathdx)
     def kernel(xt: wp.array2d(dtype=wp.float16), weff: wp.array3d(dtype=wp.float16),
@@ -309,8 +330,7 @@ def make_cached_kernel(tile_m: int, tile_n: int, block_dim: int = 128, mathdx: O
             w = wp.tile_load(weff_n, shape=(TK, TN), offset=(pt * TK, o0), storage="shared")
             a = wp.tile_load_indexed(xt, indices=ii, shape=(TK, TM), offset=(0, b0), axis=0, storage="shared")
             wp.tile_matmul(wp.tile_transpose(a), w, acc)
-        bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=o0), shape=(TM, TN))
-        wp.tile_store(y[n], wp.tile_astype(acc + bb, wp.float16), offset=(b0, o0))
+        epilogue(y[n], bias, b0, o0, acc)
 
     kernel.fovi_tiles = ("cached", TM, TN, TK, 1, int(block_dim))
     return kernel
@@ -364,6 +384,7 @@ def make_nmp_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, mathd
     init_warp()
     TM, TN, TK = int(tile_m), int(tile_n), int(tile_k)
     kname = name or f"fovi_fwd_nmp_m{TM}n{TN}k{TK}b{block_dim}"
+    epilogue = _tile_epilogue(TM, TN)
 
     @_kernel_decorator(kname, block_dim, mathdx)
     def kernel(xn: wp.array2d(dtype=wp.float16), wv: wp.array2d(dtype=wp.float16),
@@ -391,8 +412,7 @@ def make_nmp_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, mathd
                 a_r = wp.tile_load(xn, shape=(TK, TM), offset=(idxc[n, k1] * cp + c1, b0), bounds_check=False)
                 w_r = wp.tile_load(wv, shape=(TK, TN), offset=(rfc[n, k1] * cp + c1, o0), bounds_check=False)
                 wp.tile_matmul(wp.tile_transpose(a_sh), w_sh, acc)
-        bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=o0), shape=(TM, TN))
-        wp.tile_store(y[n], wp.tile_astype(acc + bb, wp.float16), offset=(b0, o0))
+        epilogue(y[n], bias, b0, o0, acc)
 
     kernel.fovi_tiles = ("nmp", TM, TN, TK, 1, int(block_dim))
     return kernel
@@ -406,6 +426,7 @@ def make_gp_kernel(tile_m: int, tile_n: int, block_dim: int, mathdx: Optional[bo
     init_warp()
     TM, TN, TK = int(tile_m), int(tile_n), _GATHER_TILE_K
     kname = name or f"fovi_fwd_gp_m{TM}n{TN}b{block_dim}"
+    epilogue = _tile_epilogue(TM, TN)
 
     @_kernel_decorator(kname, block_dim, mathdx)
     def kernel(xt: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16),
@@ -433,8 +454,7 @@ def make_gp_kernel(tile_m: int, tile_n: int, block_dim: int, mathdx: Optional[bo
             a_r = wp.tile_load_indexed(xt, indices=ii1, shape=(TK, TM), offset=(0, b0), axis=0)
             w_r = wp.tile_load_indexed(wt, indices=wi1, shape=(TK, TN), offset=(0, o0), axis=0)
             wp.tile_matmul(wp.tile_transpose(a_sh), w_sh, acc)
-        bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=o0), shape=(TM, TN))
-        wp.tile_store(y[n], wp.tile_astype(acc + bb, wp.float16), offset=(b0, o0))
+        epilogue(y[n], bias, b0, o0, acc)
 
     kernel.fovi_tiles = ("gp", TM, TN, TK, 1, int(block_dim))
     return kernel
@@ -447,6 +467,7 @@ def make_densep_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, ma
     init_warp()
     TM, TN, TK = int(tile_m), int(tile_n), int(tile_k)
     kname = name or f"fovi_fwd_densep_m{TM}n{TN}k{TK}b{block_dim}"
+    epilogue = _tile_epilogue(TM, TN)
 
     @_kernel_decorator(kname, block_dim, mathdx)
     def kernel(at: wp.array2d(dtype=wp.float16), w: wp.array2d(dtype=wp.float16),
@@ -467,8 +488,7 @@ def make_densep_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, ma
             a_r = wp.tile_load(at, shape=(TK, TM), offset=(k1, b0), bounds_check=False)
             w_r = wp.tile_load(w, shape=(TK, TN), offset=(k1, o0), bounds_check=False)
             wp.tile_matmul(wp.tile_transpose(a_sh), w_sh, acc)
-        bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=o0), shape=(TM, TN))
-        wp.tile_store(y[n], wp.tile_astype(acc + bb, wp.float16), offset=(b0, o0))
+        epilogue(y[n], bias, b0, o0, acc)
 
     kernel.fovi_tiles = ("densep", TM, TN, TK, 1, int(block_dim))
     return kernel
