@@ -4,6 +4,9 @@ Each factory returns a Warp kernel for one tile shape (closure constants are com
 gets its own module, ``module="unique"``). Grid ``(Nout, ceil(B / (tile_m*r)), ceil(Cout / tile_n))``:
 one CTA per (output node, batch-tile group, output-channel tile). Operand layouts are in
 :mod:`fovi_lab.kernels.forward.plans`; what each family computes is in :mod:`fovi_lab.kernels.forward.configs`.
+The gather, node-major and dense kernels share their K step and epilogue over ``r`` batch tiles
+(:func:`_r_way_mma`, :func:`_r_way_store`), the one-accumulator kernels their epilogue (:func:`_tile_epilogue`):
+inlined Warp functions built once per shape.
 """
 
 from __future__ import annotations
@@ -143,7 +146,8 @@ def make_gather_kernel(tile_m: int, tile_n: int, r: int, block_dim: int, mathdx:
                bias: wp.array1d(dtype=wp.float32), y: wp.array3d(dtype=wp.float16),
                n_ptiles: int, batch: int):
         n, bt, ot = wp.tid()
-        acc0 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32, storage="shared")     # (see _r_way_mma)
+        # the r accumulators, shared tiles (tile_matmul's out); the slots past r name acc0 and stay untouched
+        acc0 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32, storage="shared")
         acc1 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32, storage="shared") if wp.static(R >= 2) else acc0
         acc2 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32, storage="shared") if wp.static(R >= 4) else acc0
         acc3 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32, storage="shared") if wp.static(R >= 4) else acc0
@@ -196,7 +200,8 @@ def make_nm_kernel(tile_m: int, tile_n: int, tile_k: int, r: int, block_dim: int
                bias: wp.array1d(dtype=wp.float32), y: wp.array3d(dtype=wp.float16),
                nk: int, n_cchunks: int, cp: int, nin: int, batch: int):
         n, bt, ot = wp.tid()
-        acc0 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32, storage="shared")     # (see _r_way_mma)
+        # the r accumulators, shared tiles (tile_matmul's out); the slots past r name acc0 and stay untouched
+        acc0 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32, storage="shared")
         acc1 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32, storage="shared") if wp.static(R >= 2) else acc0
         acc2 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32, storage="shared") if wp.static(R >= 4) else acc0
         acc3 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32, storage="shared") if wp.static(R >= 4) else acc0
@@ -354,7 +359,8 @@ def make_dense_kernel(tile_m: int, tile_n: int, tile_k: int, r: int, block_dim: 
                bias: wp.array1d(dtype=wp.float32), y: wp.array3d(dtype=wp.float16),
                n_ktiles: int, batch: int):
         n, bt, ot = wp.tid()
-        acc0 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32, storage="shared")     # (see _r_way_mma)
+        # the r accumulators, shared tiles (tile_matmul's out); the slots past r name acc0 and stay untouched
+        acc0 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32, storage="shared")
         acc1 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32, storage="shared") if wp.static(R >= 2) else acc0
         acc2 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32, storage="shared") if wp.static(R >= 4) else acc0
         acc3 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32, storage="shared") if wp.static(R >= 4) else acc0
