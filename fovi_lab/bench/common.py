@@ -13,6 +13,8 @@ API (used by :mod:`fovi_lab.bench.forward` and the backward benchmark):
   loop's steady state, where the host issues the next calls while the GPU runs the last ones).
 * ``env_info(device) -> dict``: ``device`` (name), ``warp``, ``torch``, ``cuda``, ``date`` (UTC ISO),
   ``host``, ``commit``, ``command``, ``tile_gemm`` (cuBLASDx or scalar) — stamped into every record.
+* ``started(device, prog, args, what, tail="") -> dict``: ``env_info`` stamped with the command, after printing a
+  benchmark's first line (``# <what> <device> (torch <version>, warp <version>)<tail>``).
 * ``Roofline``: the ceilings quoted next to each measurement, a device's datasheet HBM bandwidth and dense fp16
   tensor-core peak (``roofline_of(device)``; ``Roofline()`` is the H200's: 4.8 TB/s, 990 TFLOP/s);
   ``bound_ms(flops, bytes)`` is the HBM/tensor-core bound time in ms, ``fraction(ms, flops, bytes)`` = bound /
