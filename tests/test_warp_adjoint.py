@@ -123,12 +123,40 @@ def test_chunk_counts_under_tiny_budget(monkeypatch):
     monkeypatch.setenv("FOVI_KNN_STAGE_MIB", "512")
     assert len(wa.plan_grad_input(meta, g, w, "gi2_p64b64")[0].chunks) == 1
     assert len(wa.plan_grad_weight(meta, g, x, "gw3_p64n64")[0].chunks) == 1
-    # the grads' own budget (default 256 MiB) chunks the same way, capped by FOVI_KNN_STAGE_MIB
+    # the grads' own budget (default 64 MiB) chunks the same way, capped by FOVI_KNN_STAGE_MIB
     monkeypatch.setenv("FOVI_KNN_GRAD_STAGE_MIB", "0.0001")
     assert len(wa.plan_grad_input(meta, g, w, "gi3_p64b64")[0].chunks) == 3
     assert wa.grad_stage_budget_bytes() == int(0.0001 * (1 << 20))
     monkeypatch.delenv("FOVI_KNN_GRAD_STAGE_MIB")
     assert wa.grad_stage_budget_bytes() == 64 << 20
+
+
+@pytest.mark.parametrize("budget_mib", [None, 16, 4])
+def test_a_stems_stages_fit_the_budget_in_even_chunks(monkeypatch, budget_mib):
+    """A stem's staged dW (x rows staged per node chunk) and dx at B = 256: what the plans stage (the products and,
+    for dW, the x rows) fits FOVI_KNN_GRAD_STAGE_MIB (64 MiB by default), in chunks as even as the nodes or the
+    batch tiles allow."""
+    from fovi_lab.graph.layers import layer_meta
+    if budget_mib is not None:
+        monkeypatch.setenv("FOVI_KNN_GRAD_STAGE_MIB", str(budget_mib))
+    budget = wa.grad_stage_budget_bytes()
+    meta = layer_meta("res18_stem")
+    b = 256
+    x = torch.zeros(b, meta.cin, meta.nin, dtype=torch.float16)
+    g = torch.zeros(b, meta.cout, meta.nout, dtype=torch.float16)
+    w = torch.zeros(meta.cout, meta.q, dtype=torch.float16)
+    gw, _ = wa.plan_grad_weight(meta, g, x, "gw3i_p64n64")
+    staged = gw.stage_bytes + gw.at.numel() * gw.at.element_size()
+    assert staged <= budget, (staged, budget)
+    sizes = [n1 - n0 for n0, n1 in gw.chunks]
+    # equal chunks but the last, which is short by less than one node per chunk
+    assert sum(sizes) == meta.nout and len(set(sizes[:-1])) <= 1 and max(sizes) - min(sizes) < len(sizes)
+    if budget_mib is not None:
+        assert len(sizes) > 1
+    gi, _ = wa.plan_grad_input(meta, g, w, "gi2_p64b64")
+    assert gi.stage_bytes <= max(budget, meta.nout * meta.p64 * gi.tile_b * gi.stage_buf.element_size())
+    rows = [c[1] - c[0] for c in gi.chunks]
+    assert sum(rows) == b and max(rows) - min(rows) < gi.tile_b
 
 
 def test_default_config_selection(monkeypatch):
