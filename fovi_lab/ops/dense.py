@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from fovi_lab.graph.meta import TrainingMeta, meta_aux
-from fovi_lab.ops.reference import add_bias, adjoint_setup, forward_setup, node_chunks, stage_budget_bytes
+from fovi_lab.ops.reference import check_forward_args, check_grad_args, grad_accum_dtype, stage_budget_bytes
 
 __all__ = ["DenseTorchOps", "dense_node_chunk"]
 
@@ -72,22 +72,31 @@ class DenseTorchOps:
 
     @staticmethod
     def forward(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
-        meta, b = forward_setup(meta, x, weight, bias)
+        check_forward_args(meta, x, weight, bias)
+        meta = meta.to(x.device)
+        b = x.shape[0]
         xp = _padded(x)
         wt = weight.t()                                                              # [Cin*V, Cout]
         y = x.new_empty(b, meta.cout, meta.nout)
         nc = dense_node_chunk(meta, b, x.element_size())
-        for n0, n1 in node_chunks(meta, nc):
+        for n0 in range(0, meta.nout, nc):
+            n1 = min(meta.nout, n0 + nc)
             g = _binned(meta, xp, n0, n1).reshape((n1 - n0) * b, meta.q)             # [(n, b), Cin*V]
             y[:, :, n0:n1] = torch.mm(g, wt).view(n1 - n0, b, meta.cout).permute(1, 2, 0)
-        return add_bias(y, bias)
+        if bias is not None:
+            y += bias.to(y.dtype).view(1, -1, 1)
+        return y
 
     @staticmethod
     def grad_input(meta: TrainingMeta, grad_y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        meta, b, acc = adjoint_setup(meta, grad_y, weight=weight)
+        check_grad_args(meta, grad_y, weight=weight)
+        meta = meta.to(grad_y.device)
+        b = grad_y.shape[0]
+        acc = grad_accum_dtype(grad_y.dtype)
         dxp = torch.zeros(b, meta.cin, meta.nin + 1, dtype=acc, device=grad_y.device)
         nc = dense_node_chunk(meta, b, grad_y.element_size())
-        for n0, n1 in node_chunks(meta, nc):
+        for n0 in range(0, meta.nout, nc):
+            n1 = min(meta.nout, n0 + nc)
             g = grad_y[:, :, n0:n1].permute(2, 0, 1).reshape((n1 - n0) * b, meta.cout)
             dg = torch.mm(g, weight).view(n1 - n0, b * meta.cin, meta.v)             # [n, B*Cin, V]
             df = torch.bmm(dg, _onehot(meta, grad_y.dtype, n0, n1).transpose(1, 2))  # [n, B*Cin, K]
@@ -97,11 +106,15 @@ class DenseTorchOps:
 
     @staticmethod
     def grad_weight(meta: TrainingMeta, grad_y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        meta, b, acc = adjoint_setup(meta, grad_y, x=x)
+        check_grad_args(meta, grad_y, x=x)
+        meta = meta.to(grad_y.device)
+        b = grad_y.shape[0]
+        acc = grad_accum_dtype(grad_y.dtype)
         xp = _padded(x)
         dw = torch.zeros(meta.cout, meta.q, dtype=acc, device=grad_y.device)
         nc = dense_node_chunk(meta, b, grad_y.element_size())
-        for n0, n1 in node_chunks(meta, nc):
+        for n0 in range(0, meta.nout, nc):
+            n1 = min(meta.nout, n0 + nc)
             g = grad_y[:, :, n0:n1].permute(1, 2, 0).reshape(meta.cout, (n1 - n0) * b)  # [Cout, (n, b)]
             gb = _binned(meta, xp, n0, n1).reshape((n1 - n0) * b, meta.q)
             dw += torch.mm(g, gb).to(acc)

@@ -13,7 +13,7 @@
 
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import Tuple
 
 import torch
 
@@ -24,7 +24,7 @@ from fovi_lab.ops.checks import check_operands
 __all__ = [
     "oracle_forward", "pad_flat_input", "grad_accum_dtype", "stage_budget_bytes", "node_chunk",
     "CompactTorchOps", "build_effective_weight", "check_forward_args", "check_grad_args", "NOT_GIVEN", "binned_forward",
-    "batch_chunk", "explicit_grads", "node_chunks", "add_bias", "forward_setup", "adjoint_setup",
+    "batch_chunk", "explicit_grads",
     "BinnedTorchOps",
 ]
 
@@ -44,31 +44,6 @@ def node_chunk(meta: TrainingMeta, batch: int, itemsize: int, budget: int | None
 def grad_accum_dtype(dtype: torch.dtype) -> torch.dtype:
     """Gradients accumulate in fp32 (fp64 for fp64 inputs, so gradcheck sees exact adjoints)."""
     return torch.promote_types(dtype, torch.float32)
-
-
-def node_chunks(meta: TrainingMeta, nc: int) -> List[Tuple[int, int]]:
-    """The output nodes in chunks of ``nc`` (the last one shorter), in order: ``[(n0, n1), ...]``."""
-    return [(n0, min(meta.nout, n0 + nc)) for n0 in range(0, meta.nout, nc)]
-
-
-def add_bias(y: torch.Tensor, bias) -> torch.Tensor:
-    """``y [B, Cout, Nout]`` with ``bias [Cout]`` (cast to y's dtype) added in place where given; returns ``y``."""
-    if bias is not None:
-        y += bias.to(y.dtype).view(1, -1, 1)
-    return y
-
-
-def forward_setup(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, bias) -> Tuple[TrainingMeta, int]:
-    """A forward's arguments checked (:func:`check_forward_args`): ``(meta on x's device, batch)``."""
-    check_forward_args(meta, x, weight, bias)
-    return meta.to(x.device), x.shape[0]
-
-
-def adjoint_setup(meta: TrainingMeta, grad_y: torch.Tensor, **operands) -> Tuple[TrainingMeta, int, torch.dtype]:
-    """An explicit adjoint's arguments checked (:func:`check_grad_args`, ``operands``: ``weight=`` and / or ``x=``):
-    ``(meta on grad_y's device, batch, the dtype its gradients accumulate in)``."""
-    check_grad_args(meta, grad_y, **operands)
-    return meta.to(grad_y.device), grad_y.shape[0], grad_accum_dtype(grad_y.dtype)
 
 
 def explicit_grads(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype, needs: tuple,
@@ -212,25 +187,34 @@ class CompactTorchOps:
 
     @staticmethod
     def forward(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
-        meta, b = forward_setup(meta, x, weight, bias)
+        check_forward_args(meta, x, weight, bias)
+        meta = meta.to(x.device)
+        b = x.shape[0]
         xpad = pad_flat_input(x, meta)
         wt = weight.t().contiguous()                                                # [Q, Cout]
         y = x.new_empty(b, meta.cout, meta.nout)
         nc = node_chunk(meta, b, x.element_size())
-        for n0, n1 in node_chunks(meta, nc):
+        for n0 in range(0, meta.nout, nc):
+            n1 = min(meta.nout, n0 + nc)
             sl = slice(n0 * meta.p64, n1 * meta.p64)
             a = xpad.index_select(1, meta.input_linear_flat[sl]).view(b, n1 - n0, meta.p64).transpose(0, 1)
             w = wt.index_select(0, meta.weight_linear_flat[sl]).view(n1 - n0, meta.p64, meta.cout)
             y[:, :, n0:n1] = torch.bmm(a, w).permute(1, 2, 0)
-        return add_bias(y, bias)
+        if bias is not None:
+            y += bias.to(y.dtype).view(1, -1, 1)
+        return y
 
     @staticmethod
     def grad_input(meta: TrainingMeta, grad_y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        meta, b, acc = adjoint_setup(meta, grad_y, weight=weight)
+        check_grad_args(meta, grad_y, weight=weight)
+        meta = meta.to(grad_y.device)
+        b = grad_y.shape[0]
         wt = weight.t().contiguous()
+        acc = grad_accum_dtype(grad_y.dtype)
         dx = torch.zeros(b, meta.pad_column + 1, dtype=acc, device=grad_y.device)
         nc = node_chunk(meta, b, grad_y.element_size())
-        for n0, n1 in node_chunks(meta, nc):
+        for n0 in range(0, meta.nout, nc):
+            n1 = min(meta.nout, n0 + nc)
             sl = slice(n0 * meta.p64, n1 * meta.p64)
             g = grad_y[:, :, n0:n1].permute(2, 0, 1)                                 # [nc, B, Cout]
             w = wt.index_select(0, meta.weight_linear_flat[sl]).view(n1 - n0, meta.p64, meta.cout)
@@ -240,11 +224,15 @@ class CompactTorchOps:
 
     @staticmethod
     def grad_weight(meta: TrainingMeta, grad_y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        meta, b, acc = adjoint_setup(meta, grad_y, x=x)
+        check_grad_args(meta, grad_y, x=x)
+        meta = meta.to(grad_y.device)
+        b = grad_y.shape[0]
         xpad = pad_flat_input(x, meta)
+        acc = grad_accum_dtype(grad_y.dtype)
         dwt = torch.zeros(meta.q, meta.cout, dtype=acc, device=grad_y.device)
         nc = node_chunk(meta, b, grad_y.element_size())
-        for n0, n1 in node_chunks(meta, nc):
+        for n0 in range(0, meta.nout, nc):
+            n1 = min(meta.nout, n0 + nc)
             sl = slice(n0 * meta.p64, n1 * meta.p64)
             at = xpad.index_select(1, meta.input_linear_flat[sl]).view(b, n1 - n0, meta.p64).permute(1, 2, 0)
             g = grad_y[:, :, n0:n1].permute(2, 0, 1)                                 # [nc, B, Cout]
@@ -312,7 +300,9 @@ def binned_forward(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, bi
     The strongest PyTorch form for small layers at small batch, where the shared-weight matmul runs on
     cuBLAS; it does ``Q / P64`` times the compact work (about 4 with rf2 tables, 1 with rf1).
     """
-    meta, b = forward_setup(meta, x, weight, bias)
+    check_forward_args(meta, x, weight, bias)
+    meta = meta.to(x.device)
+    b = x.shape[0]
     src, dst = _binned_index(meta)
     x_flat = x.reshape(b, -1)
     bc = batch_chunk(meta, b, x.element_size())

@@ -18,7 +18,7 @@ listed), and outputs are prefilled with NaN in the tests so an unwritten entry s
 
 # No `from __future__ import annotations`: Warp resolves kernel annotations (closure dtypes) at decoration.
 
-from typing import Any, Optional
+from typing import Optional
 
 import fovi_lab.settings as settings
 from fovi_lab.kernels.common import init_warp, wp
@@ -334,60 +334,6 @@ make_grad_weight_stage3p_kernel = _per_version("gw", "3p", """
     gw3 with a register prefetch of the next b step's ``xt`` gather and ``g`` tile (see gi2p).""")
 
 
-def _in_order_sum(wide: int, row_major: bool):
-    """The reductions' inner loop as an inlined Warp function, built once per form::
-
-        csum(acc, src, idx, i, e, off, col) = acc + sum_{k in [i, e)} fp32(src[idx[k] + off, col])    (row_major)
-                                              acc + sum_{k in [i, e)} fp32(src[col, off + idx[k]])    (otherwise)
-
-    in fp32, added in index order (the same sum, bit for bit, as one element at a time) with ``wide`` (8: then 4;
-    4) independent loads in flight before each group's adds.
-    """
-    W8, RM = int(wide) == 8, bool(row_major)
-
-    def make_term():
-        def term(src: Any, idx: wp.array(dtype=wp.int32), k: int, off: int, col: int):
-            if wp.static(RM):
-                return wp.float32(src[idx[k] + off, col])
-            else:
-                return wp.float32(src[col, off + idx[k]])
-
-        return wp.func(name=f"fovi_csr_term{'_rows' if RM else '_cols'}", inline=True)(term)
-
-    def make():
-        term = built(("staged", "csr_term", RM), make_term)
-
-        def csum(acc: wp.float32, src: Any, idx: wp.array(dtype=wp.int32), i: int, e: int, off: int, col: int):
-            j = i
-            total = acc
-            if wp.static(W8):
-                while j + 8 <= e:
-                    v0 = term(src, idx, j, off, col)
-                    v1 = term(src, idx, j + 1, off, col)
-                    v2 = term(src, idx, j + 2, off, col)
-                    v3 = term(src, idx, j + 3, off, col)
-                    v4 = term(src, idx, j + 4, off, col)
-                    v5 = term(src, idx, j + 5, off, col)
-                    v6 = term(src, idx, j + 6, off, col)
-                    v7 = term(src, idx, j + 7, off, col)
-                    total = (((((((total + v0) + v1) + v2) + v3) + v4) + v5) + v6) + v7
-                    j += 8
-            while j + 4 <= e:
-                v0 = term(src, idx, j, off, col)
-                v1 = term(src, idx, j + 1, off, col)
-                v2 = term(src, idx, j + 2, off, col)
-                v3 = term(src, idx, j + 3, off, col)
-                total = (((total + v0) + v1) + v2) + v3
-                j += 4
-            while j < e:
-                total += term(src, idx, j, off, col)
-                j += 1
-            return total
-
-        return wp.func(name=f"fovi_csr_sum{int(wide)}{'_rows' if RM else '_cols'}", inline=True)(csum)
-    return built(("staged", "csr_sum", int(wide), RM), make)
-
-
 def make_dx_csr_kernel(fp32_stage: bool, *, module_options: Optional[dict] = None, module: Optional[str] = None):
     """Reverse-CSR grad-input reduction (scalar, one thread per ``(m, c, b)``, b fastest).
 
@@ -404,16 +350,40 @@ def make_dx_csr_kernel(fp32_stage: bool, *, module_options: Optional[dict] = Non
     sd = _stage_dtype(fp32_stage)
     opts = _kernel_options(None, module_options)
     tag = f"fovi_dx_csr_{'f32' if fp32_stage else 'f16'}"
-    csum = _in_order_sum(8, row_major=True)
 
     @_kernel_decorator(tag, opts, module)
     def dx_csr(rowptr: wp.array(dtype=wp.int32), rev_row: wp.array(dtype=wp.int32),
                da: wp.array2d(dtype=sd), k: int, out: wp.array3d(dtype=wp.float32)):
         m, c, b = wp.tid()
-        # 8 (then 4) independent loads in flight, then the adds in index order. (With 4 in flight the reductions
-        # used a small part of the H200's HBM bandwidth; 8 made them faster: the CSR reductions of 2026-11-29 in
-        # fovi_lab/records/h200/backward.jsonl.gz.)
-        out[c, m, b] = csum(wp.float32(0.0), da, rev_row, rowptr[m], rowptr[m + 1], c * k, b)
+        ck = c * k
+        i = rowptr[m]
+        e = rowptr[m + 1]
+        acc = wp.float32(0.0)
+        # 8 (then 4) independent loads in flight, then the adds in index order: the same fp32 sum, bit for
+        # bit, as one element at a time. (With 4 in flight the reductions used a small part of the H200's HBM
+        # bandwidth; 8 made them faster: the CSR reductions of 2026-11-29 in fovi_lab/records/h200/backward.jsonl.gz.)
+        while i + 8 <= e:
+            v0 = wp.float32(da[rev_row[i] + ck, b])
+            v1 = wp.float32(da[rev_row[i + 1] + ck, b])
+            v2 = wp.float32(da[rev_row[i + 2] + ck, b])
+            v3 = wp.float32(da[rev_row[i + 3] + ck, b])
+            v4 = wp.float32(da[rev_row[i + 4] + ck, b])
+            v5 = wp.float32(da[rev_row[i + 5] + ck, b])
+            v6 = wp.float32(da[rev_row[i + 6] + ck, b])
+            v7 = wp.float32(da[rev_row[i + 7] + ck, b])
+            acc = (((((((acc + v0) + v1) + v2) + v3) + v4) + v5) + v6) + v7
+            i += 8
+        while i + 4 <= e:
+            v0 = wp.float32(da[rev_row[i] + ck, b])
+            v1 = wp.float32(da[rev_row[i + 1] + ck, b])
+            v2 = wp.float32(da[rev_row[i + 2] + ck, b])
+            v3 = wp.float32(da[rev_row[i + 3] + ck, b])
+            acc = (((acc + v0) + v1) + v2) + v3
+            i += 4
+        while i < e:
+            acc += wp.float32(da[rev_row[i] + ck, b])
+            i += 1
+        out[c, m, b] = acc
 
     return _tag(dx_csr, fp32_stage)
 
@@ -437,13 +407,28 @@ def make_dx_taps_kernel(fp32_stage: bool = True, *, module_options: Optional[dic
         raise ValueError("fp32_stage: the tap-expanded stage is fp32 (the split tensor-core configs' output)")
     init_warp()
     opts = _kernel_options(None, module_options)
-    csum = _in_order_sum(4, row_major=False)
 
     @_kernel_decorator("fovi_dx_taps_f32", opts, module)
     def dx_taps(rowptr: wp.array(dtype=wp.int32), rev_taps: wp.array(dtype=wp.int32),
                 s: wp.array2d(dtype=wp.float32), vn: int, out: wp.array3d(dtype=wp.float32)):
         b, c, m = wp.tid()
-        out[b, c, m] = csum(wp.float32(0.0), s, rev_taps, rowptr[m], rowptr[m + 1], c * vn, b)   # 4 loads in flight
+        off = c * vn
+        i = rowptr[m]
+        e = rowptr[m + 1]
+        acc = wp.float32(0.0)
+        # 4 independent loads in flight, then the adds in index order: the same fp32 sum, bit for bit, as one
+        # element at a time
+        while i + 4 <= e:
+            v0 = s[b, off + rev_taps[i]]
+            v1 = s[b, off + rev_taps[i + 1]]
+            v2 = s[b, off + rev_taps[i + 2]]
+            v3 = s[b, off + rev_taps[i + 3]]
+            acc = (((acc + v0) + v1) + v2) + v3
+            i += 4
+        while i < e:
+            acc += s[b, off + rev_taps[i]]
+            i += 1
+        out[b, c, m] = acc
 
     return _tag(dx_taps, True)
 
@@ -493,7 +478,6 @@ def make_dw_csr_kernel(fp32_stage: bool, *, module_options: Optional[dict] = Non
     opts = _kernel_options(None, module_options)
     tag = f"fovi_dw_csr_{'f32' if fp32_stage else 'f16'}"
     _first_not_below = _search_func()
-    csum = _in_order_sum(8, row_major=True)
 
     @_kernel_decorator(tag, opts, module)
     def dw_csr(rowptr: wp.array(dtype=wp.int32), w_col: wp.array(dtype=wp.int32),
@@ -509,7 +493,29 @@ def make_dw_csr_kernel(fp32_stage: bool, *, module_options: Optional[dict] = Non
         acc = wp.float32(0.0)
         if accumulate != 0:
             acc = dwt[q, o]
-        dwt[q, o] = csum(acc, dweff, w_col, s, e, -j_lo, o)   # 8 (then 4) loads in flight, adds in index order
+        i = s
+        while i + 8 <= e:   # 8 (then 4) loads in flight, adds in index order (bitwise the sequential sum)
+            v0 = wp.float32(dweff[w_col[i] - j_lo, o])
+            v1 = wp.float32(dweff[w_col[i + 1] - j_lo, o])
+            v2 = wp.float32(dweff[w_col[i + 2] - j_lo, o])
+            v3 = wp.float32(dweff[w_col[i + 3] - j_lo, o])
+            v4 = wp.float32(dweff[w_col[i + 4] - j_lo, o])
+            v5 = wp.float32(dweff[w_col[i + 5] - j_lo, o])
+            v6 = wp.float32(dweff[w_col[i + 6] - j_lo, o])
+            v7 = wp.float32(dweff[w_col[i + 7] - j_lo, o])
+            acc = (((((((acc + v0) + v1) + v2) + v3) + v4) + v5) + v6) + v7
+            i += 8
+        while i + 4 <= e:
+            v0 = wp.float32(dweff[w_col[i] - j_lo, o])
+            v1 = wp.float32(dweff[w_col[i + 1] - j_lo, o])
+            v2 = wp.float32(dweff[w_col[i + 2] - j_lo, o])
+            v3 = wp.float32(dweff[w_col[i + 3] - j_lo, o])
+            acc = (((acc + v0) + v1) + v2) + v3
+            i += 4
+        while i < e:
+            acc += wp.float32(dweff[w_col[i] - j_lo, o])
+            i += 1
+        dwt[q, o] = acc
 
     return _tag(dw_csr, fp32_stage)
 

@@ -4,17 +4,13 @@ Each factory returns a Warp kernel for one tile shape (closure constants are com
 gets its own module, ``module="unique"``). Grid ``(Nout, ceil(B / (tile_m*r)), ceil(Cout / tile_n))``:
 one CTA per (output node, batch-tile group, output-channel tile). Operand layouts are in
 :mod:`fovi_lab.kernels.forward.plans`; what each family computes is in :mod:`fovi_lab.kernels.forward.configs`.
-The gather, node-major and dense kernels share their K step and epilogue over ``r`` batch tiles
-(:func:`_r_way_mma`, :func:`_r_way_store`), the one-accumulator kernels their epilogue (:func:`_tile_epilogue`):
-inlined Warp functions built once per shape.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 from fovi_lab.kernels import common as _wc
-from fovi_lab.kernels.built import built
 from fovi_lab.kernels.common import init_warp, wp
 from fovi_lab.kernels.families.table import GATHER_TILE_K as _GATHER_TILE_K
 
@@ -33,100 +29,6 @@ def _kernel_decorator(name: str, block_dim: int, mathdx: Optional[bool]):
                      module_options=_module_options(block_dim, mathdx))
 
 
-def _r_way_mma(tile_m: int, tile_n: int, tile_k: int, r: int, indexed: bool):
-    """One K step of the ``r`` batch tiles of CTA ``(bt, ot)`` that share a W tile, as an inlined Warp function built
-    once per shape::
-
-        mma(x, sel, w, wsel, bt, ot, batch, acc0, acc1, acc2, acc3)
-        W = w[K step, ot*tile_n + (0..tile_n)];  acc_j += A_j^T @ W    for j < r with b_j < batch (j = 0 always)
-
-    with ``b_j = bt*tile_m*r + j*tile_m``. ``indexed`` (the gather family): W's rows are gathered by the index tile
-    ``wsel`` and those of ``A_j [tile_k, tile_m]`` (columns ``b_j`` on of ``x``) by the index tile ``sel``;
-    otherwise (node-major, dense) both are plain-loaded from rows ``wsel`` and ``sel`` on. Every slot loads into a
-    shared tile of its own (``r`` A tiles resident at once, the shared memory of a hand-unrolled loop). The
-    accumulators are shared tiles (``tile_matmul``'s out); slots ``j >= r`` are never touched, so a kernel passes
-    ``acc0`` in them.
-    """
-    TM, TN, TK, R, IX = int(tile_m), int(tile_n), int(tile_k), int(r), bool(indexed)
-
-    def make():
-        def mma(x: wp.array2d(dtype=wp.float16), sel: Any, w: wp.array2d(dtype=wp.float16), wsel: Any, bt: int,
-                ot: int, batch: int, acc0: Any, acc1: Any, acc2: Any, acc3: Any):
-            b0 = bt * (TM * R)
-            o0 = ot * TN
-            wk = (wp.tile_load_indexed(w, indices=wsel, shape=(TK, TN), offset=(0, o0), axis=0, storage="shared")
-                  if wp.static(IX) else wp.tile_load(w, shape=(TK, TN), offset=(wsel, o0), storage="shared"))
-            a0 = (wp.tile_load_indexed(x, indices=sel, shape=(TK, TM), offset=(0, b0), axis=0, storage="shared")
-                  if wp.static(IX) else wp.tile_load(x, shape=(TK, TM), offset=(sel, b0), storage="shared"))
-            wp.tile_matmul(wp.tile_transpose(a0), wk, acc0)
-            if wp.static(R >= 2):
-                if b0 + TM < batch:
-                    a1 = (wp.tile_load_indexed(x, indices=sel, shape=(TK, TM), offset=(0, b0 + TM), axis=0,
-                                               storage="shared") if wp.static(IX) else
-                          wp.tile_load(x, shape=(TK, TM), offset=(sel, b0 + TM), storage="shared"))
-                    wp.tile_matmul(wp.tile_transpose(a1), wk, acc1)
-            if wp.static(R >= 4):
-                if b0 + 2 * TM < batch:
-                    a2 = (wp.tile_load_indexed(x, indices=sel, shape=(TK, TM), offset=(0, b0 + 2 * TM), axis=0,
-                                               storage="shared") if wp.static(IX) else
-                          wp.tile_load(x, shape=(TK, TM), offset=(sel, b0 + 2 * TM), storage="shared"))
-                    wp.tile_matmul(wp.tile_transpose(a2), wk, acc2)
-                if b0 + 3 * TM < batch:
-                    a3 = (wp.tile_load_indexed(x, indices=sel, shape=(TK, TM), offset=(0, b0 + 3 * TM), axis=0,
-                                               storage="shared") if wp.static(IX) else
-                          wp.tile_load(x, shape=(TK, TM), offset=(sel, b0 + 3 * TM), storage="shared"))
-                    wp.tile_matmul(wp.tile_transpose(a3), wk, acc3)
-
-        return wp.func(name=f"fovi_fwd_mma_m{TM}n{TN}k{TK}r{R}{'x' if IX else ''}", inline=True)(mma)
-    return built(("tile", "mma", TM, TN, TK, R, IX), make)
-
-
-def _r_way_store(tile_m: int, tile_n: int, r: int):
-    """The epilogue of CTA ``(bt, ot)``'s ``r`` batch-tile accumulators as an inlined Warp function built once per
-    shape: per slot ``j < r``, with ``b_j = bt*tile_m*r + j*tile_m`` and ``o0 = ot*tile_n``,
-    ``y_n[b_j + i, o0 + o] = fp16(acc_j[i, o] + bb[i, o])`` (``bb``: the bias tile broadcast over the rows; fp32
-    sum, one rounding; ``tile_store`` drops the batch and channel tails). Slots ``j >= r`` are ignored::
-
-        store(y_n, bb, bt, ot, acc0, acc1, acc2, acc3)
-    """
-    TM, TN, R = int(tile_m), int(tile_n), int(r)
-
-    def make():
-        def store(y_n: wp.array2d(dtype=wp.float16), bb: Any, bt: int, ot: int, acc0: Any, acc1: Any, acc2: Any,
-                  acc3: Any):
-            b0 = bt * (TM * R)
-            o0 = ot * TN
-            wp.tile_store(y_n, wp.tile_astype(acc0 + bb, wp.float16), offset=(b0, o0))
-            if wp.static(R >= 2):
-                wp.tile_store(y_n, wp.tile_astype(acc1 + bb, wp.float16), offset=(b0 + TM, o0))
-            if wp.static(R >= 4):
-                wp.tile_store(y_n, wp.tile_astype(acc2 + bb, wp.float16), offset=(b0 + 2 * TM, o0))
-                wp.tile_store(y_n, wp.tile_astype(acc3 + bb, wp.float16), offset=(b0 + 3 * TM, o0))
-
-        return wp.func(name=f"fovi_fwd_store_m{TM}n{TN}r{R}", inline=True)(store)
-    return built(("tile", "store", TM, TN, R), make)
-
-
-def _tile_epilogue(tile_m: int, tile_n: int):
-    """The epilogue of a one-accumulator kernel as an inlined Warp function built once per shape::
-
-        epilogue(y_n, bias, b0, o0, acc):  y_n[b0 + i, o0 + o] = fp16(acc[i, o] + bias[o0 + o])
-
-    (the bias tile loaded and broadcast over the rows; fp32 sum, one rounding; ``tile_store`` drops the batch and
-    channel tails).
-    """
-    TM, TN = int(tile_m), int(tile_n)
-
-    def make():
-        def epilogue(y_n: wp.array2d(dtype=wp.float16), bias: wp.array1d(dtype=wp.float32), b0: int, o0: int,
-                     acc: Any):
-            bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=o0), shape=(TM, TN))
-            wp.tile_store(y_n, wp.tile_astype(acc + bb, wp.float16), offset=(b0, o0))
-
-        return wp.func(name=f"fovi_fwd_epilogue_m{TM}n{TN}", inline=True)(epilogue)
-    return built(("tile", "epilogue", TM, TN), make)
-
-
 def make_gather_kernel(tile_m: int, tile_n: int, r: int, block_dim: int, mathdx: Optional[bool] = None,
                         name: Optional[str] = None):
     """Gather-family kernel: ``r`` batch tiles of ``tile_m`` rows share each gathered W tile.
@@ -138,7 +40,6 @@ def make_gather_kernel(tile_m: int, tile_n: int, r: int, block_dim: int, mathdx:
     TM, TN, TK, R = int(tile_m), int(tile_n), _GATHER_TILE_K, int(r)
     assert R in (1, 2, 4)
     kname = name or f"fovi_fwd_gather_m{TM}n{TN}r{R}b{block_dim}"
-    mma, store = _r_way_mma(TM, TN, TK, R, indexed=True), _r_way_store(TM, TN, R)
 
     @_kernel_decorator(kname, block_dim, mathdx)
     def kernel(xt: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16),
@@ -146,19 +47,44 @@ def make_gather_kernel(tile_m: int, tile_n: int, r: int, block_dim: int, mathdx:
                bias: wp.array1d(dtype=wp.float32), y: wp.array3d(dtype=wp.float16),
                n_ptiles: int, batch: int):
         n, bt, ot = wp.tid()
-        # the r accumulators, shared tiles (tile_matmul's out); the slots past r name acc0 and stay untouched
-        acc0 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32, storage="shared")
-        acc1 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32, storage="shared") if wp.static(R >= 2) else acc0
-        acc2 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32, storage="shared") if wp.static(R >= 4) else acc0
-        acc3 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32, storage="shared") if wp.static(R >= 4) else acc0
+        b0 = bt * (TM * R)
+        o0 = ot * TN
+        acc0 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+        if wp.static(R >= 2):
+            acc1 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+        if wp.static(R >= 4):
+            acc2 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+            acc3 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
         il_n = il[n]
         wl_n = wl[n]
         for pt in range(n_ptiles):
             ii = wp.tile_load(il_n, shape=TK, offset=pt * TK, storage="shared")
             wi = wp.tile_load(wl_n, shape=TK, offset=pt * TK, storage="shared")
-            mma(xt, ii, wt, wi, bt, ot, batch, acc0, acc1, acc2, acc3)
-        bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=ot * TN), shape=(TM, TN))
-        store(y[n], bb, bt, ot, acc0, acc1, acc2, acc3)
+            w = wp.tile_load_indexed(wt, indices=wi, shape=(TK, TN), offset=(0, o0), axis=0, storage="shared")
+            a0 = wp.tile_load_indexed(xt, indices=ii, shape=(TK, TM), offset=(0, b0), axis=0, storage="shared")
+            wp.tile_matmul(wp.tile_transpose(a0), w, acc0)
+            if wp.static(R >= 2):
+                if b0 + TM < batch:
+                    a1 = wp.tile_load_indexed(xt, indices=ii, shape=(TK, TM), offset=(0, b0 + TM), axis=0,
+                                              storage="shared")
+                    wp.tile_matmul(wp.tile_transpose(a1), w, acc1)
+            if wp.static(R >= 4):
+                if b0 + 2 * TM < batch:
+                    a2 = wp.tile_load_indexed(xt, indices=ii, shape=(TK, TM), offset=(0, b0 + 2 * TM), axis=0,
+                                              storage="shared")
+                    wp.tile_matmul(wp.tile_transpose(a2), w, acc2)
+                if b0 + 3 * TM < batch:
+                    a3 = wp.tile_load_indexed(xt, indices=ii, shape=(TK, TM), offset=(0, b0 + 3 * TM), axis=0,
+                                              storage="shared")
+                    wp.tile_matmul(wp.tile_transpose(a3), w, acc3)
+        bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=o0), shape=(TM, TN))
+        y_n = y[n]
+        wp.tile_store(y_n, wp.tile_astype(acc0 + bb, wp.float16), offset=(b0, o0))
+        if wp.static(R >= 2):
+            wp.tile_store(y_n, wp.tile_astype(acc1 + bb, wp.float16), offset=(b0 + TM, o0))
+        if wp.static(R >= 4):
+            wp.tile_store(y_n, wp.tile_astype(acc2 + bb, wp.float16), offset=(b0 + 2 * TM, o0))
+            wp.tile_store(y_n, wp.tile_astype(acc3 + bb, wp.float16), offset=(b0 + 3 * TM, o0))
 
     kernel.fovi_tiles = ("gather", TM, TN, TK, R, int(block_dim))
     return kernel
@@ -192,7 +118,6 @@ def make_nm_kernel(tile_m: int, tile_n: int, tile_k: int, r: int, block_dim: int
     TM, TN, TK, R = int(tile_m), int(tile_n), int(tile_k), int(r)
     assert R in (1, 2, 4)
     kname = name or f"fovi_fwd_nm_m{TM}n{TN}k{TK}r{R}b{block_dim}"
-    mma, store = _r_way_mma(TM, TN, TK, R, indexed=False), _r_way_store(TM, TN, R)
 
     @_kernel_decorator(kname, block_dim, mathdx)
     def kernel(xn: wp.array2d(dtype=wp.float16), wv: wp.array2d(dtype=wp.float16),
@@ -200,20 +125,44 @@ def make_nm_kernel(tile_m: int, tile_n: int, tile_k: int, r: int, block_dim: int
                bias: wp.array1d(dtype=wp.float32), y: wp.array3d(dtype=wp.float16),
                nk: int, n_cchunks: int, cp: int, nin: int, batch: int):
         n, bt, ot = wp.tid()
-        # the r accumulators, shared tiles (tile_matmul's out); the slots past r name acc0 and stay untouched
-        acc0 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32, storage="shared")
-        acc1 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32, storage="shared") if wp.static(R >= 2) else acc0
-        acc2 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32, storage="shared") if wp.static(R >= 4) else acc0
-        acc3 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32, storage="shared") if wp.static(R >= 4) else acc0
+        b0 = bt * (TM * R)
+        o0 = ot * TN
+        acc0 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+        if wp.static(R >= 2):
+            acc1 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+        if wp.static(R >= 4):
+            acc2 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+            acc3 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
         for k in range(nk):
             m = idxn[n, k]
             if m < nin:  # pad neighbours gather exact zeros: skip them (uniform per CTA)
                 xrow = m * cp
                 wrow = rfn[n, k] * cp
                 for cc in range(n_cchunks):
-                    mma(xn, xrow + cc * TK, wv, wrow + cc * TK, bt, ot, batch, acc0, acc1, acc2, acc3)
-        bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=ot * TN), shape=(TM, TN))
-        store(y[n], bb, bt, ot, acc0, acc1, acc2, acc3)
+                    w = wp.tile_load(wv, shape=(TK, TN), offset=(wrow + cc * TK, o0), storage="shared")
+                    a0 = wp.tile_load(xn, shape=(TK, TM), offset=(xrow + cc * TK, b0), storage="shared")
+                    wp.tile_matmul(wp.tile_transpose(a0), w, acc0)
+                    if wp.static(R >= 2):
+                        if b0 + TM < batch:
+                            a1 = wp.tile_load(xn, shape=(TK, TM), offset=(xrow + cc * TK, b0 + TM), storage="shared")
+                            wp.tile_matmul(wp.tile_transpose(a1), w, acc1)
+                    if wp.static(R >= 4):
+                        if b0 + 2 * TM < batch:
+                            a2 = wp.tile_load(xn, shape=(TK, TM), offset=(xrow + cc * TK, b0 + 2 * TM),
+                                              storage="shared")
+                            wp.tile_matmul(wp.tile_transpose(a2), w, acc2)
+                        if b0 + 3 * TM < batch:
+                            a3 = wp.tile_load(xn, shape=(TK, TM), offset=(xrow + cc * TK, b0 + 3 * TM),
+                                              storage="shared")
+                            wp.tile_matmul(wp.tile_transpose(a3), w, acc3)
+        bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=o0), shape=(TM, TN))
+        y_n = y[n]
+        wp.tile_store(y_n, wp.tile_astype(acc0 + bb, wp.float16), offset=(b0, o0))
+        if wp.static(R >= 2):
+            wp.tile_store(y_n, wp.tile_astype(acc1 + bb, wp.float16), offset=(b0 + TM, o0))
+        if wp.static(R >= 4):
+            wp.tile_store(y_n, wp.tile_astype(acc2 + bb, wp.float16), offset=(b0 + 2 * TM, o0))
+            wp.tile_store(y_n, wp.tile_astype(acc3 + bb, wp.float16), offset=(b0 + 3 * TM, o0))
 
     kernel.fovi_tiles = ("nm", TM, TN, TK, R, int(block_dim))
     return kernel
@@ -282,7 +231,6 @@ def make_i2c_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, w_gat
     init_warp()
     TM, TN, TK, WG = int(tile_m), int(tile_n), int(tile_k), bool(w_gathered)
     kname = name or f"fovi_fwd_i2c{'g' if WG else ''}_m{TM}n{TN}k{TK}b{block_dim}"
-    epilogue = _tile_epilogue(TM, TN)
 
     @_kernel_decorator(kname, block_dim, mathdx)
     def kernel(at: wp.array2d(dtype=wp.float16), w: wp.array2d(dtype=wp.float16),
@@ -302,7 +250,8 @@ def make_i2c_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, w_gat
                 wk = wp.tile_load(w, shape=(TK, TN), offset=(n * p64 + kt * TK, o0), storage="shared")
             a = wp.tile_load(at, shape=(TK, TM), offset=(arow + kt * TK, b0), storage="shared")
             wp.tile_matmul(wp.tile_transpose(a), wk, acc)
-        epilogue(y[n], bias, b0, o0, acc)
+        bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=o0), shape=(TM, TN))
+        wp.tile_store(y[n], wp.tile_astype(acc + bb, wp.float16), offset=(b0, o0))
 
     kernel.fovi_tiles = ("i2cg" if WG else "i2c", TM, TN, TK, 1, int(block_dim))
     return kernel
@@ -318,7 +267,6 @@ def make_cached_kernel(tile_m: int, tile_n: int, block_dim: int = 128, mathdx: O
     init_warp()
     TM, TN, TK = int(tile_m), int(tile_n), _GATHER_TILE_K
     kname = name or f"fovi_fwd_cached_m{TM}n{TN}b{block_dim}"
-    epilogue = _tile_epilogue(TM, TN)
 
     @_kernel_decorator(kname, block_dim, mathdx)
     def kernel(xt: wp.array2d(dtype=wp.float16), weff: wp.array3d(dtype=wp.float16),
@@ -335,7 +283,8 @@ def make_cached_kernel(tile_m: int, tile_n: int, block_dim: int = 128, mathdx: O
             w = wp.tile_load(weff_n, shape=(TK, TN), offset=(pt * TK, o0), storage="shared")
             a = wp.tile_load_indexed(xt, indices=ii, shape=(TK, TM), offset=(0, b0), axis=0, storage="shared")
             wp.tile_matmul(wp.tile_transpose(a), w, acc)
-        epilogue(y[n], bias, b0, o0, acc)
+        bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=o0), shape=(TM, TN))
+        wp.tile_store(y[n], wp.tile_astype(acc + bb, wp.float16), offset=(b0, o0))
 
     kernel.fovi_tiles = ("cached", TM, TN, TK, 1, int(block_dim))
     return kernel
@@ -352,22 +301,43 @@ def make_dense_kernel(tile_m: int, tile_n: int, tile_k: int, r: int, block_dim: 
     init_warp()
     TM, TN, TK, R = int(tile_m), int(tile_n), int(tile_k), int(r)
     kname = name or f"fovi_fwd_dense_m{TM}n{TN}k{TK}r{R}b{block_dim}"
-    mma, store = _r_way_mma(TM, TN, TK, R, indexed=False), _r_way_store(TM, TN, R)
 
     @_kernel_decorator(kname, block_dim, mathdx)
     def kernel(at: wp.array2d(dtype=wp.float16), w: wp.array2d(dtype=wp.float16),
                bias: wp.array1d(dtype=wp.float32), y: wp.array3d(dtype=wp.float16),
                n_ktiles: int, batch: int):
         n, bt, ot = wp.tid()
-        # the r accumulators, shared tiles (tile_matmul's out); the slots past r name acc0 and stay untouched
-        acc0 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32, storage="shared")
-        acc1 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32, storage="shared") if wp.static(R >= 2) else acc0
-        acc2 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32, storage="shared") if wp.static(R >= 4) else acc0
-        acc3 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32, storage="shared") if wp.static(R >= 4) else acc0
+        b0 = bt * (TM * R)
+        o0 = ot * TN
+        acc0 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+        if wp.static(R >= 2):
+            acc1 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+        if wp.static(R >= 4):
+            acc2 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+            acc3 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
         for kt in range(n_ktiles):
-            mma(at, kt * TK, w, kt * TK, bt, ot, batch, acc0, acc1, acc2, acc3)
-        bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=ot * TN), shape=(TM, TN))
-        store(y[n], bb, bt, ot, acc0, acc1, acc2, acc3)
+            wt = wp.tile_load(w, shape=(TK, TN), offset=(kt * TK, o0), storage="shared")
+            a0 = wp.tile_load(at, shape=(TK, TM), offset=(kt * TK, b0), storage="shared")
+            wp.tile_matmul(wp.tile_transpose(a0), wt, acc0)
+            if wp.static(R >= 2):
+                if b0 + TM < batch:
+                    a1 = wp.tile_load(at, shape=(TK, TM), offset=(kt * TK, b0 + TM), storage="shared")
+                    wp.tile_matmul(wp.tile_transpose(a1), wt, acc1)
+            if wp.static(R >= 4):
+                if b0 + 2 * TM < batch:
+                    a2 = wp.tile_load(at, shape=(TK, TM), offset=(kt * TK, b0 + 2 * TM), storage="shared")
+                    wp.tile_matmul(wp.tile_transpose(a2), wt, acc2)
+                if b0 + 3 * TM < batch:
+                    a3 = wp.tile_load(at, shape=(TK, TM), offset=(kt * TK, b0 + 3 * TM), storage="shared")
+                    wp.tile_matmul(wp.tile_transpose(a3), wt, acc3)
+        bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=o0), shape=(TM, TN))
+        y_n = y[n]
+        wp.tile_store(y_n, wp.tile_astype(acc0 + bb, wp.float16), offset=(b0, o0))
+        if wp.static(R >= 2):
+            wp.tile_store(y_n, wp.tile_astype(acc1 + bb, wp.float16), offset=(b0 + TM, o0))
+        if wp.static(R >= 4):
+            wp.tile_store(y_n, wp.tile_astype(acc2 + bb, wp.float16), offset=(b0 + 2 * TM, o0))
+            wp.tile_store(y_n, wp.tile_astype(acc3 + bb, wp.float16), offset=(b0 + 3 * TM, o0))
 
     kernel.fovi_tiles = ("dense", TM, TN, TK, R, int(block_dim))
     return kernel
@@ -390,7 +360,6 @@ def make_nmp_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, mathd
     init_warp()
     TM, TN, TK = int(tile_m), int(tile_n), int(tile_k)
     kname = name or f"fovi_fwd_nmp_m{TM}n{TN}k{TK}b{block_dim}"
-    epilogue = _tile_epilogue(TM, TN)
 
     @_kernel_decorator(kname, block_dim, mathdx)
     def kernel(xn: wp.array2d(dtype=wp.float16), wv: wp.array2d(dtype=wp.float16),
@@ -418,7 +387,8 @@ def make_nmp_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, mathd
                 a_r = wp.tile_load(xn, shape=(TK, TM), offset=(idxc[n, k1] * cp + c1, b0), bounds_check=False)
                 w_r = wp.tile_load(wv, shape=(TK, TN), offset=(rfc[n, k1] * cp + c1, o0), bounds_check=False)
                 wp.tile_matmul(wp.tile_transpose(a_sh), w_sh, acc)
-        epilogue(y[n], bias, b0, o0, acc)
+        bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=o0), shape=(TM, TN))
+        wp.tile_store(y[n], wp.tile_astype(acc + bb, wp.float16), offset=(b0, o0))
 
     kernel.fovi_tiles = ("nmp", TM, TN, TK, 1, int(block_dim))
     return kernel
@@ -432,7 +402,6 @@ def make_gp_kernel(tile_m: int, tile_n: int, block_dim: int, mathdx: Optional[bo
     init_warp()
     TM, TN, TK = int(tile_m), int(tile_n), _GATHER_TILE_K
     kname = name or f"fovi_fwd_gp_m{TM}n{TN}b{block_dim}"
-    epilogue = _tile_epilogue(TM, TN)
 
     @_kernel_decorator(kname, block_dim, mathdx)
     def kernel(xt: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16),
@@ -460,7 +429,8 @@ def make_gp_kernel(tile_m: int, tile_n: int, block_dim: int, mathdx: Optional[bo
             a_r = wp.tile_load_indexed(xt, indices=ii1, shape=(TK, TM), offset=(0, b0), axis=0)
             w_r = wp.tile_load_indexed(wt, indices=wi1, shape=(TK, TN), offset=(0, o0), axis=0)
             wp.tile_matmul(wp.tile_transpose(a_sh), w_sh, acc)
-        epilogue(y[n], bias, b0, o0, acc)
+        bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=o0), shape=(TM, TN))
+        wp.tile_store(y[n], wp.tile_astype(acc + bb, wp.float16), offset=(b0, o0))
 
     kernel.fovi_tiles = ("gp", TM, TN, TK, 1, int(block_dim))
     return kernel
@@ -473,7 +443,6 @@ def make_densep_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, ma
     init_warp()
     TM, TN, TK = int(tile_m), int(tile_n), int(tile_k)
     kname = name or f"fovi_fwd_densep_m{TM}n{TN}k{TK}b{block_dim}"
-    epilogue = _tile_epilogue(TM, TN)
 
     @_kernel_decorator(kname, block_dim, mathdx)
     def kernel(at: wp.array2d(dtype=wp.float16), w: wp.array2d(dtype=wp.float16),
@@ -494,7 +463,8 @@ def make_densep_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, ma
             a_r = wp.tile_load(at, shape=(TK, TM), offset=(k1, b0), bounds_check=False)
             w_r = wp.tile_load(w, shape=(TK, TN), offset=(k1, o0), bounds_check=False)
             wp.tile_matmul(wp.tile_transpose(a_sh), w_sh, acc)
-        epilogue(y[n], bias, b0, o0, acc)
+        bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=o0), shape=(TM, TN))
+        wp.tile_store(y[n], wp.tile_astype(acc + bb, wp.float16), offset=(b0, o0))
 
     kernel.fovi_tiles = ("densep", TM, TN, TK, 1, int(block_dim))
     return kernel
