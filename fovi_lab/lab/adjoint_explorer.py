@@ -104,13 +104,14 @@ def _adjoint_spec(kind: str, config: str) -> dict:
 
 
 def adjoint_grid(kind: str, config: str, shape: dict, batch: int, sms: int = H200_SMS,
-                 stage_budget: int = 256 << 20) -> dict:
+                 stage_budget: Optional[int] = None) -> dict:
     """CTAs per launch of a gi/gw stage kernel on one layer, and what that is in waves of ``sms`` SMs.
 
     gi (``dA_stage [Nout, P64, Bchunk]``, batch chunked so the fp16 stage fits ``stage_budget``):
     ``gi2`` grid ``(Nout, Bchunk/tile_b)`` with the P loop inside the CTA; ``gi3`` grid
     ``(Nout, P64/tile_p, Bchunk/tile_b)``. gw (``dWeff [nc, P64, Cout_pad]``, nodes chunked the same
-    way): ``gw2`` ``(nc, Cout_pad/tile_n)``; ``gw3`` ``(nc, P64/tile_p, Cout_pad/tile_n)``; ``gw4`` as gw3
+    way; ``stage_budget`` default: the staged adjoints' own, ``grad_stage_budget_bytes()``, the chunks as even as
+    the plans make them): ``gw2`` ``(nc, Cout_pad/tile_n)``; ``gw3`` ``(nc, P64/tile_p, Cout_pad/tile_n)``; ``gw4`` as gw3
     with two o tiles per CTA. ``p`` variants (register prefetch) have their base version's grid.
 
     Returns dict: dims and ctas of the first (full) launch, launches (chunks), chunk (batch columns
@@ -118,6 +119,9 @@ def adjoint_grid(kind: str, config: str, shape: dict, batch: int, sms: int = H20
     runs), ctas_per_sm.
     """
     spec = _adjoint_spec(kind, config)
+    if stage_budget is None:
+        from fovi_lab.kernels.adjoint.configs import grad_stage_budget_bytes
+        stage_budget = grad_stage_budget_bytes()
     ver = str(spec["version"]).rstrip("p")
     itemsize = 4 if config.endswith("_f32") else 2
     b, nout, p64, cout = int(batch), shape["nout"], shape["p64"], shape["cout"]
@@ -128,6 +132,7 @@ def adjoint_grid(kind: str, config: str, shape: dict, batch: int, sms: int = H20
         per_b = nout * p64 * itemsize
         bchunk = max(tb, (stage_budget // max(1, per_b)) // tb * tb)
         bchunk = min(bchunk, pad_to(b, tb))
+        bchunk = min(bchunk, pad_to(-(-b // -(-b // bchunk)), tb))          # as even as the tiles allow
         launches = -(-b // bchunk)
         nb = bchunk // tb
         n_o = cpad // spec["tile_o"]
@@ -142,6 +147,7 @@ def adjoint_grid(kind: str, config: str, shape: dict, batch: int, sms: int = H20
         bpad = pad_to(b, 64)
         per_node = p64 * cpad * itemsize
         nc = max(1, min(nout, stage_budget // max(1, per_node)))
+        nc = -(-nout // -(-nout // nc))                                   # as even as the nodes allow
         launches = -(-nout // nc)
         n_b = bpad // 64
         chunk = nc
