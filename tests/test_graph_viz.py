@@ -125,3 +125,20 @@ def test_figures_are_deterministic_and_small(graph):
     assert a == b
     assert len(gv.grid_figure(graph).to_json()) < 200_000
     json.loads(a)
+
+
+def test_graph_figures_read_cleanly(graph):
+    """Notebook 01's figures: every axis says what it measures and in which unit (visual positions in FoV radii,
+    cortical positions in mm, offsets in reference-grid units), no subplot title is clipped at the width a figure
+    is laid out for, and the legend covers no tick label or axis title."""
+    from fovi_lab.lab import figure_layout as fl
+    grid = gv.grid_figure(graph)
+    hood = gv.neighbourhood_figure(graph, graph.nout - 1)
+    for fig in (grid, hood, gv.explore_graph(a=0.5, k=121, stride=2, node=963, rf="rf1")[1]):
+        assert fl.axes_without_units(fig) == []
+        assert fl.clipped_titles(fig) == [] and fl.legend_over_ticks(fig) == [] and fl.overlapping_boxes(fig) == []
+    assert grid.layout.xaxis.title.text == f"visual x (FoV radii, 1 = {graph.fov / 2:g}°)"
+    assert [grid.layout.scene[a].title.text for a in ("xaxis", "yaxis", "zaxis")] == list(gv.CORTICAL_AXIS_TITLES)
+    assert hood.layout.xaxis2.title.text == "offset along x (reference-grid units)"
+    assert hood.layout.yaxis.title.text == f"visual y (FoV radii, 1 = {graph.fov / 2:g}°)"
+    assert hood.layout.legend.yref == "container"

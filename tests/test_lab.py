@@ -258,8 +258,30 @@ def test_runlog_figure():
     log.add(dict(label="a", compile_s=1.0, run_ms=2.0, torch_ms=3.0, passed=True))
     log.add(dict(label="b", compile_s=0.0, run_ms=2.5, torch_ms=3.0, passed=False))
     fig = log.figure("msg")
-    assert _is_fig(fig) and fig.layout.title.text == "msg"
+    assert _is_fig(fig) and fig.layout.title.text == "runs so far: not run<br><sub>msg</sub>"
     assert list(fig.data[1].marker.color) == [kl.COLOURS["warp"], kl.COLOURS["fail"]]
+
+
+def test_runlog_figure_reads_cleanly():
+    """A short title (the log's and the verdict), the whole message wrapped under it, the legend between the title
+    and the plot area (clear of the rotated run labels), every axis titled, units on the numbers."""
+    from fovi_lab.lab import figure_layout as fl
+    log = kl.RunLog(title="forward runs")
+    for i in range(6):
+        log.add(dict(label=f"res18_layer1 B=16 gather tiles 32x64, r = {i}", compile_s=1.0, run_ms=2.0,
+                     torch_ms=3.0, passed=True, torch_name="torch_compact (fp32 on the CPU)"))
+    message = ("PASS  " + "tile GEMM over gathered rows, 32 rows x 64 channels per tile, " * 3
+               + "max error < 1e-3 (tolerance 1e-2)  [clamped for Warp's CPU device: batch 64 -> 16]")
+    fig = log.figure(message)
+    lines = fig.layout.title.text.split("<br>")
+    assert lines[0] == "forward runs: PASS" and len(lines) >= 3 and all(x.startswith("<sub>") for x in lines[1:])
+    assert " ".join(message.split()) in fl.title_text(fig.layout.title.text)
+    assert "&lt; 1e-3" in fig.layout.title.text and "-&gt; 16" in fig.layout.title.text   # not read as a tag
+    assert fig.layout.legend.yref == "container" and fig.layout.legend.yanchor == "top"
+    assert fl.clipped_titles(fig) == [] and fl.legend_over_ticks(fig) == [] and fl.overlapping_boxes(fig) == []
+    assert fl.axes_without_units(fig) == []
+    assert log.figure("FAIL  y: max error < 1").layout.title.text.startswith("forward runs: FAIL<br>")
+    assert log.figure().layout.title.text == "forward runs"
 
 
 def test_reuse_live_and_figure():
@@ -428,6 +450,8 @@ def test_forward_loaders_and_figures(tmp_path):
     fig = kl.forward_recorded_figure(recs)
     assert _is_fig(fig) and "NVIDIA H200" in fig.layout.title.text and "Warp 1.19.0" in fig.layout.title.text
     assert len(fig.layout.updatemenus[0].buttons) == 1
+    from fovi_lab.lab import figure_layout as fl
+    assert fl.overlapping_boxes(fig) == [] and fl.legend_over_ticks(fig) == [] and fl.clipped_titles(fig) == []
     roof = kl.roofline_figure(recs, batch=512)
     assert _is_fig(roof) and "torch 2.11.0+cu130" in roof.layout.title.text
     assert "no recorded" in _annotation(kl.roofline_figure(recs, batch=3))

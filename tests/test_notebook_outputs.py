@@ -309,3 +309,71 @@ def test_prose_fits_one_idea(path):
     words = sum(len(without_path_lines("".join(c["source"])).split()) for c in json.loads(path.read_text())["cells"]
                 if c["cell_type"] == "markdown")
     assert words <= _MAX_WORDS, f"{path.name}: {words} words of prose (at most {_MAX_WORDS})"
+
+
+#: The notebooks whose stored figures keep to every layout check below.
+LAYOUT_CHECKED = [p for p in NOTEBOOKS if p.name[:3] in ("01_", "02_")]
+
+
+@pytest.mark.parametrize("path", LAYOUT_CHECKED, ids=lambda p: p.name)
+def test_figures_read_cleanly(path):
+    """No title clipped at the width a figure is laid out for (fovi_lab.lab.figure_layout.FIGURE_WIDTH), no
+    horizontal legend on rotated tick labels or an axis title, no buttons or legend over a title or the plot."""
+    from fovi_lab.lab import figure_layout as fl
+    bad = [(i, what) for i, fig in _figures(path)
+           for what in fl.clipped_titles(fig) + fl.legend_over_ticks(fig) + fl.overlapping_boxes(fig)]
+    assert bad == [], f"{path.name}: figures that do not read cleanly (cell, what): {bad[:8]}"
+
+
+def _bars(labels, **layout):
+    from plotly.subplots import make_subplots
+    import plotly.graph_objects as go
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, subplot_titles=("compile (s)", "run time (ms)"))
+    fig.add_trace(go.Bar(x=labels, y=[1.0] * len(labels), name="compile"), row=1, col=1)
+    fig.add_trace(go.Bar(x=labels, y=[2.0] * len(labels), name="run"), row=2, col=1)
+    fig.update_layout(height=420, margin=dict(l=10, r=10, t=60, b=10), **layout)
+    return fig
+
+
+def test_the_layout_checks_find_what_a_reader_cannot_read():
+    from fovi_lab.lab import figure_layout as fl
+    runs = [f"#{i} res18_layer1 B=64 gather tiles 32x64, r = 1" for i in range(1, 7)]
+    message = "PASS  " + "tile GEMM over gathered rows, 32 rows x 64 channels per tile, " * 3 + "max error < 1e-3"
+    # the whole message as the title, clipped on the right; a horizontal legend under rotated run labels
+    fig = _bars(runs, title=message, legend=dict(orientation="h", y=-0.15))
+    assert [w for w, _ in fl.clipped_titles(fig)] == ["title"]
+    assert fl.legend_over_ticks(fig) == ["xaxis2: the legend (y = -0.15) is under rotated tick labels"]
+    assert sorted(fl.axes_without_units(fig)) == [("xaxis2", ""), ("yaxis", ""), ("yaxis2", "")]
+    # short numeric labels do not rotate, but a legend 8 % of the plot under them sits on their axis title
+    fig = _bars(["1", "2"], legend=dict(orientation="h", y=-0.08))
+    fig.update_xaxes(title_text="batch (rows)", row=2, col=1)
+    assert len(fl.legend_over_ticks(fig)) == 1 and "on the tick labels or title" in fl.legend_over_ticks(fig)[0]
+    # buttons in a row above the plot, on the top subplot title; a column beside the plot covers nothing
+    fig = _bars(["a", "b"], updatemenus=kl_menu(["B = 1", "B = 16", "B = 64", "B = 128", "B = 256", "B = 512"]))
+    assert ("subplot title 'compile (s)'", "buttons 0") in fl.overlapping_boxes(fig)
+    fl.menu_beside(fig)
+    assert fl.overlapping_boxes(fig) == []
+    # a subplot title wider than its room; wrapped to it, it fits
+    fig = _bars(["a"])
+    fig.layout.annotations[0].text = "a subplot title far longer than any figure could hold on one line: " * 2
+    assert [w for w, _ in fl.clipped_titles(fig)] == ["subplot title"]
+    fl.fit_top(fig)
+    assert fl.clipped_titles(fig) == [] and "<br>" in fig.layout.annotations[0].text
+    # the fixed form of the first figure: a short title, the message wrapped under it, the legend above the plot
+    fig = _bars(runs)
+    text, lines = fl.wrapped_title("forward runs: PASS", message)
+    fig.update_layout(title=fl.title_layout(text, lines, 420))
+    fl.legend_above(fig, 420, title_lines=lines)
+    assert fl.clipped_titles(fig) == [] and fl.legend_over_ticks(fig) == [] and fl.overlapping_boxes(fig) == []
+    assert " ".join(message.split()) in fl.title_text(text)
+    fig.update_layout(margin=dict(t=60))                     # a top margin too small for title and legend
+    assert {("plot area", "title"), ("plot area", "legend")} <= set(fl.overlapping_boxes(fig))
+    fig.update_yaxes(title_text="compile (s)", row=1, col=1)
+    fig.update_yaxes(title_text="run time", row=2, col=1)
+    fig.update_xaxes(title_text="run", row=2, col=1)
+    assert fl.axes_without_units(fig) == [("yaxis2", "run time")]
+
+
+def kl_menu(labels):
+    return [dict(buttons=[dict(label=label, method="update", args=[{}]) for label in labels], type="buttons",
+                 direction="right", x=1.0, xanchor="right", y=1.1, active=0)]

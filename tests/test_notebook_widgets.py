@@ -14,6 +14,7 @@ import json
 import pytest
 
 from fovi_lab import lab as kl
+from fovi_lab.lab.figure_layout import title_text
 
 
 def _plain(obj):
@@ -102,7 +103,12 @@ def _latest_run_marked(d: dict, res: dict, n_runs: int, time_key: str = "run_ms"
     assert len(warp["x"]) == n_runs
     assert warp["x"][-1] == f"#{n_runs} {res['label']}"
     assert warp["y"][-1] == pytest.approx(kl.round4(res[time_key])) and warp["y"][-1] > 0
-    assert _title(d) == res["message"]
+    # the title: the log's title and the run's verdict, the whole message under it (wrapped, in small type)
+    lines = _title(d).split("<br>")
+    head = title_text("<br>".join(line for line in lines if not line.startswith("<sub>")))
+    verdict = res["message"].split()[0]
+    assert verdict in ("PASS", "FAIL") and head.endswith(": " + verdict), head
+    assert " ".join(res["message"].split()) in title_text("<br>".join(line for line in lines if line.startswith("<sub>")))
 
 
 def _forward(layer="res18_layer1", batch=64, cout=0, tile_m=32, tile_n=64, r=1, block_dim=128, kernel="uncached",

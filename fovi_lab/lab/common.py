@@ -23,6 +23,7 @@ from plotly.subplots import make_subplots
 
 from fovi_lab.bench.common import call_ms
 from fovi_lab.graph.layers import LAYERS, SYNTHETIC
+import fovi_lab.lab.figure_layout as figure_layout
 from fovi_lab.lab.labels import short_label
 from fovi_lab.lab.problems import ORACLE_MAX_ELEMS
 
@@ -293,12 +294,13 @@ def readable_log_axes(fig: go.Figure) -> go.Figure:
     return fig
 
 
-def batch_menu(batches: Sequence[int], per_b: int, default_b: int, y: float = 1.12) -> List[dict]:
+def batch_menu(batches: Sequence[int], per_b: int, default_b: int, y: float = 1.12, always: int = 0) -> List[dict]:
     """``updatemenus`` of a figure whose traces come in ``per_b``-long groups, one group per batch size:
-    one button per batch that shows that group only."""
+    one button per batch that shows that group only (and the ``always`` traces after the groups, shown by every
+    button)."""
     buttons = []
     for i, b in enumerate(batches):
-        vis = [False] * (per_b * len(batches))
+        vis = [False] * (per_b * len(batches)) + [True] * always
         vis[i * per_b:(i + 1) * per_b] = [True] * per_b
         buttons.append(dict(label=f"B = {b}", method="update", args=[{"visible": vis}]))
     return [dict(buttons=buttons, type="buttons", direction="right", x=1.0, xanchor="right", y=y,
@@ -415,16 +417,20 @@ class RunLog:
     def add(self, result: dict) -> None:
         self.runs.append(result)
 
-    def figure(self, message: Optional[str] = None, height: int = 420) -> go.Figure:
+    def figure(self, message: Optional[str] = None, height: int = 540) -> go.Figure:
         """Top: compile (build + canary) time per run, s, written on each bar (0: built earlier in this session).
         Bottom: kernel run time beside the torch reference on the same device, ms, on an axis from zero (bars
-        compare lengths). Red bars: runs whose output failed the check."""
+        compare lengths). Red bars: runs whose output failed the check.
+
+        The title is the log's title and the verdict of ``message`` (PASS, FAIL, or "not run" for a choice that
+        was refused or failed to run); the whole ``message`` stands under it in small type, wrapped to the
+        figure's width. The legend sits between the title and the plot area, clear of the rotated run labels."""
         if not self.runs:
             return message_figure(message or "no runs yet")
         labels = [f"#{i + 1} {r['label']}" for i, r in enumerate(self.runs)]
-        fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.1, row_heights=[0.3, 0.7],
-                            subplot_titles=("compile + canary (s; 0: built earlier in this session)",
-                                            "run time (ms, median)"))
+        fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.1, row_heights=[0.35, 0.65],
+                            subplot_titles=("compile + canary (0 s: built earlier in this session)",
+                                            "run time, median of the timed calls"))
         compile_s = [round4(r.get("compile_s")) for r in self.runs]
         fig.add_trace(go.Bar(x=labels, y=compile_s, name="compile + canary", marker_color=COLOURS["grey"],
                              text=[None if v is None else f"{v:.2f} s" for v in compile_s], textposition="outside",
@@ -435,11 +441,22 @@ class RunLog:
         fig.add_trace(go.Bar(x=labels, y=[round4(r.get("torch_ms")) for r in self.runs],
                              name=self.runs[-1].get("torch_name", "torch reference"),
                              marker_color=COLOURS["torch"]), row=2, col=1)
-        fig.update_yaxes(rangemode="tozero", row=1, col=1)
-        fig.update_yaxes(rangemode="tozero", title_text="ms", row=2, col=1)
-        fig.update_layout(barmode="group", height=height, margin=dict(l=10, r=10, t=60, b=10),
-                          title=message or self.title, legend=dict(orientation="h", y=-0.15))
+        fig.update_yaxes(rangemode="tozero", title_text="compile (s)", row=1, col=1)
+        fig.update_yaxes(rangemode="tozero", title_text="run time (ms)", row=2, col=1)
+        fig.update_xaxes(title_text="run (layer, batch, kernel)", row=2, col=1)
+        main = self.title if message is None else f"{self.title}: {run_verdict(message)}"
+        text, lines = figure_layout.wrapped_title(main, message)
+        fig.update_layout(barmode="group", margin=dict(l=10, r=10, b=10),
+                          title=figure_layout.title_layout(text, lines, height))
+        figure_layout.legend_above(fig, height, title_lines=lines)
         return fig
+
+
+def run_verdict(message: str) -> str:
+    """The verdict a run's message opens with: ``PASS`` or ``FAIL`` (a checked run), else ``not run`` (a choice
+    refused, or a run that stopped before its check)."""
+    head = message.split(None, 1)[0] if message and message.strip() else ""
+    return head if head in ("PASS", "FAIL") else "not run"
 
 
 def fail_result(result: dict, log: Optional[RunLog], message: str) -> Tuple[dict, go.Figure]:

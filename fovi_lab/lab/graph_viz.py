@@ -25,10 +25,12 @@ from plotly.subplots import make_subplots
 
 from fovi_lab.graph.geometry import KNNGraph, foveated_knn_graph
 from fovi_lab.graph.meta import TrainingMeta
+import fovi_lab.lab.figure_layout as figure_layout
 
 __all__ = [
     "grid_figure", "neighbourhood_figure", "index_tables_figure", "reverse_csr_figure",
-    "explore_graph", "format_summary", "EXPLORE_LIMITS",
+    "explore_graph", "format_summary", "EXPLORE_LIMITS", "visual_axis_titles", "CORTICAL_AXIS_TITLES",
+    "OFFSET_AXIS_TITLES",
 ]
 
 #: Bounds :func:`explore_graph` accepts (keeps the widget responsive on a laptop CPU).
@@ -48,11 +50,26 @@ def _square_axes(fig: go.Figure) -> None:
     fig.update_xaxes(scaleanchor="y", scaleratio=1, row=1, col=1)
 
 
+def visual_axis_titles(graph: KNNGraph) -> Tuple[str, str]:
+    """The titles of the visual-space axes: positions in the visual field in units of the field of view's radius
+    (the graph's normalised coordinates: 1 is the FoV edge, ``fov/2`` degrees from the centre of gaze)."""
+    unit = f"FoV radii, 1 = {graph.fov / 2:g}°"
+    return f"visual x ({unit})", f"visual y ({unit})"
+
+
+#: The titles of the cortical axes: :func:`fovi_lab.graph.grid.cortical_coords` in millimetres of cortex, reading the
+#: magnification ``M(t) = 10/(t + a)`` in its usual unit, mm of cortex per degree.
+CORTICAL_AXIS_TITLES = ("cortical x (mm)", "cortical y (mm)", "cortical height z (mm)")
+
+#: The titles of the offset axes: the per-node normalised offsets, in units of the reference grid's half side.
+OFFSET_AXIS_TITLES = ("offset along x (reference-grid units)", "offset along y (reference-grid units)")
+
+
 # --------------------------------------------------------------------------------------------
 # grids
 # --------------------------------------------------------------------------------------------
 
-def grid_figure(graph: KNNGraph, show_pad: bool = True, height: int = 460) -> go.Figure:
+def grid_figure(graph: KNNGraph, show_pad: bool = True, height: int = 520) -> go.Figure:
     """The graph's nodes in visual space (left) and on the cortical sensor manifold (right).
 
     Left: input nodes (small grey), output nodes (blue), padding band (red
@@ -69,7 +86,7 @@ def grid_figure(graph: KNNGraph, show_pad: bool = True, height: int = 460) -> go
     """
     fig = make_subplots(rows=1, cols=2, specs=[[{"type": "xy"}, {"type": "scene"}]],
                         subplot_titles=(f"visual space: {graph.nin} inputs, {graph.nout} outputs",
-                                        "cortical sensor manifold (inputs)"))
+                                        "the inputs on the cortical manifold"))
     xin, xout = graph.in_coords, graph.out_coords
     fig.add_trace(go.Scattergl(x=_f(xin[:, 0]), y=_f(xin[:, 1]), mode="markers", name="input nodes",
                                marker=dict(size=2, color="#7f7f7f")), row=1, col=1)
@@ -88,17 +105,27 @@ def grid_figure(graph: KNNGraph, show_pad: bool = True, height: int = 460) -> go
                                name="inputs (cortex)", showlegend=False,
                                marker=dict(size=1.5, color="#7f7f7f")), row=1, col=2)
     _square_axes(fig)
-    fig.update_layout(height=height, margin=dict(l=10, r=10, t=40, b=10),
-                      scene=dict(aspectmode="data", xaxis_title="cx", yaxis_title="cy", zaxis_title="z"),
-                      legend=dict(orientation="h", y=-0.05))
+    vx, vy = visual_axis_titles(graph)
+    fig.update_xaxes(title_text=vx, row=1, col=1)
+    fig.update_yaxes(title_text=vy, row=1, col=1)
+    cx, cy, cz = CORTICAL_AXIS_TITLES
+    fig.update_layout(margin=dict(l=10, r=10),
+                      scene=dict(aspectmode="data", xaxis_title=cx, yaxis_title=cy, zaxis_title=cz))
+    _fit(fig, height)
     return fig
+
+
+def _fit(fig: go.Figure, height: int) -> None:
+    """Subplot titles wrapped to their room, the top margin grown to hold them, the legend under the x axis title."""
+    figure_layout.fit_top(fig)
+    figure_layout.legend_below(fig, height)
 
 
 # --------------------------------------------------------------------------------------------
 # one node's neighbourhood and its taps
 # --------------------------------------------------------------------------------------------
 
-def neighbourhood_figure(graph: KNNGraph, node: int, height: int = 440) -> go.Figure:
+def neighbourhood_figure(graph: KNNGraph, node: int, height: int = 520) -> go.Figure:
     """Output node ``node``'s K neighbours, coloured by tap, and the reference grid.
 
     Left, visual space: the node (black star), nearby input nodes (faint), the output grid of the layer's stride
@@ -135,8 +162,8 @@ def neighbourhood_figure(graph: KNNGraph, node: int, height: int = 440) -> go.Fi
     stride = f"{graph.out_stride / graph.in_stride:g}"
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12, subplot_titles=(
         f"node {node}: {graph.k} neighbours ({int(pad.sum())} pad), stride {stride}",
-        f"offsets on the {graph.ref_side}x{graph.ref_side} reference grid "
-        f"({len(np.unique(rf))} taps used, {int(hit.sum())} collisions)"))
+        f"offsets on the {graph.ref_side} x {graph.ref_side} reference grid<br>"
+        f"{len(np.unique(rf))} taps used, {int(hit.sum())} collisions"))
 
     # context: inputs and the output grid of this stride within a box around the neighbourhood, wide enough to
     # hold the nearest other output node (a stride larger than the neighbourhood widens the view)
@@ -184,7 +211,13 @@ def neighbourhood_figure(graph: KNNGraph, node: int, height: int = 440) -> go.Fi
     _square_axes(fig)
     fig.update_xaxes(range=[-1.15, 1.15], row=1, col=2)
     fig.update_yaxes(range=[-1.15, 1.15], scaleanchor="x2", scaleratio=1, row=1, col=2)
-    fig.update_layout(height=height, margin=dict(l=10, r=10, t=40, b=10), legend=dict(orientation="h", y=-0.08))
+    vx, vy = visual_axis_titles(graph)
+    fig.update_xaxes(title_text=vx, row=1, col=1)
+    fig.update_yaxes(title_text=vy, row=1, col=1)
+    fig.update_xaxes(title_text=OFFSET_AXIS_TITLES[0], row=1, col=2)
+    fig.update_yaxes(title_text=OFFSET_AXIS_TITLES[1], row=1, col=2)
+    fig.update_layout(margin=dict(l=10, r=10))
+    _fit(fig, height)
     return fig
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+import fovi_lab.lab.figure_layout as figure_layout
 from fovi_lab.lab.common import (COLOURS, batch_menu, drop_empty_traces, hline, log_range, message_figure,
                                  readable_log_axes, round4)
 from fovi_lab.lab.labels import kernel_label, short_label
@@ -22,11 +23,12 @@ from fovi_lab.lab.records_tables import (REUSE_PAIRS, forward_rows, gemm_ceiling
 
 
 def forward_recorded_figure(records: Optional[List[dict]] = None, batches: Optional[Sequence[int]] = None,
-                            height: int = 620) -> go.Figure:
+                            height: int = 760) -> go.Figure:
     """The recorded forward: per layer, ms (top, log) and TFLOP/s (bottom, log) of the Warp kernel with
     the heuristic's config (whole op, and kernel alone), the dense tile-GEMM ceiling of the same tiles
-    (kernel alone), the strongest PyTorch baseline and the Warp cached kernel (whole ops). A dropdown picks B; the
-    title carries device, Warp and torch versions; dashed lines: Warp's dense 4096³ GEMM and cuBLAS."""
+    (kernel alone), the strongest PyTorch baseline and the Warp cached kernel (whole ops). A column of buttons
+    beside the plot picks B; the title carries device, Warp and torch versions; the legend stands between the title
+    and the plot, clear of the rotated layer names; dashed lines: Warp's dense 4096³ GEMM and cuBLAS."""
     records = forward_records() if records is None else records
     rows, used = forward_rows(records)
     if not rows:
@@ -64,22 +66,18 @@ def forward_recorded_figure(records: Optional[List[dict]] = None, batches: Optio
         fig.add_trace(hline(layers_x, g["cublas_tflops"], f"cuBLAS 4096³ ({g['cublas_tflops']:.0f} TFLOP/s)",
                              COLOURS["torch"]), row=2, col=1)
         n_lines += 1
-    per_b = 2 * len(series)
-    buttons = []
-    for i, b in enumerate(batches):
-        vis = [False] * (per_b * len(batches)) + [True] * n_lines
-        vis[i * per_b:(i + 1) * per_b] = [True] * per_b
-        buttons.append(dict(label=f"B = {b}", method="update", args=[{"visible": vis}]))
     ms_vals = [r[k] for r in rows for k, _, _ in series if r.get(k)]
     tf_vals = [tflops_of(r["flops"], r[k]) for r in rows for k, _, _ in series if r.get(k)]
     tf_vals += [v for k, v in g.items() if k.endswith("tflops")]
-    fig.update_yaxes(type="log", row=1, col=1, title_text="ms", range=log_range(ms_vals))
-    fig.update_yaxes(type="log", row=2, col=1, title_text="TFLOP/s", range=log_range(tf_vals))
-    fig.update_layout(barmode="group", height=height, margin=dict(l=10, r=10, t=90, b=10),
-                      title=figure_title("Compact forward: time and throughput per layer", used),
-                      updatemenus=[dict(buttons=buttons, type="buttons", direction="right", x=1.0, xanchor="right",
-                                        y=1.1, active=batches.index(default_b))],
-                      legend=dict(orientation="h", y=-0.12))
+    fig.update_yaxes(type="log", row=1, col=1, title_text="time (ms)", range=log_range(ms_vals))
+    fig.update_yaxes(type="log", row=2, col=1, title_text="throughput (TFLOP/s)", range=log_range(tf_vals))
+    fig.update_xaxes(title_text="layer", row=2, col=1)
+    text, lines = figure_title("Compact forward: time and throughput per layer", used), 2
+    fig.update_layout(barmode="group", margin=dict(l=10, r=10, b=10),
+                      title=figure_layout.title_layout(text, lines, height),
+                      updatemenus=batch_menu(batches, 2 * len(series), default_b, always=n_lines))
+    figure_layout.menu_beside(fig)
+    figure_layout.legend_above(fig, height, title_lines=lines)
     return readable_log_axes(drop_empty_traces(fig))
 
 

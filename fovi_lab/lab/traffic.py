@@ -13,6 +13,7 @@ from plotly.subplots import make_subplots
 
 from fovi_lab.graph.meta import TrainingMeta, pad_to
 from fovi_lab.kernels.families.tile_gemm import tile_bill
+import fovi_lab.lab.figure_layout as figure_layout
 from fovi_lab.lab.common import COLOURS, round4
 from fovi_lab.lab.problems import make_meta
 
@@ -150,8 +151,8 @@ def node_gemm_figure(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, 
     b, p64 = a.shape
     cout = wn.shape[1]
     fig = make_subplots(rows=1, cols=3, column_widths=[0.5, 0.25, 0.25], horizontal_spacing=0.06,
-                        subplot_titles=(f"A_n (node {node}): gathered inputs [B, P64]", "W_n [P64, Cout]",
-                                        "y_n = A_n W_n [B, Cout]"))
+                        subplot_titles=(f"A_n (node {node}): gathered inputs<br>[B, P64]", "W_n<br>[P64, Cout]",
+                                        "y_n = A_n W_n<br>[B, Cout]"))
     rnd = lambda t: np.round(t.numpy(), 2).astype(np.float32)  # noqa: E731
     fig.add_trace(go.Heatmap(z=rnd(a), colorscale="RdBu", zmid=0, showscale=False), row=1, col=1)
     zero_cols = torch.nonzero(d["is_pad"]).flatten().tolist()
@@ -177,6 +178,7 @@ def node_gemm_figure(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, 
     fig.update_xaxes(title_text="o", row=1, col=3)
     fig.update_yaxes(title_text="b", row=1, col=1)
     fig.update_layout(height=height, margin=dict(l=10, r=10, t=50, b=10), legend=dict(orientation="h", y=-0.25))
+    figure_layout.fit_top(fig)
     return fig
 
 
