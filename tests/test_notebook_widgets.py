@@ -108,7 +108,8 @@ def _latest_run_marked(d: dict, res: dict, n_runs: int, time_key: str = "run_ms"
     head = title_text("<br>".join(line for line in lines if not line.startswith("<sub>")))
     verdict = res["message"].split()[0]
     assert verdict in ("PASS", "FAIL") and head.endswith(": " + verdict), head
-    assert " ".join(res["message"].split()) in title_text("<br>".join(line for line in lines if line.startswith("<sub>")))
+    small = "<br>".join(line for line in lines if line.startswith("<sub>"))
+    assert " ".join(res["message"].split()) in title_text(small)
 
 
 def _forward(layer="res18_layer1", batch=64, cout=0, tile_m=32, tile_n=64, r=1, block_dim=128, kernel="uncached",

@@ -8,7 +8,8 @@ Every figure is laid out for :data:`FIGURE_WIDTH` pixels, the narrowest output a
 (JupyterLab in a window of about 1000 px with its side bar open); a wider output area only adds room.
 
 Builders: :func:`wrap_words`, :func:`wrapped_title` (a short title line and a long message under it),
-:func:`fit_subplot_titles`, :func:`fit_top`, :func:`legend_rows`, :func:`legend_above`, :func:`legend_below`, :func:`menu_beside`.
+:func:`fit_subplot_titles`, :func:`fit_top`, :func:`legend_rows`, :func:`legend_above`, :func:`legend_below`,
+:func:`menu_beside`.
 Checks (each returns what it found wrong, ``[]`` for a clean figure): :func:`clipped_titles`,
 :func:`legend_over_ticks`, :func:`overlapping_boxes`, :func:`axes_without_units`.
 """
