@@ -129,7 +129,7 @@ def test_figures_are_deterministic_and_small(graph):
 
 def test_graph_figures_read_cleanly(graph):
     """Notebook 01's figures: every axis says what it measures and in which unit (visual positions in FoV radii,
-    cortical positions in mm, offsets in reference-grid units), no subplot title is clipped at the width a figure
+    cortical positions in the cortical map's units, offsets in reference-grid units), no subplot title is clipped at the width a figure
     is laid out for, and the legend covers no tick label or axis title."""
     from fovi_lab.lab import figure_layout as fl
     grid = gv.grid_figure(graph)

@@ -57,9 +57,11 @@ def visual_axis_titles(graph: KNNGraph) -> Tuple[str, str]:
     return f"visual x ({unit})", f"visual y ({unit})"
 
 
-#: The titles of the cortical axes: :func:`fovi_lab.graph.grid.cortical_coords` in millimetres of cortex, reading the
-#: magnification ``M(t) = 10/(t + a)`` in its usual unit, mm of cortex per degree.
-CORTICAL_AXIS_TITLES = ("cortical x (mm)", "cortical y (mm)", "cortical height z (mm)")
+#: The titles of the cortical axes: :func:`fovi_lab.graph.grid.cortical_coords` in its own units, the magnification
+#: ``M(t) = 10/(t + a)`` integrated over eccentricity in degrees (docs/operator.md §6.2), which the package ties to no
+#: length on the cortex.
+CORTICAL_AXIS_TITLES = ("cortical x (cortical units)", "cortical y (cortical units)",
+                        "cortical height z (cortical units)")
 
 #: The titles of the offset axes: the per-node normalised offsets, in units of the reference grid's half side.
 OFFSET_AXIS_TITLES = ("offset along x (reference-grid units)", "offset along y (reference-grid units)")
