@@ -9,6 +9,8 @@
     rules    which config a call runs (selection thresholds, each with its measurement)
     checks   argument checks and the index tables' analysis
     plans    operand layouts, one launch, the output's finish
+    launch   the plan object, the output's store, the recorded launches
+    splits   the split families' partial counts, the i2c family's node chunks
     api      the entry points (``run_uncached``, ``run_cached``) and their call cache
 
 The usual path: ``cfg = config_spec(name)`` (or ``FORWARD[name]``), ``built = get_config(name, device)``

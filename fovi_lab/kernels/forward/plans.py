@@ -3,25 +3,29 @@
 A :class:`Plan` holds a prepared launch (``plan.launch()`` writes the kernel's output) and ``plan.finish()``
 (returns ``y [B, Cout, Nout]``): kept apart so a benchmark can time the kernel alone and the whole op.
 Outputs go straight into ``y`` (``store="direct"``, up to ``DIRECT_STORE_MAX_BYTES``) or through a
-contiguous buffer and one permute-copy (``store="staged"``).
+contiguous buffer and one permute-copy (``store="staged"``). Here: the cached bias and weight layouts, the plan of
+each family's dataflow and the runners memoised per call signature; :mod:`fovi_lab.kernels.forward.launch` holds
+the plan object and its recorded launches, :mod:`fovi_lab.kernels.forward.splits` the split sizes and i2c chunks.
 """
 
 from __future__ import annotations
 
-import ctypes
 import threading
-from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 import torch
 
-import fovi_lab.settings as settings
 from fovi_lab.graph.meta import pad_to
 from fovi_lab.kernels.common import (as_rows64, built_once, capturing, fast_launch, warp_ct_vec, gather_rows_kernel,
                                      gather_rows_pair_kernel, to_warp, warp_ct, warp_device, warp_stream, wp)
 from fovi_lab.kernels.families.registry import family, family_or_none
 from fovi_lab.kernels.forward.configs import FwdConfig, _GATHER_TILE_K
+from fovi_lab.kernels.forward.launch import (DIRECT_STORE_MAX_BYTES, _launcher, _output, _relaunch,  # noqa: F401
+                                             Plan, store_mode)
 from fovi_lab.kernels.forward.simt import simtv_prep_kernel
+from fovi_lab.kernels.forward.splits import (_i2c_stage_bytes, _i2c_static, _MMAS_MIN_STEPS,  # noqa: F401
+                                             _nms_split, _SIMTS_MIN_STEPS, MMAPS_CTAS, MMAS_WARPS, mmas_split,
+                                             pipe_split, simts_split)
 from fovi_lab.kernels.layout import swap_axes_into, transpose, transpose_into
 from fovi_lab.kernels.forward.checks import _TableInfo, analyse_tables, device_str
 
@@ -67,90 +71,6 @@ def pad_bias_to_tiles(bias: Optional[torch.Tensor], cout: int, tile_n: int, devi
     if bias is not None:
         out[:cout] = bias.to(torch.float32)
     return out
-
-
-# Outputs up to this size are stored straight into y (one fewer allocation and launch: faster at <= 2 MB on
-# the H200); larger ones through the contiguous staging buffer (even or faster, e.g. the DINOv3 patch embed at
-# B=512; the ``warp_uncached_direct`` / ``warp_uncached_staged`` rows of fovi_lab/records/h200/forward.jsonl.gz).
-DIRECT_STORE_MAX_BYTES = 4 << 20
-
-
-def store_mode(store: Optional[str], out_bytes: int = 0) -> str:
-    """The output store of a forward call: ``store`` when given, else ``"direct"`` for outputs up to
-    :data:`DIRECT_STORE_MAX_BYTES` and ``"staged"`` above."""
-    mode = store or ("direct" if out_bytes <= DIRECT_STORE_MAX_BYTES else "staged")
-    if mode not in ("staged", "direct"):
-        raise ValueError(f"store: expected 'staged' or 'direct', got {mode!r}")
-    return mode
-
-
-class Plan:
-    """Prepared operands of one forward call: ``launch()`` runs the kernel into ``out``,
-    ``finish()`` returns ``y [B, Cout, Nout]``."""
-
-    def __init__(self, launch, out, finish):
-        self.launch = launch
-        self.out = out
-        self.finish = finish
-
-
-def _output(b: int, cout: int, nout: int, device, store: str):
-    """(kernel view [Nout, B, Cout], finish) for the two store modes."""
-    if store == "direct":
-        y = torch.empty(b, cout, nout, dtype=torch.float16, device=device)
-        return y.permute(2, 0, 1), (lambda: y)
-    ys = torch.empty(nout, b, cout, dtype=torch.float16, device=device)
-    return ys, (lambda: ys.permute(1, 2, 0).contiguous())
-
-
-_launch_lock = threading.Lock()
-_LAUNCHES: Dict[Tuple, list] = {}
-
-
-def _launcher(kernel, dims, inputs, block_dim: int, device: str, tiled: bool = True):
-    """A closure launching ``kernel`` on torch's current stream of ``device`` (looked up per launch);
-    ``tiled=False``: a plain SIMT launch of ``dims`` threads (the ``simt`` family).
-
-    Launch overhead is host time, and at small batch the host is the bottleneck (one op is a fraction of a
-    millisecond of GPU work, fovi_lab/records/h200/forward.jsonl.gz; the host side of a call is in
-    fovi_lab/records/h200/logs/host_probe_*.json): so one recorded ``wp.Launch`` is kept per (kernel, device, grid)
-    and only the parameters that changed since its last use (new x / y buffers, ints) are re-packed
-    (:func:`_relaunch`).
-    """
-    key = (kernel, device, dims, block_dim, tiled)
-
-    def launch():
-        stream = warp_stream(device)
-        with _launch_lock:
-            ent = _LAUNCHES.get(key)
-            if ent is None and len(_LAUNCHES) > 512:
-                _LAUNCHES.clear()
-            _LAUNCHES[key] = _relaunch(ent, kernel, dims, inputs, block_dim, device, tiled, stream)
-    return launch
-
-
-def _relaunch(ent, kernel, dims, inputs, block_dim: int, device: str, tiled: bool, stream) -> list:
-    """Launch ``kernel`` with ``inputs`` through a recorded launch: ``ent = [wp.Launch, last inputs]`` or
-    None (recorded now). Only the parameters that changed since the last launch are re-set: array
-    descriptors (ctypes structures, :func:`~fovi_lab.kernels.common.warp_ct`) without re-packing. Returns
-    ``ent``. The caller holds the lock that keeps set-and-launch of one recorded launch together."""
-    if ent is None:
-        launch_fn = wp.launch_tiled if tiled else wp.launch
-        cmd = launch_fn(kernel, dim=dims, inputs=inputs, block_dim=block_dim, device=device, record_cmd=True)
-        ent = [cmd, list(inputs)]
-    else:
-        cmd, last = ent
-        for i, v in enumerate(inputs):
-            u = last[i]
-            if v is u:
-                continue
-            if isinstance(v, ctypes.Structure):         # a warp_ct descriptor: no re-packing
-                cmd.set_param_at_index_from_ctype(i, v)
-            elif isinstance(v, wp.array) or v != u:
-                cmd.set_param_at_index(i, v)
-            last[i] = v
-    cmd.launch(stream=stream)
-    return ent
 
 
 def plan_uncached(cfg: FwdConfig, kernel, x, weight, bias, il, wl, store: str,
@@ -225,55 +145,6 @@ def plan_uncached(cfg: FwdConfig, kernel, x, weight, bias, il, wl, store: str,
     plan = Plan(launch, out, finish)
     plan._keep = keep  # operands must outlive the launch
     return plan
-
-
-# The simts split: about _SIMTS_THREADS threads in all (the H200 holds 132 x 2048 resident), but never fewer
-# than _SIMTS_MIN_STEPS loop steps per thread (each split adds a partial of B*Cout*Nout fp32 to write and sum).
-# The H200 sweep (fovi_lab/records/h200/forward.jsonl.gz, the records with ``simts_threads``) tried
-# 8192 / 32768 / 131072: 8x8 blocks were best at 32768 (res18 layer3 at B = 16 among them), 4x8 blocks at
-# 131072 (alexnet L2 at B = 1 among them; on the small layers the three were close).
-_SIMTS_THREADS = 32768
-_SIMTS_THREADS_BY_BLOCK = {(4, 8): 131072}
-_SIMTS_MIN_STEPS = 8
-
-
-def simts_split(threads: int, steps: int, block: Tuple[int, int] = (8, 8)) -> Tuple[int, int]:
-    """``(S, steps per split)`` for a simts launch of ``threads`` threads per split over ``steps`` loop
-    steps (``unroll`` p entries each) with ``block = (tile_b, tile_o)`` register blocks; every split gets
-    at least one step when there are any."""
-    return _split(_SIMTS_THREADS_BY_BLOCK.get(tuple(block), _SIMTS_THREADS), threads, steps, _SIMTS_MIN_STEPS)
-
-
-def _split(total: int, per_split: int, steps: int, min_steps: int) -> Tuple[int, int]:
-    """``(S, steps per split)``: about ``total`` threads (warps, CTAs) in all from ``per_split`` each, never fewer than
-    ``min_steps`` steps per split; every split gets at least one step when there are any."""
-    if steps <= 0:
-        return 1, 0
-    s = max(1, min(-(-total // max(1, per_split)), steps // min_steps))
-    per = -(-steps // s)
-    return -(-steps // per), per
-
-
-# The mmas split: about MMAS_WARPS warps in all (132 SMs x 16 resident warps of these ~128-register threads would be
-# 2112), never fewer than _MMAS_MIN_STEPS k-steps of 16 p entries per split.
-MMAS_WARPS = 2048
-_MMAS_MIN_STEPS = 4
-
-
-def mmas_split(warps: int, steps: int) -> Tuple[int, int]:
-    """``(S, k-steps per split)`` for an mmas launch of ``warps`` warps per split over ``steps`` k-steps."""
-    return _split(MMAS_WARPS, warps, steps, _MMAS_MIN_STEPS)
-
-
-# The mmaps split: about MMAPS_CTAS CTAs in all (132 SMs x 2 resident CTAs of 128 threads at ~200 registers), never
-# fewer than _PIPE_MIN_STEPS stages of tile_k p entries per split (the pipeline's prologue is S-1 of them).
-MMAPS_CTAS = 264
-_PIPE_MIN_STEPS = 8
-
-
-def pipe_split(ctas: int, steps: int) -> Tuple[int, int]:
-    """``(S, stages per split)`` for an mmaps launch of ``ctas`` CTAs per split over ``steps`` stages."""
-    return _split(MMAPS_CTAS, ctas, steps, _PIPE_MIN_STEPS)
 
 
 class _SimtRunner:
@@ -464,12 +335,6 @@ def nms_reduce_f32_kernel():
     return _make_nms_reduce(wp.float32, "fovi_nms_reduce_f32")
 
 
-# Budget of the i2c family's im2col staging buffer (``FOVI_WARP_I2C_MIB``, default 32 MiB): nodes are gathered
-# and multiplied in chunks that fit it (alexnet's stem at B=64 needs 47 MB for all 964 nodes, 379 MB at 512).
-def _i2c_stage_bytes() -> int:
-    return int(settings.get("FOVI_WARP_I2C_MIB") * (1 << 20))
-
-
 #: How the i2c stage gathers rows: ``"warp"`` (a SIMT row copy of 8-byte elements,
 #: :func:`~fovi_lab.kernels.common.gather_rows`) or ``"torch"`` (``index_select`` of 16-byte elements; the tests
 #: compare the two).
@@ -485,26 +350,6 @@ def _as_rows16(t: torch.Tensor) -> torch.Tensor:
     """An fp16 ``[rows, C]`` tensor (C a multiple of 8) viewed as ``[rows, C/8]`` 16-byte elements, so a
     row gather copies 16 bytes per element instead of 2."""
     return t.view(torch.complex128) if t.shape[1] % 8 == 0 else t
-
-
-@dataclass(frozen=True)
-class _I2cStatic:
-    """What an i2c call derives from its shapes and tables alone (memoised per call signature)."""
-    bx: int                     # batch padded to 8 (16-byte stage rows)
-    coutp: int                  # Cout padded to 8 (16-byte weff rows)
-    nc: int                     # nodes per chunk
-    chunks: tuple               # ((n0, cnt, launch dims), ...)
-
-
-def _i2c_static(cfg: FwdConfig, b: int, cout: int, nout: int, p64: int, budget: int) -> _I2cStatic:
-    if p64 % cfg.tile_k:
-        raise ValueError(f"config: {cfg.name!r} steps {cfg.tile_k} rows of P64 at a time, but P64={p64} is "
-                         f"not a multiple of {cfg.tile_k}; pick a k64 config or leave config=None")
-    bx = pad_to(b, 8)
-    nc = max(1, min(nout, budget // (p64 * bx * 2)))
-    chunks = tuple((n0, min(nc, nout - n0), (min(nc, nout - n0), -(-b // cfg.tile_m), -(-cout // cfg.tile_n)))
-                   for n0 in range(0, nout, nc))
-    return _I2cStatic(bx=bx, coutp=pad_to(cout, 8), nc=nc, chunks=chunks)
 
 
 def _plan_i2c(cfg: FwdConfig, kernel, x, weight, il, wl, out, finish, bias_p, bias_w, dev: str,
@@ -568,12 +413,6 @@ def _plan_i2c(cfg: FwdConfig, kernel, x, weight, il, wl, out, finish, bias_p, bi
     plan = Plan(launch, out, finish)
     plan._keep = (xp, at, wop, wtp, il, wl, bias_p)
     return plan
-
-
-def _nms_split(dims, k: int) -> int:
-    """Neighbour-loop split of the nms family: enough CTAs for ~2 waves on the H200 (256), at most K."""
-    grid = dims[0] * dims[1] * dims[2]
-    return int(max(1, min(k, -(-256 // max(1, grid)))))
 
 
 def _node_major_x(x: torch.Tensor, cp: int, bx: int) -> torch.Tensor:
