@@ -1,6 +1,6 @@
 """The adjoint kernels: dx (grad_input) and dW (grad_weight) of the compact KNN convolution, deterministic.
 
-Two dataflows, each in three modules (kernels, build, plans):
+Two dataflows, each in three modules (kernels, build, plans; the fused one also its rules of work division):
 
     configs        the staged adjoints' configs and selection rules
     staged         staged kernels: a per-node GEMM into a stage, then a reverse-CSR reduction in fixed order
@@ -9,6 +9,7 @@ Two dataflows, each in three modules (kernels, build, plans):
     fused          fused node-major kernels (no stage; the reduction in the GEMM's K loop), configs, rules
     fused_build    their build, and the reverse / tap lists they walk
     fused_plans    their validation, plans and entry points (``grad_input_nm``, ``grad_weight_nm``)
+    fused_rules    their default segments and splits of the lists, within the partial budget
 
 Neither uses atomics: dx and dW are bitwise repeatable.
 """
