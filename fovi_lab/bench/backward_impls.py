@@ -1,12 +1,12 @@
 """What the backward / train-step benchmark runs and records per implementation: the PyTorch forwards
-it differentiates, the staged pipelines' stage-by-stage records, the fused kernels' records, and the dense
-tile-GEMM ceilings each is compared with.
+it differentiates, the staged pipelines' stage-by-stage records, the fused kernels' records, the dense
+tile-GEMM ceilings each is compared with, and where fovi's own backends are timed beside ours.
 """
 
 from __future__ import annotations
 
 import gc
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -294,3 +294,39 @@ def _fused_records(meta, x, w, g, device, tm, dense: "_DenseCache", ref) -> dict
                    dw_ctas=ctas)
         del pw
     return out
+
+
+#: How fovi's timed steps get their weight (records of fovi's backends carry it): set up once, then its version
+#: bumped per step as for ours (records without it copied the weight in and cast the module in every timed step).
+FOVIS_WEIGHT = "set once, version bumped per step"
+
+
+def _fovi_wanted(layer: str, args) -> bool:
+    """Whether fovi's own backends are timed on ``layer``: fovi is installed, ``--no-fovi`` was not given, and the
+    layer is one of fovi's own network layers (``fovi:...``) or one of the table's in its own reference frame (fovi
+    builds it so)."""
+    from fovi_lab.graph.layers import LAYERS
+
+    if getattr(args, "no_fovi", False):
+        return False
+    if not layer.startswith("fovi:") and (layer not in LAYERS or args.rf not in (None, LAYERS[layer].rf)):
+        return False
+    from fovi_lab.integrations.fovi import _fovi
+    try:
+        _fovi()                     # the same test as run()'s line saying fovi's backends are not timed
+    except ImportError:
+        return False
+    return True
+
+
+def _against_fovi(recs: List[dict]) -> None:
+    """On our warp_train records (eager and replayed): the fastest of fovi's own backends of the same kind
+    (``fastest_fovi``) and its time over ours (``speedup_vs_fovi``)."""
+    for graphed in (False, True):
+        fovi = [r for r in recs if str(r.get("impl", "")).startswith("fovi_") and r.get("ms")
+                and bool(r.get("graphed")) == graphed]
+        ours = [r for r in recs if r.get("impl") == ("warp_train_graphed" if graphed else "warp_train") and r.get("ms")]
+        if fovi and ours:
+            best = min(fovi, key=lambda r: r["ms"])
+            for r in ours:
+                r.update(fastest_fovi=best["impl"], speedup_vs_fovi=best["ms"] / r["ms"])
