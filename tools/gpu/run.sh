@@ -137,18 +137,20 @@ case "$job" in
     done ;;
   budgets)
     # the memory rules on one call: the replay tests of an outer capture and of in-place graphs, fovi_lab's step in
-    # both networks (eager and graphed, B = 64 and 256; their peaks against networks-fovi's records), ResNet-18's
+    # both networks (eager and graphed, B = 64 and 256; against networks-fovi's records of this boot where that ran),
+    # ResNet-18's
     # eager step under FOVI_KNN_REPLAY=in-place, then the train step on the layers the budgets chunk (fovi's stem
     # and AlexNet conv1) beside fovi's backends
     timeout "$(cap 120)" python3 -m pytest -o addopts="" -p no:cacheprovider -q tests/test_gpu_replay.py \
       -k "outer_capture or in_place" --junitxml="$OUT/replay.xml" > "$OUT/replay.log" 2>&1
     tail -4 "$OUT/replay.log"; echo "replay tests done at $(( $(date +%s) - t0 )) s"
+    alt=(); [ -f "$scratch/fovi_lab_out/network_fovi.jsonl" ] && alt=(--alternatives "$scratch/fovi_lab_out/network_fovi.jsonl")
     for net in resnet18 alexnet; do
       timeout "$(cap 110)" python3 -m fovi_lab.bench.network --net "$net" --batches 64 256 --modes eager graphed \
-        --steps 10 --backends fovi_lab --out "$OUT/network.jsonl" 2>&1 | grep -v "^\["
+        --steps 10 --backends fovi_lab ${alt[@]+"${alt[@]}"} --out "$OUT/network.jsonl" 2>&1 | grep -v "^\["
     done
     FOVI_KNN_REPLAY=in-place timeout "$(cap 80)" python3 -m fovi_lab.bench.network --net resnet18 --batches 64 256 \
-      --modes eager --steps 10 --backends fovi_lab --out "$OUT/network.jsonl" 2>&1 | grep -v "^\["
+      --modes eager --steps 10 --backends fovi_lab ${alt[@]+"${alt[@]}"} --out "$OUT/network.jsonl" 2>&1 | grep -v "^\["
     [ "$(left)" -gt 40 ] && timeout "$(( $(left) - 5 ))" python3 -m fovi_lab.bench.backward train-step --graphs \
       --batches 64 256 --layers fovi:resnet18@64:0 fovi:alexnet@64:1 --time-budget-s $(( $(left) - 25 )) \
       --out "$OUT/train_step_fovi_layers.jsonl" > "$OUT/fovi_layers.log" 2>&1
