@@ -87,6 +87,29 @@ def test_measure_orders_by_estimate_and_cuts_slow_forms(monkeypatch):
     assert calls.count("torch_binned") == 1 + cpu_auto.MEASURE_REPS
 
 
+def test_measure_runs_the_forms_in_turn_and_keeps_each_ones_fastest_round(monkeypatch):
+    """A burst of other work during one round (here: every call of round 2 takes 10 ms more) must not decide the
+    pick: the forms' rounds alternate, and each form's time is its fastest round."""
+    meta = synthetic_meta("ODD")
+    now, calls = [0.0], []
+    base = {"torch_binned": 4.0, "torch_dense": 3.0}
+
+    def runner(form, meta, training, x, w, g):
+        def run():
+            calls.append(form)
+            burst = 10.0 if 3 <= len(calls) <= 4 else 0.0        # the first round after the first calls
+            now[0] += (base[form] + burst) / 1e3
+        return run
+    monkeypatch.setattr(cpu_auto, "_runner", runner)
+    monkeypatch.setattr(cpu_auto, "forms", lambda dtype, training: tuple(base))
+    times, _, cut = cpu_auto.measure(meta, 2, torch.float32, True, clock=lambda: now[0], reps=4,
+                                     order={"torch_binned": 1, "torch_dense": 2})
+    assert cut == () and times == pytest.approx({"torch_binned": 4.0, "torch_dense": 3.0})
+    first, rounds = calls[:2], calls[2:]
+    assert first == ["torch_binned", "torch_dense"]
+    assert rounds == ["torch_binned", "torch_dense", "torch_dense", "torch_binned"] * 2
+
+
 def test_a_slow_first_call_alone_does_not_cut_a_form(monkeypatch):
     meta = synthetic_meta("ODD")
     clock, calls = _stub_forms(monkeypatch, {"torch_binned": 4.0, "torch_compact": 3.0}, first={"torch_compact": 90.0})

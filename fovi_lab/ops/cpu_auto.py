@@ -12,10 +12,11 @@ A *call shape* is the layer's sizes, the batch, the compute dtype and the mode (
 1. an entry of the tune cache for this machine (:mod:`fovi_lab.ops.tune_cache`: ``python -m fovi_lab tune``'s, or
    an earlier measurement of this one): ``measured`` / ``tuned``;
 2. else, unless ``FOVI_KNN_AUTO_MEASURE=off``, a measurement now (:func:`measure`): each form runs on random
-   operands of the call's shape (never the caller's tensors), the forms in the order of their estimates; the
-   first call of each is timed too, and a form whose first two calls each take more than :data:`CUTOFF` times the
-   fastest median so far is not repeated (its time is its second call's, marked ``cut``); the others take the
-   median of :data:`MEASURE_REPS` more calls. The fastest is stored in the tune cache with every form's time
+   operands of the call's shape (never the caller's tensors), the forms' first calls in the order of their
+   estimates; a form whose first two calls each take more than :data:`CUTOFF` times the fastest first call so far
+   is not repeated (its time is its second call's, marked ``cut``); the others then run :data:`MEASURE_REPS`
+   rounds in turn, and each takes its fastest round (other work on the machine only adds to a call's time, and
+   falls on every form alike). The fastest form is stored in the tune cache with every form's time
    (``"source": "measured"``), so this machine never measures that shape again (a new release, a new PyTorch or
    a changed kernel switch misses and measures again);
 3. else the estimate (:func:`estimate_ms`): a cost model of each form from the layer's sizes (GEMM FLOPs, the
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
-import statistics
 import threading
 import time
 from dataclasses import dataclass, field
@@ -50,9 +50,9 @@ __all__ = ["TORCH_FORMS", "WARP_FORMS", "MEASURE_REPS", "CUTOFF", "CpuChoice", "
 TORCH_FORMS = ("torch_compact", "torch_binned", "torch_dense")
 #: Warp's CPU kernels per mode, for the dtypes they compute in (fp16, bf16).
 WARP_FORMS = {"forward": "warp_compact", "train-step": "warp_train"}
-#: Timed calls per form after its first call, and the factor over the fastest median past which a form's first
+#: Timed rounds per form after its first call, and the factor over the fastest first call past which a form's first
 #: call ends its measurement.
-MEASURE_REPS = 3
+MEASURE_REPS = 5
 CUTOFF = 3.0
 #: The clock :func:`measure` reads, in seconds.
 CLOCK: Callable[[], float] = time.perf_counter
@@ -139,33 +139,42 @@ def measure(meta, batch: int, dtype: torch.dtype, training: bool, candidates: Op
     w = (torch.randn(meta.cout, meta.q, generator=gen) / math.sqrt(max(1, meta.p))).to(dtype)
     g = torch.randn(batch, meta.cout, meta.nout, generator=gen).to(dtype)
     meta = meta.to("cpu")
-    times: Dict[str, float] = {}
+    first: Dict[str, float] = {}
     refused: Dict[str, str] = {}
+    runs: Dict[str, Callable[[], object]] = {}
     cut = []
+
+    def once(run) -> float:
+        t0 = clock()
+        run()
+        return (clock() - t0) * 1e3
     with torch.no_grad(), torch.autocast("cpu", enabled=False), tune_cache.bypass():
-        for form in cands:
+        for form in cands:                                    # each form's first call, the cheapest estimate first
             try:
                 run = _runner(form, meta, training, x, w, g)
-                t0 = clock()
-                run()
-                first = (clock() - t0) * 1e3
+                ms = once(run)
             except Exception as exc:                          # noqa: BLE001  (a form that refuses this call)
                 refused[form] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
                 continue
-            if times and first > CUTOFF * min(times.values()):
-                t0 = clock()                                  # the first call may build tables: once more
-                run()
-                first = (clock() - t0) * 1e3
-                if first > CUTOFF * min(times.values()):
-                    times[form] = first
+            best = min(first.values(), default=math.inf)
+            if ms > CUTOFF * best:
+                ms = once(run)                                # the first call may build tables: once more
+                if ms > CUTOFF * best:
+                    first[form] = ms
                     cut.append(form)
                     continue
-            samples = []
-            for _ in range(max(1, int(reps))):
-                t0 = clock()
-                run()
-                samples.append((clock() - t0) * 1e3)
-            times[form] = statistics.median(samples)
+            first[form] = ms
+            runs[form] = run
+        # then rounds over the forms left, in turn (the order reversed every other round), so that a burst of other
+        # work on the machine falls on every form alike; each form's time is its fastest round: the others' work
+        # only ever adds to a call's time
+        samples: Dict[str, list] = {f: [] for f in runs}
+        order_now = list(runs)
+        for i in range(max(1, int(reps))):
+            for form in (order_now if i % 2 == 0 else order_now[::-1]):
+                samples[form].append(once(runs[form]))
+    times = {f: first[f] for f in cut}
+    times.update({f: min(s) for f, s in samples.items()})
     return times, refused, tuple(cut)
 
 
