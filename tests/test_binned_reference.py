@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from fovi_lab.graph.meta import SYNTHETIC_SHAPES, build_meta, synthetic_graph
-from fovi_lab.ops.reference import CompactTorchOps, binned_forward, oracle_forward
+from fovi_lab.ops.reference import FOLD_BELOW_NODES, CompactTorchOps, binned_forward, oracle_forward, shared_matmul
 
 STEM = (3, 24, 200, 37, 42, 49, 25)      # Cin = 3, V ~ K (rf1-like: collisions), 25 pad entries
+FEW_NODES = (16, 40, 30, 3, 5, 9, 2)     # 3 output nodes: the CPU products run as one GEMM (shared_matmul)
 
 
 def _problem(shape, b, seed=0):
@@ -26,7 +27,7 @@ def _problem(shape, b, seed=0):
     return meta, x, w, gy
 
 
-@pytest.mark.parametrize("shape", ("MAIN", "ODD", "PAD_HEAVY", STEM))
+@pytest.mark.parametrize("shape", ("MAIN", "ODD", "PAD_HEAVY", STEM, FEW_NODES))
 def test_binned_forward_matches_the_oracle_and_torch_compact_grads(shape):
     meta, x, w, gy = _problem(shape, 5)
     bias = torch.randn(meta.cout)
@@ -59,7 +60,7 @@ from fovi_lab.ops.autograd import KNNConv, KNNConvFunction, get_ops  # noqa: E40
 from fovi_lab.ops.reference import BinnedTorchOps  # noqa: E402
 
 
-@pytest.mark.parametrize("shape", ("MAIN", "ODD", "PAD_HEAVY", STEM))
+@pytest.mark.parametrize("shape", ("MAIN", "ODD", "PAD_HEAVY", STEM, FEW_NODES))
 def test_binned_ops_gradients_match_torch_compact(shape):
     """fp32: equal to torch_compact's adjoints up to summation order; fp16: within 3x torch_compact's own
     fp16 error (against the fp32 adjoints) + 2e-3 of the gradient's scale."""
@@ -73,6 +74,17 @@ def test_binned_ops_gradients_match_torch_compact(shape):
         assert got.dtype == torch.float32
         tol = 3 * float((ref16 - ref).abs().max()) + 2e-3 * float(ref.abs().max())
         assert float((got - ref).abs().max()) <= tol
+
+
+@pytest.mark.parametrize("nodes", (1, 2, FOLD_BELOW_NODES - 1, FOLD_BELOW_NODES, 13))
+def test_shared_matmul_is_the_batched_product(nodes):
+    g = torch.Generator().manual_seed(nodes)
+    w, t = torch.randn(24, 19, generator=g), torch.randn(5, 19, nodes, generator=g)
+    got = shared_matmul(w, t)
+    assert got.shape == (5, 24, nodes) and got.is_contiguous()
+    torch.testing.assert_close(got, torch.matmul(w, t))
+    w, t = w.double(), t.double()
+    torch.testing.assert_close(shared_matmul(w, t), torch.einsum("mk,bkn->bmn", w, t), rtol=1e-12, atol=1e-12)
 
 
 def test_binned_ops_chunk_over_the_batch(monkeypatch):

@@ -25,7 +25,7 @@ __all__ = [
     "oracle_forward", "pad_flat_input", "grad_accum_dtype", "stage_budget_bytes", "node_chunk",
     "CompactTorchOps", "build_effective_weight", "check_forward_args", "check_grad_args", "NOT_GIVEN", "binned_forward",
     "batch_chunk", "explicit_grads",
-    "BinnedTorchOps",
+    "BinnedTorchOps", "shared_matmul", "FOLD_BELOW_NODES",
 ]
 
 
@@ -287,6 +287,22 @@ def _bin(meta: TrainingMeta, x_flat: torch.Tensor, src: torch.Tensor, dst: torch
     return vals.new_zeros(b, meta.q * meta.nout).index_add(1, dst, vals).view(b, meta.q, meta.nout)
 
 
+#: Below this many output nodes a CPU product of the shared weight with a batch of ``[K, Nout]`` matrices is one GEMM
+#: over the images side by side (:func:`shared_matmul`): PyTorch's CPU ``matmul`` runs the batch as that many thin
+#: GEMMs, 25-35x slower at Nout = 2 (W 512 x 256, B = 32, 2 threads).
+FOLD_BELOW_NODES = 8
+
+
+def shared_matmul(weight: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """``weight [M, K] @ t[b]`` for every ``b`` of ``t [B, K, N]``: ``[B, M, N]``. On the CPU with ``N`` below
+    :data:`FOLD_BELOW_NODES`, one GEMM over the images side by side (the same products and sums, one call)."""
+    b, k, n = t.shape
+    if t.device.type != "cpu" or n >= FOLD_BELOW_NODES:
+        return torch.matmul(weight, t)
+    side = t.transpose(0, 1).reshape(k, b * n)                                      # [K, (b, n)]
+    return torch.mm(weight, side).view(weight.shape[0], b, n).transpose(0, 1).contiguous()
+
+
 def binned_forward(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
     """``y [B, Cout, Nout]`` by binning (docs/operator.md §1.4 with the compact tables), differentiable by autograd::
 
@@ -306,7 +322,7 @@ def binned_forward(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, bi
     src, dst = _binned_index(meta)
     x_flat = x.reshape(b, -1)
     bc = batch_chunk(meta, b, x.element_size())
-    ys = [torch.matmul(weight, _bin(meta, x_flat[b0:b0 + bc], src, dst)) for b0 in range(0, b, bc)]
+    ys = [shared_matmul(weight, _bin(meta, x_flat[b0:b0 + bc], src, dst)) for b0 in range(0, b, bc)]
     y = ys[0] if len(ys) == 1 else torch.cat(ys)                                     # [B, Cout, Nout]
     if bias is not None:
         y = y + bias.to(y.dtype).view(1, -1, 1)
@@ -347,7 +363,7 @@ class BinnedTorchOps:
         wt = weight.t()
         dx = torch.zeros(b, meta.cin * meta.nin, dtype=acc, device=grad_y.device)
         for b0 in range(0, b, bc):
-            dg = torch.matmul(wt, grad_y[b0:b0 + bc])                                 # [bc, Q, Nout]
+            dg = shared_matmul(wt, grad_y[b0:b0 + bc])                                # [bc, Q, Nout]
             vals = dg.reshape(dg.shape[0], -1).index_select(1, dst)                  # [bc, nnz*Cin]
             dx[b0:b0 + bc].index_add_(1, src, vals.to(acc))
         return dx.view(b, meta.cin, meta.nin)
