@@ -150,15 +150,22 @@ def _auto_words(meta, problem: Problem, spec: DeviceSpec) -> str:
         return "on this CPU:\n  " + "\n  ".join(picks)
     if problem.dtype != torch.float16:
         return "torch_compact (the records are fp16 runs; python -m fovi_lab tune --dtype bf16 tunes bf16)"
+    from fovi_lab.kernels.cost_pick import estimate_words, estimated_pick
     from fovi_lab.ops.dispatch import lookup_records, recorded_table
     shape = (meta.cin, meta.cout, meta.nin, meta.nout, meta.k, meta.p64, meta.v)
     backend, dev = lookup_records(recorded_table(), spec.name, spec.arch, "train-step", shape, problem.batch,
                                   ("warp_train", "torch_compact", "torch_binned"))
+    est = estimate_words(meta, problem.batch, spec, True)
     if backend is None:
-        return (f"torch_compact: no train-step record of {spec.name} or of another sm_{spec.arch} GPU covers this "
-                f"layer within a factor 2 of B (python -m fovi_lab tune measures it on the GPU)")
+        none = (f"no train-step record of {spec.name} or of another sm_{spec.arch} GPU covers this layer within a "
+                f"factor 2 of B (python -m fovi_lab tune measures it on the GPU)")
+        picked = estimated_pick(meta, problem.batch, spec, True)
+        if picked is None:
+            return f"torch_compact: {none}, and the cost model prices nothing on this device (no datasheet peaks)"
+        return f"{picked}: {none}; {est}"
     src = "its own records" if dev == spec.name else f"the records of the {dev} (the same sm_{spec.arch})"
-    return f"{backend} for training, the fastest in {src}, unless a tune on the device says otherwise"
+    tail = f"\n  beside it, {est}" if est else ""
+    return f"{backend} for training, the fastest in {src}, unless a tune on the device says otherwise{tail}"
 
 
 def explain(layer: Union[str, object], batch: int, dtype: Union[str, torch.dtype] = "fp16",

@@ -21,12 +21,13 @@ import torch
 
 import fovi_lab.settings as settings
 import fovi_lab.kernels.adjoint.rule as _rule
-from fovi_lab.ops.registry import register_ops
+from fovi_lab.ops.registry import register_estimator, register_ops
 from fovi_lab.ops.replay import replayed, replayed_after, replayed_keep
 from fovi_lab.graph.meta import TrainingMeta, pad_to
 from fovi_lab.ops.reference import (CompactTorchOps, check_forward_args, check_grad_args,  # noqa: F401  (CompactTorchOps: importable here too)
                                     explicit_grads)
 from fovi_lab.ops.tune_cache import cache_path as tune_cache_path, tuned_forward_config  # noqa: F401
+from fovi_lab.kernels.cost_pick import estimator as _cost_model_estimator
 from fovi_lab.kernels.call_plan import forget_tuned, forward_path, plan_of_call  # noqa: F401  (forward_path: public here)
 from fovi_lab.kernels.adjoint import (grad_input_nm, grad_weight_nm, node_major,  # noqa: F401
                                       plan_grad_input_nm, plan_grad_weight_nm)
@@ -377,3 +378,5 @@ def _register_ops(ops) -> None:
 
 _register_ops(WarpCompactOps)
 _register_ops(WarpTrainOps)
+# auto on a GPU no record covers: the backend the cost model prices lowest (fovi_lab.ops.dispatch.estimated_backend)
+register_estimator(_cost_model_estimator)

@@ -16,11 +16,13 @@ time there:
   the forward of backend ``torch_binned``).
 
 On the CPU :func:`select_backend` asks :mod:`fovi_lab.ops.cpu_auto` instead (the records are GPU runs).
-:func:`pick_backend` returns None (the caller then uses ``torch_compact``) when the compute dtype is not fp16 on CUDA
-(the records are fp16 runs; bf16 ``auto`` takes ``torch_compact`` unless tuned, ``python -m fovi_lab tune --dtype
-bf16``),
-when Warp is not importable, or when no record applies. When several runs
-recorded the same point, the newest one counts. Records are read once per process.
+:func:`pick_backend` returns None when the compute dtype is not fp16 on CUDA (the records are fp16 runs; bf16
+``auto`` takes ``torch_compact`` unless tuned, ``python -m fovi_lab tune --dtype bf16``), when Warp is not
+importable, or when no record applies. An fp16 call no record covers (a layer or batch the benchmarks never ran,
+a GPU of another architecture) then takes the backend the cost model prices lowest on the device's datasheet peaks
+(:func:`estimated_backend`, :mod:`fovi_lab.kernels.cost_pick`), and ``torch_compact`` where nothing prices it (a GPU
+without datasheet figures, no Warp). When several runs recorded the same point, the newest one counts. Records are
+read once per process.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ from fovi_lab.ops.devices import arch_of_name
 from fovi_lab.ops.records import LOCAL_DIR, iter_records, read_file
 from fovi_lab.ops.tune_cache import tuned_choice
 
-__all__ = ["pick_backend", "lookup_records", "arch_of_name", "recorded_table", "select_backend", "DATA_DIR"]
+__all__ = ["pick_backend", "lookup_records", "arch_of_name", "recorded_table", "estimated_backend", "select_backend",
+           "DATA_DIR"]
 
 DATA_DIR = LOCAL_DIR        # a checkout's own records, read beside the shipped ones (fovi_lab/records/)
 
@@ -142,6 +145,29 @@ def pick_backend(meta, x: torch.Tensor, training: Optional[bool] = None, candida
     return lookup_records(table, _device_name(x), _device_arch(x), mode, shape, x.shape[0], candidates)[0]
 
 
+_estimated: Dict[tuple, Optional[str]] = {}
+
+
+def estimated_backend(meta, batch: int, device: torch.device, training: bool, candidates) -> Optional[str]:
+    """The backend the first registered estimator (:data:`fovi_lab.ops.registry.ESTIMATORS`) prices lowest among
+    ``candidates`` for this layer shape, batch, device and mode, or None where none prices it; asked once per such
+    signature (its answer kept)."""
+    from fovi_lab.ops.registry import ESTIMATORS
+    key = (meta.cin, meta.cout, meta.nin, meta.nout, meta.k, meta.p64, meta.v, int(batch), str(device),
+           bool(training), tuple(candidates), len(ESTIMATORS))
+    with _lock:
+        if key in _estimated:
+            return _estimated[key]
+    choice = None
+    for estimator in list(ESTIMATORS):
+        choice = estimator(meta, int(batch), device, bool(training), tuple(candidates))
+        if choice is not None:
+            break
+    with _lock:
+        _estimated[key] = choice
+    return choice
+
+
 def select_backend(backend: str, meta, x: torch.Tensor, training: Optional[bool] = None,
                    dtype: Optional[torch.dtype] = None) -> str:
     """Resolve a requested backend name to a registered one.
@@ -150,8 +176,8 @@ def select_backend(backend: str, meta, x: torch.Tensor, training: Optional[bool]
     of the CPU forms, measured once per call shape on this machine or estimated (:mod:`fovi_lab.ops.cpu_auto`,
     decided once per call signature). On a GPU: the backend tuned on this device (:mod:`fovi_lab.ops.tune_cache`,
     ``python -m fovi_lab tune``), else the fastest registered backend in the recorded benchmarks when they cover
-    the call (:func:`pick_backend`), else
-    ``torch_compact``. Any other name must be registered (an unknown one raises, listing the known names).
+    the call (:func:`pick_backend`), else for an fp16 call the backend a registered estimator prices lowest
+    (:func:`estimated_backend`: the cost model on the device's datasheet peaks), else ``torch_compact``. Any other name must be registered (an unknown one raises, listing the known names).
     ``dtype``: the dtype the op computes in (default ``x.dtype``): eager and compiled calls under autocast pass
     the autocast dtype, so both resolve ``auto`` alike.
     """
@@ -166,6 +192,9 @@ def select_backend(backend: str, meta, x: torch.Tensor, training: Optional[bool]
         if tuned is not None and tuned[0] in OPS_REGISTRY:
             return tuned[0]
         choice = pick_backend(meta, x, training, candidates=tuple(OPS_REGISTRY), dtype=dtype)
+        if choice is None and (dtype or x.dtype) == torch.float16:
+            choice = estimated_backend(meta, x.shape[0], x.device,
+                                       torch.is_grad_enabled() if training is None else training, tuple(OPS_REGISTRY))
         return choice if choice is not None else "torch_compact"
     get_ops(backend)
     return backend

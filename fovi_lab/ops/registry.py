@@ -17,18 +17,23 @@ The PyTorch backends (``torch_compact``, ``torch_binned``, ``torch_dense``) are 
 register themselves when their module is
 imported; :func:`load_optional_backends` imports the ones this package ships (by name, so the registry
 depends on none of them, and a machine without warp-lang keeps the PyTorch backends).
+
+An *estimator* prices a GPU call that neither a tune entry nor a record covers, for ``backend="auto"``
+(:func:`fovi_lab.ops.dispatch.select_backend`): a function ``(meta, batch, device, training, candidates) ->
+backend or None`` that a backend's module registers (:func:`register_estimator`; ``fovi_lab.knn_warp`` registers
+the cost model's, :mod:`fovi_lab.kernels.cost_pick`).
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Dict
+from typing import Callable, Dict, List
 
 from fovi_lab.ops.dense import DenseTorchOps
 from fovi_lab.ops.reference import BinnedTorchOps, CompactTorchOps
 
-__all__ = ["OPS_REGISTRY", "OPTIONAL_BACKEND_MODULES", "register_ops", "get_ops", "load_optional_backends",
-           "trains"]
+__all__ = ["OPS_REGISTRY", "OPTIONAL_BACKEND_MODULES", "ESTIMATORS", "register_ops", "register_estimator", "get_ops",
+           "load_optional_backends", "trains"]
 
 OPS_REGISTRY: Dict[str, type] = {"torch_compact": CompactTorchOps, "torch_binned": BinnedTorchOps,
                                  "torch_dense": DenseTorchOps}
@@ -37,6 +42,9 @@ OPS_REGISTRY: Dict[str, type] = {"torch_compact": CompactTorchOps, "torch_binned
 OPTIONAL_BACKEND_MODULES = ("fovi_lab.knn_warp",)
 
 _IMPORT_ERRORS: Dict[str, str] = {}     # module -> why it did not import (named in get_ops's error)
+
+#: The registered estimators (see the module docstring), asked in order; the first answer counts.
+ESTIMATORS: List[Callable] = []
 
 
 def trains(ops) -> bool:
@@ -50,6 +58,15 @@ def register_ops(ops) -> None:
     if missing:
         raise TypeError(f"ops: {ops!r} lacks {', '.join(missing)}")
     OPS_REGISTRY[ops.name] = ops
+
+
+def register_estimator(fn: Callable) -> None:
+    """Register an estimator (the module docstring): ``fn(meta, batch, device, training, candidates)`` returns the
+    backend it prices lowest among ``candidates``, or None where it prices none. Registering one twice keeps one."""
+    if not callable(fn):
+        raise TypeError(f"fn: expected a callable (meta, batch, device, training, candidates), got {fn!r}")
+    if fn not in ESTIMATORS:
+        ESTIMATORS.append(fn)
 
 
 def load_optional_backends() -> None:
