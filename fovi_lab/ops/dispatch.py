@@ -177,7 +177,8 @@ def select_backend(backend: str, meta, x: torch.Tensor, training: Optional[bool]
     decided once per call signature). On a GPU: the backend tuned on this device (:mod:`fovi_lab.ops.tune_cache`,
     ``python -m fovi_lab tune``), else the fastest registered backend in the recorded benchmarks when they cover
     the call (:func:`pick_backend`), else for an fp16 call the backend a registered estimator prices lowest
-    (:func:`estimated_backend`: the cost model on the device's datasheet peaks), else ``torch_compact``. Any other name must be registered (an unknown one raises, listing the known names).
+    (:func:`estimated_backend`: the cost model on the device's datasheet peaks), else ``torch_compact``. Any other
+    name must be registered (an unknown one raises, listing the known names).
     ``dtype``: the dtype the op computes in (default ``x.dtype``): eager and compiled calls under autocast pass
     the autocast dtype, so both resolve ``auto`` alike.
     """
