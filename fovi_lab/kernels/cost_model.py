@@ -517,9 +517,12 @@ What the score can and cannot say:
   second every run (a pair timed in several H200 runs counts once per run, kernels since changed included).
   Graphed calls, bf16 and the runs' non-default variants (`note_run`) are left out.
 
-What decides by it: nothing. `auto` reads the records and the tune cache, the rules make their own picks: fitted
-on the H100's records, the model's ranking of Warp's kernels on the H200 falls short of 80% within 10% (the
-summary's `kernels fit h100` lines), so the model is not trusted to choose where no record applies.
+What decides by it: `auto`'s backend on a GPU where neither the tune cache nor a record covers an fp16 call (a
+layer or batch the benchmarks never ran, another GPU with datasheet peaks such as the A100): fitted on every GPU's
+records in the `backends` scope, the scope whose picks land within 10% of the fastest on 95-97% of the other GPU's
+shapes (`fovi_lab.kernels.cost_pick`; `python -m fovi_lab explain --device a100 ...` shows its estimates). It does
+not choose among Warp's kernels: fitted on the H100's records, its ranking of them on the H200 falls short of 80%
+within 10% (the summary's `kernels fit h100` lines), so the forward rules keep that choice.
 
 ```
 """
