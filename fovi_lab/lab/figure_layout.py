@@ -8,8 +8,8 @@ Every figure is laid out for :data:`FIGURE_WIDTH` pixels, the narrowest output a
 (JupyterLab in a window of about 1000 px with its side bar open); a wider output area only adds room.
 
 Builders: :func:`wrap_words`, :func:`wrapped_title` (a short title line and a long message under it),
-:func:`fit_subplot_titles`, :func:`fit_top`, :func:`legend_rows`, :func:`legend_above`, :func:`legend_below`,
-:func:`menu_beside`.
+:func:`fit_subplot_titles`, :func:`fit_top`, :func:`legend_rows`, :func:`legend_px`, :func:`legend_above`,
+:func:`legend_below`, :func:`menu_beside`, and :func:`headed`, which lays out a figure with all of them.
 Checks (each returns what it found wrong, ``[]`` for a clean figure): :func:`clipped_titles`,
 :func:`legend_over_ticks`, :func:`overlapping_boxes`, :func:`axes_without_units`.
 """
@@ -25,8 +25,9 @@ import plotly.graph_objects as go
 
 __all__ = [
     "FIGURE_WIDTH", "CHAR_EM", "UNIT", "text_px", "wrap_words", "wrapped_title", "title_text", "title_px",
-    "title_layout", "fit_subplot_titles", "fit_top", "subplot_title_px", "legend_rows", "legend_above", "legend_below",
-    "menu_width", "menu_beside", "clipped_titles", "legend_over_ticks", "overlapping_boxes", "axes_without_units",
+    "title_layout", "fit_subplot_titles", "fit_top", "subplot_title_px", "legend_rows", "legend_px", "legend_above",
+    "legend_below", "menu_width", "menu_beside", "headed", "clipped_titles", "legend_over_ticks", "overlapping_boxes",
+    "axes_without_units",
 ]
 
 #: The width (px) every figure is laid out for and checked at.
@@ -220,6 +221,12 @@ def _side_margins(fig: go.Figure) -> int:
     return int((_DEFAULT_MARGIN["l"] if m.l is None else m.l) + (_DEFAULT_MARGIN["r"] if m.r is None else m.r))
 
 
+def legend_px(fig: go.Figure, width: int = FIGURE_WIDTH) -> int:
+    """The height (px) ``fig``'s legend takes as one horizontal block (:func:`legend_above`, :func:`legend_below`):
+    what a figure adds to its height to keep its plot area as tall with a long legend."""
+    return legend_rows(_legend_names(fig), width, _side_margins(fig)) * _LEGEND_ROW
+
+
 def legend_above(fig: go.Figure, height: int, title_lines: int = 0, width: int = FIGURE_WIDTH) -> int:
     """Put ``fig``'s legend in one horizontal block between its title (``title_lines`` lines) and the plot area
     (above the subplot titles), and grow the top margin to hold title, legend and subplot titles. Returns the top
@@ -260,6 +267,28 @@ def menu_beside(fig: go.Figure, gap: int = 10) -> int:
     menu.update(direction="down", x=1, xanchor="left", y=1, yanchor="top", pad=dict(l=gap, r=0, t=0, b=0))
     fig.update_layout(margin=dict(r=r))
     return r
+
+
+def headed(fig: go.Figure, height: int, main: str, message: Optional[str] = None, legend: Optional[str] = "above",
+           width: int = FIGURE_WIDTH) -> int:
+    """Lay out ``fig`` to read cleanly at ``width``: the title ``main`` at its top left with ``message`` wrapped under
+    it in small type (:func:`wrapped_title`), its subplot titles wrapped to their room, its button menu (if any) in a
+    column beside the plot (:func:`menu_beside`), its legend ``"above"`` the plot, under the title
+    (:func:`legend_above`), ``"below"`` it, under the x axes' tick labels and titles (:func:`legend_below`: for
+    axes whose tick labels do not turn), or where it is (``None``), and its top margin grown to hold it all.
+    Returns the top margin (px)."""
+    text, lines = wrapped_title(main, message, width)
+    fig.update_layout(height=height, title=title_layout(text, lines, height))
+    fit_subplot_titles(fig, width)
+    if fig.layout.updatemenus:
+        menu_beside(fig)
+    if legend == "above":
+        return legend_above(fig, height, title_lines=lines, width=width)
+    if legend == "below":
+        legend_below(fig, height, width)
+    t = title_px(lines) + _GAP + subplot_title_px(fig) + _GAP
+    fig.update_layout(margin=dict(t=t))
+    return t
 
 
 # --------------------------------------------------------------------------------------------------------- checks

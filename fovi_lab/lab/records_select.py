@@ -83,6 +83,12 @@ def figure_title(main: str, records: List[dict]) -> str:
     return f"{main}<br><sup>recorded on {versions_title(records)}</sup>"
 
 
+def recorded_message(records: List[dict], note: Optional[str] = None) -> str:
+    """What a figure of recorded runs says under its title (:func:`fovi_lab.lab.figure_layout.headed`): the
+    recording's device, Warp and torch versions and dates (:func:`versions_title`) and ``note``."""
+    return f"recorded on {versions_title(records)}" + (f" · {note}" if note else "")
+
+
 def versions_title(records: List[dict]) -> str:
     """``"NVIDIA H200 · Warp 1.19.0 · torch 2.11.0+cu130 · 2026-11-29"`` (every distinct value)."""
     if not records:
