@@ -277,7 +277,9 @@ def index_tables_figure(meta: TrainingMeta, nodes: Sequence[int] = (0, 1, 2, 3),
         if meta.p64 > meta.p:
             fig.add_vline(x=meta.p - 0.5, line=dict(color=_PAD_COLOUR, width=2), row=row, col=1)
     fig.update_xaxes(title_text=f"p = c*K + k   (P = {meta.p}, P64 = {meta.p64})", row=2, col=1)
-    fig.update_layout(height=height or 240 + 40 * len(nodes), margin=dict(l=10, r=10, t=40, b=10))
+    fig.update_yaxes(title_text="output node")
+    fig.update_layout(height=height or 240 + 40 * len(nodes), margin=dict(l=10, r=10, b=10))
+    figure_layout.fit_top(fig)
     return fig
 
 
@@ -297,7 +299,7 @@ def reverse_csr_figure(meta: TrainingMeta, height: int = 340) -> go.Figure:
                   annotation_text=f"mean {mean:.1f}", annotation_position="top")
     fig.update_layout(title=f"reverse CSR: {meta.nin} rows, nnz = {meta.nnz}, "
                             f"row length {int(rows.min()) if rows.size else 0}..{int(rows.max()) if rows.size else 0}",
-                      xaxis_title="references to the input node (row length)", yaxis_title="input nodes",
+                      xaxis_title="references to the input node (row length)", yaxis_title="input nodes (count)",
                       height=height, margin=dict(l=10, r=10, t=50, b=10), bargap=0.05)
     return fig
 
