@@ -17,7 +17,7 @@ from fovi_lab.lab.common import (COLOURS, batch_menu, drop_empty_traces, hline, 
                                  readable_log_axes, round4)
 from fovi_lab.lab.labels import kernel_label, short_label
 from fovi_lab.lab.records_load import forward_records
-from fovi_lab.lab.records_select import figure_title, layer_order, sweep_records
+from fovi_lab.lab.records_select import layer_order, recorded_message, sweep_records
 from fovi_lab.lab.records_tables import (REUSE_PAIRS, forward_rows, gemm_ceilings, heuristic_table, pair_kernel_ms,
                                          tflops_of)
 
@@ -72,17 +72,14 @@ def forward_recorded_figure(records: Optional[List[dict]] = None, batches: Optio
     fig.update_yaxes(type="log", row=1, col=1, title_text="time (ms)", range=log_range(ms_vals))
     fig.update_yaxes(type="log", row=2, col=1, title_text="throughput (TFLOP/s)", range=log_range(tf_vals))
     fig.update_xaxes(title_text="layer", row=2, col=1)
-    text, lines = figure_title("Compact forward: time and throughput per layer", used), 2
     fig.update_layout(barmode="group", margin=dict(l=10, r=10, b=10),
-                      title=figure_layout.title_layout(text, lines, height),
                       updatemenus=batch_menu(batches, 2 * len(series), default_b, always=n_lines))
-    figure_layout.menu_beside(fig)
-    figure_layout.legend_above(fig, height, title_lines=lines)
+    figure_layout.headed(fig, height, "Compact forward: time and throughput per layer", recorded_message(used))
     return readable_log_axes(drop_empty_traces(fig))
 
 
 def roofline_figure(records: Optional[List[dict]] = None, batch: int = 512, hbm_tbps: float = 4.8,
-                    peak_tflops: float = 990.0, height: int = 460) -> go.Figure:
+                    peak_tflops: float = 990.0, height: int = 540) -> go.Figure:
     """Roofline of the recorded forward at ``batch``: x = FLOPs per byte of the fewest bytes the op must
     move, y = TFLOP/s. The H200 roof (4.8 TB/s HBM, 990 TFLOP/s dense fp16, datasheet), Warp's dense
     4096³ tile GEMM and cuBLAS as horizontal ceilings; points: the Warp kernel with the heuristic's config,
@@ -115,17 +112,17 @@ def roofline_figure(records: Optional[List[dict]] = None, batch: int = 512, hbm_
                                  marker=dict(color=colour, size=9, symbol=sym)))
     ys = [y for t in fig.data for y in t.y if y is not None]
     fig.update_xaxes(type="log", title_text="arithmetic intensity (FLOP per byte the op must move)")
-    fig.update_yaxes(type="log", title_text="TFLOP/s", range=log_range(ys + [peak_tflops], pad=1.3))
-    fig.update_layout(height=height, margin=dict(l=10, r=10, t=60, b=10),
-                      title=figure_title(f"Roofline of the compact forward at B = {batch}",
-                                         [r for r in used if r.get("B") == batch]),
-                      legend=dict(orientation="h", y=-0.2))
+    fig.update_yaxes(type="log", title_text="throughput (TFLOP/s)", range=log_range(ys + [peak_tflops], pad=1.3))
+    fig.update_layout(margin=dict(l=10, r=10, b=10))
+    figure_layout.headed(fig, height, f"Roofline of the compact forward at B = {batch}",
+                         recorded_message([r for r in used if r.get("B") == batch]))
     return readable_log_axes(fig)
 
 
-def reuse_recorded_figure(records: Optional[List[dict]] = None, pairs=REUSE_PAIRS, height: int = 480) -> go.Figure:
+def reuse_recorded_figure(records: Optional[List[dict]] = None, pairs=REUSE_PAIRS, height: int = 560) -> go.Figure:
     """Recorded kernel time of each r=2 / r=4 config over its r=1 twin (same tiles and threads), per
-    layer; below 1 means weight reuse paid. A dropdown picks B."""
+    layer; below 1 means weight reuse paid. A column of buttons beside the plot picks B; the legend stands between
+    the title and the plot."""
     records = forward_records() if records is None else records
     ms, sweep = pair_kernel_ms(records, pairs)
     if not ms:
@@ -150,11 +147,11 @@ def reuse_recorded_figure(records: Optional[List[dict]] = None, pairs=REUSE_PAIR
                 count += 1
         traces_per_b = count
     fig.add_hline(y=1.0, line=dict(color="black", width=1))
-    fig.update_layout(barmode="group", height=height, margin=dict(l=10, r=10, t=90, b=10),
-                      title=figure_title("Kernel time with r = 2 or 4 over r = 1 (below 1: reuse paid)", sweep),
-                      yaxis_title="time ratio to r = 1",
-                      updatemenus=batch_menu(all_b, traces_per_b, default_b),
-                      legend=dict(orientation="h", y=-0.25))
+    fig.update_layout(barmode="group", margin=dict(l=10, r=10, b=10),
+                      xaxis_title="layer", yaxis_title="kernel time over r = 1's (×)",
+                      updatemenus=batch_menu(all_b, traces_per_b, default_b))
+    figure_layout.headed(fig, height, "Kernel time with r = 2 or 4 over r = 1 (below 1: reuse paid)",
+                         recorded_message(sweep))
     return fig
 
 
@@ -184,11 +181,13 @@ def heuristic_figure(records: Optional[List[dict]] = None, height: int = 460) ->
                                customdata=hover, hovertemplate="%{customdata}: %{z:.2f}x<extra></extra>",
                                textfont=dict(size=9), colorscale=[[0, "#f7fbff"], [1, "#d62728"]], zmin=1.0, zmax=2.0,
                                colorbar=dict(title="pick / best")))
-    fig.update_yaxes(autorange="reversed")
-    what = "Kernel time of the heuristic's pick over the fastest recorded config"
-    fig.update_layout(height=max(height, 56 * len(layers) + 110), margin=dict(l=10, r=10, t=60, b=10),
-                      title=figure_title(what + (f" (every pick: {family})" if family else ""),
-                                         sweep_records(records)))
+    fig.update_yaxes(autorange="reversed", title_text="layer")
+    fig.update_xaxes(title_text="batch")
+    fig.update_layout(margin=dict(l=10, r=10, b=10))
+    figure_layout.headed(fig, max(height, 56 * len(layers) + 130),
+                         "Kernel time of the heuristic's pick over the fastest recorded config",
+                         recorded_message(sweep_records(records), f"every pick: {family}" if family else None),
+                         legend=None)
     return fig
 
 
