@@ -94,9 +94,10 @@ def traffic_table(shape: dict, batch: int, tiles: Sequence[Tuple[int, int]] = ((
 
 
 def traffic_figure(shape: dict, batch: int, tiles=((16, 32), (32, 64), (64, 64), (64, 128)), rs=(1, 2, 4),
-                   title: str = "", height: int = 440) -> go.Figure:
+                   title: str = "", height: int = 520) -> go.Figure:
     """Left: gathered MB per call by stream (weight / input / index / output) for each tile shape (batch rows x
-    output channels) and ``r``. Right: what ``r`` costs: tile memory per CTA (KiB) and CTAs per launch."""
+    output channels) and ``r``. Right: what ``r`` costs: tile memory per CTA (KiB) and CTAs per launch. The legend
+    stands between the title and the plot, clear of the turned tile labels."""
     rows = traffic_table(shape, batch, tiles, rs)
     labels = [f"{t['tile_m']} x {t['tile_n']} tile<br>r = {t['r']}" for t in rows]
     fig = make_subplots(rows=1, cols=2, column_widths=[0.6, 0.4], horizontal_spacing=0.12,
@@ -112,13 +113,14 @@ def traffic_figure(shape: dict, batch: int, tiles=((16, 32), (32, 64), (64, 64),
                          marker_color=COLOURS["dense"], showlegend=True), row=1, col=2)
     fig.add_trace(go.Scatter(x=labels, y=[t["ctas"] for t in rows], name="CTAs per launch", mode="lines+markers",
                              line=dict(color="black")), row=1, col=2, secondary_y=True)
-    fig.update_layout(barmode="stack", height=height, margin=dict(l=10, r=10, t=60, b=10),
-                      title=title or (f"The traffic model: Nout={shape['nout']}, Cout={shape['cout']}, "
-                                      f"P64={shape['p64']}, B={batch}"),
-                      legend=dict(orientation="h", y=-0.25))
-    fig.update_yaxes(title_text="MB", row=1, col=1)
-    fig.update_yaxes(title_text="KiB per CTA", row=1, col=2)
-    fig.update_yaxes(title_text="CTAs per launch", type="log", dtick=1, showgrid=False, row=1, col=2, secondary_y=True)
+    fig.update_layout(barmode="stack", margin=dict(l=10, r=10, b=10))
+    fig.update_yaxes(title_text="gathered per call (MB)", row=1, col=1)
+    fig.update_yaxes(title_text="tile memory per CTA (KiB)", row=1, col=2)
+    fig.update_yaxes(title_text="launch size (CTAs)", type="log", dtick=1, showgrid=False, row=1, col=2,
+                     secondary_y=True)
+    fig.update_xaxes(title_text="tile and weight reuse r")
+    figure_layout.headed(fig, height, title or (f"The traffic model: Nout={shape['nout']}, Cout={shape['cout']}, "
+                                                f"P64={shape['p64']}, B={batch}"))
     return fig
 
 def node_gemm(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, node: int) -> dict:
@@ -142,7 +144,7 @@ def node_gemm(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, node: i
 
 
 def node_gemm_figure(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, node: int,
-                     tile_m: int = 32, tile_n: int = 64, max_rows: int = 64, height: int = 380) -> go.Figure:
+                     tile_m: int = 32, tile_n: int = 64, max_rows: int = 64, height: int = 420) -> go.Figure:
     """``A_n``, ``W_n`` and ``y_n = A_n W_n`` of one node as heat maps, with the tile grid drawn on:
     64-wide p tiles (the kernel's K loop), ``tile_m`` batch rows, ``tile_n`` output channels. Zero
     columns of ``A_n`` are the pad neighbours and the P..P64 fillers."""
@@ -174,11 +176,14 @@ def node_gemm_figure(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, 
     for col in (1, 2, 3):
         fig.update_yaxes(autorange="reversed", row=1, col=col)
     fig.update_xaxes(title_text="p (solid lines: 64-wide p tiles)", row=1, col=1)
-    fig.update_xaxes(title_text="o", row=1, col=2)
-    fig.update_xaxes(title_text="o", row=1, col=3)
-    fig.update_yaxes(title_text="b", row=1, col=1)
-    fig.update_layout(height=height, margin=dict(l=10, r=10, t=50, b=10), legend=dict(orientation="h", y=-0.25))
+    fig.update_xaxes(title_text="channel o (index)", row=1, col=2)
+    fig.update_xaxes(title_text="channel o (index)", row=1, col=3)
+    fig.update_yaxes(title_text="batch row b (index)", row=1, col=1)
+    fig.update_yaxes(title_text="p (index)", row=1, col=2)
+    fig.update_yaxes(title_text="batch row b (index)", row=1, col=3)
+    fig.update_layout(margin=dict(l=10, r=10))
     figure_layout.fit_top(fig)
+    figure_layout.legend_below(fig, height)
     return fig
 
 
