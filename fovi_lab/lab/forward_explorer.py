@@ -14,6 +14,7 @@ from typing import List, Optional, Sequence, Tuple
 import plotly.graph_objects as go
 import torch
 
+import fovi_lab.lab.figure_layout as figure_layout
 from fovi_lab.lab.common import readable_log_axes
 from fovi_lab.lab.common import (CPU_WORK_BUDGET, FORWARD_CHOICES, RunLog, COLOURS, result_answer,
                                  check_explore_args, clamp_shape, fail_result, round4, sync_device, time_ms,
@@ -248,8 +249,9 @@ def reuse_live(layer: str = "res18_layer1", batch: int = 64, tile_m: int = 32, t
     return out
 
 
-def reuse_live_figure(rows: List[dict], height: int = 360) -> go.Figure:
-    """Kernel time relative to r=1 and the modelled weight-stream bytes relative to r=1, per r."""
+def reuse_live_figure(rows: List[dict], height: int = 420) -> go.Figure:
+    """Kernel time relative to r=1 and the modelled weight-stream bytes relative to r=1, per r; the legend between
+    the title and the plot."""
     ok = [x for x in rows if x.get("ok")]
     if not ok:
         return message_figure("no successful run to plot")
@@ -261,11 +263,11 @@ def reuse_live_figure(rows: List[dict], height: int = 360) -> go.Figure:
     fig.add_trace(go.Bar(x=labels, y=[round4(x["w_bytes"] / base_w) for x in ok], name="modelled weight stream / r=1",
                          marker_color=COLOURS["grey"]))
     dev = ok[0].get("device", "cpu")
-    fig.update_layout(barmode="group", height=height, margin=dict(l=10, r=10, t=60, b=10),
-                      title=(f"{ok[0]['layer']}, B={ok[0]['batch']}, measured here on "
-                             f"{'the GPU' if str(dev).startswith('cuda') else 'the CPU (relative only)'}"),
-                      yaxis_title="relative to r = 1", legend=dict(orientation="h", y=-0.2))
+    fig.update_layout(barmode="group", margin=dict(l=10, r=10, b=10), yaxis_title="relative to r = 1 (×)",
+                      xaxis_title="weight reuse r and tile")
     fig.add_hline(y=1.0, line=dict(color="black", width=1, dash="dot"))
+    figure_layout.headed(fig, height, f"{ok[0]['layer']}, B={ok[0]['batch']}, measured here on "
+                                      f"{'the GPU' if str(dev).startswith('cuda') else 'the CPU (relative only)'}")
     return fig
 
 
@@ -324,13 +326,14 @@ def benchmark_forward(layers: Sequence[str] = ("res18_layer1", "alex_L1"), batch
         except ImportError:
             pass
     env = env_info(dev_t)
-    title = f"Forward at B = {batch}, measured now on {env['device']} · Warp {env['warp']} · torch {env['torch']}"
     fig = go.Figure()
     impls = list(dict.fromkeys(r["impl"] for r in rows))
     for impl in impls:
         sel = [r for r in rows if r["impl"] == impl]
         fig.add_trace(go.Bar(x=[r["layer"] for r in sel], y=[round4(r.get("ms")) for r in sel], name=impl,
                              hovertext=[r.get("config") or "" for r in sel]))
-    fig.update_layout(barmode="group", title=title, yaxis_type="log", yaxis_title="ms", height=420,
-                      margin=dict(l=10, r=10, t=60, b=10), legend=dict(orientation="h", y=-0.2))
+    fig.update_layout(barmode="group", yaxis_type="log", yaxis_title="time (ms)", xaxis_title="layer",
+                      margin=dict(l=10, r=10, b=10))
+    figure_layout.headed(fig, 480, f"Forward at B = {batch}, measured here",
+                         f"on {env['device']} · Warp {env['warp']} · torch {env['torch']}")
     return rows, readable_log_axes(fig)
