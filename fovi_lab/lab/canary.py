@@ -49,6 +49,7 @@ import torch
 from fovi_lab.kernels.common import init_warp, nan_canary, wp
 from fovi_lab.kernels.experiments import (BLOCK_DIM_CHOICES, R_CHOICES, TILE_CHOICES, check_config,  # noqa: F401
                                           make_budget_experiment, make_oversized_kernel)  # (re-exported)
+import fovi_lab.lab.figure_layout as figure_layout
 
 __all__ = [
     "GPU_LIMITS", "CUDA_DEFAULT_SMEM", "CPU_TILE_ARENA_BYTES", "TILE_CHOICES", "R_CHOICES",
@@ -340,8 +341,11 @@ def _tile_words(tile_m: int, tile_n: int, r: int, enable_backward: bool) -> str:
 
 
 def budget_figure(configs: Sequence[Tuple[str, int, int, int, bool]] = BUDGET_CONFIGS, gather: bool = True,
-                  highlight: Optional[str] = None, height: int = 430) -> go.Figure:
-    """Stacked bars of :func:`estimate_smem` per config against the per-block limits (horizontal lines).
+                  highlight: Optional[str] = None, height: int = 480,
+                  title: str = "Estimated shared memory per block (bytes) vs per-block limits",
+                  message: Optional[str] = None) -> go.Figure:
+    """Stacked bars of :func:`estimate_smem` per config against the per-block limits (horizontal lines); ``title``
+    with ``message`` under it, the legend between them and the plot.
 
     A config with ``enable_backward`` shows the adjoint kernel's request as its bar (2x own tiles).
     """
@@ -366,9 +370,9 @@ def budget_figure(configs: Sequence[Tuple[str, int, int, int, bool]] = BUDGET_CO
         e = ests[i]
         fig.add_annotation(x=labels[i], y=e["backward"] or e["forward"], text="your config", showarrow=True,
                            arrowhead=2, ay=-30)
-    fig.update_layout(barmode="stack", height=height, margin=dict(l=60, r=20, t=50, b=60),
-                      title="Estimated shared memory per block (bytes) vs per-block limits",
-                      yaxis_title="bytes per block", legend=dict(orientation="h", y=-0.25, font_size=10))
+    fig.update_layout(barmode="stack", margin=dict(l=60, r=20, b=60), yaxis_title="shared memory per block (bytes)",
+                      xaxis_title="gather tile and weight reuse r")
+    figure_layout.headed(fig, height, title, message)
     return fig
 
 
@@ -466,7 +470,7 @@ def explore_config(tile_m: int, tile_n: int, r: int, block_dim: int, device: str
     elif "verdict" not in summary:
         summary["verdict"] = "not run"
     configs = [c for c in BUDGET_CONFIGS if not c[4]] + [(label, tile_m, tile_n, r, False)]
-    fig = budget_figure(configs, gather=True, highlight=label, height=380)
-    fig.update_layout(title=f"{tile_text(tile_m, tile_n, r)}: estimated {est['forward']} B per block "
-                            f"(the production gather kernel)")
+    fig = budget_figure(configs, gather=True, highlight=label, height=440,
+                        title=f"{tile_text(tile_m, tile_n, r)}: estimated {est['forward']} B per block",
+                        message="the production gather kernel, against the per-block limits")
     return summary, fig
