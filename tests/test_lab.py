@@ -542,9 +542,11 @@ def test_backward_loaders_and_figures(tmp_path):
     # these train-step records carry no per-kernel times, so the kernel markers (empty series) are left out
     assert _is_fig(ts) and {t.name for t in ts.data} == {"warp_train"}
     sw = kl.gi_gw_sweep_figure(recs)
-    from fovi_lab.lab.labels import kernel_label
-    assert _is_fig(sw) and {t.name for t in sw.data} == {kernel_label(c) for c in ("gi2_p64b128", "gi3_p64b128",
-                                                                                   "gw3_p64n128")}
+    from fovi_lab.lab.labels import kernel_label, short_label
+    configs = ("gi2_p64b128", "gi3_p64b128", "gw3_p64n128")
+    # the legend in short words, the hover text in full ones
+    assert _is_fig(sw) and {t.name for t in sw.data} == {short_label(c) for c in configs}
+    assert {t.customdata[0] for t in sw.data} == {kernel_label(c) for c in configs}
     assert "B = 512" in sw.layout.title.text
 
 

@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
+import fovi_lab.lab.figure_layout as figure_layout
 from fovi_lab.lab.common import readable_log_axes
 from fovi_lab.graph.layers import LAYERS
 from fovi_lab.graph.meta import TrainingMeta, pad_to
@@ -182,9 +183,10 @@ def occupancy_table(batch: int = 512, layers: Optional[Sequence[str]] = None, rf
 def occupancy_figure(batches: Sequence[int] = (64, 512), layers: Optional[Sequence[str]] = None,
                      gi_configs: Sequence[str] = ("gi2_p64b128", "gi3_p64b128"),
                      gw_configs: Sequence[str] = ("gw2_p64n128", "gw3_p64n128", "gw4_p64n128"),
-                     sms: int = H200_SMS, height: int = 520) -> go.Figure:
+                     sms: int = H200_SMS, height: int = 580) -> go.Figure:
     """CTAs per launch of each gi/gw grid on every layer (log scale), against one wave of ``sms`` SMs
-    and four CTAs per SM; a dropdown picks the batch."""
+    and four CTAs per SM; a column of buttons beside the plot picks the batch (and the title's), the legend stands
+    between the title and the plot."""
     layers = list(layers or LAYERS)
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
                         subplot_titles=("grad-input stage (dA)", "grad-weight stage (dWeff)"))
@@ -207,19 +209,21 @@ def occupancy_figure(batches: Sequence[int] = (64, 512), layers: Optional[Sequen
         fig.add_trace(hline(layers, sms, f"{sms} CTAs: one per SM", "black", "solid", showlegend=row == 1),
                       row=row, col=1)
         fig.add_trace(hline(layers, 4 * sms, "4 CTAs per SM", "black", "dot", showlegend=row == 1), row=row, col=1)
-        fig.update_yaxes(type="log", title_text="CTAs per launch", range=log_range(all_ctas + [sms, 4 * sms]),
+        fig.update_yaxes(type="log", title_text="launch size (CTAs)", range=log_range(all_ctas + [sms, 4 * sms]),
                          row=row, col=1)
+    fig.update_xaxes(title_text="layer", row=2, col=1)
+
+    def title(b: int) -> str:
+        return figure_layout.wrapped_title(f"CTAs per stage launch at B = {b} (H200: {sms} SMs)")[0]
     buttons = []
     for bi, b in enumerate(batches):
         vis = [False] * (n_per_b * len(batches)) + [True] * 4          # the four reference lines stay
         vis[bi * n_per_b:(bi + 1) * n_per_b] = [True] * n_per_b
-        buttons.append(dict(label=f"B = {b}", method="update",
-                            args=[{"visible": vis}, {"title": f"CTAs per stage launch at B = {b} (H200: {sms} SMs)"}]))
-    fig.update_layout(height=height, barmode="group", margin=dict(l=10, r=10, t=80, b=10),
-                      title=f"CTAs per stage launch at B = {batches[-1]} (H200: {sms} SMs)",
+        buttons.append(dict(label=f"B = {b}", method="update", args=[{"visible": vis}, {"title.text": title(b)}]))
+    fig.update_layout(barmode="group", margin=dict(l=10, r=10, b=10),
                       updatemenus=[dict(buttons=buttons, direction="right", x=1.0, xanchor="right", y=1.12,
-                                        active=len(batches) - 1, type="buttons")],
-                      legend=dict(orientation="h", y=-0.2))
+                                        active=len(batches) - 1, type="buttons")])
+    figure_layout.headed(fig, height, f"CTAs per stage launch at B = {batches[-1]} (H200: {sms} SMs)")
     return readable_log_axes(fig)
 
 
