@@ -22,6 +22,7 @@ from plotly.subplots import make_subplots
 
 from fovi_lab.lab.common import readable_log_axes
 from fovi_lab import lab as kl
+import fovi_lab.lab.figure_layout as figure_layout
 from fovi_lab.lab.adjoint_explorer import short_impl
 from fovi_lab.lab.labels import short_label
 from fovi_lab.graph.layers import layer_meta
@@ -134,9 +135,10 @@ def _best_torch(d: Dict[str, dict], graphed: bool) -> Optional[dict]:
     return min(rows, key=lambda r: r["ms"]) if rows else None
 
 
-def fused_vs_staged_figure(records: Optional[List[dict]] = None, height: int = 600) -> go.Figure:
+def fused_vs_staged_figure(records: Optional[List[dict]] = None, height: int = 640) -> go.Figure:
     """Recorded train step (forward + dx + dW) per layer: staged path, fused path and the fastest PyTorch
-    step (ms, log axis), and below it each one's peak memory (MiB); a dropdown picks B."""
+    step (ms, log axis), and below it each one's peak memory (MiB); a column of buttons beside the plot picks B, the
+    legend stands between the title and the plot."""
     runs = train_step_runs(records)
     if not runs:
         return kl.message_figure("no recorded train step with both adjoint paths yet "
@@ -158,18 +160,20 @@ def fused_vs_staged_figure(records: Optional[List[dict]] = None, height: int = 6
                                  marker_color=colour, visible=b == default_b, legendgroup=name, showlegend=False),
                           row=2, col=1)
     used = [r for d in runs.values() for r in d.values()]
-    fig.update_layout(barmode="group", height=height, margin=dict(l=10, r=10, t=90, b=10),
-                      title=kl.figure_title("train step: staged vs fused adjoints vs PyTorch", used),
-                      updatemenus=kl.batch_menu(bs, per_b, default_b, y=1.13),
-                      legend=dict(orientation="h", y=-0.12))
+    fig.update_layout(barmode="group", margin=dict(l=10, r=10, b=10),
+                      updatemenus=kl.batch_menu(bs, per_b, default_b))
     fig.update_yaxes(type="log")
+    fig.update_yaxes(title_text="train step (ms)", row=1, col=1)
+    fig.update_yaxes(title_text="peak memory (MiB)", row=2, col=1)
+    fig.update_xaxes(title_text="layer", row=2, col=1)
+    figure_layout.headed(fig, height, "train step: staged vs fused adjoints vs PyTorch", kl.recorded_message(used))
     return readable_log_axes(fig)
 
 
-def graphed_step_figure(records: Optional[List[dict]] = None, height: int = 460) -> go.Figure:
+def graphed_step_figure(records: Optional[List[dict]] = None, height: int = 520) -> go.Figure:
     """Recorded train step replayed from a CUDA graph (no per-call host work) against the fastest
     PyTorch step replayed the same way, per layer; eager ``warp_train`` as markers (one call at a time,
-    and back to back: ``pipelined_ms``, where recorded); dropdown for B."""
+    and back to back: ``pipelined_ms``, where recorded); a column of buttons beside the plot picks B."""
     runs = train_step_runs(records, need=("warp_train", "warp_train_graphed"))
     if not runs:
         return kl.message_figure("no recorded CUDA-graph train step yet "
@@ -194,11 +198,10 @@ def graphed_step_figure(records: Optional[List[dict]] = None, height: int = 460)
                                  mode="markers", name="warp_train, eager back to back (pipelined)",
                                  marker=dict(symbol="circle-open", size=9), visible=b == default_b))
     used = [r for d in runs.values() for r in d.values()]
-    fig.update_layout(barmode="group", height=height, margin=dict(l=10, r=10, t=90, b=10),
-                      title=kl.figure_title("train step replayed from a CUDA graph, both sides", used),
-                      yaxis_type="log", yaxis_title="ms",
-                      updatemenus=kl.batch_menu(bs, per_b, default_b, y=1.15),
-                      legend=dict(orientation="h", y=-0.2))
+    fig.update_layout(barmode="group", margin=dict(l=10, r=10, b=10),
+                      yaxis_type="log", yaxis_title="train step (ms)", xaxis_title="layer",
+                      updatemenus=kl.batch_menu(bs, per_b, default_b))
+    figure_layout.headed(fig, height, "train step replayed from a CUDA graph, both sides", kl.recorded_message(used))
     return readable_log_axes(fig)
 
 
@@ -348,7 +351,7 @@ def segments_sweep_table(batches: Sequence[int] = (16, 64, 512), path: Optional[
     return "\n".join(lines)
 
 
-def segments_sweep_figure(batch: int = 64, path: Optional[str] = None, height: int = 520) -> go.Figure:
+def segments_sweep_figure(batch: int = 64, path: Optional[str] = None, height: int = 540) -> go.Figure:
     """The recorded fused sweep (the shipped ``fused_sweep`` records, or the JSON-lines file ``path``): per layer at ``batch``, the
     fastest whole-list dx (``dxn``) against the fastest dx in segments (``dxs``), and the fastest dW with
     interleaved splits (``dwn``) against the fastest in segments (``dws``), kernels alone (ms, log axis);
@@ -374,10 +377,11 @@ def segments_sweep_figure(batch: int = 64, path: Optional[str] = None, height: i
         fig.add_trace(go.Bar(x=layers, y=[kl.round4(r["ms"]) if r else None for r in best], name=name,
                              marker_color=colour, hovertext=hover, legendgroup=f"{what}{name}",
                              showlegend=True), row=1, col=col)
-    fig.update_layout(barmode="group", height=height, margin=dict(l=10, r=10, t=90, b=10),
-                      title=kl.figure_title("fused adjoints: whole lists against balanced segments (kernels alone)", recs),
-                      legend=dict(orientation="h", y=-0.25))
-    fig.update_yaxes(type="log")
+    fig.update_layout(barmode="group", margin=dict(l=10, r=10, b=10))
+    fig.update_yaxes(type="log", title_text="kernel time (ms)")
+    fig.update_xaxes(title_text="layer")
+    figure_layout.headed(fig, height, "fused adjoints: whole lists against balanced segments (kernels alone)",
+                         kl.recorded_message(recs))
     return readable_log_axes(fig)
 
 
