@@ -54,12 +54,12 @@ def test_loss_figure_and_compare():
     diff = next(t for t in fig.data if t.name == "warp_train \u2212 torch_compact")
     assert diff.yaxis == "y2" and list(diff.y) == pytest.approx([0.0, -0.02, 0.0], abs=1e-6)
     assert "largest 0.0200 at step 2" in fig.layout.annotations[0].text
-    assert fig.layout.yaxis.title.text == "loss (nats)" and fig.layout.xaxis2.title.text == "training step"
+    assert fig.layout.yaxis.title.text == "loss (nats)" and fig.layout.xaxis2.title.text == "training time (steps)"
     line = tv.coincide_line(a, b)
     assert line.startswith("warp_train and torch_compact coincide") and "largest difference 0.0200 nats" in line
     assert "at step 2" in line and "do not coincide" in tv.coincide_line(a, b, within=0.001)
     alone = tv.loss_figure([a])
-    assert len(alone.data) == 1 and alone.layout.xaxis.title.text == "training step"
+    assert len(alone.data) == 1 and alone.layout.xaxis.title.text == "training time (steps)"
     with pytest.raises(ValueError):
         tv.compare_losses(a, TrainResult("x", "cpu", steps=[10], loss=[1.0]))
 

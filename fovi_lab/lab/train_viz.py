@@ -26,6 +26,8 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
+import fovi_lab.lab.figure_layout as figure_layout
+
 __all__ = [
     "retina_points_px", "retina_figure", "loss_figure", "compare_losses", "coincide_line", "available_backends",
     "train_and_plot", "format_train_summary", "TRAIN_LIMITS",
@@ -64,8 +66,9 @@ def retina_points_px(model, size: int, fixation: Optional[Sequence[float]] = Non
 
 
 def retina_figure(model, image: torch.Tensor, label: Optional[int] = None,
-                  fixation: Optional[Sequence[float]] = None, height: int = 400) -> go.Figure:
-    """Left: the image with the retina's sample points. Right: the sampled values at those points.
+                  fixation: Optional[Sequence[float]] = None, height: int = 440) -> go.Figure:
+    """Left: the image with the retina's sample points. Right: the sampled values at those points. Both panels'
+    axes are in the image's pixels; the legend stands under them.
 
     ``image`` is ``[1, H, W]`` or ``[H, W]`` in [0, 1]. Both panels have row 0 at the top, like the
     image, so the right panel is the image as the network sees it: dense at the fixation point and
@@ -90,11 +93,12 @@ def retina_figure(model, image: torch.Tensor, label: Optional[int] = None,
                                          showscale=True, colorbar=dict(title="value", len=0.8))),
                   row=1, col=2)
     for col in (1, 2):
-        fig.update_xaxes(range=[-0.5, size - 0.5], constrain="domain", row=1, col=col)
+        fig.update_xaxes(range=[-0.5, size - 0.5], constrain="domain", title_text="image x (pixels)", row=1, col=col)
         fig.update_yaxes(range=[size - 0.5, -0.5], scaleanchor=f"x{'' if col == 1 else col}", scaleratio=1,
-                         row=1, col=col)
-    fig.update_layout(height=height, margin=dict(l=30, r=30, t=50, b=30), plot_bgcolor="white",
-                      legend=dict(orientation="h", y=-0.08))
+                         title_text="image y (pixels)", row=1, col=col)
+    fig.update_layout(margin=dict(l=30, r=30), plot_bgcolor="white")
+    figure_layout.fit_top(fig)
+    figure_layout.legend_below(fig, height)
     return fig
 
 
@@ -117,10 +121,10 @@ def loss_figure(results: Iterable, title: Optional[str] = None, height: int = 38
     if pair:
         (na, sa, la, _), (nb, sb, lb, _) = fields[:2]
         gap = compare_losses(results[0], results[1])
-        fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12, row_heights=[0.68, 0.32],
+        fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12, row_heights=[0.6, 0.4],
                             subplot_titles=("", f"difference {na} \u2212 {nb} (largest {gap['max_abs_gap']:.4f} "
                                                 f"at step {gap['step_of_max']})"))
-        height = max(height, 480)
+        height = max(height, 520)
     else:
         fig = go.Figure()
     styles = [_STYLES.get(f[0], _STYLES["other"][i % len(_STYLES["other"])]) if pair else _STYLES["single"]
@@ -142,7 +146,7 @@ def loss_figure(results: Iterable, title: Optional[str] = None, height: int = 38
                   margin=dict(l=70, r=20, t=60, b=50), legend=dict(x=0.99, xanchor="right", y=0.99, yanchor="top",
                                                                  bgcolor="rgba(255,255,255,0.8)"))
     if not pair:
-        fig.update_layout(xaxis_title="training step", yaxis_title="loss (nats)", **layout)
+        fig.update_layout(xaxis_title="training time (steps)", yaxis_title="loss (nats)", **layout)
         return fig
     db = dict(zip(sb, lb))
     steps = [s for s in sa if s in db]
@@ -155,7 +159,7 @@ def loss_figure(results: Iterable, title: Optional[str] = None, height: int = 38
     bound = max(abs(v) for v in diff) or 1e-3
     fig.update_yaxes(title_text="loss (nats)", row=1, col=1)
     fig.update_yaxes(title_text="difference (nats)", range=[-1.3 * bound, 1.3 * bound], row=2, col=1)
-    fig.update_xaxes(title_text="training step", row=2, col=1)
+    fig.update_xaxes(title_text="training time (steps)", row=2, col=1)
     fig.update_layout(**layout)
     return fig
 
