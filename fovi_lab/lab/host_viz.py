@@ -29,6 +29,7 @@ import torch
 from plotly.subplots import make_subplots
 
 from fovi_lab import lab as kl
+import fovi_lab.lab.figure_layout as figure_layout
 
 __all__ = ["host_cost", "host_probe_runs", "host_probe_rows", "host_probe_figure", "PROBE_LABELS",
            "replay_ab_records", "replay_ab_rows", "replay_ab_summary", "replay_ab_figure", "replay_check"]
@@ -115,7 +116,7 @@ def host_probe_rows(log_dir=None) -> List[dict]:
     return rows
 
 
-def host_probe_figure(log_dir=None, height: int = 480) -> go.Figure:
+def host_probe_figure(log_dir=None, height: int = 540) -> go.Figure:
     """Recorded host time per call (ms) of the eager forward (left) and train step (right), one bar
     per probe, on the shapes every probe measured; the step's CUDA-graph replay (its GPU time) as a
     marker."""
@@ -139,10 +140,11 @@ def host_probe_figure(log_dir=None, height: int = 480) -> go.Figure:
                              name=f"step replayed from a CUDA graph ({runs[-1]['label']}): its GPU time"),
                   row=1, col=2)
     recs = [dict(device=r["device"], warp=r["warp"], torch=r["torch"], date=r["date"]) for r in runs]
-    fig.update_layout(barmode="group", height=height, margin=dict(l=10, r=10, t=90, b=10),
-                      title=kl.figure_title("host time per eager call, H200 machine", recs),
-                      legend=dict(orientation="h", y=-0.15))
-    fig.update_yaxes(title_text="ms", row=1, col=1)
+    fig.update_layout(barmode="group", margin=dict(l=10, r=10, b=10))
+    fig.update_yaxes(title_text="host time per call (ms)", row=1, col=1)
+    fig.update_yaxes(title_text="host time per step (ms)", row=1, col=2)
+    fig.update_xaxes(title_text="layer and batch")
+    figure_layout.headed(fig, height, "host time per eager call, H200 machine", kl.recorded_message(recs))
     return fig
 
 
@@ -194,7 +196,7 @@ def replay_ab_summary(mode: str = "train-step", path=None) -> List[dict]:
     return out
 
 
-def replay_ab_figure(mode: str = "train-step", batches=(16, 64), path=None, height: int = 520) -> go.Figure:
+def replay_ab_figure(mode: str = "train-step", batches=(16, 64), path=None, height: int = 580) -> go.Figure:
     """Recorded eager time per call (ms), one panel per batch: the Warp call replayed by the backend and direct, and
     PyTorch's fastest eager form, per layer."""
     rows = [r for r in replay_ab_rows(mode, path) if r["B"] in batches]
@@ -210,10 +212,10 @@ def replay_ab_figure(mode: str = "train-step", batches=(16, 64), path=None, heig
         for name, key, colour in series:
             fig.add_trace(go.Bar(x=[r["layer"] for r in sub], y=[kl.round4(r[key]) for r in sub], name=name,
                                  marker_color=colour, legendgroup=name, showlegend=i == 1), row=i, col=1)
-        fig.update_yaxes(title_text="ms", row=i, col=1)
-    fig.update_layout(barmode="group", height=height, margin=dict(l=10, r=10, t=90, b=10),
-                      title=kl.figure_title("eager calls replayed by the backends, interleaved", rows),
-                      legend=dict(orientation="h", y=-0.12))
+        fig.update_yaxes(title_text="time per call (ms)", row=i, col=1)
+    fig.update_xaxes(title_text="layer", row=len(batches), col=1)
+    fig.update_layout(barmode="group", margin=dict(l=10, r=10, b=10))
+    figure_layout.headed(fig, height, "eager calls replayed by the backends, interleaved", kl.recorded_message(rows))
     return fig
 
 
