@@ -15,6 +15,7 @@ from typing import List, Optional, Tuple
 import plotly.graph_objects as go
 
 from fovi_lab import lab as kl
+import fovi_lab.lab.figure_layout as figure_layout
 from fovi_lab.graph.layers import layer_meta
 from fovi_lab.lab.labels import short_label
 
@@ -59,8 +60,9 @@ def fragment_owner(kind: str) -> List[List[Tuple[int, int]]]:
     raise ValueError(f"kind: expected 'A', 'B' or 'D', got {kind!r}")
 
 
-def fragment_figure(height: int = 420) -> go.Figure:
-    """The three fragments side by side, each element coloured and labelled by the lane that holds it."""
+def fragment_figure(height: int = 460) -> go.Figure:
+    """The three fragments side by side, each element coloured and labelled by the lane that holds it; the panel
+    titles wrapped to their room."""
     from plotly.subplots import make_subplots
     titles = ("A = gathered W rows: 16 channels x 16 p entries", "B = gathered x: 16 p entries x 8 batch rows",
               "D = y^T accumulators (fp32): 16 channels x 8 batch rows")
@@ -74,10 +76,11 @@ def fragment_figure(height: int = 420) -> go.Figure:
                                  showscale=col == 3, colorbar=dict(title="lane"),
                                  hovertemplate="row %{y}, col %{x}: lane %{z}<extra>" + kind + "</extra>"),
                       row=1, col=col)
-        fig.update_yaxes(autorange="reversed", row=1, col=col, title_text="k" if kind == "B" else "row (channel)")
+        fig.update_yaxes(autorange="reversed", row=1, col=col,
+                         title_text="k (p entry)" if kind == "B" else "row (channel)")
         fig.update_xaxes(title_text="k (p entry)" if kind == "A" else "col (batch row)", row=1, col=col)
-    fig.update_layout(height=height, margin=dict(t=60, b=50),
-                      title=dict(text="mma.sync.m16n8k16: which of a warp's 32 lanes holds which element", x=0.01))
+    fig.update_layout(margin=dict(b=50))
+    figure_layout.headed(fig, height, "mma.sync.m16n8k16: which of a warp's 32 lanes holds which element", legend=None)
     return fig
 
 

@@ -39,6 +39,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import plotly.graph_objects as go
 
+import fovi_lab.lab.figure_layout as figure_layout
 from fovi_lab.lab.common import readable_log_axes
 from fovi_lab import lab as kl
 from fovi_lab.graph.layers import RECORDED_LAYERS, layer_meta
@@ -200,15 +201,15 @@ _SERIES = (("ms", "pick", "mma pick", "#2ca02c"),
            ("torch_ms", "torch_impl", "fastest PyTorch", "#d62728"))
 
 
-def mma_figure(rows: Optional[List[dict]] = None, height: int = 480) -> go.Figure:
+def mma_figure(rows: Optional[List[dict]] = None, height: int = 540) -> go.Figure:
     """Grouped bars, one panel per batch: per layer the mma pick, the tile / SIMT rules' pick and the fastest PyTorch
     forward, whole ops replayed from CUDA graphs (ms, log scale)."""
     rows = mma_rows() if rows is None else rows
     if not rows:
         return kl.message_figure("no recorded mma sweep in the records")
-    return kl.batch_panels_figure(rows, _SERIES, "The tensor-core rule's picks against the tile / SIMT "
-                                  "kernels and PyTorch (whole op, replayed)",
-                                  "medians of the recorded H200 replays: the tensor-core sweep and the tile / SIMT rules' runs", height=height)
+    return kl.batch_panels_figure(rows, _SERIES, "The tensor-core rule's picks against the tile / SIMT kernels and "
+                                  "PyTorch", "whole ops, medians of the recorded H200 replays: the tensor-core sweep "
+                                  "and the tile / SIMT rules' runs", height=height)
 
 
 def _points(table: str) -> Tuple[tuple, ...]:
@@ -227,7 +228,7 @@ def layout_rows(records: Optional[List[dict]] = None, pairs=LAYOUT_PAIRS) -> Lis
     return _pair_rows(records, "tensor-core layouts", pairs, ("base", "other"))
 
 
-def layout_figure(rows: Optional[List[dict]] = None, height: int = 380) -> go.Figure:
+def layout_figure(rows: Optional[List[dict]] = None, height: int = 440) -> go.Figure:
     """Grouped bars: per pair of :func:`layout_rows`, the block reading x in place and W^T beside the same block with
     its other layout, x^T or W in place (µs per op, replayed)."""
     rows = layout_rows() if rows is None else rows
@@ -237,7 +238,7 @@ def layout_figure(rows: Optional[List[dict]] = None, height: int = 380) -> go.Fi
                         lambda rs: [f"{r['layer']} B={r['B']}<br>{short_label(r['other'], title=False)}" for r in rs],
                         _pair_series(layouts),
                         "Operand layouts: the same block reading x in place and W^T, or x^T or W in place",
-                        height=height, log=True)
+                        height=height, log=True, xtitle="layer, batch and the other layout's block")
 
 
 #: The batches the tensor-core sweep timed on every layer: the widget's recorded sweep.
@@ -292,12 +293,13 @@ def explore_mma_widget(layer: str, batch: int, config: Optional[str] = None, dev
 
 
 def widget_figure(layer: str, batch: int, result: Optional[dict] = None, config: Optional[str] = None,
-                  height: int = 470) -> go.Figure:
+                  height: int = 560) -> go.Figure:
     """The widget's figure for one choice. Left: ``layer``'s recorded H200 replays over B (the rule's register
     pick, the tile / SIMT rules' pick, the fastest PyTorch forward; log-log), a dashed line at ``batch`` and a star
     at the recorded time of the kernel that ran there (and of the rule's pick, where that is another one). Right:
     that kernel's recorded time beside ``result``'s live time here (:func:`explore_mma`'s dict; None: no live
-    run). Config ids stay in hover texts; every label is words (:func:`fovi_lab.lab.labels.kernel_label`)."""
+    run). Config ids stay in hover texts; every label is words (:func:`fovi_lab.lab.labels.kernel_label`). The
+    legend stands between the title and the plot; what ran and what the rule picks, under the plot."""
     from plotly.subplots import make_subplots
     if layer not in LAYERS:
         return kl.message_figure(f"no recorded mma runs for {layer!r}")
@@ -356,17 +358,18 @@ def widget_figure(layer: str, batch: int, result: Optional[dict] = None, config:
         notes.append(f"no H200 replay of it at B = {batch} on record")
     if not result:
         notes.append("no live run for this choice")
-    fig.add_annotation(text="<br>".join(notes), xref="paper", yref="paper", x=0.0, y=-0.22, showarrow=False,
-                       align="left", xanchor="left", yanchor="top", font=dict(size=11))
     recs = [rec for r in rows for rec in r["records"]]
-    fig.update_xaxes(type="log", tickvals=list(WIDGET_BATCHES), title_text="batch B", row=1, col=1)
-    fig.update_yaxes(type="log", title_text="ms per op", row=1, col=1)
-    fig.update_yaxes(type="log", title_text="ms", row=1, col=2)
-    fig.update_xaxes(tickangle=0, row=1, col=2)
-    fig.update_layout(height=height, margin=dict(t=110, b=150), legend=dict(orientation="h", y=-0.42),
-                      title=dict(text=f"{layer}, B = {batch}: the chosen kernel on the recorded sweep<br><sub>"
-                                      f"{kl.versions_title(recs)} · tensor-core sweep and tile / SIMT rules' runs, "
-                                      "medians</sub>", x=0.01, y=0.97))
+    fig.update_xaxes(type="log", tickvals=list(WIDGET_BATCHES), title_text="batch B (samples)", row=1, col=1)
+    fig.update_yaxes(type="log", title_text="time per op (ms)", row=1, col=1)
+    fig.update_yaxes(type="log", title_text="time per op (ms)", row=1, col=2)
+    fig.update_xaxes(tickangle=0, title_text="where it ran", row=1, col=2)
+    band = 80                                       # tick labels (two lines on the right) and the axis titles
+    bottom = band + int(len(notes) * 1.3 * 11) + 10
+    fig.update_layout(margin=dict(b=bottom))
+    top = figure_layout.headed(fig, height, f"{layer}, B = {batch}: the chosen kernel on the recorded sweep",
+                               kl.recorded_message(recs, "tensor-core sweep and tile / SIMT rules' runs, medians"))
+    fig.add_annotation(text="<br>".join(notes), xref="paper", yref="paper", x=0.0, y=-band / (height - top - bottom),
+                       showarrow=False, align="left", xanchor="left", yanchor="top", font=dict(size=11))
     return readable_log_axes(fig)
 
 
@@ -425,10 +428,12 @@ def depth_rows(records: Optional[List[dict]] = None, points=DEPTH_POINTS) -> Lis
     return rows
 
 
-def _bars_figure(rows: List[dict], empty: str, xs, series, title: str, height: int, log: bool = False) -> go.Figure:
-    """Grouped bars of ``series(rows)`` (``(name, colour, µs per x, config per x)``) over ``xs(rows)``, replayed µs
-    per op, the subtitle naming the versions of the records the ``rows`` read; the ``empty`` message without rows.
-    The legend sits between the title and the plot, clear of the (two-line) tick labels under it."""
+def _bars_figure(rows: List[dict], empty: str, xs, series, title: str, height: int, log: bool = False,
+                 xtitle: str = "layer and batch", message: Optional[str] = None) -> go.Figure:
+    """Grouped bars of ``series(rows)`` (``(name, colour, µs per x, config per x)``) over ``xs(rows)`` (the x axis
+    titled ``xtitle``), replayed µs per op; under the title ``title``, ``message`` and the versions of the records
+    the ``rows`` read; the ``empty`` message without rows. The legend sits between the title and the plot, clear of
+    the (two-line) tick labels under it."""
     if not rows:
         return kl.message_figure(empty)
     xs, series = xs(rows), series(rows)
@@ -436,11 +441,11 @@ def _bars_figure(rows: List[dict], empty: str, xs, series, title: str, height: i
     for name, colour, ys, configs in series:
         fig.add_trace(go.Bar(x=xs, y=ys, name=name, marker_color=colour, customdata=configs,
                              hovertemplate="%{customdata}: %{y:.1f} µs<extra></extra>"))
-    fig.update_layout(barmode="group", height=height, yaxis_title="µs per op, CUDA-graph replay",
-                      yaxis_type="log" if log else None,
-                      title=dict(text=f"{title}<br><sub>" + kl.versions_title([rec for r in rows for rec in r["records"]])
-                                 + " · medians of the recorded replays</sub>", x=0.01),
-                      legend=dict(orientation="h", x=0.0, y=1.0, yanchor="bottom"), margin=dict(t=110, b=60))
+    fig.update_layout(barmode="group", yaxis_title="time per op (µs)", xaxis_title=xtitle,
+                      yaxis_type="log" if log else None, margin=dict(b=60))
+    recs = [rec for r in rows for rec in r["records"]]
+    note = "medians of the whole ops replayed from CUDA graphs"
+    figure_layout.headed(fig, height, title, (message + " · " if message else "") + kl.recorded_message(recs, note))
     return readable_log_axes(fig)
 
 
@@ -449,7 +454,7 @@ def _tile_phrase(config: str) -> str:
     return kernel_label(config, title=False).split(", ")[0]
 
 
-def depth_figure(rows: Optional[List[dict]] = None, height: int = 380) -> go.Figure:
+def depth_figure(rows: Optional[List[dict]] = None, height: int = 440) -> go.Figure:
     """Grouped bars: per point, the same block looping 16, 32 and 64 p entries per iteration (µs, replayed)."""
     rows = depth_rows() if rows is None else rows
     depths = (("1 k-step: 16 p entries per iteration", "#9ecae1"), ("2 k-steps: 32 p entries per iteration", "#4292c6"),
@@ -458,7 +463,8 @@ def depth_figure(rows: Optional[List[dict]] = None, height: int = 380) -> go.Fig
                         lambda rs: [f"{r['layer']} B={r['B']}<br>{_tile_phrase(r['configs'][0])}" for r in rs],
                         lambda rs: [(name, colour, [(r["ms"][i] or 0) * 1e3 or None for r in rs],
                                      [r["configs"][i] for r in rs]) for i, (name, colour) in enumerate(depths)],
-                        "Loads in flight: the same block looping 1, 2 or 4 k-steps per iteration", height=height)
+                        "Loads in flight: the same block looping 1, 2 or 4 k-steps per iteration", height=height,
+                        xtitle="layer, batch and tile")
 
 
 def register_rows(path=None) -> List[dict]:
@@ -497,15 +503,15 @@ def stage_rows(records: Optional[List[dict]] = None, points=STAGE_POINTS) -> Lis
     return _pair_rows(records, "staged-store sweep", points, ("direct", "staged"), y_share)
 
 
-def stage_figure(rows: Optional[List[dict]] = None, height: int = 380) -> go.Figure:
+def stage_figure(rows: Optional[List[dict]] = None, height: int = 440) -> go.Figure:
     """Grouped bars: per point, the block writing y directly and through the shared tile (µs, replayed)."""
     rows = stage_rows() if rows is None else rows
     stores = (("direct_ms", "direct", "each lane stores its own outputs", "#fdae6b"),
               ("staged_ms", "staged", "staged through a shared tile", "#e6550d"))
     return _bars_figure(rows, "no recorded staged-store replays under data/",
                         lambda rs: [f"{r['layer']} B={r['B']}" for r in rs], _pair_series(stores),
-                        "The staged store: y written in runs of adjacent nodes instead of one 2-byte store per sector",
-                        height=height, log=True)
+                        "The staged store: y written in runs of adjacent nodes",
+                        height=height, log=True, message="instead of one 2-byte store per sector")
 
 
 #: The Nsight Compute metrics the notebook reads (summary lines ``section|metric  value unit``).
