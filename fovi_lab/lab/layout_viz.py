@@ -19,6 +19,7 @@ import plotly.graph_objects as go
 import torch
 
 from fovi_lab import lab as kl
+import fovi_lab.lab.figure_layout as figure_layout
 from fovi_lab.kernels.layout import swap_axes_into, transpose_into
 from fovi_lab.ops.records import read_file
 
@@ -90,8 +91,9 @@ def recorded_copy_table(rows: Optional[List[dict]] = None, dispatch: str = "kern
         f"{r['kernel_us']:9.1f} {r['kernel_tbs']:5.2f} | {r['speedup']:6.2f}x"), f"no layout-copy records at {COPY_RECORDS}")
 
 
-def recorded_copy_figure(rows: Optional[List[dict]] = None, height: int = 420) -> go.Figure:
-    """Bandwidth (read + write, TB/s) of each recorded copy: PyTorch's strided copy and the layout kernel."""
+def recorded_copy_figure(rows: Optional[List[dict]] = None, height: int = 460) -> go.Figure:
+    """Bandwidth (read + write, TB/s) of each recorded copy: PyTorch's strided copy and the layout kernel, the legend
+    between the title and the plot, clear of the turned shape labels."""
     rows = recorded_copy_rows() if rows is None else rows
     if not rows:
         return kl.message_figure(f"no layout-copy records at {COPY_RECORDS}")
@@ -102,10 +104,10 @@ def recorded_copy_figure(rows: Optional[List[dict]] = None, height: int = 420) -
         fig.add_trace(go.Bar(x=labels, y=[r[key] for r in rows], name=name, marker_color=colour,
                              hovertemplate="%{x}: %{y:.2f} TB/s<extra>" + name + "</extra>"))
     recs = [r["record"] for r in rows]
-    fig.update_layout(barmode="group", height=height, yaxis=dict(title="TB/s (read + write), replayed"),
-                      title=dict(text="Layout copies of a train step's shapes<br><sub>"
-                                      f"{kl.versions_title(recs)} · data/h200/layout_copies.jsonl</sub>", x=0.01),
-                      margin=dict(t=70, b=120), legend=dict(orientation="h", y=-0.45), xaxis=dict(tickangle=-40))
+    fig.update_layout(barmode="group", yaxis=dict(title="read + write (TB/s)"),
+                      xaxis=dict(tickangle=-40, title="source shape [A, R, C] and dtype"), margin=dict(b=10))
+    figure_layout.headed(fig, height, "Layout copies of a train step's shapes",
+                         kl.recorded_message(recs, "replayed · data/h200/layout_copies.jsonl"))
     return fig
 
 

@@ -17,6 +17,7 @@ from typing import List, Optional, Sequence, Tuple
 import plotly.graph_objects as go
 
 from fovi_lab import lab as kl
+import fovi_lab.lab.figure_layout as figure_layout
 from fovi_lab.graph.layers import RECORDED_LAYERS, layer_meta
 from fovi_lab.lab.labels import short_label
 from fovi_lab.lab.records import mark_batch
@@ -87,7 +88,7 @@ def ldmatrix_conflict(row_elems: int, swizzle: bool, chunk: int = 0) -> int:
     return max(groups.count(g) for g in set(groups))
 
 
-def swizzle_figure(row_elems: int = 128, height: int = 340) -> go.Figure:
+def swizzle_figure(row_elems: int = 128, height: int = 380) -> go.Figure:
     """Two heat maps over (stage row, chunk): the bank group of each 16-byte chunk without and with the swizzle.
     One ``ldmatrix`` phase reads one column of 8 rows: one colour repeated down a column is a conflict."""
     from plotly.subplots import make_subplots
@@ -101,9 +102,9 @@ def swizzle_figure(row_elems: int = 128, height: int = 340) -> go.Figure:
                                  colorbar=dict(title="bank group"),
                                  hovertemplate="row %{y}, chunk %{x}: bank group %{z}<extra></extra>"), row=1, col=col)
         fig.update_yaxes(autorange="reversed", title_text="stage row (p entry)", row=1, col=col)
-        fig.update_xaxes(title_text=f"16-byte chunk of a {2 * row_elems}-byte row", row=1, col=col)
-    fig.update_layout(height=height, margin=dict(t=70, b=50),
-                      title=dict(text="Shared memory of one stage: where each row's chunks land", x=0.01))
+        fig.update_xaxes(title_text="row position (16-byte chunks)", row=1, col=col)
+    fig.update_layout(margin=dict(b=50))
+    figure_layout.headed(fig, height, "Shared memory of one stage: where each row's chunks land", legend=None)
     return fig
 
 
@@ -164,7 +165,7 @@ def recorded_table(rows: Optional[List[dict]] = None) -> str:
         f"no side-by-side records of the pipelined kernels at {PIPE_RECORDS}")
 
 
-def recorded_figure(rows: Optional[List[dict]] = None, batch: int = 512, height: int = 420) -> go.Figure:
+def recorded_figure(rows: Optional[List[dict]] = None, batch: int = 512, height: int = 460) -> go.Figure:
     """TFLOP/s per layer at ``batch``: the register kernels' pick, the fastest pipelined config, that config's
     loop over dense operands, and cuBLAS on the same GEMMs without gathers (kernel times)."""
     rows = [r for r in (recorded_rows() if rows is None else rows) if r["B"] == batch]
@@ -179,10 +180,10 @@ def recorded_figure(rows: Optional[List[dict]] = None, batch: int = 512, height:
                              customdata=[r[cfg] if cfg else "torch.bmm" for r in rows],
                              hovertemplate="%{x}: %{y:.0f} TFLOP/s (%{customdata})<extra>" + name + "</extra>"))
     recs = [rec for r in rows for rec in r["records"]]
-    fig.update_layout(barmode="group", height=height, yaxis=dict(title="TFLOP/s (kernel time)"),
-                      title=dict(text=f"The pipelined tensor-core forward at B = {batch}<br><sub>"
-                                      f"{kl.versions_title(recs)} · data/h200/forward_pipe.jsonl.gz</sub>", x=0.01),
-                      margin=dict(t=70, b=40), legend=dict(orientation="h", y=-0.2))
+    fig.update_layout(barmode="group", yaxis=dict(title="kernel throughput (TFLOP/s)"),
+                      xaxis=dict(title="layer"), margin=dict(b=40))
+    figure_layout.headed(fig, height, f"The pipelined tensor-core forward at B = {batch}",
+                         kl.recorded_message(recs, "data/h200/forward_pipe.jsonl.gz"))
     return fig
 
 
@@ -197,8 +198,9 @@ def explore_pipe_widget(layer: str, batch: int, config: str, device=None,
     return lines, (mark_batch(fig, batch, f"live here: {lines[1]}") if len(lines) == 3 else fig)
 
 
-def _layer_figure(layer: str, rows: List[dict], height: int = 320) -> go.Figure:
-    """One layer's recorded TFLOP/s over B: register pick, fastest pipelined, cuBLAS without gathers."""
+def _layer_figure(layer: str, rows: List[dict], height: int = 380) -> go.Figure:
+    """One layer's recorded TFLOP/s over B: register pick, fastest pipelined, cuBLAS without gathers. The legend
+    stands under the batch axis, which leaves the top of the plot to the note :func:`mark_batch` writes there."""
     if not rows:
         return kl.message_figure(f"no side-by-side records of the pipelined kernels for {layer!r}")
     fig = go.Figure()
@@ -206,7 +208,7 @@ def _layer_figure(layer: str, rows: List[dict], height: int = 320) -> go.Figure:
                               ("cublas_tflops", "cuBLAS, no gathers", "#7f7f7f")):
         fig.add_trace(go.Bar(x=[f"B={r['B']}" for r in rows], y=[r[key] for r in rows], name=name, marker_color=colour))
     recs = [rec for r in rows for rec in r["records"]]
-    fig.update_layout(barmode="group", height=height, yaxis=dict(title="TFLOP/s (kernel time)"),
-                      title=dict(text=f"{layer}: recorded on the H200<br><sub>{kl.versions_title(recs)}</sub>", x=0.01),
-                      margin=dict(t=70, b=40), legend=dict(orientation="h", y=-0.2))
+    fig.update_layout(barmode="group", yaxis=dict(title="throughput (TFLOP/s)"), xaxis=dict(title="batch"))
+    figure_layout.headed(fig, height, f"{layer}: throughput over the batch",
+                         kl.recorded_message(recs, "from kernel times"), legend="below")
     return fig
