@@ -13,6 +13,7 @@ import torch
 
 from fovi_lab.lab.common import readable_log_axes, text_table
 from fovi_lab import lab as kl
+import fovi_lab.lab.figure_layout as figure_layout
 from fovi_lab.graph.layers import LAYERS, layer_meta
 from fovi_lab.graph.meta import SYNTHETIC_SHAPES, build_meta, synthetic_graph, tap_meta, transposed_meta
 from fovi_lab.ops.records import read_file
@@ -180,7 +181,7 @@ def recorded_summary(rows: Optional[List[dict]] = None) -> List[str]:
     return lines
 
 
-def recorded_figure(rows: Optional[List[dict]] = None, height: int = 420) -> go.Figure:
+def recorded_figure(rows: Optional[List[dict]] = None, height: int = 460) -> go.Figure:
     """Speedup of the tensor-core config over the fused / staged kernels, per gradient, against the call's useful
     work (log x), with the rule's threshold marked: the picture the rule was read from."""
     from fovi_lab.kernels.adjoint.as_forward import MMA_GRAD_MIN_GFLOP
@@ -194,21 +195,21 @@ def recorded_figure(rows: Optional[List[dict]] = None, height: int = 420) -> go.
                                  text=[f"{r['layer']} B={r['B']}" for r in rows],
                                  hovertemplate="%{text}: %{y:.2f}x at %{x:.2f} GFLOP<extra>" + what + "</extra>"))
     return _over_gflop(fig, rows, height, f"rule: tensor cores from {MMA_GRAD_MIN_GFLOP:g} GFLOP",
-                       "tensor cores' speedup over the fused / staged kernels",
-                       "The adjoints on tensor cores against the fused / staged kernels (one call, back to back)")
+                       "tensor cores' speedup (×)",
+                       "The adjoints on tensor cores against the fused / staged kernels", "one call, back to back")
 
 
-def _over_gflop(fig: go.Figure, rows: List[dict], height: int, rule: str, ytitle: str, title: str) -> go.Figure:
+def _over_gflop(fig: go.Figure, rows: List[dict], height: int, rule: str, ytitle: str, title: str,
+                note: str) -> go.Figure:
     """The frame of a speedup-over-useful-work figure: a dotted line at 1, the rule's threshold (``rule``) dashed,
-    the log GFLOP axis, and ``title`` over the versions of the ``rows``' records."""
+    the log GFLOP axis, ``title``, and under it ``note`` and the versions of the ``rows``' records; the legend
+    between the title and the plot."""
     from fovi_lab.kernels.adjoint.as_forward import MMA_GRAD_MIN_GFLOP
     fig.add_hline(y=1.0, line_dash="dot", line_color="grey")
     fig.add_vline(x=MMA_GRAD_MIN_GFLOP, line_dash="dash", line_color="#d62728", annotation_text=rule)
-    fig.update_layout(height=height, xaxis=dict(type="log", title="useful work of one gradient, 2·B·P64·Cout·Nout (GFLOP)"),
-                      yaxis=dict(title=ytitle),
-                      title=dict(text=f"{title}<br><sub>{kl.versions_title([rec for r in rows for rec in r['records']])}"
-                                      "</sub>", x=0.01),
-                      margin=dict(t=70, b=50))
+    fig.update_layout(xaxis=dict(type="log", title="useful work of one gradient, 2·B·P64·Cout·Nout (GFLOP)"),
+                      yaxis=dict(title=ytitle), margin=dict(b=50))
+    figure_layout.headed(fig, height, title, kl.recorded_message([rec for r in rows for rec in r["records"]], note))
     return readable_log_axes(fig)
 
 
@@ -268,7 +269,7 @@ def step_rule_table(rows: Optional[List[dict]] = None) -> str:
     return "\n".join(lines)
 
 
-def step_rule_figure(rows: Optional[List[dict]] = None, height: int = 400) -> go.Figure:
+def step_rule_figure(rows: Optional[List[dict]] = None, height: int = 460) -> go.Figure:
     """The forced step's speedup against the useful work of one gradient (log x), coloured by the package's rule's
     pick, with its threshold marked."""
     from fovi_lab.kernels.adjoint.as_forward import MMA_GRAD_MIN_GFLOP
@@ -283,8 +284,9 @@ def step_rule_figure(rows: Optional[List[dict]] = None, height: int = 400) -> go
                                  text=[f"{r['layer']} B={r['B']}" for r in part],
                                  hovertemplate="%{text}: %{y:.2f}x at %{x:.2f} GFLOP<extra></extra>"))
     return _over_gflop(fig, rows, height, f"rule: from {MMA_GRAD_MIN_GFLOP:g} GFLOP",
-                       "train step, forced tensor cores: speedup over the rule of the run",
-                       "Train steps replayed from CUDA graphs, both gradients forced onto the tensor cores")
+                       "forced step's speedup (×)",
+                       "Train steps with both gradients forced onto the tensor cores",
+                       "replayed from CUDA graphs; the speedup is over the step under the rule of the run")
 
 
 #: The real layers with three input channels (the stems, and the DINOv3 patch embed).
