@@ -28,6 +28,7 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
+import fovi_lab.lab.figure_layout as figure_layout
 from fovi_lab.lab.common import readable_log_axes
 from fovi_lab import lab as kl
 
@@ -127,7 +128,7 @@ def recorded_rows(data_dir=None) -> List[dict]:
     return rows
 
 
-def binning_figure(rows: Optional[List[dict]] = None, height: int = 460) -> go.Figure:
+def binning_figure(rows: Optional[List[dict]] = None, height: int = 500) -> go.Figure:
     """Grouped bars of :func:`recorded_rows`, rf2 left and rf1 right: GPU time (CUDA-graph replay) of the
     Warp compact forward, the binned PyTorch forward and the strongest other PyTorch forward."""
     rows = recorded_rows() if rows is None else rows
@@ -145,10 +146,12 @@ def binning_figure(rows: Optional[List[dict]] = None, height: int = 460) -> go.F
                         showlegend=col == 1, legendgroup=name,
                         hovertext=[r.get("other_impl_graphed") if key == "other_graphed" else r.get("config")
                                    for r in sub])
-    fig.update_yaxes(title_text="ms (CUDA-graph replay, log)", type="log", col=1)
-    fig.update_layout(barmode="group", height=height, legend=dict(orientation="h", y=-0.25),
-                      title=kl.figure_title("The stems: compact GEMM against binning, H200",
-                                      [r for n in BINNING_RUNS.values() for r in kl.selected(kl.load_records(), n)]))
+    fig.update_yaxes(title_text="GPU time per op (ms)", type="log", col=1)
+    fig.update_xaxes(title_text="stem and batch")
+    fig.update_layout(barmode="group")
+    used = [r for n in BINNING_RUNS.values() for r in kl.selected(kl.load_records(), n)]
+    figure_layout.headed(fig, height, "The stems: compact GEMM against binning, H200",
+                         kl.recorded_message(used, "whole ops replayed from CUDA graphs"))
     return readable_log_axes(fig)
 
 

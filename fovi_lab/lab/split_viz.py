@@ -142,7 +142,7 @@ _SERIES = (("split_ms", "split_config", "split SIMT (ss_*)", "#ff7f0e"),
            ("torch_ms", "torch_impl", "fastest PyTorch", "#d62728"))
 
 
-def split_figure(rows: Optional[List[dict]] = None, height: int = 460) -> go.Figure:
+def split_figure(rows: Optional[List[dict]] = None, height: int = 520) -> go.Figure:
     """Grouped bars, one panel per batch: per layer the split kernel, the fastest other Warp forward and the
     fastest PyTorch forward, all whole ops replayed from CUDA graphs (ms, log scale); the heuristic's pick is
     outlined."""
@@ -150,8 +150,8 @@ def split_figure(rows: Optional[List[dict]] = None, height: int = 460) -> go.Fig
     if not rows:
         return kl.message_figure("no recorded split-SIMT sweep in the records")
     return kl.batch_panels_figure(rows, _SERIES, "Too few threads: the split SIMT kernel against the tiles and "
-                                  "PyTorch (whole op, replayed; black outline = the heuristic's pick)",
-                                  "medians of the recorded H200 replays of the split-loop sweep", height=height, outline_pick=True)
+                                  "PyTorch", "whole ops, medians of the recorded H200 replays of the split-loop "
+                                  "sweep; black outline: the heuristic's pick", height=height, outline_pick=True)
 
 
 def thread_sweep_rows(path=None) -> List[dict]:
@@ -235,7 +235,7 @@ def explore_split_widget(layer: str, batch: int, config: str = "ss_b8o8u4", devi
     return lines, mark_batch(fig, batch, f"live here: {lines[-2]}")
 
 
-def _layer_figure(layer: str, rows: List[dict], height: int = 320) -> go.Figure:
+def _layer_figure(layer: str, rows: List[dict], height: int = 380) -> go.Figure:
     """The recorded replays of one layer over B: split kernel, fastest other Warp forward, PyTorch."""
     return kl.layer_replays_figure(layer, rows, _SERIES, "recorded H200 replays of the split-loop sweep",
                                    f"no recorded split-SIMT runs for {layer!r} under data/", height=height)

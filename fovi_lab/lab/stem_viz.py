@@ -19,6 +19,7 @@ import plotly.graph_objects as go
 
 from fovi_lab.lab.common import readable_log_axes
 from fovi_lab import lab as kl
+import fovi_lab.lab.figure_layout as figure_layout
 from fovi_lab.graph.layers import layer_meta
 from fovi_lab.graph.meta import pad_to
 from fovi_lab.kernels.families.registry import lookup
@@ -139,7 +140,7 @@ def stem_forward_rows(records: Optional[List[dict]] = None) -> List[dict]:
     return rows
 
 
-def stem_forward_figure(rows: Optional[List[dict]] = None, height: int = 430) -> go.Figure:
+def stem_forward_figure(rows: Optional[List[dict]] = None, height: int = 480) -> go.Figure:
     """Grouped bars (ms, log) per stem shape: gather family (best config), i2c (the heuristic's config),
     the dense tile-GEMM ceiling of the i2c tiles, and the strongest PyTorch forward."""
     rows = stem_forward_rows() if rows is None else rows
@@ -154,10 +155,10 @@ def stem_forward_figure(rows: Optional[List[dict]] = None, height: int = 430) ->
         fig.add_trace(go.Bar(x=x, y=[r[key] for r in rows], name=name, marker_color=colour,
                              hovertemplate="%{x}: %{y:.3f} ms<extra>" + name + "</extra>"))
     recs = [rec for r in rows for rec in r["records"]]
-    fig.update_layout(barmode="group", height=height, yaxis_type="log", yaxis_title="ms (log)",
-                      title=dict(text="Stems on the H200: moving the gathers out of the GEMM loop<br><sub>"
-                                 + kl.versions_title(recs) + "</sub>", x=0.01),
-                      legend=dict(orientation="h", y=-0.22), margin=dict(t=80, b=90))
+    fig.update_layout(barmode="group", yaxis_type="log", yaxis_title="time (ms)", xaxis_title="stem and batch",
+                      margin=dict(b=60))
+    figure_layout.headed(fig, height, "Stems on the H200: moving the gathers out of the GEMM loop",
+                         kl.recorded_message(recs))
     return readable_log_axes(fig)
 
 
@@ -251,7 +252,7 @@ def simt_rows(records: Optional[List[dict]] = None) -> List[dict]:
     return rows
 
 
-def simt_figure(rows: Optional[List[dict]] = None, height: int = 440) -> go.Figure:
+def simt_figure(rows: Optional[List[dict]] = None, height: int = 500) -> go.Figure:
     """Whole-op ms replayed from CUDA graphs against B (log-log), one panel per stem: the fp16 SIMT kernel,
     the vec4 one, the i2c tiles and the fastest PyTorch forward."""
     from plotly.subplots import make_subplots
@@ -272,11 +273,10 @@ def simt_figure(rows: Optional[List[dict]] = None, height: int = 440) -> go.Figu
                                      line=dict(color=colour, dash=dash), legendgroup=name, showlegend=col == 1,
                                      connectgaps=True,
                                      hovertemplate="B=%{x}: %{y:.3f} ms<extra>" + name + "</extra>"), row=1, col=col)
-        fig.update_xaxes(type="log", title_text="batch B", row=1, col=col)
-    fig.update_yaxes(type="log", title_text="ms per op, CUDA-graph replay (log)", row=1, col=1)
+        fig.update_xaxes(type="log", title_text="batch B (samples)", row=1, col=col)
+    fig.update_yaxes(type="log", title_text="time per op (ms)", row=1, col=1)
     recs = [rec for r in rows for rec in r["records"]]
-    fig.update_layout(height=height, title=dict(text="Stems below one tensor-core tile: SIMT register blocks "
-                                                "against the i2c tiles (whole op, replayed)<br><sub>"
-                                                + kl.versions_title(recs) + " · medians of the SIMT sweeps</sub>", x=0.01),
-                      legend=dict(orientation="h", y=-0.25), margin=dict(t=90, b=100))
+    fig.update_layout(margin=dict(b=60))
+    figure_layout.headed(fig, height, "Stems below one tensor-core tile: SIMT register blocks against the i2c tiles",
+                         kl.recorded_message(recs, "whole ops replayed from CUDA graphs, medians of the SIMT sweeps"))
     return readable_log_axes(fig)
