@@ -30,8 +30,7 @@ from fovi_lab.lab.family_explorer import explore_point, family_widget, start_poi
 from fovi_lab.lab.adjoint_explorer import (adjoint_by_node_gemms, adjoint_grid, determinism_demo, explore_adjoint,
                                            H200_SMS, occupancy_figure, occupancy_table)
 from fovi_lab.lab.records import (backward_recorded_figure, backward_records, batch_panels_figure, DATA_DIR,
-                                  figure_title, forward_recorded_figure, forward_records, forward_table,
-                                  gi_gw_sweep_figure,
+                                  forward_recorded_figure, forward_records, forward_table, gi_gw_sweep_figure,
                                   heuristic_figure, heuristic_table, latest_run_where, layer_order,
                                   layer_replays_figure, load_records, LOGS_DIR, recorded_message, record_runs,
                                   REUSE_PAIRS, reuse_recorded_figure, reuse_summary, roofline_figure, kind_records,

@@ -78,11 +78,6 @@ def selected(records: Iterable[dict], name: str) -> List[dict]:
     return SELECTIONS[name].pick(records)
 
 
-def figure_title(main: str, records: List[dict]) -> str:
-    """A figure title with the recording's device, Warp and torch versions on a second line."""
-    return f"{main}<br><sup>recorded on {versions_title(records)}</sup>"
-
-
 def recorded_message(records: List[dict], note: Optional[str] = None) -> str:
     """What a figure of recorded runs says under its title (:func:`fovi_lab.lab.figure_layout.headed`): the
     recording's device, Warp and torch versions and dates (:func:`versions_title`) and ``note``."""
