@@ -311,17 +311,19 @@ def test_prose_fits_one_idea(path):
     assert words <= _MAX_WORDS, f"{path.name}: {words} words of prose (at most {_MAX_WORDS})"
 
 
-#: The notebooks whose stored figures keep to every layout check below.
-LAYOUT_CHECKED = [p for p in NOTEBOOKS if p.name[:3] in ("01_", "02_")]
+#: The notebooks whose stored figures keep to every layout check below: all of them.
+LAYOUT_CHECKED = NOTEBOOKS
 
 
 @pytest.mark.parametrize("path", LAYOUT_CHECKED, ids=lambda p: p.name)
 def test_figures_read_cleanly(path):
     """No title clipped at the width a figure is laid out for (fovi_lab.lab.figure_layout.FIGURE_WIDTH), no
-    horizontal legend on rotated tick labels or an axis title, no buttons or legend over a title or the plot."""
+    horizontal legend on rotated tick labels or an axis title, no buttons or legend over a title or the plot, and
+    every axis a reader sees titled: in words for categories, with its unit in brackets for numbers."""
     from fovi_lab.lab import figure_layout as fl
     bad = [(i, what) for i, fig in _figures(path)
-           for what in fl.clipped_titles(fig) + fl.legend_over_ticks(fig) + fl.overlapping_boxes(fig)]
+           for what in fl.clipped_titles(fig) + fl.legend_over_ticks(fig) + fl.overlapping_boxes(fig)
+           + fl.axes_without_units(fig)]
     assert bad == [], f"{path.name}: figures that do not read cleanly (cell, what): {bad[:8]}"
 
 
@@ -372,6 +374,30 @@ def test_the_layout_checks_find_what_a_reader_cannot_read():
     fig.update_yaxes(title_text="run time", row=2, col=1)
     fig.update_xaxes(title_text="run", row=2, col=1)
     assert fl.axes_without_units(fig) == [("yaxis2", "run time")]
+
+
+def test_headed_lays_out_title_buttons_and_legend():
+    """figure_layout.headed: a short title with its long message wrapped under it, the buttons beside the plot and
+    the legend above it (or under the x axis), every check clean; an x axis of numbers without a unit is found."""
+    from fovi_lab.lab import figure_layout as fl
+    runs = [f"#{i} res18_layer1 B=64 gather tiles 32x64, r = 1" for i in range(1, 7)]
+    message = "recorded on NVIDIA H200 · " + "every layer of the sweep, medians of the replays, " * 3
+    fig = _bars(runs, updatemenus=kl_menu(["B = 16", "B = 64", "B = 512"]))
+    fig.update_yaxes(title_text="compile (s)", row=1, col=1)
+    fig.update_yaxes(title_text="run time (ms)", row=2, col=1)
+    fig.update_xaxes(title_text="run (layer, batch, kernel)", row=2, col=1)
+    top = fl.headed(fig, 520, "forward runs", message)
+    assert fig.layout.title.text.startswith("forward runs<br><sub>") and fig.layout.margin.t == top
+    assert " ".join(message.split()) in fl.title_text(fig.layout.title.text)
+    assert fig.layout.legend.yref == "container" and fig.layout.updatemenus[0].xanchor == "left"
+    assert fl.clipped_titles(fig) == [] and fl.legend_over_ticks(fig) == [] and fl.overlapping_boxes(fig) == []
+    assert fl.axes_without_units(fig) == []
+    fig = _bars([1, 2])
+    fl.headed(fig, 420, "a short title", legend="below")
+    assert fig.layout.legend.yanchor == "bottom" and fl.overlapping_boxes(fig) == []
+    fig.update_xaxes(title_text="batch", row=2, col=1)
+    assert ("xaxis2", "batch") in fl.axes_without_units(fig)
+    assert fl.legend_px(fig) == fl.legend_rows(["compile", "run"], fl.FIGURE_WIDTH, 20) * 21
 
 
 def kl_menu(labels):
