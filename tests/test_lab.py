@@ -553,9 +553,14 @@ def test_backward_loaders_and_figures(tmp_path):
 def test_recorded_figures_on_the_repository_data():
     # whatever data/ holds (or nothing): a figure, never an exception
     recs = kl.load_records()
+    from fovi_lab.lab import figure_layout as fl
     for fig in (kl.forward_recorded_figure(), kl.roofline_figure(), kl.reuse_recorded_figure(),
-                kl.heuristic_figure(), kl.backward_recorded_figure(), kl.gi_gw_sweep_figure()):
+                kl.heuristic_figure(), kl.backward_recorded_figure(), kl.gi_gw_sweep_figure(),
+                kl.occupancy_figure(), kl.traffic_figure(kl.shape_of("res18_layer1"), 512)):
         assert _is_fig(fig)
+        # each reads cleanly: titles fit, legend and buttons cover nothing, every axis titled with its unit
+        assert fl.clipped_titles(fig) + fl.legend_over_ticks(fig) + fl.overlapping_boxes(fig) == []
+        assert fl.axes_without_units(fig) == []
     if kl.forward_records():
         assert "Warp" in kl.forward_recorded_figure().layout.title.text
     assert isinstance(recs, list)
@@ -571,6 +576,8 @@ def test_benchmark_forward_runs_on_cpu(monkeypatch):
     ok = [r for r in rows if r.get("err") is not None]
     assert ok and all(r["err"] < 1e-2 for r in ok)
     assert _is_fig(fig) and "Warp" in fig.layout.title.text
+    from fovi_lab.lab import figure_layout as fl
+    assert fl.clipped_titles(fig) + fl.overlapping_boxes(fig) + fl.axes_without_units(fig) == []
 
 
 def test_flagged_variant_runs_stay_out_of_the_figures(tmp_path):
