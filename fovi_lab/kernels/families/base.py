@@ -15,7 +15,7 @@ import functools
 import re
 import string
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import torch
 
@@ -53,18 +53,25 @@ class IdField:
     """One field of a family's derived ids: ``letter``, then the value of parameter ``param`` times ``scale``.
 
     With a ``default`` (in the id's units) the short form leaves the field out where the value is the default, and
-    a parsed id without it takes the default. A parsed value that is not a multiple of ``scale`` is rounded down,
-    or with ``exact`` names no point."""
+    a parsed id without it takes the default. The default may depend on the other values: a function of the point's
+    values (a dict: the variant's, and those of the fields before this one where an id is parsed) such as the usual
+    block of a tile shape. A parsed value that is not a multiple of ``scale`` is rounded down, or with ``exact``
+    names no point."""
 
     letter: str
     param: str
-    default: Optional[int] = None
+    default: Union[None, int, Callable[[Dict[str, Any]], int]] = None
     scale: int = 1
     exact: bool = False
 
+    def default_of(self, values: Dict[str, Any]) -> Optional[int]:
+        """The default of the field (in the id's units) for a point with these values."""
+        return self.default(values) if callable(self.default) else self.default
+
     def text(self, point: "Point", explicit: bool) -> str:
         value = point[self.param] * self.scale
-        return f"{self.letter}{value}" if self.default is None or value != self.default or explicit else ""
+        default = self.default_of(point.as_dict())
+        return f"{self.letter}{value}" if default is None or value != default or explicit else ""
 
     def pattern(self) -> str:
         return rf"{self.letter}(\d+)" if self.default is None else rf"(?:{self.letter}(\d+))?"
@@ -349,20 +356,22 @@ class Family:
         prefixes = "|".join(re.escape(p) for p in sorted(variant_of, key=len, reverse=True))
         return re.compile(f"^({prefixes})" + "".join(f.pattern() for f in self.id_fields) + "$"), variant_of
 
-    def parse_id(self, text: str) -> Optional[Point]:
+    def parse_id(self, text: str, **values_beside) -> Optional[Point]:
         """The point a derived id names (None when ``text`` is not one of this family's ids; a ValueError where it
-        reads as one but a value lies outside the space)."""
+        reads as one but a value lies outside the space). ``values_beside``: those of the parameters the fields and
+        the variant leave out (a family whose ids end in a suffix of its own reads them from it)."""
         pattern, variant_of = self._id_pattern
         m = pattern.match(text)
         if not m:
             return None
+        fixed = self.variants[variant_of[m.group(1)]]
         values = {}
         for f, digits in zip(self.id_fields, m.groups()[1:]):
-            value = f.default if digits is None else int(digits)
+            value = f.default_of({**fixed, **values}) if digits is None else int(digits)
             if f.exact and value % f.scale:
                 return None
             values[f.param] = value // f.scale
-        return self.point(**values, **self.variants[variant_of[m.group(1)]])
+        return self.point(**values, **fixed, **values_beside)
 
     def to_config(self, point: Point, name: Optional[str] = None):
         """The :class:`~fovi_lab.kernels.families.table.FwdConfig` the builders and plans take."""
@@ -420,6 +429,11 @@ class Family:
         is rounded to."""
         raise NotImplementedError
 
+    def fewest_bytes(self, problem: Problem) -> float:
+        """The fewest bytes a kernel of the family moves for ``problem`` (the forward's: :attr:`Problem.fewest_bytes`;
+        an adjoint family's are its gradient's)."""
+        return problem.fewest_bytes
+
     def extra_bytes(self, point: Point, problem: Problem) -> float:
         """Bytes the family moves beyond the fewest (its per-call layouts and stages)."""
         return 0.0
@@ -431,7 +445,7 @@ class Family:
 
     def estimate(self, point: Point, problem: Problem, device: DeviceSpec) -> Estimate:
         flops = self.padded_flops(point, problem)
-        nbytes = problem.fewest_bytes + self.extra_bytes(point, problem)
+        nbytes = self.fewest_bytes(problem) + self.extra_bytes(point, problem)
         peak = device.tensor_tflops if self.tensor_cores else device.fp32_tflops
         if device.is_cpu or peak is None or device.hbm_tbps is None:
             return Estimate(None, flops, nbytes, why=f"no roofline for {device.name}: no peak figures known")

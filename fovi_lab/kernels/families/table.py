@@ -1,5 +1,10 @@
-"""The forward configs table (``fovi_lab/kernels/forward/configs.toml``) and the record each entry reads as: what
-the family registry (:mod:`fovi_lab.kernels.families.registry`) and the builders share."""
+"""The configs tables and the record each forward entry reads as: what the family registry
+(:mod:`fovi_lab.kernels.families.registry`) and the builders share.
+
+* ``fovi_lab/kernels/forward/configs.toml``: the forward presets, one :class:`FwdConfig` each;
+* ``fovi_lab/kernels/adjoint/configs.toml``: the adjoint presets, one section per adjoint family, each row the
+  variant and the family's row fields (:attr:`fovi_lab.kernels.families.adjoint_base.AdjointFamily.row_params`).
+"""
 
 from __future__ import annotations
 
@@ -50,6 +55,16 @@ def _load_tables() -> Dict[str, Dict[str, Tuple[str, int, int, int, int, int]]]:
 
 
 _TABLES = _load_tables()
+
+
+def _load_adjoint_tables() -> Dict[str, Dict[str, Tuple]]:
+    """The tables of ``kernels/adjoint/configs.toml`` (package data): family key -> name -> row tuple."""
+    with open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "adjoint", "configs.toml"), "rb") as f:
+        raw = tomllib.load(f)
+    return {key: {name: tuple(row) for name, row in table.items()} for key, table in raw.items()}
+
+
+_ADJOINT_TABLES = _load_adjoint_tables()
 
 
 __all__ = ["FwdConfig", "GATHER_TILE_K"]
