@@ -105,12 +105,13 @@ def _dense_config_for(kind: str, spec: dict) -> Optional[str]:
     """The forward config whose dense ceiling has this stage's tile shape (M = p tile, N = b or o tile)."""
     try:
         from fovi_lab.kernels import forward as F
+        from fovi_lab.kernels.families.registry import adjoint_family
     except Exception:  # pragma: no cover - forward module missing
         return None
-    tm = spec["tile_p"]
-    tn = spec["tile_b"] if kind == "gi" else spec["tile_n"]
-    tk = spec.get("tile_o", 64) if kind == "gi" else 64
-    pipelined = str(spec["version"]).endswith("p")
+    fam = adjoint_family(kind)
+    tm, tn = spec["tile_p"], spec[fam.spec_wide]
+    tk = spec.get("tile_o", 64)                 # dx's Cout step; dW's batch chunks run on 64-deep tiles
+    pipelined = fam.from_spec(spec)["prefetch"]
     best = None
     for name in F.uncached_config_names():
         c = F.config_spec(name)

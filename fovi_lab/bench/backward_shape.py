@@ -316,17 +316,20 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
         from fovi_lab.graph.meta import pad_to
         useful = 2.0 * b * meta.cout * meta.cin * meta.nnz
 
-        def one_fused(kind, name, nsplit=None, seg_steps=None, target=None):
-            if kind == "dx":
-                plan = nm.plan_grad_input_nm(meta, g, w, name, seg_steps=seg_steps)
-                got, want = plan.run(), ref[0]
-                ctas, steps = _dx_plan_steps(meta, plan)
-                mm, nn = b, meta.cin
-            else:
-                plan = nm.plan_grad_weight_nm(meta, g, x, name, nsplit=nsplit, seg_steps=seg_steps)
-                got, want = plan.run(), ref[1]
-                ctas, steps = _dw_plan_steps(meta, plan, b)
-                mm, nn = meta.cout, meta.cin
+        def dx_run(name, nsplit, seg_steps):
+            plan = nm.plan_grad_input_nm(meta, g, w, name, seg_steps=seg_steps)
+            got = plan.run()
+            return plan, got, ref[0], _dx_plan_steps(meta, plan), (b, meta.cin)
+
+        def dw_run(name, nsplit, seg_steps):
+            plan = nm.plan_grad_weight_nm(meta, g, x, name, nsplit=nsplit, seg_steps=seg_steps)
+            got = plan.run()
+            return plan, got, ref[1], _dw_plan_steps(meta, plan, b), (meta.cout, meta.cin)
+
+        runs = {"dx": dx_run, "dw": dw_run}
+
+        def one_fused(which, name, nsplit=None, seg_steps=None, target=None):
+            plan, got, want, (ctas, steps), (mm, nn) = runs[which](name, nsplit, seg_steps)
             err = float((got - want).abs().max()) / max(1e-12, float(want.abs().max()))
             t = tm(plan.launch).ms
             op_ms = tm(plan.run).ms
@@ -359,7 +362,7 @@ def run_shape(layer: str, meta, b: int, mode: str, device: torch.device, env: di
                     guarded("warp_dw", lambda name=name, L=L, target=target: one_fused("dw", name, seg_steps=L,
                                                                                        target=target),
                             config=name, seg_steps=L)
-        for kind in ("dxn", "dxs", "dwn", "dws"):
+        for kind in nm.FUSED_KINDS:
             rows = sorted([r for r in recs if r["impl"] == f"warp_{kind}" and r.get("ms")], key=lambda r: r["ms"])
             print(f"{'':>22s}fused {kind}: " + ", ".join(
                 f"{r['config']}/s{r.get('seg_steps') or r.get('nsplit')} {r['ms']:.3f} "

@@ -77,6 +77,7 @@ def _jobs_for(metas: dict, batches: List[int], mode: str, args, device: str) -> 
             jobs.append(("fwd", dcfg, True, device))
     jobs += [("grad", "csr", n, device) for n in wa.CSR_KERNEL_SPECS]
     from fovi_lab.kernels import adjoint as nm
+    from fovi_lab.kernels.adjoint.fused import config_tiles
     for meta in metas.values():
         cfgs = [(k, nm.select_dx_nm_config(b, meta.cin, meta.nin, segments=sg)) for b in batches
                 for k in ("dxn", "dxs") for sg in (False, True)]
@@ -85,7 +86,7 @@ def _jobs_for(metas: dict, batches: List[int], mode: str, args, device: str) -> 
             cfgs += nm.nm_grad_kernel_names()
         for kind, name in sorted(set(cfgs)):
             jobs.append(("nm", kind, name, device))
-            t = (nm.DX_NM_CONFIG_SPECS if kind.startswith("dx") else nm.DW_NM_CONFIG_SPECS)[name]
+            t = config_tiles(kind, name)
             dcfg = _dense_nm_config(t[0], t[1], t[2])
             if dcfg and with_dense:
                 jobs.append(("fwd", dcfg, True, device))

@@ -1,79 +1,48 @@
 """The staged adjoints' configs and the rules that pick them.
 
-A config name encodes its tiles: ``gi2_p64b128`` is grad-input version 2 with a 64-wide p tile and a 128-wide
-batch tile; ``gw3_p64n128`` is grad-weight version 3 with a 64-wide p tile and a 128-wide output-channel tile.
-A ``_f32`` suffix on a kernel name selects an fp32 stage (the staged entry points take a config name and
-``stage_fp32`` for sweeps); ``FOVI_KNN_GRAD_STAGE_MIB`` bounds the stage (default 64 MiB, capped by
-``FOVI_KNN_STAGE_MIB``).
+The configs are the presets of the staged adjoint families (:mod:`fovi_lab.kernels.families.staged_adjoints`,
+:mod:`fovi_lab.kernels.families.reductions`) in ``fovi_lab/kernels/adjoint/configs.toml``, reached through the
+family registry (:func:`fovi_lab.kernels.families.registry.adjoint_point`); the dicts below are their records as the
+sweeps and notebooks read them. A config name is the id its parameters give: ``gi2_p64b128`` is grad-input version
+2 with a 64-wide p tile and a 128-wide batch tile; ``gw3_p64n128`` is grad-weight version 3 with a 64-wide p tile and
+a 128-wide output-channel tile. A ``_f32`` suffix on a kernel name selects an fp32 stage, ``_bf16`` bf16 operands
+(the staged entry points take a config name and ``stage_fp32`` for sweeps); ``FOVI_KNN_GRAD_STAGE_MIB`` bounds the
+stage (default 64 MiB, capped by ``FOVI_KNN_STAGE_MIB``).
 """
 
 # No `from __future__ import annotations`: Warp resolves kernel annotations (closure dtypes) at decoration.
 
-from typing import Dict, Optional, Tuple
+import functools
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
 import fovi_lab.settings as settings
+from fovi_lab.kernels.families.registry import adjoint_kernels, adjoint_point, family, presets
 from fovi_lab.ops.reference import stage_budget_bytes
 
 
-# Contraction tile of the gi GEMM (Cout) and of the gw GEMM (batch). 64 fp16 = one 128-byte row.
+# Contraction tile of the gi GEMM (Cout) and of the gw GEMM (batch): the stage factories' defaults. 64 fp16 = one
+# 128-byte row.
 _GI_TILE_O = 64
 _GW_TILE_B = 64
 
-#: grad-input stage configs. tile_p must divide 64 (P64 is a multiple of 64).
-GRAD_INPUT_CONFIG_SPECS: Dict[str, dict] = {
-    "gi2_p64b128": dict(version=2, tile_p=64, tile_b=128, tile_o=64, block_dim=256),
-    "gi2_p64b64": dict(version=2, tile_p=64, tile_b=64, tile_o=64, block_dim=128),
-    "gi2_p32b128": dict(version=2, tile_p=32, tile_b=128, tile_o=64, block_dim=128),
-    "gi2_p64b256": dict(version=2, tile_p=64, tile_b=256, tile_o=64, block_dim=256),
-    "gi2_p64b128o128": dict(version=2, tile_p=64, tile_b=128, tile_o=128, block_dim=256),
-    # register-prefetch (software-pipelined) variants
-    "gi2p_p64b128": dict(version="2p", tile_p=64, tile_b=128, tile_o=64, block_dim=256),
-    "gi2p_p64b64": dict(version="2p", tile_p=64, tile_b=64, tile_o=64, block_dim=128),
-    # 3-D (n, p_tile, b_tile) grid: enough CTAs for small-Nout layers
-    "gi3_p64b128": dict(version=3, tile_p=64, tile_b=128, tile_o=64, block_dim=256),
-    "gi3_p64b64": dict(version=3, tile_p=64, tile_b=64, tile_o=64, block_dim=128),
-    "gi3p_p64b128": dict(version="3p", tile_p=64, tile_b=128, tile_o=64, block_dim=256),
-    "gi3p_p64b64": dict(version="3p", tile_p=64, tile_b=64, tile_o=64, block_dim=128),
-    # staged-operand ("i", for the Cin = 3 stems): W's rows gathered once per call into
-    # weff [Nout*P64, Cout_pad] by a row copy, then plain tile loads (no scalar gather in the GEMM loop)
-    "gi2i_p64b64": dict(version="2i", tile_p=64, tile_b=64, tile_o=64, block_dim=128),
-    "gi3i_p64b128": dict(version="3i", tile_p=64, tile_b=128, tile_o=64, block_dim=256),
-    # ... with a 96-wide Cout chunk: Cout = 96 (alexnet's stem) in one chunk instead of 128 = 96 + 32 padding
-    "gi2i_p64b64o96": dict(version="2i", tile_p=64, tile_b=64, tile_o=96, block_dim=128),
-    "gi3i_p64b128o96": dict(version="3i", tile_p=64, tile_b=128, tile_o=96, block_dim=256),
-    # ... with a 16-wide batch tile: at B = 16 a 64-wide one is 3/4 zero padding
-    "gi2i_p64b16o96": dict(version="2i", tile_p=64, tile_b=16, tile_o=96, block_dim=128),
-}
+#: The staged adjoints' families (the stage GEMMs of dx and dW, and the sums after them), in the order they list.
+STAGED_FAMILIES = ("staged_dx", "staged_dw", "reductions")
 
-#: grad-weight stage configs (batch contraction tile ``tile_kb``, 64 unless given).
-GRAD_WEIGHT_CONFIG_SPECS: Dict[str, dict] = {
-    "gw2_p64n64": dict(version=2, tile_p=64, tile_n=64, block_dim=128),
-    "gw2_p64n128": dict(version=2, tile_p=64, tile_n=128, block_dim=256),
-    "gw3_p64n64": dict(version=3, tile_p=64, tile_n=64, block_dim=128),
-    "gw3_p64n128": dict(version=3, tile_p=64, tile_n=128, block_dim=256),
-    "gw4_p64n64": dict(version=4, tile_p=64, tile_n=64, block_dim=256),
-    "gw4_p64n128": dict(version=4, tile_p=64, tile_n=128, block_dim=256),
-    # register-prefetch (software-pipelined) variants of gw3
-    "gw3p_p64n128": dict(version="3p", tile_p=64, tile_n=128, block_dim=256),
-    "gw3p_p64n64": dict(version="3p", tile_p=64, tile_n=64, block_dim=128),
-    # staged-operand ("i", stems): each node chunk's x rows gathered into at [nc*P64, Bpad] by a row copy
-    "gw3i_p64n64": dict(version="3i", tile_p=64, tile_n=64, block_dim=128),
-    "gw3i_p64n128": dict(version="3i", tile_p=64, tile_n=128, block_dim=256),
-    "gw3i_p64n96": dict(version="3i", tile_p=64, tile_n=96, block_dim=128),   # Cout = 96 without padding
-    # ... contracting the batch 16 rows at a time (``tile_kb``; the others: 64): B = 16 without padding
-    "gw3i_p64n96k16": dict(version="3i", tile_p=64, tile_n=96, tile_kb=16, block_dim=128),
-}
 
-#: scalar reverse-index reductions (one thread per output element; block 256).
-CSR_KERNEL_SPECS: Dict[str, dict] = {
-    "dx_f16": dict(target="dx", fp32_stage=False, block_dim=256),
-    "dx_f32": dict(target="dx", fp32_stage=True, block_dim=256),
-    "dw_f16": dict(target="dw", fp32_stage=False, block_dim=256),
-    "dw_f32": dict(target="dw", fp32_stage=True, block_dim=256),
-    "dx_taps": dict(target="dx_taps", fp32_stage=True, block_dim=256),     # the tap-expanded stage's (taps path)
-}
+def _records(family_key: str) -> Dict[str, dict]:
+    fam = family(family_key)
+    return {p.name: fam.spec(p.point) for p in presets(family_key)}
+
+
+#: grad-input stage configs: name -> ``dict(version, tile_p, tile_b, tile_o, block_dim)`` (the staged dx presets).
+GRAD_INPUT_CONFIG_SPECS: Dict[str, dict] = _records("staged_dx")
+#: grad-weight stage configs: name -> ``dict(version, tile_p, tile_n, tile_kb, block_dim)`` (the staged dW presets).
+GRAD_WEIGHT_CONFIG_SPECS: Dict[str, dict] = _records("staged_dw")
+#: scalar reverse-index reductions (one thread per output element; block 256): name -> ``dict(target, fp32_stage,
+#: block_dim)``.
+CSR_KERNEL_SPECS: Dict[str, dict] = _records("reductions")
 
 # B > 64: the 3-D (n, p_tile, b_tile) grid with an fp32 stage had the fastest whole grad_input op on
 # the H200 sweep (fovi_lab/records/h200/backward.jsonl.gz, 2026-11-29), ahead of the seed's gi2_p64b128
@@ -95,6 +64,11 @@ def stage_fp32_default() -> bool:
     return False
 
 
+def is_bf16_name(name: str) -> bool:
+    """Whether a staged kernel name is a bf16 form (``<base>_bf16``)."""
+    return name.endswith(_BF16_SUFFIX)
+
+
 def _split_name(name: str) -> Tuple[str, bool]:
     """``'gi2_p64b128_f32'`` -> ``('gi2_p64b128', True)``: the base config and whether it stages in fp32
     (``'gi2_p64b128_bf16'``, the bf16 form, does too)."""
@@ -104,20 +78,10 @@ def _split_name(name: str) -> Tuple[str, bool]:
     return name, False
 
 
-def is_bf16_name(name: str) -> bool:
-    """Whether a staged kernel name is a bf16 form (``<base>_bf16``)."""
-    return name.endswith(_BF16_SUFFIX)
-
-
-def all_grad_kernel_names():
-    """Every ``(kind, name)`` that :func:`get_grad_kernel` knows (for warm-up and sweeps)."""
-    out = []
-    for base in GRAD_INPUT_CONFIG_SPECS:
-        out += [("gi", base), ("gi", base + _F32_SUFFIX), ("gi", base + _BF16_SUFFIX)]
-    for base in GRAD_WEIGHT_CONFIG_SPECS:
-        out += [("gw", base), ("gw", base + _F32_SUFFIX), ("gw", base + _BF16_SUFFIX)]
-    out += [("csr", name) for name in CSR_KERNEL_SPECS]
-    return out
+def all_grad_kernel_names() -> List[Tuple[str, str]]:
+    """Every ``(kind, name)`` of the staged presets that :func:`get_grad_kernel` builds (for warm-up and sweeps): each
+    stage config with an fp16 stage, an fp32 stage and bf16 operands, and the sums."""
+    return [key for f in STAGED_FAMILIES for key in adjoint_kernels(f)]
 
 
 _SM_COUNTS: Dict[str, int] = {}
@@ -199,13 +163,25 @@ def select_gw_config(cout: int, cin: Optional[int] = None, batch: Optional[int] 
     staged-operand gw3i for stems with at least ``_STAGED_OPERAND_MIN_WORK`` staged elements."""
     name = DEFAULT_GW_CONFIG_NARROW if cout <= 64 else DEFAULT_GW_CONFIG
     if batch is not None and _staged_operand(cin, batch, nout, p64, cout):
+        changes = dict(staged_rows=True)        # gw3i: each node chunk's x rows staged by a row copy
         if _cout96(cout):
-            name = "gw3i_p64n96k16" if batch <= 16 else "gw3i_p64n96"
-        else:
-            name = name.replace("gw3_", "gw3i_")
+            changes.update(tile_n=96, **(dict(tile_kb=16) if batch <= 16 else {}))
         if batch > 64:   # fp32 stage (H200, alexnet L0, fovi_lab/records/h200/backward.jsonl.gz: grad_weight
-            name += "_f32"   # faster than with fp16 at B=512, a tie at B = 64, where fp16 keeps the peak lower)
+            changes.update(stage="fp32")   # faster than with fp16 at B=512, a tie at B = 64, where fp16 keeps the
+        return _with("gw", name, **changes)    # peak lower)
     return name
+
+
+@functools.lru_cache(maxsize=None)
+def _point_with(kind: str, name: str, changes: Tuple[Tuple[str, object], ...]) -> str:
+    point = adjoint_point(kind, name).replace(**dict(changes))
+    return point.owner.usual_block(point).id
+
+
+def _with(kind: str, name: str, **changes) -> str:
+    """The name of the config ``name`` of ``kind`` with these parameter values changed, in the usual block of its
+    tiles (the family derives the name)."""
+    return _point_with(kind, name, tuple(sorted(changes.items())))
 
 
 def grad_stage_budget_bytes() -> int:

@@ -29,39 +29,50 @@ import torch
 import fovi_lab.settings as settings
 from fovi_lab.kernels.common import built_once, init_warp, wp
 from fovi_lab.kernels.built import built
+from fovi_lab.kernels.families.fused_adjoints import FUSED_DW, FUSED_DX
+from fovi_lab.kernels.families.registry import adjoint_kernels, adjoint_point, family, lookup_adjoint, presets
+
+#: The fused adjoint families and their kinds (dxn, dxs, dwn, dws).
+FUSED_FAMILIES = (FUSED_DX, FUSED_DW)
+FUSED_KINDS = tuple(k for f in FUSED_FAMILIES for k in f.kinds)
 
 
+def _tiles_by_name(family_key: str) -> Dict[str, Tuple[int, int, int, int]]:
+    fam = family(family_key)
+    return {p.name: fam.tiles(p.point) for p in presets(family_key)}
 
-def _named_specs(family: str, axes: str, specs) -> Dict[str, Tuple[int, int, int, int]]:
-    """``{"<family>_<axes[0]><t0><axes[1]><t1>k<t2>": (t0, t1, t2, block_dim)}`` for the tiles ``specs``."""
-    return {f"{family}_{axes[0]}{t0}{axes[1]}{t1}k{t2}": (t0, t1, t2, bd) for t0, t1, t2, bd in specs}
+
+# The fused configs are the presets of the fused families (fovi_lab.kernels.families.fused_adjoints) in
+# fovi_lab/kernels/adjoint/configs.toml; these dicts are their tiles as the sweeps and notebooks read them.
+#: dx: name -> (tile_m = batch rows, tile_n = Cin columns, tile_k = Cout chunk, block_dim)
+DX_NM_CONFIG_SPECS: Dict[str, Tuple[int, int, int, int]] = _tiles_by_name("fused_dx")
+#: dW: name -> (tile_o = Cout rows, tile_c = Cin columns, tile_kb = batch chunk, block_dim)
+DW_NM_CONFIG_SPECS: Dict[str, Tuple[int, int, int, int]] = _tiles_by_name("fused_dw")
 
 
-# dx: name -> (tile_m = batch rows, tile_n = Cin columns, tile_k = Cout chunk, block_dim)
-DX_NM_CONFIG_SPECS: Dict[str, Tuple[int, int, int, int]] = _named_specs("dxn", "mn", (
-    (16, 16, 64, 64), (64, 16, 64, 64), (16, 64, 64, 128), (32, 64, 64, 128), (64, 64, 64, 128), (64, 128, 64, 256)))
-# dW: name -> (tile_o = Cout rows, tile_c = Cin columns, tile_kb = batch chunk, block_dim)
-DW_NM_CONFIG_SPECS: Dict[str, Tuple[int, int, int, int]] = _named_specs("dwn", "oc", (
-    (64, 16, 64, 64), (64, 64, 16, 128), (64, 64, 32, 128), (64, 32, 64, 128), (64, 64, 64, 128), (128, 64, 64, 256)))
+def config_tiles(kind: str, name: str) -> Tuple[int, int, int, int]:
+    """The tiles of the fused kernel ``(kind, name)`` (``kind`` in dxn, dxs, dwn, dws): ``(rows, columns, step,
+    block_dim)`` as the factories take them. A ValueError names a bad kind, a KeyError a name that is no config."""
+    if kind not in FUSED_KINDS:
+        raise ValueError(f"kind: expected one of {', '.join(map(repr, FUSED_KINDS))}, got {kind!r}")
+    point = adjoint_point(kind, name)
+    return point.owner.tiles(point)
 
 
 def nm_config_words(name: str) -> Optional[str]:
     """A fused config's tiles in words (``dxn_m64n16k64``: "64 batch rows x 16 input channels per tile, 64 output
     channels per step"); None for another name."""
-    if name in DX_NM_CONFIG_SPECS:
-        a, b, k, _ = DX_NM_CONFIG_SPECS[name]
-        return f"{a} batch rows x {b} input channels per tile, {k} output channels per step"
-    if name in DW_NM_CONFIG_SPECS:
-        a, b, k, _ = DW_NM_CONFIG_SPECS[name]
-        return f"{a} output x {b} input channels per tile, {k} batch rows per step"
-    return None
+    try:
+        point = lookup_adjoint(name)
+    except (TypeError, ValueError):
+        return None
+    return point.owner.tile_words(point) if point.owner in FUSED_FAMILIES else None
 
 
 def nm_grad_kernel_names():
     """Every ``(kind, name)`` of this module (``kind`` in {dxn, dxs, dwn, dws}: whole lists and balanced
     segments, same tiles): what warmup compiles."""
-    return ([(k, n) for k in ("dxn", "dxs") for n in DX_NM_CONFIG_SPECS]
-            + [(k, n) for k in ("dwn", "dws") for n in DW_NM_CONFIG_SPECS])
+    return [key for fam in FUSED_FAMILIES for key in adjoint_kernels(fam.key)]
 
 
 # One wave of CTAs on the H200 (132 SMs): below it a 64x64 dx tile leaves SMs idle.

@@ -3,6 +3,7 @@
 
 # No `from __future__ import annotations`: Warp resolves kernel annotations (closure dtypes) at decoration.
 
+import functools
 import threading
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
@@ -12,13 +13,13 @@ import torch
 from fovi_lab.graph.meta import TrainingMeta
 from fovi_lab.kernels.common import ValidatedCache
 from fovi_lab.kernels.forward.configs import mathdx_default
-from fovi_lab.kernels.adjoint.fused import (DW_NM_CONFIG_SPECS, DX_NM_CONFIG_SPECS, make_dw_nm_kernel,
-                                            make_dw_seg_kernel, make_dx_nm_kernel, make_dx_seg_kernel)
+from fovi_lab.kernels.adjoint.fused import FUSED_FAMILIES, config_tiles, make_dw_kernel, make_dx_kernel
+from fovi_lab.kernels.families.registry import adjoint_point, presets
 
 
 @dataclass
 class NmGradKernel:
-    kind: str           # "dxn" | "dwn"
+    kind: str           # "dxn" | "dxs" | "dwn" | "dws"
     name: str
     kernel: object
     tiles: Tuple[int, int, int, int]
@@ -29,19 +30,31 @@ _KERNELS: Dict[Tuple[str, str, Optional[bool], bool], object] = {}
 _VALIDATED = ValidatedCache("Warp node-major grad kernel")
 
 
-# kind -> (config table, factory): "dxn"/"dwn" walk whole lists, "dxs"/"dws" balanced segments (same tiles)
+#: The kernel factories of :mod:`fovi_lab.kernels.adjoint.fused` by name: a fused family's
+#: :meth:`~fovi_lab.kernels.families.fused_adjoints.FusedDx.factory` names the one that builds its point.
+_FACTORIES = {"make_dx_kernel": make_dx_kernel, "make_dw_kernel": make_dw_kernel}
+
+
+def _factory(kind: str, name: str):
+    """The factory of the kernel ``(kind, name)``, a function of its tiles (``mathdx`` and ``bf16`` by keyword)."""
+    point = adjoint_point(kind, name)
+    factory, _, kwargs = point.owner.factory(point)
+    return functools.partial(_FACTORIES[factory], **kwargs)
+
+
 def _kinds():
-    return {"dxn": (DX_NM_CONFIG_SPECS, make_dx_nm_kernel), "dwn": (DW_NM_CONFIG_SPECS, make_dw_nm_kernel),
-            "dxs": (DX_NM_CONFIG_SPECS, make_dx_seg_kernel), "dws": (DW_NM_CONFIG_SPECS, make_dw_seg_kernel)}
+    """kind -> (its configs: name -> tiles, the factory of its tiles): "dxn"/"dwn" walk whole lists, "dxs"/"dws"
+    balanced segments (the same tiles), from the fused families."""
+    out = {}
+    for fam in FUSED_FAMILIES:
+        shown = presets(fam.key)
+        for kind in fam.kinds:
+            out[kind] = ({p.name: fam.tiles(p.point) for p in shown}, _factory(kind, shown[0].name))
+    return out
 
 
-def _spec(kind: str, name: str) -> Tuple[int, int, int, int]:
-    table = _kinds().get(kind, (None,))[0]
-    if table is None:
-        raise ValueError(f"kind: expected one of 'dxn', 'dwn', 'dxs', 'dws', got {kind!r}")
-    if name not in table:
-        raise KeyError(f"config: unknown {kind} config {name!r}; known: {sorted(table)}")
-    return table[name]
+#: The tiles of ``(kind, name)``: ``(rows, columns, step, block_dim)``.
+_spec = config_tiles
 
 
 def validated_key(kind: str, name: str, bf16: bool = False):
@@ -56,8 +69,8 @@ def _build(kind: str, name: str, bf16: bool = False):
     with _build_lock:
         k = _KERNELS.get(key)
         if k is None:
-            tiles = _spec(kind, name)
-            k = _kinds()[kind][1](*tiles, mathdx=mathdx, bf16=bool(bf16))
+            tiles = _spec(kind, name)                 # (a ValueError names a kind that is no fused one)
+            k = _factory(kind, name)(*tiles, mathdx=mathdx, bf16=bool(bf16))
             _KERNELS[key] = k
         return k
 

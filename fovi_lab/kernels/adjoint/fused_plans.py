@@ -15,7 +15,7 @@ from typing import Optional, Tuple
 import torch
 
 from fovi_lab.graph.meta import TrainingMeta, pad_to, validate_meta
-from fovi_lab.ops.reference import NOT_GIVEN, check_grad_args
+from fovi_lab.ops.reference import NOT_GIVEN, CompactTorchOps, check_grad_args
 from fovi_lab.kernels.common import (built_once, check_once, check_tensor, fast_launch, init_warp, nan_canary, warp_ct,
                                      warp_device, wp)
 from fovi_lab.kernels.forward.plans import DIRECT_STORE_MAX_BYTES
@@ -25,6 +25,8 @@ from fovi_lab.kernels.adjoint.fused import (SEG_FINISH_BLOCK, seg_finish_kernel,
                                             select_dx_nm_config)
 from fovi_lab.kernels.adjoint.fused_build import (NmGradKernel, _VALIDATED, _build, _spec, reverse_lists, tap_lists,
                                                   validated_key)
+from fovi_lab.kernels.families.fused_adjoints import SEGMENTS
+from fovi_lab.kernels.families.registry import adjoint_point
 from fovi_lab.kernels.adjoint.fused_rules import (_segments, default_dw_nsplit, default_dw_seg_steps,  # noqa: F401
                                                   default_dx_seg_steps, dw_seg_steps_for, list_stats)
 
@@ -43,23 +45,35 @@ def _canary_problem(device: str, b: int, cout: int, cin: int, dtype: torch.dtype
     return meta, x, w, gy
 
 
+def _canary_dx(k: NmGradKernel, segments: bool, device: str, dtype: torch.dtype):
+    """The canary's dx plan (over whole lists with the staged store, or segments of one step) and its reference."""
+    tm, tn, tk, _ = k.tiles
+    meta, x, w, gy = _canary_problem(device, b=tm, cout=tk, cin=tn, dtype=dtype)
+    plan = (_GradInputNmPlan(meta, gy, w, None, device, seg=k, seg_steps=1) if segments else
+            _GradInputNmPlan(meta, gy, w, k, device, store="staged"))
+    return plan, CompactTorchOps.grad_input(meta, gy.float(), w.float())
+
+
+def _canary_dw(k: NmGradKernel, segments: bool, device: str, dtype: torch.dtype):
+    """The canary's dW plan (two interleaved splits, or segments of one step) and its reference."""
+    to, tc, tkb, _ = k.tiles
+    meta, x, w, gy = _canary_problem(device, b=tkb, cout=to, cin=tc, dtype=dtype)
+    plan = (_GradWeightNmPlan(meta, gy, x, None, device, seg=k, seg_steps=1) if segments else
+            _GradWeightNmPlan(meta, gy, x, k, device, nsplit=2))
+    return plan, CompactTorchOps.grad_weight(meta, gy.float(), x.float())
+
+
+#: The canary plan of each gradient a fused family computes.
+_CANARY_PLANS = {"dx": _canary_dx, "dW": _canary_dw}
+
+
 def _canary(kind: str, name: str, kernel, device: str, bf16: bool = False) -> Tuple[bool, str]:
     """One NaN-prefilled launch on a problem of exactly one tile per axis, checked against torch_compact in
     fp32 on the same rounded operands."""
-    from fovi_lab.ops.reference import CompactTorchOps
-    t = _spec(kind, name)
-    k = NmGradKernel(kind, name, kernel, t)
-    dt = torch.bfloat16 if bf16 else torch.float16
-    if kind in ("dxn", "dxs"):
-        meta, x, w, gy = _canary_problem(device, b=t[0], cout=t[2], cin=t[1], dtype=dt)
-        plan = (_GradInputNmPlan(meta, gy, w, k, device, store="staged") if kind == "dxn" else
-                _GradInputNmPlan(meta, gy, w, None, device, seg=k, seg_steps=1))
-        ref = CompactTorchOps.grad_input(meta, gy.float(), w.float())
-    else:
-        meta, x, w, gy = _canary_problem(device, b=t[2], cout=t[0], cin=t[1], dtype=dt)
-        plan = (_GradWeightNmPlan(meta, gy, x, k, device, nsplit=2) if kind == "dwn" else
-                _GradWeightNmPlan(meta, gy, x, None, device, seg=k, seg_steps=1))
-        ref = CompactTorchOps.grad_weight(meta, gy.float(), x.float())
+    point = adjoint_point(kind, name)
+    k = NmGradKernel(kind, name, kernel, point.owner.tiles(point))
+    plan, ref = _CANARY_PLANS[point.owner.gradient](k, point["walk"] == SEGMENTS, device,
+                                                    torch.bfloat16 if bf16 else torch.float16)
     ok, why = nan_canary(plan.launch, plan.out)
     if not ok:
         return ok, why

@@ -12,7 +12,7 @@ from typing import Optional, Tuple
 import torch
 
 from fovi_lab.graph.meta import TrainingMeta, pad_to
-from fovi_lab.kernels.adjoint.fused import (DX_NM_CONFIG_SPECS, WAVE_CTAS, _budget_bytes, segment_table,
+from fovi_lab.kernels.adjoint.fused import (WAVE_CTAS, config_tiles, _budget_bytes, segment_table,
                                             select_dx_nm_config)
 from fovi_lab.kernels.adjoint.fused_build import _aux, reverse_lists, tap_lists
 
@@ -103,7 +103,7 @@ def default_dx_seg_steps(meta: TrainingMeta, batch: int, device: str) -> int:
     lists there ahead of the best segments at B = 64 (on tables whose reverse lists all had one entry)."""
     if not str(device).startswith("cuda") or batch > 128 or meta.cin <= 16:
         return 0
-    tm, tn, tk, _ = DX_NM_CONFIG_SPECS[select_dx_nm_config(batch, meta.cin, meta.nin, segments=True)]
+    tm, tn, tk, _ = config_tiles("dxs", select_dx_nm_config(batch, meta.cin, meta.nin, segments=True))
     n_oc = pad_to(meta.cout, tk) // tk
     mean, longest, _, _ = list_stats(meta, "dx")
     if longest == 0:

@@ -38,6 +38,8 @@ import torch
 
 import fovi_lab.settings as settings
 from fovi_lab.graph.meta import meta_aux
+from fovi_lab.kernels.families.fused_adjoints import SEGMENTS, WHOLE
+from fovi_lab.kernels.families.registry import lookup_adjoint
 
 #: Layers with at least this many input channels take the fused node-major adjoints; the stems (Cin = 3) the staged
 #: ones (their 3-channel rows make a fused tile mostly padding).
@@ -53,7 +55,7 @@ class FusedPick:
     """What one gradient's fused node-major kernel runs with.
 
     Attributes:
-        config: its tiles, a ``dxn_`` / ``dwn_`` name (``DX_NM_CONFIG_SPECS`` / ``DW_NM_CONFIG_SPECS``); the
+        config: its tiles, a ``dxn_`` / ``dwn_`` name (a preset of the fused families, ``fused_dx`` / ``fused_dw``); the
             segmented kernel (``dxs`` / ``dws``) of the same tiles where ``seg_steps`` is not 0.
         seg_steps: 0 for whole lists (dx) or the interleaved splits (dW); L >= 1 for segments of L steps.
         nsplit: dW's interleaved splits (1 for dx and for segments).
@@ -64,20 +66,27 @@ class FusedPick:
     nsplit: int = 1
 
     @property
+    def point(self):
+        """The kernel's point of its fused family (:func:`fovi_lab.kernels.families.registry.adjoint_point`)."""
+        point = lookup_adjoint(self.config)
+        return point.replace(walk=SEGMENTS if self.seg_steps else WHOLE)
+
+    @property
     def kind(self) -> str:
-        """The kernel kind: ``dxn`` / ``dxs`` / ``dwn`` / ``dws``."""
-        return self.config[:2] + ("s" if self.seg_steps else "n")
+        """The kernel kind: ``dxn`` / ``dxs`` / ``dwn`` / ``dws`` (the variant of its point)."""
+        point = self.point
+        return point.owner.variant(point)
 
     def words(self) -> str:
         """The pick in words (its tiles, and the segments or splits)."""
-        from fovi_lab.kernels.adjoint.fused import nm_config_words
+        point = self.point
         if self.seg_steps:
             lists = f"segments of {self.seg_steps} steps"
-        elif self.config.startswith("dx"):
+        elif point.owner.gradient == "dx":
             lists = "whole reverse lists"
         else:
             lists = f"{self.nsplit} interleaved split{'s' if self.nsplit != 1 else ''} per tap"
-        return f"{nm_config_words(self.config)}, {lists}"
+        return f"{point.owner.tile_words(point)}, {lists}"
 
 
 def fused_picks(meta, batch: int, device: str) -> Tuple[FusedPick, FusedPick]:

@@ -23,9 +23,8 @@ from typing import Optional
 import fovi_lab.settings as settings
 from fovi_lab.kernels.common import init_warp, wp
 from fovi_lab.kernels.built import built
-from fovi_lab.kernels.adjoint.configs import (_BF16_SUFFIX, CSR_KERNEL_SPECS, _F32_SUFFIX, _GI_TILE_O,
-                                              GRAD_INPUT_CONFIG_SPECS, GRAD_WEIGHT_CONFIG_SPECS, _GW_TILE_B,
-                                              _MODULE_OPTIONS, _split_name, is_bf16_name)
+from fovi_lab.kernels.adjoint.configs import _GI_TILE_O, _GW_TILE_B, _MODULE_OPTIONS
+from fovi_lab.kernels.families.registry import ADJOINT_FAMILIES, adjoint_point
 
 
 def _mathdx_env() -> Optional[bool]:
@@ -256,24 +255,28 @@ def make_grad_stage_kernel(kind: str, version, tile_p: int, tile_wide: int, fp32
 make_grad_staged_operand_kernel = make_grad_stage_kernel
 
 
-def _per_version(kind: str, version, doc: str):
-    """The public factory of one version: ``(tile_p, tile_b, fp32_stage, *, tile_o=64, ...)`` for gi,
-    ``(tile_p, tile_n, fp32_stage, *, tile_b=64, ...)`` for gw (``block_dim``, ``module_options``, ``module``,
-    ``bf16`` as :func:`make_grad_stage_kernel`)."""
-    if kind == "gi":
-        def factory(tile_p: int, tile_b: int, fp32_stage: bool, *, tile_o: int = _GI_TILE_O, **kw):
-            return make_grad_stage_kernel("gi", version, tile_p, tile_b, fp32_stage, tile_o=tile_o, **kw)
-        name = f"make_grad_input_stage{version}_kernel"
-    else:
-        def factory(tile_p: int, tile_n: int, fp32_stage: bool, *, tile_b: int = _GW_TILE_B, **kw):
-            return make_grad_stage_kernel("gw", version, tile_p, tile_n, fp32_stage, tile_kb=tile_b, **kw)
-        name = f"make_grad_weight_stage{version}_kernel"
+def _named(factory, name: str, doc: str):
     factory.__name__ = factory.__qualname__ = name
     factory.__doc__ = doc
     return factory
 
 
-make_grad_input_stage2_kernel = _per_version("gi", 2, """
+def _gi_version(version, doc: str):
+    """The public factory of one gi version: ``(tile_p, tile_b, fp32_stage, *, tile_o=64, ...)`` (``block_dim``,
+    ``module_options``, ``module``, ``bf16`` as :func:`make_grad_stage_kernel`)."""
+    def factory(tile_p: int, tile_b: int, fp32_stage: bool, *, tile_o: int = _GI_TILE_O, **kw):
+        return make_grad_stage_kernel("gi", version, tile_p, tile_b, fp32_stage, tile_o=tile_o, **kw)
+    return _named(factory, f"make_grad_input_stage{version}_kernel", doc)
+
+
+def _gw_version(version, doc: str):
+    """The public factory of one gw version: ``(tile_p, tile_n, fp32_stage, *, tile_b=64, ...)``."""
+    def factory(tile_p: int, tile_n: int, fp32_stage: bool, *, tile_b: int = _GW_TILE_B, **kw):
+        return make_grad_stage_kernel("gw", version, tile_p, tile_n, fp32_stage, tile_kb=tile_b, **kw)
+    return _named(factory, f"make_grad_weight_stage{version}_kernel", doc)
+
+
+make_grad_input_stage2_kernel = _gi_version(2, """
     v2 gi staging: one CTA per ``(n, b_tile)``, the P64 loop inside the CTA.
 
     Launch ``wp.launch_tiled(k, dim=(Nout, Bpad // tile_b), block_dim=...)`` with inputs
@@ -286,7 +289,7 @@ make_grad_input_stage2_kernel = _per_version("gi", 2, """
     Keeping the P loop in the CTA amortises per-CTA fixed costs over P64/tile_p accumulator
     rounds; the gathered W tile is directly the left operand (rows of W^T), so no transpose.
     """)
-make_grad_input_stage3_kernel = _per_version("gi", 3, """
+make_grad_input_stage3_kernel = _gi_version(3, """
     v3 gi staging: a 3-D ``(n, p_tile, b_tile)`` grid, the o loop inside the CTA.
 
     Launch ``dim=(Nout, P64 // tile_p, Bpad // tile_b)``; same arguments as gi2 (``n_p_tiles`` unused).
@@ -294,9 +297,9 @@ make_grad_input_stage3_kernel = _per_version("gi", 3, """
     for small-Nout layers (alexnet L2-L4: 60 nodes, resnet layer3: 16) that is fewer CTAs than the GPU
     has SMs. Here every output tile is its own CTA (the gw3 idea applied to dA).
     """)
-make_grad_input_stage3p_kernel = _per_version("gi", "3p", """
+make_grad_input_stage3p_kernel = _gi_version("3p", """
     gi3 with a register prefetch of the next o step's W gather and g tile (see gi2p).""")
-make_grad_input_stage2p_kernel = _per_version("gi", "2p", """
+make_grad_input_stage2p_kernel = _gi_version("2p", """
     gi2 with a register prefetch (software pipelining): same arguments, grid and result as gi2.
 
     Warp's tile GEMM does not overlap loads with math inside a CTA (load, sync, matmul, sync). Here
@@ -304,7 +307,7 @@ make_grad_input_stage2p_kernel = _per_version("gi", "2p", """
     current step's ``tile_matmul`` and copied into the shared operand tiles after it, so their
     global-load latency hides behind the math (the forward's ``gp``/``nmp`` idea).
     """)
-make_grad_weight_stage2_kernel = _per_version("gw", 2, """
+make_grad_weight_stage2_kernel = _gw_version(2, """
     v2 gw staging: one CTA per ``(n, o_tile)``, P64 loop in the CTA, transposed-x operand.
 
     Launch ``dim=(nc, Cout_pad // tile_n)`` with inputs ``(input_linear [nc, P64] i32,
@@ -316,21 +319,21 @@ make_grad_weight_stage2_kernel = _per_version("gw", 2, """
     ``xt`` is batch-contiguous, so the indexed gather reads contiguous 128-byte rows and is
     directly the ``A_n^T`` tile (no ``tile_transpose``).
     """)
-make_grad_weight_stage3_kernel = _per_version("gw", 3, """
+make_grad_weight_stage3_kernel = _gw_version(3, """
     v3 gw staging: a 3-D ``(n, p_tile, o_tile)`` grid with the v2 transposed-x operand.
 
     Launch ``dim=(nc, P64 // tile_p, Cout_pad // tile_n)``; same arguments as v2 (``n_p_tiles`` is
     unused). For small-Nout shapes the v2 ``(n, o_tile)`` grid under-occupies the GPU; this keeps
     per-CTA work small but parallel (one accumulator, B/64 GEMM steps per CTA).
     """)
-make_grad_weight_stage4_kernel = _per_version("gw", 4, """
+make_grad_weight_stage4_kernel = _gw_version(4, """
     v4 gw staging: v3's 3-D grid, but each CTA computes TWO adjacent o tiles.
 
     Launch ``dim=(nc, P64 // tile_p, Cout_pad // (2*tile_n))``; ``g_nbo``/``dWeff`` must be padded to
     a multiple of ``2*tile_n`` columns. Each gathered ``xt`` tile feeds both accumulators, halving
     the x-gather stream (the forward's weight-reuse idea applied to the batch contraction).
     """)
-make_grad_weight_stage3p_kernel = _per_version("gw", "3p", """
+make_grad_weight_stage3p_kernel = _gw_version("3p", """
     gw3 with a register prefetch of the next b step's ``xt`` gather and ``g`` tile (see gi2p).""")
 
 
@@ -520,26 +523,22 @@ def make_dw_csr_kernel(fp32_stage: bool, *, module_options: Optional[dict] = Non
     return _tag(dw_csr, fp32_stage)
 
 
+#: The kernel factories of this module by name: a family's
+#: :meth:`~fovi_lab.kernels.families.adjoint_base.AdjointFamily.factory` names the one that builds its point.
+_FACTORIES = {"make_grad_stage_kernel": make_grad_stage_kernel, "make_dx_csr_kernel": make_dx_csr_kernel,
+              "make_dw_csr_kernel": make_dw_csr_kernel, "make_dx_taps_kernel": make_dx_taps_kernel}
+
+#: The kinds whose kernels this module builds (``gi``, ``gw``, ``csr``): those of the families whose factories are
+#: here.
+STAGED_KINDS = tuple(k for f in ADJOINT_FAMILIES if f.module == __name__ for k in f.kinds)
+
+
 def _build_kernel(kind: str, name: str, module_options: Optional[dict] = None, module: Optional[str] = None):
     """Build (do not validate) the kernel for ``(kind, name)``; returns ``(kernel, spec, fp32_stage)``."""
-    if kind == "csr":
-        if name not in CSR_KERNEL_SPECS:
-            raise KeyError(f"config: unknown csr kernel {name!r}; known: {sorted(CSR_KERNEL_SPECS)}")
-        spec = CSR_KERNEL_SPECS[name]
-        factory = {"dx": make_dx_csr_kernel, "dw": make_dw_csr_kernel, "dx_taps": make_dx_taps_kernel}[spec["target"]]
-        return factory(spec["fp32_stage"], module_options=module_options, module=module), spec, spec["fp32_stage"]
-    base, fp32 = _split_name(name)
-    bf16 = is_bf16_name(name)
-    table = {"gi": GRAD_INPUT_CONFIG_SPECS, "gw": GRAD_WEIGHT_CONFIG_SPECS}.get(kind)
-    if table is None:
-        raise ValueError(f"kind: expected 'gi', 'gw' or 'csr', got {kind!r}")
-    if base not in table:
-        raise KeyError(f"config: unknown {kind} config {name!r}; known: {sorted(table)} "
-                       f"(append {_F32_SUFFIX!r} for fp32 staging, {_BF16_SUFFIX!r} for bf16)")
-    spec = table[base]
-    wide = spec["tile_b"] if kind == "gi" else spec["tile_n"]
-    kernel = make_grad_stage_kernel(kind, spec["version"], spec["tile_p"], wide, fp32,
-                                    tile_o=spec.get("tile_o", _GI_TILE_O), tile_kb=spec.get("tile_kb", _GW_TILE_B),
-                                    block_dim=spec["block_dim"], module_options=module_options, module=module,
-                                    bf16=bf16)
-    return kernel, spec, fp32
+    if kind not in STAGED_KINDS:
+        raise ValueError(f"kind: expected one of {', '.join(map(repr, STAGED_KINDS))}, got {kind!r}")
+    point = adjoint_point(kind, name)                 # a KeyError names a config that is no kernel of the kind
+    fam = point.owner
+    factory, args, kwargs = fam.factory(point)
+    kernel = _FACTORIES[factory](*args, **kwargs, module_options=module_options, module=module)
+    return kernel, fam.spec(point), point["stage"] == "fp32"

@@ -15,10 +15,10 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from fovi_lab.kernels.common import ValidatedCache, init_warp, nan_canary, to_warp, torch_stream, wp
-from fovi_lab.kernels.adjoint.configs import (_BF16_SUFFIX, CSR_KERNEL_SPECS, _F32_SUFFIX, _GI_TILE_O,
-                                              GRAD_INPUT_CONFIG_SPECS, GRAD_WEIGHT_CONFIG_SPECS, _GW_TILE_B,
-                                              _MODULE_OPTIONS, _split_name)
-from fovi_lab.kernels.adjoint.staged import _build_kernel
+from fovi_lab.kernels.adjoint.configs import _GI_TILE_O, _GW_TILE_B, _MODULE_OPTIONS
+from fovi_lab.kernels.adjoint.staged import STAGED_KINDS, _build_kernel
+from fovi_lab.kernels.families.base import Point
+from fovi_lab.kernels.families.registry import adjoint_family, adjoint_point
 
 
 def _torch_device(device: str) -> torch.device:
@@ -29,7 +29,7 @@ def _launch_stage(kernel, spec: dict, kind: str, idx_table, operand, g, out, dev
     """Launch a gi/gw stage kernel with the uniform argument list (see the factories)."""
     p64 = idx_table.shape[1]
     wide = out.shape[2]
-    n_inner = g.shape[1] // (spec["tile_o"] if kind == "gi" else spec.get("tile_kb", _GW_TILE_B))
+    n_inner = g.shape[1] // spec[adjoint_family(kind).spec_inner]
     with torch_stream(device):      # checked wp.array views and a plain launch: this is the canary's path
         wp.launch_tiled(kernel, dim=_stage_dims(spec, kind, out.shape[0], p64, wide),
                         inputs=[to_warp(idx_table), to_warp(operand), to_warp(g), int(p64 // spec["tile_p"]),
@@ -103,64 +103,75 @@ def canary_grad_stage_ok(kernel, tile_p, tile_wide, block_dim, version, weight_o
     return _canary_grad_stage(kernel, tile_p, tile_wide, block_dim, version, weight_operand, device)[0]
 
 
+def _csr_problem_dx(gen, sdt, dev):
+    """dx's sum: ``out[c, m, b]`` over input node m's reverse entries ``n*P64 + k`` of the stage ``da``."""
+    nin, cin, k, p64, nout, bc = 3, 2, 2, 64, 2, 5
+    rowptr = torch.tensor([0, 2, 2, 5], dtype=torch.int32)
+    rev_row = torch.tensor([0, 64 + 1, 1, 64, 65], dtype=torch.int32)   # n*P64 + k
+    da = (torch.randn(nout * p64, bc, generator=gen)).to(sdt)
+    out = torch.empty(cin, nin, bc, dtype=torch.float32, device=dev)
+    want = torch.zeros(cin, nin, bc)
+    for m in range(nin):
+        for i in range(int(rowptr[m]), int(rowptr[m + 1])):
+            for c in range(cin):
+                want[c, m] += da[int(rev_row[i]) + c * k].float()
+    return [rowptr.to(dev), rev_row.to(dev), da.to(dev), k], (nin, cin, bc), out, want, None
+
+
+def _csr_problem_taps(gen, sdt, dev):
+    """The tap-expanded sum: ``s [B, Cin*vn]``, entries at column ``c*vn + rev_taps[i]``."""
+    nin, cin, vn, b = 3, 2, 6, 5
+    rowptr = torch.tensor([0, 2, 2, 5], dtype=torch.int32)
+    rev_taps = torch.tensor([4, 1, 0, 5, 3], dtype=torch.int32)
+    s = torch.randn(b, cin * vn, generator=gen)
+    out = torch.empty(b, cin, nin, dtype=torch.float32, device=dev)
+    want = torch.zeros(b, cin, nin)
+    for m in range(nin):
+        for i in range(int(rowptr[m]), int(rowptr[m + 1])):
+            for c in range(cin):
+                want[:, c, m] += s[:, c * vn + int(rev_taps[i])]
+    return [rowptr.to(dev), rev_taps.to(dev), s.to(dev), vn], (b, cin, nin), out, want, None
+
+
+def _csr_problem_dw(gen, sdt, dev):
+    """dW's sum: ``out[q, o]`` over weight column q's stage rows; columns ``>= cout`` are never written."""
+    q, cpad, cout = 3, 8, 5
+    rowptr = torch.tensor([0, 2, 2, 5], dtype=torch.int32)
+    w_col = torch.tensor([0, 3, 1, 2, 4], dtype=torch.int32)
+    dweff = torch.randn(5, cpad, generator=gen).to(sdt)
+    out = torch.empty(q, cpad, dtype=torch.float32, device=dev)
+    want = torch.zeros(q, cpad)
+    for r in range(q):
+        for i in range(int(rowptr[r]), int(rowptr[r + 1])):
+            want[r] += dweff[int(w_col[i])].float()
+    return [rowptr.to(dev), w_col.to(dev), dweff.to(dev), 0, 2147483647, 0], (q, cout), out, want, cout
+
+
+#: The canary problem of each sum's target (the ``target`` parameter of the reductions family): ``(args, dim, out,
+#: want, columns)``, ``columns`` the leading columns of ``out`` the kernel writes (None: all of them).
+_CSR_PROBLEMS = {"dx": _csr_problem_dx, "dx_taps": _csr_problem_taps, "dw": _csr_problem_dw}
+
+
 def _canary_csr(kernel, target: str, device) -> Tuple[bool, str]:
     """Run a reduction kernel on a tiny hand-made index into a NaN-prefilled output and check it."""
     try:
         init_warp()
         dev = _torch_device(device)
         gen = torch.Generator().manual_seed(99)
-        fp32 = _kernel_stage_is_fp32(kernel)
-        sdt = torch.float32 if fp32 else torch.float16
-        if target == "dx":
-            nin, cin, k, p64, nout, bc = 3, 2, 2, 64, 2, 5
-            rowptr = torch.tensor([0, 2, 2, 5], dtype=torch.int32)
-            rev_row = torch.tensor([0, 64 + 1, 1, 64, 65], dtype=torch.int32)   # n*P64 + k
-            da = (torch.randn(nout * p64, bc, generator=gen)).to(sdt)
-            out = torch.empty(cin, nin, bc, dtype=torch.float32, device=dev)
-            want = torch.zeros(cin, nin, bc)
-            for m in range(nin):
-                for i in range(int(rowptr[m]), int(rowptr[m + 1])):
-                    for c in range(cin):
-                        want[c, m] += da[int(rev_row[i]) + c * k].float()
-            args = [rowptr.to(dev), rev_row.to(dev), da.to(dev), k]
-            dim = (nin, cin, bc)
-        elif target == "dx_taps":
-            nin, cin, vn, b = 3, 2, 6, 5                    # s [B, Cin*vn]: entries at column c*vn + rev_taps[i]
-            rowptr = torch.tensor([0, 2, 2, 5], dtype=torch.int32)
-            rev_taps = torch.tensor([4, 1, 0, 5, 3], dtype=torch.int32)
-            s = torch.randn(b, cin * vn, generator=gen)
-            out = torch.empty(b, cin, nin, dtype=torch.float32, device=dev)
-            want = torch.zeros(b, cin, nin)
-            for m in range(nin):
-                for i in range(int(rowptr[m]), int(rowptr[m + 1])):
-                    for c in range(cin):
-                        want[:, c, m] += s[:, c * vn + int(rev_taps[i])]
-            args = [rowptr.to(dev), rev_taps.to(dev), s.to(dev), vn]
-            dim = (b, cin, nin)
-        else:
-            q, cpad, cout = 3, 8, 5
-            rowptr = torch.tensor([0, 2, 2, 5], dtype=torch.int32)
-            w_col = torch.tensor([0, 3, 1, 2, 4], dtype=torch.int32)
-            dweff = torch.randn(5, cpad, generator=gen).to(sdt)
-            out = torch.empty(q, cpad, dtype=torch.float32, device=dev)
-            want = torch.zeros(q, cpad)
-            for r in range(q):
-                for i in range(int(rowptr[r]), int(rowptr[r + 1])):
-                    want[r] += dweff[int(w_col[i])].float()
-            args = [rowptr.to(dev), w_col.to(dev), dweff.to(dev), 0, 2147483647, 0]
-            dim = (q, cout)
+        sdt = torch.float32 if _kernel_stage_is_fp32(kernel) else torch.float16
+        args, dim, out, want, cols = _CSR_PROBLEMS[target](gen, sdt, dev)
 
         def launch():
             with torch_stream(device):
                 wp.launch(kernel, dim=dim, inputs=[to_warp(a) if isinstance(a, torch.Tensor) else a for a in args],
                           outputs=[to_warp(out)], device=device)
 
-        view = out if target != "dw" else out[:, :cout]
-        out.fill_(float("nan"))                # columns >= cout are never written: they stay NaN
+        view, want = (out, want) if cols is None else (out[:, :cols], want[:, :cols])
+        out.fill_(float("nan"))                # columns >= cols are never written: they stay NaN
         ok, why = nan_canary(launch, view)
         if not ok:
             return False, why
-        err = (view.float().cpu() - (want if target != "dw" else want[:, :cout])).abs().max().item()
+        err = (view.float().cpu() - want).abs().max().item()
         if err > 1e-5:
             return False, f"canary result wrong (max abs err {err:.3g})"
         return True, "ok"
@@ -175,13 +186,19 @@ def canary_csr_ok(kernel, target: str, device) -> bool:
 
 @dataclass(frozen=True)
 class GradKernel:
-    """A built and canary-validated kernel: ``kind`` in {gi, gw, csr}, its name, spec and stage dtype."""
+    """A built and canary-validated kernel: ``kind`` in {gi, gw, csr}, its name, spec, stage dtype and point of its
+    family (:func:`fovi_lab.kernels.families.registry.adjoint_point`)."""
 
     kind: str
     name: str
     kernel: object
     spec: dict
     fp32_stage: bool
+    point: Optional[Point] = None
+
+    def grid(self, nodes: int, p64: int, wide: int) -> Tuple[int, ...]:
+        """The launch grid of a stage kernel (:func:`_stage_dims`)."""
+        return self.point.owner.grid(self.spec, nodes, p64, wide)
 
 
 GRAD_KERNELS = ValidatedCache("Warp grad kernel config")
@@ -201,37 +218,35 @@ def normalize_device(device) -> str:
     return s
 
 
+def _canary(kernel, point: Point, device) -> Tuple[bool, str]:
+    """The canary of a staged kernel of ``point``: a sum's (:func:`_canary_csr`) or a stage GEMM's
+    (:func:`_canary_grad_stage`) as its family is."""
+    fam = point.owner
+    if fam.sums:
+        return _canary_csr(kernel, point["target"], device)
+    spec = fam.spec(point)
+    return _canary_grad_stage(kernel, spec["tile_p"], spec[fam.spec_wide], spec["block_dim"], spec["version"],
+                              fam.gradient == "dx", device, **{fam.spec_inner: spec[fam.spec_inner]})
+
+
 def get_grad_kernel(kind: str, name: str, device) -> Optional[GradKernel]:
     """``kind`` in {'gi', 'gw', 'csr'}; the per-device validated :class:`GradKernel`, or None when unlaunchable.
 
-    Built and canary-checked once per (kind, name, device); unknown names raise ``KeyError``.
+    Built and canary-checked once per (kind, name, device); a name that is no kernel of the kind raises ``KeyError``
+    (any point of its family runs by its id, :func:`fovi_lab.kernels.families.registry.adjoint_point`).
     """
     device = normalize_device(device)
-    if kind == "csr":
-        if name not in CSR_KERNEL_SPECS:
-            raise KeyError(f"config: unknown csr kernel {name!r}; known: {sorted(CSR_KERNEL_SPECS)}")
-    else:
-        table = {"gi": GRAD_INPUT_CONFIG_SPECS, "gw": GRAD_WEIGHT_CONFIG_SPECS}.get(kind)
-        if table is None:
-            raise ValueError(f"kind: expected 'gi', 'gw' or 'csr', got {kind!r}")
-        if _split_name(name)[0] not in table:
-            raise KeyError(f"config: unknown {kind} config {name!r}; known: {sorted(table)} "
-                           f"(append {_F32_SUFFIX!r} for fp32 staging, {_BF16_SUFFIX!r} for bf16)")
+    if kind not in STAGED_KINDS:
+        raise ValueError(f"kind: expected one of {', '.join(map(repr, STAGED_KINDS))}, got {kind!r}")
+    point = adjoint_point(kind, name)
 
     def build():
         try:
             kernel, spec, fp32 = _build_kernel(kind, name)
         except Exception as exc:
             return None, f"build failed: {type(exc).__name__}: {exc}"
-        if kind == "csr":
-            ok, why = _canary_csr(kernel, spec["target"], device)
-        elif kind == "gi":
-            ok, why = _canary_grad_stage(kernel, spec["tile_p"], spec["tile_b"], spec["block_dim"],
-                                         spec["version"], True, device, tile_o=spec.get("tile_o", _GI_TILE_O))
-        else:
-            ok, why = _canary_grad_stage(kernel, spec["tile_p"], spec["tile_n"], spec["block_dim"],
-                                         spec["version"], False, device, tile_kb=spec.get("tile_kb", _GW_TILE_B))
-        return (GradKernel(kind, name, kernel, spec, fp32) if ok else None), why
+        ok, why = _canary(kernel, point, device)
+        return (GradKernel(kind, name, kernel, spec, fp32, point) if ok else None), why
 
     return GRAD_KERNELS.get((kind, name), device, build)
 
@@ -251,10 +266,9 @@ def warm_grad_kernel(kind: str, name: str, device: str) -> Tuple[bool, str, floa
 
 
 def spec_of(kind: str, name: str) -> dict:
-    if kind == "csr":
-        return CSR_KERNEL_SPECS[name]
-    table = GRAD_INPUT_CONFIG_SPECS if kind == "gi" else GRAD_WEIGHT_CONFIG_SPECS
-    return table[_split_name(name)[0]]
+    """The spec record of the kernel ``(kind, name)`` (a stage kernel's is its tiles', whatever its dtypes)."""
+    point = adjoint_point(kind, name)
+    return point.owner.spec(point)
 
 
 def aot_compile_grad_kernels(names, arch, module_dir, *, mathdx: Optional[bool] = False,
@@ -301,13 +315,4 @@ def aot_compile_grad_kernels(names, arch, module_dir, *, mathdx: Optional[bool] 
 
 def _stage_dims(spec: dict, kind: str, nrows: int, p64: int, wide: int) -> Tuple[int, ...]:
     """Launch grid of a stage kernel; ``wide`` = Bpad (gi) or Cout_pad (gw)."""
-    n_p = p64 // spec["tile_p"]
-    if kind == "gi":
-        if spec["version"] in (3, "3p", "3i"):
-            return (nrows, n_p, wide // spec["tile_b"])
-        return (nrows, wide // spec["tile_b"])
-    if spec["version"] == 2:
-        return (nrows, wide // spec["tile_n"])
-    if spec["version"] == 4:
-        return (nrows, n_p, wide // (2 * spec["tile_n"]))
-    return (nrows, n_p, wide // spec["tile_n"])
+    return adjoint_family(kind).grid(spec, nrows, p64, wide)

@@ -6,6 +6,7 @@ so benchmarks and CUDA-graph capture can run the kernels without the host work.
 
 # No `from __future__ import annotations`: Warp resolves kernel annotations (closure dtypes) at decoration.
 
+import functools
 import warnings
 from typing import Optional
 
@@ -15,10 +16,10 @@ from fovi_lab.graph.meta import TrainingMeta, meta_aux, pad_to, validate_meta
 from fovi_lab.ops.reference import NOT_GIVEN, CompactTorchOps, check_grad_args
 from fovi_lab.kernels.common import check_tensor, fast_launch, gather_rows, warp_ct, warp_device
 from fovi_lab.kernels.layout import swap_axes_into, transpose_into
-from fovi_lab.kernels.adjoint.configs import (_BF16_SUFFIX, _F32_SUFFIX, _GW_TILE_B, select_gi_config,
-                                              select_gw_config,
-                                              _split_name, stage_fp32_default, grad_stage_budget_bytes)
-from fovi_lab.kernels.adjoint.staged_build import GradKernel, GRAD_KERNELS, get_grad_kernel, _stage_dims
+from fovi_lab.kernels.adjoint.configs import (_BF16_SUFFIX, select_gi_config, select_gw_config, stage_fp32_default,
+                                              grad_stage_budget_bytes)
+from fovi_lab.kernels.adjoint.staged_build import GradKernel, GRAD_KERNELS, get_grad_kernel
+from fovi_lab.kernels.families.registry import adjoint_point
 
 
 #: Tests set this to NaN: every buffer this module allocates uninitialised is then pre-filled with it,
@@ -131,23 +132,27 @@ def _resolve(kind: str, config: Optional[str], default: str, fp32_stage: Optiona
             raise TypeError(f"config: expected a config name (str) or None, got {type(config).__name__}")
         name = config
         explicit = True
-    base, named_fp32 = _split_name(name)
-    if bf16:
-        name = base + _BF16_SUFFIX
-    elif named_fp32 or fp32:
-        name = base + _F32_SUFFIX
-    return name, explicit
+    return _kernel_name(kind, name, fp32, bool(bf16)), explicit
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel_name(kind: str, name: str, fp32: bool, bf16: bool) -> str:
+    """The name of the kernel of config ``name`` for the call: its bf16 form for bf16 operands (which stages in
+    fp32), else its fp32-stage form where the name or the call asks for one (a KeyError: no kernel of ``kind``)."""
+    point = adjoint_point(kind, name)
+    fp32 = bf16 or fp32 or point["stage"] == "fp32"
+    return point.replace(stage="fp32" if fp32 else "fp16", operands="bf16" if bf16 else "fp16").id
 
 
 def _kernels_or_fallback(kind: str, name: str, explicit: bool, device: str, finish: str = "csr"):
     """(stage GradKernel, reduction GradKernel or None, fallback reason or None)."""
     stage = get_grad_kernel(kind, name, device)
     red = None
-    if stage is not None and (kind == "gi" or finish == "csr"):
-        red_name = ("dx_" if kind == "gi" else "dw_") + ("f32" if stage.fp32_stage else "f16")
-        red = get_grad_kernel("csr", red_name, device)
+    if stage is not None and finish == "csr":
+        red_kind, red_name = stage.point.owner.sum_key(stage.point)
+        red = get_grad_kernel(red_kind, red_name, device)
         if red is None:
-            bad = ("csr", red_name)
+            bad = (red_kind, red_name)
         else:
             return stage, red, None
     elif stage is not None:
@@ -218,7 +223,7 @@ class _GradInputPlan:
         self.tile_b = tile_b = spec["tile_b"]
         self.cpad = pad_to(meta.cout, spec["tile_o"])
         self.wt = _padded_weight_t(weight, self.cpad)                           # [Q, Cout_pad]
-        if str(spec["version"]).endswith("i"):                                 # stems: W rows staged once
+        if stage.point["staged_rows"]:                                        # stems: W rows staged once
             weff = _empty((meta.nout * meta.p64, self.cpad), self.wt.dtype, grad_y.device)
             gather_rows(self.wt, meta.weight_linear.view(-1), weff)
             self.wt = weff                                                     # [Nout*P64, Cout_pad]
@@ -261,7 +266,7 @@ class _GradInputPlan:
     def stage(self) -> None:
         c, meta = self._cur, self.meta
         bcp = c["da"].shape[2]
-        _launch_tiled(self.stage_k.kernel, _stage_dims(self.stage_k.spec, "gi", meta.nout, meta.p64, bcp),
+        _launch_tiled(self.stage_k.kernel, self.stage_k.grid(meta.nout, meta.p64, bcp),
                       [self.w_wl, self.w_wt, c["w_g"], self.n_p, self.n_o, c["w_da"]],
                       self.stage_k.spec["block_dim"], self.device)
 
@@ -295,13 +300,13 @@ class _GradWeightPlan:
         self.finish_mode = finish
         spec = stage.spec
         b = grad_y.shape[0]
-        self.cpad = pad_to(meta.cout, spec["tile_n"] * (2 if spec["version"] == 4 else 1))
-        self.tile_kb = tkb = spec.get("tile_kb", _GW_TILE_B)
+        self.cpad = pad_to(meta.cout, spec["tile_n"] * stage.point.owner.pairs(stage.point))
+        self.tile_kb = tkb = spec["tile_kb"]
         self.bpad = pad_to(b, tkb)
         self.xt = _transposed_padded_input(x, meta, self.bpad)                 # [Cin*Nin+1, Bpad]
         self.w_xt = _ct(self.xt)
         itemsize = 4 if stage.fp32_stage else 2
-        self.staged_x = str(spec["version"]).endswith("i")                    # stems: x rows staged per chunk
+        self.staged_x = stage.point["staged_rows"]                            # stems: x rows staged per chunk
         per_node = meta.p64 * self.cpad * itemsize + (meta.p64 * self.bpad * 2 if self.staged_x else 0)
         self.nc = nc = max(1, min(meta.nout, grad_stage_budget_bytes() // max(1, per_node),
                                   _MAX_STAGE_ELEMS // (meta.p64 * self.cpad),
@@ -349,7 +354,7 @@ class _GradWeightPlan:
         c, meta = self._cur, self.meta
         m = c["dweff"].shape[0]
         spec = self.stage_k.spec
-        _launch_tiled(self.stage_k.kernel, _stage_dims(spec, "gw", m, meta.p64, self.cpad),
+        _launch_tiled(self.stage_k.kernel, self.stage_k.grid(m, meta.p64, self.cpad),
                       [c["w_il"], c["w_x"], c["w_g"], self.n_p, self.n_b, c["w_dweff"]],
                       spec["block_dim"], self.device)
 

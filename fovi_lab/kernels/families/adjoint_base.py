@@ -32,6 +32,7 @@ class AdjointFamily(Family):
     gradient: str = ""                              # "dx" or "dW"
     kinds: Tuple[str, ...] = ()
     kind_is_variant: bool = False
+    sums: bool = False                              # its kernels sum a stage (no tile GEMM: the reductions)
     row_params: Tuple[str, ...] = ()
     #: the values a table row does not give (the presets' own: the staged families' fp16 stage and operands)
     row_fixed: Dict[str, Any] = {}
@@ -60,6 +61,12 @@ class AdjointFamily(Family):
         """The kernels the build modules make of these points (the presets), in the order they list them: the points
         themselves (the staged families add each one's fp32-stage and bf16 forms, the fused ones each walk)."""
         return list(points)
+
+    def usual_block(self, point: Point) -> Point:
+        """``point`` with the block its ids leave out for its tiles (the default of its ids' block field)."""
+        field = next((f for f in self.id_fields if f.param == "warps"), None)
+        default = None if field is None else field.default_of(point.as_dict())
+        return point if default is None else point.replace(warps=default // field.scale)
 
     def kernel_key(self, point: Point) -> Tuple[str, str]:
         """The ``(kind, name)`` of ``point`` in the build and plan modules."""

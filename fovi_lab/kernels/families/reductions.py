@@ -25,6 +25,7 @@ class Reductions(AdjointFamily):
     title = "reverse-list sums"
     module = "fovi_lab.kernels.adjoint.staged"
     kinds = ("csr",)
+    sums = True
     params = (
         Param("target", "what it sums", ("dx", "dw", "dx_taps"), words=words_of({
             "dx": "dx from the stage of the staged dx", "dw": "dW from the stage of the staged dW",

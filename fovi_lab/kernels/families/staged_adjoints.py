@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from fovi_lab.kernels.families.adjoint_base import AdjointFamily, operands_param, stage_param
 from fovi_lab.kernels.families.base import (DeviceSpec, IdField, Param, Point, Problem, check_shared, switch,
                                             warps_param)
+from fovi_lab.kernels.families.reductions import FAMILY as REDUCTIONS
 
 _LOOP = "nodes x column tiles"              # a block per (node, column tile), its p tiles in a loop
 _GRID3 = "nodes x p tiles x column tiles"   # a block per (node, p tile, column tile)
@@ -48,6 +49,7 @@ class _Staged(AdjointFamily):
 
     module = "fovi_lab.kernels.adjoint.staged"
     tensor_cores = True             # (tile_matmul: MathDx on the tensor cores where Warp has it)
+    sum_target: str = ""            # the target of the reverse-list sum of its stage (dx, dw)
     wide: str = ""                  # the parameter of the block's columns (tile_b for dx, tile_n for dW)
     inner: str = ""                 # the parameter of the contraction step (tile_o for dx, tile_kb for dW)
 
@@ -85,10 +87,17 @@ class _Staged(AdjointFamily):
         """Column tiles per block: 2 on the pairs grid, else 1."""
         return 2 if point["grid"] == _PAIRS else 1
 
-    def grid(self, point: Point, nodes: int, p64: int, wide: int) -> Tuple[int, ...]:
-        """The launch grid over ``nodes`` nodes of ``p64`` table columns and ``wide`` padded output columns."""
-        cols = wide // (point[self.wide] * self.pairs(point))
-        return (nodes, cols) if point["grid"] == _LOOP else (nodes, p64 // point["tile_p"], cols)
+    def grid(self, spec: Dict[str, Any], nodes: int, p64: int, wide: int) -> Tuple[int, ...]:
+        """The launch grid of the kernel of a spec record (:meth:`spec`; any tiles and block, as the canaries build
+        them) over ``nodes`` nodes of ``p64`` table columns and ``wide`` padded output columns."""
+        grid = self.variants[f"{self.kinds[0]}{spec['version']}"]["grid"]
+        cols = wide // (spec[self.spec_wide] * (2 if grid == _PAIRS else 1))
+        return (nodes, cols) if grid == _LOOP else (nodes, p64 // spec["tile_p"], cols)
+
+    def sum_key(self, point: Point) -> Tuple[str, str]:
+        """The ``(kind, name)`` of the reverse-list sum of the point's stage (:mod:`.reductions`)."""
+        sums = REDUCTIONS.point(target=self.sum_target, stage=point["stage"], warps=8)
+        return REDUCTIONS.kernel_key(sums)
 
     def factory(self, point: Point) -> Tuple[str, Tuple, Dict[str, Any]]:
         return "make_grad_stage_kernel", (
@@ -139,6 +148,7 @@ class StagedDx(_Staged):
     title = "staged dx"
     gradient = "dx"
     kinds = ("gi",)
+    sum_target = "dx"
     wide, inner, spec_wide, spec_inner = "tile_b", "tile_o", "tile_b", "tile_o"
     params = (
         Param("tile_p", "table entries per tile", (32, 64)),
@@ -173,6 +183,7 @@ class StagedDw(_Staged):
     title = "staged dW"
     gradient = "dW"
     kinds = ("gw",)
+    sum_target = "dw"
     wide, inner, spec_wide, spec_inner = "tile_n", "tile_kb", "tile_n", "tile_kb"
     params = (
         Param("tile_p", "table entries per tile", (32, 64)),
