@@ -32,7 +32,7 @@ tuned and trained from the command line.
 COMMANDS: Dict[str, tuple] = {
     "demo": ("fovi_lab.demo", "run one real fovi layer through every backend, checked against the oracle and timed"),
     "bench": (None, "time the Warp kernels against PyTorch and append the records as JSON lines"),
-    "configs": ("fovi_lab.kernels.families.listing", "list the forward kernel families, their parameters and presets"),
+    "configs": ("fovi_lab.kernels.families.listing", "list the kernel families, their parameters and presets"),
     "explain": ("fovi_lab.explanation", "say which kernels a layer runs at a batch size, and why the others are not"),
     "tune": ("fovi_lab.bench.tune", "time the candidates on this device and cache the fastest (auto reads it)"),
     "train": ("fovi_lab.train", "train the foveated digits network (data-parallel under torchrun)"),

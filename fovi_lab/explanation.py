@@ -7,9 +7,9 @@ not what it runs.
 or ``python -m fovi_lab explain --layer alex_L1 --batch 64 --device h200``.
 
 prints the call's shape, the forward kernel the rules pick (in words, with its id and the rule that picked
-it), the paths of dx and dW, and for every kernel family either the reasons none of its points can run the
-call (the xformers ``not_supported_reasons`` idea) or that it can, with its best registered point by the
-roofline and why the rules take another. The decisions are the production ones
+it), the paths of dx and dW, and for every kernel family (forward, and adjoint after them) either the reasons none
+of its points can run the call (the xformers ``not_supported_reasons`` idea) or that it can, with its best
+registered point by the roofline and why the rules take another. The decisions are the production ones
 (:func:`fovi_lab.kernels.forward.rules.pick`, :func:`fovi_lab.knn_warp.grad_paths`), read, not re-derived.
 """
 
@@ -21,7 +21,7 @@ from typing import List, Optional, Tuple, Union
 import torch
 
 from fovi_lab.kernels.families import DeviceSpec, Estimate, Point, Problem, describe, device_spec, family, lookup
-from fovi_lab.kernels.families.registry import FAMILIES, presets
+from fovi_lab.kernels.families.registry import ADJOINT_FAMILIES, FAMILIES, presets
 from fovi_lab.ops.arguments import command_main
 
 _DTYPES = {"fp16": torch.float16, "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
@@ -53,6 +53,7 @@ class Explanation:
     families: Tuple[FamilyVerdict, ...] = field(default=())
     auto: str = ""
     tables: str = ""
+    adjoints: Tuple[FamilyVerdict, ...] = field(default=())
 
     def __str__(self) -> str:
         p = self.problem
@@ -77,6 +78,14 @@ class Explanation:
                     head += f"; roofline {v.estimate.words()}"
                 head += ")"
             lines.append(head)
+            lines += [f"    - {r}" for r in v.reasons]
+        if self.adjoints:
+            lines += ["", "adjoint families:"]
+        for v in self.adjoints:
+            parts = [f"{v.runnable} registered point{'s' if v.runnable != 1 else ''} can"] if v.runnable else []
+            if v.estimate is not None and v.estimate.ms is not None:
+                parts.append(f"roofline {v.estimate.words()}")
+            lines.append(f"  {v.title}: {v.status}" + (f" ({'; '.join(parts)})" if parts else ""))
             lines += [f"    - {r}" for r in v.reasons]
         return "\n".join(lines)
 
@@ -120,6 +129,40 @@ def _grad_words(meta, problem: Problem, spec: DeviceSpec) -> Tuple[str, str]:
     from fovi_lab.kernels.adjoint.rule import adjoint_plan, gradient_words
     plan = adjoint_plan(meta, problem.batch, problem.dtype, device="cpu" if spec.is_cpu else "cuda")
     return gradient_words(plan, "dx"), gradient_words(plan, "dW")
+
+
+def _adjoint_verdicts(meta, problem: Problem, spec: DeviceSpec) -> Tuple[FamilyVerdict, ...]:
+    """Each adjoint family's answer for the call: the gradients the adjoint plan runs on it (a path's families are
+    those whose kernel factories are in the module of its name: ``fused``, ``staged``), else how many of its
+    registered points can run the call, or the reasons none can."""
+    from fovi_lab.kernels.adjoint.rule import adjoint_plan
+    plan = adjoint_plan(meta, problem.batch, problem.dtype, device="cpu" if spec.is_cpu else "cuda")
+    picked = {pick.point.family: pick.point for pick in plan.fused or ()}       # the fused picks' own points
+    out = []
+    for fam in ADJOINT_FAMILIES:
+        runs = [w for w in ("dx", "dW") if fam.module.rsplit(".", 1)[1] == plan.path(w) and fam.gradient in ("", w)]
+        points = [p.point for p in presets(fam.key)]
+        checked = [(pt, fam.check(pt, problem, spec)) for pt in points]
+        runnable = [pt for pt, reasons in checked if not reasons]
+        best = min((fam.estimate(pt, problem, spec) for pt in runnable), default=None,
+                   key=lambda e: e.ms if e.ms is not None else 0.0)
+        pick = picked.get(fam.key)
+        cannot = fam.check(pick, problem, spec) if pick is not None else [] if runnable else \
+            list(dict.fromkeys(r for _, rs in checked for r in rs))
+        if runs and cannot:
+            out.append(FamilyVerdict(fam.key, fam.title, "cannot run", tuple(cannot) + (
+                f"the plan's path for {' and '.join(runs)}: where it cannot launch, a call falls back (warning)",)))
+        elif runs:
+            est = fam.estimate(pick, problem, spec) if pick is not None else best
+            named = f": {describe(pick)}  [{pick.id}]" if pick is not None else ""
+            out.append(FamilyVerdict(fam.key, fam.title, f"runs {' and '.join(runs)}{named}", (), len(runnable), est))
+        elif runnable:
+            out.append(FamilyVerdict(fam.key, fam.title, "can run", ("not the plan's path for dx or dW",),
+                                     len(runnable), best))
+        else:
+            reasons = tuple(dict.fromkeys(r for _, rs in checked for r in rs))
+            out.append(FamilyVerdict(fam.key, fam.title, "cannot run", reasons))
+    return tuple(out)
 
 
 def _tables_words(meta, problem: Problem, spec: DeviceSpec) -> str:
@@ -232,7 +275,7 @@ def explain(layer: Union[str, object], batch: int, dtype: Union[str, torch.dtype
     return Explanation(problem, spec, chosen, pick_reason(*args, name=name, bf16=bf16),
                        chosen_family.estimate(chosen, problem, spec), fallback, *_grad_words(meta, problem, spec),
                        families=tuple(verdicts), auto=_auto_words(meta, problem, spec),
-                       tables=_tables_words(meta, problem, spec))
+                       tables=_tables_words(meta, problem, spec), adjoints=_adjoint_verdicts(meta, problem, spec))
 
 
 
@@ -242,8 +285,8 @@ def explain(layer: Union[str, object], batch: int, dtype: Union[str, torch.dtype
 #: The help text of ``python -m fovi_lab explain``.
 DESCRIPTION = """\
 Say what warp_train runs for a layer at a batch size, and why: the forward kernel the rules pick (in words, with
-its id and the rule), the paths of dx and dW, and for every kernel family either why none of its points can run
-the call or that it can, with its roofline on the device. Nothing is compiled or launched.
+its id and the rule), the paths of dx and dW, and for every kernel family (forward and adjoint) either why none of
+its points can run the call or that it can, with its roofline on the device. Nothing is compiled or launched.
 
   python -m fovi_lab explain --layer res18_layer1 --batch 16
   python -m fovi_lab explain --layer alex_L1 --batch 64 --dtype bf16 --device h200

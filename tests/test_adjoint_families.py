@@ -130,17 +130,17 @@ def test_a_point_that_cannot_run_says_why():
                                                                             prefetch=True)))
     with pytest.raises(ValueError, match="tile_o .* must be one of 64, 96, 128, got 48"):
         gi.replace(tile_o=48)
-    # the problem: the fused kernels need node-major tables; every adjoint has fp16 and bf16 kernels only
+    # the problem: every adjoint has fp16 and bf16 kernels only, and takes any table layout (the fused ones walk
+    # lists of the layer's graph)
     idx, rf = synthetic_graph(40, 24, 9, 11, 0.2, seed=3)
     meta = build_meta(idx, rf, cin=8, cout=40, v=11, nin=40)
-    nm = Problem.of(meta, 8)
     flat = Problem(batch=8, cin=8, nin=40, cout=40, nout=24, p64=128, q=88, node_major=False)
     dx = R.adjoint_point("dxs", "dxn_m16n16k64")
-    assert dx.owner.check(dx, nm) == []
-    assert any("node-major index tables" in r for r in dx.owner.check(dx, flat))
-    assert gi.owner.check(gi, flat) == []                      # the staged adjoints take any tables
-    fp32 = Problem.of(meta, 8, dtype=torch.float32)
-    assert any("fp16 or bf16 only, not float32" in r for r in gi.owner.check(gi, fp32))
+    assert dx.owner.check(dx, Problem.of(meta, 8)) == [] and dx.owner.check(dx, flat) == []
+    assert gi.owner.check(gi, flat) == [] and gi.owner.check(gi, Problem.of(meta, 8, dtype=torch.bfloat16)) == []
+    for point in (gi, dx, taps):
+        fp32 = point.owner.check(point, Problem.of(meta, 8, dtype=torch.float32))
+        assert any("fp16 or bf16 only, not float32" in r for r in fp32), point
     # the device: shared memory over what a block may hold
     small = DEVICES["h200"].__class__("a GPU of 32 KiB blocks", 80, sms=8, smem_per_block=32 * 1024)
     big = R.adjoint_point("gi", "gi2_p64b256")
@@ -165,3 +165,57 @@ def test_every_kernel_reads_in_words_and_has_a_roofline():
         assert est.ms is not None and est.ms > 0 and est.flops > 0 and est.nbytes > 0, (kind, name)
     assert R.adjoint_point("dxn", "dxn_m16n16k64").owner.estimate(
         R.adjoint_point("dxn", "dxn_m16n16k64"), problem, DEVICES["cpu"]).ms is None
+
+
+def test_the_configs_command_lists_the_adjoint_families_in_words(capsys):
+    from fovi_lab.cli import main
+    from fovi_lab.kernels.families.listing import ADJOINT_INTRO, listing
+    text = listing()
+    assert ADJOINT_INTRO in text and text.index("tensor cores  (tensor_cores;") < text.index(ADJOINT_INTRO)
+    for name, preset in R.ADJOINT_PRESETS.items():
+        assert f"    {name:22s} {describe(name)}" in text
+    assert "fused dx  (fused_dx; kinds dxn, dxs; kernel factory in fovi_lab.kernels.adjoint.fused)" in text
+    assert "  walk          walk: whole lists, segments" in text
+    assert main(["configs", "--family", "staged_dw"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(ADJOINT_INTRO) and "gw3i_p64n96k16         staged dW, 64 table entries x 96 output " in out
+    assert "with bf16 operands (`<name>_bf16`" in out and "tensor cores" not in out
+    assert main(["configs", "--family", "pipelined"]) == 0
+    assert ADJOINT_INTRO not in capsys.readouterr().out
+
+
+def test_docs_kernels_md_has_the_adjoint_families():
+    from pathlib import Path
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "kernels.md").read_text()
+    adjoint = doc[doc.index("# The adjoint kernel families"):]
+    for fam in R.ADJOINT_FAMILIES:
+        assert f"## {fam.title} (`{fam.key}`)" in adjoint
+    for name in R.ADJOINT_PRESETS:
+        assert f"| `{name}` | {describe(name)} |" in adjoint
+
+
+def test_explain_says_which_adjoint_families_run_the_gradients_and_why_the_others_cannot():
+    import fovi_lab
+    from fovi_lab.kernels.adjoint.rule import adjoint_plan
+    idx, rf = synthetic_graph(40, 24, 9, 11, 0.2, seed=3)
+    meta = build_meta(idx, rf, cin=32, cout=40, v=11, nin=40)
+    ex = fovi_lab.explain(meta, 8, device="h200")
+    verdicts = {v.family: v for v in ex.adjoints}
+    assert list(verdicts) == [f.key for f in R.ADJOINT_FAMILIES]
+    plan = adjoint_plan(meta, 8, torch.float16, device="cuda")
+    assert (plan.dx, plan.dw) == ("fused", "fused")
+    dx, dw = plan.fused
+    assert verdicts["fused_dx"].status == f"runs dx: {describe(dx.point)}  [{dx.point.id}]"
+    assert verdicts["fused_dw"].status.startswith("runs dW: fused dW")
+    assert verdicts["staged_dx"].status == "can run" and verdicts["staged_dx"].runnable == len(STAGED_DX)
+    text = str(ex)
+    assert "adjoint families:\n  staged dx: can run (16 registered points can; roofline at least" in text
+    # a device whose blocks hold 4 KiB of shared memory: no tile of any adjoint fits, and the sums need none
+    tiny = DEVICES["h200"].__class__("a GPU of 4 KiB blocks", 80, sms=8, smem_per_block=4 * 1024)
+    verdicts = {v.family: v for v in fovi_lab.explain(meta, 8, device=tiny).adjoints}
+    assert verdicts["fused_dx"].status == "cannot run" and "over the 4 KiB" in verdicts["fused_dx"].reasons[0]
+    assert verdicts["fused_dx"].reasons[-1].startswith("the plan's path for dx: where it cannot launch")
+    for key in ("staged_dx", "staged_dw"):                           # not the plan's path: their own reasons only
+        assert verdicts[key].status == "cannot run"
+        assert all("a block may hold on a GPU of 4 KiB blocks" in r for r in verdicts[key].reasons)
+    assert verdicts["reductions"].status == "can run"

@@ -56,6 +56,8 @@ class AdjointFamily(Family):
     # -- the kernels of the build and plan modules ---------------------------------------------------------------
     #: what an unknown name's error adds after the presets (the staged families: the dtype suffixes)
     name_hint: str = ""
+    #: the kernels each preset names beside its own, in words (the listing's last line of the family)
+    forms_words: str = ""
 
     def forms(self, points: List[Point]) -> List[Point]:
         """The kernels the build modules make of these points (the presets), in the order they list them: the points

@@ -8,7 +8,8 @@ pairs, accumulating ``g_n @ x_m^T`` over batch steps. The walk: whole lists (``d
 interleaved splits), or balanced segments of at most L tile GEMMs, one block each, summed in a fixed order by a
 finish (``dxs`` / ``dws``). The kinds ``dxn`` / ``dxs`` / ``dwn`` / ``dws`` are the variants; a name is the
 tiles' (the presets' ``dxn_`` / ``dwn_`` names), so ``("dxs", "dxn_m64n64k64")`` is the segment kernel of those
-tiles, whose own id is ``dxs_m64n64k64``. Both need the node-major tables of docs/operator.md §2.1.
+tiles, whose own id is ``dxs_m64n64k64``. Both walk lists built from the layer's graph (its reverse lists and tap
+lists, from ``idx`` and ``rf_index``), not its index tables, so any table layout of a layer runs.
 """
 
 from __future__ import annotations
@@ -70,13 +71,6 @@ class _Fused(AdjointFamily):
         bill = (rows + cols) * step * 2 + rows * cols * 4          # both operand tiles, the fp32 accumulator
         return check_shared(bill, device, f"{rows} x {cols} tiles of {step}-deep steps")
 
-    def problem_reasons(self, point: Point, problem: Problem) -> List[str]:
-        reasons = super().problem_reasons(point, problem)
-        if not problem.node_major:
-            reasons.append("needs node-major index tables, built as in docs/operator.md §2.1 (the lists it walks "
-                           "are read from them)")
-        return reasons
-
     def extra_bytes(self, point: Point, problem: Problem) -> float:
         s = problem.itemsize
         layouts = problem.batch * problem.cout * problem.nout + (
@@ -109,6 +103,8 @@ class FusedDx(_Fused):
             WHOLE: "whole reverse lists", SEGMENTS: "balanced segments of the reverse lists"})),
     )
     variants = {"dxn": {"walk": WHOLE}, "dxs": {"walk": SEGMENTS}}
+    forms_words = ("Each preset is the whole-list kernel of its tiles (kind `dxn`); kind `dxs` with the same name is "
+                   "the balanced-segment kernel of those tiles (its own id: `dxs_...`).")
     head_words = "{tile_b} batch rows x {tile_c} input channels per tile"
     id_fields = (IdField("m", "tile_b"), IdField("n", "tile_c"), IdField("k", "step_o"),
                  IdField("b", "warps", default=_usual_block_dx, scale=32))
@@ -135,6 +131,8 @@ class FusedDw(_Fused):
             WHOLE: "whole tap lists in interleaved splits", SEGMENTS: "balanced segments of the tap lists"})),
     )
     variants = {"dwn": {"walk": WHOLE}, "dws": {"walk": SEGMENTS}}
+    forms_words = ("Each preset is the whole-list kernel of its tiles (kind `dwn`); kind `dws` with the same name is "
+                   "the balanced-segment kernel of those tiles (its own id: `dws_...`).")
     head_words = "{tile_o} output x {tile_c} input channels per tile"
     id_fields = (IdField("o", "tile_o"), IdField("c", "tile_c"), IdField("k", "step_b"),
                  IdField("b", "warps", default=_usual_block_dw, scale=32))

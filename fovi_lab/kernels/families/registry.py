@@ -44,7 +44,7 @@ FAMILIES: Tuple[Family, ...] = (
     cached.FAMILY,
 )
 
-#: Every adjoint kernel family, in the order the listing gives them: the staged adjoints (a stage GEMM, then a
+#: Every adjoint kernel family, in the order the listing gives them: the staged adjoints (a stage GEMM and a
 #: reverse-list sum), the sums, and the fused node-major adjoints.
 ADJOINT_FAMILIES: Tuple[AdjointFamily, ...] = (
     staged_adjoints.STAGED_DX,

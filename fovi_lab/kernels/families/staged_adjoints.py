@@ -1,4 +1,4 @@
-"""Staged adjoints: a per-node gathered-row tile GEMM into a stage, summed by a reverse-list sum (:mod:`.reductions`).
+"""Staged adjoints: a per-node gathered-row tile GEMM into a stage, summed by the reverse-list sums (``reductions``).
 
 Kernels: :func:`fovi_lab.kernels.adjoint.staged.make_grad_stage_kernel`. dx (kind ``gi``): per output node, the
 gathered rows of W^T times that node's grad_y into ``dA [Nout, P64, B]``; dW (kind ``gw``): the gathered rows of
@@ -55,6 +55,8 @@ class _Staged(AdjointFamily):
 
     row_fixed = {"stage": "fp16", "operands": "fp16"}
     name_hint = " with _f32 for an fp32 stage or _bf16 for bf16 operands"
+    forms_words = ("Each preset also names its kernel with an fp32 stage (`<name>_f32`) and with bf16 operands "
+                   "(`<name>_bf16`, an fp32 stage).")
 
     def forms(self, points: List[Point]) -> List[Point]:
         """Each point followed by its fp32-stage form and its bf16 form (which stages in fp32)."""
