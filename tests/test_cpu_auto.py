@@ -87,9 +87,9 @@ def test_measure_orders_by_estimate_and_cuts_slow_forms(monkeypatch):
     assert calls.count("torch_binned") == 1 + cpu_auto.MEASURE_REPS
 
 
-def test_measure_runs_the_forms_in_turn_and_keeps_each_ones_fastest_round(monkeypatch):
-    """A burst of other work during one round (here: every call of round 2 takes 10 ms more) must not decide the
-    pick: the forms' rounds alternate, and each form's time is its fastest round."""
+def test_measure_runs_the_forms_in_turn_and_keeps_each_ones_median_round(monkeypatch):
+    """A burst of other work during one round (here: every call of the first round takes 10 ms more) must not
+    decide the pick: the forms' rounds alternate, and each form's time is its median round."""
     meta = synthetic_meta("ODD")
     now, calls = [0.0], []
     base = {"torch_binned": 4.0, "torch_dense": 3.0}
@@ -108,6 +108,25 @@ def test_measure_runs_the_forms_in_turn_and_keeps_each_ones_fastest_round(monkey
     first, rounds = calls[:2], calls[2:]
     assert first == ["torch_binned", "torch_dense"]
     assert rounds == ["torch_binned", "torch_dense", "torch_dense", "torch_binned"] * 2
+
+
+def test_a_form_whose_calls_vary_by_themselves_is_priced_by_its_typical_call(monkeypatch):
+    """torch_compact's calls alternate 3 and 10 ms, torch_dense's take 5: the median prices compact at 6.5 and
+    dense wins (the luckiest call, 3 ms, would have picked compact, which a loop of calls then runs at 6.5 a call)."""
+    meta = synthetic_meta("ODD")
+    now, calls = [0.0], []
+
+    def runner(form, meta, training, x, w, g):
+        def run():
+            n = sum(c == form for c in calls)
+            calls.append(form)
+            now[0] += ((3.0, 10.0)[n % 2] if form == "torch_compact" else 5.0) / 1e3
+        return run
+    monkeypatch.setattr(cpu_auto, "_runner", runner)
+    monkeypatch.setattr(cpu_auto, "forms", lambda dtype, training: ("torch_compact", "torch_dense"))
+    times, _, cut = cpu_auto.measure(meta, 2, torch.float32, True, clock=lambda: now[0], reps=4,
+                                     order={"torch_compact": 1, "torch_dense": 2})
+    assert cut == () and times == pytest.approx({"torch_compact": 6.5, "torch_dense": 5.0})
 
 
 def test_a_slow_first_call_alone_does_not_cut_a_form(monkeypatch):

@@ -15,8 +15,8 @@ A *call shape* is the layer's sizes, the batch, the compute dtype and the mode (
    operands of the call's shape (never the caller's tensors), the forms' first calls in the order of their
    estimates; a form whose first two calls each take more than :data:`CUTOFF` times the fastest first call so far
    is not repeated (its time is its second call's, marked ``cut``); the others then run :data:`MEASURE_REPS`
-   rounds in turn, and each takes its fastest round (other work on the machine only adds to a call's time, and
-   falls on every form alike). The fastest form is stored in the tune cache with every form's time
+   rounds in turn (so that other work on the machine falls on every form alike), and each takes its median round.
+   The fastest form is stored in the tune cache with every form's time
    (``"source": "measured"``), so this machine never measures that shape again (a new release, a new PyTorch or
    a changed kernel switch misses and measures again);
 3. else the estimate (:func:`estimate_ms`): a cost model of each form from the layer's sizes (GEMM FLOPs, the
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+import statistics
 import threading
 import time
 from dataclasses import dataclass, field
@@ -166,15 +167,16 @@ def measure(meta, batch: int, dtype: torch.dtype, training: bool, candidates: Op
             first[form] = ms
             runs[form] = run
         # then rounds over the forms left, in turn (the order reversed every other round), so that a burst of other
-        # work on the machine falls on every form alike; each form's time is its fastest round: the others' work
-        # only ever adds to a call's time
+        # work on the machine falls on every form alike; each form's time is its median round, as the benchmark
+        # judges them: a form whose calls vary by themselves (torch_compact's large temporaries: on a 2-core CPU
+        # half its calls took twice the others) is priced by its typical call, not by its luckiest
         samples: Dict[str, list] = {f: [] for f in runs}
         order_now = list(runs)
         for i in range(max(1, int(reps))):
             for form in (order_now if i % 2 == 0 else order_now[::-1]):
                 samples[form].append(once(runs[form]))
     times = {f: first[f] for f in cut}
-    times.update({f: min(s) for f, s in samples.items()})
+    times.update({f: statistics.median(s) for f, s in samples.items()})
     return times, refused, tuple(cut)
 
 
