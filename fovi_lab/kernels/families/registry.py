@@ -179,7 +179,17 @@ def lookup_adjoint(name: str) -> Point:
         raise TypeError(f"name: expected a config name (str), got {type(name).__name__}")
     if name in ADJOINT_PRESETS:
         return ADJOINT_PRESETS[name].point
-    for fam in ADJOINT_FAMILIES:
+    point = _parsed(name, ADJOINT_FAMILIES)
+    if point is not None:
+        return point
+    raise ValueError(f"name: unknown adjoint config {name!r}; a preset name (python -m fovi_lab configs lists them) "
+                     f"or an id such as gi3_p64b128_f32, gw3i_p64n96k16, dx_f32, dxn_m64n64k64, dws_o64c64k16")
+
+
+def _parsed(name: str, families) -> Optional[Point]:
+    """The point of the derived id ``name`` in the first of ``families`` that reads it, or None where none does; a
+    ValueError where a family reads it and finds a value out of its range, or the values make no kernel."""
+    for fam in families:
         try:
             point = fam.parse_id(name)
         except ValueError as exc:
@@ -189,8 +199,7 @@ def lookup_adjoint(name: str) -> Point:
             if reasons:
                 raise ValueError(f"name: {name!r} is no kernel: {'; '.join(reasons)}")
             return point
-    raise ValueError(f"name: unknown adjoint config {name!r}; a preset name (python -m fovi_lab configs lists them) "
-                     f"or an id such as gi3_p64b128_f32, gw3i_p64n96k16, dx_f32, dxn_m64n64k64, dws_o64c64k16")
+    return None
 
 
 def preset_name(point: Point) -> Optional[str]:
@@ -217,16 +226,9 @@ def lookup(name: str) -> Point:
         if preset.point is None:
             raise ValueError(f"name: {name!r} is the canary's test config; it has no point in any family")
         return preset.point
-    for fam in FAMILIES:
-        try:
-            pt = fam.parse_id(name)
-        except ValueError as exc:
-            raise ValueError(f"name: {name!r} reads as {fam.key}, but {exc}") from None
-        if pt is not None:
-            reasons = fam.combine_reasons(pt)
-            if reasons:
-                raise ValueError(f"name: {name!r} is no kernel: {'; '.join(reasons)}")
-            return pt
+    point = _parsed(name, FAMILIES)
+    if point is not None:
+        return point
     raise ValueError(f"name: unknown config {name!r}; a preset name (python -m fovi_lab configs lists them) or an "
                      f"id such as mma_o64b16k32, mmap_o128b64k32s3, sd_b8o8u4, nm_m64n64k64, i2c_m64n96k64, m64n64r2")
 
