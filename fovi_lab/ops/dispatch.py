@@ -151,13 +151,18 @@ _estimated: Dict[tuple, Optional[str]] = {}
 def estimated_backend(meta, batch: int, device: torch.device, training: bool, candidates) -> Optional[str]:
     """The backend the first registered estimator (:data:`fovi_lab.ops.registry.ESTIMATORS`) prices lowest among
     ``candidates`` for this layer shape, batch, device and mode, or None where none prices it; asked once per such
-    signature (its answer kept)."""
+    signature (its answer kept). A signature first met while torch's current stream is being captured is not asked
+    (an estimator reads the layer's tables, which a capture forbids): None then, and nothing kept, so the next call
+    outside the capture asks; warm-up calls before a capture (as :func:`fovi_lab.ops.graphs.graphed` and
+    ``torch.compile`` make them) have asked already."""
     from fovi_lab.ops.registry import ESTIMATORS
     key = (meta.cin, meta.cout, meta.nin, meta.nout, meta.k, meta.p64, meta.v, int(batch), str(device),
            bool(training), tuple(candidates), len(ESTIMATORS))
     with _lock:
         if key in _estimated:
             return _estimated[key]
+    if torch.device(device).type == "cuda" and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        return None
     choice = None
     for estimator in list(ESTIMATORS):
         choice = estimator(meta, int(batch), device, bool(training), tuple(candidates))
