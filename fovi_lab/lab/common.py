@@ -445,10 +445,8 @@ class RunLog:
         fig.update_yaxes(rangemode="tozero", title_text="run time (ms)", row=2, col=1)
         fig.update_xaxes(title_text="run (layer, batch, kernel)", row=2, col=1)
         main = self.title if message is None else f"{self.title}: {run_verdict(message)}"
-        text, lines = figure_layout.wrapped_title(main, message)
-        fig.update_layout(barmode="group", margin=dict(l=10, r=10, b=10),
-                          title=figure_layout.title_layout(text, lines, height))
-        figure_layout.legend_above(fig, height, title_lines=lines)
+        fig.update_layout(barmode="group", margin=dict(l=10, r=10, b=10))
+        figure_layout.headed(fig, height, main, message)
         return fig
 
 
