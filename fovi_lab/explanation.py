@@ -193,16 +193,17 @@ def _auto_words(meta, problem: Problem, spec: DeviceSpec) -> str:
         return "on this CPU:\n  " + "\n  ".join(picks)
     if problem.dtype != torch.float16:
         return "torch_compact (the records are fp16 runs; python -m fovi_lab tune --dtype bf16 tunes bf16)"
-    from fovi_lab.kernels.cost_pick import estimate_words, estimated_pick
+    from fovi_lab.kernels.cost_pick import backend_estimates, lowest, words
     from fovi_lab.ops.dispatch import lookup_records, recorded_table
     shape = (meta.cin, meta.cout, meta.nin, meta.nout, meta.k, meta.p64, meta.v)
     backend, dev = lookup_records(recorded_table(), spec.name, spec.arch, "train-step", shape, problem.batch,
                                   ("warp_train", "torch_compact", "torch_binned"))
-    est = estimate_words(meta, problem.batch, spec, True)
+    estimates = backend_estimates(meta, problem.batch, spec, True)
+    est = words(estimates, spec, True)
     if backend is None:
         none = (f"no train-step record of {spec.name} or of another sm_{spec.arch} GPU covers this layer within a "
                 f"factor 2 of B (python -m fovi_lab tune measures it on the GPU)")
-        picked = estimated_pick(meta, problem.batch, spec, True)
+        picked = lowest(estimates)
         if picked is None:
             return f"torch_compact: {none}, and the cost model prices nothing on this device (no datasheet peaks)"
         return f"{picked}: {none}; {est}"

@@ -23,7 +23,8 @@ from fovi_lab.kernels.families.base import Problem
 from fovi_lab.kernels.forward.rules import pick
 from fovi_lab.ops.devices import DeviceSpec, device_spec
 
-__all__ = ["WARP_BACKENDS", "calibrated", "backend_estimates", "estimated_pick", "estimate_words", "estimator"]
+__all__ = ["WARP_BACKENDS", "calibrated", "backend_estimates", "estimated_pick", "estimate_words", "estimator",
+           "lowest", "words"]
 
 #: The Warp backend of each mode, priced by the rules' forward kernel for the call.
 WARP_BACKENDS = {"forward": "warp_compact", "train-step": "warp_train"}
@@ -63,18 +64,25 @@ def backend_estimates(meta, batch: int, spec: DeviceSpec, training: bool,
 def estimated_pick(meta, batch: int, spec: DeviceSpec, training: bool, candidates=None) -> Optional[str]:
     """The backend among ``candidates`` (default: every one priced) with the lowest estimate, or None where none
     is priced."""
-    est = backend_estimates(meta, batch, spec, training)
-    if candidates is not None:
-        est = {b: ms for b, ms in est.items() if b in candidates}
+    return lowest(backend_estimates(meta, batch, spec, training), candidates)
+
+
+def lowest(estimates: Dict[str, float], candidates=None) -> Optional[str]:
+    """The backend of ``estimates`` (among ``candidates``, default all) with the lowest estimate, or None."""
+    est = {b: ms for b, ms in estimates.items() if candidates is None or b in candidates}
     return min(est, key=lambda b: (est[b], b)) if est else None
 
 
 def estimate_words(meta, batch: int, spec: DeviceSpec, training: bool) -> str:
     """The estimates in one phrase (``""`` where there are none): each backend's forward, the lowest first."""
-    est = backend_estimates(meta, batch, spec, training)
-    if not est:
+    return words(backend_estimates(meta, batch, spec, training), spec, training)
+
+
+def words(estimates: Dict[str, float], spec: DeviceSpec, training: bool) -> str:
+    """:func:`estimate_words` of estimates already made (:func:`backend_estimates`)."""
+    if not estimates:
         return ""
-    shown = ", ".join(f"{b} {ms:.3g} ms" for b, ms in sorted(est.items(), key=lambda kv: (kv[1], kv[0])))
+    shown = ", ".join(f"{b} {ms:.3g} ms" for b, ms in sorted(estimates.items(), key=lambda kv: (kv[1], kv[0])))
     what = " (their forwards: the model prices forwards)" if training else ""
     return f"the cost model's estimates on {spec.name}'s datasheet peaks{what}: {shown}"
 
