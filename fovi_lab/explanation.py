@@ -268,7 +268,7 @@ def explain(layer: Union[str, object], batch: int, dtype: Union[str, torch.dtype
         elif fallback is not None and fam.key == fallback.family:
             why = (f"not chosen: the tensor-core kernels are the pick wherever mma.sync can launch; this family is the "
                    f"rules' choice without them ({describe(fallback)}  [{fallback.id}])")
-        elif fam.key in ("tensor_cores", "pipelined"):        # the other tensor-core family: the rule's line
+        elif fam.mma_sync:                                    # the other mma.sync family: the rule's line
             why = f"not chosen: {pick_reason(*args, name=name)}"
         else:
             why = "not chosen: the tensor-core kernels are the pick wherever mma.sync can launch"

@@ -5,8 +5,10 @@ production rules pick and why the other families are not it."""
 
 from __future__ import annotations
 
+import ast
 import math
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -273,3 +275,59 @@ def test_explain_says_whose_records_auto_reads():
     assert a100.startswith("warp_train: no train-step record") and "the cost model's estimates" in a100
     assert "beside it, the cost model's estimates on NVIDIA H100" in fovi_lab.explain("res18_layer1", 64,
                                                                                      device="h100").auto
+
+
+# -- decisions through the families, not string branches -------------------------------------------------------------
+def _kernel_words() -> set:
+    """Every string that names a kernel family, a variant, an adjoint kind or a dataflow a family declares."""
+    from fovi_lab.kernels.families.registry import ADJOINT_FAMILIES, presets
+    words = set()
+    for fam in list(FAMILIES) + list(ADJOINT_FAMILIES):
+        words |= {fam.key, *fam.variants, *getattr(fam, "kinds", ())}
+    for fam in FAMILIES:
+        words |= {fam.dataflow(F.config_spec(p.name)) for p in presets(fam.key) if p.name in F.uncached_config_names(
+            experimental=True) + F.cached_config_names()}
+    return words - {""}
+
+
+_SUBJECTS = ("kind", "family", "fam", "key", "flow", "dataflow")
+
+
+def kind_branches(source: str, words: set) -> list:
+    """``(line, text)`` of each comparison of a kind, family or dataflow (a name or attribute spelt as in
+    :data:`_SUBJECTS`) with string literals naming kernels (``kind == "gi"``, ``cfg.family in ("mmap", "mmaps")``)."""
+    def literals(node):
+        elts = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+        return [e.value for e in elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare) and all(isinstance(o, (ast.Eq, ast.NotEq, ast.In, ast.NotIn))
+                                                 for o in node.ops):
+            subject = node.left.attr if isinstance(node.left, ast.Attribute) else getattr(node.left, "id", "")
+            if subject in _SUBJECTS and any(w in words for c in node.comparators for w in literals(c)):
+                out.append((node.lineno, ast.unparse(node)))
+    return out
+
+
+def test_kernel_decisions_go_through_the_families():
+    """Outside ``kernels/families/`` code asks a family (its parameters, ``dataflow``, ``mma_sync``, ``grid``...)
+    instead of comparing kind or family strings. What is left: the forward plans' one dispatch on the dataflow the
+    family declares (one arm per operand layout)."""
+    pkg = Path(fovi_lab.__file__).resolve().parent
+    words = _kernel_words()
+    found = {}
+    for path in sorted(pkg.rglob("*.py")):
+        rel = path.relative_to(pkg).as_posix()
+        if not rel.startswith("kernels/families/"):
+            hits = kind_branches(path.read_text(), words)
+            if hits:
+                found[rel] = hits
+    assert set(found) <= {"kernels/forward/plans.py"}, found
+    assert sum(map(len, found.values())) <= 6, found
+
+
+def test_the_branch_check_finds_kind_branches():
+    words = {"gi", "gw", "mmap", "mmaps"}
+    src = ('if kind == "gi": pass\nx = a if cfg.family in ("mmap", "mmaps") else b\nif which == "gi": pass\n'
+           'if kind == "other": pass\n')
+    assert kind_branches(src, words) == [(1, "kind == 'gi'"), (2, "cfg.family in ('mmap', 'mmaps')")]

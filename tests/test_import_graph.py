@@ -8,6 +8,12 @@ index tables), ``ops/`` (reference ops, registry, dispatch, autograd),
 entry points (demo, CLI). Optional backends are found by the registry by module name
 (``fovi_lab.ops.registry.OPTIONAL_BACKEND_MODULES``), which is not an import edge: the ops do not depend on
 the kernels, the kernels register themselves.
+
+Inside ``kernels/`` the parts are ordered too, bottom up: the shared modules (``common``, ``built``, ``layout``,
+``tables``, ``experiments``), ``families/`` (what each kernel is: parameters, limits, estimates), ``forward/`` and
+``adjoint/`` (the kernels and how a call runs them), and the modules over all of them (``call_plan``, the cost model,
+``warmup``). A family makes its kernels with the factories of the module its caller passes (``Family.make_kernel``),
+so no family imports a kernel module; and no import crosses parts inside a function, where a cycle would hide.
 """
 
 from __future__ import annotations
@@ -25,6 +31,12 @@ TOP_LEVEL = {"knn_warp": "kernels", "bench": "apps", "train": "apps", "explanati
              "demo": "entry", "cli": "entry", "__main__": "entry"}
 
 
+#: The parts of ``kernels/``, bottom up; a module directly in ``kernels/`` is "shared" when listed in KERNEL_SHARED,
+#: else "top".
+KERNEL_PARTS = ("shared", "families", "forward", "adjoint", "top")
+KERNEL_SHARED = {"common", "built", "layout", "tables", "experiments"}
+
+
 def layer_of(module: str):
     """The layer of a ``fovi_lab`` module, or None for the package itself (its public API re-exports)."""
     parts = module.split(".")
@@ -33,6 +45,34 @@ def layer_of(module: str):
     if parts[1] in ORDER:
         return parts[1]
     return TOP_LEVEL[parts[1]]
+
+
+def kernel_part(module: str, mods):
+    """The part of ``kernels/`` a module is in (:data:`KERNEL_PARTS`), or None outside ``kernels/`` (and for the
+    ``kernels`` package itself)."""
+    parts = module.split(".")
+    if parts[:2] != ["fovi_lab", "kernels"] or len(parts) < 3:
+        return None
+    if len(parts) == 3 and mods[module].name != "__init__.py":
+        return "shared" if parts[2] in KERNEL_SHARED else "top"
+    return parts[2]
+
+
+def _kernel_imports(mods):
+    """``(module, target, deferred)`` for every import of one ``kernels/`` module by another in another part;
+    ``deferred``: the import sits inside a function."""
+    out = []
+    for m, path in sorted(mods.items()):
+        if kernel_part(m, mods) is None:
+            continue
+        tree = ast.parse(path.read_text())
+        deferred = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    for n in ast.walk(f) if isinstance(n, (ast.Import, ast.ImportFrom))}
+        for node in ast.walk(tree):
+            for t in _targets(node, m, path):
+                if t in mods and t != m and kernel_part(t, mods) not in (None, kernel_part(m, mods)):
+                    out.append((m, t, id(node) in deferred))
+    return out
 
 
 def _modules():
@@ -44,22 +84,27 @@ def _modules():
     return mods
 
 
+def _targets(node, module: str, path: Path):
+    """The module names an import statement ``node`` of ``module`` (at ``path``) may import: the module it names
+    and, for ``from m import a``, ``m.a`` (a submodule, if it is one)."""
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    if isinstance(node, ast.ImportFrom):
+        if node.level:
+            base = package.split(".")[:len(package.split(".")) - node.level + 1]
+            mod = ".".join(base + ([node.module] if node.module else []))
+        else:
+            mod = node.module or ""
+        return [mod] + [f"{mod}.{a.name}" for a in node.names]
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    return []
+
+
 def _edges(mods):
     edges = {m: set() for m in mods}
     for m, path in mods.items():
-        package = m if path.name == "__init__.py" else m.rsplit(".", 1)[0]
         for node in ast.walk(ast.parse(path.read_text())):
-            targets = []
-            if isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = package.split(".")[:len(package.split(".")) - node.level + 1]
-                    mod = ".".join(base + ([node.module] if node.module else []))
-                else:
-                    mod = node.module or ""
-                targets = [mod] + [f"{mod}.{a.name}" for a in node.names]
-            elif isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            edges[m].update(t for t in targets if t in mods and t != m)
+            edges[m].update(t for t in _targets(node, m, path) if t in mods and t != m)
     return edges
 
 
@@ -115,6 +160,35 @@ def test_only_the_lab_imports_the_lab():
     outside = sorted((m, t) for m, targets in edges.items() for t in targets
                      if layer_of(t) == "lab" and layer_of(m) != "lab")
     assert outside == []
+
+
+def test_no_kernel_part_imports_one_above_it():
+    mods = _modules()
+    upward = sorted((m, t) for m, t, _ in _kernel_imports(mods)
+                    if KERNEL_PARTS.index(kernel_part(t, mods)) > KERNEL_PARTS.index(kernel_part(m, mods)))
+    assert upward == []
+
+
+def test_no_deferred_import_crosses_kernel_parts():
+    assert sorted((m, t) for m, t, deferred in _kernel_imports(_modules()) if deferred) == []
+
+
+def test_every_kernel_module_has_a_part():
+    mods = _modules()
+    assert {kernel_part(m, mods) for m in mods if m.startswith("fovi_lab.kernels.")} == set(KERNEL_PARTS)
+
+
+def test_the_kernel_part_check_sees_a_deferred_import(tmp_path):
+    # a family that imported its kernel module inside make_kernel: deferred, and upward
+    pkg = tmp_path / "fovi_lab" / "kernels"
+    (pkg / "families").mkdir(parents=True)
+    (pkg / "forward").mkdir()
+    (pkg / "families" / "x.py").write_text("def make_kernel():\n    import fovi_lab.kernels.forward.tile as T\n")
+    (pkg / "forward" / "tile.py").write_text("")
+    mods = {"fovi_lab.kernels.families.x": pkg / "families" / "x.py",
+            "fovi_lab.kernels.forward.tile": pkg / "forward" / "tile.py"}
+    assert _kernel_imports(mods) == [("fovi_lab.kernels.families.x", "fovi_lab.kernels.forward.tile", True)]
+    assert kernel_part("fovi_lab.kernels.forward.tile", mods) == "forward"
 
 
 def test_every_module_has_a_layer():

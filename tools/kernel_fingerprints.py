@@ -151,7 +151,7 @@ def _fused_fingerprint(kind: str, name: str, bf16: bool) -> str:
     from fovi_lab.kernels.common import to_warp, wp
 
     t1, t2, t3, block_dim = fused_build._spec(kind, name)
-    kernel = fused_build._build(kind, name, bf16)
+    kernel = fused_build.build_fused_kernel(kind, name, bf16)
     et = torch.bfloat16 if bf16 else torch.float16
     g = torch.Generator().manual_seed(13)
     nin, nout, v = 6, 5, 4

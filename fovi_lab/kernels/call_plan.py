@@ -26,6 +26,7 @@ import fovi_lab.settings as settings
 import fovi_lab.ops.tune_cache as tune_cache
 from fovi_lab.graph.meta import TrainingMeta, meta_aux
 from fovi_lab.kernels.adjoint import rule
+from fovi_lab.kernels.families.registry import describe
 from fovi_lab.kernels.forward import api
 from fovi_lab.kernels.forward.build import VALIDATED
 
@@ -56,7 +57,6 @@ class CallPlan:
     adjoint: rule.AdjointPlan
 
     def __str__(self) -> str:
-        from fovi_lab.kernels.families import describe
         dtype = {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(self.dtype, str(self.dtype))
         if self.forward == "binned":
             fwd = "the binned form (inputs binned by weight column, one shared-weight GEMM)"

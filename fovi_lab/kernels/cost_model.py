@@ -37,6 +37,7 @@ import torch
 
 from fovi_lab.graph.meta import pad_to
 from fovi_lab.kernels.families.base import Problem
+from fovi_lab.kernels.families.registry import family, lookup
 from fovi_lab.ops.devices import DEVICES, DeviceSpec
 
 __all__ = ["FORMS", "MIN_POINTS", "WITHIN", "Timed", "TimedShape", "Group", "CostModel", "Score", "Miss",
@@ -101,7 +102,6 @@ def candidate_terms(candidate: str, problem: Problem, device: DeviceSpec) -> Tup
     if candidate in FORMS.values():
         flops_ms, bytes_ms = form_terms(candidate, problem, device)
         return (candidate,), np.array([1.0, flops_ms, bytes_ms, 0.0])
-    from fovi_lab.kernels.families.registry import family, lookup
     point = lookup(candidate)
     fam = family(point.family)
     est = fam.estimate(point, problem, device)
@@ -192,7 +192,6 @@ def timed_shapes(records: Iterable[dict], scope: str = "kernels") -> List[TimedS
     with fewer than two candidates are left out."""
     if scope not in ("kernels", "backends"):
         raise ValueError(f"scope: expected kernels or backends, got {scope!r}")
-    from fovi_lab.kernels.families.registry import lookup
     known: Dict[str, bool] = {}
     shapes: Dict[Tuple, TimedShape] = {}
     for r in records:

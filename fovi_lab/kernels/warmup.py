@@ -24,14 +24,19 @@ import sys
 import time
 from typing import List, Tuple
 
-from fovi_lab.ops.arguments import command_main, usage_error
+import fovi_lab.settings as settings
+from fovi_lab.kernels import adjoint as NM
+from fovi_lab.kernels import forward as F
+from fovi_lab.kernels.adjoint import fused_build
+from fovi_lab.kernels.common import init_warp, wp
+from fovi_lab.kernels.families.registry import family
+from fovi_lab.ops.arguments import COUNT, command_main, device_name, usage_error
 
 __all__ = ["main", "add_arguments", "run", "DESCRIPTION", "forward_jobs", "grad_jobs"]
 
 
 def forward_jobs(dense: bool = True, experimental: bool = False) -> List[Tuple[str, bool]]:
     """(config name, dense ceiling?) for every forward module: uncached, cached, dense ceilings."""
-    from fovi_lab.kernels import forward as F
     names = F.uncached_config_names(experimental=experimental)
     jobs = [(n, False) for n in names] + [(n, False) for n in F.cached_config_names()]
     if dense:
@@ -47,56 +52,51 @@ def forward_jobs(dense: bool = True, experimental: bool = False) -> List[Tuple[s
 def grad_jobs(bf16: bool = False) -> List[Tuple[str, bool]]:
     """``("nm:<kind>:<name>", False)`` for every fused node-major adjoint kernel (what ``warp_train`` runs), and
     with ``bf16`` their bf16 forms (``"nm:<kind>:<name>:bf16"``)."""
-    from fovi_lab.kernels.adjoint import nm_grad_kernel_names
-    names = nm_grad_kernel_names()
+    names = NM.nm_grad_kernel_names()
     return ([(f"nm:{kind}:{name}", False) for kind, name in names]
             + [(f"nm:{kind}:{name}:bf16", False) for kind, name in names if bf16])
 
 
 def bf16_forward_jobs(experimental: bool = False) -> List[Tuple[str, bool]]:
     """``("<name>:bf16", False)`` for every tensor-core forward config (the forward's only bf16 kernels)."""
-    from fovi_lab.kernels import forward as F
     return [(f"{n}:bf16", False) for n in F.uncached_config_names(experimental=experimental)
             if F.config_spec(n).family in F.MMA_FAMILIES]
 
 
+def _compile(kernel, device, aot_arch, block_dim) -> None:
+    """Compile ``kernel``'s module for ``aot_arch`` into Warp's cache layout, or load it on ``device``."""
+    if aot_arch:
+        module = kernel.module
+        module_dir = os.path.join(wp.config.kernel_cache_dir, module.get_module_identifier())
+        wp.compile_aot_module(module, arch=int(aot_arch), module_dir=module_dir)
+    else:
+        kernel.module.load(wp.get_device(device), block_dim)
+
+
 def compile_one(job) -> Tuple[str, bool, float, str]:
+    """Compile one job ``(name, dense, device, aot_arch, mathdx)`` (a name of :func:`forward_jobs`,
+    :func:`bf16_forward_jobs` or :func:`grad_jobs`; ``mathdx`` None: the setting's default); returns
+    ``(name, dense, seconds, "ok" or the error in one line)``."""
     name, dense, device, aot_arch, mathdx = job
     t0 = time.perf_counter()
     try:
-        if mathdx is not None:
-            os.environ["FOVI_WARP_MATHDX"] = "1" if mathdx else "0"
-        from fovi_lab.kernels import forward as F
-        from fovi_lab.kernels.common import init_warp, wp
-        from fovi_lab.kernels.families.registry import family
-        init_warp()
-        if name.startswith("nm:"):
-            from fovi_lab.kernels import adjoint as NM
-            from fovi_lab.kernels.adjoint import fused_build as adj_fused_build
-            _, kind, cname, *dt = name.split(":")
-            bf16 = dt == ["bf16"]
-            kernel = adj_fused_build._build(kind, cname, bf16)
-            block_dim = adj_fused_build._spec(kind, cname)[3]
-            if aot_arch:
-                module = kernel.module
-                module_dir = os.path.join(wp.config.kernel_cache_dir, module.get_module_identifier())
-                wp.compile_aot_module(module, arch=int(aot_arch), module_dir=module_dir)
-            elif str(device).startswith("cuda"):
-                NM.get_nm_grad_kernel(kind, cname, device, bf16)  # compile + canary
-            else:
-                kernel.module.load(wp.get_device(device), block_dim)
-            return name, dense, time.perf_counter() - t0, "ok"
-        cname, *dt = name.split(":")
-        cfg = F.config_spec(cname)
-        if dense and family(cfg.family).inference_only:     # the cached kernel's ceiling: the gather tiles' dense loop
-            cfg = F.FwdConfig(cfg.name, "gather", cfg.tile_m, cfg.tile_n, cfg.tile_k, 1, cfg.block_dim)
-        kernel = F.build_kernel(cfg, dense=dense, bf16=dt == ["bf16"])
-        if aot_arch:
-            module = kernel.module
-            module_dir = os.path.join(wp.config.kernel_cache_dir, module.get_module_identifier())
-            wp.compile_aot_module(module, arch=int(aot_arch), module_dir=module_dir)
-        else:
-            kernel.module.load(wp.get_device(device), cfg.block_dim)
+        pinned = {} if mathdx is None else {"FOVI_WARP_MATHDX": "1" if mathdx else "0"}
+        with settings.override(**pinned):
+            init_warp()
+            if name.startswith("nm:"):
+                _, kind, cname, *dt = name.split(":")
+                bf16 = dt == ["bf16"]
+                if str(device).startswith("cuda") and not aot_arch:
+                    NM.get_nm_grad_kernel(kind, cname, device, bf16)  # compile + canary
+                else:
+                    _compile(fused_build.build_fused_kernel(kind, cname, bf16), device, aot_arch,
+                             NM.config_tiles(kind, cname)[3])
+                return name, dense, time.perf_counter() - t0, "ok"
+            cname, *dt = name.split(":")
+            cfg = F.config_spec(cname)
+            if dense and family(cfg.family).inference_only:  # the cached kernel's ceiling: the gather tiles' loop
+                cfg = F.FwdConfig(cfg.name, "gather", cfg.tile_m, cfg.tile_n, cfg.tile_k, 1, cfg.block_dim)
+            _compile(F.build_kernel(cfg, dense=dense, bf16=dt == ["bf16"]), device, aot_arch, cfg.block_dim)
         return name, dense, time.perf_counter() - t0, "ok"
     except Exception as exc:  # noqa: BLE001 - report per module, keep going
         return name, dense, time.perf_counter() - t0, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
@@ -119,8 +119,6 @@ so a cache built on a CPU machine can be shipped to a GPU one.
 
 def add_arguments(parser) -> None:
     """The options of ``python -m fovi_lab warmup``, each checked as it is parsed."""
-    from fovi_lab.ops.arguments import COUNT, device_name
-
     parser.add_argument("--jobs", type=COUNT, default=os.cpu_count() or 1, help="compile processes at a time (default: the CPU count)")
     parser.add_argument("--no-dense", action="store_true", help="skip the dense-ceiling kernels (benchmark only)")
     parser.add_argument("--device", type=device_name, default=None,
@@ -140,10 +138,6 @@ def add_arguments(parser) -> None:
 def _nvrtc_archs() -> list:
     """The architectures (``90`` for sm_90) Warp's bundled NVRTC compiles for (``wp.get_cuda_supported_archs``),
     Warp initialised quietly (:func:`fovi_lab.kernels.common.init_warp`)."""
-    import warp as wp
-
-    from fovi_lab.kernels.common import init_warp
-
     init_warp()
     return sorted(wp.get_cuda_supported_archs())
 

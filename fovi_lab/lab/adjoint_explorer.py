@@ -17,6 +17,7 @@ import fovi_lab.lab.figure_layout as figure_layout
 from fovi_lab.lab.common import readable_log_axes
 from fovi_lab.graph.layers import LAYERS
 from fovi_lab.graph.meta import TrainingMeta, pad_to
+from fovi_lab.kernels.families.registry import adjoint_family, adjoint_point
 from fovi_lab.lab.labels import short_label, stage_label
 from fovi_lab.lab.common import (CPU_WORK_BUDGET, RunLog, result_answer, check_explore_args,
                                  clamp_shape, fail_result, hline, log_range, time_ms, parity_line,
@@ -95,13 +96,33 @@ def determinism_demo(problem: Problem, gi_config: Optional[str] = None, gw_confi
     }
 
 
-def _adjoint_spec(kind: str, config: str) -> dict:
-    from fovi_lab.kernels import adjoint as wa
-    table = wa.GRAD_INPUT_CONFIG_SPECS if kind == "gi" else wa.GRAD_WEIGHT_CONFIG_SPECS
-    base = config[:-4] if config.endswith("_f32") else config
-    if base not in table:
-        raise KeyError(f"{kind} config must be one of {sorted(table)}, got {config!r}")
-    return dict(table[base])
+def _stage_spec(kind: str, config: str) -> dict:
+    """The spec record (tiles, version, block) of the stage kernel ``config`` of ``kind``; a KeyError names a config
+    that is no kernel of the kind."""
+    point = adjoint_point(kind, config)
+    return point.owner.spec(point)
+
+
+def _batch_chunks(spec: dict, b: int, nout: int, p64: int, cout: int, itemsize: int, budget: int, pairs: int):
+    """dx: the stage ``[Nout, P64, Bchunk]`` cut along the batch. ``(chunk, launches, nodes, columns,
+    contraction)`` of the first launch."""
+    tb = spec["tile_b"]
+    bchunk = max(tb, (budget // max(1, nout * p64 * itemsize)) // tb * tb)
+    bchunk = min(bchunk, pad_to(b, tb))
+    bchunk = min(bchunk, pad_to(-(-b // -(-b // bchunk)), tb))          # as even as the tiles allow
+    return bchunk, -(-b // bchunk), nout, bchunk, pad_to(cout, spec["tile_o"])
+
+
+def _node_chunks(spec: dict, b: int, nout: int, p64: int, cout: int, itemsize: int, budget: int, pairs: int):
+    """dW: the stage ``[nc, P64, Cout_pad]`` cut along the nodes. As :func:`_batch_chunks`."""
+    cpad = pad_to(cout, spec["tile_n"] * pairs)
+    nc = max(1, min(nout, budget // max(1, p64 * cpad * itemsize)))
+    nc = -(-nout // -(-nout // nc))                                   # as even as the nodes allow
+    return nc, -(-nout // nc), nc, cpad, pad_to(b, spec["tile_kb"])
+
+
+#: How a stage is cut into launches within the budget, by the gradient of the family.
+_CHUNKS = {"dx": _batch_chunks, "dW": _node_chunks}
 
 
 def adjoint_grid(kind: str, config: str, shape: dict, batch: int, sms: int = H200_SMS,
@@ -119,48 +140,23 @@ def adjoint_grid(kind: str, config: str, shape: dict, batch: int, sms: int = H20
     of a gi launch / nodes of a gw launch), waves (ctas / sms), steps_per_cta (tile GEMMs one CTA
     runs), ctas_per_sm.
     """
-    spec = _adjoint_spec(kind, config)
+    point = adjoint_point(kind, config)                # (a KeyError names a config that is no kernel of the kind)
+    fam = point.owner
+    spec = fam.spec(point)
     if stage_budget is None:
         from fovi_lab.kernels.adjoint.configs import grad_stage_budget_bytes
         stage_budget = grad_stage_budget_bytes()
-    ver = str(spec["version"]).rstrip("p")
-    itemsize = 4 if config.endswith("_f32") else 2
-    b, nout, p64, cout = int(batch), shape["nout"], shape["p64"], shape["cout"]
-    n_p = p64 // spec["tile_p"]
-    if kind == "gi":
-        tb = spec["tile_b"]
-        cpad = pad_to(cout, spec["tile_o"])
-        per_b = nout * p64 * itemsize
-        bchunk = max(tb, (stage_budget // max(1, per_b)) // tb * tb)
-        bchunk = min(bchunk, pad_to(b, tb))
-        bchunk = min(bchunk, pad_to(-(-b // -(-b // bchunk)), tb))          # as even as the tiles allow
-        launches = -(-b // bchunk)
-        nb = bchunk // tb
-        n_o = cpad // spec["tile_o"]
-        chunk = bchunk
-        if ver == "3":
-            dims, steps = (nout, n_p, nb), n_o
-        else:
-            dims, steps = (nout, nb), n_p * n_o
-    else:
-        tn = spec["tile_n"]
-        cpad = pad_to(cout, tn * (2 if ver == "4" else 1))
-        bpad = pad_to(b, 64)
-        per_node = p64 * cpad * itemsize
-        nc = max(1, min(nout, stage_budget // max(1, per_node)))
-        nc = -(-nout // -(-nout // nc))                                   # as even as the nodes allow
-        launches = -(-nout // nc)
-        n_b = bpad // 64
-        chunk = nc
-        if ver == "2":
-            dims, steps = (nc, cpad // tn), n_p * n_b
-        elif ver == "4":
-            dims, steps = (nc, n_p, cpad // (2 * tn)), 2 * n_b
-        else:
-            dims, steps = (nc, n_p, cpad // tn), n_b
+    itemsize = 4 if point["stage"] == "fp32" else 2
+    p64, pairs = shape["p64"], fam.pairs(point)
+    chunk, launches, nodes, columns, contraction = _CHUNKS[fam.gradient](
+        spec, int(batch), shape["nout"], p64, shape["cout"], itemsize, stage_budget, pairs)
+    dims = fam.grid(spec, nodes, p64, columns)
+    p_loop = p64 // spec["tile_p"] if len(dims) == 2 else 1          # (a 2-D grid runs the p tiles in the CTA)
+    steps = contraction // spec[fam.spec_inner] * p_loop * pairs
     ctas = int(np.prod(dims))
     return {"kind": kind, "config": config, "dims": tuple(int(d) for d in dims), "ctas": ctas,
-            "launches": int(launches), "chunk": int(chunk), "waves": ctas / sms, "ctas_per_sm": ctas / sms, "steps_per_cta": int(steps)}
+            "launches": int(launches), "chunk": int(chunk), "waves": ctas / sms, "ctas_per_sm": ctas / sms,
+            "steps_per_cta": int(steps)}
 
 
 def occupancy_table(batch: int = 512, layers: Optional[Sequence[str]] = None, rf: Optional[str] = None,
@@ -257,7 +253,7 @@ def explore_adjoint(layer: str = "res18_layer1", batch: int = 64, cout: Optional
     try:
         dev = widget_device(device, wa.normalize_device)
         shape = shape_of(make_meta(layer, cout, rf))
-        gis, gws = _adjoint_spec("gi", gi_config), _adjoint_spec("gw", gw_config)
+        gis, gws = _stage_spec("gi", gi_config), _stage_spec("gw", gw_config)
 
         def work(bb, nn):
             s = dict(shape, nout=nn)
@@ -357,7 +353,7 @@ def gi_gw_sweep_table(layer: str, batch: int, records: Optional[List[dict]] = No
              f"{'stage config':{width}s} {'backward ms':>12s} {'stage ms':>9s} {'% of dense':>11s} {'reduction GB/s':>15s}"]
     for words, kind, r in rows:
         frac = r.get(f"{kind}_frac_dense")
-        gbps = r.get("dx_reduce_gbps" if kind == "gi" else "dw_reduce_gbps")
+        gbps = r.get(f"{adjoint_family(kind).sum_target}_reduce_gbps")     # (the stage's reverse-list sum)
         lines.append(f"{words:{width}s} {r['ms']:12.3f} {r[f'{kind}_stage_ms']:9.3f} "
                      f"{f'{100 * frac:.0f}' if frac else '-':>11s} {f'{gbps:.0f}' if gbps else '-':>15s}")
     return "\n".join(lines)

@@ -28,8 +28,9 @@ def registered_forward_config(kernel: str, tile_m: int, tile_n: int, r: int, blo
     """The name :mod:`fovi_lab.kernels.forward.api` registers for these tiles (gather family for ``"uncached"``,
     ``c_*`` for ``"cached"``), or None when the combination is not registered."""
     from fovi_lab.kernels import forward as F
-    fam = "cached" if kernel == "cached" else "gather"
-    names = F.cached_config_names() if fam == "cached" else F.uncached_config_names("gather")
+    cached = kernel == "cached"
+    fam = "cached" if cached else "gather"
+    names = F.cached_config_names() if cached else F.uncached_config_names("gather")
     for name in names:
         c = F.config_spec(name)
         if (c.family, c.tile_m, c.tile_n, c.r, c.block_dim) == (fam, tile_m, tile_n, r, block_dim):
@@ -65,8 +66,9 @@ def _forward_kernel(kernel: str, tile_m: int, tile_n: int, r: int, block_dim: in
     from fovi_lab.kernels import forward as F
     name = registered_forward_config(kernel, tile_m, tile_n, r, block_dim)
     if name is None:
-        fam = "cached" if kernel == "cached" else "gather"
-        lab_name = (f"lab_c_m{tile_m}n{tile_n}b{block_dim}" if fam == "cached"
+        cached = kernel == "cached"
+        fam = "cached" if cached else "gather"
+        lab_name = (f"lab_c_m{tile_m}n{tile_n}b{block_dim}" if cached
                     else f"lab_m{tile_m}n{tile_n}r{r}b{block_dim}")
         target = F.FwdConfig(lab_name, fam, tile_m, tile_n, 64, r, block_dim)
     else:

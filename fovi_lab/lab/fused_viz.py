@@ -284,7 +284,7 @@ def _plan_label(plan) -> str:
     words = short_label(plan.k.name, title=False)
     if getattr(plan, "seg_steps", None):
         return f"{words}, in segments of {plan.seg_steps} steps ({plan.dims[0]} segments)"
-    if plan.k.kind == "dwn":
+    if getattr(plan, "nsplit", None) is not None:             # a dW plan over whole lists: split into partials
         return f"{words}, split {plan.nsplit} way{'s' if plan.nsplit != 1 else ''}"
     return words
 

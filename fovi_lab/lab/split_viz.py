@@ -37,9 +37,9 @@ LAYERS = ("res18_layer1", "res18_layer2", "res18_layer3_0", "res18_layer3", "res
           "alex_L1", "dinov3_patch", "res18_stem_rf2", "alex_L0")
 def _split_simt(name: str) -> bool:
     """Whether config ``name`` is a split SIMT kernel (the SIMT family with its p loop split), by its parameters."""
-    from fovi_lab.kernels.families import lookup
+    from fovi_lab.kernels.families import family, lookup
     point = lookup(name)
-    return point.family == "simt" and bool(point["split"])
+    return point.owner is family("simt") and bool(point["split"])
 #: The registered split configs (the widget's choices).
 SPLIT_CONFIGS = ("ss_b8o8u4", "ss_b4o8u4")
 

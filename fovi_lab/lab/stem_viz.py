@@ -22,7 +22,7 @@ from fovi_lab import lab as kl
 import fovi_lab.lab.figure_layout as figure_layout
 from fovi_lab.graph.layers import layer_meta
 from fovi_lab.graph.meta import pad_to
-from fovi_lab.kernels.families.registry import lookup
+from fovi_lab.kernels.families.registry import family, lookup
 from fovi_lab.lab.labels import kernel_label, short_label
 
 __all__ = ["STEMS", "stage_bytes", "explore_stem", "stem_forward_rows", "stem_forward_figure", "stem_train_rows",
@@ -93,7 +93,7 @@ def _sweep_runs_with_i2c(records: List[dict]):
     configs (kernel alone): a benchmark run times only the chosen config, so it cannot fill a row."""
     from fovi_lab.kernels import forward as F
 
-    def family(r):
+    def variant(r):
         try:
             return F.config_spec(str(r.get("config"))).family if r.get("ms_kernel") else None
         except (KeyError, ValueError):
@@ -103,7 +103,7 @@ def _sweep_runs_with_i2c(records: List[dict]):
     for (layer, b, mode), runs in kl.record_runs([r for r in records if not r.get("note_run")]).items():
         if mode is not None:
             continue
-        run = kl.latest_run_where(runs, lambda run: {"i2c", "gather"} <= {family(r) for r in run})
+        run = kl.latest_run_where(runs, lambda run: {"i2c", "gather"} <= {variant(r) for r in run})
         if run is not None and _is_stem(run[0]):
             out[(layer, b)] = run
     return out
@@ -122,8 +122,8 @@ def stem_forward_rows(records: Optional[List[dict]] = None) -> List[dict]:
         k = {r["config"]: r for r in run if r.get("impl") == "warp_uncached" and r.get("ms_kernel")}
         r0 = run[0]
         pick = F.select_i2c(b, r0["cout"], r0["p64"])
-        gath = [r for c, r in k.items() if lookup(c).family == "tile_gemm" and not lookup(c)["prefetch"]]
-        i2c = [r for c, r in k.items() if lookup(c).family == "im2col"]
+        gath = [r for c, r in k.items() if lookup(c).owner is family("tile_gemm") and not lookup(c)["prefetch"]]
+        i2c = [r for c, r in k.items() if lookup(c).owner is family("im2col")]
         torch_rows = [r for r in run if str(r.get("impl")).startswith("torch") and r.get("ms") and not r.get("graphed")]
         g = min(gath, key=lambda r: r["ms_kernel"]) if gath else None
         bi = min(i2c, key=lambda r: r["ms_kernel"]) if i2c else None

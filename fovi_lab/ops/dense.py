@@ -40,6 +40,12 @@ def dense_node_chunk(meta: TrainingMeta, batch: int, itemsize: int, budget: int 
     return max(1, min(meta.nout, budget // max(1, per_node)))
 
 
+def _node_ranges(meta: TrainingMeta, batch: int, itemsize: int):
+    """``(n0, n1)`` of each chunk of output nodes (:func:`dense_node_chunk` nodes, the last one shorter)."""
+    nc = dense_node_chunk(meta, batch, itemsize)
+    return [(n0, min(meta.nout, n0 + nc)) for n0 in range(0, meta.nout, nc)]
+
+
 def _onehot(meta: TrainingMeta, dtype: torch.dtype, n0: int, n1: int) -> torch.Tensor:
     """``S[n0:n1] [n, K, V]`` in ``dtype`` on the meta's device (the whole table kept with the meta when small)."""
     whole = meta.nout * meta.k * meta.v * torch.empty((), dtype=dtype).element_size()
@@ -74,29 +80,20 @@ class DenseTorchOps:
     def forward(meta: TrainingMeta, x: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
         check_forward_args(meta, x, weight, bias)
         meta = meta.to(x.device)
-        b = x.shape[0]
-        xp = _padded(x)
-        wt = weight.t()                                                              # [Cin*V, Cout]
+        b, xp, wt = x.shape[0], _padded(x), weight.t()                              # wt: [Cin*V, Cout]
         y = x.new_empty(b, meta.cout, meta.nout)
-        nc = dense_node_chunk(meta, b, x.element_size())
-        for n0 in range(0, meta.nout, nc):
-            n1 = min(meta.nout, n0 + nc)
+        for n0, n1 in _node_ranges(meta, b, x.element_size()):
             g = _binned(meta, xp, n0, n1).reshape((n1 - n0) * b, meta.q)             # [(n, b), Cin*V]
             y[:, :, n0:n1] = torch.mm(g, wt).view(n1 - n0, b, meta.cout).permute(1, 2, 0)
-        if bias is not None:
-            y += bias.to(y.dtype).view(1, -1, 1)
-        return y
+        return y if bias is None else y.add_(bias.to(y.dtype).view(1, -1, 1))
 
     @staticmethod
     def grad_input(meta: TrainingMeta, grad_y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         check_grad_args(meta, grad_y, weight=weight)
         meta = meta.to(grad_y.device)
-        b = grad_y.shape[0]
-        acc = grad_accum_dtype(grad_y.dtype)
+        b, acc = grad_y.shape[0], grad_accum_dtype(grad_y.dtype)
         dxp = torch.zeros(b, meta.cin, meta.nin + 1, dtype=acc, device=grad_y.device)
-        nc = dense_node_chunk(meta, b, grad_y.element_size())
-        for n0 in range(0, meta.nout, nc):
-            n1 = min(meta.nout, n0 + nc)
+        for n0, n1 in _node_ranges(meta, b, grad_y.element_size()):
             g = grad_y[:, :, n0:n1].permute(2, 0, 1).reshape((n1 - n0) * b, meta.cout)
             dg = torch.mm(g, weight).view(n1 - n0, b * meta.cin, meta.v)             # [n, B*Cin, V]
             df = torch.bmm(dg, _onehot(meta, grad_y.dtype, n0, n1).transpose(1, 2))  # [n, B*Cin, K]
@@ -108,13 +105,10 @@ class DenseTorchOps:
     def grad_weight(meta: TrainingMeta, grad_y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         check_grad_args(meta, grad_y, x=x)
         meta = meta.to(grad_y.device)
-        b = grad_y.shape[0]
-        acc = grad_accum_dtype(grad_y.dtype)
+        b, acc = grad_y.shape[0], grad_accum_dtype(grad_y.dtype)
         xp = _padded(x)
         dw = torch.zeros(meta.cout, meta.q, dtype=acc, device=grad_y.device)
-        nc = dense_node_chunk(meta, b, grad_y.element_size())
-        for n0 in range(0, meta.nout, nc):
-            n1 = min(meta.nout, n0 + nc)
+        for n0, n1 in _node_ranges(meta, b, grad_y.element_size()):
             g = grad_y[:, :, n0:n1].permute(1, 2, 0).reshape(meta.cout, (n1 - n0) * b)  # [Cout, (n, b)]
             gb = _binned(meta, xp, n0, n1).reshape((n1 - n0) * b, meta.q)
             dw += torch.mm(g, gb).to(acc)

@@ -47,7 +47,7 @@ def _kernel(t):
         return F.build_kernel(cfg, dense=dense)
     if what == "nm":
         kind, n = name.split(":")
-        return adj_fused_build._build(kind, n)
+        return adj_fused_build.build_fused_kernel(kind, n)
     if what == "grad":
         kind, n = name.split(":")
         return adj_staged._build_kernel(kind, n)[0]

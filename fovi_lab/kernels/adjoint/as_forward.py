@@ -60,7 +60,8 @@ import torch
 
 from fovi_lab.graph.meta import (TrainingMeta, derived_table_limit, expanded_meta, meta_aux, pad_to, reverse_taps,
                                  tap_meta, tap_table_bytes, transposed_meta, validate_meta)
-from fovi_lab.kernels.common import check_tensor
+from fovi_lab.kernels.common import check_tensor, warp_ct
+from fovi_lab.kernels.forward.api import run_uncached, select_mma_split
 from fovi_lab.ops.reference import check_grad_args
 
 __all__ = ["grad_input_mma", "grad_input_taps", "select_taps_config", "taps_batch_chunk", "grad_weight_mma",
@@ -149,7 +150,6 @@ def select_stem_dw_mma(meta: TrainingMeta, batch: int, dtype: torch.dtype = torc
 def stem_dw_config(meta: TrainingMeta) -> str:
     """The split config of a stem's tap layer: ``select_mma_split(Cin, Cout)`` (its batch rows are the input
     channels). ``FOVI_KNN_DW_PATH=mma`` on a stem runs it too, in the same batch chunks, whatever the batch."""
-    from fovi_lab.kernels.forward.api import select_mma_split
     return select_mma_split(meta.cin, meta.cout)
 
 
@@ -188,7 +188,6 @@ def grad_input_mma(meta: TrainingMeta, grad_y: torch.Tensor, weight: torch.Tenso
         config: a split tensor-core forward config (``mmas_*`` / ``mmasw_*`` / ``mmaps_*``) for the transposed layer; None:
             :func:`select_grad_mma`'s, else :func:`fovi_lab.kernels.forward.api.select_mma_split` for (B, Cin).
     """
-    from fovi_lab.kernels.forward.api import run_uncached
     validate_meta(meta)
     check_tensor("grad_y", grad_y, dtype=(torch.float16, torch.bfloat16))
     check_grad_args(meta, grad_y, weight=weight)
@@ -230,7 +229,6 @@ def select_taps_config(meta: TrainingMeta, batch: int) -> str:
     at least :data:`MMA_GRAD_MIN_GFLOP` with at least 64 rows, else ``select_mma_split(rows, Q)``: the threshold
     of the tensor-core adjoints' rule (:func:`select_grad_mma`) carried over, which no GPU run of this layer
     has checked."""
-    from fovi_lab.kernels.forward.api import select_mma_split
     rows = taps_batch_chunk(meta, batch)
     work = 2.0 * rows * pad_to(meta.cout, 64) * meta.q * meta.nout
     if rows >= 64 and work >= MMA_GRAD_MIN_GFLOP * 1e9:
@@ -261,8 +259,6 @@ def grad_input_taps(meta: TrainingMeta, grad_y: torch.Tensor, weight: torch.Tens
     """
     from fovi_lab.kernels.adjoint.staged_build import get_grad_kernel
     from fovi_lab.kernels.adjoint.staged_plans import _launch
-    from fovi_lab.kernels.common import warp_ct
-    from fovi_lab.kernels.forward.api import run_uncached
     validate_meta(meta)
     check_tensor("grad_y", grad_y, dtype=torch.float16)
     check_grad_args(meta, grad_y, weight=weight)
@@ -302,7 +298,6 @@ def grad_weight_mma(meta: TrainingMeta, grad_y: torch.Tensor, x: torch.Tensor,
             rows runs once per chunk (the last one padded with zero rows) and the chunks' fp32 outputs are summed
             in chunk order, so dW stays bitwise repeatable.
     """
-    from fovi_lab.kernels.forward.api import run_uncached
     validate_meta(meta)
     check_tensor("grad_y", grad_y, dtype=(torch.float16, torch.bfloat16))
     check_grad_args(meta, grad_y, x=x)
@@ -323,7 +318,6 @@ def _tap_forward_in_chunks(meta: TrainingMeta, grad_y: torch.Tensor, x: torch.Te
                            rows: int) -> torch.Tensor:
     """The tap layer's forward ``[Cin, Cout, V]`` fp32 over the batch in chunks of ``rows`` (zero rows pad the
     last), summed in chunk order."""
-    from fovi_lab.kernels.forward.api import run_uncached
     b, chunks = grad_y.shape[0], -(-grad_y.shape[0] // rows)
     mt = tap_meta(meta, rows)
 

@@ -63,7 +63,8 @@ def validated_key(kind: str, name: str, bf16: bool = False):
     return (kind, f"{name} (bf16)" if bf16 else name, mathdx_default())
 
 
-def _build(kind: str, name: str, bf16: bool = False):
+def build_fused_kernel(kind: str, name: str, bf16: bool = False):
+    """The fused adjoint kernel ``(kind, name)`` (bf16 operands with ``bf16``), built once per MathDx setting."""
     mathdx = mathdx_default()
     key = (kind, name, mathdx, bool(bf16))
     with _build_lock:

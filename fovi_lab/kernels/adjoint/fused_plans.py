@@ -23,8 +23,8 @@ from fovi_lab.kernels.layout import swap_axes_into
 from fovi_lab.kernels.adjoint.fused import (SEG_FINISH_BLOCK, seg_finish_kernel, seg_finish_lists,
                                             seg_finish_tiled_dims, seg_finish_tiled_kernel, select_dw_nm_config,
                                             select_dx_nm_config)
-from fovi_lab.kernels.adjoint.fused_build import (NmGradKernel, _VALIDATED, _build, _spec, reverse_lists, tap_lists,
-                                                  validated_key)
+from fovi_lab.kernels.adjoint.fused_build import (NmGradKernel, _VALIDATED, _spec, build_fused_kernel, reverse_lists,
+                                                  tap_lists, validated_key)
 from fovi_lab.kernels.families.fused_adjoints import SEGMENTS
 from fovi_lab.kernels.families.registry import adjoint_point
 from fovi_lab.kernels.adjoint.fused_rules import (_segments, default_dw_nsplit, default_dw_seg_steps,  # noqa: F401
@@ -92,7 +92,7 @@ def get_nm_grad_kernel(kind: str, name: str, device, bf16: bool = False) -> Opti
 
     def build():
         try:
-            kernel = _build(kind, name, bf16)
+            kernel = build_fused_kernel(kind, name, bf16)
         except Exception as exc:
             return None, f"build failed: {type(exc).__name__}: {exc}"
         ok, why = _canary(kind, name, kernel, dev, bf16)

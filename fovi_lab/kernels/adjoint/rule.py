@@ -39,7 +39,7 @@ import torch
 import fovi_lab.settings as settings
 from fovi_lab.graph.meta import meta_aux
 from fovi_lab.kernels.families.fused_adjoints import SEGMENTS, WHOLE
-from fovi_lab.kernels.families.registry import lookup_adjoint
+from fovi_lab.kernels.families.registry import describe, lookup_adjoint
 
 #: Layers with at least this many input channels take the fused node-major adjoints; the stems (Cin = 3) the staged
 #: ones (their 3-channel rows make a fused tile mostly padding).
@@ -154,12 +154,10 @@ def gradient_words(plan: AdjointPlan, which: str) -> str:
     """What ``plan`` runs for ``which`` (``"dx"`` / ``"dW"``), in words, with the kernel's id in brackets."""
     path = plan.path(which)
     if path == "taps":
-        from fovi_lab.kernels.families import describe
         cfg = plan.config("dx")
         return (f"tensor cores, as the forward of the tap-expanded layer (Cin x V output channels), then a "
                 f"reverse-list sum: {describe(cfg)}  [{cfg}]")
     if path == "mma":
-        from fovi_lab.kernels.families import describe
         cfg = plan.config(which)
         what = f"{describe(cfg)}  [{cfg}]" if cfg else "the split tensor-core configs' default rule"
         layer = "the transposed layer" if which == "dx" else "the tap layer"

@@ -88,10 +88,16 @@ def _elem(bf16: bool, fp32_stage: bool):
 _GRID3 = ("3", "3p", "4")       # grid (n, p_tile, c_tile); the others (n, c_tile) with the p loop in the CTA
 
 
+#: Per kind: the letters of its column tile and its contraction tile in a kernel's name (gi: batch rows ``b``, output
+#: channels ``o``; gw: output channels ``n``, batch rows ``b``), and the contraction tile's default.
+_TILES_OF_KIND = {"gi": ("b", "o", _GI_TILE_O), "gw": ("n", "b", _GW_TILE_B)}
+
+
 def _stage_tag(kind: str, version, tile_p: int, tile_wide: int, tile_k: int, fp32_stage: bool, bf16: bool) -> str:
     """The kernel name: ``fovi_gi<version>_p<tile_p>b<tile_b>o<tile_o>_<f16|f32>[_bf16]`` (gi) or
     ``fovi_gw<version>_p<tile_p>n<tile_n>b<tile_kb>_<f16|f32>[_bf16]`` (gw)."""
-    tiles = f"b{tile_wide}o{tile_k}" if kind == "gi" else f"n{tile_wide}b{tile_k}"
+    wide, inner, _ = _TILES_OF_KIND[kind]
+    tiles = f"{wide}{tile_wide}{inner}{tile_k}"
     return f"fovi_{kind}{version}_p{tile_p}{tiles}_{'f32' if fp32_stage else 'f16'}" + ("_bf16" if bf16 else "")
 
 
@@ -203,12 +209,11 @@ def _stage_body(tag: str, loop: str, staged_rows: bool, P: int, K: int, C: int, 
 
 
 def make_grad_stage_kernel(kind: str, version, tile_p: int, tile_wide: int, fp32_stage: bool, *,
-                           tile_o: int = _GI_TILE_O, block_dim: Optional[int] = None,
-                           module_options: Optional[dict] = None, module: Optional[str] = None,
-                           tile_kb: int = _GW_TILE_B, bf16: bool = False):
-    """The stage kernel of a gi (``kind="gi"``: ``tile_wide`` = batch tile, ``tile_o`` = Cout chunk) or gw
-    (``"gw"``: ``tile_wide`` = Cout tile, ``tile_kb`` = batch chunk) config of ``version`` 2, 3, 4, "2p", "3p",
-    "2i" or "3i" (the per-version factories below describe each).
+                           tile_k: Optional[int] = None, block_dim: Optional[int] = None,
+                           module_options: Optional[dict] = None, module: Optional[str] = None, bf16: bool = False):
+    """The stage kernel of a gi (``kind="gi"``: ``tile_wide`` = batch tile, ``tile_k`` = Cout chunk, default 64) or
+    gw (``"gw"``: ``tile_wide`` = Cout tile, ``tile_k`` = batch chunk, default 64) config of ``version`` 2, 3, 4,
+    "2p", "3p", "2i" or "3i" (the per-version factories below describe each).
 
     Launch ``wp.launch_tiled(k, dim=..., block_dim=...)`` (the grid:
     :func:`fovi_lab.kernels.adjoint.staged_build._stage_dims`) with inputs ``(table [N, P64] i32, src, g,
@@ -229,7 +234,7 @@ def make_grad_stage_kernel(kind: str, version, tile_p: int, tile_wide: int, fp32
     sd = _stage_dtype(fp32_stage)
     et = _elem(bf16, fp32_stage)
     opts = _kernel_options(block_dim, module_options)
-    P, C, K = int(tile_p), int(tile_wide), int(tile_o if kind == "gi" else tile_kb)
+    P, C, K = int(tile_p), int(tile_wide), int(_TILES_OF_KIND[kind][2] if tile_k is None else tile_k)
     tag = _stage_tag(kind, version, P, C, K, fp32_stage, bf16)
     loop = str(version).rstrip("i")
     GRID3 = loop in _GRID3
@@ -265,14 +270,14 @@ def _gi_version(version, doc: str):
     """The public factory of one gi version: ``(tile_p, tile_b, fp32_stage, *, tile_o=64, ...)`` (``block_dim``,
     ``module_options``, ``module``, ``bf16`` as :func:`make_grad_stage_kernel`)."""
     def factory(tile_p: int, tile_b: int, fp32_stage: bool, *, tile_o: int = _GI_TILE_O, **kw):
-        return make_grad_stage_kernel("gi", version, tile_p, tile_b, fp32_stage, tile_o=tile_o, **kw)
+        return make_grad_stage_kernel("gi", version, tile_p, tile_b, fp32_stage, tile_k=tile_o, **kw)
     return _named(factory, f"make_grad_input_stage{version}_kernel", doc)
 
 
 def _gw_version(version, doc: str):
     """The public factory of one gw version: ``(tile_p, tile_n, fp32_stage, *, tile_b=64, ...)``."""
     def factory(tile_p: int, tile_n: int, fp32_stage: bool, *, tile_b: int = _GW_TILE_B, **kw):
-        return make_grad_stage_kernel("gw", version, tile_p, tile_n, fp32_stage, tile_kb=tile_b, **kw)
+        return make_grad_stage_kernel("gw", version, tile_p, tile_n, fp32_stage, tile_k=tile_b, **kw)
     return _named(factory, f"make_grad_weight_stage{version}_kernel", doc)
 
 

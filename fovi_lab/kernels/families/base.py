@@ -21,6 +21,7 @@ import torch
 
 from fovi_lab.graph.meta import pad_to
 from fovi_lab.ops.devices import DeviceSpec
+from fovi_lab.kernels.tables import analyse_tables
 
 
 @dataclass(frozen=True)
@@ -153,7 +154,6 @@ class Problem:
     @classmethod
     def of(cls, meta, batch: int, dtype: torch.dtype = torch.float16, layer: Optional[str] = None) -> "Problem":
         """The problem of ``meta`` (a :class:`~fovi_lab.graph.meta.TrainingMeta`) at ``batch`` in ``dtype``."""
-        from fovi_lab.kernels.forward.checks import analyse_tables
         info = analyse_tables(meta.input_linear, meta.weight_linear, meta.cin, meta.nin, meta.q)
         return cls(batch=int(batch), cin=int(meta.cin), nin=int(meta.nin), cout=int(meta.cout),
                    nout=int(meta.nout), p64=int(meta.p64), q=int(meta.q), k=int(meta.k),
@@ -228,6 +228,7 @@ class Family:
     params: Tuple[Param, ...] = ()
     variants: Dict[str, Dict[str, Any]] = {}
     tensor_cores: bool = False          # its products run on the tensor cores (the estimate's peak)
+    mma_sync: bool = False              # its kernels issue mma.sync themselves (sm_80+; the rules prefer them)
     training: bool = False              # its kernels also serve the adjoints (as forwards of derived layers)
     inference_only: bool = False        # runs only from the cached effective weight (no training forward)
     dtypes: Tuple[torch.dtype, ...] = (torch.float16,)      # the operand dtypes it has kernels for
@@ -416,11 +417,13 @@ class Family:
         order: the split tensor-core kernels, which the tensor-core adjoints run on)."""
         return False
 
-    def make_kernel(self, cfg, mathdx: Optional[bool] = None, dense: bool = False, bf16: bool = False):
+    def make_kernel(self, source, cfg, mathdx: Optional[bool] = None, dense: bool = False, bf16: bool = False):
         """The Warp kernel of the configs-table entry ``cfg`` (a :class:`~fovi_lab.kernels.families.table.FwdConfig`
         of one of this family's variants; its fields are the factory's arguments), or with ``dense`` its dense
-        ceiling (the same loop over dense operands of the same GEMM sizes). Called once per kernel by
-        :func:`fovi_lab.kernels.forward.build.build_kernel`, which caches it."""
+        ceiling (the same loop over dense operands of the same GEMM sizes), made by the factories of ``source``:
+        the kernel module :attr:`module` names, which the caller,
+        :func:`fovi_lab.kernels.forward.build.build_kernel`, imports (the families sit below the kernels they
+        describe). Called once per kernel; the caller caches it."""
         raise NotImplementedError
 
     # -- the roofline estimate ------------------------------------------------------------------------------

@@ -31,11 +31,10 @@ class Cached(Family):
     def dataflow(self, cfg) -> str:
         return "cached"
 
-    def make_kernel(self, cfg, mathdx=None, dense=False, bf16=False):
-        import fovi_lab.kernels.forward.tile as T
+    def make_kernel(self, source, cfg, mathdx=None, dense=False, bf16=False):
         if dense:
-            return dense_tile_kernel(cfg, mathdx, self.dense_kind(cfg))
-        return T.make_cached_kernel(cfg.tile_m, cfg.tile_n, cfg.block_dim, mathdx)
+            return dense_tile_kernel(source, cfg, mathdx, self.dense_kind(cfg))
+        return source.make_cached_kernel(cfg.tile_m, cfg.tile_n, cfg.block_dim, mathdx)
 
     def block_shape(self, point: Point):
         return point["tile_m"], point["tile_n"]

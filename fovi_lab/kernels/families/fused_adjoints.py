@@ -14,6 +14,7 @@ lists, from ``idx`` and ``rf_index``), not its index tables, so any table layout
 
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, List, Optional, Tuple
 
 from fovi_lab.kernels.families.adjoint_base import AdjointFamily
@@ -27,15 +28,37 @@ def _pad(n: int, m: int) -> int:
     return -(-int(n) // int(m)) * int(m)
 
 
+def _walk(whole: str, segments: str) -> Param:
+    """The walk parameter, its two values in words."""
+    return Param("walk", "walk", (WHOLE, SEGMENTS), words=words_of({WHOLE: whole, SEGMENTS: segments}))
+
+
 class _Fused(AdjointFamily):
     """What the two fused families share: the walk, the tiles' names, the checks."""
 
     module = "fovi_lab.kernels.adjoint.fused"
     tensor_cores = True             # (tile_matmul: MathDx on the tensor cores where Warp has it)
     kind_is_variant = True
-    #: the tile parameters in the order of the kernel factory's arguments (rows, columns, step)
+    #: the tile parameters in the order of the kernel factory's arguments (rows, columns, step), and the problem's
+    #: sizes each pads (:class:`~fovi_lab.kernels.families.base.Problem` fields)
     tile_params: Tuple[str, str, str] = ("", "", "")
+    tile_dims: Tuple[str, str, str] = ("", "", "")
     factory_name: str = ""
+
+    def __init_subclass__(cls, **kwargs):
+        """A fused family's variants are its two kinds, the whole-list walk and the segment one; its table rows are
+        its tiles."""
+        super().__init_subclass__(**kwargs)
+        whole, segments = cls.kinds
+        cls.variants = {whole: {"walk": WHOLE}, segments: {"walk": SEGMENTS}}
+        cls.forms_words = (f"Each preset is the whole-list kernel of its tiles (kind `{whole}`); kind `{segments}` "
+                           f"with the same name is the balanced-segment kernel of those tiles (its own id: "
+                           f"`{segments}_...`).")
+        cls.row_params = cls.tile_params
+
+    def padded_flops(self, point: Point, problem: Problem) -> float:
+        return 2.0 * problem.nout * self.taps(problem) * math.prod(
+            _pad(getattr(problem, dim), point[tile]) for dim, tile in zip(self.tile_dims, self.tile_params))
 
     def forms(self, points: List[Point]) -> List[Point]:
         """Every point in each walk: the whole-list kernels of all the points first, the segment ones after."""
@@ -99,22 +122,14 @@ class FusedDx(_Fused):
         Param("tile_c", "input channels per tile", (16, 32, 64, 128)),
         Param("step_o", "output channels per step", (16, 32, 64)),
         warps_param((2, 4, 8)),
-        Param("walk", "walk", (WHOLE, SEGMENTS), words=words_of({
-            WHOLE: "whole reverse lists", SEGMENTS: "balanced segments of the reverse lists"})),
+        _walk("whole reverse lists", "balanced segments of the reverse lists"),
     )
-    variants = {"dxn": {"walk": WHOLE}, "dxs": {"walk": SEGMENTS}}
-    forms_words = ("Each preset is the whole-list kernel of its tiles (kind `dxn`); kind `dxs` with the same name is "
-                   "the balanced-segment kernel of those tiles (its own id: `dxs_...`).")
     head_words = "{tile_b} batch rows x {tile_c} input channels per tile"
     id_fields = (IdField("m", "tile_b"), IdField("n", "tile_c"), IdField("k", "step_o"),
                  IdField("b", "warps", default=_usual_block_dx, scale=32))
-    row_params = ("tile_b", "tile_c", "step_o")
     tile_params = ("tile_b", "tile_c", "step_o")
+    tile_dims = ("batch", "cin", "cout")
     factory_name = "make_dx_kernel"
-
-    def padded_flops(self, point: Point, problem: Problem) -> float:
-        return 2.0 * problem.nout * self.taps(problem) * _pad(problem.batch, point["tile_b"]) * \
-            _pad(problem.cin, point["tile_c"]) * _pad(problem.cout, point["step_o"])
 
 
 class FusedDw(_Fused):
@@ -127,22 +142,14 @@ class FusedDw(_Fused):
         Param("tile_c", "input channels per tile", (16, 32, 64)),
         Param("step_b", "batch rows per step", (16, 32, 64)),
         warps_param((2, 4, 8)),
-        Param("walk", "walk", (WHOLE, SEGMENTS), words=words_of({
-            WHOLE: "whole tap lists in interleaved splits", SEGMENTS: "balanced segments of the tap lists"})),
+        _walk("whole tap lists in interleaved splits", "balanced segments of the tap lists"),
     )
-    variants = {"dwn": {"walk": WHOLE}, "dws": {"walk": SEGMENTS}}
-    forms_words = ("Each preset is the whole-list kernel of its tiles (kind `dwn`); kind `dws` with the same name is "
-                   "the balanced-segment kernel of those tiles (its own id: `dws_...`).")
     head_words = "{tile_o} output x {tile_c} input channels per tile"
     id_fields = (IdField("o", "tile_o"), IdField("c", "tile_c"), IdField("k", "step_b"),
                  IdField("b", "warps", default=_usual_block_dw, scale=32))
-    row_params = ("tile_o", "tile_c", "step_b")
     tile_params = ("tile_o", "tile_c", "step_b")
+    tile_dims = ("cout", "cin", "batch")
     factory_name = "make_dw_kernel"
-
-    def padded_flops(self, point: Point, problem: Problem) -> float:
-        return 2.0 * problem.nout * self.taps(problem) * _pad(problem.cout, point["tile_o"]) * \
-            _pad(problem.cin, point["tile_c"]) * _pad(problem.batch, point["step_b"])
 
 
 FUSED_DX = FusedDx()

@@ -43,11 +43,10 @@ class Im2col(Family):
     def canary_p64(self, cfg) -> int:
         return max(64, cfg.tile_k)
 
-    def make_kernel(self, cfg, mathdx=None, dense=False, bf16=False):
-        import fovi_lab.kernels.forward.tile as T
+    def make_kernel(self, source, cfg, mathdx=None, dense=False, bf16=False):
         if dense:
-            return dense_tile_kernel(cfg, mathdx, self.dense_kind(cfg))
-        return T.make_i2c_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim,
+            return dense_tile_kernel(source, cfg, mathdx, self.dense_kind(cfg))
+        return source.make_i2c_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim,
                                  self.variant_values(cfg)["w_gathered"], mathdx)
 
     def block_shape(self, point: Point):

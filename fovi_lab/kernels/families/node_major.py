@@ -56,16 +56,15 @@ class NodeMajor(Family):
     def dense_kind(self, cfg) -> str:
         return "pipelined" if self.variant_values(cfg)["prefetch"] else "tile"
 
-    def make_kernel(self, cfg, mathdx=None, dense=False, bf16=False):
-        import fovi_lab.kernels.forward.tile as T
+    def make_kernel(self, source, cfg, mathdx=None, dense=False, bf16=False):
         if dense:
-            return dense_tile_kernel(cfg, mathdx, self.dense_kind(cfg))
+            return dense_tile_kernel(source, cfg, mathdx, self.dense_kind(cfg))
         v = self.variant_values(cfg)
         if v["prefetch"]:
-            return T.make_nmp_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, mathdx)
+            return source.make_nmp_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, mathdx)
         if v["split"]:
-            return T.make_nms_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, mathdx)
-        return T.make_nm_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx)
+            return source.make_nms_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, mathdx)
+        return source.make_nm_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx)
 
     def block_shape(self, point: Point):
         return point["tile_m"] * point["r"], point["tile_n"]

@@ -61,16 +61,15 @@ class Simt(Family):
     def dense_kind(self, cfg) -> str:
         return "simtv" if self.variant_values(cfg)["fp32_vectors"] else "simt"
 
-    def make_kernel(self, cfg, mathdx=None, dense=False, bf16=False):
-        from fovi_lab.kernels.forward.simt import make_simt_kernel, make_simts_kernel, make_simtv_kernel
+    def make_kernel(self, source, cfg, mathdx=None, dense=False, bf16=False):
         v = self.variant_values(cfg)
         args = (cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim)
         if v["fp32_vectors"]:
-            return make_simtv_kernel(*args, dense=dense)
+            return source.make_simtv_kernel(*args, dense=dense)
         if v["split"] and not dense:
-            return make_simts_kernel(*args, wvec=v["w_vectors"])
+            return source.make_simts_kernel(*args, wvec=v["w_vectors"])
         # (a split kernel's dense ceiling is the unsplit loop with scalar W loads)
-        return make_simt_kernel(*args, dense=dense, prefetch=v["prefetch"], wvec=v["w_vectors"] and not v["split"])
+        return source.make_simt_kernel(*args, dense=dense, prefetch=v["prefetch"], wvec=v["w_vectors"] and not v["split"])
 
     def block_shape(self, point: Point):
         return point["tile_b"], point["tile_o"]

@@ -104,7 +104,7 @@ class _Staged(AdjointFamily):
     def factory(self, point: Point) -> Tuple[str, Tuple, Dict[str, Any]]:
         return "make_grad_stage_kernel", (
             self.kinds[0], self.version(point), point["tile_p"], point[self.wide], point["stage"] == "fp32"), {
-            self.spec_inner: point[self.inner], "block_dim": point["warps"] * 32, "bf16": point["operands"] == "bf16"}
+            "tile_k": point[self.inner], "block_dim": point["warps"] * 32, "bf16": point["operands"] == "bf16"}
 
     def from_spec(self, spec: Dict[str, Any], stage: str = "fp16", operands: str = "fp16") -> Point:
         """The point of a spec record (:meth:`spec` read back) with this stage and operand dtype."""

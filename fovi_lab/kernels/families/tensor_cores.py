@@ -25,6 +25,7 @@ class TensorCores(Family):
     title = "tensor cores"
     module = "fovi_lab.kernels.forward.mma"
     tensor_cores = True
+    mma_sync = True
     training = True
     dtypes = (torch.float16, torch.bfloat16)
     params = (
@@ -82,10 +83,9 @@ class TensorCores(Family):
     def fp32_output(self, cfg) -> bool:
         return bool(self.variant_values(cfg)["split"])
 
-    def make_kernel(self, cfg, mathdx=None, dense=False, bf16=False):
-        from fovi_lab.kernels.forward.mma import make_mma_kernel
+    def make_kernel(self, source, cfg, mathdx=None, dense=False, bf16=False):
         v = self.variant_values(cfg)
-        return make_mma_kernel(cfg.tile_n // 16, cfg.tile_m // 8, cfg.block_dim, split=v["split"] and not dense,
+        return source.make_mma_kernel(cfg.tile_n // 16, cfg.tile_m // 8, cfg.block_dim, split=v["split"] and not dense,
                                dense=dense, w_native=v["w_layout"] == "in place", x_t=v["x_layout"] == "transposed",
                                k_steps=cfg.tile_k // 16, stage=v["store"] == "shared tile" and not dense, bf16=bf16)
 

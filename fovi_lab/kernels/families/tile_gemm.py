@@ -41,13 +41,13 @@ def tile_shape(rows: Tuple[int, ...], channels: Tuple[int, ...]) -> Tuple[Param,
     return Param("tile_m", "batch rows per tile", rows), Param("tile_n", "output channels per tile", channels)
 
 
-def dense_tile_kernel(cfg, mathdx=None, kind: str = "tile"):
+def dense_tile_kernel(source, cfg, mathdx=None, kind: str = "tile"):
     """The dense ceiling of a tile family's configs-table entry ``cfg`` whose :meth:`~Family.dense_kind` is
-    ``kind``: the plain tile loop (``tile``) or the prefetching one (``pipelined``)."""
-    import fovi_lab.kernels.forward.tile as T
+    ``kind``: the plain tile loop (``tile``) or the prefetching one (``pipelined``), from the factories of
+    ``source`` (the tile kernels' module)."""
     if kind == "pipelined":
-        return T.make_densep_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, mathdx)
-    return T.make_dense_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx)
+        return source.make_densep_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, mathdx)
+    return source.make_dense_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx)
 
 
 class TileGemm(Family):
@@ -80,13 +80,12 @@ class TileGemm(Family):
     def dense_kind(self, cfg) -> str:
         return "pipelined" if self.variant_values(cfg)["prefetch"] else "tile"
 
-    def make_kernel(self, cfg, mathdx=None, dense=False, bf16=False):
-        import fovi_lab.kernels.forward.tile as T
+    def make_kernel(self, source, cfg, mathdx=None, dense=False, bf16=False):
         if dense:
-            return dense_tile_kernel(cfg, mathdx, self.dense_kind(cfg))
+            return dense_tile_kernel(source, cfg, mathdx, self.dense_kind(cfg))
         if self.variant_values(cfg)["prefetch"]:
-            return T.make_gp_kernel(cfg.tile_m, cfg.tile_n, cfg.block_dim, mathdx)
-        return T.make_gather_kernel(cfg.tile_m, cfg.tile_n, cfg.r, cfg.block_dim, mathdx)
+            return source.make_gp_kernel(cfg.tile_m, cfg.tile_n, cfg.block_dim, mathdx)
+        return source.make_gather_kernel(cfg.tile_m, cfg.tile_n, cfg.r, cfg.block_dim, mathdx)
 
     def block_shape(self, point: Point):
         return point["tile_m"] * point["r"], point["tile_n"]

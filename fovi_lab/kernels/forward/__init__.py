@@ -30,7 +30,8 @@ from fovi_lab.kernels.forward.simt import (make_simt_kernel, make_simts_kernel, 
 from fovi_lab.kernels.forward.build import (build_kernel, Built, cache_key, canary, canary_launch_ok, get_config,
                                             get_uncached_config, require_config, VALIDATED)
 from fovi_lab.kernels.forward.rules import select_config, select_i2c, select_mma, select_simt, select_simts, SIMT_CONFIG
-from fovi_lab.kernels.forward.checks import analyse_tables, device_str
+from fovi_lab.kernels.forward.checks import device_str
+from fovi_lab.kernels.tables import analyse_tables
 from fovi_lab.kernels.forward.plans import (bias_operand, DIRECT_STORE_MAX_BYTES, mmas_split, nms_reduce_kernel,
                                             pad_bias_to_tiles, pipe_split, Plan, plan_cached, plan_dense, plan_uncached,
                                             simts_split, store_mode, weight_layout)

@@ -25,7 +25,8 @@ from fovi_lab.kernels.forward.build import VALIDATED, build_kernel, get_uncached
 from fovi_lab.kernels.forward.rules import _FALLBACK_CHAIN, pick
 from fovi_lab.kernels.forward.plans import Plan, plan_cached, plan_dense, plan_uncached, store_mode
 from fovi_lab.ops.checks import check_operand
-from fovi_lab.kernels.forward.checks import analyse_tables, _check_bias, _check_table, _check_x, device_str
+from fovi_lab.kernels.forward.checks import _check_bias, _check_table, _check_x, device_str
+from fovi_lab.kernels.tables import analyse_tables
 
 
 def make_dense_ceiling(config: str, batch: int, cout: int, nout: int, kdim: int, device=None) -> Plan:

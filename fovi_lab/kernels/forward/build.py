@@ -15,13 +15,17 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from fovi_lab.ops.devices import DEVICES
-from fovi_lab.kernels.families.registry import family_or_none, is_dense_kind
+from fovi_lab.kernels.families.registry import family, family_or_none, is_dense_kind
 from fovi_lab.kernels.common import ValidatedCache, init_warp, nan_canary, wp
 from fovi_lab.kernels.forward.configs import (FwdConfig, _EXPERIMENTAL_CONFIG_SPECS,
                                               _TEST_CONFIG_SPECS, _UNCACHED_BATCH_CONFIG_SPECS, mathdx_default,
                                               config_spec, dense_kind)
 from fovi_lab.kernels.forward.plans import plan_cached, plan_dense, plan_uncached
 from fovi_lab.kernels.forward.checks import device_str
+import fovi_lab.kernels.forward.mma as mma
+import fovi_lab.kernels.forward.mma_pipe as mma_pipe
+import fovi_lab.kernels.forward.simt as simt
+import fovi_lab.kernels.forward.tile as tile
 
 
 _build_lock = threading.Lock()
@@ -32,10 +36,14 @@ VALIDATED = ValidatedCache("Warp forward config")
 # more aborts the whole process (an assert, not an exception), so the CPU canary refuses it first.
 _CPU_TILE_ARENA_BYTES = DEVICES["cpu"].smem_per_block
 
+#: The forward kernel modules by name: a family's :attr:`~fovi_lab.kernels.families.base.Family.module` says which
+#: one holds the factories of its kernels.
+KERNEL_MODULES = {m.__name__: m for m in (simt, tile, mma, mma_pipe)}
+
 
 def build_kernel(cfg: FwdConfig, mathdx: Optional[bool] = None, dense: bool = False, bf16: bool = False):
     """The Warp kernel of ``cfg`` (or of its dense ceiling), built once per (config, mathdx, element type) by its
-    family (:meth:`fovi_lab.kernels.families.base.Family.make_kernel`).
+    family (:meth:`fovi_lab.kernels.families.base.Family.make_kernel`) from the factories of its kernel module.
 
     ``bf16``: the kernel for bf16 operands; only the families with a bf16 kernel have one (a ValueError says so
     for any other config)."""
@@ -53,7 +61,8 @@ def build_kernel(cfg: FwdConfig, mathdx: Optional[bool] = None, dense: bool = Fa
     with _build_lock:
         k = _KERNELS.get(key)
         if k is None:
-            k = _KERNELS[key] = fam.make_kernel(cfg, mathdx=mathdx, dense=dense, bf16=bf16)
+            k = _KERNELS[key] = fam.make_kernel(KERNEL_MODULES[fam.module], cfg, mathdx=mathdx, dense=dense,
+                                                   bf16=bf16)
         return k
 
 
@@ -186,7 +195,6 @@ def get_uncached_config(name: str, device=None, bf16: bool = False) -> Optional[
 
     A config that fails is remembered as None and reported once with a ``RuntimeWarning`` saying why.
     """
-    from fovi_lab.kernels.families.registry import family
     if family(config_spec(name).family).inference_only:      # (an unknown name raises here)
         raise ValueError(f"config: {name!r} is a cached-path config; run_uncached takes one of "
                          f"{', '.join(_UNCACHED_BATCH_CONFIG_SPECS)}, or an id of any point of the uncached "
@@ -195,7 +203,6 @@ def get_uncached_config(name: str, device=None, bf16: bool = False) -> Optional[
 
 
 def require_config(name: str, device: str, bf16: bool = False) -> Built:
-    from fovi_lab.kernels.families.registry import family
     if family(config_spec(name).family).inference_only:      # a cached-path config (its family says so)
         built = get_config(name, device)
     else:

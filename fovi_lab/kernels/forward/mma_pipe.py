@@ -43,39 +43,14 @@ CTA shape without gathers, written ``[Nout, B, Cout]``.
 
 # (no "from __future__ import annotations": Warp needs the stubs' annotations as objects)
 
-from typing import Any, Tuple
+from typing import Any
 
 from fovi_lab.kernels.common import init_warp, wp
 from fovi_lab.kernels.built import built
+from fovi_lab.kernels.families.pipelined import PIPE_SMEM_LIMIT, pipe_layout
 from fovi_lab.kernels.forward.mma import _decorator, _indent, mma_sync_snippet
 
 __all__ = ["make_mma_pipe_kernel", "pipe_layout", "pipe_snippet", "PIPE_SMEM_LIMIT"]
-
-#: Static shared memory the stages may take: a CTA may declare 48 KiB without a dynamic opt-in, and every Warp
-#: kernel declares 512 bytes of its own (ptxas: 0xc200 bytes for 48 KiB of stages).
-PIPE_SMEM_LIMIT = 48 * 1024 - 512
-
-def pipe_layout(bm: int, bn: int, bk: int, stages: int, threads: int) -> Tuple[int, int, int, int]:
-    """``(WM, WN, MT, NT)`` of a CTA of ``threads`` threads over ``bm`` channels x ``bn`` batch rows: the warp
-    grid and each warp's m16 / n8 tile counts. A ValueError names what cannot be built (tile sizes, shared
-    memory over :data:`PIPE_SMEM_LIMIT`, a copy that does not divide among the threads)."""
-    if threads not in (128, 256):
-        raise ValueError(f"mmap kernel: block_dim={threads} must be 128 or 256")
-    wm, wn = (2, 2) if threads == 128 else (2, 4)
-    if bm % 64 or bn % 64 or bm // wm % 16 or bn // wn % 16:
-        raise ValueError(f"mmap kernel: {bm} channels x {bn} rows must be multiples of 64 that split into "
-                         f"{wm} x {wn} warp tiles of 16-multiples")
-    if bk not in (16, 32, 64) or stages < 2:
-        raise ValueError(f"mmap kernel: tile_k={bk} must be 16, 32 or 64 and stages={stages} at least 2")
-    smem = stages * bk * (bm + bn) * 2
-    if smem > PIPE_SMEM_LIMIT:
-        raise ValueError(f"mmap kernel: {stages} stages of {bk} x ({bm} + {bn}) fp16 need {smem} bytes of shared "
-                         f"memory, over the {PIPE_SMEM_LIMIT} a CTA may declare")
-    if bk * bm // 8 % threads or bk * bn // 8 % threads:
-        raise ValueError(f"mmap kernel: a stage's 16-byte copies ({bk * bm // 8} + {bk * bn // 8}) must divide "
-                         f"among {threads} threads")
-    return wm, wn, bm // wm // 16, bn // wn // 8
-
 
 def pipe_snippet(bm: int, bn: int, bk: int, stages: int, threads: int, dense: bool = False) -> str:
     """The native body: thread ``thr``'s accumulators over p in ``[p_lo, p_hi)`` (multiples of ``bk``) for the

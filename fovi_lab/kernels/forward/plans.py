@@ -27,7 +27,8 @@ from fovi_lab.kernels.forward.splits import (_i2c_stage_bytes, _i2c_static, _MMA
                                              _nms_split, _SIMTS_MIN_STEPS, MMAPS_CTAS, MMAS_WARPS, mmas_split,
                                              pipe_split, simts_split)
 from fovi_lab.kernels.layout import swap_axes_into, transpose, transpose_into
-from fovi_lab.kernels.forward.checks import _TableInfo, analyse_tables, device_str
+from fovi_lab.kernels.forward.checks import device_str
+from fovi_lab.kernels.tables import TableInfo, analyse_tables
 
 
 _BIAS_CACHE: Dict[Tuple, Tuple] = {}
@@ -74,7 +75,7 @@ def pad_bias_to_tiles(bias: Optional[torch.Tensor], cout: int, tile_n: int, devi
 
 
 def plan_uncached(cfg: FwdConfig, kernel, x, weight, bias, il, wl, store: str,
-                   info: Optional[_TableInfo] = None, dev: Optional[str] = None, memo: Optional[dict] = None,
+                   info: Optional[TableInfo] = None, dev: Optional[str] = None, memo: Optional[dict] = None,
                    out_dtype=None) -> Plan:
     dev = dev or warp_device(x)
     b, cin, nin = x.shape
@@ -158,7 +159,7 @@ class _SimtRunner:
     owns its recorded launches, so a call only allocates y (and the split's partials), looks up the cached W
     layout and bias, re-points the launches' array parameters at this call's tensors and launches."""
 
-    def __init__(self, cfg: FwdConfig, kernel, dev: str, info: _TableInfo, b: int, cin: int, nin: int, cout: int,
+    def __init__(self, cfg: FwdConfig, kernel, dev: str, info: TableInfo, b: int, cin: int, nin: int, cout: int,
                  nout: int, il: torch.Tensor, wl: torch.Tensor):
         tb, to, u = cfg.tile_m, cfg.tile_n, cfg.tile_k
         self.kernel, self.dev, self.block_dim = kernel, dev, cfg.block_dim
@@ -177,7 +178,7 @@ class _SimtRunner:
             self.bx = pad_to(b, tb)
             if il.data_ptr() % 16 or wl.data_ptr() % 16:
                 il, wl = il.clone(), wl.clone()
-                info = _TableInfo(nm=info.nm, nin=info.nin, p_used=info.p_used)
+                info = TableInfo(nm=info.nm, nin=info.nin, p_used=info.p_used)
             lanes, units = 32, nout * nbg * n_og
         elif fam.unit == "block":
             # a CTA per (node, batch block, channel block): the last grid dimension is (channel block, thread);
@@ -262,7 +263,7 @@ class _NmRunner:
     (:func:`nms_reduce_kernel`) sums them in a fixed order, adds the bias in fp32 and rounds once into
     ``out``."""
 
-    def __init__(self, cfg: FwdConfig, kernel, dims, dev: str, info: _TableInfo, b: int, cin: int, nin: int,
+    def __init__(self, cfg: FwdConfig, kernel, dims, dev: str, info: TableInfo, b: int, cin: int, nin: int,
                  cout: int, nout: int, store: str):
         idxn, rfn, k = info.nm
         self.kernel, self.block_dim, self.dev, self.store = kernel, cfg.block_dim, dev, store
@@ -353,7 +354,7 @@ def _as_rows16(t: torch.Tensor) -> torch.Tensor:
 
 
 def _plan_i2c(cfg: FwdConfig, kernel, x, weight, il, wl, out, finish, bias_p, bias_w, dev: str,
-              info: _TableInfo, memo: Optional[dict] = None) -> Plan:
+              info: TableInfo, memo: Optional[dict] = None) -> Plan:
     """The i2c launch (see :func:`make_i2c_kernel`): per chunk of ``Nc`` nodes (``Nc*P64*Bx*2`` bytes
     within ``FOVI_WARP_I2C_MIB``), one row gather into the stage, then one kernel launch. For ``i2c``
     the weight rows of every node are gathered too (``Nout*P64*Cout_p*2`` bytes, rebuilt per call

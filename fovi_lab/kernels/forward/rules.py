@@ -11,6 +11,7 @@ from typing import Optional
 
 import fovi_lab.settings as settings
 from fovi_lab.graph.meta import pad_to
+from fovi_lab.kernels.families.registry import lookup
 
 
 # Minimum input channels for the node-major family: its channel runs are padded to tile_k (>= 64), so
@@ -99,7 +100,6 @@ def pick_reason(batch: int, out_channels: int, out_nodes: int, p_padded: int, in
                 node_major: bool, name: str, bf16: bool = False) -> str:
     """Which rule of this module picked ``name`` for the call, in words, with the thresholds it read (the rule is
     told by the point's family and parameters, :mod:`fovi_lab.kernels.families`)."""
-    from fovi_lab.kernels.families.registry import lookup
     if bf16:
         return "bf16 runs on the register tensor-core kernels alone (select_mma without the pipelined kernels)"
     point = lookup(name)
