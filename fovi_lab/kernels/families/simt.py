@@ -69,7 +69,8 @@ class Simt(Family):
         if v["split"] and not dense:
             return source.make_simts_kernel(*args, wvec=v["w_vectors"])
         # (a split kernel's dense ceiling is the unsplit loop with scalar W loads)
-        return source.make_simt_kernel(*args, dense=dense, prefetch=v["prefetch"], wvec=v["w_vectors"] and not v["split"])
+        return source.make_simt_kernel(*args, dense=dense, prefetch=v["prefetch"],
+                                       wvec=v["w_vectors"] and not v["split"])
 
     def block_shape(self, point: Point):
         return point["tile_b"], point["tile_o"]
