@@ -118,9 +118,9 @@ def test_tensor_core_checks_agree_with_the_kernel_factory():
     tried = 0
     for pt in list(fam.points())[::37]:                      # a spread of the 2,000-odd points
         cfg = fam.to_config(pt)
-        split, w_native, x_t = F.mma_flags(cfg.family)
+        split, w_native, x_t = F.mma_flags(cfg.variant)
         make_mma_kernel(cfg.tile_n // 16, cfg.tile_m // 8, cfg.block_dim, split=split, w_native=w_native, x_t=x_t,
-                        k_steps=cfg.tile_k // 16, stage=F.mma_staged(cfg.family))
+                        k_steps=cfg.tile_k // 16, stage=F.mma_staged(cfg.variant))
         tried += 1
     assert tried > 50
 
@@ -290,12 +290,12 @@ def _kernel_words() -> set:
     return words - {""}
 
 
-_SUBJECTS = ("kind", "family", "fam", "key", "flow", "dataflow")
+_SUBJECTS = ("kind", "family", "variant", "fam", "key", "flow", "dataflow")
 
 
 def kind_branches(source: str, words: set) -> list:
     """``(line, text)`` of each comparison of a kind, family or dataflow (a name or attribute spelt as in
-    :data:`_SUBJECTS`) with string literals naming kernels (``kind == "gi"``, ``cfg.family in ("mmap", "mmaps")``)."""
+    :data:`_SUBJECTS`) with string literals naming kernels (``kind == "gi"``, ``cfg.variant in ("mmap", "mmaps")``)."""
     def literals(node):
         elts = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
         return [e.value for e in elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
@@ -328,6 +328,6 @@ def test_kernel_decisions_go_through_the_families():
 
 def test_the_branch_check_finds_kind_branches():
     words = {"gi", "gw", "mmap", "mmaps"}
-    src = ('if kind == "gi": pass\nx = a if cfg.family in ("mmap", "mmaps") else b\nif which == "gi": pass\n'
+    src = ('if kind == "gi": pass\nx = a if cfg.variant in ("mmap", "mmaps") else b\nif which == "gi": pass\n'
            'if kind == "other": pass\n')
-    assert kind_branches(src, words) == [(1, "kind == 'gi'"), (2, "cfg.family in ('mmap', 'mmaps')")]
+    assert kind_branches(src, words) == [(1, "kind == 'gi'"), (2, "cfg.variant in ('mmap', 'mmaps')")]

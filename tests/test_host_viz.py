@@ -12,7 +12,7 @@ def test_host_cost_times_both_paths_on_a_node_major_shape():
     from fovi_lab.kernels import forward as F
     r = hv.host_cost("MAIN", batch=8, reps=5)          # the default pick: an mma kernel (x read in place)
     assert r["cold_us"] > 0 and r["warm_us"] > 0
-    assert F.config_spec(r["config"]).family in F.MMA_FAMILIES and r["device"] == "cpu"
+    assert F.config_spec(r["config"]).variant in F.MMA_VARIANTS and r["device"] == "cpu"
 
 
 def _probe(path, fwd, step, replay):

@@ -40,8 +40,8 @@ def test_recorded_rows_read_the_mma_runs():
     assert rows, "the shipped records hold the mma sweep"
     assert {r["B"] for r in rows} <= {1, 16, 64, 512}
     for r in rows:
-        assert F.config_spec(r["pick"]).family in F.MMA_FAMILIES
-        assert F.config_spec(r["old_config"]).family not in F.MMA_FAMILIES
+        assert F.config_spec(r["pick"]).variant in F.MMA_VARIANTS
+        assert F.config_spec(r["old_config"]).variant not in F.MMA_VARIANTS
         assert r["ms"] and r["torch_ms"] and r["vs_torch"] == pytest.approx(r["torch_ms"] / r["ms"])
     assert sum(1 for r in rows if r["vs_old"]) >= 40          # the tile / SIMT rules' picks were timed beside them
     fig = mv.mma_figure(rows)
@@ -79,7 +79,7 @@ def test_loop_depth_and_staged_store_readers():
         assert r["ms"][0] and r["best_depth"] in (16, 32, 64)
         assert r["speedup"] == pytest.approx(r["ms"][0] / min(m for m in r["ms"] if m))
     for r in stage:
-        assert F.mma_staged(F.config_spec(r["staged"]).family) and not F.mma_staged(F.config_spec(r["direct"]).family)
+        assert F.mma_staged(F.config_spec(r["staged"]).variant) and not F.mma_staged(F.config_spec(r["direct"]).variant)
         assert r["speedup"] == pytest.approx(r["direct_ms"] / r["staged_ms"])
     assert len(mv.depth_figure(depth).data) == 3 and len(mv.stage_figure(stage).data) == 2
     regs = {r["kernel"]: r for r in mv.register_rows()}

@@ -42,8 +42,8 @@ def test_recorded_rows_read_the_side_by_side_run():
     rows = pv.recorded_rows()
     assert rows, "data/h200/forward_pipe.jsonl.gz holds the pipelined kernels' run"
     for r in rows:
-        assert F.config_spec(r["pipe"]).family in F.PIPE_FAMILIES
-        assert F.config_spec(r["reg"]).family in F.MMA_FAMILIES
+        assert F.config_spec(r["pipe"]).variant in F.PIPE_VARIANTS
+        assert F.config_spec(r["reg"]).variant in F.MMA_VARIANTS
         assert r["speedup"] == pytest.approx(r["reg_ms"] / r["pipe_ms"])
         assert r["pipe_tflops"] == pytest.approx(r["reg_tflops"] * r["speedup"])
     assert {r["B"] for r in rows} == {64, 512}

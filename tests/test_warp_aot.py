@@ -47,67 +47,67 @@ def _forward_kernels_by_block_dim(module_prefix: str, every_config: bool = True)
     try:
         for name in F.uncached_config_names() + F.cached_config_names():
             cfg = F.config_spec(name)
-            if cfg.family in F.PIPE_FAMILIES:
+            if cfg.variant in F.PIPE_VARIANTS:
                 # their own modules (tests/test_warp_mma_pipe.py): ptxas counts every static __shared__ array of a
                 # module against each of its kernels, and the staged mma stores' tiles would push the stages past 48 KiB
                 continue
             if not every_config:
-                if cfg.family in F.MMA_FAMILIES:
+                if cfg.variant in F.MMA_VARIANTS:
                     if name not in _MMA_REPRESENTATIVES:
                         continue
-                elif (cfg.family, cfg.block_dim) in families:
+                elif (cfg.variant, cfg.block_dim) in families:
                     continue
-                families.add((cfg.family, cfg.block_dim))
+                families.add((cfg.variant, cfg.block_dim))
             mod = f"{module_prefix}_b{cfg.block_dim}"
             wc.SHARED_KERNEL_MODULE = mod
             groups.setdefault(cfg.block_dim, mod)
-            if cfg.family == "gather":
+            if cfg.variant == "gather":
                 F.make_gather_kernel(cfg.tile_m, cfg.tile_n, cfg.r, cfg.block_dim, mathdx=False)
-            elif cfg.family == "nm":
+            elif cfg.variant == "nm":
                 F.make_nm_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx=False)
-            elif cfg.family == "nmp":
+            elif cfg.variant == "nmp":
                 F.make_nmp_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, mathdx=False)
-            elif cfg.family == "gp":
+            elif cfg.variant == "gp":
                 F.make_gp_kernel(cfg.tile_m, cfg.tile_n, cfg.block_dim, mathdx=False)
-            elif cfg.family == "nms":
+            elif cfg.variant == "nms":
                 F.make_nms_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, mathdx=False)
-            elif cfg.family in ("i2c", "i2cg"):
-                F.make_i2c_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, cfg.family == "i2cg",
+            elif cfg.variant in ("i2c", "i2cg"):
+                F.make_i2c_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, cfg.variant == "i2cg",
                                    mathdx=False)
-            elif cfg.family == "cached":
+            elif cfg.variant == "cached":
                 F.make_cached_kernel(cfg.tile_m, cfg.tile_n, cfg.block_dim, mathdx=False)
-            elif cfg.family in ("simt", "simtv"):
-                make = F.make_simt_kernel if cfg.family == "simt" else F.make_simtv_kernel
+            elif cfg.variant in ("simt", "simtv"):
+                make = F.make_simt_kernel if cfg.variant == "simt" else F.make_simtv_kernel
                 make(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim)
                 make(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, dense=True)
                 continue
-            elif cfg.family == "simtp":                     # its dense ceiling is the simt one
+            elif cfg.variant == "simtp":                     # its dense ceiling is the simt one
                 F.make_simt_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, prefetch=True)
                 continue
-            elif cfg.family in ("simts", "simtsw"):          # its dense ceiling is the simt one, too
-                F.make_simts_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, wvec=cfg.family == "simtsw")
+            elif cfg.variant in ("simts", "simtsw"):          # its dense ceiling is the simt one, too
+                F.make_simts_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, wvec=cfg.variant == "simtsw")
                 continue
-            elif cfg.family == "simtw":
+            elif cfg.variant == "simtw":
                 F.make_simt_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, wvec=True)
                 continue
-            elif cfg.family in F.MMA_FAMILIES:              # inline PTX mma.sync (sm_80+)
+            elif cfg.variant in F.MMA_VARIANTS:              # inline PTX mma.sync (sm_80+)
                 from fovi_lab.kernels.forward.mma import make_mma_kernel
                 mt, nt = cfg.tile_n // 16, cfg.tile_m // 8
-                split, w_native, x_t = F.mma_flags(cfg.family)
+                split, w_native, x_t = F.mma_flags(cfg.variant)
                 ku = cfg.tile_k // 16
                 make_mma_kernel(mt, nt, cfg.block_dim, split=split, w_native=w_native, x_t=x_t, k_steps=ku,
-                                stage=F.mma_staged(cfg.family))
+                                stage=F.mma_staged(cfg.variant))
                 if name in _MMA_REPRESENTATIVES:              # the bf16 kernels: same code but the MMA's type
                     make_mma_kernel(mt, nt, cfg.block_dim, split=split, w_native=w_native, x_t=x_t, k_steps=ku,
-                                    stage=F.mma_staged(cfg.family), bf16=True)
+                                    stage=F.mma_staged(cfg.variant), bf16=True)
                 if not split:                                 # the split ones share their unsplit ceiling
                     make_mma_kernel(mt, nt, cfg.block_dim, dense=True, w_native=w_native, x_t=x_t, k_steps=ku)
                 continue
             else:
-                raise AssertionError(f"test_warp_aot does not know the {cfg.family!r} family ({name})")
-            pipelined = cfg.family in ("nmp", "gp")
+                raise AssertionError(f"test_warp_aot does not know the {cfg.variant!r} family ({name})")
+            pipelined = cfg.variant in ("nmp", "gp")
             key = (pipelined, cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim)
-            if cfg.family != "cached" and key not in seen:
+            if cfg.variant != "cached" and key not in seen:
                 seen.add(key)
                 if pipelined:
                     F.make_densep_kernel(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.block_dim, mathdx=False)

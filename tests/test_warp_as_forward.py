@@ -17,7 +17,7 @@ from fovi_lab.kernels import forward as F
 from fovi_lab.kernels.adjoint.as_forward import grad_input_mma, grad_weight_mma, transposed_weight
 from grad_cases import assert_fp32_exact, grad_case
 
-SPLIT = [c for c in F.uncached_config_names() if F.config_spec(c).family in ("mmas", "mmasw")]
+SPLIT = [c for c in F.uncached_config_names() if F.config_spec(c).variant in ("mmas", "mmasw")]
 
 
 def _case(name, b, dtype, seed=3):
@@ -93,7 +93,7 @@ def test_the_rule_takes_the_tensor_cores_on_large_gemms_only():
     from fovi_lab.graph.layers import layer_meta
     from fovi_lab.kernels.adjoint import as_forward as AF
     sel = AF.select_grad_mma
-    assert AF.MMA_GRAD_CONFIG in F.uncached_config_names() and F.config_spec(AF.MMA_GRAD_CONFIG).family == "mmaps"
+    assert AF.MMA_GRAD_CONFIG in F.uncached_config_names() and F.config_spec(AF.MMA_GRAD_CONFIG).variant == "mmaps"
     l1, l2, r3, r40, dino = (layer_meta(n) for n in ("alex_L1", "alex_L2", "res18_layer3", "res18_layer4_0",
                                                       "dinov3_patch"))
     r1, r30 = layer_meta("res18_layer1"), layer_meta("res18_layer3_0")

@@ -104,7 +104,7 @@ def test_every_config_matches_oracle(config):
         if shape == "MAIN" and b == 129:
             b = 64
         c = case(shape, b)
-        if cfg.family in ("i2c", "i2cg") and c.meta.p64 % cfg.tile_k:
+        if cfg.variant in ("i2c", "i2cg") and c.meta.p64 % cfg.tile_k:
             # a 128-deep K step needs P64 % 128 == 0: refused with the config and P64 named
             with pytest.raises(ValueError, match=f"{config}.*P64={c.meta.p64}"):
                 _run_prefilled(c, config)
@@ -115,7 +115,7 @@ def test_every_config_matches_oracle(config):
 # A stem-like shape (Cin = 3, P = 126 -> P64 = 128): the i2c family's home, and a P64 the 128-deep
 # K step divides.
 STEM = (3, 24, 200, 37, 42, 80, 25)
-_I2C = [n for n in _CONFIGS if F.config_spec(n).family in ("i2c", "i2cg")]
+_I2C = [n for n in _CONFIGS if F.config_spec(n).variant in ("i2c", "i2cg")]
 
 
 @pytest.mark.parametrize("b", (1, 17, 64))
@@ -126,7 +126,7 @@ def test_i2c_configs_on_a_stem(config, b):
     c.check(_run_prefilled(c, config), f"{config} on STEM B={b}")
 
 
-_SIMT = [n for n in _CONFIGS if F.config_spec(n).family in ("simt", "simtp", "simtv", "simts")]
+_SIMT = [n for n in _CONFIGS if F.config_spec(n).variant in ("simt", "simtp", "simtv", "simts")]
 
 
 @pytest.mark.parametrize("b", (1, 17, 64))
@@ -219,7 +219,7 @@ def test_simt_dense_ceilings_compute_the_dense_gemm(config):
     at, w = plan._keep[0].float(), plan._keep[1].float()          # [Kd, Bx], [Kd, Cout_p]
     cfg = F.config_spec(config)
     cols = torch.arange(20)
-    if cfg.family == "simtv":          # the vec4 loop reads a channel-permuted W: column og*TO + j is o
+    if cfg.variant == "simtv":          # the vec4 loop reads a channel-permuted W: column og*TO + j is o
         n_og = w.shape[1] // cfg.tile_n
         cols = (cols % n_og) * cfg.tile_n + cols // n_og
     ref = (at.t() @ w)[:9, cols]
@@ -592,7 +592,7 @@ def test_heuristic_matches_sweep():
     for (layer, b), (_, r) in sorted(shapes.items()):
         pick = F.select_config(b, r["cout"], r["nout"], r["p64"], in_channels=r["cin"],
                                                node_major=True, q=r["cin"] * r["v"])
-        if F.config_spec(pick).family in F.PIPE_FAMILIES:
+        if F.config_spec(pick).variant in F.PIPE_VARIANTS:
             # judged on the pipelined kernels' own side-by-side run (data/h200/forward_pipe.jsonl.gz, tag "mmap"),
             # and the register rule's pick (what the pipeline replaced) on the package sweep as before
             pipe = _pipe_kernel_times().get((layer, b))
@@ -602,7 +602,7 @@ def test_heuristic_matches_sweep():
                                f"{min(pipe, key=pipe.get)} in data/h200/forward_pipe.jsonl.gz")
             pick = F.select_config(b, r["cout"], r["nout"], r["p64"], in_channels=r["cin"],
                                    node_major=True, q=r["cin"] * r["v"], pipe=False)
-        mma = F.config_spec(pick).family in F.MMA_FAMILIES
+        mma = F.config_spec(pick).variant in F.MMA_VARIANTS
         replay_runs = mma_replay_runs if mma else all_replay_runs
         replayed = [run for run in replay_runs.get((layer, b), []) if pick in run and len(run) > 1]
         runs = replayed or kernel_runs[(layer, b)]
@@ -697,23 +697,24 @@ def test_mma_selection_rules(monkeypatch):
     c = case(STEM, 17)
     real = F.get_uncached_config
     monkeypatch.setattr(fwd_api, "get_uncached_config",
-                        lambda name, dev=None: None if F.config_spec(name).family in F.MMA_FAMILIES else real(name, dev))
+                        lambda name, dev=None: (None if F.config_spec(name).variant in F.MMA_VARIANTS
+                                                else real(name, dev)))
     fwd_api._CALLS.clear()
     plan = F.prepare_uncached(c.x, c.w, c.bias, c.meta.input_linear, c.meta.weight_linear)
-    assert F.config_spec(plan.config).family not in F.MMA_FAMILIES
+    assert F.config_spec(plan.config).variant not in F.MMA_VARIANTS
     fwd_api._CALLS.clear()
 
 
 def config_name_ok(name: str) -> str:
     """Every mma config's name spells its block: ``<family>_o<channels>b<rows>[k<tile_k>][b<block_dim>]``."""
     cfg = F.config_spec(name)
-    if cfg.family in F.PIPE_FAMILIES:
+    if cfg.variant in F.PIPE_VARIANTS:
         bd = f"b{cfg.block_dim}" if cfg.block_dim != 128 else ""
-        assert name == f"{cfg.family}_o{cfg.tile_n}b{cfg.tile_m}k{cfg.tile_k}s{cfg.r}{bd}", name
-    if cfg.family in F.MMA_FAMILIES:
+        assert name == f"{cfg.variant}_o{cfg.tile_n}b{cfg.tile_m}k{cfg.tile_k}s{cfg.r}{bd}", name
+    if cfg.variant in F.MMA_VARIANTS:
         k = f"k{cfg.tile_k}" if cfg.tile_k != 16 else ""
         bd = f"b{cfg.block_dim}" if cfg.block_dim != 128 else ""
-        assert name == f"{cfg.family}_o{cfg.tile_n}b{cfg.tile_m}{k}{bd}", name
+        assert name == f"{cfg.variant}_o{cfg.tile_n}b{cfg.tile_m}{k}{bd}", name
         assert cfg.tile_n % 16 == 0 and cfg.tile_m % 8 == 0 and cfg.tile_k in (16, 32, 64), name
     return name
 

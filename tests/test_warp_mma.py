@@ -22,8 +22,8 @@ from fovi_lab.kernels.forward.mma import mma_channel
 
 from test_warp_forward import STEM, case, _run_prefilled
 
-_MMA = [n for n in F.uncached_config_names() if F.config_spec(n).family in F.MMA_FAMILIES]
-_MMA_ALL = [n for n in F.uncached_config_names(experimental=True) if F.config_spec(n).family in F.MMA_FAMILIES]
+_MMA = [n for n in F.uncached_config_names() if F.config_spec(n).variant in F.MMA_VARIANTS]
+_MMA_ALL = [n for n in F.uncached_config_names(experimental=True) if F.config_spec(n).variant in F.MMA_VARIANTS]
 
 
 def test_channel_permutation_is_a_bijection_and_makes_lane_loads_contiguous():
@@ -52,7 +52,7 @@ def test_mma_experimental_blocks_run():
     staged block) that no registered config covers: on the CPU they all run the same scalar loop, the depth only
     sets the loop bounds and the block_dim the launch (the GPU test runs every block)."""
     c = case("ODD", 17)
-    kind = lambda cfg: (cfg.family, cfg.tile_k, cfg.block_dim // 32 if F.mma_staged(cfg.family) else 0)  # noqa: E731
+    kind = lambda cfg: (cfg.variant, cfg.tile_k, cfg.block_dim // 32 if F.mma_staged(cfg.variant) else 0)  # noqa: E731
     covered = {kind(F.config_spec(n)) for n in _MMA}
     for config in _MMA_ALL:
         cfg = F.config_spec(config)
@@ -180,7 +180,7 @@ def test_gpu_every_mma_config_on_real_layers(layer):
             assert bool(torch.isfinite(y).all()), f"{config} {layer} B={b}: unwritten outputs"
             err = float((y.float() - ref).abs().max())
             assert err <= tol, f"{config} {layer} B={b}: max abs error {err:.3g} > {tol:.3g}"
-            if F.config_spec(config).family == "mmas":
+            if F.config_spec(config).variant == "mmas":
                 y2 = F.run_uncached(x, w, bias, meta.input_linear, meta.weight_linear, config=config)
                 assert torch.equal(y, y2), f"{config} {layer} B={b}: not bitwise repeatable"
 
@@ -195,14 +195,14 @@ def test_mma_layout_dense_ceilings_compute_the_dense_gemm(config):
     plan.launch()
     y = plan.finish()
     xd, w = plan._keep[0].float(), plan._keep[1].float()
-    _, w_native, x_t = F.mma_flags(cfg.family)
+    _, w_native, x_t = F.mma_flags(cfg.variant)
     a = xd.t() if x_t else xd                                     # [Bx, Kd]
     wk = w.t() if w_native else w                                 # [Kd, Cout_p]
     ref = (a @ wk)[:9, :20]
     for n in range(3):
         assert torch.allclose(y[:, :, n].float(), ref, atol=2e-2, rtol=1e-2), (config, n)
     kind = F.dense_kind(cfg)
-    assert kind[0] == cfg.family.replace("mmas", "mma")
+    assert kind[0] == cfg.variant.replace("mmas", "mma")
     assert F.dense_kind(F.config_spec("mmas_o64b16")) == F.dense_kind(F.config_spec("mma_o64b16"))
     assert F.dense_kind(F.config_spec("mmat_o64b16")) != F.dense_kind(F.config_spec("mma_o64b16"))
     # the staged store shares its loop's ceiling (the dense kernel writes [Nout, B, Cout], no store to stage)
@@ -233,7 +233,7 @@ def test_bf16_mma_kernels_match_the_oracle(config, shape, b):
     of the fp32 oracle on the same bf16 inputs; the rule (config None) picks an mma config for bf16."""
     meta, x, w, bias = _bf16_case(shape, b)
     plan = F.prepare_uncached(x, w, bias, meta.input_linear, meta.weight_linear, config=config)
-    assert F.config_spec(plan.config).family in F.MMA_FAMILIES
+    assert F.config_spec(plan.config).variant in F.MMA_VARIANTS
     plan.out.fill_(float("nan"))
     plan.launch()
     y = plan.finish()

@@ -21,7 +21,7 @@ from fovi_lab.ops.reference import oracle_forward
 from test_warp_forward import case, _run_prefilled
 from test_warp_mma import _cuda
 
-_PIPE = [n for n in F.uncached_config_names(experimental=True) if F.config_spec(n).family in F.PIPE_FAMILIES]
+_PIPE = [n for n in F.uncached_config_names(experimental=True) if F.config_spec(n).variant in F.PIPE_VARIANTS]
 
 
 def test_there_are_pipelined_configs_of_both_block_sizes():
@@ -131,7 +131,7 @@ def _pipe_module(arch: int, block_dim: int):
     try:
         for n in names if arch == 90 else names[:1]:
             c = F.config_spec(n)
-            split = c.family == "mmaps"
+            split = c.variant == "mmaps"
             make_mma_pipe_kernel(c.tile_n, c.tile_m, c.tile_k, c.r, c.block_dim, split=split)
             if not split:
                 make_mma_pipe_kernel(c.tile_n, c.tile_m, c.tile_k, c.r, c.block_dim, dense=True)
@@ -197,11 +197,12 @@ def test_a_pipelined_pick_that_cannot_launch_falls_back_to_the_register_kernels(
     assert F.select_config(64, 256, nout, meta.p64, in_channels=cin, q=cin * v) == "mmaps_o128b64k32s3"
     real = F.get_uncached_config
     monkeypatch.setattr(fwd_api, "get_uncached_config",
-                        lambda name, dev=None: None if F.config_spec(name).family in F.PIPE_FAMILIES else real(name, dev))
+                        lambda name, dev=None: (None if F.config_spec(name).variant in F.PIPE_VARIANTS
+                                                else real(name, dev)))
     fwd_api._CALLS.clear()
     try:
         plan = F.prepare_uncached(x, w, None, il, wl)
-        assert F.config_spec(plan.config).family in F.MMA_FAMILIES
+        assert F.config_spec(plan.config).variant in F.MMA_VARIANTS
     finally:
         fwd_api._CALLS.clear()
 
@@ -239,7 +240,7 @@ def test_bf16_runs_the_register_kernels_where_fp16_takes_the_pipeline(monkeypatc
     from fovi_lab.kernels.forward import api
     meta = layer_meta("alex_L2")
     fp16_pick = F.select_config(64, meta.cout, meta.nout, meta.p64, in_channels=meta.cin, node_major=True, q=meta.q)
-    assert F.config_spec(fp16_pick).family in F.PIPE_FAMILIES
+    assert F.config_spec(fp16_pick).variant in F.PIPE_VARIANTS
     asked = []
     monkeypatch.setattr(api, "get_uncached_config", lambda name, dev, bf16=False: asked.append((name, bf16)))
     x = torch.zeros(64, meta.cin, meta.nin, dtype=torch.bfloat16)
@@ -247,4 +248,4 @@ def test_bf16_runs_the_register_kernels_where_fp16_takes_the_pipeline(monkeypatc
     with pytest.raises(RuntimeError, match="bf16 runs on the tensor-core"):
         api.resolve_uncached(x, w, None, meta.input_linear, meta.weight_linear)
     assert asked == [(F.select_mma(64, meta.cout, meta.nout, meta.p64, meta.q, pipe=False), True)]
-    assert F.config_spec(asked[0][0]).family in F.MMA_FAMILIES
+    assert F.config_spec(asked[0][0]).variant in F.MMA_VARIANTS

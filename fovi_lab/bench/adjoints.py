@@ -41,7 +41,7 @@ def split_configs() -> List[str]:
     """The split tensor-core forward configs (fp32 output): the candidates for both adjoints."""
     from fovi_lab.kernels import forward as F
     from fovi_lab.kernels.families.registry import family
-    return [n for n in F.uncached_config_names() if family(F.config_spec(n).family).fp32_output(F.config_spec(n))]
+    return [n for n in F.uncached_config_names() if family(F.config_spec(n).variant).fp32_output(F.config_spec(n))]
 
 
 def _candidates(meta, x, w, g) -> Dict[str, Dict[str, Callable[[], torch.Tensor]]]:

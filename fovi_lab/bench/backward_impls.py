@@ -217,7 +217,7 @@ def _warp_pipeline_records(meta, x, w, g, gi_cfg: Optional[str], gw_cfg: Optiona
 def _variant_is(cfg, key: str, **values) -> bool:
     """Whether the configs-table entry ``cfg`` belongs to family ``key`` with these parameter values."""
     from fovi_lab.kernels.families.registry import family
-    fam = family(cfg.family)
+    fam = family(cfg.variant)
     return fam.key == key and all(fam.variant_values(cfg).get(k) == v for k, v in values.items())
 
 

@@ -208,7 +208,7 @@ def run_shape(layer: str, meta, b: int, configs: List[str], chosen: str, device:
                 dense_cache[dkey] = None
                 print(f"  dense ceiling for {name} failed: {exc}", file=sys.stderr)
         d_ms = dense_cache[dkey]
-        plans[name] = dict(config=name, family=cfg.family, chosen=name == chosen, ms_kernel=t_k.ms,
+        plans[name] = dict(config=name, variant=cfg.variant, chosen=name == chosen, ms_kernel=t_k.ms,
                            tflops_kernel=tflops(flops, t_k.ms), err=err_of(y), dense_ms=d_ms,
                            dense_tflops=tflops(flops, d_ms) if d_ms else None,
                            frac_dense=(d_ms / t_k.ms) if d_ms else None,
@@ -216,7 +216,7 @@ def run_shape(layer: str, meta, b: int, configs: List[str], chosen: str, device:
         del plan
     best_of_family: Dict[str, str] = {}
     for name, info in plans.items():
-        fam = info["family"]
+        fam = info["variant"]
         if fam not in best_of_family or kern[name] < kern[best_of_family[fam]]:
             best_of_family[fam] = name
     op_names = set(best_of_family.values()) | ({chosen} & set(plans))

@@ -60,7 +60,7 @@ def grad_jobs(bf16: bool = False) -> List[Tuple[str, bool]]:
 def bf16_forward_jobs(experimental: bool = False) -> List[Tuple[str, bool]]:
     """``("<name>:bf16", False)`` for every tensor-core forward config (the forward's only bf16 kernels)."""
     return [(f"{n}:bf16", False) for n in F.uncached_config_names(experimental=experimental)
-            if F.config_spec(n).family in F.MMA_FAMILIES]
+            if F.config_spec(n).variant in F.MMA_VARIANTS]
 
 
 def _compile(kernel, device, aot_arch, block_dim) -> None:
@@ -94,7 +94,7 @@ def compile_one(job) -> Tuple[str, bool, float, str]:
                 return name, dense, time.perf_counter() - t0, "ok"
             cname, *dt = name.split(":")
             cfg = F.config_spec(cname)
-            if dense and family(cfg.family).inference_only:  # the cached kernel's ceiling: the gather tiles' loop
+            if dense and family(cfg.variant).inference_only:  # the cached kernel's ceiling: the gather tiles' loop
                 cfg = F.FwdConfig(cfg.name, "gather", cfg.tile_m, cfg.tile_n, cfg.tile_k, 1, cfg.block_dim)
             _compile(F.build_kernel(cfg, dense=dense, bf16=dt == ["bf16"]), device, aot_arch, cfg.block_dim)
         return name, dense, time.perf_counter() - t0, "ok"

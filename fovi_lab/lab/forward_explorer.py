@@ -33,7 +33,7 @@ def registered_forward_config(kernel: str, tile_m: int, tile_n: int, r: int, blo
     names = F.cached_config_names() if cached else F.uncached_config_names("gather")
     for name in names:
         c = F.config_spec(name)
-        if (c.family, c.tile_m, c.tile_n, c.r, c.block_dim) == (fam, tile_m, tile_n, r, block_dim):
+        if (c.variant, c.tile_m, c.tile_n, c.r, c.block_dim) == (fam, tile_m, tile_n, r, block_dim):
             return name
     return None
 

@@ -25,7 +25,7 @@ __all__ = ["mma_configs", "fragment_owner", "fragment_figure", "lane_channels", 
 def mma_configs() -> Tuple[str, ...]:
     """The registered mma-family configs (the widget's choices)."""
     from fovi_lab.kernels import forward as F
-    return tuple(n for n in F.uncached_config_names() if F.config_spec(n).family in F.MMA_FAMILIES)
+    return tuple(n for n in F.uncached_config_names() if F.config_spec(n).variant in F.MMA_VARIANTS)
 
 
 # ----------------------------------------------------------------------------------------------- fragments

@@ -182,7 +182,8 @@ def dense_ceiling_rows(records: Optional[List[dict]] = None, points=CEILING_POIN
     for layer, b in points:
         run = kl.latest_run_where(runs.get((layer, b, None), []),      # a run whose pick was a register kernel
                                   lambda run: any(r.get("impl") == "warp_dense_ceiling" and r.get("ms")
-                                                  and r.get("config") and F.config_spec(r["config"]).family in F.MMA_FAMILIES
+                                                  and r.get("config")
+                                                  and F.config_spec(r["config"]).variant in F.MMA_VARIANTS
                                                   for r in run))
         if run is None:
             continue

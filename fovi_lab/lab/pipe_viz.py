@@ -37,7 +37,8 @@ def pipe_configs(experimental: bool = True) -> List[str]:
     """The pipelined configs (``mmap_*`` / ``mmaps_*``): the registered ones, and with ``experimental`` the ones
     the benchmark times beside them."""
     from fovi_lab.kernels import forward as F
-    return [n for n in F.uncached_config_names(experimental=experimental) if F.config_spec(n).family in F.PIPE_FAMILIES]
+    return [n for n in F.uncached_config_names(experimental=experimental)
+            if F.config_spec(n).variant in F.PIPE_VARIANTS]
 
 
 def stage_rows(configs: Optional[Sequence[str]] = None) -> List[dict]:
@@ -53,7 +54,7 @@ def stage_rows(configs: Optional[Sequence[str]] = None) -> List[dict]:
         bm, bn, bk, s, t = c.tile_n, c.tile_m, c.tile_k, c.r, c.block_dim
         wm, wn, mt, nt = pipe_layout(bm, bn, bk, s, t)
         stage = 2 * bk * (bm + bn)
-        rows.append(dict(config=name, split=F.mma_flags(c.family)[0], bm=bm, bn=bn, bk=bk, stages=s, threads=t, wm=wm,
+        rows.append(dict(config=name, split=F.mma_flags(c.variant)[0], bm=bm, bn=bn, bk=bk, stages=s, threads=t, wm=wm,
                          wn=wn, warp_m=16 * mt, warp_n=8 * nt, acc=4 * mt * nt, smem=s * stage,
                          in_flight=(s - 1) * stage))
     return rows
@@ -138,7 +139,7 @@ def recorded_rows(records: Optional[List[dict]] = None) -> List[dict]:
             rs = [r for r in recs if r["layer"] == layer and r["B"] == b]
             warp = [r for r in rs if r.get("impl") == "warp_uncached" and r.get("ms_kernel")]
             reg = next((r for r in warp if r.get("chosen")), None)
-            pipes = [r for r in warp if r.get("config") and F.config_spec(r["config"]).family in F.PIPE_FAMILIES]
+            pipes = [r for r in warp if r.get("config") and F.config_spec(r["config"]).variant in F.PIPE_VARIANTS]
             cublas = next((r for r in rs if r.get("impl") == "cublas_dense_bmm" and r.get("ms")), None)
             if reg is None or not pipes:
                 continue

@@ -96,20 +96,21 @@ def gemm_ceilings(records: Optional[List[dict]] = None) -> dict:
 TILE_FAMILIES = ("tile_gemm", "node_major")
 
 
-def _taught(family: Optional[str], families: Sequence[str]) -> bool:
-    """Whether a record's family string is a variant of one of ``families`` (registry keys) without prefetch."""
+def _taught(variant: Optional[str], families: Sequence[str]) -> bool:
+    """Whether a record's kernel variant is one of ``families`` (registry keys) without prefetch."""
     from fovi_lab.kernels.families.registry import family_or_none
-    fam = family_or_none(family) if family else None
-    return fam is not None and fam.key in families and not fam.variants.get(family, {}).get("prefetch", False)
+    fam = family_or_none(variant) if variant else None
+    return fam is not None and fam.key in families and not fam.variants.get(variant, {}).get("prefetch", False)
 
 
-def _family(rec: dict) -> Optional[str]:
-    """A record's kernel family: its ``family`` field, else the registered config's (None when unknown)."""
-    if rec.get("family"):
-        return rec["family"]
+def _variant(rec: dict) -> Optional[str]:
+    """A record's kernel variant: its ``variant`` field (``family`` in the dtype benchmark's records), else the
+    registered config's (None when unknown)."""
+    if rec.get("variant") or rec.get("family"):
+        return rec.get("variant") or rec["family"]
     from fovi_lab.kernels import forward as F
     try:
-        return F.config_spec(rec.get("config")).family
+        return F.config_spec(rec.get("config")).variant
     except Exception:  # noqa: BLE001 - a config no longer registered
         return None
 
@@ -133,7 +134,7 @@ def tile_kernel_table(records: Optional[List[dict]] = None, families: Sequence[s
 
         def tiles(run):
             return [r for r in run if r.get("impl") == "warp_uncached" and r.get("ms_kernel")
-                    and not r.get("graphed") and _taught(_family(r), fams)]
+                    and not r.get("graphed") and _taught(_variant(r), fams)]
 
         best_run = None
         for run in runs:                                           # oldest first: ">=" keeps the latest of equals

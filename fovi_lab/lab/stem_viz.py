@@ -95,7 +95,7 @@ def _sweep_runs_with_i2c(records: List[dict]):
 
     def variant(r):
         try:
-            return F.config_spec(str(r.get("config"))).family if r.get("ms_kernel") else None
+            return F.config_spec(str(r.get("config"))).variant if r.get("ms_kernel") else None
         except (KeyError, ValueError):
             return None
 

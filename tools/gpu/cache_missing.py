@@ -42,7 +42,7 @@ def _kernel(t):
     what, name, dense = t
     if what == "fwd":
         cfg = F.config_spec(name)
-        if dense and cfg.family == "cached":
+        if dense and cfg.variant == "cached":
             cfg = F.FwdConfig(cfg.name, "gather", cfg.tile_m, cfg.tile_n, cfg.tile_k, 1, cfg.block_dim)
         return F.build_kernel(cfg, dense=dense)
     if what == "nm":

@@ -8,7 +8,7 @@ missing = []
 jobs = forward_jobs()
 for name, dense in jobs:
     cfg = F.config_spec(name)
-    if dense and cfg.family == "cached":
+    if dense and cfg.variant == "cached":
         cfg = F.FwdConfig(cfg.name, "gather", cfg.tile_m, cfg.tile_n, cfg.tile_k, 1, cfg.block_dim)
     k = F.build_kernel(cfg, dense=dense)
     mid = k.module.get_module_identifier()

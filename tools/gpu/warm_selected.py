@@ -43,10 +43,10 @@ def selected_jobs(layers, batches, device: str, all_mma: bool, mma_split: bool =
         from fovi_lab.bench.adjoints import split_configs
         fwd |= set(split_configs())
     if all_mma:
-        fwd |= {n for n in F.uncached_config_names() if F.config_spec(n).family in F.MMA_FAMILIES}
+        fwd |= {n for n in F.uncached_config_names() if F.config_spec(n).variant in F.MMA_VARIANTS}
     jobs = []
     for n in sorted(fwd):
-        mma = F.config_spec(n).family in F.MMA_FAMILIES
+        mma = F.config_spec(n).variant in F.MMA_VARIANTS
         jobs += [("fwd", n, False, device)] + ([("fwd", n + ":bf16", False, device)] if mma else [])
     for kind, n in sorted(nm):
         jobs += [("fwd", f"nm:{kind}:{n}", False, device), ("fwd", f"nm:{kind}:{n}:bf16", False, device)]

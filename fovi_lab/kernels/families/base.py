@@ -391,7 +391,7 @@ class Family:
         """The point of a configs-table entry of one of this family's variants."""
         values = {p: getattr(cfg, f) for f, p in zip(("tile_m", "tile_n", "tile_k", "r"), self.config_params)
                   if isinstance(p, str)}
-        return self.point(**values, warps=cfg.block_dim // 32, **self.variants[cfg.family])
+        return self.point(**values, warps=cfg.block_dim // 32, **self.variants[cfg.variant])
 
     def dataflow(self, cfg) -> str:
         """Which forward plan of :mod:`fovi_lab.kernels.forward.plans` runs the configs-table entry ``cfg``: the
@@ -401,7 +401,7 @@ class Family:
 
     def variant_values(self, cfg) -> Dict[str, Any]:
         """The parameter values the variant of ``cfg`` (its family string) fixes."""
-        return self.variants[cfg.family]
+        return self.variants[cfg.variant]
 
     def dense_kind(self, cfg) -> str:
         """The loop of the entry's dense ceiling: entries with the same kind and tile fields share one ceiling

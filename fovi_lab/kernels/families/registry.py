@@ -98,7 +98,7 @@ def _load_presets() -> Dict[str, Preset]:
     for section, table in _TABLES.items():
         for name, spec in table.items():
             cfg = FwdConfig(name, *spec)
-            fam = family(cfg.family)
+            fam = family(cfg.variant)
             try:
                 point = fam.from_config(cfg)
             except ValueError:                      # the canary's oversized config lies outside every space

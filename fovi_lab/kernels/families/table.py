@@ -24,9 +24,11 @@ class FwdConfig:
 
     Attributes:
         name: registry name (``m64n64r2b256``, ``nm_m64n128k64``, ...).
-        family: ``"gather"`` (any tables), ``"nm"`` / ``"nms"`` (node-major, docs/operator.md §2.1 tables), ``"i2c"`` /
+        variant: the variant of a kernel family (:mod:`fovi_lab.kernels.families`) the entry is a point of:
+            ``"gather"`` (any tables), ``"nm"`` / ``"nms"`` (node-major, docs/operator.md §2.1 tables), ``"i2c"`` /
             ``"i2cg"`` (im2col stage), ``"simt"`` / ``"simtp"`` / ``"simtv"`` / ``"simts"`` (SIMT register
-            blocks; ``simts`` splits the p loop) or ``"cached"`` (and the experimental ``"nmp"`` / ``"gp"``).
+            blocks; ``simts`` splits the p loop), ``"mma..."`` / ``"mmap"`` (tensor cores) or ``"cached"`` (and the
+            experimental ``"nmp"`` / ``"gp"``); :func:`~fovi_lab.kernels.families.registry.family` gives the family.
         tile_m, tile_n, tile_k: batch rows, output channels, contraction depth of one tile GEMM (``simt``:
             a thread's batch rows and output channels, and the p entries per loop step).
         r: batch tiles per CTA sharing each weight tile (1, 2 or 4); ``mmap``: the pipeline's shared stages.
@@ -34,7 +36,7 @@ class FwdConfig:
     """
 
     name: str
-    family: str
+    variant: str
     tile_m: int
     tile_n: int
     tile_k: int
@@ -43,7 +45,7 @@ class FwdConfig:
 
     @property
     def rows_per_cta(self) -> int:
-        return self.tile_m if self.family in ("mmap", "mmaps") else self.tile_m * self.r
+        return self.tile_m if self.variant in ("mmap", "mmaps") else self.tile_m * self.r
 
 
 def _load_tables() -> Dict[str, Dict[str, Tuple[str, int, int, int, int, int]]]:

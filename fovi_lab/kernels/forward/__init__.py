@@ -19,8 +19,8 @@ weight_linear, config=name)``, then ``plan.launch()`` and ``y = plan.finish()``.
 """
 
 from fovi_lab.kernels.forward.configs import (cached_config_names, config_spec, dense_kind, FORWARD,
-                                              FwdConfig, mathdx_default, MMA_FAMILIES, mma_flags, mma_staged,
-                                              PIPE_FAMILIES, uncached_config_names)
+                                              FwdConfig, mathdx_default, MMA_VARIANTS, mma_flags, mma_staged,
+                                              PIPE_VARIANTS, uncached_config_names)
 from fovi_lab.kernels.forward.tile import (make_cached_kernel, make_dense_kernel, make_densep_kernel,
                                            make_gather_kernel, make_gp_kernel, make_i2c_kernel, make_nm_kernel,
                                            make_nmp_kernel, make_nms_kernel, make_uncached_kernel,

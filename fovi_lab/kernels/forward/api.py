@@ -33,7 +33,7 @@ def make_dense_ceiling(config: str, batch: int, cout: int, nout: int, kdim: int,
     """A prepared dense tile-GEMM launch with ``config``'s tiles over ``Nout`` GEMMs of
     ``[batch, kdim] @ [kdim, cout]`` (the compact GEMM sizes minus the gathers): for benchmarks."""
     cfg = config_spec(config)
-    if family(cfg.family).inference_only:       # the cached kernel's ceiling is the gather tiles' dense loop
+    if family(cfg.variant).inference_only:       # the cached kernel's ceiling is the gather tiles' dense loop
         cfg = FwdConfig(cfg.name, "gather", cfg.tile_m, cfg.tile_n, cfg.tile_k, 1, cfg.block_dim)
     kernel = build_kernel(cfg, dense=True)
     return plan_dense(cfg, kernel, batch, cout, nout, kdim, device_str(device))
@@ -158,7 +158,7 @@ def resolve_uncached(x, weight, bias, input_linear, weight_linear, config=None, 
         if not isinstance(config, str):
             raise TypeError(f"config: expected a config name or None, got {type(config).__name__}")
         cfg = config_spec(config)
-        fam = family(cfg.family)
+        fam = family(cfg.variant)
         if fam.inference_only:
             raise ValueError(f"config: {config!r} is a cached-path config (use run_cached)")
         if bf16 and torch.bfloat16 not in fam.dtypes:
@@ -180,7 +180,7 @@ def resolve_uncached(x, weight, bias, input_linear, weight_linear, config=None, 
 def _gives_fp32(config: str) -> bool:
     """Whether ``config`` can give an unrounded fp32 y (its family says)."""
     cfg = config_spec(config)
-    return family(cfg.family).fp32_output(cfg)
+    return family(cfg.variant).fp32_output(cfg)
 
 
 def select_mma_split(batch: int, cout: int) -> str:
@@ -237,7 +237,7 @@ def prepare_cached(x, effective_weight, bias, input_linear, cout=None, config=No
     dev = warp_device(x)
     name = config or select_cached_config(b)
     built = require_config(name, dev)
-    if not family(built.config.family).inference_only:
+    if not family(built.config.variant).inference_only:
         raise ValueError(f"config: {name!r} is not a cached-path config ({', '.join(_CACHED_CONFIG_SPECS)})")
     tn = built.config.tile_n
     if cw % tn:

@@ -47,15 +47,15 @@ def build_kernel(cfg: FwdConfig, mathdx: Optional[bool] = None, dense: bool = Fa
 
     ``bf16``: the kernel for bf16 operands; only the families with a bf16 kernel have one (a ValueError says so
     for any other config)."""
-    fam = family_or_none(cfg.family)
+    fam = family_or_none(cfg.variant)
     if fam is None:
-        raise ValueError(f"config: {cfg.name!r} has an unknown kernel family {cfg.family!r}")
+        raise ValueError(f"config: {cfg.name!r} has an unknown kernel family {cfg.variant!r}")
     if mathdx is None:
         mathdx = mathdx_default()
     if bf16 and (torch.bfloat16 not in fam.dtypes or dense):
-        raise ValueError(f"config: {cfg.name!r} ({cfg.family}{' dense ceiling' if dense else ''}) has no bf16 "
+        raise ValueError(f"config: {cfg.name!r} ({cfg.variant}{' dense ceiling' if dense else ''}) has no bf16 "
                          f"kernel; bf16 runs on the tensor-core (mma) configs")
-    key = (cfg.family, cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx, dense, bool(bf16))
+    key = (cfg.variant, cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim, mathdx, dense, bool(bf16))
     if dense:     # configs of one dense kind share their ceiling kernel
         key = ("dense",) + dense_kind(cfg) + (mathdx,)
     with _build_lock:
@@ -184,7 +184,7 @@ def cache_key(name, mathdx: Optional[bool], bf16: bool = False):
     (and ``" (bf16)"`` on the name of a bf16 kernel)."""
     if isinstance(name, FwdConfig):      # keyed by what the kernel is, and readable in the cache's warnings
         c = name
-        name = f"{c.name} (unregistered {c.family} m{c.tile_m} n{c.tile_n} k{c.tile_k} r{c.r} b{c.block_dim})"
+        name = f"{c.name} (unregistered {c.variant} m{c.tile_m} n{c.tile_n} k{c.tile_k} r{c.r} b{c.block_dim})"
     if bf16:
         name = f"{name} (bf16)"
     return name if mathdx is None else (name, mathdx)
@@ -195,7 +195,7 @@ def get_uncached_config(name: str, device=None, bf16: bool = False) -> Optional[
 
     A config that fails is remembered as None and reported once with a ``RuntimeWarning`` saying why.
     """
-    if family(config_spec(name).family).inference_only:      # (an unknown name raises here)
+    if family(config_spec(name).variant).inference_only:      # (an unknown name raises here)
         raise ValueError(f"config: {name!r} is a cached-path config; run_uncached takes one of "
                          f"{', '.join(_UNCACHED_BATCH_CONFIG_SPECS)}, or an id of any point of the uncached "
                          f"families (fovi_lab.kernels.families)")
@@ -203,7 +203,7 @@ def get_uncached_config(name: str, device=None, bf16: bool = False) -> Optional[
 
 
 def require_config(name: str, device: str, bf16: bool = False) -> Built:
-    if family(config_spec(name).family).inference_only:      # a cached-path config (its family says so)
+    if family(config_spec(name).variant).inference_only:      # a cached-path config (its family says so)
         built = get_config(name, device)
     else:
         built = get_uncached_config(name, device, bf16)

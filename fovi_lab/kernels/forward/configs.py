@@ -97,9 +97,9 @@ def mathdx_default() -> Optional[bool]:
 
 # The family strings of the register tensor-core kernels (fovi_lab.kernels.forward.mma) and of the pipelined ones
 # (fovi_lab.kernels.forward.mma_pipe): the variants the registry lists for those families.
-MMA_FAMILIES = tuple(family_of("tensor_cores").variants)
+MMA_VARIANTS = tuple(family_of("tensor_cores").variants)
 
-PIPE_FAMILIES = tuple(family_of("pipelined").variants)
+PIPE_VARIANTS = tuple(family_of("pipelined").variants)
 
 
 def mma_flags(family: str) -> Tuple[bool, bool, bool]:
@@ -116,4 +116,4 @@ def mma_staged(family: str) -> bool:
 def dense_kind(cfg: FwdConfig) -> Tuple:
     """What identifies a config's dense-ceiling kernel: configs with equal kinds share one ceiling (the tile
     shape, and the loop and operand layouts where a family has its own: SIMT, vec4, each mma layout)."""
-    return (family_of(cfg.family).dense_kind(cfg), cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim)
+    return (family_of(cfg.variant).dense_kind(cfg), cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.r, cfg.block_dim)

@@ -81,7 +81,7 @@ def plan_uncached(cfg: FwdConfig, kernel, x, weight, bias, il, wl, store: str,
     b, cin, nin = x.shape
     cout, q = weight.shape
     nout, p64 = il.shape
-    flow = family(cfg.family).dataflow(cfg)          # which plan below: the family says
+    flow = family(cfg.variant).dataflow(cfg)          # which plan below: the family says
     if flow == "in_place":
         # x read and y written in place ([B, Cin*Nin] and [B, Cout, Nout]; ``store`` does not apply)
         if info is None:
@@ -165,7 +165,7 @@ class _SimtRunner:
         self.kernel, self.dev, self.block_dim = kernel, dev, cfg.block_dim
         self.b, self.rows, self.cout, self.nout, self.to = b, cin * nin, cout, nout, to
         self.coutp = pad_to(cout, to)
-        fam = family(cfg.family)
+        fam = family(cfg.variant)
         v = fam.variant_values(cfg)
         self.wkind = "pv" if v.get("w_vectors") else "tp"
         n_og, nbg = self.coutp // to, -(-b // tb)
@@ -271,7 +271,7 @@ class _NmRunner:
         # channel runs padded to the K step; 16-byte batch and Cout rows for vectorised loads
         self.cp, self.bx, self.coutp = pad_to(cin, cfg.tile_k), pad_to(b, 8), pad_to(cout, 8)
         self.tables = (idxn, rfn)
-        self.split = _nms_split(dims, k) if family(cfg.family).variant_values(cfg)["split"] else 0
+        self.split = _nms_split(dims, k) if family(cfg.variant).variant_values(cfg)["split"] else 0
         self.dims = (self.split * nout, dims[1], dims[2]) if self.split else dims
         self.consts = (info.wa(idxn), info.wa(rfn), k, self.cp // cfg.tile_k, self.cp, nin, b)
 
@@ -369,7 +369,7 @@ def _plan_i2c(cfg: FwdConfig, kernel, x, weight, il, wl, out, finish, bias_p, bi
         st = _i2c_static(cfg, b, cout, nout, p64, budget)
         if memo is not None:
             memo[("i2c", how, budget)] = st
-    bx, coutp, staged_w = st.bx, st.coutp, not family(cfg.family).variant_values(cfg)["w_gathered"]
+    bx, coutp, staged_w = st.bx, st.coutp, not family(cfg.variant).variant_values(cfg)["w_gathered"]
     # [Cin*Nin + 1, Bx]: x^T, the zero pad row and zero batch columns, in one op
     xp = torch.nn.functional.pad(x.reshape(b, cin * nin).t(), (0, bx - b, 0, 1))
     at = torch.empty(st.nc * p64, bx, dtype=torch.float16, device=x.device)
@@ -526,7 +526,7 @@ def plan_dense(cfg: FwdConfig, kernel, b: int, cout: int, nout: int, kdim: int, 
     bias_p, bias_w = bias_operand(None, cout, cfg.tile_n, dev_t)
     dims = (nout, -(-b // cfg.rows_per_cta), -(-cout // cfg.tile_n))
     inputs = [to_warp(at), to_warp(w), bias_w, to_warp(out), kd // cfg.tile_k, b]
-    fam = family_or_none(cfg.family)                # None: the tile families' dense ceiling ("dense", "densep")
+    fam = family_or_none(cfg.variant)                # None: the tile families' dense ceiling ("dense", "densep")
     simt = fam is not None and fam.unit is not None
     if simt:                                       # SIMT ceiling: all Kd rows, U per step; channel groups
         inputs[4:] = [kd, pad_to(cout, cfg.tile_n) // cfg.tile_n]
