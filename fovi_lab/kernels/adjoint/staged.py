@@ -396,6 +396,33 @@ def make_dx_csr_kernel(fp32_stage: bool, *, module_options: Optional[dict] = Non
     return _tag(dx_csr, fp32_stage)
 
 
+def _row_sum_func():
+    """``row_sum(rowptr, cols, vals, off, m)``: the fp32 sum of ``vals[off + cols[i]]`` over row ``m`` of a CSR list
+    (``i`` in ``[rowptr[m], rowptr[m+1])``), in index order, as an inlined Warp function (built once). Four
+    independent loads are issued before their adds, which keep the index order: the same fp32 sum, bit for bit, as
+    one element at a time."""
+    def make():
+        @wp.func(name="fovi_csr_row_sum_f32", inline=True)
+        def row_sum(rowptr: wp.array(dtype=wp.int32), cols: wp.array(dtype=wp.int32),
+                    vals: wp.array(dtype=wp.float32), off: int, m: int):
+            i = rowptr[m]
+            e = rowptr[m + 1]
+            acc = wp.float32(0.0)
+            while i + 4 <= e:
+                v0 = vals[off + cols[i]]
+                v1 = vals[off + cols[i + 1]]
+                v2 = vals[off + cols[i + 2]]
+                v3 = vals[off + cols[i + 3]]
+                acc = (((acc + v0) + v1) + v2) + v3
+                i += 4
+            while i < e:
+                acc += vals[off + cols[i]]
+                i += 1
+            return acc
+        return row_sum
+    return built(("staged", "row_sum"), make)
+
+
 def make_dx_taps_kernel(fp32_stage: bool = True, *, module_options: Optional[dict] = None,
                         module: Optional[str] = None):
     """Reverse-CSR grad-input reduction of the tap-expanded stage (scalar, one thread per ``(b, c, m)``, m fastest).
@@ -415,28 +442,13 @@ def make_dx_taps_kernel(fp32_stage: bool = True, *, module_options: Optional[dic
         raise ValueError("fp32_stage: the tap-expanded stage is fp32 (the split tensor-core configs' output)")
     init_warp()
     opts = _kernel_options(None, module_options)
+    row_sum = _row_sum_func()
 
     @_kernel_decorator("fovi_dx_taps_f32", opts, module)
     def dx_taps(rowptr: wp.array(dtype=wp.int32), rev_taps: wp.array(dtype=wp.int32),
                 s: wp.array2d(dtype=wp.float32), vn: int, out: wp.array3d(dtype=wp.float32)):
         b, c, m = wp.tid()
-        off = c * vn
-        i = rowptr[m]
-        e = rowptr[m + 1]
-        acc = wp.float32(0.0)
-        # 4 independent loads in flight, then the adds in index order: the same fp32 sum, bit for bit, as one
-        # element at a time
-        while i + 4 <= e:
-            v0 = s[b, off + rev_taps[i]]
-            v1 = s[b, off + rev_taps[i + 1]]
-            v2 = s[b, off + rev_taps[i + 2]]
-            v3 = s[b, off + rev_taps[i + 3]]
-            acc = (((acc + v0) + v1) + v2) + v3
-            i += 4
-        while i < e:
-            acc += s[b, off + rev_taps[i]]
-            i += 1
-        out[b, c, m] = acc
+        out[b, c, m] = row_sum(rowptr, rev_taps, s[b], c * vn, m)
 
     return _tag(dx_taps, True)
 

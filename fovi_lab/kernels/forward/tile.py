@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Optional
 
 from fovi_lab.kernels import common as _wc
+from fovi_lab.kernels.built import built
 from fovi_lab.kernels.common import init_warp, wp
 from fovi_lab.kernels.families.table import GATHER_TILE_K as _GATHER_TILE_K
 
@@ -106,6 +107,38 @@ def make_uncached_r4_kernel(tile_m: int, tile_n: int, block_dim: int = 128, math
     return make_gather_kernel(tile_m, tile_n, 4, block_dim, mathdx)
 
 
+def _reuse_chunks(tile_m: int, tile_n: int, tile_k: int, r: int):
+    """The contraction loop of the node-major and dense kernels as an inlined Warp function, built once per tile
+    shape::
+
+        chunks(x, w, xrow, wrow, n_chunks, b0, o0, batch, acc)
+
+    For each of ``n_chunks`` steps ``c`` it loads the ``[tile_k, tile_n]`` tile of ``w`` at ``(wrow + c*tile_k,
+    o0)`` once and, for each of the ``r`` batch tiles ``j`` at ``b0 + j*tile_m`` (past the first, only those that
+    start below ``batch``), the ``[tile_k, tile_m]`` tile of ``x`` at ``(xrow + c*tile_k, b0 + j*tile_m)``, and
+    accumulates ``A_j^T W`` into ``acc[j]`` (``acc``: the kernel's fp32 ``[r, tile_m, tile_n]`` tile in shared
+    memory). Each A tile is its own tile expression (a variable reassigned across the unrolled ``j`` would make
+    Warp select between the copies into a further tile): the function reserves ``r`` A tiles and one W tile.
+    """
+    TM, TN, TK, R = int(tile_m), int(tile_n), int(tile_k), int(r)
+
+    def make():
+        @wp.func(name=f"fovi_fwd_chunks_m{TM}n{TN}k{TK}r{R}", inline=True)
+        def chunks(x: wp.array2d(dtype=wp.float16), w: wp.array2d(dtype=wp.float16), xrow: int, wrow: int,
+                   n_chunks: int, b0: int, o0: int, batch: int, acc: wp.tile(dtype=wp.float32, shape=(R, TM, TN))):
+            for c in range(n_chunks):
+                row = xrow + c * TK
+                wc = wp.tile_load(w, shape=(TK, TN), offset=(wrow + c * TK, o0), storage="shared")
+                a = wp.tile_load(x, shape=(TK, TM), offset=(row, b0), storage="shared")
+                wp.tile_matmul(wp.tile_transpose(a), wc, acc[0])
+                for j in range(1, R):       # constant trip count: unrolled, one A tile expression per j
+                    if b0 + j * TM < batch:
+                        wp.tile_matmul(wp.tile_transpose(wp.tile_load(x, shape=(TK, TM), offset=(row, b0 + j * TM),
+                                                                      storage="shared")), wc, acc[j])
+        return chunks
+    return built(("tile", "chunks", TM, TN, TK, R), make)
+
+
 def make_nm_kernel(tile_m: int, tile_n: int, tile_k: int, r: int, block_dim: int,
                     mathdx: Optional[bool] = None, name: Optional[str] = None):
     """Node-major kernel: plain vectorised tile loads at a per-(node, neighbour) row offset.
@@ -118,6 +151,7 @@ def make_nm_kernel(tile_m: int, tile_n: int, tile_k: int, r: int, block_dim: int
     TM, TN, TK, R = int(tile_m), int(tile_n), int(tile_k), int(r)
     assert R in (1, 2, 4)
     kname = name or f"fovi_fwd_nm_m{TM}n{TN}k{TK}r{R}b{block_dim}"
+    chunks = _reuse_chunks(TM, TN, TK, R)
 
     @_kernel_decorator(kname, block_dim, mathdx)
     def kernel(xn: wp.array2d(dtype=wp.float16), wv: wp.array2d(dtype=wp.float16),
@@ -127,42 +161,14 @@ def make_nm_kernel(tile_m: int, tile_n: int, tile_k: int, r: int, block_dim: int
         n, bt, ot = wp.tid()
         b0 = bt * (TM * R)
         o0 = ot * TN
-        acc0 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
-        if wp.static(R >= 2):
-            acc1 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
-        if wp.static(R >= 4):
-            acc2 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
-            acc3 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+        acc = wp.tile_zeros(shape=(R, TM, TN), dtype=wp.float32, storage="shared")
         for k in range(nk):
             m = idxn[n, k]
             if m < nin:  # pad neighbours gather exact zeros: skip them (uniform per CTA)
-                xrow = m * cp
-                wrow = rfn[n, k] * cp
-                for cc in range(n_cchunks):
-                    w = wp.tile_load(wv, shape=(TK, TN), offset=(wrow + cc * TK, o0), storage="shared")
-                    a0 = wp.tile_load(xn, shape=(TK, TM), offset=(xrow + cc * TK, b0), storage="shared")
-                    wp.tile_matmul(wp.tile_transpose(a0), w, acc0)
-                    if wp.static(R >= 2):
-                        if b0 + TM < batch:
-                            a1 = wp.tile_load(xn, shape=(TK, TM), offset=(xrow + cc * TK, b0 + TM), storage="shared")
-                            wp.tile_matmul(wp.tile_transpose(a1), w, acc1)
-                    if wp.static(R >= 4):
-                        if b0 + 2 * TM < batch:
-                            a2 = wp.tile_load(xn, shape=(TK, TM), offset=(xrow + cc * TK, b0 + 2 * TM),
-                                              storage="shared")
-                            wp.tile_matmul(wp.tile_transpose(a2), w, acc2)
-                        if b0 + 3 * TM < batch:
-                            a3 = wp.tile_load(xn, shape=(TK, TM), offset=(xrow + cc * TK, b0 + 3 * TM),
-                                              storage="shared")
-                            wp.tile_matmul(wp.tile_transpose(a3), w, acc3)
+                chunks(xn, wv, m * cp, rfn[n, k] * cp, n_cchunks, b0, o0, batch, acc)
         bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=o0), shape=(TM, TN))
-        y_n = y[n]
-        wp.tile_store(y_n, wp.tile_astype(acc0 + bb, wp.float16), offset=(b0, o0))
-        if wp.static(R >= 2):
-            wp.tile_store(y_n, wp.tile_astype(acc1 + bb, wp.float16), offset=(b0 + TM, o0))
-        if wp.static(R >= 4):
-            wp.tile_store(y_n, wp.tile_astype(acc2 + bb, wp.float16), offset=(b0 + 2 * TM, o0))
-            wp.tile_store(y_n, wp.tile_astype(acc3 + bb, wp.float16), offset=(b0 + 3 * TM, o0))
+        for j in range(R):
+            wp.tile_store(y[n], wp.tile_astype(acc[j] + bb, wp.float16), offset=(b0 + j * TM, o0))
 
     kernel.fovi_tiles = ("nm", TM, TN, TK, R, int(block_dim))
     return kernel
@@ -184,6 +190,7 @@ def make_nms_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, mathd
     init_warp()
     TM, TN, TK = int(tile_m), int(tile_n), int(tile_k)
     kname = name or f"fovi_fwd_nms_m{TM}n{TN}k{TK}b{block_dim}"
+    chunks = _reuse_chunks(TM, TN, TK, 1)
 
     @_kernel_decorator(kname, block_dim, mathdx)
     def kernel(xn: wp.array2d(dtype=wp.float16), wv: wp.array2d(dtype=wp.float16),
@@ -195,17 +202,12 @@ def make_nms_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, mathd
         s = ns // nout
         b0 = bt * TM
         o0 = ot * TN
-        acc = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+        acc = wp.tile_zeros(shape=(1, TM, TN), dtype=wp.float32, storage="shared")
         for k in range(s, nk, nsplit):
             m = idxn[n, k]
             if m < nin:  # pad neighbours gather exact zeros: skip them (uniform per CTA)
-                xrow = m * cp
-                wrow = rfn[n, k] * cp
-                for cc in range(n_cchunks):
-                    w = wp.tile_load(wv, shape=(TK, TN), offset=(wrow + cc * TK, o0), storage="shared")
-                    a = wp.tile_load(xn, shape=(TK, TM), offset=(xrow + cc * TK, b0), storage="shared")
-                    wp.tile_matmul(wp.tile_transpose(a), w, acc)
-        wp.tile_store(part[ns], acc, offset=(b0, o0))
+                chunks(xn, wv, m * cp, rfn[n, k] * cp, n_cchunks, b0, o0, part.shape[1], acc)
+        wp.tile_store(part[ns], acc[0], offset=(b0, o0))
 
     kernel.fovi_tiles = ("nms", TM, TN, TK, 1, int(block_dim))
     return kernel
@@ -301,6 +303,7 @@ def make_dense_kernel(tile_m: int, tile_n: int, tile_k: int, r: int, block_dim: 
     init_warp()
     TM, TN, TK, R = int(tile_m), int(tile_n), int(tile_k), int(r)
     kname = name or f"fovi_fwd_dense_m{TM}n{TN}k{TK}r{R}b{block_dim}"
+    chunks = _reuse_chunks(TM, TN, TK, R)
 
     @_kernel_decorator(kname, block_dim, mathdx)
     def kernel(at: wp.array2d(dtype=wp.float16), w: wp.array2d(dtype=wp.float16),
@@ -309,37 +312,131 @@ def make_dense_kernel(tile_m: int, tile_n: int, tile_k: int, r: int, block_dim: 
         n, bt, ot = wp.tid()
         b0 = bt * (TM * R)
         o0 = ot * TN
-        acc0 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
-        if wp.static(R >= 2):
-            acc1 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
-        if wp.static(R >= 4):
-            acc2 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
-            acc3 = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
-        for kt in range(n_ktiles):
-            wt = wp.tile_load(w, shape=(TK, TN), offset=(kt * TK, o0), storage="shared")
-            a0 = wp.tile_load(at, shape=(TK, TM), offset=(kt * TK, b0), storage="shared")
-            wp.tile_matmul(wp.tile_transpose(a0), wt, acc0)
-            if wp.static(R >= 2):
-                if b0 + TM < batch:
-                    a1 = wp.tile_load(at, shape=(TK, TM), offset=(kt * TK, b0 + TM), storage="shared")
-                    wp.tile_matmul(wp.tile_transpose(a1), wt, acc1)
-            if wp.static(R >= 4):
-                if b0 + 2 * TM < batch:
-                    a2 = wp.tile_load(at, shape=(TK, TM), offset=(kt * TK, b0 + 2 * TM), storage="shared")
-                    wp.tile_matmul(wp.tile_transpose(a2), wt, acc2)
-                if b0 + 3 * TM < batch:
-                    a3 = wp.tile_load(at, shape=(TK, TM), offset=(kt * TK, b0 + 3 * TM), storage="shared")
-                    wp.tile_matmul(wp.tile_transpose(a3), wt, acc3)
+        acc = wp.tile_zeros(shape=(R, TM, TN), dtype=wp.float32, storage="shared")
+        chunks(at, w, 0, 0, n_ktiles, b0, o0, batch, acc)
         bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=o0), shape=(TM, TN))
-        y_n = y[n]
-        wp.tile_store(y_n, wp.tile_astype(acc0 + bb, wp.float16), offset=(b0, o0))
-        if wp.static(R >= 2):
-            wp.tile_store(y_n, wp.tile_astype(acc1 + bb, wp.float16), offset=(b0 + TM, o0))
-        if wp.static(R >= 4):
-            wp.tile_store(y_n, wp.tile_astype(acc2 + bb, wp.float16), offset=(b0 + 2 * TM, o0))
-            wp.tile_store(y_n, wp.tile_astype(acc3 + bb, wp.float16), offset=(b0 + 3 * TM, o0))
+        for j in range(R):
+            wp.tile_store(y[n], wp.tile_astype(acc[j] + bb, wp.float16), offset=(b0 + j * TM, o0))
 
     kernel.fovi_tiles = ("dense", TM, TN, TK, R, int(block_dim))
+    return kernel
+
+
+def _pipelined_body(tile_m: int, tile_n: int, tile_k: int, family: str):
+    """The CTA of the register-prefetch kernels (``family`` "nmp", "gp" or "densep") as an inlined Warp function,
+    built once per tile shape and family::
+
+        body(x, w, rows_x, rows_w, cp, n_chunks, nsteps, bias, y_n, b0, o0)
+
+    computes ``y_n[b0:b0+tile_m, o0:o0+tile_n] = fp16(bias[o0:] + sum_{s < nsteps} A_s^T W_s)`` (fp32 sum, one
+    rounding), step ``s`` reading the ``[tile_k, tile_m]`` tile ``A_s`` of ``x`` (columns from ``b0``) and the
+    ``[tile_k, tile_n]`` tile ``W_s`` of ``w`` (columns from ``o0``):
+
+    * "nmp": ``s = k*n_chunks + c``; rows from ``rows_x[k]*cp + c*tile_k`` of ``x`` and ``rows_w[k]*cp + c*tile_k``
+      of ``w``, plain unchecked loads (``bounds_check=False``);
+    * "gp": the rows of ``x`` and ``w`` that entries ``s*tile_k ..`` of ``rows_x`` and ``rows_w`` index,
+      bounds-checked indexed loads (``cp``, ``n_chunks`` unused);
+    * "densep": rows from ``s*tile_k`` of both, plain unchecked loads (``rows_x``, ``rows_w``, ``cp``,
+      ``n_chunks`` unused).
+
+    The next step's tiles are loaded into registers before the current step's ``tile_matmul`` and copied into the
+    shared operand tiles after it (the last step re-loads itself: an unconditional load keeps the registers'
+    consumer after the matmul instead of a select before it). The "gp" loads are written out at both places (a
+    function called at both would have its tiles reserved once): the CTA reserves two index tiles for each.
+    """
+    TM, TN, TK, GP = int(tile_m), int(tile_n), int(tile_k), family == "gp"
+    if family not in ("nmp", "gp", "densep"):
+        raise ValueError(f"family: expected 'nmp', 'gp' or 'densep', got {family!r}")
+
+    def make():
+        tag = f"fovi_fwd_{family}_body_m{TM}n{TN}k{TK}"
+
+        def fetch(x: wp.array2d(dtype=wp.float16), w: wp.array2d(dtype=wp.float16), rows_x: None, rows_w: None,
+                  cp: int, n_chunks: int, s: int, b0: int, o0: int):
+            if wp.static(family == "nmp"):
+                k = s // n_chunks
+                c = (s - k * n_chunks) * TK
+                xrow = rows_x[k] * cp + c
+                wrow = rows_w[k] * cp + c
+            else:
+                xrow = s * TK
+                wrow = xrow
+            return (wp.tile_load(x, shape=(TK, TM), offset=(xrow, b0), bounds_check=False),
+                    wp.tile_load(w, shape=(TK, TN), offset=(wrow, o0), bounds_check=False))
+
+        def body(x: wp.array2d(dtype=wp.float16), w: wp.array2d(dtype=wp.float16), rows_x: None, rows_w: None,
+                 cp: int, n_chunks: int, nsteps: int, bias: wp.array1d(dtype=wp.float32),
+                 y_n: wp.array2d(dtype=wp.float16), b0: int, o0: int):
+            acc = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
+            a_sh = wp.tile_zeros(shape=(TK, TM), dtype=wp.float16, storage="shared")
+            w_sh = wp.tile_zeros(shape=(TK, TN), dtype=wp.float16, storage="shared")
+            if nsteps > 0:
+                if wp.static(GP):
+                    ii0 = wp.tile_load(rows_x, shape=TK, offset=0, storage="shared")
+                    wi0 = wp.tile_load(rows_w, shape=TK, offset=0, storage="shared")
+                    a_r = wp.tile_load_indexed(x, indices=ii0, shape=(TK, TM), offset=(0, b0), axis=0)
+                    w_r = wp.tile_load_indexed(w, indices=wi0, shape=(TK, TN), offset=(0, o0), axis=0)
+                else:
+                    a_r, w_r = fetch(x, w, rows_x, rows_w, cp, n_chunks, 0, b0, o0)
+                for s in range(nsteps):
+                    wp.tile_assign(a_sh, a_r)
+                    wp.tile_assign(w_sh, w_r)
+                    s1 = wp.min(s + 1, nsteps - 1)
+                    if wp.static(GP):
+                        ii1 = wp.tile_load(rows_x, shape=TK, offset=s1 * TK, storage="shared")
+                        wi1 = wp.tile_load(rows_w, shape=TK, offset=s1 * TK, storage="shared")
+                        a_r = wp.tile_load_indexed(x, indices=ii1, shape=(TK, TM), offset=(0, b0), axis=0)
+                        w_r = wp.tile_load_indexed(w, indices=wi1, shape=(TK, TN), offset=(0, o0), axis=0)
+                    else:
+                        a_r, w_r = fetch(x, w, rows_x, rows_w, cp, n_chunks, s1, b0, o0)
+                    wp.tile_matmul(wp.tile_transpose(a_sh), w_sh, acc)
+            bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=o0), shape=(TM, TN))
+            wp.tile_store(y_n, wp.tile_astype(acc + bb, wp.float16), offset=(b0, o0))
+
+        rows = int if family == "densep" else wp.array1d(dtype=wp.int32)   # objects: Warp evaluates strings only
+        for fn in (fetch, body):
+            fn.__annotations__.update(rows_x=rows, rows_w=rows)
+        fetch = wp.func(name=f"{tag}_fetch", inline=True)(fetch)
+        return wp.func(name=tag, inline=True)(body)
+    return built(("tile", "pipelined", family, TM, TN, TK), make)
+
+
+def _pipelined_kernel(family: str, tile_m: int, tile_n: int, tile_k: int, block_dim: int, mathdx: Optional[bool],
+                      name: Optional[str]):
+    """The ``nmp``, ``gp`` or ``densep`` kernel of one tile shape: grid ``(node n, batch tile, Cout tile)``, each CTA
+    :func:`_pipelined_body` over node ``n``'s operands (the arguments of :func:`make_nmp_kernel`,
+    :func:`make_gp_kernel`, :func:`make_densep_kernel`)."""
+    init_warp()
+    TM, TN, TK = int(tile_m), int(tile_n), int(tile_k)
+    kname = name or f"fovi_fwd_{family}_m{TM}n{TN}{'' if family == 'gp' else f'k{TK}'}b{block_dim}"
+    body = _pipelined_body(TM, TN, TK, family)
+    decorate = _kernel_decorator(kname, block_dim, mathdx)
+
+    if family == "nmp":
+        @decorate
+        def kernel(xn: wp.array2d(dtype=wp.float16), wv: wp.array2d(dtype=wp.float16),
+                   idxc: wp.array2d(dtype=wp.int32), rfc: wp.array2d(dtype=wp.int32), cnt: wp.array1d(dtype=wp.int32),
+                   bias: wp.array1d(dtype=wp.float32), y: wp.array3d(dtype=wp.float16),
+                   n_cchunks: int, cp: int):
+            n, bt, ot = wp.tid()
+            body(xn, wv, idxc[n], rfc[n], cp, n_cchunks, cnt[n] * n_cchunks, bias, y[n], bt * TM, ot * TN)
+    elif family == "gp":
+        @decorate
+        def kernel(xt: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16),
+                   il: wp.array2d(dtype=wp.int32), wl: wp.array2d(dtype=wp.int32),
+                   bias: wp.array1d(dtype=wp.float32), y: wp.array3d(dtype=wp.float16),
+                   n_ptiles: int, batch: int):
+            n, bt, ot = wp.tid()
+            body(xt, wt, il[n], wl[n], 0, 0, n_ptiles, bias, y[n], bt * TM, ot * TN)
+    else:
+        @decorate
+        def kernel(at: wp.array2d(dtype=wp.float16), w: wp.array2d(dtype=wp.float16),
+                   bias: wp.array1d(dtype=wp.float32), y: wp.array3d(dtype=wp.float16),
+                   n_ktiles: int, batch: int):
+            n, bt, ot = wp.tid()
+            body(at, w, 0, 0, 0, n_ktiles, n_ktiles, bias, y[n], bt * TM, ot * TN)
+
+    kernel.fovi_tiles = (family, TM, TN, TK, 1, int(block_dim))
     return kernel
 
 
@@ -357,41 +454,7 @@ def make_nmp_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, mathd
     Args (kernel): ``xn [Nin*Cp, Bx]``, ``wv [V*Cp, Cout_p]``, ``idxc``/``rfc [Nout, K]`` int32,
     ``cnt [Nout]`` int32, ``bias``, ``y``, ``n_cchunks``, ``cp``.
     """
-    init_warp()
-    TM, TN, TK = int(tile_m), int(tile_n), int(tile_k)
-    kname = name or f"fovi_fwd_nmp_m{TM}n{TN}k{TK}b{block_dim}"
-
-    @_kernel_decorator(kname, block_dim, mathdx)
-    def kernel(xn: wp.array2d(dtype=wp.float16), wv: wp.array2d(dtype=wp.float16),
-               idxc: wp.array2d(dtype=wp.int32), rfc: wp.array2d(dtype=wp.int32), cnt: wp.array1d(dtype=wp.int32),
-               bias: wp.array1d(dtype=wp.float32), y: wp.array3d(dtype=wp.float16),
-               n_cchunks: int, cp: int):
-        n, bt, ot = wp.tid()
-        b0 = bt * TM
-        o0 = ot * TN
-        acc = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
-        a_sh = wp.tile_zeros(shape=(TK, TM), dtype=wp.float16, storage="shared")
-        w_sh = wp.tile_zeros(shape=(TK, TN), dtype=wp.float16, storage="shared")
-        nsteps = cnt[n] * n_cchunks
-        if nsteps > 0:
-            a_r = wp.tile_load(xn, shape=(TK, TM), offset=(idxc[n, 0] * cp, b0), bounds_check=False)
-            w_r = wp.tile_load(wv, shape=(TK, TN), offset=(rfc[n, 0] * cp, o0), bounds_check=False)
-            for s in range(nsteps):
-                wp.tile_assign(a_sh, a_r)
-                wp.tile_assign(w_sh, w_r)
-                # prefetch step s+1 (the last step re-loads itself: an unconditional load keeps the
-                # registers' consumer after the matmul instead of a select before it)
-                s1 = wp.min(s + 1, nsteps - 1)
-                k1 = s1 // n_cchunks
-                c1 = (s1 - k1 * n_cchunks) * TK
-                a_r = wp.tile_load(xn, shape=(TK, TM), offset=(idxc[n, k1] * cp + c1, b0), bounds_check=False)
-                w_r = wp.tile_load(wv, shape=(TK, TN), offset=(rfc[n, k1] * cp + c1, o0), bounds_check=False)
-                wp.tile_matmul(wp.tile_transpose(a_sh), w_sh, acc)
-        bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=o0), shape=(TM, TN))
-        wp.tile_store(y[n], wp.tile_astype(acc + bb, wp.float16), offset=(b0, o0))
-
-    kernel.fovi_tiles = ("nmp", TM, TN, TK, 1, int(block_dim))
-    return kernel
+    return _pipelined_kernel("nmp", tile_m, tile_n, tile_k, block_dim, mathdx, name)
 
 
 def make_gp_kernel(tile_m: int, tile_n: int, block_dim: int, mathdx: Optional[bool] = None,
@@ -399,72 +462,12 @@ def make_gp_kernel(tile_m: int, tile_n: int, block_dim: int, mathdx: Optional[bo
     """Gather-family kernel with the register prefetch of :func:`make_nmp_kernel`: the next p tile's
     indexed gathers are issued into registers before the current ``tile_matmul``. Same arguments as
     the gather kernel (bounds-checked gathers, so no padding is needed)."""
-    init_warp()
-    TM, TN, TK = int(tile_m), int(tile_n), _GATHER_TILE_K
-    kname = name or f"fovi_fwd_gp_m{TM}n{TN}b{block_dim}"
+    return _pipelined_kernel("gp", tile_m, tile_n, _GATHER_TILE_K, block_dim, mathdx, name)
 
-    @_kernel_decorator(kname, block_dim, mathdx)
-    def kernel(xt: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16),
-               il: wp.array2d(dtype=wp.int32), wl: wp.array2d(dtype=wp.int32),
-               bias: wp.array1d(dtype=wp.float32), y: wp.array3d(dtype=wp.float16),
-               n_ptiles: int, batch: int):
-        n, bt, ot = wp.tid()
-        b0 = bt * TM
-        o0 = ot * TN
-        acc = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
-        a_sh = wp.tile_zeros(shape=(TK, TM), dtype=wp.float16, storage="shared")
-        w_sh = wp.tile_zeros(shape=(TK, TN), dtype=wp.float16, storage="shared")
-        il_n = il[n]
-        wl_n = wl[n]
-        ii0 = wp.tile_load(il_n, shape=TK, offset=0, storage="shared")
-        wi0 = wp.tile_load(wl_n, shape=TK, offset=0, storage="shared")
-        a_r = wp.tile_load_indexed(xt, indices=ii0, shape=(TK, TM), offset=(0, b0), axis=0)
-        w_r = wp.tile_load_indexed(wt, indices=wi0, shape=(TK, TN), offset=(0, o0), axis=0)
-        for pt in range(n_ptiles):
-            wp.tile_assign(a_sh, a_r)
-            wp.tile_assign(w_sh, w_r)
-            p1 = wp.min(pt + 1, n_ptiles - 1) * TK
-            ii1 = wp.tile_load(il_n, shape=TK, offset=p1, storage="shared")
-            wi1 = wp.tile_load(wl_n, shape=TK, offset=p1, storage="shared")
-            a_r = wp.tile_load_indexed(xt, indices=ii1, shape=(TK, TM), offset=(0, b0), axis=0)
-            w_r = wp.tile_load_indexed(wt, indices=wi1, shape=(TK, TN), offset=(0, o0), axis=0)
-            wp.tile_matmul(wp.tile_transpose(a_sh), w_sh, acc)
-        bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=o0), shape=(TM, TN))
-        wp.tile_store(y[n], wp.tile_astype(acc + bb, wp.float16), offset=(b0, o0))
-
-    kernel.fovi_tiles = ("gp", TM, TN, TK, 1, int(block_dim))
-    return kernel
 
 def make_densep_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, mathdx: Optional[bool] = None,
                         name: Optional[str] = None):
     """Dense ceiling of the pipelined (register-prefetch) kernels: :func:`make_dense_kernel`'s loop with
     the next K tile loaded into registers before the current ``tile_matmul``. Operands must be padded
     to whole tiles (``at [Kd, Bx]`` with ``Bx`` a multiple of ``tile_m``, ``w`` columns of ``tile_n``)."""
-    init_warp()
-    TM, TN, TK = int(tile_m), int(tile_n), int(tile_k)
-    kname = name or f"fovi_fwd_densep_m{TM}n{TN}k{TK}b{block_dim}"
-
-    @_kernel_decorator(kname, block_dim, mathdx)
-    def kernel(at: wp.array2d(dtype=wp.float16), w: wp.array2d(dtype=wp.float16),
-               bias: wp.array1d(dtype=wp.float32), y: wp.array3d(dtype=wp.float16),
-               n_ktiles: int, batch: int):
-        n, bt, ot = wp.tid()
-        b0 = bt * TM
-        o0 = ot * TN
-        acc = wp.tile_zeros(shape=(TM, TN), dtype=wp.float32)
-        a_sh = wp.tile_zeros(shape=(TK, TM), dtype=wp.float16, storage="shared")
-        w_sh = wp.tile_zeros(shape=(TK, TN), dtype=wp.float16, storage="shared")
-        a_r = wp.tile_load(at, shape=(TK, TM), offset=(0, b0), bounds_check=False)
-        w_r = wp.tile_load(w, shape=(TK, TN), offset=(0, o0), bounds_check=False)
-        for kt in range(n_ktiles):
-            wp.tile_assign(a_sh, a_r)
-            wp.tile_assign(w_sh, w_r)
-            k1 = wp.min(kt + 1, n_ktiles - 1) * TK
-            a_r = wp.tile_load(at, shape=(TK, TM), offset=(k1, b0), bounds_check=False)
-            w_r = wp.tile_load(w, shape=(TK, TN), offset=(k1, o0), bounds_check=False)
-            wp.tile_matmul(wp.tile_transpose(a_sh), w_sh, acc)
-        bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=o0), shape=(TM, TN))
-        wp.tile_store(y[n], wp.tile_astype(acc + bb, wp.float16), offset=(b0, o0))
-
-    kernel.fovi_tiles = ("densep", TM, TN, TK, 1, int(block_dim))
-    return kernel
+    return _pipelined_kernel("densep", tile_m, tile_n, tile_k, block_dim, mathdx, name)
