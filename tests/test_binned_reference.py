@@ -14,6 +14,10 @@ from fovi_lab.ops.reference import FOLD_BELOW_NODES, CompactTorchOps, binned_for
 
 STEM = (3, 24, 200, 37, 42, 49, 25)      # Cin = 3, V ~ K (rf1-like: collisions), 25 pad entries
 FEW_NODES = (16, 40, 30, 3, 5, 9, 2)     # 3 output nodes: the CPU products run as one GEMM (shared_matmul)
+ONE_TAP = (64, 40, 50, 37, 1, 1, 0)      # K = V = 1 (a 1x1 convolution): binning is a gather along the nodes
+ONE_TAP_PADS = (16, 24, 30, 29, 1, 1, 7)  # the same with 7 output nodes that have no neighbour
+ONE_TAP_FEW = (8, 12, 9, 3, 1, 1, 1)     # 3 output nodes, one without a neighbour
+SHAPES = ("MAIN", "ODD", "PAD_HEAVY", STEM, FEW_NODES, ONE_TAP, ONE_TAP_PADS, ONE_TAP_FEW, (8, 12, 20, 17, 1, 2, 3))
 
 
 def _problem(shape, b, seed=0):
@@ -27,7 +31,7 @@ def _problem(shape, b, seed=0):
     return meta, x, w, gy
 
 
-@pytest.mark.parametrize("shape", ("MAIN", "ODD", "PAD_HEAVY", STEM, FEW_NODES))
+@pytest.mark.parametrize("shape", SHAPES)
 def test_binned_forward_matches_the_oracle_and_torch_compact_grads(shape):
     meta, x, w, gy = _problem(shape, 5)
     bias = torch.randn(meta.cout)
@@ -60,7 +64,7 @@ from fovi_lab.ops.autograd import KNNConv, KNNConvFunction, get_ops  # noqa: E40
 from fovi_lab.ops.reference import BinnedTorchOps  # noqa: E402
 
 
-@pytest.mark.parametrize("shape", ("MAIN", "ODD", "PAD_HEAVY", STEM, FEW_NODES))
+@pytest.mark.parametrize("shape", SHAPES)
 def test_binned_ops_gradients_match_torch_compact(shape):
     """fp32: equal to torch_compact's adjoints up to summation order; fp16: within 3x torch_compact's own
     fp16 error (against the fp32 adjoints) + 2e-3 of the gradient's scale."""
@@ -74,6 +78,23 @@ def test_binned_ops_gradients_match_torch_compact(shape):
         assert got.dtype == torch.float32
         tol = 3 * float((ref16 - ref).abs().max()) + 2e-3 * float(ref.abs().max())
         assert float((got - ref).abs().max()) <= tol
+
+
+@pytest.mark.parametrize("shape", (ONE_TAP, ONE_TAP_PADS, ONE_TAP_FEW))
+def test_one_tap_layers_gather_along_the_nodes_bit_for_bit(shape, monkeypatch):
+    """A K = V = 1 layer bins by a gather along the node axis and scatters its dx along it: on the CPU the same
+    values bit for bit as binning over the flattened channel-node columns (the same sums in the same order)."""
+    import fovi_lab.ops.reference as reference
+    meta, x, w, gy = _problem(shape, 6)
+    assert reference._one_tap(meta) is not None
+    x_before = x.clone()
+    fast = (binned_forward(meta, x, w), BinnedTorchOps.grad_input(meta, gy, w), BinnedTorchOps.grad_weight(meta, gy, x))
+    monkeypatch.setattr(reference, "_one_tap", lambda meta: None)
+    general = (binned_forward(meta, x, w), BinnedTorchOps.grad_input(meta, gy, w),
+               BinnedTorchOps.grad_weight(meta, gy, x))
+    for a, b in zip(fast, general):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    assert torch.equal(x, x_before)                                  # the input is not written
 
 
 @pytest.mark.parametrize("nodes", (1, 2, FOLD_BELOW_NODES - 1, FOLD_BELOW_NODES, 13))

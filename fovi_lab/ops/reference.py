@@ -280,11 +280,49 @@ def batch_chunk(meta: TrainingMeta, batch: int, itemsize: int, budget: int | Non
     return max(1, min(batch, budget // max(1, per_image)))
 
 
+def _one_tap(meta: TrainingMeta):
+    """For a layer of one tap and one weight per channel (``K = V = 1``, a 1x1 convolution over the graph):
+    ``(nodes, inputs)``, the output nodes that have a neighbour (None: all of them) and their input nodes, int64
+    (cached with the meta); else None. There ``G[b, c, n] = x[b, c, idx[n]]``: binning is a gather along the node
+    axis, and its adjoint an ``index_add`` along it, instead of both over the flattened channel-node columns."""
+    if meta.k != 1 or meta.v != 1:
+        return None
+    aux = meta_aux(meta)
+    got = aux.get("one_tap")
+    if got is None:
+        idx = meta.idx[:, 0].long()
+        real = idx < meta.nin
+        nodes = None if bool(real.all()) else torch.nonzero(real).squeeze(1)
+        got = aux["one_tap"] = (nodes, (idx if nodes is None else idx[nodes]).contiguous())
+    return got
+
+
 def _bin(meta: TrainingMeta, x_flat: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
-    """``G [b, Q, Nout]``: the gathered inputs summed into their taps (``index_add``: atomics on CUDA)."""
+    """``G [b, Q, Nout]``: the gathered inputs summed into their taps (``index_add``: atomics on CUDA); a gather
+    along the node axis where the layer has one tap (:func:`_one_tap`)."""
     b = x_flat.shape[0]
+    one = _one_tap(meta)
+    if one is not None:
+        nodes, inputs = one
+        gathered = x_flat.view(b, meta.cin, meta.nin).index_select(2, inputs)        # [b, Cin, real nodes]
+        if nodes is None:
+            return gathered
+        return gathered.new_zeros(b, meta.cin, meta.nout).index_copy_(2, nodes, gathered)
     vals = x_flat.index_select(1, src)                                               # [b, nnz*Cin]
     return vals.new_zeros(b, meta.q * meta.nout).index_add(1, dst, vals).view(b, meta.q, meta.nout)
+
+
+def _unbin(meta: TrainingMeta, dg: torch.Tensor, out: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+    """The adjoint of :func:`_bin`: ``out [b, Cin*Nin]`` (in its dtype) += each entry of ``dG [b, Q, Nout]`` at its
+    input column, entries in (n, p) order (``index_add``: atomics on CUDA)."""
+    one = _one_tap(meta)
+    if one is not None:
+        nodes, inputs = one
+        vals = dg if nodes is None else dg.index_select(2, nodes)                   # [b, Cin, real nodes]
+        out.view(out.shape[0], meta.cin, meta.nin).index_add_(2, inputs, vals.to(out.dtype))
+        return
+    vals = dg.reshape(dg.shape[0], -1).index_select(1, dst)                          # [b, nnz*Cin]
+    out.index_add_(1, src, vals.to(out.dtype))
 
 
 #: Below this many output nodes a CPU product of the shared weight with a batch of ``[K, Nout]`` matrices is one GEMM
@@ -363,9 +401,7 @@ class BinnedTorchOps:
         wt = weight.t()
         dx = torch.zeros(b, meta.cin * meta.nin, dtype=acc, device=grad_y.device)
         for b0 in range(0, b, bc):
-            dg = shared_matmul(wt, grad_y[b0:b0 + bc])                                # [bc, Q, Nout]
-            vals = dg.reshape(dg.shape[0], -1).index_select(1, dst)                  # [bc, nnz*Cin]
-            dx[b0:b0 + bc].index_add_(1, src, vals.to(acc))
+            _unbin(meta, shared_matmul(wt, grad_y[b0:b0 + bc]), dx[b0:b0 + bc], src, dst)   # dG [bc, Q, Nout]
         return dx.view(b, meta.cin, meta.nin)
 
     @staticmethod
