@@ -62,7 +62,7 @@ it by a fixed rule:
 
 Float noise in these values is ~1e-13 relative; on every real layer, values decided equal differ by
 less than 3e-14 and values decided different by more than 3e-8 (:func:`decision_margins`), so the
-tolerance line is nowhere near any of them. ``tests/test_geometry_reproducible.py`` pins the digest of
+tolerance line is nowhere near any of them. ``tests/graph/test_geometry_reproducible.py`` pins the digest of
 every real layer's tables and rebuilds them under numpy's CPU-dispatch settings and with injected
 last-bit noise.
 

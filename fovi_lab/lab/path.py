@@ -7,7 +7,7 @@ in one line, and what to read first (earlier steps' stems, or a word for what th
 From :data:`STEPS` ``python tools/learner_path.py --write`` writes the README's notebooks table, the line under each
 notebook's heading (its step and what to read first) and the line that ends each notebook (previous and next step);
 :func:`problems` lists every place where the README, the file names, a heading or a link disagrees with the list
-(``tests/test_learner_path.py``).
+(``tests/lab/test_learner_path.py``).
 """
 
 from __future__ import annotations

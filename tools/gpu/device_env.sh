@@ -4,7 +4,7 @@
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 # what a job keeps for the next call on the same machine (the kernel cache, fovi's network records); the checks of
-# tests/test_gpu_runner.py point it at a folder of their own
+# tests/tools/test_gpu_runner.py point it at a folder of their own
 scratch="${FOVI_GPU_SCRATCH:-/tmp}"
 # the records' commit: the staged HEAD's (tools/gpu/stage_head.sh), where a call carried it
 [ -f .device/head/commit ] && [ -z "${FOVI_COMMIT:-}" ] && export FOVI_COMMIT="$(cat .device/head/commit)"

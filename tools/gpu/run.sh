@@ -81,7 +81,7 @@ case "$job" in
     python3 -m fovi_lab warmup --no-dense --experimental --mathdx off --jobs 16 > "$OUT/warmup.log" 2>&1
     tail -1 "$OUT/warmup.log"
     FOVI_WARP_MATHDX=0 timeout "$limit" python3 -m pytest -o addopts="" -p no:cacheprovider -q \
-      tests/test_gpu_parity.py tests/test_gpu_replay.py tests/test_gpu_torch_native.py \
+      tests/kernels/test_gpu_parity.py tests/ops/test_gpu_replay.py tests/ops/test_gpu_torch_native.py \
       --junitxml="$OUT/parity.xml" "$@" 2>&1 | tail -5 ;;
   all)
     batches=("$@"); [ ${#batches[@]} -gt 0 ] || batches=(16 64)
@@ -89,7 +89,7 @@ case "$job" in
     python3 -m fovi_lab warmup --no-dense --experimental --mathdx off --jobs 16 > "$OUT/warmup.log" 2>&1
     tail -1 "$OUT/warmup.log"; echo "warmup done at $(( $(date +%s) - t0 )) s"
     timeout $(( $(left) * 2 / 5 )) python3 -m pytest -o addopts="" -p no:cacheprovider -q \
-      tests/test_gpu_parity.py tests/test_gpu_replay.py tests/test_gpu_torch_native.py \
+      tests/kernels/test_gpu_parity.py tests/ops/test_gpu_replay.py tests/ops/test_gpu_torch_native.py \
       --junitxml="$OUT/parity.xml" > "$OUT/parity.log" 2>&1
     tail -5 "$OUT/parity.log"; echo "parity done at $(( $(date +%s) - t0 )) s"
     timeout $(( $(left) * 3 / 5 )) python3 -m fovi_lab.bench.backward train-step --graphs \
@@ -141,7 +141,7 @@ case "$job" in
     # ResNet-18's
     # eager step under FOVI_KNN_REPLAY=in-place, then the train step on the layers the budgets chunk (fovi's stem
     # and AlexNet conv1) beside fovi's backends
-    timeout "$(cap 120)" python3 -m pytest -o addopts="" -p no:cacheprovider -q tests/test_gpu_replay.py \
+    timeout "$(cap 120)" python3 -m pytest -o addopts="" -p no:cacheprovider -q tests/ops/test_gpu_replay.py \
       -k "outer_capture or in_place" --junitxml="$OUT/replay.xml" > "$OUT/replay.log" 2>&1
     tail -4 "$OUT/replay.log"; echo "replay tests done at $(( $(date +%s) - t0 )) s"
     alt=(); [ -f "$scratch/fovi_lab_out/network_fovi.jsonl" ] && alt=(--alternatives "$scratch/fovi_lab_out/network_fovi.jsonl")
@@ -175,7 +175,7 @@ case "$job" in
       --layers all --jobs 16 --time-budget-s $(( c - 35 )) --out "$OUT/train_step.jsonl" > "$OUT/train_step.log" 2>&1
     tail -4 "$OUT/train_step.log"; echo "train-step done at $(( $(date +%s) - t0 )) s"
     FOVI_WARP_MATHDX=0 timeout "$(cap 90)" python3 -m pytest -o addopts="" -p no:cacheprovider -q \
-      tests/test_gpu_parity.py tests/test_gpu_replay.py tests/test_gpu_torch_native.py \
+      tests/kernels/test_gpu_parity.py tests/ops/test_gpu_replay.py tests/ops/test_gpu_torch_native.py \
       --junitxml="$OUT/parity.xml" > "$OUT/parity.log" 2>&1
     tail -6 "$OUT/parity.log"; echo "parity done at $(( $(date +%s) - t0 )) s"
     fovi_recs="$scratch/fovi_lab_out/network_fovi.jsonl"       # fovi's backends timed by networks-fovi
@@ -236,7 +236,7 @@ case "$job" in
   in-place)
     # the replay modes side by side on one machine: records say which (replay); run after warmup (the steps job)
     FOVI_WARP_MATHDX=0 timeout "$(cap 60)" python3 -m pytest -o addopts="" -p no:cacheprovider -q -s \
-      tests/test_gpu_replay.py -k in_place --junitxml="$OUT/in_place_tests.xml" > "$OUT/in_place_tests.log" 2>&1
+      tests/ops/test_gpu_replay.py -k in_place --junitxml="$OUT/in_place_tests.xml" > "$OUT/in_place_tests.log" 2>&1
     tail -8 "$OUT/in_place_tests.log"
     for mode in auto in-place; do
       FOVI_KNN_REPLAY=$mode timeout "$(cap 120)" python3 -m fovi_lab.bench.backward train-step --no-fovi \
@@ -257,8 +257,8 @@ case "$job" in
       --out "$OUT/ddp.jsonl" > "$OUT/ddp.log" 2>&1; tail -4 "$OUT/ddp.log"
     timeout "$(cap 120)" python3 -m fovi_lab.bench.ddp --nproc 2 --per-device-batch 64 --steps 120 --norm group \
       --timeout-s 28 --backends warp_train --out "$OUT/ddp.jsonl" > "$OUT/ddp_group.log" 2>&1; tail -2 "$OUT/ddp_group.log"
-    timeout "$(cap 100)" python3 -m pytest -o addopts="" -p no:cacheprovider -q tests/test_gpu_ddp.py \
-      tests/test_gpu_torch_native.py --junitxml="$OUT/ddp_tests.xml" > "$OUT/ddp_tests.log" 2>&1
+    timeout "$(cap 100)" python3 -m pytest -o addopts="" -p no:cacheprovider -q tests/bench/test_gpu_ddp.py \
+      tests/ops/test_gpu_torch_native.py --junitxml="$OUT/ddp_tests.xml" > "$OUT/ddp_tests.log" 2>&1
     tail -4 "$OUT/ddp_tests.log" ;;
   ncu)
     timeout "$limit" ncu --nvtx --nvtx-include "profile/" -k regex:fovi_fwd --section SpeedOfLight \

@@ -60,7 +60,7 @@ def render_markdown() -> str:
         "# The forward kernel families",
         "",
         "Generated from the registry `fovi_lab.kernels.families` by `fovi_lab.kernels.families.listing.write_docs()`; "
-        "`tests/test_families.py` checks that this file is what the registry gives.",
+        "`tests/kernels/families/test_families.py` checks that this file is what the registry gives.",
         "",
         "A family is one kernel with parameters; a *point* fixes them all and is one compiled kernel. Its readable "
         "name and its compact id are derived from the parameters; any point whose parameters combine runs by its "

@@ -3,7 +3,7 @@
 On the CPU (CI) each thread runs the snippet's C++ branch: its own accumulator elements with the same warp grid,
 lane mapping, pad select, loop bounds and guarded stores as the GPU branch. That checks everything but the
 cp.async / ldmatrix / mma.sync packing, which :func:`test_gpu_every_mmap_config_on_real_layers` checks on a GPU
-(skipped without one); ``tests/test_warp_aot.py`` compiles the PTX for sm_80/89/90.
+(skipped without one); ``tests/kernels/forward/test_warp_aot.py`` compiles the PTX for sm_80/89/90.
 """
 
 from __future__ import annotations
@@ -118,9 +118,9 @@ def test_gpu_every_mmap_config_on_real_layers(layer):
 def _pipe_module(arch: int, block_dim: int):
     """The pipelined kernels of one block size in one module (every config for sm_90, the first for sm_80 / 89).
 
-    Their own module, not the shared one of ``tests/test_warp_aot.py``: ptxas counts every static ``__shared__``
-    array of a module's native functions against each of its kernels (the staged mma stores' tiles would push
-    the stages past 48 KiB), which one module per kernel, as the package builds them, does not."""
+    Their own module, not the shared one of ``tests/kernels/forward/test_warp_aot.py``: ptxas counts every static
+    ``__shared__`` array of a module's native functions against each of its kernels (the staged mma stores' tiles
+    would push the stages past 48 KiB), which one module per kernel, as the package builds them, does not."""
     from fovi_lab.kernels import common as wc
     from fovi_lab.kernels.common import init_warp, wp
     from fovi_lab.kernels.forward.mma_pipe import make_mma_pipe_kernel

@@ -3,7 +3,7 @@
 On the CPU (CI) the kernels run their native snippet's C++ branch: each lane computes its own accumulator
 elements with the same channel permutation, batch tiles, pad select, loop bounds, split and stores as the
 GPU branch. That checks everything but the PTX fragment packing; :func:`test_gpu_every_mma_config_on_real_layers`
-checks the packing on a GPU (skipped without one) and ``tests/test_warp_aot.py`` compiles the PTX for
+checks the packing on a GPU (skipped without one) and ``tests/kernels/forward/test_warp_aot.py`` compiles the PTX for
 sm_80/89/90. Every registered mma config also runs the every-config oracle parity of ``test_warp_forward``.
 """
 

@@ -1,5 +1,5 @@
 """The replay layer's rules on the CPU (:mod:`fovi_lab.ops.replay`; the replays themselves need CUDA graphs and are
-checked by ``tests/test_gpu_replay.py``): CPU calls run directly, the switch is validated, the signature sees the
+checked by ``tests/ops/test_gpu_replay.py``): CPU calls run directly, the switch is validated, the signature sees the
 replay mode and the kernel-affecting ``FOVI_*`` variables (which those are: ``tests/test_settings.py``), and only
 layouts that a strided copy reproduces are replayed."""
 
@@ -251,8 +251,8 @@ def test_resident_bytes_count_a_dropped_forward_that_an_adjoint_still_reads(monk
 
 
 def test_the_ops_step_replays_as_the_gpu_test_counts(monkeypatch):
-    """``WarpTrainOps.forward`` then ``backward_combined`` (the path ``tests/test_gpu_replay.py`` checks on every layer),
-    graphs emulated: over four steps the forward replays three times and the adjoint, a signature of its own once it
+    """``WarpTrainOps.forward`` then ``backward_combined`` (the path ``tests/ops/test_gpu_replay.py`` checks on every
+    layer), graphs emulated: over four steps the forward replays three times and the adjoint, a signature of its own once it
     reads the forward's copies, twice; every step equals the direct one bit for bit."""
     from fovi_lab.graph.layers import layer_meta
     from fovi_lab.knn_warp import WarpTrainOps

@@ -48,8 +48,9 @@ def _forward_kernels_by_block_dim(module_prefix: str, every_config: bool = True)
         for name in F.uncached_config_names() + F.cached_config_names():
             cfg = F.config_spec(name)
             if cfg.variant in F.PIPE_VARIANTS:
-                # their own modules (tests/test_warp_mma_pipe.py): ptxas counts every static __shared__ array of a
-                # module against each of its kernels, and the staged mma stores' tiles would push the stages past 48 KiB
+                # their own modules (tests/kernels/forward/test_warp_mma_pipe.py): ptxas counts every static
+                # __shared__ array of a module against each of its kernels, and the staged mma stores' tiles would
+                # push the stages past 48 KiB
                 continue
             if not every_config:
                 if cfg.variant in F.MMA_VARIANTS:

@@ -12,7 +12,7 @@ import pytest
 
 from fovi_lab.lab import path as lp
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_repository_agrees_with_the_list():
@@ -64,7 +64,7 @@ def test_no_tracked_file_names_a_notebook_by_another_number():
     files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     stale = []
     for f in files:
-        if f.startswith("fovi_lab/records/") or f == "tests/test_learner_path.py" or not (ROOT / f).exists():
+        if f.startswith("fovi_lab/records/") or f == "tests/lab/test_learner_path.py" or not (ROOT / f).exists():
             continue
         try:
             text = (ROOT / f).read_text()

@@ -629,7 +629,7 @@ def _pipe_kernel_times():
     B = 64 / 512), then the second (data/h200/forward_pipe_batches.jsonl.gz, B = 64-512 on eight layers), whose
     (layer, B) replace the first's."""
     from fovi_lab.ops.records import read_file
-    h200 = os.path.join(os.path.dirname(__file__), "..", "data", "h200")
+    h200 = os.path.join(os.path.dirname(__file__), "..", "..", "..", "data", "h200")
     out = {}
     for name, tag in (("forward_pipe.jsonl.gz", "mmap"), ("forward_pipe_batches.jsonl.gz", "pipe-mid")):
         run = {}

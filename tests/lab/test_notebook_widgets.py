@@ -1,6 +1,6 @@
 """The widgets of notebooks 01, 02, 04, 05, 06, 11 and 13 (rerun on each change), and the button widgets of 03 and
-07, all built by ``fovi_lab.lab.common.live`` (09's: tests/test_mma_widget.py; their busy state:
-tests/test_widget_busy.py).
+07, all built by ``fovi_lab.lab.common.live`` (09's: tests/lab/test_mma_widget.py; their busy state:
+tests/lab/test_widget_busy.py).
 
 Each test calls the ``fovi_lab.lab`` function the notebook's widget callback calls, with the notebook's default
 controls except one, at two values of that control, on Warp's CPU device: the figure the callback displays (the

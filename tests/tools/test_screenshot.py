@@ -19,7 +19,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TOOL = REPO / "tools" / "screenshot_notebook.py"
 
 

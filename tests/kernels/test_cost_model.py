@@ -154,6 +154,6 @@ def test_the_command_errors_are_one_line_with_exit_status_2(argv, words, capsys)
 
 
 def test_the_page_is_the_command_output(capsys):
-    assert cm.main(["--check", str(Path(__file__).resolve().parents[1] / "docs" / "cost_model.md")]) == 0
+    assert cm.main(["--check", str(Path(__file__).resolve().parents[2] / "docs" / "cost_model.md")]) == 0
     out = capsys.readouterr().out
     assert "== summary" in out and out.count("within 10% of the fastest") >= 8

@@ -1,6 +1,6 @@
 """GPU parity: every real layer's Warp ops against the references on a CUDA device (skipped without one).
 
-CI runs every kernel on Warp's CPU device on small shapes (``tests/test_warp_*.py``); this file is what a
+CI runs every kernel on Warp's CPU device on small shapes (``tests/kernels/*/test_warp_*.py``); this file is what a
 GPU machine runs on the real layers of :data:`fovi_lab.graph.layers.LAYERS`, at B = 1, 17 and 64:
 
 * ``warp_compact``'s forward (the config the rules select there, the tensor-core kernels included) against

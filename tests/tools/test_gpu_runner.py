@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RUN = ROOT / "tools" / "gpu" / "run.sh"
 
 #: The jobs checked (ncu needs Nsight Compute's own binary; notebooks run tools/gpu/run_notebooks.sh, its own check).

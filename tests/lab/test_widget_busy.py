@@ -17,7 +17,7 @@ from fovi_lab.lab import common as C                                  # noqa: E4
 from fovi_lab.lab import family_explorer as fe                        # noqa: E402
 from fovi_lab.lab import mma_viz as mv                                # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DONE = re.compile(r"^done in \d+\.\d s$")
 
 

@@ -3,7 +3,7 @@ array descriptors must equal Warp's own, the value caches (weight layouts, padde
 under CUDA-graph capture, and the paired row gather must copy bit-exactly.
 
 Everything here runs on Warp's CPU device with small shapes (the forward kernels come from the kernel
-cache that ``tests/test_warp_forward.py``'s session fixture fills; a cold cache compiles them here)."""
+cache that ``tests/kernels/forward/test_warp_forward.py``'s session fixture fills; a cold cache compiles them here)."""
 
 from __future__ import annotations
 
