@@ -48,8 +48,8 @@ hundred warps, fovi_lab/records/h200/mma_sweep.jsonl.gz; where the extra registe
 On Warp's CPU device the same kernels run with the snippet's C++ branch: each lane computes its own D
 elements (the same channel permutation, batch tiles, pad select, loop bounds and stores) by a scalar
 loop over the 16 p entries of the step. So CI checks everything but the PTX fragment packing on the CPU;
-``tests/kernels/forward/test_warp_mma.py`` checks the packing against the oracle on a GPU, and the AOT tests compile the
-PTX for sm_80/89/90 with no GPU. ``mma.sync.m16n8k16`` needs sm_80+: on older GPUs the loop is compiled out,
+``tests/kernels/forward/test_warp_mma.py`` checks the packing against the oracle on a GPU, and the AOT tests
+compile the PTX for sm_80/89/90 with no GPU. ``mma.sync.m16n8k16`` needs sm_80+: on older GPUs the loop is compiled out,
 the outputs hold only the bias, the NaN canary's oracle check finds the config unusable and the call takes
 the tile / SIMT rule instead.
 

@@ -34,8 +34,8 @@ The summation order is fixed (p ascending within a thread's MMAs), so y is the s
 On Warp's CPU device the same kernel runs the snippet's C++ branch: each thread computes its own D elements
 (the same warp grid, lane mapping, pad select, bounds and store) by a scalar loop over ``[p_lo, p_hi)``. CI
 checks the mapping on the CPU; the ldmatrix / cp.async packing is checked on a GPU
-(``tests/kernels/forward/test_warp_mma.py``) and the PTX compiled for sm_80/89/90 ahead of time. Before sm_80 the loop compiles out, the canary's oracle
-check fails and the rule's other kernels run.
+(``tests/kernels/forward/test_warp_mma.py``) and the PTX compiled for sm_80/89/90 ahead of time. Before sm_80 the
+loop compiles out, the canary's oracle check fails and the rule's other kernels run.
 
 ``dense=True`` builds the same pipeline over dense operands (p entry k reads row k of both): the ceiling of this
 CTA shape without gathers, written ``[Nout, B, Cout]``.
