@@ -2,10 +2,10 @@
 know.
 
 * :data:`FAMILIES`: every forward family, one module each. Adding one is its module here (parameters, limits,
-  estimate, ``make_kernel`` over the factories of the kernel module it names), its rows in ``configs.toml`` and
-  one line in :data:`FAMILIES`; a kernel module of its own is one more entry of
-  :data:`fovi_lab.kernels.forward.build.KERNEL_MODULES`, and a new operand layout (``dataflow``) one more plan in
-  :func:`fovi_lab.kernels.forward.plans.plan_uncached`.
+  estimate, ``make_kernel`` over the factories of the kernel module it names), its rows in ``configs.toml``, and
+  its import and entry in :data:`FAMILIES` below (``tests/kernels/families/test_adding_a_family.py`` adds one so);
+  a kernel module of its own is one more entry of :data:`fovi_lab.kernels.forward.build.KERNEL_MODULES`, and a new
+  operand layout (``dataflow``) one more plan in :func:`fovi_lab.kernels.forward.plans.plan_uncached`.
 * :data:`PRESETS`: the named points of ``fovi_lab/kernels/forward/configs.toml`` (the names the rules,
   records, tune caches and notebooks use), each with where it comes from.
 * :func:`lookup`: a preset name, or an id derived from parameters, to its point; :func:`describe`: the
