@@ -29,11 +29,11 @@ def registered_forward_config(kernel: str, tile_m: int, tile_n: int, r: int, blo
     ``c_*`` for ``"cached"``), or None when the combination is not registered."""
     from fovi_lab.kernels import forward as F
     cached = kernel == "cached"
-    fam = "cached" if cached else "gather"
+    variant = "cached" if cached else "gather"
     names = F.cached_config_names() if cached else F.uncached_config_names("gather")
     for name in names:
         c = F.config_spec(name)
-        if (c.variant, c.tile_m, c.tile_n, c.r, c.block_dim) == (fam, tile_m, tile_n, r, block_dim):
+        if (c.variant, c.tile_m, c.tile_n, c.r, c.block_dim) == (variant, tile_m, tile_n, r, block_dim):
             return name
     return None
 
@@ -67,10 +67,10 @@ def _forward_kernel(kernel: str, tile_m: int, tile_n: int, r: int, block_dim: in
     name = registered_forward_config(kernel, tile_m, tile_n, r, block_dim)
     if name is None:
         cached = kernel == "cached"
-        fam = "cached" if cached else "gather"
+        variant = "cached" if cached else "gather"
         lab_name = (f"lab_c_m{tile_m}n{tile_n}b{block_dim}" if cached
                     else f"lab_m{tile_m}n{tile_n}r{r}b{block_dim}")
-        target = F.FwdConfig(lab_name, fam, tile_m, tile_n, 64, r, block_dim)
+        target = F.FwdConfig(lab_name, variant, tile_m, tile_n, 64, r, block_dim)
     else:
         target = name
     key = F.cache_key(target, F.mathdx_default())
