@@ -396,7 +396,7 @@ def make_dx_csr_kernel(fp32_stage: bool, *, module_options: Optional[dict] = Non
     return _tag(dx_csr, fp32_stage)
 
 
-def _row_sum_func():
+def row_sum_func():
     """``row_sum(rowptr, cols, vals, off, m)``: the fp32 sum of ``vals[off + cols[i]]`` over row ``m`` of a CSR list
     (``i`` in ``[rowptr[m], rowptr[m+1])``), in index order, as an inlined Warp function (built once). Four
     independent loads are issued before their adds, which keep the index order: the same fp32 sum, bit for bit, as
@@ -442,7 +442,7 @@ def make_dx_taps_kernel(fp32_stage: bool = True, *, module_options: Optional[dic
         raise ValueError("fp32_stage: the tap-expanded stage is fp32 (the split tensor-core configs' output)")
     init_warp()
     opts = _kernel_options(None, module_options)
-    row_sum = _row_sum_func()
+    row_sum = row_sum_func()
 
     @_kernel_decorator("fovi_dx_taps_f32", opts, module)
     def dx_taps(rowptr: wp.array(dtype=wp.int32), rev_taps: wp.array(dtype=wp.int32),

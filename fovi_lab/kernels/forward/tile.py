@@ -322,9 +322,14 @@ def make_dense_kernel(tile_m: int, tile_n: int, tile_k: int, r: int, block_dim: 
     return kernel
 
 
-def _pipelined_body(tile_m: int, tile_n: int, tile_k: int, family: str):
-    """The CTA of the register-prefetch kernels (``family`` "nmp", "gp" or "densep") as an inlined Warp function,
-    built once per tile shape and family::
+#: The register-prefetch kernels by how a step finds its rows (node-major neighbour lists, the index tables, dense
+#: operands): the kernels' names.
+_PIPELINED = {"lists": "nmp", "indexed": "gp", "dense": "densep"}
+
+
+def _pipelined_body(tile_m: int, tile_n: int, tile_k: int, rows: str):
+    """The CTA of the register-prefetch kernels (``rows`` "lists": nmp, "indexed": gp, "dense": densep) as an
+    inlined Warp function, built once per tile shape and kind of rows::
 
         body(x, w, rows_x, rows_w, cp, n_chunks, nsteps, bias, y_n, b0, o0)
 
@@ -332,28 +337,28 @@ def _pipelined_body(tile_m: int, tile_n: int, tile_k: int, family: str):
     rounding), step ``s`` reading the ``[tile_k, tile_m]`` tile ``A_s`` of ``x`` (columns from ``b0``) and the
     ``[tile_k, tile_n]`` tile ``W_s`` of ``w`` (columns from ``o0``):
 
-    * "nmp": ``s = k*n_chunks + c``; rows from ``rows_x[k]*cp + c*tile_k`` of ``x`` and ``rows_w[k]*cp + c*tile_k``
+    * "lists" (nmp): ``s = k*n_chunks + c``; rows from ``rows_x[k]*cp + c*tile_k`` of ``x`` and ``rows_w[k]*cp + c*tile_k``
       of ``w``, plain unchecked loads (``bounds_check=False``);
-    * "gp": the rows of ``x`` and ``w`` that entries ``s*tile_k ..`` of ``rows_x`` and ``rows_w`` index,
+    * "indexed" (gp): the rows of ``x`` and ``w`` that entries ``s*tile_k ..`` of ``rows_x`` and ``rows_w`` index,
       bounds-checked indexed loads (``cp``, ``n_chunks`` unused);
-    * "densep": rows from ``s*tile_k`` of both, plain unchecked loads (``rows_x``, ``rows_w``, ``cp``,
+    * "dense" (densep): rows from ``s*tile_k`` of both, plain unchecked loads (``rows_x``, ``rows_w``, ``cp``,
       ``n_chunks`` unused).
 
     The next step's tiles are loaded into registers before the current step's ``tile_matmul`` and copied into the
     shared operand tiles after it (the last step re-loads itself: an unconditional load keeps the registers'
-    consumer after the matmul instead of a select before it). The "gp" loads are written out at both places (a
+    consumer after the matmul instead of a select before it). The indexed loads are written out at both places (a
     function called at both would have its tiles reserved once): the CTA reserves two index tiles for each.
     """
-    TM, TN, TK, GP = int(tile_m), int(tile_n), int(tile_k), family == "gp"
-    if family not in ("nmp", "gp", "densep"):
-        raise ValueError(f"family: expected 'nmp', 'gp' or 'densep', got {family!r}")
+    if rows not in _PIPELINED:
+        raise ValueError(f"rows: expected one of {', '.join(map(repr, _PIPELINED))}, got {rows!r}")
+    TM, TN, TK, GP, LISTS = int(tile_m), int(tile_n), int(tile_k), rows == "indexed", rows == "lists"
 
     def make():
-        tag = f"fovi_fwd_{family}_body_m{TM}n{TN}k{TK}"
+        tag = f"fovi_fwd_{_PIPELINED[rows]}_body_m{TM}n{TN}k{TK}"
 
         def fetch(x: wp.array2d(dtype=wp.float16), w: wp.array2d(dtype=wp.float16), rows_x: None, rows_w: None,
                   cp: int, n_chunks: int, s: int, b0: int, o0: int):
-            if wp.static(family == "nmp"):
+            if wp.static(LISTS):
                 k = s // n_chunks
                 c = (s - k * n_chunks) * TK
                 xrow = rows_x[k] * cp + c
@@ -393,26 +398,27 @@ def _pipelined_body(tile_m: int, tile_n: int, tile_k: int, family: str):
             bb = wp.tile_broadcast(wp.tile_load(bias, shape=TN, offset=o0), shape=(TM, TN))
             wp.tile_store(y_n, wp.tile_astype(acc + bb, wp.float16), offset=(b0, o0))
 
-        rows = int if family == "densep" else wp.array1d(dtype=wp.int32)   # objects: Warp evaluates strings only
+        row_type = int if rows == "dense" else wp.array1d(dtype=wp.int32)   # objects: Warp evaluates strings only
         for fn in (fetch, body):
-            fn.__annotations__.update(rows_x=rows, rows_w=rows)
+            fn.__annotations__.update(rows_x=row_type, rows_w=row_type)
         fetch = wp.func(name=f"{tag}_fetch", inline=True)(fetch)
         return wp.func(name=tag, inline=True)(body)
-    return built(("tile", "pipelined", family, TM, TN, TK), make)
+    return built(("tile", "pipelined", rows, TM, TN, TK), make)
 
 
-def _pipelined_kernel(family: str, tile_m: int, tile_n: int, tile_k: int, block_dim: int, mathdx: Optional[bool],
+def _pipelined_kernel(rows: str, tile_m: int, tile_n: int, tile_k: int, block_dim: int, mathdx: Optional[bool],
                       name: Optional[str]):
-    """The ``nmp``, ``gp`` or ``densep`` kernel of one tile shape: grid ``(node n, batch tile, Cout tile)``, each CTA
+    """The ``nmp``, ``gp`` or ``densep`` kernel (``rows`` as :func:`_pipelined_body`) of one tile shape: grid ``(node n, batch tile, Cout tile)``, each CTA
     :func:`_pipelined_body` over node ``n``'s operands (the arguments of :func:`make_nmp_kernel`,
     :func:`make_gp_kernel`, :func:`make_densep_kernel`)."""
     init_warp()
     TM, TN, TK = int(tile_m), int(tile_n), int(tile_k)
-    kname = name or f"fovi_fwd_{family}_m{TM}n{TN}{'' if family == 'gp' else f'k{TK}'}b{block_dim}"
-    body = _pipelined_body(TM, TN, TK, family)
+    body = _pipelined_body(TM, TN, TK, rows)                          # (a ValueError names a bad ``rows``)
+    kind = _PIPELINED[rows]
+    kname = name or f"fovi_fwd_{kind}_m{TM}n{TN}{'' if rows == 'indexed' else f'k{TK}'}b{block_dim}"
     decorate = _kernel_decorator(kname, block_dim, mathdx)
 
-    if family == "nmp":
+    if rows == "lists":
         @decorate
         def kernel(xn: wp.array2d(dtype=wp.float16), wv: wp.array2d(dtype=wp.float16),
                    idxc: wp.array2d(dtype=wp.int32), rfc: wp.array2d(dtype=wp.int32), cnt: wp.array1d(dtype=wp.int32),
@@ -420,7 +426,7 @@ def _pipelined_kernel(family: str, tile_m: int, tile_n: int, tile_k: int, block_
                    n_cchunks: int, cp: int):
             n, bt, ot = wp.tid()
             body(xn, wv, idxc[n], rfc[n], cp, n_cchunks, cnt[n] * n_cchunks, bias, y[n], bt * TM, ot * TN)
-    elif family == "gp":
+    elif rows == "indexed":
         @decorate
         def kernel(xt: wp.array2d(dtype=wp.float16), wt: wp.array2d(dtype=wp.float16),
                    il: wp.array2d(dtype=wp.int32), wl: wp.array2d(dtype=wp.int32),
@@ -436,7 +442,7 @@ def _pipelined_kernel(family: str, tile_m: int, tile_n: int, tile_k: int, block_
             n, bt, ot = wp.tid()
             body(at, w, 0, 0, 0, n_ktiles, n_ktiles, bias, y[n], bt * TM, ot * TN)
 
-    kernel.fovi_tiles = (family, TM, TN, TK, 1, int(block_dim))
+    kernel.fovi_tiles = (kind, TM, TN, TK, 1, int(block_dim))
     return kernel
 
 
@@ -454,7 +460,7 @@ def make_nmp_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, mathd
     Args (kernel): ``xn [Nin*Cp, Bx]``, ``wv [V*Cp, Cout_p]``, ``idxc``/``rfc [Nout, K]`` int32,
     ``cnt [Nout]`` int32, ``bias``, ``y``, ``n_cchunks``, ``cp``.
     """
-    return _pipelined_kernel("nmp", tile_m, tile_n, tile_k, block_dim, mathdx, name)
+    return _pipelined_kernel("lists", tile_m, tile_n, tile_k, block_dim, mathdx, name)
 
 
 def make_gp_kernel(tile_m: int, tile_n: int, block_dim: int, mathdx: Optional[bool] = None,
@@ -462,7 +468,7 @@ def make_gp_kernel(tile_m: int, tile_n: int, block_dim: int, mathdx: Optional[bo
     """Gather-family kernel with the register prefetch of :func:`make_nmp_kernel`: the next p tile's
     indexed gathers are issued into registers before the current ``tile_matmul``. Same arguments as
     the gather kernel (bounds-checked gathers, so no padding is needed)."""
-    return _pipelined_kernel("gp", tile_m, tile_n, _GATHER_TILE_K, block_dim, mathdx, name)
+    return _pipelined_kernel("indexed", tile_m, tile_n, _GATHER_TILE_K, block_dim, mathdx, name)
 
 
 def make_densep_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, mathdx: Optional[bool] = None,
@@ -470,4 +476,4 @@ def make_densep_kernel(tile_m: int, tile_n: int, tile_k: int, block_dim: int, ma
     """Dense ceiling of the pipelined (register-prefetch) kernels: :func:`make_dense_kernel`'s loop with
     the next K tile loaded into registers before the current ``tile_matmul``. Operands must be padded
     to whole tiles (``at [Kd, Bx]`` with ``Bx`` a multiple of ``tile_m``, ``w`` columns of ``tile_n``)."""
-    return _pipelined_kernel("densep", tile_m, tile_n, tile_k, block_dim, mathdx, name)
+    return _pipelined_kernel("dense", tile_m, tile_n, tile_k, block_dim, mathdx, name)
