@@ -214,7 +214,7 @@ class Family:
     """A kernel family. Subclasses set :attr:`key`, :attr:`title`, :attr:`params`, :attr:`variants` and the
     methods below; one module per family (``fovi_lab.kernels.families.*``), one line in the registry.
 
-    ``variants`` maps each legacy family string of the configs table (``mmato``, ``sdp``, ...) to the values
+    ``variants`` maps each variant of the configs table (``mmato``, ``sdp``, ...) to the values
     it fixes: those strings remain the prefix of the compact ids, so records and tune caches keep loading.
 
     The derived ids, their parsing and the configs-table fields are declared rather than written per family:
@@ -267,7 +267,7 @@ class Family:
                 yield pt
 
     def variant(self, point: Point) -> str:
-        """The legacy family string whose fixed values ``point`` has."""
+        """The variant whose fixed values ``point`` has."""
         for name, fixed in self.variants.items():
             if all(point[k] == v for k, v in fixed.items()):
                 return name
@@ -400,7 +400,7 @@ class Family:
         raise NotImplementedError
 
     def variant_values(self, cfg) -> Dict[str, Any]:
-        """The parameter values the variant of ``cfg`` (its family string) fixes."""
+        """The parameter values the variant of ``cfg`` (``cfg.variant``) fixes."""
         return self.variants[cfg.variant]
 
     def dense_kind(self, cfg) -> str:

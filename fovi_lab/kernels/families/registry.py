@@ -70,12 +70,12 @@ DENSE_KINDS = ("dense", "densep", "simt_dense", "simtv_dense", "mma_dense", "mma
 
 
 def is_dense_kind(kind: str) -> bool:
-    """Whether ``kind`` (a built kernel's family string) is a dense ceiling's (:data:`DENSE_KINDS`)."""
+    """Whether ``kind`` (a built kernel's variant or kind) is a dense ceiling's (:data:`DENSE_KINDS`)."""
     return kind in DENSE_KINDS
 
 
 def family(key: str) -> Family:
-    """The family of ``key`` (``"tensor_cores"``, ``"fused_dx"``) or of a legacy family string (``"mmato"``,
+    """The family of ``key`` (``"tensor_cores"``, ``"fused_dx"``) or of one of its variants (``"mmato"``,
     ``"gi3p"``)."""
     fam = family_or_none(key)
     if fam is None:

@@ -1,4 +1,4 @@
-"""The forward configs: one frozen :class:`FwdConfig` per named tile configuration, and the families.
+"""The forward configs: one frozen :class:`FwdConfig` per named tile configuration, and their variants.
 
 A config name fixes a kernel at compile time (tile sizes are template constants: one Warp module per
 config, built lazily and validated once per device, see :mod:`fovi_lab.kernels.forward.build`).
@@ -10,7 +10,8 @@ The operator, per output node ``n`` (one small GEMM per node)::
 with ``xpad = [x.reshape(B, Cin*Nin) | 0]`` (the pad column ``Cin*Nin`` reads an exact zero). fp16 operands,
 fp32 accumulation, the bias added in fp32 before the one rounding to fp16; ``y [B, Cout, Nout]``.
 
-The families (the prefix of a config's name):
+The variants (``FwdConfig.variant``, the prefix of a config's name; :mod:`fovi_lab.kernels.families` groups
+them into families):
 
 * ``gather`` (``m64n64r1b256``): any tables. ``xt = x_flat^T [Cin*Nin, B]`` and ``wt = W^T [Q, Cout]``, so
   each p tile is two indexed row gathers (``tile_load_indexed``); the pad index is one row past the end of
@@ -95,21 +96,21 @@ def mathdx_default() -> Optional[bool]:
     return settings.get("FOVI_WARP_MATHDX")
 
 
-# The family strings of the register tensor-core kernels (fovi_lab.kernels.forward.mma) and of the pipelined ones
-# (fovi_lab.kernels.forward.mma_pipe): the variants the registry lists for those families.
+# The variants of the register tensor-core kernels (fovi_lab.kernels.forward.mma) and of the pipelined ones
+# (fovi_lab.kernels.forward.mma_pipe), as the registry lists them for those two families.
 MMA_VARIANTS = tuple(family_of("tensor_cores").variants)
 
 PIPE_VARIANTS = tuple(family_of("pipelined").variants)
 
 
 def mma_flags(family: str) -> Tuple[bool, bool, bool]:
-    """(split, W in place, x^T) of a tensor-core family string (``mmasw``: split, W in place)."""
+    """(split, W in place, x^T) of a tensor-core variant (``mmasw``: split, W in place)."""
     v = family_of(family).variants[family]
     return bool(v.get("split")), v.get("w_layout") == "in place", v.get("x_layout") == "transposed"
 
 
 def mma_staged(family: str) -> bool:
-    """Whether a family string's kernels write y through a shared tile (``mmao`` / ``mmato``: the staged store)."""
+    """Whether a variant's kernels write y through a shared tile (``mmao`` / ``mmato``: the staged store)."""
     return family_of(family).variants[family].get("store") == "shared tile"
 
 
