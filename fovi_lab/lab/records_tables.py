@@ -106,8 +106,9 @@ def _taught(variant: Optional[str], families: Sequence[str]) -> bool:
 def _variant(rec: dict) -> Optional[str]:
     """A record's kernel variant: its ``variant`` field (``family`` in the dtype benchmark's records), else the
     registered config's (None when unknown)."""
-    if rec.get("variant") or rec.get("family"):
-        return rec.get("variant") or rec["family"]
+    named = rec.get("variant") or rec.get("family")
+    if named:
+        return named
     from fovi_lab.kernels import forward as F
     try:
         return F.config_spec(rec.get("config")).variant

@@ -284,9 +284,9 @@ def _kernel_words() -> set:
     words = set()
     for fam in list(FAMILIES) + list(ADJOINT_FAMILIES):
         words |= {fam.key, *fam.variants, *getattr(fam, "kinds", ())}
+    configs = set(F.uncached_config_names(experimental=True)) | set(F.cached_config_names())
     for fam in FAMILIES:
-        words |= {fam.dataflow(F.config_spec(p.name)) for p in presets(fam.key) if p.name in F.uncached_config_names(
-            experimental=True) + F.cached_config_names()}
+        words |= {fam.dataflow(F.config_spec(p.name)) for p in presets(fam.key) if p.name in configs}
     return words - {""}
 
 
