@@ -107,9 +107,10 @@ class DenseTorchOps:
         meta = meta.to(grad_y.device)
         b, acc = grad_y.shape[0], grad_accum_dtype(grad_y.dtype)
         xp = _padded(x)
-        dw = torch.zeros(meta.cout, meta.q, dtype=acc, device=grad_y.device)
+        dw = None                               # the first chunk's product is dW (no zeroed [Cout, Q] to add it to)
         for n0, n1 in _node_ranges(meta, b, grad_y.element_size()):
             g = grad_y[:, :, n0:n1].permute(1, 2, 0).reshape(meta.cout, (n1 - n0) * b)  # [Cout, (n, b)]
             gb = _binned(meta, xp, n0, n1).reshape((n1 - n0) * b, meta.q)
-            dw += torch.mm(g, gb).to(acc)
+            part = torch.mm(g, gb).to(acc)
+            dw = part if dw is None else dw.add_(part)
         return dw

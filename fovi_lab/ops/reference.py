@@ -25,7 +25,7 @@ __all__ = [
     "oracle_forward", "pad_flat_input", "grad_accum_dtype", "stage_budget_bytes", "node_chunk",
     "CompactTorchOps", "build_effective_weight", "check_forward_args", "check_grad_args", "NOT_GIVEN", "binned_forward",
     "batch_chunk", "explicit_grads",
-    "BinnedTorchOps", "shared_matmul", "FOLD_BELOW_NODES",
+    "BinnedTorchOps", "shared_matmul", "FOLD_BELOW_NODES", "THIN_COLUMNS",
 ]
 
 
@@ -331,14 +331,22 @@ def _unbin(meta: TrainingMeta, dg: torch.Tensor, out: torch.Tensor, src: torch.T
 #: over the images side by side (:func:`shared_matmul`): PyTorch's CPU ``matmul`` runs the batch as that many thin
 #: GEMMs, 25-35x slower at Nout = 2 (W 512 x 256, B = 32, 2 threads).
 FOLD_BELOW_NODES = 8
+#: A folded CPU product with 2 to this many columns (``B * Nout``) runs transposed, ``side^T [B*Nout, K] @ weight^T``:
+#: the CPU BLAS takes a slow path for a right operand of so few columns (W 512 x 9216, 2 columns, 2 threads: 7.6 ms
+#: with W transposed, 3.1 with W as stored; the transposed product 1.2-2.0 ms; at 16 columns the direct one is faster).
+THIN_COLUMNS = 16
 
 
 def shared_matmul(weight: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     """``weight [M, K] @ t[b]`` for every ``b`` of ``t [B, K, N]``: ``[B, M, N]``. On the CPU with ``N`` below
-    :data:`FOLD_BELOW_NODES`, one GEMM over the images side by side (the same products and sums, one call)."""
+    :data:`FOLD_BELOW_NODES`, one GEMM over the images side by side (the same products and sums, one call), as
+    ``(side^T @ weight^T)^T`` where the side has fewer than :data:`THIN_COLUMNS` columns."""
     b, k, n = t.shape
     if t.device.type != "cpu" or n >= FOLD_BELOW_NODES:
         return torch.matmul(weight, t)
+    if 2 <= b * n < THIN_COLUMNS:
+        rows = torch.mm(t.transpose(1, 2).reshape(b * n, k), weight.t())            # [(b, n), M]
+        return rows.view(b, n, weight.shape[0]).transpose(1, 2).contiguous()
     side = t.transpose(0, 1).reshape(k, b * n)                                      # [K, (b, n)]
     return torch.mm(weight, side).view(weight.shape[0], b, n).transpose(0, 1).contiguous()
 

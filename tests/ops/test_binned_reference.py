@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from fovi_lab.graph.meta import SYNTHETIC_SHAPES, build_meta, synthetic_graph
-from fovi_lab.ops.reference import FOLD_BELOW_NODES, CompactTorchOps, binned_forward, oracle_forward, shared_matmul
+from fovi_lab.ops.reference import (FOLD_BELOW_NODES, THIN_COLUMNS, CompactTorchOps, binned_forward, oracle_forward,
+                                   shared_matmul)
 
 STEM = (3, 24, 200, 37, 42, 49, 25)      # Cin = 3, V ~ K (rf1-like: collisions), 25 pad entries
 FEW_NODES = (16, 40, 30, 3, 5, 9, 2)     # 3 output nodes: the CPU products run as one GEMM (shared_matmul)
@@ -97,12 +98,14 @@ def test_one_tap_layers_gather_along_the_nodes_bit_for_bit(shape, monkeypatch):
     assert torch.equal(x, x_before)                                  # the input is not written
 
 
-@pytest.mark.parametrize("nodes", (1, 2, FOLD_BELOW_NODES - 1, FOLD_BELOW_NODES, 13))
-def test_shared_matmul_is_the_batched_product(nodes):
+@pytest.mark.parametrize("batch, nodes", [(5, 1), (5, 2), (5, FOLD_BELOW_NODES - 1), (5, FOLD_BELOW_NODES), (5, 13),
+                                          (1, 1), (1, 2), (THIN_COLUMNS - 1, 1), (THIN_COLUMNS // 2, 2)])
+def test_shared_matmul_is_the_batched_product(batch, nodes):
+    """Every path: the batched matmul, the folded GEMM and its transposed form (2 to THIN_COLUMNS - 1 columns)."""
     g = torch.Generator().manual_seed(nodes)
-    w, t = torch.randn(24, 19, generator=g), torch.randn(5, 19, nodes, generator=g)
+    w, t = torch.randn(24, 19, generator=g), torch.randn(batch, 19, nodes, generator=g)
     got = shared_matmul(w, t)
-    assert got.shape == (5, 24, nodes) and got.is_contiguous()
+    assert got.shape == (batch, 24, nodes) and got.is_contiguous()
     torch.testing.assert_close(got, torch.matmul(w, t))
     w, t = w.double(), t.double()
     torch.testing.assert_close(shared_matmul(w, t), torch.einsum("mk,bkn->bmn", w, t), rtol=1e-12, atol=1e-12)
