@@ -3,15 +3,18 @@ each of fovi's own backends, in one run.
 
     python -m fovi_lab bench network [--net alexnet resnet18] [--batches 64 256] [--modes eager compiled graphed]
                                      [--backends fovi_lab auto cuda baseline torch_compact warp_train]
-                                     [--steps 20] [--precision amp|fp16] [--device cpu|cuda] [--out F.jsonl]
+                                     [--lab-backend warp_train|auto|...] [--steps 20] [--precision amp|fp16]
+                                     [--device cpu|cuda] [--out F.jsonl]
 
 The networks are fovi's (:func:`fovi_lab.integrations.fovi.fovi_network`: the classes' default foveated
 configuration at a 64 x 64 budget, a 1000-class head); their input is the retinal samples ``[B, 3, N]``. A step is
 what a training loop runs: the forward, cross-entropy against labels, the backward and an SGD update (momentum
 0.9), the gradients set to None first. Backends:
 
-* ``fovi_lab``: fovi_lab's ``warp_train`` in every KNN conv layer through fovi's own registry
-  (:func:`fovi_lab.integrations.fovi.fovi_lab_inside`: on a GPU as fovi's ``kernel_backend="warp_train"``);
+* ``fovi_lab``: fovi_lab's ``warp_train`` (``--lab-backend``: another of its backends) in every KNN conv layer
+  through fovi's own registry (:func:`fovi_lab.integrations.fovi.fovi_lab_inside`: on a GPU as fovi's
+  ``kernel_backend="warp_train"``); on a CPU ``--lab-backend auto`` runs per layer the fastest CPU form
+  (:mod:`fovi_lab.ops.cpu_auto`), what a user there runs;
 * fovi's own ``kernel_backend`` values: ``auto`` (fovi's choice per layer), ``cuda`` (its fused CuPy kernel),
   ``baseline`` (the dense one-hot einsum), ``torch_compact``, and ``warp_train`` (fovi's copy of the seed's Warp
   kernels; with fovi_lab registered this name is fovi_lab's, so it is measured before fovi_lab is registered);
@@ -78,7 +81,7 @@ from fovi_lab.bench.common import _sync, emit_rows, env_info, say_appended, stam
 from fovi_lab.ops import replay
 from fovi_lab.ops.arguments import command_main
 
-__all__ = ["BACKENDS", "MODES", "CAPTURED", "DEFAULT_MODES", "STUB", "add_speedups", "earlier_alternatives",
+__all__ = ["BACKENDS", "LAB_BACKEND", "LAB_BACKENDS", "MODES", "CAPTURED", "DEFAULT_MODES", "STUB", "add_speedups", "earlier_alternatives",
            "graphed_in_child", "network_records",
            "main", "add_arguments", "run", "DESCRIPTION"]
 
@@ -87,6 +90,9 @@ PROG = "python -m fovi_lab bench network"
 STUB = "stubbed"
 #: The backends, fovi_lab first, then fovi's own kernel_backend values, then the place-holder.
 BACKENDS = ("fovi_lab", "auto", "cuda", "baseline", "torch_compact", "warp_train", STUB)
+#: fovi_lab's backend in the ``fovi_lab`` rows unless ``--lab-backend`` names another, and those it may name.
+LAB_BACKEND = "warp_train"
+LAB_BACKENDS = ("warp_train", "auto", "torch_dense", "torch_binned", "torch_compact")
 MODES = ("eager", "compiled", "reduce-overhead", "graphed")
 #: The modes that capture CUDA graphs: each backend runs them in a process of its own on a GPU (graphed_in_child).
 CAPTURED = ("reduce-overhead", "graphed")
@@ -174,11 +180,11 @@ def _why(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"
 
 
-def _backend_context(run: _Run, backend: str):
+def _backend_context(run: _Run, backend: str, lab_backend: str = LAB_BACKEND):
     from fovi_lab.integrations.fovi import fovi_backend, fovi_lab_inside, knn_stubbed
 
     if backend == "fovi_lab":
-        return fovi_lab_inside(run.model, "warp_train", run.device)
+        return fovi_lab_inside(run.model, lab_backend, run.device)
     if backend == STUB:
         return knn_stubbed(run.model)
     return fovi_backend(run.model, backend)
@@ -263,8 +269,9 @@ def _time_mode(run: _Run, mode: str, warmup: int, steps: int) -> tuple:
 
 def network_records(net: str, batch: int, backends=BACKENDS, modes=("eager",), steps: int = 10, warmup: int = 3,
                     device="cpu", precision: Optional[str] = None, in_res: int = 64,
-                    memory_trace: bool = False) -> List[dict]:
-    """The records of one network and batch (see the module doc): every backend in every mode. ``in_res``: the
+                    memory_trace: bool = False, lab_backend: str = LAB_BACKEND) -> List[dict]:
+    """The records of one network and batch (see the module doc): every backend in every mode (``lab_backend``:
+    fovi_lab's backend in the ``fovi_lab`` rows, recorded as theirs). ``in_res``: the
     side of the Cartesian grid fovi matches the retinal samples to (64, the networks' budget; smaller makes every
     layer smaller, for a quick run on a CPU). ``memory_trace``: record every allocation of each mode's run and give
     the records ``memory_at_peak`` (:func:`fovi_lab.bench.memory.at_peak`; CUDA) and :data:`TRACE_NOTE`."""
@@ -279,7 +286,7 @@ def network_records(net: str, batch: int, backends=BACKENDS, modes=("eager",), s
     recs: List[dict] = []
     for backend in order:
         try:
-            ctx = _backend_context(run, backend)
+            ctx = _backend_context(run, backend, lab_backend)
             route = ctx.__enter__()
         except Exception as exc:  # noqa: BLE001
             recs += [dict(base, mode=m, backend=backend, note=_why(exc)) for m in modes]
@@ -296,6 +303,7 @@ def network_records(net: str, batch: int, backends=BACKENDS, modes=("eager",), s
                           for a, b in zip(grads, grads1))
             for mode in modes:
                 rec = dict(base, mode=mode, backend=backend, route=route, loss=loss0,
+                           **({"lab_backend": lab_backend} if backend == "fovi_lab" else {}),
                            grad_err=None if backend == STUB else _grad_err(grads, ref),
                            grads_bitwise_repeatable=None if backend == STUB else bitwise)
                 if mode in CAPTURED and device.type != "cuda":
@@ -366,7 +374,7 @@ def earlier_alternatives(recs: List[dict], earlier: List[dict]) -> None:
 
 def graphed_in_child(net: str, batch: int, backend: str, steps: int, device, precision: Optional[str],
                      timeout_s: float = 600.0, in_res: int = 64, memory_trace: bool = False,
-                     mode: str = "graphed") -> List[dict]:
+                     mode: str = "graphed", lab_backend: str = LAB_BACKEND) -> List[dict]:
     """The records of one backend in a capturing ``mode`` (:data:`CAPTURED`), from a child process: a capture that
     fails (a backend that syncs or allocates while captured) can leave the CUDA context unusable for every capture
     after it in that process, so each backend captures in its own, and its memory peaks are its own. A child that
@@ -375,7 +383,8 @@ def graphed_in_child(net: str, batch: int, backend: str, steps: int, device, pre
         out = os.path.join(tmp, "graphed.jsonl")
         cmd = [sys.executable, "-m", "fovi_lab.bench.network", "--net", net, "--batches", str(batch), "--backends",
                backend, "--modes", mode, "--steps", str(steps), "--device", str(device), "--out", out,
-               "--in-res", str(in_res), "--in-process"] + (["--precision", precision] if precision else []) \
+               "--in-res", str(in_res), "--lab-backend", lab_backend, "--in-process"] \
+            + (["--precision", precision] if precision else []) \
             + (["--memory-trace"] if memory_trace else [])
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
@@ -398,6 +407,8 @@ from CUDA graphs, in images/s. Each backend's first step is checked against fp32
 and repeated bit for bit; fovi_lab's rows carry the speedup over the fastest other backend of the same run and mode.
 
   python -m fovi_lab bench network --net resnet18 --batches 64 --modes eager graphed --out network.jsonl
+  python -m fovi_lab bench network --device cpu --precision amp --lab-backend auto --batches 2 8 \
+      --backends fovi_lab baseline torch_compact        # on a CPU in fp32: fovi_lab's auto against fovi's routes
 """
 
 
@@ -411,6 +422,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS),
                         help=f"fovi_lab, fovi's own backends and {STUB} (the KNN layers stubbed: what the rest of "
                              f"the step costs) (default: all)")
+    parser.add_argument("--lab-backend", choices=LAB_BACKENDS, default=LAB_BACKEND,
+                        help="fovi_lab's backend in the fovi_lab rows (default warp_train; on a CPU auto picks per "
+                             "layer the fastest CPU form)")
     parser.add_argument("--modes", nargs="+", choices=MODES, default=None,
                         help="eager, compiled (torch.compile), reduce-overhead (torch.compile's CUDA graphs), "
                              "graphed (default: eager, compiled and graphed on a GPU, eager on a CPU)")
@@ -455,7 +469,8 @@ def table_line(r: dict) -> str:
     if not r.get("ms"):
         return f"{r['net']:>9s} {r['B']:>4d} {r['mode']:>8s} {r['backend']:>13s}   not run: {r.get('note', '')[:90]}"
     sp, knn = r.get(f"speedup_{r['mode']}"), r.get(f"speedup_knn_{r['mode']}")
-    return (f"{r['net']:>9s} {r['B']:>4d} {r['mode']:>8s} {r['backend']:>13s} {r['ms']:10.2f} "
+    name = r["backend"] if r.get("lab_backend", LAB_BACKEND) == LAB_BACKEND else f"fovi_lab:{r['lab_backend']}"
+    return (f"{r['net']:>9s} {r['B']:>4d} {r['mode']:>8s} {name:>13s} {r['ms']:10.2f} "
             f"{r['images_per_s']:9.1f} {(r['grad_err'] if r.get('grad_err') is not None else float('nan')):9.1e} "
             f"{str(r['grads_bitwise_repeatable']):>7s} {_f(r.get('knn_ms')):>8s} {_f(r.get('peak_run_mib'), 0):>8s}"
             + (f"  x{sp:.2f} over {r['fastest_other']}" if sp else "")
@@ -502,13 +517,13 @@ def run(args) -> int:
         for b in args.batches:
             recs = network_records(net, b, args.backends, here, args.steps, device=device,
                                    precision=args.precision, in_res=args.in_res,
-                                   memory_trace=args.memory_trace) if here else []
+                                   memory_trace=args.memory_trace, lab_backend=args.lab_backend) if here else []
             for mode in apart:
                 for backend in args.backends:
                     recs += [{k: v for k, v in r.items() if k not in env}
                              for r in graphed_in_child(net, b, backend, args.steps, device, args.precision,
                                                        in_res=args.in_res, memory_trace=args.memory_trace,
-                                                       mode=mode)]
+                                                       mode=mode, lab_backend=args.lab_backend)]
                 add_speedups(recs, [mode])
             recs = [dict(env, **r) for r in recs]
             if args.alternatives is not None:

@@ -307,3 +307,25 @@ def test_explain_takes_one_layer_of_fovis_network():
         layer_name("fovi:resnet18@64")
     with pytest.raises(ValueError, match="several layers"):
         fovi_lab.explain("fovi:resnet18@64", 4)
+
+
+def test_the_fovi_lab_rows_can_run_another_backend_and_say_which(monkeypatch):
+    """``--lab-backend auto`` on the CPU: fovi_lab's rows run its auto (per layer the CPU form it picks), record it,
+    and the table names it; the default stays warp_train."""
+    from fovi_lab.bench import network
+    from fovi_lab.ops import cpu_auto
+
+    picks = []
+    monkeypatch.setattr(cpu_auto, "cpu_pick",
+                        lambda meta, batch, dtype, training: picks.append((dtype, training)) or "torch_dense")
+    recs = network_records("alexnet", 2, backends=("fovi_lab", "baseline"), steps=1, warmup=0, device="cpu",
+                           precision="amp", in_res=24, lab_backend="auto")
+    ours = next(r for r in recs if r["backend"] == "fovi_lab")
+    assert ours["lab_backend"] == "auto" and ours["ms"] > 0 and "the form auto picks" in ours["route"]
+    assert picks and set(picks) == {(torch.float32, True)}          # every layer's call asked auto, in fp32
+    assert ours["grad_err"] < 1e-4                       # fp32: the dense form against fovi's fp32 baseline
+    assert "fovi_lab:auto" in network.table_line(ours)
+    assert "lab_backend" not in next(r for r in recs if r["backend"] == "baseline")
+    with pytest.raises(SystemExit) as exc:
+        network.main(["--lab-backend", "fastest"])
+    assert exc.value.code == 2
