@@ -13,7 +13,8 @@ The forms timed: the CPU forms ``auto`` chooses among (:func:`fovi_lab.ops.cpu_a
 fovi's own layer of the same shape (for a table layer, :func:`fovi_lab.integrations.fovi.fovi_layer`: the same
 sizes, fovi's own tables). Each form runs once (its time decides whether it is repeated: a form whose first two calls
 each take more than ``--cutoff`` times the fastest first call is not, and its time is its second call's, marked
-``one call``); the others run ``--reps`` interleaved rounds, and the median counts.
+``one call``); the others run ``--reps`` interleaved rounds (more until each form's add up to ``--min-ms``, as
+auto's own measurement does), and the median counts.
 
 Auto's pick is what a user's first call gets: :func:`fovi_lab.ops.cpu_auto.decide` (the tune cache's entry for
 this machine, else a measurement now, unless ``FOVI_KNN_AUTO_MEASURE=off``); the estimate's pick (the cost model
@@ -113,9 +114,11 @@ def _baseline_step(conv, x, w, g):
     return step
 
 
-def time_forms(steps: Dict[str, object], reps: int, cutoff: float, clock=time.perf_counter) -> Tuple[Dict, List]:
+def time_forms(steps: Dict[str, object], reps: int, cutoff: float, clock=time.perf_counter,
+               min_ms: float = 0.0) -> Tuple[Dict, List]:
     """``({form: median ms}, [forms timed once])``: each step once, then ``reps`` interleaved rounds of those whose
-    first call is within ``cutoff`` times the fastest first call (the others: a second call, which counts)."""
+    first call is within ``cutoff`` times the fastest first call (the others: a second call, which counts), more
+    until each form's rounds add up to ``min_ms`` (at most :data:`~fovi_lab.ops.cpu_auto.MEASURE_MAX_REPS`)."""
     def once(fn) -> float:
         t0 = clock()
         fn()
@@ -130,14 +133,20 @@ def time_forms(steps: Dict[str, object], reps: int, cutoff: float, clock=time.pe
         times[f] = once(steps[f])
         if times[f] <= cutoff * fastest:                 # its first call was slow, not the form
             samples[f] = [times.pop(f)]
-    for _ in range(max(1, reps)):
+
+    def short() -> bool:
+        return min(map(sum, samples.values())) < min_ms
+
+    i = 0
+    while samples and (i < max(1, reps) or (i < cpu_auto.MEASURE_MAX_REPS and short())):
         for f in samples:
             samples[f].append(once(steps[f]))
+        i += 1
     times.update({f: statistics.median(s) for f, s in samples.items()})
     return times, [f for f in slow if f not in samples]
 
 
-def bench_shape(name: str, meta, conv, batch: int, reps: int, cutoff: float) -> dict:
+def bench_shape(name: str, meta, conv, batch: int, reps: int, cutoff: float, min_ms: float = 0.0) -> dict:
     """One record: every form's time at ``batch``, auto's pick (and how it was decided), the estimate's pick."""
     x, w, g = _operands(meta, batch)
     choice = cpu_auto.decide(meta, batch, torch.float32, True)
@@ -145,7 +154,7 @@ def bench_shape(name: str, meta, conv, batch: int, reps: int, cutoff: float) -> 
     steps = {f: _our_step(f, meta, x, w, g) for f in forms}
     if conv is not None:
         steps["fovi_baseline"] = _baseline_step(conv, x, w, g)
-    times, once = time_forms(steps, reps, cutoff)
+    times, once = time_forms(steps, reps, cutoff, min_ms=min_ms)
     fastest = min(times, key=times.get)
     est = cpu_auto.estimates(meta, batch, torch.float32, True)
     est_pick = min(est, key=est.get)
@@ -154,7 +163,7 @@ def bench_shape(name: str, meta, conv, batch: int, reps: int, cutoff: float) -> 
                 timed_once=once, fastest=fastest, fastest_ms=times[fastest], auto=choice.backend,
                 auto_source=choice.source, auto_ms=times[choice.backend], ratio=times[choice.backend] / times[fastest],
                 estimate_pick=est_pick, estimate_ratio=times[est_pick] / times[fastest], estimates=est,
-                auto_measured=dict(choice.times), threads=torch.get_num_threads(), reps=reps)
+                auto_measured=dict(choice.times), threads=torch.get_num_threads(), reps=reps, min_ms=min_ms)
 
 
 def _line(r: dict) -> str:
@@ -196,6 +205,9 @@ def add_arguments(parser) -> None:
                         help="fovi's networks whose layers are timed too (default: both; none: only --layers)")
     parser.add_argument("--batches", nargs="+", type=COUNT, default=[1, 8, 32], help="batch sizes (default 1 8 32)")
     parser.add_argument("--reps", type=COUNT, default=3, help="interleaved timed rounds per shape (default 3)")
+    parser.add_argument("--min-ms", type=float, default=cpu_auto.MEASURE_MIN_MS, metavar="MS",
+                        help="rounds continue past --reps until each form's add up to this many ms (default "
+                             f"{cpu_auto.MEASURE_MIN_MS:g}, as auto's own measurement)")
     parser.add_argument("--cutoff", type=float, default=4.0,
                         help="a form whose first two calls each take over this many times the fastest first call "
                              "is not repeated (default 4)")
@@ -207,13 +219,15 @@ def run(args) -> int:
     from fovi_lab.ops.arguments import usage_error
     if not (math.isfinite(args.cutoff) and args.cutoff >= 1.0):
         usage_error(PROG, f"--cutoff: expected a number >= 1, got {args.cutoff}")
+    if not (math.isfinite(args.min_ms) and args.min_ms >= 0.0):
+        usage_error(PROG, f"--min-ms: expected milliseconds >= 0, got {args.min_ms}")
     nets = [] if "none" in args.nets else list(dict.fromkeys(args.nets))
     env = stamp_command(env_info("cpu"), PROG, args)
     out = args.out or str(default_record_path("cpu_auto", env["device"]))
     rows = []
     for name, meta, conv in shapes(args.layers, nets):
         for b in args.batches:
-            rows.append(dict(env, **bench_shape(name, meta, conv, b, args.reps, args.cutoff)))
+            rows.append(dict(env, **bench_shape(name, meta, conv, b, args.reps, args.cutoff, args.min_ms)))
             emit_rows(rows[-1:], out, _line)
     print(summary(rows), flush=True)
     say_appended(out, len(rows))

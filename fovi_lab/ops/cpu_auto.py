@@ -15,7 +15,9 @@ A *call shape* is the layer's sizes, the batch, the compute dtype and the mode (
    operands of the call's shape (never the caller's tensors), the forms' first calls in the order of their
    estimates; a form whose first two calls each take more than :data:`CUTOFF` times the fastest first call so far
    is not repeated (its time is its second call's, marked ``cut``); the others then run :data:`MEASURE_REPS`
-   rounds in turn (so that other work on the machine falls on every form alike), and each takes its median round.
+   rounds in turn (so that other work on the machine falls on every form alike), more where a form's rounds add
+   up to less than :data:`MEASURE_MIN_MS` (up to :data:`MEASURE_MAX_REPS`: a millisecond call is timed over many
+   rounds, not five), and each takes its median round.
    The fastest form is stored in the tune cache with every form's time
    (``"source": "measured"``), so this machine never measures that shape again (a new release, a new PyTorch or
    a changed kernel switch misses and measures again);
@@ -44,7 +46,8 @@ import fovi_lab.settings as settings
 from fovi_lab.ops import tune_cache
 from fovi_lab.ops.registry import OPS_REGISTRY, get_ops, load_optional_backends
 
-__all__ = ["TORCH_FORMS", "WARP_FORMS", "MEASURE_REPS", "CUTOFF", "CpuChoice", "forms", "estimate_ms", "estimates",
+__all__ = ["TORCH_FORMS", "WARP_FORMS", "MEASURE_REPS", "MEASURE_MIN_MS", "MEASURE_MAX_REPS", "CUTOFF", "CpuChoice",
+           "forms", "estimate_ms", "estimates",
            "measure", "decide", "known_choice", "cpu_pick", "forget", "problem_entry_key"]
 
 #: The PyTorch forms, every dtype.
@@ -55,6 +58,11 @@ WARP_FORMS = {"forward": "warp_compact", "train-step": "warp_train"}
 #: call ends its measurement.
 MEASURE_REPS = 5
 CUTOFF = 3.0
+#: Rounds continue past :data:`MEASURE_REPS` until every form's rounds add up to this many milliseconds, up to
+#: :data:`MEASURE_MAX_REPS` rounds: on a 2-core machine shared with other work, one form's median of five
+#: one-millisecond calls varied by 1.3-1.5x from one measurement to the next.
+MEASURE_MIN_MS = 200.0
+MEASURE_MAX_REPS = 40
 #: The clock :func:`measure` reads, in seconds.
 CLOCK: Callable[[], float] = time.perf_counter
 
@@ -126,11 +134,13 @@ def _runner(form: str, meta, training: bool, x, w, g) -> Callable[[], object]:
 
 def measure(meta, batch: int, dtype: torch.dtype, training: bool, candidates: Optional[Sequence[str]] = None,
             reps: int = MEASURE_REPS, clock: Optional[Callable[[], float]] = None,
-            order: Optional[Mapping[str, float]] = None) -> Tuple[Dict[str, float], Dict[str, str], Tuple[str, ...]]:
+            order: Optional[Mapping[str, float]] = None, min_ms: float = MEASURE_MIN_MS,
+            ) -> Tuple[Dict[str, float], Dict[str, str], Tuple[str, ...]]:
     """Time each candidate form (default: :func:`forms`) on random CPU operands of the call's shape, as the module
     docstring says: ``(times in ms, {form: why it could not run}, the forms cut after their first call)``.
     ``clock``: seconds (default :data:`CLOCK`; a test passes a fake one); ``order``: the forms' estimates (the
-    cheapest runs first)."""
+    cheapest runs first); ``reps`` and ``min_ms``: the fewest rounds, and the milliseconds each form's rounds add
+    up to at least (within :data:`MEASURE_MAX_REPS` rounds)."""
     clock = clock or CLOCK
     cands = tuple(candidates) if candidates is not None else forms(dtype, training)
     order = order if order is not None else estimates(meta, batch, dtype, training)
@@ -172,9 +182,11 @@ def measure(meta, batch: int, dtype: torch.dtype, training: bool, candidates: Op
         # half its calls took twice the others) is priced by its typical call, not by its luckiest
         samples: Dict[str, list] = {f: [] for f in runs}
         order_now = list(runs)
-        for i in range(max(1, int(reps))):
+        i, reps = 0, max(1, int(reps))
+        while samples and (i < reps or (i < MEASURE_MAX_REPS and min(map(sum, samples.values())) < min_ms)):
             for form in (order_now if i % 2 == 0 else order_now[::-1]):
                 samples[form].append(once(runs[form]))
+            i += 1
     times = {f: first[f] for f in cut}
     times.update({f: statistics.median(s) for f, s in samples.items()})
     return times, refused, tuple(cut)
@@ -265,7 +277,8 @@ def decide(meta, batch: int, dtype: torch.dtype, training: bool, measure_now: Op
             if times:
                 best = min(times, key=times.get)
                 entry = {"backend": best, "config": None, "ms": times[best], "candidates": times, "cut": list(cut),
-                         "refused": refused, "estimates": est, "reps": MEASURE_REPS, "source": "measured",
+                         "refused": refused, "estimates": est, "reps": MEASURE_REPS, "min_ms": MEASURE_MIN_MS,
+                         "source": "measured",
                          "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
                 try:
                     tune_cache.store({key: entry})

@@ -79,7 +79,7 @@ def test_measure_orders_by_estimate_and_cuts_slow_forms(monkeypatch):
     meta = synthetic_meta("ODD")
     clock, calls = _stub_forms(monkeypatch, {"torch_compact": 50.0, "torch_binned": 4.0, "torch_dense": 5.0},
                                first={"torch_compact": 60.0})
-    times, refused, cut = cpu_auto.measure(meta, 2, torch.float32, True, clock=clock,
+    times, refused, cut = cpu_auto.measure(meta, 2, torch.float32, True, clock=clock, min_ms=0,
                                            order={"torch_binned": 1, "torch_dense": 2, "torch_compact": 3})
     assert calls[0] == "torch_binned" and refused == {}
     assert times == pytest.approx({"torch_binned": 4.0, "torch_dense": 5.0, "torch_compact": 50.0})
@@ -102,7 +102,7 @@ def test_measure_runs_the_forms_in_turn_and_keeps_each_ones_median_round(monkeyp
         return run
     monkeypatch.setattr(cpu_auto, "_runner", runner)
     monkeypatch.setattr(cpu_auto, "forms", lambda dtype, training: tuple(base))
-    times, _, cut = cpu_auto.measure(meta, 2, torch.float32, True, clock=lambda: now[0], reps=4,
+    times, _, cut = cpu_auto.measure(meta, 2, torch.float32, True, clock=lambda: now[0], reps=4, min_ms=0,
                                      order={"torch_binned": 1, "torch_dense": 2})
     assert cut == () and times == pytest.approx({"torch_binned": 4.0, "torch_dense": 3.0})
     first, rounds = calls[:2], calls[2:]
@@ -124,9 +124,28 @@ def test_a_form_whose_calls_vary_by_themselves_is_priced_by_its_typical_call(mon
         return run
     monkeypatch.setattr(cpu_auto, "_runner", runner)
     monkeypatch.setattr(cpu_auto, "forms", lambda dtype, training: ("torch_compact", "torch_dense"))
-    times, _, cut = cpu_auto.measure(meta, 2, torch.float32, True, clock=lambda: now[0], reps=4,
+    times, _, cut = cpu_auto.measure(meta, 2, torch.float32, True, clock=lambda: now[0], reps=4, min_ms=0,
                                      order={"torch_compact": 1, "torch_dense": 2})
     assert cut == () and times == pytest.approx({"torch_compact": 6.5, "torch_dense": 5.0})
+
+
+def test_fast_forms_run_more_rounds_until_each_adds_up_to_min_ms(monkeypatch):
+    """Calls of 4 and 10 ms: rounds continue past reps until the 4 ms form's add up to min_ms (100 ms: 25 rounds);
+    forms of 60 ms a call stop at reps; nothing runs past MEASURE_MAX_REPS rounds."""
+    meta = synthetic_meta("ODD")
+    clock, calls = _stub_forms(monkeypatch, {"torch_binned": 4.0, "torch_dense": 10.0})
+    times, _, _ = cpu_auto.measure(meta, 2, torch.float32, True, clock=clock, reps=3, min_ms=100,
+                                   order={"torch_binned": 1, "torch_dense": 2})
+    assert calls.count("torch_binned") == calls.count("torch_dense") == 1 + 25
+    assert times == pytest.approx({"torch_binned": 4.0, "torch_dense": 10.0})
+    clock, calls = _stub_forms(monkeypatch, {"torch_binned": 60.0, "torch_dense": 70.0})
+    cpu_auto.measure(meta, 2, torch.float32, True, clock=clock, reps=3, min_ms=100,
+                     order={"torch_binned": 1, "torch_dense": 2})
+    assert calls.count("torch_binned") == 1 + 3
+    clock, calls = _stub_forms(monkeypatch, {"torch_binned": 0.001, "torch_dense": 0.002})
+    cpu_auto.measure(meta, 2, torch.float32, True, clock=clock, reps=3, min_ms=100,
+                     order={"torch_binned": 1, "torch_dense": 2})
+    assert calls.count("torch_binned") == 1 + cpu_auto.MEASURE_MAX_REPS
 
 
 def test_a_slow_first_call_alone_does_not_cut_a_form(monkeypatch):
@@ -338,3 +357,21 @@ def test_a_traced_call_measures_nothing_and_keeps_no_decision(monkeypatch, tmp_p
         picked = cpu_auto.cpu_pick(meta, 3, torch.float32, True)
     assert measured == [] and picked in cpu_auto.estimates(meta, 3, torch.float32, True)
     assert cpu_auto.cpu_pick(meta, 3, torch.float32, True) == "torch_binned" and len(measured) == 1
+
+
+def test_the_benchmarks_rounds_add_up_to_min_ms_as_autos_do():
+    from fovi_lab.bench.cpu_auto import time_forms
+    now, calls = [0.0], []
+
+    def step(form, ms):
+        def run():
+            calls.append(form)
+            now[0] += ms / 1e3
+        return run
+    steps = {"torch_binned": step("torch_binned", 2.0), "torch_dense": step("torch_dense", 5.0)}
+    times, once = time_forms(steps, reps=3, cutoff=4.0, clock=lambda: now[0], min_ms=50.0)
+    assert once == [] and times == pytest.approx({"torch_binned": 2.0, "torch_dense": 5.0})
+    assert calls.count("torch_binned") == 1 + 25                  # 25 rounds of 2 ms add up to 50
+    calls.clear()
+    time_forms(steps, reps=3, cutoff=4.0, clock=lambda: now[0])    # min_ms 0: the rounds asked for
+    assert calls.count("torch_binned") == 1 + 3
