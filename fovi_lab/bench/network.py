@@ -3,7 +3,7 @@ each of fovi's own backends, in one run.
 
     python -m fovi_lab bench network [--net alexnet resnet18] [--batches 64 256] [--modes eager compiled graphed]
                                      [--backends fovi_lab auto cuda baseline torch_compact warp_train]
-                                     [--lab-backend warp_train|auto|...] [--steps 20] [--precision amp|fp16]
+                                     [--lab-backend warp_train|auto|...] [--steps 20] [--precision amp|fp16|fp32]
                                      [--device cpu|cuda] [--out F.jsonl]
 
 The networks are fovi's (:func:`fovi_lab.integrations.fovi.fovi_network`: the classes' default foveated
@@ -28,8 +28,9 @@ Modes: ``eager`` (one call after another, as most researchers train), ``compiled
 model), ``reduce-overhead`` (``torch.compile(mode="reduce-overhead")``, Inductor's CUDA graphs, after
 :func:`fovi_lab.ops.graphs.prepare`; a GPU only, and timed only where ``--modes`` names it: its compile takes minutes)
 and ``graphed`` (:func:`fovi_lab.ops.graphs.graphed`: forward and backward replayed from CUDA graphs; a GPU only).
-Precision ``amp`` (fp32 weights, float16 autocast; the default on a GPU) or ``fp16`` (weights and inputs in
-float16; the default on a CPU, where fovi's dispatch has no float16 autocast).
+Precision ``amp`` (fp32 weights, float16 autocast; the default on a GPU, and a GPU only: fovi's dispatch has no
+float16 autocast on a CPU), ``fp16`` (weights and inputs in float16; the default on a CPU) or ``fp32`` (weights and
+inputs in fp32, no autocast: what a CPU trains in).
 
 Per (net, B, mode, backend) a record: ``ms`` (per step, the mean of ``steps`` steps issued back to back, one sync
 at the end), ``images_per_s``; CUDA memory, in MiB: ``peak_mib`` (the largest allocation total over the timed steps,
@@ -81,7 +82,8 @@ from fovi_lab.bench.common import _sync, emit_rows, env_info, say_appended, stam
 from fovi_lab.ops import replay
 from fovi_lab.ops.arguments import command_main
 
-__all__ = ["BACKENDS", "LAB_BACKEND", "LAB_BACKENDS", "MODES", "CAPTURED", "DEFAULT_MODES", "STUB", "add_speedups", "earlier_alternatives",
+__all__ = ["BACKENDS", "LAB_BACKEND", "LAB_BACKENDS", "PRECISIONS", "MODES", "CAPTURED", "DEFAULT_MODES", "STUB",
+           "add_speedups", "earlier_alternatives",
            "graphed_in_child", "network_records",
            "main", "add_arguments", "run", "DESCRIPTION"]
 
@@ -90,6 +92,8 @@ PROG = "python -m fovi_lab bench network"
 STUB = "stubbed"
 #: The backends, fovi_lab first, then fovi's own kernel_backend values, then the place-holder.
 BACKENDS = ("fovi_lab", "auto", "cuda", "baseline", "torch_compact", "warp_train", STUB)
+#: The step's precisions (the module doc says what each is).
+PRECISIONS = ("amp", "fp16", "fp32")
 #: fovi_lab's backend in the ``fovi_lab`` rows unless ``--lab-backend`` names another, and those it may name.
 LAB_BACKEND = "warp_train"
 LAB_BACKENDS = ("warp_train", "auto", "torch_dense", "torch_binned", "torch_compact")
@@ -277,6 +281,11 @@ def network_records(net: str, batch: int, backends=BACKENDS, modes=("eager",), s
     the records ``memory_at_peak`` (:func:`fovi_lab.bench.memory.at_peak`; CUDA) and :data:`TRACE_NOTE`."""
     device = torch.device(device)
     precision = precision or ("amp" if device.type == "cuda" else "fp16")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision: expected one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if precision == "amp" and device.type != "cuda":
+        raise ValueError("precision: amp is float16 autocast, which fovi's dispatch has on a GPU only; on a CPU "
+                         "fp32 or fp16")
     run = _Run(net, batch, device, precision, in_res=in_res)
     base = dict(kind="network", net=net, B=batch, precision=precision, steps=steps, in_res=in_res)
     ref = run.reference_grads()
@@ -407,7 +416,7 @@ from CUDA graphs, in images/s. Each backend's first step is checked against fp32
 and repeated bit for bit; fovi_lab's rows carry the speedup over the fastest other backend of the same run and mode.
 
   python -m fovi_lab bench network --net resnet18 --batches 64 --modes eager graphed --out network.jsonl
-  python -m fovi_lab bench network --device cpu --precision amp --lab-backend auto --batches 2 8 \
+  python -m fovi_lab bench network --device cpu --precision fp32 --lab-backend auto --batches 2 8 \
       --backends fovi_lab baseline torch_compact        # on a CPU in fp32: fovi_lab's auto against fovi's routes
 """
 
@@ -432,9 +441,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--in-res", type=COUNT, default=64, metavar="SIDE",
                         help="the Cartesian grid's side fovi matches the retinal samples to (default 64, the "
                              "networks' budget; smaller, smaller layers: a quick run on a CPU)")
-    parser.add_argument("--precision", choices=("amp", "fp16"), default=None,
-                        help="amp: fp32 weights under float16 autocast (GPU default); fp16: weights and inputs in "
-                             "float16 (CPU default)")
+    parser.add_argument("--precision", choices=PRECISIONS, default=None,
+                        help="amp: fp32 weights under float16 autocast (GPU default, a GPU only); fp16: weights and "
+                             "inputs in float16 (CPU default); fp32: weights and inputs in fp32, no autocast")
     add_device_option(parser)
     parser.add_argument("--out", type=out_file, default=None,
                         help="JSON-lines file to append the records to (default: none, the table is printed)")
@@ -502,6 +511,9 @@ def run(args) -> int:
             except ValueError as exc:
                 usage_error(PROG, f"--in-res: {str(exc).split(': ', 1)[1]}")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if args.precision == "amp" and device.type != "cuda":
+        usage_error(PROG, "--precision: amp is float16 autocast, which fovi's dispatch has on a GPU only; on a CPU "
+                          "fp32 or fp16")
     modes = args.modes or (list(DEFAULT_MODES) if device.type == "cuda" else ["eager"])
     env = env_info(device)
     stamp_command(env, PROG, args)

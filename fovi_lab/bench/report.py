@@ -336,7 +336,8 @@ def network_rows(records: List[dict]) -> List[dict]:
                          commit=ours.get("commit"), ours_ms=ours["ms"], other_ms=best["ms"], other=best["backend"],
                          speedup=best["ms"] / ours["ms"], images_per_s=ours.get("images_per_s"),
                          peak_mib=ours.get("peak_mib"), other_peak_mib=best.get("peak_mib"),
-                         tile_gemm=ours.get("tile_gemm"), rest_ms=rest, joined=bool(ours.get("alternatives")),
+                         tile_gemm=ours.get("tile_gemm"), lab_backend=ours.get("lab_backend", "warp_train"),
+                         rest_ms=rest, joined=bool(ours.get("alternatives")),
                          peak_run=tuple(peaks.get((device, net, b, precision, mode, who)) for who in ("fovi_lab", "cuda"))))
     return rows
 
@@ -397,7 +398,9 @@ def network_markdown(rows: List[dict]) -> List[str]:
     out = ["## Whole networks (fovi's own models)", "",
            "`python -m fovi_lab bench network`: a train step (forward, loss, backward, SGD) of fovi's KNNResNet-18 and "
            "KNNAlexNet at their default configuration, fovi_lab inside them through fovi's registry, beside the "
-           "fastest of fovi's own backends of the same run (`data/<device>/network.jsonl`). ms per step; speedup: "
+           "fastest of fovi's own backends of the same run (`data/<device>/network.jsonl`; a backend of ours other "
+           "than `warp_train` is named beside its time, such as `auto` on a CPU: per layer the fastest CPU form). "
+           "ms per step; speedup: "
            "theirs over ours. *Rest of the step*: the same step with every KNN conv layer a place-holder (zeros out, "
            "zero gradients: batch norm, activations, pooling, head, loss and optimizer alone), where the run timed it; "
            "the KNN layers' share is each step less that. ‡: fovi's backends timed by the call just before ours on "
@@ -409,20 +412,26 @@ def network_markdown(rows: List[dict]) -> List[str]:
     for r in rows:
         peak = (f"{r['peak_mib']:.0f} / {r['other_peak_mib']:.0f}" if r["peak_mib"] and r["other_peak_mib"] else "–")
         rest = f"{r['rest_ms']:.2f}" if r.get("rest_ms") is not None else "–"
+        lab = r.get("lab_backend", "warp_train")
+        ours = f"{r['ours_ms']:.2f}" + ("" if lab == "warp_train" else f" ({lab})")
+        tiles = (r.get("tile_gemm") or "not recorded") if lab == "warp_train" else "– (not run)"
         out.append(f"| {_NET_NAMES.get(r['net'], r['net'])} | {r['device']} | {r['B']} | {r['precision']} | "
-                   f"{r['mode']} | {r['ours_ms']:.2f} | {r['other_ms']:.2f} ({r['other']}){_JOINED[r['joined']]} | "
+                   f"{r['mode']} | {ours} | {r['other_ms']:.2f} ({r['other']}){_JOINED[r['joined']]} | "
                    f"{r['speedup']:.2f} | "
                    f"{rest} | {_knn_cell(r)} | {peak} | {_peak_cell(r.get('peak_run'))} | "
-                   f"{r.get('tile_gemm') or 'not recorded'} | {r['date']} | "
+                   f"{tiles} | {r['date']} | "
                    f"{r['commit']} |")
     return out + [""]
 
 
 def network_readme_table(rows: List[dict]) -> str:
     """The README's network table: per network and batch, the newest run's eager and graphed steps against fovi's
-    fastest, and the peak memory of each step against fovi's ``cuda`` (the newest records that carry it)."""
+    fastest, and the peak memory of each step against fovi's ``cuda`` (the newest records that carry it), on the
+    GPU of the newest GPU run (CPU runs are in ``docs/results.md`` only)."""
+    gpu = [r for r in rows if not str(r["device"]).startswith("cpu")]
+    device = max(gpu, key=lambda r: r["date"])["device"] if gpu else None
     newest: Dict[Tuple, dict] = {}
-    for r in rows:                                      # oldest first: the newest run of each cell wins
+    for r in (r for r in gpu if r["device"] == device):   # oldest first: the newest run of each cell wins
         newest[(r["net"], r["B"], r["mode"])] = r
     keys = sorted({(net, b) for net, b, _ in newest}, key=lambda k: (k[0] != "resnet18", k[1]))
     if not keys:

@@ -319,7 +319,7 @@ def test_the_fovi_lab_rows_can_run_another_backend_and_say_which(monkeypatch):
     monkeypatch.setattr(cpu_auto, "cpu_pick",
                         lambda meta, batch, dtype, training: picks.append((dtype, training)) or "torch_dense")
     recs = network_records("alexnet", 2, backends=("fovi_lab", "baseline"), steps=1, warmup=0, device="cpu",
-                           precision="amp", in_res=24, lab_backend="auto")
+                           precision="fp32", in_res=24, lab_backend="auto")
     ours = next(r for r in recs if r["backend"] == "fovi_lab")
     assert ours["lab_backend"] == "auto" and ours["ms"] > 0 and "the form auto picks" in ours["route"]
     assert picks and set(picks) == {(torch.float32, True)}          # every layer's call asked auto, in fp32
@@ -329,3 +329,14 @@ def test_the_fovi_lab_rows_can_run_another_backend_and_say_which(monkeypatch):
     with pytest.raises(SystemExit) as exc:
         network.main(["--lab-backend", "fastest"])
     assert exc.value.code == 2
+
+
+def test_amp_on_a_cpu_is_refused_at_the_door(capsys):
+    """fovi's dispatch has no float16 autocast on a CPU: amp there would time an fp32 step under amp's name."""
+    from fovi_lab.bench import network
+    with pytest.raises(ValueError, match="precision: amp"):
+        network_records("resnet18", 2, backends=("baseline",), steps=1, warmup=0, device="cpu", precision="amp")
+    with pytest.raises(SystemExit) as exc:
+        network.main(["--device", "cpu", "--precision", "amp", "--net", "resnet18", "--batches", "2"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "--precision: amp" in err and len(err.strip().splitlines()) == 1

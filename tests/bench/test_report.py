@@ -69,6 +69,27 @@ def test_network_rows_pair_ours_with_fovis_fastest_of_the_same_run(tmp_path):
     assert report.update_readme_networks(text, "new") == f"a\n{report.NETWORK_BEGIN}\nnew\n{report.NETWORK_END}\n"
 
 
+def test_cpu_network_runs_go_to_the_results_page_only_naming_our_backend():
+    """A CPU run (fovi_lab's auto against fovi's backends) is a row of docs/results.md, named by the backend ours ran,
+    and never a row of the README's table, whose header names one GPU (the newest GPU run's)."""
+    def rec(device, date, backend, ms, **kw):
+        return dict(kind="network", device=device, net="resnet18", B=2, precision="fp32", date=date, mode="eager",
+                    backend=backend, ms=ms, commit="abc", **kw)
+    recs = [rec("GPU X", "2026-01-01T00:00", "fovi_lab", 4.0, tile_gemm="cuBLASDx"),
+            rec("GPU X", "2026-01-01T00:00", "cuda", 6.0),
+            rec("GPU Y", "2026-01-02T00:00", "fovi_lab", 3.0, tile_gemm="cuBLASDx"),
+            rec("GPU Y", "2026-01-02T00:00", "cuda", 6.0),
+            rec("cpu (x86_64)", "2026-01-03T00:00", "fovi_lab", 70.0, lab_backend="auto", tile_gemm="scalar"),
+            rec("cpu (x86_64)", "2026-01-03T00:00", "baseline", 84.0)]
+    rows = report.network_rows(recs)
+    table = report.network_readme_table(rows)
+    assert "GPU Y" in table and "cpu" not in table and "70.00" not in table and "3.00 / 6.00 (cuda)" in table
+    page = "\n".join(report.network_markdown(rows))
+    assert "| cpu (x86_64) | 2 | fp32 | eager | 70.00 (auto) | 84.00 (baseline) | 1.20 |" in page, page
+    assert "| – (not run) | 2026-01-03 |" in page
+    assert "| 3.00 | 6.00 (cuda) |" in page
+
+
 def test_a_network_record_joins_the_run_it_names(tmp_path):
     """fovi_lab's record of a later call (``bench network --alternatives``) names the earlier call's run, whose fovi
     backends are its alternatives: one row, paired across the two calls."""
