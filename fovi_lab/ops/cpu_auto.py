@@ -59,8 +59,8 @@ WARP_FORMS = {"forward": "warp_compact", "train-step": "warp_train"}
 MEASURE_REPS = 5
 CUTOFF = 3.0
 #: Rounds continue past :data:`MEASURE_REPS` until every form's rounds add up to this many milliseconds, up to
-#: :data:`MEASURE_MAX_REPS` rounds: on a 2-core machine shared with other work, one form's median of five
-#: one-millisecond calls varied by 1.3-1.5x from one measurement to the next.
+#: :data:`MEASURE_MAX_REPS` rounds: on a 2-core x86-64 VM one form's median of seven calls of a few milliseconds
+#: varied by up to 1.4x from one measurement to the next (torch_binned, res18_layer4_0 at B = 1: 8.5 to 11.6 ms).
 MEASURE_MIN_MS = 200.0
 MEASURE_MAX_REPS = 40
 #: The clock :func:`measure` reads, in seconds.

@@ -24,7 +24,8 @@ from __future__ import annotations
 import torch
 
 from fovi_lab.graph.meta import TrainingMeta, meta_aux
-from fovi_lab.ops.reference import check_forward_args, check_grad_args, grad_accum_dtype, stage_budget_bytes
+from fovi_lab.ops.reference import (check_forward_args, check_grad_args, grad_accum_dtype, stage_budget_bytes,
+                                    take_last)
 
 __all__ = ["DenseTorchOps", "dense_node_chunk"]
 
@@ -67,7 +68,7 @@ def _padded(x: torch.Tensor) -> torch.Tensor:
 def _binned(meta: TrainingMeta, xp: torch.Tensor, n0: int, n1: int) -> torch.Tensor:
     """``G [n, B*Cin, V]`` of nodes ``n0:n1`` from the padded input."""
     b, nc = xp.shape[0], n1 - n0
-    f = xp.index_select(2, meta.idx[n0:n1].reshape(-1).long()).view(b * meta.cin, nc, meta.k).transpose(0, 1)
+    f = take_last(xp, meta.idx[n0:n1].reshape(-1).long()).view(b * meta.cin, nc, meta.k).transpose(0, 1)
     return torch.bmm(f, _onehot(meta, xp.dtype, n0, n1))
 
 

@@ -25,7 +25,7 @@ __all__ = [
     "oracle_forward", "pad_flat_input", "grad_accum_dtype", "stage_budget_bytes", "node_chunk",
     "CompactTorchOps", "build_effective_weight", "check_forward_args", "check_grad_args", "NOT_GIVEN", "binned_forward",
     "batch_chunk", "explicit_grads",
-    "BinnedTorchOps", "shared_matmul", "FOLD_BELOW_NODES", "THIN_COLUMNS",
+    "BinnedTorchOps", "shared_matmul", "FOLD_BELOW_NODES", "THIN_COLUMNS", "take_last",
 ]
 
 
@@ -297,6 +297,17 @@ def _one_tap(meta: TrainingMeta):
     return got
 
 
+def take_last(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``x.index_select(-1, index)`` (a 1-D int64 ``index``), the same values: on the CPU as ``torch.gather`` over
+    the index broadcast to x's leading axes, which PyTorch's CPU kernels run faster (2 threads, fp32: ``[8, 96,
+    1470]`` at 36,725 indices 57 against 111 ms, at B = 32 183 against 978 ms; ``[8, 141120]`` at 3.5 M indices 61
+    against 89 ms)."""
+    if x.device.type != "cpu":
+        return x.index_select(x.dim() - 1, index)
+    lead = x.shape[:-1]
+    return torch.gather(x, x.dim() - 1, index.view(*([1] * len(lead)), -1).expand(*lead, index.numel()))
+
+
 def _bin(meta: TrainingMeta, x_flat: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
     """``G [b, Q, Nout]``: the gathered inputs summed into their taps (``index_add``: atomics on CUDA); a gather
     along the node axis where the layer has one tap (:func:`_one_tap`)."""
@@ -310,7 +321,7 @@ def _bin(meta: TrainingMeta, x_flat: torch.Tensor, src: torch.Tensor, dst: torch
         if nodes is None:
             return gathered
         return gathered.new_zeros(b, meta.cin, meta.nout).index_copy_(2, nodes, gathered)
-    vals = x_flat.index_select(1, src)                                               # [b, nnz*Cin]
+    vals = take_last(x_flat, src)                                                    # [b, nnz*Cin]
     return vals.new_zeros(b, meta.q * meta.nout).index_add(1, dst, vals).view(b, meta.q, meta.nout)
 
 
@@ -323,7 +334,7 @@ def _unbin(meta: TrainingMeta, dg: torch.Tensor, out: torch.Tensor, src: torch.T
         vals = dg if nodes is None else dg.index_select(2, nodes)                   # [b, Cin, real nodes]
         out.view(out.shape[0], meta.cin, meta.nin).index_add_(2, inputs, vals.to(out.dtype))
         return
-    vals = dg.reshape(dg.shape[0], -1).index_select(1, dst)                          # [b, nnz*Cin]
+    vals = take_last(dg.reshape(dg.shape[0], -1), dst)                               # [b, nnz*Cin]
     out.index_add_(1, src, vals.to(out.dtype))
 
 

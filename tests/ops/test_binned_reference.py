@@ -140,3 +140,14 @@ def test_torch_binned_is_a_registered_backend_end_to_end():
     assert torch.allclose(xr.grad, xc.grad, atol=1e-3, rtol=1e-4)
     assert torch.allclose(layer.weight.grad, ref.weight.grad, atol=1e-2, rtol=1e-4)
     assert torch.allclose(layer.bias.grad, ref.bias.grad, atol=1e-3)
+
+
+@pytest.mark.parametrize("shape", [(5,), (3, 7), (2, 4, 9)])
+def test_take_last_is_index_select_along_the_last_axis(shape):
+    from fovi_lab.ops.reference import take_last
+    g = torch.Generator().manual_seed(len(shape))
+    x = torch.randn(*shape, generator=g)
+    for index in (torch.randint(0, shape[-1], (13,), generator=g), torch.zeros(0, dtype=torch.int64),
+                  torch.arange(shape[-1]).flip(0)):
+        got = take_last(x, index)
+        assert got.is_contiguous() and torch.equal(got, x.index_select(x.dim() - 1, index))
