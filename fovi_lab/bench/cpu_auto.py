@@ -133,12 +133,8 @@ def time_forms(steps: Dict[str, object], reps: int, cutoff: float, clock=time.pe
         times[f] = once(steps[f])
         if times[f] <= cutoff * fastest:                 # its first call was slow, not the form
             samples[f] = [times.pop(f)]
-
-    def short() -> bool:
-        return min(map(sum, samples.values())) < min_ms
-
     i = 0
-    while samples and (i < max(1, reps) or (i < cpu_auto.MEASURE_MAX_REPS and short())):
+    while cpu_auto.another_round(i, reps, samples, min_ms):
         for f in samples:
             samples[f].append(once(steps[f]))
         i += 1

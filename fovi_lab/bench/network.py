@@ -83,6 +83,7 @@ from fovi_lab.ops import replay
 from fovi_lab.ops.arguments import command_main
 
 __all__ = ["BACKENDS", "LAB_BACKEND", "LAB_BACKENDS", "PRECISIONS", "MODES", "CAPTURED", "DEFAULT_MODES", "STUB",
+           "step_precision",
            "add_speedups", "earlier_alternatives",
            "graphed_in_child", "network_records",
            "main", "add_arguments", "run", "DESCRIPTION"]
@@ -271,6 +272,18 @@ def _time_mode(run: _Run, mode: str, warmup: int, steps: int) -> tuple:
     return ms, loss, steady.record(run_peaks)
 
 
+def step_precision(precision: Optional[str], device: torch.device) -> str:
+    """``precision`` (None: the device's default, amp on a GPU, fp16 on a CPU), or a ValueError naming one that is
+    not in :data:`PRECISIONS` or cannot run on ``device``."""
+    precision = precision or ("amp" if device.type == "cuda" else "fp16")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision: expected one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if precision == "amp" and device.type != "cuda":
+        raise ValueError("precision: amp is float16 autocast, which fovi's dispatch has on a GPU only; on a CPU "
+                         "fp32 or fp16")
+    return precision
+
+
 def network_records(net: str, batch: int, backends=BACKENDS, modes=("eager",), steps: int = 10, warmup: int = 3,
                     device="cpu", precision: Optional[str] = None, in_res: int = 64,
                     memory_trace: bool = False, lab_backend: str = LAB_BACKEND) -> List[dict]:
@@ -280,12 +293,7 @@ def network_records(net: str, batch: int, backends=BACKENDS, modes=("eager",), s
     layer smaller, for a quick run on a CPU). ``memory_trace``: record every allocation of each mode's run and give
     the records ``memory_at_peak`` (:func:`fovi_lab.bench.memory.at_peak`; CUDA) and :data:`TRACE_NOTE`."""
     device = torch.device(device)
-    precision = precision or ("amp" if device.type == "cuda" else "fp16")
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision: expected one of {', '.join(PRECISIONS)}, got {precision!r}")
-    if precision == "amp" and device.type != "cuda":
-        raise ValueError("precision: amp is float16 autocast, which fovi's dispatch has on a GPU only; on a CPU "
-                         "fp32 or fp16")
+    precision = step_precision(precision, device)
     run = _Run(net, batch, device, precision, in_res=in_res)
     base = dict(kind="network", net=net, B=batch, precision=precision, steps=steps, in_res=in_res)
     ref = run.reference_grads()
@@ -511,9 +519,10 @@ def run(args) -> int:
             except ValueError as exc:
                 usage_error(PROG, f"--in-res: {str(exc).split(': ', 1)[1]}")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if args.precision == "amp" and device.type != "cuda":
-        usage_error(PROG, "--precision: amp is float16 autocast, which fovi's dispatch has on a GPU only; on a CPU "
-                          "fp32 or fp16")
+    try:
+        step_precision(args.precision, device)
+    except ValueError as exc:
+        usage_error(PROG, f"--{exc}")
     modes = args.modes or (list(DEFAULT_MODES) if device.type == "cuda" else ["eager"])
     env = env_info(device)
     stamp_command(env, PROG, args)

@@ -47,7 +47,7 @@ from fovi_lab.ops import tune_cache
 from fovi_lab.ops.registry import OPS_REGISTRY, get_ops, load_optional_backends
 
 __all__ = ["TORCH_FORMS", "WARP_FORMS", "MEASURE_REPS", "MEASURE_MIN_MS", "MEASURE_MAX_REPS", "CUTOFF", "CpuChoice",
-           "forms", "estimate_ms", "estimates",
+           "forms", "estimate_ms", "estimates", "another_round",
            "measure", "decide", "known_choice", "cpu_pick", "forget", "problem_entry_key"]
 
 #: The PyTorch forms, every dtype.
@@ -132,6 +132,14 @@ def _runner(form: str, meta, training: bool, x, w, g) -> Callable[[], object]:
     return lambda: (ops.forward(meta, x, w, None), ops.grad_input(meta, g, w), ops.grad_weight(meta, g, x))
 
 
+def another_round(done: int, reps: int, samples: Mapping[str, Sequence[float]], min_ms: float) -> bool:
+    """Whether the forms of ``samples`` (form -> its rounds' ms) run one more round after ``done``: below ``reps``
+    rounds, or while a form's rounds add up to less than ``min_ms`` within :data:`MEASURE_MAX_REPS` rounds."""
+    if not samples:
+        return False
+    return done < max(1, int(reps)) or (done < MEASURE_MAX_REPS and min(map(sum, samples.values())) < min_ms)
+
+
 def measure(meta, batch: int, dtype: torch.dtype, training: bool, candidates: Optional[Sequence[str]] = None,
             reps: int = MEASURE_REPS, clock: Optional[Callable[[], float]] = None,
             order: Optional[Mapping[str, float]] = None, min_ms: float = MEASURE_MIN_MS,
@@ -182,8 +190,8 @@ def measure(meta, batch: int, dtype: torch.dtype, training: bool, candidates: Op
         # half its calls took twice the others) is priced by its typical call, not by its luckiest
         samples: Dict[str, list] = {f: [] for f in runs}
         order_now = list(runs)
-        i, reps = 0, max(1, int(reps))
-        while samples and (i < reps or (i < MEASURE_MAX_REPS and min(map(sum, samples.values())) < min_ms)):
+        i = 0
+        while another_round(i, reps, samples, min_ms):
             for form in (order_now if i % 2 == 0 else order_now[::-1]):
                 samples[form].append(once(runs[form]))
             i += 1

@@ -337,8 +337,8 @@ def _pipelined_body(tile_m: int, tile_n: int, tile_k: int, rows: str):
     rounding), step ``s`` reading the ``[tile_k, tile_m]`` tile ``A_s`` of ``x`` (columns from ``b0``) and the
     ``[tile_k, tile_n]`` tile ``W_s`` of ``w`` (columns from ``o0``):
 
-    * "lists" (nmp): ``s = k*n_chunks + c``; rows from ``rows_x[k]*cp + c*tile_k`` of ``x`` and ``rows_w[k]*cp + c*tile_k``
-      of ``w``, plain unchecked loads (``bounds_check=False``);
+    * "lists" (nmp): ``s = k*n_chunks + c``; rows from ``rows_x[k]*cp + c*tile_k`` of ``x`` and
+      ``rows_w[k]*cp + c*tile_k`` of ``w``, plain unchecked loads (``bounds_check=False``);
     * "indexed" (gp): the rows of ``x`` and ``w`` that entries ``s*tile_k ..`` of ``rows_x`` and ``rows_w`` index,
       bounds-checked indexed loads (``cp``, ``n_chunks`` unused);
     * "dense" (densep): rows from ``s*tile_k`` of both, plain unchecked loads (``rows_x``, ``rows_w``, ``cp``,
@@ -408,9 +408,9 @@ def _pipelined_body(tile_m: int, tile_n: int, tile_k: int, rows: str):
 
 def _pipelined_kernel(rows: str, tile_m: int, tile_n: int, tile_k: int, block_dim: int, mathdx: Optional[bool],
                       name: Optional[str]):
-    """The ``nmp``, ``gp`` or ``densep`` kernel (``rows`` as :func:`_pipelined_body`) of one tile shape: grid ``(node n, batch tile, Cout tile)``, each CTA
-    :func:`_pipelined_body` over node ``n``'s operands (the arguments of :func:`make_nmp_kernel`,
-    :func:`make_gp_kernel`, :func:`make_densep_kernel`)."""
+    """The ``nmp``, ``gp`` or ``densep`` kernel (``rows`` as :func:`_pipelined_body`) of one tile shape: grid
+    ``(node n, batch tile, Cout tile)``, each CTA :func:`_pipelined_body` over node ``n``'s operands (the arguments
+    of :func:`make_nmp_kernel`, :func:`make_gp_kernel`, :func:`make_densep_kernel`)."""
     init_warp()
     TM, TN, TK = int(tile_m), int(tile_n), int(tile_k)
     body = _pipelined_body(TM, TN, TK, rows)                          # (a ValueError names a bad ``rows``)
